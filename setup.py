@@ -1,0 +1,41 @@
+"""specdec_jax: exact speculative decoding for T5X encoder-decoder checkpoints."""
+
+import setuptools
+
+setuptools.setup(
+    name='specdec_jax',
+    version='0.1.0',
+    description=(
+        'Exact speculative decoding (Leviathan et al. 2023) for T5X T5 '
+        'checkpoints in JAX/Flax.'
+    ),
+    packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'jax>=0.4.30',
+        'flax>=0.8',
+        'optax',
+        'orbax-checkpoint',
+        'tensorstore',
+        'seqio',
+        'gin-config',
+        'sentencepiece',
+        'sacrebleu',
+        'rouge-score',
+        'tqdm',
+        'matplotlib',
+        'numpy',
+    ],
+    extras_require={
+        'test': [
+            'pytest',
+            'scipy',
+            # The independent reference implementation (CPU build on disk).
+            'torch==2.13.0',
+            'transformers',
+            'nbclient',
+            'nbformat',
+            'ipykernel',
+        ],
+    },
+)

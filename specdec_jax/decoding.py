@@ -1,0 +1,185 @@
+"""Baseline autoregressive decoding (T5X `temperature_sample` semantics).
+
+This is the baseline every speed-up is measured against, so it is as lean as
+the speculative loop: one jitted `lax.while_loop`, the encoder run once,
+cross-attention keys/values computed once, a one-token decoder call per step
+and an explicit cache.
+
+Decoding never sees the network class: it takes a *model* object with
+
+  init_cache(params, encoder_input_tokens, max_length) -> cache
+  extend(params, tokens [batch, k], cache) -> (logits [batch, k, vocab], cache)
+  vocab_size: int
+
+(`network.T5Model` is one). The model object must be hashable; it is a static
+argument of the compiled function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax import sampling as sampling_lib
+
+Array = jax.Array
+
+
+@struct.dataclass
+class DecodeState:
+  """Loop state of the baseline decoder.
+
+  Attributes:
+    step: scalar int32, number of decoder calls made.
+    cur_token: `[batch]` the last token of each row (0 = BOS to start).
+    tokens: `[batch, max_decode_len]` the output so far, 0 after EOS.
+    ended: `[batch]` bool, row has emitted EOS or reached its length limit.
+    cache: the model's decoder cache.
+    rng: PRNG key.
+  """
+
+  step: Array
+  cur_token: Array
+  tokens: Array
+  ended: Array
+  cache: Any
+  rng: Array
+
+
+@struct.dataclass
+class DecodeResult:
+  """Decoded tokens `[batch, max_decode_len]` (EOS kept, 0 after it) and
+  `lengths` `[batch]` (tokens up to and including EOS)."""
+
+  tokens: Array
+  lengths: Array
+
+
+def output_lengths(tokens: Array, eos_id: int) -> Array:
+  """Tokens per row up to and including the first EOS (or all of them)."""
+  is_eos = tokens == eos_id
+  first = jnp.argmax(is_eos, axis=-1)
+  return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1])
+
+
+def validate_decode_args(model, encoder_input_tokens, max_decode_len,
+                         sampling: SamplingConfig, max_decode_steps) -> None:
+  """Raises ValueError on bad arguments, before anything is traced."""
+  if not isinstance(sampling, SamplingConfig):
+    raise ValueError(f'sampling must be a SamplingConfig, got {sampling!r}.')
+  sampling.check_vocab(model.vocab_size)
+  if (isinstance(max_decode_len, bool) or not isinstance(
+      max_decode_len, (int, np.integer)) or max_decode_len < 1):
+    raise ValueError(
+        f'max_decode_len must be an int >= 1, got {max_decode_len!r}.'
+    )
+  if max_decode_steps is not None and not 1 <= max_decode_steps <= (
+      max_decode_len):
+    raise ValueError(
+        f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
+        f'got {max_decode_steps!r}.'
+    )
+  shape = np.shape(encoder_input_tokens)
+  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+    raise ValueError(
+        'encoder_input_tokens must be [batch, length] with batch, length >= 1;'
+        f' got shape {shape}.'
+    )
+  if not jnp.issubdtype(jnp.asarray(encoder_input_tokens).dtype, jnp.integer):
+    raise ValueError('encoder_input_tokens must be integer token ids.')
+
+
+@dataclasses.dataclass(frozen=True)
+class _SampleLoop:
+  """cond_fn/body_fn of the baseline `lax.while_loop`."""
+
+  model: Any
+  sampling: SamplingConfig
+  eos_id: int
+  max_decode_len: int
+
+  def cond_fn(self, state: DecodeState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def body_fn(self, params, max_steps, state: DecodeState) -> DecodeState:
+    rng, step_rng = jax.random.split(state.rng)
+    # [batch, 1] -> [batch, 1, vocab]
+    logits, cache = self.model.extend(params, state.cur_token[:, None],
+                                      state.cache)
+    token = sampling_lib.sample(step_rng, logits[:, 0], self.sampling)
+    token = jnp.where(state.ended, 0, token)
+    tokens = jax.lax.dynamic_update_slice(
+        state.tokens, token[:, None], (0, state.step)
+    )
+    step = state.step + 1
+    ended = state.ended | (token == self.eos_id) | (step >= max_steps)
+    return DecodeState(step, token, tokens, ended, cache, rng)
+
+  def __call__(self, params, encoder_input_tokens, rng, max_steps):
+    batch = encoder_input_tokens.shape[0]
+    cache = self.model.init_cache(
+        params, encoder_input_tokens, self.max_decode_len
+    )
+    state = DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        cur_token=jnp.zeros((batch,), jnp.int32),
+        tokens=jnp.zeros((batch, self.max_decode_len), jnp.int32),
+        ended=jnp.zeros((batch,), bool),
+        cache=cache,
+        rng=rng,
+    )
+    state = jax.lax.while_loop(
+        self.cond_fn, functools.partial(self.body_fn, params, max_steps), state
+    )
+    return DecodeResult(state.tokens, output_lengths(state.tokens, self.eos_id))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _run(loop: _SampleLoop, params, encoder_input_tokens, rng, max_steps):
+  return loop(params, encoder_input_tokens, rng, max_steps)
+
+
+def temperature_sample(
+    model,
+    params,
+    encoder_input_tokens,
+    *,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int = 1,
+    rng: Optional[Array] = None,
+    max_decode_steps: Optional[int] = None,
+) -> DecodeResult:
+  """Autoregressive decoding of a batch, compiled once per shape and config.
+
+  Args:
+    model: decoding interface (see module docstring), e.g. `T5Model`.
+    params: the model's parameters.
+    encoder_input_tokens: `[batch, input_length]` int, 0-padded; rows may
+      have different lengths.
+    max_decode_len: output length (static).
+    sampling: greedy / temperature / top-k / top-p.
+    eos_id: end-of-sequence id; a row stops after emitting it.
+    rng: PRNG key (required unless greedy).
+    max_decode_steps: optional dynamic cap <= max_decode_len on the steps.
+
+  Returns:
+    `DecodeResult` with `tokens` `[batch, max_decode_len]`.
+  """
+  validate_decode_args(model, encoder_input_tokens, max_decode_len, sampling,
+                       max_decode_steps)
+  if rng is None:
+    if not sampling.greedy:
+      raise ValueError('rng is required when temperature > 0.')
+    rng = jax.random.key(0)
+  loop = _SampleLoop(model, sampling, int(eos_id), int(max_decode_len))
+  max_steps = jnp.int32(max_decode_steps or max_decode_len)
+  return _run(loop, params, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
+              max_steps)

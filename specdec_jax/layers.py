@@ -1,0 +1,315 @@
+"""T5 building blocks with T5X's parameter names, shapes and logical axes.
+
+Every parameter is created with `flax.linen.partitioning.param_with_axes`, as in
+t5x/examples/t5/layers.py, so `init` returns the same `params` tree as T5X and
+a `params_axes` collection with the same logical axis names
+(embed, mlp, joined_kv, heads, vocab, relpos_buckets).
+
+Projections keep T5X's 2-D kernels ([embed, heads * head_dim] for
+query/key/value, [heads * head_dim, embed] for the output) and reshape them at
+call time.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+param_with_axes = nn_partitioning.param_with_axes
+Array = jax.Array
+DType = Any
+Initializer = Callable[..., Array]
+
+# T5X's masking value for attention logits.
+ATTENTION_NEG_INF = -1e10
+
+default_kernel_init = nn.initializers.variance_scaling(
+    1.0, 'fan_in', 'truncated_normal'
+)
+
+
+class DenseGeneral(nn.Module):
+  """Bias-free projection with a 2-D kernel, as T5X's DenseGeneral.
+
+  Attributes:
+    features: output features; a tuple gives a multi-dimensional output.
+    axis: input axes to contract.
+    kernel_axes: logical axis names of the 2-D kernel.
+  """
+
+  features: int | Tuple[int, ...]
+  axis: int | Tuple[int, ...] = -1
+  dtype: DType = jnp.float32
+  kernel_init: Initializer = default_kernel_init
+  kernel_axes: Tuple[str, ...] = ()
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    features = _tuple(self.features)
+    axis = tuple(a % inputs.ndim for a in _tuple(self.axis))
+    inputs = jnp.asarray(inputs, self.dtype)
+    in_shape = tuple(inputs.shape[a] for a in axis)
+    kernel = param_with_axes(
+        'kernel',
+        self.kernel_init,
+        (int(np.prod(in_shape)), int(np.prod(features))),
+        jnp.float32,
+        axes=self.kernel_axes,
+    )
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
+    contract = tuple(range(len(axis)))
+    return jax.lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
+
+
+def _tuple(x) -> Tuple[int, ...]:
+  return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class Embed(nn.Module):
+  """Token embedding table `[vocab, embed]` (T5X name `embedding`).
+
+  Lookups use a gather: T5X's one-hot contraction exists for SPMD partitioning
+  and gives the same numbers at vocab-times the cost on one device.
+  """
+
+  num_embeddings: int
+  features: int
+  dtype: DType = jnp.float32
+  attend_dtype: DType = jnp.float32
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+  def setup(self):
+    self.embedding = param_with_axes(
+        'embedding',
+        self.embedding_init,
+        (self.num_embeddings, self.features),
+        jnp.float32,
+        axes=('vocab', 'embed'),
+    )
+
+  def __call__(self, tokens: Array) -> Array:
+    # [batch, length] -> [batch, length, embed]
+    return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+
+  def attend(self, query: Array) -> Array:
+    # [batch, length, embed] -> [batch, length, vocab]
+    return jnp.dot(query, jnp.asarray(self.embedding, self.attend_dtype).T)
+
+
+class LayerNorm(nn.Module):
+  """T5 RMS norm (no mean subtraction, no bias), computed in float32."""
+
+  epsilon: float = 1e-6
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    mean2 = jnp.mean(jax.lax.square(x), axis=-1, keepdims=True)
+    y = jnp.asarray(x * jax.lax.rsqrt(mean2 + self.epsilon), self.dtype)
+    scale = param_with_axes(
+        'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
+        axes=('embed',),
+    )
+    return y * jnp.asarray(scale, self.dtype)
+
+
+class MlpBlock(nn.Module):
+  """T5 MLP: `wi` (one activation) or `wi_0, wi_1, ...` (gated), then `wo`."""
+
+  intermediate_dim: int
+  activations: Sequence[str] = ('relu',)
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    hidden = []
+    for idx, act in enumerate(self.activations):
+      name = 'wi' if len(self.activations) == 1 else f'wi_{idx}'
+      # [batch, length, embed] -> [batch, length, mlp]
+      x = DenseGeneral(
+          self.intermediate_dim, dtype=self.dtype,
+          kernel_axes=('embed', 'mlp'), name=name,
+      )(inputs)
+      hidden.append(_activation(act)(x))
+    x = functools.reduce(operator.mul, hidden)
+    # [batch, length, mlp] -> [batch, length, embed]
+    return DenseGeneral(
+        inputs.shape[-1], dtype=self.dtype, kernel_axes=('mlp', 'embed'),
+        name='wo',
+    )(x)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  if name == 'linear':
+    return lambda x: x
+  fn = getattr(nn, name, None)
+  if fn is None:
+    raise ValueError(f'Unknown MLP activation {name!r}.')
+  return fn
+
+
+def relative_position_bucket(
+    relative_position: Array,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Array:
+  """T5's bucketing of `memory_position - query_position` (T5X's formula).
+
+  Works on numpy or jax int arrays (the decoder computes it on traced
+  positions).
+  """
+  xp = jnp if isinstance(relative_position, jax.Array) else np
+  ret = 0
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = xp.abs(n)
+  else:
+    n = xp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  val_if_large = max_exact + (
+      xp.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+      / np.log(max_distance / max_exact)
+      * (num_buckets - max_exact)
+  ).astype(np.int32)
+  val_if_large = xp.minimum(val_if_large, num_buckets - 1)
+  return ret + xp.where(is_small, n, val_if_large)
+
+
+class RelativePositionBiases(nn.Module):
+  """T5 relative position biases, one table `[heads, buckets]` per stack."""
+
+  num_heads: int
+  num_buckets: int = 32
+  max_distance: int = 128
+  dtype: DType = jnp.float32
+  embedding_init: Initializer = nn.initializers.variance_scaling(
+      1.0, 'fan_avg', 'uniform'
+  )
+
+  @nn.compact
+  def __call__(self, relative_position: Array, bidirectional: bool) -> Array:
+    """Biases for given relative positions.
+
+    Args:
+      relative_position: int `[..., q_len, k_len]`, memory minus query position.
+      bidirectional: whether positive offsets get their own buckets.
+
+    Returns:
+      `[..., heads, q_len, k_len]` biases.
+    """
+    table = param_with_axes(
+        'rel_embedding',
+        self.embedding_init,
+        (self.num_heads, self.num_buckets),
+        jnp.float32,
+        axes=('heads', 'relpos_buckets'),
+    )
+    bucket = relative_position_bucket(
+        relative_position, bidirectional, self.num_buckets, self.max_distance
+    )
+    # [heads, buckets] gathered at [..., q, k] -> [heads, ..., q, k]
+    values = jnp.take(jnp.asarray(table, self.dtype), bucket, axis=1)
+    return jnp.moveaxis(values, 0, -3)
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    bias: Array,
+    dtype: DType = jnp.float32,
+    float32_logits: bool = False,
+) -> Array:
+  """Unscaled dot-product attention (T5 folds 1/sqrt(d) into the query init).
+
+  Args:
+    query: `[batch, q_len, heads, head_dim]`.
+    key: `[batch, k_len, heads, head_dim]`.
+    value: `[batch, k_len, heads, head_dim]`.
+    bias: broadcastable to `[batch, heads, q_len, k_len]`; masks are folded in.
+    dtype: output dtype.
+    float32_logits: compute the logits in float32.
+
+  Returns:
+    `[batch, q_len, heads, head_dim]`.
+  """
+  if float32_logits:
+    query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+  # [batch, q, heads, d] x [batch, k, heads, d] -> [batch, heads, q, k]
+  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  logits = logits + bias.astype(logits.dtype)
+  weights = jax.nn.softmax(logits).astype(dtype)
+  # [batch, heads, q, k] x [batch, k, heads, d] -> [batch, q, heads, d]
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+
+
+def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
+  """Boolean mask (True = attend) -> additive bias (0 or T5X's -1e10)."""
+  return jnp.where(mask, 0.0, ATTENTION_NEG_INF).astype(dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """T5X's MultiHeadDotProductAttention parameters, functional in use.
+
+  `project_kv` and `attend` are separate so that callers may compute key/value
+  once (cross-attention) or write them into an explicit cache (decoder
+  self-attention) between the two.
+  """
+
+  num_heads: int
+  head_dim: int
+  out_features: int
+  dtype: DType = jnp.float32
+  float32_logits: bool = False
+
+  def setup(self):
+    proj = functools.partial(
+        DenseGeneral,
+        features=(self.num_heads, self.head_dim),
+        kernel_axes=('embed', 'joined_kv'),
+        dtype=self.dtype,
+    )
+    depth_scaling = np.sqrt(self.head_dim).astype(np.float32)
+    self.query = proj(
+        kernel_init=lambda *a: default_kernel_init(*a) / depth_scaling
+    )
+    self.key = proj()
+    self.value = proj()
+    self.out = DenseGeneral(
+        features=self.out_features,
+        axis=(-2, -1),
+        kernel_axes=('joined_kv', 'embed'),
+        dtype=self.dtype,
+    )
+
+  def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:
+    # [batch, len, embed] -> 2 x [batch, len, heads, head_dim]
+    return self.key(inputs_kv), self.value(inputs_kv)
+
+  def attend(self, inputs_q: Array, key: Array, value: Array,
+             bias: Array) -> Array:
+    """Attention of `inputs_q` `[batch, q, embed]` over projected key/value."""
+    # [batch, q, embed] -> [batch, q, heads, head_dim]
+    query = self.query(inputs_q)
+    x = dot_product_attention(
+        query, key, value, bias, self.dtype, self.float32_logits
+    )
+    # [batch, q, heads, head_dim] -> [batch, q, embed]
+    return self.out(x)
+
+  def __call__(self, inputs_q: Array, inputs_kv: Array,
+               bias: Array) -> Array:
+    key, value = self.project_kv(inputs_kv)
+    return self.attend(inputs_q, key, value, bias)

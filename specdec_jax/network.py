@@ -1,0 +1,386 @@
+"""T5 1.1 / 1.0 encoder-decoder with T5X's parameter tree and an explicit cache.
+
+The parameter tree (names, nesting, 2-D kernels, logical axes) is that of
+t5x/examples/t5/network.py, so T5X checkpoints load with no renaming. Unlike
+T5X, the decoder cache is an explicit pytree (`DecoderCache`) passed in and out:
+one `extend` call appends k >= 1 tokens per row at each row's own position, and
+rewinding a row is setting its position back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence, Tuple
+
+from flax import struct
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import layers
+
+Array = jax.Array
+
+
+@struct.dataclass
+class T5Config:
+  """T5X's T5Config (same fields, same defaults)."""
+
+  vocab_size: int
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ('relu',)
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = False
+
+
+@struct.dataclass
+class DecoderCache:
+  """Everything the decoder needs between calls, as a pytree.
+
+  Attributes:
+    self_key: per decoder layer, `[batch, max_length, heads, head_dim]`.
+    self_value: per decoder layer, `[batch, max_length, heads, head_dim]`.
+    cross_key: per decoder layer, `[batch, input_length, heads, head_dim]`,
+      computed once from the encoder output.
+    cross_value: as `cross_key`.
+    encoder_mask: `[batch, input_length]` bool, True on real input tokens.
+    position: `[batch]` int32, the number of decoder tokens each row holds;
+      the next `extend` writes row b's tokens at slots position[b], ...
+      Slots at or after `position` are stale and never attended to.
+  """
+
+  self_key: Tuple[Array, ...]
+  self_value: Tuple[Array, ...]
+  cross_key: Tuple[Array, ...]
+  cross_value: Tuple[Array, ...]
+  encoder_mask: Array
+  position: Array
+
+  @property
+  def max_length(self) -> int:
+    return self.self_key[0].shape[1]
+
+  def rewind(self, position: Array) -> 'DecoderCache':
+    """Sets each row's position (e.g. back to drop rejected tokens)."""
+    return self.replace(position=jnp.asarray(position, jnp.int32))
+
+
+def _write_rows(cache: Array, update: Array, position: Array) -> Array:
+  """Writes `update[b]` into `cache[b]` starting at slot `position[b]`.
+
+  Args:
+    cache: `[batch, max_length, heads, head_dim]`.
+    update: `[batch, k, heads, head_dim]`.
+    position: `[batch]` int32; callers guarantee position + k <= max_length.
+
+  Returns:
+    The updated cache (overwrites, never adds).
+  """
+  write = lambda c, u, p: jax.lax.dynamic_update_slice(c, u, (p, 0, 0))
+  return jax.vmap(write)(cache, update.astype(cache.dtype), position)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.attention = _attention(cfg)
+    self.pre_mlp_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.mlp = _mlp(cfg)
+
+  def __call__(self, inputs: Array, bias: Array) -> Array:
+    # [batch, length, embed] -> [batch, length, embed]
+    x = self.pre_attention_layer_norm(inputs)
+    x = self.attention(x, x, bias) + inputs
+    return self.mlp(self.pre_mlp_layer_norm(x)) + x
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.self_attention = _attention(cfg)
+    self.pre_cross_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.encoder_decoder_attention = _attention(cfg)
+    self.pre_mlp_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.mlp = _mlp(cfg)
+
+  def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
+    # [batch, input_length, embed] -> 2 x [batch, input_length, heads, dim]
+    return self.encoder_decoder_attention.project_kv(encoded)
+
+  def __call__(self, inputs, self_bias, cross_kv, cross_bias,
+               cache_kv=None, position=None):
+    """One decoder layer.
+
+    Args:
+      inputs: `[batch, k, embed]`.
+      self_bias: `[batch or 1, heads, k, kv_length]` (relpos + causal mask).
+      cross_kv: projected encoder key/value, `[batch, input_length, heads, d]`.
+      cross_bias: `[batch, 1, 1 or k, input_length]`.
+      cache_kv: None (teacher forcing: attend to these k tokens only) or the
+        cached `(key, value)` `[batch, max_length, heads, d]` to write into.
+      position: `[batch]` write position in the cache.
+
+    Returns:
+      `([batch, k, embed], (key, value))`, the keys/values attended over.
+    """
+    x = self.pre_self_attention_layer_norm(inputs)
+    key, value = self.self_attention.project_kv(x)
+    if cache_kv is not None:
+      key = _write_rows(cache_kv[0], key, position)
+      value = _write_rows(cache_kv[1], value, position)
+    x = self.self_attention.attend(x, key, value, self_bias) + inputs
+    y = self.pre_cross_attention_layer_norm(x)
+    y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x
+    z = self.mlp(self.pre_mlp_layer_norm(y)) + y
+    return z, (key, value)
+
+
+def _attention(cfg: T5Config) -> layers.MultiHeadAttention:
+  return layers.MultiHeadAttention(
+      num_heads=cfg.num_heads,
+      head_dim=cfg.head_dim,
+      out_features=cfg.emb_dim,
+      dtype=cfg.dtype,
+      float32_logits=cfg.float32_attention_logits,
+  )
+
+
+def _mlp(cfg: T5Config) -> layers.MlpBlock:
+  return layers.MlpBlock(
+      intermediate_dim=cfg.mlp_dim,
+      activations=tuple(cfg.mlp_activations),
+      dtype=cfg.dtype,
+  )
+
+
+def _relpos(cfg: T5Config) -> layers.RelativePositionBiases:
+  return layers.RelativePositionBiases(num_heads=cfg.num_heads, dtype=cfg.dtype)
+
+
+class Encoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = _relpos(cfg)
+    self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.encoder_norm = layers.LayerNorm(dtype=cfg.dtype)
+
+  def __call__(self, tokens: Array) -> Array:
+    # [batch, length] -> [batch, length, embed]
+    x = self.shared_embedding(tokens).astype(self.config.dtype)
+    length = tokens.shape[-1]
+    relative = np.arange(length)[None, :] - np.arange(length)[:, None]
+    mask = tokens > 0
+    # [heads, q, k] + [batch, 1, q, k] -> [batch, heads, q, k]
+    bias = self.relpos_bias(relative, bidirectional=True)[None] + (
+        layers.mask_to_bias(mask[:, None, :, None] & mask[:, None, None, :])
+    )
+    for layer in self.layers:
+      x = layer(x, bias)
+    return self.encoder_norm(x)
+
+
+class Decoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = _relpos(cfg)
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = layers.LayerNorm(dtype=cfg.dtype)
+    if not cfg.logits_via_embedding:
+      self.logits_dense = layers.DenseGeneral(
+          cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
+      )
+
+  def _logits(self, y: Array) -> Array:
+    # [batch, k, embed] -> [batch, k, vocab], float32
+    y = self.decoder_norm(y)
+    if self.config.logits_via_embedding:
+      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    return self.logits_dense(y)
+
+  def cross_kv(self, encoded: Array):
+    kv = [layer.cross_kv(encoded) for layer in self.layers]
+    return tuple(k for k, _ in kv), tuple(v for _, v in kv)
+
+  def __call__(self, encoded, encoder_mask, decoder_input_tokens,
+               decoder_mask=None):
+    """Teacher-forced logits `[batch, length, vocab]` (no cache)."""
+    length = decoder_input_tokens.shape[-1]
+    relative = np.arange(length)[None, :] - np.arange(length)[:, None]
+    mask = relative <= 0
+    if decoder_mask is not None:
+      mask = mask & decoder_mask[:, None, :, None] & decoder_mask[:, None,
+                                                                  None, :]
+    self_bias = self.relpos_bias(relative, bidirectional=False)[None]
+    self_bias = self_bias + layers.mask_to_bias(mask)
+    cross_bias = layers.mask_to_bias(encoder_mask[:, None, None, :])
+    y = self.shared_embedding(decoder_input_tokens).astype(self.config.dtype)
+    for layer in self.layers:
+      y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
+    return self._logits(y)
+
+  def extend(self, tokens: Array, cache: DecoderCache):
+    """Appends `tokens` `[batch, k]` at each row's position; returns logits.
+
+    Returns:
+      `(logits [batch, k, vocab], cache)` with position advanced by k.
+    """
+    k = tokens.shape[-1]
+    # [batch, k] absolute query positions; [max_length] key positions.
+    q_pos = cache.position[:, None] + jnp.arange(k, dtype=jnp.int32)
+    k_pos = jnp.arange(cache.max_length, dtype=jnp.int32)
+    relative = k_pos[None, None, :] - q_pos[:, :, None]  # [batch, k, max_len]
+    # [batch, heads, k, max_len]: block-causal mask + relative position bias.
+    self_bias = self.relpos_bias(relative, bidirectional=False)
+    self_bias = self_bias + layers.mask_to_bias(relative <= 0)[:, None]
+    cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
+    y = self.shared_embedding(tokens).astype(self.config.dtype)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      y, (key, value) = layer(
+          y, self_bias, (cache.cross_key[i], cache.cross_value[i]),
+          cross_bias, (cache.self_key[i], cache.self_value[i]),
+          cache.position,
+      )
+      new_k.append(key)
+      new_v.append(value)
+    cache = cache.replace(
+        self_key=tuple(new_k), self_value=tuple(new_v),
+        position=cache.position + k,
+    )
+    return self._logits(y), cache
+
+
+class Transformer(nn.Module):
+  """T5 encoder-decoder (T5X's `Transformer`, parameter for parameter)."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = layers.Embed(
+        num_embeddings=cfg.vocab_size, features=cfg.emb_dim, dtype=cfg.dtype
+    )
+    self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens: Array) -> Array:
+    """`[batch, input_length]` int -> `[batch, input_length, embed]`."""
+    return self.encoder(encoder_input_tokens)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens,
+               decoder_target_tokens=None):
+    """Teacher-forced logits `[batch, target_length, vocab]` (float32)."""
+    encoded = self.encode(encoder_input_tokens)
+    decoder_mask = None
+    if decoder_target_tokens is not None:
+      decoder_mask = decoder_target_tokens > 0
+    return self.decoder(
+        encoded, encoder_input_tokens > 0, decoder_input_tokens, decoder_mask
+    )
+
+  def init_cache(self, encoder_input_tokens: Array,
+                 max_length: int) -> DecoderCache:
+    """Encodes the inputs once and returns an empty decoder cache."""
+    cfg = self.config
+    encoded = self.encode(encoder_input_tokens)
+    cross_key, cross_value = self.decoder.cross_kv(encoded)
+    batch = encoder_input_tokens.shape[0]
+    empty = jnp.zeros(
+        (batch, max_length, cfg.num_heads, cfg.head_dim), cfg.dtype
+    )
+    n = cfg.num_decoder_layers
+    return DecoderCache(
+        self_key=(empty,) * n,
+        self_value=(empty,) * n,
+        cross_key=cross_key,
+        cross_value=cross_value,
+        encoder_mask=encoder_input_tokens > 0,
+        position=jnp.zeros((batch,), jnp.int32),
+    )
+
+  def extend(self, tokens: Array, cache: DecoderCache):
+    return self.decoder.extend(tokens, cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Model:
+  """The callables decoding needs, for a T5 `Transformer` of `config`.
+
+  Hashable and compared by config, so jitted decoders are compiled once per
+  configuration and shape and reused across instances and parameter values.
+  """
+
+  config: T5Config
+
+  def __post_init__(self):
+    cfg = self.config
+    if not isinstance(cfg.mlp_activations, tuple):
+      object.__setattr__(
+          self, 'config',
+          cfg.replace(mlp_activations=tuple(cfg.mlp_activations)),
+      )
+
+  @property
+  def module(self) -> Transformer:
+    return Transformer(self.config)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def init_params(self, rng: Array, input_length: int = 8,
+                  target_length: int = 8):
+    """Random parameters (T5X's initializers) and their logical axes."""
+    variables = self.module.init(
+        rng,
+        jnp.ones((1, input_length), jnp.int32),
+        jnp.ones((1, target_length), jnp.int32),
+    )
+    return variables['params']
+
+  def param_axes(self):
+    """T5X's `params_axes` collection (logical axis names per parameter)."""
+    shapes = jax.eval_shape(
+        self.module.init, jax.random.key(0), jnp.ones((1, 2), jnp.int32),
+        jnp.ones((1, 2), jnp.int32),
+    )
+    return shapes['params_axes']
+
+  def init_cache(self, params, encoder_input_tokens, max_length: int):
+    return self.module.apply(
+        {'params': params}, encoder_input_tokens, max_length,
+        method=Transformer.init_cache,
+    )
+
+  def extend(self, params, tokens, cache: DecoderCache):
+    return self.module.apply(
+        {'params': params}, tokens, cache, method=Transformer.extend
+    )
+
+  def logits(self, params, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens=None):
+    """Teacher-forced logits, the reference the cached path must match."""
+    return self.module.apply(
+        {'params': params}, encoder_input_tokens, decoder_input_tokens,
+        decoder_target_tokens,
+    )

@@ -1,0 +1,109 @@
+"""Standardized sampling: one adjusted distribution for greedy/temperature/top-k/top-p.
+
+Leviathan et al. (arXiv 2211.17192, sec. 2.3) note that argmax, top-k, nucleus
+and temperature sampling are all sampling from an adjusted distribution. The
+same adjustment is applied to the target's p and the drafter's q, so both the
+baseline and the speculative loop go through `adjusted_logits` below.
+
+Semantics follow T5X's `temperature_sample`: logits are divided by the
+temperature first; top-k keeps every logit >= the k-th largest (ties kept);
+top-p keeps the smallest set of most likely tokens whose mass is >= p (ties at
+the threshold kept). Temperature 0 is argmax (first index on ties).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to turn logits into a next-token distribution.
+
+  Attributes:
+    temperature: 0 for greedy (argmax); > 0 divides the logits.
+    topk: keep the k most likely tokens; 0 disables.
+    topp: keep the smallest most-likely set with mass >= topp; 1.0 disables.
+      (T5X spells "disabled" as 0.0; here 0 is rejected as a mass.)
+  """
+
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 1.0
+
+  def __post_init__(self):
+    t, k, p = self.temperature, self.topk, self.topp
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+      raise ValueError(
+          f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
+      )
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+      raise ValueError(f'topk must be an int >= 0 (0 = off), got {k!r}.')
+    if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+      raise ValueError(f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
+    if k and p < 1.0:
+      raise ValueError(
+          f'At most one of topk ({k}) and topp ({p}) may be set, as in T5X.'
+      )
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+  def check_vocab(self, vocab_size: int) -> None:
+    if self.topk > vocab_size:
+      raise ValueError(
+          f'topk={self.topk} is larger than the vocabulary ({vocab_size}).'
+      )
+
+
+def adjusted_logits(logits: Array, config: SamplingConfig) -> Array:
+  """Log-weights of the standardized distribution; excluded tokens are -inf.
+
+  Args:
+    logits: `[..., vocab]` raw logits.
+    config: the sampling mode.
+
+  Returns:
+    `[..., vocab]` float32 logits whose softmax is the distribution sampled
+    from; for greedy a one-hot on the argmax (0 there, -inf elsewhere).
+  """
+  logits = logits.astype(jnp.float32)
+  if config.greedy:
+    best = jnp.argmax(logits, axis=-1)[..., None]
+    iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.where(iota == best, 0.0, -jnp.inf)
+  logits = logits / config.temperature
+  if config.topk:
+    kth = jax.lax.top_k(logits, config.topk)[0][..., -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  if config.topp < 1.0:
+    probs = jax.nn.softmax(logits, axis=-1)
+    sorted_probs = jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
+    cum = jnp.cumsum(sorted_probs, axis=-1)
+    # Index of the token whose inclusion first reaches mass >= topp.
+    cut = jnp.sum(cum < config.topp, axis=-1, keepdims=True)
+    cut = jnp.minimum(cut, logits.shape[-1] - 1)
+    threshold = jnp.take_along_axis(sorted_probs, cut, axis=-1)
+    logits = jnp.where(probs >= threshold, logits, -jnp.inf)
+  return logits
+
+
+def probabilities(logits: Array, config: SamplingConfig) -> Array:
+  """`[..., vocab]` probabilities of the standardized distribution."""
+  return jax.nn.softmax(adjusted_logits(logits, config), axis=-1)
+
+
+def sample(rng: Array, logits: Array, config: SamplingConfig) -> Array:
+  """Draws one token per row `[...]` int32 from the standardized distribution."""
+  if config.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(
+      rng, adjusted_logits(logits, config), axis=-1
+  ).astype(jnp.int32)

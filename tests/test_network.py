@@ -1,0 +1,151 @@
+"""The network has T5X's parameter tree and loads a real T5X checkpoint."""
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import network
+
+# T5X's gin dimensions (t5x/examples/t5/t5_1_1/{size}.gin).
+T5_1_1 = {
+    'small': dict(emb_dim=512, num_heads=6, num_encoder_layers=8,
+                  num_decoder_layers=8, head_dim=64, mlp_dim=1024),
+    'base': dict(emb_dim=768, num_heads=12, num_encoder_layers=12,
+                 num_decoder_layers=12, head_dim=64, mlp_dim=2048),
+    'large': dict(emb_dim=1024, num_heads=16, num_encoder_layers=24,
+                  num_decoder_layers=24, head_dim=64, mlp_dim=2816),
+    'xl': dict(emb_dim=2048, num_heads=32, num_encoder_layers=24,
+               num_decoder_layers=24, head_dim=64, mlp_dim=5120),
+    'xxl': dict(emb_dim=4096, num_heads=64, num_encoder_layers=24,
+                num_decoder_layers=24, head_dim=64, mlp_dim=10240),
+}
+
+
+def t5x_expected_tree(vocab, emb_dim, num_heads, num_encoder_layers,
+                      num_decoder_layers, head_dim, mlp_dim, mlp_names,
+                      separate_logits):
+  """T5X's parameter paths -> (shape, logical axes), written from T5X's rules.
+
+  Independent of specdec_jax's code: attention kernels are 2-D joined heads,
+  MLP kernels wi/wi_i/wo, one relpos table per stack.
+  """
+  joined = num_heads * head_dim
+  tree = {'token_embedder/embedding': ((vocab, emb_dim), ('vocab', 'embed'))}
+
+  def attn(prefix):
+    for name in ('query', 'key', 'value'):
+      tree[f'{prefix}/{name}/kernel'] = ((emb_dim, joined),
+                                         ('embed', 'joined_kv'))
+    tree[f'{prefix}/out/kernel'] = ((joined, emb_dim), ('joined_kv', 'embed'))
+
+  def mlp(prefix):
+    for name in mlp_names:
+      tree[f'{prefix}/mlp/{name}/kernel'] = ((emb_dim, mlp_dim),
+                                             ('embed', 'mlp'))
+    tree[f'{prefix}/mlp/wo/kernel'] = ((mlp_dim, emb_dim), ('mlp', 'embed'))
+
+  def norm(path):
+    tree[f'{path}/scale'] = ((emb_dim,), ('embed',))
+
+  for stack, n in (('encoder', num_encoder_layers),
+                   ('decoder', num_decoder_layers)):
+    tree[f'{stack}/relpos_bias/rel_embedding'] = ((num_heads, 32),
+                                                  ('heads', 'relpos_buckets'))
+    norm(f'{stack}/{stack}_norm')
+    for i in range(n):
+      p = f'{stack}/layers_{i}'
+      if stack == 'encoder':
+        norm(f'{p}/pre_attention_layer_norm')
+        attn(f'{p}/attention')
+      else:
+        norm(f'{p}/pre_self_attention_layer_norm')
+        attn(f'{p}/self_attention')
+        norm(f'{p}/pre_cross_attention_layer_norm')
+        attn(f'{p}/encoder_decoder_attention')
+      norm(f'{p}/pre_mlp_layer_norm')
+      mlp(p)
+  if separate_logits:
+    tree['decoder/logits_dense/kernel'] = ((emb_dim, vocab), ('embed', 'vocab'))
+  return tree
+
+
+def flat(tree):
+  return {
+      '/'.join(k.key for k in path): leaf
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+
+
+def our_tree(model):
+  """(shape, axes) per path, at zero cost via jax.eval_shape."""
+  variables = jax.eval_shape(
+      model.module.init, jax.random.key(0), jnp.ones((1, 4), jnp.int32),
+      jnp.ones((1, 4), jnp.int32),
+  )
+  shapes = flat(variables['params'])
+  axes = {
+      '/'.join(k.key for k in path).removesuffix('_axes'): leaf.names
+      for path, leaf in jax.tree_util.tree_flatten_with_path(
+          variables['params_axes'],
+          is_leaf=lambda x: hasattr(x, 'names'))[0]
+  }
+  return {k: (tuple(v.shape), axes[k]) for k, v in shapes.items()}, shapes
+
+
+@pytest.mark.parametrize('size', list(T5_1_1))
+def test_t5_1_1_tree_matches_t5x(size):
+  """Names, shapes and logical axes equal T5X's for every T5 1.1 size."""
+  dims = T5_1_1[size]
+  model = network.T5Model(network.T5Config(
+      vocab_size=32128, mlp_activations=('gelu', 'linear'),
+      logits_via_embedding=False, **dims))
+  ours, shapes = our_tree(model)
+  expected = t5x_expected_tree(32128, mlp_names=('wi_0', 'wi_1'),
+                               separate_logits=True, **dims)
+  assert ours == expected
+  assert all(v.dtype == jnp.float32 for v in shapes.values())
+  if size == 'small':
+    assert sum(int(np.prod(s)) for s, _ in ours.values()) == 76_961_152
+
+
+def test_t5_1_0_tree_matches_t5x():
+  """T5 1.0: one `wi` (relu) and logits through the shared embedding."""
+  dims = dict(emb_dim=512, num_heads=8, num_encoder_layers=6,
+              num_decoder_layers=6, head_dim=64, mlp_dim=2048)
+  model = network.T5Model(network.T5Config(
+      vocab_size=32128, mlp_activations=('relu',), logits_via_embedding=True,
+      **dims))
+  ours, _ = our_tree(model)
+  assert ours == t5x_expected_tree(32128, mlp_names=('wi',),
+                                   separate_logits=False, **dims)
+  # T5 1.0 small (t5-small) has 60,506,624 parameters.
+  assert sum(int(np.prod(s)) for s, _ in ours.values()) == 60_506_624
+
+
+TINY_FIXTURE_CONFIG = network.T5Config(
+    vocab_size=32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
+    num_encoder_layers=2, num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
+)
+
+
+def test_t5x_written_checkpoint_loads_without_renaming(fixtures_dir):
+  """A checkpoint written by T5X itself has exactly our tree and runs."""
+  raw = (fixtures_dir / 'test_t5_tiny.checkpoint_0').read_bytes()
+  params = flax.serialization.msgpack_restore(raw)['optimizer']['target']
+  model = network.T5Model(TINY_FIXTURE_CONFIG)
+  expected = jax.eval_shape(model.init_params, jax.random.key(0))
+  assert (jax.tree_util.tree_structure(params)
+          == jax.tree_util.tree_structure(expected))
+  assert jax.tree_util.tree_map(np.shape, params) == jax.tree_util.tree_map(
+      lambda x: x.shape, expected)
+  enc = jnp.array([[37, 8, 120, 1, 0, 0], [5, 6, 7, 8, 9, 1]])
+  dec = jnp.array([[0, 11, 12], [0, 13, 14]])
+  logits = model.logits(params, enc, dec)
+  assert logits.shape == (2, 3, 32128)
+  assert np.isfinite(np.asarray(logits)).all()
+  # The checkpoint's weights are used: other weights give other logits.
+  other = model.logits(model.init_params(jax.random.key(5)), enc, dec)
+  assert not np.allclose(logits, other)
