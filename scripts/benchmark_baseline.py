@@ -7,6 +7,9 @@ token at all, `do_sample=False`, `num_beams=1`, `use_cache=True`. Each side is
 warmed up once (JAX compilation excluded), then the repeats are interleaved
 (ours, HF, ours, HF, ...) so machine-load drift hits both alike; we report
 medians of wall time, tokens/s (`decode_len * batch / median`) and the ratio.
+All per-repeat times are kept in the JSON. On a machine with few or busy cores
+torch's multi-threaded kernels can be very erratic; `--torch_threads 1` pins
+torch to one thread (the count used is recorded either way).
 The greedy sequences are compared and mismatching positions counted.
 
   PYTHONPATH=. python scripts/benchmark_baseline.py --repeats 10
@@ -63,7 +66,11 @@ def main(argv=None):
   parser.add_argument('--decode_len', type=int, default=64)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out_dir', default='results')
+  parser.add_argument('--torch_threads', type=int, default=0,
+                      help='torch.set_num_threads; 0 keeps the default.')
   args = parser.parse_args(argv)
+  if args.torch_threads > 0:
+    torch.set_num_threads(args.torch_threads)
   command = 'python scripts/benchmark_baseline.py ' + ' '.join(
       f'--{k} {v}' for k, v in vars(args).items())
 
