@@ -11,6 +11,8 @@ from scipy import stats
 from specdec_jax import decoding
 from specdec_jax.sampling import SamplingConfig
 
+from reference import reference_distribution
+
 EOS = 1
 
 
@@ -68,25 +70,6 @@ def test_max_decode_steps_caps_every_row():
       max_decode_len=10, eos_id=EOS, max_decode_steps=3)
   np.testing.assert_array_equal(got.tokens[:, :4], [[2, 4, 6, 0]] * 2)
   assert not np.asarray(got.tokens[:, 3:]).any()
-
-
-def reference_distribution(logits, temperature, topk=0, topp=1.0):
-  """The standardized distribution, written independently with numpy."""
-  x = np.asarray(logits, np.float64) / temperature
-  if topk:
-    x = np.where(x >= np.sort(x)[-topk], x, -np.inf)
-  p = np.exp(x - x.max())
-  p /= p.sum()
-  if topp < 1.0:
-    order = np.argsort(-p, kind='stable')
-    cum = np.cumsum(p[order])
-    n_keep = int(np.searchsorted(cum, topp) + 1)  # first index reaching topp
-    keep = np.zeros_like(p, bool)
-    keep[order[:n_keep]] = True
-    keep |= p >= p[order[n_keep - 1]]  # ties at the threshold are kept
-    p = np.where(keep, p, 0.0)
-    p /= p.sum()
-  return p
 
 
 @pytest.mark.parametrize('temperature,topk,topp', [
