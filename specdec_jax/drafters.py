@@ -1,0 +1,209 @@
+"""Drafters: anything that proposes gamma tokens with their distributions q.
+
+The speculative loop (speculative.py) talks to a drafter through one method,
+
+  propose(params, state, sequences, lengths, gamma, sampling, rng)
+      -> (drafts [batch, gamma] int32, q [batch, gamma, vocab] f32, state)
+
+plus `init(params, encoder_input_tokens, max_length) -> state` and
+`vocab_size`. `sequences` `[batch, buffer]` holds each row's committed decoder
+tokens (BOS = 0 at index 0) and `lengths` `[batch]` how many there are; q must
+be the distribution each draft was sampled from, after the standardized
+sampling adjustment (sampling.py), so that the loop's acceptance test is
+exact. A drafter that is deterministic returns one-hot q; exactness holds for
+any q.
+
+Two kinds live here: `T5Drafter` (a small T5 with its own cache, the paper's
+T5-small/base/large drafts) and `NgramDrafter` (unigram / bigram token
+statistics, the paper's Table 3 baselines).
+
+References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and Table 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.network import T5Model
+
+Array = jax.Array
+
+
+def draw(rng: Array, logits: Array, sampling: sampling_lib.SamplingConfig):
+  """Samples from the standardized distribution and returns it too.
+
+  Args:
+    rng: PRNG key.
+    logits: `[batch, vocab]`.
+    sampling: the sampling mode applied to both p and q.
+
+  Returns:
+    `(tokens [batch] int32, probs [batch, vocab] float32)`.
+  """
+  adjusted = sampling_lib.adjusted_logits(logits, sampling)
+  if sampling.greedy:
+    token = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
+  else:
+    token = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
+  return token, jax.nn.softmax(adjusted, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Drafter:
+  """A T5 (usually much smaller than the target) drafting with its own cache.
+
+  Catch-up: each `propose` first feeds the last *two* committed tokens at
+  position length-2 (one 2-token call). When every draft of the previous
+  iteration was accepted the drafter never consumed the last draft x_gamma;
+  this call feeds it (otherwise it re-writes a slot with the same token), so
+  no branch is needed and shapes stay static.
+  """
+
+  model: T5Model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    return self.model.init_cache(params, encoder_input_tokens, max_length)
+
+  def propose(self, params, cache, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    start = jnp.maximum(lengths - 2, 0)
+    idx = start[:, None] + jnp.arange(2)
+    # [batch, 2]: tokens at start, start+1 (the second is unused if length 1).
+    pair = jnp.take_along_axis(sequences, idx, axis=1)
+    logits, cache = self.model.extend(params, pair, cache.rewind(start))
+    # Logits after the last committed token: slot length-1-start (1, or 0).
+    last = jnp.take_along_axis(
+        logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
+    cache = cache.rewind(lengths)
+    rngs = jax.random.split(rng, gamma)
+
+    def step(carry, rng_i):
+      logits_i, cache = carry
+      token, q = draw(rng_i, logits_i, sampling)
+      next_logits, cache = self.model.extend(params, token[:, None], cache)
+      return (next_logits[:, 0], cache), (token, q)
+
+    (last, cache), (tokens, qs) = jax.lax.scan(
+        step, (last, cache), rngs[:-1])
+    token, q = draw(rngs[-1], last, sampling)
+    # [gamma-1, batch(, vocab)] + last -> [batch, gamma(, vocab)]
+    drafts = jnp.concatenate([tokens.T, token[:, None]], axis=1)
+    qs = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1)
+    return drafts, qs, cache
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter:
+  """Unigram (order 1) or bigram (order 2) drafts from token statistics.
+
+  params: for order 1, `{'log_unigram': [vocab]}`; for order 2 also
+  `next_tokens` `[vocab, k]` int32 and `next_log_probs` `[vocab, k]`, the k
+  most frequent successors of each token with their smoothed log-probabilities,
+  and `log_backoff` `[vocab]`: every other successor x of token a gets
+  `log_backoff[a] + log_unigram[x]`. This keeps a bigram over a 32k vocabulary
+  at vocab * k entries instead of vocab^2.
+  Build params with `ngram_params`.
+  """
+
+  vocab_size: int
+  order: int = 2
+
+  def __post_init__(self):
+    if self.order not in (1, 2):
+      raise ValueError(f'NgramDrafter order must be 1 or 2, got {self.order}.')
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    del params, encoder_input_tokens, max_length
+    return ()
+
+  def log_q(self, params, prev: Array) -> Array:
+    """`[batch]` previous tokens -> `[batch, vocab]` log-probabilities."""
+    log_uni = jnp.broadcast_to(params['log_unigram'],
+                               prev.shape + (self.vocab_size,))
+    if self.order == 1:
+      return log_uni
+    tokens = params['next_tokens'][prev]  # [batch, k]
+    log_p = params['next_log_probs'][prev]
+    rows = jnp.arange(prev.shape[0])[:, None]
+    base = log_uni + params['log_backoff'][prev][:, None]
+    return base.at[rows, tokens].set(log_p)
+
+  def propose(self, params, state, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    prev = jnp.take_along_axis(sequences, (lengths - 1)[:, None], axis=1)[:, 0]
+
+    def step(prev, rng_i):
+      token, q = draw(rng_i, self.log_q(params, prev), sampling)
+      return token, (token, q)
+
+    _, (tokens, qs) = jax.lax.scan(step, prev, jax.random.split(rng, gamma))
+    return tokens.T, jnp.moveaxis(qs, 0, 1), state
+
+
+def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
+                 order: int = 2, top_k: int = 64, smoothing: float = 0.1,
+                 bos_id: int = 0):
+  """Estimates NgramDrafter params from target-side token sequences.
+
+  Args:
+    sequences: token id sequences (decoder targets, without BOS).
+    vocab_size: vocabulary size.
+    order: 1 (unigram) or 2 (bigram).
+    top_k: successors kept per token for the bigram.
+    smoothing: mass given to the unigram back-off for each previous token
+      (add-one smoothing keeps every unigram probability > 0).
+    bos_id: the decoder start token; the first token's context.
+
+  Returns:
+    A params dict for `NgramDrafter(vocab_size, order)`.
+  """
+  if not 0 < smoothing <= 1:
+    raise ValueError(f'smoothing must be in (0, 1], got {smoothing}.')
+  counts = np.ones(vocab_size, np.float64)
+  pairs = {}
+  for seq in sequences:
+    seq = [int(t) for t in seq]
+    if any(not 0 <= t < vocab_size for t in seq):
+      raise ValueError(f'token id outside [0, {vocab_size}) in {seq[:10]}...')
+    np.add.at(counts, seq, 1)
+    for a, b in zip([bos_id] + seq[:-1], seq):
+      pairs.setdefault(a, {}).setdefault(b, 0)
+      pairs[a][b] += 1
+  unigram = counts / counts.sum()
+  params = {'log_unigram': jnp.asarray(np.log(unigram), jnp.float32)}
+  if order == 1:
+    return params
+  # Tokens never seen as a context: pure unigram (slot 0 restates token 0).
+  next_tokens = np.zeros((vocab_size, top_k), np.int32)
+  next_log_probs = np.full((vocab_size, top_k), np.log(unigram[0]), np.float32)
+  log_backoff = np.zeros(vocab_size, np.float32)
+  for a, succ in pairs.items():
+    items = sorted(succ.items(), key=lambda kv: -kv[1])[:top_k]
+    total = sum(succ.values())
+    toks = np.array([t for t, _ in items])
+    # Kept successors get (1 - smoothing) of their empirical share; the rest
+    # of the mass (>= smoothing) is spread over all tokens by the unigram.
+    kept = (1 - smoothing) * np.array([c for _, c in items]) / total
+    backoff = 1.0 - kept.sum()
+    probs = kept + backoff * unigram[toks]
+    # Unused slots repeat the first kept token with its own probability.
+    pad = top_k - len(toks)
+    next_tokens[a] = np.concatenate([toks, np.full(pad, toks[0])])
+    next_log_probs[a] = np.log(np.concatenate([probs, np.full(pad, probs[0])]))
+    log_backoff[a] = np.log(backoff)
+  params.update(
+      next_tokens=jnp.asarray(next_tokens),
+      next_log_probs=jnp.asarray(next_log_probs),
+      log_backoff=jnp.asarray(log_backoff),
+  )
+  return params

@@ -1,0 +1,317 @@
+"""Speculative decoding (Algorithm 1) in one jitted `lax.while_loop`.
+
+One iteration, for every row of the batch at once:
+  1. the drafter proposes gamma tokens x_1..x_gamma with distributions q_i;
+  2. ONE target call on gamma+1 positions (the last committed token and the
+     gamma drafts) gives p_1..p_{gamma+1};
+  3. draft i is accepted while r_i < p_i(x_i) / q_i(x_i), r_i ~ U[0, 1);
+     n = number of leading accepted drafts;
+  4. the next token t ~ norm(max(0, p_{n+1} - q_{n+1})) if n < gamma, else the
+     bonus t ~ p_{gamma+1};
+  5. the row commits x_1..x_n, t (cut at EOS or the length limit) and both
+     models' caches move to the row's new length (the target's is rewound;
+     the drafter re-synchronises itself from `lengths`, see drafters.py).
+
+p and q are both the *standardized* distributions (sampling.py), so greedy,
+temperature, top-k and top-p are all exact: the output distribution equals
+the baseline's (`decoding.temperature_sample`), and greedy outputs are equal
+token for token.
+
+References: Leviathan, Kalman & Matias 2023, arXiv 2211.17192, Algorithm 1,
+sec. 2.3 and Appendix A.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import decoding
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.sampling import SamplingConfig
+
+Array = jax.Array
+
+
+@struct.dataclass
+class SpecStats:
+  """Counters of one speculative decode (all int32 / float32 arrays).
+
+  Attributes:
+    iterations: scalar, loop iterations = target calls (for the batch).
+    row_iterations: `[batch]` iterations in which the row was still active.
+    drafted: `[batch]` drafts verified (gamma per active iteration).
+    accepted: `[batch]` drafts accepted by the rejection test.
+    accepted_at: `[gamma]` how often draft position i was accepted (summed
+      over rows and iterations; divide by `row_iterations.sum()`).
+    beta_sum: `[batch]` sum of beta = sum_x min(p, q) over verified positions.
+    beta_count: `[batch]` number of verified positions.
+  """
+
+  iterations: Array
+  row_iterations: Array
+  drafted: Array
+  accepted: Array
+  accepted_at: Array
+  beta_sum: Array
+  beta_count: Array
+
+
+@struct.dataclass
+class SpecResult:
+  """Tokens `[batch, max_decode_len]` (EOS kept, 0 after), lengths and stats."""
+
+  tokens: Array
+  lengths: Array
+  stats: SpecStats
+
+
+def summarize(stats: SpecStats) -> dict:
+  """Python floats: acceptance rate, mean accepted length, alpha, ... .
+
+  Names follow the paper (alpha) and vLLM's metrics (acceptance rate = accepted
+  / drafted; mean acceptance length = 1 + accepted / iterations).
+  """
+  row_iters = float(jnp.sum(stats.row_iterations))
+  drafted = float(jnp.sum(stats.drafted))
+  accepted = float(jnp.sum(stats.accepted))
+  return {
+      'target_calls': int(stats.iterations),
+      'row_iterations': row_iters,
+      'acceptance_rate': accepted / max(drafted, 1.0),
+      'mean_accepted_length': 1.0 + accepted / max(row_iters, 1.0),
+      'per_position_acceptance': [
+          float(a) / max(row_iters, 1.0) for a in stats.accepted_at
+      ],
+      'alpha': float(jnp.sum(stats.beta_sum)) / max(
+          float(jnp.sum(stats.beta_count)), 1.0),
+  }
+
+
+@struct.dataclass
+class SpecState:
+  """Loop state.
+
+  Attributes:
+    sequences: `[batch, buffer]` committed decoder tokens, BOS (0) at index 0.
+    lengths: `[batch]` committed tokens per row, BOS included (>= 1).
+    ended: `[batch]` bool.
+    target_cache: the target's decoder cache.
+    draft_state: the drafter's state (e.g. its cache).
+    rng: PRNG key.
+    stats: running `SpecStats`.
+  """
+
+  sequences: Array
+  lengths: Array
+  ended: Array
+  target_cache: Any
+  draft_state: Any
+  rng: Array
+  stats: SpecStats
+
+
+def _gather(x: Array, idx: Array) -> Array:
+  """x `[batch, n, vocab]` at idx `[batch]` -> `[batch, vocab]`."""
+  return jnp.take_along_axis(x, idx[:, None, None], axis=1)[:, 0]
+
+
+def verify(rng: Array, drafts: Array, q: Array, p: Array,
+           sampling: SamplingConfig):
+  """The modified rejection sampling of Algorithm 1 for every row.
+
+  Args:
+    rng: PRNG key.
+    drafts: `[batch, gamma]` drafted tokens x_i ~ q_i.
+    q: `[batch, gamma, vocab]` the drafter's (standardized) distributions.
+    p: `[batch, gamma + 1, vocab]` the target's (standardized) distributions.
+    sampling: the sampling mode (greedy takes argmax of the residual).
+
+  Returns:
+    `(n [batch], accepted [batch, gamma] bool prefix mask, next_token [batch],
+    beta [batch, gamma])` where beta_i = sum_x min(p_i, q_i).
+  """
+  gamma = drafts.shape[1]
+  accept_rng, residual_rng = jax.random.split(rng)
+  p_x = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+  r = jax.random.uniform(accept_rng, drafts.shape)
+  # Accept while r < p/q (q(x) > 0 since x ~ q); r < 1 always.
+  ok = r * q_x < p_x
+  accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1).astype(bool)
+  n = jnp.sum(accepted, axis=1)
+  p_next = _gather(p, n)
+  q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  residual = jnp.maximum(p_next - _gather(q_pad, n), 0.0)
+  # p == q up to rounding makes a rejection (almost) impossible; if it happens
+  # anyway, the residual can be ~0: fall back to p instead of dividing by 0.
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  residual = jnp.where(mass > 1e-12, residual, p_next)
+  if sampling.greedy:
+    next_token = jnp.argmax(residual, axis=-1)
+  else:
+    next_token = jax.random.categorical(residual_rng, jnp.log(residual))
+  beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
+  return n, accepted, next_token.astype(jnp.int32), beta
+
+
+def _write_rows(buf: Array, block: Array, start: Array) -> Array:
+  write = lambda b, u, s: jax.lax.dynamic_update_slice(b, u, (s,))
+  return jax.vmap(write)(buf, block, start)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpecLoop:
+  """cond_fn/body_fn of the speculative `lax.while_loop`."""
+
+  target: Any
+  drafter: Any
+  gamma: int
+  sampling: SamplingConfig
+  eos_id: int
+  max_decode_len: int
+
+  @property
+  def buffer(self) -> int:
+    # BOS + max_decode_len outputs + room for a full gamma+1 block write.
+    return self.max_decode_len + self.gamma + 2
+
+  def cond_fn(self, state: SpecState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def body_fn(self, target_params, draft_params, state: SpecState):
+    g = self.gamma
+    rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+    active = ~state.ended
+    lengths = state.lengths
+    # 1. Drafts and their q: [batch, gamma], [batch, gamma, vocab].
+    drafts, q, draft_state = self.drafter.propose(
+        draft_params, state.draft_state, state.sequences, lengths, g,
+        self.sampling, draft_rng)
+    # 2. One target call on [last committed token, x_1..x_gamma].
+    last = jnp.take_along_axis(state.sequences, (lengths - 1)[:, None], 1)
+    block = jnp.concatenate([last, drafts], axis=1)
+    logits, target_cache = self.target.extend(
+        target_params, block, state.target_cache.rewind(lengths - 1))
+    p = sampling_lib.probabilities(logits, self.sampling)
+    # 3.-4. Accept/reject, residual or bonus token.
+    n, accepted, next_token, beta = verify(verify_rng, drafts, q, p,
+                                           self.sampling)
+    # 5. Commit x_1..x_n, t; cut at EOS and at the length limit.
+    new = jnp.where(jnp.arange(g + 1) < n[:, None],
+                    jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
+    is_eos = (new == self.eos_id) & (jnp.arange(g + 1) <= n[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
+    room = self.max_decode_len - (lengths - 1)
+    keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
+    sequences = _write_rows(state.sequences, new, lengths)
+    new_lengths = jnp.where(active, lengths + keep, lengths)
+    ended = state.ended | (active & (
+        (first_eos < keep) | (new_lengths - 1 >= self.max_decode_len)))
+    # Verified positions: 1..n+1 (the first rejected one included), <= gamma.
+    verified = jnp.arange(g) <= n[:, None]
+    act = active.astype(jnp.int32)
+    s = state.stats
+    stats = SpecStats(
+        iterations=s.iterations + 1,
+        row_iterations=s.row_iterations + act,
+        drafted=s.drafted + g * act,
+        accepted=s.accepted + n * act,
+        accepted_at=s.accepted_at + jnp.sum(accepted * act[:, None], axis=0),
+        beta_sum=s.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), 1) * act,
+        beta_count=s.beta_count + jnp.sum(verified, 1) * act,
+    )
+    return SpecState(sequences, new_lengths, ended, target_cache, draft_state,
+                     rng, stats)
+
+  def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
+    batch = inputs.shape[0]
+    cache_len = self.max_decode_len + self.gamma + 1
+    zeros = jnp.zeros((batch,), jnp.int32)
+    state = SpecState(
+        sequences=jnp.zeros((batch, self.buffer), jnp.int32),
+        lengths=jnp.ones((batch,), jnp.int32),
+        ended=jnp.zeros((batch,), bool),
+        target_cache=self.target.init_cache(target_params, inputs, cache_len),
+        draft_state=self.drafter.init(draft_params, draft_inputs, cache_len),
+        rng=rng,
+        stats=SpecStats(
+            iterations=jnp.zeros((), jnp.int32), row_iterations=zeros,
+            drafted=zeros, accepted=zeros,
+            accepted_at=jnp.zeros((self.gamma,), jnp.int32),
+            beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros),
+    )
+    state = jax.lax.while_loop(
+        self.cond_fn,
+        functools.partial(self.body_fn, target_params, draft_params), state)
+    out = state.sequences[:, 1:1 + self.max_decode_len]
+    out = jnp.where(jnp.arange(self.max_decode_len) < state.lengths[:, None]
+                    - 1, out, 0)
+    return SpecResult(out, state.lengths - 1, state.stats)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _run(loop: _SpecLoop, target_params, draft_params, inputs, draft_inputs,
+         rng):
+  return loop(target_params, draft_params, inputs, draft_inputs, rng)
+
+
+def speculative_sample(
+    target,
+    target_params,
+    drafter,
+    draft_params,
+    encoder_input_tokens,
+    *,
+    gamma: int,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int = 1,
+    rng: Optional[Array] = None,
+    draft_input_tokens=None,
+) -> SpecResult:
+  """Speculative decoding of a batch; same output distribution as the target.
+
+  Args:
+    target: decoding interface of the large model (see decoding.py), e.g.
+      `network.T5Model`.
+    target_params: its parameters.
+    drafter: a drafter (see drafters.py): `T5Drafter`, `NgramDrafter`, ...
+    draft_params: the drafter's parameters.
+    encoder_input_tokens: `[batch, input_length]` int, 0-padded.
+    gamma: drafts per iteration (static, >= 1).
+    max_decode_len: output length (static).
+    sampling: greedy / temperature / top-k / top-p, applied to p and q alike.
+    eos_id: end-of-sequence id.
+    rng: PRNG key (required unless greedy).
+    draft_input_tokens: the drafter's inputs if they differ (default: same).
+
+  Returns:
+    `SpecResult`: tokens `[batch, max_decode_len]`, lengths, statistics.
+
+  References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
+  """
+  decoding.validate_decode_args(target, encoder_input_tokens, max_decode_len,
+                                sampling, None)
+  if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  if drafter.vocab_size != target.vocab_size:
+    raise ValueError(
+        f'Draft and target vocabularies differ: drafter has '
+        f'{drafter.vocab_size} tokens, target {target.vocab_size}. Speculative '
+        'decoding needs the same vocabulary (the same SentencePiece model).')
+  if rng is None:
+    if not sampling.greedy:
+      raise ValueError('rng is required when temperature > 0.')
+    rng = jax.random.key(0)
+  inputs = jnp.asarray(encoder_input_tokens, jnp.int32)
+  draft_inputs = inputs if draft_input_tokens is None else jnp.asarray(
+      draft_input_tokens, jnp.int32)
+  loop = _SpecLoop(target, drafter, gamma, sampling, int(eos_id),
+                   int(max_decode_len))
+  return _run(loop, target_params, draft_params, inputs, draft_inputs, rng)

@@ -1,0 +1,294 @@
+"""Speculative decoding is exact: the paper's promise, tested directly.
+
+Greedy: tokens equal the baseline's, row for row, for every gamma and drafter.
+Sampling: the distribution over whole short sequences, enumerated exactly from
+the target, matches tens of thousands of speculative samples (chi-square),
+including adversarial drafters.
+"""
+
+import dataclasses
+import itertools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import network
+from specdec_jax import speculative
+from specdec_jax.sampling import SamplingConfig
+
+from conftest import TINY_V11
+from reference import reference_distribution
+
+MAX_LEN = 24
+EOS = 68  # a token these random weights do emit: rows end at different times
+
+
+def perturbed(params, scale, seed):
+  """A 'good drafter': the target's weights plus noise (agrees often)."""
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
+           for x, k in zip(leaves, keys)]
+  return jax.tree_util.tree_unflatten(tree, noisy)
+
+
+@pytest.fixture(scope='module')
+def greedy_setup(v11):
+  model, params = v11
+  rng = np.random.default_rng(3)
+  enc = rng.integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  enc[2, 5:] = 0
+  enc[3, 2:] = 0
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  small = network.T5Model(TINY_V11.replace(
+      emb_dim=16, num_heads=2, mlp_dim=32, num_encoder_layers=1,
+      num_decoder_layers=1))
+  return model, params, enc, base, {
+      'self': (drafters.T5Drafter(model), params),
+      'good': (drafters.T5Drafter(model), perturbed(params, 0.3, 0)),
+      'random': (drafters.T5Drafter(small), small.init_params(
+          jax.random.key(9))),
+  }
+
+
+def test_greedy_setup_is_not_trivial(greedy_setup):
+  """Rows must end at different times for the equality tests to mean much."""
+  _, _, _, base, _ = greedy_setup
+  lengths = np.asarray(base.lengths)
+  assert len(set(lengths.tolist())) >= 3 and lengths.max() == MAX_LEN
+
+
+@pytest.mark.parametrize('gamma', [1, 2, 3, 5, 8])
+@pytest.mark.parametrize('drafter', ['self', 'good', 'random'])
+def test_greedy_equals_baseline(greedy_setup, gamma, drafter):
+  model, params, enc, base, drafts = greedy_setup
+  dr, dparams = drafts[drafter]
+  out = speculative.speculative_sample(
+      model, params, dr, dparams, enc, gamma=gamma, max_decode_len=MAX_LEN,
+      eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  summary = speculative.summarize(out.stats)
+  if drafter == 'self':
+    # alpha = 1: every iteration of a row yields gamma+1 tokens (the last one
+    # may be cut by EOS or the length limit). This fails if the drafter does
+    # not catch up on x_gamma after a fully accepted iteration.
+    expected = np.ceil(np.asarray(base.lengths) / (gamma + 1))
+    np.testing.assert_array_equal(out.stats.row_iterations, expected)
+    assert summary['acceptance_rate'] == 1.0
+    assert summary['alpha'] == pytest.approx(1.0, abs=1e-5)
+  if drafter == 'good':  # partial agreement: both branches of the test run
+    assert 0.0 < summary['acceptance_rate'] < 1.0
+    assert summary['per_position_acceptance'][0] > 0.2
+  if drafter == 'random':
+    assert summary['acceptance_rate'] < 0.3
+  assert int(out.stats.iterations) == int(out.stats.row_iterations.max())
+
+
+def test_bigram_drafter_greedy_equals_baseline(greedy_setup):
+  model, params, enc, base, _ = greedy_setup
+  # Statistics from the target's own outputs: a useful bigram.
+  seqs = [row[:n].tolist() for row, n in zip(np.asarray(base.tokens),
+                                             np.asarray(base.lengths))]
+  for order in (1, 2):
+    dr = drafters.NgramDrafter(model.vocab_size, order=order)
+    dparams = drafters.ngram_params(seqs, model.vocab_size, order=order)
+    out = speculative.speculative_sample(
+        model, params, dr, dparams, enc, gamma=3, max_decode_len=MAX_LEN,
+        eos_id=EOS)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    if order == 2:
+      assert speculative.summarize(out.stats)['acceptance_rate'] > 0.5
+
+
+# ---------------------------------------------------------------------------
+# Sampling: exact distribution over whole sequences.
+# ---------------------------------------------------------------------------
+
+VOCAB = 6
+SEQ_LEN = 3
+SMALL_EOS = 1
+N_SAMPLES = 30_000
+TINY = TINY_V11.replace(vocab_size=VOCAB)
+
+
+@pytest.fixture(scope='module')
+def tiny_target():
+  model = network.T5Model(TINY)
+  params = model.init_params(jax.random.key(4))
+  enc = jnp.array([[3, 4, 5, 2, 1]])
+  return model, params, enc
+
+
+def exact_sequence_distribution(model, params, enc, config):
+  """P(x_1..x_3) from teacher-forced target logits, standardized in numpy.
+
+  Sequences that emit EOS early are padded with 0 (the decoders' output).
+  """
+  seqs = np.array(list(itertools.product(range(VOCAB), repeat=SEQ_LEN)))
+  dec_in = np.concatenate([np.zeros((len(seqs), 1), int), seqs[:, :-1]], 1)
+  logits = np.asarray(model.logits(
+      params, jnp.tile(enc, (len(seqs), 1)), jnp.asarray(dec_in)))
+  dist = {}
+  for s, lg in zip(seqs, logits):
+    prob, out = 1.0, []
+    for t in range(SEQ_LEN):
+      prob *= reference_distribution(lg[t], config.temperature, config.topk,
+                                     config.topp)[s[t]]
+      out.append(int(s[t]))
+      if s[t] == SMALL_EOS:
+        break
+    key = tuple(out + [0] * (SEQ_LEN - len(out)))
+    # Continuations after EOS are enumerated V^k times; count once.
+    if key not in dist:
+      dist[key] = prob
+  assert abs(sum(dist.values()) - 1.0) < 1e-6
+  return dist
+
+
+def assert_matches(samples, dist):
+  """Chi-square goodness of fit, p > 1e-4, pooling cells with < 5 expected.
+
+  Also: no sample outside the support, and total variation < 0.02.
+  """
+  keys = list(dist)
+  index = {k: i for i, k in enumerate(keys)}
+  counts = np.zeros(len(keys))
+  for row in map(tuple, samples.tolist()):
+    assert row in index and dist[row] > 0, f'impossible sequence {row}'
+    counts[index[row]] += 1
+  expected = len(samples) * np.array([dist[k] for k in keys])
+  big = expected >= 5
+  obs = np.append(counts[big], counts[~big].sum())
+  exp = np.append(expected[big], expected[~big].sum())
+  if exp[-1] < 1e-9:
+    obs, exp = obs[:-1], exp[:-1]
+  assert big.sum() >= 10
+  tv = 0.5 * np.abs(counts / len(samples) - expected / len(samples)).sum()
+  assert tv < 0.02
+  assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+
+
+def adversarial_unigram(support):
+  """A unigram drafter with q = 0 outside `support` (and uniform on it)."""
+  logq = np.full(VOCAB, -np.inf, np.float32)
+  logq[list(support)] = 0.0
+  return (drafters.NgramDrafter(VOCAB, order=1),
+          {'log_unigram': jnp.asarray(logq)})
+
+
+SAMPLING_CASES = {
+    't1': SamplingConfig(temperature=1.0),
+    't0.7': SamplingConfig(temperature=0.7),
+    'topk3': SamplingConfig(temperature=1.0, topk=3),
+    'topp0.8': SamplingConfig(temperature=0.9, topp=0.8),
+}
+
+
+@pytest.mark.parametrize('case', list(SAMPLING_CASES))
+@pytest.mark.parametrize('drafter_kind', ['t5', 'q_zero_where_p', 'q_off_p'])
+def test_sampled_sequences_follow_target_distribution(tiny_target, case,
+                                                      drafter_kind):
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES[case]
+  dist = exact_sequence_distribution(model, params, enc, config)
+  if drafter_kind == 't5':
+    dr = drafters.T5Drafter(model)
+    dparams = model.init_params(jax.random.key(77))  # a different model
+  elif drafter_kind == 'q_zero_where_p':
+    # q is 0 on tokens the target likes: those can only come from residuals.
+    dr, dparams = adversarial_unigram([0, 1])
+  else:
+    # q puts its mass where p has little or none (least likely tokens).
+    first = np.array([sum(v for k, v in dist.items() if k[0] == t)
+                      for t in range(VOCAB)])
+    dr, dparams = adversarial_unigram(np.argsort(first)[:2])
+  out = speculative.speculative_sample(
+      model, params, dr, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
+      gamma=3, max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(zlib.crc32(f'{case}/{drafter_kind}'.encode())))
+  assert_matches(np.asarray(out.tokens), dist)
+
+
+# ---------------------------------------------------------------------------
+# Compilation, target calls, bad arguments.
+# ---------------------------------------------------------------------------
+
+TARGET_CALLS = []
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingTarget:
+  """Wraps a model; counts executed target calls on gamma+1 tokens."""
+
+  model: network.T5Model
+
+  @property
+  def vocab_size(self):
+    return self.model.vocab_size
+
+  def init_cache(self, *args):
+    return self.model.init_cache(*args)
+
+  def extend(self, params, tokens, cache):
+    jax.debug.callback(lambda: TARGET_CALLS.append(tokens.shape[1]),
+                       ordered=False)
+    return self.model.extend(params, tokens, cache)
+
+
+def test_target_calls_equal_iterations_and_no_recompile(greedy_setup):
+  model, params, enc, base, drafts = greedy_setup
+  dr, dparams = drafts['good']
+  target = CountingTarget(model)
+  TARGET_CALLS.clear()
+  out = speculative.speculative_sample(
+      target, params, dr, dparams, enc, gamma=3, max_decode_len=MAX_LEN,
+      eos_id=EOS)
+  jax.effects_barrier()
+  assert TARGET_CALLS == [4] * int(out.stats.iterations)
+  assert int(out.stats.iterations) < MAX_LEN  # speculation saved calls
+  size = speculative._run._cache_size()
+  other = perturbed(dparams, 0.1, 5)
+  speculative.speculative_sample(
+      target, params, dr, other, enc[::-1], gamma=3, max_decode_len=MAX_LEN,
+      eos_id=EOS)
+  assert speculative._run._cache_size() == size
+
+
+class Untouchable:
+  vocab_size = 128
+
+  def init_cache(self, *args):
+    raise AssertionError('validation must happen before tracing')
+
+  init = extend = propose = init_cache
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(gamma=0), 'gamma'),
+    (dict(gamma=2.0), 'gamma'),
+    (dict(drafter_vocab=100), 'vocabularies differ'),
+    (dict(sampling=dict(temperature=-1.0)), 'temperature'),
+    (dict(sampling=dict(temperature=1.0, topp=0.0)), 'topp'),
+    (dict(sampling=dict(temperature=1.0, topk=5, topp=0.5)), 'At most one'),
+    (dict(max_decode_len=0), 'max_decode_len'),
+])
+def test_bad_arguments_raise_before_compiling(kwargs, message):
+  drafter = Untouchable()
+  if 'drafter_vocab' in kwargs:
+    drafter = drafters.NgramDrafter(kwargs.pop('drafter_vocab'), order=1)
+  sampling = kwargs.pop('sampling', {})
+  kwargs.setdefault('gamma', 3)
+  kwargs.setdefault('max_decode_len', 8)
+  with pytest.raises(ValueError, match=message):
+    speculative.speculative_sample(
+        Untouchable(), {}, drafter, {}, np.ones((2, 3), np.int32),
+        sampling=SamplingConfig(**sampling), rng=jax.random.key(0), **kwargs)
