@@ -23,6 +23,7 @@ References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and Table 3.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional, Sequence
 
 import jax
@@ -58,11 +59,10 @@ def draw(rng: Array, logits: Array, sampling: sampling_lib.SamplingConfig):
 class T5Drafter:
   """A T5 (usually much smaller than the target) drafting with its own cache.
 
-  Catch-up: each `propose` first feeds the last *two* committed tokens at
-  position length-2 (one 2-token call). When every draft of the previous
-  iteration was accepted the drafter never consumed the last draft x_gamma;
-  this call feeds it (otherwise it re-writes a slot with the same token), so
-  no branch is needed and shapes stay static.
+  Catch-up: when every draft of the previous iteration was accepted the
+  drafter never consumed the last draft x_gamma. `propose` then starts with
+  one 2-token call (x_gamma and the bonus token) instead of the usual 1-token
+  call; rows that did not need it rewrite a slot with the same token.
   """
 
   model: T5Model
@@ -74,17 +74,31 @@ class T5Drafter:
   def init(self, params, encoder_input_tokens, max_length: int):
     return self.model.init_cache(params, encoder_input_tokens, max_length)
 
-  def propose(self, params, cache, sequences, lengths, gamma: int,
-              sampling: sampling_lib.SamplingConfig, rng: Array):
-    start = jnp.maximum(lengths - 2, 0)
-    idx = start[:, None] + jnp.arange(2)
-    # [batch, 2]: tokens at start, start+1 (the second is unused if length 1).
-    pair = jnp.take_along_axis(sequences, idx, axis=1)
-    logits, cache = self.model.extend(params, pair, cache.rewind(start))
-    # Logits after the last committed token: slot length-1-start (1, or 0).
+  def _feed_last(self, k: int, params, cache, sequences, lengths):
+    """Feeds the last k committed tokens; logits after the last one.
+
+    Returns:
+      `(logits [batch, vocab], cache)` with cache.position = lengths.
+    """
+    start = jnp.maximum(lengths - k, 0)
+    idx = start[:, None] + jnp.arange(k)
+    # [batch, k]; at length 1 with k = 2 the second token is a dummy.
+    tokens = jnp.take_along_axis(sequences, idx, axis=1)
+    logits, cache = self.model.extend(params, tokens, cache.rewind(start))
     last = jnp.take_along_axis(
         logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
-    cache = cache.rewind(lengths)
+    return last, cache.rewind(lengths)
+
+  def propose(self, params, cache, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    # A row whose cache holds fewer than length-1 tokens had all its drafts
+    # accepted: it never consumed x_gamma. Then (and only then) the first
+    # call feeds the last two committed tokens; otherwise just the last one.
+    behind = jnp.any(cache.position < lengths - 1)
+    last, cache = jax.lax.cond(
+        behind, functools.partial(self._feed_last, 2),
+        functools.partial(self._feed_last, 1), params, cache, sequences,
+        lengths)
     rngs = jax.random.split(rng, gamma)
 
     def step(carry, rng_i):

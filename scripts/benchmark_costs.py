@@ -1,0 +1,210 @@
+"""Measures the costs that decide speculative speed-up, and the loop overhead.
+
+  python scripts/benchmark_costs.py [--repeats 7] [--out_dir results]
+
+On random weights (float32, batch 1) of a T5 1.1-small-size target and a much
+smaller T5 drafter:
+  * t_target(k): one target decoder call on k = 1..9 tokens, as it runs inside
+    the decoding loop (timed in a compiled fori_loop of calls, so no Python
+    dispatch is counted), and cost(k) = t_target(k) / t_target(1);
+  * c = t_draft(1) / t_target(1), and t_draft(2) (the drafter's catch-up call);
+  * loop overhead: speculative decoding with the target as its own drafter
+    (alpha = 1, every iteration yields gamma + 1 tokens) for gamma = 1..8. The
+    measured time per iteration is compared with the sum of its parts,
+    t_draft(2) + (gamma - 1) t_draft(1) + t_target(gamma + 1) (what our
+    drafter runs: one 2-token catch-up call then gamma - 1 one-token calls)
+    and with the paper's gamma * t_draft(1) + t_target(gamma + 1).
+Medians of `--repeats` runs; baseline and speculative runs interleaved.
+Writes results/costs.md and results/costs.json.
+"""
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import network
+from specdec_jax import speculative
+
+TARGET = network.T5Config(  # T5 1.1 small dimensions
+    vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
+    num_decoder_layers=8, head_dim=64, mlp_dim=1024,
+    mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
+DRAFT = TARGET.replace(emb_dim=128, num_heads=2, num_encoder_layers=2,
+                       num_decoder_layers=2, mlp_dim=256)
+INPUT_LEN = 64
+DECODE_LEN = 64
+
+
+def median_time(fn, repeats):
+  jax.block_until_ready(fn())  # compile + warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _repeated_calls(model, params, tokens, cache, n_calls):
+  """n_calls decoder calls on `tokens`, each from the same position."""
+  position = cache.position
+
+  def body(_, carry):
+    cache, acc = carry
+    logits, cache = model.extend(params, tokens, cache.rewind(position))
+    return cache, acc + logits[:, -1, 0]
+
+  _, acc = jax.lax.fori_loop(0, n_calls, body,
+                             (cache, jnp.zeros(tokens.shape[:1])))
+  return acc
+
+
+def call_time(model, params, inputs, k, repeats, n_calls=60):
+  """Seconds per decoder call on k tokens at position 32 of a 64+ cache.
+
+  Each repeat times a loop of 2 n_calls and one of n_calls calls back to
+  back; the median of (long - short) / n_calls removes the launch cost and
+  is robust to load drift.
+  """
+  cache = model.init_cache(params, inputs, DECODE_LEN + 10)
+  tokens = jnp.full((inputs.shape[0], 32), 5, jnp.int32)
+  _, cache = model.extend(params, tokens, cache)  # 32 tokens of context
+  block = jnp.full((inputs.shape[0], k), 7, jnp.int32)
+  run = lambda n: jax.block_until_ready(
+      _repeated_calls(model, params, block, cache, n))
+  run(n_calls), run(2 * n_calls)  # compile both
+  diffs = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    run(2 * n_calls)
+    mid = time.perf_counter()
+    run(n_calls)
+    diffs.append((mid - start) - (time.perf_counter() - mid))
+  return statistics.median(diffs) / n_calls
+
+
+def machine():
+  cpu = platform.processor()
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next(l.split(':', 1)[1].strip() for l in f if 'model name' in l)
+  except (OSError, StopIteration):
+    pass
+  return f'{cpu}, {os.cpu_count()} cores, jax {jax.__version__} ' \
+         f'({jax.default_backend()})'
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--repeats', type=int, default=7)
+  parser.add_argument('--out_dir', default='results')
+  args = parser.parse_args()
+
+  target, draft = network.T5Model(TARGET), network.T5Model(DRAFT)
+  t_params = target.init_params(jax.random.key(0))
+  d_params = draft.init_params(jax.random.key(1))
+  inputs = jnp.asarray(
+      np.random.default_rng(0).integers(2, 32128, (1, INPUT_LEN)), jnp.int32)
+
+  t_target = {k: call_time(target, t_params, inputs, k, args.repeats)
+              for k in range(1, 10)}
+  t_draft = {k: call_time(draft, d_params, inputs, k, args.repeats)
+             for k in (1, 2)}
+  c = t_draft[1] / t_target[1]
+  print(f't_target(1) = {t_target[1]*1e3:.2f} ms, t_draft(1) = '
+        f'{t_draft[1]*1e3:.2f} ms, c = {c:.3f}')
+
+  # Encoder + cache set-up, paid once per decode (subtracted below).
+  init = jax.jit(target.init_cache, static_argnums=2)
+  t_init = median_time(lambda: init(t_params, inputs, DECODE_LEN + 10),
+                       args.repeats)
+  t_tt1 = t_target[1]
+  rows = []
+  self_drafter = drafters.T5Drafter(target)
+  for gamma in range(1, 9):
+    spec = lambda: speculative.speculative_sample(
+        target, t_params, self_drafter, t_params, inputs, gamma=gamma,
+        max_decode_len=DECODE_LEN, eos_id=-1)
+    base = lambda: decoding.temperature_sample(
+        target, t_params, inputs, max_decode_len=DECODE_LEN, eos_id=-1)
+    out = jax.block_until_ready(spec())
+    jax.block_until_ready(base())
+    iters = int(out.stats.iterations)
+    assert iters == -(-DECODE_LEN // (gamma + 1)), iters
+    spec_t, base_t = [], []
+    for _ in range(args.repeats):
+      for fn, acc in ((spec, spec_t), (base, base_t)):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        acc.append(time.perf_counter() - start)
+    spec_s, base_s = statistics.median(spec_t), statistics.median(base_t)
+    # Self-drafting: the drafter is the target (t_draft = t_target).
+    per_iter = (spec_s - 2 * t_init) / iters
+    parts = t_target[2] + (gamma - 1) * t_tt1 + t_target[gamma + 1]
+    paper = gamma * t_tt1 + t_target[gamma + 1]
+    rows.append(dict(
+        gamma=gamma, cost=t_target[gamma + 1] / t_tt1, iterations=iters,
+        per_iter_ms=per_iter * 1e3, parts_ms=parts * 1e3, paper_ms=paper * 1e3,
+        overhead_vs_parts=per_iter / parts - 1,
+        overhead_vs_paper=per_iter / paper - 1,
+        baseline_per_token_ms=(base_s - t_init) / DECODE_LEN * 1e3,
+        spec_s=spec_s, baseline_s=base_s))
+    print(rows[-1])
+
+  cmd = f'python scripts/benchmark_costs.py --repeats {args.repeats}'
+  lines = [
+      '# Decoder call costs and speculative loop overhead (CPU, float32)', '',
+      f'Command: `{cmd}`  ', f'Machine: {machine()}', '',
+      f'Target: T5 1.1-small size (random weights, {INPUT_LEN} input tokens, '
+      f'context 32); drafter: emb 128, 2+2 layers. Batch 1, medians of '
+      f'{args.repeats}. Each call is timed inside a compiled loop.', '',
+      f'- t_target(1) = {t_tt1*1e3:.2f} ms, t_draft(1) = '
+      f'{t_draft[1]*1e3:.2f} ms, t_draft(2) = {t_draft[2]*1e3:.2f} ms',
+      f'- **c = t_draft(1) / t_target(1) = {c:.3f}**', '',
+      '## Cost of one target call on k tokens relative to one token', '',
+      '| k | ' + ' | '.join(str(k) for k in t_target) + ' |',
+      '|---|' + '---|' * len(t_target),
+      '| cost(k) | ' + ' | '.join(f'{t_target[k]/t_tt1:.2f}'
+                                  for k in t_target) + ' |', '',
+      '## Loop overhead: target as its own drafter (alpha = 1)', '',
+      'Per iteration: (speculative decode time - encoder/cache set-up of both '
+      'models) / iterations. "parts" = t(2-token catch-up) + (gamma-1) '
+      't(1) + t_target(gamma+1), what one iteration runs; "paper" = '
+      'gamma t(1) + t_target(gamma+1).', '',
+      '| gamma | cost(gamma+1) | iterations | measured ms/iter | parts ms | '
+      'vs parts | paper ms | vs paper |',
+      '|---|---|---|---|---|---|---|---|',
+  ]
+  for r in rows:
+    lines.append(
+        f"| {r['gamma']} | {r['cost']:.2f} | {r['iterations']} | "
+        f"{r['per_iter_ms']:.2f} | {r['parts_ms']:.2f} | "
+        f"{r['overhead_vs_parts']:+.1%} | {r['paper_ms']:.2f} | "
+        f"{r['overhead_vs_paper']:+.1%} |")
+  lines += ['', f'Encoder + cache set-up (once per decode, per model): '
+            f'{t_init*1e3:.2f} ms. Baseline greedy per token: '
+            f"{rows[0]['baseline_per_token_ms']:.2f} ms."]
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, 'costs.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  with open(os.path.join(args.out_dir, 'costs.json'), 'w') as f:
+    json.dump(dict(command=cmd, machine=machine(),
+                   t_target_ms={k: v * 1e3 for k, v in t_target.items()},
+                   t_draft_ms={k: v * 1e3 for k, v in t_draft.items()},
+                   c=c, t_init_ms=t_init * 1e3, loop=rows), f, indent=1)
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  main()
