@@ -1,0 +1,753 @@
+"""T5X checkpoints (params only) and HF transformers T5 weights.
+
+`load_t5x_params` reads the parameter tree (T5X's `target`) of every format
+T5X has written, never the optimizer state:
+
+- Legacy T5X: a msgpack file `checkpoint_<step>/checkpoint` holding
+  `{'version': 3, 'optimizer': {'target': params, 'state': ...}}`. A leaf is
+  either inline (flax's msgpack ndarray encoding) or a tensorstore zarr spec
+  dict (`{'driver': 'zarr', 'dtype', 'kvstore': {'driver': 'file' | 'gfile' |
+  'gcs', 'path': <relative>}, 'metadata': {'shape', 'chunks', 'compressor'}}`;
+  older writers put `path` beside `kvstore`). Paths are relative to the folder
+  of the msgpack file, so checkpoints can be moved.
+- Early orbax (T5X around 2022/23): the same msgpack file with
+  `{'_optimizer': {'target', 'state'}, ...}` and `PLACEHOLDER://<name>` leaves
+  naming zarr array folders beside the file.
+- Orbax (current T5X, `OrbaxCheckpointManagerInterface`):
+  `checkpoint_<step>/state/` is an orbax PyTree checkpoint (`_METADATA`, OCDBT
+  `manifest.ocdbt` + `d/`) of the train state dict
+  `{'target': params, 'state': {'step', 'param_states'?}, 'flax_mutables'?}`;
+  only `target` is restored (orbax partial restore).
+
+`save_t5x_params` writes the orbax layout with orbax's CheckpointManager, as
+T5X does, so T5X and `load_t5x_params` read it back. `load_hf_t5` and
+`config_from_hf` import HF transformers T5 / Flan-T5 safetensors weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import hf_convert
+from specdec_jax import network
+
+PyTree = Any
+
+_PLACEHOLDER = 'PLACEHOLDER://'
+_CHECKPOINT_FILE = 'checkpoint'
+_ORBAX_METADATA_FILE = '_METADATA'
+_STATE_KEY = 'state'
+_STEP_DIR = re.compile(r'^checkpoint_(\d+)$')
+
+
+class CheckpointError(ValueError):
+  """A checkpoint exists but cannot be read (corrupt, truncated, incomplete)."""
+
+
+class _NotT5X(ValueError):
+  """A well-formed msgpack file that holds no T5X params tree."""
+
+
+# ----------------------------------------------------------------------------
+# Paths (local, or gs:// through tensorstore's gcs kvstore).
+# ----------------------------------------------------------------------------
+
+
+def _is_gcs(path: str) -> bool:
+  return path.startswith('gs://')
+
+
+def _split_gcs(path: str) -> Tuple[str, str]:
+  m = re.fullmatch(r'gs://([^/]+)/?(.*)', path, re.DOTALL)
+  if m is None:
+    raise ValueError(f'Not a gs://bucket/path address: {path}')
+  return m.group(1), m.group(2)
+
+
+def _gcs_store(path: str):
+  """(tensorstore gcs KvStore of the bucket, key) of a gs:// address."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  bucket, key = _split_gcs(path)
+  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
+
+
+def _gcs_keys(path: str, exact: bool) -> list:
+  """Object keys equal to (exact) or under (folder) a gs:// address."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  store, key = _gcs_store(path if exact else path.rstrip('/') + '/')
+  end = key + ('\x00' if exact else '\x7f')
+  return list(store.list(ts.KvStore.KeyRange(key, end)).result())
+
+
+def _isdir(path: str) -> bool:
+  if _is_gcs(path):
+    return bool(_gcs_keys(path, exact=False))
+  return os.path.isdir(path)
+
+
+def _isfile(path: str) -> bool:
+  if _is_gcs(path):  # Listing, not reading: `checkpoint` files can be large.
+    return bool(_gcs_keys(path, exact=True))
+  return os.path.isfile(path)
+
+
+def _read_bytes(path: str) -> bytes:
+  if _is_gcs(path):
+    store, key = _gcs_store(path)
+    result = store.read(key).result()
+    if result.state == 'missing':
+      raise FileNotFoundError(f'No checkpoint file at {path}')
+    return bytes(result.value)
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def _join(*parts: str) -> str:
+  return os.path.join(*parts)
+
+
+def _all_steps(directory: str) -> list[int]:
+  if _is_gcs(directory):
+    prefix = _split_gcs(directory.rstrip('/') + '/')[1]
+    names = {k.decode()[len(prefix):].split('/')[0]
+             for k in _gcs_keys(directory, exact=False)}
+  elif os.path.isdir(directory):
+    names = {n for n in os.listdir(directory)
+             if os.path.isdir(os.path.join(directory, n))}
+  else:
+    return []
+  return sorted(int(m.group(1)) for m in map(_STEP_DIR.match, names) if m)
+
+
+def latest_checkpoint(directory: str) -> Optional[str]:
+  """The `checkpoint_<step>` folder with the highest step, or None.
+
+  Args:
+    directory: a T5X model dir holding `checkpoint_<step>` folders.
+
+  Returns:
+    The path of the latest step folder; None when there is none.
+  """
+  steps = _all_steps(os.fspath(directory))
+  if not steps:
+    return None
+  return _join(os.fspath(directory), f'checkpoint_{steps[-1]}')
+
+
+def _resolve(path: str) -> Tuple[str, str]:
+  """Finds what `path` names: ('orbax', state_dir) or ('msgpack', file).
+
+  Probes the files each layout must have (no folder listing unless `path`
+  is a model dir), which keeps gs:// lookups cheap.
+  """
+  if _isfile(_join(path, _STATE_KEY, _ORBAX_METADATA_FILE)):
+    return 'orbax', _join(path, _STATE_KEY)
+  if _isfile(_join(path, _ORBAX_METADATA_FILE)):
+    return 'orbax', path
+  ckpt_file = path if _isfile(path) else _join(path, _CHECKPOINT_FILE)
+  if _isfile(ckpt_file):
+    # A `checkpoint` file beside orbax metadata is orbax's aggregate file.
+    if _isfile(_join(os.path.dirname(ckpt_file), _ORBAX_METADATA_FILE)):
+      return 'orbax', os.path.dirname(ckpt_file)
+    return 'msgpack', ckpt_file
+  latest = latest_checkpoint(path)
+  if latest is not None:  # A model dir: take its latest step.
+    return _resolve(latest)
+  if _isdir(path):
+    raise FileNotFoundError(
+        f'{path} is a folder but holds no T5X checkpoint (no {_STATE_KEY}/'
+        f'{_ORBAX_METADATA_FILE}, no {_CHECKPOINT_FILE} file, no '
+        'checkpoint_<step> folders).')
+  raise FileNotFoundError(f'No T5X checkpoint at {path}')
+
+
+# ----------------------------------------------------------------------------
+# msgpack (legacy T5X and early orbax).
+# ----------------------------------------------------------------------------
+
+
+def _decode_ext(code: int, data: bytes) -> Any:
+  """flax.serialization's msgpack extension types -> numpy values."""
+  import msgpack  # pylint: disable=g-import-not-at-top
+
+  if code in (1, 3):  # ndarray, numpy scalar: packed (shape, dtype, bytes).
+    shape, dtype_name, buffer = msgpack.unpackb(data, raw=True)
+    name = dtype_name.decode()
+    dtype = jnp.bfloat16 if name == 'bfloat16' else np.dtype(name)
+    arr = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return arr if code == 1 else arr[()]
+  if code == 2:  # native complex
+    real, imag = msgpack.unpackb(data)
+    return complex(real, imag)
+  raise ValueError(f'unknown msgpack extension type {code}')
+
+
+def _read_target_subtree(data: bytes) -> Tuple[Any, Dict[str, Any]]:
+  """Unpacks only the params subtree of a T5X msgpack checkpoint.
+
+  The stream is walked map by map; every value outside the params (the
+  optimizer state, flax mutables, axes) is skipped without being unpacked,
+  so neither its arrays nor its tensorstore specs are decoded.
+
+  Args:
+    data: the bytes of the msgpack file.
+
+  Returns:
+    (params subtree with msgpack ExtType leaves still encoded, header) where
+    header records 'version' and the key the params were found under.
+  """
+  import msgpack  # pylint: disable=g-import-not-at-top
+
+  unpacker = msgpack.Unpacker(
+      raw=False, strict_map_key=False,
+      max_buffer_size=max(len(data), 1),
+  )
+  unpacker.feed(data)
+  header: Dict[str, Any] = {}
+  target = None
+  seen = []
+  for _ in range(unpacker.read_map_header()):
+    key = unpacker.unpack()
+    seen.append(key)
+    if key == 'version':
+      header['version'] = unpacker.unpack()
+    elif key in ('optimizer', '_optimizer'):
+      for _ in range(unpacker.read_map_header()):
+        sub = unpacker.unpack()
+        if sub == 'target':
+          target = unpacker.unpack()
+          header['target_key'] = f'{key}/target'
+        else:
+          unpacker.skip()
+    elif key == 'target':  # Version-0 flax optimizer checkpoints.
+      target = unpacker.unpack()
+      header['target_key'] = 'target'
+    else:
+      unpacker.skip()
+  try:  # Anything after the top-level map means the file is not one tree.
+    unpacker.unpack()
+  except msgpack.OutOfData:
+    pass
+  else:
+    raise ValueError('trailing bytes after the checkpoint tree')
+  if target is None:
+    raise _NotT5X('no optimizer/target (params) subtree; top-level keys: '
+                  f'{sorted(map(str, seen))}')
+  return target, header
+
+
+def _is_ts_spec(x: Any) -> bool:
+  return isinstance(x, dict) and {'driver', 'kvstore'} <= set(x) and (
+      'metadata' in x or 'path' in x)
+
+
+def _flatten(tree: Any, prefix: Tuple[str, ...] = ()) -> Dict[str, Any]:
+  """'a/b/c' -> leaf; tensorstore specs and chunked arrays are leaves."""
+  if isinstance(tree, dict) and not _is_ts_spec(tree) and (
+      '__msgpack_chunked_array__' not in tree):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flatten(v, prefix + (str(k),)))
+    return out
+  return {'/'.join(prefix): tree}
+
+
+def _absolute_kvstore(spec: Mapping[str, Any], ckpt_dir: str) -> dict:
+  """Kvstore of a T5X spec leaf, resolved against the checkpoint folder."""
+  kvstore = spec['kvstore']
+  if isinstance(kvstore, str) or not isinstance(kvstore, Mapping):
+    raise ValueError(f'unsupported kvstore {kvstore!r}')
+  rel = kvstore.get('path', spec.get('path'))
+  if rel is None:
+    raise ValueError('tensorstore spec has no path')
+  if kvstore.get('driver') not in ('file', 'gfile', 'gcs'):
+    raise ValueError(f'unsupported kvstore driver {kvstore.get("driver")!r}')
+  rel = rel.rstrip('/') + '/'
+  if _is_gcs(ckpt_dir):  # Written anywhere, read from this bucket.
+    bucket, prefix = _split_gcs(ckpt_dir)
+    return {'driver': 'gcs', 'bucket': bucket,
+            'path': _join(prefix, rel) if prefix else rel}
+  return {'driver': 'file', 'path': _join(ckpt_dir, rel)}
+
+
+def _zarr_spec(kvstore: dict, metadata: Optional[dict], dtype: Any) -> dict:
+  spec: Dict[str, Any] = {'driver': 'zarr', 'kvstore': kvstore,
+                          # A missing chunk is an error, not zeros.
+                          'fill_missing_data_reads': False}
+  if dtype is not None:
+    spec['dtype'] = dtype
+  if metadata:
+    spec['metadata'] = metadata
+  return spec
+
+
+def _leaf_kvstore(leaf: Any, ckpt_dir: str) -> dict:
+  """Absolute kvstore of a spec leaf or of a PLACEHOLDER://<name> leaf."""
+  if isinstance(leaf, str):  # Early orbax: a zarr folder named beside.
+    leaf = {'kvstore': {'driver': 'file', 'path': leaf[len(_PLACEHOLDER):]}}
+  return _absolute_kvstore(leaf, ckpt_dir)
+
+
+def _open_args(leaf: Any, kvstore: dict,
+               has_zarray: bool) -> Tuple[dict, dict]:
+  """(spec, ts.open kwargs) of one T5X tensorstore leaf.
+
+  T5X writes a `.zarray` beside the chunks and, on read, trusts it over the
+  spec's chunks/compressor (only the shape must agree). Some copies lack the
+  `.zarray` (T5X's own test data does); the spec then stands in for it.
+  """
+  if isinstance(leaf, str):  # Early orbax: everything is in the .zarray.
+    return _zarr_spec(kvstore, None, None), {'open': True}
+  meta = dict(leaf.get('metadata') or {})
+  dtype = leaf.get('dtype')
+  if dtype is None and 'dtype' in meta:
+    dtype = np.dtype(meta['dtype']).name
+  if has_zarray:
+    minimal = {'shape': meta['shape']} if 'shape' in meta else None
+    return _zarr_spec(kvstore, minimal, dtype), {'open': True}
+  if not {'shape', 'chunks', 'compressor'} <= set(meta):
+    raise ValueError(f'no .zarray under {kvstore["path"]} and the spec lacks '
+                     'the zarr metadata to stand in for it')
+  return (_zarr_spec(kvstore, meta, dtype),
+          {'open': True, 'assume_metadata': True})
+
+
+def _read_ts_leaves(leaves: Dict[str, Any], ckpt_dir: str,
+                    path: str) -> Dict[str, np.ndarray]:
+  """Reads tensorstore leaves {name: spec dict | placeholder} concurrently.
+
+  Each phase (open kvstore, probe .zarray, open array, read) has all leaves
+  in flight at once, which matters on GCS; any failure names the parameter.
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  def phase(calls, what):
+    """Starts every call, then waits for each; errors name the parameter."""
+    def fail(name, e):
+      return CheckpointError(
+          f'{path}: cannot {what} parameter {name}: {_ts_message(e)}')
+
+    started = {}
+    for name, call in calls.items():
+      try:
+        started[name] = call()
+      except Exception as e:  # pylint: disable=broad-except
+        raise fail(name, e) from None
+    done = {}
+    for name, value in started.items():
+      try:
+        done[name] = value.result() if isinstance(value, ts.Future) else value
+      except Exception as e:  # pylint: disable=broad-except
+        raise fail(name, e) from None
+    return done
+
+  kv = phase({n: lambda l=l: _leaf_kvstore(l, ckpt_dir)
+              for n, l in leaves.items()}, 'locate')
+  stores = phase({n: lambda n=n: ts.KvStore.open(kv[n]) for n in leaves},
+                 'open the folder of')
+  probes = phase({n: lambda n=n: stores[n].read('.zarray') for n in leaves},
+                 'read the .zarray of')
+
+  def open_array(n):
+    spec, kwargs = _open_args(leaves[n], kv[n],
+                              probes[n].state != 'missing')
+    return ts.open(spec, **kwargs)
+
+  arrays = phase({n: lambda n=n: open_array(n) for n in leaves}, 'open')
+  values = phase({n: lambda n=n: arrays[n].read() for n in leaves},
+                 'read (a missing or corrupt chunk?)')
+  return {n: np.asarray(v) for n, v in values.items()}
+
+
+def _load_msgpack(path: str) -> Dict[str, Any]:
+  """Flat {'a/b': array} params of a legacy / early-orbax msgpack file."""
+  import msgpack  # pylint: disable=g-import-not-at-top
+
+  data = _read_bytes(path)
+  try:
+    target, _ = _read_target_subtree(data)
+  except _NotT5X as e:
+    raise CheckpointError(f'{path}: not a T5X checkpoint: {e}') from None
+  except (ValueError, msgpack.UnpackException, TypeError) as e:
+    # OutOfData (truncated), FormatError, StackError, ExtraData, ...
+    raise CheckpointError(
+        f'{path}: not a readable T5X msgpack checkpoint (corrupt or '
+        f'truncated; {len(data)} bytes): {type(e).__name__}: {e}'
+    ) from None
+  result: Dict[str, Any] = {}
+  stored = {}  # Leaves whose arrays live in tensorstore.
+  for name, leaf in (_flatten(target) if target else {}).items():
+    try:
+      if isinstance(leaf, msgpack.ExtType):
+        result[name] = _decode_ext(leaf.code, leaf.data)
+      elif isinstance(leaf, dict) and '__msgpack_chunked_array__' in leaf:
+        chunks, shape = leaf['chunks'], leaf['shape']
+        parts = [chunks[str(i)] for i in range(len(chunks))]
+        parts = [_decode_ext(p.code, p.data) if isinstance(p, msgpack.ExtType)
+                 else p for p in parts]
+        result[name] = np.concatenate(parts).reshape(
+            [shape[str(i)] for i in range(len(shape))])
+      elif _is_ts_spec(leaf) or (isinstance(leaf, str) and
+                                 leaf.startswith(_PLACEHOLDER)):
+        stored[name] = leaf
+      elif isinstance(leaf, dict) and not leaf:
+        continue  # An empty subtree.
+      else:
+        result[name] = np.asarray(leaf)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f'{path}: cannot decode parameter {name}: {type(e).__name__}: {e}'
+      ) from None
+  if stored:
+    result.update(_read_ts_leaves(stored, os.path.dirname(path), path))
+  return result
+
+
+def _ts_message(e: Exception) -> str:
+  text = str(e).splitlines()[0] if str(e) else ''
+  return f'{type(e).__name__}: {text}'
+
+
+# ----------------------------------------------------------------------------
+# Orbax.
+# ----------------------------------------------------------------------------
+
+
+def _load_orbax(state_dir: str) -> Dict[str, Any]:
+  """Flat params of an orbax PyTree checkpoint (only its 'target' subtree)."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  handler = ocp.PyTreeCheckpointHandler()
+  directory = epath.Path(state_dir)
+  try:
+    meta = handler.metadata(directory)
+    tree = getattr(meta, 'tree', meta)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(
+        f'{state_dir}: unreadable orbax metadata: {type(e).__name__}: {e}'
+    ) from None
+  if 'target' not in tree:
+    raise CheckpointError(
+        f'{state_dir}: orbax checkpoint has no "target" (params) subtree; '
+        f'top-level keys: {sorted(tree)}')
+  item = {'target': tree['target']}
+  restore_args = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+  # Restore `target` only (older orbax: transforms={} does the same).
+  fields = {f.name for f in dataclasses.fields(ocp.args.PyTreeRestore)}
+  subset = ({'partial_restore': True} if 'partial_restore' in fields
+            else {'transforms': {}})
+  try:
+    restored = ocp.Checkpointer(handler).restore(
+        directory, args=ocp.args.PyTreeRestore(
+            item=item, restore_args=restore_args, **subset))
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(
+        f'{state_dir}: cannot restore orbax params: {_ts_message(e)}'
+    ) from None
+  flat = traverse_util.flatten_dict(restored['target'], sep='/')
+  return {k: np.asarray(v) for k, v in flat.items()}
+
+
+# ----------------------------------------------------------------------------
+# Public API.
+# ----------------------------------------------------------------------------
+
+
+def expected_shapes(config: network.T5Config) -> Dict[str, Tuple[int, ...]]:
+  """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape)."""
+  model = network.T5Model(config)
+  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+  flat = traverse_util.flatten_dict(shapes, sep='/')
+  return {k: tuple(v.shape) for k, v in flat.items()}
+
+
+def check_params(params: PyTree, config: network.T5Config,
+                 source: str = 'checkpoint') -> None:
+  """Raises ValueError unless `params` has exactly `config`'s tree and shapes.
+
+  Args:
+    params: a T5X params tree (nested dicts of arrays).
+    config: the network the params are meant for.
+    source: where the params come from (named in the message).
+
+  Raises:
+    ValueError: listing every missing, unexpected or mis-shaped parameter,
+      e.g. 'decoder/layers_3/mlp/wi_0/kernel: checkpoint (512, 1024) vs
+      config (512, 2048)'.
+  """
+  got = {k: tuple(np.shape(v)) for k, v in
+         traverse_util.flatten_dict(params, sep='/').items()}
+  want = expected_shapes(config)
+  problems = []
+  for k in sorted(set(want) - set(got)):
+    problems.append(f'{k}: missing from checkpoint (config {want[k]})')
+  for k in sorted(set(got) - set(want)):
+    problems.append(f'{k}: in checkpoint {got[k]} but not in config')
+  for k in sorted(set(got) & set(want)):
+    if got[k] != want[k]:
+      problems.append(f'{k}: checkpoint {got[k]} vs config {want[k]}')
+  if problems:
+    raise ValueError(
+        f'{source} does not match the T5Config ({len(problems)} '
+        'parameters):\n  ' + '\n  '.join(problems))
+
+
+def _finish(flat: Dict[str, Any], source: str,
+            config: Optional[network.T5Config], dtype: Any) -> PyTree:
+  params = traverse_util.unflatten_dict(flat, sep='/') if flat else {}
+  if config is not None:
+    check_params(params, config, source)
+  return jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), params)
+
+
+def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
+                    dtype: Any = None) -> PyTree:
+  """The params (T5X's `target`) of a T5X checkpoint, any format.
+
+  Args:
+    path: a `checkpoint_<step>` folder, the `checkpoint` file inside it, a
+      legacy single-file checkpoint, an orbax `state` folder, or a model dir
+      (its latest `checkpoint_<step>` is read). Local or gs://.
+    config: if given, the tree must match `T5Model(config)` exactly (names
+      and shapes), else ValueError.
+    dtype: cast every parameter to this dtype after loading (e.g.
+      jnp.bfloat16); None keeps the stored dtypes.
+
+  Returns:
+    The params tree: nested dicts of jax arrays, T5X's names.
+
+  Raises:
+    FileNotFoundError: nothing at `path`.
+    CheckpointError: (a ValueError) the checkpoint is corrupt, truncated, or a
+      tensorstore array or chunk is missing; names the path and parameter.
+    ValueError: the tree does not match `config`.
+  """
+  path = os.fspath(path)
+  kind, location = _resolve(path)
+  flat = _load_orbax(location) if kind == 'orbax' else _load_msgpack(location)
+  return _finish(flat, location, config, dtype)
+
+
+def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
+  """Writes `params` as a T5X orbax checkpoint `<directory>/checkpoint_<step>`.
+
+  The layout is what T5X's `OrbaxCheckpointManagerInterface` writes:
+  orbax's CheckpointManager with step prefix 'checkpoint' and one item,
+  `state`, an OCDBT PyTree checkpoint of T5X's `InferenceState.state_dict()`:
+  `{'target': params, 'state': {'step': int32}}`.
+
+  Args:
+    params: a T5X params tree.
+    directory: the model dir (created if needed).
+    step: the step number of the folder.
+
+  Returns:
+    The path of the new `checkpoint_<step>` folder.
+
+  Raises:
+    FileExistsError: that step already exists (T5X never overwrites one).
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  directory = os.fspath(directory)
+  if not _is_gcs(directory):
+    directory = os.path.abspath(directory)
+  step_dir = _join(directory, f'checkpoint_{int(step)}')
+  if _isdir(step_dir):
+    raise FileExistsError(f'Checkpoint already exists: {step_dir}')
+  state = {'target': jax.tree.map(jnp.asarray, params),
+           'state': {'step': jnp.asarray(step, jnp.int32)}}
+  options = ocp.CheckpointManagerOptions(
+      step_prefix='checkpoint', create=True,
+      enable_async_checkpointing=False)
+  manager = ocp.CheckpointManager(
+      directory, options=options,
+      item_handlers={_STATE_KEY: ocp.PyTreeCheckpointHandler(use_ocdbt=True)})
+  try:
+    manager.save(int(step), args=ocp.args.Composite(
+        **{_STATE_KEY: ocp.args.PyTreeSave(state)}), force=True)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+  return step_dir
+
+
+_HF_ACTIVATIONS = {
+    'relu': ('relu',),
+    'gated-gelu': ('gelu', 'linear'),
+    'gated-relu': ('relu', 'linear'),
+}
+
+
+def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
+  """T5Config of an HF transformers T5 / Flan-T5 `config.json`.
+
+  Args:
+    config_json_path: the config.json file, or the folder holding it.
+    **overrides: T5Config fields to set (e.g. dtype=jnp.bfloat16).
+
+  Returns:
+    The T5Config of the same network.
+
+  Raises:
+    ValueError: a feature our network does not implement (another
+      feed_forward_proj, relative-attention buckets other than 32/128).
+  """
+  path = os.fspath(config_json_path)
+  if os.path.isdir(path):
+    path = os.path.join(path, 'config.json')
+  with open(path) as f:
+    hf = json.load(f)
+  ff = hf.get('feed_forward_proj', 'relu')
+  if ff not in _HF_ACTIVATIONS:
+    raise ValueError(f'{path}: feed_forward_proj {ff!r} is not supported '
+                     f'(supported: {sorted(_HF_ACTIVATIONS)})')
+  buckets = hf.get('relative_attention_num_buckets', 32)
+  distance = hf.get('relative_attention_max_distance', 128)
+  if (buckets, distance) != (32, 128):
+    raise ValueError(f'{path}: relative attention {buckets} buckets / max '
+                     f'distance {distance}; T5X T5 uses 32 / 128')
+  # T5 1.0 ties the output layer to the embedding and scales the decoder
+  # output by d_model**-0.5 (T5X: logits_via_embedding). transformers < 5
+  # says so with tie_word_embeddings (default True); transformers >= 5 always
+  # writes tie_word_embeddings=true and puts the switch in
+  # scale_decoder_outputs.
+  if 'scale_decoder_outputs' in hf:
+    tied = bool(hf['scale_decoder_outputs'])
+  else:
+    tied = bool(hf.get('tie_word_embeddings', True))
+  num_layers = hf['num_layers']
+  fields = dict(
+      vocab_size=hf['vocab_size'],
+      emb_dim=hf['d_model'],
+      num_heads=hf['num_heads'],
+      num_encoder_layers=num_layers,
+      num_decoder_layers=hf.get('num_decoder_layers') or num_layers,
+      head_dim=hf['d_kv'],
+      mlp_dim=hf['d_ff'],
+      mlp_activations=_HF_ACTIVATIONS[ff],
+      dropout_rate=hf.get('dropout_rate', 0.1),
+      logits_via_embedding=tied,
+  )
+  fields.update(overrides)
+  return network.T5Config(**fields)
+
+
+def _hf_weight_files(path: str) -> list[str]:
+  if os.path.isfile(path):
+    if path.endswith('.json'):
+      index_path, folder = path, os.path.dirname(path)
+    else:
+      return [path]
+  else:
+    folder = path
+    index_path = os.path.join(path, 'model.safetensors.index.json')
+    single = os.path.join(path, 'model.safetensors')
+    if os.path.isfile(single):
+      return [single]
+  if not os.path.isfile(index_path):
+    if not os.path.exists(path):
+      raise FileNotFoundError(f'No HF T5 weights at {path}')
+    raise FileNotFoundError(
+        f'{path}: no model.safetensors or model.safetensors.index.json '
+        '(only safetensors weights are read; re-save with '
+        'save_pretrained(..., safe_serialization=True))')
+  with open(index_path) as f:
+    weight_map = json.load(f)['weight_map']
+  return [os.path.join(folder, name) for name in sorted(set(
+      weight_map.values()))]
+
+
+_SAFETENSORS_DTYPES = {
+    'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
+    'BF16': jnp.bfloat16, 'I64': np.int64, 'I32': np.int32, 'I16': np.int16,
+    'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_,
+}
+
+
+def _read_safetensors_raw(name: str) -> Dict[str, np.ndarray]:
+  """Reads a safetensors file with numpy + ml_dtypes.
+
+  safetensors.numpy cannot represent bfloat16 (numpy has no such dtype), yet
+  many HF T5 exports are bfloat16. The format is an 8-byte little-endian
+  header length, a JSON header {name: {dtype, shape, data_offsets}}, then
+  the raw little-endian tensor bytes.
+  """
+  with open(name, 'rb') as f:
+    data = f.read()
+  (header_len,) = np.frombuffer(data[:8], '<u8')
+  header = json.loads(data[8:8 + int(header_len)])
+  base = 8 + int(header_len)
+  out = {}
+  for key, info in header.items():
+    if key == '__metadata__':
+      continue
+    begin, end = info['data_offsets']
+    dtype = np.dtype(_SAFETENSORS_DTYPES[info['dtype']]).newbyteorder('<')
+    out[key] = np.frombuffer(data[base + begin:base + end],
+                             dtype=dtype).reshape(info['shape'])
+  return out
+
+
+def _read_safetensors(files: Iterable[str]) -> Dict[str, np.ndarray]:
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import numpy as st_numpy
+
+  state: Dict[str, np.ndarray] = {}
+  for name in files:
+    if not os.path.isfile(name):
+      raise FileNotFoundError(f'HF weight shard missing: {name}')
+    try:
+      try:
+        state.update(st_numpy.load_file(name))
+      except TypeError:  # A dtype numpy lacks (bfloat16).
+        state.update(_read_safetensors_raw(name))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f'{name}: unreadable safetensors file: {type(e).__name__}: {e}'
+      ) from None
+  return state
+
+
+def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
+               dtype: Any = None) -> PyTree:
+  """T5X params from HF transformers T5 / Flan-T5 safetensors weights.
+
+  Args:
+    path_or_dir: a save_pretrained folder, a `model.safetensors` file, or a
+      `model.safetensors.index.json` (sharded weights).
+    config: the network; None reads `config.json` beside the weights.
+    dtype: cast every parameter to this dtype (None: float32).
+
+  Returns:
+    The T5X params tree (nested dicts of jax arrays), checked against config.
+  """
+  path = os.fspath(path_or_dir)
+  if config is None:
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config = config_from_hf(os.path.join(folder, 'config.json'))
+  state = _read_safetensors(_hf_weight_files(path))
+  if 'shared.weight' not in state:  # Some exports keep only the stack copies.
+    for alias in ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'):
+      if alias in state:
+        state['shared.weight'] = state[alias]
+        break
+  try:
+    params = hf_convert.from_hf_state_dict(state, config)
+  except KeyError as e:
+    raise ValueError(f'{path}: {e.args[0]}') from None
+  flat = traverse_util.flatten_dict(params, sep='/')
+  return _finish(flat, path, config, dtype)

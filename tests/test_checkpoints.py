@@ -1,0 +1,553 @@
+"""T5X checkpoint loading and saving, HF T5 weight import (checkpoints.py).
+
+The fixtures are real T5X-written checkpoints (../shared/fixtures/t5x): a
+legacy msgpack file with inline arrays, a legacy tensorstore checkpoint and an
+early orbax one. Values are checked against a second reader (flax's msgpack
+restore, gzip-decoded zarr chunks), never against the loader itself.
+"""
+
+import copy
+import functools
+import gzip
+import json
+import re
+import shutil
+
+from flax import serialization
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import msgpack
+import numpy as np
+import pytest
+
+from specdec_jax import checkpoints
+from specdec_jax import network
+
+from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
+
+# The model in test_t5_tiny.checkpoint_0 (T5X's t5x/testdata).
+FIXTURE_CFG = network.T5Config(
+    vocab_size=32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
+    num_encoder_layers=2, num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
+)
+
+
+def _flat(tree):
+  return traverse_util.flatten_dict(tree, sep='/')
+
+
+def _assert_trees_equal(got, want):
+  got, want = _flat(got), _flat(want)
+  assert sorted(got) == sorted(want)
+  for k in want:
+    assert np.asarray(got[k]).dtype == np.asarray(want[k]).dtype, k
+    np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]),
+                                  err_msg=k)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_logits(model):
+  """One compiled teacher-forced forward per config (eager apply is slow)."""
+  return jax.jit(model.logits)
+
+
+def _logits(model, params, enc, dec):
+  return np.asarray(_jit_logits(model)(params, enc, dec))
+
+
+def _tokens(vocab, seed=0):
+  rng = np.random.default_rng(seed)
+  enc = rng.integers(2, vocab, (2, 7))
+  dec = rng.integers(2, vocab, (2, 5))
+  dec[:, 0] = 0
+  return enc, dec
+
+
+def _random_params(config, seed, emb_scale):
+  """Random params of `config` in numpy, at no compile cost.
+
+  conftest's v11/v10 fixtures run T5X's initializers eagerly (~10 s each
+  when this file runs alone); checkpoint tests only need distinct, plausibly
+  scaled values in exactly T5Model's tree.
+  """
+  rng = np.random.default_rng(seed)
+  flat = {}
+  for name, shape in checkpoints.expected_shapes(config).items():
+    if name.endswith('scale'):
+      value = 1.0 + 0.1 * rng.standard_normal(shape)
+    elif name.endswith('embedding') and 'relpos' not in name:
+      value = emb_scale * rng.standard_normal(shape)
+    else:  # kernels [in, out] and relative position tables
+      value = rng.standard_normal(shape) / np.sqrt(shape[0])
+    flat[name] = jnp.asarray(value, jnp.float32)
+  return traverse_util.unflatten_dict(flat, sep='/')
+
+
+@pytest.fixture(scope='module')
+def np_v11():
+  """Tiny T5 1.1 (gated gelu, separate logits), numpy-random weights."""
+  return network.T5Model(TINY_V11), _random_params(TINY_V11, 1, 1.0)
+
+
+@pytest.fixture(scope='module')
+def np_v10():
+  """Tiny T5 1.0 (relu, tied logits; embeddings x0.1 as in conftest)."""
+  return network.T5Model(TINY_V10), _random_params(TINY_V10, 2, 0.1)
+
+
+class _CountTsOpen:
+  """Counts tensorstore.open calls (each is one array the loader touches)."""
+
+  def __init__(self, monkeypatch):
+    import tensorstore as ts  # pylint: disable=g-import-not-at-top
+    self.specs = []
+    real = ts.open
+
+    def counting_open(spec, *args, **kwargs):
+      self.specs.append(spec)
+      return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(ts, 'open', counting_open)
+
+
+# --- Legacy msgpack with inline arrays --------------------------------------
+
+
+def test_legacy_inline_fixture_matches_flax_restore(fixtures_dir):
+  """The T5X tiny T5 1.1 checkpoint loads into our tree, bit for bit.
+
+  The reference is flax.serialization.msgpack_restore of the same file (what
+  T5X itself uses), so a decoding slip (dtype, shape order, wrong subtree)
+  shows up as a mismatch; the config check proves the tree is exactly
+  T5Model's, and running it proves it is usable.
+  """
+  path = fixtures_dir / 'test_t5_tiny.checkpoint_0'
+  params = checkpoints.load_t5x_params(path, config=FIXTURE_CFG)
+  want = serialization.msgpack_restore(path.read_bytes())
+  assert want['version'] == 3
+  _assert_trees_equal(params, want['optimizer']['target'])
+  enc, dec = _tokens(FIXTURE_CFG.vocab_size)
+  logits = _logits(network.T5Model(FIXTURE_CFG), params, enc, dec)
+  assert logits.shape == (2, 5, FIXTURE_CFG.vocab_size)
+  assert np.isfinite(logits).all()
+  assert logits.std() > 0
+
+
+def test_legacy_inline_decodes_only_target_arrays(fixtures_dir, monkeypatch):
+  """Optimizer state arrays are skipped, not decoded.
+
+  The file holds Adafactor state (v_row, v_col, v per parameter) before the
+  params; decoding it would double the memory of loading a large legacy
+  checkpoint. Every decoded array is counted: only the target's may be.
+  """
+  decoded = []
+  real = checkpoints._decode_ext  # pylint: disable=protected-access
+
+  def counting(code, data):
+    decoded.append(code)
+    return real(code, data)
+
+  monkeypatch.setattr(checkpoints, '_decode_ext', counting)
+  params = checkpoints.load_t5x_params(
+      fixtures_dir / 'test_t5_tiny.checkpoint_0')
+  n_target = len(_flat(params))
+  assert n_target == len(checkpoints.expected_shapes(FIXTURE_CFG))
+  assert len(decoded) == n_target
+
+
+# --- Legacy tensorstore ------------------------------------------------------
+
+
+def _gunzip_chunk(path, dtype, shape):
+  """Reads a zarr gzip chunk without tensorstore (the independent route)."""
+  with open(path, 'rb') as f:
+    raw = gzip.decompress(f.read())
+  return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _ts_checkpoint_with_target(fixtures_dir, tmp_path, gcs_written=False):
+  """tiny_t5/checkpoint_1 copied, its toy arrays promoted to the target.
+
+  The fixture's target is empty (only optimizer state lives in tensorstore),
+  so to read real T5X-written specs and chunks as params, the copy's msgpack
+  file lists the same spec dicts (same relative paths) under
+  optimizer/target as well. With gcs_written, the target specs take the form
+  T5X writes on GCS (kvstore {'driver': 'gcs', 'bucket':
+  't5x-dummy-bucket'}, relative 'path' beside it), which a local copy must
+  still read from its own folder.
+  """
+  ckpt = tmp_path / 'model' / 'checkpoint_1'
+  shutil.copytree(fixtures_dir / 'tiny_t5' / 'checkpoint_1', ckpt)
+  for p in [ckpt, *ckpt.rglob('*')]:
+    p.chmod(0o755 if p.is_dir() else 0o644)
+  tree = msgpack.unpackb((ckpt / 'checkpoint').read_bytes(), raw=False)
+  assert tree['optimizer']['target'] == {}
+  target = copy.deepcopy(tree['optimizer']['state']['param_states'])
+  if gcs_written:
+    for spec in target.values():
+      spec['path'] = spec.pop('kvstore')['path'].rstrip('/')
+      spec['kvstore'] = {'bucket': 't5x-dummy-bucket', 'driver': 'gcs'}
+  tree['optimizer']['target'] = target
+  (ckpt / 'checkpoint').write_bytes(msgpack.packb(tree, use_bin_type=True))
+  return ckpt
+
+
+def test_tensorstore_fixture_reads_no_optimizer_state(fixtures_dir,
+                                                      monkeypatch):
+  """The real tensorstore fixture has an empty target: zero arrays opened.
+
+  All three of its arrays are optimizer state; a loader that opened them
+  (T5X's load_t5x_checkpoint does) would show here as tensorstore opens.
+  """
+  opened = _CountTsOpen(monkeypatch)
+  for path in (fixtures_dir / 'tiny_t5' / 'checkpoint_1',
+               fixtures_dir / 'tiny_t5' / 'checkpoint_1' / 'checkpoint',
+               fixtures_dir / 'tiny_t5'):
+    assert checkpoints.load_t5x_params(path) == {}
+  assert not opened.specs
+
+
+@pytest.mark.parametrize('gcs_written', [False, True])
+def test_tensorstore_leaves_equal_raw_chunks(gcs_written, fixtures_dir,
+                                             tmp_path, monkeypatch):
+  """T5X tensorstore leaves read back equal to their gunzipped chunk files.
+
+  The chunks were written by T5X (gzip zarr, no .zarray beside them); the
+  reference decodes them with gzip+numpy, so a wrong path resolution, dtype
+  or chunk layout in the loader fails the comparison. Exactly the three
+  target leaves may be opened, not their optimizer-state twins.
+  """
+  ckpt = _ts_checkpoint_with_target(fixtures_dir, tmp_path, gcs_written)
+  opened = _CountTsOpen(monkeypatch)
+  params = checkpoints.load_t5x_params(ckpt)
+  assert len(opened.specs) == 3
+  kernel = _gunzip_chunk(ckpt / 'state.param_states.kernel' / '0.0', '<f8',
+                         (10, 5))
+  bias = _gunzip_chunk(ckpt / 'state.param_states.bias' / '0', '<f4', (5,))
+  step = _gunzip_chunk(ckpt / 'state.param_states.step' / '0', '<i4', ())
+  assert np.abs(kernel).sum() > 0
+  # float64 becomes float32 in jax's default (x64 off) mode.
+  np.testing.assert_array_equal(params['kernel'], kernel.astype(np.float32))
+  np.testing.assert_array_equal(params['bias'], bias)
+  assert params['bias'].dtype == jnp.float32
+  assert int(params['step']) == int(step)
+
+
+def test_legacy_tensorstore_t5_with_zarray(np_v11, tmp_path):
+  """A T5 written the way T5X's legacy Checkpointer writes loads exactly.
+
+  Each param goes to a gzip zarr folder 'target.<dotted.name>' (with its
+  .zarray, as tensorstore creates it) and the msgpack file keeps relative
+  specs. The specs deliberately claim other chunks and compressor than the
+  disk holds: T5X trusts the .zarray for those, and so must we.
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  model, params = np_v11
+  ckpt = tmp_path / 'checkpoint_3'
+  ckpt.mkdir()
+  specs = {}
+  for name, value in _flat(params).items():
+    rel = 'target.' + name.replace('/', '.')
+    value = np.asarray(value)
+    ts.open({'driver': 'zarr', 'dtype': 'float32',
+             'kvstore': {'driver': 'file', 'path': str(ckpt / rel)},
+             'metadata': {'compressor': {'id': 'gzip'}, 'shape': value.shape,
+                          'chunks': value.shape}},
+            create=True).result().write(value).result()
+    specs[name] = {'driver': 'zarr', 'dtype': 'float32',
+                   'kvstore': {'driver': 'file', 'path': rel},
+                   'metadata': {'chunks': [1] * value.ndim,
+                                'compressor': {'id': 'zstd'},
+                                'shape': list(value.shape)}}
+  tree = {'version': 3, 'optimizer': {
+      'target': traverse_util.unflatten_dict(specs, sep='/'),
+      'state': {'step': 3, 'param_states': {'x': 'never read'}}}}
+  (ckpt / 'checkpoint').write_bytes(msgpack.packb(tree, use_bin_type=True))
+  loaded = checkpoints.load_t5x_params(tmp_path, config=model.config)
+  _assert_trees_equal(loaded, params)
+
+
+def test_tensorstore_missing_chunk_names_parameter(fixtures_dir, tmp_path):
+  """A deleted chunk file is an error naming the parameter, not zeros.
+
+  Zarr reads a missing chunk as the fill value by default, which would load
+  silently wrong weights from an incomplete copy.
+  """
+  ckpt = _ts_checkpoint_with_target(fixtures_dir, tmp_path)
+  (ckpt / 'state.param_states.kernel' / '0.0').unlink()
+  with pytest.raises(checkpoints.CheckpointError) as err:
+    checkpoints.load_t5x_params(ckpt)
+  msg = str(err.value)
+  assert 'parameter kernel' in msg
+  assert str(ckpt) in msg
+
+
+# --- Early orbax (msgpack + PLACEHOLDER:// leaves) -------------------------
+
+
+def test_early_orbax_fixture_loads_without_state(fixtures_dir):
+  """T5X's early orbax checkpoint loads: target {} and no state touched.
+
+  Its optimizer-state array folders lack zarr metadata, so merely opening
+  one would raise: a successful load proves they were left alone.
+  """
+  assert checkpoints.load_t5x_params(fixtures_dir / 'tiny_orbax' / '1') == {}
+  assert checkpoints.load_t5x_params(
+      fixtures_dir / 'tiny_orbax' / '1' / 'checkpoint') == {}
+
+
+def test_early_orbax_placeholder_leaves_resolve(tmp_path):
+  """PLACEHOLDER://<name> target leaves read the zarr folder <name> beside.
+
+  Same layout as the fixture (top-level '_optimizer', dotted names), with
+  target arrays added; a wrong folder or key resolution fails to load.
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  ckpt = tmp_path / '1'
+  ckpt.mkdir()
+  want = {'dense': {'kernel': np.arange(12, dtype=np.float32).reshape(3, 4)},
+          'scale': np.array([0.5, -2.0], np.float32)}
+  target = {}
+  for key, value in _flat(want).items():
+    name = '_optimizer.target.' + key.replace('/', '.')
+    ts.open({'driver': 'zarr', 'kvstore': {'driver': 'file',
+                                           'path': str(ckpt / name)}},
+            create=True, dtype=ts.float32, shape=value.shape).result().write(
+                value).result()
+    target[key] = 'PLACEHOLDER://' + name
+  tree = {'_optimizer': {'target': traverse_util.unflatten_dict(
+      target, sep='/'), 'state': {'step': 'PLACEHOLDER://nowhere'}},
+          'flax_mutables': None}
+  (ckpt / 'checkpoint').write_bytes(msgpack.packb(tree, use_bin_type=True))
+  _assert_trees_equal(checkpoints.load_t5x_params(ckpt), want)
+
+
+# --- Orbax (current T5X) ------------------------------------------------------
+
+
+def test_orbax_round_trip_identical_params_and_logits(np_v11, tmp_path):
+  """save_t5x_params -> load_t5x_params returns the same arrays and logits.
+
+  Also pins T5X's layout: read back the way T5X's
+  OrbaxCheckpointManagerInterface opens a model dir (orbax CheckpointManager,
+  step prefix 'checkpoint', item 'state'), the step holds the PyTree
+  {'target': params, 'state': {'step'}}, and there is no legacy
+  'checkpoint' file in the step folder (T5X would then take the legacy
+  path).
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  model, params = np_v11
+  step_dir = checkpoints.save_t5x_params(params, tmp_path, step=7)
+  assert step_dir == str(tmp_path / 'checkpoint_7')
+  assert not (tmp_path / 'checkpoint_7' / 'checkpoint').exists()
+  manager = ocp.CheckpointManager(
+      tmp_path, options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
+      item_handlers={'state': ocp.PyTreeCheckpointHandler(use_ocdbt=True)})
+  assert manager.all_steps() == [7]
+  raw = manager.restore(7, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore()))['state']
+  manager.close()
+  assert set(raw) == {'target', 'state'}
+  assert int(raw['state']['step']) == 7
+  _assert_trees_equal(raw['target'], params)
+
+  for path in (step_dir, tmp_path, tmp_path / 'checkpoint_7' / 'state'):
+    loaded = checkpoints.load_t5x_params(path, config=model.config)
+    _assert_trees_equal(loaded, params)
+  enc, dec = _tokens(model.vocab_size)
+  np.testing.assert_array_equal(_logits(model, loaded, enc, dec),
+                                _logits(model, params, enc, dec))
+  with pytest.raises(FileExistsError):
+    checkpoints.save_t5x_params(params, tmp_path, step=7)
+
+
+def test_orbax_reads_only_target_of_train_state(np_v11, tmp_path):
+  """A T5X training checkpoint (with optimizer state) yields params only.
+
+  T5X training writes {'target', 'state': {'step', 'param_states'}}; the
+  loader must return the target subtree, not the state tree or a mix.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  _, params = np_v11
+  slots = jax.tree.map(lambda x: jnp.full(x.shape, 3.0), params)
+  tree = {'target': params,
+          'state': {'step': jnp.asarray(5, jnp.int32),
+                    'param_states': slots}}
+  (tmp_path / 'checkpoint_5').mkdir()
+  ocp.PyTreeCheckpointer().save(tmp_path / 'checkpoint_5' / 'state', tree)
+  _assert_trees_equal(checkpoints.load_t5x_params(tmp_path), params)
+
+
+def test_latest_checkpoint(tmp_path):
+  """latest_checkpoint takes the numerically highest step, not the last name."""
+  for name in ('checkpoint_9', 'checkpoint_10', 'checkpoint_2', 'other_99'):
+    (tmp_path / name).mkdir()
+  (tmp_path / 'checkpoint_100.tmp-123').mkdir()
+  assert checkpoints.latest_checkpoint(tmp_path) == str(
+      tmp_path / 'checkpoint_10')
+  assert checkpoints.latest_checkpoint(tmp_path / 'checkpoint_2') is None
+
+
+def test_bfloat16_cast(np_v11, tmp_path):
+  """dtype=bfloat16 gives bfloat16 leaves holding the rounded values."""
+  model, params = np_v11
+  checkpoints.save_t5x_params(params, tmp_path, step=1)
+  loaded = checkpoints.load_t5x_params(tmp_path, config=model.config,
+                                       dtype=jnp.bfloat16)
+  _assert_trees_equal(
+      loaded, jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params))
+
+
+# --- HF transformers -> T5X --------------------------------------------------
+
+
+@pytest.mark.parametrize('which', ['np_v11', 'np_v10'])
+def test_hf_safetensors_round_trip(which, request, tmp_path):
+  """HF save_pretrained weights import to our params with the same logits.
+
+  config_from_hf must rebuild the T5Config (gated-gelu vs relu, tied logits
+  for T5 1.0) and load_hf_t5 must undo HF's transposes; for tied T5 1.0 HF
+  may drop lm_head, which must then be the shared embedding.
+  """
+  pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import numpy as st_numpy
+  model, params = request.getfixturevalue(which)
+  cfg = model.config
+  hf_convert.to_hf_model(params, cfg).save_pretrained(tmp_path)
+  state = st_numpy.load_file(tmp_path / 'model.safetensors')
+  if cfg.logits_via_embedding:
+    if 'lm_head.weight' in state:
+      np.testing.assert_array_equal(state['lm_head.weight'],
+                                    state['shared.weight'])
+  else:
+    np.testing.assert_array_equal(
+        state['lm_head.weight'],
+        np.asarray(params['decoder']['logits_dense']['kernel']).T)
+
+  assert checkpoints.config_from_hf(tmp_path / 'config.json') == cfg.replace(
+      dropout_rate=0.0)
+  loaded = checkpoints.load_hf_t5(tmp_path, cfg)
+  _assert_trees_equal(loaded, params)
+  loaded = checkpoints.load_hf_t5(tmp_path)  # config.json beside the weights
+  enc, dec = _tokens(model.vocab_size)
+  np.testing.assert_array_equal(_logits(model, loaded, enc, dec),
+                                _logits(model, params, enc, dec))
+
+
+def test_hf_sharded_safetensors(np_v11, tmp_path):
+  """Sharded HF weights (model.safetensors.index.json) are all read."""
+  pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  model, params = np_v11
+  hf_convert.to_hf_model(params, model.config).save_pretrained(
+      tmp_path, max_shard_size='40KB')
+  index = json.loads((tmp_path / 'model.safetensors.index.json').read_text())
+  assert len(set(index['weight_map'].values())) > 1
+  _assert_trees_equal(checkpoints.load_hf_t5(tmp_path, model.config), params)
+  _assert_trees_equal(
+      checkpoints.load_hf_t5(tmp_path / 'model.safetensors.index.json',
+                             model.config), params)
+
+
+def test_hf_bfloat16_safetensors(np_v11, tmp_path):
+  """bfloat16 HF exports load (safetensors.numpy alone cannot read them).
+
+  The values must be the bfloat16-rounded originals, bit for bit, whatever
+  the requested dtype.
+  """
+  torch = pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  model, params = np_v11
+  hf_convert.to_hf_model(params, model.config).to(torch.bfloat16) \
+      .save_pretrained(tmp_path)
+  rounded = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params)
+  _assert_trees_equal(
+      checkpoints.load_hf_t5(tmp_path, model.config, dtype=jnp.bfloat16),
+      rounded)
+  _assert_trees_equal(checkpoints.load_hf_t5(tmp_path, model.config),
+                      jax.tree.map(lambda x: x.astype(jnp.float32), rounded))
+
+
+def test_config_from_hf_flan_t5_fields(tmp_path):
+  """A Flan-T5-small style config.json maps field by field."""
+  hf = {'vocab_size': 32128, 'd_model': 512, 'd_kv': 64, 'd_ff': 1024,
+        'num_layers': 8, 'num_decoder_layers': 8, 'num_heads': 6,
+        'feed_forward_proj': 'gated-gelu', 'tie_word_embeddings': False,
+        'dropout_rate': 0.1}
+  (tmp_path / 'config.json').write_text(json.dumps(hf))
+  assert checkpoints.config_from_hf(tmp_path) == network.T5Config(
+      vocab_size=32128, emb_dim=512, head_dim=64, mlp_dim=1024,
+      num_encoder_layers=8, num_decoder_layers=8, num_heads=6,
+      mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
+      dropout_rate=0.1)
+  hf.update(feed_forward_proj='gelu')
+  (tmp_path / 'config.json').write_text(json.dumps(hf))
+  with pytest.raises(ValueError, match='gelu'):
+    checkpoints.config_from_hf(tmp_path)
+
+
+# --- Errors ---------------------------------------------------------------
+
+
+def test_missing_path_names_it(tmp_path):
+  """A wrong path is FileNotFoundError naming the path, for every entry."""
+  missing = tmp_path / 'nope' / 'checkpoint_3'
+  with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+    checkpoints.load_t5x_params(missing)
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match='empty'):
+    checkpoints.load_t5x_params(tmp_path / 'empty')
+  with pytest.raises(FileNotFoundError, match='nope'):
+    checkpoints.load_hf_t5(tmp_path / 'nope', TINY_V11)
+
+
+@pytest.mark.parametrize('corruption', ['truncated', 'garbage'])
+def test_corrupt_msgpack_names_path(corruption, fixtures_dir, tmp_path):
+  """A truncated or garbage checkpoint file is a CheckpointError with its path.
+
+  Never a raw msgpack exception: users loading a half-copied checkpoint
+  must be told which file is broken.
+  """
+  data = (fixtures_dir / 'test_t5_tiny.checkpoint_0').read_bytes()
+  bad = tmp_path / 'broken.checkpoint_0'
+  bad.write_bytes(data[:len(data) // 2] if corruption == 'truncated'
+                  else b'\x93\x01not a checkpoint' + data[:100])
+  with pytest.raises(checkpoints.CheckpointError, match=re.escape(str(bad))):
+    checkpoints.load_t5x_params(bad)
+  assert issubclass(checkpoints.CheckpointError, ValueError)
+
+
+def test_config_mismatch_names_parameter_and_shapes(fixtures_dir):
+  """Loading the fixture with a wrong config names each bad parameter.
+
+  emb_dim=16 vs the checkpoint's 8 must report the parameter path with both
+  shapes; an extra decoder layer in the config must report what is missing.
+  """
+  path = fixtures_dir / 'test_t5_tiny.checkpoint_0'
+  with pytest.raises(ValueError) as err:
+    checkpoints.load_t5x_params(path, config=FIXTURE_CFG.replace(emb_dim=16))
+  msg = str(err.value)
+  assert str(path) in msg
+  assert ('token_embedder/embedding: checkpoint (32128, 8) vs config '
+          '(32128, 16)') in msg
+  assert 'decoder/layers_1/mlp/wi_0/kernel: checkpoint (8, 16) vs config ' \
+         '(16, 16)' in msg
+  with pytest.raises(ValueError,
+                     match='decoder/layers_2/.* missing from checkpoint'):
+    checkpoints.load_t5x_params(
+        path, config=FIXTURE_CFG.replace(num_decoder_layers=3))
+
+
+def test_v10_params_check_against_v11_config(np_v10):
+  """check_params catches an unexpected logits_dense / wi split by name."""
+  _, params = np_v10
+  with pytest.raises(ValueError, match='logits_dense/kernel: missing'):
+    checkpoints.check_params(params, TINY_V11)
+  checkpoints.check_params(params, TINY_V10)

@@ -1,0 +1,114 @@
+"""The eval job runs end to end like a T5X job and fails clearly.
+
+Random tiny T5s on the offline Debian translation task (a slice shipped in
+tests/testdata/debian). The job must write every output, resume instead of
+starting over, keep finished work when it crashes, and name the problem when
+the configuration is wrong.
+"""
+
+import json
+import pathlib
+
+import pytest
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import speculative
+
+DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
+
+
+def args(out, **overrides):
+  bindings = {
+      'TARGET_MODEL': '%T5_1_1_TINY',
+      'DRAFT_MODEL': '%T5_1_1_TINY',
+      'TARGET_CHECKPOINT': 'None',
+      'DRAFT_CHECKPOINT': 'None',
+      'MIXTURE_OR_TASK_NAME': "'debian_desc_en_de'",
+      'TASK_FEATURE_LENGTHS': "{'inputs': 512, 'targets': 12}",
+      'GAMMA': '3',
+      'NUM_EXAMPLES': '4',
+      'BATCH_SIZE': '2',
+      'EVAL_OUTPUT_DIR': f"'{out}'",
+      'VOCAB_SIZE': '1024',
+      'DTYPE': "'float32'",
+      'evaluate.data_dir': f"'{DATA}'",
+  }
+  bindings.update(overrides)
+  return ['--gin_file=runs/eval.gin', '--gin_file=models/t5_1_1/tiny.gin'] + [
+      f'--gin.{k}={v}' for k, v in bindings.items()]
+
+
+def read_jsonl(path):
+  return [json.loads(l) for l in path.read_text().splitlines() if l]
+
+
+def test_end_to_end_resume_and_extend(tmp_path):
+  out = tmp_path / 'run'
+  summary = eval_lib.main(args(out))
+  for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin',
+               'run.json'):
+    assert (out / name).exists(), name
+  records = read_jsonl(out / 'examples.jsonl')
+  assert sorted(r['index'] for r in records) == [0, 1, 2, 3]
+  assert all(r['identical'] for r in records)  # greedy: exact
+  assert all(r['input'].startswith('translate English to German: ')
+             for r in records)
+  assert summary['differing_examples'] == 0
+  assert summary['status'] == 'complete'
+  assert summary['walltime_speedup'] > 0
+  assert 0.0 <= summary['alpha'] <= 1.0
+  assert summary['target_calls_per_token'] > 0
+  assert 'bleu' in summary['baseline_metrics']
+  assert json.loads((out / 'summary.json').read_text())['examples'] == 4
+  assert 'GAMMA = 3' in (out / 'config.gin').read_text()
+  assert (out / 'summary.md').read_text().count('\n') == 3
+  # A rerun resumes: nothing is decoded twice.
+  eval_lib.main(args(out))
+  assert len(read_jsonl(out / 'examples.jsonl')) == 4
+  # Asking for more examples decodes only the new ones.
+  summary = eval_lib.main(args(out, NUM_EXAMPLES='6'))
+  assert sorted(r['index'] for r in read_jsonl(out / 'examples.jsonl')) == (
+      list(range(6)))
+  assert summary['examples'] == 6
+
+
+def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
+  out = tmp_path / 'crash'
+  real = speculative.speculative_sample
+  calls = []
+
+  def flaky(*a, **k):
+    calls.append(1)
+    if len(calls) == 3:  # warm-up, batch 0, then batch 1 fails
+      raise RuntimeError('device lost')
+    return real(*a, **k)
+
+  monkeypatch.setattr(speculative, 'speculative_sample', flaky)
+  with pytest.raises(RuntimeError, match='device lost'):
+    eval_lib.main(args(out))
+  assert [r['index'] for r in read_jsonl(out / 'examples.jsonl')] == [0, 1]
+  summary = json.loads((out / 'summary.json').read_text())
+  assert summary['examples'] == 2
+  assert summary['status'].startswith('failed after 2 examples')
+
+
+@pytest.mark.parametrize('override,error,message', [
+    ({'MIXTURE_OR_TASK_NAME': "'wmt_ende_typo'"}, ValueError,
+     'Unknown task .*debian_desc_en_de'),
+    ({'TARGET_CHECKPOINT': "'/nonexistent/checkpoint_1'"}, FileNotFoundError,
+     '/nonexistent/checkpoint_1'),
+    ({'DRAFT_MODEL': '%T5_1_1_TINY_DRAFT'}, ValueError,
+     'vocabularies differ'),
+    ({'evaluate.gama': '3'}, SystemExit, 'gama'),
+    ({'TASK_FEATURE_LENGTHS': "{'inputs': 4, 'targets': 12}"}, ValueError,
+     "TASK_FEATURE_LENGTHS\\['inputs'\\] = 4"),
+    ({'GAMMA': '0'}, ValueError, 'gamma'),
+])
+def test_clear_errors(tmp_path, override, error, message):
+  argv = args(tmp_path / 'err', **override)
+  if 'DRAFT_MODEL' in override:  # a drafter with another vocabulary size
+    argv += ['--gin.T5_1_1_TINY_DRAFT = @draft/network.T5Config()',
+             '--gin.draft/network.T5Config.vocab_size = 2048',
+             "--gin.draft/network.T5Config.dtype = 'float32'"]
+  with pytest.raises(error, match=message):
+    eval_lib.main(argv)

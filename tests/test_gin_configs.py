@@ -1,0 +1,94 @@
+"""Every gin file parses, and every model file builds T5X's model.
+
+Researchers launch runs from these files; a typo or a wrong dimension in one
+would only surface on a TPU hours later. Models are built with
+jax.eval_shape (no memory), so XXL costs nothing here.
+"""
+
+import pathlib
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import network
+
+GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / 'gin_configs'
+MODEL_FILES = sorted(GIN_DIR.glob('models/*/*.gin'))
+PAPER_FILES = sorted(GIN_DIR.glob('paper/*.gin'))
+
+# Parameter counts of the released checkpoints' architectures (vocab 32128).
+EXPECTED_PARAMS = {
+    't5_1_1/small': 76_961_152,
+    't5_1_0/small': 60_506_624,
+}
+
+
+@gin.configurable
+def _capture(config=gin.REQUIRED):
+  return config
+
+
+def _macro(path):
+  return path.parent.name.upper() + '_' + path.stem.upper()
+
+
+def _parse(files, bindings=()):
+  gin.clear_config(clear_constants=True)
+  gin.add_config_file_search_path(str(GIN_DIR))
+  gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings))
+
+
+@pytest.mark.parametrize('path', MODEL_FILES, ids=lambda p: f'{p.parent.name}/{p.stem}')
+def test_model_file_builds(path):
+  _parse([path], [f'_capture.config = %{_macro(path)}'])
+  config = _capture()
+  gin.clear_config(clear_constants=True)
+  assert isinstance(config, network.T5Config)
+  assert config.dtype == 'bfloat16' and config.vocab_size == 32128
+  variables = jax.eval_shape(
+      network.T5Model(config.replace(dtype=jnp.float32)).init_params,
+      jax.random.key(0))
+  n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(variables))
+  key = f'{path.parent.name}/{path.stem}'
+  if key in EXPECTED_PARAMS:
+    assert n == EXPECTED_PARAMS[key]
+  assert ('logits_dense' in variables['decoder']) == (
+      not config.logits_via_embedding)
+
+
+def test_twelve_paper_rows():
+  assert len(PAPER_FILES) == 12  # 2 tasks x 2 temperatures x 3 drafters
+
+
+@pytest.mark.parametrize('path', PAPER_FILES, ids=lambda p: p.stem)
+def test_paper_file_binds_every_argument(path):
+  """A paper file plus the three site-specific paths is a complete run."""
+  _parse([path], [
+      "TARGET_CHECKPOINT = '/ckpt/target'",
+      "DRAFT_CHECKPOINT = '/ckpt/draft'",
+      "EVAL_OUTPUT_DIR = '/tmp/out'",
+  ])
+  bindings = gin.get_configurable(eval_lib.evaluate)(dry_run=True)
+  gin.clear_config(clear_constants=True)
+  task, temp, drafter = path.stem.split('_')
+  assert bindings['temperature'] == float(temp[1:])
+  assert bindings['mixture_or_task_name'] == {
+      'ende': 'wmt_t2t_ende_v003', 'cnndm': 'cnn_dailymail_v002'}[task]
+  assert isinstance(bindings['gamma'], int) and bindings['gamma'] >= 1
+  assert bindings['target_checkpoint'] == '/ckpt/target'
+  assert bindings['output_dir'] == '/tmp/out'
+  sizes = {'small': 512, 'base': 768, 'large': 1024}
+  assert bindings['draft_config'].emb_dim == sizes[drafter]
+  assert bindings['target_config'].emb_dim == 4096  # T5 1.1 XXL
+  assert bindings['target_config'].mlp_dim == 10240
+
+
+def test_missing_required_macro_is_named():
+  with pytest.raises(Exception, match='TARGET_CHECKPOINT|REQUIRED'):
+    _parse([GIN_DIR / 'paper' / 'ende_t0_small.gin'])
+    gin.get_configurable(eval_lib.evaluate)()
+  gin.clear_config(clear_constants=True)

@@ -1,0 +1,360 @@
+"""Tests of the seqio tasks, the Debian data build and the shared metrics.
+
+Importing specdec_jax.tasks imports TensorFlow (~10 s), once for the module.
+The committed slice of real Debian data in tests/testdata/debian is made by
+the build script (command in its README.md).
+"""
+
+import filecmp
+import gzip
+import importlib
+import importlib.util
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+import seqio
+
+from specdec_jax import tasks
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTDATA = ROOT / 'tests' / 'testdata' / 'debian'
+DEBIAN = (tasks.DEBIAN_TRANSLATION_TASK, tasks.DEBIAN_SYNOPSIS_TASK)
+PREFIX = {tasks.DEBIAN_TRANSLATION_TASK: 'translate English to German: ',
+          tasks.DEBIAN_SYNOPSIS_TASK: 'summarize: '}
+SOURCE_FIELD = {tasks.DEBIAN_TRANSLATION_TASK: 'en',
+                tasks.DEBIAN_SYNOPSIS_TASK: 'description'}
+TARGET_FIELD = {tasks.DEBIAN_TRANSLATION_TASK: 'de',
+                tasks.DEBIAN_SYNOPSIS_TASK: 'synopsis'}
+
+MD5_A = 'a' * 32
+MD5_B = 'b' * 32
+MD5_C = 'c' * 32
+# Handwritten apt Translation files: a multi-paragraph description with a
+# verbatim list, an empty paragraph and a duplicate record; one whose German
+# paragraph count differs; one without a long description.
+SAMPLE_EN = f"""Package: foo
+Description-md5: {MD5_A}
+Description-en: Foo tool for bars
+ Foo converts bars into
+ bazzes   quickly.
+ .
+ Features:
+   * verbatim item one
+   * item two
+ .
+ .
+ Last paragraph.
+
+Package: foo-data
+Description-md5: {MD5_A}
+Description-en: Foo tool for bars
+ Foo converts bars into
+ bazzes   quickly.
+ .
+ Features:
+   * verbatim item one
+   * item two
+ .
+ .
+ Last paragraph.
+
+Package: qux
+Description-md5: {MD5_B}
+Description-en: Qux library
+ Qux does things.
+ .
+ More things.
+
+Package: bare
+Description-md5: {MD5_C}
+Description-en: Only a synopsis
+"""
+SAMPLE_DE = f"""Package: foo
+Description-md5: {MD5_A}
+Description-de: Foo-Werkzeug für Bars
+ Foo wandelt Bars schnell
+ in Bazzes um.
+ .
+ Funktionen:
+   * wörtlicher Punkt eins
+   * Punkt zwei
+ .
+ Letzter Absatz.
+
+Package: qux
+Description-md5: {MD5_B}
+Description-de: Qux-Bibliothek
+ Qux macht Dinge. Und mehr.
+"""
+
+
+@pytest.fixture(scope='module')
+def build():
+  """scripts/build_debian_data.py as a module (scripts/ is not a package)."""
+  path = ROOT / 'scripts' / 'build_debian_data.py'
+  spec = importlib.util.spec_from_file_location('build_debian_data', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope='module')
+def sample_lists(tmp_path_factory):
+  """An apt lists folder holding the sample (German gzip-compressed)."""
+  lists = tmp_path_factory.mktemp('lists')
+  (lists / 'x_dists_y_main_i18n_Translation-en').write_text(
+      SAMPLE_EN, encoding='utf-8')
+  with gzip.open(lists / 'x_dists_y_main_i18n_Translation-de.gz', 'wb') as f:
+    f.write(SAMPLE_DE.encode('utf-8'))
+  return lists
+
+
+@pytest.fixture
+def restore_registry():
+  """Re-registers the tasks with the defaults after a test changed them."""
+  yield
+  tasks.register_tasks()
+
+
+@pytest.fixture(scope='module')
+def testdata_examples():
+  """All validation examples of both Debian tasks, read through seqio."""
+  out = {}
+  for name in DEBIAN:
+    task = tasks.make_task(name, data_dir=str(TESTDATA))
+    ds = task.get_dataset(sequence_length=None, split='validation',
+                          shuffle=False)
+    out[name] = list(ds.as_numpy_iterator())
+  return out
+
+
+def read_jsonl(path):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def test_register_tasks_offline_and_idempotent(monkeypatch, tmp_path,
+                                               restore_registry):
+  """Registering (and re-importing) must not touch the network or any file.
+
+  The T5 vocabulary lives on GCS and the TFDS data is absent here: if
+  defining a task loaded either, importing tasks.py would fail or hang. With
+  sockets blocked, nonexistent paths and a second import, all four tasks
+  must still register, pointing at the requested paths.
+  """
+  def no_network(*args, **kwargs):
+    raise OSError('network access during task registration')
+
+  monkeypatch.setattr(socket.socket, 'connect', no_network)
+  monkeypatch.setattr(socket, 'create_connection', no_network)
+  monkeypatch.setattr(socket, 'getaddrinfo', no_network)
+  importlib.reload(tasks)  # Importing twice re-registers without error.
+  vocab = str(tmp_path / 'no_such_vocab.model')
+  names = tasks.register_tasks(vocab_path=vocab,
+                               data_dir=str(tmp_path / 'no_data'))
+  assert set(names) == set(tasks.TASK_NAMES)
+  assert set(tasks.TASK_NAMES) <= set(seqio.TaskRegistry.names())
+  wmt = seqio.get_mixture_or_task(tasks.WMT_TASK)
+  assert wmt.output_features['targets'].vocabulary.sentencepiece_model_file \
+      == vocab
+  assert wmt.output_features['targets'].vocabulary.extra_ids == 100
+  assert wmt.source.tfds_dataset.name == 'wmt_t2t_translate/de-en:1.0.0'
+  cnn = seqio.get_mixture_or_task(tasks.CNN_DM_TASK)
+  assert cnn.source.tfds_dataset.name == 'cnn_dailymail:3.4.0'
+  assert [f.__name__ for f in cnn.metric_fns] == ['rouge']
+  assert [f.__name__ for f in wmt.metric_fns] == ['bleu']
+
+
+def test_vocab_env_override(monkeypatch, restore_registry):
+  """SPECDEC_VOCAB replaces T5's unreachable GCS vocabulary path."""
+  monkeypatch.setenv(tasks.VOCAB_ENV, '/models/cc_all.32000.model')
+  tasks.register_tasks()
+  task = seqio.get_mixture_or_task(tasks.CNN_DM_TASK)
+  assert (task.output_features['inputs'].vocabulary.sentencepiece_model_file
+          == '/models/cc_all.32000.model')
+  monkeypatch.delenv(tasks.VOCAB_ENV)
+  tasks.register_tasks()
+  task = seqio.get_mixture_or_task(tasks.CNN_DM_TASK)
+  assert (task.output_features['inputs'].vocabulary.sentencepiece_model_file
+          == tasks.DEFAULT_VOCAB_PATH)
+
+
+@pytest.mark.parametrize('name', DEBIAN)
+def test_debian_examples(name, testdata_examples):
+  """Every record becomes an example with T5's prefix and EOS-ended ids.
+
+  The model sees exactly these ids: a missing prefix, a dropped EOS (id 1)
+  or a vocabulary that does not decode back to the text would silently
+  change what the drafter and the target are trained and scored on.
+  """
+  records = read_jsonl(TESTDATA / name / 'validation.jsonl')
+  examples = testdata_examples[name]
+  assert len(examples) == len(records) > 0
+  vocab = tasks.debian_vocabulary(str(TESTDATA))
+  for record, ex in zip(records, examples):
+    inputs = ex['inputs_pretokenized'].decode('utf-8')
+    targets = ex['targets_pretokenized'].decode('utf-8')
+    assert inputs == PREFIX[name] + record[SOURCE_FIELD[name]]
+    assert targets == record[TARGET_FIELD[name]]
+    for key in ('inputs', 'targets'):
+      assert ex[key][-1] == 1 and 1 not in ex[key][:-1]
+    assert vocab.decode(ex['targets'][:-1].tolist()) == targets
+
+
+def test_vocabulary_round_trips_english_and_german():
+  """The Debian vocabulary follows T5's ids and keeps umlauts (no unk)."""
+  vocab = tasks.debian_vocabulary(str(TESTDATA))
+  assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
+  manifest = json.loads((TESTDATA / 'manifest.json').read_text())
+  assert vocab.vocab_size == manifest['vocab']['vocab_size']
+  for text in ('This package contains the library for the program.',
+               'Dieses Paket enthält die Bibliothek für größere Dateien.'):
+    ids = vocab.encode(text)
+    assert vocab.unk_id not in ids
+    assert vocab.decode(ids) == text
+
+
+def test_split_is_a_fixed_function_of_the_key(build):
+  """Splits must never change, whatever Debian adds or removes.
+
+  The split is a pure function of the example's key; the pinned values
+  catch any change of the hash, and the fractions must be about 90/5/5.
+  """
+  assert build.split_for_key('Foo tool for bars') == build.split_for_key(
+      'Foo tool for bars')
+  pinned = {k: build.split_for_key(k) for k in ('k0', 'k2', 'k7', 'k8')}
+  assert pinned == {'k0': 'train', 'k2': 'validation', 'k7': 'validation',
+                    'k8': 'test'}
+  counts = {s: 0 for s in build.SPLITS}
+  for i in range(20000):
+    counts[build.split_for_key(f'key {i}')] += 1
+  assert abs(counts['train'] / 20000 - 0.90) < 0.01
+  assert abs(counts['validation'] / 20000 - 0.05) < 0.01
+  assert abs(counts['test'] / 20000 - 0.05) < 0.01
+
+
+def test_committed_testdata_respects_split(build):
+  """Each committed record lies in the split its key hashes to."""
+  for name in DEBIAN:
+    for split in build.SPLITS:
+      for record in read_jsonl(TESTDATA / name / f'{split}.jsonl'):
+        assert build.split_for_key(record[SOURCE_FIELD[name]]) == split
+
+
+def test_parse_debian_markup(build, sample_lists):
+  """Markup is stripped: leading space, ' .' breaks, empty paragraphs."""
+  en = build.read_descriptions(
+      build.find_translation_files(str(sample_lists), 'en'), 'en',
+      progress=False)
+  de = build.read_descriptions(
+      build.find_translation_files(str(sample_lists), 'de'), 'de',
+      progress=False)
+  assert en[MD5_A] == ('Foo tool for bars', [
+      'Foo converts bars into bazzes quickly.',
+      'Features: * verbatim item one * item two', 'Last paragraph.'])
+  assert en[MD5_C] == ('Only a synopsis', [])
+  assert de[MD5_A] == ('Foo-Werkzeug für Bars', [
+      'Foo wandelt Bars schnell in Bazzes um.',
+      'Funktionen: * wörtlicher Punkt eins * Punkt zwei',
+      'Letzter Absatz.'])
+  examples = build.build_examples(en, de)
+  pairs = [r for split in examples[build.TRANSLATION_TASK].values()
+           for r in split]
+  # foo: synopsis + 3 paragraphs; qux: synopsis only (1 vs 2 paragraphs).
+  assert sorted(r['id'] for r in pairs) == [
+      f'{MD5_A}:p0', f'{MD5_A}:p1', f'{MD5_A}:p2', f'{MD5_A}:s', f'{MD5_B}:s']
+  synopses = [r for split in examples[build.SYNOPSIS_TASK].values()
+              for r in split]
+  assert sorted((r['id'], r['synopsis']) for r in synopses) == [
+      (MD5_A, 'Foo tool for bars'), (MD5_B, 'Qux library')]
+  qux = next(r for r in synopses if r['id'] == MD5_B)
+  assert qux['description'] == 'Qux does things. More things.'
+
+
+def test_build_is_deterministic(build, sample_lists, tmp_path):
+  """Two builds from the same lists write byte-identical data files."""
+  outs = []
+  for i in range(2):
+    out = tmp_path / f'out{i}'
+    en = build.read_descriptions(
+        build.find_translation_files(str(sample_lists), 'en'), 'en',
+        progress=False)
+    de = build.read_descriptions(
+        build.find_translation_files(str(sample_lists), 'de'), 'de',
+        progress=False)
+    build.write_examples(build.build_examples(en, de), str(out))
+    outs.append(out)
+  for name in DEBIAN:
+    for split in build.SPLITS:
+      a, b = (o / name / f'{split}.jsonl' for o in outs)
+      assert filecmp.cmp(a, b, shallow=False)
+  assert sum(len(read_jsonl(outs[0] / tasks.DEBIAN_TRANSLATION_TASK /
+                            f'{s}.jsonl')) for s in build.SPLITS) == 5
+
+
+def test_build_without_lists_names_apt_command(build, tmp_path):
+  """Without apt's lists the script says exactly how to download them."""
+  with pytest.raises(SystemExit) as e:
+    build.main(['--out_dir', str(tmp_path / 'out'),
+                '--lists_dir', str(tmp_path)])
+  assert build.APT_COMMAND in str(e.value)
+
+
+def test_metrics_scale_and_sentence_split():
+  """BLEU and ROUGE are 0-100 (T5's scale): 100 identical, low unrelated.
+
+  Reversing the sentence order keeps rougeLsum at 100 only if texts are
+  split into sentences before scoring (what Lsum is defined on).
+  """
+  refs = ['the cat sat on the mat today .', 'a quick brown fox jumps high .']
+  assert tasks.bleu(refs, refs)['bleu'] == pytest.approx(100.0)
+  assert tasks.rouge(refs, refs) == pytest.approx(
+      {'rouge1': 100.0, 'rouge2': 100.0, 'rougeLsum': 100.0})
+  other = ['completely different words here now .',
+           'nothing shared with those examples .']
+  assert tasks.bleu(refs, other)['bleu'] < 5.0
+  assert all(v < 20.0 for v in tasks.rouge(refs, other).values())
+  summary = ['Foo makes bars. It is fast.']
+  swapped = ['It is fast. Foo makes bars.']
+  assert tasks.rouge(summary, swapped)['rougeLsum'] == pytest.approx(100.0)
+
+
+def test_unknown_task_lists_known_names():
+  """A typo in a task name gets the list of valid names, not a KeyError."""
+  with pytest.raises(ValueError) as e:
+    tasks.get_task('wmt_ende')
+  for name in tasks.TASK_NAMES:
+    assert name in str(e.value)
+  assert tasks.get_task(tasks.DEBIAN_SYNOPSIS_TASK).name == \
+      tasks.DEBIAN_SYNOPSIS_TASK
+
+
+def test_missing_data_dir_names_build_command(tmp_path):
+  """Reading an unbuilt data dir raises a plain error saying how to build.
+
+  Both the data and the vocabulary (the eval job asks for its size first)
+  must fail this way, not with a TensorFlow file-system traceback.
+  """
+  missing = tmp_path / 'absent'
+  task = tasks.make_task(tasks.DEBIAN_TRANSLATION_TASK, data_dir=str(missing))
+  with pytest.raises(FileNotFoundError) as e:
+    task.get_dataset(sequence_length=None, split='train', shuffle=False)
+  with pytest.raises(FileNotFoundError) as e_vocab:
+    _ = task.output_features['targets'].vocabulary.vocab_size
+  for message in (str(e.value), str(e_vocab.value)):
+    assert str(missing) in message
+    assert 'scripts/build_debian_data.py --out_dir' in message
+    assert tasks.DATA_DIR_ENV in message
+
+
+def test_import_specdec_jax_does_not_import_tensorflow():
+  """Decoding alone must start fast: only tasks.py may pull in TensorFlow."""
+  code = ('import sys, specdec_jax; '
+          'assert "tensorflow" not in sys.modules, "tensorflow imported"')
+  subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT,
+                 env={**os.environ, 'PYTHONPATH': str(ROOT)})
