@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -412,11 +413,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   for path in [p for p in args.gin_search_paths.split(',') if p] + [
       str(GIN_DIR), str(GIN_DIR.parent)]:
     gin.add_config_file_search_path(path)
+  # gin logs an ERROR for every search-path miss before it finds an include;
+  # only its exceptions matter here.
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
   try:
     gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
     run = gin.get_configurable(eval_lib.evaluate)
   except Exception as e:  # gin's messages name the file and the binding
     raise SystemExit(f'gin configuration error: {e}') from None
+  finally:
+    root.setLevel(level)
   if args.dry_run:
     resolved = run(dry_run=True)
     for key, value in resolved.items():

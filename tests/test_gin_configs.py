@@ -92,3 +92,14 @@ def test_missing_required_macro_is_named():
     _parse([GIN_DIR / 'paper' / 'ende_t0_small.gin'])
     gin.get_configurable(eval_lib.evaluate)()
   gin.clear_config(clear_constants=True)
+
+
+@pytest.mark.parametrize('path', sorted(GIN_DIR.glob('examples/*.gin')),
+                         ids=lambda p: p.stem)
+def test_example_files_are_complete_runs(path):
+  _parse([path], ["EVAL_OUTPUT_DIR = '/tmp/out'"])
+  resolved = gin.get_configurable(eval_lib.evaluate)(dry_run=True)
+  gin.clear_config(clear_constants=True)
+  assert isinstance(resolved['target_config'], network.T5Config)
+  assert resolved['target_config'].vocab_size == (
+      resolved['draft_config'].vocab_size)
