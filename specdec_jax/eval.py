@@ -41,7 +41,7 @@ import numpy as np
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / 'gin_configs'
 
 
-def _load_params(config, checkpoint: Optional[str], seed: int, what: str):
+def load_params(config, checkpoint: Optional[str], seed: int, what: str):
   import jax  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from specdec_jax import network  # pylint: disable=g-import-not-at-top
@@ -59,13 +59,13 @@ def _load_params(config, checkpoint: Optional[str], seed: int, what: str):
   return model, params
 
 
-def _make_drafter(kind, draft_config, draft_checkpoint, task, target_config,
+def make_drafter(kind, draft_config, draft_checkpoint, task, target_config,
                   seed):
   """Returns (drafter, params)."""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
 
   if kind == 't5':
-    model, params = _load_params(draft_config, draft_checkpoint, seed,
+    model, params = load_params(draft_config, draft_checkpoint, seed,
                                  'draft')
     return drafters.T5Drafter(model), params
   if kind in ('unigram', 'bigram'):
@@ -78,7 +78,7 @@ def _make_drafter(kind, draft_config, draft_checkpoint, task, target_config,
   raise ValueError(f"drafter must be 't5', 'unigram' or 'bigram', got {kind!r}")
 
 
-def _examples(task, split, lengths, num_examples, truncate_inputs):
+def task_examples(task, split, lengths, num_examples, truncate_inputs):
   """Yields (index, inputs ids, input text, target text) of the split."""
   ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
                         trim_output_features=False)
@@ -274,9 +274,9 @@ def evaluate(
                if l.strip()]
   done = {r['index'] for r in records}
 
-  target, target_params = _load_params(target_config, target_checkpoint, seed,
+  target, target_params = load_params(target_config, target_checkpoint, seed,
                                        'target')
-  draft, draft_params = _make_drafter(drafter, draft_config, draft_checkpoint,
+  draft, draft_params = make_drafter(drafter, draft_config, draft_checkpoint,
                                       task, target_config, seed + 1)
   max_in = task_feature_lengths['inputs']
   max_out = task_feature_lengths['targets']
@@ -303,7 +303,7 @@ def evaluate(
   error = None
   batches = []
   batch = []
-  for item in _examples(task, split, task_feature_lengths, num_examples,
+  for item in task_examples(task, split, task_feature_lengths, num_examples,
                         truncate_inputs):
     batch.append(item)
     if len(batch) == batch_size:
@@ -398,14 +398,14 @@ def parse_flags(argv: Sequence[str]):
   return parser.parse_args(rewrite_gin_args(argv))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  """Parses T5X-style flags and gin files, then runs `evaluate`."""
+def configured_evaluate(argv: Sequence[str]):
+  """Parses T5X-style flags and gin files; returns (flags, configured fn)."""
   import gin  # pylint: disable=g-import-not-at-top
   # The module gin files import (`from specdec_jax import eval`); under
   # `python -m` this file is __main__, a different module object.
   from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
 
-  args = parse_flags(sys.argv[1:] if argv is None else argv)
+  args = parse_flags(argv)
   if not args.gin_file:
     raise SystemExit('error: at least one --gin_file is required, e.g. '
                      '--gin_file=gin_configs/paper/ende_t0_small.gin')
@@ -425,6 +425,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     raise SystemExit(f'gin configuration error: {e}') from None
   finally:
     root.setLevel(level)
+  return args, run
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  """Parses T5X-style flags and gin files, then runs `evaluate`."""
+  import gin  # pylint: disable=g-import-not-at-top
+
+  args, run = configured_evaluate(sys.argv[1:] if argv is None else argv)
   if args.dry_run:
     resolved = run(dry_run=True)
     for key, value in resolved.items():

@@ -1,0 +1,150 @@
+r"""Ours vs HF transformers: greedy and speculative/assisted, same weights.
+
+  python scripts/peer_hf.py --gin_file=<eval run, e.g. a trained target and
+      drafter on debian_desc_en_de> [--gin.NAME=VALUE ...] \
+      [--num_examples 50] [--out results/peer_hf]
+
+Takes the same gin files and bindings as the eval job (target, drafter,
+checkpoints, task, TASK_FEATURE_LENGTHS; drafter must be 't5'), converts both
+models to HF `T5ForConditionalGeneration` (float32, torch CPU) and decodes the
+first examples of the split, batch 1, greedy, four ways:
+  ours baseline     decoding.temperature_sample (jitted while_loop)
+  ours speculative  speculative.speculative_sample (gamma = GAMMA)
+  HF greedy         model.generate(do_sample=False)
+  HF assisted       model.generate(assistant_model=draft, do_sample=False)
+Each example is decoded by all four, interleaved, after one warm-up example;
+tokens/s = generated tokens / total seconds. Greedy outputs must agree token
+for token; mismatches are counted and reported, not hidden. Writes <out>.md
+and <out>.json.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import eval as eval_lib
+from specdec_jax import hf_convert
+from specdec_jax import speculative
+
+
+def _hf_generate(model, inputs, max_len, assistant=None):
+  import torch  # pylint: disable=g-import-not-at-top
+  ids = torch.tensor(inputs[:, :int((inputs[0] > 0).sum())])
+  kwargs = dict(do_sample=False, num_beams=1, max_new_tokens=max_len,
+                eos_token_id=1, pad_token_id=0)
+  if assistant is not None:
+    kwargs['assistant_model'] = assistant
+  with torch.inference_mode():
+    out = model.generate(input_ids=ids, **kwargs).numpy()[0, 1:]
+  tokens = np.zeros(max_len, np.int32)
+  tokens[:len(out)] = out[:max_len]
+  return tokens
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--num_examples', type=int, default=50)
+  parser.add_argument('--out', default='results/peer_hf')
+  own, rest = parser.parse_known_args(argv)
+  _, run = eval_lib.configured_evaluate(rest)
+  cfg = run(dry_run=True)
+  if cfg['drafter'] != 't5':
+    raise SystemExit('peer_hf compares T5 drafters only (DRAFTER = "t5").')
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  if cfg['data_dir'] is not None:
+    tasks.register_tasks(data_dir=cfg['data_dir'])
+  task = tasks.get_task(cfg['mixture_or_task_name'])
+  target, t_params = eval_lib.load_params(
+      cfg['target_config'], cfg['target_checkpoint'], cfg['seed'], 'target')
+  drafter, d_params = eval_lib.make_drafter(
+      't5', cfg['draft_config'], cfg['draft_checkpoint'], task,
+      cfg['target_config'], cfg['seed'] + 1)
+  hf_target = hf_convert.to_hf_model(t_params, target.config)
+  hf_draft = hf_convert.to_hf_model(d_params, drafter.model.config)
+  max_in = cfg['task_feature_lengths']['inputs']
+  max_out = cfg['task_feature_lengths']['targets']
+  gamma = cfg['gamma']
+
+  def ours_base(x):
+    r = decoding.temperature_sample(target, t_params, x,
+                                    max_decode_len=max_out)
+    return np.asarray(jax.block_until_ready(r).tokens[0])
+
+  def ours_spec(x):
+    r = speculative.speculative_sample(target, t_params, drafter, d_params, x,
+                                       gamma=gamma, max_decode_len=max_out)
+    return np.asarray(jax.block_until_ready(r).tokens[0])
+
+  hf_target.generation_config.num_assistant_tokens = gamma
+  hf_target.generation_config.num_assistant_tokens_schedule = 'constant'
+  methods = {
+      'ours baseline': ours_base,
+      'ours speculative': ours_spec,
+      'HF greedy': lambda x: _hf_generate(hf_target, x, max_out),
+      'HF assisted': lambda x: _hf_generate(hf_target, x, max_out, hf_draft),
+  }
+  seconds = {k: 0.0 for k in methods}
+  tokens = {k: 0 for k in methods}
+  mismatches = {k: 0 for k in methods}
+  examples = list(eval_lib.task_examples(
+      task, cfg['split'], cfg['task_feature_lengths'], own.num_examples + 1,
+      cfg['truncate_inputs']))
+  for n, (_, ids, _, _) in enumerate(examples):
+    x = np.zeros((1, max_in), np.int32)
+    x[0, :len(ids)] = ids
+    outs = {}
+    for name, fn in methods.items():
+      start = time.perf_counter()
+      outs[name] = fn(x)
+      elapsed = time.perf_counter() - start
+      if n > 0:  # example 0 is the warm-up (compilation)
+        seconds[name] += elapsed
+        tokens[name] += int(decoding.output_lengths(outs[name][None], 1)[0])
+    if n > 0:
+      for name in methods:
+        mismatches[name] += int(not np.array_equal(outs[name],
+                                                   outs['ours baseline']))
+  rows = []
+  hf_greedy_tps = tokens['HF greedy'] / seconds['HF greedy']
+  for name in methods:
+    tps = tokens[name] / seconds[name]
+    rows.append(dict(method=name, seconds=seconds[name], tokens=tokens[name],
+                     tokens_per_s=tps, vs_hf_greedy=tps / hf_greedy_tps,
+                     examples_differing_from_ours_baseline=mismatches[name]))
+  ours_gain = rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']
+  hf_gain = rows[3]['tokens_per_s'] / rows[2]['tokens_per_s']
+  cmd = 'python scripts/peer_hf.py ' + ' '.join(argv)
+  lines = [
+      '# Ours vs HF transformers (greedy, batch 1, same weights)', '',
+      f'Command: `{cmd}`  ',
+      f'Machine: {platform.processor() or platform.machine()}, '
+      f'{os.cpu_count()} cores; jax {jax.__version__}', '',
+      f"Task {cfg['mixture_or_task_name']} ({cfg['split']}), "
+      f"{own.num_examples} examples after one warm-up, gamma {gamma}.", '',
+      '| method | tokens/s | vs HF greedy | examples differing from ours '
+      'baseline |', '|---|---|---|---|']
+  for r in rows:
+    lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | "
+                 f"{r['vs_hf_greedy']:.2f}x | "
+                 f"{r['examples_differing_from_ours_baseline']} |")
+  lines += ['', f'Speculative gain: ours {ours_gain:.2f}x over our baseline; '
+            f'HF assisted {hf_gain:.2f}x over HF greedy.']
+  os.makedirs(os.path.dirname(own.out) or '.', exist_ok=True)
+  with open(own.out + '.md', 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  with open(own.out + '.json', 'w') as f:
+    json.dump(dict(command=cmd, rows=rows, ours_gain=ours_gain,
+                   hf_gain=hf_gain), f, indent=1)
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  main()
