@@ -1,0 +1,634 @@
+r"""Trains T5 models on seqio tasks the way T5X trains T5.
+
+The recipe is T5X's (t5x/models.py, t5x/losses.py, t5x/adafactor.py, the
+t5_1_1 gin files), on our network:
+
+- Batches: a seqio task, trimmed to `task_feature_lengths` (EOS kept), run
+  through `seqio.EncDecFeatureConverter(pack=False)`: encoder inputs, decoder
+  inputs (the targets shifted right, BOS = 0), decoder targets and loss
+  weights, padded with 0 to fixed shapes. Packing is not supported (our
+  network has no segment ids).
+- Loss: per real (non-padding) target token, cross entropy plus T5X's z-loss
+  `z_loss * logsumexp(logits)**2` (1e-4), averaged over the batch's real
+  target tokens (T5X's 'NUM_REAL_TARGET_TOKENS' normalization).
+- Optimizer: optax.adafactor with T5X's settings: factored second moments,
+  decay_rate 0.8, no momentum, update clipping at RMS 1.0, updates scaled by
+  the parameter RMS (so the learning rate is relative).
+- Learning rate: 'rsqrt' is T5X's pretraining schedule `constant *
+  rsqrt_decay`: `learning_rate` for the first `warmup_steps` steps, then
+  `learning_rate * sqrt(warmup_steps / step)`; 'constant' (T5X's fine-tuning
+  schedule, 1e-3 there). The rate is computed from the checkpointed train
+  step, not from the optimizer's counter.
+- No dropout: our network implements none, so `T5Config.dropout_rate` is
+  ignored and training runs as T5 1.1 pretraining does (dropout 0). Small
+  data sets can therefore overfit; the validation loss in the log shows it.
+- Seeds: `seed` draws the initial parameters and the data order (seqio's
+  shuffle seed), so a rerun with the same seed is identical, step for step.
+- Checkpoints: `model_dir/checkpoint_<step>` in T5X's orbax layout
+  (`checkpoints.save_t5x_params`, read back by `load_t5x_params` and by T5X),
+  plus `optimizer_state.msgpack` (the Adafactor statistics, flax
+  serialization) in the same folder. Every `checkpoint_period` steps and at
+  the end; the last `keep_checkpoints` are kept. A rerun resumes from the
+  latest one and skips the batches already seen, so an interrupted run ends
+  with the same parameters as an uninterrupted one.
+- Logs: `model_dir/log.jsonl`, one record per `log_period` steps
+  (`split: 'train'`, means over those steps) and per evaluation (`split:
+  'validation'`): step, loss (cross entropy + z-loss, T5X's 'loss'),
+  cross_ent_loss, z_loss, accuracy (argmax == target, real tokens), lr,
+  steps_per_sec (data + train step; the first record includes compiling),
+  seconds (wall clock, summed over resumed runs).
+
+`model_dir` is a local folder. Only the data functions import seqio (and so
+TensorFlow), when called.
+
+References: T5, arXiv:1910.10683; Adafactor, arXiv:1804.04235; z-loss,
+arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
+                    Sequence)
+
+from flax import serialization
+from flax import struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specdec_jax import checkpoints
+from specdec_jax import network
+
+Array = jax.Array
+PyTree = Any
+Batch = Dict[str, np.ndarray]
+
+Z_LOSS = 1e-4
+LOG_FILE = 'log.jsonl'
+OPTIMIZER_STATE_FILE = 'optimizer_state.msgpack'
+# What EncDecFeatureConverter(pack=False) makes; all [batch, length] int32.
+FEATURES = ('encoder_input_tokens', 'decoder_input_tokens',
+            'decoder_target_tokens', 'decoder_loss_weights')
+SCHEDULES = ('rsqrt', 'constant')
+
+
+@struct.dataclass
+class TrainState:
+  """What a train step reads and writes.
+
+  Attributes:
+    step: `[]` int32, the number of steps taken.
+    params: the T5X params tree.
+    opt_state: the Adafactor state (factored second-moment statistics).
+  """
+
+  step: Array
+  params: PyTree
+  opt_state: optax.OptState
+
+
+# ---------------------------------------------------------------- recipe ---
+def learning_rate_fn(learning_rate: float, schedule: str = 'rsqrt',
+                     warmup_steps: int = 10_000
+                     ) -> Callable[[Array], Array]:
+  """The learning rate of each step.
+
+  Args:
+    learning_rate: the peak (and initial) rate.
+    schedule: 'rsqrt' (T5X's `constant * rsqrt_decay`: constant for
+      `warmup_steps`, then decaying as 1 / sqrt(step)) or 'constant'.
+    warmup_steps: length of the constant phase of 'rsqrt'. T5X pretrains
+      with learning_rate 0.01 and warmup_steps 10000.
+
+  Returns:
+    `step -> rate`, step `[]` int (0 for the first step), rate `[]` float32.
+  """
+  if schedule == 'constant':
+    return lambda step: jnp.asarray(learning_rate, jnp.float32)
+  if schedule == 'rsqrt':
+    if warmup_steps < 1:
+      raise ValueError(f'warmup_steps must be >= 1, got {warmup_steps}.')
+
+    def rsqrt(step):
+      step = jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps)
+      return jnp.asarray(learning_rate, jnp.float32) * jnp.sqrt(
+          warmup_steps / step)
+
+    return rsqrt
+  raise ValueError(f'schedule must be one of {SCHEDULES}, got {schedule!r}.')
+
+
+def make_optimizer(learning_rate: Any) -> optax.GradientTransformation:
+  """optax Adafactor with T5X's T5 settings (t5x/adafactor.py defaults).
+
+  Args:
+    learning_rate: a float or a `[]` array (the step's rate; traced values
+      are fine, the state does not depend on it).
+
+  Returns:
+    The transformation; its state holds no learning rate, so `init` of any
+    rate gives the state of every rate.
+  """
+  return optax.adafactor(
+      learning_rate=learning_rate,
+      min_dim_size_to_factor=128,
+      decay_rate=0.8,
+      decay_offset=0,
+      multiply_by_parameter_scale=True,
+      clipping_threshold=1.0,
+      momentum=None,
+      factored=True,
+      eps=1e-30,
+  )
+
+
+@functools.lru_cache(maxsize=None)
+def _init_fn(model: network.T5Model) -> Callable[[Array], TrainState]:
+  """Jitted `key -> TrainState` (one compile instead of ~70 eager ones)."""
+
+  def init(key):
+    params = model.init_params(key)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=make_optimizer(0.0).init(params))
+
+  return jax.jit(init)
+
+
+def init_state(model: network.T5Model, seed: int) -> TrainState:
+  """Random parameters (T5X's initializers, `PRNGKey(seed)`), fresh state."""
+  return _init_fn(model)(jax.random.key(seed))
+
+
+def weighted_metrics(logits: Array, targets: Array, weights: Array,
+                     z_loss: float = Z_LOSS) -> Dict[str, Array]:
+  """Sums of T5X's per-token losses over the weighted (real) tokens.
+
+  Per token, cross_ent = logsumexp(logits) - logits[target] and z_loss =
+  `z_loss` * logsumexp(logits)**2 (T5X's `cross_entropy_with_logits` with
+  one-hot targets and no label smoothing).
+
+  Args:
+    logits: `[batch, length, vocab]`.
+    targets: `[batch, length]` int token ids.
+    weights: `[batch, length]`, 1 on real tokens and 0 on padding.
+    z_loss: coefficient of the z-loss.
+
+  Returns:
+    `[]` float32 sums: 'loss' (cross_ent + z_loss), 'cross_ent_loss',
+    'z_loss', 'correct' (argmax == target) and 'weight' (the number of real
+    tokens); divide by 'weight' for means (`normalize`).
+  """
+  logits = logits.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  # [batch, length, vocab] -> [batch, length]
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+  cross_ent = log_z - target_logit[..., 0]
+  z = z_loss * jnp.square(log_z)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {
+      'loss': jnp.sum((cross_ent + z) * weights),
+      'cross_ent_loss': jnp.sum(cross_ent * weights),
+      'z_loss': jnp.sum(z * weights),
+      'correct': jnp.sum(correct * weights),
+      'weight': jnp.sum(weights),
+  }
+
+
+def normalize(sums: Mapping[str, Any]) -> Dict[str, float]:
+  """Per-token means of `weighted_metrics` sums (summed over batches)."""
+  weight = max(float(sums['weight']), 1.0)
+  return {
+      'loss': float(sums['loss']) / weight,
+      'cross_ent_loss': float(sums['cross_ent_loss']) / weight,
+      'z_loss': float(sums['z_loss']) / weight,
+      'accuracy': float(sums['correct']) / weight,
+  }
+
+
+def _batch_metrics(model: network.T5Model, params: PyTree,
+                   batch: Mapping[str, Array], z_loss: float):
+  # [batch, input_len], [batch, target_len] -> [batch, target_len, vocab]
+  logits = model.logits(params, batch['encoder_input_tokens'],
+                        batch['decoder_input_tokens'],
+                        batch['decoder_target_tokens'])
+  return weighted_metrics(logits, batch['decoder_target_tokens'],
+                          batch['decoder_loss_weights'], z_loss)
+
+
+@functools.lru_cache(maxsize=None)
+def make_train_step(model: network.T5Model, learning_rate: float,
+                    schedule: str = 'rsqrt', warmup_steps: int = 10_000,
+                    z_loss: float = Z_LOSS
+                    ) -> Callable[[TrainState, Batch],
+                                  tuple[TrainState, Dict[str, Array]]]:
+  """The jitted train step (compiled once per model, settings and shape).
+
+  Args:
+    model: the network.
+    learning_rate: peak rate (see `learning_rate_fn`).
+    schedule: 'rsqrt' or 'constant'.
+    warmup_steps: constant phase of 'rsqrt'.
+    z_loss: z-loss coefficient.
+
+  Returns:
+    `train_step(state, batch) -> (state, metrics)`: batch holds FEATURES,
+    each `[batch, length]`; metrics are the `weighted_metrics` sums of the
+    batch (before the update) and 'lr', the rate applied.
+  """
+  lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
+
+  def loss_fn(params, batch):
+    sums = _batch_metrics(model, params, batch, z_loss)
+    return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums
+
+  @jax.jit
+  def train_step(state: TrainState, batch: Batch):
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch)
+    lr = lr_fn(state.step)
+    updates, opt_state = make_optimizer(lr).update(grads, state.opt_state,
+                                                   state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(step=state.step + 1, params=params,
+                           opt_state=opt_state)
+    return new_state, dict(sums, lr=lr)
+
+  return train_step
+
+
+@functools.lru_cache(maxsize=None)
+def make_eval_step(model: network.T5Model, z_loss: float = Z_LOSS
+                   ) -> Callable[[PyTree, Batch], Dict[str, Array]]:
+  """Jitted `eval_step(params, batch) -> weighted_metrics sums`."""
+  return jax.jit(functools.partial(_batch_metrics, model, z_loss=z_loss))
+
+
+def evaluate(model: network.T5Model, params: PyTree,
+             batches: Sequence[Batch], z_loss: float = Z_LOSS
+             ) -> Dict[str, float]:
+  """Teacher-forced loss and accuracy over `batches`, per real token."""
+  eval_step = make_eval_step(model, z_loss)
+  total = None
+  for batch in batches:
+    sums = jax.device_get(eval_step(params, batch))
+    total = sums if total is None else jax.tree.map(np.add, total, sums)
+  if total is None:
+    raise ValueError('No evaluation batches.')
+  return normalize(total)
+
+
+# ------------------------------------------------------------------ data ---
+def get_dataset(mixture_or_task_name: str,
+                task_feature_lengths: Mapping[str, int], split: str, *,
+                shuffle: bool, seed: Optional[int], num_epochs: Optional[int]):
+  """A task's examples as unbatched model features (T5X's pipeline).
+
+  Args:
+    mixture_or_task_name: a registered seqio task or mixture.
+    task_feature_lengths: {'inputs': N, 'targets': M}; longer examples are
+      trimmed (keeping EOS), shorter ones padded with 0.
+    split: e.g. 'train' or 'validation'.
+    shuffle: shuffle examples (seqio's buffer), seeded by `seed`.
+    seed: the shuffle seed.
+    num_epochs: passes over the split; None repeats forever.
+
+  Returns:
+    A tf.data.Dataset of FEATURES, `[N]` or `[M]` int32 each.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+
+  lengths = {k: int(task_feature_lengths[k]) for k in ('inputs', 'targets')}
+  task = tasks.get_task(mixture_or_task_name)
+  ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=shuffle,
+                        seed=seed, num_epochs=num_epochs,
+                        trim_output_features=True)
+  ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
+  return ds.map(lambda ex: {k: ex[k] for k in FEATURES})
+
+
+def train_batches(mixture_or_task_name: str,
+                  task_feature_lengths: Mapping[str, int], batch_size: int,
+                  seed: int, start_step: int = 0) -> Iterator[Batch]:
+  """Endless shuffled training batches, from batch `start_step` on.
+
+  Batch i is the same for every call with the same arguments (the order is
+  seeded), so a resumed run skips the batches it has seen; skipping runs the
+  input pipeline for them (tokenizing, no model work).
+
+  Args:
+    mixture_or_task_name: a registered seqio task.
+    task_feature_lengths: {'inputs': N, 'targets': M}.
+    batch_size: examples per batch.
+    seed: shuffle seed.
+    start_step: the first batch to yield.
+
+  Yields:
+    FEATURES as numpy `[batch_size, N or M]` int32 arrays.
+  """
+  ds = get_dataset(mixture_or_task_name, task_feature_lengths, 'train',
+                   shuffle=True, seed=seed, num_epochs=None)
+  ds = ds.batch(batch_size, drop_remainder=True).skip(start_step)
+  yield from ds.prefetch(2).as_numpy_iterator()
+
+
+def eval_batches(mixture_or_task_name: str,
+                 task_feature_lengths: Mapping[str, int], batch_size: int,
+                 num_examples: Optional[int] = None,
+                 split: str = 'validation') -> List[Batch]:
+  """The first `num_examples` of a split, in order, as full batches.
+
+  The last batch is padded with all-zero rows (weight 0), so every batch has
+  the training shape and the eval step compiles once.
+
+  Args:
+    mixture_or_task_name: a registered seqio task.
+    task_feature_lengths: {'inputs': N, 'targets': M}.
+    batch_size: rows per batch.
+    num_examples: None for the whole split.
+    split: the split to read.
+
+  Returns:
+    A list of FEATURES dicts of `[batch_size, N or M]` int32 arrays.
+  """
+  ds = get_dataset(mixture_or_task_name, task_feature_lengths, split,
+                   shuffle=False, seed=None, num_epochs=1)
+  if num_examples is not None:
+    ds = ds.take(num_examples)
+  batches = []
+  for batch in ds.batch(batch_size).as_numpy_iterator():
+    pad = batch_size - len(batch[FEATURES[0]])
+    batches.append({k: np.pad(v, ((0, pad), (0, 0))) for k, v in
+                    batch.items()})
+  return batches
+
+
+# ----------------------------------------------------------- checkpoints ---
+def save_checkpoint(state: TrainState, model_dir: str,
+                    keep_checkpoints: int = 1) -> str:
+  """Writes `model_dir/checkpoint_<step>` and prunes older ones.
+
+  Args:
+    state: the state to save.
+    model_dir: the model dir.
+    keep_checkpoints: how many of the newest checkpoint folders to keep.
+
+  Returns:
+    The new checkpoint folder (T5X orbax params + OPTIMIZER_STATE_FILE).
+  """
+  step = int(state.step)
+  path = checkpoints.save_t5x_params(jax.device_get(state.params), model_dir,
+                                     step)
+  with open(os.path.join(path, OPTIMIZER_STATE_FILE), 'wb') as f:
+    f.write(serialization.to_bytes(jax.device_get(state.opt_state)))
+  steps = sorted(int(n.split('_')[1]) for n in os.listdir(model_dir)
+                 if n.startswith('checkpoint_') and n.split('_')[1].isdigit())
+  for old in steps[:-max(keep_checkpoints, 1)]:
+    shutil.rmtree(os.path.join(model_dir, f'checkpoint_{old}'))
+  return path
+
+
+def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
+  """The train state saved in a `checkpoint_<step>` folder.
+
+  A folder without OPTIMIZER_STATE_FILE (a T5X params-only checkpoint, or a
+  save interrupted in between) restores the params and step with fresh
+  Adafactor statistics, with a warning.
+
+  Args:
+    model: the network; the params must match its config.
+    path: the `checkpoint_<step>` folder.
+
+  Returns:
+    The state at that step.
+  """
+  path = path.rstrip('/')
+  step = int(os.path.basename(path).split('_')[-1])
+  params = checkpoints.load_t5x_params(path, config=model.config)
+  opt_state = make_optimizer(0.0).init(params)
+  opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
+  if os.path.isfile(opt_file):
+    with open(opt_file, 'rb') as f:
+      opt_state = serialization.from_bytes(opt_state, f.read())
+  else:
+    logging.warning('%s has no %s; Adafactor statistics start afresh.', path,
+                    OPTIMIZER_STATE_FILE)
+  return TrainState(step=jnp.asarray(step, jnp.int32), params=params,
+                    opt_state=opt_state)
+
+
+# -------------------------------------------------------------- the loop ---
+def read_log(path: str) -> List[Dict[str, Any]]:
+  """The records of a log.jsonl (empty if there is none)."""
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
+                periods):
+  if not isinstance(model_config, network.T5Config):
+    raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
+  if set(task_feature_lengths) < {'inputs', 'targets'}:
+    raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
+                     f'{dict(task_feature_lengths)}.')
+  for name, value in dict(train_steps=train_steps, batch_size=batch_size,
+                          **periods).items():
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
+
+
+def train(
+    *,
+    model_config: network.T5Config,
+    mixture_or_task_name: str,
+    task_feature_lengths: Mapping[str, int],
+    train_steps: int,
+    model_dir: str,
+    batch_size: int = 32,
+    learning_rate: float = 0.01,
+    schedule: str = 'rsqrt',
+    warmup_steps: int = 10_000,
+    z_loss: float = Z_LOSS,
+    seed: int = 0,
+    log_period: int = 50,
+    eval_period: int = 500,
+    eval_examples: Optional[int] = 512,
+    checkpoint_period: int = 500,
+    keep_checkpoints: int = 1,
+    data_dir: Optional[str] = None,
+    config_str: str = '',
+    progress: Optional[Callable[[int, int, Dict[str, float]], None]] = None,
+) -> Dict[str, Any]:
+  """Trains `model_config` on a task up to `train_steps`; resumes.
+
+  Args:
+    model_config: the network to train.
+    mixture_or_task_name: a registered seqio task (see tasks.py).
+    task_feature_lengths: {'inputs': N, 'targets': M} of every batch.
+    train_steps: the step to train to (a resumed run continues to it).
+    model_dir: local folder for checkpoints, log.jsonl and config.gin.
+    batch_size: examples per step.
+    learning_rate: peak learning rate (relative: Adafactor scales updates by
+      the parameter RMS).
+    schedule: 'rsqrt' or 'constant' (see `learning_rate_fn`).
+    warmup_steps: constant phase of 'rsqrt'.
+    z_loss: z-loss coefficient (T5X: 1e-4).
+    seed: initial parameters and data order.
+    log_period: steps per train record in the log.
+    eval_period: steps between validation evaluations (and one at the end).
+    eval_examples: the first N validation examples are evaluated (None: the
+      whole split; 0: no evaluation).
+    checkpoint_period: steps between checkpoints (and one at the end).
+    keep_checkpoints: newest checkpoints kept.
+    data_dir: data of the offline Debian tasks (default: $SPECDEC_DATA_DIR
+      or ~/.cache/specdec_jax/debian).
+    config_str: written to model_dir/config.gin if not empty.
+    progress: called after every step as `progress(step, train_steps,
+      metrics)` (the step's per-token means; the entry point draws a bar).
+
+  Returns:
+    A summary: model_dir, start_step, step, checkpoint (latest folder),
+    train and validation (the last records of each in the log), seconds.
+  """
+  _check_args(model_config, task_feature_lengths, train_steps, batch_size,
+              dict(log_period=log_period, eval_period=eval_period,
+                   checkpoint_period=checkpoint_period))
+  learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+
+  if data_dir is not None:
+    tasks.register_tasks(data_dir=data_dir)
+  vocab = tasks.get_task(mixture_or_task_name).output_features[
+      'targets'].vocabulary
+  if vocab.vocab_size > model_config.vocab_size:
+    raise ValueError(
+        f'Task {mixture_or_task_name} has a vocabulary of {vocab.vocab_size} '
+        f'tokens but MODEL has vocab_size {model_config.vocab_size}.')
+  os.makedirs(model_dir, exist_ok=True)
+  if config_str:
+    with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+      f.write(config_str)
+
+  model = network.T5Model(model_config)
+  latest = checkpoints.latest_checkpoint(model_dir)
+  if latest is None:
+    state = init_state(model, seed)
+  else:
+    state = restore_checkpoint(model, latest)
+    logging.info('Resuming from %s.', latest)
+  start = int(state.step)
+  # Records after the checkpoint come from a run that stopped before saving.
+  log_path = os.path.join(model_dir, LOG_FILE)
+  records = [r for r in read_log(log_path) if r['step'] <= start]
+  with open(log_path, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  elapsed = records[-1]['seconds'] if records else 0.0
+
+  def summary():
+    last = lambda split: next(
+        (r for r in reversed(records) if r['split'] == split), None)
+    return dict(model_dir=model_dir, start_step=start, step=int(state.step),
+                checkpoint=checkpoints.latest_checkpoint(model_dir),
+                train=last('train'), validation=last('validation'),
+                seconds=records[-1]['seconds'] if records else 0.0)
+
+  if start >= train_steps:
+    return summary()
+  train_step = make_train_step(model, float(learning_rate), schedule,
+                               int(warmup_steps), float(z_loss))
+  lengths = dict(task_feature_lengths)
+  eval_data = (eval_batches(mixture_or_task_name, lengths, batch_size,
+                            eval_examples) if eval_examples != 0 else [])
+  batches = train_batches(mixture_or_task_name, lengths, batch_size, seed,
+                          start_step=start)
+  t0 = time.perf_counter()
+  window, window_steps, window_seconds = None, 0, 0.0
+
+  def log(record):
+    record['seconds'] = round(elapsed + time.perf_counter() - t0, 3)
+    records.append(record)
+    with open(log_path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+  for step in range(start + 1, train_steps + 1):
+    tic = time.perf_counter()
+    state, metrics = train_step(state, next(batches))
+    metrics = jax.device_get(metrics)  # waits for the step
+    window_seconds += time.perf_counter() - tic
+    window_steps += 1
+    lr = float(metrics.pop('lr'))
+    window = metrics if window is None else jax.tree.map(np.add, window,
+                                                         metrics)
+    if step % log_period == 0 or step == train_steps:
+      # steps_per_sec: data + train step only (no eval, no checkpointing).
+      log(dict(step=step, split='train', **normalize(window),
+               lr=float(f'{lr:.6g}'),
+               steps_per_sec=round(window_steps / window_seconds, 4)))
+      window, window_steps, window_seconds = None, 0, 0.0
+    if eval_data and (step % eval_period == 0 or step == train_steps):
+      log(dict(step=step, split='validation',
+               **evaluate(model, state.params, eval_data, z_loss)))
+    if step % checkpoint_period == 0 or step == train_steps:
+      save_checkpoint(state, model_dir, keep_checkpoints)
+    if progress is not None:
+      progress(step, train_steps, normalize(metrics))
+  return summary()
+
+
+def plot_losses(log_paths: Sequence[str], out_png: str,
+                labels: Optional[Sequence[str]] = None) -> str:
+  """Plots the loss and accuracy curves of training runs.
+
+  Args:
+    log_paths: log.jsonl files (or model dirs holding one).
+    out_png: the image to write.
+    labels: one per log; default the model dir names.
+
+  Returns:
+    `out_png`. Train curves are solid lines, validation dashed with markers,
+    one color per run.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  for i, path in enumerate(log_paths):
+    path = os.fspath(path)
+    if os.path.isdir(path):
+      path = os.path.join(path, LOG_FILE)
+    label = labels[i] if labels else os.path.basename(os.path.dirname(
+        os.path.abspath(path)))
+    records = read_log(path)
+    color = f'C{i % 10}'
+    for split, style in (('train', dict(linestyle='-')),
+                         ('validation', dict(linestyle='--', marker='o',
+                                             markersize=3))):
+      rows = [r for r in records if r['split'] == split]
+      if not rows:
+        continue
+      steps = [r['step'] for r in rows]
+      for ax, key in zip(axes, ('loss', 'accuracy')):
+        ax.plot(steps, [r[key] for r in rows], color=color,
+                label=f'{label} ({split})', **style)
+  for ax, key in zip(axes, ('loss (cross entropy + z-loss)',
+                            'token accuracy')):
+    ax.set_xlabel('step')
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+  axes[0].set_yscale('log')
+  axes[1].legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+  fig.savefig(out_png, dpi=120)
+  plt.close(fig)
+  return out_png
