@@ -16,9 +16,7 @@ checkpoint.
 """
 
 import argparse
-import logging
 import os
-import pathlib
 import sys
 from typing import Any, Dict, Optional, Sequence
 
@@ -26,9 +24,6 @@ import gin
 
 from specdec_jax import eval as eval_lib
 from specdec_jax import training
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-GIN_DIR = ROOT / 'gin_configs'
 
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
@@ -69,24 +64,8 @@ class _ProgressBar:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """Parses T5X-style flags and gin files, then runs `training.train`."""
   args = parse_flags(sys.argv[1:] if argv is None else argv)
-  if not args.gin_file:
-    raise SystemExit('error: at least one --gin_file is required, e.g. '
-                     '--gin_file=gin_configs/train/en_de_mini_small.gin')
-  gin.clear_config(clear_constants=True)
-  for path in [p for p in args.gin_search_paths.split(',') if p] + [
-      str(GIN_DIR), str(ROOT)]:
-    gin.add_config_file_search_path(path)
-  # gin logs an ERROR for every search-path miss before it finds an include.
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)
-  try:
-    gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
-    run = gin.get_configurable(training.train)
-  except Exception as e:  # gin's messages name the file and the binding
-    raise SystemExit(f'gin configuration error: {e}') from None
-  finally:
-    root.setLevel(level)
+  run = eval_lib.configure(args, training.train,
+                           'gin_configs/train/en_de_mini_small.gin')
   bar = None if args.no_progress else _ProgressBar()
   try:
     summary = run(config_str=gin.config_str(), progress=bar)

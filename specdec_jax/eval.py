@@ -398,17 +398,23 @@ def parse_flags(argv: Sequence[str]):
   return parser.parse_args(rewrite_gin_args(argv))
 
 
-def configured_evaluate(argv: Sequence[str]):
-  """Parses T5X-style flags and gin files; returns (flags, configured fn)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  # The module gin files import (`from specdec_jax import eval`); under
-  # `python -m` this file is __main__, a different module object.
-  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+def configure(args, fn, example_gin_file: str):
+  """Parses `args.gin_file`/`gin_bindings` (T5X style); returns fn with them.
 
-  args = parse_flags(argv)
+  Args:
+    args: flags from `parse_flags` (or anything with gin_file, gin_bindings,
+      gin_search_paths).
+    fn: the function the gin files configure (dynamic registration).
+    example_gin_file: named in the error when no --gin_file is given.
+
+  Returns:
+    `gin.get_configurable(fn)`.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+
   if not args.gin_file:
     raise SystemExit('error: at least one --gin_file is required, e.g. '
-                     '--gin_file=gin_configs/paper/ende_t0_small.gin')
+                     f'--gin_file={example_gin_file}')
   gin.clear_config(clear_constants=True)
   for path in [p for p in args.gin_search_paths.split(',') if p] + [
       str(GIN_DIR), str(GIN_DIR.parent)]:
@@ -420,12 +426,22 @@ def configured_evaluate(argv: Sequence[str]):
   root.setLevel(logging.CRITICAL)
   try:
     gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
-    run = gin.get_configurable(eval_lib.evaluate)
+    return gin.get_configurable(fn)
   except Exception as e:  # gin's messages name the file and the binding
     raise SystemExit(f'gin configuration error: {e}') from None
   finally:
     root.setLevel(level)
-  return args, run
+
+
+def configured_evaluate(argv: Sequence[str]):
+  """Parses T5X-style flags and gin files; returns (flags, configured fn)."""
+  # The module gin files import (`from specdec_jax import eval`); under
+  # `python -m` this file is __main__, a different module object.
+  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+
+  args = parse_flags(argv)
+  return args, configure(args, eval_lib.evaluate,
+                         'gin_configs/paper/ende_t0_small.gin')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
