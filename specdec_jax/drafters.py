@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

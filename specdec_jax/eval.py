@@ -26,14 +26,11 @@ finished, marked with the error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
-import os
 import pathlib
 import sys
 import time
-import traceback
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np

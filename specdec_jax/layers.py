@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 import flax.linen as nn
 from flax.linen import partitioning as nn_partitioning
