@@ -19,10 +19,8 @@ Writes results/costs.md and results/costs.json.
 """
 
 import argparse
-import functools
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -34,6 +32,9 @@ from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
+from specdec_jax import measure
+from specdec_jax.measure import machine
+from specdec_jax.measure import median_time
 
 TARGET = network.T5Config(  # T5 1.1 small dimensions
     vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
@@ -43,66 +44,6 @@ DRAFT = TARGET.replace(emb_dim=128, num_heads=2, num_encoder_layers=2,
                        num_decoder_layers=2, mlp_dim=256)
 INPUT_LEN = 64
 DECODE_LEN = 64
-
-
-def median_time(fn, repeats):
-  jax.block_until_ready(fn())  # compile + warm up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _repeated_calls(model, params, tokens, cache, n_calls):
-  """n_calls decoder calls on `tokens`, each from the same position."""
-  position = cache.position
-
-  def body(_, carry):
-    cache, acc = carry
-    logits, cache = model.extend(params, tokens, cache.rewind(position))
-    return cache, acc + logits[:, -1, 0]
-
-  _, acc = jax.lax.fori_loop(0, n_calls, body,
-                             (cache, jnp.zeros(tokens.shape[:1])))
-  return acc
-
-
-def call_time(model, params, inputs, k, repeats, n_calls=60):
-  """Seconds per decoder call on k tokens at position 32 of a 64+ cache.
-
-  Each repeat times a loop of 2 n_calls and one of n_calls calls back to
-  back; the median of (long - short) / n_calls removes the launch cost and
-  is robust to load drift.
-  """
-  cache = model.init_cache(params, inputs, DECODE_LEN + 10)
-  tokens = jnp.full((inputs.shape[0], 32), 5, jnp.int32)
-  _, cache = model.extend(params, tokens, cache)  # 32 tokens of context
-  block = jnp.full((inputs.shape[0], k), 7, jnp.int32)
-  run = lambda n: jax.block_until_ready(
-      _repeated_calls(model, params, block, cache, n))
-  run(n_calls), run(2 * n_calls)  # compile both
-  diffs = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    run(2 * n_calls)
-    mid = time.perf_counter()
-    run(n_calls)
-    diffs.append((mid - start) - (time.perf_counter() - mid))
-  return statistics.median(diffs) / n_calls
-
-
-def machine():
-  cpu = platform.processor()
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(l.split(':', 1)[1].strip() for l in f if 'model name' in l)
-  except (OSError, StopIteration):
-    pass
-  return f'{cpu}, {os.cpu_count()} cores, jax {jax.__version__} ' \
-         f'({jax.default_backend()})'
 
 
 def main():
@@ -117,10 +58,11 @@ def main():
   inputs = jnp.asarray(
       np.random.default_rng(0).integers(2, 32128, (1, INPUT_LEN)), jnp.int32)
 
-  t_target = {k: call_time(target, t_params, inputs, k, args.repeats)
-              for k in range(1, 10)}
-  t_draft = {k: call_time(draft, d_params, inputs, k, args.repeats)
-             for k in (1, 2)}
+  call_time = lambda model, params, k: measure.call_time(
+      model, params, inputs, k, repeats=args.repeats, n_calls=60,
+      max_length=DECODE_LEN + 10)
+  t_target = {k: call_time(target, t_params, k) for k in range(1, 10)}
+  t_draft = {k: call_time(draft, d_params, k) for k in (1, 2)}
   c = t_draft[1] / t_target[1]
   print(f't_target(1) = {t_target[1]*1e3:.2f} ms, t_draft(1) = '
         f'{t_draft[1]*1e3:.2f} ms, c = {c:.3f}')

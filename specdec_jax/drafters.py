@@ -6,7 +6,11 @@ The speculative loop (speculative.py) talks to a drafter through one method,
       -> (drafts [batch, gamma] int32, q [batch, gamma, vocab] f32, state)
 
 plus `init(params, encoder_input_tokens, max_length) -> state` and
-`vocab_size`. `sequences` `[batch, buffer]` holds each row's committed decoder
+`vocab_size`, and, for measuring alpha without running the loop,
+`score(params, encoder_input_tokens, decoder_input_tokens) -> logits
+[batch, length, vocab]`: the drafter's logits at every position of given
+(teacher-forced) decoder inputs, the logits `propose` would draft from after
+that prefix. `sequences` `[batch, buffer]` holds each row's committed decoder
 tokens (BOS = 0 at index 0) and `lengths` `[batch]` how many there are; q must
 be the distribution each draft was sampled from, after the standardized
 sampling adjustment (sampling.py), so that the loop's acceptance test is
@@ -73,6 +77,10 @@ class T5Drafter:
 
   def init(self, params, encoder_input_tokens, max_length: int):
     return self.model.init_cache(params, encoder_input_tokens, max_length)
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    return self.model.logits(params, encoder_input_tokens,
+                             decoder_input_tokens)
 
   def _feed_last(self, k: int, params, cache, sequences, lengths):
     """Feeds the last k committed tokens; logits after the last one.
@@ -151,6 +159,12 @@ class NgramDrafter:
     rows = jnp.arange(prev.shape[0])[:, None]
     base = log_uni + params['log_backoff'][prev][:, None]
     return base.at[rows, tokens].set(log_p)
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    del encoder_input_tokens
+    b, n = decoder_input_tokens.shape
+    log_q = self.log_q(params, decoder_input_tokens.reshape(-1))
+    return log_q.reshape(b, n, self.vocab_size)
 
   def propose(self, params, state, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):

@@ -1,0 +1,233 @@
+"""Measuring what decides a speculative speed-up: alpha, c and cost(k).
+
+The paper's walltime improvement (Theorem 3.8, `theory.walltime_improvement`)
+needs three numbers, all measured here on the models and inputs at hand:
+
+- alpha, the expected acceptance rate E[sum_x min(p(x), q(x))] over prefixes
+  drawn from the target: `alpha` decodes with the target (at the sampling
+  mode under study), then scores every prefix of those outputs with the target
+  and the drafter in one teacher-forced pass each, pooled over all output
+  positions (EOS included), like the paper's "alpha over 10K tokens";
+- c = t_draft / t_target(1): `drafter_token_time` times a drafter's `propose`
+  (any drafter: T5, n-gram, ...) per drafted token, `call_time` one target
+  decoder call;
+- cost(k) = t_target(k) / t_target(1), the cost of verifying gamma + 1 = k
+  tokens in one call (about 1 on a TPU/GPU, more on a CPU): `call_time`.
+
+Timings are of compiled code inside a compiled loop (no Python dispatch), the
+median over repeats of (time of 2n calls - time of n calls) / n, which removes
+the launch cost and is robust to slow drift of the machine's load. They belong
+in benchmark scripts, never in unit tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Dict, Iterable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import sampling as sampling_lib
+
+Array = jax.Array
+
+
+def machine() -> str:
+  """CPU model, core count and the JAX backend, for results files."""
+  cpu = platform.processor()
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next(l.split(':', 1)[1].strip() for l in f if 'model name' in l)
+  except (OSError, StopIteration):
+    pass
+  devices = ', '.join(sorted({d.device_kind for d in jax.devices()}))
+  return (f'{cpu}, {os.cpu_count()} cores, jax {jax.__version__} '
+          f'({jax.default_backend()}: {devices})')
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+  """Median seconds of `fn()` (blocked until ready) after one warm-up call."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _loop_time(run: Callable[[int], object], n: int, repeats: int) -> float:
+  """Median of (t(2n) - t(n)) / n for `run(count)` executing count calls."""
+  jax.block_until_ready(run(n))
+  jax.block_until_ready(run(2 * n))  # compile both
+  diffs = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(run(2 * n))
+    mid = time.perf_counter()
+    jax.block_until_ready(run(n))
+    diffs.append((mid - start) - (time.perf_counter() - mid))
+  return max(statistics.median(diffs), 0.0) / n
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _repeated_calls(model, params, tokens, cache, n_calls):
+  """n_calls decoder calls on `tokens`, each from the same position."""
+  position = cache.position
+
+  def body(_, carry):
+    cache, acc = carry
+    logits, cache = model.extend(params, tokens, cache.rewind(position))
+    return cache, acc + logits[:, -1].sum(-1)  # all of the logits
+
+  _, acc = jax.lax.fori_loop(0, n_calls, body,
+                             (cache, jnp.zeros(tokens.shape[:1])))
+  return acc
+
+
+def call_time(model, params, encoder_input_tokens, k: int, *,
+              repeats: int = 5, n_calls: int = 20, context: int = 32,
+              max_length: Optional[int] = None) -> float:
+  """Seconds per decoder call on k tokens after `context` cached tokens.
+
+  Args:
+    model: a `network.T5Model` (anything with init_cache/extend).
+    params: its parameters.
+    encoder_input_tokens: `[batch, input_length]`.
+    k: tokens per call (1 = one autoregressive step; gamma + 1 = one
+      speculative verification).
+    repeats: timing repeats (the median is returned).
+    n_calls: calls per timed loop.
+    context: decoder tokens already in the cache (the call's position).
+    max_length: cache length (default context + k + 8).
+  """
+  encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  batch = encoder_input_tokens.shape[0]
+  cache = model.init_cache(params, encoder_input_tokens,
+                           max_length or context + k + 8)
+  _, cache = model.extend(params, jnp.full((batch, context), 5, jnp.int32),
+                          cache)
+  block = jnp.full((batch, k), 7, jnp.int32)
+  return _loop_time(
+      lambda n: _repeated_calls(model, params, block, cache, n), n_calls,
+      repeats)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
+                        lengths, rng):
+  """n_calls proposals from the same position.
+
+  Each call's first draft is written back as the last committed token and the
+  drafter state is carried, so no call is loop-invariant (XLA would hoist a
+  greedy proposal out of the loop otherwise).
+  """
+  rows = jnp.arange(sequences.shape[0])
+
+  def body(i, carry):
+    state, sequences = carry
+    drafts, _, state = drafter.propose(
+        params, state, sequences, lengths, gamma,
+        sampling_lib.SamplingConfig(), jax.random.fold_in(rng, i))
+    return state, sequences.at[rows, lengths - 1].set(drafts[:, 0])
+
+  return jax.lax.fori_loop(0, n_calls, body, (state, sequences))[1]
+
+
+def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
+                       *, repeats: int = 5, n_calls: int = 10,
+                       context: int = 32) -> float:
+  """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
+
+  The drafter state is the one after `context` committed tokens, so a T5
+  drafter makes gamma one-token calls (no catch-up): the result is
+  t_draft(1) plus the drafter's per-token sampling work, for any drafter.
+  """
+  encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  batch = encoder_input_tokens.shape[0]
+  buffer = context + gamma + 8
+  state = drafter.init(params, encoder_input_tokens, buffer)
+  sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
+  lengths = jnp.full((batch,), context, jnp.int32)
+  if hasattr(state, 'position'):  # a cached drafter: fill its cache
+    # Consumes all but the last committed token, like after an iteration
+    # with a rejection; propose then feeds the last one.
+    _, state = drafter.model.extend(params, sequences[:, :context - 1], state)
+  rng = jax.random.key(0)
+  per_call = _loop_time(
+      lambda n: _repeated_proposals(drafter, params, state, sequences, gamma,
+                                    n, lengths, rng), n_calls, repeats)
+  return per_call / gamma
+
+
+def cost_curve(model, params, encoder_input_tokens, ks: Iterable[int], *,
+               repeats: int = 5, n_calls: int = 20,
+               context: int = 32) -> Dict[int, float]:
+  """{k: seconds per k-token decoder call} for each k (1 is always added)."""
+  ks = sorted(set(ks) | {1})
+  return {k: call_time(model, params, encoder_input_tokens, k,
+                       repeats=repeats, n_calls=n_calls, context=context,
+                       max_length=context + max(ks) + 8) for k in ks}
+
+
+def alpha(target, target_params, drafter, draft_params, encoder_input_tokens,
+          *, sampling: sampling_lib.SamplingConfig, max_decode_len: int,
+          rng: Optional[Array] = None, eos_id: int = 1
+          ) -> Dict[str, object]:
+  """Measures alpha = E[sum_x min(p(x), q(x))] on target-decoded outputs.
+
+  Decodes `encoder_input_tokens` with the target (`decoding.
+  temperature_sample` under `sampling`), then scores every prefix of the
+  outputs with the target (p) and the drafter (q, via `drafter.score`), both
+  adjusted by the same sampling mode, and takes beta = sum_x min(p, q) at
+  every output position up to and including EOS.
+
+  Args:
+    target: the target model (`T5Model`).
+    target_params: its parameters.
+    drafter: a drafter with `score` (`T5Drafter`, `NgramDrafter`).
+    draft_params: its parameters.
+    encoder_input_tokens: `[batch, input_length]`.
+    sampling: the sampling mode (temperature 0 = greedy: beta is 1 where the
+      two argmaxes agree, else 0).
+    max_decode_len: output length.
+    rng: PRNG key (required unless greedy).
+    eos_id: end-of-sequence id.
+
+  Returns:
+    {'alpha': pooled mean of beta, 'betas': 1-D array of every position's
+     beta, 'positions': how many, 'lengths': output lengths}.
+  """
+  out = decoding.temperature_sample(
+      target, target_params, encoder_input_tokens,
+      max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id,
+      rng=rng)
+  betas = _betas(target, drafter, target_params, draft_params,
+                 jnp.asarray(encoder_input_tokens, jnp.int32), out.tokens,
+                 sampling)
+  lengths = np.asarray(out.lengths)
+  mask = np.arange(betas.shape[1])[None, :] < lengths[:, None]
+  values = np.asarray(betas)[mask]
+  return {'alpha': float(values.mean()) if values.size else float('nan'),
+          'betas': values, 'positions': int(values.size),
+          'lengths': lengths}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 6))
+def _betas(target, drafter, target_params, draft_params, encoder_input_tokens,
+           tokens, sampling):
+  decoder_inputs = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]  # BOS = 0
+  p = sampling_lib.probabilities(
+      target.logits(target_params, encoder_input_tokens, decoder_inputs),
+      sampling)
+  q = sampling_lib.probabilities(
+      drafter.score(draft_params, encoder_input_tokens, decoder_inputs),
+      sampling)
+  return jnp.minimum(p, q).sum(axis=-1)
