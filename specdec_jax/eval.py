@@ -56,6 +56,24 @@ def load_params(config, checkpoint: Optional[str], seed: int, what: str):
   return model, params
 
 
+_NGRAM_PARAMS: Dict[Any, Any] = {}
+
+
+def ngram_drafter_params(task, vocab_size: int, order: int,
+                         max_examples: int = 20000):
+  """n-gram drafter params from the task's train targets (cached per run)."""
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+
+  key = (task.name, vocab_size, order, max_examples)
+  if key not in _NGRAM_PARAMS:
+    seqs = []
+    for ex in task.get_dataset(split='train', shuffle=False).take(
+        max_examples):
+      seqs.append([int(t) for t in ex['targets'].numpy() if t != 0])
+    _NGRAM_PARAMS[key] = drafters.ngram_params(seqs, vocab_size, order)
+  return _NGRAM_PARAMS[key]
+
+
 def make_drafter(kind, draft_config, draft_checkpoint, task, target_config,
                   seed):
   """Returns (drafter, params)."""
@@ -67,11 +85,8 @@ def make_drafter(kind, draft_config, draft_checkpoint, task, target_config,
     return drafters.T5Drafter(model), params
   if kind in ('unigram', 'bigram'):
     order = 1 if kind == 'unigram' else 2
-    seqs = []
-    for ex in task.get_dataset(split='train', shuffle=False).take(20000):
-      seqs.append([int(t) for t in ex['targets'].numpy() if t != 0])
     return (drafters.NgramDrafter(target_config.vocab_size, order),
-            drafters.ngram_params(seqs, target_config.vocab_size, order))
+            ngram_drafter_params(task, target_config.vocab_size, order))
   raise ValueError(f"drafter must be 't5', 'unigram' or 'bigram', got {kind!r}")
 
 
@@ -178,6 +193,8 @@ def evaluate(
     truncate_inputs: bool = False,
     eos_id: int = 1,
     data_dir: Optional[str] = None,
+    target_widen_to: Optional[Any] = None,
+    timing_repeats: int = 1,
     config_str: str = '',
     dry_run: bool = False,
 ) -> Dict[str, Any]:
@@ -205,6 +222,12 @@ def evaluate(
     eos_id: end-of-sequence id.
     data_dir: data folder of the offline Debian tasks (default:
       $SPECDEC_DATA_DIR or ~/.cache/specdec_jax/debian).
+    target_widen_to: None, or a `widening.PRESETS` name (e.g.
+      't5_1_1_base_cost') or a dict of dimensions: the loaded target is
+      widened function-preservingly to that size before decoding (same
+      outputs and alpha, the cost of the bigger model; see widening.py).
+    timing_repeats: each batch is decoded this many times by each method
+      (alternating) and the median time is reported.
     config_str: the gin config to save as config.gin.
     dry_run: only validate and return the resolved arguments (--dry_run).
 
@@ -224,6 +247,16 @@ def evaluate(
   sampling = SamplingConfig(temperature, topk, topp)
   if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
     raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  if not isinstance(timing_repeats, int) or timing_repeats < 1:
+    raise ValueError(
+        f'timing_repeats must be an int >= 1, got {timing_repeats!r}.')
+  if target_widen_to is not None:
+    from specdec_jax import widening  # pylint: disable=g-import-not-at-top
+    widened_config = (
+        widening.preset_config(target_config, target_widen_to)
+        if isinstance(target_widen_to, str) else
+        target_config.replace(**dict(target_widen_to)))
+    widening.check_growth(target_config, widened_config)
   if set(task_feature_lengths) < {'inputs', 'targets'}:
     raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
                      f'{dict(task_feature_lengths)}.')
@@ -250,6 +283,9 @@ def evaluate(
       batch_size=batch_size, num_examples=num_examples, seed=seed,
       target_checkpoint=str(target_checkpoint),
       draft_checkpoint=str(draft_checkpoint),
+      target_widen_to=(target_widen_to if target_widen_to is None or
+                       isinstance(target_widen_to, str)
+                       else dict(target_widen_to)),
       task_feature_lengths=dict(task_feature_lengths))
   run_file = out / 'run.json'
   if run_file.exists():  # resume; asking for more examples is fine
@@ -273,12 +309,17 @@ def evaluate(
 
   target, target_params = load_params(target_config, target_checkpoint, seed,
                                        'target')
+  if target_widen_to is not None:
+    from specdec_jax import network  # pylint: disable=g-import-not-at-top
+    target_params = widening.widen(target_params, target_config,
+                                   widened_config)
+    target = network.T5Model(widened_config)
   draft, draft_params = make_drafter(drafter, draft_config, draft_checkpoint,
                                       task, target_config, seed + 1)
   max_in = task_feature_lengths['inputs']
   max_out = task_feature_lengths['targets']
 
-  def run_both(inputs, rng, baseline_first):
+  def run_both(inputs, rng, baseline_first, repeats=timing_repeats):
     calls = {
         'baseline': lambda: decoding.temperature_sample(
             target, target_params, inputs, max_decode_len=max_out,
@@ -290,12 +331,14 @@ def evaluate(
     }
     order = ['baseline', 'speculative'] if baseline_first else [
         'speculative', 'baseline']
-    results, times = {}, {}
-    for name in order:
-      start = time.perf_counter()
-      results[name] = jax.block_until_ready(calls[name]())
-      times[name] = time.perf_counter() - start
-    return results, times
+    results, times = {}, {name: [] for name in order}
+    for _ in range(repeats):
+      for name in order:
+        start = time.perf_counter()
+        results[name] = jax.block_until_ready(calls[name]())
+        times[name].append(time.perf_counter() - start)
+      order = order[::-1]
+    return results, {k: float(np.median(v)) for k, v in times.items()}
 
   error = None
   batches = []
@@ -321,7 +364,7 @@ def evaluate(
           inputs[row] = inputs[0]
         rng = jax.random.fold_in(jax.random.key(seed), b)
         if not warm:  # compile both outside the timings
-          run_both(inputs, rng, True)
+          run_both(inputs, rng, True, 1)
           warm = True
         res, times = run_both(inputs, rng, b % 2 == 0)
         base, spec = res['baseline'], res['speculative']
