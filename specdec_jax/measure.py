@@ -209,15 +209,35 @@ def alpha(target, target_params, drafter, draft_params, encoder_input_tokens,
       target, target_params, encoder_input_tokens,
       max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id,
       rng=rng)
-  betas = _betas(target, drafter, target_params, draft_params,
-                 jnp.asarray(encoder_input_tokens, jnp.int32), out.tokens,
-                 sampling)
-  lengths = np.asarray(out.lengths)
-  mask = np.arange(betas.shape[1])[None, :] < lengths[:, None]
-  values = np.asarray(betas)[mask]
+  values = betas_on_outputs(target, target_params, drafter, draft_params,
+                            encoder_input_tokens, out.tokens, out.lengths,
+                            sampling=sampling)
   return {'alpha': float(values.mean()) if values.size else float('nan'),
           'betas': values, 'positions': int(values.size),
-          'lengths': lengths}
+          'lengths': np.asarray(out.lengths)}
+
+
+def betas_on_outputs(target, target_params, drafter, draft_params,
+                     encoder_input_tokens, tokens, lengths, *,
+                     sampling: sampling_lib.SamplingConfig) -> np.ndarray:
+  """beta = sum_x min(p, q) at every position of given target outputs.
+
+  Args:
+    target, target_params, drafter, draft_params: as in `alpha`.
+    encoder_input_tokens: `[batch, input_length]`.
+    tokens: `[batch, length]` outputs of the target for those inputs.
+    lengths: `[batch]` output lengths (positions past them are ignored).
+    sampling: the sampling mode both distributions are adjusted by.
+
+  Returns:
+    1-D array of beta, row by row, the first lengths[i] positions of row i.
+  """
+  betas = np.asarray(_betas(target, drafter, target_params, draft_params,
+                            jnp.asarray(encoder_input_tokens, jnp.int32),
+                            jnp.asarray(tokens, jnp.int32), sampling))
+  lengths = np.asarray(lengths)
+  mask = np.arange(betas.shape[1])[None, :] < lengths[:, None]
+  return betas[mask]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))

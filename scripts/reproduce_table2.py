@@ -1,0 +1,315 @@
+r"""Reproduces the paper's Table 2 (gamma / alpha / speed-up) on the mini models.
+
+  python scripts/reproduce_table2.py --models_dir ~/models [--out_dir results]
+
+For each task (en_de ~ the paper's EnDe, synopsis ~ CNN/DM), each target cost
+(`--costs`: 'mini' = the trained mini-XXL as is; 't5_1_1_base_cost' /
+'t5_1_1_large_cost' = the same target widened function-preservingly to the
+shapes of T5 1.1 base / large, see widening.py), each drafter (mini
+small/base/large T5s and unigram/bigram statistics) and temperature (0, 1):
+
+1. alpha is measured on `--calib_examples` validation inputs
+   (`measure.alpha`: the target decodes, both models score its outputs;
+   widening does not change it, so it is measured once per task);
+2. c = t_draft / t_target(1) and cost(k) = t_target(k) / t_target(1) for
+   k = 1..max_gamma+1 are measured on this machine (`measure`, compiled
+   loops, medians) for the target at that cost;
+3. gamma = argmax of the paper's walltime improvement (Theorem 3.8 with the
+   measured cost(gamma + 1) in place of 1; `theory.optimal_gamma`);
+4. the eval job (`python -m specdec_jax.eval --gin_file=mini/<task>.gin`, run
+   in this process) decodes `--num_examples` test examples with the baseline
+   and speculatively at that gamma, side by side, and gives the measured
+   speed-up, the run's own alpha and BLEU/ROUGE;
+5. predicted speed-up = walltime_improvement(run's alpha, gamma, c,
+   cost(gamma + 1)).
+Then a gamma sweep (1..max_gamma) per task at `--sweep_cost` with
+`--sweep_drafter` at temperature 0: measured vs predicted, one plot.
+
+Writes results/table2_mini.{md,json} and results/table2_gamma_sweep.png;
+each eval run's files go under --work_dir. The mini models come from
+`scripts/train.py` with gin_configs/train/<task>_mini_<size>.gin (README).
+The same loop runs on real T5X checkpoints through the paper/ gin files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import measure
+from specdec_jax import network
+from specdec_jax import theory
+from specdec_jax import widening
+from specdec_jax.reproduce import DRAFTERS
+from specdec_jax.reproduce import PAPER_TABLE2
+from specdec_jax.reproduce import PAPER_TABLE3
+from specdec_jax.reproduce import TASKS
+from specdec_jax.reproduce import eval_flags
+from specdec_jax.reproduce import load_task_models
+from specdec_jax.reproduce import shell_command
+from specdec_jax.reproduce import task_inputs
+from specdec_jax.sampling import SamplingConfig
+
+def run_eval(task, drafter, args, *, gamma, temperature, cost, num_examples,
+             tag):
+  out_dir = os.path.join(args.work_dir, task, cost, tag)
+  bindings = dict(GAMMA=gamma, TEMPERATURE=float(temperature),
+                  NUM_EXAMPLES=num_examples, EVAL_OUTPUT_DIR=out_dir)
+  bindings['eval_lib.evaluate.timing_repeats'] = args.timing_repeats
+  if cost != 'mini':
+    bindings['eval_lib.evaluate.target_widen_to'] = cost
+  flags = eval_flags(task, drafter, args.models_dir, **bindings)
+  return eval_lib.main(flags), shell_command(flags)
+
+
+def measure_costs(target, target_params, drafters, inputs, args, context):
+  ks = range(1, args.max_gamma + 2)
+  t = measure.cost_curve(target, target_params, inputs, ks,
+                         repeats=args.repeats, context=context)
+  t_draft = {
+      name: measure.drafter_token_time(d, p, inputs, repeats=args.repeats,
+                                       context=context)
+      for name, (d, p) in drafters.items()}
+  return {
+      't_target_ms': {k: v * 1e3 for k, v in t.items()},
+      't_draft_ms': {k: v * 1e3 for k, v in t_draft.items()},
+      'cost': {k - 1: t[k] / t[1] for k in t if k > 1},  # keyed by gamma
+      'c': {k: v / t[1] for k, v in t_draft.items()},
+  }
+
+
+def fmt(x, spec='.2f'):
+  return '-' if x is None else format(x, spec)
+
+
+def markdown(result) -> str:
+  lines = [
+      '# Table 2 on the mini models (speculative vs baseline, this CPU)', '',
+      f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
+      f"Date: {result['date']}", '',
+      'Targets: mini-XXL trained here (emb 256, 4+4 layers); "cost" = the '
+      'same target as trained ("mini") or widened function-preservingly to '
+      'the shapes of T5 1.1 base / large (identical outputs and alpha, the '
+      'cost of the bigger model). Drafters: mini small (emb 64, 1+1), base '
+      '(128, 2+2), large (192, 3+3), unigram / bigram from the train targets. '
+      'Batch 1, float32. gamma chosen by the paper\'s rule from alpha and c '
+      'measured beforehand (validation inputs) and the measured cost(gamma+1) '
+      '= t_target(gamma+1)/t_target(1); measured on '
+      f"{result['num_examples']} test examples. Predicted = Theorem 3.8 "
+      'with the run\'s alpha, c and cost(gamma+1). Paper: T5-XXL target, '
+      'TPU (EnDe ~ en_de, CNNDM ~ synopsis).', '',
+      '| task | cost | temp | drafter | gamma | alpha (calib) | alpha (run) '
+      '| c | cost(gamma+1) | predicted | measured | measured / predicted | '
+      'identical | baseline metric | speculative metric | paper gamma / alpha '
+      '/ speed-up |',
+      '|' + '---|' * 16,
+  ]
+  for r in result['rows']:
+    paper = r.get('paper')
+    paper_s = ('-' if paper is None else
+               ' / '.join('-' if v is None else f'{v}' for v in paper))
+    lines.append(
+        f"| {r['task']} | {r['cost']} | {r['temperature']:g} | {r['drafter']} "
+        f"| {r['gamma']} | {fmt(r['alpha_calibration'])} | "
+        f"{fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | "
+        f"{fmt(r['cost_gamma_plus_1'])} | {fmt(r['predicted_speedup'])} | "
+        f"**{fmt(r['measured_speedup'])}** | {fmt(r['ratio'])} | "
+        f"{r['identical']} | {r['baseline_metric']} | "
+        f"{r['speculative_metric']} | {paper_s} |")
+  lines += ['', '## Measured costs', '',
+            '| task | cost | t_target(1) ms | cost(k), k = 2..' +
+            f"{result['max_gamma'] + 1} | c per drafter |", '|---|---|---|---|---|']
+  for c in result['costs']:
+    curve = ' '.join(f'{v:.2f}' for v in c['cost'].values())
+    cs = ', '.join(f'{k} {v:.3f}' for k, v in c['c'].items())
+    lines.append(f"| {c['task']} | {c['target_cost']} | "
+                 f"{c['t_target_ms'][1]:.2f} | {curve} | {cs} |")
+  if result.get('gamma_sweep'):
+    lines += ['', '## Gamma sweep', '', '![gamma sweep](table2_gamma_sweep.png)',
+              '', '| task | cost | drafter | temp | gamma | alpha | predicted '
+              '| measured |', '|---|---|---|---|---|---|---|---|']
+    for r in result['gamma_sweep']:
+      lines.append(
+          f"| {r['task']} | {r['cost']} | {r['drafter']} | "
+          f"{r['temperature']:g} | {r['gamma']} | {fmt(r['alpha'])} | "
+          f"{fmt(r['predicted_speedup'])} | {fmt(r['measured_speedup'])} |")
+  return '\n'.join(lines) + '\n'
+
+
+def plot_sweep(sweep, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  groups = sorted({(r['task'], r['cost'], r['drafter']) for r in sweep})
+  fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8),
+                           squeeze=False)
+  for ax, key in zip(axes[0], groups):
+    rows = sorted((r for r in sweep if (r['task'], r['cost'], r['drafter'])
+                   == key), key=lambda r: r['gamma'])
+    g = [r['gamma'] for r in rows]
+    ax.plot(g, [r['measured_speedup'] for r in rows], 'o-', label='measured')
+    ax.plot(g, [r['predicted_speedup'] for r in rows], 's--',
+            label='predicted (Thm 3.8, measured alpha, c, cost)')
+    ax.axhline(1.0, color='gray', lw=0.8)
+    ax.set_xlabel('gamma')
+    ax.set_ylabel('speed-up over baseline')
+    ax.set_title(f'{key[0]}, target at {key[1]}, drafter mini-{key[2]}, t=0',
+                 fontsize=9)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--models_dir', default='~/models')
+  parser.add_argument('--out_dir', default='results')
+  parser.add_argument('--work_dir', default='/tmp/specdec_table2')
+  parser.add_argument('--tasks', default='en_de,synopsis')
+  parser.add_argument('--costs', default='mini,t5_1_1_base_cost')
+  parser.add_argument('--drafters', default=','.join(DRAFTERS))
+  parser.add_argument('--temperatures', default='0,1')
+  parser.add_argument('--num_examples', type=int, default=16)
+  parser.add_argument('--calib_examples', type=int, default=32)
+  parser.add_argument('--max_gamma', type=int, default=10)
+  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--timing_repeats', type=int, default=1)
+  parser.add_argument('--sweep_cost', default='t5_1_1_base_cost')
+  parser.add_argument('--sweep_drafter', default='small')
+  parser.add_argument('--sweep_examples', type=int, default=8)
+  parser.add_argument('--no_sweep', action='store_true')
+  parser.add_argument('--extra_rows', default='',
+                      help='more rows: task:cost:drafter:temp, comma-separated'
+                      " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
+  args = parser.parse_args(argv)
+  temps = [float(t) for t in args.temperatures.split(',')]
+  plan = [(t, c, d, temp) for t in args.tasks.split(',')
+          for c in args.costs.split(',') for d in args.drafters.split(',')
+          for temp in temps]
+  for extra in filter(None, args.extra_rows.split(',')):
+    t, c, d, temp = extra.split(':')
+    plan.append((t, c, d, float(temp)))
+  for t, c, d, _ in plan:
+    if t not in TASKS or d not in DRAFTERS or (
+        c != 'mini' and c not in widening.PRESETS):
+      raise SystemExit(f'unknown task / cost / drafter: {t} {c} {d}')
+
+  result = dict(
+      command='python scripts/reproduce_table2.py ' + ' '.join(
+          sys.argv[1:] if argv is None else argv),
+      machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
+      num_examples=args.num_examples, max_gamma=args.max_gamma,
+      calib_examples=args.calib_examples, rows=[], costs=[], gamma_sweep=[])
+  out = pathlib.Path(args.out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+
+  def save():
+    (out / 'table2_mini.json').write_text(json.dumps(result, indent=1))
+    (out / 'table2_mini.md').write_text(markdown(result))
+
+  for task in dict.fromkeys(t for t, *_ in plan):
+    task_plan = [p for p in plan if p[0] == task]
+    names = sorted({d for _, _, d, _ in task_plan} |
+                   ({args.sweep_drafter} if not args.no_sweep else set()))
+    models = load_task_models(task, args.models_dir, names)
+    target_config, lengths = models.target_config, models.lengths
+    target, target_params = models.target, models.target_params
+    drafters = models.drafters
+    calib = task_inputs(models.task, lengths, args.calib_examples)
+    alphas = {}
+    for name in names:
+      for temp in temps:
+        a = measure.alpha(target, target_params, *drafters[name], calib,
+                          sampling=SamplingConfig(temp),
+                          max_decode_len=lengths['targets'],
+                          rng=jax.random.key(7))
+        alphas[name, temp] = a['alpha']
+        print(f'{task} {name} t={temp:g}: alpha = {a["alpha"]:.3f} over '
+              f'{a["positions"]} positions', flush=True)
+    context = lengths['targets'] // 2
+    for cost in dict.fromkeys([c for _, c, _, _ in task_plan] +
+                              ([] if args.no_sweep else [args.sweep_cost])):
+      if cost == 'mini':
+        tm, tp = target, target_params
+      else:
+        tp, cfg = widening.widen_to(target_params, target_config, cost)
+        tm = network.T5Model(cfg)
+      costs = measure_costs(tm, tp, drafters, calib[:1], args, context)
+      costs.update(task=task, target_cost=cost,
+                   target_params=widening.param_count(tp))
+      result['costs'].append(costs)
+      print(json.dumps(costs), flush=True)
+      del tp, tm
+      gc.collect()
+      rows = [(d, temp) for t, c, d, temp in task_plan if c == cost]
+      for drafter, temp in rows:
+        alpha_cal = alphas[drafter, temp]
+        c = costs['c'][drafter]
+        gamma = theory.optimal_gamma(alpha_cal, c, costs['cost'],
+                                     max_gamma=args.max_gamma)
+        summary, command = run_eval(
+            task, drafter, args, gamma=gamma, temperature=temp, cost=cost,
+            num_examples=args.num_examples, tag=f'{drafter}_t{temp:g}')
+        alpha_run = summary['alpha']
+        predicted = theory.walltime_improvement(
+            min(max(alpha_run, 0.0), 1.0), gamma, c, costs['cost'])
+        metric = sorted(summary['baseline_metrics'])[0] if summary[
+            'baseline_metrics'] else None
+        paper_task = TASKS[task]['paper']
+        paper = PAPER_TABLE2[paper_task, int(temp)].get(drafter)
+        if paper is None:  # n-grams: Table 3's alpha only
+          paper = (None, PAPER_TABLE3[paper_task][drafter][int(temp)], None)
+        measured = summary['walltime_speedup']
+        result['rows'].append(dict(
+            task=task, cost=cost, drafter=drafter, temperature=temp,
+            gamma=gamma, alpha_calibration=alpha_cal, alpha=alpha_run, c=c,
+            cost_gamma_plus_1=costs['cost'][gamma],
+            predicted_speedup=predicted, measured_speedup=measured,
+            ratio=measured / predicted,
+            identical=(f"{summary['examples'] - summary['differing_examples']}"
+                       f"/{summary['examples']}" if temp == 0 else 'n/a'),
+            baseline_metric=(f"{metric} {summary['baseline_metrics'][metric]:.1f}"
+                             if metric else '-'),
+            speculative_metric=(
+                f"{metric} {summary['speculative_metrics'][metric]:.1f}"
+                if metric else '-'),
+            mean_accepted_length=summary['mean_accepted_length'],
+            baseline_s=summary['baseline_s'],
+            speculative_s=summary['speculative_s'],
+            examples=summary['examples'], paper=paper, command=command))
+        print(json.dumps(result['rows'][-1]), flush=True)
+        save()
+      if not args.no_sweep and cost == args.sweep_cost:
+        for gamma in range(1, args.max_gamma + 1):
+          summary, command = run_eval(
+              task, args.sweep_drafter, args, gamma=gamma, temperature=0.0,
+              cost=cost, num_examples=args.sweep_examples,
+              tag=f'sweep_{args.sweep_drafter}_g{gamma}')
+          c = costs['c'][args.sweep_drafter]
+          result['gamma_sweep'].append(dict(
+              task=task, cost=cost, drafter=args.sweep_drafter,
+              temperature=0.0, gamma=gamma, alpha=summary['alpha'],
+              predicted_speedup=theory.walltime_improvement(
+                  min(max(summary['alpha'], 0.0), 1.0), gamma, c,
+                  costs['cost']),
+              measured_speedup=summary['walltime_speedup'],
+              command=command))
+          print(json.dumps(result['gamma_sweep'][-1]), flush=True)
+          save()
+  save()
+  if result['gamma_sweep']:
+    plot_sweep(result['gamma_sweep'], out / 'table2_gamma_sweep.png')
+  print(markdown(result))
+
+
+if __name__ == '__main__':
+  main()

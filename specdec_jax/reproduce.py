@@ -1,0 +1,148 @@
+"""Shared pieces of the paper-reproduction scripts (scripts/reproduce_*.py).
+
+The mini models trained here (gin_configs/train/, `scripts/train.py`) live in
+`<models_dir>/<task>_mini_<size>/checkpoint_<step>`; the eval runs use
+gin_configs/mini/<task>.gin. This module resolves those into models, drafters
+and inputs exactly as the eval job does (through its gin files and its
+`--dry_run`), and holds the paper's published numbers for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import eval as eval_lib
+
+# Our offline tasks and the paper's task each stands in for.
+TASKS = {
+    'en_de': dict(gin='mini/en_de.gin', paper='EnDe'),
+    'synopsis': dict(gin='mini/synopsis.gin', paper='CNNDM'),
+}
+T5_DRAFTERS = {'small': '%MINI_SMALL', 'base': '%MINI_BASE',
+               'large': '%MINI_LARGE'}
+DRAFTERS = ('small', 'base', 'large', 'unigram', 'bigram')
+
+# Paper Table 2: (gamma, alpha, speed-up), T5-XXL target, batch 1, TPU-v4.
+PAPER_TABLE2 = {
+    ('EnDe', 0): {'small': (7, .75, 3.4), 'base': (7, .80, 2.8),
+                  'large': (7, .82, 1.7)},
+    ('EnDe', 1): {'small': (7, .62, 2.6), 'base': (5, .68, 2.4),
+                  'large': (3, .71, 1.4)},
+    ('CNNDM', 0): {'small': (5, .65, 3.1), 'base': (5, .73, 3.0),
+                   'large': (3, .74, 2.2)},
+    ('CNNDM', 1): {'small': (5, .53, 2.3), 'base': (3, .55, 2.2),
+                   'large': (3, .56, 1.7)},
+}
+# Paper Table 3: alpha at (t=0, t=1) with T5-XXL as target.
+PAPER_TABLE3 = {
+    'EnDe': {'unigram': (.08, .07), 'bigram': (.20, .19),
+             'small': (.75, .62), 'base': (.80, .68), 'large': (.82, .71)},
+    'CNNDM': {'unigram': (.13, .08), 'bigram': (.23, .16),
+              'small': (.65, .53), 'base': (.73, .55), 'large': (.74, .56)},
+}
+
+
+def model_checkpoint(models_dir: str, task: str, size: str) -> str:
+  """Latest checkpoint of a trained mini model; a clear error if missing."""
+  directory = os.path.join(os.path.expanduser(models_dir),
+                           f'{task}_mini_{size}')
+  path = checkpoints.latest_checkpoint(directory)
+  if path is None:
+    raise FileNotFoundError(
+        f'No checkpoint in {directory}. Train it first: python '
+        f'scripts/train.py --gin_file=train/{task}_mini_{size}.gin '
+        f"--gin.MODEL_DIR=\"'{directory}'\"")
+  return path
+
+
+def eval_flags(task: str, drafter: str, models_dir: str, **bindings) -> list:
+  """T5X-style flags of one eval run on the mini models.
+
+  Args:
+    task: a key of `TASKS`.
+    drafter: a name in `DRAFTERS`.
+    models_dir: where the trained mini models are.
+    **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
+      they are macro references ('%...').
+  """
+  if task not in TASKS:
+    raise ValueError(f'Unknown task {task!r}; expected one of {list(TASKS)}.')
+  if drafter not in DRAFTERS:
+    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
+                     f'{list(DRAFTERS)}.')
+  target = model_checkpoint(models_dir, task, 'xxl')
+  flags = [f"--gin_file={TASKS[task]['gin']}",
+           f"--gin.TARGET_CHECKPOINT='{target}'"]
+  if drafter in T5_DRAFTERS:
+    draft = model_checkpoint(models_dir, task, drafter)
+    flags += [f'--gin.DRAFT_MODEL={T5_DRAFTERS[drafter]}',
+              f"--gin.DRAFT_CHECKPOINT='{draft}'"]
+  else:
+    flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
+  for name, value in bindings.items():
+    quoted = isinstance(value, str) and not value.startswith('%')
+    flags.append(f'--gin.{name}={value!r}' if quoted else
+                 f'--gin.{name}={value}')
+  return flags
+
+
+def shell_command(flags: Sequence[str]) -> str:
+  return 'python -m specdec_jax.eval ' + ' '.join(
+      f'"{f}"' if ' ' in f else f for f in flags)
+
+
+def resolved(flags: Sequence[str]) -> Dict[str, Any]:
+  """The eval job's resolved arguments for these flags (its --dry_run)."""
+  _, run = eval_lib.configured_evaluate(
+      list(flags) + ['--gin.GAMMA=1', "--gin.EVAL_OUTPUT_DIR='-'"])
+  return run(dry_run=True)
+
+
+def task_inputs(task, lengths, n: int, split: str = 'validation'
+                ) -> np.ndarray:
+  """The first n inputs of a split, 0-padded to lengths['inputs']."""
+  rows = [ids for _, ids, _, _ in eval_lib.task_examples(
+      task, split, lengths, n, truncate_inputs=True)]
+  inputs = np.zeros((len(rows), lengths['inputs']), np.int32)
+  for i, ids in enumerate(rows):
+    inputs[i, :len(ids)] = ids
+  return inputs
+
+
+@dataclasses.dataclass
+class TaskModels:
+  """A task's trained target and drafters, loaded as the eval job does."""
+  task: Any  # seqio.Task
+  lengths: Dict[str, int]
+  target_config: Any
+  target: Any
+  target_params: Any
+  drafters: Dict[str, Tuple[Any, Any]]  # name -> (drafter, params)
+
+
+def load_task_models(task: str, models_dir: str,
+                     drafters: Sequence[str] = DRAFTERS,
+                     data_dir: Optional[str] = None) -> TaskModels:
+  """Loads the target and the named drafters of one task."""
+  from specdec_jax import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+
+  extra = [] if data_dir is None else [f"--gin.evaluate.data_dir='{data_dir}'"]
+  base = resolved(eval_flags(task, 'small', models_dir) + extra)
+  if base['data_dir'] is not None:
+    tasks_lib.register_tasks(data_dir=base['data_dir'])
+  seq_task = tasks_lib.get_task(base['mixture_or_task_name'])
+  target, target_params = eval_lib.load_params(
+      base['target_config'], base['target_checkpoint'], 0, 'target')
+  loaded = {}
+  for name in drafters:
+    r = resolved(eval_flags(task, name, models_dir) + extra)
+    loaded[name] = eval_lib.make_drafter(
+        r['drafter'], r['draft_config'], r['draft_checkpoint'], seq_task,
+        base['target_config'], 1)
+  return TaskModels(seq_task, dict(base['task_feature_lengths']),
+                    base['target_config'], target, target_params, loaded)

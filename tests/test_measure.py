@@ -1,0 +1,136 @@
+"""alpha as measured for the reproductions (measure.py, drafters' `score`).
+
+alpha = E[sum_x min(p, q)] is what the paper's Table 3 reports and what the
+gamma choice of Table 2 rests on, so the teacher-forced measurement must agree
+with what the drafter really proposes and with the acceptance the speculative
+loop itself observes.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import measure
+from specdec_jax import network
+from specdec_jax import speculative
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.sampling import probabilities
+
+from conftest import TINY_V11
+
+MAX_LEN = 16
+
+
+def perturbed(params, scale, seed):
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree_util.tree_unflatten(tree, [
+      x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
+      for x, k in zip(leaves, keys)])
+
+
+@pytest.fixture(scope='module')
+def setup(v11):
+  model, params = v11
+  enc = np.random.default_rng(0).integers(2, model.vocab_size, (8, 10))
+  enc[3, 6:] = 0
+  # n-grams of the target's own outputs on other inputs, so they agree often.
+  other = np.random.default_rng(1).integers(2, model.vocab_size, (32, 10))
+  out = decoding.temperature_sample(model, params, other,
+                                    max_decode_len=MAX_LEN, eos_id=68)
+  ngram = drafters.ngram_params(
+      [t[:n] for t, n in zip(np.asarray(out.tokens), np.asarray(out.lengths))],
+      model.vocab_size, 2, top_k=8)
+  return model, params, enc, {
+      't5': (drafters.T5Drafter(model), perturbed(params, 0.5, 0)),
+      'bigram': (drafters.NgramDrafter(model.vocab_size, 2), ngram),
+      'unigram': (drafters.NgramDrafter(model.vocab_size, 1), ngram),
+  }
+
+
+@pytest.mark.parametrize('name', ['t5', 'bigram', 'unigram'])
+def test_score_is_what_propose_drafts_from(setup, name):
+  model, _, enc, ds = setup
+  drafter, params = ds[name]
+  batch = enc.shape[0]
+  sampling = SamplingConfig(temperature=0.8)
+  sequences = jnp.zeros((batch, 8), jnp.int32)  # BOS only
+  lengths = jnp.ones((batch,), jnp.int32)
+  state = drafter.init(params, jnp.asarray(enc), 8)
+  drafts, q, _ = drafter.propose(params, state, sequences, lengths, 3,
+                                 sampling, jax.random.key(4))
+  decoder_inputs = jnp.concatenate(
+      [jnp.zeros((batch, 1), jnp.int32), drafts[:, :2]], axis=1)
+  expected = probabilities(drafter.score(params, jnp.asarray(enc),
+                                         decoder_inputs), sampling)
+  np.testing.assert_allclose(q, expected, atol=2e-5)
+  assert model.vocab_size == q.shape[-1]
+
+
+def test_alpha_of_the_target_itself_is_one(setup):
+  model, params, enc, _ = setup
+  for temperature in (0.0, 1.0):
+    out = measure.alpha(model, params, drafters.T5Drafter(model), params, enc,
+                        sampling=SamplingConfig(temperature),
+                        max_decode_len=MAX_LEN, rng=jax.random.key(1),
+                        eos_id=68)
+    np.testing.assert_allclose(out['alpha'], 1.0, atol=1e-5)
+    assert out['positions'] == int(out['lengths'].sum())
+
+
+@pytest.mark.parametrize('name', ['t5', 'bigram'])
+def test_greedy_alpha_is_the_argmax_agreement_rate(setup, name):
+  model, params, enc, ds = setup
+  drafter, dparams = ds[name]
+  out = measure.alpha(model, params, drafter, dparams, enc,
+                      sampling=SamplingConfig(), max_decode_len=MAX_LEN,
+                      eos_id=68)
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=68)
+  tokens = np.asarray(base.tokens)
+  dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+  guess = np.asarray(drafter.score(dparams, jnp.asarray(enc),
+                                   jnp.asarray(dec_in))).argmax(-1)
+  agree = [guess[i, :n] == tokens[i, :n]
+           for i, n in enumerate(np.asarray(base.lengths))]
+  expected = np.concatenate(agree).mean()
+  assert 0.05 < expected < 0.95  # neither trivial case
+  assert out['alpha'] == pytest.approx(expected, abs=1e-6)
+
+
+def test_alpha_agrees_with_the_speculative_loop(setup):
+  """At t=1 the loop's own beta statistics estimate the same alpha."""
+  model, params, _, ds = setup
+  drafter, dparams = ds['t5']
+  enc = np.random.default_rng(5).integers(2, model.vocab_size, (64, 10))
+  sampling = SamplingConfig(temperature=1.0)
+  measured = measure.alpha(model, params, drafter, dparams, enc,
+                           sampling=sampling, max_decode_len=MAX_LEN,
+                           rng=jax.random.key(2), eos_id=68)
+  out = speculative.speculative_sample(
+      model, params, drafter, dparams, enc, gamma=3, max_decode_len=MAX_LEN,
+      sampling=sampling, eos_id=68, rng=jax.random.key(3))
+  loop = float(out.stats.beta_sum.sum() / out.stats.beta_count.sum())
+  betas = measured['betas']
+  se = betas.std() / np.sqrt(len(betas))
+  assert 0.2 < measured['alpha'] < 0.98
+  # Two independent estimates of one mean; ~4 standard errors each side.
+  assert abs(measured['alpha'] - loop) < 6 * se + 0.01, (measured, loop, se)
+
+
+def test_widened_target_has_the_same_alpha(setup):
+  from specdec_jax import widening  # pylint: disable=g-import-not-at-top
+  model, params, enc, ds = setup
+  wide_params, wide_config = widening.widen_to(
+      params, model.config, {'emb_dim': 48, 'mlp_dim': 96})
+  wide = network.T5Model(wide_config)
+  drafter, dparams = ds['t5']
+  a = measure.alpha(model, params, drafter, dparams, enc,
+                    sampling=SamplingConfig(), max_decode_len=MAX_LEN)
+  b = measure.alpha(wide, wide_params, drafter, dparams, enc,
+                    sampling=SamplingConfig(), max_decode_len=MAX_LEN)
+  assert a['alpha'] == b['alpha']
+  np.testing.assert_array_equal(a['lengths'], b['lengths'])
