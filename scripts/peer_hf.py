@@ -21,7 +21,6 @@ and <out>.json.
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -31,7 +30,10 @@ import numpy as np
 from specdec_jax import decoding
 from specdec_jax import eval as eval_lib
 from specdec_jax import hf_convert
+from specdec_jax import measure
+from specdec_jax import network
 from specdec_jax import speculative
+from specdec_jax import widening
 
 
 def _hf_generate(model, inputs, max_len, assistant=None):
@@ -64,6 +66,10 @@ def main(argv=None):
   task = tasks.get_task(cfg['mixture_or_task_name'])
   target, t_params = eval_lib.load_params(
       cfg['target_config'], cfg['target_checkpoint'], cfg['seed'], 'target')
+  if cfg['target_widen_to'] is not None:  # same function, bigger cost
+    t_params, wide_config = widening.widen_to(
+        t_params, cfg['target_config'], cfg['target_widen_to'])
+    target = network.T5Model(wide_config)
   drafter, d_params = eval_lib.make_drafter(
       't5', cfg['draft_config'], cfg['draft_checkpoint'], task,
       cfg['target_config'], cfg['seed'] + 1)
@@ -121,14 +127,19 @@ def main(argv=None):
                      examples_differing_from_ours_baseline=mismatches[name]))
   ours_gain = rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']
   hf_gain = rows[3]['tokens_per_s'] / rows[2]['tokens_per_s']
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
   cmd = 'python scripts/peer_hf.py ' + ' '.join(argv)
   lines = [
       '# Ours vs HF transformers (greedy, batch 1, same weights)', '',
       f'Command: `{cmd}`  ',
-      f'Machine: {platform.processor() or platform.machine()}, '
-      f'{os.cpu_count()} cores; jax {jax.__version__}', '',
+      f'Machine: {measure.machine()}; torch {torch.__version__} '
+      f'({torch.get_num_threads()} threads), transformers '
+      f'{transformers.__version__}', '',
       f"Task {cfg['mixture_or_task_name']} ({cfg['split']}), "
-      f"{own.num_examples} examples after one warm-up, gamma {gamma}.", '',
+      f"{own.num_examples} examples after one warm-up, gamma {gamma}; "
+      f"target widened to {cfg['target_widen_to'] or 'nothing (as trained)'}"
+      f" ({widening.param_count(t_params):,} parameters).", '',
       '| method | tokens/s | vs HF greedy | examples differing from ours '
       'baseline |', '|---|---|---|---|']
   for r in rows:

@@ -112,3 +112,24 @@ def test_clear_errors(tmp_path, override, error, message):
              "--gin.draft/network.T5Config.dtype = 'float32'"]
   with pytest.raises(error, match=message):
     eval_lib.main(argv)
+
+
+def test_widened_target_decodes_the_same(tmp_path):
+  """evaluate.target_widen_to: same outputs and alpha, a bigger target."""
+  few = dict(NUM_EXAMPLES='2')
+  plain = eval_lib.main(args(tmp_path / 'plain', **few))
+  wide = eval_lib.main(args(
+      tmp_path / 'wide', **few, **{
+          'evaluate.target_widen_to':
+              "{'emb_dim': 16, 'mlp_dim': 24, 'num_decoder_layers': 3}"}))
+  a = read_jsonl(tmp_path / 'plain' / 'examples.jsonl')
+  b = read_jsonl(tmp_path / 'wide' / 'examples.jsonl')
+  assert [r['baseline'] for r in a] == [r['baseline'] for r in b]
+  assert [r['speculative'] for r in a] == [r['speculative'] for r in b]
+  assert wide['differing_examples'] == 0
+  assert wide['alpha'] == pytest.approx(plain['alpha'], abs=1e-6)
+  run = json.loads((tmp_path / 'wide' / 'run.json').read_text())
+  assert run['target_widen_to']['num_decoder_layers'] == 3
+  with pytest.raises(ValueError, match='cannot shrink emb_dim'):
+    eval_lib.main(args(tmp_path / 'bad', **few, **{
+        'evaluate.target_widen_to': "{'emb_dim': 4}"}))
