@@ -147,6 +147,15 @@ def _summary(records, settings) -> Dict[str, Any]:
       'target_calls_per_token': sum_('iterations') / max(tokens, 1.0),
       'baseline_tokens': sum_('baseline_length'),
       'speculative_tokens': tokens,
+      # Sampled outputs differ in length between the two decoders; tokens/s
+      # compares them fairly (for greedy it equals walltime_speedup).
+      'baseline_tokens_per_s': sum_('baseline_length') / base_s
+                               if base_s else None,
+      'speculative_tokens_per_s': tokens / spec_s if spec_s else None,
+      'throughput_speedup': (tokens / spec_s) / (sum_('baseline_length') /
+                                                 base_s)
+                            if spec_s and base_s and sum_('baseline_length')
+                            else None,
       # Only greedy outputs must be identical; sampled ones match in law.
       'differing_examples': int(sum(not r['identical'] for r in records))
                             if settings['temperature'] == 0 else None,

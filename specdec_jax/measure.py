@@ -14,10 +14,10 @@ needs three numbers, all measured here on the models and inputs at hand:
 - cost(k) = t_target(k) / t_target(1), the cost of verifying gamma + 1 = k
   tokens in one call (about 1 on a TPU/GPU, more on a CPU): `call_time`.
 
-Timings are of compiled code inside a compiled loop (no Python dispatch), the
-median over repeats of (time of 2n calls - time of n calls) / n, which removes
-the launch cost and is robust to slow drift of the machine's load. They belong
-in benchmark scripts, never in unit tests.
+Timings are of compiled code inside a compiled loop of n calls (no Python
+dispatch; n grows until a loop takes >= 50 ms, so the one launch per loop is
+negligible), the median over repeats of loop time / n. They belong in
+benchmark scripts, never in unit tests.
 """
 
 from __future__ import annotations
@@ -63,21 +63,26 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
   return statistics.median(times)
 
 
-def _loop_time(run: Callable[[int], object], n: int, repeats: int) -> float:
-  """Median of (t(2n) - t(n)) / n for `run(count)` executing count calls."""
-  jax.block_until_ready(run(n))
-  jax.block_until_ready(run(2 * n))  # compile both
-  diffs = []
-  for _ in range(repeats):
+def _loop_time(run: Callable[[int], object], n: int, repeats: int,
+               min_seconds: float = 0.05) -> float:
+  """Median seconds per call of `run(count)`, which executes count calls.
+
+  `count` is a traced loop bound (one compilation for every count); n is
+  doubled until n calls take at least `min_seconds`, so that the one launch
+  per loop (tens of microseconds) is negligible next to the calls and timer
+  noise does not matter.
+  """
+  jax.block_until_ready(run(n))  # compile
+  while True:
     start = time.perf_counter()
-    jax.block_until_ready(run(2 * n))
-    mid = time.perf_counter()
     jax.block_until_ready(run(n))
-    diffs.append((mid - start) - (time.perf_counter() - mid))
-  return max(statistics.median(diffs), 0.0) / n
+    if time.perf_counter() - start >= min_seconds or n >= 1 << 16:
+      break
+    n *= 2
+  return median_time(lambda: run(n), repeats) / n
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
+@functools.partial(jax.jit, static_argnums=(0,))
 def _repeated_calls(model, params, tokens, cache, n_calls):
   """n_calls decoder calls on `tokens`, each from the same position."""
   position = cache.position
@@ -104,7 +109,8 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
     k: tokens per call (1 = one autoregressive step; gamma + 1 = one
       speculative verification).
     repeats: timing repeats (the median is returned).
-    n_calls: calls per timed loop.
+    n_calls: calls per timed loop, at first (raised until a loop takes
+      50 ms).
     context: decoder tokens already in the cache (the call's position).
     max_length: cache length (default context + k + 8).
   """
@@ -120,7 +126,7 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
       repeats)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+@functools.partial(jax.jit, static_argnums=(0, 4))
 def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
                         lengths, rng):
   """n_calls proposals from the same position.

@@ -56,6 +56,9 @@ def test_end_to_end_resume_and_extend(tmp_path):
   assert summary['differing_examples'] == 0
   assert summary['status'] == 'complete'
   assert summary['walltime_speedup'] > 0
+  # Greedy: identical outputs, so tokens/s and walltime ratios agree.
+  assert summary['throughput_speedup'] == pytest.approx(
+      summary['walltime_speedup'])
   assert 0.0 <= summary['alpha'] <= 1.0
   assert summary['target_calls_per_token'] > 0
   assert 'bleu' in summary['baseline_metrics']

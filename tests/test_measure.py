@@ -19,8 +19,6 @@ from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.sampling import probabilities
 
-from conftest import TINY_V11
-
 MAX_LEN = 16
 
 
