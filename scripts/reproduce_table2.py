@@ -1,9 +1,11 @@
 r"""Reproduces the paper's Table 2 (gamma / alpha / speed-up) on the mini models.
 
   python scripts/reproduce_table2.py --models_dir ~/models [--out_dir results]
+  python scripts/reproduce_table2.py --setup paper --costs native \
+    --checkpoints ende_xxl=gs://...,ende_small=gs://...,...   # TPU/GPU
 
 For each task (en_de ~ the paper's EnDe, synopsis ~ CNN/DM), each target cost
-(`--costs`: 'mini' = the trained mini-XXL as is; 't5_1_1_base_cost' /
+(`--costs`: 'native' = the target as it is; 't5_1_1_base_cost' /
 't5_1_1_large_cost' = the same target widened function-preservingly to the
 shapes of T5 1.1 base / large, see widening.py), each drafter (mini
 small/base/large T5s and unigram/bigram statistics) and temperature (0, 1):
@@ -23,7 +25,9 @@ small/base/large T5s and unigram/bigram statistics) and temperature (0, 1):
 5. predicted speed-up = walltime_improvement(run's alpha, gamma, c,
    cost(gamma + 1)).
 Then a gamma sweep (1..max_gamma) per task at `--sweep_cost` with
-`--sweep_drafter` at temperature 0: measured vs predicted, one plot.
+`--sweep_drafter` at `--sweep_temperature` (0): measured vs predicted, one
+plot. With `--setup paper` the same runs use real T5X checkpoints through
+gin_configs/paper/ (tasks ende, cnndm; cost 'native').
 
 Writes results/table2_mini.{md,json} and results/table2_gamma_sweep.png;
 each eval run's files go under --work_dir. The mini models come from
@@ -51,9 +55,9 @@ from specdec_jax import widening
 from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE2
 from specdec_jax.reproduce import PAPER_TABLE3
-from specdec_jax.reproduce import TASKS
 from specdec_jax.reproduce import eval_flags
 from specdec_jax.reproduce import load_task_models
+from specdec_jax.reproduce import make_setup
 from specdec_jax.reproduce import shell_command
 from specdec_jax.reproduce import task_inputs
 from specdec_jax.sampling import SamplingConfig
@@ -64,9 +68,9 @@ def run_eval(task, drafter, args, *, gamma, temperature, cost, num_examples,
   bindings = dict(GAMMA=gamma, TEMPERATURE=float(temperature),
                   NUM_EXAMPLES=num_examples, EVAL_OUTPUT_DIR=out_dir)
   bindings['eval_lib.evaluate.timing_repeats'] = args.timing_repeats
-  if cost != 'mini':
+  if cost != 'native':
     bindings['eval_lib.evaluate.target_widen_to'] = cost
-  flags = eval_flags(task, drafter, args.models_dir, **bindings)
+  flags = eval_flags(args.setup_obj, task, drafter, **bindings)
   return eval_lib.main(flags), shell_command(flags)
 
 
@@ -107,11 +111,10 @@ def markdown(result) -> str:
       '# Table 2 on the mini models (speculative vs baseline, this CPU)', '',
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
       f"Date: {result['date']}", '',
-      'Targets: mini-XXL trained here (emb 256, 4+4 layers); "cost" = the '
-      'same target as trained ("mini") or widened function-preservingly to '
-      'the shapes of T5 1.1 base / large (identical outputs and alpha, the '
-      'cost of the bigger model). Drafters: mini small (emb 64, 1+1), base '
-      '(128, 2+2), large (192, 3+3), unigram / bigram from the train targets. '
+      f"Models: {result['models']}; unigram / bigram drafters from the "
+      'train targets. "cost" = the target as it is ("native") or widened '
+      'function-preservingly to the shapes of T5 1.1 base / large (identical '
+      'outputs and alpha, the cost of the bigger model). '
       'Batch 1, float32. gamma chosen by the paper\'s rule from alpha and c '
       'measured beforehand (validation inputs) and the measured cost(gamma+1) '
       '= t_target(gamma+1)/t_target(1); measured on '
@@ -181,8 +184,8 @@ def plot_sweep(sweep, path):
     ax.axhline(1.0, color='gray', lw=0.8)
     ax.set_xlabel('gamma')
     ax.set_ylabel('speed-up over baseline')
-    ax.set_title(f'{key[0]}, target at {key[1]}, drafter mini-{key[2]}, t=0',
-                 fontsize=9)
+    ax.set_title(f'{key[0]}, target {key[1]}, drafter {key[2]}, '
+                 f"t={rows[0]['temperature']:g}", fontsize=9)
     ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -190,11 +193,19 @@ def plot_sweep(sweep, path):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
+                      help="'mini': models trained here; 'paper': T5X "
+                      'checkpoints through gin_configs/paper')
   parser.add_argument('--models_dir', default='~/models')
+  parser.add_argument('--checkpoints', default='',
+                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
   parser.add_argument('--out_dir', default='results')
   parser.add_argument('--work_dir', default='/tmp/specdec_table2')
-  parser.add_argument('--tasks', default='en_de,synopsis')
-  parser.add_argument('--costs', default='mini,t5_1_1_base_cost')
+  parser.add_argument('--tasks', default=None,
+                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
+  parser.add_argument('--costs', default='native,t5_1_1_base_cost',
+                      help="'native' (the target as it is) and/or widening "
+                      'presets')
   parser.add_argument('--drafters', default=','.join(DRAFTERS))
   parser.add_argument('--temperatures', default='0,1')
   parser.add_argument('--num_examples', type=int, default=16)
@@ -203,6 +214,7 @@ def main(argv=None):
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--timing_repeats', type=int, default=1)
   parser.add_argument('--sweep_cost', default='t5_1_1_base_cost')
+  parser.add_argument('--sweep_temperature', type=float, default=0.0)
   parser.add_argument('--sweep_drafter', default='small')
   parser.add_argument('--sweep_examples', type=int, default=8)
   parser.add_argument('--no_sweep', action='store_true')
@@ -210,6 +222,10 @@ def main(argv=None):
                       help='more rows: task:cost:drafter:temp, comma-separated'
                       " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
   args = parser.parse_args(argv)
+  setup = args.setup_obj = make_setup(args.setup, args.models_dir,
+                                      args.checkpoints)
+  if args.tasks is None:
+    args.tasks = ','.join(setup.tasks)
   temps = [float(t) for t in args.temperatures.split(',')]
   plan = [(t, c, d, temp) for t in args.tasks.split(',')
           for c in args.costs.split(',') for d in args.drafters.split(',')
@@ -218,8 +234,8 @@ def main(argv=None):
     t, c, d, temp = extra.split(':')
     plan.append((t, c, d, float(temp)))
   for t, c, d, _ in plan:
-    if t not in TASKS or d not in DRAFTERS or (
-        c != 'mini' and c not in widening.PRESETS):
+    if t not in setup.tasks or d not in DRAFTERS or (
+        c != 'native' and c not in widening.PRESETS):
       raise SystemExit(f'unknown task / cost / drafter: {t} {c} {d}')
 
   result = dict(
@@ -227,7 +243,8 @@ def main(argv=None):
           sys.argv[1:] if argv is None else argv),
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
       num_examples=args.num_examples, max_gamma=args.max_gamma,
-      calib_examples=args.calib_examples, rows=[], costs=[], gamma_sweep=[])
+      calib_examples=args.calib_examples, models=setup.describe, rows=[],
+      costs=[], gamma_sweep=[])
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
 
@@ -239,7 +256,7 @@ def main(argv=None):
     task_plan = [p for p in plan if p[0] == task]
     names = sorted({d for _, _, d, _ in task_plan} |
                    ({args.sweep_drafter} if not args.no_sweep else set()))
-    models = load_task_models(task, args.models_dir, names)
+    models = load_task_models(setup, task, names)
     target_config, lengths = models.target_config, models.lengths
     target, target_params = models.target, models.target_params
     drafters = models.drafters
@@ -257,7 +274,7 @@ def main(argv=None):
     context = lengths['targets'] // 2
     for cost in dict.fromkeys([c for _, c, _, _ in task_plan] +
                               ([] if args.no_sweep else [args.sweep_cost])):
-      if cost == 'mini':
+      if cost == 'native':
         tm, tp = target, target_params
       else:
         tp, cfg = widening.widen_to(target_params, target_config, cost)
@@ -283,7 +300,7 @@ def main(argv=None):
             min(max(alpha_run, 0.0), 1.0), gamma, c, costs['cost'])
         metric = sorted(summary['baseline_metrics'])[0] if summary[
             'baseline_metrics'] else None
-        paper_task = TASKS[task]['paper']
+        paper_task = setup.tasks[task]['paper']
         paper = PAPER_TABLE2[paper_task, int(temp)].get(drafter)
         if paper is None:  # n-grams: Table 3's alpha only
           paper = (None, PAPER_TABLE3[paper_task][drafter][int(temp)], None)
@@ -321,13 +338,16 @@ def main(argv=None):
       if not args.no_sweep and cost == args.sweep_cost:
         for gamma in range(1, args.max_gamma + 1):
           summary, command = run_eval(
-              task, args.sweep_drafter, args, gamma=gamma, temperature=0.0,
+              task, args.sweep_drafter, args, gamma=gamma,
+              temperature=args.sweep_temperature,
               cost=cost, num_examples=args.sweep_examples,
-              tag=f'sweep_{args.sweep_drafter}_g{gamma}')
+              tag=f'sweep_{args.sweep_drafter}_t{args.sweep_temperature:g}'
+              f'_g{gamma}')
           c = costs['c'][args.sweep_drafter]
           result['gamma_sweep'].append(dict(
               task=task, cost=cost, drafter=args.sweep_drafter,
-              temperature=0.0, gamma=gamma, alpha=summary['alpha'],
+              temperature=args.sweep_temperature, gamma=gamma,
+              alpha=summary['alpha'],
               predicted_speedup=theory.walltime_improvement(
                   min(max(summary['alpha'], 0.0), 1.0), gamma, c,
                   costs['cost']),

@@ -27,8 +27,8 @@ from specdec_jax import decoding
 from specdec_jax import measure
 from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE3
-from specdec_jax.reproduce import TASKS
 from specdec_jax.reproduce import load_task_models
+from specdec_jax.reproduce import make_setup
 from specdec_jax.reproduce import task_inputs
 from specdec_jax.sampling import SamplingConfig
 
@@ -81,7 +81,7 @@ def markdown(result) -> str:
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
       f"Date: {result['date']}", '',
       'alpha = E[sum_x min(p(x), q(x))] over every output token (EOS '
-      'included) of the mini-XXL target decoding the first '
+      f"included) of the target ({result['models']}) decoding the first "
       f"{result['num_examples']} test inputs (greedy for t=0, sampled for "
       't=1); the drafter scores the same prefixes. +- one standard error '
       '(examples as units). Paper: T5-XXL target (EnDe ~ en_de, CNNDM ~ '
@@ -90,7 +90,7 @@ def markdown(result) -> str:
       '|---|---|---|---|---|---|',
   ]
   for task, by_temp in result['alpha'].items():
-    paper = PAPER_TABLE3[TASKS[task]['paper']]
+    paper = PAPER_TABLE3[result['paper_task'][task]]
     for name in ORDER:
       if name not in by_temp['0']:
         continue
@@ -105,14 +105,23 @@ def markdown(result) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
+                      help="'mini': models trained here; 'paper': T5X "
+                      'checkpoints through gin_configs/paper')
   parser.add_argument('--models_dir', default='~/models')
+  parser.add_argument('--checkpoints', default='',
+                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
   parser.add_argument('--out_dir', default='results')
-  parser.add_argument('--tasks', default='en_de,synopsis')
+  parser.add_argument('--tasks', default=None,
+                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
   parser.add_argument('--drafters', default=','.join(ORDER))
   parser.add_argument('--num_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--split', default='test')
   args = parser.parse_args(argv)
+  setup = make_setup(args.setup, args.models_dir, args.checkpoints)
+  if args.tasks is None:
+    args.tasks = ','.join(setup.tasks)
   names = args.drafters.split(',')
   for name in names:
     if name not in DRAFTERS:
@@ -121,11 +130,14 @@ def main(argv=None):
       command='python scripts/reproduce_table3.py ' + ' '.join(
           sys.argv[1:] if argv is None else argv),
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
-      num_examples=args.num_examples, split=args.split, alpha={})
+      num_examples=args.num_examples, split=args.split,
+      models=setup.describe, paper_task={t: v['paper']
+                                         for t, v in setup.tasks.items()},
+      alpha={})
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   for task in args.tasks.split(','):
-    models = load_task_models(task, args.models_dir, names)
+    models = load_task_models(setup, task, names)
     inputs = task_inputs(models.task, models.lengths, args.num_examples,
                          args.split)
     result['alpha'][task] = {

@@ -1,8 +1,10 @@
 """Shared pieces of the paper-reproduction scripts (scripts/reproduce_*.py).
 
-The mini models trained here (gin_configs/train/, `scripts/train.py`) live in
-`<models_dir>/<task>_mini_<size>/checkpoint_<step>`; the eval runs use
-gin_configs/mini/<task>.gin. This module resolves those into models, drafters
+Two setups: `MiniSetup`, the mini models trained here (gin_configs/train/,
+`scripts/train.py`) in `<models_dir>/<task>_mini_<size>/checkpoint_<step>`,
+evaluated with gin_configs/mini/<task>.gin; and `PaperSetup`, real T5X
+checkpoints of T5 1.1 XXL / small / base / large through the paper's gin
+files (gin_configs/paper/), for a TPU/GPU. This module resolves those into models, drafters
 and inputs exactly as the eval job does (through its gin files and its
 `--dry_run`), and holds the paper's published numbers for comparison.
 """
@@ -60,35 +62,113 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
   return path
 
 
-def eval_flags(task: str, drafter: str, models_dir: str, **bindings) -> list:
-  """T5X-style flags of one eval run on the mini models.
-
-  Args:
-    task: a key of `TASKS`.
-    drafter: a name in `DRAFTERS`.
-    models_dir: where the trained mini models are.
-    **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
-      they are macro references ('%...').
-  """
-  if task not in TASKS:
-    raise ValueError(f'Unknown task {task!r}; expected one of {list(TASKS)}.')
-  if drafter not in DRAFTERS:
-    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                     f'{list(DRAFTERS)}.')
-  target = model_checkpoint(models_dir, task, 'xxl')
-  flags = [f"--gin_file={TASKS[task]['gin']}",
-           f"--gin.TARGET_CHECKPOINT='{target}'"]
-  if drafter in T5_DRAFTERS:
-    draft = model_checkpoint(models_dir, task, drafter)
-    flags += [f'--gin.DRAFT_MODEL={T5_DRAFTERS[drafter]}',
-              f"--gin.DRAFT_CHECKPOINT='{draft}'"]
-  else:
-    flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
+def _bindings(**bindings) -> list:
+  flags = []
   for name, value in bindings.items():
     quoted = isinstance(value, str) and not value.startswith('%')
     flags.append(f'--gin.{name}={value!r}' if quoted else
                  f'--gin.{name}={value}')
   return flags
+
+
+def _check(task: str, drafter: str, tasks: Dict[str, Any]) -> None:
+  if task not in tasks:
+    raise ValueError(f'Unknown task {task!r}; expected one of {list(tasks)}.')
+  if drafter not in DRAFTERS:
+    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
+                     f'{list(DRAFTERS)}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniSetup:
+  """The mini models trained here: gin_configs/mini/<task>.gin."""
+  models_dir: str = '~/models'
+  tasks = TASKS
+  describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
+              'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
+
+  def flags(self, task: str, drafter: str) -> list:
+    _check(task, drafter, self.tasks)
+    target = model_checkpoint(self.models_dir, task, 'xxl')
+    flags = [f"--gin_file={self.tasks[task]['gin']}",
+             f"--gin.TARGET_CHECKPOINT='{target}'"]
+    if drafter in T5_DRAFTERS:
+      draft = model_checkpoint(self.models_dir, task, drafter)
+      flags += [f'--gin.DRAFT_MODEL={T5_DRAFTERS[drafter]}',
+                f"--gin.DRAFT_CHECKPOINT='{draft}'"]
+    else:
+      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
+    return flags
+
+
+PAPER_TASKS = {
+    'ende': dict(gin='paper/ende_t0_{size}.gin', paper='EnDe'),
+    'cnndm': dict(gin='paper/cnndm_t0_{size}.gin', paper='CNNDM'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperSetup:
+  """Real T5X checkpoints through the paper's gin files (gin_configs/paper).
+
+  `checkpoints` maps '<task>_<size>' (task 'ende' or 'cnndm'; size 'xxl'
+  for the target, 'small' / 'base' / 'large' for drafters) to T5X checkpoint
+  paths (local or gs://), e.g. {'ende_xxl': ..., 'ende_small': ...}.
+  n-gram drafters are estimated from the task's train split (TFDS data).
+  """
+  checkpoints: Tuple[Tuple[str, str], ...] = ()
+  tasks = PAPER_TASKS
+  describe = ('T5 1.1 XXL target and T5 1.1 small / base / large drafters '
+              'from T5X checkpoints (gin_configs/paper)')
+
+  def _checkpoint(self, key: str) -> str:
+    known = dict(self.checkpoints)
+    if key not in known:
+      raise ValueError(f'No checkpoint given for {key!r} (--checkpoints '
+                       f'{key}=PATH); given: {sorted(known)}.')
+    return known[key]
+
+  def flags(self, task: str, drafter: str) -> list:
+    _check(task, drafter, self.tasks)
+    size = drafter if drafter in T5_DRAFTERS else 'small'
+    flags = [f"--gin_file={self.tasks[task]['gin'].format(size=size)}",
+             f"--gin.TARGET_CHECKPOINT='{self._checkpoint(task + '_xxl')}'"]
+    if drafter in T5_DRAFTERS:
+      flags.append("--gin.DRAFT_CHECKPOINT="
+                   f"'{self._checkpoint(f'{task}_{drafter}')}'")
+    else:
+      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
+    return flags
+
+
+def make_setup(kind: str, models_dir: str = '~/models',
+               checkpoint_list: str = ''):
+  """'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from 'k=v,...'."""
+  if kind == 'mini':
+    return MiniSetup(models_dir)
+  if kind == 'paper':
+    pairs = []
+    for item in filter(None, checkpoint_list.split(',')):
+      if '=' not in item:
+        raise ValueError(f'--checkpoints entries look like ende_xxl=PATH, got '
+                         f'{item!r}.')
+      key, path = item.split('=', 1)
+      pairs.append((key.strip(), path.strip()))
+    return PaperSetup(tuple(pairs))
+  raise ValueError(f"setup must be 'mini' or 'paper', got {kind!r}.")
+
+
+def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
+  """T5X-style flags of one eval run.
+
+  Args:
+    setup: `MiniSetup` or `PaperSetup` (models and gin files).
+    task: a key of `setup.tasks`.
+    drafter: a name in `DRAFTERS`.
+    **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
+      they are macro references ('%...').
+  """
+  return setup.flags(task, drafter) + _bindings(**bindings)
 
 
 def shell_command(flags: Sequence[str]) -> str:
@@ -125,14 +205,13 @@ class TaskModels:
   drafters: Dict[str, Tuple[Any, Any]]  # name -> (drafter, params)
 
 
-def load_task_models(task: str, models_dir: str,
-                     drafters: Sequence[str] = DRAFTERS,
+def load_task_models(setup, task: str, drafters: Sequence[str] = DRAFTERS,
                      data_dir: Optional[str] = None) -> TaskModels:
-  """Loads the target and the named drafters of one task."""
+  """Loads the target and the named drafters of one task of a setup."""
   from specdec_jax import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
 
   extra = [] if data_dir is None else [f"--gin.evaluate.data_dir='{data_dir}'"]
-  base = resolved(eval_flags(task, 'small', models_dir) + extra)
+  base = resolved(eval_flags(setup, task, 'small') + extra)
   if base['data_dir'] is not None:
     tasks_lib.register_tasks(data_dir=base['data_dir'])
   seq_task = tasks_lib.get_task(base['mixture_or_task_name'])
@@ -140,7 +219,7 @@ def load_task_models(task: str, models_dir: str,
       base['target_config'], base['target_checkpoint'], 0, 'target')
   loaded = {}
   for name in drafters:
-    r = resolved(eval_flags(task, name, models_dir) + extra)
+    r = resolved(eval_flags(setup, task, name) + extra)
     loaded[name] = eval_lib.make_drafter(
         r['drafter'], r['draft_config'], r['draft_checkpoint'], seq_task,
         base['target_config'], 1)
