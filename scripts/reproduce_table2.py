@@ -102,6 +102,11 @@ def measure_costs(target, target_params, drafters, inputs, args, context):
   }
 
 
+def _at(mapping, k):
+  """mapping[k] whether keys are ints or (after JSON) strings."""
+  return mapping[k] if k in mapping else mapping[str(k)]
+
+
 def fmt(x, spec='.2f'):
   return '-' if x is None else format(x, spec)
 
@@ -117,19 +122,19 @@ def markdown(result) -> str:
       'outputs and alpha, the cost of the bigger model). '
       'Batch 1, float32. gamma chosen by the paper\'s rule from alpha and c '
       'measured beforehand (validation inputs) and the measured cost(gamma+1) '
-      '= t_target(gamma+1)/t_target(1); measured on '
-      f"{result['num_examples']} test examples; measured = speculative "
+      '= t_target(gamma+1)/t_target(1); measured on the first n test '
+      'examples; measured = speculative '
       'tokens/s over baseline tokens/s (for greedy, where both outputs are '
       'identical, the walltime ratio). Predicted = Theorem 3.8 '
       'with the run\'s alpha, c and cost(gamma+1); "incl. encoder" adds the '
       'measured once-per-example encoder/cache set-up of both decoders '
       '(and the drafter\'s) at the run\'s mean output length. Paper: T5-XXL target, '
       'TPU (EnDe ~ en_de, CNNDM ~ synopsis).', '',
-      '| task | cost | temp | drafter | gamma | alpha (calib) | alpha (run) '
+      '| task | cost | temp | drafter | n | gamma | alpha (calib) | alpha (run) '
       '| c | cost(gamma+1) | predicted | predicted incl. encoder | measured | '
       'measured / predicted | identical | baseline metric | speculative '
       'metric | paper gamma / alpha / speed-up |',
-      '|' + '---|' * 17,
+      '|' + '---|' * 18,
   ]
   for r in result['rows']:
     paper = r.get('paper')
@@ -137,7 +142,7 @@ def markdown(result) -> str:
                ' / '.join('-' if v is None else f'{v}' for v in paper))
     lines.append(
         f"| {r['task']} | {r['cost']} | {r['temperature']:g} | {r['drafter']} "
-        f"| {r['gamma']} | {fmt(r['alpha_calibration'])} | "
+        f"| {r['examples']} | {r['gamma']} | {fmt(r['alpha_calibration'])} | "
         f"{fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | "
         f"{fmt(r['cost_gamma_plus_1'])} | {fmt(r['predicted_speedup'])} | "
         f"{fmt(r['predicted_with_encoder'])} | "
@@ -153,7 +158,7 @@ def markdown(result) -> str:
     cs = ', '.join(f'{k} {v:.3f}' for k, v in c['c'].items())
     lines.append(f"| {c['task']} | {c['target_cost']} | "
                  f"{c['target_params'] / 1e6:.1f}M | {c['t_init_ms']:.1f} | "
-                 f"{c['t_target_ms'][1]:.2f} | {curve} | {cs} |")
+                 f"{_at(c['t_target_ms'], 1):.2f} | {curve} | {cs} |")
   if result.get('gamma_sweep'):
     lines += ['', '## Gamma sweep', '', '![gamma sweep](table2_gamma_sweep.png)',
               '', '| task | cost | drafter | temp | gamma | alpha | predicted '
@@ -218,6 +223,8 @@ def main(argv=None):
   parser.add_argument('--sweep_drafter', default='small')
   parser.add_argument('--sweep_examples', type=int, default=8)
   parser.add_argument('--no_sweep', action='store_true')
+  parser.add_argument('--append', action='store_true',
+                      help='keep the rows already in out_dir/table2_mini.json')
   parser.add_argument('--extra_rows', default='',
                       help='more rows: task:cost:drafter:temp, comma-separated'
                       " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
@@ -247,6 +254,12 @@ def main(argv=None):
       costs=[], gamma_sweep=[])
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  if args.append and (out / 'table2_mini.json').exists():
+    # Another run's rows (e.g. one task per run) stay, this run's follow.
+    previous = json.loads((out / 'table2_mini.json').read_text())
+    result['command'] = previous['command'] + '` and `' + result['command']
+    for key in ('rows', 'costs', 'gamma_sweep'):
+      result[key] = previous[key] + result[key]
 
   def save():
     (out / 'table2_mini.json').write_text(json.dumps(result, indent=1))

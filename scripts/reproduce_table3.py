@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_jax import decoding
+from specdec_jax import eval as eval_lib
 from specdec_jax import measure
 from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE3
@@ -75,6 +76,32 @@ def task_alphas(models, inputs, temperature, batch_size, seed=0):
   return result
 
 
+def greedy_quality(models, inputs, targets, batch_size):
+  """BLEU / ROUGE of greedy outputs of the target and each T5 drafter."""
+  vocab = models.task.output_features['targets'].vocabulary
+  t5 = {'target (mini-XXL)': (models.target, models.target_params)}
+  for name, (drafter, params) in models.drafters.items():
+    if hasattr(drafter, 'model'):
+      t5[f'drafter {name}'] = (drafter.model, params)
+  quality = {}
+  for label, (model, params) in t5.items():
+    texts = []
+    for start in range(0, len(inputs), batch_size):
+      n = min(batch_size, len(inputs) - start)
+      batch = np.zeros((batch_size,) + inputs.shape[1:], inputs.dtype)
+      batch[:n] = inputs[start:start + n]
+      batch[n:] = inputs[start]
+      out = decoding.temperature_sample(
+          model, params, batch, max_decode_len=models.lengths['targets'])
+      for i in range(n):
+        ids = [int(t) for t in np.asarray(out.tokens[i, :int(out.lengths[i])])
+               if int(t) != 1]
+        texts.append(vocab.decode(ids))
+    quality[label] = eval_lib._metrics(  # pylint: disable=protected-access
+        models.task, targets, texts)
+  return quality
+
+
 def markdown(result) -> str:
   lines = [
       '# Table 3 on the mini models: alpha per drafter', '',
@@ -100,6 +127,16 @@ def markdown(result) -> str:
         cells.append(f'{a:.3f} +- {se:.3f} ({n} tok)')
       lines.append(f'| {task} | {name} | {cells[0]} | {cells[1]} | '
                    f'{paper[name][0]:.2f} | {paper[name][1]:.2f} |')
+  if result.get('quality'):
+    lines += ['', '## Greedy output quality on the same inputs', '',
+              'The target should be the best model; the drafters trade '
+              'quality for speed (speculative outputs equal the target\'s, '
+              'whatever the drafter).', '',
+              '| task | model | metrics |', '|---|---|---|']
+    for task, by_model in result['quality'].items():
+      for label, metrics in by_model.items():
+        ms = ', '.join(f'{k} {v:.2f}' for k, v in sorted(metrics.items()))
+        lines.append(f'| {task} | {label} | {ms} |')
   return '\n'.join(lines) + '\n'
 
 
@@ -138,8 +175,12 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   for task in args.tasks.split(','):
     models = load_task_models(setup, task, names)
-    inputs = task_inputs(models.task, models.lengths, args.num_examples,
-                         args.split)
+    inputs, targets = task_inputs(models.task, models.lengths,
+                                  args.num_examples, args.split,
+                                  with_targets=True)
+    result.setdefault('quality', {})[task] = greedy_quality(
+        models, inputs, targets, args.batch_size)
+    print(json.dumps(result['quality'][task]), flush=True)
     result['alpha'][task] = {
         f'{t:g}': task_alphas(models, inputs, t, args.batch_size)
         for t in (0.0, 1.0)}

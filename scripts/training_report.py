@@ -1,0 +1,74 @@
+r"""Summarizes the mini-model training runs: a table and loss curves.
+
+  python scripts/training_report.py --models_dir ~/models [--out_dir results]
+
+Reads <models_dir>/<task>_mini_<size>/log.jsonl (written by scripts/train.py)
+and writes results/training.md (final train / validation loss and accuracy,
+steps, wall time, parameters) and results/training_<task>.png (the curves of
+the four models of each task, `training.plot_losses`).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+from specdec_jax import training
+from specdec_jax.measure import machine
+
+SIZES = ('xxl', 'large', 'base', 'small')
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--models_dir', default='~/models')
+  parser.add_argument('--out_dir', default='results')
+  parser.add_argument('--tasks', default='en_de,synopsis')
+  args = parser.parse_args(argv)
+  root = pathlib.Path(os.path.expanduser(args.models_dir))
+  out = pathlib.Path(args.out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  command = 'python scripts/training_report.py ' + ' '.join(
+      sys.argv[1:] if argv is None else argv)
+  lines = ['# Mini-model training runs', '', f'Command: `{command}`  ',
+           f'Machine: {machine()}', '',
+           'Trained with `python scripts/train.py --gin_file=train/'
+           '<task>_mini_<size>.gin` (optax Adafactor, T5X loss with z-loss, '
+           'rsqrt schedule, batch 16; gin_configs/train/mini_recipe.gin). '
+           'Validation: 512 examples of the validation split, teacher '
+           'forced. Wall time as logged (the machine was shared with other '
+           'work at times).', '',
+           '| task | model | steps | train loss | val loss | val accuracy '
+           '| wall min |', '|---|---|---|---|---|---|---|']
+  rows = []
+  for task in args.tasks.split(','):
+    dirs = [root / f'{task}_mini_{s}' for s in SIZES
+            if (root / f'{task}_mini_{s}' / training.LOG_FILE).exists()]
+    if not dirs:
+      raise SystemExit(f'no training logs under {root} for {task}')
+    for d in dirs:
+      records = training.read_log(str(d / training.LOG_FILE))
+      train = [r for r in records if r.get('split') == 'train']
+      val = [r for r in records if r.get('split') == 'validation']
+      row = dict(task=task, model=d.name, steps=train[-1]['step'],
+                 train_loss=train[-1]['loss'],
+                 val_loss=val[-1]['loss'] if val else None,
+                 val_accuracy=val[-1]['accuracy'] if val else None,
+                 seconds=max(r.get('seconds', 0) for r in records))
+      rows.append(row)
+      lines.append(
+          f"| {task} | {d.name} | {row['steps']} | {row['train_loss']:.3f} | "
+          f"{row['val_loss']:.3f} | {row['val_accuracy']:.3f} | "
+          f"{row['seconds'] / 60:.1f} |")
+    training.plot_losses([str(d) for d in dirs],
+                         str(out / f'training_{task}.png'))
+    lines += ['', f'![{task}](training_{task}.png)', '']
+  (out / 'training.md').write_text('\n'.join(lines) + '\n')
+  (out / 'training.json').write_text(json.dumps(
+      dict(command=command, rows=rows), indent=1))
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  main()
