@@ -183,14 +183,19 @@ def resolved(flags: Sequence[str]) -> Dict[str, Any]:
   return run(dry_run=True)
 
 
-def task_inputs(task, lengths, n: int, split: str = 'validation'
-                ) -> np.ndarray:
-  """The first n inputs of a split, 0-padded to lengths['inputs']."""
-  rows = [ids for _, ids, _, _ in eval_lib.task_examples(
-      task, split, lengths, n, truncate_inputs=True)]
-  inputs = np.zeros((len(rows), lengths['inputs']), np.int32)
-  for i, ids in enumerate(rows):
+def task_inputs(task, lengths, n: int, split: str = 'validation',
+                with_targets: bool = False):
+  """The first n inputs of a split, 0-padded to lengths['inputs'].
+
+  With `with_targets`, returns `(inputs, target texts)`.
+  """
+  examples = list(eval_lib.task_examples(task, split, lengths, n,
+                                         truncate_inputs=True))
+  inputs = np.zeros((len(examples), lengths['inputs']), np.int32)
+  for i, (_, ids, _, _) in enumerate(examples):
     inputs[i, :len(ids)] = ids
+  if with_targets:
+    return inputs, [target for *_, target in examples]
   return inputs
 
 
