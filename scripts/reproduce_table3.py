@@ -36,6 +36,17 @@ from specdec_jax.sampling import SamplingConfig
 ORDER = ('unigram', 'bigram', 'small', 'base', 'large')
 
 
+def padded_batches(inputs, batch_size):
+  """Yields (start, rows used, batch): the last batch is padded with its
+  first row, so every call has one compiled shape."""
+  for start in range(0, len(inputs), batch_size):
+    n = min(batch_size, len(inputs) - start)
+    batch = np.zeros((batch_size,) + inputs.shape[1:], inputs.dtype)
+    batch[:n] = inputs[start:start + n]
+    batch[n:] = inputs[start]
+    yield start, n, batch
+
+
 def task_alphas(models, inputs, temperature, batch_size, seed=0):
   """{drafter: (alpha, standard error, tokens)} for one task and temperature.
 
@@ -44,12 +55,8 @@ def task_alphas(models, inputs, temperature, batch_size, seed=0):
   """
   per_example = {name: [] for name in models.drafters}
   sampling = SamplingConfig(temperature)
-  for start in tqdm(range(0, len(inputs), batch_size), desc='alpha',
-                    unit='batch', leave=False):
-    n = min(batch_size, len(inputs) - start)
-    batch = np.zeros((batch_size,) + inputs.shape[1:], inputs.dtype)
-    batch[:n] = inputs[start:start + n]
-    batch[n:] = inputs[start]  # pad the last batch (one compiled shape)
+  for start, n, batch in tqdm(list(padded_batches(inputs, batch_size)),
+                              desc='alpha', unit='batch', leave=False):
     out = decoding.temperature_sample(
         models.target, models.target_params, batch,
         max_decode_len=models.lengths['targets'], sampling=sampling,
@@ -86,17 +93,12 @@ def greedy_quality(models, inputs, targets, batch_size):
   quality = {}
   for label, (model, params) in t5.items():
     texts = []
-    for start in range(0, len(inputs), batch_size):
-      n = min(batch_size, len(inputs) - start)
-      batch = np.zeros((batch_size,) + inputs.shape[1:], inputs.dtype)
-      batch[:n] = inputs[start:start + n]
-      batch[n:] = inputs[start]
+    for _, n, batch in padded_batches(inputs, batch_size):
       out = decoding.temperature_sample(
           model, params, batch, max_decode_len=models.lengths['targets'])
-      for i in range(n):
-        ids = [int(t) for t in np.asarray(out.tokens[i, :int(out.lengths[i])])
-               if int(t) != 1]
-        texts.append(vocab.decode(ids))
+      texts += [eval_lib._decode_text(  # pylint: disable=protected-access
+          vocab, np.asarray(out.tokens[i]), int(out.lengths[i]))
+                for i in range(n)]
     quality[label] = eval_lib._metrics(  # pylint: disable=protected-access
         models.task, targets, texts)
   return quality
