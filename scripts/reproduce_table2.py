@@ -49,6 +49,7 @@ import jax
 
 from specdec_jax import eval as eval_lib
 from specdec_jax import measure
+from specdec_jax import reproduce
 from specdec_jax import network
 from specdec_jax import theory
 from specdec_jax import widening
@@ -57,7 +58,6 @@ from specdec_jax.reproduce import PAPER_TABLE2
 from specdec_jax.reproduce import PAPER_TABLE3
 from specdec_jax.reproduce import eval_flags
 from specdec_jax.reproduce import load_task_models
-from specdec_jax.reproduce import make_setup
 from specdec_jax.reproduce import shell_command
 from specdec_jax.reproduce import task_inputs
 from specdec_jax.sampling import SamplingConfig
@@ -198,16 +198,9 @@ def plot_sweep(sweep, path):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
-                      help="'mini': models trained here; 'paper': T5X "
-                      'checkpoints through gin_configs/paper')
-  parser.add_argument('--models_dir', default='~/models')
-  parser.add_argument('--checkpoints', default='',
-                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
+  reproduce.add_setup_flags(parser)
   parser.add_argument('--out_dir', default='results')
   parser.add_argument('--work_dir', default='/tmp/specdec_table2')
-  parser.add_argument('--tasks', default=None,
-                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
   parser.add_argument('--costs', default='native,t5_1_1_base_cost',
                       help="'native' (the target as it is) and/or widening "
                       'presets')
@@ -229,10 +222,7 @@ def main(argv=None):
                       help='more rows: task:cost:drafter:temp, comma-separated'
                       " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
   args = parser.parse_args(argv)
-  setup = args.setup_obj = make_setup(args.setup, args.models_dir,
-                                      args.checkpoints)
-  if args.tasks is None:
-    args.tasks = ','.join(setup.tasks)
+  setup = args.setup_obj = reproduce.setup_from_flags(args)
   temps = [float(t) for t in args.temperatures.split(',')]
   plan = [(t, c, d, temp) for t in args.tasks.split(',')
           for c in args.costs.split(',') for d in args.drafters.split(',')

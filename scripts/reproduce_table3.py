@@ -26,10 +26,10 @@ from tqdm import tqdm
 from specdec_jax import decoding
 from specdec_jax import eval as eval_lib
 from specdec_jax import measure
+from specdec_jax import reproduce
 from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE3
 from specdec_jax.reproduce import load_task_models
-from specdec_jax.reproduce import make_setup
 from specdec_jax.reproduce import task_inputs
 from specdec_jax.sampling import SamplingConfig
 
@@ -144,23 +144,14 @@ def markdown(result) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
-                      help="'mini': models trained here; 'paper': T5X "
-                      'checkpoints through gin_configs/paper')
-  parser.add_argument('--models_dir', default='~/models')
-  parser.add_argument('--checkpoints', default='',
-                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
+  reproduce.add_setup_flags(parser)
   parser.add_argument('--out_dir', default='results')
-  parser.add_argument('--tasks', default=None,
-                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
   parser.add_argument('--drafters', default=','.join(ORDER))
   parser.add_argument('--num_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--split', default='test')
   args = parser.parse_args(argv)
-  setup = make_setup(args.setup, args.models_dir, args.checkpoints)
-  if args.tasks is None:
-    args.tasks = ','.join(setup.tasks)
+  setup = reproduce.setup_from_flags(args)
   names = args.drafters.split(',')
   for name in names:
     if name not in DRAFTERS:

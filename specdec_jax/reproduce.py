@@ -158,6 +158,26 @@ def make_setup(kind: str, models_dir: str = '~/models',
   raise ValueError(f"setup must be 'mini' or 'paper', got {kind!r}.")
 
 
+def add_setup_flags(parser) -> None:
+  """--setup, --models_dir, --checkpoints and --tasks of the scripts."""
+  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
+                      help="'mini': models trained here; 'paper': T5X "
+                      'checkpoints through gin_configs/paper')
+  parser.add_argument('--models_dir', default='~/models')
+  parser.add_argument('--checkpoints', default='',
+                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
+  parser.add_argument('--tasks', default=None,
+                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
+
+
+def setup_from_flags(args):
+  """The setup of parsed `add_setup_flags` flags; fills in --tasks."""
+  setup = make_setup(args.setup, args.models_dir, args.checkpoints)
+  if args.tasks is None:
+    args.tasks = ','.join(setup.tasks)
+  return setup
+
+
 def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   """T5X-style flags of one eval run.
 

@@ -61,3 +61,18 @@ def test_paper_setup_uses_the_paper_gin_files():
     reproduce.eval_flags(setup, 'ende', 'small')
   with pytest.raises(ValueError, match='look like ende_xxl=PATH'):
     reproduce.make_setup('paper', checkpoint_list='ende_xxl')
+
+
+def test_script_flags_give_the_setup_and_its_tasks():
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser()
+  reproduce.add_setup_flags(parser)
+  args = parser.parse_args(['--setup', 'paper', '--checkpoints',
+                            'cnndm_xxl=/a,cnndm_base=/b'])
+  setup = reproduce.setup_from_flags(args)
+  assert isinstance(setup, reproduce.PaperSetup)
+  assert args.tasks == 'ende,cnndm'
+  assert dict(setup.checkpoints) == {'cnndm_xxl': '/a', 'cnndm_base': '/b'}
+  args = parser.parse_args([])
+  assert isinstance(reproduce.setup_from_flags(args), reproduce.MiniSetup)
+  assert args.tasks == 'en_de,synopsis'
