@@ -42,8 +42,6 @@ import gc
 import json
 import os
 import pathlib
-import sys
-import time
 
 import jax
 
@@ -236,9 +234,7 @@ def main(argv=None):
       raise SystemExit(f'unknown task / cost / drafter: {t} {c} {d}')
 
   result = dict(
-      command='python scripts/reproduce_table2.py ' + ' '.join(
-          sys.argv[1:] if argv is None else argv),
-      machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
+      **reproduce.run_header('scripts/reproduce_table2.py', argv),
       num_examples=args.num_examples, max_gamma=args.max_gamma,
       calib_examples=args.calib_examples, models=setup.describe, rows=[],
       costs=[], gamma_sweep=[])

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
-import time
 
 import jax
 import numpy as np
@@ -157,9 +155,7 @@ def main(argv=None):
     if name not in DRAFTERS:
       raise SystemExit(f'unknown drafter {name!r}; expected {DRAFTERS}')
   result = dict(
-      command='python scripts/reproduce_table3.py ' + ' '.join(
-          sys.argv[1:] if argv is None else argv),
-      machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
+      **reproduce.run_header('scripts/reproduce_table3.py', argv),
       num_examples=args.num_examples, split=args.split,
       models=setup.describe, paper_task={t: v['paper']
                                          for t, v in setup.tasks.items()},

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -191,9 +193,24 @@ def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   return setup.flags(task, drafter) + _bindings(**bindings)
 
 
+def portable(text: str) -> str:
+  """`text` with the home directory written as ~ (results name no machine)."""
+  home = os.path.expanduser('~')
+  return text.replace(home + os.sep, '~' + os.sep) if home != '~' else text
+
+
 def shell_command(flags: Sequence[str]) -> str:
-  return 'python -m specdec_jax.eval ' + ' '.join(
-      f'"{f}"' if ' ' in f else f for f in flags)
+  return portable('python -m specdec_jax.eval ' + ' '.join(
+      f'"{f}"' if ' ' in f else f for f in flags))
+
+
+def run_header(script: str, argv: Optional[Sequence[str]]) -> Dict[str, str]:
+  """command (home as ~), machine and date of a results file."""
+  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+
+  args = sys.argv[1:] if argv is None else argv
+  return dict(command=portable(f'python {script} ' + ' '.join(args)),
+              machine=measure.machine(), date=time.strftime('%Y-%m-%d'))
 
 
 def resolved(flags: Sequence[str]) -> Dict[str, Any]:

@@ -76,3 +76,16 @@ def test_script_flags_give_the_setup_and_its_tasks():
   args = parser.parse_args([])
   assert isinstance(reproduce.setup_from_flags(args), reproduce.MiniSetup)
   assert args.tasks == 'en_de,synopsis'
+
+
+def test_results_name_no_home_directory(tmp_path, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path))
+  make_models(tmp_path / 'models')
+  setup = reproduce.MiniSetup(str(tmp_path / 'models'))
+  command = reproduce.shell_command(
+      reproduce.eval_flags(setup, 'en_de', 'small'))
+  assert str(tmp_path) not in command
+  assert "'~/models/en_de_mini_xxl/checkpoint_1000'" in command
+  header = reproduce.run_header('scripts/x.py', ['--models_dir',
+                                                 f'{tmp_path}/models'])
+  assert header['command'] == 'python scripts/x.py --models_dir ~/models'
