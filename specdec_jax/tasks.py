@@ -38,6 +38,8 @@ DEBIAN_TRANSLATION_TASK = 'debian_desc_en_de'
 DEBIAN_SYNOPSIS_TASK = 'debian_synopsis'
 TASK_NAMES = (WMT_TASK, CNN_DM_TASK, DEBIAN_TRANSLATION_TASK,
               DEBIAN_SYNOPSIS_TASK)
+# The multi-task mixture of the two Debian tasks (the shipped target's).
+DEBIAN_MIXTURE = 'debian_multitask'
 
 # T5's default vocabulary (t5.data.DEFAULT_SPM_PATH, DEFAULT_EXTRA_IDS).
 DEFAULT_VOCAB_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
@@ -308,12 +310,18 @@ def register_tasks(vocab_path: Optional[str] = None,
       directory's sentencepiece.model.
 
   Returns:
-    The registered task names.
+    The registered task names (the mixture DEBIAN_MIXTURE is registered too).
   """
   for name, spec in _task_specs(vocab_path, data_dir,
                                 debian_vocab_path).items():
     seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add(name, **spec)
+  # One multi-task model for both Debian tasks, like T5's own mixtures: the
+  # task is named by the input's prefix; sampled by number of examples.
+  seqio.MixtureRegistry.remove(DEBIAN_MIXTURE)
+  seqio.MixtureRegistry.add(
+      DEBIAN_MIXTURE, [DEBIAN_TRANSLATION_TASK, DEBIAN_SYNOPSIS_TASK],
+      default_rate=seqio.mixing_rate_num_examples)
   return TASK_NAMES
 
 
@@ -329,7 +337,8 @@ def get_task(name: str) -> seqio.Task:
   Raises:
     ValueError: for an unknown name, listing the known tasks.
   """
-  known = seqio.TaskRegistry.names()
+  known = set(seqio.TaskRegistry.names()) | set(
+      seqio.MixtureRegistry.names())
   if name not in known:
     others = sorted(set(known) - set(TASK_NAMES))
     raise ValueError(

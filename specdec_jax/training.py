@@ -205,12 +205,16 @@ def weighted_metrics(logits: Array, targets: Array, weights: Array,
 def normalize(sums: Mapping[str, Any]) -> Dict[str, float]:
   """Per-token means of `weighted_metrics` sums (summed over batches)."""
   weight = max(float(sums['weight']), 1.0)
-  return {
+  out = {
       'loss': float(sums['loss']) / weight,
       'cross_ent_loss': float(sums['cross_ent_loss']) / weight,
       'z_loss': float(sums['z_loss']) / weight,
       'accuracy': float(sums['correct']) / weight,
   }
+  for key in ('kd', 'beta'):  # distillation: divergence and alpha on batch
+    if key in sums:
+      out[key] = float(sums[key]) / weight
+  return out
 
 
 def _batch_metrics(model: network.T5Model, params: PyTree,
@@ -226,9 +230,10 @@ def _batch_metrics(model: network.T5Model, params: PyTree,
 @functools.lru_cache(maxsize=None)
 def make_train_step(model: network.T5Model, learning_rate: float,
                     schedule: str = 'rsqrt', warmup_steps: int = 10_000,
-                    z_loss: float = Z_LOSS
-                    ) -> Callable[[TrainState, Batch],
-                                  tuple[TrainState, Dict[str, Array]]]:
+                    z_loss: float = Z_LOSS,
+                    teacher: Optional[network.T5Model] = None,
+                    kd_loss: str = 'none', kd_weight: float = 0.0
+                    ) -> Callable[..., tuple[TrainState, Dict[str, Array]]]:
   """The jitted train step (compiled once per model, settings and shape).
 
   Args:
@@ -237,21 +242,51 @@ def make_train_step(model: network.T5Model, learning_rate: float,
     schedule: 'rsqrt' or 'constant'.
     warmup_steps: constant phase of 'rsqrt'.
     z_loss: z-loss coefficient.
+    teacher: a frozen target for token-level distillation (`distill.py`).
+    kd_loss: 'none', 'fkl' or 'tvd' (`distill.token_kd_sums`).
+    kd_weight: the per-token loss is `(1 - kd_weight) * (cross_ent + z_loss)
+      + kd_weight * kd` (0: plain training, 1: pure token-level KD).
 
   Returns:
-    `train_step(state, batch) -> (state, metrics)`: batch holds FEATURES,
-    each `[batch, length]`; metrics are the `weighted_metrics` sums of the
-    batch (before the update) and 'lr', the rate applied.
+    `train_step(state, batch[, teacher_params]) -> (state, metrics)`: batch
+    holds FEATURES, each `[batch, length]`; metrics are the
+    `weighted_metrics` sums of the batch (before the update), 'lr' (the rate
+    applied) and, when distilling, 'kd' and 'beta' sums.
   """
-  lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
+  from specdec_jax import distill  # pylint: disable=g-import-not-at-top
 
-  def loss_fn(params, batch):
-    sums = _batch_metrics(model, params, batch, z_loss)
-    return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums
+  lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
+  distilling = kd_loss != 'none'
+  if kd_loss not in distill.KD_LOSSES:
+    raise ValueError(f'kd_loss must be one of {distill.KD_LOSSES}, got '
+                     f'{kd_loss!r}.')
+  if distilling and teacher is None:
+    raise ValueError(f'kd_loss={kd_loss!r} needs a teacher model.')
+  if not 0.0 <= kd_weight <= 1.0:
+    raise ValueError(f'kd_weight must be in [0, 1], got {kd_weight}.')
+
+  def loss_fn(params, batch, teacher_params):
+    if not distilling:
+      sums = _batch_metrics(model, params, batch, z_loss)
+      return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums
+    # [batch, input_len], [batch, target_len] -> [batch, target_len, vocab]
+    logits = model.logits(params, batch['encoder_input_tokens'],
+                          batch['decoder_input_tokens'],
+                          batch['decoder_target_tokens'])
+    teacher_logits = jax.lax.stop_gradient(teacher.logits(
+        teacher_params, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens']))
+    sums = weighted_metrics(logits, batch['decoder_target_tokens'],
+                            batch['decoder_loss_weights'], z_loss)
+    sums.update(distill.token_kd_sums(logits, teacher_logits,
+                                      batch['decoder_loss_weights'], kd_loss))
+    total = (1.0 - kd_weight) * sums['loss'] + kd_weight * sums['kd']
+    return total / jnp.maximum(sums['weight'], 1.0), sums
 
   @jax.jit
-  def train_step(state: TrainState, batch: Batch):
-    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch)
+  def train_step(state: TrainState, batch: Batch, teacher_params=None):
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch,
+                                                  teacher_params)
     lr = lr_fn(state.step)
     updates, opt_state = make_optimizer(lr).update(grads, state.opt_state,
                                                    state.params)
@@ -465,6 +500,12 @@ def train(
     checkpoint_period: int = 500,
     keep_checkpoints: int = 1,
     data_dir: Optional[str] = None,
+    array_dir: Optional[str] = None,
+    teacher_config: Optional[network.T5Config] = None,
+    teacher_checkpoint: Optional[str] = None,
+    kd_loss: str = 'none',
+    kd_weight: float = 0.0,
+    max_seconds: Optional[float] = None,
     config_str: str = '',
     progress: Optional[Callable[[int, int, Dict[str, float]], None]] = None,
 ) -> Dict[str, Any]:
@@ -491,6 +532,15 @@ def train(
     keep_checkpoints: newest checkpoints kept.
     data_dir: data of the offline Debian tasks (default: $SPECDEC_DATA_DIR
       or ~/.cache/specdec_jax/debian).
+    array_dir: train on a pre-tokenized array data set instead of the seqio
+      task (arrays.py: `train*.npz` and `validation*.npz`; no seqio or
+      TensorFlow needed); `mixture_or_task_name` then only names the run.
+    teacher_config: the frozen target of token-level distillation.
+    teacher_checkpoint: its checkpoint (any format `checkpoints` reads).
+    kd_loss: 'none', 'fkl' or 'tvd' (distill.py).
+    kd_weight: weight of the KD term (see `make_train_step`).
+    max_seconds: stop (with a checkpoint) once this much wall time has
+      passed in this call; a rerun continues to `train_steps`.
     config_str: written to model_dir/config.gin if not empty.
     progress: called after every step as `progress(step, train_steps,
       metrics)` (the step's per-token means; the entry point draws a bar).
@@ -503,16 +553,39 @@ def train(
               dict(log_period=log_period, eval_period=eval_period,
                    checkpoint_period=checkpoint_period))
   learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  if (teacher_config is None) != (teacher_checkpoint is None):
+    raise ValueError('teacher_config and teacher_checkpoint go together; got '
+                     f'{teacher_config!r} and {teacher_checkpoint!r}.')
+  if kd_loss != 'none' and teacher_config is None:
+    raise ValueError(f'kd_loss={kd_loss!r} needs teacher_config and '
+                     'teacher_checkpoint.')
+  if array_dir is not None:
+    from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+    train_arrays = arrays.load(array_dir, 'train')
+    vocab_size = int(max(train_arrays['inputs'].max(),
+                         train_arrays['targets'].max())) + 1
+    source = f'array data set {array_dir}'
+  else:
+    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
 
-  if data_dir is not None:
-    tasks.register_tasks(data_dir=data_dir)
-  vocab = tasks.get_task(mixture_or_task_name).output_features[
-      'targets'].vocabulary
-  if vocab.vocab_size > model_config.vocab_size:
+    if data_dir is not None:
+      tasks.register_tasks(data_dir=data_dir)
+    vocab_size = tasks.get_task(mixture_or_task_name).output_features[
+        'targets'].vocabulary.vocab_size
+    source = f'Task {mixture_or_task_name}'
+  if vocab_size > model_config.vocab_size:
     raise ValueError(
-        f'Task {mixture_or_task_name} has a vocabulary of {vocab.vocab_size} '
-        f'tokens but MODEL has vocab_size {model_config.vocab_size}.')
+        f'{source} has a vocabulary of {vocab_size} tokens but MODEL has '
+        f'vocab_size {model_config.vocab_size}.')
+  teacher, teacher_params = None, None
+  if teacher_config is not None:
+    if teacher_config.vocab_size != model_config.vocab_size:
+      raise ValueError(
+          f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
+          f'has {model_config.vocab_size}: distillation needs one vocabulary.')
+    teacher = network.T5Model(teacher_config)
+    teacher_params = checkpoints.load_t5x_params(
+        teacher_checkpoint, config=teacher_config, dtype=jnp.float32)
   os.makedirs(model_dir, exist_ok=True)
   if config_str:
     with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
@@ -544,12 +617,24 @@ def train(
   if start >= train_steps:
     return summary()
   train_step = make_train_step(model, float(learning_rate), schedule,
-                               int(warmup_steps), float(z_loss))
+                               int(warmup_steps), float(z_loss), teacher,
+                               kd_loss, float(kd_weight))
   lengths = dict(task_feature_lengths)
-  eval_data = (eval_batches(mixture_or_task_name, lengths, batch_size,
-                            eval_examples) if eval_examples != 0 else [])
-  batches = train_batches(mixture_or_task_name, lengths, batch_size, seed,
-                          start_step=start)
+  if array_dir is not None:
+    fit = lambda a: dict(inputs=arrays.fit(a['inputs'], lengths['inputs']),
+                         targets=arrays.fit(a['targets'], lengths['targets']))
+    train_arrays = fit(train_arrays)
+    eval_data = (arrays.eval_batches(fit(arrays.load(array_dir, 'validation')),
+                                     batch_size, eval_examples)
+                 if eval_examples != 0 else [])
+    batches = arrays.train_batches(train_arrays, batch_size, seed,
+                                   start_step=start)
+  else:
+    eval_data = (eval_batches(mixture_or_task_name, lengths, batch_size,
+                              eval_examples) if eval_examples != 0 else [])
+    batches = train_batches(mixture_or_task_name, lengths, batch_size, seed,
+                            start_step=start)
+  extra = () if teacher is None else (teacher_params,)
   t0 = time.perf_counter()
   window, window_steps, window_seconds = None, 0, 0.0
 
@@ -560,27 +645,34 @@ def train(
       f.write(json.dumps(record) + '\n')
 
   for step in range(start + 1, train_steps + 1):
+    out_of_time = (max_seconds is not None
+                   and time.perf_counter() - t0 > max_seconds)
+    last = step == train_steps or out_of_time
     tic = time.perf_counter()
-    state, metrics = train_step(state, next(batches))
+    state, metrics = train_step(state, next(batches), *extra)
     metrics = jax.device_get(metrics)  # waits for the step
     window_seconds += time.perf_counter() - tic
     window_steps += 1
     lr = float(metrics.pop('lr'))
     window = metrics if window is None else jax.tree.map(np.add, window,
                                                          metrics)
-    if step % log_period == 0 or step == train_steps:
+    if step % log_period == 0 or last:
       # steps_per_sec: data + train step only (no eval, no checkpointing).
       log(dict(step=step, split='train', **normalize(window),
                lr=float(f'{lr:.6g}'),
                steps_per_sec=round(window_steps / window_seconds, 4)))
       window, window_steps, window_seconds = None, 0, 0.0
-    if eval_data and (step % eval_period == 0 or step == train_steps):
+    if eval_data and (step % eval_period == 0 or last):
       log(dict(step=step, split='validation',
                **evaluate(model, state.params, eval_data, z_loss)))
-    if step % checkpoint_period == 0 or step == train_steps:
+    if step % checkpoint_period == 0 or last:
       save_checkpoint(state, model_dir, keep_checkpoints)
     if progress is not None:
       progress(step, train_steps, normalize(metrics))
+    if out_of_time:
+      logging.warning('Stopped at step %d of %d after max_seconds=%s.', step,
+                      train_steps, max_seconds)
+      break
   return summary()
 
 

@@ -1,0 +1,289 @@
+r"""Trains the shipped mini models: a multi-task target and distilled drafters.
+
+  python scripts/export_arrays.py --out_dir ~/.cache/specdec_jax/arrays
+  python scripts/train_shipped_models.py \
+      --arrays ~/.cache/specdec_jax/arrays --work_dir ~/models/shipped
+
+Stages (`--stages`, default all; each resumes / skips what is done):
+
+1. target: MINI_XXL on both Debian tasks (gin_configs/train/
+   multitask_mini_xxl.gin) at each of `--target_lrs`, the runs side by side;
+   the one with the lowest final validation loss is the target
+   (`work_dir/target.json`).
+2. generate: the target's own outputs over the train inputs, greedy and one
+   t = 1 sample each, and greedy over the validation inputs
+   (`distill.generate`, sharded, resumable) -> `work_dir/generated`.
+3. drafters: each `--drafters` entry `<model>_<loss>` trained side by side
+   (gin_configs/train/distill.gin): model small / base / large (the paper's
+   three roles, mini_{small,base,large}.gin) or gpu (deep encoder, one
+   decoder layer, mini_gpu.gin); loss `ref` (plain training on the
+   references: the drafters as before), `ce` (sequence-level KD: cross
+   entropy on the target's outputs), `fkl` / `tvd` (token-level KD against
+   the target's logits, on the target's outputs).
+4. export: every model in bfloat16 in T5X's checkpoint layout under
+   `work_dir/export/<name>/checkpoint_<step>` with `models.json` (configs,
+   steps, final validation metrics, the commands), ready for
+   `scripts/ship_models.py` to choose and commit.
+
+Runs of one stage go side by side (`--parallel`, default on): on a GPU these
+small models leave the device mostly idle, so several runs share it. Every
+run is a plain `scripts/train.py` job, capped by wall time (`--*_seconds`)
+and resumable. Needs jax, flax, optax, orbax, numpy and gin-config (no
+seqio / TensorFlow: the data are arrays).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_FILES = {
+    'xxl': ('train/mini_xxl.gin', '%MINI_XXL'),
+    'large': ('train/mini_large.gin', '%MINI_LARGE'),
+    'base': ('train/mini_base.gin', '%MINI_BASE'),
+    'small': ('train/mini_small.gin', '%MINI_SMALL'),
+    'gpu': ('train/mini_gpu.gin', '%MINI_GPU'),
+}
+LOSSES = ('ref', 'ce', 'fkl', 'tvd')
+DEFAULT_DRAFTERS = ('small_ref,small_ce,small_fkl,small_tvd,base_fkl,'
+                    'large_fkl,gpu_fkl,gpu_tvd')
+
+
+def _gin_str(value):
+  return "'" + str(value) + "'"
+
+
+def _launch(name, flags, log_dir, env):
+  """Starts one scripts/train.py run; its output goes to log_dir/name.txt."""
+  cmd = [sys.executable, os.path.join(REPO, 'scripts', 'train.py'),
+         '--no_progress'] + flags
+  os.makedirs(log_dir, exist_ok=True)
+  out = open(os.path.join(log_dir, f'{name}.txt'), 'w')
+  print(f'[{time.strftime("%H:%M:%S")}] start {name}: {" ".join(cmd[1:])}',
+        flush=True)
+  return name, cmd, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                     env=env, cwd=REPO), out
+
+
+def _run_all(jobs, parallel):
+  """Runs `(name, thunk)` launches side by side or one by one; checks rc."""
+  failed = []
+  running = []
+  for name, start in jobs:
+    running.append(start())
+    if not parallel:
+      _wait(running.pop(), failed)
+  for job in running:
+    _wait(job, failed)
+  if failed:
+    raise SystemExit(f'runs failed: {failed} (see their logs)')
+
+
+def _wait(job, failed):
+  name, _, proc, out = job
+  rc = proc.wait()
+  out.close()
+  print(f'[{time.strftime("%H:%M:%S")}] done {name}: rc {rc}', flush=True)
+  if rc:
+    failed.append(name)
+
+
+def _last(model_dir, split):
+  from specdec_jax import training  # pylint: disable=g-import-not-at-top
+  rows = [r for r in training.read_log(os.path.join(model_dir, 'log.jsonl'))
+          if r['split'] == split]
+  return rows[-1] if rows else None
+
+
+def _env(parallel_runs):
+  env = dict(os.environ)
+  env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  if parallel_runs > 1:
+    env.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION',
+                   f'{0.9 / parallel_runs:.3f}')
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  return env
+
+
+def stage_target(args):
+  lrs = [float(x) for x in args.target_lrs.split(',')]
+  env = _env(len(lrs) if args.parallel else 1)
+  jobs = []
+  for lr in lrs:
+    model_dir = os.path.join(args.work_dir, f'target_lr{lr:g}')
+    flags = ['--gin_file=train/multitask_mini_xxl.gin',
+             f'--gin.ARRAY_DIR={_gin_str(os.path.join(args.arrays, "multitask"))}',
+             f'--gin.MODEL_DIR={_gin_str(model_dir)}',
+             f'--gin.LEARNING_RATE={lr}',
+             f'--gin.MAX_SECONDS={args.target_seconds}'] + args.extra
+    jobs.append((f'target_lr{lr:g}',
+                 lambda f=flags, n=f'target_lr{lr:g}': _launch(
+                     n, f, os.path.join(args.work_dir, 'logs'), env)))
+  _run_all(jobs, args.parallel)
+  results = {}
+  for lr in lrs:
+    model_dir = os.path.join(args.work_dir, f'target_lr{lr:g}')
+    results[lr] = (_last(model_dir, 'validation') or {}).get('loss', 1e9)
+  best = min(results, key=results.get)
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.join(args.work_dir, f'target_lr{best:g}')
+  record = dict(learning_rate=best, model_dir=model_dir,
+                checkpoint=checkpoints.latest_checkpoint(model_dir),
+                validation_loss_by_lr={f'{k:g}': v for k, v in
+                                       results.items()})
+  with open(os.path.join(args.work_dir, 'target.json'), 'w') as f:
+    json.dump(record, f, indent=1)
+  print('target:', record, flush=True)
+  return record
+
+
+def _target(args):
+  with open(os.path.join(args.work_dir, 'target.json')) as f:
+    return json.load(f)
+
+
+def stage_generate(args):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import arrays, checkpoints, distill, network  # pylint: disable=g-import-not-at-top
+
+  target = _target(args)
+  config = _mini_config('xxl')
+  model = network.T5Model(config)
+  params = checkpoints.load_t5x_params(target['checkpoint'], config=config,
+                                       dtype=jnp.float32)
+  out_dir = os.path.join(args.work_dir, 'generated')
+  src = os.path.join(args.arrays, 'multitask')
+  for split, temperature, tag in (('validation', 0.0, 'greedy'),
+                                  ('train', 0.0, 'greedy'),
+                                  ('train', 1.0, 'sample')):
+    data = arrays.load(src, split)
+    distill.generate(model, params, data, out_dir, split,
+                     max_decode_len=args.max_decode_len,
+                     batch_size=args.gen_batch, temperature=temperature,
+                     seed=1, tag=tag, num_examples=args.gen_examples)
+
+
+def _mini_config(kind):
+  """The T5Config of a mini model file, read through gin."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+  path, macro = MODEL_FILES[kind]
+  gin.clear_config(clear_constants=True)
+  gin.add_config_file_search_path(str(eval_lib.GIN_DIR))
+  gin.parse_config_files_and_bindings([str(eval_lib.GIN_DIR / path)], [])
+  config = gin.query_parameter(macro).scoped_configurable_fn()
+  gin.clear_config(clear_constants=True)
+  assert isinstance(config, network.T5Config), config
+  return config
+
+
+def stage_drafters(args):
+  target = _target(args)
+  names = [d for d in args.drafters.split(',') if d]
+  env = _env(len(names) if args.parallel else 1)
+  jobs = []
+  for name in names:
+    kind, loss = name.rsplit('_', 1)
+    if kind not in MODEL_FILES or loss not in LOSSES:
+      raise SystemExit(f'unknown drafter {name!r}: <{"|".join(MODEL_FILES)}>_'
+                       f'<{"|".join(LOSSES)}>')
+    gin_file, macro = MODEL_FILES[kind]
+    model_dir = os.path.join(args.work_dir, name)
+    data = (os.path.join(args.arrays, 'multitask') if loss == 'ref'
+            else os.path.join(args.work_dir, 'generated'))
+    flags = ['--gin_file=train/distill.gin', f'--gin_file={gin_file}',
+             f'--gin.MODEL={macro}', f'--gin.ARRAY_DIR={_gin_str(data)}',
+             f'--gin.MODEL_DIR={_gin_str(model_dir)}',
+             f'--gin.MAX_SECONDS={args.drafter_seconds}']
+    if loss in ('ref', 'ce'):
+      flags += ['--gin.TEACHER_MODEL=None', '--gin.TEACHER_CHECKPOINT=None',
+                "--gin.KD_LOSS='none'", '--gin.KD_WEIGHT=0.0']
+    else:
+      flags += [f'--gin.TEACHER_CHECKPOINT={_gin_str(target["checkpoint"])}',
+                f"--gin.KD_LOSS='{loss}'"]
+    flags += args.extra
+    jobs.append((name, lambda f=flags, n=name: _launch(
+        n, f, os.path.join(args.work_dir, 'logs'), env)))
+  _run_all(jobs, args.parallel)
+
+
+def stage_export(args):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  target = _target(args)
+  export = os.path.join(args.work_dir, 'export')
+  models = {}
+  runs = {'target': (target['model_dir'], 'xxl')}
+  for name in [d for d in args.drafters.split(',') if d]:
+    runs[name] = (os.path.join(args.work_dir, name), name.rsplit('_', 1)[0])
+  for name, (model_dir, kind) in runs.items():
+    latest = checkpoints.latest_checkpoint(model_dir)
+    if latest is None:
+      print(f'skip {name}: no checkpoint', flush=True)
+      continue
+    config = _mini_config(kind)
+    params = checkpoints.load_t5x_params(latest, config=config)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params)
+    step = int(os.path.basename(latest).split('_')[-1])
+    out = os.path.join(export, name)
+    if checkpoints.latest_checkpoint(out) is None:
+      checkpoints.save_t5x_params(params, out, step)
+    cfg = {k: v for k, v in dataclasses.asdict(config).items()
+           if k != 'dtype'}
+    cfg['mlp_activations'] = list(cfg['mlp_activations'])
+    models[name] = dict(kind=kind, config=cfg, step=step,
+                        checkpoint=f'{name}/checkpoint_{step}',
+                        validation=_last(model_dir, 'validation'),
+                        train=_last(model_dir, 'train'))
+    for fname in ('log.jsonl', 'config.gin'):
+      src = os.path.join(model_dir, fname)
+      if os.path.isfile(src):
+        with open(src) as f, open(os.path.join(out, fname), 'w') as g:
+          g.write(f.read())
+  with open(os.path.join(export, 'models.json'), 'w') as f:
+    json.dump(dict(target=target, models=models,
+                   command=' '.join(sys.argv)), f, indent=1)
+  print(f'exported {sorted(models)} to {export}', flush=True)
+
+
+STAGES = dict(target=stage_target, generate=stage_generate,
+              drafters=stage_drafters, export=stage_export)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--arrays', required=True,
+                      help='scripts/export_arrays.py output')
+  parser.add_argument('--work_dir', required=True)
+  parser.add_argument('--stages', default=','.join(STAGES))
+  parser.add_argument('--target_lrs', default='0.003,0.01,0.03')
+  parser.add_argument('--target_seconds', type=float, default=240)
+  parser.add_argument('--drafters', default=DEFAULT_DRAFTERS)
+  parser.add_argument('--drafter_seconds', type=float, default=180)
+  parser.add_argument('--max_decode_len', type=int, default=64)
+  parser.add_argument('--gen_batch', type=int, default=512)
+  parser.add_argument('--gen_examples', type=int, default=None,
+                      help='decode only the first N rows of each split')
+  parser.add_argument('--serial', dest='parallel', action='store_false',
+                      help='one run at a time (default: side by side)')
+  parser.add_argument('--extra', action='append', default=[],
+                      help='extra train.py flag for every run, e.g. '
+                      '--extra=--gin.TRAIN_STEPS=5 (smoke runs)')
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  os.makedirs(args.work_dir, exist_ok=True)
+  for stage in args.stages.split(','):
+    tic = time.perf_counter()
+    STAGES[stage](args)
+    print(f'[{time.strftime("%H:%M:%S")}] stage {stage}: '
+          f'{time.perf_counter() - tic:.0f} s', flush=True)
+
+
+if __name__ == '__main__':
+  main()
