@@ -10,6 +10,9 @@ setuptools.setup(
         'checkpoints in JAX/Flax.'
     ),
     packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*']),
+    # The shipped mini models and test slices (specdec_jax/shipped.py).
+    package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*']},
+    include_package_data=True,
     python_requires='>=3.10',
     install_requires=[
         'jax>=0.4.30',

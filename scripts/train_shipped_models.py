@@ -35,6 +35,7 @@ seqio / TensorFlow: the data are arrays).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,11 +46,13 @@ MODEL_FILES = {
     'large': ('train/mini_large.gin', '%MINI_LARGE'),
     'base': ('train/mini_base.gin', '%MINI_BASE'),
     'small': ('train/mini_small.gin', '%MINI_SMALL'),
-    'gpu': ('train/mini_gpu.gin', '%MINI_GPU'),
+    'dec1': ('train/mini_dec1.gin', '%MINI_DEC1'),
+    'dec2': ('train/mini_dec2.gin', '%MINI_DEC2'),
 }
+# Cut from the target, then distilled (INIT_FROM_TEACHER).
+FROM_TEACHER = ('dec1', 'dec2')
 LOSSES = ('ref', 'ce', 'fkl', 'tvd')
-DEFAULT_DRAFTERS = ('small_ref,small_ce,small_fkl,small_tvd,base_fkl,'
-                    'large_fkl,gpu_fkl,gpu_tvd')
+DEFAULT_DRAFTERS = 'small_fkl,large_fkl,dec1_fkl,dec2_fkl'
 
 
 def _gin_str(value):
@@ -205,6 +208,11 @@ def stage_drafters(args):
     else:
       flags += [f'--gin.TEACHER_CHECKPOINT={_gin_str(target["checkpoint"])}',
                 f"--gin.KD_LOSS='{loss}'"]
+    if kind in FROM_TEACHER:
+      if loss in ('ref', 'ce'):
+        raise SystemExit(f'{name}: {kind} is cut from the target; use a KD '
+                         'loss (fkl / tvd).')
+      flags.append('--gin.INIT_FROM_TEACHER=True')
     flags += args.extra
     jobs.append((name, lambda f=flags, n=name: _launch(
         n, f, os.path.join(args.work_dir, 'logs'), env)))
@@ -276,8 +284,23 @@ def main(argv=None):
   parser.add_argument('--extra', action='append', default=[],
                       help='extra train.py flag for every run, e.g. '
                       '--extra=--gin.TRAIN_STEPS=5 (smoke runs)')
+  parser.add_argument('--seed', action='append', default=[],
+                      help='RUN=CHECKPOINT: start run RUN (e.g. target_lr0.03, '
+                      'small_fkl) from this checkpoint folder (copied into its '
+                      'model dir if it has none; params only, fresh Adafactor '
+                      'statistics): continues an earlier session\'s training')
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.makedirs(args.work_dir, exist_ok=True)
+  for spec in args.seed:
+    run, checkpoint = spec.split('=', 1)
+    model_dir = os.path.join(args.work_dir, run)
+    if not os.path.isdir(model_dir) or not any(
+        n.startswith('checkpoint_') for n in os.listdir(model_dir)):
+      shutil.copytree(checkpoint, os.path.join(
+          model_dir, os.path.basename(checkpoint.rstrip('/'))))
+      log = os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'log.jsonl')
+      if os.path.isfile(log):
+        shutil.copy(log, os.path.join(model_dir, 'log.jsonl'))
   for stage in args.stages.split(','):
     tic = time.perf_counter()
     STAGES[stage](args)

@@ -68,6 +68,59 @@ def token_kd_sums(student_logits: Array, teacher_logits: Array,
   return {'kd': jnp.sum(div * weights), 'beta': jnp.sum(beta * weights)}
 
 
+def pick_layers(available: int, keep: int) -> list:
+  """Which of `available` layers a cut model keeps: evenly spaced, the
+  first always, the last too when keep >= 2 (layer dropping, as in
+  arXiv:2309.08168 Draft & Verify / LayerSkip's early-exit drafts)."""
+  if not 1 <= keep <= available:
+    raise ValueError(f'cannot keep {keep} of {available} layers.')
+  return [int(round(i)) for i in np.linspace(0, available - 1, keep)] \
+      if keep > 1 else [0]
+
+
+def init_from_teacher(teacher_params, teacher_config, student_config):
+  """The teacher's parameters cut to the student's depth.
+
+  The student must have the teacher's widths (emb_dim, heads, head_dim,
+  mlp_dim, vocabulary, activations) and at most its layers; it keeps the
+  embedding, the logits layer, the norms, the relative position biases and
+  `pick_layers` of the encoder and decoder layers. Distillation then starts
+  from a model that already agrees with the target far more than a random
+  one.
+
+  Args:
+    teacher_params: the target's params tree (T5X names).
+    teacher_config: its T5Config.
+    student_config: the drafter's T5Config.
+
+  Returns:
+    A params tree for `T5Model(student_config)`.
+
+  Raises:
+    ValueError: the widths differ or the student is deeper.
+  """
+  for field in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
+                'mlp_activations', 'logits_via_embedding'):
+    if getattr(teacher_config, field) != getattr(student_config, field):
+      raise ValueError(
+          f'init_from_teacher needs the same {field}: teacher '
+          f'{getattr(teacher_config, field)!r}, student '
+          f'{getattr(student_config, field)!r}.')
+  params = {k: v for k, v in teacher_params.items()
+            if k not in ('encoder', 'decoder')}
+  for stack, n_teacher, n_student in (
+      ('encoder', teacher_config.num_encoder_layers,
+       student_config.num_encoder_layers),
+      ('decoder', teacher_config.num_decoder_layers,
+       student_config.num_decoder_layers)):
+    src = teacher_params[stack]
+    out = {k: v for k, v in src.items() if not k.startswith('layers_')}
+    for i, j in enumerate(pick_layers(n_teacher, n_student)):
+      out[f'layers_{i}'] = src[f'layers_{j}']
+    params[stack] = out
+  return jax.tree.map(jnp.asarray, params)
+
+
 def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
              split: str, *, max_decode_len: int, batch_size: int = 256,
              temperature: float = 0.0, seed: int = 0, num_shards: int = 8,

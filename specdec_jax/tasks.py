@@ -153,8 +153,16 @@ def t5_vocabulary(vocab_path: Optional[str] = None
 
 
 def resolve_data_dir(data_dir: Optional[str] = None) -> str:
-  """`data_dir`, else `$SPECDEC_DATA_DIR`, else ~/.cache/specdec_jax/debian."""
+  """`data_dir`, else `$SPECDEC_DATA_DIR`, else ~/.cache/specdec_jax/debian.
+
+  'shipped' names the test slices shipped with the package
+  (`shipped.data_dir()`: the first rows of each test split and the
+  vocabulary; no data build needed).
+  """
   path = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+  if path == 'shipped':
+    from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+    return shipped.data_dir()
   return os.path.abspath(os.path.expanduser(path))
 
 

@@ -446,7 +446,8 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
   """
   path = path.rstrip('/')
   step = int(os.path.basename(path).split('_')[-1])
-  params = checkpoints.load_t5x_params(path, config=model.config)
+  params = checkpoints.load_t5x_params(path, config=model.config,
+                                       dtype=jnp.float32)
   opt_state = make_optimizer(0.0).init(params)
   opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
   if os.path.isfile(opt_file):
@@ -506,6 +507,7 @@ def train(
     kd_loss: str = 'none',
     kd_weight: float = 0.0,
     max_seconds: Optional[float] = None,
+    init_from_teacher: bool = False,
     config_str: str = '',
     progress: Optional[Callable[[int, int, Dict[str, float]], None]] = None,
 ) -> Dict[str, Any]:
@@ -540,7 +542,10 @@ def train(
     kd_loss: 'none', 'fkl' or 'tvd' (distill.py).
     kd_weight: weight of the KD term (see `make_train_step`).
     max_seconds: stop (with a checkpoint) once this much wall time has
-      passed in this call; a rerun continues to `train_steps`.
+      passed in this call after its first (compiling) step; a rerun
+      continues to `train_steps`.
+    init_from_teacher: a fresh run starts from the teacher's parameters cut
+      to MODEL's depth (`distill.init_from_teacher`) instead of random ones.
     config_str: written to model_dir/config.gin if not empty.
     progress: called after every step as `progress(step, train_steps,
       metrics)` (the step's per-token means; the entry point draws a bar).
@@ -593,7 +598,16 @@ def train(
 
   model = network.T5Model(model_config)
   latest = checkpoints.latest_checkpoint(model_dir)
-  if latest is None:
+  if latest is None and init_from_teacher:
+    if teacher is None:
+      raise ValueError('init_from_teacher needs teacher_config and '
+                       'teacher_checkpoint.')
+    from specdec_jax import distill  # pylint: disable=g-import-not-at-top
+    params = distill.init_from_teacher(teacher_params, teacher_config,
+                                       model_config)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                       opt_state=make_optimizer(0.0).init(params))
+  elif latest is None:
     state = init_state(model, seed)
   else:
     state = restore_checkpoint(model, latest)
@@ -644,13 +658,15 @@ def train(
     with open(log_path, 'a') as f:
       f.write(json.dumps(record) + '\n')
 
+  t_first = None  # the clock of max_seconds starts after the compile
   for step in range(start + 1, train_steps + 1):
-    out_of_time = (max_seconds is not None
-                   and time.perf_counter() - t0 > max_seconds)
+    out_of_time = (max_seconds is not None and t_first is not None
+                   and time.perf_counter() - t_first > max_seconds)
     last = step == train_steps or out_of_time
     tic = time.perf_counter()
     state, metrics = train_step(state, next(batches), *extra)
     metrics = jax.device_get(metrics)  # waits for the step
+    t_first = time.perf_counter() if t_first is None else t_first
     window_seconds += time.perf_counter() - tic
     window_steps += 1
     lr = float(metrics.pop('lr'))

@@ -1,0 +1,241 @@
+"""The models and data the project ships: the embedded default of every job.
+
+`specdec_jax/assets/mini/` holds, committed once (scripts/ship_models.py
+writes it; its README says how it was produced and how to reproduce it):
+
+  models.json        name -> role, T5Config fields, checkpoint folder,
+                     provenance (training command, steps, measured alpha)
+  <name>/checkpoint_<step>/   T5X's orbax checkpoint layout, bfloat16
+  data/                       a Debian data dir (scripts/build_debian_data.py
+                              layout) holding only test slices:
+    sentencepiece.model       the Debian tasks' vocabulary (8000 pieces)
+    <task>/test.jsonl         the first rows of each task's test split
+    arrays/<task>_test.npz    the same rows pre-tokenized: inputs (with the
+                              T5 task prefix), targets (references), EOS = 1
+  MANIFEST.json      sha256 and size of every file above
+
+The eval job reads it as an ordinary data dir (`evaluate.data_dir =
+'shipped'`, see `tasks.resolve_data_dir`) and loads checkpoints named
+`shipped:<model>` (`checkpoint_path`), so the main job is an ordinary gin
+eval job (gin_configs/shipped/).
+
+Loading goes through the same code as a real T5X checkpoint
+(`checkpoints.load_t5x_params`); `verify()` checks every file against the
+manifest first and names the file that is missing, truncated or corrupt
+(orbax / tensorstore keep no checksums of their own). Needs neither seqio nor
+TensorFlow nor gin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          'assets', 'mini')
+MANIFEST = 'MANIFEST.json'
+MODELS = 'models.json'
+TASKS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
+SCHEME = 'shipped:'
+
+
+
+class ShippedAssetError(ValueError):
+  """A shipped file is missing, truncated or corrupt (names the file)."""
+
+
+def asset_dir() -> str:
+  """The shipped folder (`SPECDEC_ASSETS` overrides it, e.g. for a copy)."""
+  return os.environ.get('SPECDEC_ASSETS', ASSETS_DIR)
+
+
+def available() -> bool:
+  """Whether the shipped models are present."""
+  return os.path.isfile(os.path.join(asset_dir(), MODELS))
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def manifest_entries(root: str) -> Dict[str, Dict[str, Any]]:
+  """`{relative path: {'sha256', 'bytes'}}` of every file under `root`."""
+  entries = {}
+  for folder, _, files in os.walk(root):
+    for name in sorted(files):
+      path = os.path.join(folder, name)
+      rel = os.path.relpath(path, root).replace(os.sep, '/')
+      if rel == MANIFEST:
+        continue
+      entries[rel] = {'sha256': _sha256(path),
+                      'bytes': os.path.getsize(path)}
+  return dict(sorted(entries.items()))
+
+
+def write_manifest(root: str) -> str:
+  """Writes `root/MANIFEST.json` for the files under `root`."""
+  path = os.path.join(root, MANIFEST)
+  with open(path, 'w') as f:
+    json.dump(manifest_entries(root), f, indent=1)
+    f.write('\n')
+  return path
+
+
+def verify(prefix: str = '', root: Optional[str] = None) -> int:
+  """Checks the shipped files (those under `prefix`) against the manifest.
+
+  Args:
+    prefix: only files whose relative path starts with it (e.g. 'target/').
+    root: the folder (default `asset_dir()`).
+
+  Returns:
+    How many files were checked.
+
+  Raises:
+    ShippedAssetError: naming the first missing, truncated or corrupt file.
+  """
+  root = root or asset_dir()
+  manifest_path = os.path.join(root, MANIFEST)
+  if not os.path.isfile(manifest_path):
+    raise ShippedAssetError(f'{manifest_path} is missing: the shipped models '
+                            'cannot be checked.')
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  checked = 0
+  for rel, entry in manifest.items():
+    if not rel.startswith(prefix):
+      continue
+    path = os.path.join(root, rel)
+    if not os.path.isfile(path):
+      raise ShippedAssetError(f'Shipped file missing: {path}')
+    size = os.path.getsize(path)
+    if size != entry['bytes']:
+      raise ShippedAssetError(
+          f'Shipped file truncated or changed: {path} has {size} bytes, the '
+          f'manifest says {entry["bytes"]}.')
+    if _sha256(path) != entry['sha256']:
+      raise ShippedAssetError(
+          f'Shipped file corrupt: {path} (sha256 differs from {MANIFEST}).')
+    checked += 1
+  return checked
+
+
+def index() -> Dict[str, Any]:
+  """The parsed models.json."""
+  path = os.path.join(asset_dir(), MODELS)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'No shipped models at {asset_dir()} ({MODELS} missing); '
+        'scripts/ship_models.py writes them.')
+  with open(path) as f:
+    return json.load(f)
+
+
+def model_names() -> List[str]:
+  """The shipped models, target first."""
+  return list(index()['models'])
+
+
+def config(name: str, dtype: Any = 'float32'):
+  """The `network.T5Config` of a shipped model."""
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+
+  models = index()['models']
+  if name not in models:
+    raise ValueError(f'No shipped model {name!r}; shipped: '
+                     f'{", ".join(models)}.')
+  fields = dict(models[name]['config'])
+  fields['mlp_activations'] = tuple(fields['mlp_activations'])
+  return network.T5Config(dtype=dtype, **fields)
+
+
+def checkpoint_path(name: str) -> str:
+  """The shipped model's `checkpoint_<step>` folder."""
+  return os.path.join(asset_dir(), index()['models'][name]['checkpoint'])
+
+
+def load_model(name: str, dtype: Any = None,
+               check: bool = True) -> Tuple[Any, Any]:
+  """A shipped model and its parameters.
+
+  Args:
+    name: e.g. 'target' or a drafter name from `model_names()`.
+    dtype: parameter dtype after loading (default float32; the files are
+      bfloat16). The model computes in float32 unless dtype is bfloat16.
+    check: verify the model's files against the manifest first.
+
+  Returns:
+    `(network.T5Model, params)`.
+
+  Raises:
+    ShippedAssetError: a file of the model is missing / truncated / corrupt.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+
+  dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
+  cfg = config(name, dtype='bfloat16' if dtype == jnp.bfloat16 else
+               'float32')
+  path = checkpoint_path(name)
+  if check:
+    verify(os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/')
+  try:
+    params = checkpoints.load_t5x_params(path, config=cfg, dtype=dtype)
+  except ValueError as e:  # CheckpointError included
+    raise ShippedAssetError(f'Shipped model {name!r} at {path} does not '
+                            f'load: {e}') from e
+  return network.T5Model(cfg), params
+
+
+def data_dir() -> str:
+  """The shipped Debian data dir (test slices and vocabulary)."""
+  return os.path.join(asset_dir(), 'data')
+
+
+def resolve(checkpoint: str) -> str:
+  """`shipped:<model>` -> that model's checkpoint folder (checked first)."""
+  name = checkpoint[len(SCHEME):]
+  path = checkpoint_path(name) if name in model_names() else None
+  if path is None:
+    raise FileNotFoundError(f'No shipped model {name!r} ({checkpoint}); '
+                            f'shipped: {", ".join(model_names())}.')
+  verify(os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/')
+  return path
+
+
+def test_arrays(task: str) -> Dict[str, np.ndarray]:
+  """A task's shipped test slice: `{'inputs', 'targets'}` int32 arrays."""
+  if task not in TASKS:
+    raise ValueError(f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
+  rel = f'data/arrays/{task}_test.npz'
+  verify(rel)
+  with np.load(os.path.join(asset_dir(), rel)) as f:
+    return {k: f[k].astype(np.int32) for k in ('inputs', 'targets')}
+
+
+def test_texts(task: str) -> List[Dict[str, str]]:
+  """The same rows as text: `[{'source', 'reference'}, ...]`."""
+  if task not in TASKS:
+    raise ValueError(f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
+  rel = f'data/{TASKS[task]}/test.jsonl'
+  verify(rel)
+  src, ref = (('en', 'de') if task == 'en_de' else
+              ('description', 'synopsis'))
+  with open(os.path.join(asset_dir(), rel), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [{'source': r[src], 'reference': r[ref]} for r in rows]
+
+
+def sentencepiece_path() -> str:
+  """The shipped SentencePiece model (the Debian tasks' vocabulary)."""
+  verify('data/sentencepiece.model')
+  return os.path.join(data_dir(), 'sentencepiece.model')
