@@ -51,7 +51,6 @@ from specdec_jax import reproduce
 from specdec_jax import network
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE2
 from specdec_jax.reproduce import PAPER_TABLE3
 from specdec_jax.reproduce import eval_flags
@@ -202,7 +201,8 @@ def main(argv=None):
   parser.add_argument('--costs', default='native,t5_1_1_base_cost',
                       help="'native' (the target as it is) and/or widening "
                       'presets')
-  parser.add_argument('--drafters', default=','.join(DRAFTERS))
+  parser.add_argument('--drafters', default=None,
+                      help='default: every drafter of the setup')
   parser.add_argument('--temperatures', default='0,1')
   parser.add_argument('--num_examples', type=int, default=16)
   parser.add_argument('--calib_examples', type=int, default=32)
@@ -229,7 +229,7 @@ def main(argv=None):
     t, c, d, temp = extra.split(':')
     plan.append((t, c, d, float(temp)))
   for t, c, d, _ in plan:
-    if t not in setup.tasks or d not in DRAFTERS or (
+    if t not in setup.tasks or d not in setup.drafters or (
         c != 'native' and c not in widening.PRESETS):
       raise SystemExit(f'unknown task / cost / drafter: {t} {c} {d}')
 

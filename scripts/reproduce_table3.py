@@ -25,7 +25,6 @@ from specdec_jax import decoding
 from specdec_jax import eval as eval_lib
 from specdec_jax import measure
 from specdec_jax import reproduce
-from specdec_jax.reproduce import DRAFTERS
 from specdec_jax.reproduce import PAPER_TABLE3
 from specdec_jax.reproduce import load_task_models
 from specdec_jax.reproduce import task_inputs
@@ -104,7 +103,8 @@ def greedy_quality(models, inputs, targets, batch_size):
 
 def markdown(result) -> str:
   lines = [
-      '# Table 3 on the mini models: alpha per drafter', '',
+      f"# Table 3 on the {result.get('setup', 'mini')} models: alpha per "
+      'drafter', '',
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
       f"Date: {result['date']}", '',
       'alpha = E[sum_x min(p(x), q(x))] over every output token (EOS '
@@ -112,21 +112,27 @@ def markdown(result) -> str:
       f"{result['num_examples']} test inputs (greedy for t=0, sampled for "
       't=1); the drafter scores the same prefixes. +- one standard error '
       '(examples as units). Paper: T5-XXL target (EnDe ~ en_de, CNNDM ~ '
-      'synopsis).', '',
-      '| task | drafter | ours t=0 | ours t=1 | paper t=0 | paper t=1 |',
-      '|---|---|---|---|---|---|',
+      'synopsis). The last column is PREDICTED, not measured: the speed-up '
+      'Theorem 3.8 gives with this alpha at t=0, the optimal gamma and the '
+      'H100 cost figures of the drafter at T5-XXL target cost '
+      '(reproduce.H100_C; cost(gamma+1) = 1).', '',
+      '| task | drafter | ours t=0 | ours t=1 | paper t=0 | paper t=1 | '
+      'predicted H100 speed-up, t=0 (gamma) |',
+      '|---|---|---|---|---|---|---|',
   ]
   for task, by_temp in result['alpha'].items():
     paper = PAPER_TABLE3[result['paper_task'][task]]
-    for name in ORDER:
-      if name not in by_temp['0']:
-        continue
+    for name in by_temp['0']:
       cells = []
       for t in ('0', '1'):
         a, se, n = by_temp[t][name]
         cells.append(f'{a:.3f} +- {se:.3f} ({n} tok)')
+      ref = ([f'{v:.2f}' for v in paper[name]] if name in paper else
+             ['-', '-'])
+      pred = reproduce.predicted_h100(by_temp['0'][name][0], name)
+      pred = f'{pred[1]:.2f}x ({pred[0]})' if pred else '-'
       lines.append(f'| {task} | {name} | {cells[0]} | {cells[1]} | '
-                   f'{paper[name][0]:.2f} | {paper[name][1]:.2f} |')
+                   f'{ref[0]} | {ref[1]} | {pred} |')
   if result.get('quality'):
     lines += ['', '## Greedy output quality on the same inputs', '',
               'The target should be the best model; the drafters trade '
@@ -144,19 +150,24 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   reproduce.add_setup_flags(parser)
   parser.add_argument('--out_dir', default='results')
-  parser.add_argument('--drafters', default=','.join(ORDER))
+  parser.add_argument('--drafters', default=None,
+                      help='default: every drafter of the setup')
   parser.add_argument('--num_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--split', default='test')
   args = parser.parse_args(argv)
   setup = reproduce.setup_from_flags(args)
-  names = args.drafters.split(',')
+  names = (args.drafters.split(',') if args.drafters else
+           [n for n in ORDER if n in setup.drafters] +
+           [n for n in setup.drafters if n not in ORDER])
   for name in names:
-    if name not in DRAFTERS:
-      raise SystemExit(f'unknown drafter {name!r}; expected {DRAFTERS}')
+    if name not in setup.drafters:
+      raise SystemExit(f'unknown drafter {name!r}; expected '
+                       f'{setup.drafters}')
   result = dict(
       **reproduce.run_header('scripts/reproduce_table3.py', argv),
       num_examples=args.num_examples, split=args.split,
+      setup=reproduce.results_name(setup),
       models=setup.describe, paper_task={t: v['paper']
                                          for t, v in setup.tasks.items()},
       alpha={})
@@ -174,8 +185,9 @@ def main(argv=None):
         f'{t:g}': task_alphas(models, inputs, t, args.batch_size)
         for t in (0.0, 1.0)}
     print(json.dumps(result['alpha'][task]), flush=True)
-    (out / 'table3_mini.json').write_text(json.dumps(result, indent=1))
-    (out / 'table3_mini.md').write_text(markdown(result))
+    name = reproduce.results_name(setup)
+    (out / f'table3_{name}.json').write_text(json.dumps(result, indent=1))
+    (out / f'table3_{name}.md').write_text(markdown(result))
   print(markdown(result))
 
 

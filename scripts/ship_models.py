@@ -85,7 +85,10 @@ def measure_alpha(target, tparams, model, params, inputs, decode_len,
 
 
 def quality(target, tparams, inputs, refs, decode_len, task, batch_size):
-  """Greedy BLEU (en_de) or ROUGE (synopsis) of the target."""
+  """Greedy BLEU (en_de) or ROUGE (synopsis) of the target.
+
+  `refs` are the reference texts as written (not tokenized and decoded
+  back: pieces outside the vocabulary would then match in both)."""
   from specdec_jax import decoding, tasks  # pylint: disable=g-import-not-at-top
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   sp = spm.SentencePieceProcessor(
@@ -97,17 +100,28 @@ def quality(target, tparams, inputs, refs, decode_len, task, batch_size):
     outs += [np.asarray(r) for r in np.asarray(out.tokens)[:n]]
   text = lambda ids: sp.decode([int(t) for t in ids if t > 1])
   preds = [text(o) for o in outs]
-  targets = [text(r) for r in refs]
+  targets = list(refs)
   return (tasks.bleu(targets, preds) if task == 'en_de'
           else tasks.rouge(targets, preds)), preds[:3]
 
 
+def _reference_texts(task_dir, n):
+  """The first n references of the test split, as written (its jsonl)."""
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  key = 'de' if task_dir == TASK_DIRS['en_de'] else 'synopsis'
+  with open(os.path.join(tasks.resolve_data_dir(), task_dir, 'test.jsonl'),
+            encoding='utf-8') as f:
+    return [json.loads(line)[key] for _, line in zip(range(n), f)]
+
+
 def cmd_measure(args):
   from specdec_jax import arrays, training  # pylint: disable=g-import-not-at-top
-  names = args.candidates.split(',')
+  names = [n for n in args.candidates.split(',') if n]
   target, tparams, tentry = _load(args.export_dir, 'target')
-  result = dict(command='python scripts/ship_models.py ' + ' '.join(
-      sys.argv[1:]), num_examples=args.num_examples, target=tentry,
+  from specdec_jax import reproduce  # pylint: disable=g-import-not-at-top
+  result = dict(command=reproduce.portable(
+      'python scripts/ship_models.py ' + ' '.join(sys.argv[1:])),
+                num_examples=args.num_examples, target=tentry,
                 tasks={})
   for task, task_dir in TASK_DIRS.items():
     test = arrays.load(os.path.join(args.arrays, task_dir), 'test')
@@ -117,7 +131,8 @@ def cmd_measure(args):
     row['target_validation'] = training.evaluate(
         target, tparams, arrays.eval_batches(val, 64, args.val_examples))
     row['target_quality'], row['samples'] = quality(
-        target, tparams, inputs, test['targets'][:args.num_examples],
+        target, tparams, inputs, _reference_texts(task_dir,
+                                                  args.num_examples),
         DECODE_LEN[task], task, args.batch_size)
     print(task, row['target_validation'], row['target_quality'], flush=True)
     row['alpha'] = {}
@@ -185,11 +200,117 @@ def cmd_ship(args):
   print(f'shipped {list(models)} to {out}: {total / 1e6:.1f} MB')
 
 
+PAPER_T0 = {'en_de': {'small': .75, 'base': .80, 'large': .82},
+            'synopsis': {'small': .65, 'base': .73, 'large': .74}}
+GOALS = 'best drafter alpha(t=0) >= 0.70 (en_de), >= 0.65 (synopsis); a ' \
+        'GPU-shaped drafter >= 0.6'
+
+
+def cmd_report(args):
+  """results/drafters_alpha.md (before / after) and the training report."""
+  from specdec_jax import reproduce, training  # pylint: disable=g-import-not-at-top
+  with open(args.measured) as f:
+    after = json.load(f)
+  with open(os.path.join(REPO, 'results', 'table3_mini.json')) as f:
+    before = json.load(f)
+  lines = ['# Drafter agreement before and after distillation', '',
+           f"After: `{after['command']}` (results/drafters_alpha.json), "
+           f"{after['num_examples']} test inputs per task, float32 on CPU "
+           '(bf16 weights cast up).  ',
+           'Before: results/table3_mini.json (per-task mini models trained '
+           'on 2 CPU cores for 500-2000 steps on the references), same '
+           'protocol (measure.alpha: the target decodes the test inputs, '
+           'beta = sum_x min(p, q) pooled over every output position).', '',
+           f'Goals (issue): {GOALS}.', '',
+           '| task | drafter | before t=0 | before t=1 | after t=0 | after '
+           't=1 | paper t=0 | predicted H100 speed-up, t=0 (gamma) |',
+           '|---|---|---|---|---|---|---|---|']
+  for task, row in after['tasks'].items():
+    old = before['alpha'][task]
+    for name, by_t in row['alpha'].items():
+      kind = name.rsplit('_', 1)[0]
+      b0 = old['0'].get(kind, [None])[0]
+      b1 = old['1'].get(kind, [None])[0]
+      fmt = lambda v: '-' if v is None else f'{v:.3f}'
+      a0, a1 = by_t['t0'], by_t['t1']
+      pred = reproduce.predicted_h100(a0['alpha'], kind)
+      lines.append(
+          f"| {task} | {name} | {fmt(b0)} | {fmt(b1)} | {a0['alpha']:.3f} "
+          f"+- {a0['se']:.3f} | {a1['alpha']:.3f} +- {a1['se']:.3f} | "
+          f"{PAPER_T0[task].get(kind, '-')} | "
+          + (f'{pred[1]:.2f}x ({pred[0]})' if pred else '-') + ' |')
+  lines += ['', 'Predicted H100 speed-ups are PREDICTED from the cost '
+            'figures in reproduce.H100_C (c of a drafter at T5-XXL target '
+            'cost, cost(k) = 1), not measured; role drafters are taken at '
+            'T5 1.1 small / base / large cost, dec1 / dec2 at the 2-decoder-'
+            'layer figure.', '', '## The target, before and after', '',
+            '| task | model | validation loss | validation accuracy | greedy '
+            'quality (test, first N inputs) |', '|---|---|---|---|---|']
+  old_training = {}
+  path = os.path.join(REPO, 'results', 'training.json')
+  if os.path.isfile(path):
+    with open(path) as f:
+      old_training = json.load(f)
+  for task, row in after['tasks'].items():
+    old_q = before.get('quality', {}).get(task, {})
+    old_q = next((v for k, v in old_q.items() if k.startswith('target')),
+                 {})
+    old_v = _old_validation(old_training, task)
+    lines.append(f"| {task} | before: per-task mini-XXL | "
+                 f"{old_v.get('loss', float('nan')):.3f} | "
+                 f"{old_v.get('accuracy', float('nan')):.3f} | "
+                 + ', '.join(f'{k} {v:.1f}' for k, v in old_q.items()) + ' |')
+    v = row['target_validation']
+    lines.append(f"| {task} | after: shipped multi-task target | "
+                 f"{v['loss']:.3f} | {v['accuracy']:.3f} | "
+                 + ', '.join(f'{k} {x:.1f}' for k, x in
+                             row['target_quality'].items()) + ' |')
+  with open(os.path.join(REPO, 'results', 'drafters_alpha.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  # Training report of the runs behind the shipped models.
+  with open(os.path.join(args.export_dir, 'models.json')) as f:
+    exported = json.load(f)
+  runs = list(exported['models'])
+  png = os.path.join(REPO, 'results', 'training_shipped.png')
+  training.plot_losses([os.path.join(args.export_dir, n, 'log.jsonl')
+                        for n in runs], png, labels=runs)
+  lines = ['# Training and distillation of the shipped models', '',
+           'Trained on one H100 by scripts/train_shipped_models.py from the '
+           'pre-tokenized arrays of scripts/export_arrays.py (batch 128, '
+           'Adafactor, rsqrt schedule; see gin_configs/train/'
+           'shipped_recipe.gin). Commands and what each run did: README '
+           '"Shipped models". Curves: training_shipped.png (validation of the '
+           'drafters is on the target\'s greedy outputs of the validation '
+           'inputs, so their validation accuracy is a teacher-forced greedy '
+           'alpha).', '',
+           '| run | steps | validation loss | validation accuracy | last '
+           'train beta (t=1 alpha on train batches) | steps/s |',
+           '|---|---|---|---|---|---|']
+  for name in runs:
+    m = exported['models'][name]
+    v, t = m['validation'] or {}, m['train'] or {}
+    beta = f"{t['beta']:.3f}" if t.get('beta') is not None else '-'
+    lines.append(f"| {name} | {m['step']} | {v.get('loss', 0):.3f} | "
+                 f"{v.get('accuracy', 0):.3f} | {beta} | "
+                 f"{t.get('steps_per_sec', 0):.1f} |")
+  with open(os.path.join(REPO, 'results', 'training_shipped.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  print('wrote results/drafters_alpha.md, results/training_shipped.{md,png}')
+
+
+def _old_validation(old_training, task):
+  """The per-task mini-XXL's validation of results/training.json."""
+  for row in old_training.get('rows', []):
+    if row.get('model') == f'{task}_mini_xxl':
+      return {'loss': row['val_loss'], 'accuracy': row['val_accuracy']}
+  return {}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('command', choices=('measure', 'ship'))
+  parser.add_argument('command', choices=('measure', 'ship', 'report'))
   parser.add_argument('--export_dir', required=True)
-  parser.add_argument('--arrays', required=True)
+  parser.add_argument('--arrays', default=None)
   parser.add_argument('--candidates',
                       default='small_fkl,large_fkl,dec1_fkl,dec2_fkl')
   parser.add_argument('--num_examples', type=int, default=256)
@@ -202,7 +323,8 @@ def main(argv=None):
                       help='default specdec_jax/assets/mini')
   parser.add_argument('--slice_examples', type=int, default=256)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  {'measure': cmd_measure, 'ship': cmd_ship}[args.command](args)
+  {'measure': cmd_measure, 'ship': cmd_ship,
+   'report': cmd_report}[args.command](args)
 
 
 if __name__ == '__main__':

@@ -52,9 +52,13 @@ PAPER_TABLE3 = {
 
 
 def model_checkpoint(models_dir: str, task: str, size: str) -> str:
-  """Latest checkpoint of a trained mini model; a clear error if missing."""
+  """Latest checkpoint of a trained mini model; a clear error if missing.
+
+  `<models_dir>/<task>_mini_<size>`, or `<models_dir>/<size>` when task is
+  ''.
+  """
   directory = os.path.join(os.path.expanduser(models_dir),
-                           f'{task}_mini_{size}')
+                           f'{task}_mini_{size}' if task else size)
   path = checkpoints.latest_checkpoint(directory)
   if path is None:
     raise FileNotFoundError(
@@ -62,6 +66,39 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
         f'scripts/train.py --gin_file=train/{task}_mini_{size}.gin '
         f"--gin.MODEL_DIR=\"'{directory}'\"")
   return path
+
+
+# c = t_draft / t_target per drafted token against a T5 1.1-XXL-cost target,
+# bfloat16, batch 1, measured on one H100 with this code (commit ed924c0,
+# 2026-11-22; scripts/reproduce_accelerator.py remeasures): drafters widened
+# to T5 1.1 small / base / large cost (8 / 12 / 24 decoder layers), and a T5
+# with 2 decoder layers (our dec1 / dec2; 1 layer is taken at the 2-layer
+# figure). There cost(k) of a k-token target call is 0.93-1.02 for k <= 9.
+H100_C = {'small': 0.091, 'base': 0.165, 'large': 0.42, 'dec1': 0.028,
+          'dec2': 0.028, 'unigram': 0.0, 'bigram': 0.0}
+
+
+def predicted_h100(alpha: float, drafter: str, max_gamma: int = 16):
+  """PREDICTED (not measured) speed-up at T5-XXL cost on an H100, batch 1.
+
+  Theorem 3.8 of the paper with the H100 cost figures `H100_C` and
+  cost(gamma + 1) = 1: the gamma in 1..max_gamma maximizing
+  (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + 1)).
+
+  Returns:
+    (gamma, speed-up), or None for a drafter with no cost figure.
+  """
+  from specdec_jax import theory  # pylint: disable=g-import-not-at-top
+  if drafter not in H100_C:
+    return None
+  return theory.optimal_gamma_and_speedup(alpha, H100_C[drafter],
+                                          max_gamma=max_gamma)
+
+
+def results_name(setup) -> str:
+  """'mini' or 'shipped' (or 'paper'): the suffix of a setup's results."""
+  return {'MiniSetup': 'mini', 'ShippedSetup': 'shipped'}.get(
+      type(setup).__name__, 'paper')
 
 
 def _bindings(**bindings) -> list:
@@ -73,12 +110,13 @@ def _bindings(**bindings) -> list:
   return flags
 
 
-def _check(task: str, drafter: str, tasks: Dict[str, Any]) -> None:
+def _check(task: str, drafter: str, tasks: Dict[str, Any],
+           drafters: Sequence[str] = DRAFTERS) -> None:
   if task not in tasks:
     raise ValueError(f'Unknown task {task!r}; expected one of {list(tasks)}.')
-  if drafter not in DRAFTERS:
+  if drafter not in drafters:
     raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                     f'{list(DRAFTERS)}.')
+                     f'{list(drafters)}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +124,7 @@ class MiniSetup:
   """The mini models trained here: gin_configs/mini/<task>.gin."""
   models_dir: str = '~/models'
   tasks = TASKS
+  drafters = DRAFTERS
   describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
               'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
 
@@ -120,6 +159,7 @@ class PaperSetup:
   """
   checkpoints: Tuple[Tuple[str, str], ...] = ()
   tasks = PAPER_TASKS
+  drafters = DRAFTERS
   describe = ('T5 1.1 XXL target and T5 1.1 small / base / large drafters '
               'from T5X checkpoints (gin_configs/paper)')
 
@@ -143,11 +183,72 @@ class PaperSetup:
     return flags
 
 
+SHIPPED_TASKS = {
+    'en_de': dict(gin='shipped/en_de.gin', paper='EnDe'),
+    'synopsis': dict(gin='shipped/synopsis.gin', paper='CNNDM'),
+}
+# name -> (gin model macro, where the checkpoint is): shipped ones, or the
+# `<name>_fkl` runs of scripts/train_shipped_models.py in `models_dir`.
+SHIPPED_T5_DRAFTERS = {
+    'dec2': ('%MINI_DEC2', 'shipped'), 'small': ('%MINI_SMALL', 'shipped'),
+    'dec1': ('%MINI_DEC1', 'export'), 'base': ('%MINI_BASE', 'export'),
+    'large': ('%MINI_LARGE', 'export'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShippedSetup:
+  """The shipped models (specdec_jax/assets/mini, gin_configs/shipped).
+
+  The target and the dec2 / small drafters are the shipped ones. `models_dir`
+  may name the `export` folder of scripts/train_shipped_models.py for the
+  drafters trained with them but not shipped (dec1, base, large: the
+  `<name>_fkl` runs). `data_dir` is the full Debian data (the shipped
+  folder holds only test slices; n-gram drafters need the train split).
+  """
+  models_dir: Optional[str] = None
+  data_dir: Optional[str] = None
+  tasks = SHIPPED_TASKS
+  describe = ('shipped multi-task mini-XXL target (emb 256, 4+4 layers, '
+              'trained on a GPU); drafters distilled on it (forward KL on '
+              'its outputs): dec2 / dec1 (cut from the target: emb 256, 2 '
+              'encoder + 2 / 1 decoder layers), small (emb 64, 1+1), base '
+              '(128, 2+2), large (192, 3+3)')
+
+  @property
+  def drafters(self) -> Tuple[str, ...]:
+    names = [n for n, (_, where) in SHIPPED_T5_DRAFTERS.items()
+             if where == 'shipped' or (self.models_dir and
+                                       checkpoints.latest_checkpoint(
+                                           os.path.join(os.path.expanduser(
+                                               self.models_dir), n + '_fkl')))]
+    return tuple(names) + ('unigram', 'bigram')
+
+  def flags(self, task: str, drafter: str) -> list:
+    _check(task, drafter, self.tasks, self.drafters)
+    flags = [f"--gin_file={self.tasks[task]['gin']}"]
+    if self.data_dir:
+      flags.append(f"--gin.evaluate.data_dir='{self.data_dir}'")
+    if drafter in SHIPPED_T5_DRAFTERS:
+      macro, where = SHIPPED_T5_DRAFTERS[drafter]
+      draft = (f'shipped:{drafter}' if where == 'shipped' else
+               model_checkpoint(self.models_dir, '', drafter + '_fkl'))
+      flags += [f'--gin.DRAFT_MODEL={macro}',
+                f"--gin.DRAFT_CHECKPOINT='{draft}'"]
+    else:
+      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
+    return flags
+
+
 def make_setup(kind: str, models_dir: str = '~/models',
-               checkpoint_list: str = ''):
-  """'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from 'k=v,...'."""
+               checkpoint_list: str = '', data_dir: Optional[str] = None):
+  """'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from 'k=v,...';
+  'shipped' -> ShippedSetup(models_dir or None, data_dir)."""
   if kind == 'mini':
     return MiniSetup(models_dir)
+  if kind == 'shipped':
+    return ShippedSetup(models_dir if models_dir != '~/models' else None,
+                        data_dir)
   if kind == 'paper':
     pairs = []
     for item in filter(None, checkpoint_list.split(',')):
@@ -157,14 +258,22 @@ def make_setup(kind: str, models_dir: str = '~/models',
       key, path = item.split('=', 1)
       pairs.append((key.strip(), path.strip()))
     return PaperSetup(tuple(pairs))
-  raise ValueError(f"setup must be 'mini' or 'paper', got {kind!r}.")
+  raise ValueError(f"setup must be 'mini', 'shipped' or 'paper', got "
+                   f'{kind!r}.')
 
 
 def add_setup_flags(parser) -> None:
   """--setup, --models_dir, --checkpoints and --tasks of the scripts."""
-  parser.add_argument('--setup', default='mini', choices=['mini', 'paper'],
-                      help="'mini': models trained here; 'paper': T5X "
+  parser.add_argument('--setup', default='mini',
+                      choices=['mini', 'shipped', 'paper'],
+                      help="'mini': per-task models trained here (~/models); "
+                      "'shipped': the shipped models (+ --models_dir: the "
+                      "train_shipped_models.py export folder); 'paper': T5X "
                       'checkpoints through gin_configs/paper')
+  parser.add_argument('--data_dir', default=None,
+                      help="--setup shipped: the full Debian data (n-gram "
+                      "drafters need its train split); default: the shipped "
+                      'test slices')
   parser.add_argument('--models_dir', default='~/models')
   parser.add_argument('--checkpoints', default='',
                       help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
@@ -174,7 +283,8 @@ def add_setup_flags(parser) -> None:
 
 def setup_from_flags(args):
   """The setup of parsed `add_setup_flags` flags; fills in --tasks."""
-  setup = make_setup(args.setup, args.models_dir, args.checkpoints)
+  setup = make_setup(args.setup, args.models_dir, args.checkpoints,
+                     getattr(args, 'data_dir', None))
   if args.tasks is None:
     args.tasks = ','.join(setup.tasks)
   return setup
@@ -247,11 +357,12 @@ class TaskModels:
   drafters: Dict[str, Tuple[Any, Any]]  # name -> (drafter, params)
 
 
-def load_task_models(setup, task: str, drafters: Sequence[str] = DRAFTERS,
+def load_task_models(setup, task: str, drafters: Optional[Sequence[str]] = None,
                      data_dir: Optional[str] = None) -> TaskModels:
   """Loads the target and the named drafters of one task of a setup."""
   from specdec_jax import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
 
+  drafters = setup.drafters if drafters is None else drafters
   extra = [] if data_dir is None else [f"--gin.evaluate.data_dir='{data_dir}'"]
   base = resolved(eval_flags(setup, task, 'small') + extra)
   if base['data_dir'] is not None:

@@ -92,6 +92,9 @@ def test_walkthrough_demonstrates_exactness_and_theory():
   else:
     assert ('table2_mini.json not found: it is written by '
             '`python scripts/reproduce_table2.py`') in text
+  # Section 5: the shipped models on real text, exact.
+  assert 'EXACT on real text: identical to the baseline' in text
+  assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in text  # reference
   images = [o for cell in nb.cells for o in cell.get('outputs', [])
             if 'image/png' in o.get('data', {})]
   assert len(images) == plots
