@@ -110,7 +110,8 @@ def fmt(x, spec='.2f'):
 
 def markdown(result) -> str:
   lines = [
-      '# Table 2 on the mini models (speculative vs baseline, this CPU)', '',
+      f"# Table 2 on the {result.get('stem', 'table2_mini')[7:]} models "
+      '(speculative vs baseline, this CPU)', '',
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
       f"Date: {result['date']}", '',
       f"Models: {result['models']}; unigram / bigram drafters from the "
@@ -126,12 +127,15 @@ def markdown(result) -> str:
       'with the run\'s alpha, c and cost(gamma+1); "incl. encoder" adds the '
       'measured once-per-example encoder/cache set-up of both decoders '
       '(and the drafter\'s) at the run\'s mean output length. Paper: T5-XXL target, '
-      'TPU (EnDe ~ en_de, CNNDM ~ synopsis).', '',
+      'TPU (EnDe ~ en_de, CNNDM ~ synopsis). "predicted H100" is PREDICTED, '
+      'not measured: Theorem 3.8 with the run\'s alpha, the drafter\'s c at '
+      'T5-XXL target cost on an H100 (reproduce.H100_C), cost(k) = 1 and '
+      'the best gamma.', '',
       '| task | cost | temp | drafter | n | gamma | alpha (calib) | alpha (run) '
       '| c | cost(gamma+1) | predicted | predicted incl. encoder | measured | '
       'measured / predicted | identical | baseline metric | speculative '
-      'metric | paper gamma / alpha / speed-up |',
-      '|' + '---|' * 18,
+      'metric | paper gamma / alpha / speed-up | predicted H100 (gamma) |',
+      '|' + '---|' * 19,
   ]
   for r in result['rows']:
     paper = r.get('paper')
@@ -145,7 +149,9 @@ def markdown(result) -> str:
         f"{fmt(r['predicted_with_encoder'])} | "
         f"**{fmt(r['measured_speedup'])}** | {fmt(r['ratio'])} | "
         f"{r['identical']} | {r['baseline_metric']} | "
-        f"{r['speculative_metric']} | {paper_s} |")
+        f"{r['speculative_metric']} | {paper_s} | "
+        + (f"{r['predicted_h100'][1]:.2f}x ({r['predicted_h100'][0]})"
+           if r.get('predicted_h100') else '-') + ' |')
   lines += ['', '## Measured costs', '',
             '| task | cost | target params | set-up ms | t_target(1) ms | '
             'cost(k) for k = 2, 3, ... | c per drafter |',
@@ -157,7 +163,8 @@ def markdown(result) -> str:
                  f"{c['target_params'] / 1e6:.1f}M | {c['t_init_ms']:.1f} | "
                  f"{_at(c['t_target_ms'], 1):.2f} | {curve} | {cs} |")
   if result.get('gamma_sweep'):
-    lines += ['', '## Gamma sweep', '', '![gamma sweep](table2_gamma_sweep.png)',
+    lines += ['', '## Gamma sweep', '',
+              f"![gamma sweep]({result.get('stem', 'table2')}_gamma_sweep.png)",
               '', '| task | cost | drafter | temp | gamma | alpha | predicted '
               '| measured |', '|---|---|---|---|---|---|---|---|']
     for r in result['gamma_sweep']:
@@ -237,19 +244,21 @@ def main(argv=None):
       **reproduce.run_header('scripts/reproduce_table2.py', argv),
       num_examples=args.num_examples, max_gamma=args.max_gamma,
       calib_examples=args.calib_examples, models=setup.describe, rows=[],
-      costs=[], gamma_sweep=[])
+      costs=[], gamma_sweep=[],
+      stem=f'table2_{reproduce.results_name(setup)}')
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  if args.append and (out / 'table2_mini.json').exists():
+  stem = f'table2_{reproduce.results_name(setup)}'
+  if args.append and (out / f'{stem}.json').exists():
     # Another run's rows (e.g. one task per run) stay, this run's follow.
-    previous = json.loads((out / 'table2_mini.json').read_text())
+    previous = json.loads((out / f'{stem}.json').read_text())
     result['command'] = previous['command'] + '` and `' + result['command']
     for key in ('rows', 'costs', 'gamma_sweep'):
       result[key] = previous[key] + result[key]
 
   def save():
-    (out / 'table2_mini.json').write_text(json.dumps(result, indent=1))
-    (out / 'table2_mini.md').write_text(markdown(result))
+    (out / f'{stem}.json').write_text(json.dumps(result, indent=1))
+    (out / f'{stem}.md').write_text(markdown(result))
 
   for task in dict.fromkeys(t for t, *_ in plan):
     task_plan = [p for p in plan if p[0] == task]
@@ -301,8 +310,11 @@ def main(argv=None):
             'baseline_metrics'] else None
         paper_task = setup.tasks[task]['paper']
         paper = PAPER_TABLE2[paper_task, int(temp)].get(drafter)
-        if paper is None:  # n-grams: Table 3's alpha only
+        if paper is None and drafter in PAPER_TABLE3[paper_task]:
+          # n-grams: Table 3's alpha only
           paper = (None, PAPER_TABLE3[paper_task][drafter][int(temp)], None)
+        h100 = reproduce.predicted_h100(min(max(alpha_run, 0.0), 1.0),
+                                        drafter)
         measured = summary['throughput_speedup']
         # Theorem 3.8 plus what it leaves out: the encoder / cache set-up paid
         # once per example by both decoders (and the drafter's by ours).
@@ -317,6 +329,7 @@ def main(argv=None):
         result['rows'].append(dict(
             task=task, cost=cost, drafter=drafter, temperature=temp,
             gamma=gamma, alpha_calibration=alpha_cal, alpha=alpha_run, c=c,
+            predicted_h100=h100,
             cost_gamma_plus_1=costs['cost'][gamma],
             predicted_speedup=predicted, measured_speedup=measured,
             predicted_with_encoder=predicted_full,
@@ -356,7 +369,7 @@ def main(argv=None):
           save()
   save()
   if result['gamma_sweep']:
-    plot_sweep(result['gamma_sweep'], out / 'table2_gamma_sweep.png')
+    plot_sweep(result['gamma_sweep'], out / f'{stem}_gamma_sweep.png')
   print(markdown(result))
 
 

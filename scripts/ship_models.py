@@ -191,10 +191,11 @@ def cmd_ship(args):
       g.writelines(line for _, line in zip(range(n), f))
   shutil.copy(os.path.join(data_dir, 'sentencepiece.model'),
               os.path.join(out, 'data'))
+  from specdec_jax import reproduce  # pylint: disable=g-import-not-at-top
   with open(os.path.join(out, shipped.MODELS), 'w') as f:
-    json.dump(dict(models=models, target_training=exported.get('target'),
-                   produced_by=exported.get('command')), f, indent=1)
-    f.write('\n')
+    f.write(reproduce.portable(json.dumps(
+        dict(models=models, target_training=exported.get('target'),
+             produced_by=exported.get('command')), indent=1)) + '\n')
   shipped.write_manifest(out)
   total = sum(e['bytes'] for e in shipped.manifest_entries(out).values())
   print(f'shipped {list(models)} to {out}: {total / 1e6:.1f} MB')
@@ -245,7 +246,13 @@ def cmd_report(args):
             'T5 1.1 small / base / large cost, dec1 / dec2 at the 2-decoder-'
             'layer figure.', '', '## The target, before and after', '',
             '| task | model | validation loss | validation accuracy | greedy '
-            'quality (test, first N inputs) |', '|---|---|---|---|---|']
+            'quality (first 256 test inputs, results/table3_*.json) |',
+            '|---|---|---|---|---|']
+  table3 = {}  # the same quality protocol as before: Table 3's
+  path = os.path.join(REPO, 'results', 'table3_shipped.json')
+  if os.path.isfile(path):
+    with open(path) as f:
+      table3 = json.load(f)
   old_training = {}
   path = os.path.join(REPO, 'results', 'training.json')
   if os.path.isfile(path):
@@ -261,10 +268,13 @@ def cmd_report(args):
                  f"{old_v.get('accuracy', float('nan')):.3f} | "
                  + ', '.join(f'{k} {v:.1f}' for k, v in old_q.items()) + ' |')
     v = row['target_validation']
+    new_q = next((q for k, q in table3.get('quality', {}).get(task, {})
+                  .items() if k.startswith('target')), None)
     lines.append(f"| {task} | after: shipped multi-task target | "
                  f"{v['loss']:.3f} | {v['accuracy']:.3f} | "
-                 + ', '.join(f'{k} {x:.1f}' for k, x in
-                             row['target_quality'].items()) + ' |')
+                 + (', '.join(f'{k} {x:.1f}' for k, x in new_q.items())
+                    if new_q else 'run scripts/reproduce_table3.py --setup '
+                    'shipped') + ' |')
   with open(os.path.join(REPO, 'results', 'drafters_alpha.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
   # Training report of the runs behind the shipped models.
