@@ -92,27 +92,52 @@ def validate_decode_args(model, encoder_input_tokens, max_decode_len,
         'encoder_input_tokens must be [batch, length] with batch, length >= 1;'
         f' got shape {shape}.'
     )
-  if not jnp.issubdtype(jnp.asarray(encoder_input_tokens).dtype, jnp.integer):
+  dtype = getattr(encoder_input_tokens, 'dtype', None)
+  if dtype is None:
+    dtype = np.asarray(encoder_input_tokens).dtype
+  if not jnp.issubdtype(dtype, jnp.integer):
     raise ValueError('encoder_input_tokens must be integer token ids.')
 
 
 @dataclasses.dataclass(frozen=True)
 class _SampleLoop:
-  """cond_fn/body_fn of the baseline `lax.while_loop`."""
+  """cond_fn/body_fn of the baseline `lax.while_loop`.
+
+  With `block_size` k > 1 every step is a k-token call: the row's token then
+  k - 1 copies of it as dummies, written past the row's position (stale
+  slots: never attended to, overwritten by the next step), on a cache of
+  max_decode_len + k slots. Those are the shapes of a speculative
+  verification with gamma = k - 1, so both decoders run the same kernels.
+  """
 
   model: Any
   sampling: SamplingConfig
   eos_id: int
   max_decode_len: int
+  block_size: int = 1
+
+  @property
+  def cache_length(self) -> int:
+    # As speculative._SpecLoop's target cache for gamma = block_size - 1.
+    if self.block_size == 1:
+      return self.max_decode_len
+    return self.max_decode_len + self.block_size
 
   def cond_fn(self, state: DecodeState) -> Array:
     return ~jnp.all(state.ended)
 
   def body_fn(self, params, max_steps, state: DecodeState) -> DecodeState:
     rng, step_rng = jax.random.split(state.rng)
-    # [batch, 1] -> [batch, 1, vocab]
-    logits, cache = self.model.extend(params, state.cur_token[:, None],
-                                      state.cache)
+    if self.block_size == 1:
+      # [batch, 1] -> [batch, 1, vocab]
+      logits, cache = self.model.extend(params, state.cur_token[:, None],
+                                        state.cache)
+    else:
+      # [batch, k] (the token, then k - 1 dummies) -> [batch, k, vocab]; the
+      # cache keeps the token only.
+      block = jnp.repeat(state.cur_token[:, None], self.block_size, axis=1)
+      logits, cache = self.model.extend(params, block, state.cache)
+      cache = cache.rewind(state.cache.position + 1)
     token = sampling_lib.sample(step_rng, logits[:, 0], self.sampling)
     token = jnp.where(state.ended, 0, token)
     tokens = jax.lax.dynamic_update_slice(
@@ -125,7 +150,7 @@ class _SampleLoop:
   def __call__(self, params, encoder_input_tokens, rng, max_steps):
     batch = encoder_input_tokens.shape[0]
     cache = self.model.init_cache(
-        params, encoder_input_tokens, self.max_decode_len
+        params, encoder_input_tokens, self.cache_length
     )
     state = DecodeState(
         step=jnp.zeros((), jnp.int32),
@@ -156,6 +181,7 @@ def temperature_sample(
     eos_id: int = 1,
     rng: Optional[Array] = None,
     max_decode_steps: Optional[int] = None,
+    block_size: int = 1,
 ) -> DecodeResult:
   """Autoregressive decoding of a batch, compiled once per shape and config.
 
@@ -169,17 +195,67 @@ def temperature_sample(
     eos_id: end-of-sequence id; a row stops after emitting it.
     rng: PRNG key (required unless greedy).
     max_decode_steps: optional dynamic cap <= max_decode_len on the steps.
+    block_size: 1 (one token per decoder call), or k > 1: each step is a
+      k-token call (the token and k - 1 dummies, dropped from the cache) on a
+      cache of max_decode_len + k slots, the shapes of the speculative loop's
+      verification at gamma = k - 1. The step then runs the same kernels as
+      the verification: where a backend gives each row of a call the same
+      bits whatever the other rows hold (the usual case: the reduction order
+      depends on shapes, not values), greedy outputs equal the speculative
+      ones bit for bit in any dtype, at the cost of a k-token step
+      (cost(k) ~ 1 on a GPU at batch 1). Needs a cache with `position` and
+      `rewind` (`network.DecoderCache`).
 
   Returns:
     `DecodeResult` with `tokens` `[batch, max_decode_len]`.
   """
+  loop, args = _prepare(model, params, encoder_input_tokens, max_decode_len,
+                        sampling, eos_id, rng, max_decode_steps, block_size)
+  return _run(loop, *args)
+
+
+def lower_temperature_sample(
+    model,
+    params,
+    encoder_input_tokens,
+    *,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int = 1,
+    rng: Optional[Array] = None,
+    max_decode_steps: Optional[int] = None,
+    block_size: int = 1,
+):
+  """`temperature_sample`'s compiled program, lowered but not run.
+
+  `.compile()` on the result compiles it ahead of time (e.g. several at once
+  in threads) into jax's cache: a later `temperature_sample` call with the
+  same arguments' shapes runs without compiling. Arguments as
+  `temperature_sample` (arrays or `jax.ShapeDtypeStruct`s).
+
+  Returns:
+    A `jax.stages.Lowered`.
+  """
+  loop, args = _prepare(model, params, encoder_input_tokens, max_decode_len,
+                        sampling, eos_id, rng, max_decode_steps, block_size)
+  return _run.lower(loop, *args)
+
+
+def _prepare(model, params, encoder_input_tokens, max_decode_len, sampling,
+             eos_id, rng, max_decode_steps, block_size):
+  """Validated loop and arguments of `_run`."""
   validate_decode_args(model, encoder_input_tokens, max_decode_len, sampling,
                        max_decode_steps)
+  if (isinstance(block_size, bool) or
+      not isinstance(block_size, (int, np.integer)) or block_size < 1):
+    raise ValueError(f'block_size must be an int >= 1, got {block_size!r}.')
   if rng is None:
     if not sampling.greedy:
       raise ValueError('rng is required when temperature > 0.')
     rng = jax.random.key(0)
-  loop = _SampleLoop(model, sampling, int(eos_id), int(max_decode_len))
+  loop = _SampleLoop(model, sampling, int(eos_id), int(max_decode_len),
+                     int(block_size))
   max_steps = jnp.int32(max_decode_steps or max_decode_len)
-  return _run(loop, params, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
-              max_steps)
+  if not isinstance(encoder_input_tokens, jax.ShapeDtypeStruct):
+    encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  return loop, (params, encoder_input_tokens, rng, max_steps)

@@ -15,12 +15,18 @@ speculative decoding, both compiled, timed side by side (the order alternates
 between batches). Outputs in EVAL_OUTPUT_DIR:
   examples.jsonl   one record per example, appended as batches finish;
   summary.json     walltime speedup, alpha, mean accepted length, target calls
-                   per token, metrics of both outputs, differing examples;
+                   per token, metrics of both outputs, differing examples
+                   (greedy) split into rounding near-ties and real mismatches
+                   (diagnostics.py);
   summary.md       the same as one markdown table row (with its header);
   config.gin       the operative gin config;
   run.json         the run's settings (a rerun with the same settings resumes).
 A failure mid-run keeps every finished batch and writes the summary of what
-finished, marked with the error.
+finished, marked with the error. A greedy row that differs from the baseline
+is diagnosed (`diagnostics.diagnose`: teacher-forced float32 logits at the
+first difference): a numerical near-tie is counted and reported, a real
+mismatch marks the summary failed and the job raises `MismatchError` (exit
+status 1) after writing everything.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ import numpy as np
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / 'gin_configs'
 
 
+class MismatchError(RuntimeError):
+  """Greedy speculative outputs differ from the baseline beyond rounding."""
+
+
 def load_params(config, checkpoint: Optional[str], seed: int, what: str):
   import jax  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
@@ -46,6 +56,9 @@ def load_params(config, checkpoint: Optional[str], seed: int, what: str):
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))
+  if str(checkpoint).startswith('shipped:'):  # the package's own models
+    from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+    checkpoint = shipped.resolve(str(checkpoint))
   path = pathlib.Path(str(checkpoint))
   if not str(checkpoint).startswith('gs://') and not path.exists():
     raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
@@ -160,6 +173,13 @@ def _summary(records, settings) -> Dict[str, Any]:
       'differing_examples': int(sum(not r['identical'] for r in records))
                             if settings['temperature'] == 0 else None,
   }
+  if settings['temperature'] == 0:
+    kinds = [(r.get('divergence') or {}).get('kind') for r in records
+             if not r['identical']]
+    summary['near_ties'] = kinds.count('near_tie')
+    summary['mismatches'] = kinds.count('mismatch')
+    # Rows from a run before diagnostics existed.
+    summary['undiagnosed'] = kinds.count(None)
   summary.update(settings)
   return summary
 
@@ -167,7 +187,7 @@ def _summary(records, settings) -> Dict[str, Any]:
 def _markdown(summary, base_metrics, spec_metrics) -> str:
   cols = ['task', 'drafter', 'temperature', 'gamma', 'examples', 'alpha',
           'walltime_speedup', 'mean_accepted_length', 'target_calls_per_token',
-          'differing_examples']
+          'differing_examples', 'near_ties', 'mismatches']
   cells = []
   for c in cols:
     v = summary.get(c)
@@ -204,6 +224,8 @@ def evaluate(
     data_dir: Optional[str] = None,
     target_widen_to: Optional[Any] = None,
     timing_repeats: int = 1,
+    activation_dtype: Optional[str] = None,
+    same_shape_baseline: bool = False,
     config_str: str = '',
     dry_run: bool = False,
 ) -> Dict[str, Any]:
@@ -237,6 +259,15 @@ def evaluate(
       outputs and alpha, the cost of the bigger model; see widening.py).
     timing_repeats: each batch is decoded this many times by each method
       (alternating) and the median time is reported.
+    activation_dtype: None (activations in the target config's dtype, as in
+      T5X) or e.g. 'float32': the target (used by both decoders) runs its
+      weights, rounded to its dtype, with activations in this dtype
+      (`network.T5Config.activation_dtype`).
+    same_shape_baseline: the baseline computes each step with the shapes of
+      the speculative verification (`decoding.temperature_sample`
+      block_size=gamma+1): the same kernels, so greedy outputs can be equal
+      bit for bit in bfloat16 too; the baseline then pays cost(gamma+1) per
+      token instead of cost(1).
     config_str: the gin config to save as config.gin.
     dry_run: only validate and return the resolved arguments (--dry_run).
 
@@ -248,6 +279,7 @@ def evaluate(
   import jax  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  from specdec_jax import diagnostics  # pylint: disable=g-import-not-at-top
   from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
   from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
   from specdec_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
@@ -259,6 +291,16 @@ def evaluate(
   if not isinstance(timing_repeats, int) or timing_repeats < 1:
     raise ValueError(
         f'timing_repeats must be an int >= 1, got {timing_repeats!r}.')
+  if activation_dtype is not None:
+    try:
+      name = jax.numpy.dtype(activation_dtype).name
+    except TypeError:
+      name = None
+    if name not in ('bfloat16', 'float16', 'float32'):
+      raise ValueError('activation_dtype must be None, bfloat16, float16 or '
+                       f'float32, got {activation_dtype!r}.')
+    activation_dtype = name
+    target_config = target_config.replace(activation_dtype=activation_dtype)
   if target_widen_to is not None:
     from specdec_jax import widening  # pylint: disable=g-import-not-at-top
     widened_config = (
@@ -296,6 +338,11 @@ def evaluate(
                        isinstance(target_widen_to, str)
                        else dict(target_widen_to)),
       task_feature_lengths=dict(task_feature_lengths))
+  # Only when set, so that runs from before these options still resume.
+  if activation_dtype is not None:
+    settings['activation_dtype'] = activation_dtype
+  if same_shape_baseline:
+    settings['same_shape_baseline'] = True
   run_file = out / 'run.json'
   if run_file.exists():  # resume; asking for more examples is fine
     previous = json.loads(run_file.read_text())
@@ -332,7 +379,8 @@ def evaluate(
     calls = {
         'baseline': lambda: decoding.temperature_sample(
             target, target_params, inputs, max_decode_len=max_out,
-            sampling=sampling, eos_id=eos_id, rng=rng),
+            sampling=sampling, eos_id=eos_id, rng=rng,
+            block_size=gamma + 1 if same_shape_baseline else 1),
         'speculative': lambda: speculative.speculative_sample(
             target, target_params, draft, draft_params, inputs, gamma=gamma,
             max_decode_len=max_out, sampling=sampling, eos_id=eos_id,
@@ -378,6 +426,12 @@ def evaluate(
         res, times = run_both(inputs, rng, b % 2 == 0)
         base, spec = res['baseline'], res['speculative']
         st = spec.stats
+        divergences = {}
+        if sampling.greedy:  # why a greedy row differs: rounding or a bug
+          n = len(batch)
+          divergences = {d.row: d.to_dict() for d in diagnostics.diagnose(
+              target, target_params, inputs[:n], np.asarray(base.tokens)[:n],
+              np.asarray(spec.tokens)[:n])}
         for row, (i, ids, in_text, tgt_text) in enumerate(batch):
           b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
           rec = dict(
@@ -393,7 +447,8 @@ def evaluate(
               beta_sum=float(st.beta_sum[row]),
               beta_count=int(st.beta_count[row]),
               baseline_batch_s=times['baseline'],
-              speculative_batch_s=times['speculative'])
+              speculative_batch_s=times['speculative'],
+              divergence=divergences.get(row))
           sink.write(json.dumps(rec) + '\n')
           records.append(rec)
         sink.flush()
@@ -412,8 +467,16 @@ def evaluate(
     summary['speculative_metrics'] = spec_m
     summary['status'] = 'complete' if error is None else (
         f'failed after {len(records)} examples: {error!r}')
+    if error is None and summary.get('mismatches'):
+      summary['status'] = (
+          f"failed: {summary['mismatches']} of "
+          f"{summary['differing_examples']} differing greedy rows differ "
+          'beyond rounding (real mismatches; see "divergence" in '
+          'examples.jsonl)')
     (out / 'summary.json').write_text(json.dumps(summary, indent=1))
     (out / 'summary.md').write_text(_markdown(summary, base_m, spec_m))
+  if summary.get('mismatches'):
+    raise MismatchError(summary['status'])
   return summary
 
 

@@ -8,6 +8,13 @@ a `params_axes` collection with the same logical axis names
 Projections keep T5X's 2-D kernels ([embed, heads * head_dim] for
 query/key/value, [heads * head_dim, embed] for the output) and reshape them at
 call time.
+
+Two dtypes per layer: `dtype`, the dtype of the activations and of the
+arithmetic (as in T5X), and `weight_dtype`, the dtype every weight is rounded
+to before it is used (None: straight to `dtype`, T5X's behaviour). bfloat16
+weights with float32 activations are `weight_dtype=bfloat16, dtype=float32`:
+the weights hold bfloat16 values (stored so, they are read at 2 bytes each)
+and everything computed from them is float32.
 """
 
 from __future__ import annotations
@@ -35,6 +42,22 @@ default_kernel_init = nn.initializers.variance_scaling(
 )
 
 
+def as_weight(param: Array, weight_dtype: DType | None, dtype: DType) -> Array:
+  """A parameter rounded to `weight_dtype` (if given), then cast to `dtype`.
+
+  Args:
+    param: the stored parameter (any float dtype).
+    weight_dtype: the dtype the weight's values are rounded to, or None.
+    dtype: the dtype it is computed in (the activations').
+
+  Returns:
+    `param` as `dtype`; with `weight_dtype=None`, `jnp.asarray(param, dtype)`.
+  """
+  if weight_dtype is not None:
+    param = jnp.asarray(param, weight_dtype)
+  return jnp.asarray(param, dtype)
+
+
 class DenseGeneral(nn.Module):
   """Bias-free projection with a 2-D kernel, as T5X's DenseGeneral.
 
@@ -42,11 +65,14 @@ class DenseGeneral(nn.Module):
     features: output features; a tuple gives a multi-dimensional output.
     axis: input axes to contract.
     kernel_axes: logical axis names of the 2-D kernel.
+    dtype: dtype of the inputs, the product and the output.
+    weight_dtype: the kernel is rounded to it first (None: not rounded).
   """
 
   features: int | Tuple[int, ...]
   axis: int | Tuple[int, ...] = -1
   dtype: DType = jnp.float32
+  weight_dtype: DType | None = None
   kernel_init: Initializer = default_kernel_init
   kernel_axes: Tuple[str, ...] = ()
 
@@ -63,7 +89,8 @@ class DenseGeneral(nn.Module):
         jnp.float32,
         axes=self.kernel_axes,
     )
-    kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
+    kernel = as_weight(kernel, self.weight_dtype, self.dtype)
+    kernel = kernel.reshape(in_shape + features)
     contract = tuple(range(len(axis)))
     return jax.lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
 
@@ -83,6 +110,7 @@ class Embed(nn.Module):
   features: int
   dtype: DType = jnp.float32
   attend_dtype: DType = jnp.float32
+  weight_dtype: DType | None = None
   embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
 
   def setup(self):
@@ -95,8 +123,10 @@ class Embed(nn.Module):
     )
 
   def __call__(self, tokens: Array) -> Array:
-    # [batch, length] -> [batch, length, embed]
-    return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+    # [batch, length] -> [batch, length, embed]; rounding commutes with the
+    # gather, so only the rows used are converted.
+    rows = jnp.take(self.embedding, tokens, axis=0)
+    return as_weight(rows, self.weight_dtype, self.dtype)
 
   def attend(self, query: Array) -> Array:
     # [batch, length, embed] -> [batch, length, vocab]
@@ -108,6 +138,7 @@ class LayerNorm(nn.Module):
 
   epsilon: float = 1e-6
   dtype: DType = jnp.float32
+  weight_dtype: DType | None = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -118,7 +149,7 @@ class LayerNorm(nn.Module):
         'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
         axes=('embed',),
     )
-    return y * jnp.asarray(scale, self.dtype)
+    return y * as_weight(scale, self.weight_dtype, self.dtype)
 
 
 class MlpBlock(nn.Module):
@@ -127,6 +158,7 @@ class MlpBlock(nn.Module):
   intermediate_dim: int
   activations: Sequence[str] = ('relu',)
   dtype: DType = jnp.float32
+  weight_dtype: DType | None = None
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
@@ -136,14 +168,15 @@ class MlpBlock(nn.Module):
       # [batch, length, embed] -> [batch, length, mlp]
       x = DenseGeneral(
           self.intermediate_dim, dtype=self.dtype,
-          kernel_axes=('embed', 'mlp'), name=name,
+          weight_dtype=self.weight_dtype, kernel_axes=('embed', 'mlp'),
+          name=name,
       )(inputs)
       hidden.append(_activation(act)(x))
     x = functools.reduce(operator.mul, hidden)
     # [batch, length, mlp] -> [batch, length, embed]
     return DenseGeneral(
-        inputs.shape[-1], dtype=self.dtype, kernel_axes=('mlp', 'embed'),
-        name='wo',
+        inputs.shape[-1], dtype=self.dtype, weight_dtype=self.weight_dtype,
+        kernel_axes=('mlp', 'embed'), name='wo',
     )(x)
 
 
@@ -194,6 +227,7 @@ class RelativePositionBiases(nn.Module):
   num_buckets: int = 32
   max_distance: int = 128
   dtype: DType = jnp.float32
+  weight_dtype: DType | None = None
   embedding_init: Initializer = nn.initializers.variance_scaling(
       1.0, 'fan_avg', 'uniform'
   )
@@ -220,7 +254,8 @@ class RelativePositionBiases(nn.Module):
         relative_position, bidirectional, self.num_buckets, self.max_distance
     )
     # [heads, buckets] gathered at [..., q, k] -> [heads, ..., q, k]
-    values = jnp.take(jnp.asarray(table, self.dtype), bucket, axis=1)
+    values = jnp.take(as_weight(table, self.weight_dtype, self.dtype), bucket,
+                      axis=1)
     return jnp.moveaxis(values, 0, -3)
 
 
@@ -273,6 +308,7 @@ class MultiHeadAttention(nn.Module):
   out_features: int
   dtype: DType = jnp.float32
   float32_logits: bool = False
+  weight_dtype: DType | None = None
 
   def setup(self):
     proj = functools.partial(
@@ -280,6 +316,7 @@ class MultiHeadAttention(nn.Module):
         features=(self.num_heads, self.head_dim),
         kernel_axes=('embed', 'joined_kv'),
         dtype=self.dtype,
+        weight_dtype=self.weight_dtype,
     )
     depth_scaling = np.sqrt(self.head_dim).astype(np.float32)
     self.query = proj(
@@ -292,6 +329,7 @@ class MultiHeadAttention(nn.Module):
         axis=(-2, -1),
         kernel_axes=('joined_kv', 'embed'),
         dtype=self.dtype,
+        weight_dtype=self.weight_dtype,
     )
 
   def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:

@@ -63,8 +63,8 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
   return statistics.median(times)
 
 
-def _loop_time(run: Callable[[int], object], n: int, repeats: int,
-               min_seconds: float = 0.05) -> float:
+def loop_time(run: Callable[[int], object], n: int, repeats: int,
+              min_seconds: float = 0.05) -> float:
   """Median seconds per call of `run(count)`, which executes count calls.
 
   `count` is a traced loop bound (one compilation for every count); n is
@@ -97,9 +97,42 @@ def _repeated_calls(model, params, tokens, cache, n_calls):
   return acc
 
 
+def context_cache(model, params, encoder_input_tokens, context: int,
+                  max_length: int, jit_setup: bool = False):
+  """The cache `call_time` times calls from: `context` tokens already in.
+
+  Args:
+    model: a `network.T5Model` (anything with init_cache/extend).
+    params: its parameters (arrays, or `jax.ShapeDtypeStruct`s: then the
+      cache's shapes, at no cost).
+    encoder_input_tokens: `[batch, input_length]` (or its shape struct).
+    context: decoder tokens written before the timed calls.
+    max_length: cache length.
+    jit_setup: build it in one compiled call instead of op by op.
+
+  Returns:
+    The model's cache after `context` tokens (its `ShapeDtypeStruct`s when
+    given shapes).
+  """
+  def build(params, encoder_input_tokens):
+    batch = encoder_input_tokens.shape[0]
+    cache = model.init_cache(params, encoder_input_tokens, max_length)
+    return model.extend(params, jnp.full((batch, context), 5, jnp.int32),
+                        cache)[1]
+  if _abstract(params, encoder_input_tokens):
+    return jax.eval_shape(build, params, encoder_input_tokens)
+  return (jax.jit(build) if jit_setup else build)(
+      params, jnp.asarray(encoder_input_tokens, jnp.int32))
+
+
+def _abstract(*trees) -> bool:
+  return any(isinstance(x, jax.ShapeDtypeStruct)
+             for x in jax.tree_util.tree_leaves(trees))
+
+
 def call_time(model, params, encoder_input_tokens, k: int, *,
               repeats: int = 5, n_calls: int = 20, context: int = 32,
-              max_length: Optional[int] = None) -> float:
+              max_length: Optional[int] = None, cache=None) -> float:
   """Seconds per decoder call on k tokens after `context` cached tokens.
 
   Args:
@@ -113,17 +146,43 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
       50 ms).
     context: decoder tokens already in the cache (the call's position).
     max_length: cache length (default context + k + 8).
+    cache: optional `context_cache(...)` to reuse (e.g. for several k; its
+      length must hold context + k).
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   batch = encoder_input_tokens.shape[0]
-  cache = model.init_cache(params, encoder_input_tokens,
-                           max_length or context + k + 8)
-  _, cache = model.extend(params, jnp.full((batch, context), 5, jnp.int32),
-                          cache)
+  if cache is None:
+    cache = context_cache(model, params, encoder_input_tokens, context,
+                          max_length or context + k + 8)
   block = jnp.full((batch, k), 7, jnp.int32)
-  return _loop_time(
+  return loop_time(
       lambda n: _repeated_calls(model, params, block, cache, n), n_calls,
       repeats)
+
+
+def lower_call_time(model, params, encoder_input_tokens, k: int, *,
+                    context: int = 32, max_length: Optional[int] = None):
+  """The compiled loop `call_time` runs, lowered but not run.
+
+  `.compile()` on the result puts it in jax's cache (e.g. compiling several
+  at once in threads), so that `call_time` with the same shapes (and a
+  cache of `max_length`) runs without compiling. params may be
+  `jax.ShapeDtypeStruct`s.
+
+  Returns:
+    A `jax.stages.Lowered`.
+  """
+  batch = encoder_input_tokens.shape[0]
+  cache = context_cache(
+      model, jax.tree_util.tree_map(_struct, params),
+      jax.ShapeDtypeStruct((batch, encoder_input_tokens.shape[1]), jnp.int32),
+      context, max_length or context + k + 8)
+  block = jax.ShapeDtypeStruct((batch, k), jnp.int32)
+  return _repeated_calls.lower(model, params, block, cache, 1)
+
+
+def _struct(x):
+  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -149,28 +208,65 @@ def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
 
 def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        *, repeats: int = 5, n_calls: int = 10,
-                       context: int = 32) -> float:
+                       context: int = 32, jit_setup: bool = False) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens, so a T5
   drafter makes gamma one-token calls (no catch-up): the result is
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
+  `jit_setup` builds that state in one compiled call instead of op by op
+  (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a
+  CPU); the timed loop is the same.
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
-  batch = encoder_input_tokens.shape[0]
-  buffer = context + gamma + 8
-  state = drafter.init(params, encoder_input_tokens, buffer)
-  sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
-  lengths = jnp.full((batch,), context, jnp.int32)
-  if hasattr(state, 'position'):  # a cached drafter: fill its cache
-    # Consumes all but the last committed token, like after an iteration
-    # with a rejection; propose then feeds the last one.
-    _, state = drafter.model.extend(params, sequences[:, :context - 1], state)
-  rng = jax.random.key(0)
-  per_call = _loop_time(
+  state, sequences, lengths, rng = _proposal_inputs(
+      drafter, params, encoder_input_tokens, gamma, context, jit_setup)
+  per_call = loop_time(
       lambda n: _repeated_proposals(drafter, params, state, sequences, gamma,
                                     n, lengths, rng), n_calls, repeats)
   return per_call / gamma
+
+
+def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
+                     jit_setup=False):
+  """(state, sequences, lengths, rng) of `drafter_token_time`."""
+  batch = encoder_input_tokens.shape[0]
+  buffer = context + gamma + 8
+
+  def build(params, encoder_input_tokens):
+    state = drafter.init(params, encoder_input_tokens, buffer)
+    sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
+    if hasattr(state, 'position'):  # a cached drafter: fill its cache
+      # Consumes all but the last committed token, like after an iteration
+      # with a rejection; propose then feeds the last one.
+      _, state = drafter.model.extend(params, sequences[:, :context - 1],
+                                      state)
+    return state, sequences
+
+  if _abstract(params, encoder_input_tokens):
+    state, sequences = jax.eval_shape(build, params, encoder_input_tokens)
+  else:
+    state, sequences = (jax.jit(build) if jit_setup else build)(
+        params, encoder_input_tokens)
+  lengths = jnp.full((batch,), context, jnp.int32)
+  return state, sequences, lengths, jax.random.key(0)
+
+
+def lower_drafter_token_time(drafter, params, encoder_input_tokens,
+                             gamma: int = 4, *, context: int = 32):
+  """The compiled loop `drafter_token_time` runs, lowered but not run.
+
+  See `lower_call_time`; params may be `jax.ShapeDtypeStruct`s.
+
+  Returns:
+    A `jax.stages.Lowered`.
+  """
+  shape = (encoder_input_tokens.shape[0], encoder_input_tokens.shape[1])
+  state, sequences, lengths, rng = _proposal_inputs(
+      drafter, jax.tree_util.tree_map(_struct, params),
+      jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context)
+  return _repeated_proposals.lower(drafter, params, state, sequences, gamma,
+                                   1, lengths, rng)
 
 
 def cost_curve(model, params, encoder_input_tokens, ks: Iterable[int], *,

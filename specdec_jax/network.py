@@ -25,7 +25,19 @@ Array = jax.Array
 
 @struct.dataclass
 class T5Config:
-  """T5X's T5Config (same fields, same defaults)."""
+  """T5X's T5Config (same fields, same defaults) plus `activation_dtype`.
+
+  Attributes:
+    dtype: T5X's dtype: weights are rounded to it, and, unless
+      `activation_dtype` is set, activations and arithmetic use it too.
+    activation_dtype: None (T5X's behaviour: activations in `dtype`) or the
+      dtype of the activations, the arithmetic and the decoder cache, apart
+      from the weights': `dtype='bfloat16', activation_dtype='float32'` runs
+      bfloat16 weights with float32 activations (on a GPU a step costs about
+      the same, since it is bound by reading the weights; ../shared/GPU.md).
+      Not part of the parameter tree; both decoders (baseline and
+      speculative) share the model and so the setting.
+  """
 
   vocab_size: int
   dtype: Any = jnp.float32
@@ -39,6 +51,13 @@ class T5Config:
   dropout_rate: float = 0.1
   logits_via_embedding: bool = False
   float32_attention_logits: bool = False
+  activation_dtype: Any = None
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The activations' dtype: `activation_dtype`, else `dtype`."""
+    return self.dtype if self.activation_dtype is None else (
+        self.activation_dtype)
 
 
 @struct.dataclass
@@ -93,9 +112,9 @@ class EncoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.pre_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.pre_attention_layer_norm = _norm(cfg)
     self.attention = _attention(cfg)
-    self.pre_mlp_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.pre_mlp_layer_norm = _norm(cfg)
     self.mlp = _mlp(cfg)
 
   def __call__(self, inputs: Array, bias: Array) -> Array:
@@ -110,11 +129,11 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.pre_self_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.pre_self_attention_layer_norm = _norm(cfg)
     self.self_attention = _attention(cfg)
-    self.pre_cross_attention_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.pre_cross_attention_layer_norm = _norm(cfg)
     self.encoder_decoder_attention = _attention(cfg)
-    self.pre_mlp_layer_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.pre_mlp_layer_norm = _norm(cfg)
     self.mlp = _mlp(cfg)
 
   def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
@@ -149,12 +168,20 @@ class DecoderLayer(nn.Module):
     return z, (key, value)
 
 
+# Every layer computes in cfg.compute_dtype on weights rounded to cfg.dtype.
+
+
+def _norm(cfg: T5Config) -> layers.LayerNorm:
+  return layers.LayerNorm(dtype=cfg.compute_dtype, weight_dtype=cfg.dtype)
+
+
 def _attention(cfg: T5Config) -> layers.MultiHeadAttention:
   return layers.MultiHeadAttention(
       num_heads=cfg.num_heads,
       head_dim=cfg.head_dim,
       out_features=cfg.emb_dim,
-      dtype=cfg.dtype,
+      dtype=cfg.compute_dtype,
+      weight_dtype=cfg.dtype,
       float32_logits=cfg.float32_attention_logits,
   )
 
@@ -163,12 +190,14 @@ def _mlp(cfg: T5Config) -> layers.MlpBlock:
   return layers.MlpBlock(
       intermediate_dim=cfg.mlp_dim,
       activations=tuple(cfg.mlp_activations),
-      dtype=cfg.dtype,
+      dtype=cfg.compute_dtype,
+      weight_dtype=cfg.dtype,
   )
 
 
 def _relpos(cfg: T5Config) -> layers.RelativePositionBiases:
-  return layers.RelativePositionBiases(num_heads=cfg.num_heads, dtype=cfg.dtype)
+  return layers.RelativePositionBiases(
+      num_heads=cfg.num_heads, dtype=cfg.compute_dtype, weight_dtype=cfg.dtype)
 
 
 class Encoder(nn.Module):
@@ -179,11 +208,11 @@ class Encoder(nn.Module):
     cfg = self.config
     self.relpos_bias = _relpos(cfg)
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
-    self.encoder_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.encoder_norm = _norm(cfg)
 
   def __call__(self, tokens: Array) -> Array:
     # [batch, length] -> [batch, length, embed]
-    x = self.shared_embedding(tokens).astype(self.config.dtype)
+    x = self.shared_embedding(tokens).astype(self.config.compute_dtype)
     length = tokens.shape[-1]
     relative = np.arange(length)[None, :] - np.arange(length)[:, None]
     mask = tokens > 0
@@ -204,26 +233,32 @@ class Decoder(nn.Module):
     cfg = self.config
     self.relpos_bias = _relpos(cfg)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
-    self.decoder_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.decoder_norm = _norm(cfg)
     if not cfg.logits_via_embedding:
       self.logits_dense = layers.DenseGeneral(
           cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
       )
 
-  def _logits(self, y: Array) -> Array:
+  def _logits(self, y: Array, return_hidden: bool = False):
     # [batch, k, embed] -> [batch, k, vocab], float32
     y = self.decoder_norm(y)
     if self.config.logits_via_embedding:
-      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
-    return self.logits_dense(y)
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    else:
+      logits = self.logits_dense(y)
+    return (logits, y) if return_hidden else logits
 
   def cross_kv(self, encoded: Array):
     kv = [layer.cross_kv(encoded) for layer in self.layers]
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
   def __call__(self, encoded, encoder_mask, decoder_input_tokens,
-               decoder_mask=None):
-    """Teacher-forced logits `[batch, length, vocab]` (no cache)."""
+               decoder_mask=None, return_hidden=False):
+    """Teacher-forced logits `[batch, length, vocab]` (no cache).
+
+    With `return_hidden`, `(logits, hidden)`: hidden `[batch, length,
+    embed]` is the normalized final state the logits are computed from.
+    """
     length = decoder_input_tokens.shape[-1]
     relative = np.arange(length)[None, :] - np.arange(length)[:, None]
     mask = relative <= 0
@@ -233,10 +268,11 @@ class Decoder(nn.Module):
     self_bias = self.relpos_bias(relative, bidirectional=False)[None]
     self_bias = self_bias + layers.mask_to_bias(mask)
     cross_bias = layers.mask_to_bias(encoder_mask[:, None, None, :])
-    y = self.shared_embedding(decoder_input_tokens).astype(self.config.dtype)
+    y = self.shared_embedding(decoder_input_tokens).astype(
+        self.config.compute_dtype)
     for layer in self.layers:
       y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
-    return self._logits(y)
+    return self._logits(y, return_hidden)
 
   def extend(self, tokens: Array, cache: DecoderCache):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
@@ -253,7 +289,7 @@ class Decoder(nn.Module):
     self_bias = self.relpos_bias(relative, bidirectional=False)
     self_bias = self_bias + layers.mask_to_bias(relative <= 0)[:, None]
     cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
-    y = self.shared_embedding(tokens).astype(self.config.dtype)
+    y = self.shared_embedding(tokens).astype(self.config.compute_dtype)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       y, (key, value) = layer(
@@ -278,7 +314,8 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     self.token_embedder = layers.Embed(
-        num_embeddings=cfg.vocab_size, features=cfg.emb_dim, dtype=cfg.dtype
+        num_embeddings=cfg.vocab_size, features=cfg.emb_dim,
+        dtype=cfg.compute_dtype, weight_dtype=cfg.dtype,
     )
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
@@ -288,14 +325,19 @@ class Transformer(nn.Module):
     return self.encoder(encoder_input_tokens)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens,
-               decoder_target_tokens=None):
-    """Teacher-forced logits `[batch, target_length, vocab]` (float32)."""
+               decoder_target_tokens=None, return_hidden=False):
+    """Teacher-forced logits `[batch, target_length, vocab]` (float32).
+
+    With `return_hidden`, also the decoder's normalized final state
+    `[batch, target_length, embed]` (see `Decoder.__call__`).
+    """
     encoded = self.encode(encoder_input_tokens)
     decoder_mask = None
     if decoder_target_tokens is not None:
       decoder_mask = decoder_target_tokens > 0
     return self.decoder(
-        encoded, encoder_input_tokens > 0, decoder_input_tokens, decoder_mask
+        encoded, encoder_input_tokens > 0, decoder_input_tokens, decoder_mask,
+        return_hidden,
     )
 
   def init_cache(self, encoder_input_tokens: Array,
@@ -306,7 +348,7 @@ class Transformer(nn.Module):
     cross_key, cross_value = self.decoder.cross_kv(encoded)
     batch = encoder_input_tokens.shape[0]
     empty = jnp.zeros(
-        (batch, max_length, cfg.num_heads, cfg.head_dim), cfg.dtype
+        (batch, max_length, cfg.num_heads, cfg.head_dim), cfg.compute_dtype
     )
     n = cfg.num_decoder_layers
     return DecoderCache(
@@ -383,4 +425,16 @@ class T5Model:
     return self.module.apply(
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         decoder_target_tokens,
+    )
+
+  def logits_and_hidden(self, params, encoder_input_tokens,
+                        decoder_input_tokens):
+    """Teacher-forced `(logits [b, n, vocab], hidden [b, n, embed])`.
+
+    hidden is the normalized final decoder state: logits = hidden @ W with W
+    the logits kernel (or the embedding / sqrt(embed) when tied).
+    """
+    return self.module.apply(
+        {'params': params}, encoder_input_tokens, decoder_input_tokens,
+        None, True,
     )

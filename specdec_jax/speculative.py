@@ -296,6 +296,38 @@ def speculative_sample(
 
   References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
   """
+  loop, args = _prepare(target, target_params, drafter, draft_params,
+                        encoder_input_tokens, gamma, max_decode_len, sampling,
+                        eos_id, rng, draft_input_tokens)
+  return _run(loop, *args)
+
+
+def lower_speculative_sample(target, target_params, drafter, draft_params,
+                             encoder_input_tokens, *, gamma: int,
+                             max_decode_len: int,
+                             sampling: SamplingConfig = SamplingConfig(),
+                             eos_id: int = 1, rng: Optional[Array] = None,
+                             draft_input_tokens=None):
+  """`speculative_sample`'s compiled program, lowered but not run.
+
+  `.compile()` on the result compiles it ahead of time (e.g. several at once
+  in threads) into jax's cache: a later `speculative_sample` call with the
+  same arguments' shapes runs without compiling. Arguments as
+  `speculative_sample` (arrays or `jax.ShapeDtypeStruct`s).
+
+  Returns:
+    A `jax.stages.Lowered`.
+  """
+  loop, args = _prepare(target, target_params, drafter, draft_params,
+                        encoder_input_tokens, gamma, max_decode_len, sampling,
+                        eos_id, rng, draft_input_tokens)
+  return _run.lower(loop, *args)
+
+
+def _prepare(target, target_params, drafter, draft_params,
+             encoder_input_tokens, gamma, max_decode_len, sampling, eos_id,
+             rng, draft_input_tokens):
+  """Validated loop and arguments of `_run`."""
   decoding.validate_decode_args(target, encoder_input_tokens, max_decode_len,
                                 sampling, None)
   if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -309,9 +341,11 @@ def speculative_sample(
     if not sampling.greedy:
       raise ValueError('rng is required when temperature > 0.')
     rng = jax.random.key(0)
-  inputs = jnp.asarray(encoder_input_tokens, jnp.int32)
-  draft_inputs = inputs if draft_input_tokens is None else jnp.asarray(
-      draft_input_tokens, jnp.int32)
+  as_ids = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else (
+      jnp.asarray(x, jnp.int32))
+  inputs = as_ids(encoder_input_tokens)
+  draft_inputs = inputs if draft_input_tokens is None else as_ids(
+      draft_input_tokens)
   loop = _SpecLoop(target, drafter, gamma, sampling, int(eos_id),
                    int(max_decode_len))
-  return _run(loop, target_params, draft_params, inputs, draft_inputs, rng)
+  return loop, (target_params, draft_params, inputs, draft_inputs, rng)

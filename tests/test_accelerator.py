@@ -1,0 +1,361 @@
+"""The accelerator script runs with only what an accelerator host has.
+
+The GPU machine has jax, flax, numpy, matplotlib and this package, but no
+seqio, TensorFlow, gin or rouge-score (../shared/GPU.md). The script's
+`--smoke` mode runs here in a subprocess where those cannot be imported (a
+sitecustomize meta-path finder raises ImportError for them), so an import of
+any of them anywhere on its path fails this test; its outputs must hold every
+table of a full run. The shipped-models source is checked against a stand-in
+`specdec_jax.shipped` (its setup only: the phases are the synthetic ones).
+
+The full measurement (one H100, ~9 min) is `python
+scripts/reproduce_accelerator.py` (README, "The accelerator path").
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax
+from specdec_jax import drafters
+from specdec_jax import network
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / 'scripts' / 'reproduce_accelerator.py'
+BLOCKED = ('seqio', 'tensorflow', 'tensorflow_datasets', 'tensorflow_text',
+           'gin', 'rouge_score')
+SITECUSTOMIZE = f'''
+import importlib.util
+import sys
+
+BLOCKED = {BLOCKED!r}
+
+
+def _blocked(name):
+  return name.split('.')[0] in BLOCKED
+
+
+class _Blocked:
+  """Not installed on the accelerator host: imports fail."""
+
+  def find_spec(self, name, path=None, target=None):
+    if _blocked(name):
+      raise ModuleNotFoundError(
+          name + ' is blocked: not on the accelerator host', name=name)
+    return None
+
+
+_find_spec = importlib.util.find_spec
+
+
+def find_spec(name, package=None):
+  """Probes (`find_spec(name) is None`) see it missing, as it would be."""
+  if _blocked(name):
+    return None
+  return _find_spec(name, package)
+
+
+importlib.util.find_spec = find_spec
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def blocked_env(tmp_path):
+  site = tmp_path / 'site'
+  site.mkdir(exist_ok=True)
+  (site / 'sitecustomize.py').write_text(SITECUSTOMIZE)
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [str(site)] + [p for p in [env.get('PYTHONPATH')] if p])
+  env['JAX_PLATFORMS'] = 'cpu'
+  # Tiny programs: LLVM's optimisations cost more than they save here.
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_backend_optimization_level=0').strip()
+  return env
+
+
+def load_script():
+  """scripts/reproduce_accelerator.py as a module (scripts/ is no package)."""
+  name = 'reproduce_accelerator'
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp('accelerator')
+  out = tmp / 'out'
+  proc = subprocess.run(
+      [sys.executable, str(SCRIPT), '--smoke', '--out_dir', str(out),
+       '--compile_workers', '2'], env=blocked_env(tmp), cwd=str(tmp),
+      capture_output=True, text=True, timeout=1200)
+  result = None
+  if (out / 'accelerator_synthetic.json').exists():
+    result = json.loads((out / 'accelerator_synthetic.json').read_text())
+  return proc, out, result
+
+
+def test_blocked_modules_cannot_be_imported(tmp_path):
+  """The block is real: otherwise the smoke run would prove nothing."""
+  for name in ('seqio', 'gin', 'tensorflow', 'rouge_score'):
+    proc = subprocess.run([sys.executable, '-c', f'import {name}'],
+                          env=blocked_env(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and 'blocked' in proc.stderr, name
+
+
+def test_smoke_runs_without_seqio_tensorflow_gin(smoke):
+  proc, out, result = smoke
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert result['status'] == 'complete'
+  assert result['skipped'] == []
+  # Every timed program was compiled ahead of time, none inside a timing.
+  assert result['compile_misses'] == []
+  for name in ('accelerator_synthetic.md', 'accelerator_synthetic.json',
+               'accelerator_synthetic_costs.png',
+               'accelerator_synthetic_table2.png',
+               'accelerator_synthetic_sweep.png',
+               'accelerator_synthetic_batches.png'):
+    assert (out / name).is_file(), name
+
+
+def test_smoke_is_labelled_synthetic(smoke):
+  _, out, result = smoke
+  assert result['synthetic'] and result['source'] == 'synthetic'
+  assert 'SYNTHETIC' in result['label']
+  md = (out / 'accelerator_synthetic.md').read_text()
+  assert md.startswith('# ') and 'SYNTHETIC' in md.splitlines()[0]
+  assert '--smoke' in result['command'] and result['jax_version']
+  assert result['device'] == jax.devices()[0].device_kind
+
+
+def test_smoke_costs_floor_and_drafters(smoke):
+  _, _, result = smoke
+  costs = result['costs']['bfloat16']
+  assert sorted(costs) == ['1', '2']  # batches 1 and 2
+  for by_k in costs.values():
+    assert sorted(by_k['t_ms'], key=int) == ['1', '2']  # k = 1..max_k
+    assert by_k['cost']['1'] == 1.0
+    assert all(t > 0 for t in by_k['t_ms'].values())
+  assert set(result['costs']['float32']['1']['t_ms']) >= {'1'}
+  floor = result['floor']
+  assert floor['step_bytes'] > 0 and floor['floor_ms'] > 0
+  assert floor['ratio'] == pytest.approx(floor['t1_ms'] / floor['floor_ms'])
+  assert result['bandwidth']['bytes_per_s'] > 0
+  names = {'small', 'base', 'large', 'bigram'}  # smoke: one n-gram
+  assert set(result['drafters']) == names
+  for d in result['drafters'].values():
+    assert d['c']['1'] >= 0 and d['t_draft_ms']['1'] >= 0
+
+
+def test_smoke_table2_rows(smoke):
+  _, out, result = smoke
+  rows = result['table2']
+  assert {(r['drafter'], r['temperature']) for r in rows} == {
+      (d, t) for d in ('small', 'base', 'large', 'bigram')
+      for t in (0.0, 1.0)}
+  for r in rows:
+    assert r['gamma'] == 1 and r['gamma_rule']  # smoke: max_gamma 1
+    assert r['predicted'] > 0 and r['measured'] > 0
+    assert r['ratio'] == pytest.approx(r['measured'] / r['predicted'])
+    assert 0 <= r['alpha'] <= 1 and 0 <= r['alpha_calibration'] <= 1
+    assert r['paper'] is not None and 'alpha' in r['paper']
+    if r['temperature'] == 0:
+      # Greedy: every row identical or a diagnosed rounding near tie.
+      assert r['mismatches'] == 0
+      assert r['identical'] + r['near_ties'] == r['rows']
+    else:
+      assert r['identical'] is None
+  md = (out / 'accelerator_synthetic.md').read_text()
+  for section in ('## Baseline step vs its floor', '## cost(k)',
+                  '## Drafters', '## Table 2', '## Numerics',
+                  '## Batch 1, 8, 32', '## Gamma sweep', '## Time log'):
+    assert section in md, section
+  assert md.count('| synthetic | ') == len(rows)
+
+
+def test_smoke_numerics_batches_and_sweep(smoke):
+  _, _, result = smoke
+  numerics = {n['activation_dtype']: n for n in result['numerics']}
+  assert set(numerics) == {'bfloat16', 'float32'}
+  for n in numerics.values():
+    # The same-shape baseline gives the speculative tokens bit for bit.
+    assert n['identical_block'] == n['rows'] == 2
+    assert n['mismatches_1token'] == n['mismatches_block'] == 0
+    assert n['block_baseline_s'] > 0 and n['t1_ms'] > 0
+  (batch,) = result['batches']
+  assert batch['batch'] == 2 and batch['rows'] == 2
+  assert len(batch['per_row_accepted_length']) == 2
+  assert all(1 <= a <= batch['gamma'] + 1
+             for a in batch['per_row_accepted_length'])
+  assert batch['iterations'] >= batch['mean_row_iterations']
+  assert [r['gamma'] for r in result['sweep']] == [1]
+
+
+def test_shipped_models_load_without_tensorflow(tmp_path):
+  """The shipped checkpoints and arrays load on a host without TF / seqio.
+
+  (orbax / etils probe for TensorFlow; they must fall back, not fail.)
+  """
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  if not shipped.available():
+    pytest.skip('no shipped models in this checkout')
+  code = (
+      'import sys, importlib.util\n'
+      f'spec = importlib.util.spec_from_file_location("s", r"{SCRIPT}")\n'
+      'm = importlib.util.module_from_spec(spec); sys.modules["s"] = m\n'
+      'spec.loader.exec_module(m)\n'
+      'shipped = m.load_shipped()\n'
+      'for name in shipped.model_names():\n'
+      '  model, params = shipped.load_model(name, dtype="bfloat16")\n'
+      'for task in ("en_de", "synopsis"):\n'
+      '  assert shipped.test_arrays(task)["inputs"].ndim == 2\n'
+      f'bad = [k for k in sys.modules if k.split(".")[0] in {BLOCKED!r}]\n'
+      'print("loaded", len(shipped.model_names()), bad)\n')
+  proc = subprocess.run([sys.executable, '-c', code],
+                        env=blocked_env(tmp_path), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip().endswith('[]')
+
+
+class FakeShipped:
+  """A stand-in for specdec_jax.shipped: tiny random models and arrays."""
+
+  def __init__(self, available=True):
+    self._available = available
+    base = network.T5Config(
+        vocab_size=256, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=16,
+        num_encoder_layers=1, num_decoder_layers=1,
+        mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+    # The target has the smoke XXL-cost shapes already (no widening to
+    # compile); 'small' is widened to the smoke small cost.
+    self.configs = {'target': base.replace(
+        emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+        num_encoder_layers=2, num_decoder_layers=2),
+                    'small': base, 'gpu': base.replace(num_decoder_layers=1,
+                                                       num_encoder_layers=2)}
+
+  def available(self):
+    return self._available
+
+  def model_names(self):
+    return list(self.configs)
+
+  def load_model(self, name, dtype=None):
+    model = network.T5Model(self.configs[name])
+    # Random weights without compiling an initializer.
+    rng = np.random.default_rng(len(name))
+    shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+    return model, jax.tree_util.tree_map(
+        lambda s: (0.3 * rng.standard_normal(s.shape)).astype(np.float32),
+        shapes)
+
+  def test_arrays(self, task):
+    rng = np.random.default_rng(0 if task == 'en_de' else 1)
+    length = 6 if task == 'en_de' else 9
+    inputs = rng.integers(2, 256, (40, length)).astype(np.int32)
+    inputs[:, -1] = 1
+    targets = rng.integers(2, 256, (40, 7)).astype(np.int32)
+    targets[:, -1] = 1
+    return {'inputs': inputs, 'targets': targets}
+
+  def sentencepiece_path(self):
+    return '/nonexistent.model'
+
+
+def use_fake(monkeypatch, fake):
+  """Makes `from specdec_jax import shipped` give `fake` (None: fail)."""
+  monkeypatch.setitem(sys.modules, 'specdec_jax.shipped', fake)
+  if fake is None:  # a None entry in sys.modules makes the import fail
+    monkeypatch.delattr(specdec_jax, 'shipped', raising=False)
+  else:
+    monkeypatch.setattr(specdec_jax, 'shipped', fake, raising=False)
+
+
+def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
+  """Drafters at own cost and widened to T5 1.1 cost; n-grams per task."""
+  script = load_script()
+  use_fake(monkeypatch, FakeShipped())
+  argv = ['--smoke', '--source', 'shipped', '--out_dir', str(tmp_path)]
+  args = script.parse_flags(argv)
+  clock = script.Clock(5)
+  runner = script.Runner(args, script.SMOKE, clock, script.Pool(1, clock),
+                         tmp_path, script.run_header(argv, 5))
+  runner.setup()
+  assert runner.tasks == ['en_de', 'synopsis'] and runner.eos == 1
+  assert runner.Li == 9 and runner.T == 7  # widest inputs / targets
+  assert all(x.shape[1] == 9 for x in runner.inputs.values())
+  names = {d.name: d for d in runner.drafts}
+  assert set(names) == {'small', 'small@t5_1_1_small_cost', 'gpu',
+                        'bigram'}  # smoke: one n-gram order
+  assert [d.group for d in runner.drafts] == sorted(
+      d.group for d in runner.drafts)  # the paper's drafters first
+  assert names['small@t5_1_1_small_cost'].group == 1
+  assert names['small'].group == 2 and names['gpu'].group == 1
+  assert runner.main.name == 'small@t5_1_1_small_cost'
+  widened = names['small@t5_1_1_small_cost'].drafter.model.config
+  for k, v in script.SMOKE_COSTS['t5_1_1_small_cost'].items():
+    assert getattr(widened, k) == v, k
+  assert widened.dtype == 'bfloat16'
+  assert runner.target.model.config.emb_dim == script.SMOKE_COSTS[
+      't5_1_1_xxl_cost']['emb_dim']
+  leaves = jax.tree_util.tree_leaves(runner.target.params)
+  assert all(x.dtype == jnp.bfloat16 for x in leaves)
+  bigram = names['bigram']
+  assert isinstance(bigram.drafter, drafters.NgramDrafter)
+  assert not np.array_equal(bigram.params['en_de']['log_unigram'],
+                            bigram.params['synopsis']['log_unigram'])
+  # Widening preserves the function: the widened drafter scores like its
+  # own-cost self (alpha is calibrated on the latter).
+  x = jnp.asarray(runner.inputs['en_de'][:2])
+  dec = jnp.ones((2, 4), jnp.int32)
+  score = lambda d: np.asarray(jax.jit(d.drafter.score)(
+      d.params['en_de'], x, dec))
+  np.testing.assert_allclose(score(names['small@t5_1_1_small_cost']),
+                             score(names['small']), atol=0.1)
+
+
+@pytest.mark.parametrize('fake,message', [
+    (FakeShipped(available=False), 'available'),
+    (None, 'shipped.py'),
+])
+def test_shipped_source_fails_clearly(monkeypatch, fake, message):
+  script = load_script()
+  use_fake(monkeypatch, fake)
+  with pytest.raises(SystemExit, match=message):
+    script.load_shipped()
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--smoke'], 'needs --out_dir'),
+    (['--phases', 'table2,tabel3'], 'tabel3'),
+    (['--sigma', 'tiny=0.1'], 'sigma'),
+    (['--max_minutes', '0'], 'max_minutes'),
+    (['--examples', '0'], 'examples'),
+])
+def test_bad_flags_are_named(argv, message, capsys):
+  script = load_script()
+  with pytest.raises(SystemExit):
+    script.parse_flags(argv)
+  assert message in capsys.readouterr().err
+
+
+def test_device_names_are_folder_names():
+  script = load_script()
+  assert script.device_name('NVIDIA H100 80GB HBM3') == (
+      'nvidia-h100-80gb-hbm3')
+  assert script.device_name('TPU v5 lite') == 'tpu-v5-lite'
+  assert script.device_name('cpu') == 'cpu'
