@@ -303,6 +303,19 @@ def cmd_report(args):
     lines.append(f"| {name} | {m['step']} | {v.get('loss', 0):.3f} | "
                  f"{v.get('accuracy', 0):.3f} | {beta} | "
                  f"{t.get('steps_per_sec', 0):.1f} |")
+  lines += ['', '## Commands', '',
+            'Both calls ran on one H100 (scripts/train_shipped_models.py; '
+            'arrays from `python scripts/export_arrays.py --out_dir ARRAYS`).',
+            '', '1. `python scripts/train_shipped_models.py --arrays ARRAYS '
+            '--work_dir W --target_seconds 180 --drafter_seconds 120 '
+            '--gen_batch 1024` (target lr sweep 0.003 / 0.01 / 0.03 side by '
+            'side; of its drafters only small_ce was used, as the seed of '
+            'small_fkl below)',
+            '2. `' + reproduce.portable(exported.get('command') or '?') +
+            '` (the seeds are call 1\'s lr-0.03 target at step 2575 and its '
+            'small_ce at step 2080)', '',
+            'Then `python scripts/ship_models.py measure / ship / report` '
+            '(README "Shipped models").']
   with open(os.path.join(REPO, 'results', 'training_shipped.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
   print('wrote results/drafters_alpha.md, results/training_shipped.{md,png}')
