@@ -41,12 +41,10 @@ ROLES = {'xxl': 'target (mini T5-XXL role, multi-task)',
 
 def _load(export_dir, name):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints, network  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints, network, shipped  # pylint: disable=g-import-not-at-top
   with open(os.path.join(export_dir, 'models.json')) as f:
     entry = json.load(f)['models'][name]
-  fields = dict(entry['config'])
-  fields['mlp_activations'] = tuple(fields['mlp_activations'])
-  config = network.T5Config(dtype='float32', **fields)
+  config = shipped.t5_config(entry['config'])
   params = checkpoints.load_t5x_params(
       os.path.join(export_dir, entry['checkpoint']), config=config,
       dtype=jnp.float32)

@@ -101,13 +101,12 @@ def fit(tokens: np.ndarray, length: int) -> np.ndarray:
     `length - 1` tokens and ends in EOS, as `append_eos_after_trim` does.
   """
   tokens = np.asarray(tokens, np.int32)
-  n, width = tokens.shape
+  width = tokens.shape[1]
   if width <= length:
     return np.pad(tokens, ((0, 0), (0, length - width)))
   out = tokens[:, :length].copy()
   trimmed = tokens[:, length:].any(axis=1) | (out[:, -1] != 0)
   out[trimmed, -1] = 1
-  del n
   return out
 
 

@@ -144,17 +144,22 @@ def model_names() -> List[str]:
   return list(index()['models'])
 
 
-def config(name: str, dtype: Any = 'float32'):
-  """The `network.T5Config` of a shipped model."""
+def t5_config(fields: Dict[str, Any], dtype: Any = 'float32'):
+  """A `network.T5Config` from a models.json `config` entry (no dtype)."""
   from specdec_jax import network  # pylint: disable=g-import-not-at-top
 
+  fields = dict(fields)
+  fields['mlp_activations'] = tuple(fields['mlp_activations'])
+  return network.T5Config(dtype=dtype, **fields)
+
+
+def config(name: str, dtype: Any = 'float32'):
+  """The `network.T5Config` of a shipped model."""
   models = index()['models']
   if name not in models:
     raise ValueError(f'No shipped model {name!r}; shipped: '
                      f'{", ".join(models)}.')
-  fields = dict(models[name]['config'])
-  fields['mlp_activations'] = tuple(fields['mlp_activations'])
-  return network.T5Config(dtype=dtype, **fields)
+  return t5_config(models[name]['config'], dtype)
 
 
 def checkpoint_path(name: str) -> str:
@@ -204,10 +209,10 @@ def data_dir() -> str:
 def resolve(checkpoint: str) -> str:
   """`shipped:<model>` -> that model's checkpoint folder (checked first)."""
   name = checkpoint[len(SCHEME):]
-  path = checkpoint_path(name) if name in model_names() else None
-  if path is None:
+  if name not in model_names():
     raise FileNotFoundError(f'No shipped model {name!r} ({checkpoint}); '
                             f'shipped: {", ".join(model_names())}.')
+  path = checkpoint_path(name)
   verify(os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/')
   return path
 
