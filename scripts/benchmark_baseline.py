@@ -21,7 +21,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import jax
 import numpy as np
@@ -30,31 +29,13 @@ import transformers
 
 from specdec_jax import decoding
 from specdec_jax import hf_convert
+from specdec_jax import measure
 from specdec_jax import network
 
 T5_11_SMALL = network.T5Config(
     vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
     num_decoder_layers=8, head_dim=64, mlp_dim=1024,
     mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
-
-
-def cpu_model() -> str:
-  """The CPU model name from /proc/cpuinfo, else `platform.processor()`."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or 'unknown'
-
-
-def timed(fn):
-  """Runs `fn()` and returns (seconds, result)."""
-  start = time.perf_counter()
-  out = fn()
-  return time.perf_counter() - start, out
 
 
 def main(argv=None):
@@ -99,10 +80,9 @@ def main(argv=None):
   hf_tokens = hf()[:, 1:].numpy()  # drop the decoder start token
   times = {'ours': [], 'hf': []}
   for r in range(args.repeats):
-    t, _ = timed(ours)
-    times['ours'].append(t)
-    t, _ = timed(hf)
-    times['hf'].append(t)
+    _, t = measure.time_alternating({'ours': ours, 'hf': hf})
+    for name in times:
+      times[name].append(t[name])
     print(f'repeat {r + 1}/{args.repeats}: ours {times["ours"][-1]:.3f}s '
           f'hf {times["hf"][-1]:.3f}s', file=sys.stderr)
 
@@ -110,7 +90,7 @@ def main(argv=None):
   mismatches = (int(np.sum(ours_tokens != hf_tokens)) if shapes_ok
                 else None)
   machine = {
-      'cpu': cpu_model(), 'processor': platform.processor(),
+      'cpu': measure.cpu_model(), 'processor': platform.processor(),
       'nproc': os.cpu_count(), 'torch_num_threads': torch.get_num_threads(),
       'jax_devices': [str(d) for d in jax.devices()],
       'python': platform.python_version(), 'jax': jax.__version__,

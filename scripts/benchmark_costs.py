@@ -14,15 +14,14 @@ smaller T5 drafter:
     t_draft(2) + (gamma - 1) t_draft(1) + t_target(gamma + 1) (what our
     drafter runs: one 2-token catch-up call then gamma - 1 one-token calls)
     and with the paper's gamma * t_draft(1) + t_target(gamma + 1).
-Medians of `--repeats` runs; baseline and speculative runs interleaved.
+Medians of `--repeats` runs; baseline and speculative runs interleaved
+(`measure.time_alternating`: the order flips after every repeat).
 Writes results/costs.md and results/costs.json.
 """
 
 import argparse
 import json
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -84,13 +83,9 @@ def main():
     jax.block_until_ready(base())
     iters = int(out.stats.iterations)
     assert iters == -(-DECODE_LEN // (gamma + 1)), iters
-    spec_t, base_t = [], []
-    for _ in range(args.repeats):
-      for fn, acc in ((spec, spec_t), (base, base_t)):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        acc.append(time.perf_counter() - start)
-    spec_s, base_s = statistics.median(spec_t), statistics.median(base_t)
+    _, times = measure.time_alternating({'spec': spec, 'base': base},
+                                        args.repeats)
+    spec_s, base_s = times['spec'], times['base']
     # Self-drafting: the drafter is the target (t_draft = t_target).
     per_iter = (spec_s - 2 * t_init) / iters
     parts = t_target[2] + (gamma - 1) * t_tt1 + t_target[gamma + 1]

@@ -27,11 +27,13 @@ import time
 import jax
 import numpy as np
 
+from specdec_jax import data
 from specdec_jax import decoding
-from specdec_jax import eval as eval_lib
+from specdec_jax import drafters as drafters_lib
+from specdec_jax import gin_utils
 from specdec_jax import hf_convert
+from specdec_jax import loading
 from specdec_jax import measure
-from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import widening
 
@@ -56,28 +58,18 @@ def main(argv=None):
   parser.add_argument('--num_examples', type=int, default=50)
   parser.add_argument('--out', default='results/peer_hf')
   own, rest = parser.parse_known_args(argv)
-  _, run = eval_lib.configured_evaluate(rest)
-  cfg = run(dry_run=True)
-  if cfg['drafter'] != 't5':
+  setup = loading.setup_from_flags(
+      gin_utils.parse_flags(rest, 'python scripts/peer_hf.py'))
+  if not drafters_lib.get_kind(setup.drafter).needs_model:
     raise SystemExit('peer_hf compares T5 drafters only (DRAFTER = "t5").')
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
-  if cfg['data_dir'] is not None:
-    tasks.register_tasks(data_dir=cfg['data_dir'])
-  task = tasks.get_task(cfg['mixture_or_task_name'])
-  target, t_params = eval_lib.load_params(
-      cfg['target_config'], cfg['target_checkpoint'], cfg['seed'], 'target')
-  if cfg['target_widen_to'] is not None:  # same function, bigger cost
-    t_params, wide_config = widening.widen_to(
-        t_params, cfg['target_config'], cfg['target_widen_to'])
-    target = network.T5Model(wide_config)
-  drafter, d_params = eval_lib.make_drafter(
-      't5', cfg['draft_config'], cfg['draft_checkpoint'], task,
-      cfg['target_config'], cfg['seed'] + 1)
+  loaded = loading.build(setup)  # target widened if asked: bigger cost
+  task, target, t_params = loaded.task, loaded.target, loaded.target_params
+  drafter, d_params = loaded.drafter, loaded.draft_params
   hf_target = hf_convert.to_hf_model(t_params, target.config)
   hf_draft = hf_convert.to_hf_model(d_params, drafter.model.config)
-  max_in = cfg['task_feature_lengths']['inputs']
-  max_out = cfg['task_feature_lengths']['targets']
-  gamma = cfg['gamma']
+  max_in = setup.task_feature_lengths['inputs']
+  max_out = setup.task_feature_lengths['targets']
+  gamma = setup.gamma
 
   def ours_base(x):
     r = decoding.temperature_sample(target, t_params, x,
@@ -100,12 +92,11 @@ def main(argv=None):
   seconds = {k: 0.0 for k in methods}
   tokens = {k: 0 for k in methods}
   mismatches = {k: 0 for k in methods}
-  examples = list(eval_lib.task_examples(
-      task, cfg['split'], cfg['task_feature_lengths'], own.num_examples + 1,
-      cfg['truncate_inputs']))
+  examples = list(data.task_examples(
+      task, setup.split, setup.task_feature_lengths, own.num_examples + 1,
+      setup.truncate_inputs))
   for n, (_, ids, _, _) in enumerate(examples):
-    x = np.zeros((1, max_in), np.int32)
-    x[0, :len(ids)] = ids
+    x = data.pad_rows([ids], max_in)
     outs = {}
     for name, fn in methods.items():
       start = time.perf_counter()
@@ -136,9 +127,9 @@ def main(argv=None):
       f'Machine: {measure.machine()}; torch {torch.__version__} '
       f'({torch.get_num_threads()} threads), transformers '
       f'{transformers.__version__}', '',
-      f"Task {cfg['mixture_or_task_name']} ({cfg['split']}), "
+      f"Task {setup.mixture_or_task_name} ({setup.split}), "
       f"{own.num_examples} examples after one warm-up, gamma {gamma}; "
-      f"target widened to {cfg['target_widen_to'] or 'nothing (as trained)'}"
+      f"target widened to {setup.target_widen_to or 'nothing (as trained)'}"
       f" ({widening.param_count(t_params):,} parameters).", '',
       '| method | tokens/s | vs HF greedy | examples differing from ours '
       'baseline |', '|---|---|---|---|']

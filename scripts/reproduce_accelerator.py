@@ -84,9 +84,9 @@ from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax.reproduce import PAPER_TABLE2
-from specdec_jax.reproduce import PAPER_TABLE3
-from specdec_jax.reproduce import portable
+from specdec_jax.experiments.reproduce import PAPER_TABLE2
+from specdec_jax.experiments.reproduce import PAPER_TABLE3
+from specdec_jax.experiments.reproduce import portable
 from specdec_jax.sampling import SamplingConfig
 # pylint: enable=wrong-import-position
 

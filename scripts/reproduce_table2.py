@@ -45,18 +45,18 @@ import pathlib
 
 import jax
 
+from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import measure
-from specdec_jax import reproduce
 from specdec_jax import network
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax.reproduce import PAPER_TABLE2
-from specdec_jax.reproduce import PAPER_TABLE3
-from specdec_jax.reproduce import eval_flags
-from specdec_jax.reproduce import load_task_models
-from specdec_jax.reproduce import shell_command
-from specdec_jax.reproduce import task_inputs
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments.reproduce import PAPER_TABLE2
+from specdec_jax.experiments.reproduce import PAPER_TABLE3
+from specdec_jax.experiments.reproduce import eval_flags
+from specdec_jax.experiments.reproduce import load_task_models
+from specdec_jax.experiments.reproduce import shell_command
 from specdec_jax.sampling import SamplingConfig
 
 def run_eval(task, drafter, args, *, gamma, temperature, cost, num_examples,
@@ -64,9 +64,9 @@ def run_eval(task, drafter, args, *, gamma, temperature, cost, num_examples,
   out_dir = os.path.join(args.work_dir, task, cost, tag)
   bindings = dict(GAMMA=gamma, TEMPERATURE=float(temperature),
                   NUM_EXAMPLES=num_examples, EVAL_OUTPUT_DIR=out_dir)
-  bindings['eval_lib.evaluate.timing_repeats'] = args.timing_repeats
+  bindings['evaluate.timing_repeats'] = args.timing_repeats
   if cost != 'native':
-    bindings['eval_lib.evaluate.target_widen_to'] = cost
+    bindings['EvalSetup.target_widen_to'] = cost
   flags = eval_flags(args.setup_obj, task, drafter, **bindings)
   return eval_lib.main(flags), shell_command(flags)
 
@@ -268,7 +268,7 @@ def main(argv=None):
     target_config, lengths = models.target_config, models.lengths
     target, target_params = models.target, models.target_params
     drafters = models.drafters
-    calib = task_inputs(models.task, lengths, args.calib_examples)
+    calib = data.task_inputs(models.task, lengths, args.calib_examples)
     alphas = {}
     for name in names:
       for temp in temps:

@@ -21,28 +21,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from specdec_jax import data
 from specdec_jax import decoding
-from specdec_jax import eval as eval_lib
+from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
-from specdec_jax import reproduce
-from specdec_jax.reproduce import PAPER_TABLE3
-from specdec_jax.reproduce import load_task_models
-from specdec_jax.reproduce import task_inputs
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments.reproduce import PAPER_TABLE3
+from specdec_jax.experiments.reproduce import load_task_models
 from specdec_jax.sampling import SamplingConfig
-
-ORDER = ('unigram', 'bigram', 'small', 'base', 'large')
-
-
-def padded_batches(inputs, batch_size):
-  """Yields (start, rows used, batch): the last batch is padded with its
-  first row, so every call has one compiled shape."""
-  for start in range(0, len(inputs), batch_size):
-    n = min(batch_size, len(inputs) - start)
-    batch = np.zeros((batch_size,) + inputs.shape[1:], inputs.dtype)
-    batch[:n] = inputs[start:start + n]
-    batch[n:] = inputs[start]
-    yield start, n, batch
-
 
 def task_alphas(models, inputs, temperature, batch_size, seed=0):
   """{drafter: (alpha, standard error, tokens)} for one task and temperature.
@@ -52,7 +38,7 @@ def task_alphas(models, inputs, temperature, batch_size, seed=0):
   """
   per_example = {name: [] for name in models.drafters}
   sampling = SamplingConfig(temperature)
-  for start, n, batch in tqdm(list(padded_batches(inputs, batch_size)),
+  for start, n, batch in tqdm(list(data.batches(inputs, batch_size)),
                               desc='alpha', unit='batch', leave=False):
     out = decoding.temperature_sample(
         models.target, models.target_params, batch,
@@ -85,19 +71,17 @@ def greedy_quality(models, inputs, targets, batch_size):
   vocab = models.task.output_features['targets'].vocabulary
   t5 = {'target (mini-XXL)': (models.target, models.target_params)}
   for name, (drafter, params) in models.drafters.items():
-    if hasattr(drafter, 'model'):
+    if isinstance(drafter, drafters_lib.T5Drafter):
       t5[f'drafter {name}'] = (drafter.model, params)
   quality = {}
   for label, (model, params) in t5.items():
     texts = []
-    for _, n, batch in padded_batches(inputs, batch_size):
+    for _, n, batch in data.batches(inputs, batch_size):
       out = decoding.temperature_sample(
           model, params, batch, max_decode_len=models.lengths['targets'])
-      texts += [eval_lib._decode_text(  # pylint: disable=protected-access
-          vocab, np.asarray(out.tokens[i]), int(out.lengths[i]))
-                for i in range(n)]
-    quality[label] = eval_lib._metrics(  # pylint: disable=protected-access
-        models.task, targets, texts)
+      texts += [data.decode_text(vocab, np.asarray(out.tokens[i]),
+                                 int(out.lengths[i])) for i in range(n)]
+    quality[label] = data.task_metrics(models.task, targets, texts)
   return quality
 
 
@@ -157,9 +141,10 @@ def main(argv=None):
   parser.add_argument('--split', default='test')
   args = parser.parse_args(argv)
   setup = reproduce.setup_from_flags(args)
+  model_free = reproduce.model_free_drafters()  # n-grams first, as the paper
   names = (args.drafters.split(',') if args.drafters else
-           [n for n in ORDER if n in setup.drafters] +
-           [n for n in setup.drafters if n not in ORDER])
+           [n for n in setup.drafters if n in model_free] +
+           [n for n in setup.drafters if n not in model_free])
   for name in names:
     if name not in setup.drafters:
       raise SystemExit(f'unknown drafter {name!r}; expected '
@@ -175,7 +160,7 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   for task in args.tasks.split(','):
     models = load_task_models(setup, task, names)
-    inputs, targets = task_inputs(models.task, models.lengths,
+    inputs, targets = data.task_inputs(models.task, models.lengths,
                                   args.num_examples, args.split,
                                   with_targets=True)
     result.setdefault('quality', {})[task] = greedy_quality(

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from specdec_jax import data
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
 DECODE_LEN = {'en_de': 64, 'synopsis': 32}
@@ -51,16 +53,6 @@ def _load(export_dir, name):
   return network.T5Model(config), params, entry
 
 
-def _batches(x, batch_size):
-  for start in range(0, len(x), batch_size):
-    chunk = x[start:start + batch_size]
-    pad = batch_size - len(chunk)
-    batch = np.pad(chunk, ((0, pad), (0, 0)))
-    if pad:
-      batch[len(chunk):, 0] = 1
-    yield batch, len(chunk)
-
-
 def measure_alpha(target, tparams, model, params, inputs, decode_len,
                   temperature, batch_size, seed=0):
   """Pooled alpha and its standard error over `inputs`."""
@@ -68,7 +60,7 @@ def measure_alpha(target, tparams, model, params, inputs, decode_len,
   from specdec_jax import drafters, measure  # pylint: disable=g-import-not-at-top
   from specdec_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   betas = []
-  for i, (batch, n) in enumerate(_batches(inputs, batch_size)):
+  for i, (_, n, batch) in enumerate(data.batches(inputs, batch_size, 'eos')):
     res = measure.alpha(target, tparams, drafters.T5Drafter(model), params,
                         batch, sampling=SamplingConfig(temperature=temperature),
                         max_decode_len=decode_len,
@@ -92,7 +84,7 @@ def quality(target, tparams, inputs, refs, decode_len, task, batch_size):
   sp = spm.SentencePieceProcessor(
       model_file=os.path.join(tasks.resolve_data_dir(), 'sentencepiece.model'))
   outs = []
-  for batch, n in _batches(inputs, batch_size):
+  for _, n, batch in data.batches(inputs, batch_size, 'eos'):
     out = decoding.temperature_sample(target, tparams, batch,
                                       max_decode_len=decode_len)
     outs += [np.asarray(r) for r in np.asarray(out.tokens)[:n]]
@@ -116,7 +108,7 @@ def cmd_measure(args):
   from specdec_jax import arrays, training  # pylint: disable=g-import-not-at-top
   names = [n for n in args.candidates.split(',') if n]
   target, tparams, tentry = _load(args.export_dir, 'target')
-  from specdec_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
   result = dict(command=reproduce.portable(
       'python scripts/ship_models.py ' + ' '.join(sys.argv[1:])),
                 num_examples=args.num_examples, target=tentry,
@@ -126,7 +118,7 @@ def cmd_measure(args):
     inputs = test['inputs'][:args.num_examples]
     row = {}
     val = arrays.load(os.path.join(args.arrays, task_dir), 'validation')
-    row['target_validation'] = training.evaluate(
+    row['target_validation'] = training.eval_loss(
         target, tparams, arrays.eval_batches(val, 64, args.val_examples))
     row['target_quality'], row['samples'] = quality(
         target, tparams, inputs, _reference_texts(task_dir,
@@ -189,7 +181,7 @@ def cmd_ship(args):
       g.writelines(line for _, line in zip(range(n), f))
   shutil.copy(os.path.join(data_dir, 'sentencepiece.model'),
               os.path.join(out, 'data'))
-  from specdec_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
   with open(os.path.join(out, shipped.MODELS), 'w') as f:
     f.write(reproduce.portable(json.dumps(
         dict(models=models, target_training=exported.get('target'),
@@ -207,7 +199,8 @@ GOALS = 'best drafter alpha(t=0) >= 0.70 (en_de), >= 0.65 (synopsis); a ' \
 
 def cmd_report(args):
   """results/drafters_alpha.md (before / after) and the training report."""
-  from specdec_jax import reproduce, training  # pylint: disable=g-import-not-at-top
+  from specdec_jax import training  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
   with open(args.measured) as f:
     after = json.load(f)
   with open(os.path.join(REPO, 'results', 'table3_mini.json')) as f:

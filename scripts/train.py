@@ -22,22 +22,21 @@ from typing import Any, Dict, Optional, Sequence
 
 import gin
 
-from specdec_jax import eval as eval_lib
+from specdec_jax import gin_utils
 from specdec_jax import training
 
 
-def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
-  """T5X's flags; `--gin.NAME=VALUE` becomes a `--gin_bindings`."""
-  parser = argparse.ArgumentParser(
-      prog='python scripts/train.py', description=__doc__.splitlines()[0])
-  parser.add_argument('--gin_file', action='append', default=[])
-  parser.add_argument('--gin_bindings', action='append', default=[])
-  parser.add_argument('--gin_search_paths', default='')
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--plot', action='store_true',
                       help='write MODEL_DIR/loss.png after training')
   parser.add_argument('--no_progress', action='store_true',
                       help='no progress bar')
-  return parser.parse_args(eval_lib.rewrite_gin_args(argv))
+
+
+def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
+  """T5X's flags; `--gin.NAME=VALUE` becomes a `--gin_bindings`."""
+  return gin_utils.parse_flags(argv, 'python scripts/train.py',
+                               __doc__.splitlines()[0], _add_arguments)
 
 
 class _ProgressBar:
@@ -64,7 +63,7 @@ class _ProgressBar:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """Parses T5X-style flags and gin files, then runs `training.train`."""
   args = parse_flags(sys.argv[1:] if argv is None else argv)
-  run = eval_lib.configure(args, training.train,
+  run = gin_utils.configure(args, training.train,
                            'gin_configs/train/en_de_mini_small.gin')
   bar = None if args.no_progress else _ProgressBar()
   try:

@@ -172,12 +172,10 @@ def stage_generate(args):
 def _mini_config(kind):
   """The T5Config of a mini model file, read through gin."""
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax import gin_utils  # pylint: disable=g-import-not-at-top
   from specdec_jax import network  # pylint: disable=g-import-not-at-top
   path, macro = MODEL_FILES[kind]
-  gin.clear_config(clear_constants=True)
-  gin.add_config_file_search_path(str(eval_lib.GIN_DIR))
-  gin.parse_config_files_and_bindings([str(eval_lib.GIN_DIR / path)], [])
+  gin_utils.parse([path])
   config = gin.query_parameter(macro).scoped_configurable_fn()
   gin.clear_config(clear_constants=True)
   assert isinstance(config, network.T5Config), config

@@ -28,8 +28,8 @@ from typing import Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 
-FEATURES = ('encoder_input_tokens', 'decoder_input_tokens',
-            'decoder_target_tokens', 'decoder_loss_weights')
+from specdec_jax.data import FEATURES
+
 Arrays = Dict[str, np.ndarray]
 
 

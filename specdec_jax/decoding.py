@@ -11,7 +11,8 @@ Decoding never sees the network class: it takes a *model* object with
   extend(params, tokens [batch, k], cache) -> (logits [batch, k, vocab], cache)
   vocab_size: int
 
-(`network.T5Model` is one). The model object must be hashable; it is a static
+(`interfaces.DecodingModel`, of which it uses these three members;
+`network.T5Model` is one). The model object must be hashable; it is a static
 argument of the compiled function.
 """
 
@@ -69,9 +70,17 @@ def output_lengths(tokens: Array, eos_id: int) -> Array:
   return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1])
 
 
-def validate_decode_args(model, encoder_input_tokens, max_decode_len,
-                         sampling: SamplingConfig, max_decode_steps) -> None:
-  """Raises ValueError on bad arguments, before anything is traced."""
+def check_common_args(model, encoder_input_tokens, max_decode_len,
+                      sampling: SamplingConfig) -> None:
+  """Raises ValueError on arguments both decoders take, before tracing.
+
+  Args:
+    model: the (target) model; only its `vocab_size` is read.
+    encoder_input_tokens: `[batch, input_length]` int (or its
+      `jax.ShapeDtypeStruct`).
+    max_decode_len: output length, an int >= 1.
+    sampling: a `SamplingConfig` whose top-k fits the vocabulary.
+  """
   if not isinstance(sampling, SamplingConfig):
     raise ValueError(f'sampling must be a SamplingConfig, got {sampling!r}.')
   sampling.check_vocab(model.vocab_size)
@@ -79,12 +88,6 @@ def validate_decode_args(model, encoder_input_tokens, max_decode_len,
       max_decode_len, (int, np.integer)) or max_decode_len < 1):
     raise ValueError(
         f'max_decode_len must be an int >= 1, got {max_decode_len!r}.'
-    )
-  if max_decode_steps is not None and not 1 <= max_decode_steps <= (
-      max_decode_len):
-    raise ValueError(
-        f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
-        f'got {max_decode_steps!r}.'
     )
   shape = np.shape(encoder_input_tokens)
   if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
@@ -97,6 +100,19 @@ def validate_decode_args(model, encoder_input_tokens, max_decode_len,
     dtype = np.asarray(encoder_input_tokens).dtype
   if not jnp.issubdtype(dtype, jnp.integer):
     raise ValueError('encoder_input_tokens must be integer token ids.')
+
+
+def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
+  """`rng`, or a fixed key when greedy (which draws nothing); else an error.
+
+  Raises:
+    ValueError: rng is None and the sampling mode samples (temperature > 0).
+  """
+  if rng is not None:
+    return rng
+  if not sampling.greedy:
+    raise ValueError('rng is required when temperature > 0.')
+  return jax.random.key(0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +202,8 @@ def temperature_sample(
   """Autoregressive decoding of a batch, compiled once per shape and config.
 
   Args:
-    model: decoding interface (see module docstring), e.g. `T5Model`.
+    model: an `interfaces.DecodingModel` (see module docstring), e.g.
+      `T5Model`.
     params: the model's parameters.
     encoder_input_tokens: `[batch, input_length]` int, 0-padded; rows may
       have different lengths.
@@ -244,15 +261,17 @@ def lower_temperature_sample(
 def _prepare(model, params, encoder_input_tokens, max_decode_len, sampling,
              eos_id, rng, max_decode_steps, block_size):
   """Validated loop and arguments of `_run`."""
-  validate_decode_args(model, encoder_input_tokens, max_decode_len, sampling,
-                       max_decode_steps)
+  check_common_args(model, encoder_input_tokens, max_decode_len, sampling)
+  if max_decode_steps is not None and not 1 <= max_decode_steps <= (
+      max_decode_len):
+    raise ValueError(
+        f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
+        f'got {max_decode_steps!r}.'
+    )
   if (isinstance(block_size, bool) or
       not isinstance(block_size, (int, np.integer)) or block_size < 1):
     raise ValueError(f'block_size must be an int >= 1, got {block_size!r}.')
-  if rng is None:
-    if not sampling.greedy:
-      raise ValueError('rng is required when temperature > 0.')
-    rng = jax.random.key(0)
+  rng = default_rng(rng, sampling)
   loop = _SampleLoop(model, sampling, int(eos_id), int(max_decode_len),
                      int(block_size))
   max_steps = jnp.int32(max_decode_steps or max_decode_len)

@@ -150,6 +150,7 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
     The shard paths. Shards already present are not decoded again.
   """
   from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+  from specdec_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
   from specdec_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
 
@@ -171,17 +172,12 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
   for i in todo:
     rows = inputs[bounds[i]:bounds[i + 1]]
     outs = []
-    for start in range(0, len(rows), batch_size):
-      chunk = rows[start:start + batch_size]
-      pad = batch_size - len(chunk)
-      batch = np.pad(chunk, ((0, pad), (0, 0)))
-      if pad:
-        batch[len(chunk):, 0] = 1   # padding rows: a lone EOS input
+    for start, n, batch in data_lib.batches(rows, batch_size, fill='eos'):
       rng = jax.random.fold_in(jax.random.key(seed), i * 1_000_003 + start)
       out = decoding.temperature_sample(
           model, params, jnp.asarray(batch), max_decode_len=max_decode_len,
           sampling=sampling, rng=rng)
-      outs.append(np.asarray(out.tokens)[:len(chunk)])
+      outs.append(np.asarray(out.tokens)[:n])
       if bar is not None:
         bar.update(len(chunk))
     targets = (np.concatenate(outs) if outs else

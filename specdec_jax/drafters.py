@@ -1,25 +1,19 @@
 """Drafters: anything that proposes gamma tokens with their distributions q.
 
-The speculative loop (speculative.py) talks to a drafter through one method,
+The speculative loop (speculative.py) talks to a drafter through the
+`interfaces.Drafter` protocol: `init`, `propose` (drafts and the standardized
+q they were drawn from, so that the loop's acceptance test is exact),
+`prefill` (start from an existing prefix, for measurements), `score` (the
+teacher-forced logits `propose` draws from, for measuring alpha) and
+`vocab_size`. A drafter that is deterministic returns one-hot q; exactness
+holds for any q.
 
-  propose(params, state, sequences, lengths, gamma, sampling, rng)
-      -> (drafts [batch, gamma] int32, q [batch, gamma, vocab] f32, state)
-
-plus `init(params, encoder_input_tokens, max_length) -> state` and
-`vocab_size`, and, for measuring alpha without running the loop,
-`score(params, encoder_input_tokens, decoder_input_tokens) -> logits
-[batch, length, vocab]`: the drafter's logits at every position of given
-(teacher-forced) decoder inputs, the logits `propose` would draft from after
-that prefix. `sequences` `[batch, buffer]` holds each row's committed decoder
-tokens (BOS = 0 at index 0) and `lengths` `[batch]` how many there are; q must
-be the distribution each draft was sampled from, after the standardized
-sampling adjustment (sampling.py), so that the loop's acceptance test is
-exact. A drafter that is deterministic returns one-hot q; exactness holds for
-any q.
-
-Two kinds live here: `T5Drafter` (a small T5 with its own cache, the paper's
-T5-small/base/large drafts) and `NgramDrafter` (unigram / bigram token
-statistics, the paper's Table 3 baselines).
+Two classes live here: `T5Drafter` (a small T5 with its own cache, the
+paper's T5-small/base/large drafts) and `NgramDrafter` (unigram / bigram
+token statistics, the paper's Table 3 baselines). The *kinds* a job may name
+('t5', 'unigram', 'bigram') and how each is built from what the job has at
+hand (`DraftSource`) are registered once, in `KINDS`; a new kind is one
+`register(DrafterKind(...))` call (tests/test_drafters.py then checks it).
 
 References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and Table 3.
 """
@@ -28,35 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import interfaces
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.network import T5Model
 
 Array = jax.Array
-
-
-def draw(rng: Array, logits: Array, sampling: sampling_lib.SamplingConfig):
-  """Samples from the standardized distribution and returns it too.
-
-  Args:
-    rng: PRNG key.
-    logits: `[batch, vocab]`.
-    sampling: the sampling mode applied to both p and q.
-
-  Returns:
-    `(tokens [batch] int32, probs [batch, vocab] float32)`.
-  """
-  adjusted = sampling_lib.adjusted_logits(logits, sampling)
-  if sampling.greedy:
-    token = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
-  else:
-    token = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
-  return token, jax.nn.softmax(adjusted, axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +58,19 @@ class T5Drafter:
     return self.model.logits(params, encoder_input_tokens,
                              decoder_input_tokens)
 
+  def prefill(self, params, cache, sequences, lengths):
+    """Consumes `sequences[b, :lengths[b] - 1]`; see `interfaces.Drafter`.
+
+    One call on the first n - 1 tokens of every row (n = sequences' width),
+    then each row's position is set to lengths - 1: what a row holds past
+    it is stale.
+    """
+    n = sequences.shape[1] - 1
+    cache = cache.rewind(jnp.zeros_like(lengths))
+    if n > 0:
+      _, cache = self.model.extend(params, sequences[:, :n], cache)
+    return cache.rewind(lengths - 1)
+
   def _feed_last(self, k: int, params, cache, sequences, lengths):
     """Feeds the last k committed tokens; logits after the last one.
 
@@ -99,6 +88,7 @@ class T5Drafter:
 
   def propose(self, params, cache, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):
+    """gamma one-token calls after the catch-up; see `interfaces.Drafter`."""
     # A row whose cache holds fewer than length-1 tokens had all its drafts
     # accepted: it never consumed x_gamma. Then (and only then) the first
     # call feeds the last two committed tokens; otherwise just the last one.
@@ -111,13 +101,13 @@ class T5Drafter:
 
     def step(carry, rng_i):
       logits_i, cache = carry
-      token, q = draw(rng_i, logits_i, sampling)
+      token, q = sampling_lib.draw(rng_i, logits_i, sampling)
       next_logits, cache = self.model.extend(params, token[:, None], cache)
       return (next_logits[:, 0], cache), (token, q)
 
     (last, cache), (tokens, qs) = jax.lax.scan(
         step, (last, cache), rngs[:-1])
-    token, q = draw(rngs[-1], last, sampling)
+    token, q = sampling_lib.draw(rngs[-1], last, sampling)
     # [gamma-1, batch(, vocab)] + last -> [batch, gamma(, vocab)]
     drafts = jnp.concatenate([tokens.T, token[:, None]], axis=1)
     qs = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1)
@@ -160,6 +150,11 @@ class NgramDrafter:
     base = log_uni + params['log_backoff'][prev][:, None]
     return base.at[rows, tokens].set(log_p)
 
+  def prefill(self, params, state, sequences, lengths):
+    """Nothing to consume: `propose` reads the last committed token."""
+    del params, sequences, lengths
+    return state
+
   def score(self, params, encoder_input_tokens, decoder_input_tokens):
     del encoder_input_tokens
     b, n = decoder_input_tokens.shape
@@ -168,10 +163,11 @@ class NgramDrafter:
 
   def propose(self, params, state, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):
+    """Drafts from the last committed token on; see `interfaces.Drafter`."""
     prev = jnp.take_along_axis(sequences, (lengths - 1)[:, None], axis=1)[:, 0]
 
     def step(prev, rng_i):
-      token, q = draw(rng_i, self.log_q(params, prev), sampling)
+      token, q = sampling_lib.draw(rng_i, self.log_q(params, prev), sampling)
       return token, (token, q)
 
     _, (tokens, qs) = jax.lax.scan(step, prev, jax.random.split(rng, gamma))
@@ -235,3 +231,110 @@ def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
       log_backoff=jnp.asarray(log_backoff),
   )
   return params
+
+
+# ---------------------------------------------------------------------------
+# Drafter kinds: what a job may name, and how each is built.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSource:
+  """What a drafter kind may be built from (a kind reads what it needs).
+
+  Attributes:
+    vocab_size: the target's vocabulary size.
+    draft_model: a separate draft model (`network.T5Model`), loaded by the
+      caller when the kind `needs_model`.
+    draft_params: its parameters.
+    train_targets: a callable returning the task's train target ids, read
+      only by kinds that need them (lazily: reading a train split costs):
+      an iterable of token id sequences as the decoder emits them: no BOS,
+      no padding (0s dropped), EOS kept.
+    target_model: the target (`interfaces.DecodingModel`), for kinds that
+      draft with the target itself.
+    target_params: its parameters.
+  """
+
+  vocab_size: int
+  draft_model: Any = None
+  draft_params: Any = None
+  train_targets: Optional[Callable[[], Iterable[Sequence[int]]]] = None
+  target_model: Any = None
+  target_params: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterKind:
+  """A kind of drafter a job may name (`EvalSetup.drafter`).
+
+  Attributes:
+    name: the name ('t5', 'bigram', ...).
+    needs_model: built from `DraftSource.draft_model` / `draft_params`, a
+      separate model the caller loads (DRAFT_MODEL / DRAFT_CHECKPOINT).
+    build: `DraftSource -> (drafter, params)`, the drafter an
+      `interfaces.Drafter`. Raises ValueError when the source lacks what the
+      kind needs.
+    description: one line for listings and error messages.
+    data_only: built from `DraftSource.train_targets` and `vocab_size`
+      alone, so the result is a function of (task, vocab_size): a caller may
+      build it once per task and reuse it.
+  """
+
+  name: str
+  needs_model: bool
+  build: Callable[[DraftSource], Tuple[interfaces.Drafter, Any]]
+  description: str
+  data_only: bool = False
+
+
+KINDS: Dict[str, DrafterKind] = {}
+
+
+def register(kind: DrafterKind) -> DrafterKind:
+  """Adds a kind to `KINDS`; refuses a name that is already there."""
+  if kind.name in KINDS:
+    raise ValueError(f'A drafter kind named {kind.name!r} is already '
+                     'registered.')
+  KINDS[kind.name] = kind
+  return kind
+
+
+def get_kind(name: str) -> DrafterKind:
+  """The registered kind `name`; ValueError naming the known ones."""
+  if name not in KINDS:
+    raise ValueError(f'Unknown drafter kind {name!r}; known kinds: '
+                     f'{sorted(KINDS)}.')
+  return KINDS[name]
+
+
+def _build_t5(source: DraftSource):
+  if source.draft_model is None or source.draft_params is None:
+    raise ValueError("drafter kind 't5' needs a draft model and its params "
+                     '(DRAFT_MODEL / DRAFT_CHECKPOINT); got draft_model='
+                     f'{source.draft_model!r}, draft_params '
+                     f'{"None" if source.draft_params is None else "given"}.')
+  return T5Drafter(source.draft_model), source.draft_params
+
+
+def _build_ngram(order: int, source: DraftSource):
+  name = {1: 'unigram', 2: 'bigram'}[order]
+  if source.train_targets is None:
+    raise ValueError(f'drafter kind {name!r} is estimated from the task\'s '
+                     'train targets; the source has no train_targets.')
+  params = ngram_params(list(source.train_targets()), source.vocab_size,
+                        order)
+  return NgramDrafter(source.vocab_size, order), params
+
+
+register(DrafterKind(
+    't5', needs_model=True, build=_build_t5,
+    description='a separate T5 (e.g. T5 1.1 small) with its own cache'))
+register(DrafterKind(
+    'unigram', needs_model=False, data_only=True,
+    build=functools.partial(_build_ngram, 1),
+    description="unigram statistics of the task's train targets"))
+register(DrafterKind(
+    'bigram', needs_model=False, data_only=True,
+    build=functools.partial(_build_ngram, 2),
+    description="bigram statistics of the task's train targets"))

@@ -295,6 +295,27 @@ def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
   return jnp.where(mask, 0.0, ATTENTION_NEG_INF).astype(dtype)
 
 
+def write_rows(buffer: Array, update: Array, start: Array) -> Array:
+  """Writes `update[b]` into `buffer[b]` from index `start[b]` of axis 1.
+
+  Each row at its own offset (a vmap'd `dynamic_update_slice`): the decoder
+  cache's per-row positions, the speculative loop's committed tokens.
+
+  Args:
+    buffer: `[batch, n, ...]`.
+    update: `[batch, k, ...]` (cast to buffer's dtype), k <= n.
+    start: `[batch]` int32; callers keep start + k <= n (else, as
+      `dynamic_update_slice`, the start is clamped so the update fits).
+
+  Returns:
+    The updated buffer (overwrites, never adds).
+  """
+  def write(row, new, s):
+    # [n, ...] <- [k, ...] at (s, 0, ...)
+    return jax.lax.dynamic_update_slice(row, new, (s,) + (0,) * (row.ndim - 1))
+  return jax.vmap(write)(buffer, update.astype(buffer.dtype), start)
+
+
 class MultiHeadAttention(nn.Module):
   """T5X's MultiHeadDotProductAttention parameters, functional in use.
 

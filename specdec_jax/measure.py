@@ -25,9 +25,8 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import statistics
 import time
-from typing import Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -39,28 +38,62 @@ from specdec_jax import sampling as sampling_lib
 Array = jax.Array
 
 
-def machine() -> str:
-  """CPU model, core count and the JAX backend, for results files."""
-  cpu = platform.processor()
+def cpu_model() -> str:
+  """The CPU model name from /proc/cpuinfo, else `platform.processor()`."""
   try:
     with open('/proc/cpuinfo') as f:
-      cpu = next(l.split(':', 1)[1].strip() for l in f if 'model name' in l)
-  except (OSError, StopIteration):
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
     pass
+  return platform.processor() or 'unknown'
+
+
+def machine() -> str:
+  """CPU model, core count and the JAX backend, for results files."""
   devices = ', '.join(sorted({d.device_kind for d in jax.devices()}))
-  return (f'{cpu}, {os.cpu_count()} cores, jax {jax.__version__} '
+  return (f'{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__} '
           f'({jax.default_backend()}: {devices})')
+
+
+def time_alternating(calls: Mapping[str, Callable[[], Any]],
+                     repeats: int = 1, reverse: bool = False
+                     ) -> Tuple[Dict[str, Any], Dict[str, float]]:
+  """Times several calls in turn, the order flipped after every repeat.
+
+  Alternating spreads machine-load drift over all calls alike (A B, B A,
+  ...). Nothing is warmed up: call it once first to compile.
+
+  Args:
+    calls: name -> a call with no arguments; run in the mapping's order.
+    repeats: rounds (each call runs once per round).
+    reverse: start with the mapping's order reversed (e.g. on every other
+      batch).
+
+  Returns:
+    `(results, seconds)`: each call's last result (through
+    `jax.block_until_ready`) and its median seconds
+    (`time.perf_counter`).
+  """
+  if isinstance(repeats, bool) or not isinstance(repeats, int) or (
+      repeats < 1):
+    raise ValueError(f'repeats must be an int >= 1, got {repeats!r}.')
+  order = list(calls)[::-1] if reverse else list(calls)
+  results, times = {}, {name: [] for name in calls}
+  for _ in range(repeats):
+    for name in order:
+      start = time.perf_counter()
+      results[name] = jax.block_until_ready(calls[name]())
+      times[name].append(time.perf_counter() - start)
+    order = order[::-1]
+  return results, {k: float(np.median(v)) for k, v in times.items()}
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
   """Median seconds of `fn()` (blocked until ready) after one warm-up call."""
   jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return time_alternating({'fn': fn}, repeats)[1]['fn']
 
 
 def loop_time(run: Callable[[int], object], n: int, repeats: int,
@@ -102,7 +135,7 @@ def context_cache(model, params, encoder_input_tokens, context: int,
   """The cache `call_time` times calls from: `context` tokens already in.
 
   Args:
-    model: a `network.T5Model` (anything with init_cache/extend).
+    model: an `interfaces.DecodingModel`, e.g. a `network.T5Model`.
     params: its parameters (arrays, or `jax.ShapeDtypeStruct`s: then the
       cache's shapes, at no cost).
     encoder_input_tokens: `[batch, input_length]` (or its shape struct).
@@ -136,7 +169,7 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
   """Seconds per decoder call on k tokens after `context` cached tokens.
 
   Args:
-    model: a `network.T5Model` (anything with init_cache/extend).
+    model: an `interfaces.DecodingModel`, e.g. a `network.T5Model`.
     params: its parameters.
     encoder_input_tokens: `[batch, input_length]`.
     k: tokens per call (1 = one autoregressive step; gamma + 1 = one
@@ -211,8 +244,9 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        context: int = 32, jit_setup: bool = False) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
-  The drafter state is the one after `context` committed tokens, so a T5
-  drafter makes gamma one-token calls (no catch-up): the result is
+  The drafter state is the one after `context` committed tokens
+  (`drafter.prefill`), so a T5 drafter makes gamma one-token calls (no
+  catch-up): the result is
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
   `jit_setup` builds that state in one compiled call instead of op by op
   (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a
@@ -236,11 +270,10 @@ def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
   def build(params, encoder_input_tokens):
     state = drafter.init(params, encoder_input_tokens, buffer)
     sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
-    if hasattr(state, 'position'):  # a cached drafter: fill its cache
-      # Consumes all but the last committed token, like after an iteration
-      # with a rejection; propose then feeds the last one.
-      _, state = drafter.model.extend(params, sequences[:, :context - 1],
-                                      state)
+    # All but the last committed token consumed, like after an iteration
+    # with a rejection; propose then feeds the last one.
+    state = drafter.prefill(params, state, sequences[:, :context],
+                            jnp.full((batch,), context, jnp.int32))
     return state, sequences
 
   if _abstract(params, encoder_input_tokens):
@@ -294,7 +327,7 @@ def alpha(target, target_params, drafter, draft_params, encoder_input_tokens,
   Args:
     target: the target model (`T5Model`).
     target_params: its parameters.
-    drafter: a drafter with `score` (`T5Drafter`, `NgramDrafter`).
+    drafter: an `interfaces.Drafter` (`T5Drafter`, `NgramDrafter`).
     draft_params: its parameters.
     encoder_input_tokens: `[batch, input_length]`.
     sampling: the sampling mode (temperature 0 = greedy: beta is 1 where the

@@ -92,21 +92,6 @@ class DecoderCache:
     return self.replace(position=jnp.asarray(position, jnp.int32))
 
 
-def _write_rows(cache: Array, update: Array, position: Array) -> Array:
-  """Writes `update[b]` into `cache[b]` starting at slot `position[b]`.
-
-  Args:
-    cache: `[batch, max_length, heads, head_dim]`.
-    update: `[batch, k, heads, head_dim]`.
-    position: `[batch]` int32; callers guarantee position + k <= max_length.
-
-  Returns:
-    The updated cache (overwrites, never adds).
-  """
-  write = lambda c, u, p: jax.lax.dynamic_update_slice(c, u, (p, 0, 0))
-  return jax.vmap(write)(cache, update.astype(cache.dtype), position)
-
-
 class EncoderLayer(nn.Module):
   config: T5Config
 
@@ -159,8 +144,8 @@ class DecoderLayer(nn.Module):
     x = self.pre_self_attention_layer_norm(inputs)
     key, value = self.self_attention.project_kv(x)
     if cache_kv is not None:
-      key = _write_rows(cache_kv[0], key, position)
-      value = _write_rows(cache_kv[1], value, position)
+      key = layers.write_rows(cache_kv[0], key, position)
+      value = layers.write_rows(cache_kv[1], value, position)
     x = self.self_attention.attend(x, key, value, self_bias) + inputs
     y = self.pre_cross_attention_layer_norm(x)
     y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x

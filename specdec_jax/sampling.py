@@ -107,3 +107,25 @@ def sample(rng: Array, logits: Array, config: SamplingConfig) -> Array:
   return jax.random.categorical(
       rng, adjusted_logits(logits, config), axis=-1
   ).astype(jnp.int32)
+
+
+def draw(rng: Array, logits: Array, config: SamplingConfig):
+  """Samples from the standardized distribution and returns it too.
+
+  `sample`'s twin for drafters, which must hand the distribution q they drew
+  from to the verification.
+
+  Args:
+    rng: PRNG key.
+    logits: `[batch, vocab]`.
+    config: the sampling mode applied to both p and q.
+
+  Returns:
+    `(tokens [batch] int32, probs [batch, vocab] float32)`.
+  """
+  adjusted = adjusted_logits(logits, config)
+  if config.greedy:
+    token = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
+  else:
+    token = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
+  return token, jax.nn.softmax(adjusted, axis=-1)

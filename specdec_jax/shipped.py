@@ -14,7 +14,7 @@ writes it; its README says how it was produced and how to reproduce it):
                               T5 task prefix), targets (references), EOS = 1
   MANIFEST.json      sha256 and size of every file above
 
-The eval job reads it as an ordinary data dir (`evaluate.data_dir =
+The eval job reads it as an ordinary data dir (`EvalSetup.data_dir =
 'shipped'`, see `tasks.resolve_data_dir`) and loads checkpoints named
 `shipped:<model>` (`checkpoint_path`), so the main job is an ordinary gin
 eval job (gin_configs/shipped/).

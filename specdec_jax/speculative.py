@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from flax import struct
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import decoding
+from specdec_jax import layers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.sampling import SamplingConfig
 
@@ -71,25 +72,62 @@ class SpecResult:
   stats: SpecStats
 
 
-def summarize(stats: SpecStats) -> dict:
-  """Python floats: acceptance rate, mean accepted length, alpha, ... .
+def rates(iterations, drafted, accepted, beta_sum, beta_count,
+          tokens=None) -> Dict[str, float]:
+  """The acceptance figures from summed counters (plain numbers).
 
-  Names follow the paper (alpha) and vLLM's metrics (acceptance rate = accepted
-  / drafted; mean acceptance length = 1 + accepted / iterations).
+  Names follow the paper (alpha) and vLLM's metrics (acceptance rate =
+  accepted / drafted; mean acceptance length = 1 + accepted / iterations).
+  The counters may be summed over rows, batches and examples (`SpecStats`
+  per row, or per-example records) before the call: every rate is a ratio
+  of sums.
+
+  Args:
+    iterations: row iterations: loop iterations counted once per row still
+      active in them (`SpecStats.row_iterations` summed), i.e. target calls
+      per row.
+    drafted: drafts verified.
+    accepted: drafts accepted.
+    beta_sum: sum of beta = sum_x min(p, q) over verified positions.
+    beta_count: verified positions.
+    tokens: optional output tokens (EOS included) of the same rows.
+
+  Returns:
+    `{'acceptance_rate', 'mean_accepted_length', 'alpha'}` floats, and
+    `'target_calls_per_token'` when `tokens` is given.
+  """
+  iterations, drafted, accepted = (float(iterations), float(drafted),
+                                   float(accepted))
+  out = {
+      'acceptance_rate': accepted / max(drafted, 1.0),
+      'mean_accepted_length': 1.0 + accepted / max(iterations, 1.0),
+      'alpha': float(beta_sum) / max(float(beta_count), 1.0),
+  }
+  if tokens is not None:
+    out['target_calls_per_token'] = iterations / max(float(tokens), 1.0)
+  return out
+
+
+def summarize(stats: SpecStats) -> dict:
+  """Python floats of one decode: `rates`, target calls, per position.
+
+  Returns:
+    {'target_calls', 'row_iterations', 'acceptance_rate',
+     'mean_accepted_length', 'per_position_acceptance' (the share of row
+     iterations accepting draft i), 'alpha'}.
   """
   row_iters = float(jnp.sum(stats.row_iterations))
-  drafted = float(jnp.sum(stats.drafted))
-  accepted = float(jnp.sum(stats.accepted))
+  r = rates(row_iters, jnp.sum(stats.drafted), jnp.sum(stats.accepted),
+            jnp.sum(stats.beta_sum), jnp.sum(stats.beta_count))
   return {
       'target_calls': int(stats.iterations),
       'row_iterations': row_iters,
-      'acceptance_rate': accepted / max(drafted, 1.0),
-      'mean_accepted_length': 1.0 + accepted / max(row_iters, 1.0),
+      'acceptance_rate': r['acceptance_rate'],
+      'mean_accepted_length': r['mean_accepted_length'],
       'per_position_acceptance': [
           float(a) / max(row_iters, 1.0) for a in stats.accepted_at
       ],
-      'alpha': float(jnp.sum(stats.beta_sum)) / max(
-          float(jnp.sum(stats.beta_count)), 1.0),
+      'alpha': r['alpha'],
   }
 
 
@@ -160,11 +198,6 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
   return n, accepted, next_token.astype(jnp.int32), beta
 
 
-def _write_rows(buf: Array, block: Array, start: Array) -> Array:
-  write = lambda b, u, s: jax.lax.dynamic_update_slice(b, u, (s,))
-  return jax.vmap(write)(buf, block, start)
-
-
 @dataclasses.dataclass(frozen=True)
 class _SpecLoop:
   """cond_fn/body_fn of the speculative `lax.while_loop`."""
@@ -209,7 +242,7 @@ class _SpecLoop:
     first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
     room = self.max_decode_len - (lengths - 1)
     keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
-    sequences = _write_rows(state.sequences, new, lengths)
+    sequences = layers.write_rows(state.sequences, new, lengths)
     new_lengths = jnp.where(active, lengths + keep, lengths)
     ended = state.ended | (active & (
         (first_eos < keep) | (new_lengths - 1 >= self.max_decode_len)))
@@ -278,10 +311,11 @@ def speculative_sample(
   """Speculative decoding of a batch; same output distribution as the target.
 
   Args:
-    target: decoding interface of the large model (see decoding.py), e.g.
-      `network.T5Model`.
+    target: the large model, an `interfaces.DecodingModel` (e.g.
+      `network.T5Model`).
     target_params: its parameters.
-    drafter: a drafter (see drafters.py): `T5Drafter`, `NgramDrafter`, ...
+    drafter: an `interfaces.Drafter` (drafters.py): `T5Drafter`,
+      `NgramDrafter`, ...
     draft_params: the drafter's parameters.
     encoder_input_tokens: `[batch, input_length]` int, 0-padded.
     gamma: drafts per iteration (static, >= 1).
@@ -324,23 +358,30 @@ def lower_speculative_sample(target, target_params, drafter, draft_params,
   return _run.lower(loop, *args)
 
 
+def check_gamma(gamma) -> None:
+  """Raises ValueError unless gamma (drafts per iteration) is an int >= 1."""
+  if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+
+
+def check_vocab(target_vocab_size: int, draft_vocab_size: int) -> None:
+  """Raises ValueError unless the drafter's vocabulary is the target's."""
+  if draft_vocab_size != target_vocab_size:
+    raise ValueError(
+        f'Draft and target vocabularies differ: drafter has '
+        f'{draft_vocab_size} tokens, target {target_vocab_size}. Speculative '
+        'decoding needs the same vocabulary (the same SentencePiece model).')
+
+
 def _prepare(target, target_params, drafter, draft_params,
              encoder_input_tokens, gamma, max_decode_len, sampling, eos_id,
              rng, draft_input_tokens):
   """Validated loop and arguments of `_run`."""
-  decoding.validate_decode_args(target, encoder_input_tokens, max_decode_len,
-                                sampling, None)
-  if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
-  if drafter.vocab_size != target.vocab_size:
-    raise ValueError(
-        f'Draft and target vocabularies differ: drafter has '
-        f'{drafter.vocab_size} tokens, target {target.vocab_size}. Speculative '
-        'decoding needs the same vocabulary (the same SentencePiece model).')
-  if rng is None:
-    if not sampling.greedy:
-      raise ValueError('rng is required when temperature > 0.')
-    rng = jax.random.key(0)
+  decoding.check_common_args(target, encoder_input_tokens, max_decode_len,
+                             sampling)
+  check_gamma(gamma)
+  check_vocab(target.vocab_size, drafter.vocab_size)
+  rng = decoding.default_rng(rng, sampling)
   as_ids = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else (
       jnp.asarray(x, jnp.int32))
   inputs = as_ids(encoder_input_tokens)

@@ -38,8 +38,9 @@ t5_1_1 gin files), on our network:
   steps_per_sec (data + train step; the first record includes compiling),
   seconds (wall clock, summed over resumed runs).
 
-`model_dir` is a local folder. Only the data functions import seqio (and so
-TensorFlow), when called.
+`model_dir` is a local folder. Batches come from `data.train_batches` /
+`data.eval_batches` (seqio, imported when called) or from pre-tokenized
+arrays (`arrays.py`, no seqio).
 
 References: T5, arXiv:1910.10683; Adafactor, arXiv:1804.04235; z-loss,
 arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
@@ -64,18 +65,16 @@ import numpy as np
 import optax
 
 from specdec_jax import checkpoints
+from specdec_jax import data
 from specdec_jax import network
 
 Array = jax.Array
 PyTree = Any
-Batch = Dict[str, np.ndarray]
+Batch = data.Batch
 
 Z_LOSS = 1e-4
 LOG_FILE = 'log.jsonl'
 OPTIMIZER_STATE_FILE = 'optimizer_state.msgpack'
-# What EncDecFeatureConverter(pack=False) makes; all [batch, length] int32.
-FEATURES = ('encoder_input_tokens', 'decoder_input_tokens',
-            'decoder_target_tokens', 'decoder_loss_weights')
 SCHEDULES = ('rsqrt', 'constant')
 
 
@@ -249,7 +248,7 @@ def make_train_step(model: network.T5Model, learning_rate: float,
 
   Returns:
     `train_step(state, batch[, teacher_params]) -> (state, metrics)`: batch
-    holds FEATURES, each `[batch, length]`; metrics are the
+    holds `data.FEATURES`, each `[batch, length]`; metrics are the
     `weighted_metrics` sums of the batch (before the update), 'lr' (the rate
     applied) and, when distilling, 'kd' and 'beta' sums.
   """
@@ -305,9 +304,9 @@ def make_eval_step(model: network.T5Model, z_loss: float = Z_LOSS
   return jax.jit(functools.partial(_batch_metrics, model, z_loss=z_loss))
 
 
-def evaluate(model: network.T5Model, params: PyTree,
-             batches: Sequence[Batch], z_loss: float = Z_LOSS
-             ) -> Dict[str, float]:
+def eval_loss(model: network.T5Model, params: PyTree,
+              batches: Sequence[Batch], z_loss: float = Z_LOSS
+              ) -> Dict[str, float]:
   """Teacher-forced loss and accuracy over `batches`, per real token."""
   eval_step = make_eval_step(model, z_loss)
   total = None
@@ -317,92 +316,6 @@ def evaluate(model: network.T5Model, params: PyTree,
   if total is None:
     raise ValueError('No evaluation batches.')
   return normalize(total)
-
-
-# ------------------------------------------------------------------ data ---
-def get_dataset(mixture_or_task_name: str,
-                task_feature_lengths: Mapping[str, int], split: str, *,
-                shuffle: bool, seed: Optional[int], num_epochs: Optional[int]):
-  """A task's examples as unbatched model features (T5X's pipeline).
-
-  Args:
-    mixture_or_task_name: a registered seqio task or mixture.
-    task_feature_lengths: {'inputs': N, 'targets': M}; longer examples are
-      trimmed (keeping EOS), shorter ones padded with 0.
-    split: e.g. 'train' or 'validation'.
-    shuffle: shuffle examples (seqio's buffer), seeded by `seed`.
-    seed: the shuffle seed.
-    num_epochs: passes over the split; None repeats forever.
-
-  Returns:
-    A tf.data.Dataset of FEATURES, `[N]` or `[M]` int32 each.
-  """
-  import seqio  # pylint: disable=g-import-not-at-top
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
-
-  lengths = {k: int(task_feature_lengths[k]) for k in ('inputs', 'targets')}
-  task = tasks.get_task(mixture_or_task_name)
-  ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=shuffle,
-                        seed=seed, num_epochs=num_epochs,
-                        trim_output_features=True)
-  ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
-  return ds.map(lambda ex: {k: ex[k] for k in FEATURES})
-
-
-def train_batches(mixture_or_task_name: str,
-                  task_feature_lengths: Mapping[str, int], batch_size: int,
-                  seed: int, start_step: int = 0) -> Iterator[Batch]:
-  """Endless shuffled training batches, from batch `start_step` on.
-
-  Batch i is the same for every call with the same arguments (the order is
-  seeded), so a resumed run skips the batches it has seen; skipping runs the
-  input pipeline for them (tokenizing, no model work).
-
-  Args:
-    mixture_or_task_name: a registered seqio task.
-    task_feature_lengths: {'inputs': N, 'targets': M}.
-    batch_size: examples per batch.
-    seed: shuffle seed.
-    start_step: the first batch to yield.
-
-  Yields:
-    FEATURES as numpy `[batch_size, N or M]` int32 arrays.
-  """
-  ds = get_dataset(mixture_or_task_name, task_feature_lengths, 'train',
-                   shuffle=True, seed=seed, num_epochs=None)
-  ds = ds.batch(batch_size, drop_remainder=True).skip(start_step)
-  yield from ds.prefetch(2).as_numpy_iterator()
-
-
-def eval_batches(mixture_or_task_name: str,
-                 task_feature_lengths: Mapping[str, int], batch_size: int,
-                 num_examples: Optional[int] = None,
-                 split: str = 'validation') -> List[Batch]:
-  """The first `num_examples` of a split, in order, as full batches.
-
-  The last batch is padded with all-zero rows (weight 0), so every batch has
-  the training shape and the eval step compiles once.
-
-  Args:
-    mixture_or_task_name: a registered seqio task.
-    task_feature_lengths: {'inputs': N, 'targets': M}.
-    batch_size: rows per batch.
-    num_examples: None for the whole split.
-    split: the split to read.
-
-  Returns:
-    A list of FEATURES dicts of `[batch_size, N or M]` int32 arrays.
-  """
-  ds = get_dataset(mixture_or_task_name, task_feature_lengths, split,
-                   shuffle=False, seed=None, num_epochs=1)
-  if num_examples is not None:
-    ds = ds.take(num_examples)
-  batches = []
-  for batch in ds.batch(batch_size).as_numpy_iterator():
-    pad = batch_size - len(batch[FEATURES[0]])
-    batches.append({k: np.pad(v, ((0, pad), (0, 0))) for k, v in
-                    batch.items()})
-  return batches
 
 
 # ----------------------------------------------------------- checkpoints ---
@@ -423,10 +336,8 @@ def save_checkpoint(state: TrainState, model_dir: str,
                                      step)
   with open(os.path.join(path, OPTIMIZER_STATE_FILE), 'wb') as f:
     f.write(serialization.to_bytes(jax.device_get(state.opt_state)))
-  steps = sorted(int(n.split('_')[1]) for n in os.listdir(model_dir)
-                 if n.startswith('checkpoint_') and n.split('_')[1].isdigit())
-  for old in steps[:-max(keep_checkpoints, 1)]:
-    shutil.rmtree(os.path.join(model_dir, f'checkpoint_{old}'))
+  for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints, 1)]:
+    shutil.rmtree(old)
   return path
 
 
@@ -445,7 +356,9 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
     The state at that step.
   """
   path = path.rstrip('/')
-  step = int(os.path.basename(path).split('_')[-1])
+  step = checkpoints.step_of(path)
+  if step is None:
+    raise ValueError(f'{path} is not a checkpoint_<step> folder.')
   params = checkpoints.load_t5x_params(path, config=model.config,
                                        dtype=jnp.float32)
   opt_state = make_optimizer(0.0).init(params)
@@ -644,9 +557,9 @@ def train(
     batches = arrays.train_batches(train_arrays, batch_size, seed,
                                    start_step=start)
   else:
-    eval_data = (eval_batches(mixture_or_task_name, lengths, batch_size,
+    eval_data = (data.eval_batches(mixture_or_task_name, lengths, batch_size,
                               eval_examples) if eval_examples != 0 else [])
-    batches = train_batches(mixture_or_task_name, lengths, batch_size, seed,
+    batches = data.train_batches(mixture_or_task_name, lengths, batch_size, seed,
                             start_step=start)
   extra = () if teacher is None else (teacher_params,)
   t0 = time.perf_counter()
@@ -680,7 +593,7 @@ def train(
       window, window_steps, window_seconds = None, 0, 0.0
     if eval_data and (step % eval_period == 0 or last):
       log(dict(step=step, split='validation',
-               **evaluate(model, state.params, eval_data, z_loss)))
+               **eval_loss(model, state.params, eval_data, z_loss)))
     if step % checkpoint_period == 0 or last:
       save_checkpoint(state, model_dir, keep_checkpoints)
     if progress is not None:

@@ -385,22 +385,14 @@ def _widen(params: Params, rng: Array, noise: Array, config: T5Config,
   }
 
 
-def widen_to(params: Params, config: T5Config,
-             size: Union[str, Mapping[str, int], T5Config], *,
-             noise: float = 0.0, rng: Optional[Array] = None
-             ) -> Tuple[Dict[str, Any], T5Config]:
-  """Widens to a preset name, a dict of dimensions, or a full config.
+def widened_config(config: T5Config,
+                   size: Union[str, Mapping[str, int], T5Config]) -> T5Config:
+  """The config `size` names for `config`, checked to be a growth of it.
 
   Args:
-    params: T5X parameter tree of `config`.
     config: the trained model's config.
     size: a `PRESETS` key (e.g. 't5_1_1_xxl_cost'), a mapping of `GROWABLE`
       fields to new values, or a `T5Config`.
-    noise: see `widen`.
-    rng: see `widen`.
-
-  Returns:
-    `(new_params, new_config)`.
   """
   if isinstance(size, str):
     new_config = preset_config(config, size)
@@ -411,6 +403,27 @@ def widen_to(params: Params, config: T5Config,
     if unknown:
       raise ValueError(f'Not growable dimensions: {sorted(unknown)}.')
     new_config = config.replace(**size)
+  check_growth(config, new_config)
+  return new_config
+
+
+def widen_to(params: Params, config: T5Config,
+             size: Union[str, Mapping[str, int], T5Config], *,
+             noise: float = 0.0, rng: Optional[Array] = None
+             ) -> Tuple[Dict[str, Any], T5Config]:
+  """Widens to a preset name, a dict of dimensions, or a full config.
+
+  Args:
+    params: T5X parameter tree of `config`.
+    config: the trained model's config.
+    size: see `widened_config`.
+    noise: see `widen`.
+    rng: see `widen`.
+
+  Returns:
+    `(new_params, new_config)`.
+  """
+  new_config = widened_config(config, size)
   return widen(params, config, new_config, noise=noise, rng=rng), new_config
 
 

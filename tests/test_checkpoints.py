@@ -1,4 +1,4 @@
-"""T5X checkpoint loading and saving, HF T5 weight import (checkpoints.py).
+"""T5X checkpoint loading and saving, HF T5 weight import (checkpoints/).
 
 The fixtures are real T5X-written checkpoints (../shared/fixtures/t5x): a
 legacy msgpack file with inline arrays, a legacy tensorstore checkpoint and an
@@ -143,13 +143,13 @@ def test_legacy_inline_decodes_only_target_arrays(fixtures_dir, monkeypatch):
   checkpoint. Every decoded array is counted: only the target's may be.
   """
   decoded = []
-  real = checkpoints._decode_ext  # pylint: disable=protected-access
+  real = checkpoints.t5x._decode_ext  # pylint: disable=protected-access
 
   def counting(code, data):
     decoded.append(code)
     return real(code, data)
 
-  monkeypatch.setattr(checkpoints, '_decode_ext', counting)
+  monkeypatch.setattr(checkpoints.t5x, '_decode_ext', counting)
   params = checkpoints.load_t5x_params(
       fixtures_dir / 'test_t5_tiny.checkpoint_0')
   n_target = len(_flat(params))
@@ -381,13 +381,23 @@ def test_orbax_reads_only_target_of_train_state(np_v11, tmp_path):
 
 
 def test_latest_checkpoint(tmp_path):
-  """latest_checkpoint takes the numerically highest step, not the last name."""
+  """latest_checkpoint takes the numerically highest step, not the last name.
+
+  all_steps is the one reading of `checkpoint_<step>` names (training prunes
+  with it): folders only, orbax's temporary folders and other names skipped.
+  """
   for name in ('checkpoint_9', 'checkpoint_10', 'checkpoint_2', 'other_99'):
     (tmp_path / name).mkdir()
   (tmp_path / 'checkpoint_100.tmp-123').mkdir()
+  (tmp_path / 'checkpoint_200').touch()
   assert checkpoints.latest_checkpoint(tmp_path) == str(
       tmp_path / 'checkpoint_10')
   assert checkpoints.latest_checkpoint(tmp_path / 'checkpoint_2') is None
+  assert checkpoints.all_steps(tmp_path) == [
+      (s, str(tmp_path / f'checkpoint_{s}')) for s in (2, 9, 10)]
+  assert checkpoints.all_steps(tmp_path / 'missing') == []
+  assert checkpoints.step_of(str(tmp_path / 'checkpoint_10') + '/') == 10
+  assert checkpoints.step_of(tmp_path / 'checkpoint_100.tmp-123') is None
 
 
 def test_bfloat16_cast(np_v11, tmp_path):

@@ -25,6 +25,7 @@ from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
+from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax import speculative
 
@@ -303,9 +304,9 @@ def test_bound_covers_measured_rounding(v11, v11_inputs):
 
 def exact_twins(monkeypatch):
   """The eval job's target gets exact twin tokens (equal kernel columns)."""
-  real = eval_lib.load_params
+  real = loading.load_model
 
-  def load(config, checkpoint, seed, what):
+  def load(config, checkpoint, seed=0, what='model'):
     model, params = real(config, checkpoint, seed, what)
     if what == 'target':
       kernel = np.array(params['decoder']['logits_dense']['kernel'])
@@ -313,7 +314,7 @@ def exact_twins(monkeypatch):
       params['decoder']['logits_dense']['kernel'] = jnp.asarray(kernel)
     return model, params
 
-  monkeypatch.setattr(eval_lib, 'load_params', load)
+  monkeypatch.setattr(loading, 'load_model', load)
 
 
 def test_eval_counts_near_ties_and_passes(tmp_path, monkeypatch):

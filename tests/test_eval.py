@@ -31,7 +31,7 @@ def args(out, **overrides):
       'EVAL_OUTPUT_DIR': f"'{out}'",
       'VOCAB_SIZE': '1024',
       'DTYPE': "'float32'",
-      'evaluate.data_dir': f"'{DATA}'",
+      'EvalSetup.data_dir': f"'{DATA}'",
   }
   bindings.update(overrides)
   return ['--gin_file=runs/eval.gin', '--gin_file=models/t5_1_1/tiny.gin'] + [
@@ -102,7 +102,7 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
      '/nonexistent/checkpoint_1'),
     ({'DRAFT_MODEL': '%T5_1_1_TINY_DRAFT'}, ValueError,
      'vocabularies differ'),
-    ({'evaluate.gama': '3'}, SystemExit, 'gama'),
+    ({'EvalSetup.gama': '3'}, SystemExit, 'gama'),
     ({'TASK_FEATURE_LENGTHS': "{'inputs': 4, 'targets': 12}"}, ValueError,
      "TASK_FEATURE_LENGTHS\\['inputs'\\] = 4"),
     ({'GAMMA': '0'}, ValueError, 'gamma'),
@@ -118,12 +118,12 @@ def test_clear_errors(tmp_path, override, error, message):
 
 
 def test_widened_target_decodes_the_same(tmp_path):
-  """evaluate.target_widen_to: same outputs and alpha, a bigger target."""
+  """EvalSetup.target_widen_to: same outputs and alpha, a bigger target."""
   few = dict(NUM_EXAMPLES='2')
   plain = eval_lib.main(args(tmp_path / 'plain', **few))
   wide = eval_lib.main(args(
       tmp_path / 'wide', **few, **{
-          'evaluate.target_widen_to':
+          'EvalSetup.target_widen_to':
               "{'emb_dim': 16, 'mlp_dim': 24, 'num_decoder_layers': 3}"}))
   a = read_jsonl(tmp_path / 'plain' / 'examples.jsonl')
   b = read_jsonl(tmp_path / 'wide' / 'examples.jsonl')
@@ -135,4 +135,4 @@ def test_widened_target_decodes_the_same(tmp_path):
   assert run['target_widen_to']['num_decoder_layers'] == 3
   with pytest.raises(ValueError, match='cannot shrink emb_dim'):
     eval_lib.main(args(tmp_path / 'bad', **few, **{
-        'evaluate.target_widen_to': "{'emb_dim': 4}"}))
+        'EvalSetup.target_widen_to': "{'emb_dim': 4}"}))

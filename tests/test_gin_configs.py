@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import eval as eval_lib
+from specdec_jax import loading
 from specdec_jax import network
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / 'gin_configs'
@@ -72,19 +73,20 @@ def test_paper_file_binds_every_argument(path):
       "DRAFT_CHECKPOINT = '/ckpt/draft'",
       "EVAL_OUTPUT_DIR = '/tmp/out'",
   ])
-  bindings = gin.get_configurable(eval_lib.evaluate)(dry_run=True)
+  bindings = gin.get_configurable(loading.EvalSetup)()
+  output_dir = gin.query_parameter('%EVAL_OUTPUT_DIR')
   gin.clear_config(clear_constants=True)
   task, temp, drafter = path.stem.split('_')
-  assert bindings['temperature'] == float(temp[1:])
-  assert bindings['mixture_or_task_name'] == {
+  assert bindings.temperature == float(temp[1:])
+  assert bindings.mixture_or_task_name == {
       'ende': 'wmt_t2t_ende_v003', 'cnndm': 'cnn_dailymail_v002'}[task]
-  assert isinstance(bindings['gamma'], int) and bindings['gamma'] >= 1
-  assert bindings['target_checkpoint'] == '/ckpt/target'
-  assert bindings['output_dir'] == '/tmp/out'
+  assert isinstance(bindings.gamma, int) and bindings.gamma >= 1
+  assert bindings.target_checkpoint == '/ckpt/target'
+  assert output_dir == '/tmp/out'
   sizes = {'small': 512, 'base': 768, 'large': 1024}
-  assert bindings['draft_config'].emb_dim == sizes[drafter]
-  assert bindings['target_config'].emb_dim == 4096  # T5 1.1 XXL
-  assert bindings['target_config'].mlp_dim == 10240
+  assert bindings.draft_config.emb_dim == sizes[drafter]
+  assert bindings.target_config.emb_dim == 4096  # T5 1.1 XXL
+  assert bindings.target_config.mlp_dim == 10240
 
 
 def test_missing_required_macro_is_named():
@@ -98,8 +100,8 @@ def test_missing_required_macro_is_named():
                          ids=lambda p: p.stem)
 def test_example_files_are_complete_runs(path):
   _parse([path], ["EVAL_OUTPUT_DIR = '/tmp/out'"])
-  resolved = gin.get_configurable(eval_lib.evaluate)(dry_run=True)
+  resolved = gin.get_configurable(loading.EvalSetup)()
   gin.clear_config(clear_constants=True)
-  assert isinstance(resolved['target_config'], network.T5Config)
-  assert resolved['target_config'].vocab_size == (
-      resolved['draft_config'].vocab_size)
+  assert isinstance(resolved.target_config, network.T5Config)
+  assert resolved.target_config.vocab_size == (
+      resolved.draft_config.vocab_size)

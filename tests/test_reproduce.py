@@ -1,6 +1,6 @@
 """The reproduction scripts' setups resolve to the intended eval runs.
 
-Both setups go through the eval job's own gin files and --dry_run, so these
+Every setup goes through the eval job's own gin files into its EvalSetup, so these
 checks need no weights: the mini setup must pick the trained mini models'
 configs and latest checkpoints, the paper setup the T5 1.1 XXL target with the
 named T5X drafter, and a missing model or checkpoint must be named clearly.
@@ -8,7 +8,7 @@ named T5X drafter, and a missing model or checkpoint must be named clearly.
 
 import pytest
 
-from specdec_jax import reproduce
+from specdec_jax.experiments import reproduce
 
 
 def make_models(root, steps=(500, 1000)):
@@ -22,20 +22,19 @@ def make_models(root, steps=(500, 1000)):
 def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
   make_models(tmp_path)
   setup = reproduce.MiniSetup(str(tmp_path))
-  base = reproduce.resolved(reproduce.eval_flags(setup, 'synopsis', 'base'))
-  assert base['mixture_or_task_name'] == 'debian_synopsis'
-  assert base['target_config'].emb_dim == 256
-  assert base['target_config'].num_decoder_layers == 4
-  assert base['draft_config'].emb_dim == 128
-  assert base['target_checkpoint'].endswith('synopsis_mini_xxl/checkpoint_1000')
-  assert base['draft_checkpoint'].endswith(
+  base = reproduce.eval_setup(setup, 'synopsis', 'base')
+  assert base.mixture_or_task_name == 'debian_synopsis'
+  assert base.target_config.emb_dim == 256
+  assert base.target_config.num_decoder_layers == 4
+  assert base.draft_config.emb_dim == 128
+  assert base.target_checkpoint.endswith('synopsis_mini_xxl/checkpoint_1000')
+  assert base.draft_checkpoint.endswith(
       'synopsis_mini_base/checkpoint_1000')
-  assert base['split'] == 'test' and base['truncate_inputs']
-  bigram = reproduce.resolved(
-      reproduce.eval_flags(setup, 'en_de', 'bigram', TEMPERATURE=1.0))
-  assert bigram['drafter'] == 'bigram' and bigram['draft_checkpoint'] is None
-  assert bigram['temperature'] == 1.0
-  assert bigram['task_feature_lengths'] == {'inputs': 64, 'targets': 64}
+  assert base.split == 'test' and base.truncate_inputs
+  bigram = reproduce.eval_setup(setup, 'en_de', 'bigram', temperature=1.0)
+  assert bigram.drafter == 'bigram' and bigram.draft_checkpoint is None
+  assert bigram.temperature == 1.0
+  assert bigram.task_feature_lengths == {'inputs': 64, 'targets': 64}
 
 
 def test_mini_setup_names_the_missing_model(tmp_path):
@@ -50,12 +49,12 @@ def test_mini_setup_names_the_missing_model(tmp_path):
 def test_paper_setup_uses_the_paper_gin_files():
   setup = reproduce.make_setup(
       'paper', checkpoint_list='ende_xxl=/ckpt/xxl,ende_large=/ckpt/large')
-  r = reproduce.resolved(reproduce.eval_flags(setup, 'ende', 'large',
-                                              GAMMA=3))
-  assert r['mixture_or_task_name'] == 'wmt_t2t_ende_v003'
-  assert r['target_config'].emb_dim == 4096  # T5 1.1 XXL
-  assert r['draft_config'].emb_dim == 1024  # T5 1.1 large
-  assert (r['target_checkpoint'], r['draft_checkpoint']) == (
+  r = reproduce.eval_setup(setup, 'ende', 'large', gamma=3)
+  assert r.gamma == 3
+  assert r.mixture_or_task_name == 'wmt_t2t_ende_v003'
+  assert r.target_config.emb_dim == 4096  # T5 1.1 XXL
+  assert r.draft_config.emb_dim == 1024  # T5 1.1 large
+  assert (r.target_checkpoint, r.draft_checkpoint) == (
       '/ckpt/xxl', '/ckpt/large')
   with pytest.raises(ValueError, match="'ende_small'"):
     reproduce.eval_flags(setup, 'ende', 'small')

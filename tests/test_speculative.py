@@ -292,3 +292,28 @@ def test_bad_arguments_raise_before_compiling(kwargs, message):
     speculative.speculative_sample(
         Untouchable(), {}, drafter, {}, np.ones((2, 3), np.int32),
         sampling=SamplingConfig(**sampling), rng=jax.random.key(0), **kwargs)
+
+
+def test_rates_are_ratios_of_summed_counters():
+  """`summarize` is `rates` of the counters summed over rows.
+
+  The eval job sums per-example counters and calls `rates` itself, so both
+  must be ratios of sums (not means of per-row ratios), 0-safe.
+  """
+  stats = speculative.SpecStats(
+      iterations=jnp.int32(5), row_iterations=jnp.array([5, 3]),
+      drafted=jnp.array([15, 9]), accepted=jnp.array([10, 2]),
+      accepted_at=jnp.array([6, 4, 2]), beta_sum=jnp.array([3.5, 1.0]),
+      beta_count=jnp.array([7, 5]))
+  summary = speculative.summarize(stats)
+  assert summary['acceptance_rate'] == 12 / 24
+  assert summary['mean_accepted_length'] == 1 + 12 / 8
+  assert summary['alpha'] == 4.5 / 12
+  assert summary['per_position_acceptance'] == [6 / 8, 4 / 8, 2 / 8]
+  rates = speculative.rates(8, 24, 12, 4.5, 12, tokens=16)
+  assert {k: summary[k] for k in rates if k in summary} == {
+      k: v for k, v in rates.items() if k != 'target_calls_per_token'}
+  assert rates['target_calls_per_token'] == 8 / 16
+  assert speculative.rates(0, 0, 0, 0.0, 0, tokens=0) == {
+      'acceptance_rate': 0.0, 'mean_accepted_length': 1.0, 'alpha': 0.0,
+      'target_calls_per_token': 0.0}

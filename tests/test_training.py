@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax import data
 from specdec_jax import network
 from specdec_jax import training
 
@@ -126,7 +127,7 @@ def test_batches_are_t5x_teacher_forcing(debian_slice):
   weight on padding would train on it.
   """
   del debian_slice
-  batch, padded = training.eval_batches(TASK, LENGTHS, BATCH, 6)
+  batch, padded = data.eval_batches(TASK, LENGTHS, BATCH, 6)
   tgt, dec_in = batch['decoder_target_tokens'], batch['decoder_input_tokens']
   assert tgt.shape == (BATCH, LENGTHS['targets'])
   assert batch['encoder_input_tokens'].shape == (BATCH, LENGTHS['inputs'])
@@ -234,7 +235,7 @@ def test_same_seed_same_params_other_seed_differs(debian_slice):
 
   def run(seed):
     state = training.init_state(model, seed)
-    batches = training.train_batches(TASK, LENGTHS, BATCH, seed)
+    batches = data.train_batches(TASK, LENGTHS, BATCH, seed)
     first = None
     for _ in range(3):
       batch = next(batches)

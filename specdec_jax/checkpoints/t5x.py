@@ -1,4 +1,4 @@
-"""T5X checkpoints (params only) and HF transformers T5 weights.
+"""T5X checkpoints (params only): read every format, write T5X's orbax one.
 
 `load_t5x_params` reads the parameter tree (T5X's `target`) of every format
 T5X has written, never the optimizer state:
@@ -20,25 +20,25 @@ T5X has written, never the optimizer state:
   only `target` is restored (orbax partial restore).
 
 `save_t5x_params` writes the orbax layout with orbax's CheckpointManager, as
-T5X does, so T5X and `load_t5x_params` read it back. `load_hf_t5` and
-`config_from_hf` import HF transformers T5 / Flan-T5 safetensors weights.
+T5X does, so T5X and `load_t5x_params` read it back. `all_steps`,
+`latest_checkpoint` and `step_of` are the one reading of `checkpoint_<step>`
+folder names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import hf_convert
 from specdec_jax import network
+from specdec_jax.checkpoints import _storage
 
 PyTree = Any
 
@@ -58,76 +58,30 @@ class _NotT5X(ValueError):
 
 
 # ----------------------------------------------------------------------------
-# Paths (local, or gs:// through tensorstore's gcs kvstore).
+# Model dirs: `checkpoint_<step>` folders.
 # ----------------------------------------------------------------------------
 
 
-def _is_gcs(path: str) -> bool:
-  return path.startswith('gs://')
+def step_of(path: str) -> Optional[int]:
+  """The step of a `checkpoint_<step>` folder; None for any other name."""
+  m = _STEP_DIR.match(os.path.basename(os.fspath(path).rstrip('/')))
+  return int(m.group(1)) if m else None
 
 
-def _split_gcs(path: str) -> Tuple[str, str]:
-  m = re.fullmatch(r'gs://([^/]+)/?(.*)', path, re.DOTALL)
-  if m is None:
-    raise ValueError(f'Not a gs://bucket/path address: {path}')
-  return m.group(1), m.group(2)
+def all_steps(directory: str) -> List[Tuple[int, str]]:
+  """The `checkpoint_<step>` folders of a model dir, by increasing step.
 
+  Args:
+    directory: a T5X model dir, local or gs://.
 
-def _gcs_store(path: str):
-  """(tensorstore gcs KvStore of the bucket, key) of a gs:// address."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-
-  bucket, key = _split_gcs(path)
-  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
-
-
-def _gcs_keys(path: str, exact: bool) -> list:
-  """Object keys equal to (exact) or under (folder) a gs:// address."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-
-  store, key = _gcs_store(path if exact else path.rstrip('/') + '/')
-  end = key + ('\x00' if exact else '\x7f')
-  return list(store.list(ts.KvStore.KeyRange(key, end)).result())
-
-
-def _isdir(path: str) -> bool:
-  if _is_gcs(path):
-    return bool(_gcs_keys(path, exact=False))
-  return os.path.isdir(path)
-
-
-def _isfile(path: str) -> bool:
-  if _is_gcs(path):  # Listing, not reading: `checkpoint` files can be large.
-    return bool(_gcs_keys(path, exact=True))
-  return os.path.isfile(path)
-
-
-def _read_bytes(path: str) -> bytes:
-  if _is_gcs(path):
-    store, key = _gcs_store(path)
-    result = store.read(key).result()
-    if result.state == 'missing':
-      raise FileNotFoundError(f'No checkpoint file at {path}')
-    return bytes(result.value)
-  with open(path, 'rb') as f:
-    return f.read()
-
-
-def _join(*parts: str) -> str:
-  return os.path.join(*parts)
-
-
-def _all_steps(directory: str) -> list[int]:
-  if _is_gcs(directory):
-    prefix = _split_gcs(directory.rstrip('/') + '/')[1]
-    names = {k.decode()[len(prefix):].split('/')[0]
-             for k in _gcs_keys(directory, exact=False)}
-  elif os.path.isdir(directory):
-    names = {n for n in os.listdir(directory)
-             if os.path.isdir(os.path.join(directory, n))}
-  else:
-    return []
-  return sorted(int(m.group(1)) for m in map(_STEP_DIR.match, names) if m)
+  Returns:
+    [(step, path of its folder), ...]; empty when `directory` holds none or
+    is no folder.
+  """
+  directory = os.fspath(directory)
+  found = ((step_of(name), name) for name in _storage.subdir_names(directory))
+  return sorted((step, os.path.join(directory, name))
+                for step, name in found if step is not None)
 
 
 def latest_checkpoint(directory: str) -> Optional[str]:
@@ -139,10 +93,8 @@ def latest_checkpoint(directory: str) -> Optional[str]:
   Returns:
     The path of the latest step folder; None when there is none.
   """
-  steps = _all_steps(os.fspath(directory))
-  if not steps:
-    return None
-  return _join(os.fspath(directory), f'checkpoint_{steps[-1]}')
+  steps = all_steps(directory)
+  return steps[-1][1] if steps else None
 
 
 def _resolve(path: str) -> Tuple[str, str]:
@@ -151,20 +103,22 @@ def _resolve(path: str) -> Tuple[str, str]:
   Probes the files each layout must have (no folder listing unless `path`
   is a model dir), which keeps gs:// lookups cheap.
   """
-  if _isfile(_join(path, _STATE_KEY, _ORBAX_METADATA_FILE)):
-    return 'orbax', _join(path, _STATE_KEY)
-  if _isfile(_join(path, _ORBAX_METADATA_FILE)):
+  if _storage.isfile(os.path.join(path, _STATE_KEY, _ORBAX_METADATA_FILE)):
+    return 'orbax', os.path.join(path, _STATE_KEY)
+  if _storage.isfile(os.path.join(path, _ORBAX_METADATA_FILE)):
     return 'orbax', path
-  ckpt_file = path if _isfile(path) else _join(path, _CHECKPOINT_FILE)
-  if _isfile(ckpt_file):
+  ckpt_file = (path if _storage.isfile(path)
+               else os.path.join(path, _CHECKPOINT_FILE))
+  if _storage.isfile(ckpt_file):
     # A `checkpoint` file beside orbax metadata is orbax's aggregate file.
-    if _isfile(_join(os.path.dirname(ckpt_file), _ORBAX_METADATA_FILE)):
-      return 'orbax', os.path.dirname(ckpt_file)
+    ckpt_dir = os.path.dirname(ckpt_file)
+    if _storage.isfile(os.path.join(ckpt_dir, _ORBAX_METADATA_FILE)):
+      return 'orbax', ckpt_dir
     return 'msgpack', ckpt_file
   latest = latest_checkpoint(path)
   if latest is not None:  # A model dir: take its latest step.
     return _resolve(latest)
-  if _isdir(path):
+  if _storage.isdir(path):
     raise FileNotFoundError(
         f'{path} is a folder but holds no T5X checkpoint (no {_STATE_KEY}/'
         f'{_ORBAX_METADATA_FILE}, no {_CHECKPOINT_FILE} file, no '
@@ -274,11 +228,11 @@ def _absolute_kvstore(spec: Mapping[str, Any], ckpt_dir: str) -> dict:
   if kvstore.get('driver') not in ('file', 'gfile', 'gcs'):
     raise ValueError(f'unsupported kvstore driver {kvstore.get("driver")!r}')
   rel = rel.rstrip('/') + '/'
-  if _is_gcs(ckpt_dir):  # Written anywhere, read from this bucket.
-    bucket, prefix = _split_gcs(ckpt_dir)
+  if _storage.is_gcs(ckpt_dir):  # Written anywhere, read from this bucket.
+    bucket, prefix = _storage.split_gcs(ckpt_dir)
     return {'driver': 'gcs', 'bucket': bucket,
-            'path': _join(prefix, rel) if prefix else rel}
-  return {'driver': 'file', 'path': _join(ckpt_dir, rel)}
+            'path': os.path.join(prefix, rel) if prefix else rel}
+  return {'driver': 'file', 'path': os.path.join(ckpt_dir, rel)}
 
 
 def _zarr_spec(kvstore: dict, metadata: Optional[dict], dtype: Any) -> dict:
@@ -374,7 +328,7 @@ def _load_msgpack(path: str) -> Dict[str, Any]:
   """Flat {'a/b': array} params of a legacy / early-orbax msgpack file."""
   import msgpack  # pylint: disable=g-import-not-at-top
 
-  data = _read_bytes(path)
+  data = _storage.read_bytes(path)
   try:
     target, _ = _read_target_subtree(data)
   except _NotT5X as e:
@@ -505,8 +459,19 @@ def check_params(params: PyTree, config: network.T5Config,
         'parameters):\n  ' + '\n  '.join(problems))
 
 
-def _finish(flat: Dict[str, Any], source: str,
-            config: Optional[network.T5Config], dtype: Any) -> PyTree:
+def params_from_flat(flat: Dict[str, Any], source: str,
+                     config: Optional[network.T5Config], dtype: Any) -> PyTree:
+  """{'a/b': array} -> params tree, checked against `config`, cast to dtype.
+
+  Args:
+    flat: the parameters by '/'-joined T5X path.
+    source: where they come from (named in check_params' message).
+    config: if given, the tree must match it (check_params).
+    dtype: cast every parameter to it; None keeps the dtypes.
+
+  Returns:
+    The params tree: nested dicts of jax arrays.
+  """
   params = traverse_util.unflatten_dict(flat, sep='/') if flat else {}
   if config is not None:
     check_params(params, config, source)
@@ -538,7 +503,7 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
   path = os.fspath(path)
   kind, location = _resolve(path)
   flat = _load_orbax(location) if kind == 'orbax' else _load_msgpack(location)
-  return _finish(flat, location, config, dtype)
+  return params_from_flat(flat, location, config, dtype)
 
 
 def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
@@ -563,10 +528,10 @@ def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   directory = os.fspath(directory)
-  if not _is_gcs(directory):
+  if not _storage.is_gcs(directory):
     directory = os.path.abspath(directory)
-  step_dir = _join(directory, f'checkpoint_{int(step)}')
-  if _isdir(step_dir):
+  step_dir = os.path.join(directory, f'checkpoint_{int(step)}')
+  if _storage.isdir(step_dir):
     raise FileExistsError(f'Checkpoint already exists: {step_dir}')
   state = {'target': jax.tree.map(jnp.asarray, params),
            'state': {'step': jnp.asarray(step, jnp.int32)}}
@@ -583,171 +548,3 @@ def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
   finally:
     manager.close()
   return step_dir
-
-
-_HF_ACTIVATIONS = {
-    'relu': ('relu',),
-    'gated-gelu': ('gelu', 'linear'),
-    'gated-relu': ('relu', 'linear'),
-}
-
-
-def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
-  """T5Config of an HF transformers T5 / Flan-T5 `config.json`.
-
-  Args:
-    config_json_path: the config.json file, or the folder holding it.
-    **overrides: T5Config fields to set (e.g. dtype=jnp.bfloat16).
-
-  Returns:
-    The T5Config of the same network.
-
-  Raises:
-    ValueError: a feature our network does not implement (another
-      feed_forward_proj, relative-attention buckets other than 32/128).
-  """
-  path = os.fspath(config_json_path)
-  if os.path.isdir(path):
-    path = os.path.join(path, 'config.json')
-  with open(path) as f:
-    hf = json.load(f)
-  ff = hf.get('feed_forward_proj', 'relu')
-  if ff not in _HF_ACTIVATIONS:
-    raise ValueError(f'{path}: feed_forward_proj {ff!r} is not supported '
-                     f'(supported: {sorted(_HF_ACTIVATIONS)})')
-  buckets = hf.get('relative_attention_num_buckets', 32)
-  distance = hf.get('relative_attention_max_distance', 128)
-  if (buckets, distance) != (32, 128):
-    raise ValueError(f'{path}: relative attention {buckets} buckets / max '
-                     f'distance {distance}; T5X T5 uses 32 / 128')
-  # T5 1.0 ties the output layer to the embedding and scales the decoder
-  # output by d_model**-0.5 (T5X: logits_via_embedding). transformers < 5
-  # says so with tie_word_embeddings (default True); transformers >= 5 always
-  # writes tie_word_embeddings=true and puts the switch in
-  # scale_decoder_outputs.
-  if 'scale_decoder_outputs' in hf:
-    tied = bool(hf['scale_decoder_outputs'])
-  else:
-    tied = bool(hf.get('tie_word_embeddings', True))
-  num_layers = hf['num_layers']
-  fields = dict(
-      vocab_size=hf['vocab_size'],
-      emb_dim=hf['d_model'],
-      num_heads=hf['num_heads'],
-      num_encoder_layers=num_layers,
-      num_decoder_layers=hf.get('num_decoder_layers') or num_layers,
-      head_dim=hf['d_kv'],
-      mlp_dim=hf['d_ff'],
-      mlp_activations=_HF_ACTIVATIONS[ff],
-      dropout_rate=hf.get('dropout_rate', 0.1),
-      logits_via_embedding=tied,
-  )
-  fields.update(overrides)
-  return network.T5Config(**fields)
-
-
-def _hf_weight_files(path: str) -> list[str]:
-  if os.path.isfile(path):
-    if path.endswith('.json'):
-      index_path, folder = path, os.path.dirname(path)
-    else:
-      return [path]
-  else:
-    folder = path
-    index_path = os.path.join(path, 'model.safetensors.index.json')
-    single = os.path.join(path, 'model.safetensors')
-    if os.path.isfile(single):
-      return [single]
-  if not os.path.isfile(index_path):
-    if not os.path.exists(path):
-      raise FileNotFoundError(f'No HF T5 weights at {path}')
-    raise FileNotFoundError(
-        f'{path}: no model.safetensors or model.safetensors.index.json '
-        '(only safetensors weights are read; re-save with '
-        'save_pretrained(..., safe_serialization=True))')
-  with open(index_path) as f:
-    weight_map = json.load(f)['weight_map']
-  return [os.path.join(folder, name) for name in sorted(set(
-      weight_map.values()))]
-
-
-_SAFETENSORS_DTYPES = {
-    'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
-    'BF16': jnp.bfloat16, 'I64': np.int64, 'I32': np.int32, 'I16': np.int16,
-    'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_,
-}
-
-
-def _read_safetensors_raw(name: str) -> Dict[str, np.ndarray]:
-  """Reads a safetensors file with numpy + ml_dtypes.
-
-  safetensors.numpy cannot represent bfloat16 (numpy has no such dtype), yet
-  many HF T5 exports are bfloat16. The format is an 8-byte little-endian
-  header length, a JSON header {name: {dtype, shape, data_offsets}}, then
-  the raw little-endian tensor bytes.
-  """
-  with open(name, 'rb') as f:
-    data = f.read()
-  (header_len,) = np.frombuffer(data[:8], '<u8')
-  header = json.loads(data[8:8 + int(header_len)])
-  base = 8 + int(header_len)
-  out = {}
-  for key, info in header.items():
-    if key == '__metadata__':
-      continue
-    begin, end = info['data_offsets']
-    dtype = np.dtype(_SAFETENSORS_DTYPES[info['dtype']]).newbyteorder('<')
-    out[key] = np.frombuffer(data[base + begin:base + end],
-                             dtype=dtype).reshape(info['shape'])
-  return out
-
-
-def _read_safetensors(files: Iterable[str]) -> Dict[str, np.ndarray]:
-  # pylint: disable-next=g-import-not-at-top
-  from safetensors import numpy as st_numpy
-
-  state: Dict[str, np.ndarray] = {}
-  for name in files:
-    if not os.path.isfile(name):
-      raise FileNotFoundError(f'HF weight shard missing: {name}')
-    try:
-      try:
-        state.update(st_numpy.load_file(name))
-      except TypeError:  # A dtype numpy lacks (bfloat16).
-        state.update(_read_safetensors_raw(name))
-    except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(
-          f'{name}: unreadable safetensors file: {type(e).__name__}: {e}'
-      ) from None
-  return state
-
-
-def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
-               dtype: Any = None) -> PyTree:
-  """T5X params from HF transformers T5 / Flan-T5 safetensors weights.
-
-  Args:
-    path_or_dir: a save_pretrained folder, a `model.safetensors` file, or a
-      `model.safetensors.index.json` (sharded weights).
-    config: the network; None reads `config.json` beside the weights.
-    dtype: cast every parameter to this dtype (None: float32).
-
-  Returns:
-    The T5X params tree (nested dicts of jax arrays), checked against config.
-  """
-  path = os.fspath(path_or_dir)
-  if config is None:
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = config_from_hf(os.path.join(folder, 'config.json'))
-  state = _read_safetensors(_hf_weight_files(path))
-  if 'shared.weight' not in state:  # Some exports keep only the stack copies.
-    for alias in ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'):
-      if alias in state:
-        state['shared.weight'] = state[alias]
-        break
-  try:
-    params = hf_convert.from_hf_state_dict(state, config)
-  except KeyError as e:
-    raise ValueError(f'{path}: {e.args[0]}') from None
-  flat = traverse_util.flatten_dict(params, sep='/')
-  return _finish(flat, path, config, dtype)

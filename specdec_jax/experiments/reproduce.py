@@ -1,12 +1,15 @@
 """Shared pieces of the paper-reproduction scripts (scripts/reproduce_*.py).
 
-Two setups: `MiniSetup`, the mini models trained here (gin_configs/train/,
+Three setups: `MiniSetup`, the mini models trained here (gin_configs/train/,
 `scripts/train.py`) in `<models_dir>/<task>_mini_<size>/checkpoint_<step>`,
 evaluated with gin_configs/mini/<task>.gin; and `PaperSetup`, real T5X
 checkpoints of T5 1.1 XXL / small / base / large through the paper's gin
-files (gin_configs/paper/), for a TPU/GPU. This module resolves those into models, drafters
-and inputs exactly as the eval job does (through its gin files and its
-`--dry_run`), and holds the paper's published numbers for comparison.
+files (gin_configs/paper/), for a TPU/GPU; `ShippedSetup`, the package's own
+models. A setup names the eval job's gin files and checkpoints for a (task,
+drafter) pair (`flags`: also the command that reruns a row); `eval_setup`
+turns them into the job's typed `loading.EvalSetup`, and `load_task_models`
+loads a task's target and drafters through `loading`, exactly as the job
+does. This module also holds the paper's published numbers for comparison.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import eval as eval_lib
+from specdec_jax import drafters as drafters_lib
+from specdec_jax import gin_utils
+from specdec_jax import loading
 
 # Our offline tasks and the paper's task each stands in for.
 TASKS = {
@@ -29,7 +34,20 @@ TASKS = {
 }
 T5_DRAFTERS = {'small': '%MINI_SMALL', 'base': '%MINI_BASE',
                'large': '%MINI_LARGE'}
-DRAFTERS = ('small', 'base', 'large', 'unigram', 'bigram')
+
+
+def model_free_drafters() -> Tuple[str, ...]:
+  """The registered drafter kinds that need no draft model (n-grams, ...).
+
+  Every setup offers them next to its T5 drafters, so a kind registered in
+  `drafters.KINDS` is reproduced without touching this module.
+  """
+  return tuple(name for name, kind in drafters_lib.KINDS.items()
+               if not kind.needs_model)
+
+
+def all_drafters(t5_names: Sequence[str]) -> Tuple[str, ...]:
+  return tuple(t5_names) + model_free_drafters()
 
 # Paper Table 2: (gamma, alpha, speed-up), T5-XXL target, batch 1, TPU-v4.
 PAPER_TABLE2 = {
@@ -110,36 +128,78 @@ def _bindings(**bindings) -> list:
   return flags
 
 
-def _check(task: str, drafter: str, tasks: Dict[str, Any],
-           drafters: Sequence[str] = DRAFTERS) -> None:
-  if task not in tasks:
-    raise ValueError(f'Unknown task {task!r}; expected one of {list(tasks)}.')
-  if drafter not in drafters:
-    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                     f'{list(drafters)}.')
+class _Setup:
+  """What the three setups share: a (task, drafter) pair -> eval job flags.
 
+  A setup says which gin file runs a task (`gin_file`), where the target's
+  checkpoint is (`target_checkpoint`) and, for each of its T5 drafters
+  (`t5_drafters`), the gin model macro and checkpoint (`draft`). Every
+  registered drafter kind that needs no model is offered too.
+  """
+  tasks: Dict[str, Dict[str, str]] = {}
 
-@dataclasses.dataclass(frozen=True)
-class MiniSetup:
-  """The mini models trained here: gin_configs/mini/<task>.gin."""
-  models_dir: str = '~/models'
-  tasks = TASKS
-  drafters = DRAFTERS
-  describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
-              'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
+  def t5_drafters(self) -> Sequence[str]:
+    raise NotImplementedError
+
+  def gin_file(self, task: str, drafter: str) -> str:
+    del drafter
+    return self.tasks[task]['gin']
+
+  def target_checkpoint(self, task: str) -> Optional[str]:
+    raise NotImplementedError
+
+  def draft(self, task: str, drafter: str) -> Tuple[Optional[str], str]:
+    """(gin model macro or None to keep the file's, checkpoint) of a T5."""
+    raise NotImplementedError
+
+  def extra_flags(self) -> list:
+    return []
+
+  @property
+  def drafters(self) -> Tuple[str, ...]:
+    return all_drafters(self.t5_drafters())
 
   def flags(self, task: str, drafter: str) -> list:
-    _check(task, drafter, self.tasks)
-    target = model_checkpoint(self.models_dir, task, 'xxl')
-    flags = [f"--gin_file={self.tasks[task]['gin']}",
-             f"--gin.TARGET_CHECKPOINT='{target}'"]
-    if drafter in T5_DRAFTERS:
-      draft = model_checkpoint(self.models_dir, task, drafter)
-      flags += [f'--gin.DRAFT_MODEL={T5_DRAFTERS[drafter]}',
-                f"--gin.DRAFT_CHECKPOINT='{draft}'"]
+    """The eval job's flags for one (task, drafter): the setup's gin file,
+    checkpoints and drafter (the command that reruns it)."""
+    if task not in self.tasks:
+      raise ValueError(
+          f'Unknown task {task!r}; expected one of {list(self.tasks)}.')
+    if drafter not in self.drafters:
+      raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
+                       f'{list(self.drafters)}.')
+    flags = [f'--gin_file={self.gin_file(task, drafter)}']
+    target = self.target_checkpoint(task)
+    if target is not None:
+      flags.append(f"--gin.TARGET_CHECKPOINT='{target}'")
+    flags += self.extra_flags()
+    if drafter in self.t5_drafters():
+      macro, checkpoint = self.draft(task, drafter)
+      if macro is not None:
+        flags.append(f'--gin.DRAFT_MODEL={macro}')
+      flags.append(f"--gin.DRAFT_CHECKPOINT='{checkpoint}'")
     else:
       flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
     return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniSetup(_Setup):
+  """The mini models trained here: gin_configs/mini/<task>.gin."""
+  models_dir: str = '~/models'
+  tasks = TASKS
+  describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
+              'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
+
+  def t5_drafters(self) -> Sequence[str]:
+    return tuple(T5_DRAFTERS)
+
+  def target_checkpoint(self, task: str) -> str:
+    return model_checkpoint(self.models_dir, task, 'xxl')
+
+  def draft(self, task: str, drafter: str) -> Tuple[str, str]:
+    return (T5_DRAFTERS[drafter],
+            model_checkpoint(self.models_dir, task, drafter))
 
 
 PAPER_TASKS = {
@@ -149,7 +209,7 @@ PAPER_TASKS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class PaperSetup:
+class PaperSetup(_Setup):
   """Real T5X checkpoints through the paper's gin files (gin_configs/paper).
 
   `checkpoints` maps '<task>_<size>' (task 'ende' or 'cnndm'; size 'xxl'
@@ -159,7 +219,6 @@ class PaperSetup:
   """
   checkpoints: Tuple[Tuple[str, str], ...] = ()
   tasks = PAPER_TASKS
-  drafters = DRAFTERS
   describe = ('T5 1.1 XXL target and T5 1.1 small / base / large drafters '
               'from T5X checkpoints (gin_configs/paper)')
 
@@ -170,17 +229,18 @@ class PaperSetup:
                        f'{key}=PATH); given: {sorted(known)}.')
     return known[key]
 
-  def flags(self, task: str, drafter: str) -> list:
-    _check(task, drafter, self.tasks)
+  def t5_drafters(self) -> Sequence[str]:
+    return tuple(T5_DRAFTERS)
+
+  def gin_file(self, task: str, drafter: str) -> str:
     size = drafter if drafter in T5_DRAFTERS else 'small'
-    flags = [f"--gin_file={self.tasks[task]['gin'].format(size=size)}",
-             f"--gin.TARGET_CHECKPOINT='{self._checkpoint(task + '_xxl')}'"]
-    if drafter in T5_DRAFTERS:
-      flags.append("--gin.DRAFT_CHECKPOINT="
-                   f"'{self._checkpoint(f'{task}_{drafter}')}'")
-    else:
-      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
-    return flags
+    return self.tasks[task]['gin'].format(size=size)
+
+  def target_checkpoint(self, task: str) -> str:
+    return self._checkpoint(task + '_xxl')
+
+  def draft(self, task: str, drafter: str) -> Tuple[None, str]:
+    return None, self._checkpoint(f'{task}_{drafter}')
 
 
 SHIPPED_TASKS = {
@@ -197,7 +257,7 @@ SHIPPED_T5_DRAFTERS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class ShippedSetup:
+class ShippedSetup(_Setup):
   """The shipped models (specdec_jax/assets/mini, gin_configs/shipped).
 
   The target and the dec2 / small drafters are the shipped ones. `models_dir`
@@ -215,29 +275,25 @@ class ShippedSetup:
               'encoder + 2 / 1 decoder layers), small (emb 64, 1+1), base '
               '(128, 2+2), large (192, 3+3)')
 
-  @property
-  def drafters(self) -> Tuple[str, ...]:
-    names = [n for n, (_, where) in SHIPPED_T5_DRAFTERS.items()
-             if where == 'shipped' or (self.models_dir and
-                                       checkpoints.latest_checkpoint(
-                                           os.path.join(os.path.expanduser(
-                                               self.models_dir), n + '_fkl')))]
-    return tuple(names) + ('unigram', 'bigram')
+  def t5_drafters(self) -> Sequence[str]:
+    return tuple(
+        n for n, (_, where) in SHIPPED_T5_DRAFTERS.items()
+        if where == 'shipped' or (self.models_dir and
+                                  checkpoints.latest_checkpoint(
+                                      os.path.join(os.path.expanduser(
+                                          self.models_dir), n + '_fkl'))))
 
-  def flags(self, task: str, drafter: str) -> list:
-    _check(task, drafter, self.tasks, self.drafters)
-    flags = [f"--gin_file={self.tasks[task]['gin']}"]
-    if self.data_dir:
-      flags.append(f"--gin.evaluate.data_dir='{self.data_dir}'")
-    if drafter in SHIPPED_T5_DRAFTERS:
-      macro, where = SHIPPED_T5_DRAFTERS[drafter]
-      draft = (f'shipped:{drafter}' if where == 'shipped' else
-               model_checkpoint(self.models_dir, '', drafter + '_fkl'))
-      flags += [f'--gin.DRAFT_MODEL={macro}',
-                f"--gin.DRAFT_CHECKPOINT='{draft}'"]
-    else:
-      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
-    return flags
+  def target_checkpoint(self, task: str) -> None:
+    return None  # the gin file's: 'shipped:target'
+
+  def extra_flags(self) -> list:
+    return ([f"--gin.EvalSetup.data_dir='{self.data_dir}'"]
+            if self.data_dir else [])
+
+  def draft(self, task: str, drafter: str) -> Tuple[str, str]:
+    macro, where = SHIPPED_T5_DRAFTERS[drafter]
+    return macro, (f'shipped:{drafter}' if where == 'shipped' else
+                   model_checkpoint(self.models_dir, '', drafter + '_fkl'))
 
 
 def make_setup(kind: str, models_dir: str = '~/models',
@@ -296,7 +352,7 @@ def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   Args:
     setup: `MiniSetup` or `PaperSetup` (models and gin files).
     task: a key of `setup.tasks`.
-    drafter: a name in `DRAFTERS`.
+    drafter: a name in `setup.drafters`.
     **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
       they are macro references ('%...').
   """
@@ -323,27 +379,22 @@ def run_header(script: str, argv: Optional[Sequence[str]]) -> Dict[str, str]:
               machine=measure.machine(), date=time.strftime('%Y-%m-%d'))
 
 
-def resolved(flags: Sequence[str]) -> Dict[str, Any]:
-  """The eval job's resolved arguments for these flags (its --dry_run)."""
-  _, run = eval_lib.configured_evaluate(
-      list(flags) + ['--gin.GAMMA=1', "--gin.EVAL_OUTPUT_DIR='-'"])
-  return run(dry_run=True)
+def eval_setup(setup, task: str, drafter: str,
+               **changes) -> loading.EvalSetup:
+  """The eval job's `EvalSetup` for a (task, drafter) of a setup.
 
-
-def task_inputs(task, lengths, n: int, split: str = 'validation',
-                with_targets: bool = False):
-  """The first n inputs of a split, 0-padded to lengths['inputs'].
-
-  With `with_targets`, returns `(inputs, target texts)`.
+  Args:
+    setup: `MiniSetup`, `ShippedSetup` or `PaperSetup`.
+    task: a key of `setup.tasks`.
+    drafter: a name in `setup.drafters`.
+    **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0);
+      gamma defaults to 1 where the gin files leave it unset.
   """
-  examples = list(eval_lib.task_examples(task, split, lengths, n,
-                                         truncate_inputs=True))
-  inputs = np.zeros((len(examples), lengths['inputs']), np.int32)
-  for i, (_, ids, _, _) in enumerate(examples):
-    inputs[i, :len(ids)] = ids
-  if with_targets:
-    return inputs, [target for *_, target in examples]
-  return inputs
+  flags = setup.flags(task, drafter) + [
+      '--gin.GAMMA=%d' % changes.pop('gamma', 1),
+      "--gin.EVAL_OUTPUT_DIR='-'"]
+  args = gin_utils.parse_flags(flags, 'experiments.reproduce')
+  return loading.setup_from_flags(args).replace(**changes)
 
 
 @dataclasses.dataclass
@@ -359,22 +410,21 @@ class TaskModels:
 
 def load_task_models(setup, task: str, drafters: Optional[Sequence[str]] = None,
                      data_dir: Optional[str] = None) -> TaskModels:
-  """Loads the target and the named drafters of one task of a setup."""
-  from specdec_jax import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  """Loads the target and the named drafters of one task of a setup.
 
+  The target is loaded once; each drafter from its own `EvalSetup` (its gin
+  model and checkpoint) through `loading.load_drafter`.
+  """
   drafters = setup.drafters if drafters is None else drafters
-  extra = [] if data_dir is None else [f"--gin.evaluate.data_dir='{data_dir}'"]
-  base = resolved(eval_flags(setup, task, 'small') + extra)
-  if base['data_dir'] is not None:
-    tasks_lib.register_tasks(data_dir=base['data_dir'])
-  seq_task = tasks_lib.get_task(base['mixture_or_task_name'])
-  target, target_params = eval_lib.load_params(
-      base['target_config'], base['target_checkpoint'], 0, 'target')
+  extra = {} if data_dir is None else {'data_dir': data_dir}
+  base = eval_setup(setup, task, drafters[0] if drafters else 'unigram',
+                    **extra)
+  seq_task = loading.load_task(base)
+  target, target_params = loading.load_target(base)
   loaded = {}
   for name in drafters:
-    r = resolved(eval_flags(setup, task, name) + extra)
-    loaded[name] = eval_lib.make_drafter(
-        r['drafter'], r['draft_config'], r['draft_checkpoint'], seq_task,
-        base['target_config'], 1)
-  return TaskModels(seq_task, dict(base['task_feature_lengths']),
-                    base['target_config'], target, target_params, loaded)
+    loaded[name] = loading.load_drafter(
+        eval_setup(setup, task, name, **extra), seq_task, target,
+        target_params)
+  return TaskModels(seq_task, dict(base.task_feature_lengths),
+                    base.target_config, target, target_params, loaded)

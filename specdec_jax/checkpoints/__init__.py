@@ -1,0 +1,28 @@
+"""Checkpoints: T5X params in every T5X format, and HF T5 weights.
+
+- `t5x`: T5X checkpoints, params only. `load_t5x_params` reads legacy msgpack
+  (inline or tensorstore zarr leaves), early orbax and current orbax layouts;
+  `save_t5x_params` writes T5X's orbax layout; `all_steps`,
+  `latest_checkpoint` and `step_of` read `checkpoint_<step>` folder names;
+  `check_params` / `expected_shapes` check a tree against a T5Config.
+- `hf`: HF transformers T5 / Flan-T5: `config_from_hf`, `load_hf_t5`
+  (safetensors), and the T5X <-> HF name map (`parameter_map`,
+  `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`), which
+  `specdec_jax.hf_convert` re-exports.
+- `_storage`: local and gs:// paths (tensorstore's gcs kvstore).
+
+The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
+work as before the split.
+"""
+
+from specdec_jax.checkpoints.hf import config_from_hf
+from specdec_jax.checkpoints.hf import load_hf_t5
+from specdec_jax.checkpoints.t5x import all_steps
+from specdec_jax.checkpoints.t5x import check_params
+from specdec_jax.checkpoints.t5x import CheckpointError
+from specdec_jax.checkpoints.t5x import expected_shapes
+from specdec_jax.checkpoints.t5x import latest_checkpoint
+from specdec_jax.checkpoints.t5x import load_t5x_params
+from specdec_jax.checkpoints.t5x import PyTree
+from specdec_jax.checkpoints.t5x import save_t5x_params
+from specdec_jax.checkpoints.t5x import step_of

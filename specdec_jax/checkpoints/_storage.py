@@ -1,0 +1,75 @@
+"""Paths of checkpoints: local, or gs:// through tensorstore's gcs kvstore."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Set, Tuple
+
+
+def is_gcs(path: str) -> bool:
+  return path.startswith('gs://')
+
+
+def split_gcs(path: str) -> Tuple[str, str]:
+  """(bucket, key) of a gs://bucket/key address."""
+  m = re.fullmatch(r'gs://([^/]+)/?(.*)', path, re.DOTALL)
+  if m is None:
+    raise ValueError(f'Not a gs://bucket/path address: {path}')
+  return m.group(1), m.group(2)
+
+
+def _gcs_store(path: str):
+  """(tensorstore gcs KvStore of the bucket, key) of a gs:// address."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  bucket, key = split_gcs(path)
+  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
+
+
+def _gcs_keys(path: str, exact: bool) -> list:
+  """Object keys equal to (exact) or under (folder) a gs:// address."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  store, key = _gcs_store(path if exact else path.rstrip('/') + '/')
+  end = key + ('\x00' if exact else '\x7f')
+  return list(store.list(ts.KvStore.KeyRange(key, end)).result())
+
+
+def isdir(path: str) -> bool:
+  if is_gcs(path):
+    return bool(_gcs_keys(path, exact=False))
+  return os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  if is_gcs(path):  # Listing, not reading: `checkpoint` files can be large.
+    return bool(_gcs_keys(path, exact=True))
+  return os.path.isfile(path)
+
+
+def subdir_names(directory: str) -> Set[str]:
+  """Names of the folders directly in `directory`; empty if it is none.
+
+  On GCS, which has no folders, the first path component of every object
+  below `directory`.
+  """
+  if is_gcs(directory):
+    prefix = split_gcs(directory.rstrip('/') + '/')[1]
+    return {k.decode()[len(prefix):].split('/')[0]
+            for k in _gcs_keys(directory, exact=False)}
+  if os.path.isdir(directory):
+    return {n for n in os.listdir(directory)
+            if os.path.isdir(os.path.join(directory, n))}
+  return set()
+
+
+def read_bytes(path: str) -> bytes:
+  if is_gcs(path):
+    store, key = _gcs_store(path)
+    result = store.read(key).result()
+    if result.state == 'missing':
+      raise FileNotFoundError(f'No checkpoint file at {path}')
+    return bytes(result.value)
+  with open(path, 'rb') as f:
+    return f.read()

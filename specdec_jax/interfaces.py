@@ -1,0 +1,180 @@
+"""The contracts between the decoding loops, models, caches and drafters.
+
+The loops (decoding.py, speculative.py) and the measurements (measure.py)
+never see a network class; they call the members below and nothing else.
+`network.T5Model` is a `DecodingModel`, `network.DecoderCache` a `Cache`,
+`drafters.T5Drafter` and `drafters.NgramDrafter` are `Drafter`s
+(tests/test_drafters.py checks it). The protocols are `runtime_checkable`,
+so `isinstance(x, Drafter)` tells whether x has the members (not their
+signatures).
+
+Models and drafters are static arguments of the compiled loops: they must be
+hashable and compare equal exactly when they compute the same function of
+their params (a frozen dataclass of configs does).
+
+Shapes: `batch` rows, `vocab` = `vocab_size`, `k` tokens per call. Token ids
+are int32; logits float32. Decoder token 0 is BOS (the decoder start).
+
+References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Tuple, runtime_checkable
+
+import jax
+
+Array = jax.Array
+Params = Any  # a pytree of arrays
+State = Any  # a drafter's state: a pytree (a `Cache`, or `()`)
+SamplingConfig = Any  # a `sampling.SamplingConfig` (not imported: floor 1)
+
+
+@runtime_checkable
+class Cache(Protocol):
+  """A decoder cache: a pytree passed into and out of `extend`.
+
+  Slots at or after a row's `position` are stale: never attended to, and
+  overwritten by the next `extend`. So moving `position` back (`rewind`)
+  drops tokens, at no cost.
+  """
+
+  @property
+  def position(self) -> Array:
+    """`[batch]` int32: the decoder tokens each row holds."""
+
+  def rewind(self, position: Array) -> Cache:
+    """The same cache with each row's position set to `position` `[batch]`."""
+
+
+@runtime_checkable
+class DecodingModel(Protocol):
+  """What the loops and the measurements call on a model.
+
+  The baseline (`decoding.temperature_sample`) uses `vocab_size`,
+  `init_cache`, `extend` (and, for `block_size` > 1, the cache's `rewind`);
+  the speculative loop also rewinds the target's cache; `measure.alpha` and
+  the drafters' `score` use `logits`.
+  """
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of token ids (the logits' last dimension)."""
+
+  def init_cache(self, params: Params, encoder_input_tokens: Array,
+                 max_length: int) -> Cache:
+    """Encodes the inputs once; an empty cache (position 0) of max_length.
+
+    Args:
+      params: the model's parameters.
+      encoder_input_tokens: `[batch, input_length]`, 0-padded.
+      max_length: decoder slots (static).
+    """
+
+  def extend(self, params: Params, tokens: Array,
+             cache: Cache) -> Tuple[Array, Cache]:
+    """Appends `tokens` `[batch, k]` at each row's position.
+
+    Returns:
+      `(logits [batch, k, vocab], cache)`: logits[:, i] is the next-token
+      distribution after tokens[:, i]; the cache's position advanced by k
+      (callers keep position + k <= max_length).
+    """
+
+  def logits(self, params: Params, encoder_input_tokens: Array,
+             decoder_input_tokens: Array,
+             decoder_target_tokens: Any = None) -> Array:
+    """Teacher-forced logits, no cache: the reference `extend` must match.
+
+    Args:
+      params: the model's parameters.
+      encoder_input_tokens: `[batch, input_length]`.
+      decoder_input_tokens: `[batch, length]` (BOS first).
+      decoder_target_tokens: optional `[batch, length]`; 0 marks padding.
+
+    Returns:
+      `[batch, length, vocab]`.
+    """
+
+
+@runtime_checkable
+class Drafter(Protocol):
+  """Anything that proposes gamma tokens with the distributions q they were
+  drawn from (speculative.py steps 1 and 3).
+
+  The loop's buffers: `sequences` `[batch, buffer]` holds each row's
+  committed decoder tokens (BOS = 0 at index 0, stale values after them) and
+  `lengths` `[batch]` int32 how many there are (>= 1). A drafter keeps
+  whatever state it needs to continue from any committed prefix (the loop
+  never tells it how many drafts were accepted: `lengths` does).
+  """
+
+  @property
+  def vocab_size(self) -> int:
+    """Must equal the target's (`speculative.check_vocab`)."""
+
+  def init(self, params: Params, encoder_input_tokens: Array,
+           max_length: int) -> State:
+    """The state before any decoder token, for `max_length` decoder slots.
+
+    Args:
+      params: the drafter's parameters.
+      encoder_input_tokens: `[batch, input_length]`.
+      max_length: the loop's decoder length (static).
+    """
+
+  def prefill(self, params: Params, state: State, sequences: Array,
+              lengths: Array) -> State:
+    """The state after consuming an existing prefix, as the loop leaves it.
+
+    Consumes each row's committed tokens but its last,
+    `sequences[b, :lengths[b] - 1]` (as after an iteration that ended with a
+    rejection); the next `propose` feeds the last one. Afterwards `propose`
+    drafts exactly as the loop's drafter would after committing that prefix.
+
+    Args:
+      params: the drafter's parameters.
+      state: a state from `init` (its contents are replaced).
+      sequences: `[batch, n]`, lengths <= n; the work grows with n (pass
+        `sequences[:, :max(lengths)]` to bound it); `init`'s max_length must
+        hold n - 1 tokens.
+      lengths: `[batch]` int32, >= 1.
+    """
+
+  def propose(self, params: Params, state: State, sequences: Array,
+              lengths: Array, gamma: int, sampling: SamplingConfig,
+              rng: Array) -> Tuple[Array, Array, State]:
+    """Drafts gamma tokens after each row's committed prefix.
+
+    Args:
+      params: the drafter's parameters.
+      state: the state the previous `propose` (or `init` / `prefill`)
+        returned.
+      sequences: `[batch, buffer]` committed tokens (see the class).
+      lengths: `[batch]` committed tokens per row.
+      gamma: drafts per row (static, >= 1).
+      sampling: the sampling mode (static), the same as the target's.
+      rng: PRNG key.
+
+    Returns:
+      `(drafts [batch, gamma] int32, q [batch, gamma, vocab] float32, state)`:
+      draft i ~ q_i, and q_i is the *standardized* distribution
+      (`sampling.probabilities`) of the logits `score` gives after the prefix
+      and drafts 1..i-1, so the loop's acceptance test is exact. Greedy:
+      q_i is one-hot on draft i.
+    """
+
+  def score(self, params: Params, encoder_input_tokens: Array,
+            decoder_input_tokens: Array) -> Array:
+    """Teacher-forced logits: those `propose` draws from after each prefix.
+
+    Args:
+      params: the drafter's parameters.
+      encoder_input_tokens: `[batch, input_length]`.
+      decoder_input_tokens: `[batch, length]` (BOS first).
+
+    Returns:
+      `[batch, length, vocab]`: position t holds the logits of the token
+      after `decoder_input_tokens[:, :t + 1]` (unadjusted: the caller
+      applies the sampling mode).
+    """

@@ -1,0 +1,307 @@
+"""What an evaluation decodes, as one typed value, and how it is loaded.
+
+`EvalSetup` is the eval job's configuration (gin configures it, as T5X
+configures `DatasetConfig` / `RestoreCheckpointConfig`): the target, the
+drafter, the task and how to decode. Building one checks everything that can
+be checked without loading (gamma, sampling, vocabularies, the drafter kind,
+widening), so a bad configuration fails before any work. `build(setup)`
+loads it: the task, the target (checkpoint, then widening), the drafter (by
+its kind in `drafters.KINDS`).
+
+The eval job (eval.py), the reproduction code (experiments/) and the scripts
+all go through here, so a setup means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Dict, Mapping, Optional, Union
+
+from specdec_jax import drafters as drafters_lib
+from specdec_jax import network
+from specdec_jax import speculative
+from specdec_jax import widening
+from specdec_jax.sampling import SamplingConfig
+
+_ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSetup:
+  """One evaluation: target, drafter, task, decoding.
+
+  Attributes:
+    target_config: `network.T5Config` of the target.
+    target_checkpoint: T5X checkpoint path (legacy or orbax, local or gs://),
+      HF T5 folder, 'shipped:<name>' (the package's models), or None (random
+      weights).
+    mixture_or_task_name: a registered seqio task (see tasks.py).
+    task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
+      length.
+    gamma: drafts per iteration.
+    drafter: a kind in `drafters.KINDS` ('t5', 'unigram', 'bigram', ...).
+    draft_config: `T5Config` of the drafter (kinds that need a model).
+    draft_checkpoint: as target_checkpoint, for the drafter.
+    split: the split to decode.
+    temperature: 0 for greedy.
+    topk: 0 = off.
+    topp: 1.0 = off.
+    batch_size: examples per decode call.
+    num_examples: first N examples of the split (None = all).
+    seed: PRNG seed (random weights: target seed, drafter seed + 1; and
+      sampling).
+    truncate_inputs: cut inputs longer than allowed instead of failing.
+    eos_id: end-of-sequence id.
+    data_dir: data folder of the offline Debian tasks (default:
+      $SPECDEC_DATA_DIR or ~/.cache/specdec_jax/debian; 'shipped' = the
+      shipped test slices).
+    target_widen_to: None, or a `widening.PRESETS` name (e.g.
+      't5_1_1_base_cost') or a dict of dimensions: the loaded target is
+      widened function-preservingly to that size before decoding (same
+      outputs and alpha, the cost of the bigger model; see widening.py).
+    activation_dtype: None (activations in the target config's dtype, as in
+      T5X) or e.g. 'float32': the target (used by both decoders) runs its
+      weights, rounded to its dtype, with activations in this dtype.
+    same_shape_baseline: the baseline computes each step with the shapes of
+      the speculative verification (`decoding.temperature_sample`
+      block_size=gamma+1), so greedy outputs can be equal bit for bit in
+      bfloat16 too; the baseline then pays cost(gamma+1) per token.
+  """
+
+  target_config: network.T5Config
+  target_checkpoint: Optional[str]
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  gamma: int
+  drafter: str = 't5'
+  draft_config: Optional[network.T5Config] = None
+  draft_checkpoint: Optional[str] = None
+  split: str = 'validation'
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 1.0
+  batch_size: int = 1
+  num_examples: Optional[int] = None
+  seed: int = 0
+  truncate_inputs: bool = False
+  eos_id: int = 1
+  data_dir: Optional[str] = None
+  target_widen_to: Optional[Union[str, Mapping[str, int]]] = None
+  activation_dtype: Optional[str] = None
+  same_shape_baseline: bool = False
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    speculative.check_gamma(self.gamma)
+    self.sampling  # pylint: disable=pointless-statement  (validates)
+    if set(self.task_feature_lengths) < {'inputs', 'targets'}:
+      raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
+                       f'got {dict(self.task_feature_lengths)}.')
+    set_('task_feature_lengths', dict(self.task_feature_lengths))
+    for name in ('batch_size',):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
+    if self.num_examples is not None and (
+        isinstance(self.num_examples, bool) or
+        not isinstance(self.num_examples, int) or self.num_examples < 0):
+      raise ValueError('num_examples must be None or an int >= 0, got '
+                       f'{self.num_examples!r}.')
+    kind = drafters_lib.get_kind(self.drafter)
+    if kind.needs_model:
+      if self.draft_config is None:
+        raise ValueError(f'drafter={self.drafter!r} needs DRAFT_MODEL (a '
+                         'T5Config).')
+      speculative.check_vocab(self.target_config.vocab_size,
+                              self.draft_config.vocab_size)
+    if self.activation_dtype is not None:
+      import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+      try:
+        name = jnp.dtype(self.activation_dtype).name
+      except TypeError:
+        name = None
+      if name not in _ACTIVATION_DTYPES:
+        raise ValueError('activation_dtype must be None, bfloat16, float16 or '
+                         f'float32, got {self.activation_dtype!r}.')
+      set_('activation_dtype', name)
+    if self.target_widen_to is not None:
+      if not isinstance(self.target_widen_to, str):
+        set_('target_widen_to', dict(self.target_widen_to))
+      self.decoding_config  # pylint: disable=pointless-statement
+
+  @property
+  def sampling(self) -> SamplingConfig:
+    return SamplingConfig(self.temperature, self.topk, self.topp)
+
+  @property
+  def loaded_config(self) -> network.T5Config:
+    """The target's config as its checkpoint holds it (+ activation dtype)."""
+    if self.activation_dtype is None:
+      return self.target_config
+    return self.target_config.replace(activation_dtype=self.activation_dtype)
+
+  @property
+  def decoding_config(self) -> network.T5Config:
+    """The config of the target both decoders run (widened if asked)."""
+    if self.target_widen_to is None:
+      return self.loaded_config
+    return widening.widened_config(self.loaded_config, self.target_widen_to)
+
+  def replace(self, **changes) -> 'EvalSetup':
+    return dataclasses.replace(self, **changes)
+
+  def settings(self) -> Dict[str, Any]:
+    """The run's identity, as run.json holds it (a rerun must match it)."""
+    settings = dict(
+        task=self.mixture_or_task_name, split=self.split, drafter=self.drafter,
+        gamma=self.gamma, temperature=float(self.temperature), topk=self.topk,
+        topp=float(self.topp), batch_size=self.batch_size,
+        num_examples=self.num_examples, seed=self.seed,
+        target_checkpoint=str(self.target_checkpoint),
+        draft_checkpoint=str(self.draft_checkpoint),
+        target_widen_to=self.target_widen_to,
+        task_feature_lengths=dict(self.task_feature_lengths))
+    # Only when set, so that runs from before these options still resume.
+    if self.activation_dtype is not None:
+      settings['activation_dtype'] = self.activation_dtype
+    if self.same_shape_baseline:
+      settings['same_shape_baseline'] = True
+    return settings
+
+  def describe(self) -> str:
+    """One `name = value` line per field (the eval job's --dry_run)."""
+    return '\n'.join(f'{f.name} = {getattr(self, f.name)!r}'
+                     for f in dataclasses.fields(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """An `EvalSetup` loaded: what the decoders are called with."""
+  setup: EvalSetup
+  task: Any  # seqio.Task
+  target: network.T5Model
+  target_params: Any
+  drafter: Any  # interfaces.Drafter
+  draft_params: Any
+
+  @property
+  def vocabulary(self):
+    return self.task.output_features['targets'].vocabulary
+
+
+def setup_from_flags(args) -> EvalSetup:
+  """The `EvalSetup` the gin files and bindings of parsed job flags give.
+
+  Args:
+    args: `gin_utils.parse_flags` flags (gin_file, gin_bindings,
+      gin_search_paths) of an eval job.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  from specdec_jax import gin_utils  # pylint: disable=g-import-not-at-top
+
+  gin_utils.configure(args, EvalSetup, 'gin_configs/paper/ende_t0_small.gin')
+  # Checks the setup (EvalSetup.__post_init__) before anything is loaded.
+  return gin.get_configurable(EvalSetup)()
+
+
+def load_model(config: network.T5Config, checkpoint: Optional[str],
+               seed: int = 0, what: str = 'model'):
+  """(T5Model, params) of a checkpoint, or random weights when it is None.
+
+  Args:
+    config: the model's `T5Config`.
+    checkpoint: a T5X checkpoint (legacy or orbax, local or gs://), an HF T5
+      folder (with config.json), 'shipped:<name>', or None.
+    seed: PRNG seed of random weights.
+    what: the model's role, named in errors ('target', 'draft').
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+
+  model = network.T5Model(config)
+  if checkpoint is None:
+    return model, model.init_params(jax.random.key(seed))
+  if str(checkpoint).startswith('shipped:'):  # the package's own models
+    from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+    checkpoint = shipped.resolve(str(checkpoint))
+  path = pathlib.Path(str(checkpoint))
+  if not str(checkpoint).startswith('gs://') and not path.exists():
+    raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
+  if path.is_dir() and (path / 'config.json').exists():
+    return model, checkpoints.load_hf_t5(path, config)
+  return model, checkpoints.load_t5x_params(checkpoint, config=config)
+
+
+def load_task(setup: EvalSetup):
+  """The setup's seqio task (registered from its data_dir), vocab checked."""
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+
+  if setup.data_dir is not None:
+    tasks.register_tasks(data_dir=setup.data_dir)
+  task = tasks.get_task(setup.mixture_or_task_name)
+  vocab = task.output_features['targets'].vocabulary
+  if vocab.vocab_size > setup.target_config.vocab_size:
+    raise ValueError(
+        f'Task {setup.mixture_or_task_name} uses a vocabulary of '
+        f'{vocab.vocab_size} tokens but TARGET_MODEL has vocab_size '
+        f'{setup.target_config.vocab_size}.')
+  return task
+
+
+def load_target(setup: EvalSetup):
+  """(T5Model, params) the decoders run: loaded, then widened if asked."""
+  target, params = load_model(setup.loaded_config, setup.target_checkpoint,
+                              setup.seed, 'target')
+  if setup.target_widen_to is not None:
+    config = setup.decoding_config
+    params = widening.widen(params, setup.loaded_config, config)
+    target = network.T5Model(config)
+  return target, params
+
+
+# Drafters built from task data only (`DrafterKind.data_only`: n-gram
+# tables), once per task and process.
+_BUILT: Dict[Any, Any] = {}
+
+
+def load_drafter(setup: EvalSetup, task=None, target=None,
+                 target_params=None, max_train_examples: int = 20000):
+  """(drafter, params) of the setup's drafter kind (`drafters.KINDS`).
+
+  Args:
+    setup: the setup (drafter kind, draft config / checkpoint, seed).
+    task: the seqio task (kinds that read its train split), or None.
+    target: the target model (kinds that draft with it), or None.
+    target_params: its params.
+    max_train_examples: train examples a data-built drafter reads.
+  """
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+
+  kind = drafters_lib.get_kind(setup.drafter)
+  draft_model = draft_params = None
+  if kind.needs_model:
+    draft_model, draft_params = load_model(
+        setup.draft_config, setup.draft_checkpoint, setup.seed + 1, 'draft')
+  train = None
+  if task is not None:
+    train = lambda: data.train_targets(task, max_train_examples)
+  source = drafters_lib.DraftSource(
+      vocab_size=setup.target_config.vocab_size, draft_model=draft_model,
+      draft_params=draft_params, train_targets=train, target_model=target,
+      target_params=target_params)
+  if not kind.data_only or task is None:
+    return kind.build(source)
+  key = (kind.name, task.name, setup.target_config.vocab_size,
+         max_train_examples)
+  if key not in _BUILT:
+    _BUILT[key] = kind.build(source)
+  return _BUILT[key]
+
+
+def build(setup: EvalSetup, task=None) -> Loaded:
+  """Loads a setup: task (unless given), target (widened if asked), drafter."""
+  task = load_task(setup) if task is None else task
+  target, target_params = load_target(setup)
+  drafter, draft_params = load_drafter(setup, task, target, target_params)
+  return Loaded(setup, task, target, target_params, drafter, draft_params)

@@ -1,0 +1,207 @@
+"""Every registered drafter kind keeps speculative decoding exact.
+
+The suite is parametrized over `drafters.KINDS`, so a kind registered later
+(`drafters.register`) is tested here with no edit. Each kind is built as the
+eval job builds it, from a `DraftSource` of a tiny random target: the draft
+model is the target's weights plus noise (it agrees often, not always, so
+both the acceptance and the rejection branches run), the train targets are
+the target's own greedy outputs. Whatever a kind reads from the source, it
+must give:
+
+- greedy outputs equal to the baseline's, token for token (float32);
+- sampled outputs that follow the target's distribution (the chi-square test
+  of tests/test_speculative.py over whole sequences);
+- `propose`, after `prefill` to any prefix, drafting from the standardized
+  distribution of its own `score` (what the acceptance test and
+  `measure.alpha` rely on);
+- the `interfaces.Drafter` members, and refusals of a foreign vocabulary and
+  of a bad gamma before anything is compiled.
+
+Run alone: `python -m pytest -q tests/test_drafters.py` (about 30 s on 2
+cores).
+"""
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import interfaces
+from specdec_jax import speculative
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.sampling import probabilities
+
+from test_speculative import EOS
+from test_speculative import MAX_LEN
+from test_speculative import N_SAMPLES
+from test_speculative import SAMPLING_CASES
+from test_speculative import SEQ_LEN
+from test_speculative import SMALL_EOS
+from test_speculative import assert_matches
+from test_speculative import exact_sequence_distribution
+from test_speculative import perturbed
+from test_speculative import tiny_target  # pylint: disable=unused-import
+
+KINDS = sorted(drafters.KINDS)
+GAMMA = 3
+
+
+def source_for(model, params, train_targets):
+  """A DraftSource with everything a kind may read, for this target."""
+  return drafters.DraftSource(
+      vocab_size=model.vocab_size, draft_model=model,
+      draft_params=perturbed(params, 0.3, 0),
+      train_targets=lambda: train_targets, target_model=model,
+      target_params=params)
+
+
+@pytest.fixture(scope='module')
+def greedy(v11):
+  """Target (vocab 128), inputs of 4 lengths, its baseline, every kind."""
+  model, params = v11
+  enc = np.random.default_rng(3).integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  enc[2, 5:] = 0
+  enc[3, 2:] = 0
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  outputs = [row[:n].tolist() for row, n in zip(np.asarray(base.tokens),
+                                                np.asarray(base.lengths))]
+  source = source_for(model, params, outputs)
+  built = {name: drafters.get_kind(name).build(source) for name in KINDS}
+  return model, params, enc, base, built, source
+
+
+@pytest.fixture(scope='module')
+def sampled(tiny_target):  # pylint: disable=redefined-outer-name
+  """Target (vocab 6), its exact sequence law under top-k, every kind."""
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES['topk3']
+  dist = exact_sequence_distribution(model, params, enc, config)
+  # A few sequences as "train targets": n-grams that often disagree with p.
+  source = source_for(model, params, [[2, 3, 1], [4, 4, 5, 1], [3, 5, 2, 1]])
+  built = {name: drafters.get_kind(name).build(source) for name in KINDS}
+  return model, params, enc, config, dist, built
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_greedy_equals_baseline(greedy, kind):
+  """Greedy speculative decoding is the baseline, token for token."""
+  model, params, enc, base, built, _ = greedy
+  drafter, dparams = built[kind]
+  out = speculative.speculative_sample(
+      model, params, drafter, dparams, enc, gamma=GAMMA,
+      max_decode_len=MAX_LEN, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_sampled_sequences_follow_target_distribution(sampled, kind):
+  """N_SAMPLES speculative samples of whole sequences fit the target's law.
+
+  Chi-square (p > 1e-4) and total variation < 0.02 against the exact
+  distribution of 3-token sequences (`assert_matches`), at temperature 1,
+  top-k 3.
+  """
+  model, params, enc, config, dist, built = sampled
+  drafter, dparams = built[kind]
+  out = speculative.speculative_sample(
+      model, params, drafter, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
+      gamma=GAMMA, max_decode_len=SEQ_LEN, sampling=config,
+      eos_id=SMALL_EOS, rng=jax.random.key(zlib.crc32(kind.encode())))
+  assert_matches(np.asarray(out.tokens), dist)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_drafter_of_another_vocabulary_is_refused(greedy, sampled, kind):
+  """A drafter built for a 6-token target may not draft for a 128-token one."""
+  model, params, enc, _, _, _ = greedy
+  drafter, dparams = sampled[-1][kind]
+  assert drafter.vocab_size != model.vocab_size
+  with pytest.raises(ValueError, match='vocabularies differ'):
+    speculative.speculative_sample(model, params, drafter, dparams, enc,
+                                   gamma=GAMMA, max_decode_len=MAX_LEN)
+
+
+@pytest.mark.parametrize('gamma', [0, 1.5, True])
+@pytest.mark.parametrize('kind', KINDS)
+def test_bad_gamma_is_refused(greedy, kind, gamma):
+  model, params, enc, _, built, _ = greedy
+  drafter, dparams = built[kind]
+  with pytest.raises(ValueError, match='gamma must be an int >= 1'):
+    speculative.speculative_sample(model, params, drafter, dparams, enc,
+                                   gamma=gamma, max_decode_len=MAX_LEN)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_kind_builds_a_drafter(greedy, kind):
+  """The protocol's members; equal when rebuilt (compiled once per config)."""
+  model, _, _, _, built, source = greedy
+  drafter, _ = built[kind]
+  assert isinstance(drafter, interfaces.Drafter)
+  assert drafter.vocab_size == model.vocab_size
+  again, _ = drafters.get_kind(kind).build(source)
+  assert again == drafter and hash(again) == hash(drafter)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _prefill_propose(drafter, sampling, params, enc, sequences, lengths, rng):
+  state = drafter.init(params, enc, sequences.shape[1] + GAMMA)
+  state = drafter.prefill(params, state, sequences, lengths)
+  drafts, q, _ = drafter.propose(params, state, sequences, lengths, GAMMA,
+                                 sampling, rng)
+  return drafts, q
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_prefill_then_propose_drafts_from_score(greedy, kind):
+  """After `prefill` to a prefix, q_i is the adjusted `score` after it.
+
+  Rows start at different lengths (1 = BOS only) with other tokens after
+  them in `sequences`, which must be ignored: prefix ++ drafts[:i] is then
+  teacher-forced through `score`, whose standardized distribution at each
+  draft's position must be the q that `propose` returned.
+  """
+  _, _, enc, base, built, _ = greedy
+  drafter, dparams = built[kind]
+  sampling = SamplingConfig(temperature=0.8)
+  sequences = jnp.pad(base.tokens, ((0, 0), (1, 0)))  # BOS, then outputs
+  lengths = np.array([1, 4, 9, 17])
+  drafts, q = _prefill_propose(drafter, sampling, dparams, jnp.asarray(enc),
+                               sequences, jnp.asarray(lengths, jnp.int32),
+                               jax.random.key(4))
+  width = lengths.max() + GAMMA
+  decoder_inputs = np.zeros((len(lengths), width), np.int32)
+  for row, n in enumerate(lengths):
+    decoder_inputs[row, :n] = sequences[row, :n]
+    decoder_inputs[row, n:n + GAMMA] = drafts[row]
+  expected = probabilities(drafter.score(dparams, jnp.asarray(enc),
+                                         jnp.asarray(decoder_inputs)),
+                           sampling)
+  # Position n - 1 + i predicts draft i.
+  index = lengths[:, None] - 1 + np.arange(GAMMA)
+  expected = np.take_along_axis(np.asarray(expected), index[..., None], 1)
+  np.testing.assert_allclose(q, expected, atol=2e-5)
+  picked = np.take_along_axis(np.asarray(q), np.asarray(drafts)[..., None],
+                              -1)
+  assert (picked > 0).all()  # each draft is in its q's support
+
+
+def test_registry_refuses_duplicates_and_names_the_kinds():
+  with pytest.raises(ValueError, match='already registered'):
+    drafters.register(drafters.KINDS['t5'])
+  with pytest.raises(ValueError, match="known kinds: .*'bigram'"):
+    drafters.get_kind('trigram')
+
+
+def test_kinds_refuse_a_source_without_what_they_need():
+  empty = drafters.DraftSource(vocab_size=128)
+  for name, kind in drafters.KINDS.items():
+    with pytest.raises(ValueError, match=name):
+      kind.build(empty)
