@@ -24,8 +24,14 @@ between batches). Outputs in EVAL_OUTPUT_DIR:
   summary.md       the same as one markdown table row (with its header);
   config.gin       the operative gin config;
   run.json         the run's settings (a rerun with the same settings resumes).
-A failure mid-run keeps every finished batch and writes the summary of what
-finished, marked with the error. A greedy row that differs from the baseline
+Nothing finished is lost and nothing is counted twice: each batch's records
+are flushed and fsync'd once decoded; a rerun with the same settings
+resumes, dropping a last line cut off by a crash (that example is decoded
+again) and any second record of an index; summary files are replaced
+atomically. Ctrl-C (SIGINT) or SIGTERM ends the job with status
+'interrupted', an exception with 'failed' (both say how many examples are
+left; the exception is re-raised); 'complete' means every requested
+example has its record. A greedy row that differs from the baseline
 is diagnosed (`diagnostics.diagnose`: teacher-forced float32 logits at the
 first difference): a numerical near-tie is counted and reported, a real
 mismatch marks the summary failed and the job raises `MismatchError` (exit
@@ -34,9 +40,14 @@ status 1) after writing everything.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import pathlib
+import signal
 import sys
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -48,6 +59,7 @@ from specdec_jax.loading import EvalSetup
 
 # The job's flags and gin handling live in gin_utils (shared with training).
 GIN_DIR = gin_utils.GIN_DIR
+RECORDS = 'examples.jsonl'
 
 
 class MismatchError(RuntimeError):
@@ -73,19 +85,97 @@ def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str
       raise ValueError(
           f'{out} holds a run with other settings ({run_file}); use another '
           'EVAL_OUTPUT_DIR or delete it.')
-  run_file.write_text(json.dumps(settings, indent=1))
+  _write_atomic(run_file, json.dumps(settings, indent=1))
   if config_str:
-    (out / 'config.gin').write_text(config_str)
-  records_path = out / 'examples.jsonl'
-  if not records_path.exists():
+    _write_atomic(out / 'config.gin', config_str)
+  return _read_records(out / RECORDS)
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+  """Writes a whole file or nothing: a temporary file, fsync, rename."""
+  tmp = path.with_name(path.name + '.tmp')
+  with tmp.open('w') as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _read_records(path: pathlib.Path) -> List[Dict[str, Any]]:
+  """The records of examples.jsonl, repaired for resuming.
+
+  A last line cut off by a crash mid-write is dropped (its example is
+  decoded again); a record whose index is already there is dropped (the
+  first one counts). If anything was dropped the file is rewritten, so the
+  next append starts on a clean line. A bad line before the last is not a
+  torn write: that is an error naming the line.
+  """
+  if not path.exists():
     return []
-  return [json.loads(l) for l in records_path.read_text().splitlines()
-          if l.strip()]
+  lines = path.read_text().split('\n')
+  records, seen, repaired = [], set(), False
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      if any(l.strip() for l in lines[number:]):
+        raise ValueError(
+            f'{path}, line {number}: not a JSON record (and not the last '
+            'line, so not a write cut off by a crash). Fix or delete the '
+            'file.') from None
+      logging.warning('%s: dropped a cut-off last line (%d characters); '
+                      'its example is decoded again.', path, len(line))
+      repaired = True
+      continue
+    if record['index'] in seen:
+      repaired = True
+      continue
+    seen.add(record['index'])
+    records.append(record)
+  if repaired or (lines[-1] and records):
+    _write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
+  return records
 
 
-def _decode_batches(loaded: loading.Loaded, done: set, timing_repeats: int
-                    ) -> Iterator[Dict[str, Any]]:
-  """Decodes every unfinished batch both ways; yields one record per example.
+def _append(sink, records: Sequence[Dict[str, Any]]) -> None:
+  """Appends records durably: once this returns they survive a crash."""
+  sink.write(''.join(json.dumps(r) + '\n' for r in records))
+  sink.flush()
+  os.fsync(sink.fileno())
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM arrived during the job (SIGINT raises KeyboardInterrupt)."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+  """SIGTERM ends the job as Ctrl-C does: finished work written, status
+  'interrupted'. (Only the main thread may set signal handlers.)"""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def handler(signum, frame):
+    del signum, frame
+    raise Terminated('SIGTERM')
+
+  previous = signal.signal(signal.SIGTERM, handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
+                    done: set, timing_repeats: int
+                    ) -> Iterator[List[Dict[str, Any]]]:
+  """Decodes every unfinished batch both ways; yields each batch's records.
+
+  Rows already in `done` (a batch cut short by a crash) are decoded with
+  their batch but not recorded again.
 
   The two decoders run on the same inputs and rng, compiled (the first batch
   is decoded once untimed), timed alternately (`measure.time_alternating`,
@@ -102,9 +192,6 @@ def _decode_batches(loaded: loading.Loaded, done: set, timing_repeats: int
                                   loaded.target_params)
   sampling = setup.sampling
   lengths = setup.task_feature_lengths
-  examples = list(data.task_examples(loaded.task, setup.split, lengths,
-                                     setup.num_examples,
-                                     setup.truncate_inputs))
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              lengths['inputs'])
   warm = False
@@ -140,9 +227,12 @@ def _decode_batches(loaded: loading.Loaded, done: set, timing_repeats: int
           np.asarray(spec.tokens)[:n])}
     text = lambda out, row, length: data.decode_text(
         loaded.vocabulary, out.tokens[row], length, setup.eos_id)
+    records = []
     for row, (i, _, in_text, tgt_text) in enumerate(batch):
+      if i in done:
+        continue
       b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
-      yield dict(
+      records.append(dict(
           index=i, batch=b, input=in_text, target=tgt_text,
           baseline=text(base, row, b_len),
           speculative=text(spec, row, s_len),
@@ -154,7 +244,8 @@ def _decode_batches(loaded: loading.Loaded, done: set, timing_repeats: int
           beta_count=int(st.beta_count[row]),
           baseline_batch_s=times['baseline'],
           speculative_batch_s=times['speculative'],
-          divergence=divergences.get(row))
+          divergence=divergences.get(row)))
+    yield records
 
 
 def _summary(records, settings) -> Dict[str, Any]:
@@ -222,7 +313,22 @@ def _markdown(summary, base_metrics, spec_metrics) -> str:
           '\n| ' + ' | '.join(cells) + ' |\n')
 
 
-def _write_summary(out: pathlib.Path, task, records, settings,
+def _status(records, wanted: set, error: Optional[BaseException]) -> str:
+  """'complete' only when every wanted example has its record."""
+  missing = len(wanted - {r['index'] for r in records})
+  if isinstance(error, KeyboardInterrupt):
+    cause = 'SIGTERM' if isinstance(error, Terminated) else 'SIGINT / Ctrl-C'
+    return (f'interrupted ({cause}) with {missing} of {len(wanted)} examples '
+            'left; rerun the same command to resume')
+  if error is not None:
+    return (f'failed with {missing} of {len(wanted)} examples left: '
+            f'{error!r}; rerun the same command to resume')
+  if missing:
+    return f'incomplete: {missing} of {len(wanted)} examples left'
+  return 'complete'
+
+
+def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
                    error: Optional[BaseException]) -> Dict[str, Any]:
   """summary.json and summary.md of the finished records (and the error)."""
   records.sort(key=lambda r: r['index'])
@@ -236,16 +342,15 @@ def _write_summary(out: pathlib.Path, task, records, settings,
                                [r['speculative'] for r in records])
   summary['baseline_metrics'] = base_m
   summary['speculative_metrics'] = spec_m
-  summary['status'] = 'complete' if error is None else (
-      f'failed after {len(records)} examples: {error!r}')
-  if error is None and summary.get('mismatches'):
+  summary['status'] = _status(records, wanted, error)
+  if summary['status'] == 'complete' and summary.get('mismatches'):
     summary['status'] = (
         f"failed: {summary['mismatches']} of "
         f"{summary['differing_examples']} differing greedy rows differ "
         'beyond rounding (real mismatches; see "divergence" in '
         'examples.jsonl)')
-  (out / 'summary.json').write_text(json.dumps(summary, indent=1))
-  (out / 'summary.md').write_text(_markdown(summary, base_m, spec_m))
+  _write_atomic(out / 'summary.json', json.dumps(summary, indent=1))
+  _write_atomic(out / 'summary.md', _markdown(summary, base_m, spec_m))
   return summary
 
 
@@ -268,22 +373,28 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     raise ValueError(
         f'timing_repeats must be an int >= 1, got {timing_repeats!r}.')
   task = loading.load_task(setup)
+  examples = list(data.task_examples(task, setup.split,
+                                     setup.task_feature_lengths,
+                                     setup.num_examples,
+                                     setup.truncate_inputs))
+  wanted = {i for i, *_ in examples}
   out = pathlib.Path(output_dir)
   records = _resume(out, setup, config_str)
   done = {r['index'] for r in records}
-  loaded = loading.build(setup, task=task)
   error = None
   try:
-    with (out / 'examples.jsonl').open('a') as sink:
-      for record in _decode_batches(loaded, done, timing_repeats):
-        sink.write(json.dumps(record) + '\n')
-        sink.flush()
-        records.append(record)
-  except Exception as e:  # keep what finished, then re-raise
+    with _sigterm_interrupts():
+      loaded = loading.build(setup, task=task)
+      with (out / RECORDS).open('a') as sink:
+        for batch in _decode_batches(loaded, examples, done, timing_repeats):
+          _append(sink, batch)
+          records.extend(batch)
+  except BaseException as e:  # keep what finished, say why, re-raise
     error = e
     raise
   finally:
-    summary = _write_summary(out, task, records, setup.settings(), error)
+    summary = _write_summary(out, task, records, setup.settings(), wanted,
+                             error)
   if summary.get('mismatches'):
     raise MismatchError(summary['status'])
   return summary

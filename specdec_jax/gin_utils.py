@@ -4,14 +4,20 @@ As `t5x/gin_utils.py`: `--gin_file` (repeatable), `--gin_bindings`
 (repeatable), `--gin.NAME=VALUE` (shorthand for a binding) and
 `--gin_search_paths` (comma-separated; the project's gin_configs/ and the
 repository root are always searched).
+
+Unlike T5X, a command-line binding that nothing in the resolved
+configuration reads (e.g. `--gin.TEMPERATUR=0.7`, a macro no binding
+references) is an error that lists the closest known names;
+`--gin_allow_unused` makes it a warning.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import pathlib
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / 'gin_configs'
 
@@ -39,6 +45,9 @@ def parse_flags(argv: Sequence[str], prog: str, description: str = '',
   parser.add_argument('--gin_file', action='append', default=[])
   parser.add_argument('--gin_bindings', action='append', default=[])
   parser.add_argument('--gin_search_paths', default='')
+  parser.add_argument('--gin_allow_unused', action='store_true',
+                      help='warn instead of failing on a --gin binding that '
+                      'nothing uses')
   if add_arguments is not None:
     add_arguments(parser)
   return parser.parse_args(rewrite_gin_args(argv))
@@ -52,12 +61,83 @@ def add_search_paths(extra: Sequence[str] = ()) -> None:
     gin.add_config_file_search_path(path)
 
 
+Key = Tuple[str, str]  # gin's (scope, selector) of a binding
+
+
+def _bound() -> Dict[Key, Dict[str, Any]]:
+  import gin  # pylint: disable=g-import-not-at-top
+  return {k: dict(v) for k, v in gin.config._CONFIG.items()}  # pylint: disable=protected-access
+
+
+def _references(value) -> Iterator[Any]:
+  """The gin references (`@x()`, `%MACRO`) inside a bound value."""
+  import gin  # pylint: disable=g-import-not-at-top
+  if isinstance(value, gin.config.ConfigurableReference):
+    yield value
+  elif isinstance(value, (list, tuple, set)):
+    for v in value:
+      yield from _references(v)
+  elif isinstance(value, dict):
+    for v in value.values():
+      yield from _references(v)
+
+
+def _reachable(config: Dict[Key, Dict[str, Any]]) -> Set[Key]:
+  """Bindings a job can read: from every unscoped function or class binding
+  (the entry points the files configure), through the references."""
+  todo = [k for k in config if not k[0] and k[1] != 'gin.macro']
+  seen = set(todo)
+  while todo:
+    for value in config.get(todo.pop(), {}).values():
+      for ref in _references(value):
+        scopes = list(ref.scopes)
+        selector = ref.configurable.selector
+        for n in range(len(scopes) + 1):
+          key = ('/'.join(scopes[:n]), selector)
+          if key in config and key not in seen:
+            seen.add(key)
+            todo.append(key)
+  return seen
+
+
+def _name(key: Key) -> str:
+  scope, selector = key
+  if selector == 'gin.macro':
+    return scope
+  return f'{scope}/{selector}' if scope else selector
+
+
+def unused_bindings(before: Dict[Key, Dict[str, Any]]) -> Dict[str, str]:
+  """Bindings added since `before` that no entry point reaches.
+
+  Returns:
+    {binding name: hint naming the closest known names}, empty when every
+    new binding is read.
+  """
+  now = _bound()
+  reachable = _reachable(now)
+  known = sorted({_name(k) for k in reachable})
+  unused = {}
+  for key, params in now.items():
+    changed = [p for p, v in params.items()
+               if p not in before.get(key, {}) or before[key][p] is not v]
+    if changed and key not in reachable:
+      name = _name(key)
+      close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+      unused[name] = ('did you mean ' + ' or '.join(close) + '?' if close
+                      else 'nothing in the configuration reads it')
+  return unused
+
+
 def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
-          search_paths: Sequence[str] = ()) -> None:
+          search_paths: Sequence[str] = (), allow_unused: bool = True
+          ) -> None:
   """Clears gin and parses the files and bindings (quietly, as T5X does).
 
   gin logs an ERROR for every search-path miss before it finds an include;
   only its exceptions matter, and they name the file and the binding.
+  Unless `allow_unused`, a binding nothing reads is a ValueError (with
+  it, a logged warning).
   """
   import gin  # pylint: disable=g-import-not-at-top
 
@@ -67,9 +147,20 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
   level = root.level
   root.setLevel(logging.CRITICAL)
   try:
-    gin.parse_config_files_and_bindings(list(gin_files), list(bindings))
+    gin.parse_config_files_and_bindings(list(gin_files), [],
+                                        finalize_config=False)
+    before = _bound()
+    gin.parse_config_files_and_bindings([], list(bindings))
   finally:
     root.setLevel(level)
+  unused = unused_bindings(before)
+  if unused:
+    message = ('gin bindings that nothing in the configuration reads (a '
+               'typo?): ' + '; '.join(f'{n} ({hint})'
+                                      for n, hint in unused.items()))
+    if not allow_unused:
+      raise ValueError(message + '. --gin_allow_unused runs anyway.')
+    logging.warning(message)
 
 
 def configure(args, fn, example_gin_file: str):
@@ -92,7 +183,8 @@ def configure(args, fn, example_gin_file: str):
                      f'--gin_file={example_gin_file}')
   try:
     parse(args.gin_file, args.gin_bindings,
-          [p for p in args.gin_search_paths.split(',') if p])
+          [p for p in args.gin_search_paths.split(',') if p],
+          allow_unused=args.gin_allow_unused)
     return gin.get_configurable(fn)
   except Exception as e:  # gin's messages name the file and the binding
     raise SystemExit(f'gin configuration error: {e}') from None

@@ -20,15 +20,17 @@ The eval job reads it as an ordinary data dir (`EvalSetup.data_dir =
 eval job (gin_configs/shipped/).
 
 Loading goes through the same code as a real T5X checkpoint
-(`checkpoints.load_t5x_params`); `verify()` checks every file against the
-manifest first and names the file that is missing, truncated or corrupt
-(orbax / tensorstore keep no checksums of their own). Needs neither seqio nor
-TensorFlow nor gin.
+(`checkpoints.load_t5x_params`), which checks the model's files against
+MANIFEST.json (the manifest of a folder above the checkpoint: the shipped
+checkpoints have none of their own) and names the file that is missing,
+truncated or corrupt (orbax / tensorstore keep no checksums of their own);
+`verify()` does the same for the data files. One manifest implementation,
+`checkpoints.manifest`, serves both. Needs neither seqio nor TensorFlow nor
+gin.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,7 +39,7 @@ import numpy as np
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           'assets', 'mini')
-MANIFEST = 'MANIFEST.json'
+MANIFEST = 'MANIFEST.json'  # == checkpoints.manifest.MANIFEST
 MODELS = 'models.json'
 TASKS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
 SCHEME = 'shipped:'
@@ -58,35 +60,30 @@ def available() -> bool:
   return os.path.isfile(os.path.join(asset_dir(), MODELS))
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def manifest_entries(root: str) -> Dict[str, Dict[str, Any]]:
   """`{relative path: {'sha256', 'bytes'}}` of every file under `root`."""
-  entries = {}
-  for folder, _, files in os.walk(root):
-    for name in sorted(files):
-      path = os.path.join(folder, name)
-      rel = os.path.relpath(path, root).replace(os.sep, '/')
-      if rel == MANIFEST:
-        continue
-      entries[rel] = {'sha256': _sha256(path),
-                      'bytes': os.path.getsize(path)}
-  return dict(sorted(entries.items()))
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  return manifest.file_entries(root)
 
 
 def write_manifest(root: str) -> str:
   """Writes `root/MANIFEST.json` for the files under `root`."""
-  path = os.path.join(root, MANIFEST)
-  with open(path, 'w') as f:
-    json.dump(manifest_entries(root), f, indent=1)
-    f.write('\n')
-  return path
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  return manifest.write_json(os.path.join(root, MANIFEST),
+                             manifest_entries(root))
+
+
+def _manifest(root: Optional[str] = None):
+  """The parsed shipped manifest (`checkpoints.manifest.Manifest`)."""
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  path = os.path.join(root or asset_dir(), MANIFEST)
+  if not os.path.isfile(path):
+    raise ShippedAssetError(f'{path} is missing: the shipped models '
+                            'cannot be checked.')
+  try:
+    return manifest.read(path)
+  except ValueError as e:
+    raise ShippedAssetError(f'Shipped manifest unreadable: {e}') from None
 
 
 def verify(prefix: str = '', root: Optional[str] = None) -> int:
@@ -100,32 +97,23 @@ def verify(prefix: str = '', root: Optional[str] = None) -> int:
     How many files were checked.
 
   Raises:
-    ShippedAssetError: naming the first missing, truncated or corrupt file.
+    ShippedAssetError: naming every missing, truncated or corrupt file.
   """
-  root = root or asset_dir()
-  manifest_path = os.path.join(root, MANIFEST)
-  if not os.path.isfile(manifest_path):
-    raise ShippedAssetError(f'{manifest_path} is missing: the shipped models '
-                            'cannot be checked.')
-  with open(manifest_path) as f:
-    manifest = json.load(f)
-  checked = 0
-  for rel, entry in manifest.items():
-    if not rel.startswith(prefix):
-      continue
-    path = os.path.join(root, rel)
-    if not os.path.isfile(path):
-      raise ShippedAssetError(f'Shipped file missing: {path}')
-    size = os.path.getsize(path)
-    if size != entry['bytes']:
-      raise ShippedAssetError(
-          f'Shipped file truncated or changed: {path} has {size} bytes, the '
-          f'manifest says {entry["bytes"]}.')
-    if _sha256(path) != entry['sha256']:
-      raise ShippedAssetError(
-          f'Shipped file corrupt: {path} (sha256 differs from {MANIFEST}).')
-    checked += 1
-  return checked
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  found = _manifest(root)
+  problems = manifest.check_files(found.root, found.files, prefix)
+  if problems:
+    raise ShippedAssetError('Shipped file ' + '; '.join(problems) + '.')
+  return sum(rel.startswith(prefix) for rel in found.files)
+
+
+def _check_listed(path: str) -> None:
+  """Raises unless the manifest lists the files of a checkpoint folder
+  (which `load_t5x_params` then checks against it)."""
+  prefix = os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/'
+  if not any(rel.startswith(prefix) for rel in _manifest().files):
+    raise ShippedAssetError(f'{MANIFEST} lists no file of {path}: the '
+                            'shipped model cannot be checked.')
 
 
 def index() -> Dict[str, Any]:
@@ -175,7 +163,7 @@ def load_model(name: str, dtype: Any = None,
     name: e.g. 'target' or a drafter name from `model_names()`.
     dtype: parameter dtype after loading (default float32; the files are
       bfloat16). The model computes in float32 unless dtype is bfloat16.
-    check: verify the model's files against the manifest first.
+    check: verify the model's files against the manifest (while loading).
 
   Returns:
     `(network.T5Model, params)`.
@@ -192,9 +180,10 @@ def load_model(name: str, dtype: Any = None,
                'float32')
   path = checkpoint_path(name)
   if check:
-    verify(os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/')
-  try:
-    params = checkpoints.load_t5x_params(path, config=cfg, dtype=dtype)
+    _check_listed(path)
+  try:  # load_t5x_params checks the files against the shipped manifest.
+    params = checkpoints.load_t5x_params(path, config=cfg, dtype=dtype,
+                                         verify=check)
   except ValueError as e:  # CheckpointError included
     raise ShippedAssetError(f'Shipped model {name!r} at {path} does not '
                             f'load: {e}') from e
@@ -207,13 +196,17 @@ def data_dir() -> str:
 
 
 def resolve(checkpoint: str) -> str:
-  """`shipped:<model>` -> that model's checkpoint folder (checked first)."""
+  """`shipped:<model>` -> that model's checkpoint folder.
+
+  Checks that the manifest lists the model's files; `load_t5x_params`
+  checks the files themselves against it when it loads them (once).
+  """
   name = checkpoint[len(SCHEME):]
   if name not in model_names():
     raise FileNotFoundError(f'No shipped model {name!r} ({checkpoint}); '
                             f'shipped: {", ".join(model_names())}.')
   path = checkpoint_path(name)
-  verify(os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/')
+  _check_listed(path)
   return path
 
 

@@ -329,13 +329,15 @@ def save_checkpoint(state: TrainState, model_dir: str,
     keep_checkpoints: how many of the newest checkpoint folders to keep.
 
   Returns:
-    The new checkpoint folder (T5X orbax params + OPTIMIZER_STATE_FILE).
+    The new checkpoint folder (T5X orbax params + OPTIMIZER_STATE_FILE,
+    both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
-  path = checkpoints.save_t5x_params(jax.device_get(state.params), model_dir,
-                                     step)
-  with open(os.path.join(path, OPTIMIZER_STATE_FILE), 'wb') as f:
-    f.write(serialization.to_bytes(jax.device_get(state.opt_state)))
+  # In the checkpoint's checksum manifest with the params (verified on load).
+  opt_state = serialization.to_bytes(jax.device_get(state.opt_state))
+  path = checkpoints.save_t5x_params(
+      jax.device_get(state.params), model_dir, step,
+      extra_files={OPTIMIZER_STATE_FILE: opt_state})
   for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints, 1)]:
     shutil.rmtree(old)
   return path

@@ -92,7 +92,7 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
   assert [r['index'] for r in read_jsonl(out / 'examples.jsonl')] == [0, 1]
   summary = json.loads((out / 'summary.json').read_text())
   assert summary['examples'] == 2
-  assert summary['status'].startswith('failed after 2 examples')
+  assert summary['status'].startswith('failed with 2 of 4 examples left')
 
 
 @pytest.mark.parametrize('override,error,message', [
@@ -136,3 +136,125 @@ def test_widened_target_decodes_the_same(tmp_path):
   with pytest.raises(ValueError, match='cannot shrink emb_dim'):
     eval_lib.main(args(tmp_path / 'bad', **few, **{
         'EvalSetup.target_widen_to': "{'emb_dim': 4}"}))
+
+
+# -- Crash consistency: interrupted any way, resumed, the same outputs --------
+
+TIMING = ('baseline_batch_s', 'speculative_batch_s')
+
+
+def comparable(out):
+  """examples.jsonl without timings, checked for one record per index."""
+  records = read_jsonl(out / 'examples.jsonl')
+  indices = [r['index'] for r in records]
+  assert len(indices) == len(set(indices)), f'duplicated index: {indices}'
+  return sorted(({k: v for k, v in r.items() if k not in TIMING}
+                 for r in records), key=lambda r: r['index'])
+
+
+def _status(out):
+  return json.loads((out / 'summary.json').read_text())['status']
+
+
+def _kill_subprocess(argv, out, sig, after_lines, rng):
+  """Runs the job in a subprocess and sends `sig` once `after_lines` records
+  are written (plus a random delay). Returns the process."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
+  proc = subprocess.Popen([sys.executable, '-m', 'specdec_jax.eval'] + argv,
+                          env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  records = out / 'examples.jsonl'
+  deadline = time.time() + 300
+  while proc.poll() is None and time.time() < deadline:
+    if records.exists() and records.read_text().count('\n') >= after_lines:
+      time.sleep(rng.uniform(0, 0.05))
+      proc.send_signal(sig)
+      break
+    time.sleep(0.02)
+  return proc
+
+
+def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
+                                                         monkeypatch):
+  """SIGKILL / SIGINT in a subprocess, then in-process exceptions, Ctrl-C,
+  SIGTERM and torn writes at random records: after each the files hold no
+  duplicate and the status says why; the resumed run's records equal an
+  uninterrupted run's."""
+  import random  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  rng = random.Random(0)
+  few = dict(NUM_EXAMPLES='16', BATCH_SIZE='2')
+  killed, stopped = tmp_path / 'killed', tmp_path / 'stopped'
+  # Slowed down (each batch timed 10 times) so that the signal lands mid-run.
+  slow = {'evaluate.timing_repeats': '30'}
+  procs = [
+      _kill_subprocess(args(killed, **few, **slow), killed, signal.SIGKILL,
+                       rng.randint(1, 4), rng),
+      _kill_subprocess(args(stopped, **few, **slow), stopped, signal.SIGINT,
+                       rng.randint(1, 4), rng)]
+  reference = tmp_path / 'reference'
+  eval_lib.main(args(reference, **few))  # meanwhile, uninterrupted
+  expected = comparable(reference)
+  assert len(expected) == 16
+  for proc in procs:
+    proc.wait(timeout=120)
+  assert 0 < len(read_jsonl(killed / 'examples.jsonl')) < 16, (
+      'SIGKILL did not land mid-run')
+  assert procs[1].returncode != 0, procs[1].stderr.read()
+  assert _status(stopped).startswith('interrupted (SIGINT'), _status(stopped)
+  comparable(killed), comparable(stopped)  # no duplicates so far
+
+  real_decode, real_append = data.decode_text, eval_lib._append  # pylint: disable=protected-access
+  faults = ['exception', 'sigint', 'sigterm', 'torn', 'torn', 'exception']
+  rng.shuffle(faults)
+  fired = []
+  for out in (killed, stopped):
+    for fault in faults[:3] if out == killed else faults[3:]:
+      calls, at = [0], rng.randint(1, 6)
+
+      def decode(*a, fault=fault, calls=calls, at=at, **k):
+        calls[0] += 1
+        if calls[0] == at:
+          if fault == 'exception':
+            raise RuntimeError('injected')
+          if fault == 'sigint':
+            signal.raise_signal(signal.SIGINT)
+          if fault == 'sigterm':
+            signal.raise_signal(signal.SIGTERM)
+        return real_decode(*a, **k)
+
+      appends = [0]
+
+      def torn(sink, records, appends=appends, at=at):
+        appends[0] += 1
+        if appends[0] == max(at // 2, 1):
+          text = ''.join(json.dumps(r) + '\n' for r in records)
+          sink.write(text[:len(text) // 2])
+          sink.flush()
+          raise RuntimeError('injected torn write')
+        real_append(sink, records)
+
+      monkeypatch.setattr(data, 'decode_text', decode)
+      monkeypatch.setattr(eval_lib, '_append',
+                          torn if fault == 'torn' else real_append)
+      try:
+        eval_lib.main(args(out, **few))
+      except (RuntimeError, KeyboardInterrupt):
+        fired.append(fault)
+        status = _status(out)
+        assert status.startswith('interrupted' if fault.startswith('sig')
+                                 else 'failed'), (fault, status)
+        assert 'examples left' in status
+      if fault != 'torn':  # a torn file is repaired by the next run
+        comparable(out)
+      monkeypatch.setattr(data, 'decode_text', real_decode)
+      monkeypatch.setattr(eval_lib, '_append', real_append)
+    summary = eval_lib.main(args(out, **few))
+    assert summary['status'] == 'complete' and summary['examples'] == 16
+    assert comparable(out) == expected
+  assert len(fired) >= 5, fired  # the faults did strike

@@ -106,6 +106,31 @@ def test_a_truncated_or_missing_shipped_file_is_named(copied):
     shipped.load_model('xxl')
 
 
+def test_a_shipped_load_verifies_each_file_once(monkeypatch, caplog):
+  """The job's path (`shipped:<model>` through loading.load_model) checks
+  every file of the model once against MANIFEST.json (the shipped
+  checkpoints have no manifest of their own), and says nothing of
+  unverified checkpoints."""
+  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  hashed = []
+  real = manifest._size_and_sha256  # pylint: disable=protected-access
+
+  def counting(path, *args):
+    hashed.append(path)
+    return real(path, *args)
+
+  monkeypatch.setattr(manifest, '_size_and_sha256', counting)
+  folder = shipped.checkpoint_path('small')
+  files = [os.path.join(d, n) for d, _, names in os.walk(folder)
+           for n in names]
+  with caplog.at_level('INFO'):
+    loading.load_model(shipped.config('small'), 'shipped:small')
+    shipped.load_model('small')
+  assert sorted(hashed) == sorted(files * 2)  # once per load
+  assert 'not verified' not in caplog.text
+
+
 @pytest.mark.parametrize('task', ['en_de', 'synopsis'])
 def test_shipped_drafter_agrees_with_the_target(target, task):
   """Fails if an untrained, a wrong or a worse drafter is shipped as dec2."""

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 
 import gin
 import jax
@@ -218,6 +219,20 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted):
   assert all(jax.tree.leaves(changed))  # steps 3-4 trained every parameter
   # Nothing left to do: a rerun at the final step trains nothing.
   assert _train(tmp_path, 4)['start_step'] == 4
+
+
+def test_a_corrupt_optimizer_state_is_named(tmp_path, uninterrupted):
+  """The checksum manifest covers the Adafactor statistics too: a flipped
+  byte there would otherwise resume with other statistics, silently."""
+  _, model_dir = uninterrupted
+  ckpt = tmp_path / 'checkpoint_4'
+  shutil.copytree(model_dir / 'checkpoint_4', ckpt)
+  path = ckpt / training.OPTIMIZER_STATE_FILE
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 1
+  path.write_bytes(data)
+  with pytest.raises(checkpoints.CheckpointError, match=str(path)):
+    training.restore_checkpoint(network.T5Model(TINY), str(ckpt))
 
 
 def test_same_seed_same_params_other_seed_differs(debian_slice):

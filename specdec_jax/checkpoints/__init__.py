@@ -5,6 +5,10 @@
   `save_t5x_params` writes T5X's orbax layout; `all_steps`,
   `latest_checkpoint` and `step_of` read `checkpoint_<step>` folder names;
   `check_params` / `expected_shapes` check a tree against a T5Config.
+- `manifest`: checksum manifests (sha256 and size of every file, sha256 of
+  every array): `save_t5x_params` writes one into each checkpoint,
+  `load_t5x_params(..., verify=True)` checks it, `shipped` uses the same
+  code for the shipped assets' MANIFEST.json.
 - `hf`: HF transformers T5 / Flan-T5: `config_from_hf`, `load_hf_t5`
   (safetensors), and the T5X <-> HF name map (`parameter_map`,
   `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`), which
@@ -15,6 +19,7 @@ The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
 work as before the split.
 """
 
+from specdec_jax.checkpoints import manifest
 from specdec_jax.checkpoints.hf import config_from_hf
 from specdec_jax.checkpoints.hf import load_hf_t5
 from specdec_jax.checkpoints.t5x import all_steps

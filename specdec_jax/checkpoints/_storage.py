@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Set, Tuple
+from typing import List, Set, Tuple
 
 
 def is_gcs(path: str) -> bool:
@@ -73,3 +73,28 @@ def read_bytes(path: str) -> bytes:
     return bytes(result.value)
   with open(path, 'rb') as f:
     return f.read()
+
+
+def list_files(directory: str) -> List[str]:
+  """'/'-separated paths, relative to `directory`, of every file under it."""
+  if is_gcs(directory):
+    prefix = split_gcs(directory.rstrip('/') + '/')[1]
+    return sorted(k.decode()[len(prefix):]
+                  for k in _gcs_keys(directory, exact=False))
+  found = []
+  for folder, _, names in os.walk(directory):
+    found += [os.path.relpath(os.path.join(folder, n), directory)
+              .replace(os.sep, '/') for n in names]
+  return sorted(found)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes a file whole (locally: a temp file renamed over `path`)."""
+  if is_gcs(path):
+    store, key = _gcs_store(path)
+    store.write(key, data).result()
+    return
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(data)
+  os.replace(tmp, path)

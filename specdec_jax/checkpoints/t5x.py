@@ -20,7 +20,12 @@ T5X has written, never the optimizer state:
   only `target` is restored (orbax partial restore).
 
 `save_t5x_params` writes the orbax layout with orbax's CheckpointManager, as
-T5X does, so T5X and `load_t5x_params` read it back. `all_steps`,
+T5X does, so T5X and `load_t5x_params` read it back, and then a checksum
+manifest (`manifest.MANIFEST` in `checkpoint_<step>/`: sha256 and size of
+every file, sha256 of every array) that `load_t5x_params` checks by default:
+orbax and tensorstore keep no checksums, so a flipped byte could otherwise
+load as other weights. Checkpoints without one (T5X's own) load unverified,
+with a log note. `all_steps`,
 `latest_checkpoint` and `step_of` are the one reading of `checkpoint_<step>`
 folder names.
 """
@@ -28,9 +33,10 @@ folder names.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from flax import traverse_util
 import jax
@@ -39,6 +45,7 @@ import numpy as np
 
 from specdec_jax import network
 from specdec_jax.checkpoints import _storage
+from specdec_jax.checkpoints import manifest
 
 PyTree = Any
 
@@ -47,6 +54,7 @@ _CHECKPOINT_FILE = 'checkpoint'
 _ORBAX_METADATA_FILE = '_METADATA'
 _STATE_KEY = 'state'
 _STEP_DIR = re.compile(r'^checkpoint_(\d+)$')
+_NOTED_UNVERIFIED: Set[str] = set()  # Logged once per checkpoint.
 
 
 class CheckpointError(ValueError):
@@ -416,6 +424,61 @@ def _load_orbax(state_dir: str) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------
+# Integrity: the checksum manifest.
+# ----------------------------------------------------------------------------
+
+
+def _checkpoint_folder(kind: str, location: str) -> str:
+  """The folder whose manifest covers a resolved checkpoint."""
+  location = location.rstrip('/')
+  if kind == 'orbax' and os.path.basename(location) == _STATE_KEY:
+    return os.path.dirname(location)  # checkpoint_<step>/state
+  return location if kind == 'orbax' else os.path.dirname(location)
+
+
+def _verify(folder: str, location: str,
+            read: Callable[[], Dict[str, Any]]) -> None:
+  """Checks a checkpoint's files against its manifest, if it has one.
+
+  Args:
+    folder: the checkpoint folder (`_checkpoint_folder`).
+    location: what is read (named in the note on unverified checkpoints).
+    read: loads the flat params; called only to name the damaged arrays.
+
+  Raises:
+    CheckpointError: naming every missing, resized or changed file and the
+      arrays that no longer read back as saved.
+  """
+  try:
+    found = manifest.find(folder)
+  except ValueError as e:
+    raise CheckpointError(f'{folder}: unreadable checksum manifest: {e} '
+                          '(verify=False loads without it)') from None
+  if found is None:
+    if location not in _NOTED_UNVERIFIED:
+      _NOTED_UNVERIFIED.add(location)
+      logging.warning('%s: no checksum manifest (%s), so its files are not '
+                      'verified; a T5X-written checkpoint has none.',
+                      location, manifest.MANIFEST)
+    return
+  problems = manifest.check_files(found.root, found.files, found.prefix)
+  if not problems:
+    return
+  arrays = ''
+  if found.arrays:
+    try:
+      bad = manifest.differing_arrays(found.arrays, read())
+    except Exception as e:  # pylint: disable=broad-except
+      arrays = f'; its arrays do not load ({type(e).__name__})'
+    else:
+      arrays = (f'; arrays that differ: {", ".join(bad)}' if bad else
+                '; every array still reads back as saved')
+  raise CheckpointError(
+      f'{folder}: checkpoint does not match {found.path} (verify=False '
+      'skips the check): ' + '; '.join(problems) + arrays)
+
+
+# ----------------------------------------------------------------------------
 # Public API.
 # ----------------------------------------------------------------------------
 
@@ -479,8 +542,13 @@ def params_from_flat(flat: Dict[str, Any], source: str,
 
 
 def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
-                    dtype: Any = None) -> PyTree:
+                    dtype: Any = None, verify: bool = True) -> PyTree:
   """The params (T5X's `target`) of a T5X checkpoint, any format.
+
+  A checkpoint written by `save_t5x_params` is first checked against its
+  checksum manifest (every file's sha256 and size), and one inside a folder
+  whose shipped-form manifest lists it (the shipped models) against that.
+  One without (T5X's own) loads unverified, with a log note once per path.
 
   Args:
     path: a `checkpoint_<step>` folder, the `checkpoint` file inside it, a
@@ -490,6 +558,9 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
       and shapes), else ValueError.
     dtype: cast every parameter to this dtype after loading (e.g.
       jnp.bfloat16); None keeps the stored dtypes.
+    verify: check the files against the manifest (reads every byte once
+      more: False skips it for very large checkpoints, or after a check of
+      one's own).
 
   Returns:
     The params tree: nested dicts of jax arrays, T5X's names.
@@ -498,15 +569,20 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
     FileNotFoundError: nothing at `path`.
     CheckpointError: (a ValueError) the checkpoint is corrupt, truncated, or a
       tensorstore array or chunk is missing; names the path and parameter.
+      With a manifest: a file differs from it; names every such file and the
+      arrays that no longer read back as saved.
     ValueError: the tree does not match `config`.
   """
   path = os.fspath(path)
   kind, location = _resolve(path)
-  flat = _load_orbax(location) if kind == 'orbax' else _load_msgpack(location)
-  return params_from_flat(flat, location, config, dtype)
+  read = lambda: (_load_orbax if kind == 'orbax' else _load_msgpack)(location)
+  if verify:
+    _verify(_checkpoint_folder(kind, location), location, read)
+  return params_from_flat(read(), location, config, dtype)
 
 
-def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
+def save_t5x_params(params: PyTree, directory: str, step: int,
+                    extra_files: Optional[Mapping[str, bytes]] = None) -> str:
   """Writes `params` as a T5X orbax checkpoint `<directory>/checkpoint_<step>`.
 
   The layout is what T5X's `OrbaxCheckpointManagerInterface` writes:
@@ -514,10 +590,17 @@ def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
   `state`, an OCDBT PyTree checkpoint of T5X's `InferenceState.state_dict()`:
   `{'target': params, 'state': {'step': int32}}`.
 
+  Then `extra_files`, and last the checksum manifest `MANIFEST.json` over
+  every file of the folder and every array of `params` (which T5X ignores
+  and `load_t5x_params` checks); a save cut short before it leaves a
+  checkpoint that loads unverified.
+
   Args:
     params: a T5X params tree.
     directory: the model dir (created if needed).
     step: the step number of the folder.
+    extra_files: {name: bytes} written into the folder (e.g. the optimizer
+      state) before the manifest, so it covers them too.
 
   Returns:
     The path of the new `checkpoint_<step>` folder.
@@ -533,8 +616,8 @@ def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
   step_dir = os.path.join(directory, f'checkpoint_{int(step)}')
   if _storage.isdir(step_dir):
     raise FileExistsError(f'Checkpoint already exists: {step_dir}')
-  state = {'target': jax.tree.map(jnp.asarray, params),
-           'state': {'step': jnp.asarray(step, jnp.int32)}}
+  target = jax.tree.map(jnp.asarray, params)
+  state = {'target': target, 'state': {'step': jnp.asarray(step, jnp.int32)}}
   options = ocp.CheckpointManagerOptions(
       step_prefix='checkpoint', create=True,
       enable_async_checkpointing=False)
@@ -547,4 +630,8 @@ def save_t5x_params(params: PyTree, directory: str, step: int) -> str:
     manager.wait_until_finished()
   finally:
     manager.close()
+  for name, data in (extra_files or {}).items():
+    _storage.write_bytes(os.path.join(step_dir, name), data)
+  manifest.write(step_dir, manifest.array_entries(
+      traverse_util.flatten_dict(jax.device_get(target), sep='/')))
   return step_dir

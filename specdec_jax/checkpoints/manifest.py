@@ -1,0 +1,239 @@
+"""Checksum manifests: sha256 and size of every file of a folder.
+
+Orbax, tensorstore and T5X keep no checksums: a flipped byte in a data file
+can load as other weights without an error. A manifest, `MANIFEST.json` in
+the folder it covers, records what was written so a reader can tell.
+
+Two forms, one per writer, read by `read`:
+
+- A checkpoint's (`checkpoints.save_t5x_params`, in `checkpoint_<step>/`):
+  `{'format': FORMAT, 'files': {rel path: {'sha256', 'bytes'}},
+  'arrays': {'a/b/kernel': {'sha256', 'dtype', 'shape'}}}`. The array
+  entries hash the values as saved (C-order bytes), so a damaged file can be
+  traced to the arrays that no longer read back the same.
+- The shipped assets' (`shipped.write_manifest`): the `files` mapping alone,
+  at the top of a folder of several checkpoints and data files.
+
+`find` looks for the manifest of a checkpoint folder: its own, else a
+shipped-form one in one of the two folders above it (local paths) that lists
+files under it. `check_files` names every missing, resized or changed file.
+Paths are local or gs://.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from specdec_jax.checkpoints import _storage
+
+MANIFEST = 'MANIFEST.json'
+FORMAT = 'specdec_jax.checkpoint_manifest/1'
+_ENCLOSING_LEVELS = 2  # <root>/<model>/checkpoint_<step>, as shipped
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+  """A parsed manifest and the part of it that covers one folder.
+
+  Attributes:
+    path: the MANIFEST.json.
+    root: the folder its relative paths start from.
+    files: {rel path: {'sha256', 'bytes'}}, all of the manifest's files.
+    arrays: {'a/b': {'sha256', 'dtype', 'shape'}}; empty in the shipped form.
+    prefix: the covered folder's rel path + '/' ('' for the whole root).
+  """
+  path: str
+  root: str
+  files: Mapping[str, Mapping[str, Any]]
+  arrays: Mapping[str, Mapping[str, Any]]
+  prefix: str = ''
+
+  def covered(self) -> Dict[str, Mapping[str, Any]]:
+    return {rel: e for rel, e in self.files.items()
+            if rel.startswith(self.prefix)}
+
+
+def _size_and_sha256(path: str, want_bytes: Optional[int] = None):
+  """(size, sha256 hex) of a file; None if missing; no hash if resized."""
+  if _storage.is_gcs(path):
+    try:
+      data = _storage.read_bytes(path)
+    except FileNotFoundError:
+      return None
+    return len(data), hashlib.sha256(data).hexdigest()
+  if not os.path.isfile(path):
+    return None
+  size = os.path.getsize(path)
+  if want_bytes is not None and size != want_bytes:
+    return size, None
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return size, digest.hexdigest()
+
+
+def file_entries(root: str) -> Dict[str, Dict[str, Any]]:
+  """`{rel path: {'sha256', 'bytes'}}` of every file under `root`.
+
+  The manifest at the top of `root` is left out (not those of subfolders).
+  """
+  entries = {}
+  for rel in _storage.list_files(root):
+    if rel != MANIFEST:
+      size, sha = _size_and_sha256(os.path.join(root, rel))
+      entries[rel] = {'sha256': sha, 'bytes': size}
+  return entries
+
+
+def _array_sha256(value: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+
+
+def array_entries(flat: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+  """`{name: {'sha256', 'dtype', 'shape'}}` of host arrays by '/'-name."""
+  out = {}
+  for name, value in sorted(flat.items()):
+    value = np.asarray(value)
+    out[name] = {'sha256': _array_sha256(value), 'dtype': value.dtype.name,
+                 'shape': list(value.shape)}
+  return out
+
+
+def write_json(path: str, obj: Any) -> str:
+  """Writes `obj` as indented JSON (locally through a renamed temp file)."""
+  _storage.write_bytes(path, (json.dumps(obj, indent=1) + '\n').encode())
+  return path
+
+
+def write(root: str, arrays: Mapping[str, Any]) -> str:
+  """Writes `root/MANIFEST.json` (checkpoint form) over root's files now.
+
+  Args:
+    root: the checkpoint folder, complete (written last, the manifest is
+      absent from a checkpoint whose writing was cut short).
+    arrays: `array_entries` of the saved values.
+
+  Returns:
+    The manifest's path.
+  """
+  return write_json(os.path.join(root, MANIFEST),
+                    {'format': FORMAT, 'files': file_entries(root),
+                     'arrays': dict(arrays)})
+
+
+def _is_file_entries(x: Any) -> bool:
+  return isinstance(x, dict) and all(
+      isinstance(e, dict) and isinstance(e.get('sha256'), str) and
+      isinstance(e.get('bytes'), int) for e in x.values())
+
+
+def read(path: str) -> Manifest:
+  """Parses a manifest of either form.
+
+  Raises:
+    FileNotFoundError: there is none at `path`.
+    ValueError: it is no JSON manifest of either form (damaged or foreign).
+  """
+  data = _storage.read_bytes(path)
+  try:
+    obj = json.loads(data)
+  except ValueError as e:
+    raise ValueError(f'{path} is not JSON ({e})') from None
+  arrays: Dict[str, Any] = {}
+  if isinstance(obj, dict) and obj.get('format') == FORMAT:
+    obj, arrays = obj.get('files'), obj.get('arrays')
+    if not isinstance(arrays, dict):
+      raise ValueError(f'{path} has no "arrays" mapping')
+  if not _is_file_entries(obj):
+    raise ValueError(f'{path} is no {FORMAT} manifest nor a {{path: '
+                     '{sha256, bytes}} one')
+  return Manifest(path=path, root=os.path.dirname(path), files=obj,
+                  arrays=arrays)
+
+
+def find(folder: str) -> Optional[Manifest]:
+  """The manifest covering a checkpoint folder, or None.
+
+  Its own `folder/MANIFEST.json` first; else (local folders only) a
+  shipped-form one up to two folders above that lists files under `folder`.
+  An unreadable one of those is not taken for one (it may be another tool's).
+
+  Raises:
+    ValueError: `folder/MANIFEST.json` exists but cannot be parsed.
+  """
+  folder = os.fspath(folder).rstrip('/')
+  own = os.path.join(folder, MANIFEST)
+  if _storage.isfile(own):
+    return read(own)
+  if _storage.is_gcs(folder):
+    return None
+  root = os.path.abspath(folder)
+  for _ in range(_ENCLOSING_LEVELS):
+    root = os.path.dirname(root)
+    path = os.path.join(root, MANIFEST)
+    if not os.path.isfile(path):
+      continue
+    try:
+      found = read(path)
+    except ValueError:
+      continue
+    prefix = os.path.relpath(folder, root).replace(os.sep, '/') + '/'
+    found = dataclasses.replace(found, prefix=prefix)
+    if found.covered():
+      return found
+  return None
+
+
+def check_files(root: str, files: Mapping[str, Mapping[str, Any]],
+                prefix: str = '') -> List[str]:
+  """Checks the files of a manifest under `prefix` against the disk.
+
+  Args:
+    root: the folder the manifest's paths start from.
+    files: the manifest's `{rel path: {'sha256', 'bytes'}}`.
+    prefix: only paths starting with it.
+
+  Returns:
+    One line per bad file, e.g. 'missing: <path>', 'truncated or changed:
+    <path> has 10 bytes, the manifest says 12', 'corrupt: <path> (sha256
+    differs from MANIFEST.json)'; empty when every file is as recorded.
+  """
+  problems = []
+  for rel, entry in files.items():
+    if not rel.startswith(prefix):
+      continue
+    path = os.path.join(root, rel)
+    got = _size_and_sha256(path, entry['bytes'])
+    if got is None:
+      problems.append(f'missing: {path}')
+    elif got[0] != entry['bytes']:
+      problems.append(f'truncated or changed: {path} has {got[0]} bytes, '
+                      f'the manifest says {entry["bytes"]}')
+    elif got[1] != entry['sha256']:
+      problems.append(f'corrupt: {path} (sha256 differs from {MANIFEST})')
+  return problems
+
+
+def differing_arrays(arrays: Mapping[str, Mapping[str, Any]],
+                     flat: Mapping[str, Any]) -> List[str]:
+  """Names of the recorded arrays that `flat` lacks or holds otherwise."""
+  bad = []
+  for name, entry in arrays.items():
+    value = flat.get(name)
+    if value is None:
+      bad.append(f'{name} (missing)')
+      continue
+    value = np.asarray(value)
+    if (value.dtype.name != entry['dtype'] or
+        list(value.shape) != list(entry['shape']) or
+        _array_sha256(value) != entry['sha256']):
+      bad.append(name)
+  bad += [f'{name} (not saved)' for name in sorted(set(flat) - set(arrays))]
+  return bad
