@@ -106,6 +106,16 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
     ({'TASK_FEATURE_LENGTHS': "{'inputs': 4, 'targets': 12}"}, ValueError,
      "TASK_FEATURE_LENGTHS\\['inputs'\\] = 4"),
     ({'GAMMA': '0'}, ValueError, 'gamma'),
+    ({'GAMMA': '1.5'}, ValueError, 'gamma must be an int'),
+    ({'TEMPERATUR': '0.7'}, SystemExit,
+     'nothing in the configuration reads.*TEMPERATUR .did you mean '
+     'TEMPERATURE'),
+    ({'TEMPERATURE': '-1.0'}, ValueError, 'temperature must be'),
+    ({'TOPK': '3', 'TOPP': '0.9'}, ValueError, 'At most one of topk'),
+    ({'DRAFTER': "'trigram'"}, ValueError,
+     "Unknown drafter kind 'trigram'.*bigram"),
+    ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
+    ({'evaluate.timing_repeats': '0'}, ValueError, 'timing_repeats'),
 ])
 def test_clear_errors(tmp_path, override, error, message):
   argv = args(tmp_path / 'err', **override)
