@@ -70,36 +70,86 @@ def output_lengths(tokens: Array, eos_id: int) -> Array:
   return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1])
 
 
+def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
+  """Raises unless `tokens` are `[batch, length]` integer ids < vocab_size.
+
+  Shape and dtype are read from arrays and `jax.ShapeDtypeStruct`s alike.
+  The values are checked only where they exist: on concrete arrays, with
+  numpy on the host (a jax array is copied there once). Abstract inputs, a
+  `jax.ShapeDtypeStruct` (the `lower_*` functions) or a tracer (a decoder
+  called under an outer jit), have no values: that check is skipped, and an
+  out-of-range id then reads a clamped embedding row instead of failing.
+
+  Args:
+    name: the argument's name, for the messages.
+    tokens: `[batch, length]` int token ids (or their abstract value).
+    vocab_size: ids must be in [0, vocab_size).
+
+  Returns:
+    The shape `(batch, length)`.
+
+  Raises:
+    ValueError: not 2-D with batch, length >= 1, or an id out of range.
+    TypeError: not an integer dtype.
+  """
+  shape = tuple(np.shape(tokens))
+  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+    raise ValueError(
+        f'{name} must be [batch, length] with batch, length >= 1; got shape '
+        f'{shape}.'
+    )
+  dtype = getattr(tokens, 'dtype', None)
+  if dtype is None:
+    dtype = np.asarray(tokens).dtype
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f'{name} must be integer token ids, got dtype {dtype}.')
+  abstract = isinstance(tokens, (jax.ShapeDtypeStruct, jax.core.Tracer))
+  if abstract or not getattr(tokens, 'is_fully_addressable', True):
+    return shape
+  values = np.asarray(tokens)
+  low, high = values.min(), values.max()
+  if low < 0 or high >= vocab_size:
+    raise ValueError(
+        f'{name} must be token ids in [0, vocab_size={vocab_size}); got '
+        f'ids from {low} to {high}.'
+    )
+  return shape
+
+
 def check_common_args(model, encoder_input_tokens, max_decode_len,
-                      sampling: SamplingConfig) -> None:
-  """Raises ValueError on arguments both decoders take, before tracing.
+                      sampling: SamplingConfig, eos_id) -> None:
+  """Raises on arguments both decoders take, before anything is traced.
 
   Args:
     model: the (target) model; only its `vocab_size` is read.
-    encoder_input_tokens: `[batch, input_length]` int (or its
-      `jax.ShapeDtypeStruct`).
+    encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab)
+      (values checked when concrete: `check_token_ids`), or its
+      `jax.ShapeDtypeStruct`.
     max_decode_len: output length, an int >= 1.
     sampling: a `SamplingConfig` whose top-k fits the vocabulary.
+    eos_id: an int in [0, vocab), or -1 for none (rows run to
+      max_decode_len; scripts/benchmark_*.py time fixed lengths so).
+
+  Raises:
+    ValueError: naming the argument; TypeError for a non-integer dtype of
+      the token ids.
   """
   if not isinstance(sampling, SamplingConfig):
     raise ValueError(f'sampling must be a SamplingConfig, got {sampling!r}.')
-  sampling.check_vocab(model.vocab_size)
+  vocab_size = model.vocab_size
+  sampling.check_vocab(vocab_size)
   if (isinstance(max_decode_len, bool) or not isinstance(
       max_decode_len, (int, np.integer)) or max_decode_len < 1):
     raise ValueError(
         f'max_decode_len must be an int >= 1, got {max_decode_len!r}.'
     )
-  shape = np.shape(encoder_input_tokens)
-  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+  if (isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
+      or not -1 <= eos_id < vocab_size):
     raise ValueError(
-        'encoder_input_tokens must be [batch, length] with batch, length >= 1;'
-        f' got shape {shape}.'
+        f'eos_id must be an int in [0, vocab_size={vocab_size}) (or -1: no '
+        f'EOS), got {eos_id!r}.'
     )
-  dtype = getattr(encoder_input_tokens, 'dtype', None)
-  if dtype is None:
-    dtype = np.asarray(encoder_input_tokens).dtype
-  if not jnp.issubdtype(dtype, jnp.integer):
-    raise ValueError('encoder_input_tokens must be integer token ids.')
+  check_token_ids('encoder_input_tokens', encoder_input_tokens, vocab_size)
 
 
 def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
@@ -205,11 +255,12 @@ def temperature_sample(
     model: an `interfaces.DecodingModel` (see module docstring), e.g.
       `T5Model`.
     params: the model's parameters.
-    encoder_input_tokens: `[batch, input_length]` int, 0-padded; rows may
-      have different lengths.
+    encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab),
+      0-padded; rows may have different lengths.
     max_decode_len: output length (static).
     sampling: greedy / temperature / top-k / top-p.
-    eos_id: end-of-sequence id; a row stops after emitting it.
+    eos_id: end-of-sequence id in [0, vocab); a row stops after emitting it
+      (-1: no EOS, every row runs to max_decode_len).
     rng: PRNG key (required unless greedy).
     max_decode_steps: optional dynamic cap <= max_decode_len on the steps.
     block_size: 1 (one token per decoder call), or k > 1: each step is a
@@ -225,6 +276,10 @@ def temperature_sample(
 
   Returns:
     `DecodeResult` with `tokens` `[batch, max_decode_len]`.
+
+  Raises:
+    ValueError (TypeError for non-integer token ids): a bad argument, named,
+      before anything is compiled (`check_common_args`).
   """
   loop, args = _prepare(model, params, encoder_input_tokens, max_decode_len,
                         sampling, eos_id, rng, max_decode_steps, block_size)
@@ -261,7 +316,8 @@ def lower_temperature_sample(
 def _prepare(model, params, encoder_input_tokens, max_decode_len, sampling,
              eos_id, rng, max_decode_steps, block_size):
   """Validated loop and arguments of `_run`."""
-  check_common_args(model, encoder_input_tokens, max_decode_len, sampling)
+  check_common_args(model, encoder_input_tokens, max_decode_len, sampling,
+                    eos_id)
   if max_decode_steps is not None and not 1 <= max_decode_steps <= (
       max_decode_len):
     raise ValueError(

@@ -4,9 +4,9 @@ The speculative loop (speculative.py) talks to a drafter through the
 `interfaces.Drafter` protocol: `init`, `propose` (drafts and the standardized
 q they were drawn from, so that the loop's acceptance test is exact),
 `prefill` (start from an existing prefix, for measurements), `score` (the
-teacher-forced logits `propose` draws from, for measuring alpha) and
-`vocab_size`. A drafter that is deterministic returns one-hot q; exactness
-holds for any q.
+teacher-forced logits `propose` draws from, for measuring alpha),
+`check_params` (called before compiling) and `vocab_size`. A drafter that
+is deterministic returns one-hot q; exactness holds for any q.
 
 Two classes live here: `T5Drafter` (a small T5 with its own cache, the
 paper's T5-small/base/large drafts) and `NgramDrafter` (unigram / bigram
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterable, Mapping, Optional,
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decoding
 from specdec_jax import interfaces
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.network import T5Model
@@ -50,6 +52,24 @@ class T5Drafter:
   @property
   def vocab_size(self) -> int:
     return self.model.vocab_size
+
+  def check_params(self, params) -> None:
+    """Raises ValueError unless params have the model's tree and shapes.
+
+    The reference is `jax.eval_shape` of the model's `init_params`, traced
+    once per model; a model without `init_params` is not checked.
+    """
+    if not hasattr(self.model, 'init_params'):
+      return
+    want, got = _model_shapes(self.model), _shapes(params)
+    problems = [f'{k}: missing, want {want[k]}' for k in want if k not in got]
+    problems += [f'{k}: not a parameter of the model' for k in got
+                 if k not in want]
+    problems += [f'{k}: shape {got[k]}, want {want[k]}' for k in got
+                 if k in want and got[k] != want[k]]
+    if problems:
+      raise ValueError(f'{len(problems)} parameters differ from the model '
+                       f'({self.model!r}): ' + '; '.join(problems[:6]))
 
   def init(self, params, encoder_input_tokens, max_length: int):
     return self.model.init_cache(params, encoder_input_tokens, max_length)
@@ -134,6 +154,37 @@ class NgramDrafter:
     if self.order not in (1, 2):
       raise ValueError(f'NgramDrafter order must be 1 or 2, got {self.order}.')
 
+  def check_params(self, params) -> None:
+    """Raises unless params have the keys and shapes of the class docstring.
+
+    Shapes are read from arrays and `jax.ShapeDtypeStruct`s alike;
+    `next_tokens` must be integer ids in [0, vocab_size) (values checked
+    when concrete, as `decoding.check_token_ids`).
+
+    Raises:
+      ValueError: a missing key or a wrong shape; TypeError: next_tokens
+        not integer.
+    """
+    if not isinstance(params, Mapping):
+      raise ValueError(f'params must be a dict of arrays, got '
+                       f'{type(params).__name__}.')
+    v = self.vocab_size
+    want = {'log_unigram': (v,)}
+    if self.order == 2:
+      k = np.shape(params.get('next_tokens', ()))[1:2] or ('k',)
+      want.update(next_tokens=(v,) + k, next_log_probs=(v,) + k,
+                  log_backoff=(v,))
+    for name, shape in want.items():
+      if name not in params:
+        raise ValueError(f'{name!r} is missing (order {self.order} needs '
+                         f'{sorted(want)}).')
+      if tuple(np.shape(params[name])) != shape or 0 in shape:
+        raise ValueError(
+            f'{name!r} has shape {tuple(np.shape(params[name]))}; '
+            f'vocab_size={v}, order={self.order} needs {shape}.')
+    if self.order == 2:
+      decoding.check_token_ids('next_tokens', params['next_tokens'], v)
+
   def init(self, params, encoder_input_tokens, max_length: int):
     del params, encoder_input_tokens, max_length
     return ()
@@ -172,6 +223,18 @@ class NgramDrafter:
 
     _, (tokens, qs) = jax.lax.scan(step, prev, jax.random.split(rng, gamma))
     return tokens.T, jnp.moveaxis(qs, 0, 1), state
+
+
+def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
+  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
+          tuple(np.shape(leaf)) for path, leaf in leaves}
+
+
+@functools.lru_cache(maxsize=None)
+def _model_shapes(model) -> Dict[str, Tuple[int, ...]]:
+  return _shapes(jax.eval_shape(model.init_params, jax.random.key(0)))
 
 
 def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,

@@ -113,6 +113,21 @@ class Drafter(Protocol):
   def vocab_size(self) -> int:
     """Must equal the target's (`speculative.check_vocab`)."""
 
+  def check_params(self, params: Params) -> None:
+    """Raises unless `params` fit this drafter (keys, shapes, dtypes).
+
+    The loop calls it before anything is traced (`speculative._prepare`),
+    so that wrong parameters (a bigram table of another vocabulary, a T5 of
+    another config) fail with a message naming `draft_params` instead of
+    deep inside jax. It must accept `jax.ShapeDtypeStruct` leaves (the
+    `lower_*` functions) and check values only on concrete arrays; it must
+    not compile anything.
+
+    Raises:
+      ValueError: a missing or mis-shaped parameter; TypeError: a wrong
+        dtype (e.g. float token ids).
+    """
+
   def init(self, params: Params, encoder_input_tokens: Array,
            max_length: int) -> State:
     """The state before any decoder token, for `max_length` decoder slots.

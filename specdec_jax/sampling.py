@@ -9,6 +9,20 @@ Semantics follow T5X's `temperature_sample`: logits are divided by the
 temperature first; top-k keeps every logit >= the k-th largest (ties kept);
 top-p keeps the smallest set of most likely tokens whose mass is >= p (ties at
 the threshold kept). Temperature 0 is argmax (first index on ties).
+
+Numerics: for any temperature t > 0 (1e-30 to 1e6 and beyond) and any
+logits (+-1e30, -inf for masked tokens) the adjusted logits are
+`(x - max x) / t`, computed in that order: every entry is <= 0, the row's
+maxima are exactly 0, so the softmax is finite and sums to 1, and a tiny t is
+the argmax limit. Dividing first (`softmax(x / t)`) is not safe: x / t
+overflows, and under jit XLA may subtract a max it computed in another
+fusion (an FMA of x * (1/t) - max), which leaves entries ~ +ulp(x / t) > 0
+and exp overflows to inf/inf = NaN once x / t is ~1e10. Ties between
+exactly equal maximal logits stay ties at every t > 0: the distribution is
+uniform over them (the t -> 0 limit of the softmax), in the baseline and in
+the speculative loop alike; only t = 0 (greedy) picks the first. A row
+whose logits are all -inf allows no token; it is read as a tie of all
+tokens (uniform), never NaN.
 """
 
 from __future__ import annotations
@@ -79,7 +93,7 @@ def adjusted_logits(logits: Array, config: SamplingConfig) -> Array:
     best = jnp.argmax(logits, axis=-1)[..., None]
     iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     return jnp.where(iota == best, 0.0, -jnp.inf)
-  logits = logits / config.temperature
+  logits = _scaled(logits, config.temperature)
   if config.topk:
     kth = jax.lax.top_k(logits, config.topk)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -95,13 +109,30 @@ def adjusted_logits(logits: Array, config: SamplingConfig) -> Array:
   return logits
 
 
+def _scaled(logits: Array, temperature: float) -> Array:
+  """`(logits - row max) / temperature`: <= 0, exactly 0 at the maxima.
+
+  The shift comes first, so nothing overflows: x - max is finite or -inf
+  (it rounds to -inf only below -3.4e38, where exp(d / t) is 0 for any
+  t < 3e36 anyway) and d / t <= 0 for any t > 0, also when t underflows to
+  0 in float32 (then d / t is -inf, the argmax limit). Entries equal to the
+  max are set to 0 rather than computed, which keeps a max of +inf or -inf
+  (an all -inf row) from making inf - inf = NaN.
+  """
+  # [..., vocab] -> [..., 1]
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  at_top = logits == top
+  shifted = jnp.where(at_top, 0.0, logits - top)
+  return jnp.where(at_top, 0.0, shifted / jnp.float32(temperature))
+
+
 def probabilities(logits: Array, config: SamplingConfig) -> Array:
   """`[..., vocab]` probabilities of the standardized distribution."""
   return jax.nn.softmax(adjusted_logits(logits, config), axis=-1)
 
 
 def sample(rng: Array, logits: Array, config: SamplingConfig) -> Array:
-  """Draws one token per row `[...]` int32 from the standardized distribution."""
+  """One token per row `[...]` int32 from the standardized distribution."""
   if config.greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   return jax.random.categorical(

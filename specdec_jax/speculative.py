@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional
 from flax import struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import decoding
 from specdec_jax import layers
@@ -186,10 +187,15 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
   p_next = _gather(p, n)
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
   residual = jnp.maximum(p_next - _gather(q_pad, n), 0.0)
-  # p == q up to rounding makes a rejection (almost) impossible; if it happens
-  # anyway, the residual can be ~0: fall back to p instead of dividing by 0.
+  # norm(residual) is never divided out: argmax and categorical(log) are
+  # scale-free, so any residual of mass > 0 is sampled exactly, however
+  # small. Mass 0 means p <= q everywhere, i.e. p == q: then x ~ q is
+  # accepted with probability 1 in exact arithmetic (and in float32 too,
+  # since r < 1 gives r * q(x) < q(x) for any normal q(x)), so this path is
+  # never sampled; if a caller forces it (q(x) = p(x) = 0), draw from p
+  # rather than from log(0) = -inf everywhere (token 0, a pad).
   mass = jnp.sum(residual, axis=-1, keepdims=True)
-  residual = jnp.where(mass > 1e-12, residual, p_next)
+  residual = jnp.where(mass > 0, residual, p_next)
   if sampling.greedy:
     next_token = jnp.argmax(residual, axis=-1)
   else:
@@ -317,16 +323,23 @@ def speculative_sample(
     drafter: an `interfaces.Drafter` (drafters.py): `T5Drafter`,
       `NgramDrafter`, ...
     draft_params: the drafter's parameters.
-    encoder_input_tokens: `[batch, input_length]` int, 0-padded.
+    encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab),
+      0-padded.
     gamma: drafts per iteration (static, >= 1).
     max_decode_len: output length (static).
     sampling: greedy / temperature / top-k / top-p, applied to p and q alike.
-    eos_id: end-of-sequence id.
+    eos_id: end-of-sequence id in [0, vocab) (-1: none).
     rng: PRNG key (required unless greedy).
-    draft_input_tokens: the drafter's inputs if they differ (default: same).
+    draft_input_tokens: the drafter's inputs if they differ (default: same):
+      `[batch, draft_input_length]` int ids, the same rows.
 
   Returns:
     `SpecResult`: tokens `[batch, max_decode_len]`, lengths, statistics.
+
+  Raises:
+    ValueError (TypeError for non-integer token ids or parameters): a bad
+      argument, named, before anything is compiled (`_prepare`); draft_params
+      are checked by the drafter's `check_params`.
 
   References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
   """
@@ -378,9 +391,22 @@ def _prepare(target, target_params, drafter, draft_params,
              rng, draft_input_tokens):
   """Validated loop and arguments of `_run`."""
   decoding.check_common_args(target, encoder_input_tokens, max_decode_len,
-                             sampling)
+                             sampling, eos_id)
   check_gamma(gamma)
   check_vocab(target.vocab_size, drafter.vocab_size)
+  try:
+    drafter.check_params(draft_params)
+  except (TypeError, ValueError) as e:
+    raise type(e)(f'draft_params do not fit the {type(drafter).__name__}: '
+                  f'{e}') from e
+  if draft_input_tokens is not None:
+    batch = decoding.check_token_ids('draft_input_tokens', draft_input_tokens,
+                                     drafter.vocab_size)[0]
+    if batch != np.shape(encoder_input_tokens)[0]:
+      raise ValueError(
+          f'draft_input_tokens has {batch} rows, encoder_input_tokens '
+          f'{np.shape(encoder_input_tokens)[0]}: the drafter drafts for the '
+          'same rows.')
   rng = decoding.default_rng(rng, sampling)
   as_ids = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else (
       jnp.asarray(x, jnp.int32))

@@ -1,0 +1,211 @@
+"""Bad arguments fail at the API boundary, named, before anything compiles.
+
+Issue 12, item 3: token ids outside the vocabulary, float or 1-D token
+arrays, `eos_id=None`, bigram tables of another size or `draft_input_tokens`
+of another batch used to fail deep inside jax (or not at all: an id past
+the vocabulary reads a clamped embedding row). Every case of the table runs
+through the four decode functions that take the argument
+(`temperature_sample`, `speculative_sample` and their `lower_*` twins) with
+a target that raises AssertionError if it is ever traced: the error must be
+the ValueError (TypeError for a dtype) whose message names the argument.
+
+Run alone: `python -m pytest -q tests/test_validation.py` (a few seconds).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import network
+from specdec_jax import speculative
+
+from conftest import TINY_V11
+from test_decoding import StepStub
+from test_decoding import Untouchable  # a target that fails if traced
+
+VOCAB = Untouchable.vocab_size  # 32
+BIGRAM = drafters.ngram_params([[2, 3, 1], [4, 4, 5, 1]], VOCAB, order=2,
+                               top_k=4)
+T5_SMALL = TINY_V11.replace(vocab_size=VOCAB, emb_dim=16, num_heads=2,
+                            mlp_dim=32, num_encoder_layers=1,
+                            num_decoder_layers=1)
+
+
+def ids(*rows, dtype=np.int32):
+  return np.array(rows, dtype)
+
+
+GOOD_INPUTS = ids([1, 2, 3], [4, 5, 0])
+
+
+def baseline(lower=False, inputs=GOOD_INPUTS, **kwargs):
+  fn = (decoding.lower_temperature_sample if lower else
+        decoding.temperature_sample)
+  kwargs.setdefault('max_decode_len', 4)
+  return fn(Untouchable(), {}, inputs, rng=jax.random.key(0), **kwargs)
+
+
+def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
+         **kwargs):
+  fn = (speculative.lower_speculative_sample if lower else
+        speculative.speculative_sample)
+  drafter = drafter or drafters.NgramDrafter(VOCAB, 2)
+  draft_params = BIGRAM if draft_params is None else draft_params
+  kwargs.setdefault('max_decode_len', 4)
+  return fn(Untouchable(), {}, drafter, draft_params, inputs, gamma=2,
+            rng=jax.random.key(0), **kwargs)
+
+
+def bigram(**changes):
+  """BIGRAM with some entries replaced (None: removed)."""
+  params = dict(BIGRAM, **changes)
+  return {k: v for k, v in params.items() if v is not None}
+
+
+def t5_params_of(config):
+  return jax.eval_shape(network.T5Model(config).init_params,
+                        jax.random.key(0))
+
+
+ABSTRACT = jax.ShapeDtypeStruct
+
+# Arguments both decoders take: run through all four functions.
+COMMON = {
+    'id_past_vocab': (dict(inputs=ids([1, 2, 3], [4, VOCAB, 0])), ValueError,
+                      r'encoder_input_tokens must be token ids in '
+                      r'\[0, vocab_size=32\); got ids from 0 to 32'),
+    'negative_id': (dict(inputs=ids([1, -1, 3], [4, 5, 0])), ValueError,
+                    r'encoder_input_tokens .*\[0, vocab_size=32\)'),
+    'float_ids': (dict(inputs=ids([1, 2], [3, 4], dtype=np.float32)),
+                  TypeError, r'encoder_input_tokens must be integer .*float32'),
+    'bool_ids': (dict(inputs=ids([True, False], dtype=bool)), TypeError,
+                 'encoder_input_tokens must be integer'),
+    'abstract_float_ids': (dict(inputs=ABSTRACT((2, 3), jnp.float32)),
+                           TypeError, 'encoder_input_tokens must be integer'),
+    'eos_none': (dict(eos_id=None), ValueError,
+                 r'eos_id must be an int in \[0, vocab_size=32\) \(or -1: '
+                 r'no EOS\), got None'),
+    'eos_past_vocab': (dict(eos_id=VOCAB), ValueError, 'eos_id .* got 32'),
+    'eos_negative': (dict(eos_id=-2), ValueError, 'eos_id .* got -2'),
+    'eos_float': (dict(eos_id=1.0), ValueError, r'eos_id .* got 1\.0'),
+    'eos_bool': (dict(eos_id=True), ValueError, 'eos_id .* got True'),
+}
+
+# Arguments of the speculative decoder only.
+SPECULATIVE = {
+    'draft_inputs_other_batch': (
+        dict(draft_input_tokens=ids([1, 2], [3, 4], [5, 6])), ValueError,
+        'draft_input_tokens has 3 rows, encoder_input_tokens 2'),
+    'abstract_draft_inputs_other_batch': (
+        dict(inputs=ABSTRACT((2, 3), jnp.int32),
+             draft_input_tokens=ABSTRACT((4, 3), jnp.int32)), ValueError,
+        'draft_input_tokens has 4 rows'),
+    'draft_id_past_vocab': (
+        dict(draft_input_tokens=ids([1, 40], [3, 4])), ValueError,
+        r'draft_input_tokens must be token ids in \[0, vocab_size=32\)'),
+    'draft_float_ids': (
+        dict(draft_input_tokens=ids([1, 2], [3, 4], dtype=np.float64)),
+        TypeError, 'draft_input_tokens must be integer'),
+    'draft_inputs_1d': (
+        dict(draft_input_tokens=ids(1, 2, 3)), ValueError,
+        r'draft_input_tokens must be \[batch, length\]'),
+    'unigram_of_another_vocab': (
+        dict(drafter=drafters.NgramDrafter(VOCAB, 1),
+             draft_params={'log_unigram': jnp.zeros(30)}), ValueError,
+        r"draft_params do not fit the NgramDrafter: 'log_unigram' has shape "
+        r'\(30,\); vocab_size=32, order=1 needs \(32,\)'),
+    'unigram_params_not_a_dict': (
+        dict(drafter=drafters.NgramDrafter(VOCAB, 1),
+             draft_params=jnp.zeros(VOCAB)), ValueError,
+        'draft_params do not fit the NgramDrafter: params must be a dict'),
+    'bigram_without_successors': (
+        dict(draft_params=bigram(next_tokens=None)), ValueError,
+        r"draft_params .*'next_tokens' is missing \(order 2 needs"),
+    'bigram_table_of_another_vocab': (
+        dict(draft_params=bigram(next_tokens=BIGRAM['next_tokens'][:30])),
+        ValueError, r"draft_params .*'next_tokens' has shape \(30, 4\)"),
+    'bigram_log_probs_of_another_k': (
+        dict(draft_params=bigram(next_log_probs=jnp.zeros((VOCAB, 5)))),
+        ValueError, r"draft_params .*'next_log_probs' has shape \(32, 5\); "
+        r'.* needs \(32, 4\)'),
+    'bigram_backoff_of_another_vocab': (
+        dict(draft_params=bigram(log_backoff=jnp.zeros(VOCAB + 1))),
+        ValueError, r"draft_params .*'log_backoff' has shape \(33,\)"),
+    'bigram_float_successors': (
+        dict(draft_params=bigram(
+            next_tokens=BIGRAM['next_tokens'].astype(jnp.float32))),
+        TypeError, 'draft_params .*next_tokens must be integer'),
+    'bigram_successor_past_vocab': (
+        dict(draft_params=bigram(
+            next_tokens=BIGRAM['next_tokens'].at[3, 1].set(VOCAB + 7))),
+        ValueError, r'draft_params .*next_tokens must be token ids in '
+        r'\[0, vocab_size=32\); got ids from 0 to 39'),
+    't5_params_of_another_config': (
+        dict(drafter=drafters.T5Drafter(network.T5Model(T5_SMALL)),
+             draft_params=t5_params_of(T5_SMALL.replace(mlp_dim=48))),
+        ValueError, r'draft_params do not fit the T5Drafter: 6 parameters '
+        r'differ .*decoder/layers_0/mlp/wi_0/kernel: shape \(16, 48\), '
+        r'want \(16, 32\)'),
+    't5_params_missing_a_layer': (
+        dict(drafter=drafters.T5Drafter(network.T5Model(
+            T5_SMALL.replace(num_decoder_layers=2))),
+             draft_params=t5_params_of(T5_SMALL)), ValueError,
+        'draft_params .*decoder/layers_1/.*: missing'),
+}
+
+CASES = [(f'{fn.__name__}{"_lowered" if lower else ""}-{name}', fn, lower,
+          case) for table, fns in ((COMMON, (baseline, spec)),
+                                   (SPECULATIVE, (spec,)))
+         for fn in fns for lower in (False, True)
+         for name, case in table.items()]
+
+
+@pytest.mark.parametrize('fn,lower,case', [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_argument_is_named_before_compiling(fn, lower, case):
+  kwargs, error, message = case
+  with pytest.raises(error, match=message):
+    fn(lower=lower, **kwargs)
+
+
+def test_good_parameters_pass_the_drafters_checks():
+  """What `ngram_params` and `init_params` make fits (ShapeDtypeStructs too)."""
+  for order in (1, 2):
+    params = drafters.ngram_params([[2, 3, 1]], VOCAB, order=order)
+    drafters.NgramDrafter(VOCAB, order).check_params(params)
+    drafters.NgramDrafter(VOCAB, order).check_params(
+        jax.tree.map(lambda x: ABSTRACT(x.shape, x.dtype), params))
+  drafters.T5Drafter(network.T5Model(T5_SMALL)).check_params(
+      t5_params_of(T5_SMALL))
+
+
+def test_abstract_and_traced_ids_skip_the_value_check():
+  """ShapeDtypeStructs and tracers have no values: shapes and dtypes only.
+
+  The baseline lowers from a ShapeDtypeStruct and runs under an outer jit
+  (its inputs then tracers), where a value check would raise a
+  TracerArrayConversionError.
+  """
+  offsets = jnp.full((2, 8), 3)
+  decoding.lower_temperature_sample(
+      StepStub(), offsets, ABSTRACT((2, 3), jnp.int32), max_decode_len=4)
+
+  @jax.jit
+  def traced(inputs):
+    return decoding.temperature_sample(StepStub(), offsets, inputs,
+                                       max_decode_len=4).tokens
+
+  np.testing.assert_array_equal(traced(jnp.ones((2, 3), jnp.int32)),
+                                [[3, 6, 9, 12]] * 2)
+
+
+def test_eos_minus_one_means_no_eos():
+  """-1 is allowed: scripts/benchmark_*.py decode fixed lengths with it."""
+  offsets = jnp.full((2, 8), 1)  # token 1 every step: EOS if eos_id were 1
+  out = decoding.temperature_sample(StepStub(), offsets,
+                                    jnp.ones((2, 3), jnp.int32),
+                                    max_decode_len=4, eos_id=-1)
+  np.testing.assert_array_equal(out.lengths, [4, 4])
