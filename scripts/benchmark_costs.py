@@ -8,6 +8,16 @@ smaller T5 drafter:
     the decoding loop (timed in a compiled fori_loop of calls, so no Python
     dispatch is counted), and cost(k) = t_target(k) / t_target(1);
   * c = t_draft(1) / t_target(1), and t_draft(2) (the drafter's catch-up call);
+  * the memory floor: the machine's read bandwidth (`measure.read_bandwidth`,
+    a vector-matrix product streaming 256 MiB, and `measure.bandwidth`, an
+    elementwise pass) and, per model (T5 1.1 small and base decoder sizes,
+    the drafter), the bytes one decoder call must read
+    (`measure.step_bytes`), the floor = bytes / bandwidth, t(1) / floor and
+    cost(k) for k = 1..9;
+  * decoding layouts: a stack of 8 ReLU MLP blocks at T5 1.1-base
+    widths (`x @ W` with W stored [in, out] as in T5X, against W stored
+    [out, in] and computed as `W @ x.T`, as `einsum('ki,oi->ko')`, or with
+    the activations kept transposed), cost(k) of each;
   * loop overhead: speculative decoding with the target as its own drafter
     (alpha = 1, every iteration yields gamma + 1 tokens) for gamma = 1..8. The
     measured time per iteration is compared with the sum of its parts,
@@ -41,6 +51,84 @@ TARGET = network.T5Config(  # T5 1.1 small dimensions
     mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
 DRAFT = TARGET.replace(emb_dim=128, num_heads=2, num_encoder_layers=2,
                        num_decoder_layers=2, mlp_dim=256)
+# T5 1.1-base dimensions (the decoder is what a step reads; 2 encoder layers
+# keep the set-up short).
+BASE = TARGET.replace(emb_dim=768, num_heads=12, num_encoder_layers=2,
+                      num_decoder_layers=12, mlp_dim=2048)
+FLOOR_MODELS = {'T5 1.1-base decoder': BASE, 'T5 1.1-small': TARGET,
+                'drafter (emb 128, 2+2)': DRAFT}
+KS = tuple(range(1, 10))
+
+
+def floors(inputs, repeats):
+  """Bandwidths, and per model: bytes per step, floor, t(k), cost(k)."""
+  read = measure.read_bandwidth(repeats=repeats)
+  copy = measure.bandwidth(repeats=repeats)
+  best = max(read['bytes_per_s'], copy['bytes_per_s'])
+  models = {}
+  for name, config in FLOOR_MODELS.items():
+    model = network.T5Model(config)
+    params = model.init_params(jax.random.key(0))
+    t = measure.cost_curve(model, params, inputs, KS, repeats=repeats,
+                           context=32)
+    step = measure.step_bytes(model, params, 1, 32, inputs.shape[1])
+    models[name] = dict(
+        step_bytes=step, floor_ms=1e3 * step / best,
+        t_ms={k: v * 1e3 for k, v in t.items()},
+        cost={k: v / t[1] for k, v in t.items()},
+        t1_over_floor=t[1] / (step / best))
+    print(name, models[name], flush=True)
+    del params
+  return dict(read_bandwidth=read, copy_bandwidth=copy, models=models)
+
+
+def layouts(repeats, blocks=8, emb=768, mlp=2048):
+  """cost(k) of a ReLU MLP stack at T5 1.1-base widths in four layouts."""
+  rng = np.random.default_rng(0)
+  w1 = [rng.standard_normal((emb, mlp), np.float32) * .02
+        for _ in range(blocks)]
+  w2 = [rng.standard_normal((mlp, emb), np.float32) * .02
+        for _ in range(blocks)]
+  in_out = ([jnp.asarray(w) for w in w1], [jnp.asarray(w) for w in w2])
+  out_in = ([jnp.asarray(np.ascontiguousarray(w.T)) for w in w1],
+            [jnp.asarray(np.ascontiguousarray(w.T)) for w in w2])
+
+  def x_w(x, a, b):
+    for u, v in zip(a, b):
+      x = x + jax.nn.relu(x @ u) @ v
+    return x
+
+  def w_xt(x, a, b):
+    for u, v in zip(a, b):
+      x = x + (v @ jax.nn.relu(u @ x.T)).T
+    return x
+
+  def einsum(x, a, b):
+    for u, v in zip(a, b):
+      x = x + jnp.einsum('ki,oi->ko',
+                         jax.nn.relu(jnp.einsum('ki,oi->ko', x, u)), v)
+    return x
+
+  def transposed(x, a, b):
+    xt = x.T
+    for u, v in zip(a, b):
+      xt = xt + v @ jax.nn.relu(u @ xt)
+    return xt.T
+
+  variants = {'x @ W, W [in, out] (T5X, ours)': (x_w, in_out),
+              'W @ x.T, W [out, in]': (w_xt, out_in),
+              "einsum('ki,oi'), W [out, in]": (einsum, out_in),
+              'activations [feature, k], W [out, in]': (transposed, out_in)}
+  result = {}
+  for name, (fn, (a, b)) in variants.items():
+    f = jax.jit(fn)
+    t = {}
+    for k in (1, 2, 4, 8):
+      x = jnp.asarray(rng.standard_normal((k, emb), np.float32))
+      t[k] = median_time(lambda f=f, x=x: f(x, a, b), 4 * repeats)
+    result[name] = dict(t1_ms=t[1] * 1e3, cost={k: t[k] / t[1] for k in t})
+    print(name, result[name], flush=True)
+  return dict(bytes=2 * blocks * emb * mlp * 4, variants=result)
 INPUT_LEN = 64
 DECODE_LEN = 64
 
@@ -63,6 +151,8 @@ def main():
   t_target = {k: call_time(target, t_params, k) for k in range(1, 10)}
   t_draft = {k: call_time(draft, d_params, k) for k in (1, 2)}
   c = t_draft[1] / t_target[1]
+  floor = floors(inputs, args.repeats)
+  layout = layouts(args.repeats)
   print(f't_target(1) = {t_target[1]*1e3:.2f} ms, t_draft(1) = '
         f'{t_draft[1]*1e3:.2f} ms, c = {c:.3f}')
 
@@ -114,7 +204,31 @@ def main():
       '|---|' + '---|' * len(t_target),
       '| cost(k) | ' + ' | '.join(f'{t_target[k]/t_tt1:.2f}'
                                   for k in t_target) + ' |', '',
-      '## Loop overhead: target as its own drafter (alpha = 1)', '',
+      '## The memory floor', '',
+      'A decoder call on k tokens reads the decoder weights and caches once: '
+      'its floor is bytes / bandwidth, the same for every k at batch 1. '
+      f"Read bandwidth {floor['read_bandwidth']['bytes_per_s'] / 1e9:.1f} "
+      f"GB/s ({floor['read_bandwidth']['how']}); elementwise pass "
+      f"{floor['copy_bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
+      f"({floor['copy_bandwidth']['how']}); the floor uses the larger. "
+      'Random weights, float32, 64 input tokens, 32 cached tokens.', '',
+      '| model | bytes per step | floor ms | t(1) ms | t(1) / floor | '
+      + ' | '.join(f'cost({k})' for k in KS[1:]) + ' |',
+      '|---|---|---|---|---|' + '---|' * (len(KS) - 1)] + [
+      f"| {name} | {m['step_bytes'] / 1e6:.1f} MB | {m['floor_ms']:.2f} | "
+      f"{m['t_ms'][1]:.2f} | **{m['t1_over_floor']:.2f}** | "
+      + ' | '.join(f"{m['cost'][k]:.2f}" for k in KS[1:]) + ' |'
+      for name, m in floor['models'].items()] + [
+      '', '## Decoding layouts (XLA:CPU)', '',
+      f"8 ReLU MLP blocks at T5 1.1-base widths ({layout['bytes'] / 1e6:.0f} "
+      'MB float32), one call on k rows, medians of '
+      f'{4 * args.repeats}.', '',
+      '| layout | t(1) ms | cost(2) | cost(4) | cost(8) |',
+      '|---|---|---|---|---|'] + [
+      f"| {name} | {v['t1_ms']:.2f} | " + ' | '.join(
+          f"{v['cost'][k]:.2f}" for k in (2, 4, 8)) + ' |'
+      for name, v in layout['variants'].items()] + [
+      '', '## Loop overhead: target as its own drafter (alpha = 1)', '',
       'Per iteration: (speculative decode time - encoder/cache set-up of both '
       'models) / iterations. "parts" = t(2-token catch-up) + (gamma-1) '
       't(1) + t_target(gamma+1), what one iteration runs; "paper" = '
@@ -139,7 +253,8 @@ def main():
     json.dump(dict(command=cmd, machine=machine(),
                    t_target_ms={k: v * 1e3 for k, v in t_target.items()},
                    t_draft_ms={k: v * 1e3 for k, v in t_draft.items()},
-                   c=c, t_init_ms=t_init * 1e3, loop=rows), f, indent=1)
+                   c=c, t_init_ms=t_init * 1e3, loop=rows, floor=floor,
+                   layouts=layout), f, indent=1)
   print('\n'.join(lines))
 
 

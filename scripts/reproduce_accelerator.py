@@ -204,7 +204,7 @@ class CompileWatch(logging.Handler):
   """
 
   NAMES = ('_run', '_repeated_calls', '_repeated_proposals', '_reference',
-           '_copies')
+           'copy_passes')
   LOGGER = 'jax._src.interpreters.pxla'
 
   def __init__(self):
@@ -331,12 +331,6 @@ def time_interleaved(calls: Dict[str, Callable[[], Any]], repeats: int,
   return {k: statistics.median(v) for k, v in times.items()}, out
 
 
-@jax.jit
-def _copies(x, n_copies):
-  """n_copies passes over x, each reading and writing every byte once."""
-  return jax.lax.fori_loop(0, n_copies, lambda _, y: y + 1.0, x)
-
-
 # ---------------------------------------------------------------------------
 # Models.
 # ---------------------------------------------------------------------------
@@ -399,9 +393,7 @@ def perturbed(params, sigma, seed):
   return jax.tree_util.tree_unflatten(tree, noisy)
 
 
-def nbytes(tree) -> int:
-  return int(sum(x.size * x.dtype.itemsize
-                 for x in jax.tree_util.tree_leaves(tree)))
+nbytes = measure.tree_bytes
 
 
 def random_inputs(rng, n: int, length: int, vocab: int) -> np.ndarray:
@@ -781,11 +773,8 @@ class Runner:
 
   def step_bytes(self, batch: int) -> int:
     """Bytes a 1-token decoder step reads: decoder weights and the caches."""
-    cfg = self.target.model.config
-    per_token = cfg.num_heads * cfg.head_dim * 2 * cfg.num_decoder_layers
-    itemsize = jnp.dtype(cfg.compute_dtype).itemsize
-    cache = batch * (self.ctx + self.Li) * per_token * itemsize
-    return nbytes(self.target.params['decoder']) + cache
+    return measure.step_bytes(self.target.model, self.target.params, batch,
+                              self.ctx, self.Li)
 
   def c(self, d: Draft, batch: int) -> float:
     return self.t_draft_ms[d.name, batch] / self.t_ms[self.main_act, batch][1]
@@ -848,11 +837,12 @@ class Runner:
     copy = jnp.zeros((s.copy_mib << 20) // 4, jnp.float32)
     lowerings = dict(self.lower_calls(self.main_act, 1, ks))
     lowerings.update(self.lower_drafters(self.drafts, 1))
-    lowerings[('copies', copy.size)] = lambda: _copies.lower(copy, 1)
+    lowerings[('copies', copy.size)] = (
+        lambda: measure.copy_passes.lower(copy, 1))
     self.pool.compile('costs at batch 1', lowerings)
     self.calibrate()
     start = time.perf_counter()
-    per_pass = measure.loop_time(lambda n: _copies(copy, n), 2,
+    per_pass = measure.loop_time(lambda n: measure.copy_passes(copy, n), 2,
                                  s.cost_repeats)
     self.result['bandwidth'] = dict(
         bytes=2 * copy.nbytes, seconds_per_pass=per_pass,

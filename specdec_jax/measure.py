@@ -115,6 +115,94 @@ def loop_time(run: Callable[[int], object], n: int, repeats: int,
   return median_time(lambda: run(n), repeats) / n
 
 
+@jax.jit
+def copy_passes(x, n_copies):
+  """n_copies passes over x, each reading and writing every byte once."""
+  return jax.lax.fori_loop(0, n_copies, lambda _, y: y + 1.0, x)
+
+
+def bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
+  """The device's memory bandwidth, measured: passes over a large array.
+
+  `y = y + 1` over a `mib` MiB float32 array in a compiled loop: each pass
+  reads and writes every byte once (2 x mib MiB moved), so bytes / second
+  is what a memory-bound kernel can stream. Pick `mib` well above the
+  last-level cache.
+
+  Returns:
+    {'bytes_per_s', 'seconds_per_pass', 'bytes_per_pass', 'how'}.
+  """
+  x = jnp.zeros((mib << 20) // 4, jnp.float32)
+  per_pass = loop_time(lambda n: copy_passes(x, n), 2, repeats)
+  moved = 2 * x.nbytes
+  return dict(bytes_per_s=moved / per_pass, seconds_per_pass=per_pass,
+              bytes_per_pass=moved,
+              how=f'{mib} MiB float32 array, y = y + 1 in a compiled loop '
+              '(each pass reads and writes it once)')
+
+
+@jax.jit
+def _streamed_products(w, v, n_products):
+  """n_products vector-matrix products `(v + i) @ w`: each reads all of w."""
+  def body(i, acc):
+    return acc + (v + i.astype(v.dtype)) @ w  # depends on i: not hoisted
+  return jax.lax.fori_loop(0, n_products, body,
+                           jnp.zeros((1, w.shape[1]), v.dtype))
+
+
+def read_bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
+  """How fast a decoder-like kernel streams weights: vector @ big matrix.
+
+  A 1-token decoder step is vector-matrix products over its weights; this
+  times `[1, 8192] @ [8192, n]` over a `mib` MiB float32 matrix in a
+  compiled loop (the vector changes every pass, so nothing is hoisted), with
+  the backend's own matmul and threads. On a CPU it streams 3-7x faster
+  than the elementwise pass of `bandwidth`, which XLA:CPU runs on one
+  thread; the decoder's floor divides by the larger of the two.
+
+  Returns:
+    {'bytes_per_s', 'seconds_per_pass', 'bytes_per_pass', 'how'}.
+  """
+  rows = 8192
+  w = jnp.ones((rows, (mib << 20) // 4 // rows), jnp.float32)
+  v = jnp.ones((1, rows), jnp.float32)
+  per_pass = loop_time(lambda n: _streamed_products(w, v, n), 2, repeats)
+  return dict(bytes_per_s=w.nbytes / per_pass, seconds_per_pass=per_pass,
+              bytes_per_pass=w.nbytes,
+              how=f'[1, {rows}] @ [{rows}, {w.shape[1]}] float32 ({mib} MiB) '
+              'in a compiled loop (each pass reads the matrix once)')
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of the arrays (or ShapeDtypeStructs) in a pytree."""
+  return int(sum(x.size * jnp.dtype(x.dtype).itemsize
+                 for x in jax.tree_util.tree_leaves(tree)))
+
+
+def step_bytes(model, params, batch: int, cache_length: int,
+               input_length: int) -> int:
+  """Bytes one decoder call must read at least: the floor's numerator.
+
+  The decoder's weights (the logits layer included; one embedding row per
+  token is negligible) plus the self-attention cache of `cache_length`
+  tokens and the cross-attention keys / values of `input_length` encoder
+  positions, in the compute dtype. A k-token call reads the same weights,
+  so at batch 1 its floor is the 1-token floor.
+
+  Args:
+    model: a `network.T5Model`.
+    params: its parameters (arrays or ShapeDtypeStructs).
+    batch: rows.
+    cache_length: decoder tokens already cached.
+    input_length: encoder positions.
+  """
+  cfg = model.config
+  per_position = cfg.num_heads * cfg.head_dim * 2 * cfg.num_decoder_layers
+  itemsize = jnp.dtype(cfg.compute_dtype).itemsize
+  cache = batch * (cache_length + input_length) * per_position * itemsize
+  return tree_bytes(params['decoder']) + cache
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
 def _repeated_calls(model, params, tokens, cache, n_calls):
   """n_calls decoder calls on `tokens`, each from the same position."""

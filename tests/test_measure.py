@@ -128,3 +128,23 @@ def test_time_alternating_flips_the_order_and_keeps_the_last_results():
   assert order == ['b', 'a', 'a', 'b']
   with pytest.raises(ValueError, match='repeats'):
     measure.time_alternating(calls, repeats=0)
+
+
+def test_step_bytes_is_the_decoder_weights_and_the_caches_it_reads():
+  """The floor's numerator, against the arrays a real cache holds."""
+  config = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2,
+                            num_encoder_layers=1, num_decoder_layers=3,
+                            head_dim=4, mlp_dim=24, dtype='float32')
+  model = network.T5Model(config)
+  params = jax.eval_shape(model.init_params, jax.random.key(0))
+  inputs = jnp.ones((2, 5), jnp.int32)
+  cache = jax.eval_shape(lambda p, x: model.init_cache(p, x, 7), params,
+                         inputs)
+  kv = sum(x.size * x.dtype.itemsize for x in
+           cache.self_key + cache.self_value + cache.cross_key +
+           cache.cross_value)
+  weights = sum(x.size * x.dtype.itemsize
+                for x in jax.tree_util.tree_leaves(params['decoder']))
+  assert measure.step_bytes(model, params, 2, 7, 5) == weights + kv
+  # The embedding table is read one row per token: not counted.
+  assert 'token_embedder' not in params['decoder']
