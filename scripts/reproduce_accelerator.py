@@ -479,6 +479,20 @@ class Runner:
 
   # -- setup -----------------------------------------------------------------
 
+  def _fuse(self) -> None:
+    """Targets and T5 drafters in the fused decoding layout
+    (`network.for_decoding`: q/k/v, cross-attention k/v and the gated MLP's
+    two input kernels one matmul each; same function)."""
+    self.targets = {k: Target(*network.for_decoding(t.model, t.params))
+                    for k, t in self.targets.items()}
+    for d in self.drafts:
+      if isinstance(d.drafter, drafters_lib.T5Drafter):
+        config = d.drafter.model.config
+        d.params = {task: network.fuse_params(p, config)
+                    for task, p in d.params.items()}
+        d.drafter = drafters_lib.T5Drafter(network.T5Model(
+            config.replace(fused_projections=True)))
+
   def setup(self) -> None:
     start = time.perf_counter()
     if self.synthetic:
@@ -492,6 +506,8 @@ class Runner:
         'bfloat16': Target(network.T5Model(base), params),
         'float32': Target(network.T5Model(base.replace(
             activation_dtype='float32')), params)}
+    if self.args.fused:  # issue 14: fewer matmuls per step
+      self._fuse()
     main = self.main_act = self.args.activation_dtype
     self.target = self.targets[main]
     cfg = self.target.model.config
@@ -502,7 +518,7 @@ class Runner:
         decoder_params=widening.param_count(dec),
         decoder_bytes=nbytes(dec), weights_dtype='bfloat16',
         activation_dtype=main, input_length=self.Li, output_length=self.T,
-        eos_id=self.eos, tasks=self.tasks,
+        eos_id=self.eos, tasks=self.tasks, fused=bool(self.args.fused),
         drafters={d.name: dict(label=d.label, cost=d.cost, group=d.group,
                                paper=d.paper) for d in self.drafts})
     self.main = next(d for d in self.drafts if d.group == 1 and
@@ -1475,6 +1491,10 @@ def parse_flags(argv):
                       help='wall budget; phases that do not fit are skipped')
   parser.add_argument('--smoke', action='store_true',
                       help='tiny models, seconds on a CPU (needs --out_dir)')
+  parser.add_argument('--fused', action='store_true',
+                      help='decode with q/k/v, cross k/v and the gated MLP '
+                      'inputs fused into one matmul each '
+                      '(network.for_decoding; issue 14)')
   parser.add_argument('--activation_dtype', default='bfloat16',
                       choices=['bfloat16', 'float32'],
                       help="the target's activations everywhere but the "

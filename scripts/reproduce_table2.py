@@ -213,6 +213,12 @@ def main(argv=None):
   parser.add_argument('--temperatures', default='0,1')
   parser.add_argument('--num_examples', type=int, default=16)
   parser.add_argument('--calib_examples', type=int, default=32)
+  parser.add_argument('--calib_split', default='validation',
+                      help="split of the calibration inputs; 'test' (with "
+                      '--setup shipped and no --data_dir: the shipped data '
+                      'hold only test slices) takes the test rows after '
+                      'the --num_examples that are evaluated, so the two '
+                      'never overlap')
   parser.add_argument('--max_gamma', type=int, default=10)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--timing_repeats', type=int, default=1)
@@ -268,7 +274,10 @@ def main(argv=None):
     target_config, lengths = models.target_config, models.lengths
     target, target_params = models.target, models.target_params
     drafters = models.drafters
-    calib = data.task_inputs(models.task, lengths, args.calib_examples)
+    skip = args.num_examples if args.calib_split == 'test' else 0
+    calib = data.task_inputs(models.task, lengths,
+                             skip + args.calib_examples,
+                             args.calib_split)[skip:]
     alphas = {}
     for name in names:
       for temp in temps:

@@ -9,6 +9,11 @@ Projections keep T5X's 2-D kernels ([embed, heads * head_dim] for
 query/key/value, [heads * head_dim, embed] for the output) and reshape them at
 call time.
 
+Fused projections (`MultiHeadAttention(fused='qkv' | 'kv')`,
+`MlpBlock(fused=True)`) are a decoding-time layout, never a checkpoint's:
+one kernel that is the column-wise concatenation of T5X's kernels, so one
+matmul does the work of two or three (network.fuse_params builds it).
+
 Two dtypes per layer: `dtype`, the dtype of the activations and of the
 arithmetic (as in T5X), and `weight_dtype`, the dtype every weight is rounded
 to before it is used (None: straight to `dtype`, T5X's behaviour). bfloat16
@@ -153,26 +158,36 @@ class LayerNorm(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """T5 MLP: `wi` (one activation) or `wi_0, wi_1, ...` (gated), then `wo`."""
+  """T5 MLP: `wi` (one activation) or `wi_0, wi_1, ...` (gated), then `wo`.
+
+  With `fused` and several activations, `wi_0, wi_1, ...` are one kernel
+  `wi_fused` `[embed, n * mlp]` (their concatenation, in order): one matmul.
+  """
 
   intermediate_dim: int
   activations: Sequence[str] = ('relu',)
   dtype: DType = jnp.float32
   weight_dtype: DType | None = None
+  fused: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
-    hidden = []
-    for idx, act in enumerate(self.activations):
-      name = 'wi' if len(self.activations) == 1 else f'wi_{idx}'
-      # [batch, length, embed] -> [batch, length, mlp]
-      x = DenseGeneral(
-          self.intermediate_dim, dtype=self.dtype,
-          weight_dtype=self.weight_dtype, kernel_axes=('embed', 'mlp'),
-          name=name,
-      )(inputs)
-      hidden.append(_activation(act)(x))
-    x = functools.reduce(operator.mul, hidden)
+    dense = functools.partial(
+        DenseGeneral, dtype=self.dtype, weight_dtype=self.weight_dtype,
+        kernel_axes=('embed', 'mlp'),
+    )
+    n = len(self.activations)
+    if self.fused and n > 1:
+      # [batch, length, embed] -> [batch, length, n, mlp] -> n x [..., mlp]
+      x = dense((n, self.intermediate_dim), name='wi_fused')(inputs)
+      xs = [x[..., i, :] for i in range(n)]
+    else:
+      # [batch, length, embed] -> n x [batch, length, mlp]
+      xs = [dense(self.intermediate_dim, name='wi' if n == 1 else f'wi_{i}')(
+          inputs) for i in range(n)]
+    x = functools.reduce(
+        operator.mul,
+        [_activation(act)(h) for act, h in zip(self.activations, xs)])
     # [batch, length, mlp] -> [batch, length, embed]
     return DenseGeneral(
         inputs.shape[-1], dtype=self.dtype, weight_dtype=self.weight_dtype,
@@ -316,12 +331,29 @@ def write_rows(buffer: Array, update: Array, start: Array) -> Array:
   return jax.vmap(write)(buffer, update.astype(buffer.dtype), start)
 
 
+def _stacked_init(*inits: Initializer) -> Initializer:
+  """Initializer of a fused 2-D kernel: `inits[i]` for column block i."""
+  def init(key, shape, dtype=jnp.float32):
+    rows, cols = shape
+    keys = jax.random.split(key, len(inits))
+    return jnp.concatenate(
+        [f(k, (rows, cols // len(inits)), dtype) for f, k in zip(inits, keys)],
+        axis=1)
+  return init
+
+
 class MultiHeadAttention(nn.Module):
   """T5X's MultiHeadDotProductAttention parameters, functional in use.
 
-  `project_kv` and `attend` are separate so that callers may compute key/value
-  once (cross-attention) or write them into an explicit cache (decoder
-  self-attention) between the two.
+  Projections and `attend_projected` are separate so that callers may compute
+  key/value once (cross-attention) or write them into an explicit cache
+  (decoder self-attention) between the two.
+
+  Attributes:
+    fused: None (T5X's `query`, `key`, `value` kernels), 'qkv' (self-
+      attention: one `qkv` kernel `[embed, 3 * heads * head_dim]`, the
+      concatenation of query, key and value's) or 'kv' (cross-attention:
+      `query` and one `kv` kernel `[embed, 2 * heads * head_dim]`).
   """
 
   num_heads: int
@@ -330,21 +362,31 @@ class MultiHeadAttention(nn.Module):
   dtype: DType = jnp.float32
   float32_logits: bool = False
   weight_dtype: DType | None = None
+  fused: str | None = None
 
   def setup(self):
+    if self.fused not in (None, 'qkv', 'kv'):
+      raise ValueError(f"fused must be None, 'qkv' or 'kv', got "
+                       f'{self.fused!r}.')
     proj = functools.partial(
         DenseGeneral,
-        features=(self.num_heads, self.head_dim),
         kernel_axes=('embed', 'joined_kv'),
         dtype=self.dtype,
         weight_dtype=self.weight_dtype,
     )
+    heads = (self.num_heads, self.head_dim)
     depth_scaling = np.sqrt(self.head_dim).astype(np.float32)
-    self.query = proj(
-        kernel_init=lambda *a: default_kernel_init(*a) / depth_scaling
-    )
-    self.key = proj()
-    self.value = proj()
+    query_init = lambda *a: default_kernel_init(*a) / depth_scaling
+    if self.fused == 'qkv':
+      self.qkv = proj(features=(3,) + heads, kernel_init=_stacked_init(
+          query_init, default_kernel_init, default_kernel_init))
+    else:
+      self.query = proj(features=heads, kernel_init=query_init)
+    if self.fused == 'kv':
+      self.kv = proj(features=(2,) + heads)
+    elif self.fused is None:
+      self.key = proj(features=heads)
+      self.value = proj(features=heads)
     self.out = DenseGeneral(
         features=self.out_features,
         axis=(-2, -1),
@@ -354,21 +396,37 @@ class MultiHeadAttention(nn.Module):
     )
 
   def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:
+    """Key and value of `inputs_kv` (not for a fused 'qkv' attention)."""
+    if self.fused == 'qkv':
+      raise ValueError("A fused 'qkv' attention projects query, key and "
+                       'value together: call project_qkv.')
+    if self.fused == 'kv':
+      # [batch, len, embed] -> [batch, len, 2, heads, head_dim]
+      kv = self.kv(inputs_kv)
+      return kv[:, :, 0], kv[:, :, 1]
     # [batch, len, embed] -> 2 x [batch, len, heads, head_dim]
     return self.key(inputs_kv), self.value(inputs_kv)
 
-  def attend(self, inputs_q: Array, key: Array, value: Array,
-             bias: Array) -> Array:
-    """Attention of `inputs_q` `[batch, q, embed]` over projected key/value."""
-    # [batch, q, embed] -> [batch, q, heads, head_dim]
-    query = self.query(inputs_q)
+  def project_qkv(self, inputs: Array) -> Tuple[Array, Array, Array]:
+    """Query, key and value of the same `inputs` (self-attention)."""
+    if self.fused == 'qkv':
+      # [batch, len, embed] -> [batch, len, 3, heads, head_dim]
+      qkv = self.qkv(inputs)
+      return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    # [batch, len, embed] -> 3 x [batch, len, heads, head_dim]
+    return (self.query(inputs),) + self.project_kv(inputs)
+
+  def attend_projected(self, query: Array, key: Array, value: Array,
+                       bias: Array) -> Array:
+    """Attention of a projected query `[batch, q, heads, head_dim]`."""
     x = dot_product_attention(
         query, key, value, bias, self.dtype, self.float32_logits
     )
     # [batch, q, heads, head_dim] -> [batch, q, embed]
     return self.out(x)
 
-  def __call__(self, inputs_q: Array, inputs_kv: Array,
-               bias: Array) -> Array:
-    key, value = self.project_kv(inputs_kv)
-    return self.attend(inputs_q, key, value, bias)
+  def attend(self, inputs_q: Array, key: Array, value: Array,
+             bias: Array) -> Array:
+    """Attention of `inputs_q` `[batch, q, embed]` over projected key/value."""
+    # [batch, q, embed] -> [batch, q, heads, head_dim]
+    return self.attend_projected(self.query(inputs_q), key, value, bias)

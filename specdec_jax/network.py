@@ -5,12 +5,19 @@ t5x/examples/t5/network.py, so T5X checkpoints load with no renaming. Unlike
 T5X, the decoder cache is an explicit pytree (`DecoderCache`) passed in and out:
 one `extend` call appends k >= 1 tokens per row at each row's own position, and
 rewinding a row is setting its position back.
+
+Fused projections (`T5Config.fused_projections`, `for_decoding`) are a
+decoding-time layout of the same weights: self-attention's query/key/value
+kernels as one `qkv` kernel, cross-attention's key/value as one `kv`, a gated
+MLP's `wi_0`/`wi_1` as one `wi_fused` (fewer matmuls per step; on a GPU, fewer
+kernel launches). Checkpoints, widening, training and diagnostics only ever
+see T5X's unfused tree: `fuse_params` / `unfuse_params` convert.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, Tuple
+from typing import Any, Mapping, Sequence, Tuple
 
 from flax import struct
 import flax.linen as nn
@@ -37,6 +44,10 @@ class T5Config:
       the same, since it is bound by reading the weights; ../shared/GPU.md).
       Not part of the parameter tree; both decoders (baseline and
       speculative) share the model and so the setting.
+    fused_projections: False (T5X's parameter tree) or True: the decoding-
+      time layout of the same weights (one `qkv`, `kv` and `wi_fused` kernel
+      where T5X has two or three; see `fuse_params`). Not a checkpoint
+      format: build it with `for_decoding`.
   """
 
   vocab_size: int
@@ -52,6 +63,7 @@ class T5Config:
   logits_via_embedding: bool = False
   float32_attention_logits: bool = False
   activation_dtype: Any = None
+  fused_projections: bool = False
 
   @property
   def compute_dtype(self) -> Any:
@@ -105,7 +117,8 @@ class EncoderLayer(nn.Module):
   def __call__(self, inputs: Array, bias: Array) -> Array:
     # [batch, length, embed] -> [batch, length, embed]
     x = self.pre_attention_layer_norm(inputs)
-    x = self.attention(x, x, bias) + inputs
+    x = self.attention.attend_projected(
+        *self.attention.project_qkv(x), bias) + inputs
     return self.mlp(self.pre_mlp_layer_norm(x)) + x
 
 
@@ -117,7 +130,7 @@ class DecoderLayer(nn.Module):
     self.pre_self_attention_layer_norm = _norm(cfg)
     self.self_attention = _attention(cfg)
     self.pre_cross_attention_layer_norm = _norm(cfg)
-    self.encoder_decoder_attention = _attention(cfg)
+    self.encoder_decoder_attention = _attention(cfg, cross=True)
     self.pre_mlp_layer_norm = _norm(cfg)
     self.mlp = _mlp(cfg)
 
@@ -142,11 +155,12 @@ class DecoderLayer(nn.Module):
       `([batch, k, embed], (key, value))`, the keys/values attended over.
     """
     x = self.pre_self_attention_layer_norm(inputs)
-    key, value = self.self_attention.project_kv(x)
+    query, key, value = self.self_attention.project_qkv(x)
     if cache_kv is not None:
       key = layers.write_rows(cache_kv[0], key, position)
       value = layers.write_rows(cache_kv[1], value, position)
-    x = self.self_attention.attend(x, key, value, self_bias) + inputs
+    x = self.self_attention.attend_projected(query, key, value,
+                                             self_bias) + inputs
     y = self.pre_cross_attention_layer_norm(x)
     y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x
     z = self.mlp(self.pre_mlp_layer_norm(y)) + y
@@ -160,7 +174,9 @@ def _norm(cfg: T5Config) -> layers.LayerNorm:
   return layers.LayerNorm(dtype=cfg.compute_dtype, weight_dtype=cfg.dtype)
 
 
-def _attention(cfg: T5Config) -> layers.MultiHeadAttention:
+def _attention(cfg: T5Config,
+               cross: bool = False) -> layers.MultiHeadAttention:
+  fused = ('kv' if cross else 'qkv') if cfg.fused_projections else None
   return layers.MultiHeadAttention(
       num_heads=cfg.num_heads,
       head_dim=cfg.head_dim,
@@ -168,6 +184,7 @@ def _attention(cfg: T5Config) -> layers.MultiHeadAttention:
       dtype=cfg.compute_dtype,
       weight_dtype=cfg.dtype,
       float32_logits=cfg.float32_attention_logits,
+      fused=fused,
   )
 
 
@@ -177,6 +194,7 @@ def _mlp(cfg: T5Config) -> layers.MlpBlock:
       activations=tuple(cfg.mlp_activations),
       dtype=cfg.compute_dtype,
       weight_dtype=cfg.dtype,
+      fused=cfg.fused_projections,
   )
 
 
@@ -423,3 +441,109 @@ class T5Model:
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         None, True,
     )
+
+
+# Fused projections: a decoding-time layout of T5X's tree (see T5Config).
+FUSED_NAMES = ('qkv', 'kv', 'wi_fused')
+_QKV = ('query', 'key', 'value')
+
+
+def _fusions(config: T5Config):
+  """(module path, fused name, T5X kernel names in column order), per kernel."""
+  gated = len(config.mlp_activations) > 1
+  wi = tuple(f'wi_{i}' for i in range(len(config.mlp_activations)))
+  for stack, n, attention in (
+      ('encoder', config.num_encoder_layers, 'attention'),
+      ('decoder', config.num_decoder_layers, 'self_attention')):
+    for i in range(n):
+      layer = (stack, f'layers_{i}')
+      yield layer + (attention,), 'qkv', _QKV
+      if stack == 'decoder':
+        yield layer + ('encoder_decoder_attention',), 'kv', ('key', 'value')
+      if gated:
+        yield layer + ('mlp',), 'wi_fused', wi
+
+
+def is_fused(params) -> bool:
+  """Whether a params tree holds a fused kernel (`FUSED_NAMES`) anywhere."""
+  if not isinstance(params, Mapping):
+    return False
+  return any(k in FUSED_NAMES or is_fused(v) for k, v in params.items())
+
+
+def _regroup(params, config: T5Config, fuse: bool):
+  """A copy of `params` with each group of `_fusions` joined or split."""
+  params = _copy_dicts(params)
+  for path, fused, parts in _fusions(config):
+    module = params
+    for key in path:
+      module = module[key]
+    have = parts[0] if fuse else fused
+    if have not in module:
+      state = 'already fused' if fuse else 'not fused'
+      raise ValueError(f"{'/'.join(path)} has no {have!r} kernel (keys: "
+                       f'{sorted(module)}): is the tree {state}?')
+    if fuse:
+      kernels = [module.pop(name)['kernel'] for name in parts]
+      xp = np if all(isinstance(k, np.ndarray) for k in kernels) else jnp
+      module[fused] = {'kernel': xp.concatenate(kernels, axis=1)}
+    else:
+      kernel = module.pop(fused)['kernel']
+      xp = np if isinstance(kernel, np.ndarray) else jnp
+      for name, part in zip(parts, xp.split(kernel, len(parts), axis=1)):
+        module[name] = {'kernel': part}
+  return params
+
+
+def _copy_dicts(tree):
+  """The nested mappings of `tree` copied into plain dicts (leaves shared)."""
+  if hasattr(tree, 'items'):
+    return {k: _copy_dicts(v) for k, v in tree.items()}
+  return tree
+
+
+def fuse_params(params, config: T5Config):
+  """T5X's params tree -> the fused decoding layout of the same weights.
+
+  Per layer, column-wise concatenations of T5X's 2-D kernels:
+  `attention` / `self_attention`: query, key, value `[embed, H * D]` ->
+  `qkv/kernel` `[embed, 3 * H * D]`; `encoder_decoder_attention`: key, value
+  -> `kv/kernel` `[embed, 2 * H * D]` (query stays); gated `mlp`: wi_0, wi_1
+  `[embed, mlp]` -> `wi_fused/kernel` `[embed, 2 * mlp]` (a one-activation
+  `wi` stays). The parameter count is unchanged. Never save the result as a
+  checkpoint: `unfuse_params` first.
+
+  Args:
+    params: an unfused tree of a model with `config`'s layers and
+      activations (`fused_projections` itself is ignored).
+    config: the model's config.
+
+  Returns:
+    A new tree (the input is not modified) for
+    `config.replace(fused_projections=True)`.
+
+  Raises:
+    ValueError: a kernel to fuse is missing (e.g. the tree is fused already).
+  """
+  return _regroup(params, config, fuse=True)
+
+
+def unfuse_params(params, config: T5Config):
+  """The inverse of `fuse_params`: T5X's tree, e.g. to save or widen it."""
+  return _regroup(params, config, fuse=False)
+
+
+def for_decoding(model: T5Model, params) -> Tuple[T5Model, Any]:
+  """The fused model and params for decoding (same outputs, fewer matmuls).
+
+  Args:
+    model: a `T5Model`; if already fused, `(model, params)` come back as is.
+    params: its parameters (T5X's tree, or fused if the model is).
+
+  Returns:
+    `(T5Model(config.replace(fused_projections=True)), fuse_params(...))`.
+  """
+  if model.config.fused_projections:
+    return model, params
+  config = model.config.replace(fused_projections=True)
+  return T5Model(config), fuse_params(params, model.config)

@@ -610,6 +610,12 @@ def save_t5x_params(params: PyTree, directory: str, step: int,
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
+  if network.is_fused(params):
+    raise ValueError(
+        'params are in the fused decoding layout (network.for_decoding); '
+        'save network.unfuse_params(params, config) instead: checkpoints '
+        "keep T5X's parameter tree.")
+
   directory = os.fspath(directory)
   if not _storage.is_gcs(directory):
     directory = os.path.abspath(directory)
