@@ -401,3 +401,157 @@ register(DrafterKind(
     'bigram', needs_model=False, data_only=True,
     build=functools.partial(_build_ngram, 2),
     description="bigram statistics of the task's train targets"))
+
+
+# ---------------------------------------------------------------------------
+# Prompt lookup: drafts copied from the input and the output so far.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupDrafter:
+  """Prompt-lookup (LLMA-style) drafts: copies what followed a match.
+
+  T5's encoder and decoder share one vocabulary, so a source token can be
+  proposed as an output token. For each row and each draft, the context is
+  the decoder prefix (committed tokens, BOS first, then the drafts proposed
+  so far in this call); its last n tokens are looked up, n = n_max down to
+  n_min, in the stream `source ++ prefix`:
+
+  - source: the row's encoder input tokens (the drafter's state, from
+    `init`), without padding 0 and `eos_id` (never matched, never copied);
+  - prefix: the context's earlier positions, BOS excluded (a match must be
+    followed by a token of the context, so the suffix never matches
+    itself); a pattern may not include BOS either.
+
+  Matching rule: the longest n that matches anywhere wins; among the matches
+  of that n, the most recent one in the stream (the latest in the prefix,
+  else the latest in the source). The draft is the token that followed the
+  match. Fallback, where no n matches: `eos_id` (lookup never copies EOS,
+  so this is its only way to propose the end of the output, and the source
+  has no continuation after its last token). Each draft re-runs the lookup on
+  prefix ++ drafts so far, so a match continues copying.
+
+  Deterministic: q is one-hot on the draft (logits 0 there, -inf elsewhere,
+  through `sampling.draw`), so the acceptance probability is p(draft) in
+  every sampling mode. No parameters: params are `()` (or None). All jnp with
+  static shapes, vectorized over the batch; rows are independent.
+  """
+
+  vocab_size: int
+  n_max: int = 3
+  n_min: int = 1
+  eos_id: int = 1
+
+  def __post_init__(self):
+    ints = (self.vocab_size, self.n_max, self.n_min, self.eos_id)
+    if any(isinstance(x, bool) or not isinstance(x, int) for x in ints):
+      raise ValueError(f'LookupDrafter fields must be ints, got {self!r}.')
+    if not 1 <= self.n_min <= self.n_max:
+      raise ValueError(f'LookupDrafter needs 1 <= n_min <= n_max, got '
+                       f'n_min={self.n_min}, n_max={self.n_max}.')
+    if not 0 <= self.eos_id < self.vocab_size:
+      raise ValueError(f'eos_id={self.eos_id} is outside [0, '
+                       f'{self.vocab_size}).')
+
+  def check_params(self, params) -> None:
+    """Accepts `()` or None (no parameters); ValueError otherwise."""
+    if params is None or (isinstance(params, tuple) and not params):
+      return
+    raise ValueError('the lookup drafter has no parameters: draft_params '
+                     f'must be () or None, got {type(params).__name__}.')
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    """The state is the source: `[batch, input_length]` int32."""
+    del params, max_length
+    return jnp.asarray(encoder_input_tokens, jnp.int32)
+
+  def prefill(self, params, state, sequences, lengths):
+    """Nothing to consume: every lookup reads the whole prefix."""
+    del params, sequences, lengths
+    return state
+
+  def lookup(self, source: Array, context: Array, length: Array) -> Array:
+    """The draft after `context[b, :length[b]]` (BOS first), `[batch]` int32.
+
+    Args:
+      source: `[batch, input_length]` encoder input tokens.
+      context: `[batch, width]` decoder tokens; those at or after `length`
+        are ignored.
+      length: `[batch]` int32 tokens of the context (>= 1).
+    """
+    b, width = context.shape
+    source = source.astype(jnp.int32)
+    context = context.astype(jnp.int32)
+    length = length.astype(jnp.int32)
+    # Sentinels (< 0) never equal a token: -1 ignored source, -2 not prefix.
+    src = jnp.where((source != 0) & (source != self.eos_id), source, -1)
+    pos = jnp.arange(width)[None]
+    pre = jnp.where((pos >= 1) & (pos < length[:, None]), context, -2)
+    stream = jnp.concatenate(
+        [src, jnp.full((b, 1), -1, jnp.int32), pre,
+         jnp.full((b, self.n_max), -2, jnp.int32)], axis=1)
+    starts = src.shape[1] + 1 + width  # candidate match starts (static)
+    token = jnp.full((b,), self.eos_id, jnp.int32)
+    found = jnp.zeros((b,), bool)
+    for n in range(self.n_max, self.n_min - 1, -1):
+      idx = jnp.clip(length[:, None] - n + jnp.arange(n), 0, width - 1)
+      pattern = jnp.take_along_axis(context, idx, axis=1)  # [batch, n]
+      match = length - n >= 1  # the pattern holds no BOS
+      match = match[:, None] & (stream[:, n:n + starts] >= 0)
+      for k in range(n):
+        match &= stream[:, k:k + starts] == pattern[:, k:k + 1]
+      best = jnp.max(jnp.where(match, jnp.arange(starts), -1), axis=1)
+      copied = jnp.take_along_axis(
+          stream, (jnp.maximum(best, 0) + n)[:, None], axis=1)[:, 0]
+      token = jnp.where(found | (best < 0), token, copied)
+      found |= best >= 0
+    return token
+
+  def _logits(self, token: Array) -> Array:
+    """One-hot logits: 0 at `token` `[...]`, -inf elsewhere."""
+    iota = jnp.arange(self.vocab_size, dtype=jnp.int32)
+    return jnp.where(iota == token[..., None], 0.0, -jnp.inf)
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    del params
+    decoder_input_tokens = jnp.asarray(decoder_input_tokens, jnp.int32)
+    b, n = decoder_input_tokens.shape
+    source = jnp.asarray(encoder_input_tokens, jnp.int32)
+    # [length, batch]: position t looks up after tokens :t + 1.
+    tokens = jax.vmap(
+        lambda t: self.lookup(source, decoder_input_tokens,
+                              jnp.full((b,), t + 1, jnp.int32)))(
+                                  jnp.arange(n))
+    return self._logits(tokens.T)
+
+  def propose(self, params, state, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    """gamma lookups, each after the prefix and the drafts before it."""
+    del params
+    context = jnp.pad(sequences.astype(jnp.int32), ((0, 0), (0, gamma)))
+    pos = jnp.arange(context.shape[1])[None]
+
+    def step(context, i_rng):
+      i, rng_i = i_rng
+      token = self.lookup(state, context, lengths + i)
+      token, q = sampling_lib.draw(rng_i, self._logits(token), sampling)
+      context = jnp.where(pos == (lengths + i)[:, None], token[:, None],
+                          context)
+      return context, (token, q)
+
+    _, (tokens, qs) = jax.lax.scan(
+        step, context, (jnp.arange(gamma), jax.random.split(rng, gamma)))
+    return tokens.T, jnp.moveaxis(qs, 0, 1), state
+
+
+def _build_lookup(source: DraftSource):
+  """Needs nothing but the vocabulary: it copies from each row's own input
+  and output."""
+  return LookupDrafter(source.vocab_size), ()
+
+
+register(DrafterKind(
+    'lookup', needs_model=False, build=_build_lookup,
+    description='prompt lookup: copies what followed the longest recent '
+                'match of the last 1-3 tokens in the input or the output'))
