@@ -52,6 +52,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import data
 from specdec_jax import gin_utils
 from specdec_jax import loading
@@ -92,13 +93,8 @@ def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str
 
 
 def _write_atomic(path: pathlib.Path, text: str) -> None:
-  """Writes a whole file or nothing: a temporary file, fsync, rename."""
-  tmp = path.with_name(path.name + '.tmp')
-  with tmp.open('w') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  """Writes a whole file or nothing, durably (`checkpoints.write_bytes`)."""
+  checkpoints.write_bytes(str(path), text.encode())
 
 
 def _read_records(path: pathlib.Path) -> List[Dict[str, Any]]:

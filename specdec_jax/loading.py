@@ -99,10 +99,9 @@ class EvalSetup:
       raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
                        f'got {dict(self.task_feature_lengths)}.')
     set_('task_feature_lengths', dict(self.task_feature_lengths))
-    for name in ('batch_size',):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
+    size = self.batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+      raise ValueError(f'batch_size must be an int >= 1, got {size!r}.')
     if self.num_examples is not None and (
         isinstance(self.num_examples, bool) or
         not isinstance(self.num_examples, int) or self.num_examples < 0):

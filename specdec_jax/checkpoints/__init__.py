@@ -13,13 +13,16 @@
   (safetensors), and the T5X <-> HF name map (`parameter_map`,
   `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`), which
   `specdec_jax.hf_convert` re-exports.
-- `_storage`: local and gs:// paths (tensorstore's gcs kvstore).
+- `_storage`: local and gs:// paths (tensorstore's gcs kvstore);
+  `write_bytes` (a whole file or nothing, durably) is re-exported for the
+  jobs' own files.
 
 The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
 work as before the split.
 """
 
 from specdec_jax.checkpoints import manifest
+from specdec_jax.checkpoints._storage import write_bytes
 from specdec_jax.checkpoints.hf import config_from_hf
 from specdec_jax.checkpoints.hf import load_hf_t5
 from specdec_jax.checkpoints.t5x import all_steps

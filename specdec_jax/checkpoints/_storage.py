@@ -89,7 +89,8 @@ def list_files(directory: str) -> List[str]:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-  """Writes a file whole (locally: a temp file renamed over `path`)."""
+  """Writes a file whole or not at all, durably (locally: a temp file,
+  fsync'd, renamed over `path`)."""
   if is_gcs(path):
     store, key = _gcs_store(path)
     store.write(key, data).result()
@@ -97,4 +98,6 @@ def write_bytes(path: str, data: bytes) -> None:
   tmp = f'{path}.tmp-{os.getpid()}'
   with open(tmp, 'wb') as f:
     f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)

@@ -165,15 +165,16 @@ class _Setup:
     if task not in self.tasks:
       raise ValueError(
           f'Unknown task {task!r}; expected one of {list(self.tasks)}.')
-    if drafter not in self.drafters:
+    t5 = self.t5_drafters()  # (ShippedSetup looks for checkpoints)
+    if drafter not in all_drafters(t5):
       raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                       f'{list(self.drafters)}.')
+                       f'{list(all_drafters(t5))}.')
     flags = [f'--gin_file={self.gin_file(task, drafter)}']
     target = self.target_checkpoint(task)
     if target is not None:
       flags.append(f"--gin.TARGET_CHECKPOINT='{target}'")
     flags += self.extra_flags()
-    if drafter in self.t5_drafters():
+    if drafter in t5:
       macro, checkpoint = self.draft(task, drafter)
       if macro is not None:
         flags.append(f'--gin.DRAFT_MODEL={macro}')
