@@ -44,10 +44,26 @@ class T5Drafter:
   Catch-up: when every draft of the previous iteration was accepted the
   drafter never consumed the last draft x_gamma. `propose` then starts with
   one 2-token call (x_gamma and the bonus token) instead of the usual 1-token
-  call; rows that did not need it rewrite a slot with the same token.
+  call; rows that did not need it rewrite a slot with the same token. A cache
+  further behind (a `CombinedDrafter` that did not call this drafter for a
+  while) is first fed the missing committed tokens, gamma + 1 per call.
+
+  Adaptive draft length (`confidence` > 0, HF's assistant confidence
+  threshold): a row stops drafting before the first position where the
+  drafter's most likely next token has probability < confidence (softmax of
+  its raw logits; q_i = 0 from there on: `interfaces.Drafter.propose`),
+  and the draft calls stop once every row has stopped: fewer drafter calls
+  where the drafter is unsure, the same output law (the stop is decided from
+  q_i before x_i is drawn). Draft 1 is always made.
   """
 
   model: T5Model
+  confidence: float = 0.0
+
+  def __post_init__(self):
+    if not 0.0 <= self.confidence < 1.0:
+      raise ValueError('T5Drafter confidence (adaptive draft length) must be '
+                       f'in [0, 1), got {self.confidence!r}.')
 
   @property
   def vocab_size(self) -> int:
@@ -106,9 +122,32 @@ class T5Drafter:
         logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
     return last, cache.rewind(lengths)
 
+  def _sync(self, params, cache, sequences, lengths, chunk: int):
+    """Feeds committed tokens until every row's cache is at most 1 behind.
+
+    A row whose cache holds fewer than lengths - 2 tokens gets the next
+    `chunk` committed ones per call; the others rewrite their slot
+    lengths - 1, which the next `_feed_last` rewrites anyway. Does nothing
+    (no call) when no row is that far behind, the loop's usual case.
+    """
+
+    def far(cache):
+      return jnp.any(cache.position < lengths - 2)
+
+    def feed(cache):
+      behind = cache.position < lengths - 1
+      start = jnp.where(behind, cache.position, lengths - 1)
+      idx = start[:, None] + jnp.arange(chunk)
+      tokens = jnp.take_along_axis(sequences, idx, axis=1)
+      _, cache = self.model.extend(params, tokens, cache.rewind(start))
+      return cache.rewind(jnp.minimum(start + chunk, lengths - 1))
+
+    return jax.lax.while_loop(far, feed, cache)
+
   def propose(self, params, cache, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):
     """gamma one-token calls after the catch-up; see `interfaces.Drafter`."""
+    cache = self._sync(params, cache, sequences, lengths, gamma + 1)
     # A row whose cache holds fewer than length-1 tokens had all its drafts
     # accepted: it never consumed x_gamma. Then (and only then) the first
     # call feeds the last two committed tokens; otherwise just the last one.
@@ -117,6 +156,9 @@ class T5Drafter:
         behind, functools.partial(self._feed_last, 2),
         functools.partial(self._feed_last, 1), params, cache, sequences,
         lengths)
+    if self.confidence > 0:
+      return self._propose_adaptive(params, cache, last, lengths, gamma,
+                                    sampling, rng)
     rngs = jax.random.split(rng, gamma)
 
     def step(carry, rng_i):
@@ -131,6 +173,51 @@ class T5Drafter:
     # [gamma-1, batch(, vocab)] + last -> [batch, gamma(, vocab)]
     drafts = jnp.concatenate([tokens.T, token[:, None]], axis=1)
     qs = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1)
+    return drafts, qs, cache
+
+  def _propose_adaptive(self, params, cache, last, lengths, gamma, sampling,
+                        rng):
+    """Drafts while some row is confident; see the class docstring.
+
+    A `lax.while_loop` over draft positions: draft i of a row is made while
+    the row has made drafts 1..i-1 and max q_i >= confidence (draft 1
+    always); a call feeds draft i only when a draft i + 1 may follow. Each
+    row's cache ends holding its prefix and its drafts but the last, as in
+    the fixed-length path, so the next catch-up works unchanged.
+    """
+    batch = lengths.shape[0]
+    rngs = jax.random.split(rng, gamma)
+    drafts0 = jnp.zeros((batch, gamma), jnp.int32)
+    qs0 = jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)
+
+    def cond(carry):
+      i, _, _, going, _, _ = carry
+      return (i < gamma) & jnp.any(going)
+
+    def body(carry):
+      i, logits, cache, going, drafts, qs = carry
+      token, q = sampling_lib.draw(rngs[i], logits, sampling)
+      # Confidence from the unadjusted softmax (as HF's assistant threshold;
+      # under greedy q itself is one-hot), a function of the prefix only.
+      sure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32)), axis=-1)
+      going = going & ((i == 0) | (sure >= self.confidence))
+      drafts = drafts.at[:, i].set(jnp.where(going, token, 0))
+      qs = qs.at[:, i].set(jnp.where(going[:, None], q, 0.0))
+      # Rows still drafting consume draft i (its cache slot lengths + i - 1
+      # is then valid); the others keep their position.
+      position = cache.position
+      feed = going & (i + 1 < gamma)
+      next_logits, cache = jax.lax.cond(
+          jnp.any(feed),
+          lambda c: self.model.extend(params, drafts[:, i][:, None], c),
+          lambda c: (logits[:, None], c), cache)
+      cache = cache.rewind(jnp.where(feed, position + 1, position))
+      return i + 1, next_logits[:, 0], cache, going, drafts, qs
+
+    going = jnp.ones((batch,), bool)
+    _, _, cache, _, drafts, qs = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), last, cache, going, drafts0, qs0))
+    del lengths
     return drafts, qs, cache
 
 
@@ -315,8 +402,17 @@ class DraftSource:
       an iterable of token id sequences as the decoder emits them: no BOS,
       no padding (0s dropped), EOS kept.
     target_model: the target (`interfaces.DecodingModel`), for kinds that
-      draft with the target itself.
+      draft with the target itself or embed requests with it.
     target_params: its parameters.
+    train_pairs: like train_targets, (input ids, target ids) pairs: what
+      an output cache is seeded with when it starts empty.
+    output_cache: an `output_cache.OutputCache` (the 'cache' and 'combined'
+      kinds draft from it; the eval job appends to it), or None: a new one,
+      seeded with train_pairs.
+    output_length: the task's target length (a new cache's output width).
+    confidence: adaptive draft length: > 0 makes model drafters stop below
+      this confidence and copying drafters stop where nothing matches
+      (`T5Drafter`, `LookupDrafter.adaptive`); 0 drafts gamma always.
   """
 
   vocab_size: int
@@ -325,6 +421,11 @@ class DraftSource:
   train_targets: Optional[Callable[[], Iterable[Sequence[int]]]] = None
   target_model: Any = None
   target_params: Any = None
+  train_pairs: Optional[Callable[[], Iterable[Tuple[Sequence[int],
+                                                    Sequence[int]]]]] = None
+  output_cache: Any = None
+  output_length: int = 64
+  confidence: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +443,9 @@ class DrafterKind:
     data_only: built from `DraftSource.train_targets` and `vocab_size`
       alone, so the result is a function of (task, vocab_size): a caller may
       build it once per task and reuse it.
+    uses_cache: drafts from `DraftSource.output_cache`: the caller opens
+      (or creates) the store and appends finished outputs to it (the
+      drafter's `with_store` refreshes its params).
   """
 
   name: str
@@ -349,6 +453,7 @@ class DrafterKind:
   build: Callable[[DraftSource], Tuple[interfaces.Drafter, Any]]
   description: str
   data_only: bool = False
+  uses_cache: bool = False
 
 
 KINDS: Dict[str, DrafterKind] = {}
@@ -377,7 +482,8 @@ def _build_t5(source: DraftSource):
                      '(DRAFT_MODEL / DRAFT_CHECKPOINT); got draft_model='
                      f'{source.draft_model!r}, draft_params '
                      f'{"None" if source.draft_params is None else "given"}.')
-  return T5Drafter(source.draft_model), source.draft_params
+  return (T5Drafter(source.draft_model, source.confidence),
+          source.draft_params)
 
 
 def _build_ngram(order: int, source: DraftSource):
@@ -408,6 +514,69 @@ register(DrafterKind(
 # ---------------------------------------------------------------------------
 
 
+def lookup_next(stream: Array, context: Array, length: Array, n_max: int,
+                n_min: int) -> Tuple[Array, Array]:
+  """The token that followed the longest recent match of a context's suffix.
+
+  For each row, the last n tokens of `context[b, :length[b]]` (n = n_max
+  down to n_min; a pattern may include BOS, never a position before it) are
+  looked up in `stream[b] ++ context[b, 1:length[b]]`, the context's own
+  positions after BOS (so a suffix never matches itself). The longest n that
+  matches anywhere wins; among its matches the latest, i.e. the own prefix
+  first, then the stream from its end. Entries < 0 in `stream` never match
+  and are never copied (separators, ignored tokens); a 0 in it matches BOS
+  (how a cached output's first token can follow BOS).
+
+  Args:
+    stream: `[batch, s]` int32 reference tokens (negative: none).
+    context: `[batch, width]` decoder tokens, BOS first; those at or after
+      `length` are ignored.
+    length: `[batch]` int32 tokens of the context (>= 1).
+    n_max, n_min: the pattern lengths tried (static).
+
+  Returns:
+    `(token [batch] int32, n [batch] int32)`: the copied token and the
+    length of the match, n = 0 (and token -1) where none matched.
+  """
+  b, width = context.shape
+  context = context.astype(jnp.int32)
+  length = length.astype(jnp.int32)
+  pos = jnp.arange(width)[None]
+  pre = jnp.where((pos >= 1) & (pos < length[:, None]), context, -2)
+  full = jnp.concatenate(
+      [stream.astype(jnp.int32), jnp.full((b, 1), -1, jnp.int32), pre,
+       jnp.full((b, n_max), -2, jnp.int32)], axis=1)
+  starts = stream.shape[1] + 1 + width  # candidate match starts (static)
+  token = jnp.full((b,), -1, jnp.int32)
+  found = jnp.zeros((b,), jnp.int32)
+  for n in range(n_max, n_min - 1, -1):
+    idx = jnp.clip(length[:, None] - n + jnp.arange(n), 0, width - 1)
+    pattern = jnp.take_along_axis(context, idx, axis=1)  # [batch, n]
+    match = length - n >= 0  # the pattern lies in the context
+    match = match[:, None] & (full[:, n:n + starts] >= 0)
+    for k in range(n):
+      match &= full[:, k:k + starts] == pattern[:, k:k + 1]
+    best = jnp.max(jnp.where(match, jnp.arange(starts), -1), axis=1)
+    copied = jnp.take_along_axis(
+        full, (jnp.maximum(best, 0) + n)[:, None], axis=1)[:, 0]
+    hit = (found == 0) & (best >= 0)
+    token = jnp.where(hit, copied, token)
+    found = jnp.where(hit, n, found)
+  return token, found
+
+
+def source_stream(encoder_input_tokens: Array, eos_id: int) -> Array:
+  """A lookup stream of encoder inputs: padding 0 and EOS become -1."""
+  source = jnp.asarray(encoder_input_tokens, jnp.int32)
+  return jnp.where((source != 0) & (source != eos_id), source, -1)
+
+
+def one_hot_logits(token: Array, vocab_size: int) -> Array:
+  """Logits 0 at `token` `[...]`, -inf elsewhere (a deterministic draft)."""
+  iota = jnp.arange(vocab_size, dtype=jnp.int32)
+  return jnp.where(iota == token[..., None], 0.0, -jnp.inf)
+
+
 @dataclasses.dataclass(frozen=True)
 class LookupDrafter:
   """Prompt-lookup (LLMA-style) drafts: copies what followed a match.
@@ -415,41 +584,46 @@ class LookupDrafter:
   T5's encoder and decoder share one vocabulary, so a source token can be
   proposed as an output token. For each row and each draft, the context is
   the decoder prefix (committed tokens, BOS first, then the drafts proposed
-  so far in this call); its last n tokens are looked up, n = n_max down to
-  n_min, in the stream `source ++ prefix`:
+  so far in this call); its last n tokens are looked up (`lookup_next`),
+  n = n_max down to n_min, in the stream `source ++ prefix`:
 
   - source: the row's encoder input tokens (the drafter's state, from
     `init`), without padding 0 and `eos_id` (never matched, never copied);
   - prefix: the context's earlier positions, BOS excluded (a match must be
     followed by a token of the context, so the suffix never matches
-    itself); a pattern may not include BOS either.
+    itself); a pattern including BOS matches nothing here.
 
   Matching rule: the longest n that matches anywhere wins; among the matches
   of that n, the most recent one in the stream (the latest in the prefix,
   else the latest in the source). The draft is the token that followed the
-  match. Fallback, where no n matches: `eos_id` (lookup never copies EOS,
-  so this is its only way to propose the end of the output, and the source
-  has no continuation after its last token). Each draft re-runs the lookup on
+  match. Where no n matches: `eos_id` (lookup never copies EOS, so this is
+  its only way to propose the end of the output, and the source has no
+  continuation after its last token), or, with `adaptive`, no draft at all:
+  the row stops drafting there (q = 0 from that position on,
+  `interfaces.Drafter.propose`). Each draft re-runs the lookup on
   prefix ++ drafts so far, so a match continues copying.
 
   Deterministic: q is one-hot on the draft (logits 0 there, -inf elsewhere,
   through `sampling.draw`), so the acceptance probability is p(draft) in
   every sampling mode. No parameters: params are `()` (or None). All jnp with
   static shapes, vectorized over the batch; rows are independent.
+  Subclasses draft from other streams by overriding `init`.
   """
 
   vocab_size: int
   n_max: int = 3
   n_min: int = 1
   eos_id: int = 1
+  adaptive: bool = False
 
   def __post_init__(self):
     ints = (self.vocab_size, self.n_max, self.n_min, self.eos_id)
     if any(isinstance(x, bool) or not isinstance(x, int) for x in ints):
-      raise ValueError(f'LookupDrafter fields must be ints, got {self!r}.')
+      raise ValueError(f'{type(self).__name__} fields must be ints, got '
+                       f'{self!r}.')
     if not 1 <= self.n_min <= self.n_max:
-      raise ValueError(f'LookupDrafter needs 1 <= n_min <= n_max, got '
-                       f'n_min={self.n_min}, n_max={self.n_max}.')
+      raise ValueError(f'{type(self).__name__} needs 1 <= n_min <= n_max, '
+                       f'got n_min={self.n_min}, n_max={self.n_max}.')
     if not 0 <= self.eos_id < self.vocab_size:
       raise ValueError(f'eos_id={self.eos_id} is outside [0, '
                        f'{self.vocab_size}).')
@@ -462,68 +636,42 @@ class LookupDrafter:
                      f'must be () or None, got {type(params).__name__}.')
 
   def init(self, params, encoder_input_tokens, max_length: int):
-    """The state is the source: `[batch, input_length]` int32."""
+    """The state is the lookup stream `[batch, s]` (`source_stream`)."""
     del params, max_length
-    return jnp.asarray(encoder_input_tokens, jnp.int32)
+    return source_stream(encoder_input_tokens, self.eos_id)
 
   def prefill(self, params, state, sequences, lengths):
     """Nothing to consume: every lookup reads the whole prefix."""
     del params, sequences, lengths
     return state
 
-  def lookup(self, source: Array, context: Array, length: Array) -> Array:
-    """The draft after `context[b, :length[b]]` (BOS first), `[batch]` int32.
+  def lookup(self, stream: Array, context: Array, length: Array):
+    """`(token, matched)` `[batch]` after `context[b, :length[b]]`.
 
-    Args:
-      source: `[batch, input_length]` encoder input tokens.
-      context: `[batch, width]` decoder tokens; those at or after `length`
-        are ignored.
-      length: `[batch]` int32 tokens of the context (>= 1).
+    token is the copied token, or `eos_id` where nothing matched
+    (matched False).
     """
-    b, width = context.shape
-    source = source.astype(jnp.int32)
-    context = context.astype(jnp.int32)
-    length = length.astype(jnp.int32)
-    # Sentinels (< 0) never equal a token: -1 ignored source, -2 not prefix.
-    src = jnp.where((source != 0) & (source != self.eos_id), source, -1)
-    pos = jnp.arange(width)[None]
-    pre = jnp.where((pos >= 1) & (pos < length[:, None]), context, -2)
-    stream = jnp.concatenate(
-        [src, jnp.full((b, 1), -1, jnp.int32), pre,
-         jnp.full((b, self.n_max), -2, jnp.int32)], axis=1)
-    starts = src.shape[1] + 1 + width  # candidate match starts (static)
-    token = jnp.full((b,), self.eos_id, jnp.int32)
-    found = jnp.zeros((b,), bool)
-    for n in range(self.n_max, self.n_min - 1, -1):
-      idx = jnp.clip(length[:, None] - n + jnp.arange(n), 0, width - 1)
-      pattern = jnp.take_along_axis(context, idx, axis=1)  # [batch, n]
-      match = length - n >= 1  # the pattern holds no BOS
-      match = match[:, None] & (stream[:, n:n + starts] >= 0)
-      for k in range(n):
-        match &= stream[:, k:k + starts] == pattern[:, k:k + 1]
-      best = jnp.max(jnp.where(match, jnp.arange(starts), -1), axis=1)
-      copied = jnp.take_along_axis(
-          stream, (jnp.maximum(best, 0) + n)[:, None], axis=1)[:, 0]
-      token = jnp.where(found | (best < 0), token, copied)
-      found |= best >= 0
-    return token
+    token, n = lookup_next(stream, context, length, self.n_max, self.n_min)
+    return jnp.where(n > 0, token, self.eos_id), n > 0
 
-  def _logits(self, token: Array) -> Array:
-    """One-hot logits: 0 at `token` `[...]`, -inf elsewhere."""
-    iota = jnp.arange(self.vocab_size, dtype=jnp.int32)
-    return jnp.where(iota == token[..., None], 0.0, -jnp.inf)
-
-  def score(self, params, encoder_input_tokens, decoder_input_tokens):
-    del params
+  def score_tokens(self, params, encoder_input_tokens, decoder_input_tokens):
+    """`(tokens, matched)` `[batch, length]`: the lookup after each prefix."""
     decoder_input_tokens = jnp.asarray(decoder_input_tokens, jnp.int32)
     b, n = decoder_input_tokens.shape
-    source = jnp.asarray(encoder_input_tokens, jnp.int32)
+    stream = self.init(params, encoder_input_tokens, n)
     # [length, batch]: position t looks up after tokens :t + 1.
-    tokens = jax.vmap(
-        lambda t: self.lookup(source, decoder_input_tokens,
+    tokens, matched = jax.vmap(
+        lambda t: self.lookup(stream, decoder_input_tokens,
                               jnp.full((b,), t + 1, jnp.int32)))(
                                   jnp.arange(n))
-    return self._logits(tokens.T)
+    return tokens.T, matched.T
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    """One-hot logits of the draft after each prefix (the fallback where
+    nothing matched, also when `adaptive`, which does not draft there)."""
+    tokens, _ = self.score_tokens(params, encoder_input_tokens,
+                                  decoder_input_tokens)
+    return one_hot_logits(tokens, self.vocab_size)
 
   def propose(self, params, state, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):
@@ -532,26 +680,285 @@ class LookupDrafter:
     context = jnp.pad(sequences.astype(jnp.int32), ((0, 0), (0, gamma)))
     pos = jnp.arange(context.shape[1])[None]
 
-    def step(context, i_rng):
+    def step(carry, i_rng):
+      context, going = carry
       i, rng_i = i_rng
-      token = self.lookup(state, context, lengths + i)
-      token, q = sampling_lib.draw(rng_i, self._logits(token), sampling)
+      token, matched = self.lookup(state, context, lengths + i)
+      token, q = sampling_lib.draw(
+          rng_i, one_hot_logits(token, self.vocab_size), sampling)
+      if self.adaptive:
+        going = going & matched
+        q = jnp.where(going[:, None], q, 0.0)
       context = jnp.where(pos == (lengths + i)[:, None], token[:, None],
                           context)
-      return context, (token, q)
+      return (context, going), (token, q)
 
+    going = jnp.ones(lengths.shape, bool)
     _, (tokens, qs) = jax.lax.scan(
-        step, context, (jnp.arange(gamma), jax.random.split(rng, gamma)))
+        step, (context, going),
+        (jnp.arange(gamma), jax.random.split(rng, gamma)))
     return tokens.T, jnp.moveaxis(qs, 0, 1), state
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheDrafter(LookupDrafter):
+  """Drafts copied from the outputs of the most similar earlier requests.
+
+  `init` embeds each row's request with the target's encoder
+  (`output_cache.embed`), retrieves its `neighbours` nearest entries of the
+  cache (`output_cache.retrieve`: a matrix product and top-k, on device)
+  and lays out the lookup stream `source, neighbour_k, ..., neighbour_1`
+  (`output_cache.neighbour_stream`: the most similar last, each output
+  after a BOS marker, EOS kept). Drafting is then `LookupDrafter`'s: the
+  longest recent match of the prefix's last n tokens in the row's own
+  output, else its nearest neighbours' outputs, else its source; a prefix
+  of BOS alone matches the start of every neighbour's output, so the first
+  token is drafted too. One-hot q: exact in every sampling mode.
+
+  params: `{'embedder': the target's params, 'keys', 'outputs', 'valid'}`
+  (`output_cache.OutputCache.device_params`; the function `with_store`
+  refreshes them after the cache grew).
+  """
+
+  embedder: Any = None  # the target's T5Model: embeds the requests
+  neighbours: int = 4
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.embedder is None:
+      raise ValueError('CacheDrafter needs embedder, the target T5Model '
+                       'whose encoder embeds the requests.')
+    if isinstance(self.neighbours, bool) or not isinstance(
+        self.neighbours, int) or self.neighbours < 1:
+      raise ValueError(f'neighbours must be an int >= 1, got '
+                       f'{self.neighbours!r}.')
+
+  def check_params(self, params) -> None:
+    """Raises unless params hold the embedder's params and a cache."""
+    if not isinstance(params, Mapping) or not {
+        'embedder', 'keys', 'outputs', 'valid'} <= set(params):
+      raise ValueError("the cache drafter's params are {'embedder': target "
+                       "params, 'keys', 'outputs', 'valid'} "
+                       '(OutputCache.device_params), got '
+                       f'{type(params).__name__}.')
+    T5Drafter(self.embedder).check_params(params['embedder'])
+    c, d = np.shape(params['keys'])
+    if d != self.embedder.config.emb_dim:
+      raise ValueError(f"cache keys have dim {d}; the embedder's emb_dim is "
+                       f'{self.embedder.config.emb_dim} (a cache built by '
+                       'another model).')
+    if np.shape(params['outputs'])[0] != c or np.shape(
+        params['valid']) != (c,):
+      raise ValueError(f'cache arrays disagree: keys {np.shape(params["keys"])}'
+                       f', outputs {np.shape(params["outputs"])}, valid '
+                       f'{np.shape(params["valid"])}.')
+    if c < self.neighbours:
+      raise ValueError(f'cache capacity {c} < neighbours {self.neighbours}.')
+    decoding.check_token_ids('cache outputs', params['outputs'],
+                             self.vocab_size)
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    """The stream `source, neighbours (least similar first)` `[batch, s]`."""
+    from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
+    del max_length
+    queries = output_cache.embed(self.embedder, params['embedder'],
+                                 encoder_input_tokens)
+    index, ok = output_cache.retrieve(params, queries, self.neighbours)
+    source = source_stream(encoder_input_tokens, self.eos_id)
+    gap = jnp.full((source.shape[0], 1), -1, jnp.int32)
+    return jnp.concatenate(
+        [source, gap, output_cache.neighbour_stream(params, index, ok)], 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CombinedDrafter:
+  """A copying drafter where it has a draft, a model drafter elsewhere.
+
+  Per row and per draft position: where the `reference` (a `LookupDrafter`
+  or `CacheDrafter`) matches the context (prefix ++ drafts so far), its
+  copied token with one-hot q; elsewhere the `model` drafter's (a
+  `T5Drafter`) sample and q, the model consuming whichever token was
+  drafted. In an iteration where every row's first draft is copied (or the
+  row has ended) the model is not called at all: the rows copy as far as
+  the reference matches and stop there (q = 0 after), and the model's cache
+  is caught up later (`T5Drafter._sync`). Where copying works the drafter
+  costs ~0, elsewhere it costs the model's calls. Exact in every sampling
+  mode: each draft carries the q it was drawn from. (The model's own
+  `confidence` is not applied here.)
+
+  params: `{'reference': ..., 'model': ...}`; state: `(reference state,
+  model cache)`.
+  """
+
+  reference: LookupDrafter
+  model: T5Drafter
+
+  def __post_init__(self):
+    if not self.reference.adaptive:
+      object.__setattr__(self, 'reference',
+                         dataclasses.replace(self.reference, adaptive=True))
+    check_vocab = self.reference.vocab_size != self.model.vocab_size
+    if check_vocab:
+      raise ValueError(f'CombinedDrafter: the reference drafts ids of '
+                       f'{self.reference.vocab_size} tokens, the model of '
+                       f'{self.model.vocab_size}.')
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def check_params(self, params) -> None:
+    if not isinstance(params, Mapping) or set(params) != {'reference',
+                                                          'model'}:
+      raise ValueError("the combined drafter's params are {'reference': ..., "
+                       f"'model': ...}}, got {type(params).__name__}"
+                       f'{sorted(params) if isinstance(params, Mapping) else ""}.')
+    self.reference.check_params(params['reference'])
+    self.model.check_params(params['model'])
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    return (self.reference.init(params['reference'], encoder_input_tokens,
+                                max_length),
+            self.model.init(params['model'], encoder_input_tokens,
+                            max_length))
+
+  def prefill(self, params, state, sequences, lengths):
+    return (state[0], self.model.prefill(params['model'], state[1],
+                                         sequences, lengths))
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    """The reference's one-hot logits where it matches, the model's
+    elsewhere (per position, as `propose`)."""
+    tokens, matched = self.reference.score_tokens(
+        params['reference'], encoder_input_tokens, decoder_input_tokens)
+    model = self.model.score(params['model'], encoder_input_tokens,
+                             decoder_input_tokens)
+    return jnp.where(matched[..., None],
+                     one_hot_logits(tokens, self.vocab_size), model)
+
+  def propose(self, params, state, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    """Per position: the reference's draft where it matches, else the
+    model's; the model is skipped when every row's first draft matches."""
+    ref_state, cache = state
+    ref, model = self.reference, self.model
+    context = jnp.pad(sequences.astype(jnp.int32), ((0, 0), (0, gamma)))
+    pos = jnp.arange(context.shape[1])[None]
+    _, matched = ref.lookup(ref_state, context, lengths)
+    last_token = jnp.take_along_axis(sequences, (lengths - 1)[:, None], 1)
+    need = ~matched & (last_token[:, 0] != ref.eos_id)
+    # Slots from lengths - 1 on may hold drafts that were not committed.
+    cache = cache.rewind(jnp.minimum(cache.position, lengths - 1))
+    rngs = jax.random.split(rng, gamma)
+
+    def copy_only(cache):
+      drafts, q, _ = ref.propose(params['reference'], ref_state, sequences,
+                                 lengths, gamma, sampling, rng)
+      return drafts, q, cache
+
+    def mixed(cache):
+      mp = params['model']
+      cache = model._sync(mp, cache, sequences, lengths, gamma + 1)  # pylint: disable=protected-access
+      behind = jnp.any(cache.position < lengths - 1)
+      logits, cache = jax.lax.cond(
+          behind, functools.partial(model._feed_last, 2),  # pylint: disable=protected-access
+          functools.partial(model._feed_last, 1), mp, cache, sequences,  # pylint: disable=protected-access
+          lengths)
+
+      def choose(i, context, logits):
+        token_r, hit = ref.lookup(ref_state, context, lengths + i)
+        token_r, q_r = sampling_lib.draw(
+            rngs[i], one_hot_logits(token_r, self.vocab_size), sampling)
+        token_m, q_m = sampling_lib.draw(rngs[i], logits, sampling)
+        token = jnp.where(hit, token_r, token_m)
+        q = jnp.where(hit[:, None], q_r, q_m)
+        context = jnp.where(pos == (lengths + i)[:, None], token[:, None],
+                            context)
+        return token, q, context
+
+      def step(carry, i):
+        context, logits, cache = carry
+        token, q, context = choose(i, context, logits)
+        next_logits, cache = model.model.extend(mp, token[:, None], cache)
+        return (context, next_logits[:, 0], cache), (token, q)
+
+      # As T5Drafter: gamma - 1 calls; x_gamma is not consumed (the next
+      # catch-up feeds it if it was accepted).
+      (ctx, logits, cache), (tokens, qs) = jax.lax.scan(
+          step, (context, logits, cache), jnp.arange(gamma - 1))
+      token, q, _ = choose(gamma - 1, ctx, logits)
+      drafts = jnp.concatenate([tokens.T, token[:, None]], axis=1)
+      return drafts, jnp.concatenate(
+          [jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1), cache
+
+    drafts, q, cache = jax.lax.cond(jnp.any(need), mixed, copy_only, cache)
+    return drafts, q, (ref_state, cache)
 
 
 def _build_lookup(source: DraftSource):
   """Needs nothing but the vocabulary: it copies from each row's own input
   and output."""
-  return LookupDrafter(source.vocab_size), ()
+  return LookupDrafter(source.vocab_size, adaptive=source.confidence > 0), ()
+
+
+def open_cache(source: DraftSource):
+  """`source.output_cache`, or a new store seeded with its train pairs."""
+  from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
+  if source.target_model is None or source.target_params is None:
+    raise ValueError('an output cache embeds requests with the target: the '
+                     'source needs target_model and target_params.')
+  if source.output_cache is not None:
+    return source.output_cache
+  store = output_cache.OutputCache.for_model(
+      source.target_model, source.target_params, source.output_length)
+  pairs = list(source.train_pairs()) if source.train_pairs else []
+  if pairs:
+    width = max(len(i) for i, _ in pairs)
+    inputs = np.zeros((len(pairs), width), np.int32)
+    for row, (ids, _) in zip(inputs, pairs):
+      row[:len(ids)] = ids
+    store.add_requests(source.target_model, source.target_params, inputs,
+                       [o for _, o in pairs])
+  return store
+
+
+def _cache_drafter(source: DraftSource):
+  store = open_cache(source)
+  drafter = CacheDrafter(source.vocab_size, adaptive=source.confidence > 0,
+                         embedder=source.target_model)
+  return drafter, dict({'embedder': source.target_params},
+                       **store.device_params())
+
+
+def _build_combined(source: DraftSource):
+  model, model_params = _build_t5(source)
+  if source.target_model is None:  # no target to embed with: lookup only
+    reference, ref_params = LookupDrafter(source.vocab_size, adaptive=True), ()
+  else:
+    reference, ref_params = _cache_drafter(source)
+  return (CombinedDrafter(reference, model),
+          {'reference': ref_params, 'model': model_params})
+
+
+def with_store(drafter, params, store):
+  """A 'cache' / 'combined' drafter's params after `store` changed."""
+  if isinstance(drafter, CombinedDrafter):
+    return dict(params, reference=with_store(drafter.reference,
+                                             params['reference'], store))
+  if isinstance(drafter, CacheDrafter):
+    return dict(params, **store.device_params())
+  return params
 
 
 register(DrafterKind(
     'lookup', needs_model=False, build=_build_lookup,
     description='prompt lookup: copies what followed the longest recent '
                 'match of the last 1-3 tokens in the input or the output'))
+register(DrafterKind(
+    'cache', needs_model=False, build=_cache_drafter, uses_cache=True,
+    description='semantic output cache: copies from the outputs of the most '
+                'similar earlier requests (and the input, the output)'))
+register(DrafterKind(
+    'combined', needs_model=True, build=_build_combined, uses_cache=True,
+    description='the cache / lookup draft where one matches, the draft '
+                'model elsewhere (per row, per iteration)'))

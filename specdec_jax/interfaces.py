@@ -177,6 +177,15 @@ class Drafter(Protocol):
       (`sampling.probabilities`) of the logits `score` gives after the prefix
       and drafts 1..i-1, so the loop's acceptance test is exact. Greedy:
       q_i is one-hot on draft i.
+
+      Adaptive draft lengths: q_i = 0 everywhere marks position i (and, by
+      convention, every later one) as not drafted; the verification stops
+      there and draws the next token from the target's p_i, i.e. that row
+      ran Algorithm 1 with gamma = i - 1 in this iteration. The decision to
+      stop before draft i may depend on the prefix, drafts 1..i-1 and q_i,
+      never on x_i itself (then the output law stays exactly the target's).
+      drafts[:, i] must still be a valid token id (it fills the target
+      call's slot).
     """
 
   def score(self, params: Params, encoder_input_tokens: Array,

@@ -47,7 +47,8 @@ class SpecStats:
   Attributes:
     iterations: scalar, loop iterations = target calls (for the batch).
     row_iterations: `[batch]` iterations in which the row was still active.
-    drafted: `[batch]` drafts verified (gamma per active iteration).
+    drafted: `[batch]` drafts verified (gamma per active iteration, fewer
+      where an adaptive drafter stopped early).
     accepted: `[batch]` drafts accepted by the rejection test.
     accepted_at: `[gamma]` how often draft position i was accepted (summed
       over rows and iterations; divide by `row_iterations.sum()`).
@@ -174,14 +175,20 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
   Returns:
     `(n [batch], accepted [batch, gamma] bool prefix mask, next_token [batch],
     beta [batch, gamma])` where beta_i = sum_x min(p_i, q_i).
+
+  A draft position with q_i = 0 everywhere is undrafted (see `ok` below).
   """
   gamma = drafts.shape[1]
   accept_rng, residual_rng = jax.random.split(rng)
   p_x = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
   q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
   r = jax.random.uniform(accept_rng, drafts.shape)
-  # Accept while r < p/q (q(x) > 0 since x ~ q); r < 1 always.
-  ok = r * q_x < p_x
+  # Accept while r < p/q; r < 1 always. A drafted x ~ q has q(x) > 0; a
+  # position whose q is all 0 was not drafted (adaptive draft lengths,
+  # `interfaces.Drafter.propose`): it is never accepted, and as
+  # q_pad[n] = 0 there the next token is drawn from p itself: an iteration
+  # with m drafts is exactly Algorithm 1 with gamma = m.
+  ok = (r * q_x < p_x) & (q_x > 0)
   accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1).astype(bool)
   n = jnp.sum(accepted, axis=1)
   p_next = _gather(p, n)
@@ -252,14 +259,16 @@ class _SpecLoop:
     new_lengths = jnp.where(active, lengths + keep, lengths)
     ended = state.ended | (active & (
         (first_eos < keep) | (new_lengths - 1 >= self.max_decode_len)))
-    # Verified positions: 1..n+1 (the first rejected one included), <= gamma.
-    verified = jnp.arange(g) <= n[:, None]
+    # Verified positions: 1..n+1 (the first rejected one included), <= gamma,
+    # among those drafted (q_i = 0 marks a position not drafted).
+    has_draft = jnp.any(q > 0, axis=-1)
+    verified = (jnp.arange(g) <= n[:, None]) & has_draft
     act = active.astype(jnp.int32)
     s = state.stats
     stats = SpecStats(
         iterations=s.iterations + 1,
         row_iterations=s.row_iterations + act,
-        drafted=s.drafted + g * act,
+        drafted=s.drafted + jnp.sum(has_draft, 1) * act,
         accepted=s.accepted + n * act,
         accepted_at=s.accepted_at + jnp.sum(accepted * act[:, None], axis=0),
         beta_sum=s.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), 1) * act,

@@ -51,13 +51,19 @@ KINDS = sorted(drafters.KINDS)
 GAMMA = 3
 
 
-def source_for(model, params, train_targets):
-  """A DraftSource with everything a kind may read, for this target."""
+def source_for(model, params, train_targets, train_inputs):
+  """A DraftSource with everything a kind may read, for this target.
+
+  The train pairs (an output cache's seed) pair each input row with the
+  train target of the next row, so a retrieved output is right in part.
+  """
+  pairs = [(list(i), t) for i, t in zip(
+      train_inputs, train_targets[1:] + train_targets[:1])]
   return drafters.DraftSource(
       vocab_size=model.vocab_size, draft_model=model,
       draft_params=perturbed(params, 0.3, 0),
       train_targets=lambda: train_targets, target_model=model,
-      target_params=params)
+      target_params=params, train_pairs=lambda: pairs, output_length=MAX_LEN)
 
 
 @pytest.fixture(scope='module')
@@ -72,7 +78,7 @@ def greedy(v11):
                                      max_decode_len=MAX_LEN, eos_id=EOS)
   outputs = [row[:n].tolist() for row, n in zip(np.asarray(base.tokens),
                                                 np.asarray(base.lengths))]
-  source = source_for(model, params, outputs)
+  source = source_for(model, params, outputs, enc)
   built = {name: drafters.get_kind(name).build(source) for name in KINDS}
   return model, params, enc, base, built, source
 
@@ -84,7 +90,8 @@ def sampled(tiny_target):  # pylint: disable=redefined-outer-name
   config = SAMPLING_CASES['topk3']
   dist = exact_sequence_distribution(model, params, enc, config)
   # A few sequences as "train targets": n-grams that often disagree with p.
-  source = source_for(model, params, [[2, 3, 1], [4, 4, 5, 1], [3, 5, 2, 1]])
+  source = source_for(model, params, [[2, 3, 1], [4, 4, 5, 1], [3, 5, 2, 1]],
+                      np.tile(enc, (3, 1)))
   built = {name: drafters.get_kind(name).build(source) for name in KINDS}
   return model, params, enc, config, dist, built
 
@@ -187,10 +194,15 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   # Position n - 1 + i predicts draft i.
   index = lengths[:, None] - 1 + np.arange(GAMMA)
   expected = np.take_along_axis(np.asarray(expected), index[..., None], 1)
-  np.testing.assert_allclose(q, expected, atol=2e-5)
-  picked = np.take_along_axis(np.asarray(q), np.asarray(drafts)[..., None],
-                              -1)
-  assert (picked > 0).all()  # each draft is in its q's support
+  # q = 0 marks a position not drafted (adaptive lengths): only after the
+  # last drafted one, and never the first.
+  q = np.asarray(q)
+  drafted = q.sum(-1) > 0
+  assert drafted[:, 0].all()
+  assert (np.cumprod(drafted, 1) == drafted).all()
+  np.testing.assert_allclose(q[drafted], expected[drafted], atol=2e-5)
+  picked = np.take_along_axis(q, np.asarray(drafts)[..., None], -1)[..., 0]
+  assert (picked[drafted] > 0).all()  # each draft is in its q's support
 
 
 def test_registry_refuses_duplicates_and_names_the_kinds():

@@ -1,0 +1,311 @@
+"""A semantic cache of earlier outputs: what the 'cache' drafter copies from.
+
+The paper's open question (sec. 3.6: drafting without a draft model, e.g.
+where similar requests repeat, by retrieving earlier outputs) as a store of
+(request, output) pairs:
+
+- key: an embedding of the request, the target encoder's output mean-pooled
+  over the request's tokens and L2-normalized (`embed`), float32 `[d]`;
+- value: the output token ids the decoder emitted (no BOS, EOS kept),
+  0-padded to a fixed `output_length`.
+
+`OutputCache` is the host-side store: built from (inputs, outputs) pairs
+(e.g. a task's train split), grown by `add` (the eval job appends every
+finished output), saved to and loaded from one `.npz` file (atomic writes;
+a corrupt, truncated or mismatched file raises `OutputCacheError` naming
+the file and the problem). `device_params` hands the drafter fixed-capacity
+arrays (capacity a power of two), so a growing cache recompiles the loop
+only when its capacity doubles.
+
+Retrieval is on device, inside the jitted loop (`drafters.CacheDrafter`):
+one `[batch, d] x [d, capacity]` product and `lax.top_k`, then the lookup
+of `drafters.lookup_next` over the neighbours' outputs. An exact-n-gram
+datastore (REST, He et al. 2024) is the same structure with every entry a
+neighbour: `neighbours = capacity` (see the README for when that suffices).
+
+Memory: `capacity x (4 d + 4 output_length)` bytes on device (keys float32,
+outputs int32): 10k entries at d = 512, output_length = 64 are 23 MB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import zipfile
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FORMAT = 'specdec_jax.output_cache/1'
+
+
+class OutputCacheError(ValueError):
+  """A cache file is missing, corrupt, or does not fit the model / task."""
+
+
+def fingerprint(config, params) -> str:
+  """A short id of the embedder (its config and a sample of its weights).
+
+  Keys built by another model are meaningless to this one: `load` compares
+  the fingerprint stored in the file with the caller's.
+  """
+  h = hashlib.sha256(repr(config).encode())
+  leaves = jax.tree_util.tree_leaves(params)
+  for leaf in leaves[:4] + leaves[-4:]:
+    h.update(np.asarray(leaf, np.float32).ravel()[:256].tobytes())
+  return h.hexdigest()[:16]
+
+
+def _encode(model, params, tokens):
+  from specdec_jax.network import Transformer  # pylint: disable=g-import-not-at-top
+  return model.module.apply({'params': params}, tokens,
+                            method=Transformer.encode)
+
+
+def embed(model, params, encoder_input_tokens) -> jax.Array:
+  """`[batch, d]` float32: mean-pooled encoder output, L2-normalized.
+
+  Args:
+    model: a `network.T5Model` (the target: its encoder reads the request).
+    params: its parameters.
+    encoder_input_tokens: `[batch, input_length]`, 0-padded.
+  """
+  tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  mask = (tokens > 0).astype(jnp.float32)[..., None]
+  encoded = _encode(model, params, tokens).astype(jnp.float32)
+  pooled = jnp.sum(encoded * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1.0)
+  norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
+  return pooled / jnp.maximum(norm, 1e-6)
+
+
+_embed_jit = jax.jit(embed, static_argnums=0)
+
+
+def capacity_for(n: int, minimum: int = 64) -> int:
+  """The power of two >= max(n, minimum) (compiled shapes change rarely)."""
+  c = minimum
+  while c < n:
+    c *= 2
+  return c
+
+
+@dataclasses.dataclass
+class OutputCache:
+  """(request embedding, output) pairs; see the module docstring.
+
+  Attributes:
+    keys: `[n, d]` float32, L2-normalized request embeddings.
+    outputs: `[n, output_length]` int32 output ids (EOS kept, 0-padded).
+    vocab_size: the vocabulary the outputs are ids of.
+    embedder: `fingerprint` of the model that computed the keys.
+    path: where `save` writes by default (None: nowhere).
+  """
+
+  keys: np.ndarray
+  outputs: np.ndarray
+  vocab_size: int
+  embedder: str
+  path: Optional[str] = None
+
+  @classmethod
+  def empty(cls, dim: int, output_length: int, vocab_size: int,
+            embedder: str, path: Optional[str] = None) -> 'OutputCache':
+    return cls(np.zeros((0, dim), np.float32),
+               np.zeros((0, output_length), np.int32), vocab_size, embedder,
+               path)
+
+  @classmethod
+  def for_model(cls, model, params, output_length: int,
+                path: Optional[str] = None) -> 'OutputCache':
+    """An empty cache keyed by `model`'s encoder (the target)."""
+    return cls.empty(model.config.emb_dim, output_length, model.vocab_size,
+                     fingerprint(model.config, params), path)
+
+  def __len__(self) -> int:
+    return int(self.keys.shape[0])
+
+  @property
+  def dim(self) -> int:
+    return int(self.keys.shape[1])
+
+  @property
+  def output_length(self) -> int:
+    return int(self.outputs.shape[1])
+
+  def add(self, keys, outputs: Sequence[Sequence[int]]) -> None:
+    """Appends pairs: keys `[m, d]`, outputs m id lists (cut or 0-padded)."""
+    keys = np.asarray(keys, np.float32).reshape(-1, self.dim)
+    if len(keys) != len(outputs):
+      raise ValueError(f'{len(keys)} keys but {len(outputs)} outputs.')
+    rows = np.zeros((len(outputs), self.output_length), np.int32)
+    for i, out in enumerate(outputs):
+      out = [int(t) for t in out if int(t) != 0][:self.output_length]
+      if any(not 0 <= t < self.vocab_size for t in out):
+        raise ValueError(f'output {i} has ids outside [0, {self.vocab_size})')
+      rows[i, :len(out)] = out
+    self.keys = np.concatenate([self.keys, keys])
+    self.outputs = np.concatenate([self.outputs, rows])
+
+  def add_requests(self, model, params, inputs, outputs,
+                   batch_size: int = 64) -> None:
+    """Embeds requests `[m, input_length]` with `model` and appends them."""
+    inputs = np.asarray(inputs, np.int32)
+    for i in range(0, len(inputs), batch_size):
+      chunk = inputs[i:i + batch_size]
+      pad = batch_size - len(chunk)  # one compiled shape
+      keys = _embed_jit(model, params,
+                        np.pad(chunk, ((0, pad), (0, 0))))[:len(chunk)]
+      self.add(np.asarray(keys), outputs[i:i + len(chunk)])
+
+  def device_params(self, capacity: Optional[int] = None) -> Dict[str, Any]:
+    """{'keys' [c, d], 'outputs' [c, L], 'valid' [c]} padded to capacity."""
+    c = capacity_for(len(self)) if capacity is None else capacity
+    if c < len(self):
+      raise ValueError(f'capacity {c} < {len(self)} entries.')
+    pad = c - len(self)
+    return {
+        'keys': jnp.asarray(np.pad(self.keys, ((0, pad), (0, 0)))),
+        'outputs': jnp.asarray(np.pad(self.outputs, ((0, pad), (0, 0)))),
+        'valid': jnp.asarray(np.arange(c) < len(self)),
+    }
+
+  def nbytes(self, capacity: Optional[int] = None) -> int:
+    """Device bytes of `device_params(capacity)`."""
+    c = capacity_for(len(self)) if capacity is None else capacity
+    return c * (4 * self.dim + 4 * self.output_length + 1)
+
+  # -- persistence ----------------------------------------------------------
+
+  def save(self, path: Optional[str] = None) -> str:
+    """Writes the cache to `path` (default `self.path`) atomically."""
+    from specdec_jax.checkpoints import write_bytes  # pylint: disable=g-import-not-at-top
+    path = path or self.path
+    if not path:
+      raise ValueError('OutputCache.save needs a path.')
+    if '://' not in path and os.path.dirname(path):
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+    meta = {'format': FORMAT, 'vocab_size': self.vocab_size,
+            'embedder': self.embedder, 'entries': len(self),
+            'dim': self.dim, 'output_length': self.output_length}
+    buf = io.BytesIO()
+    np.savez(buf, keys=self.keys, outputs=self.outputs,
+             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    write_bytes(path, buf.getvalue())
+    return path
+
+  @classmethod
+  def load(cls, path: str, *, vocab_size: Optional[int] = None,
+           embedder: Optional[str] = None,
+           output_length: Optional[int] = None) -> 'OutputCache':
+    """Reads a cache file; checks it against what the caller expects.
+
+    Raises:
+      OutputCacheError: the file is missing, not a cache file, corrupt
+        (zip CRC, truncation, inconsistent arrays), or built for another
+        vocabulary / embedder / output length.
+    """
+    if not os.path.isfile(path):
+      raise OutputCacheError(f'No output cache file at {path!r}.')
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        meta = json.loads(bytes(f['meta']).decode())
+        keys = np.asarray(f['keys'], np.float32)
+        outputs = np.asarray(f['outputs'], np.int32)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
+            UnicodeDecodeError) as e:
+      raise OutputCacheError(f'Output cache {path!r} is corrupt or not a '
+                             f'cache file ({type(e).__name__}: {e}).') from e
+    if meta.get('format') != FORMAT:
+      raise OutputCacheError(f'Output cache {path!r} has format '
+                             f'{meta.get("format")!r}, expected {FORMAT!r}.')
+    n = meta.get('entries')
+    if (keys.ndim != 2 or outputs.ndim != 2 or len(keys) != n or
+        len(outputs) != n or keys.shape[1] != meta.get('dim') or
+        outputs.shape[1] != meta.get('output_length')):
+      raise OutputCacheError(
+          f'Output cache {path!r} is inconsistent: meta says {n} entries of '
+          f'dim {meta.get("dim")}, output_length {meta.get("output_length")}'
+          f'; arrays are {keys.shape} and {outputs.shape}.')
+    problems = []
+    if vocab_size is not None and meta['vocab_size'] != vocab_size:
+      problems.append(f'vocab_size {meta["vocab_size"]}, the target has '
+                      f'{vocab_size}')
+    if embedder is not None and meta['embedder'] != embedder:
+      problems.append(f'keys embedded by model {meta["embedder"]}, this '
+                      f'target is {embedder} (another model or checkpoint)')
+    if output_length is not None and meta['output_length'] != output_length:
+      problems.append(f'output_length {meta["output_length"]}, the task '
+                      f'decodes {output_length}')
+    if outputs.size and (outputs.min() < 0 or
+                         outputs.max() >= meta['vocab_size']):
+      problems.append('output ids outside the vocabulary')
+    if problems:
+      raise OutputCacheError(f'Output cache {path!r} does not fit: ' +
+                             '; '.join(problems) + '.')
+    return cls(keys, outputs, meta['vocab_size'], meta['embedder'], path)
+
+  @classmethod
+  def open(cls, path: Optional[str], model, params,
+           output_length: int) -> 'OutputCache':
+    """The cache at `path` if the file exists (checked), else a new one."""
+    if path and os.path.exists(path):
+      return cls.load(path, vocab_size=model.vocab_size,
+                      embedder=fingerprint(model.config, params),
+                      output_length=output_length)
+    return cls.for_model(model, params, output_length, path)
+
+
+def retrieve(params: Dict[str, Any], queries: jax.Array,
+             k: int) -> Tuple[jax.Array, jax.Array]:
+  """The k nearest valid entries by cosine similarity, on device.
+
+  Args:
+    params: `OutputCache.device_params()`.
+    queries: `[batch, d]` normalized embeddings.
+    k: neighbours (static, <= capacity).
+
+  Returns:
+    `(index [batch, k] int32, ok [batch, k] bool)`, most similar first; ok
+    False where the cache has fewer than k entries.
+  """
+  sims = queries @ params['keys'].T
+  sims = jnp.where(params['valid'][None], sims, -jnp.inf)
+  top, index = jax.lax.top_k(sims, k)
+  return index.astype(jnp.int32), jnp.isfinite(top)
+
+
+def neighbour_stream(params: Dict[str, Any], index: jax.Array,
+                     ok: jax.Array) -> jax.Array:
+  """The neighbours' outputs as one lookup stream `[batch, k * (L + 2)]`.
+
+  Each output is written as `0 (BOS), ids..., -1`, least similar first, so
+  the most similar neighbour is the most recent (wins ties in
+  `drafters.lookup_next`); its padding and missing neighbours are -1.
+  """
+  outs = params['outputs'][index]  # [batch, k, L]
+  outs = jnp.where(ok[..., None] & (outs > 0), outs, -1)
+  bos = jnp.where(ok, 0, -1)[..., None]
+  sep = jnp.full(outs.shape[:2] + (1,), -1, jnp.int32)
+  stream = jnp.concatenate([bos, outs, sep], axis=-1)[:, ::-1]
+  return stream.reshape(stream.shape[0], -1)
+
+
+def from_pairs(model, params, pairs: Iterable[Tuple[Sequence[int],
+                                                    Sequence[int]]],
+               input_length: int, output_length: int,
+               path: Optional[str] = None) -> OutputCache:
+  """A cache of (input ids, output ids) pairs, e.g. a task's train split."""
+  pairs = list(pairs)
+  cache = OutputCache.for_model(model, params, output_length, path)
+  if pairs:
+    inputs = np.zeros((len(pairs), input_length), np.int32)
+    for row, (ids, _) in zip(inputs, pairs):
+      ids = list(ids)[:input_length]
+      row[:len(ids)] = ids
+    cache.add_requests(model, params, inputs, [o for _, o in pairs])
+  return cache

@@ -1,0 +1,224 @@
+"""The output cache (store, persistence, retrieval) and adaptive drafting.
+
+The registry suite (tests/test_drafters.py) checks the 'cache' and
+'combined' kinds' exactness like every kind; here:
+
+- the store: build, save, reload, append, and a clear error for a corrupt,
+  truncated, foreign or missing file;
+- retrieval: a near-repeat of a cached request retrieves it, and the cache
+  drafter then drafts the cached output from the first token on;
+- adaptive draft lengths (q = 0 marks an undrafted position): greedy output
+  unchanged, fewer drafts and fewer drafter calls, and the sampled law still
+  the target's (chi-square, as tests/test_speculative.py);
+- the combined drafter skips its model where every row copies.
+
+Run alone: `python -m pytest -q tests/test_output_cache.py`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import output_cache
+from specdec_jax import speculative
+from specdec_jax.sampling import SamplingConfig
+
+from test_speculative import EOS
+from test_speculative import MAX_LEN
+from test_speculative import N_SAMPLES
+from test_speculative import SAMPLING_CASES
+from test_speculative import SEQ_LEN
+from test_speculative import SMALL_EOS
+from test_speculative import assert_matches
+from test_speculative import exact_sequence_distribution
+from test_speculative import perturbed
+from test_speculative import tiny_target  # pylint: disable=unused-import
+
+GAMMA = 3
+
+
+@pytest.fixture(scope='module')
+def store_setup(v11):
+  """12 random requests with random outputs, in a store."""
+  model, params = v11
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(2, model.vocab_size, (12, 10)).astype(np.int32)
+  outputs = [list(rng.integers(2, model.vocab_size, n)) + [EOS]
+             for n in rng.integers(3, 9, 12)]
+  store = output_cache.from_pairs(model, params, zip(inputs, outputs), 10,
+                                  MAX_LEN)
+  return model, params, inputs, outputs, store
+
+
+def test_store_saves_reloads_and_appends(store_setup, tmp_path):
+  model, params, inputs, outputs, store = store_setup
+  path = str(tmp_path / 'sub' / 'cache.npz')
+  store.save(path)
+  fp = output_cache.fingerprint(model.config, params)
+  again = output_cache.OutputCache.open(path, model, params, MAX_LEN)
+  np.testing.assert_array_equal(again.keys, store.keys)
+  np.testing.assert_array_equal(again.outputs, store.outputs)
+  assert again.embedder == fp and len(again) == 12
+  assert list(again.outputs[3, :len(outputs[3])]) == outputs[3]
+  again.add_requests(model, params, inputs[:2], [[5, 6, EOS], [7, EOS]])
+  again.save()
+  grown = output_cache.OutputCache.load(path)
+  assert len(grown) == 14
+  assert list(grown.outputs[13, :3]) == [7, EOS, 0]
+  # The appended request's key is the one its near-twin (entry 1) has.
+  np.testing.assert_allclose(grown.keys[13], grown.keys[1], atol=1e-6)
+
+
+def test_bad_cache_files_are_named(store_setup, tmp_path):
+  model, params, _, _, store = store_setup
+  path = str(tmp_path / 'cache.npz')
+  with pytest.raises(output_cache.OutputCacheError, match='No output cache'):
+    output_cache.OutputCache.load(path)
+  store.save(path)
+  data = open(path, 'rb').read()
+  with open(path, 'wb') as f:
+    f.write(data[:len(data) // 2])  # truncated
+  with pytest.raises(output_cache.OutputCacheError, match='corrupt'):
+    output_cache.OutputCache.open(path, model, params, MAX_LEN)
+  with open(path, 'wb') as f:
+    f.write(b'not a zip at all')
+  with pytest.raises(output_cache.OutputCacheError, match='corrupt'):
+    output_cache.OutputCache.load(path)
+  store.save(path)
+  with pytest.raises(output_cache.OutputCacheError, match='vocab_size'):
+    output_cache.OutputCache.load(path, vocab_size=model.vocab_size + 1)
+  other = perturbed(params, 0.1, 1)
+  with pytest.raises(output_cache.OutputCacheError, match='another model'):
+    output_cache.OutputCache.open(path, model, other, MAX_LEN)
+  with pytest.raises(output_cache.OutputCacheError, match='output_length'):
+    output_cache.OutputCache.open(path, model, params, MAX_LEN + 1)
+
+
+def test_near_repeat_retrieves_the_planted_entry_and_drafts_its_output(
+    store_setup):
+  model, params, inputs, outputs, store = store_setup
+  near = inputs[[5, 9]].copy()
+  near[:, 4] = 3  # one token changed: a near-repeat
+  queries = output_cache.embed(model, params, near)
+  index, ok = output_cache.retrieve(store.device_params(), queries, 4)
+  assert ok.all() and list(np.asarray(index[:, 0])) == [5, 9]
+  drafter = drafters.CacheDrafter(model.vocab_size, eos_id=EOS,
+                                  embedder=model)
+  dparams = dict({'embedder': params}, **store.device_params())
+  drafter.check_params(dparams)
+  state = drafter.init(dparams, jnp.asarray(near), MAX_LEN)
+  sequences = jnp.zeros((2, MAX_LEN), jnp.int32)  # BOS only
+  drafts, q, _ = drafter.propose(dparams, state, sequences,
+                                 jnp.ones((2,), jnp.int32), GAMMA,
+                                 SamplingConfig(), jax.random.key(0))
+  for row, entry in enumerate([5, 9]):
+    assert list(np.asarray(drafts[row])) == outputs[entry][:GAMMA]
+  assert (np.asarray(q).max(-1) == 1).all()
+  # Keys of another width are refused before anything is traced.
+  bad = dict(dparams, keys=dparams['keys'][:, :4])
+  with pytest.raises(ValueError, match='another model'):
+    drafter.check_params(bad)
+
+
+@pytest.fixture(scope='module')
+def greedy_base(v11):
+  model, params = v11
+  enc = np.random.default_rng(3).integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  return model, params, enc, base
+
+
+@pytest.mark.parametrize('drafter_name', ['t5', 'lookup'])
+def test_adaptive_length_keeps_greedy_output_and_drafts_less(greedy_base,
+                                                            drafter_name):
+  model, params, enc, base = greedy_base
+  dparams = perturbed(params, 0.3, 0)
+  fixed, adaptive = {
+      't5': (drafters.T5Drafter(model),
+             drafters.T5Drafter(model, confidence=0.6)),
+      'lookup': (drafters.LookupDrafter(model.vocab_size, eos_id=EOS),
+                 drafters.LookupDrafter(model.vocab_size, eos_id=EOS,
+                                        adaptive=True)),
+  }[drafter_name]
+  if drafter_name == 'lookup':
+    dparams = ()
+  runs = [speculative.speculative_sample(
+      model, params, d, dparams, enc, gamma=GAMMA, max_decode_len=MAX_LEN,
+      eos_id=EOS) for d in (fixed, adaptive)]
+  for out in runs:
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    np.testing.assert_array_equal(out.lengths, base.lengths)
+  drafted = [int(jnp.sum(r.stats.drafted)) for r in runs]
+  row_iters = [int(jnp.sum(r.stats.row_iterations)) for r in runs]
+  assert drafted[0] == GAMMA * row_iters[0]
+  assert drafted[1] < GAMMA * row_iters[1]  # some iterations drafted less
+  assert drafted[1] >= row_iters[1]  # draft 1 is always made
+
+
+def test_adaptive_t5_sampled_sequences_follow_target_distribution(
+    tiny_target):  # pylint: disable=redefined-outer-name
+  """Chi-square vs the exact law, temperature 1 top-k 3, with a drafter
+  whose stopping point varies (confidence between its typical maxima)."""
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES['topk3']
+  dist = exact_sequence_distribution(model, params, enc, config)
+  drafter = drafters.T5Drafter(model, confidence=0.3)
+  out = speculative.speculative_sample(
+      model, params, drafter, perturbed(params, 1.0, 2),
+      jnp.tile(enc, (N_SAMPLES, 1)), gamma=GAMMA, max_decode_len=SEQ_LEN,
+      sampling=config, eos_id=SMALL_EOS, rng=jax.random.key(11))
+  stats = out.stats
+  assert 0 < int(jnp.sum(stats.drafted)) < GAMMA * int(
+      jnp.sum(stats.row_iterations))
+  assert_matches(np.asarray(out.tokens), dist)
+
+
+def test_combined_skips_its_model_where_every_row_copies(v11):
+  """A target that copies its input (tests/test_lookup.py): the combined
+  drafter's output is the exact copy, and its model (a T5 that counts its
+  calls) runs only in iterations where some row has nothing to copy: the
+  first (BOS alone) and those at a row's end, not the copying ones."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+  import test_lookup  # pylint: disable=g-import-not-at-top
+
+  calls = []
+
+  @dataclasses.dataclass(frozen=True)
+  class Counting(network.T5Model):
+
+    def extend(self, params, tokens, cache):
+      jax.debug.callback(lambda: calls.append(1))
+      return super().extend(params, tokens, cache)
+
+  model, params = v11
+  vocab, eos = test_lookup.VOCAB, test_lookup.EOS
+  assert model.vocab_size == vocab
+  rng = np.random.default_rng(0)
+  source = np.zeros((2, 20), np.int32)
+  for b, n in enumerate((18, 14)):
+    source[b, :n] = rng.permutation(np.arange(2, vocab))[:n]
+    source[b, n] = eos
+  drafter = drafters.CombinedDrafter(
+      drafters.LookupDrafter(vocab, eos_id=eos),
+      drafters.T5Drafter(Counting(model.config)))
+  gamma = 4
+  out = speculative.speculative_sample(
+      test_lookup.CopyModel(), (), drafter, {'reference': (), 'model': params},
+      source, gamma=gamma, max_decode_len=20, eos_id=eos)
+  jax.effects_barrier()
+  lengths = np.asarray(out.lengths)
+  for b, n in enumerate((18, 14)):
+    assert lengths[b] == n + 1
+    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n + 1],
+                                  source[b, :n + 1])
+  iterations = int(out.stats.iterations)
+  # A T5 drafter alone makes gamma calls per iteration; here the model runs
+  # in at most 3 iterations (BOS, each row's end), one catch-up each.
+  assert iterations >= 5
+  assert 0 < len(calls) <= 3 * (gamma + 2) < gamma * iterations
