@@ -62,6 +62,17 @@ def train_targets(task, max_examples: int = 20000) -> Iterator[List[int]]:
     yield [int(t) for t in ex['targets'].numpy() if t != 0]
 
 
+def train_pairs(task, max_examples: int = 20000
+                ) -> Iterator[Tuple[List[int], List[int]]]:
+  """(input ids, target ids) of the first train examples (no padding).
+
+  What an output cache is seeded with (`drafters.DraftSource.train_pairs`).
+  """
+  for ex in task.get_dataset(split='train', shuffle=False).take(max_examples):
+    yield ([int(t) for t in ex['inputs'].numpy() if t != 0],
+           [int(t) for t in ex['targets'].numpy() if t != 0])
+
+
 def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
   """Token id rows -> int32 `[len(rows), length]`, 0-padded on the right."""
   out = np.zeros((len(rows), length), np.int32)

@@ -931,11 +931,15 @@ def _cache_drafter(source: DraftSource):
 
 
 def _build_combined(source: DraftSource):
+  """The cache (or, without a target to embed with, lookup) over the draft
+  model; copies only after a match of >= 2 tokens (a lone repeated token is
+  weaker evidence than a trained drafter's guess)."""
   model, model_params = _build_t5(source)
-  if source.target_model is None:  # no target to embed with: lookup only
+  if source.target_model is None:
     reference, ref_params = LookupDrafter(source.vocab_size, adaptive=True), ()
   else:
     reference, ref_params = _cache_drafter(source)
+  reference = dataclasses.replace(reference, n_min=2)
   return (CombinedDrafter(reference, model),
           {'reference': ref_params, 'model': model_params})
 

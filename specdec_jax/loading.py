@@ -67,6 +67,15 @@ class EvalSetup:
       the speculative verification (`decoding.temperature_sample`
       block_size=gamma+1), so greedy outputs can be equal bit for bit in
       bfloat16 too; the baseline then pays cost(gamma+1) per token.
+    output_cache: for the 'cache' and 'combined' drafters: the file of the
+      output cache (`output_cache.OutputCache`): loaded (and checked against
+      the target) when it exists, else created, seeded with the task's
+      train pairs when it has a train split; the eval job appends every
+      finished output to it. None: an in-memory cache for this run only.
+    draft_confidence: adaptive draft lengths: 0 drafts gamma tokens every
+      iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
+      likely token is below this probability and a copying drafter stop
+      where nothing matches (see `drafters.T5Drafter`).
   """
 
   target_config: network.T5Config
@@ -90,6 +99,8 @@ class EvalSetup:
   target_widen_to: Optional[Union[str, Mapping[str, int]]] = None
   activation_dtype: Optional[str] = None
   same_shape_baseline: bool = False
+  output_cache: Optional[str] = None
+  draft_confidence: float = 0.0
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -108,6 +119,15 @@ class EvalSetup:
       raise ValueError('num_examples must be None or an int >= 0, got '
                        f'{self.num_examples!r}.')
     kind = drafters_lib.get_kind(self.drafter)
+    conf = self.draft_confidence
+    if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
+        0 <= conf < 1):
+      raise ValueError(f'draft_confidence must be a number in [0, 1), got '
+                       f'{conf!r}.')
+    if self.output_cache is not None and not kind.uses_cache:
+      raise ValueError(f'output_cache is set but drafter {self.drafter!r} '
+                       'does not use one (kinds that do: '
+                       f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.uses_cache)}).')
     if kind.needs_model:
       if self.draft_config is None:
         raise ValueError(f'drafter={self.drafter!r} needs DRAFT_MODEL (a '
@@ -166,6 +186,8 @@ class EvalSetup:
       settings['activation_dtype'] = self.activation_dtype
     if self.same_shape_baseline:
       settings['same_shape_baseline'] = True
+    if self.draft_confidence:
+      settings['draft_confidence'] = float(self.draft_confidence)
     return settings
 
   def describe(self) -> str:
@@ -183,6 +205,7 @@ class Loaded:
   target_params: Any
   drafter: Any  # interfaces.Drafter
   draft_params: Any
+  store: Any = None  # the output cache the drafter reads, if it reads one
 
   @property
   def vocabulary(self):
@@ -264,8 +287,45 @@ def load_target(setup: EvalSetup):
 _BUILT: Dict[Any, Any] = {}
 
 
+def load_store(setup: EvalSetup, task, target, target_params,
+               max_train_examples: int = 20000):
+  """The output cache of a setup whose drafter reads one (else None).
+
+  `setup.output_cache` is loaded when the file exists (checked against the
+  target and the task's output length); otherwise a new cache is seeded
+  with the task's train pairs (when the task has a train split) and, with
+  a path, saved.
+  """
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
+
+  if not drafters_lib.get_kind(setup.drafter).uses_cache:
+    return None
+  length = setup.task_feature_lengths['targets']
+  store = output_cache.OutputCache.open(setup.output_cache, target,
+                                        target_params, length)
+  if len(store) or task is None:
+    return store
+  try:
+    pairs = list(data.train_pairs(task, max_train_examples))
+  except Exception as e:  # pylint: disable=broad-except
+    print(f'output cache: no train pairs to seed it from ({type(e).__name__}'
+          f': {str(e)[:120]}); it starts empty and grows with the outputs.')
+    pairs = []
+  if pairs:
+    inputs = data.pad_rows([i[:setup.task_feature_lengths['inputs']]
+                            for i, _ in pairs],
+                           setup.task_feature_lengths['inputs'])
+    store.add_requests(target, target_params, inputs, [o for _, o in pairs])
+    print(f'output cache: seeded with {len(pairs)} train pairs.')
+  if store.path:
+    store.save()
+  return store
+
+
 def load_drafter(setup: EvalSetup, task=None, target=None,
-                 target_params=None, max_train_examples: int = 20000):
+                 target_params=None, max_train_examples: int = 20000,
+                 store=None):
   """(drafter, params) of the setup's drafter kind (`drafters.KINDS`).
 
   Args:
@@ -274,6 +334,8 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     target: the target model (kinds that draft with it), or None.
     target_params: its params.
     max_train_examples: train examples a data-built drafter reads.
+    store: the output cache of a kind that reads one (`load_store`), or
+      None (such a kind then builds a new one from the task's train pairs).
   """
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
 
@@ -285,10 +347,15 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
   train = None
   if task is not None:
     train = lambda: data.train_targets(task, max_train_examples)
+  pairs = None
+  if task is not None:
+    pairs = lambda: data.train_pairs(task, max_train_examples)
   source = drafters_lib.DraftSource(
       vocab_size=setup.target_config.vocab_size, draft_model=draft_model,
       draft_params=draft_params, train_targets=train, target_model=target,
-      target_params=target_params)
+      target_params=target_params, train_pairs=pairs, output_cache=store,
+      output_length=setup.task_feature_lengths['targets'],
+      confidence=float(setup.draft_confidence))
   if not kind.data_only or task is None:
     return kind.build(source)
   key = (kind.name, task.name, setup.target_config.vocab_size,
@@ -302,5 +369,8 @@ def build(setup: EvalSetup, task=None) -> Loaded:
   """Loads a setup: task (unless given), target (widened if asked), drafter."""
   task = load_task(setup) if task is None else task
   target, target_params = load_target(setup)
-  drafter, draft_params = load_drafter(setup, task, target, target_params)
-  return Loaded(setup, task, target, target_params, drafter, draft_params)
+  store = load_store(setup, task, target, target_params)
+  drafter, draft_params = load_drafter(setup, task, target, target_params,
+                                       store=store)
+  return Loaded(setup, task, target, target_params, drafter, draft_params,
+                store)

@@ -1,0 +1,375 @@
+"""Drafting without a draft model, measured (issue 15): lookup, the output
+cache, combined drafters and adaptive draft lengths vs the T5 drafter.
+
+On the shipped target (specdec_jax/assets/mini), batch 1, one request after
+another as a service sees them, for three workloads:
+
+- en_de, synopsis: the first --num_examples rows of the shipped test slices.
+  The output cache starts with the target's own greedy outputs for other
+  test rows (rows --seed_from.. of the slice, never the evaluated ones): a
+  cache of earlier requests, no evaluated output in it.
+- stream (the agentic workload): --stream_length synopsis requests drawn
+  from the test slice with repeats and near-repeats (`make_stream`: a new
+  row, an exact repeat of an earlier request, or an earlier request with
+  one input token changed). The cache starts EMPTY and every finished
+  output is appended, as the eval job does.
+
+For every (workload, temperature, drafter) each request is decoded by the
+baseline and by speculative decoding, compiled, timed side by side
+(`measure.time_alternating`, median of --repeats); greedy outputs must be
+identical. Reported: alpha, mean accepted length, target calls per token,
+draft-model calls per token (counted in a separate untimed pass with a
+counting model), measured CPU speed-up, and a PREDICTED H100 speed-up at
+T5-XXL target cost: tokens / (target calls x cost(gamma+1) + draft-model
+calls x c), with cost(k) = 1 and c = 0.028 for dec2 (../shared/GPU.md,
+`reproduce.H100_C`); copying costs are taken as 0 (measured on CPU below).
+
+Needs only jax, flax, numpy, orbax/tensorstore (runs on an accelerator
+host too). Usage:
+
+  python scripts/benchmark_draft_free.py --out_dir results/draft_free
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import measure
+from specdec_jax import network
+from specdec_jax import output_cache
+from specdec_jax import shipped
+from specdec_jax import speculative
+from specdec_jax.sampling import SamplingConfig
+
+EOS = 1
+H100_C_DEC2 = 0.028  # reproduce.H100_C['dec2'] (GPU.md: 2 decoder layers)
+DRAFTERS = ('dec2', 'lookup', 'cache', 'combined', 'dec2_adaptive',
+            'combined_adaptive')
+
+CALLS = []
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingT5(network.T5Model):
+  """A T5Model that counts its decoder calls (host callback; untimed runs)."""
+
+  def extend(self, params, tokens, cache):
+    jax.debug.callback(lambda: CALLS.append(1))
+    return super().extend(params, tokens, cache)
+
+
+def make_stream(inputs, n_rows: int, length: int, vocab: int, seed: int = 0,
+                p_repeat: float = 0.3, p_near: float = 0.3):
+  """An agentic request stream: `(inputs [length, input_length], kinds)`.
+
+  Each request is, with these probabilities once one has been sent: an
+  exact 'repeat' of an earlier request; a 'near' repeat (an earlier request
+  with one input token, not its EOS, replaced by a random one); else a
+  'new' row of `inputs[:n_rows]` never sent before.
+  """
+  rng = np.random.default_rng(seed)
+  unused = [int(r) for r in rng.permutation(n_rows)]
+  sent, kinds = [], []
+  for _ in range(length):
+    u = rng.random()
+    if sent and u < p_repeat + p_near:
+      x = sent[int(rng.integers(len(sent)))].copy()
+      kind = 'repeat'
+      if u >= p_repeat:
+        kind = 'near'
+        n = int(np.sum(x > 0))
+        x[int(rng.integers(max(n - 1, 1)))] = int(rng.integers(3, vocab))
+    else:
+      x, kind = inputs[unused.pop()].copy(), 'new'
+    sent.append(x)
+    kinds.append(kind)
+  return np.stack(sent), kinds
+
+
+def build(name, vocab, target, target_params, dec2, dec2_params, store,
+          gamma_conf, counting=False):
+  """(drafter, params) of a benchmark drafter name."""
+  model = CountingT5(dec2.config) if counting else dec2
+  lookup = drafters.LookupDrafter(vocab, eos_id=EOS)
+  if name in ('dec2', 'dec2_adaptive'):
+    conf = gamma_conf if name == 'dec2_adaptive' else 0.0
+    return drafters.T5Drafter(model, conf), dec2_params
+  if name == 'lookup':
+    return lookup, ()
+  cache_drafter = drafters.CacheDrafter(vocab, eos_id=EOS, embedder=target)
+  cache_params = dict({'embedder': target_params}, **store.device_params())
+  if name == 'cache':
+    return cache_drafter, cache_params
+  if name in ('combined', 'combined_adaptive'):
+    conf = gamma_conf if name == 'combined_adaptive' else 0.0
+    # As the 'combined' kind: copy only after a match of >= 2 tokens.
+    reference = dataclasses.replace(cache_drafter, n_min=2)
+    return (drafters.CombinedDrafter(reference,
+                                     drafters.T5Drafter(model, conf)),
+            {'reference': cache_params, 'model': dec2_params})
+  raise ValueError(f'unknown drafter {name!r}; known: {DRAFTERS}')
+
+
+def run_workload(args, name, inputs, seed_inputs, target, target_params, dec2,
+                 dec2_params, temperature, max_len, kinds=None):
+  """Rows of one workload and temperature, one per drafter."""
+  sampling = SamplingConfig(temperature=temperature)
+  vocab = target.vocab_size
+  rows = []
+  base_fn = lambda x, rng: decoding.temperature_sample(
+      target, target_params, x, max_decode_len=max_len, sampling=sampling,
+      eos_id=EOS, rng=rng)
+  for dname in args.drafters.split(','):
+    uses_cache = dname in ('cache', 'combined', 'combined_adaptive')
+    record = dict(workload=name, temperature=temperature, drafter=dname,
+                  gamma=args.gamma, requests=len(inputs))
+    counts = {}
+    for counting in ((False, True) if dname != 'lookup' and dname != 'cache'
+                     else (False,)):
+      store = output_cache.OutputCache.for_model(target, target_params,
+                                                 max_len)
+      if seed_inputs is not None and uses_cache:
+        seed_out = base_fn(seed_inputs, jax.random.key(0))
+        store.add_requests(target, target_params, seed_inputs,
+                           [np.asarray(t)[:int(n)] for t, n in zip(
+                               seed_out.tokens, seed_out.lengths)])
+      drafter, dparams = build(dname, vocab, target, target_params, dec2,
+                               dec2_params, store, args.confidence, counting)
+      tot = dict(iterations=0, drafted=0, accepted=0, beta_sum=0.0,
+                 beta_count=0, tokens=0, base_tokens=0, base_s=0.0,
+                 spec_s=0.0, identical=0, model_calls=0)
+      windows = []
+      warm_shape = None
+      for i, x in enumerate(inputs):
+        x = jnp.asarray(x[None])
+        rng = jax.random.key(1000 + i)
+        calls = {
+            'baseline': lambda: base_fn(x, rng),
+            'speculative': lambda: speculative.speculative_sample(
+                target, target_params, drafter, dparams, x, gamma=args.gamma,
+                max_decode_len=max_len, sampling=sampling, eos_id=EOS,
+                rng=rng)}
+        if counting:
+          del CALLS[:]
+          spec = calls['speculative']()
+          jax.effects_barrier()
+          tot['model_calls'] += len(CALLS)
+        else:
+          shape = jax.tree_util.tree_map(np.shape, dparams)
+          if shape != warm_shape:
+            measure.time_alternating(calls)  # compile outside the timings
+            warm_shape = shape
+          res, times = measure.time_alternating(calls, args.repeats,
+                                                reverse=i % 2 == 1)
+          base, spec = res['baseline'], res['speculative']
+          st = spec.stats
+          n = int(spec.lengths[0])
+          tot['iterations'] += int(st.row_iterations[0])
+          tot['drafted'] += int(st.drafted[0])
+          tot['accepted'] += int(st.accepted[0])
+          tot['beta_sum'] += float(st.beta_sum[0])
+          tot['beta_count'] += int(st.beta_count[0])
+          tot['tokens'] += n
+          tot['base_tokens'] += int(base.lengths[0])
+          tot['base_s'] += times['baseline']
+          tot['spec_s'] += times['speculative']
+          tot['identical'] += int(np.array_equal(base.tokens, spec.tokens))
+          windows.append(dict(cache_entries=len(store), tokens=n,
+                              kind=kinds[i] if kinds else 'row',
+                              iterations=int(st.row_iterations[0]),
+                              beta_sum=float(st.beta_sum[0]),
+                              beta_count=int(st.beta_count[0]),
+                              accepted=int(st.accepted[0])))
+        if uses_cache:
+          store.add_requests(target, target_params, np.asarray(x),
+                             [np.asarray(spec.tokens[0])[
+                                 :int(spec.lengths[0])]])
+          dparams = drafters.with_store(drafter, dparams, store)
+      if counting:
+        counts['model_calls'] = tot['model_calls']
+      else:
+        record.update(tot)
+        record['windows'] = windows
+    if dname.startswith('dec2') or dname.startswith('combined'):
+      record['model_calls'] = counts.get('model_calls')
+    else:
+      record['model_calls'] = 0
+    r = speculative.rates(record['iterations'], record['drafted'],
+                          record['accepted'], record['beta_sum'],
+                          record['beta_count'], record['tokens'])
+    record.update(r)
+    record['model_calls_per_token'] = record['model_calls'] / max(
+        record['tokens'], 1)
+    record['measured_speedup'] = ((record['tokens'] / record['spec_s']) /
+                                  (record['base_tokens'] / record['base_s']))
+    record['predicted_h100'] = record['tokens'] / (
+        record['iterations'] + H100_C_DEC2 * record['model_calls'])
+    print(json.dumps({k: v for k, v in record.items() if k != 'windows'}),
+          flush=True)
+    rows.append(record)
+  return rows
+
+
+def copy_costs(target, target_params, inputs, max_len, gamma):
+  """CPU seconds: a target 1-token call, the cache drafter's retrieval (per
+  request) and its drafting (per drafted token) at 10k entries."""
+  vocab = target.vocab_size
+  x = jnp.asarray(inputs[:1])
+  t1 = measure.call_time(target, target_params, x, 1, repeats=5)
+  store = output_cache.OutputCache.for_model(target, target_params, max_len)
+  rng = np.random.default_rng(0)
+  keys = rng.normal(size=(10240, store.dim)).astype(np.float32)
+  keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+  store.add(keys, [list(rng.integers(2, vocab, max_len - 1)) + [EOS]
+                   for _ in range(10240)])
+  cache_drafter = drafters.CacheDrafter(vocab, eos_id=EOS, embedder=target)
+  params = dict({'embedder': target_params}, **store.device_params())
+  init = jax.jit(lambda p, x: cache_drafter.init(p, x, max_len + gamma + 1))
+  retrieval = measure.median_time(lambda: init(params, x), 5)
+  per_token = measure.drafter_token_time(cache_drafter, params, x,
+                                         gamma=gamma)
+  lookup_token = measure.drafter_token_time(
+      drafters.LookupDrafter(vocab, eos_id=EOS), (), x, gamma=gamma)
+  return dict(target_step_s=t1, cache_entries=10240,
+              cache_bytes=store.nbytes(10240),
+              retrieval_s=retrieval, cache_draft_token_s=per_token,
+              lookup_draft_token_s=lookup_token)
+
+
+def markdown(rows, costs, command) -> str:
+  lines = ['# Drafting without a draft model (issue 15), shipped target, '
+           'batch 1', '', f'Command: `{command}`  ',
+           f'Machine: {measure.machine()}, jax {jax.__version__}  ',
+           f'Date: {time.strftime("%Y-%m-%d")}', '',
+           'measured = speculative tokens/s over baseline tokens/s on this '
+           'CPU, same requests, side by side. **predicted H100** is '
+           'PREDICTED, not measured: tokens / (target calls + 0.028 x '
+           'draft-model calls) from this run\'s counts, with cost(k) = 1 '
+           'and c = 0.028 for dec2 at T5-XXL target cost (../shared/GPU.md)'
+           ', copying taken as free (its CPU cost is below).', '',
+           '| workload | temp | drafter | requests | alpha | mean accepted '
+           'length | target calls / token | draft-model calls / token | '
+           'identical | measured (CPU) | predicted H100 |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    ident = (f'{r["identical"]}/{r["requests"]}' if r['temperature'] == 0
+             else 'n/a')
+    lines.append(
+        f'| {r["workload"]} | {r["temperature"]:g} | {r["drafter"]} | '
+        f'{r["requests"]} | {r["alpha"]:.3f} | '
+        f'{r["mean_accepted_length"]:.2f} | '
+        f'{r["target_calls_per_token"]:.3f} | '
+        f'{r["model_calls_per_token"]:.3f} | {ident} | '
+        f'{r["measured_speedup"]:.2f}x | **{r["predicted_h100"]:.2f}x** |')
+  lines += ['', '## Alpha as the stream goes on (the cache grows)', '',
+            '| temp | drafter | requests | cache entries at start | alpha | '
+            'tokens per iteration |', '|---|---|---|---|---|---|']
+  for r in rows:
+    if r['workload'] != 'stream' or not r['drafter'].startswith(
+        ('cache', 'combined')):
+      continue
+    w = r['windows']
+    q = max(len(w) // 4, 1)
+    for s in range(0, len(w), q):
+      part = w[s:s + q]
+      a = sum(x['beta_sum'] for x in part) / max(
+          sum(x['beta_count'] for x in part), 1)
+      tpi = sum(x['tokens'] for x in part) / max(
+          sum(x['iterations'] for x in part), 1)
+      lines.append(f'| {r["temperature"]:g} | {r["drafter"]} | '
+                   f'{s + 1}-{s + len(part)} | {part[0]["cache_entries"]} | '
+                   f'{a:.3f} | {tpi:.2f} |')
+  lines += ['', '## The stream by kind of request (alpha, tokens per '
+            'iteration)', '', '| temp | drafter | new | repeat | near |',
+            '|---|---|---|---|---|']
+  for r in rows:
+    if r['workload'] != 'stream':
+      continue
+    cells = []
+    for kind in ('new', 'repeat', 'near'):
+      part = [x for x in r['windows'] if x['kind'] == kind]
+      a = sum(x['beta_sum'] for x in part) / max(
+          sum(x['beta_count'] for x in part), 1)
+      tpi = sum(x['tokens'] for x in part) / max(
+          sum(x['iterations'] for x in part), 1)
+      cells.append(f'{a:.2f} / {tpi:.2f} ({len(part)})')
+    lines.append(f'| {r["temperature"]:g} | {r["drafter"]} | ' +
+                 ' | '.join(cells) + ' |')
+  if costs:
+    lines += ['', '## What copying costs on this CPU', '',
+              f'- target step t(1): {costs["target_step_s"] * 1e3:.3f} ms',
+              f'- output cache of {costs["cache_entries"]} entries: '
+              f'{costs["cache_bytes"] / 2**20:.1f} MiB on device; retrieval '
+              f'(encode the request, top-k) {costs["retrieval_s"] * 1e3:.2f}'
+              ' ms per request',
+              f'- drafting per token: cache (10k entries, 4 neighbours) '
+              f'{costs["cache_draft_token_s"] * 1e3:.3f} ms, lookup '
+              f'{costs["lookup_draft_token_s"] * 1e3:.3f} ms, i.e. c = '
+              f'{costs["cache_draft_token_s"] / costs["target_step_s"]:.3f}'
+              f' / {costs["lookup_draft_token_s"] / costs["target_step_s"]:.3f}'
+              ' against this small target']
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workloads', default='synopsis,en_de,stream')
+  parser.add_argument('--drafters', default=','.join(DRAFTERS))
+  parser.add_argument('--temperatures', default='0,1')
+  parser.add_argument('--gamma', type=int, default=6)
+  parser.add_argument('--confidence', type=float, default=0.5)
+  parser.add_argument('--num_examples', type=int, default=24)
+  parser.add_argument('--seed_from', type=int, default=64)
+  parser.add_argument('--stream_length', type=int, default=64)
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--out_dir', default='results/draft_free')
+  args = parser.parse_args(argv)
+
+  target, target_params = shipped.load_model('target')
+  dec2, dec2_params = shipped.load_model('dec2')
+  rows = []
+  costs = None
+  for workload in args.workloads.split(','):
+    task = 'synopsis' if workload == 'stream' else workload
+    arrays = shipped.test_arrays(task)
+    max_len = arrays['targets'].shape[1]
+    if workload == 'stream':
+      inputs, kinds = make_stream(arrays['inputs'], args.seed_from,
+                                  args.stream_length, target.vocab_size)
+      seed = None
+      mix = {k: kinds.count(k) for k in ('new', 'repeat', 'near')}
+      print('stream:', mix)
+    else:
+      inputs = arrays['inputs'][:args.num_examples]
+      seed = arrays['inputs'][args.seed_from:]
+    for t in map(float, args.temperatures.split(',')):
+      rows += run_workload(args, workload, inputs, seed, target,
+                           target_params, dec2, dec2_params, t, max_len,
+                           kinds if workload == 'stream' else None)
+    if costs is None:
+      costs = copy_costs(target, target_params, arrays['inputs'], max_len,
+                         args.gamma)
+  os.makedirs(args.out_dir, exist_ok=True)
+  command = 'python scripts/benchmark_draft_free.py ' + ' '.join(
+      sys.argv[1:] if argv is None else argv)
+  with open(os.path.join(args.out_dir, 'draft_free.json'), 'w') as f:
+    json.dump(dict(command=command, machine=measure.machine(),
+                   jax=jax.__version__, rows=rows, costs=costs), f, indent=1)
+  with open(os.path.join(args.out_dir, 'draft_free.md'), 'w') as f:
+    f.write(markdown(rows, costs, command))
+  print(markdown(rows, costs, command))
+
+
+if __name__ == '__main__':
+  main()
