@@ -113,10 +113,12 @@ def build(name, vocab, target, target_params, dec2, dec2_params, store,
     return cache_drafter, cache_params
   if name in ('combined', 'combined_adaptive'):
     conf = gamma_conf if name == 'combined_adaptive' else 0.0
-    # As the 'combined' kind: copy only after a match of >= 2 tokens.
-    reference = dataclasses.replace(cache_drafter, n_min=2)
+    # As the 'combined' kind (drafters.COMBINED_TRUST / _LONG_MATCH).
+    reference = dataclasses.replace(cache_drafter,
+                                    n_max=drafters.COMBINED_LONG_MATCH)
     return (drafters.CombinedDrafter(reference,
-                                     drafters.T5Drafter(model, conf)),
+                                     drafters.T5Drafter(model, conf),
+                                     drafters.COMBINED_TRUST),
             {'reference': cache_params, 'model': dec2_params})
   raise ValueError(f'unknown drafter {name!r}; known: {DRAFTERS}')
 

@@ -775,16 +775,20 @@ class CombinedDrafter:
   """A copying drafter where it has a draft, a model drafter elsewhere.
 
   Per row and per draft position: where the `reference` (a `LookupDrafter`
-  or `CacheDrafter`) matches the context (prefix ++ drafts so far), its
-  copied token with one-hot q; elsewhere the `model` drafter's (a
-  `T5Drafter`) sample and q, the model consuming whichever token was
-  drafted. In an iteration where every row's first draft is copied (or the
+  or `CacheDrafter`) matches the context (prefix ++ drafts so far) and
+  either the model is unsure (its top token's probability, softmax of its
+  raw logits, below `trust`) or the match is the longest the reference
+  tries (`n_max` tokens), its copied token with one-hot q; elsewhere the
+  `model` drafter's (a `T5Drafter`) sample and q, the model consuming
+  whichever token was drafted. (trust = 1: copy wherever anything matches.)
+  In an iteration where every row's first draft is such a sure copy (or the
   row has ended) the model is not called at all: the rows copy as far as
   the reference matches and stop there (q = 0 after), and the model's cache
   is caught up later (`T5Drafter._sync`). Where copying works the drafter
   costs ~0, elsewhere it costs the model's calls. Exact in every sampling
-  mode: each draft carries the q it was drawn from. (The model's own
-  `confidence` is not applied here.)
+  mode: each draft carries the q it was drawn from, and the choice between
+  the two is made before drawing. (The model's own `confidence` is not
+  applied here.)
 
   params: `{'reference': ..., 'model': ...}`; state: `(reference state,
   model cache)`.
@@ -792,6 +796,7 @@ class CombinedDrafter:
 
   reference: LookupDrafter
   model: T5Drafter
+  trust: float = 1.0
 
   def __post_init__(self):
     if not self.reference.adaptive:
@@ -844,9 +849,13 @@ class CombinedDrafter:
     ref, model = self.reference, self.model
     context = jnp.pad(sequences.astype(jnp.int32), ((0, 0), (0, gamma)))
     pos = jnp.arange(context.shape[1])[None]
-    _, matched = ref.lookup(ref_state, context, lengths)
+    # With trust < 1 the model may overrule a copy unless its match is the
+    # longest (n_max): only such rows may skip the model.
+    sure_n = ref.n_min if self.trust >= 1 else ref.n_max
+    _, first_n = lookup_next(ref_state, context, lengths, ref.n_max,
+                             ref.n_min)
     last_token = jnp.take_along_axis(sequences, (lengths - 1)[:, None], 1)
-    need = ~matched & (last_token[:, 0] != ref.eos_id)
+    need = (first_n < sure_n) & (last_token[:, 0] != ref.eos_id)
     # Slots from lengths - 1 on may hold drafts that were not committed.
     cache = cache.rewind(jnp.minimum(cache.position, lengths - 1))
     rngs = jax.random.split(rng, gamma)
@@ -866,7 +875,12 @@ class CombinedDrafter:
           lengths)
 
       def choose(i, context, logits):
-        token_r, hit = ref.lookup(ref_state, context, lengths + i)
+        token_r, n = lookup_next(ref_state, context, lengths + i, ref.n_max,
+                                 ref.n_min)
+        unsure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32)),
+                         axis=-1) < self.trust
+        hit = (n > 0) & (unsure | (n >= ref.n_max))
+        token_r = jnp.where(n > 0, token_r, ref.eos_id)
         token_r, q_r = sampling_lib.draw(
             rngs[i], one_hot_logits(token_r, self.vocab_size), sampling)
         token_m, q_m = sampling_lib.draw(rngs[i], logits, sampling)
@@ -930,17 +944,25 @@ def _cache_drafter(source: DraftSource):
                        **store.device_params())
 
 
+# The 'combined' kind's rule: copy where the draft model's top token is less
+# likely than COMBINED_TRUST, or where the match is COMBINED_LONG_MATCH
+# tokens long; else the model's draft. On the shipped synopsis rows (cache
+# of other rows' outputs, gamma 6, greedy) copying wherever anything matched
+# lowered alpha (0.585 vs dec2's 0.619); this rule raised it (0.629).
+COMBINED_TRUST = 0.3
+COMBINED_LONG_MATCH = 6
+
+
 def _build_combined(source: DraftSource):
   """The cache (or, without a target to embed with, lookup) over the draft
-  model; copies only after a match of >= 2 tokens (a lone repeated token is
-  weaker evidence than a trained drafter's guess)."""
+  model, by the rule above."""
   model, model_params = _build_t5(source)
   if source.target_model is None:
     reference, ref_params = LookupDrafter(source.vocab_size, adaptive=True), ()
   else:
     reference, ref_params = _cache_drafter(source)
-  reference = dataclasses.replace(reference, n_min=2)
-  return (CombinedDrafter(reference, model),
+  reference = dataclasses.replace(reference, n_max=COMBINED_LONG_MATCH)
+  return (CombinedDrafter(reference, model, COMBINED_TRUST),
           {'reference': ref_params, 'model': model_params})
 
 

@@ -36,6 +36,14 @@ is diagnosed (`diagnostics.diagnose`: teacher-forced float32 logits at the
 first difference): a numerical near-tie is counted and reported, a real
 mismatch marks the summary failed and the job raises `MismatchError` (exit
 status 1) after writing everything.
+
+On a device mesh (gin_configs/mesh/partitioner.gin: `evaluate.partitioner`)
+the target is restored straight into T5X-style shardings and both decoders
+run sharded (partitioning.py). Across processes (`--coordinator_address`,
+`--num_processes`, `--process_id`, or the JAX_* env, or `--multiprocess`;
+`jax.distributed`), each process decodes every P-th batch into its own
+examples.process-p-of-P.jsonl and process 0 merges them into examples.jsonl
+(each index once) and writes the summary.
 """
 
 from __future__ import annotations
@@ -67,12 +75,15 @@ class MismatchError(RuntimeError):
   """Greedy speculative outputs differ from the baseline beyond rounding."""
 
 
-def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str
-            ) -> List[Dict[str, Any]]:
+def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str,
+            main_process: bool = True) -> List[Dict[str, Any]]:
   """Claims `out` for this setup; returns the records of an earlier run.
 
   A rerun with the same settings resumes (asking for more examples is
-  fine); other settings in the same folder are refused.
+  fine); other settings in the same folder are refused. Only the main
+  process writes run.json and config.gin and repairs examples.jsonl; every
+  process reads the records of all (examples.jsonl and the per-process
+  files of an unmerged multi-process run, read-only).
   """
   out.mkdir(parents=True, exist_ok=True)
   settings = setup.settings()
@@ -86,10 +97,68 @@ def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str
       raise ValueError(
           f'{out} holds a run with other settings ({run_file}); use another '
           'EVAL_OUTPUT_DIR or delete it.')
+  if not main_process:
+    return _all_records(out, own=None)
   _write_atomic(run_file, json.dumps(settings, indent=1))
   if config_str:
     _write_atomic(out / 'config.gin', config_str)
-  return _read_records(out / RECORDS)
+  return _all_records(out, own=out / RECORDS)
+
+
+def _process_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
+  """The records file of process `index` of `count` (examples.jsonl: 1)."""
+  if count == 1:
+    return out / RECORDS
+  return out / f'examples.process-{index:05d}-of-{count:05d}.jsonl'
+
+
+def _all_records(out: pathlib.Path, own: Optional[pathlib.Path]
+                 ) -> List[Dict[str, Any]]:
+  """Records of examples.jsonl and every per-process file, deduplicated.
+
+  Only `own` (this process's file) is repaired; the others are read as they
+  are. The first record of an index counts.
+  """
+  records, seen = [], set()
+  for path in [out / RECORDS] + sorted(out.glob('examples.process-*.jsonl')):
+    for r in _read_records(path, repair=path == own):
+      if r['index'] not in seen:
+        seen.add(r['index'])
+        records.append(r)
+  return records
+
+
+def _merge(out: pathlib.Path) -> List[Dict[str, Any]]:
+  """Process 0, once every process is done: one examples.jsonl.
+
+  Writes the union of examples.jsonl and the per-process files (each index
+  once) atomically, then deletes the per-process files; a crash in between
+  leaves both, and the next run's reading dedupes them again.
+  """
+  records = sorted(_all_records(out, own=None), key=lambda r: r['index'])
+  _write_atomic(out / RECORDS,
+                ''.join(json.dumps(r) + '\n' for r in records))
+  for path in out.glob('examples.process-*.jsonl'):
+    path.unlink()
+  return records
+
+
+_BARRIERS = [0]
+
+
+def _barrier(name: str, timeout_s: float) -> None:
+  """All processes of a `jax.distributed` run wait here (no-op alone).
+
+  The coordination service's barrier: no device collective, so it works on
+  any backend.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  _BARRIERS[0] += 1
+  distributed.global_state.client.wait_at_barrier(
+      f'specdec_eval_{name}_{_BARRIERS[0]}', int(timeout_s * 1000))
 
 
 def _write_atomic(path: pathlib.Path, text: str) -> None:
@@ -97,8 +166,12 @@ def _write_atomic(path: pathlib.Path, text: str) -> None:
   checkpoints.write_bytes(str(path), text.encode())
 
 
-def _read_records(path: pathlib.Path) -> List[Dict[str, Any]]:
+def _read_records(path: pathlib.Path, repair: bool = True
+                  ) -> List[Dict[str, Any]]:
   """The records of examples.jsonl, repaired for resuming.
+
+  With `repair=False` the file is only read (a cut-off last line is skipped
+  in memory): another process may own it.
 
   A last line cut off by a crash mid-write is dropped (its example is
   decoded again); a record whose index is already there is dropped (the
@@ -121,8 +194,9 @@ def _read_records(path: pathlib.Path) -> List[Dict[str, Any]]:
             f'{path}, line {number}: not a JSON record (and not the last '
             'line, so not a write cut off by a crash). Fix or delete the '
             'file.') from None
-      logging.warning('%s: dropped a cut-off last line (%d characters); '
-                      'its example is decoded again.', path, len(line))
+      if repair:
+        logging.warning('%s: dropped a cut-off last line (%d characters); '
+                        'its example is decoded again.', path, len(line))
       repaired = True
       continue
     if record['index'] in seen:
@@ -130,7 +204,7 @@ def _read_records(path: pathlib.Path) -> List[Dict[str, Any]]:
       continue
     seen.add(record['index'])
     records.append(record)
-  if repaired or (lines[-1] and records):
+  if repair and (repaired or (lines[-1] and records)):
     _write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
   return records
 
@@ -166,12 +240,14 @@ def _sigterm_interrupts():
 
 
 def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
-                    done: set, timing_repeats: int
-                    ) -> Iterator[List[Dict[str, Any]]]:
+                    done: set, timing_repeats: int, share=(0, 1),
+                    partitioner=None) -> Iterator[List[Dict[str, Any]]]:
   """Decodes every unfinished batch both ways; yields each batch's records.
 
   Rows already in `done` (a batch cut short by a crash) are decoded with
-  their batch but not recorded again.
+  their batch but not recorded again. With `share` (index, count) only
+  batches b with b % count == index are decoded (a process's share); with a
+  `partitioner` each batch is placed on its mesh (batch over 'data').
 
   The two decoders run on the same inputs and rng, compiled (the first batch
   is decoded once untimed), timed alternately (`measure.time_alternating`,
@@ -181,7 +257,9 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
   from specdec_jax import diagnostics  # pylint: disable=g-import-not-at-top
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
   from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
 
   setup, target, target_params = (loaded.setup, loaded.target,
@@ -191,13 +269,16 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              lengths['inputs'])
   warm = False
+  draft_params = loaded.draft_params
   for start, n, inputs in tqdm(
       list(data.batches(all_inputs, setup.batch_size)), desc='eval',
       unit='batch'):
     b = start // setup.batch_size
     batch = examples[start:start + n]
-    if all(i in done for i, *_ in batch):
+    if b % share[1] != share[0] or all(i in done for i, *_ in batch):
       continue
+    if partitioner is not None:
+      inputs = partitioner.shard_batch(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), b)
     calls = {
         'baseline': lambda: decoding.temperature_sample(
@@ -205,7 +286,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
             sampling=sampling, eos_id=setup.eos_id, rng=rng,
             block_size=setup.gamma + 1 if setup.same_shape_baseline else 1),
         'speculative': lambda: speculative.speculative_sample(
-            target, target_params, loaded.drafter, loaded.draft_params,
+            target, target_params, loaded.drafter, draft_params,
             inputs, gamma=setup.gamma, max_decode_len=lengths['targets'],
             sampling=sampling, eos_id=setup.eos_id, rng=rng),
     }
@@ -219,8 +300,8 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
     divergences = {}
     if sampling.greedy:  # why a greedy row differs: rounding or a bug
       divergences = {d.row: d.to_dict() for d in diagnostics.diagnose(
-          target, target_params, inputs[:n], np.asarray(base.tokens)[:n],
-          np.asarray(spec.tokens)[:n])}
+          partitioning.unwrap(target), target_params, inputs[:n],
+          np.asarray(base.tokens)[:n], np.asarray(spec.tokens)[:n])}
     text = lambda out, row, length: data.decode_text(
         loaded.vocabulary, out.tokens[row], length, setup.eos_id)
     records = []
@@ -241,7 +322,29 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
           baseline_batch_s=times['baseline'],
           speculative_batch_s=times['speculative'],
           divergence=divergences.get(row)))
+    if loaded.store is not None and records:
+      # The output cache learns every finished output (persisted when it
+      # has a file); the next batch drafts from it. A grown capacity is a
+      # new compiled shape: warm up again outside the timings.
+      capacity = np.shape(_cache_keys(draft_params))
+      new_rows = [row for row, (i, *_) in enumerate(batch) if i not in done]
+      loaded.store.add_requests(
+          target, target_params, inputs[new_rows],
+          [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
+           for row in new_rows])
+      if loaded.store.path:
+        loaded.store.save()
+      draft_params = drafters.with_store(loaded.drafter, draft_params,
+                                         loaded.store)
+      warm = warm and np.shape(_cache_keys(draft_params)) == capacity
     yield records
+
+
+def _cache_keys(params):
+  """The output-cache keys inside a drafter's params (for their shape)."""
+  if isinstance(params, dict) and 'reference' in params:
+    params = params['reference']
+  return params.get('keys') if isinstance(params, dict) else None
 
 
 def _summary(records, settings) -> Dict[str, Any]:
@@ -351,8 +454,16 @@ def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
 
 
 def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
-             config_str: str = '') -> Dict[str, Any]:
+             config_str: str = '', partitioner=None,
+             shard_drafter: bool = False,
+             barrier_timeout_s: float = 24 * 3600) -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
+
+  Across processes (`jax.distributed`, see `main`): process p of P decodes
+  the batches b with b % P == p (batch b's rng is the single-process run's)
+  into its own examples.process-p-of-P.jsonl; once all are done, process 0
+  merges them into examples.jsonl (each index once) and writes the summary.
+  A rerun, with any number of processes, resumes from every record file.
 
   Args:
     setup: what to decode (target, drafter, task, sampling, gamma, ...).
@@ -360,9 +471,17 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     timing_repeats: each batch is decoded this many times by each method
       (alternating) and the median time is reported.
     config_str: the gin config to save as config.gin.
+    partitioner: None (one device) or a `partitioning.Partitioner`
+      (gin_configs/mesh/*.gin): the target sharded over its mesh by its
+      rules, each batch over 'data' (batch_size must be a multiple of it).
+    shard_drafter: with a partitioner, shard a model drafter by the same
+      rules (default: replicated on every device, batch over 'data').
+    barrier_timeout_s: how long processes wait for each other (start and
+      end of the job).
 
   Returns:
-    The summary dict (also written to summary.json).
+    The summary dict (also written to summary.json); on a process other
+    than 0, `{'process_index', 'examples'}` of its own share.
   """
   if (isinstance(timing_repeats, bool) or not isinstance(timing_repeats, int)
       or timing_repeats < 1):
@@ -373,38 +492,131 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
                                      setup.task_feature_lengths,
                                      setup.num_examples,
                                      setup.truncate_inputs))
+  import jax  # pylint: disable=g-import-not-at-top
+  index, count = jax.process_index(), jax.process_count()
   wanted = {i for i, *_ in examples}
   out = pathlib.Path(output_dir)
-  records = _resume(out, setup, config_str)
+  if index != 0:
+    _barrier('claimed', barrier_timeout_s)  # Process 0 checked run.json.
+  records = _resume(out, setup, config_str, main_process=index == 0)
+  if index == 0:
+    _barrier('claimed', barrier_timeout_s)
+  _barrier('read', barrier_timeout_s)  # Nobody appends before all read.
   done = {r['index'] for r in records}
+  own = _process_file(out, index, count)
+  if count > 1:
+    _read_records(own)  # Repairs a cut-off last line of our own file.
   error = None
   try:
     with _sigterm_interrupts():
-      loaded = loading.build(setup, task=task)
-      with (out / RECORDS).open('a') as sink:
-        for batch in _decode_batches(loaded, examples, done, timing_repeats):
+      shardings = None
+      if partitioner is not None:  # Restore the target straight into them.
+        from specdec_jax import network  # pylint: disable=g-import-not-at-top
+        shardings = partitioner.param_shardings(
+            network.T5Model(setup.loaded_config))
+      loaded = loading.build(setup, task=task, target_shardings=shardings)
+      if partitioner is not None:
+        loaded = shard_loaded(loaded, partitioner, shard_drafter)
+      with own.open('a') as sink:
+        for batch in _decode_batches(loaded, examples, done, timing_repeats,
+                                     (index, count), partitioner):
           _append(sink, batch)
           records.extend(batch)
+      _barrier('done', barrier_timeout_s)
+      if index == 0 and (count > 1 or any(out.glob(
+          'examples.process-*.jsonl'))):
+        records = _merge(out)
   except BaseException as e:  # keep what finished, say why, re-raise
     error = e
     raise
   finally:
-    summary = _write_summary(out, task, records, setup.settings(), wanted,
-                             error)
+    if index == 0:
+      summary = _write_summary(out, task, records, setup.settings(), wanted,
+                               error)
+  if index != 0:
+    return {'process_index': index, 'examples': len(records) - len(done)}
   if summary.get('mismatches'):
     raise MismatchError(summary['status'])
   return summary
+
+
+def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
+                 ) -> loading.Loaded:
+  """`loaded` with its target (and model drafter) on the partitioner's mesh.
+
+  The target is wrapped (`partitioning.ShardedModel`) and its params placed
+  by the rules; a drafter with a T5 `model` field is wrapped with the same
+  rules (`shard_drafter`) or data-parallel ones (replicated weights); any
+  other drafter's params are replicated.
+  """
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
+
+  target = partitioner.sharded_model(loaded.target)
+  target_params = partitioner.shard_params(loaded.target_params, target)
+  drafter, draft_params = loaded.drafter, loaded.draft_params
+  if isinstance(getattr(drafter, 'model', None), type(loaded.target)):
+    rules = None if shard_drafter else partitioning.data_parallel_rules()
+    drafter = dataclasses.replace(
+        drafter, model=partitioner.sharded_model(drafter.model, rules))
+    draft_params = partitioner.shard_params(draft_params, drafter.model)
+  else:
+    draft_params = partitioner.replicate(draft_params)
+  return dataclasses.replace(loaded, target=target,
+                             target_params=target_params, drafter=drafter,
+                             draft_params=draft_params)
 
 
 # ---------------------------------------------------------------------------
 # Entry point: flags and gin, T5X style.
 # ---------------------------------------------------------------------------
 
+def _add_flags(parser) -> None:
+  parser.add_argument('--dry_run', action='store_true',
+                      help='print the setup and exit')
+  env = os.environ.get
+  parser.add_argument(
+      '--coordinator_address', default=env('JAX_COORDINATOR_ADDRESS'),
+      help='host:port of process 0 for a multi-process run '
+      '(jax.distributed; env JAX_COORDINATOR_ADDRESS)')
+  parser.add_argument(
+      '--num_processes', type=int, default=env('JAX_NUM_PROCESSES'),
+      help='processes of the run (env JAX_NUM_PROCESSES)')
+  parser.add_argument(
+      '--process_id', type=int, default=env('JAX_PROCESS_ID'),
+      help='this process, 0 .. num_processes - 1 (env JAX_PROCESS_ID)')
+  parser.add_argument(
+      '--multiprocess', action='store_true',
+      help='jax.distributed.initialize() with cluster auto-detection '
+      '(SLURM, Open MPI, TPU pods, ...) when the flags above are unset')
+
+
 def parse_flags(argv: Sequence[str]):
   return gin_utils.parse_flags(
       argv, 'python -m specdec_jax.eval', __doc__.splitlines()[0],
-      lambda p: p.add_argument('--dry_run', action='store_true',
-                               help='print the setup and exit'))
+      _add_flags)
+
+
+def initialize_distributed(args) -> bool:
+  """`jax.distributed.initialize` from the flags / env; False if not asked.
+
+  Must run before jax touches a device. Each process then decodes its share
+  of the batches on its own devices (`evaluate`).
+  """
+  named = (args.coordinator_address, args.num_processes, args.process_id)
+  if not args.multiprocess and all(v is None for v in named):
+    return False
+  import jax  # pylint: disable=g-import-not-at-top
+  kwargs = {}
+  if args.coordinator_address is not None:
+    kwargs['coordinator_address'] = args.coordinator_address
+  if args.num_processes is not None:
+    kwargs['num_processes'] = int(args.num_processes)
+  if args.process_id is not None:
+    kwargs['process_id'] = int(args.process_id)
+  jax.distributed.initialize(**kwargs)
+  logging.info('process %d of %d', jax.process_index(), jax.process_count())
+  return True
 
 
 def configured(argv: Sequence[str]):
@@ -419,6 +631,8 @@ def configured(argv: Sequence[str]):
   from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
 
   args = parse_flags(argv)
+  if not args.dry_run:
+    initialize_distributed(args)
   setup = loading.setup_from_flags(args)
   return args, setup, gin.get_configurable(eval_lib.evaluate)
 

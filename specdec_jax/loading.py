@@ -228,7 +228,7 @@ def setup_from_flags(args) -> EvalSetup:
 
 
 def load_model(config: network.T5Config, checkpoint: Optional[str],
-               seed: int = 0, what: str = 'model'):
+               seed: int = 0, what: str = 'model', shardings=None):
   """(T5Model, params) of a checkpoint, or random weights when it is None.
 
   Args:
@@ -237,6 +237,10 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
       folder (with config.json), 'shipped:<name>', or None.
     seed: PRNG seed of random weights.
     what: the model's role, named in errors ('target', 'draft').
+    shardings: None, or a params tree of `jax.sharding.Sharding`s: a T5X
+      checkpoint is then restored straight into them
+      (`checkpoints.load_t5x_params`); other sources load whole (the caller
+      places them).
   """
   import jax  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
@@ -252,7 +256,8 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
     raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
   if path.is_dir() and (path / 'config.json').exists():
     return model, checkpoints.load_hf_t5(path, config)
-  return model, checkpoints.load_t5x_params(checkpoint, config=config)
+  return model, checkpoints.load_t5x_params(checkpoint, config=config,
+                                            shardings=shardings)
 
 
 def load_task(setup: EvalSetup):
@@ -271,10 +276,16 @@ def load_task(setup: EvalSetup):
   return task
 
 
-def load_target(setup: EvalSetup):
-  """(T5Model, params) the decoders run: loaded, then widened if asked."""
+def load_target(setup: EvalSetup, shardings=None):
+  """(T5Model, params) the decoders run: loaded, then widened if asked.
+
+  `shardings` (a params tree of Shardings of the loaded model): a T5X
+  checkpoint is restored straight into them, unless it is widened after.
+  """
+  if setup.target_widen_to is not None:
+    shardings = None  # Widening needs the whole tree; place it afterwards.
   target, params = load_model(setup.loaded_config, setup.target_checkpoint,
-                              setup.seed, 'target')
+                              setup.seed, 'target', shardings)
   if setup.target_widen_to is not None:
     config = setup.decoding_config
     params = widening.widen(params, setup.loaded_config, config)
@@ -365,10 +376,13 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
   return _BUILT[key]
 
 
-def build(setup: EvalSetup, task=None) -> Loaded:
-  """Loads a setup: task (unless given), target (widened if asked), drafter."""
+def build(setup: EvalSetup, task=None, target_shardings=None) -> Loaded:
+  """Loads a setup: task (unless given), target (widened if asked), drafter.
+
+  `target_shardings`: see `load_target` (the eval job on a mesh).
+  """
   task = load_task(setup) if task is None else task
-  target, target_params = load_target(setup)
+  target, target_params = load_target(setup, target_shardings)
   store = load_store(setup, task, target, target_params)
   drafter, draft_params = load_drafter(setup, task, target, target_params,
                                        store=store)

@@ -222,3 +222,29 @@ def test_combined_skips_its_model_where_every_row_copies(v11):
   # in at most 3 iterations (BOS, each row's end), one catch-up each.
   assert iterations >= 5
   assert 0 < len(calls) <= 3 * (gamma + 2) < gamma * iterations
+
+
+def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path):
+  """DRAFTER='combined' with OUTPUT_CACHE: the file is created from the
+  task's 100 train pairs, every finished output is appended (4, then 2
+  more on an extended rerun, which reloads it), outputs stay exact."""
+  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  from test_eval import args  # pylint: disable=g-import-not-at-top
+
+  out, path = tmp_path / 'run', tmp_path / 'cache' / 'en_de.npz'
+  flags = dict(DRAFTER="'combined'", OUTPUT_CACHE=f"'{path}'",
+               DRAFT_CONFIDENCE='0.3')
+  summary = eval_lib.main(args(out, **flags))
+  assert summary['differing_examples'] == 0 and summary['examples'] == 4
+  assert summary['draft_confidence'] == 0.3
+  store = output_cache.OutputCache.load(str(path))
+  assert len(store) == 100 + 4
+  summary = eval_lib.main(args(out, NUM_EXAMPLES='6', **flags))
+  assert summary['differing_examples'] == 0 and summary['examples'] == 6
+  assert len(output_cache.OutputCache.load(str(path))) == 100 + 6
+  # The appended outputs are the job's speculative outputs (EOS-ended ids).
+  grown = output_cache.OutputCache.load(str(path))
+  assert (grown.outputs[100:, 0] > 0).all()
+  # A drafter that reads no cache refuses the option.
+  with pytest.raises(ValueError, match='does not use one'):
+    eval_lib.main(args(tmp_path / 'x', OUTPUT_CACHE=f"'{path}'"))

@@ -286,11 +286,15 @@ def _open_args(leaf: Any, kvstore: dict,
 
 
 def _read_ts_leaves(leaves: Dict[str, Any], ckpt_dir: str,
-                    path: str) -> Dict[str, np.ndarray]:
+                    path: str, shardings: Optional[Dict[str, Any]] = None,
+                    dtype: Any = None) -> Dict[str, Any]:
   """Reads tensorstore leaves {name: spec dict | placeholder} concurrently.
 
   Each phase (open kvstore, probe .zarray, open array, read) has all leaves
   in flight at once, which matters on GCS; any failure names the parameter.
+  With `shardings` ({name: jax Sharding}), each device's slice is read on
+  its own into a jax array of that sharding (`_place`): the whole array is
+  never read.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
@@ -327,13 +331,48 @@ def _read_ts_leaves(leaves: Dict[str, Any], ckpt_dir: str,
     return ts.open(spec, **kwargs)
 
   arrays = phase({n: lambda n=n: open_array(n) for n in leaves}, 'open')
+  if shardings is not None:
+    return phase({n: lambda n=n: _place(
+        arrays[n], shardings[n], dtype,
+        read=lambda a, idx: a[idx].read().result()) for n in leaves},
+                 'read (a missing or corrupt chunk?)')
   values = phase({n: lambda n=n: arrays[n].read() for n in leaves},
                  'read (a missing or corrupt chunk?)')
   return {n: np.asarray(v) for n, v in values.items()}
 
 
-def _load_msgpack(path: str) -> Dict[str, Any]:
-  """Flat {'a/b': array} params of a legacy / early-orbax msgpack file."""
+def _place(array: Any, sharding: Any, dtype: Any,
+           read: Callable[[Any, Tuple[slice, ...]], Any] = (
+               lambda a, idx: a[idx])) -> jax.Array:
+  """A jax array of `sharding` whose shards are `read(array, index)`.
+
+  Each device's slice is read (and cast to `dtype`) and put on that device
+  alone: the whole array never sits on one device.
+  """
+  def shard(index):
+    value = np.asarray(read(array, index))
+    return value if dtype is None else value.astype(dtype)
+
+  return jax.make_array_from_callback(tuple(array.shape), sharding, shard)
+
+
+def _check_sharded(names, shardings: Dict[str, Any], source: str) -> None:
+  """ValueError unless every stored parameter has a sharding."""
+  missing = sorted(set(names) - set(shardings))
+  if missing:
+    raise ValueError(
+        f'{source}: no sharding given for {len(missing)} stored parameters '
+        f'(e.g. {", ".join(missing[:4])}): `shardings` must cover the '
+        "checkpoint's tree (partitioning.param_shardings of its model).")
+
+
+def _load_msgpack(path: str, shardings: Optional[Dict[str, Any]] = None,
+                  dtype: Any = None) -> Dict[str, Any]:
+  """Flat {'a/b': array} params of a legacy / early-orbax msgpack file.
+
+  With `shardings` ({name: Sharding}): jax arrays of those shardings, read
+  shard by shard (`_place`), cast to `dtype`.
+  """
   import msgpack  # pylint: disable=g-import-not-at-top
 
   data = _storage.read_bytes(path)
@@ -371,8 +410,12 @@ def _load_msgpack(path: str) -> Dict[str, Any]:
       raise CheckpointError(
           f'{path}: cannot decode parameter {name}: {type(e).__name__}: {e}'
       ) from None
+  if shardings is not None:
+    _check_sharded(list(result) + list(stored), shardings, path)
+    result = {n: _place(v, shardings[n], dtype) for n, v in result.items()}
   if stored:
-    result.update(_read_ts_leaves(stored, os.path.dirname(path), path))
+    result.update(_read_ts_leaves(stored, os.path.dirname(path), path,
+                                  shardings, dtype))
   return result
 
 
@@ -386,8 +429,14 @@ def _ts_message(e: Exception) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _load_orbax(state_dir: str) -> Dict[str, Any]:
-  """Flat params of an orbax PyTree checkpoint (only its 'target' subtree)."""
+def _load_orbax(state_dir: str, shardings: Optional[Dict[str, Any]] = None,
+                dtype: Any = None) -> Dict[str, Any]:
+  """Flat params of an orbax PyTree checkpoint (only its 'target' subtree).
+
+  With `shardings` ({name: Sharding}), orbax restores each parameter
+  straight into that sharding (each device's slice read from tensorstore
+  on its own), cast to `dtype`; else numpy arrays.
+  """
   from etils import epath  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
@@ -405,8 +454,15 @@ def _load_orbax(state_dir: str) -> Dict[str, Any]:
         f'{state_dir}: orbax checkpoint has no "target" (params) subtree; '
         f'top-level keys: {sorted(tree)}')
   item = {'target': tree['target']}
-  restore_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+  if shardings is None:
+    restore_args = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+  else:
+    flat_item = traverse_util.flatten_dict(item['target'], sep='/')
+    _check_sharded(flat_item, shardings, state_dir)
+    restore_args = {'target': traverse_util.unflatten_dict({
+        n: ocp.ArrayRestoreArgs(sharding=shardings[n], dtype=dtype)
+        for n in flat_item}, sep='/')}
   # Restore `target` only (older orbax: transforms={} does the same).
   fields = {f.name for f in dataclasses.fields(ocp.args.PyTreeRestore)}
   subset = ({'partial_restore': True} if 'partial_restore' in fields
@@ -420,6 +476,8 @@ def _load_orbax(state_dir: str) -> Dict[str, Any]:
         f'{state_dir}: cannot restore orbax params: {_ts_message(e)}'
     ) from None
   flat = traverse_util.flatten_dict(restored['target'], sep='/')
+  if shardings is not None:
+    return flat
   return {k: np.asarray(v) for k, v in flat.items()}
 
 
@@ -542,7 +600,8 @@ def params_from_flat(flat: Dict[str, Any], source: str,
 
 
 def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
-                    dtype: Any = None, verify: bool = True) -> PyTree:
+                    dtype: Any = None, verify: bool = True,
+                    shardings: Optional[PyTree] = None) -> PyTree:
   """The params (T5X's `target`) of a T5X checkpoint, any format.
 
   A checkpoint written by `save_t5x_params` is first checked against its
@@ -561,6 +620,13 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
     verify: check the files against the manifest (reads every byte once
       more: False skips it for very large checkpoints, or after a check of
       one's own).
+    shardings: None (arrays on the default device), or a params-shaped
+      tree of `jax.sharding.Sharding`s (`partitioning.param_shardings` /
+      `Partitioner.param_shardings(model)`): each parameter is restored
+      straight into its sharding, every device reading only its own slice
+      (orbax's sharded restore; tensorstore reads per shard for legacy
+      checkpoints; inline msgpack arrays are decoded on the host, then
+      sliced per device). The full model never sits on one device.
 
   Returns:
     The params tree: nested dicts of jax arrays, T5X's names.
@@ -575,10 +641,22 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
   """
   path = os.fspath(path)
   kind, location = _resolve(path)
-  read = lambda: (_load_orbax if kind == 'orbax' else _load_msgpack)(location)
+  load = _load_orbax if kind == 'orbax' else _load_msgpack
+  read = lambda: load(location)
   if verify:
     _verify(_checkpoint_folder(kind, location), location, read)
-  return params_from_flat(read(), location, config, dtype)
+  if shardings is None:
+    return params_from_flat(read(), location, config, dtype)
+  flat_shardings = traverse_util.flatten_dict(shardings, sep='/')
+  if config is not None:  # Before reading: the tree must fit the config.
+    want = expected_shapes(config)
+    if set(want) != set(flat_shardings):
+      raise ValueError(
+          f'{location}: shardings do not cover the T5Config\'s parameters '
+          f'(missing: {sorted(set(want) - set(flat_shardings))[:4]}, '
+          f'extra: {sorted(set(flat_shardings) - set(want))[:4]}).')
+  return params_from_flat(load(location, flat_shardings, dtype), location,
+                          config, None)
 
 
 def save_t5x_params(params: PyTree, directory: str, step: int,

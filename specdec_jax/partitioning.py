@@ -1,0 +1,470 @@
+"""Partitioning like T5X: a ('data', 'model') mesh and logical axis rules.
+
+Parameters carry T5X's logical axis names (`network.T5Model.param_axes`);
+`standard_logical_axis_rules` maps them to mesh axes as T5X's rules of the
+same name do (heads, mlp, vocab, joined_kv over 'model'; batch over 'data';
+embed, kv, relpos_buckets replicated). Nothing here schedules anything: the
+decoders' existing jitted programs run on sharded inputs and jax's SPMD
+partitioner (GSPMD) inserts the collectives. `ShardedModel` wraps a model so
+that its decoder cache (self- and cross-attention keys/values) and its logits
+are constrained to the same rules inside the jitted loop:
+
+  partitioner = partitioning.Partitioner(num_partitions=4)   # 2 x 4 on 8
+  model = partitioner.sharded_model(network.T5Model(config))
+  params = partitioner.shard_params(params, model)
+  inputs = partitioner.shard_batch(inputs)
+  decoding.temperature_sample(model, params, inputs, max_decode_len=64)
+  speculative.speculative_sample(model, params, drafters.T5Drafter(
+      partitioner.sharded_model(draft_model)), draft_params, inputs, ...)
+
+A mesh that does not fit (more partitions than devices, a mesh axis not
+dividing heads / mlp / vocab / the batch) raises ValueError naming the axis
+and both sizes before anything is compiled (the batch: when the decoder is
+traced, before it is compiled). Gin-free: the eval job binds `Partitioner`'s
+knobs (T5X's names: num_partitions, model_parallel_submesh,
+logical_axis_rules) from gin_configs/mesh/*.gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
+import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+Array = jax.Array
+LogicalAxisRules = Tuple[Tuple[str, Optional[str]], ...]
+MESH_AXES = ('data', 'model')
+
+# Logical axes of the decoder cache's arrays and of the logits (T5X names).
+CACHE_AXES = ('batch', 'length', 'heads', 'kv')
+LOGITS_AXES = ('batch', 'length', 'vocab')
+
+
+def standard_logical_axis_rules(
+    activation_partitioning_dims: int = 1,
+    parameter_partitioning_dims: int = 1,
+    additional_rules: Sequence[Tuple[str, Optional[str]]] = (),
+) -> LogicalAxisRules:
+  """T5X's default rules (t5x/partitioning.py, same name and arguments).
+
+  Args:
+    activation_partitioning_dims: 1, or 2: 'embed' over 'model' as well.
+    parameter_partitioning_dims: 1, or 2: 'embed' over 'data' as well.
+    additional_rules: appended; the first rule naming an axis wins, so these
+      only add axes (use `Partitioner.logical_axis_rules` to replace all).
+
+  Returns:
+    A tuple of (logical axis, mesh axis or None) pairs.
+  """
+  rules = [('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'),
+           ('heads', 'model'), ('kv', None), ('joined_kv', 'model')]
+  dims = (activation_partitioning_dims, parameter_partitioning_dims)
+  if dims == (1, 1):
+    rules.insert(2, ('embed', None))
+  elif dims == (2, 1):
+    rules.append(('embed', 'model'))
+  elif dims == (1, 2):
+    rules.append(('embed', 'data'))
+  elif dims == (2, 2):
+    rules += [('embed', 'model'), ('embed', 'data')]
+  else:
+    raise ValueError(
+        f'activation_partitioning_dims={activation_partitioning_dims}, '
+        f'parameter_partitioning_dims={parameter_partitioning_dims} is not '
+        'supported (1 or 2 each).')
+  rules += [('relpos_buckets', None), ('abspos_buckets', None),
+            ('length', None), ('layers', None), ('stack', None),
+            ('mlp_activations', None)]
+  return tuple(rules) + tuple(tuple(r) for r in additional_rules)
+
+
+def data_parallel_rules() -> LogicalAxisRules:
+  """Batch over 'data', everything else replicated (e.g. a small drafter)."""
+  return (('batch', 'data'),)
+
+
+def make_mesh(num_partitions: Optional[int] = None,
+              model_parallel_submesh: Optional[Sequence[int]] = None,
+              devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A ('data', 'model') mesh: `model` devices per partition, the rest data.
+
+  Args:
+    num_partitions: size of the 'model' axis (T5X's knob); default 1.
+    model_parallel_submesh: T5X's alternative knob, a tuple of device counts
+      (T5X: (x, y, z, cores) of a TPU slice); the 'model' axis gets their
+      product. At most one of the two may be set.
+    devices: the devices (default `jax.local_devices()`: this process's;
+      in a multi-process eval each process decodes its own batches on its
+      own mesh). Their order is kept, so the 'model' axis runs over
+      neighbouring ids (cores of one chip / one host first).
+
+  Returns:
+    `Mesh(devices.reshape(data, model), ('data', 'model'))`.
+
+  Raises:
+    ValueError: both knobs set, a size < 1, more partitions than devices,
+      or partitions not dividing the device count; names the sizes.
+  """
+  if num_partitions is not None and model_parallel_submesh is not None:
+    raise ValueError('Set at most one of num_partitions and '
+                     'model_parallel_submesh (T5X: the submesh wins; here '
+                     f'it is an error): got {num_partitions} and '
+                     f'{tuple(model_parallel_submesh)}.')
+  if model_parallel_submesh is not None:
+    if any(int(s) < 1 for s in model_parallel_submesh):
+      raise ValueError('model_parallel_submesh sizes must be >= 1, got '
+                       f'{tuple(model_parallel_submesh)}.')
+    model = math.prod(int(s) for s in model_parallel_submesh)
+  else:
+    model = 1 if num_partitions is None else num_partitions
+  if isinstance(model, bool) or not isinstance(model, (int, np.integer)) or (
+      model < 1):
+    raise ValueError(f'num_partitions must be an int >= 1, got {model!r}.')
+  devices = list(jax.local_devices() if devices is None else devices)
+  if model > len(devices):
+    raise ValueError(
+        f"mesh axis 'model': num_partitions={model} is more partitions than "
+        f'the {len(devices)} devices.')
+  if len(devices) % model:
+    raise ValueError(
+        f"mesh axis 'model': num_partitions={model} does not divide the "
+        f"{len(devices)} devices (the 'data' axis gets devices / "
+        'num_partitions).')
+  grid = np.asarray(devices, dtype=object).reshape(len(devices) // model,
+                                                   model)
+  return Mesh(grid, MESH_AXES)
+
+
+def _spec(names: Sequence[Optional[str]], rules: LogicalAxisRules) -> P:
+  return nn_partitioning.logical_to_mesh_axes(tuple(names), rules)
+
+
+def _mesh_size(mesh: Mesh, axes) -> int:
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def _check_divides(shape, names, spec: P, mesh: Mesh, what: str) -> None:
+  """ValueError unless each mesh axis divides the dimension it shards."""
+  for size, name, axes in zip(shape, names, tuple(spec)):
+    n = _mesh_size(mesh, axes)
+    if size % n:
+      raise ValueError(
+          f'mesh axis {axes!r} (size {n}) does not divide logical axis '
+          f'{name!r} (size {size}) of {what}: choose a mesh whose {axes!r} '
+          f'axis divides {size} (or a rule replicating {name!r}).')
+
+
+def logical_specs(model) -> Any:
+  """The params tree of `model` with a tuple of logical names per leaf."""
+  axes = nn_partitioning.get_axis_names(unwrap(model).param_axes())
+  return jax.tree.map(tuple, axes, is_leaf=lambda x: isinstance(x, P))
+
+
+def param_shardings(model, mesh: Mesh, rules: LogicalAxisRules) -> Any:
+  """A `NamedSharding` per parameter of `model` (a `T5Model` or wrapper).
+
+  Raises:
+    ValueError: a mesh axis does not divide the dimension it would shard,
+      naming the mesh axis, the logical axis, both sizes and the parameter.
+  """
+  model = unwrap(model)
+  names = logical_specs(model)
+  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+  flat_names = traverse_util.flatten_dict(names, sep='/')
+  flat_shapes = traverse_util.flatten_dict(shapes, sep='/')
+  out = {}
+  for key, shape in flat_shapes.items():
+    spec = _spec(flat_names[key], rules)
+    _check_divides(shape.shape, flat_names[key], spec, mesh,
+                   f'parameter {key} {tuple(shape.shape)}')
+    out[key] = NamedSharding(mesh, spec)
+  return traverse_util.unflatten_dict(out, sep='/')
+
+
+def shard_params(params, model, mesh: Mesh, rules: LogicalAxisRules):
+  """`params` placed on `mesh` by `rules` (each device gets its shard)."""
+  shardings = param_shardings(model, mesh, rules)
+  return jax.tree.map(jax.device_put, params, shardings)
+
+
+def replicate(tree, mesh: Mesh):
+  """Every leaf of `tree` replicated on all devices of `mesh`."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def batch_sharding(mesh: Mesh, rules: LogicalAxisRules, ndim: int = 2
+                   ) -> NamedSharding:
+  """`[batch, ...]` arrays: batch by the rules' 'batch' axis, rest whole."""
+  return NamedSharding(mesh, _spec(('batch',) + (None,) * (ndim - 1), rules))
+
+
+def shard_batch(tokens, mesh: Mesh, rules: LogicalAxisRules):
+  """`[batch, length]` ids placed with the batch over the 'data' axis."""
+  tokens = np.asarray(tokens, np.int32) if not isinstance(
+      tokens, jax.Array) else tokens
+  sharding = batch_sharding(mesh, rules, np.ndim(tokens))
+  _check_divides(np.shape(tokens), ('batch',) + (None,) * (
+      np.ndim(tokens) - 1), sharding.spec, mesh, 'the input batch')
+  return jax.device_put(tokens, sharding)
+
+
+def constrain(x: Array, names: Sequence[Optional[str]], mesh: Mesh,
+              rules: LogicalAxisRules, what: str = 'an activation') -> Array:
+  """`with_sharding_constraint` of x by logical names (checked to divide)."""
+  spec = _spec(names, rules)
+  _check_divides(x.shape, names, spec, mesh, what)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def unwrap(model):
+  """The model a `ShardedModel` wraps (any other model as is)."""
+  return model.model if isinstance(model, ShardedModel) else model
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedModel:
+  """A decoding model whose cache and logits follow the mesh's rules.
+
+  The same `interfaces.DecodingModel` as the wrapped one (it forwards every
+  other attribute), so `decoding.temperature_sample`,
+  `speculative.speculative_sample` and `drafters.T5Drafter` take it as is.
+  Inside their jitted loop, `init_cache` and `extend` constrain the cache's
+  keys/values `[batch, length, heads, head_dim]` to (batch -> 'data', heads
+  -> 'model'), `encoder_mask` / `position` to the batch axis, and the logits
+  `[batch, k, vocab]` to (batch, vocab -> 'model') under T5X's rules: the
+  loop-carried cache then keeps the parameters' layout, and the sampling and
+  accept/reject bookkeeping run on the batch axis. Hashable (mesh and rules
+  are), so compiled programs are cached per mesh.
+  """
+
+  model: Any
+  mesh: Mesh
+  rules: LogicalAxisRules
+
+  def __getattr__(self, name):
+    if name in ('model', 'mesh', 'rules'):  # Not yet set (copy / pickle).
+      raise AttributeError(name)
+    return getattr(self.model, name)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def _cache_axes(self, cache):
+    """(logical names, what) per leaf of a `network.DecoderCache`."""
+    kv = lambda kind: (CACHE_AXES, f'the {kind}-attention cache')
+    return cache.replace(
+        self_key=tuple(kv('self') for _ in cache.self_key),
+        self_value=tuple(kv('self') for _ in cache.self_value),
+        cross_key=tuple(kv('cross') for _ in cache.cross_key),
+        cross_value=tuple(kv('cross') for _ in cache.cross_value),
+        encoder_mask=(('batch', 'length'), 'the encoder mask'),
+        position=(('batch',), 'the cache positions'))
+
+  def cache_shardings(self, cache):
+    """A `NamedSharding` per array of `cache` (arrays or abstract shapes)."""
+    return jax.tree.map(
+        lambda x, a: NamedSharding(self.mesh, _spec(a[0], self.rules)),
+        cache, self._cache_axes(cache))
+
+  def _constrain_cache(self, cache):
+    return jax.tree.map(
+        lambda x, a: constrain(x, a[0], self.mesh, self.rules, a[1]),
+        cache, self._cache_axes(cache))
+
+  def init_cache(self, params, encoder_input_tokens, max_length: int):
+    encoder_input_tokens = constrain(
+        encoder_input_tokens, ('batch', 'length'), self.mesh, self.rules,
+        'the input batch')
+    return self._constrain_cache(
+        self.model.init_cache(params, encoder_input_tokens, max_length))
+
+  def extend(self, params, tokens, cache):
+    logits, cache = self.model.extend(params, tokens, cache)
+    logits = constrain(logits, LOGITS_AXES, self.mesh, self.rules,
+                       'the logits')
+    return logits, self._constrain_cache(cache)
+
+
+class Partitioner:
+  """T5X's partitioner knobs -> a mesh, its rules and the helpers above.
+
+  Args (T5X's names, bound in gin_configs/mesh/*.gin):
+    num_partitions: size of the 'model' axis (default 1: data parallel).
+    model_parallel_submesh: alternative to num_partitions (see `make_mesh`).
+    logical_axis_rules: the rules (default `standard_logical_axis_rules()`).
+    devices: default `jax.local_devices()` (a multi-host eval: data
+      parallel over hosts, model parallel within each).
+  """
+
+  def __init__(self, num_partitions: Optional[int] = None,
+               model_parallel_submesh: Optional[Sequence[int]] = None,
+               logical_axis_rules: Optional[Sequence[Tuple[str, Optional[
+                   str]]]] = None,
+               devices: Optional[Sequence[Any]] = None):
+    self.mesh = make_mesh(num_partitions, model_parallel_submesh, devices)
+    rules = (standard_logical_axis_rules() if logical_axis_rules is None
+             else logical_axis_rules)
+    self.rules: LogicalAxisRules = tuple(tuple(r) for r in rules)
+
+  @property
+  def data_size(self) -> int:
+    return self.mesh.shape['data']
+
+  @property
+  def model_size(self) -> int:
+    return self.mesh.shape['model']
+
+  def sharded_model(self, model, rules: Optional[LogicalAxisRules] = None
+                    ) -> ShardedModel:
+    """`model` wrapped for this mesh (rules: default this partitioner's)."""
+    return ShardedModel(unwrap(model), self.mesh,
+                        self.rules if rules is None else tuple(rules))
+
+  def param_shardings(self, model, rules: Optional[LogicalAxisRules] = None):
+    if rules is None:
+      rules = model.rules if isinstance(model, ShardedModel) else self.rules
+    return param_shardings(model, self.mesh, rules)
+
+  def shard_params(self, params, model,
+                   rules: Optional[LogicalAxisRules] = None):
+    """`params` of `model` on the mesh (by `model`'s rules if wrapped)."""
+    return jax.tree.map(jax.device_put, params,
+                        self.param_shardings(model, rules))
+
+  def shard_batch(self, tokens):
+    return shard_batch(tokens, self.mesh, self.rules)
+
+  def replicate(self, tree):
+    return replicate(tree, self.mesh)
+
+  def __repr__(self):
+    return (f'Partitioner(mesh={dict(self.mesh.shape)}, '
+            f'rules={self.rules!r})')
+
+
+KINDS = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
+         'collective-permute')
+_COLLECTIVE = re.compile(
+    r'=\s*(.*?)\s(all-reduce|all-gather|reduce-scatter|all-to-all|'
+    r'collective-permute)(?:-start)?\(')
+_GROUPS = re.compile(
+    r'replica_groups=('
+    r'\{\{[^}]*\}'                        # {{0,1,2,3},{4,5,6,7}}
+    r'|\[\d+,\d+\]<='                      # [2,4]<=[8]
+    r"|mesh\[[^\]]*\][^{\n]*\{[^}]*\})")   # mesh['axis_0'=4,...] {'axis_0'}
+
+
+def _group_size(groups: str) -> int:
+  if groups.startswith('{{'):  # The first group's size.
+    return len(groups[2:].split(','))
+  if groups.startswith('['):  # Iota: [number of groups, size]<=[devices].
+    return int(groups[1:].split(',')[1].split(']')[0])
+  # Mesh form: the product of the sizes of the axes in braces.
+  sizes = dict((a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", groups))
+  chosen = re.findall(r"'(\w+)'", groups[groups.rindex('{'):])
+  return math.prod(sizes[a] for a in chosen)
+
+
+def list_collectives(hlo_text: str) -> List[Dict[str, Any]]:
+  """Each collective instruction of an HLO module's text, in order.
+
+  Returns:
+    [{'kind': 'all-reduce', 'group_size': 4 (devices per replica group;
+    None if not printed), 'result': 'f32[2,5,32]{2,1,0}'}, ...]: XLA's three
+    forms of `replica_groups` are read (explicit lists, iota
+    `[groups,size]<=[n]`, named mesh axes). On a ('data', 'model') mesh a
+    collective over 'model' has groups of the 'model' axis' size.
+  """
+  out = []
+  for line in hlo_text.splitlines():
+    m = _COLLECTIVE.search(line)
+    if not m:
+      continue
+    g = _GROUPS.search(line)
+    out.append({'kind': m.group(2), 'result': m.group(1),
+                'group_size': _group_size(g.group(1)) if g else None})
+  return out
+
+
+def count_collectives(hlo_text: str) -> Dict[str, int]:
+  """Collective instructions in an HLO module's text, by kind (static count).
+
+  An instruction inside a while loop's body counts once, i.e. once per
+  iteration; async pairs (`all-reduce-start` / `-done`) count once.
+  """
+  counts = {k: 0 for k in KINDS}
+  for c in list_collectives(hlo_text):
+    counts[c['kind']] += 1
+  return counts
+
+
+def collective_group_sizes(hlo_text: str) -> Dict[str, list]:
+  """{kind: sorted distinct replica group sizes} (`list_collectives`)."""
+  sizes: Dict[str, set] = {}
+  for c in list_collectives(hlo_text):
+    sizes.setdefault(c['kind'], set()).add(c['group_size'])
+  return {k: sorted(v, key=lambda x: -1 if x is None else x)
+          for k, v in sizes.items()}
+
+
+_COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{$')
+_CALLED = re.compile(
+    r'\b(?:body|condition|to_apply|calls|branch_computations)='
+    r'(?:\{([^}]*)\}|(%?[\w.\-]+))')
+
+
+def loop_collectives(hlo_text: str) -> Dict[str, int]:
+  """Collectives inside while loops' bodies (and what they call), by kind.
+
+  `count_collectives` of the whole program also counts what runs once
+  (e.g. the encoder); this counts one iteration of every loop.
+  """
+  computations, name = {}, None
+  for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      name = m.group(1)
+      computations[name] = []
+    elif line.startswith('}'):
+      name = None
+    elif name is not None:
+      computations[name].append(line)
+  def called(lines, key=None):
+    out = []
+    for line in lines:
+      for m in _CALLED.finditer(line):
+        if key is None or m.group(0).startswith(key):
+          names = m.group(1) if m.group(1) is not None else m.group(2)
+          out += [c.strip().lstrip('%') for c in names.split(',')]
+    return out
+  todo = [c for lines in computations.values() for c in called(
+      [l for l in lines if ' while(' in l], 'body')]
+  seen = set()
+  while todo:
+    c = todo.pop()
+    if c in seen or c not in computations:
+      continue
+    seen.add(c)
+    todo += called(computations[c])
+  return count_collectives('\n'.join(
+      l for c in seen for l in computations[c]))
+
+
+def shard_shapes(tree) -> Dict[str, Tuple[Tuple[int, ...], ...]]:
+  """{'a/b': (shape of each device's shard, ...)} of a tree of jax arrays."""
+  flat = traverse_util.flatten_dict(tree, sep='/')
+  return {k: tuple(tuple(s.data.shape) for s in v.addressable_shards)
+          for k, v in flat.items()}

@@ -1,0 +1,194 @@
+"""The decoders on a device mesh give the single-device outputs, sharded.
+
+Eight simulated CPU devices need XLA_FLAGS before jax starts, so every mesh
+check runs in ONE subprocess (tests/mesh_checks.py, ~30 s of CPU: it
+compiles 10 small programs) and the tests below assert on its JSON. The rest
+of the suite keeps its single device.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# 8 devices; XLA's CPU backend optimizations off halves the compile time
+# (the single-device references run under the same flags).
+FLAGS = ('--xla_force_host_platform_device_count=8 '
+         '--xla_backend_optimization_level=0 '
+         '--xla_llvm_disable_expensive_passes=true')
+
+
+@pytest.fixture(scope='module')
+def mesh(tmp_path_factory, fixtures_dir):
+  out = tmp_path_factory.mktemp('mesh') / 'mesh.json'
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') + ' ' + FLAGS).strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / 'tests' / 'mesh_checks.py'), str(out),
+       str(fixtures_dir)], env=env, cwd=ROOT, capture_output=True,
+      text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(out.read_text())
+
+
+MESHES = ('2x4', '1x8')
+
+
+@pytest.mark.parametrize('name', MESHES)
+def test_greedy_outputs_equal_single_device(mesh, name):
+  """Sharding must not change a token: baseline and speculative, float32.
+
+  The drafter is sharded by the same rules on 2x4 and replicated (data
+  parallel only) on 1x8; it accepts some drafts and rejects others, so both
+  branches of the rejection step ran.
+  """
+  single, got = mesh['single']['greedy'], mesh['meshes'][name]['greedy']
+  assert got['baseline']['tokens'] == single['baseline']['tokens']
+  assert got['speculative']['tokens'] == single['speculative']['tokens']
+  assert got['speculative']['tokens'] == single['baseline']['tokens']
+  spec = got['speculative']
+  assert 0 < spec['accepted'] < spec['drafted']
+  assert spec['accepted'] == single['speculative']['accepted']
+
+
+def test_sampled_outputs_equal_single_device_with_same_rng(mesh):
+  """Temperature 1, a fixed key: the sharded loop draws the same tokens.
+
+  Stronger than a distribution test where it holds: jax's random bits do
+  not depend on the sharding, so only float rounding of the sharded matmuls
+  could move a draw, and it does not here.
+  """
+  single = mesh['single']['sampled']
+  got = mesh['meshes']['2x4']['sampled']
+  assert got == single
+  assert 0 < got['accepted'] < got['drafted']
+
+
+@pytest.mark.parametrize('name,data,model', [('2x4', 2, 4), ('1x8', 1, 8)])
+def test_params_and_batch_are_sharded(mesh, name, data, model):
+  """Each device holds 1/model of heads / mlp / vocab, a whole 'embed'."""
+  res = mesh['meshes'][name]
+  shards = res['params_shards']
+  assert len(shards['encoder/layers_0/mlp/wi_0/kernel']) == 8
+  assert set(map(tuple, shards['encoder/layers_0/mlp/wi_0/kernel'])) == {
+      (32, 64 // model)}
+  assert set(map(tuple, shards['decoder/layers_0/mlp/wo/kernel'])) == {
+      (64 // model, 32)}
+  assert set(map(tuple, shards['decoder/layers_0/self_attention/query/'
+                               'kernel'])) == {(32, 32 // model)}
+  assert set(map(tuple, shards['token_embedder/embedding'])) == {
+      (128 // model, 32)}
+  assert set(map(tuple, shards['decoder/logits_dense/kernel'])) == {
+      (32, 128 // model)}
+  assert set(map(tuple, shards['encoder/relpos_bias/rel_embedding'])) == {
+      (8 // model, 32)}
+  assert set(map(tuple, shards['encoder/encoder_norm/scale'])) == {(32,)}
+  assert {tuple(s) for s in res['inputs_shards']} == {(4 // data, 7)}
+  if name == '1x8':  # The drafter replicated (data-parallel rules).
+    assert set(map(tuple, res['draft_shards'][
+        'decoder/layers_0/mlp/wi_0/kernel'])) == {(32, 64)}
+
+
+def test_caches_and_logits_follow_the_rules(mesh):
+  """Both caches: batch over 'data', heads over 'model'; logits: vocab."""
+  res = mesh['meshes']['2x4']
+  assert res['self_cache_spec'] == "P('data', None, 'model')"
+  assert res['cross_cache_spec'] == "P('data', None, 'model')"
+  # [batch 4 / 2, max_len 14, heads 8 / 4, head_dim 4]; input length 7.
+  assert {tuple(s) for s in res['self_cache_shards']} == {(2, 14, 2, 4)}
+  assert {tuple(s) for s in res['cross_cache_shards']} == {(2, 7, 2, 4)}
+  assert res['logits_spec'] == "P('data', None, 'model')"
+
+
+@pytest.mark.parametrize('name,data,model', [('2x4', 2, 4), ('1x8', 1, 8)])
+@pytest.mark.parametrize('program', ['loop', 'baseline_loop'])
+def test_compiled_loops_have_model_axis_collectives(mesh, name, data, model,
+                                                    program):
+  """Tensor parallelism's all-reduces over 'model'; over 'data' only counters.
+
+  The attention-out and MLP-out partial sums are all-reduced over the
+  'model' axis (groups of `model` devices). Rows are independent, so over
+  'data' there may only be the loop's bookkeeping: the all-rows-ended test
+  (pred[]) and the per-position acceptance counter (s32[gamma]). Nothing
+  leaves the device inside the loop.
+  """
+  facts = mesh['meshes'][name][program]
+  assert facts['host_transfers'] == 0
+  assert facts['collectives']['all-reduce'] > 0
+  for c in facts['list']:
+    if c['group_size'] != model:
+      assert data > 1 and c['group_size'] == data, c
+      assert c['kind'] == 'all-reduce', c
+      assert c['result'] in ('pred[]', 's32[3]{0}', 's32[3]'), c
+
+
+def test_one_loop_iteration_is_one_target_calls_collectives(mesh):
+  """1x8, replicated drafter: per iteration exactly one sharded target call.
+
+  One decoder layer: 3 all-reduces (self-attention out, cross-attention
+  out, MLP out) + 1 for the vocab-sharded embedding lookup, and the 2
+  all-gathers of the per-shard (value, index) maxima over the vocab-sharded
+  logits. The replicated drafter adds none; the baseline's step is the same.
+  """
+  for program in ('loop', 'baseline_loop'):
+    per = mesh['meshes']['1x8'][program]['per_iteration']
+    assert per['all-reduce'] == 3 * 1 + 1, (program, per)
+    assert per['all-gather'] == 2, (program, per)
+
+
+@pytest.mark.parametrize('case,words', [
+    ('too_many_partitions', ("'model'", '16', '8 devices')),
+    ('not_dividing_devices', ("'model'", '3', '8 devices')),
+    ('heads', ("'model'", "'heads'", 'size 4', 'size 8')),
+    ('vocab', ("'model'", "'vocab'", 'size 100')),
+    ('mlp', ("'model'", "'mlp'", 'size 36')),
+    ('batch', ("'data'", "'batch'", 'size 3', 'size 2')),
+])
+def test_bad_mesh_is_a_clear_value_error(mesh, case, words):
+  """A mesh that cannot fit says which axis and which sizes, not XLA."""
+  message = mesh['errors'][case]
+  assert message is not None, f'{case}: no ValueError'
+  for word in words:
+    assert word in message, (word, message)
+
+
+@pytest.mark.parametrize('kind', ['legacy', 'orbax'])
+def test_checkpoints_restore_straight_into_shardings(mesh, kind):
+  """T5X's own legacy fixture and our orbax checkpoint, restored sharded.
+
+  Every device holds only its slice (shard shapes), the values equal an
+  unsharded load, and the specs follow T5X's rules.
+  """
+  res = mesh['checkpoint']
+  assert res[f'{kind}_equal']
+  shards, specs = res[f'{kind}_shards'], res[f'{kind}_specs']
+  if kind == 'legacy':  # vocab 32128, emb 8, 4 heads x 3, mlp 16; 2x4.
+    assert set(map(tuple, shards['token_embedder/embedding'])) == {
+        (32128 // 4, 8)}
+    assert set(map(tuple, shards['decoder/layers_1/mlp/wi_1/kernel'])) == {
+        (8, 4)}
+    assert set(map(tuple, shards['encoder/layers_0/attention/out/'
+                                 'kernel'])) == {(3, 8)}
+  else:  # The mesh test config: vocab 128, emb 32, 8 x 4, mlp 64.
+    assert set(map(tuple, shards['token_embedder/embedding'])) == {(32, 32)}
+    assert set(map(tuple, shards['decoder/layers_0/mlp/wo/kernel'])) == {
+        (16, 32)}
+  assert specs['decoder/logits_dense/kernel'] == "P(None, 'model')"
+  assert specs['encoder/encoder_norm/scale'] == 'P(None,)'
+  assert all(len(v) == 8 for v in shards.values())
+
+
+def test_tensorstore_leaves_read_shard_by_shard(mesh):
+  """Legacy T5X zarr leaves: each device reads its rows, cast on the way."""
+  res = mesh['checkpoint']['tensorstore']
+  assert res['equal']
+  assert res['kernel_dtype'] == 'float32'  # stored float64
+  # kernel [10, 5] split over 'data' (2 on a 2 x 4 mesh), bias replicated.
+  assert {tuple(s) for s in res['shards']['kernel']} == {(5, 5)}
+  assert {tuple(s) for s in res['shards']['bias']} == {(5,)}
+  assert len(res['shards']['kernel']) == 8
