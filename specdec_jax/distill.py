@@ -179,7 +179,7 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
           sampling=sampling, rng=rng)
       outs.append(np.asarray(out.tokens)[:n])
       if bar is not None:
-        bar.update(len(chunk))
+        bar.update(n)
     targets = (np.concatenate(outs) if outs else
                np.zeros((0, max_decode_len), np.int32))
     arrays.save(paths[i], {'inputs': rows, 'targets': targets})

@@ -413,6 +413,9 @@ class DraftSource:
     confidence: adaptive draft length: > 0 makes model drafters stop below
       this confidence and copying drafters stop where nothing matches
       (`T5Drafter`, `LookupDrafter.adaptive`); 0 drafts gamma always.
+    draft_checkpoint: DRAFT_CHECKPOINT for kinds that read their own
+      parameters from a checkpoint without a separate model ('pass': the
+      look-ahead embeddings).
   """
 
   vocab_size: int
@@ -426,6 +429,7 @@ class DraftSource:
   output_cache: Any = None
   output_length: int = 64
   confidence: float = 0.0
+  draft_checkpoint: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +449,9 @@ class DrafterKind:
       build it once per task and reuse it.
     uses_cache: drafts from `DraftSource.output_cache`: the caller opens
       (or creates) the store and appends finished outputs to it (the
-      drafter's `with_store` refreshes its params).
+      function `with_store` refreshes the drafter's params).
+    needs_target: built from `DraftSource.target_model` / `target_params`
+      (drafts with the target itself, or embeds requests with it).
   """
 
   name: str
@@ -454,6 +460,7 @@ class DrafterKind:
   description: str
   data_only: bool = False
   uses_cache: bool = False
+  needs_target: bool = False
 
 
 KINDS: Dict[str, DrafterKind] = {}
@@ -476,10 +483,11 @@ def get_kind(name: str) -> DrafterKind:
   return KINDS[name]
 
 
-def _build_t5(source: DraftSource):
+def _build_t5(source: DraftSource, kind: str = 't5'):
   if source.draft_model is None or source.draft_params is None:
-    raise ValueError("drafter kind 't5' needs a draft model and its params "
-                     '(DRAFT_MODEL / DRAFT_CHECKPOINT); got draft_model='
+    raise ValueError(f'drafter kind {kind!r} needs a draft model and its '
+                     'params (DRAFT_MODEL / DRAFT_CHECKPOINT); got '
+                     f'draft_model='
                      f'{source.draft_model!r}, draft_params '
                      f'{"None" if source.draft_params is None else "given"}.')
   return (T5Drafter(source.draft_model, source.confidence),
@@ -956,7 +964,7 @@ COMBINED_LONG_MATCH = 6
 def _build_combined(source: DraftSource):
   """The cache (or, without a target to embed with, lookup) over the draft
   model, by the rule above."""
-  model, model_params = _build_t5(source)
+  model, model_params = _build_t5(source, 'combined')
   if source.target_model is None:
     reference, ref_params = LookupDrafter(source.vocab_size, adaptive=True), ()
   else:
@@ -982,9 +990,16 @@ register(DrafterKind(
                 'match of the last 1-3 tokens in the input or the output'))
 register(DrafterKind(
     'cache', needs_model=False, build=_cache_drafter, uses_cache=True,
+    needs_target=True,
     description='semantic output cache: copies from the outputs of the most '
                 'similar earlier requests (and the input, the output)'))
 register(DrafterKind(
     'combined', needs_model=True, build=_build_combined, uses_cache=True,
     description='the cache / lookup draft where one matches, the draft '
                 'model elsewhere (per row, per iteration)'))
+
+
+# Kinds written in modules of their own register themselves when imported;
+# importing them here keeps `KINDS` complete for every caller. (They import
+# this module, whose names are all defined by now.)
+from specdec_jax import pass_drafter  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position

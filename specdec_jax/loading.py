@@ -366,7 +366,9 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
       draft_params=draft_params, train_targets=train, target_model=target,
       target_params=target_params, train_pairs=pairs, output_cache=store,
       output_length=setup.task_feature_lengths['targets'],
-      confidence=float(setup.draft_confidence))
+      confidence=float(setup.draft_confidence),
+      draft_checkpoint=(None if kind.needs_model else
+                        setup.draft_checkpoint))
   if not kind.data_only or task is None:
     return kind.build(source)
   key = (kind.name, task.name, setup.target_config.vocab_size,

@@ -277,8 +277,22 @@ class Decoder(nn.Module):
       y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
     return self._logits(y, return_hidden)
 
-  def extend(self, tokens: Array, cache: DecoderCache):
+  def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
+             lookahead_start=None):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
+
+    Args:
+      tokens: `[batch, k]` token ids.
+      cache: the cache; row b writes at slots position[b], ...
+      lookahead: None, or PaSS look-ahead input embeddings `[L, embed]` or
+        `[batch, L, embed]` (L <= k): block positions lookahead_start[b] ..
+        + L - 1 take them in place of their tokens' embeddings (those token
+        ids are ignored). Slot j stands for position (its row's last real
+        token before it) + j + 1 by its place in the block; the causal mask
+        keeps earlier block positions from seeing it. Callers drop the
+        slots afterwards with `cache.rewind` (specdec_jax/pass_drafter.py).
+      lookahead_start: `[batch]` int32 block index of the first slot
+        (default k - L: the last L positions of the block).
 
     Returns:
       `(logits [batch, k, vocab], cache)` with position advanced by k.
@@ -293,6 +307,8 @@ class Decoder(nn.Module):
     self_bias = self_bias + layers.mask_to_bias(relative <= 0)[:, None]
     cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
     y = self.shared_embedding(tokens).astype(self.config.compute_dtype)
+    if lookahead is not None:
+      y = _with_lookahead(y, lookahead, lookahead_start)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       y, (key, value) = layer(
@@ -307,6 +323,22 @@ class Decoder(nn.Module):
         position=cache.position + k,
     )
     return self._logits(y), cache
+
+
+def _with_lookahead(y: Array, lookahead, start) -> Array:
+  """y `[batch, k, embed]` with L rows from `start[b]` replaced by lookahead."""
+  batch, k, _ = y.shape
+  la = jnp.asarray(lookahead).astype(y.dtype)
+  if la.ndim == 2:
+    la = jnp.broadcast_to(la[None], (batch,) + la.shape)
+  n = la.shape[1]
+  if n > k:
+    raise ValueError(f'{n} look-ahead embeddings do not fit a block of {k}.')
+  if start is None:
+    start = jnp.full((batch,), k - n, jnp.int32)
+  idx = jnp.arange(k)[None, :] - jnp.asarray(start, jnp.int32)[:, None]
+  slot = jnp.take_along_axis(la, jnp.clip(idx, 0, n - 1)[..., None], axis=1)
+  return jnp.where(((idx >= 0) & (idx < n))[..., None], slot, y)
 
 
 class Transformer(nn.Module):
@@ -363,8 +395,9 @@ class Transformer(nn.Module):
         position=jnp.zeros((batch,), jnp.int32),
     )
 
-  def extend(self, tokens: Array, cache: DecoderCache):
-    return self.decoder.extend(tokens, cache)
+  def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
+             lookahead_start=None):
+    return self.decoder.extend(tokens, cache, lookahead, lookahead_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,9 +450,12 @@ class T5Model:
         method=Transformer.init_cache,
     )
 
-  def extend(self, params, tokens, cache: DecoderCache):
+  def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
+             lookahead_start=None):
+    """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None."""
     return self.module.apply(
-        {'params': params}, tokens, cache, method=Transformer.extend
+        {'params': params}, tokens, cache, lookahead, lookahead_start,
+        method=Transformer.extend
     )
 
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,

@@ -177,6 +177,9 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   """
   _, _, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
+  if not getattr(drafter, 'drafts_from_score', True):
+    pytest.skip(f'{kind} drafts 2.. from look-ahead slots, not from score '
+                '(tests/test_pass.py checks its drafts)')
   sampling = SamplingConfig(temperature=0.8)
   sequences = jnp.pad(base.tokens, ((0, 0), (1, 0)))  # BOS, then outputs
   lengths = np.array([1, 4, 9, 17])
@@ -213,11 +216,12 @@ def test_registry_refuses_duplicates_and_names_the_kinds():
 
 
 def test_kinds_refuse_a_source_without_what_they_need():
-  """A kind built from a model or from task data refuses a source without
-  it (naming the kind); a kind that needs neither builds from nothing."""
+  """A kind built from a model, the target or task data refuses a source
+  without it (naming the kind); a kind that needs none builds from
+  nothing."""
   empty = drafters.DraftSource(vocab_size=128)
   for name, kind in drafters.KINDS.items():
-    if kind.needs_model or kind.data_only:
+    if kind.needs_model or kind.data_only or kind.needs_target:
       with pytest.raises(ValueError, match=name):
         kind.build(empty)
     else:

@@ -1,0 +1,134 @@
+r"""Trains PaSS look-ahead embeddings on a frozen target (its own outputs).
+
+  python scripts/train_pass.py --task en_de --num_lookahead 8 \
+    --out_dir results/pass_embeddings/en_de
+
+Data: the target's greedy outputs (sequence-level, `distill.generate`) on
+the task's inputs, teacher-forced: for every prefix :t+1 of an output, the
+L look-ahead slots predict tokens t+2 .. t+L+1 (`pass_drafter.loss_fn`).
+Only the L x emb_dim embeddings train (optax Adam on them alone; the target
+is an argument under stop_gradient and is never updated). With the shipped
+models (`--target shipped:target`, the default) the inputs are the shipped
+test slice's rows `--train_rows` (default 64:256), so the first 64 rows stay
+held out for scripts/benchmark_pass.py; `--inputs_npz` takes any array data
+set (`arrays.save` layout: 'inputs') instead, e.g. a task's train split.
+
+Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
+checkpoint_<step>/ (T5X orbax layout, `pass_drafter.save_lookahead`; the
+eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
+checkpoint. Because slot j sees only slots 1..j, the first L' < L
+embeddings of an L-slot run are themselves an L'-slot drafter.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specdec_jax import arrays
+from specdec_jax import checkpoints
+from specdec_jax import distill
+from specdec_jax import loading
+from specdec_jax import pass_drafter
+from specdec_jax import shipped
+
+
+def parse_flags(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--task', default='en_de', help='shipped task (en_de, '
+                 'synopsis) whose inputs are used unless --inputs_npz')
+  p.add_argument('--target', default='shipped:target',
+                 help="'shipped:<name>' or a T5X checkpoint (with "
+                 '--target_config_json)')
+  p.add_argument('--target_config_json', default=None,
+                 help='T5Config fields as JSON, for a non-shipped target')
+  p.add_argument('--inputs_npz', default=None,
+                 help="an .npz with 'inputs' [rows, length] to decode")
+  p.add_argument('--train_rows', default='64:256',
+                 help='rows of the inputs to train on (start:stop)')
+  p.add_argument('--max_decode_len', type=int, default=64)
+  p.add_argument('--num_lookahead', type=int, default=8)
+  p.add_argument('--steps', type=int, default=300)
+  p.add_argument('--batch_size', type=int, default=16)
+  p.add_argument('--positions', type=int, default=16,
+                 help='prefix ends per step that get look-ahead slots')
+  p.add_argument('--learning_rate', type=float, default=0.3)
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--save_every', type=int, default=50)
+  p.add_argument('--out_dir', required=True)
+  return p.parse_args(argv)
+
+
+def load_target(args):
+  if args.target.startswith('shipped:'):
+    return shipped.load_model(args.target[len('shipped:'):])
+  fields = json.loads(args.target_config_json or '{}')
+  return loading.load_model(shipped.t5_config(fields), args.target)
+
+
+def main(argv=None):
+  args = parse_flags(argv)
+  model, params = load_target(args)
+  if args.inputs_npz:
+    with np.load(args.inputs_npz) as f:
+      inputs = f['inputs'].astype(np.int32)
+  else:
+    inputs = shipped.test_arrays(args.task)['inputs']
+  start, stop = (int(x) for x in args.train_rows.split(':'))
+  inputs = inputs[start:stop]
+  data_dir = os.path.join(args.out_dir, 'data')
+  distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
+                   max_decode_len=args.max_decode_len, batch_size=64,
+                   num_shards=1, progress=False)
+  data = arrays.load(data_dir, 'train')
+  enc, out = data['inputs'], data['targets']
+  print(f'{len(enc)} rows; mean output length '
+        f'{(out > 0).sum(1).mean():.1f}', flush=True)
+
+  optimizer = optax.adam(args.learning_rate)
+  latest = checkpoints.latest_checkpoint(args.out_dir)
+  if latest:
+    la = pass_drafter.load_lookahead(latest, model.config)
+    first = checkpoints.step_of(latest)
+  else:
+    la = pass_drafter.init_lookahead(params, args.num_lookahead, args.seed)
+    first = 0
+  if pass_drafter.check_lookahead(la, model.config) != args.num_lookahead:
+    raise ValueError(f'{latest} holds another number of embeddings.')
+  opt_state = optimizer.init(la)  # Adam moments restart on resume
+  step_fn = pass_drafter.make_train_step(model, optimizer)
+  rng = np.random.default_rng(args.seed + first)
+  log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
+  t0 = time.time()
+  for step in range(first + 1, args.steps + 1):
+    idx = rng.choice(len(enc), args.batch_size, replace=False)
+    # Trim to the batch's longest output (in steps of 16: few shapes) and
+    # give slots to --positions random prefix ends of it.
+    width = int((out[idx] > 0).sum(1).max())
+    width = min(out.shape[1], -(-width // 16) * 16)
+    owners = np.sort(rng.choice(width, min(args.positions, width),
+                                replace=False))
+    la, opt_state, m = step_fn(params, la, opt_state, jnp.asarray(enc[idx]),
+                               jnp.asarray(out[idx, :width]),
+                               jnp.asarray(owners, jnp.int32))
+    if step % 10 == 0 or step == 1 or step == args.steps:
+      acc = np.asarray(m['accuracy_at']) / np.maximum(
+          np.asarray(m['weight_at']), 1)
+      rec = {'step': step, 'loss': float(m['loss']),
+             'accuracy_at': [round(float(a), 4) for a in acc],
+             'seconds': round(time.time() - t0, 1)}
+      log.write(json.dumps(rec) + '\n')
+      log.flush()
+      print(rec, flush=True)
+    if step % args.save_every == 0 or step == args.steps:
+      pass_drafter.save_lookahead(la, args.out_dir, step)
+  log.close()
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,257 @@
+"""PaSS (specdec_jax/pass_drafter.py): look-ahead slots, drafter, merged loop.
+
+- Masking: a real token after look-ahead slots (dropped by `rewind`) gets the
+  logits of plain decoding, and real tokens of a block with slots get the
+  logits they have without them (float32, atol 1e-5); the decoding path's
+  slots equal the teacher-forced ones (`lookahead_logits`).
+- Exactness: greedy outputs equal `decoding.temperature_sample` token for
+  token (batch 4, ragged inputs and acceptance) for the Drafter-protocol
+  version and the merged draft+verify loop (one slot group, and the tree of
+  one group per draft position); sampled sequences follow the target's exact
+  law (the chi-square test of tests/test_speculative.py).
+- Training: target params bit-identical after steps, loss falls; save /
+  load beside a checkpoint, and a clear error for another emb_dim.
+
+Run alone: `python -m pytest -q tests/test_pass.py`.
+"""
+
+import functools
+import types
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import interfaces
+from specdec_jax import pass_drafter
+from specdec_jax import speculative
+
+from test_speculative import assert_matches
+from test_speculative import exact_sequence_distribution
+from test_speculative import N_SAMPLES
+from test_speculative import SAMPLING_CASES
+from test_speculative import SEQ_LEN
+from test_speculative import SMALL_EOS
+from test_speculative import tiny_target  # pylint: disable=unused-import
+
+MAX_LEN = 20
+EOS = 68
+L = 3
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(model):
+  """The model's calls, compiled (eager flax calls are slow)."""
+  tree = lambda p, t, c, e: model.module.apply(
+      {'params': p}, t, c, e, method=pass_drafter._tree_extend)  # pylint: disable=protected-access
+  return dict(
+      logits=jax.jit(model.logits),
+      extend=jax.jit(model.extend),
+      init_cache=jax.jit(model.init_cache, static_argnums=2),
+      slots=jax.jit(lambda *a: pass_drafter.lookahead_logits(model, *a)[1]),
+      tree=jax.jit(tree))
+
+
+@pytest.fixture(scope='module')
+def setup(v11):
+  model, params = v11
+  la = pass_drafter.init_lookahead(params, L, seed=1)
+  rng = np.random.default_rng(3)  # as test_drafters: rows end on EOS
+  enc = rng.integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  enc[2, 5:] = 0
+  enc[3, 2:] = 0
+  return model, params, la, jnp.asarray(enc)
+
+
+def test_slots_are_invisible_to_real_tokens(setup):
+  """Before the slots (causal) and after them (rewind): plain logits."""
+  model, params, la, enc = setup
+  f = jitted(model)
+  dec = jnp.asarray(np.random.default_rng(1).integers(2, 128, (4, 10)))
+  dec = dec.at[:, 0].set(0)
+  ref = f['logits'](params, enc, dec)
+  # Rows at different positions: row b has consumed b + 1 tokens.
+  pos = jnp.arange(4) + 1
+  cache = f['init_cache'](params, enc, 24)
+  _, cache = f['extend'](params, dec[:, :1], cache)
+  cache = f['extend'](params, dec[:, 1:4], cache)[1].rewind(pos)
+  idx = pos[:, None] + jnp.arange(3)
+  real = jnp.take_along_axis(dec, idx, 1)  # 3 real tokens per row
+  block = jnp.concatenate([real, jnp.zeros((4, L), jnp.int32)], 1)
+  with_slots, cache2 = f['extend'](params, block, cache,
+                                    pass_drafter.embeddings(la))
+  without, _ = f['extend'](params, real, cache)
+  np.testing.assert_allclose(with_slots[:, :3], without, atol=1e-5)
+  want = jnp.take_along_axis(ref, idx[..., None], 1)
+  np.testing.assert_allclose(with_slots[:, :3], want, atol=1e-5)
+  # Drop the slots; the next real tokens see exactly the plain prefix.
+  after, _ = f['extend'](params, jnp.take_along_axis(dec, idx + 3, 1),
+                          cache2.rewind(pos + 3))
+  np.testing.assert_allclose(
+      after, jnp.take_along_axis(ref, (idx + 3)[..., None], 1), atol=1e-5)
+  # Slots stand for the positions after the last real token: the
+  # teacher-forced slots of prefix :pos+3 are the same logits.
+  tf_slots = f['slots'](params, la, enc, dec)
+  want_slots = jnp.take_along_axis(tf_slots, (pos + 2)[:, None, None, None],
+                                   1)[:, 0]
+  np.testing.assert_allclose(with_slots[:, 3:], want_slots, atol=1e-5)
+
+
+def test_slot_start_per_row(setup):
+  """`lookahead_start` places the slots per row; later block positions do
+  not change what the real tokens before them see."""
+  model, params, la, enc = setup
+  f = jitted(model)
+  cache = f['init_cache'](params, enc, 24)
+  tokens = jnp.asarray(np.random.default_rng(2).integers(2, 128, (4, 6)))
+  tokens = tokens.at[:, 0].set(0)
+  start = jnp.array([1, 2, 3, 1])
+  out, _ = f['extend'](params, tokens, cache, pass_drafter.embeddings(la),
+                        start)
+  plain, _ = f['extend'](params, tokens, cache)
+  for b, s in enumerate(np.asarray(start)):
+    np.testing.assert_allclose(out[b, :s], plain[b, :s], atol=1e-5)
+    assert np.abs(out[b, s] - plain[b, s]).max() > 1e-3  # a slot
+  # Each row's slots are the teacher-forced slots of its prefix :start.
+  tf_slots = f['slots'](params, la, enc, tokens)
+  for b, s in enumerate(np.asarray(start)):
+    np.testing.assert_allclose(out[b, s:s + L], tf_slots[b, s - 1],
+                               atol=1e-5)
+
+
+def test_tree_groups_see_their_prefix_only(setup):
+  """The tree call: real tokens get plain logits, group h the slots of the
+  prefix ending at real token h, and after a rewind nothing of it shows."""
+  model, params, la, enc = setup
+  f = jitted(model)
+  dec = jnp.asarray(np.random.default_rng(4).integers(2, 128, (4, 10)))
+  dec = dec.at[:, 0].set(0)
+  ref = f['logits'](params, enc, dec)
+  tf_slots = f['slots'](params, la, enc, dec)
+  pos = jnp.array([1, 2, 3, 4])
+  cache = f['init_cache'](params, enc, 40)
+  cache = f['extend'](params, dec[:, :6], cache)[1].rewind(pos)
+  g = L
+  idx = pos[:, None] + jnp.arange(g + 1)
+  out, cache2 = f['tree'](params, jnp.take_along_axis(dec, idx, 1), cache,
+                          pass_drafter.embeddings(la))
+  np.testing.assert_allclose(
+      out[:, :g + 1], jnp.take_along_axis(ref, idx[..., None], 1), atol=1e-5)
+  for h in range(g + 1):
+    want = jnp.take_along_axis(tf_slots, (pos + h)[:, None, None, None], 1)
+    np.testing.assert_allclose(out[:, g + 1 + h * L:g + 1 + (h + 1) * L],
+                               want[:, 0], atol=1e-5)
+  after, _ = f['extend'](params, dec[:, 5:8], cache2.rewind(jnp.full(4, 5)))
+  np.testing.assert_allclose(after, ref[:, 5:8], atol=1e-5)
+
+
+@pytest.mark.parametrize('loop', ['protocol', 'merged', 'tree'])
+def test_greedy_equals_baseline(setup, loop):
+  model, params, la, enc = setup
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  drafter = pass_drafter.PassDrafter(model, L)
+  dparams = pass_drafter.pass_params(params, la)
+  kwargs = {'tree': True} if loop == 'tree' else {}
+  sample = (speculative.speculative_sample if loop == 'protocol' else
+            pass_drafter.merged_sample)
+  out = sample(model, params, drafter, dparams, enc,
+               gamma=L + 1 if loop == 'protocol' else L,
+               max_decode_len=MAX_LEN, eos_id=EOS, **kwargs)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
+  st = speculative.summarize(out.stats)
+  if loop == 'protocol':  # draft 1 is the target's own greedy token
+    assert st['per_position_acceptance'][0] == 1.0
+    assert st['target_calls'] < MAX_LEN
+
+
+@pytest.mark.parametrize('loop,case', [('merged', 'topk3'),
+                                       ('tree', 't0.7'),
+                                       ('protocol', 'topp0.8')])
+def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
+                                                      case):
+  """Chi-square p > 1e-4 and TV < 0.02 vs the exact law of 3 tokens."""
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES[case]
+  dist = exact_sequence_distribution(model, params, enc, config)
+  la = pass_drafter.init_lookahead(params, 2, seed=3)
+  drafter = pass_drafter.PassDrafter(model, 2)
+  kwargs = {'tree': True} if loop == 'tree' else {}
+  sample = (speculative.speculative_sample if loop == 'protocol' else
+            pass_drafter.merged_sample)
+  out = sample(model, params, drafter, pass_drafter.pass_params(params, la),
+               jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
+               sampling=config, eos_id=SMALL_EOS,
+               rng=jax.random.key(zlib.crc32((loop + case).encode())),
+               **kwargs)
+  st = speculative.summarize(out.stats)
+  assert 0 < st['acceptance_rate'] < 1  # both branches ran
+  assert_matches(np.asarray(out.tokens), dist)
+
+
+def test_training_leaves_target_untouched_and_loss_falls(setup):
+  model, params, la, enc = setup
+  targets = decoding.temperature_sample(model, params, enc,
+                                        max_decode_len=12, eos_id=-1).tokens
+  before = jax.tree.map(np.array, params)
+  opt = optax.adam(0.3)
+  step = pass_drafter.make_train_step(model, opt)
+  state = opt.init(la)
+  losses = []
+  for _ in range(5):
+    la, state, m = step(params, la, state, enc, targets)
+    losses.append(float(m['loss']))
+  assert losses[-1] < losses[0] - 0.1, losses
+  jax.tree.map(np.testing.assert_array_equal, before,
+               jax.tree.map(np.array, params))
+
+
+def test_save_load_and_shape_mismatch(setup, tmp_path):
+  model, params, la, _ = setup
+  path = pass_drafter.save_lookahead(la, str(tmp_path / 'pass_L3'), 7)
+  back = pass_drafter.load_lookahead(path, model.config)
+  np.testing.assert_array_equal(pass_drafter.embeddings(back),
+                                pass_drafter.embeddings(la))
+  wider = model.config.replace(emb_dim=48)
+  with pytest.raises(ValueError, match=r'emb_dim=48.*want \[L, 48\]'):
+    pass_drafter.load_lookahead(path, wider)
+
+
+def test_kind_builds_and_refuses(setup, tmp_path):
+  model, params, la, enc = setup
+  source = drafters.DraftSource(vocab_size=128, target_model=model,
+                                target_params=params, draft_params=la)
+  drafter, dparams = drafters.get_kind('pass').build(source)
+  assert isinstance(drafter, interfaces.Drafter)
+  assert drafter == pass_drafter.PassDrafter(model, L)
+  drafter.check_params(dparams)
+  # From DRAFT_CHECKPOINT (the source field loading passes for 'pass').
+  path = pass_drafter.save_lookahead(la, str(tmp_path / 'pass'), 1)
+  from_ckpt = types.SimpleNamespace(target_model=model, target_params=params,
+                                    draft_params=None, draft_checkpoint=path)
+  drafter2, dparams2 = drafters.get_kind('pass').build(from_ckpt)
+  assert drafter2 == drafter
+  np.testing.assert_array_equal(
+      pass_drafter.embeddings(dparams2['lookahead']),
+      pass_drafter.embeddings(la))
+  with pytest.raises(ValueError, match='no target_model'):
+    drafters.get_kind('pass').build(drafters.DraftSource(vocab_size=128))
+  with pytest.raises(ValueError, match='gamma=4 > 3'):
+    pass_drafter.merged_sample(model, params, drafter, dparams, enc, gamma=4,
+                               max_decode_len=MAX_LEN)
+  with pytest.raises(ValueError, match='gamma=5 > 4'):
+    speculative.speculative_sample(model, params, drafter, dparams, enc,
+                                   gamma=5, max_decode_len=MAX_LEN)
+  bad = pass_drafter.pass_params(params, {'lookahead_embedder': {
+      'embedding': jnp.zeros((L, 16))}})
+  with pytest.raises(ValueError, match='emb_dim=32'):
+    speculative.speculative_sample(model, params, drafter, bad, enc,
+                                   gamma=2, max_decode_len=MAX_LEN)
