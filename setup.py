@@ -32,6 +32,8 @@ setuptools.setup(
     extras_require={
         'test': [
             'pytest',
+            # Two workers (pytest.ini): XLA compiles on one core each.
+            'pytest-xdist',
             'scipy',
             # The independent reference implementation (CPU build on disk).
             'torch==2.13.0',

@@ -31,7 +31,6 @@ import argparse
 import datetime
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +44,6 @@ from specdec_jax import pass_drafter
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import theory
-from specdec_jax.experiments import reproduce
 from specdec_jax.sampling import SamplingConfig
 
 # ../shared/GPU.md: cost(k) = t(k) / t(1) at T5-XXL cost, bf16, batch 1.

@@ -640,7 +640,6 @@ class _MergedLoop:
   def __call__(self, target_params, lookahead, inputs, rng):
     batch = inputs.shape[0]
     v = self.target.vocab_size
-    zeros = jnp.zeros((batch,), jnp.int32)
     state = MergedState(
         sequences=jnp.zeros((batch, self.buffer), jnp.int32),
         lengths=jnp.ones((batch,), jnp.int32),
@@ -650,11 +649,7 @@ class _MergedLoop:
         drafts=jnp.zeros((batch, self.gamma), jnp.int32),
         q=jnp.zeros((batch, self.gamma, v), jnp.float32),
         rng=rng,
-        stats=speculative.SpecStats(
-            iterations=jnp.zeros((), jnp.int32), row_iterations=zeros,
-            drafted=zeros, accepted=zeros,
-            accepted_at=jnp.zeros((self.gamma,), jnp.int32),
-            beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros),
+        stats=speculative.SpecStats.zeros(batch, self.gamma),
     )
     state = jax.lax.while_loop(
         self.cond_fn,

@@ -64,6 +64,15 @@ class SpecStats:
   beta_sum: Array
   beta_count: Array
 
+  @classmethod
+  def zeros(cls, rows: int, gamma: int) -> 'SpecStats':
+    """All counters 0, for `rows` rows (or examples) and gamma positions."""
+    z = jnp.zeros((rows,), jnp.int32)
+    return cls(iterations=jnp.zeros((), jnp.int32), row_iterations=z,
+               drafted=z, accepted=z,
+               accepted_at=jnp.zeros((gamma,), jnp.int32),
+               beta_sum=jnp.zeros((rows,), jnp.float32), beta_count=z)
+
 
 @struct.dataclass
 class SpecResult:
@@ -280,7 +289,6 @@ class _SpecLoop:
   def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
     batch = inputs.shape[0]
     cache_len = self.max_decode_len + self.gamma + 1
-    zeros = jnp.zeros((batch,), jnp.int32)
     state = SpecState(
         sequences=jnp.zeros((batch, self.buffer), jnp.int32),
         lengths=jnp.ones((batch,), jnp.int32),
@@ -288,11 +296,7 @@ class _SpecLoop:
         target_cache=self.target.init_cache(target_params, inputs, cache_len),
         draft_state=self.drafter.init(draft_params, draft_inputs, cache_len),
         rng=rng,
-        stats=SpecStats(
-            iterations=jnp.zeros((), jnp.int32), row_iterations=zeros,
-            drafted=zeros, accepted=zeros,
-            accepted_at=jnp.zeros((self.gamma,), jnp.int32),
-            beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros),
+        stats=SpecStats.zeros(batch, self.gamma),
     )
     state = jax.lax.while_loop(
         self.cond_fn,

@@ -258,7 +258,6 @@ class _SpecStreamLoop:
     n_examples = inputs.shape[0]
     b = self.batch_size
     g = self.loop.gamma
-    zeros = jnp.zeros((b,), jnp.int32)
     first = jnp.arange(b)
     spec = speculative.SpecState(
         sequences=jnp.zeros((b, self.loop.buffer), jnp.int32),
@@ -270,21 +269,14 @@ class _SpecStreamLoop:
         draft_state=self.loop.drafter.init(draft_params, draft_inputs[first],
                                            self.cache_len),
         rng=rng,
-        stats=speculative.SpecStats(
-            iterations=jnp.zeros((), jnp.int32), row_iterations=zeros,
-            drafted=zeros, accepted=zeros,
-            accepted_at=jnp.zeros((g,), jnp.int32),
-            beta_sum=jnp.zeros((b,), jnp.float32), beta_count=zeros))
+        stats=speculative.SpecStats.zeros(b, g))
     zn = jnp.zeros((n_examples,), jnp.int32)
     state = SpecStreamState(
         spec=spec, example=first.astype(jnp.int32),
         flushed=jnp.zeros((b,), bool), next_example=jnp.int32(b),
         tokens=jnp.zeros((n_examples, self.loop.max_decode_len), jnp.int32),
         lengths=zn,
-        stats=speculative.SpecStats(
-            iterations=jnp.zeros((), jnp.int32), row_iterations=zn,
-            drafted=zn, accepted=zn, accepted_at=jnp.zeros((g,), jnp.int32),
-            beta_sum=jnp.zeros((n_examples,), jnp.float32), beta_count=zn))
+        stats=speculative.SpecStats.zeros(n_examples, g))
     state = jax.lax.while_loop(
         lambda st: ~jnp.all(st.spec.ended),
         functools.partial(self.body_fn, target_params, draft_params, inputs,
