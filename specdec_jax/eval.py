@@ -220,23 +220,48 @@ class Terminated(KeyboardInterrupt):
   """SIGTERM arrived during the job (SIGINT raises KeyboardInterrupt)."""
 
 
+# The signal that asked the job to stop (0: none), for `_check_interrupted`.
+_INTERRUPTED = [0]
+
+
 @contextlib.contextmanager
 def _sigterm_interrupts():
   """SIGTERM ends the job as Ctrl-C does: finished work written, status
-  'interrupted'. (Only the main thread may set signal handlers.)"""
+  'interrupted'. (Only the main thread may set signal handlers.)
+
+  Both signals are also remembered: Python raises KeyboardInterrupt at
+  whatever bytecode runs next, and where that is a `__del__` or a callback
+  the exception is printed and dropped ("Exception ignored in ..."), so a
+  Ctrl-C could be lost; `_check_interrupted` raises it again at the next
+  batch boundary.
+  """
+  _INTERRUPTED[0] = 0
   if threading.current_thread() is not threading.main_thread():
     yield
     return
 
   def handler(signum, frame):
-    del signum, frame
-    raise Terminated('SIGTERM')
+    del frame
+    _INTERRUPTED[0] = signum
+    if signum == signal.SIGTERM:
+      raise Terminated('SIGTERM')
+    raise KeyboardInterrupt
 
-  previous = signal.signal(signal.SIGTERM, handler)
+  previous = {sig: signal.signal(sig, handler)
+              for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     yield
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    for sig, old in previous.items():
+      signal.signal(sig, old)
+
+
+def _check_interrupted() -> None:
+  """Raises the interrupt of a signal whose exception was swallowed."""
+  if _INTERRUPTED[0] == signal.SIGTERM:
+    raise Terminated('SIGTERM')
+  if _INTERRUPTED[0]:
+    raise KeyboardInterrupt
 
 
 def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
@@ -522,6 +547,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
                                      (index, count), partitioner):
           _append(sink, batch)
           records.extend(batch)
+          _check_interrupted()
       _barrier('done', barrier_timeout_s)
       if index == 0 and (count > 1 or any(out.glob(
           'examples.process-*.jsonl'))):
