@@ -99,28 +99,19 @@ def make_stream(inputs, n_rows: int, length: int, vocab: int, seed: int = 0,
 
 def build(name, vocab, target, target_params, dec2, dec2_params, store,
           gamma_conf, counting=False):
-  """(drafter, params) of a benchmark drafter name."""
-  model = CountingT5(dec2.config) if counting else dec2
-  lookup = drafters.LookupDrafter(vocab, eos_id=EOS)
-  if name in ('dec2', 'dec2_adaptive'):
-    conf = gamma_conf if name == 'dec2_adaptive' else 0.0
-    return drafters.T5Drafter(model, conf), dec2_params
-  if name == 'lookup':
-    return lookup, ()
-  cache_drafter = drafters.CacheDrafter(vocab, eos_id=EOS, embedder=target)
-  cache_params = dict({'embedder': target_params}, **store.device_params())
-  if name == 'cache':
-    return cache_drafter, cache_params
-  if name in ('combined', 'combined_adaptive'):
-    conf = gamma_conf if name == 'combined_adaptive' else 0.0
-    # As the 'combined' kind (drafters.COMBINED_TRUST / _LONG_MATCH).
-    reference = dataclasses.replace(cache_drafter,
-                                    n_max=drafters.COMBINED_LONG_MATCH)
-    return (drafters.CombinedDrafter(reference,
-                                     drafters.T5Drafter(model, conf),
-                                     drafters.COMBINED_TRUST),
-            {'reference': cache_params, 'model': dec2_params})
-  raise ValueError(f'unknown drafter {name!r}; known: {DRAFTERS}')
+  """(drafter, params) of a benchmark drafter name: the registered kind
+  ('t5', 'lookup', 'cache', 'combined') as the eval job builds it, with the
+  draft model optionally counting its calls."""
+  kind = name.replace('dec2', 't5').replace('_adaptive', '')
+  if kind not in ('t5', 'lookup', 'cache', 'combined'):
+    raise ValueError(f'unknown drafter {name!r}; known: {DRAFTERS}')
+  source = drafters.DraftSource(
+      vocab_size=vocab, draft_model=CountingT5(dec2.config) if counting
+      else dec2, draft_params=dec2_params, target_model=target,
+      target_params=target_params, output_cache=store,
+      output_length=store.output_length,
+      confidence=gamma_conf if name.endswith('_adaptive') else 0.0)
+  return drafters.get_kind(kind).build(source)
 
 
 def run_workload(args, name, inputs, seed_inputs, target, target_params, dec2,

@@ -157,8 +157,8 @@ class T5Drafter:
         functools.partial(self._feed_last, 1), params, cache, sequences,
         lengths)
     if self.confidence > 0:
-      return self._propose_adaptive(params, cache, last, lengths, gamma,
-                                    sampling, rng)
+      return self._propose_adaptive(params, cache, last, gamma, sampling,
+                                    rng)
     rngs = jax.random.split(rng, gamma)
 
     def step(carry, rng_i):
@@ -175,8 +175,7 @@ class T5Drafter:
     qs = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1)
     return drafts, qs, cache
 
-  def _propose_adaptive(self, params, cache, last, lengths, gamma, sampling,
-                        rng):
+  def _propose_adaptive(self, params, cache, last, gamma, sampling, rng):
     """Drafts while some row is confident; see the class docstring.
 
     A `lax.while_loop` over draft positions: draft i of a row is made while
@@ -185,7 +184,7 @@ class T5Drafter:
     row's cache ends holding its prefix and its drafts but the last, as in
     the fixed-length path, so the next catch-up works unchanged.
     """
-    batch = lengths.shape[0]
+    batch = last.shape[0]
     rngs = jax.random.split(rng, gamma)
     drafts0 = jnp.zeros((batch, gamma), jnp.int32)
     qs0 = jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)
@@ -217,7 +216,6 @@ class T5Drafter:
     going = jnp.ones((batch,), bool)
     _, _, cache, _, drafts, qs = jax.lax.while_loop(
         cond, body, (jnp.int32(0), last, cache, going, drafts0, qs0))
-    del lengths
     return drafts, qs, cache
 
 
@@ -933,14 +931,8 @@ def open_cache(source: DraftSource):
     return source.output_cache
   store = output_cache.OutputCache.for_model(
       source.target_model, source.target_params, source.output_length)
-  pairs = list(source.train_pairs()) if source.train_pairs else []
-  if pairs:
-    width = max(len(i) for i, _ in pairs)
-    inputs = np.zeros((len(pairs), width), np.int32)
-    for row, (ids, _) in zip(inputs, pairs):
-      row[:len(ids)] = ids
-    store.add_requests(source.target_model, source.target_params, inputs,
-                       [o for _, o in pairs])
+  store.add_pairs(source.target_model, source.target_params,
+                  list(source.train_pairs()) if source.train_pairs else [])
   return store
 
 

@@ -351,7 +351,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
       # The output cache learns every finished output (persisted when it
       # has a file); the next batch drafts from it. A grown capacity is a
       # new compiled shape: warm up again outside the timings.
-      capacity = np.shape(_cache_keys(draft_params))
+      shapes = jax.tree_util.tree_map(np.shape, draft_params)
       new_rows = [row for row, (i, *_) in enumerate(batch) if i not in done]
       loaded.store.add_requests(
           target, target_params, inputs[new_rows],
@@ -361,15 +361,9 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
         loaded.store.save()
       draft_params = drafters.with_store(loaded.drafter, draft_params,
                                          loaded.store)
-      warm = warm and np.shape(_cache_keys(draft_params)) == capacity
+      warm = warm and jax.tree_util.tree_map(np.shape,
+                                             draft_params) == shapes
     yield records
-
-
-def _cache_keys(params):
-  """The output-cache keys inside a drafter's params (for their shape)."""
-  if isinstance(params, dict) and 'reference' in params:
-    params = params['reference']
-  return params.get('keys') if isinstance(params, dict) else None
 
 
 def _summary(records, settings) -> Dict[str, Any]:

@@ -324,10 +324,8 @@ def load_store(setup: EvalSetup, task, target, target_params,
           f': {str(e)[:120]}); it starts empty and grows with the outputs.')
     pairs = []
   if pairs:
-    inputs = data.pad_rows([i[:setup.task_feature_lengths['inputs']]
-                            for i, _ in pairs],
-                           setup.task_feature_lengths['inputs'])
-    store.add_requests(target, target_params, inputs, [o for _, o in pairs])
+    store.add_pairs(target, target_params, pairs,
+                    setup.task_feature_lengths['inputs'])
     print(f'output cache: seeded with {len(pairs)} train pairs.')
   if store.path:
     store.save()

@@ -162,6 +162,23 @@ class OutputCache:
                         np.pad(chunk, ((0, pad), (0, 0))))[:len(chunk)]
       self.add(np.asarray(keys), outputs[i:i + len(chunk)])
 
+  def add_pairs(self, model, params, pairs: Sequence[Tuple[Sequence[int],
+                                                          Sequence[int]]],
+                input_length: Optional[int] = None) -> None:
+    """Embeds and appends (input ids, output ids) pairs.
+
+    Inputs are 0-padded to `input_length` (cut to it when longer; default:
+    the longest input).
+    """
+    if not pairs:
+      return
+    width = input_length or max(len(i) for i, _ in pairs)
+    inputs = np.zeros((len(pairs), width), np.int32)
+    for row, (ids, _) in zip(inputs, pairs):
+      ids = list(ids)[:width]
+      row[:len(ids)] = ids
+    self.add_requests(model, params, inputs, [o for _, o in pairs])
+
   def device_params(self, capacity: Optional[int] = None) -> Dict[str, Any]:
     """{'keys' [c, d], 'outputs' [c, L], 'valid' [c]} padded to capacity."""
     c = capacity_for(len(self)) if capacity is None else capacity
@@ -300,12 +317,6 @@ def from_pairs(model, params, pairs: Iterable[Tuple[Sequence[int],
                input_length: int, output_length: int,
                path: Optional[str] = None) -> OutputCache:
   """A cache of (input ids, output ids) pairs, e.g. a task's train split."""
-  pairs = list(pairs)
   cache = OutputCache.for_model(model, params, output_length, path)
-  if pairs:
-    inputs = np.zeros((len(pairs), input_length), np.int32)
-    for row, (ids, _) in zip(inputs, pairs):
-      ids = list(ids)[:input_length]
-      row[:len(ids)] = ids
-    cache.add_requests(model, params, inputs, [o for _, o in pairs])
+  cache.add_pairs(model, params, list(pairs), input_length)
   return cache

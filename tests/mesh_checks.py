@@ -219,26 +219,28 @@ def _checkpoint_checks(fixtures, part):
   whole = checkpoints.load_t5x_params(legacy, config)
   shardings = part.param_shardings(network.T5Model(config))
   sharded = checkpoints.load_t5x_params(legacy, config, shardings=shardings)
-  res['legacy_shards'] = partitioning.shard_shapes(sharded)
-  res['legacy_equal'] = bool(all(jax.tree.leaves(jax.tree.map(
-      lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), whole,
-      sharded))))
-  res['legacy_specs'] = {k: str(v.sharding.spec) for k, v in
-                         _flat(sharded).items()}
+  res.update(_restore_report('legacy', whole, sharded))
   model = network.T5Model(CONFIG)
   params = model.init_params(jax.random.key(4))
   with tempfile.TemporaryDirectory() as tmp:
     path = checkpoints.save_t5x_params(params, tmp, 3)
     sharded = checkpoints.load_t5x_params(
         path, CONFIG, shardings=part.param_shardings(model))
-    res['orbax_shards'] = partitioning.shard_shapes(sharded)
-    res['orbax_equal'] = bool(all(jax.tree.leaves(jax.tree.map(
-        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), params,
-        sharded))))
-    res['orbax_specs'] = {k: str(v.sharding.spec) for k, v in
-                          _flat(sharded).items()}
+    res.update(_restore_report('orbax', params, sharded))
   res['tensorstore'] = _tensorstore_checks(fixtures, part)
   return res
+
+
+def _restore_report(name, whole, sharded):
+  """Shard shapes, specs and value equality of a sharded restore."""
+  return {
+      f'{name}_shards': partitioning.shard_shapes(sharded),
+      f'{name}_equal': bool(all(jax.tree.leaves(jax.tree.map(
+          lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), whole,
+          sharded)))),
+      f'{name}_specs': {k: str(v.sharding.spec) for k, v in
+                        _flat(sharded).items()},
+  }
 
 
 def _tensorstore_checks(fixtures, part):
