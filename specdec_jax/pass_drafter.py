@@ -570,8 +570,7 @@ class _MergedLoop:
 
   def body_fn(self, target_params, lookahead, state: MergedState):
     g, big_l = self.gamma, self.num_lookahead
-    rng, draft_rng, verify_rng, sample_rng = jax.random.split(state.rng, 4)
-    active = ~state.ended
+    rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
     lengths = state.lengths
     drafts, q = state.drafts, state.q
     has = jnp.any(q[:, 0] > 0, axis=-1)  # [batch] rows with drafts
@@ -590,25 +589,12 @@ class _MergedLoop:
       logits, target_cache = self.target.extend(
           target_params, block, cache, lookahead, slot0)
     p = sampling_lib.probabilities(logits[:, :g + 1], self.sampling)
-    # Rows without drafts: q = 0, so n = 0 and the token comes from p_1.
-    n, accepted, next_token, beta = speculative.verify(
-        verify_rng, drafts, q, p, self.sampling)
-    # (Also without verify's q = 0 convention: such rows take p_1's token.)
-    n = jnp.where(has, n, 0)
-    accepted = accepted & has[:, None]
-    next_token = jnp.where(has, next_token, sampling_lib.sample(
-        sample_rng, logits[:, 0], self.sampling))
-    # Commit x_1..x_n, t; cut at EOS and the length limit (as _SpecLoop).
-    new = jnp.where(jnp.arange(g + 1) < n[:, None],
-                    jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
-    is_eos = (new == self.eos_id) & (jnp.arange(g + 1) <= n[:, None])
-    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
-    room = self.max_decode_len - (lengths - 1)
-    keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
-    sequences = layers.write_rows(state.sequences, new, lengths)
-    new_lengths = jnp.where(active, lengths + keep, lengths)
-    ended = state.ended | (active & (
-        (first_eos < keep) | (new_lengths - 1 >= self.max_decode_len)))
+    # Rows without drafts have q = 0 (undrafted: `speculative.verify`), so
+    # n = 0 and their token comes from p_1, the target's after `last`.
+    sequences, new_lengths, ended, stats, n = speculative.accept_and_commit(
+        verify_rng, drafts, q, p, self.sampling, self.eos_id,
+        self.max_decode_len, state.sequences, lengths, state.ended,
+        state.stats)
     # Next drafts from the slots: aligned when the row had no drafts or
     # accepted all of them (slot j then predicts the j-th token after t).
     if self.tree:  # group n, after the last accepted draft
@@ -622,18 +608,6 @@ class _MergedLoop:
     next_drafts, next_q = sampling_lib.draw(
         draft_rng, chosen.reshape(b * g, v), self.sampling)
     next_q = jnp.where(aligned[:, None, None], next_q.reshape(b, g, v), 0.0)
-    verified = (jnp.arange(g) <= n[:, None]) & has[:, None]
-    act = active.astype(jnp.int32)
-    s = state.stats
-    stats = speculative.SpecStats(
-        iterations=s.iterations + 1,
-        row_iterations=s.row_iterations + act,
-        drafted=s.drafted + g * (has & active),
-        accepted=s.accepted + n * act,
-        accepted_at=s.accepted_at + jnp.sum(accepted * act[:, None], axis=0),
-        beta_sum=s.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), 1) * act,
-        beta_count=s.beta_count + jnp.sum(verified, 1) * act,
-    )
     return MergedState(sequences, new_lengths, ended, target_cache,
                        next_drafts.reshape(b, g), next_q, rng, stats)
 

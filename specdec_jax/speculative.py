@@ -220,6 +220,59 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
   return n, accepted, next_token.astype(jnp.int32), beta
 
 
+def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
+                      sampling: SamplingConfig, eos_id: int,
+                      max_decode_len: int, sequences: Array, lengths: Array,
+                      ended: Array, stats: SpecStats):
+  """Steps 3-5 of an iteration for every row: verify, commit, count.
+
+  Rows commit x_1..x_n and the residual / bonus token t, cut at EOS and at
+  `max_decode_len`; ended rows change nothing. Shared by every loop that
+  verifies drafts (`_SpecLoop`, PaSS's merged loop).
+
+  Args:
+    rng: PRNG key of the verification.
+    drafts, q, p, sampling: as `verify`.
+    eos_id, max_decode_len: the loop's.
+    sequences: `[batch, buffer]` committed tokens (BOS first).
+    lengths: `[batch]` committed tokens per row.
+    ended: `[batch]` bool.
+    stats: the running `SpecStats`.
+
+  Returns:
+    `(sequences, lengths, ended, stats, n)`, n `[batch]` the accepted drafts.
+  """
+  g = drafts.shape[1]
+  active = ~ended
+  n, accepted, next_token, beta = verify(rng, drafts, q, p, sampling)
+  new = jnp.where(jnp.arange(g + 1) < n[:, None],
+                  jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
+  is_eos = (new == eos_id) & (jnp.arange(g + 1) <= n[:, None])
+  first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
+  room = max_decode_len - (lengths - 1)
+  keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
+  sequences = layers.write_rows(sequences, new, lengths)
+  new_lengths = jnp.where(active, lengths + keep, lengths)
+  ended = ended | (active & (
+      (first_eos < keep) | (new_lengths - 1 >= max_decode_len)))
+  # Verified positions: 1..n+1 (the first rejected one included), <= gamma,
+  # among those drafted (q_i = 0 marks a position not drafted).
+  has_draft = jnp.any(q > 0, axis=-1)
+  verified = (jnp.arange(g) <= n[:, None]) & has_draft
+  act = active.astype(jnp.int32)
+  s = stats
+  stats = SpecStats(
+      iterations=s.iterations + 1,
+      row_iterations=s.row_iterations + act,
+      drafted=s.drafted + jnp.sum(has_draft, 1) * act,
+      accepted=s.accepted + n * act,
+      accepted_at=s.accepted_at + jnp.sum(accepted * act[:, None], axis=0),
+      beta_sum=s.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), 1) * act,
+      beta_count=s.beta_count + jnp.sum(verified, 1) * act,
+  )
+  return sequences, new_lengths, ended, stats, n
+
+
 @dataclasses.dataclass(frozen=True)
 class _SpecLoop:
   """cond_fn/body_fn of the speculative `lax.while_loop`."""
@@ -242,7 +295,6 @@ class _SpecLoop:
   def body_fn(self, target_params, draft_params, state: SpecState):
     g = self.gamma
     rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
-    active = ~state.ended
     lengths = state.lengths
     # 1. Drafts and their q: [batch, gamma], [batch, gamma, vocab].
     drafts, q, draft_state = self.drafter.propose(
@@ -254,35 +306,11 @@ class _SpecLoop:
     logits, target_cache = self.target.extend(
         target_params, block, state.target_cache.rewind(lengths - 1))
     p = sampling_lib.probabilities(logits, self.sampling)
-    # 3.-4. Accept/reject, residual or bonus token.
-    n, accepted, next_token, beta = verify(verify_rng, drafts, q, p,
-                                           self.sampling)
-    # 5. Commit x_1..x_n, t; cut at EOS and at the length limit.
-    new = jnp.where(jnp.arange(g + 1) < n[:, None],
-                    jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
-    is_eos = (new == self.eos_id) & (jnp.arange(g + 1) <= n[:, None])
-    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
-    room = self.max_decode_len - (lengths - 1)
-    keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
-    sequences = layers.write_rows(state.sequences, new, lengths)
-    new_lengths = jnp.where(active, lengths + keep, lengths)
-    ended = state.ended | (active & (
-        (first_eos < keep) | (new_lengths - 1 >= self.max_decode_len)))
-    # Verified positions: 1..n+1 (the first rejected one included), <= gamma,
-    # among those drafted (q_i = 0 marks a position not drafted).
-    has_draft = jnp.any(q > 0, axis=-1)
-    verified = (jnp.arange(g) <= n[:, None]) & has_draft
-    act = active.astype(jnp.int32)
-    s = state.stats
-    stats = SpecStats(
-        iterations=s.iterations + 1,
-        row_iterations=s.row_iterations + act,
-        drafted=s.drafted + jnp.sum(has_draft, 1) * act,
-        accepted=s.accepted + n * act,
-        accepted_at=s.accepted_at + jnp.sum(accepted * act[:, None], axis=0),
-        beta_sum=s.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), 1) * act,
-        beta_count=s.beta_count + jnp.sum(verified, 1) * act,
-    )
+    # 3.-5. Accept/reject, residual or bonus token, commit.
+    sequences, new_lengths, ended, stats, _ = accept_and_commit(
+        verify_rng, drafts, q, p, self.sampling, self.eos_id,
+        self.max_decode_len, state.sequences, lengths, state.ended,
+        state.stats)
     return SpecState(sequences, new_lengths, ended, target_cache, draft_state,
                      rng, stats)
 
