@@ -337,6 +337,11 @@ def main(argv=None):
   parser.add_argument('--fetch', action='store_true',
                       help=f'run `{APT_COMMAND}` when lists are missing.')
   parser.add_argument('--vocab_size', type=int, default=8000)
+  parser.add_argument('--vocab_file', default=None,
+                      help='copy this SentencePiece model instead of training '
+                      'one (e.g. the shipped models\' vocabulary, '
+                      'specdec_jax/assets/mini/data/sentencepiece.model, to '
+                      'train or distill on the full data for them).')
   parser.add_argument('--max_examples', type=int, default=None,
                       help='keep the first N examples per task and split.')
   parser.add_argument('--normalization', default='nmt_nfkc',
@@ -370,12 +375,22 @@ def main(argv=None):
   os.makedirs(args.out_dir, exist_ok=True)
   counts = write_examples(examples, args.out_dir, args.max_examples)
   parse_s = time.perf_counter() - start
-  sentences = train_text(args.out_dir)
-  print(f'training SentencePiece (vocab {args.vocab_size}) on '
-        f'{len(sentences)} train texts ...')
   vocab_start = time.perf_counter()
-  vocab_path = train_vocab(sentences, args.out_dir, args.vocab_size,
-                           args.normalization, args.num_threads)
+  if args.vocab_file:
+    vocab_path = os.path.join(args.out_dir, VOCAB_FILE)
+    shutil.copyfile(args.vocab_file, vocab_path)
+    vocab_size = spm.SentencePieceProcessor(
+        model_file=vocab_path).get_piece_size()
+    vocab_source = {'copied_from': os.path.basename(args.vocab_file),
+                    'sha256': file_sha256(vocab_path)}
+  else:
+    sentences = train_text(args.out_dir)
+    print(f'training SentencePiece (vocab {args.vocab_size}) on '
+          f'{len(sentences)} train texts ...')
+    vocab_path = train_vocab(sentences, args.out_dir, args.vocab_size,
+                             args.normalization, args.num_threads)
+    vocab_size = args.vocab_size
+    vocab_source = {'trained': True}
   vocab_s = time.perf_counter() - vocab_start
 
   manifest = collections.OrderedDict(
@@ -383,7 +398,7 @@ def main(argv=None):
       descriptions={'en': len(en), 'de': len(de)},
       source_files={os.path.basename(f): file_sha256(f)
                     for f in files['en'] + files['de']},
-      vocab={'file': VOCAB_FILE, 'vocab_size': args.vocab_size,
+      vocab={'file': VOCAB_FILE, 'vocab_size': vocab_size, **vocab_source,
              'model_type': 'unigram', 'pad_id': 0, 'eos_id': 1,
              'unk_id': 2, 'bos_id': -1, 'character_coverage': 1.0,
              'normalization': args.normalization},

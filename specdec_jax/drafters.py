@@ -995,3 +995,4 @@ register(DrafterKind(
 # importing them here keeps `KINDS` complete for every caller. (They import
 # this module, whose names are all defined by now.)
 from specdec_jax import pass_drafter  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
+from specdec_jax import draft_heads  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position

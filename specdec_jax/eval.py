@@ -310,7 +310,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
             target, target_params, inputs, max_decode_len=lengths['targets'],
             sampling=sampling, eos_id=setup.eos_id, rng=rng,
             block_size=setup.gamma + 1 if setup.same_shape_baseline else 1),
-        'speculative': lambda: speculative.speculative_sample(
+        'speculative': lambda: speculative.sampler(loaded.drafter)(
             target, target_params, loaded.drafter, draft_params,
             inputs, gamma=setup.gamma, max_decode_len=lengths['targets'],
             sampling=sampling, eos_id=setup.eos_id, rng=rng),

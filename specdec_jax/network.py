@@ -278,7 +278,7 @@ class Decoder(nn.Module):
     return self._logits(y, return_hidden)
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
-             lookahead_start=None):
+             lookahead_start=None, return_hidden: bool = False):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
 
     Args:
@@ -293,9 +293,13 @@ class Decoder(nn.Module):
         slots afterwards with `cache.rewind` (specdec_jax/pass_drafter.py).
       lookahead_start: `[batch]` int32 block index of the first slot
         (default k - L: the last L positions of the block).
+      return_hidden: also return the normalized final state the logits are
+        computed from (what self-drafting heads read,
+        specdec_jax/draft_heads.py).
 
     Returns:
-      `(logits [batch, k, vocab], cache)` with position advanced by k.
+      `(logits [batch, k, vocab], cache)` with position advanced by k;
+      with `return_hidden`, `((logits, hidden [batch, k, embed]), cache)`.
     """
     k = tokens.shape[-1]
     # [batch, k] absolute query positions; [max_length] key positions.
@@ -322,7 +326,7 @@ class Decoder(nn.Module):
         self_key=tuple(new_k), self_value=tuple(new_v),
         position=cache.position + k,
     )
-    return self._logits(y), cache
+    return self._logits(y, return_hidden), cache
 
 
 def _with_lookahead(y: Array, lookahead, start) -> Array:
@@ -396,8 +400,9 @@ class Transformer(nn.Module):
     )
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
-             lookahead_start=None):
-    return self.decoder.extend(tokens, cache, lookahead, lookahead_start)
+             lookahead_start=None, return_hidden: bool = False):
+    return self.decoder.extend(tokens, cache, lookahead, lookahead_start,
+                               return_hidden)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,11 +456,12 @@ class T5Model:
     )
 
   def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
-             lookahead_start=None):
-    """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None."""
+             lookahead_start=None, return_hidden: bool = False):
+    """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None;
+    `return_hidden`: `((logits, hidden), cache)`."""
     return self.module.apply(
         {'params': params}, tokens, cache, lookahead, lookahead_start,
-        method=Transformer.extend
+        return_hidden, method=Transformer.extend
     )
 
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,

@@ -66,7 +66,6 @@ import logging
 import os
 from typing import Any, Optional
 
-from flax import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -380,6 +379,12 @@ class PassDrafter:
   def vocab_size(self) -> int:
     return self.model.vocab_size
 
+  @property
+  def merged_loop(self):
+    """The loop callers decode with (`speculative.sampler`): one target call
+    per iteration, gamma <= L."""
+    return merged_sample
+
   def check_params(self, params) -> None:
     if not isinstance(params, dict) or set(params) != {'target', 'lookahead'}:
       raise ValueError("PaSS params must be {'target': target params, "
@@ -526,25 +531,6 @@ def _tree_extend(module, tokens, cache, lookahead):
   return dec._logits(y), cache  # pylint: disable=protected-access
 
 
-@struct.dataclass
-class MergedState:
-  """Loop state: `speculative.SpecState`'s, with the pending drafts.
-
-  drafts `[batch, gamma]` and q `[batch, gamma, vocab]` were drawn in the
-  previous iteration from its look-ahead slots; q = 0 marks a row with no
-  drafts (first iteration, or after a rejection: a recovery iteration).
-  """
-
-  sequences: Array
-  lengths: Array
-  ended: Array
-  target_cache: Any
-  drafts: Array
-  q: Array
-  rng: Array
-  stats: speculative.SpecStats
-
-
 @dataclasses.dataclass(frozen=True)
 class _MergedLoop:
   target: Any
@@ -565,10 +551,11 @@ class _MergedLoop:
   def buffer(self) -> int:
     return self.max_decode_len + self.gamma + 2
 
-  def cond_fn(self, state: MergedState) -> Array:
+  def cond_fn(self, state: speculative.MergedState) -> Array:
     return ~jnp.all(state.ended)
 
-  def body_fn(self, target_params, lookahead, state: MergedState):
+  def body_fn(self, target_params, lookahead,
+              state: speculative.MergedState):
     g, big_l = self.gamma, self.num_lookahead
     rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
     lengths = state.lengths
@@ -608,30 +595,19 @@ class _MergedLoop:
     next_drafts, next_q = sampling_lib.draw(
         draft_rng, chosen.reshape(b * g, v), self.sampling)
     next_q = jnp.where(aligned[:, None, None], next_q.reshape(b, g, v), 0.0)
-    return MergedState(sequences, new_lengths, ended, target_cache,
-                       next_drafts.reshape(b, g), next_q, rng, stats)
+    return speculative.MergedState(sequences, new_lengths, ended,
+                                   target_cache, next_drafts.reshape(b, g),
+                                   next_q, rng, stats)
 
   def __call__(self, target_params, lookahead, inputs, rng):
-    batch = inputs.shape[0]
-    v = self.target.vocab_size
-    state = MergedState(
-        sequences=jnp.zeros((batch, self.buffer), jnp.int32),
-        lengths=jnp.ones((batch,), jnp.int32),
-        ended=jnp.zeros((batch,), bool),
-        target_cache=self.target.init_cache(
-            target_params, inputs, self.max_decode_len + self.width),
-        drafts=jnp.zeros((batch, self.gamma), jnp.int32),
-        q=jnp.zeros((batch, self.gamma, v), jnp.float32),
-        rng=rng,
-        stats=speculative.SpecStats.zeros(batch, self.gamma),
-    )
+    state = speculative.MergedState.start(
+        self.target.init_cache(target_params, inputs,
+                               self.max_decode_len + self.width),
+        self.buffer, self.gamma, self.target.vocab_size, rng)
     state = jax.lax.while_loop(
         self.cond_fn,
         functools.partial(self.body_fn, target_params, lookahead), state)
-    out = state.sequences[:, 1:1 + self.max_decode_len]
-    out = jnp.where(jnp.arange(self.max_decode_len) < state.lengths[:, None]
-                    - 1, out, 0)
-    return speculative.SpecResult(out, state.lengths - 1, state.stats)
+    return speculative.result_of(state, self.max_decode_len)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from flax import struct
 import jax
@@ -273,6 +273,47 @@ def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
   return sequences, new_lengths, ended, stats, n
 
 
+@struct.dataclass
+class MergedState:
+  """State of a loop whose drafts ride on the verification call.
+
+  `SpecState`'s, with the drafts of the next iteration instead of a drafter
+  state: drafts `[batch, gamma]` and q `[batch, gamma, vocab]` were drawn in
+  the previous iteration (PaSS's look-ahead slots, self-drafting heads); q =
+  0 marks a row with no drafts (the first iteration; PaSS after a
+  rejection), which `verify` then accepts none of.
+  """
+
+  sequences: Array
+  lengths: Array
+  ended: Array
+  target_cache: Any
+  drafts: Array
+  q: Array
+  rng: Array
+  stats: SpecStats
+
+  @classmethod
+  def start(cls, target_cache, buffer: int, gamma: int, vocab_size: int,
+            rng: Array) -> 'MergedState':
+    """Every row at BOS, no drafts yet."""
+    batch = target_cache.position.shape[0]
+    return cls(sequences=jnp.zeros((batch, buffer), jnp.int32),
+               lengths=jnp.ones((batch,), jnp.int32),
+               ended=jnp.zeros((batch,), bool), target_cache=target_cache,
+               drafts=jnp.zeros((batch, gamma), jnp.int32),
+               q=jnp.zeros((batch, gamma, vocab_size), jnp.float32),
+               rng=rng, stats=SpecStats.zeros(batch, gamma))
+
+
+def result_of(state, max_decode_len: int) -> SpecResult:
+  """The outputs of a finished loop's state (BOS-first `sequences`)."""
+  out = state.sequences[:, 1:1 + max_decode_len]
+  out = jnp.where(jnp.arange(max_decode_len) < state.lengths[:, None] - 1,
+                  out, 0)
+  return SpecResult(out, state.lengths - 1, state.stats)
+
+
 @dataclasses.dataclass(frozen=True)
 class _SpecLoop:
   """cond_fn/body_fn of the speculative `lax.while_loop`."""
@@ -329,16 +370,23 @@ class _SpecLoop:
     state = jax.lax.while_loop(
         self.cond_fn,
         functools.partial(self.body_fn, target_params, draft_params), state)
-    out = state.sequences[:, 1:1 + self.max_decode_len]
-    out = jnp.where(jnp.arange(self.max_decode_len) < state.lengths[:, None]
-                    - 1, out, 0)
-    return SpecResult(out, state.lengths - 1, state.stats)
+    return result_of(state, self.max_decode_len)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _run(loop: _SpecLoop, target_params, draft_params, inputs, draft_inputs,
          rng):
   return loop(target_params, draft_params, inputs, draft_inputs, rng)
+
+
+def sampler(drafter) -> Callable[..., SpecResult]:
+  """The loop `drafter` decodes with: `speculative_sample`'s signature.
+
+  A drafter whose drafting rides on the target's verification call (PaSS's
+  look-ahead slots, self-drafting heads) names its own loop as
+  `merged_loop`; every other drafter runs in `speculative_sample`.
+  """
+  return getattr(drafter, 'merged_loop', None) or speculative_sample
 
 
 def speculative_sample(

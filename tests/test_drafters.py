@@ -178,8 +178,9 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   _, _, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
   if not getattr(drafter, 'drafts_from_score', True):
-    pytest.skip(f'{kind} drafts 2.. from look-ahead slots, not from score '
-                '(tests/test_pass.py checks its drafts)')
+    pytest.skip(f'{kind} drafts 2.. from the target\'s own states, not from '
+                'score (tests/test_pass.py, tests/test_draft_heads.py check '
+                'its drafts)')
   sampling = SamplingConfig(temperature=0.8)
   sequences = jnp.pad(base.tokens, ((0, 0), (1, 0)))  # BOS, then outputs
   lengths = np.array([1, 4, 9, 17])

@@ -1,0 +1,176 @@
+r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
+
+  python scripts/train_heads.py --task en_de --out_dir results/draft_heads/en_de
+
+1. Decodes the task's train inputs with the target (greedy, its own outputs:
+   what the head must predict), into <out_dir>/data (sharded, resumable:
+   finished shards are kept).
+2. Computes the target's teacher-forced final states and last-layer cross
+   K/V on those outputs, in chunks as training needs them.
+3. Trains the head (optax AdamW, warm-up + cosine decay) with
+   `draft_heads.chain_loss`, unrolled --depth steps from --positions random
+   positions per row; the target is never updated.
+4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
+   every --save_every steps; a rerun resumes from the latest) and
+   log.jsonl; the final alpha per depth on the held-out shipped test rows
+   0..63 (never trained on) goes into log.jsonl and the printout.
+
+Inputs: --train_npz (an arrays .npz with 'inputs', e.g. the train split that
+scripts/build_debian_data.py --vocab_file <shipped vocab> and
+scripts/export_arrays.py write; default
+~/.cache/specdec_jax/arrays/<task dir>/train.npz), else the shipped test
+rows 64..255 (a warning: few rows, the head overfits).
+Runs on CPU or an accelerator; needs neither seqio nor gin.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specdec_jax import arrays
+from specdec_jax import checkpoints
+from specdec_jax import distill
+from specdec_jax import draft_heads
+from specdec_jax import shipped
+
+TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
+DECODE_LEN = {'en_de': 64, 'synopsis': 32}
+
+
+def parse_flags(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--task', default='en_de', choices=sorted(TASK_DIRS))
+  p.add_argument('--train_npz', default=None)
+  p.add_argument('--train_rows', type=int, default=12288,
+                 help='first N rows of the train inputs')
+  p.add_argument('--mlp_dim', type=int, default=1024)
+  p.add_argument('--no_cross_attention', action='store_true')
+  p.add_argument('--depth', type=int, default=4,
+                 help='chained head steps trained (drafts 1..depth of the '
+                 'merged loop)')
+  p.add_argument('--steps', type=int, default=3000)
+  p.add_argument('--batch_size', type=int, default=64)
+  p.add_argument('--positions', type=int, default=16)
+  p.add_argument('--learning_rate', type=float, default=1e-3)
+  p.add_argument('--weight_decay', type=float, default=0.01)
+  p.add_argument('--chunk_rows', type=int, default=2048,
+                 help='rows whose target states are held at once')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--save_every', type=int, default=500)
+  p.add_argument('--out_dir', required=True)
+  return p.parse_args(argv)
+
+
+def train_inputs(args) -> np.ndarray:
+  path = args.train_npz or os.path.expanduser(
+      f'~/.cache/specdec_jax/arrays/{TASK_DIRS[args.task]}/train.npz')
+  if os.path.isfile(path):
+    with np.load(path) as f:
+      return f['inputs'][:args.train_rows].astype(np.int32)
+  if args.train_npz:
+    sys.exit(f'--train_npz {path} does not exist.')
+  print(f'WARNING: {path} not found (scripts/build_debian_data.py + '
+        'scripts/export_arrays.py make it); training on the shipped test '
+        'rows 64..255 instead: few rows, the head will overfit.',
+        file=sys.stderr)
+  return shipped.test_arrays(args.task)['inputs'][64:256]
+
+
+def main(argv=None):
+  args = parse_flags(argv)
+  model, params = shipped.load_model('target')
+  inputs = train_inputs(args)
+  data_dir = os.path.join(args.out_dir, 'data')
+  distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
+                   max_decode_len=DECODE_LEN[args.task], batch_size=128,
+                   num_shards=max(1, len(inputs) // 2048))
+  data = arrays.load(data_dir, 'train')
+  enc, out = data['inputs'], data['targets']
+  print(f'{len(enc)} rows; mean output length '
+        f'{(out > 0).sum(1).mean():.1f}', flush=True)
+  test = shipped.test_arrays(args.task)['inputs'][:64]
+  test_out = np.asarray(distill_outputs(model, params, test,
+                                        DECODE_LEN[args.task]))
+
+  head_cfg = draft_heads.HeadConfig(
+      mlp_dim=args.mlp_dim, cross_attention=not args.no_cross_attention)
+  head = draft_heads.Head(model.config, head_cfg)
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
+  latest = checkpoints.latest_checkpoint(args.out_dir)
+  if latest:
+    hp, saved_cfg = draft_heads.load_head(latest, model.config)
+    if saved_cfg != head_cfg:
+      sys.exit(f'{latest} holds a head {saved_cfg}, the flags ask for '
+               f'{head_cfg}.')
+    first = checkpoints.step_of(latest)
+  else:
+    hp = draft_heads.init_head(model.config, head_cfg, args.seed)
+    first = 0
+  # A resumed run continues the schedule at its step (Adam moments restart).
+  optimizer = optax.adamw(lambda count: schedule(count + first),
+                          weight_decay=args.weight_decay)
+  opt_state = optimizer.init(hp)
+  step_fn = draft_heads.make_train_step(head, optimizer, args.depth)
+  rng = np.random.default_rng(args.seed + first)
+  log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
+  t0 = time.time()
+  chunk = None
+  steps_per_chunk = max(1, args.chunk_rows // args.batch_size * 4)
+  n = out.shape[1]
+  for step in range(first + 1, args.steps + 1):
+    if chunk is None or (step - first - 1) % steps_per_chunk == 0:
+      rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
+                                replace=False))
+      feats = [draft_heads.target_features(
+          model, params, jnp.asarray(enc[rows[i:i + 256]]),
+          jnp.asarray(out[rows[i:i + 256]]))
+               for i in range(0, len(rows), 256)]
+      chunk = (jnp.concatenate([f[0] for f in feats]),
+               (jnp.concatenate([f[1][0] for f in feats]),
+                jnp.concatenate([f[1][1] for f in feats])),
+               jnp.asarray(enc[rows]), jnp.asarray(out[rows]))
+    hidden, (ck, cv), c_enc, c_out = chunk
+    idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
+                                 replace=False))
+    positions = jnp.asarray(
+        rng.integers(0, n, (args.batch_size, args.positions)), jnp.int32)
+    hp, opt_state, loss, m = step_fn(
+        hp, opt_state, params, hidden[idx], (ck[idx], cv[idx]), c_enc[idx],
+        c_out[idx], positions)
+    if step % 50 == 0 or step == first + 1 or step == args.steps:
+      acc = np.asarray(m['accuracy_at']) / np.maximum(
+          np.asarray(m['weight_at']), 1)
+      rec = {'step': step, 'loss': round(float(loss), 4),
+             'accuracy_at': [round(float(a), 4) for a in acc],
+             'seconds': round(time.time() - t0, 1)}
+      log.write(json.dumps(rec) + '\n')
+      log.flush()
+      print(rec, flush=True)
+    if step % args.save_every == 0 or step == args.steps:
+      draft_heads.save_head(hp, head_cfg, args.out_dir, step)
+  sums, counts = draft_heads.depth_alpha(model, params, head, hp, test,
+                                         test_out, args.depth)
+  alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
+  rec = {'held_out_alpha_t0': alpha, 'rows': 'shipped test 0..63',
+         'note': 'alpha of head steps 1..depth (draft k of the merged loop)'}
+  log.write(json.dumps(rec) + '\n')
+  log.close()
+  print(rec, flush=True)
+
+
+def distill_outputs(model, params, inputs, decode_len):
+  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  return decoding.temperature_sample(model, params, jnp.asarray(inputs),
+                                     max_decode_len=decode_len).tokens
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,263 @@
+"""Self-drafting heads (specdec_jax/draft_heads.py): states, loops, training.
+
+- States: `extend(..., return_hidden=True)` gives the teacher-forced final
+  states (`target_features`), and `project` of them gives the target's
+  logits (untied T5 1.1 and tied T5 1.0), so the head reads at decode time
+  what it was trained on.
+- A head step after a decode matches the teacher-forced chain (`Head.draft`
+  from the merged loop's state = `chain_loss`'s path).
+- Exactness: greedy outputs equal `decoding.temperature_sample` token for
+  token (batch 4, ragged) for the merged loop (`heads_sample`) and the
+  Drafter-protocol version; sampled sequences follow the target's exact law
+  (chi-square, tests/test_speculative.py).
+- Training: the target's params bit-identical after steps, the loss falls;
+  save / load with the head config, clear errors for another target or a
+  folder that is not a head checkpoint; the kind builds, refuses, and
+  `speculative.sampler` picks the merged loop.
+
+Run alone: `python -m pytest -q tests/test_draft_heads.py`.
+"""
+
+import types
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import draft_heads
+from specdec_jax import drafters
+from specdec_jax import interfaces
+from specdec_jax import layers
+from specdec_jax import speculative
+
+from test_speculative import assert_matches
+from test_speculative import exact_sequence_distribution
+from test_speculative import N_SAMPLES
+from test_speculative import SAMPLING_CASES
+from test_speculative import SEQ_LEN
+from test_speculative import SMALL_EOS
+from test_speculative import tiny_target  # pylint: disable=unused-import
+
+MAX_LEN = 20
+EOS = 68
+HEAD = draft_heads.HeadConfig(mlp_dim=48, cross_attention=True)
+
+
+def random_head(config, head=HEAD, seed=0, scale=0.5):
+  """A head whose zero-initialized projections are random too (an untrained
+  head only repeats the previous position's distribution)."""
+  params = draft_heads.init_head(config, head, seed)
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [x + scale * jax.random.normal(k, x.shape) / np.sqrt(x.shape[0])
+            for k, x in zip(keys, leaves)]
+  return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+@pytest.fixture(scope='module')
+def setup(v11):
+  model, params = v11
+  rng = np.random.default_rng(3)  # as test_drafters: rows end on EOS
+  enc = rng.integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  enc[2, 5:] = 0
+  enc[3, 2:] = 0
+  return model, params, jnp.asarray(enc)
+
+
+def fitted_head(model, params, enc, head, steps=40):
+  """A head fitted a few steps to the target's greedy outputs on `enc`
+  (so that drafts are accepted sometimes, rejected sometimes)."""
+  out = decoding.temperature_sample(model, params, enc,
+                                    max_decode_len=MAX_LEN, eos_id=EOS).tokens
+  hidden, kv = draft_heads.target_features(model, params, enc, out)
+  opt = optax.adam(1e-2)
+  step = draft_heads.make_train_step(draft_heads.Head(model.config, head),
+                                     opt, depth=3)
+  hp = draft_heads.init_head(model.config, head)
+  state = opt.init(hp)
+  positions = jnp.tile(jnp.arange(MAX_LEN)[None], (enc.shape[0], 1))
+  for _ in range(steps):
+    hp, state, _, _ = step(hp, state, params, hidden, kv, enc, out,
+                           positions)
+  return hp
+
+
+@pytest.mark.parametrize('which', ['v11', 'v10'])
+def test_states_and_projection_match_teacher_forcing(which, request):
+  model, params = request.getfixturevalue(which)
+  enc = jnp.asarray(np.random.default_rng(0).integers(
+      2, model.vocab_size, (2, 7)))
+  out = jnp.asarray(np.random.default_rng(1).integers(
+      2, model.vocab_size, (2, 6)))
+  hidden, (key, _) = draft_heads.target_features(model, params, enc, out)
+  dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
+  ref = model.logits(params, enc, dec_in)
+  np.testing.assert_allclose(draft_heads.project(params, model.config,
+                                                 hidden), ref, atol=1e-4)
+  cache = model.init_cache(params, enc, 10)
+  np.testing.assert_allclose(key, cache.cross_key[-1], atol=1e-5)
+  (_, h1), cache = model.extend(params, dec_in[:, :2], cache,
+                                return_hidden=True)
+  (logits, h2), _ = model.extend(params, dec_in[:, 2:], cache,
+                                 return_hidden=True)
+  np.testing.assert_allclose(jnp.concatenate([h1, h2], 1), hidden,
+                             atol=1e-5)
+  np.testing.assert_allclose(logits, ref[:, 2:], atol=1e-4)
+
+
+def test_decode_time_draft_matches_training_chain(setup):
+  """Head.draft from a cached state = the teacher-forced chain's steps."""
+  model, params, enc = setup
+  head = draft_heads.Head(model.config, HEAD)
+  hp = random_head(model.config)
+  out = decoding.temperature_sample(model, params, enc, max_decode_len=8,
+                                    eos_id=-1).tokens
+  hidden, kv = draft_heads.target_features(model, params, enc, out)
+  t = 2  # from h_t (which gave y_{t+1} = out[:, t]) with token out[:, t]
+  cache = model.init_cache(params, enc, 12)
+  dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
+  (_, h), cache = model.extend(params, dec_in[:, :t + 1], cache,
+                               return_hidden=True)
+  drafts, q = head.draft(hp, params, h[:, t], out[:, t], cache, 3,
+                         speculative.SamplingConfig(), jax.random.key(0))
+  bias = layers.mask_to_bias((enc > 0)[:, None, None, :])
+  s, tok = hidden[:, t:t + 1], out[:, t:t + 1]
+  for k in range(3):
+    s, logits = head.step(hp, params, s, tok, kv, bias)
+    np.testing.assert_array_equal(drafts[:, k], jnp.argmax(logits[:, 0], -1))
+    np.testing.assert_allclose(q[:, k].max(-1), 1.0)  # greedy: one-hot
+    tok = drafts[:, k:k + 1]
+
+
+@pytest.mark.parametrize('loop', ['merged', 'protocol'])
+@pytest.mark.parametrize('cross', [True, False])
+def test_greedy_equals_baseline(setup, loop, cross):
+  model, params, enc = setup
+  head = draft_heads.HeadConfig(mlp_dim=48, cross_attention=cross)
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  drafter = draft_heads.HeadDrafter(model, head)
+  dparams = draft_heads.head_params(
+      params, fitted_head(model, params, enc, head))
+  sample = (draft_heads.heads_sample if loop == 'merged' else
+            speculative.speculative_sample)
+  out = sample(model, params, drafter, dparams, enc, gamma=3,
+               max_decode_len=MAX_LEN, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
+  st = speculative.summarize(out.stats)
+  assert 0 < st['acceptance_rate'] < 1, st  # both branches ran
+  if loop == 'merged':  # one target call per iteration, fewer than tokens
+    assert st['target_calls'] < np.asarray(base.lengths).max()
+  else:  # draft 1 is the target's own greedy token
+    assert st['per_position_acceptance'][0] == 1.0
+
+
+@pytest.mark.parametrize('loop,case', [('merged', 'topk3'),
+                                       ('merged', 't0.7'),
+                                       ('protocol', 'topp0.8')])
+def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
+                                                      case):
+  """Chi-square p > 1e-4 and TV < 0.02 vs the exact law of 3 tokens."""
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES[case]
+  dist = exact_sequence_distribution(model, params, enc, config)
+  head = draft_heads.HeadConfig(mlp_dim=16)
+  hp = random_head(model.config, head, seed=zlib.crc32(case.encode()) % 97)
+  drafter = draft_heads.HeadDrafter(model, head)
+  sample = (draft_heads.heads_sample if loop == 'merged' else
+            speculative.speculative_sample)
+  out = sample(model, params, drafter, draft_heads.head_params(params, hp),
+               jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
+               sampling=config, eos_id=SMALL_EOS,
+               rng=jax.random.key(zlib.crc32((loop + case).encode())))
+  st = speculative.summarize(out.stats)
+  assert 0 < st['acceptance_rate'] < 1  # both branches ran
+  assert_matches(np.asarray(out.tokens), dist)
+
+
+def test_training_leaves_target_untouched_and_loss_falls(setup):
+  model, params, enc = setup
+  out = decoding.temperature_sample(model, params, enc, max_decode_len=12,
+                                    eos_id=-1).tokens
+  hidden, kv = draft_heads.target_features(model, params, enc, out)
+  head = draft_heads.Head(model.config, HEAD)
+  hp = draft_heads.init_head(model.config, HEAD)
+  before = jax.tree.map(np.array, params)
+  opt = optax.adam(3e-3)
+  step = draft_heads.make_train_step(head, opt, depth=2)
+  state = opt.init(hp)
+  positions = jnp.tile(jnp.arange(10)[None], (4, 1))
+  alpha0 = draft_heads.depth_alpha(model, params, head, hp, enc, out, 2)
+  losses = []
+  for _ in range(30):
+    hp, state, loss, m = step(hp, state, params, hidden, kv, enc, out,
+                              positions)
+    losses.append(float(loss))
+  assert losses[-1] < losses[0] - 0.5, losses
+  assert np.all(np.asarray(m['weight_at']) > 0)
+  jax.tree.map(np.testing.assert_array_equal, before,
+               jax.tree.map(np.array, params))
+  sums, counts = draft_heads.depth_alpha(model, params, head, hp, enc, out, 2)
+  o = np.asarray(out)  # step k counts t with y_{t+k+1} > 1 (not EOS/pad)
+  for k in range(2):   # and a real label y_{t+k+2}
+    assert counts[k] == ((o[:, k:-1] > 1) & (o[:, k + 1:] > 0)).sum()
+  assert sums[0] / counts[0] > alpha0[0][0] / alpha0[1][0] + 0.1
+
+
+def test_save_load_and_mismatch(setup, tmp_path):
+  model, _, _ = setup
+  hp = random_head(model.config)
+  path = draft_heads.save_head(hp, HEAD, str(tmp_path / 'head'), 5)
+  for where in (path, str(tmp_path / 'head')):  # checkpoint or its dir
+    back, cfg = draft_heads.load_head(where, model.config)
+    assert cfg == HEAD
+    jax.tree.map(np.testing.assert_array_equal, back, hp)
+  wider = model.config.replace(emb_dim=48)
+  with pytest.raises(ValueError, match='emb_dim 48'):
+    draft_heads.load_head(path, wider)
+  with pytest.raises(ValueError, match='No checkpoint_<step>'):
+    draft_heads.load_head(str(tmp_path), model.config)
+  with pytest.raises(ValueError, match='mlp_dim must be'):
+    draft_heads.HeadConfig(mlp_dim=0)
+
+
+def test_kind_builds_refuses_and_sampler_picks_merged_loop(setup, tmp_path):
+  model, params, enc = setup
+  hp = random_head(model.config)
+  source = drafters.DraftSource(vocab_size=model.vocab_size,
+                                target_model=model, target_params=params,
+                                draft_params=hp)
+  drafter, dparams = drafters.get_kind('heads').build(source)
+  assert isinstance(drafter, interfaces.Drafter)
+  assert drafter == draft_heads.HeadDrafter(model, HEAD)
+  drafter.check_params(dparams)
+  assert speculative.sampler(drafter) is draft_heads.heads_sample
+  assert speculative.sampler(drafters.T5Drafter(model)) is (
+      speculative.speculative_sample)
+  path = draft_heads.save_head(hp, HEAD, str(tmp_path / 'h'), 1)
+  from_ckpt = types.SimpleNamespace(target_model=model, target_params=params,
+                                    draft_params=None, draft_checkpoint=path)
+  drafter2, dparams2 = drafters.get_kind('heads').build(from_ckpt)
+  assert drafter2 == drafter
+  jax.tree.map(np.testing.assert_array_equal, dparams2['head'], hp)
+  with pytest.raises(ValueError, match='no target_model'):
+    drafters.get_kind('heads').build(drafters.DraftSource(vocab_size=128))
+  with pytest.raises(ValueError, match='a shipped T5'):
+    drafters.get_kind('heads').build(types.SimpleNamespace(
+        target_model=model, target_params=params, draft_params=None,
+        draft_checkpoint='shipped:dec2'))
+  with pytest.raises(ValueError, match='needs a HeadDrafter'):
+    draft_heads.heads_sample(model, params, drafters.T5Drafter(model),
+                             params, enc, gamma=2, max_decode_len=MAX_LEN)
+  other = draft_heads.head_params(params, random_head(
+      model.config, draft_heads.HeadConfig(mlp_dim=8)))
+  with pytest.raises(ValueError, match='do not fit'):
+    draft_heads.heads_sample(model, params, drafter, other, enc, gamma=2,
+                             max_decode_len=MAX_LEN)
