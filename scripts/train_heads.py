@@ -13,7 +13,8 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
 4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
    every --save_every steps; a rerun resumes from the latest) and
    log.jsonl; the final alpha per depth on the held-out shipped test rows
-   0..63 (never trained on) goes into log.jsonl and the printout.
+   0..63 (never trained on) goes into log.jsonl and the printout; with
+   --export_dir, the final head in bfloat16 (to ship) and the log.
 
 Inputs: --train_npz (an arrays .npz with 'inputs', e.g. the train split that
 scripts/build_debian_data.py --vocab_file <shipped vocab> and
@@ -26,6 +27,7 @@ Runs on CPU or an accelerator; needs neither seqio nor gin.
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -65,6 +67,9 @@ def parse_flags(argv=None):
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--save_every', type=int, default=500)
   p.add_argument('--out_dir', required=True)
+  p.add_argument('--export_dir', default=None,
+                 help='also write the final head here in bfloat16 (what to '
+                 'ship, e.g. results/draft_heads/en_de) with log.jsonl')
   return p.parse_args(argv)
 
 
@@ -164,6 +169,11 @@ def main(argv=None):
   log.write(json.dumps(rec) + '\n')
   log.close()
   print(rec, flush=True)
+  if args.export_dir:
+    path = draft_heads.save_head(hp, head_cfg, args.export_dir, args.steps,
+                                 dtype=jnp.bfloat16)
+    shutil.copy(os.path.join(args.out_dir, 'log.jsonl'), args.export_dir)
+    print(f'exported {path} (bfloat16)', flush=True)
 
 
 def distill_outputs(model, params, inputs, decode_len):

@@ -177,11 +177,12 @@ def check_head(head_params, config: network.T5Config, head: HeadConfig,
 
 
 def save_head(head_params, head: HeadConfig, directory: str,
-              step: int = 0) -> str:
+              step: int = 0, dtype: Any = jnp.float32) -> str:
   """Writes the head as a T5X orbax checkpoint `<dir>/checkpoint_<step>`,
-  with its `HeadConfig` in `draft_head.json` inside it."""
+  with its `HeadConfig` in `draft_head.json` inside it; `dtype` bfloat16
+  halves the files of a head to ship (`load_head` returns float32)."""
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32),
+  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype),
                                   head_params)
   meta = json.dumps(dataclasses.asdict(head), indent=1).encode()
   return checkpoints.save_t5x_params(params, directory, step,

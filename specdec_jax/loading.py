@@ -386,5 +386,8 @@ def build(setup: EvalSetup, task=None, target_shardings=None) -> Loaded:
   store = load_store(setup, task, target, target_params)
   drafter, draft_params = load_drafter(setup, task, target, target_params,
                                        store=store)
+  check_gamma = getattr(drafter, 'check_gamma', None)
+  if check_gamma is not None and getattr(drafter, 'merged_loop', None):
+    check_gamma(setup.gamma, merged=True)  # the loop the job decodes with
   return Loaded(setup, task, target, target_params, drafter, draft_params,
                 store)

@@ -43,9 +43,10 @@ row is a "recovery" call on [last committed, slot_1..slot_L, pad]: q = 0
 everywhere (no drafts; `speculative.verify` then draws the next token from
 p_1, i.e. Algorithm 1 with gamma = 0), and its slots, now right after the
 committed prefix, draft the iteration after. Both kinds of rows share one
-compiled (gamma + 1 + L)-token call (the slots' place in the block is per
-row: `lookahead_start`). A recovery iteration commits one token, as a
-baseline step would, at the cost of one (gamma+1+L)-token call.
+compiled (gamma + 1 + L)-token call, L = gamma (`merged_sample` keeps the
+first gamma slots; the slots' place in the block is per row:
+`lookahead_start`). A recovery iteration commits one token, as a baseline
+step would, at the cost of one (gamma+1+L)-token call.
 `merged_sample(..., tree=True)` avoids recovery calls: one group of gamma
 slots after each of last, x_1..x_gamma ((gamma + 1)^2 tokens per call,
 group h seeing only the prefix up to x_h, `_tree_extend`), and group n
@@ -632,10 +633,12 @@ def _prepare(target, target_params, drafter, draft_params,
     raise ValueError('draft_params must be pass_params(...)') from e
   rng = decoding.default_rng(rng, sampling)
   inputs = jnp.asarray(encoder_input_tokens, jnp.int32)
-  loop = _MergedLoop(target, drafter.num_lookahead, gamma, sampling,
-                     int(eos_id), int(max_decode_len), bool(tree))
-  return loop, (target_params, embeddings(draft_params['lookahead']), inputs,
-                rng)
+  # Only slots 1..gamma draft (slot j sees slots 1..j alone, so dropping
+  # the others changes nothing but the call's width: gamma + 1 + gamma).
+  lookahead = embeddings(draft_params['lookahead'])[:gamma]
+  loop = _MergedLoop(target, int(gamma), gamma, sampling, int(eos_id),
+                     int(max_decode_len), bool(tree))
+  return loop, (target_params, lookahead, inputs, rng)
 
 
 def merged_sample(target, target_params, drafter, draft_params,
@@ -646,14 +649,15 @@ def merged_sample(target, target_params, drafter, draft_params,
                   tree: bool = False) -> speculative.SpecResult:
   """PaSS with merged draft+verify: `speculative_sample`'s signature.
 
-  One (gamma + 1 + L)-token target call per iteration, no drafter call
-  (see the module docstring); gamma <= L. `drafter` / `draft_params` are
+  One (2 gamma + 1)-token target call per iteration (the first gamma of
+  the L look-ahead slots draft; slot j sees slots 1..j only, so the others
+  are left out), no drafter call (see the module docstring); gamma <= L. `drafter` / `draft_params` are
   the 'pass' kind's (`PassDrafter`, `pass_params`); only the look-ahead
   embeddings are read from draft_params (the target's params are
   `target_params`). Output law = the target's; greedy = the baseline.
   `stats.iterations` counts target calls (recovery iterations included).
 
-  tree: False, the (gamma + 1 + L)-token call with one slot group after
+  tree: False, the (2 gamma + 1)-token call with one slot group after
   x_gamma (a rejection costs a recovery iteration); True, one group of gamma
   slots after each of last, x_1..x_gamma ((gamma + 1)^2 tokens per call),
   so group n drafts the next iteration whatever n: no recovery iterations.

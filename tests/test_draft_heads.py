@@ -18,6 +18,7 @@
 Run alone: `python -m pytest -q tests/test_draft_heads.py`.
 """
 
+import functools
 import types
 import zlib
 
@@ -45,6 +46,15 @@ from test_speculative import tiny_target  # pylint: disable=unused-import
 MAX_LEN = 20
 EOS = 68
 HEAD = draft_heads.HeadConfig(mlp_dim=48, cross_attention=True)
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(model):
+  """The model's calls, compiled (eager flax calls are slow)."""
+  return dict(
+      logits=jax.jit(model.logits),
+      extend=jax.jit(model.extend, static_argnames='return_hidden'),
+      init_cache=jax.jit(model.init_cache, static_argnums=2))
 
 
 def random_head(config, head=HEAD, seed=0, scale=0.5):
@@ -94,17 +104,18 @@ def test_states_and_projection_match_teacher_forcing(which, request):
       2, model.vocab_size, (2, 7)))
   out = jnp.asarray(np.random.default_rng(1).integers(
       2, model.vocab_size, (2, 6)))
+  f = jitted(model)
   hidden, (key, _) = draft_heads.target_features(model, params, enc, out)
   dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
-  ref = model.logits(params, enc, dec_in)
+  ref = f['logits'](params, enc, dec_in)
   np.testing.assert_allclose(draft_heads.project(params, model.config,
                                                  hidden), ref, atol=1e-4)
-  cache = model.init_cache(params, enc, 10)
+  cache = f['init_cache'](params, enc, 10)
   np.testing.assert_allclose(key, cache.cross_key[-1], atol=1e-5)
-  (_, h1), cache = model.extend(params, dec_in[:, :2], cache,
+  (_, h1), cache = f['extend'](params, dec_in[:, :2], cache,
+                               return_hidden=True)
+  (logits, h2), _ = f['extend'](params, dec_in[:, 2:], cache,
                                 return_hidden=True)
-  (logits, h2), _ = model.extend(params, dec_in[:, 2:], cache,
-                                 return_hidden=True)
   np.testing.assert_allclose(jnp.concatenate([h1, h2], 1), hidden,
                              atol=1e-5)
   np.testing.assert_allclose(logits, ref[:, 2:], atol=1e-4)
@@ -119,16 +130,19 @@ def test_decode_time_draft_matches_training_chain(setup):
                                     eos_id=-1).tokens
   hidden, kv = draft_heads.target_features(model, params, enc, out)
   t = 2  # from h_t (which gave y_{t+1} = out[:, t]) with token out[:, t]
-  cache = model.init_cache(params, enc, 12)
+  f = jitted(model)
+  cache = f['init_cache'](params, enc, 12)
   dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
-  (_, h), cache = model.extend(params, dec_in[:, :t + 1], cache,
-                               return_hidden=True)
-  drafts, q = head.draft(hp, params, h[:, t], out[:, t], cache, 3,
-                         speculative.SamplingConfig(), jax.random.key(0))
+  (_, h), cache = f['extend'](params, dec_in[:, :t + 1], cache,
+                              return_hidden=True)
+  drafts, q = jax.jit(head.draft, static_argnums=(5, 6))(
+      hp, params, h[:, t], out[:, t], cache, 3, speculative.SamplingConfig(),
+      jax.random.key(0))
   bias = layers.mask_to_bias((enc > 0)[:, None, None, :])
   s, tok = hidden[:, t:t + 1], out[:, t:t + 1]
+  step = jax.jit(head.step)
   for k in range(3):
-    s, logits = head.step(hp, params, s, tok, kv, bias)
+    s, logits = step(hp, params, s, tok, kv, bias)
     np.testing.assert_array_equal(drafts[:, k], jnp.argmax(logits[:, 0], -1))
     np.testing.assert_allclose(q[:, k].max(-1), 1.0)  # greedy: one-hot
     tok = drafts[:, k:k + 1]
