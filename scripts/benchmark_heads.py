@@ -33,6 +33,7 @@ Both are PREDICTED, not measured. Writes <out>.md, <out>.json,
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -45,7 +46,9 @@ from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import draft_heads
 from specdec_jax import drafters
+from specdec_jax import layers
 from specdec_jax import measure
+from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import widening
@@ -79,6 +82,9 @@ def parse_flags(argv=None):
   p.add_argument('--repeats', type=int, default=2)
   p.add_argument('--launch_us', type=float, default=4.0)
   p.add_argument('--out', default='results/heads_shipped')
+  p.add_argument('--c_sizes', default='native,t5_1_1_base_cost',
+                 help='widths at which to MEASURE c of a head step on this '
+                 'machine (random weights; empty: skip)')
   return p.parse_args(argv)
 
 
@@ -94,6 +100,49 @@ def predicted_head_c(config, head: draft_heads.HeadConfig, input_length,
     nbytes += 2 * input_length * wide.num_heads * wide.head_dim * 2
   seconds = nbytes / H100_BANDWIDTH + HEAD_KERNELS * launch_us * 1e-6
   return seconds / H100_STEP_S
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _repeated_head_steps(head, head_params, target_params, state, token,
+                         cache, n_steps):
+  """n_steps chained head steps (one draft each), greedy."""
+  kv = (cache.cross_key[-1], cache.cross_value[-1])
+  bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
+
+  def body(_, carry):
+    s, tok = carry
+    s, logits = head.step(head_params, target_params, s, tok, kv, bias)
+    return s, jnp.argmax(logits, -1).astype(jnp.int32)
+
+  return jax.lax.fori_loop(0, n_steps, body, (state, token))
+
+
+def measure_c(config, head_cfg, inputs, size, repeats=5):
+  """c of a head step MEASURED here: t(head step) / t(1-token target
+  call) at `size` widths (random weights), beside its bytes ratio."""
+  if size != 'native':
+    scale = widening.preset_config(config, size).emb_dim / config.emb_dim
+    config = widening.preset_config(config, size)
+    head_cfg = draft_heads.HeadConfig(int(head_cfg.mlp_dim * scale),
+                                      head_cfg.cross_attention)
+  model = network.T5Model(config)
+  params = model.init_params(jax.random.key(0))
+  head = draft_heads.Head(config, head_cfg)
+  hp = draft_heads.init_head(config, head_cfg)
+  enc = jnp.asarray(inputs[:1])
+  t_target = measure.call_time(model, params, enc, 1, repeats=repeats)
+  cache = measure.context_cache(model, params, enc, 32, 48)
+  state = jnp.zeros((1, 1, config.emb_dim), config.compute_dtype)
+  token = jnp.full((1, 1), 7, jnp.int32)
+  t_head = measure.loop_time(
+      lambda n: _repeated_head_steps(head, hp, params, state, token, cache,
+                                     n), 20, repeats)
+  head_bytes = draft_heads.head_step_bytes(config, head_cfg, 4)
+  target_bytes = measure.step_bytes(model, params, 1, 32, enc.shape[1])
+  return dict(size=size, t_target_ms=round(t_target * 1e3, 3),
+              t_head_ms=round(t_head * 1e3, 3),
+              c_measured=round(t_head / t_target, 4),
+              bytes_ratio=round(head_bytes / target_bytes, 4))
 
 
 def main(argv=None):
@@ -174,6 +223,12 @@ def main(argv=None):
             rows, args.repeats)
         add('heads (merged loop)', gamma, res, t, c_head,
             alpha_heads=float(np.mean(alpha[:gamma])))
+  report['c_measured'] = []
+  for size in filter(None, args.c_sizes.split(',')):
+    report['c_measured'].append(measure_c(
+        model.config, head_cfg, shipped.test_arrays('en_de')['inputs'], size,
+        args.repeats + 3))
+    print(report['c_measured'][-1], flush=True)
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out + '.json', 'w') as f:
     json.dump(report, f, indent=1)
@@ -249,6 +304,16 @@ def write_md(report, path):
         f" | {r['tokens_per_call']:.3f} | {r['measured_cpu']:.2f}x | "
         f"{r['identical'] or 'n/a'} | {r['c']} | "
         f"**{r['predicted_h100']:.2f}x** |")
+  if report.get('c_measured'):
+    lines += ['', 'c of a head step MEASURED on this machine (random '
+              'weights at each width, head widened in proportion; 1-token '
+              'target call after 32 cached tokens, 64 input tokens), beside '
+              'the ratio of the bytes each reads (float32):', '',
+              '| widths | t target(1) ms | t head step ms | c measured | '
+              'bytes ratio |', '|---|---|---|---|---|']
+    for r in report['c_measured']:
+      lines.append(f"| {r['size']} | {r['t_target_ms']} | {r['t_head_ms']} "
+                   f"| {r['c_measured']} | {r['bytes_ratio']} |")
   lines += ['', _verdict(report), '', NOTES]
   with open(path, 'w') as f:
     f.write('\n'.join(lines) + '\n')

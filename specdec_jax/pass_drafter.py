@@ -413,16 +413,13 @@ class PassDrafter:
 
   def score(self, params, encoder_input_tokens, decoder_input_tokens):
     """The target's logits: q_1's (later drafts come from the slots)."""
-    return self.model.logits(params['target'], encoder_input_tokens,
-                             decoder_input_tokens)
+    return drafters.T5Drafter(self.model).score(
+        params['target'], encoder_input_tokens, decoder_input_tokens)
 
   def prefill(self, params, cache, sequences, lengths):
-    """Consumes `sequences[b, :lengths[b] - 1]` (as `T5Drafter.prefill`)."""
-    n = sequences.shape[1] - 1
-    cache = cache.rewind(jnp.zeros_like(lengths))
-    if n > 0:
-      _, cache = self.model.extend(params['target'], sequences[:, :n], cache)
-    return cache.rewind(lengths - 1)
+    """Consumes `sequences[b, :lengths[b] - 1]` into its target cache."""
+    return drafters.T5Drafter(self.model).prefill(params['target'], cache,
+                                                  sequences, lengths)
 
   def propose(self, params, cache, sequences, lengths, gamma: int,
               sampling: SamplingConfig, rng: Array):
