@@ -155,6 +155,7 @@ def init_head(config: network.T5Config, head: HeadConfig = HeadConfig(),
                                       dict(variables['params']))}
 
 
+@functools.lru_cache(maxsize=None)
 def _shapes(config: network.T5Config, head: HeadConfig):
   return jax.tree_util.tree_map(
       lambda x: tuple(x.shape),
@@ -496,20 +497,8 @@ def head_params(target_params, params):
 
 
 @dataclasses.dataclass(frozen=True)
-class _HeadLoop:
-  target: network.T5Model
+class _HeadLoop(speculative.MergedLoop):
   head: Head
-  gamma: int
-  sampling: SamplingConfig
-  eos_id: int
-  max_decode_len: int
-
-  @property
-  def buffer(self) -> int:
-    return self.max_decode_len + self.gamma + 2
-
-  def cond_fn(self, state: speculative.MergedState) -> Array:
-    return ~jnp.all(state.ended)
 
   def body_fn(self, target_params, head_params,
               state: speculative.MergedState):
@@ -534,21 +523,6 @@ class _HeadLoop:
     return speculative.MergedState(sequences, new_lengths, ended, cache,
                                    drafts, q, rng, stats)
 
-  def __call__(self, target_params, head_params, inputs, rng):
-    state = speculative.MergedState.start(
-        self.target.init_cache(target_params, inputs,
-                               self.max_decode_len + self.gamma + 1),
-        self.buffer, self.gamma, self.target.vocab_size, rng)
-    state = jax.lax.while_loop(
-        self.cond_fn,
-        functools.partial(self.body_fn, target_params, head_params), state)
-    return speculative.result_of(state, self.max_decode_len)
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run(loop: _HeadLoop, target_params, head, inputs, rng):
-  return loop(target_params, head, inputs, rng)
-
 
 def _prepare(target, target_params, drafter, draft_params,
              encoder_input_tokens, gamma, max_decode_len, sampling, eos_id,
@@ -568,8 +542,8 @@ def _prepare(target, target_params, drafter, draft_params,
   check_head(draft_params['head'], target.config, drafter.head)
   rng = decoding.default_rng(rng, sampling)
   inputs = jnp.asarray(encoder_input_tokens, jnp.int32)
-  loop = _HeadLoop(target, Head(target.config, drafter.head), int(gamma),
-                   sampling, int(eos_id), int(max_decode_len))
+  loop = _HeadLoop(target, int(gamma), sampling, int(eos_id),
+                   int(max_decode_len), head=Head(target.config, drafter.head))
   return loop, (target_params, draft_params['head'], inputs, rng)
 
 
@@ -590,7 +564,7 @@ def heads_sample(target, target_params, drafter, draft_params,
   loop, args = _prepare(target, target_params, drafter, draft_params,
                         encoder_input_tokens, gamma, max_decode_len, sampling,
                         eos_id, rng)
-  return _run(loop, *args)
+  return speculative.run_merged(loop, *args)
 
 
 def lower_heads_sample(target, target_params, drafter, draft_params,
@@ -604,7 +578,7 @@ def lower_heads_sample(target, target_params, drafter, draft_params,
   loop, args = _prepare(target, target_params, drafter, draft_params,
                         encoder_input_tokens, gamma, max_decode_len, sampling,
                         eos_id, rng)
-  return _run.lower(loop, *args)
+  return speculative.run_merged.lower(loop, *args)
 
 
 def head_step_bytes(config: network.T5Config, head: HeadConfig,

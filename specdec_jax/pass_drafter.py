@@ -530,13 +530,8 @@ def _tree_extend(module, tokens, cache, lookahead):
 
 
 @dataclasses.dataclass(frozen=True)
-class _MergedLoop:
-  target: Any
+class _MergedLoop(speculative.MergedLoop):
   num_lookahead: int
-  gamma: int
-  sampling: SamplingConfig
-  eos_id: int
-  max_decode_len: int
   tree: bool = False
 
   @property
@@ -544,13 +539,6 @@ class _MergedLoop:
     if self.tree:  # g + 1 real tokens, g + 1 groups of g slots
       return (self.gamma + 1) * (self.gamma + 1)
     return self.gamma + 1 + self.num_lookahead
-
-  @property
-  def buffer(self) -> int:
-    return self.max_decode_len + self.gamma + 2
-
-  def cond_fn(self, state: speculative.MergedState) -> Array:
-    return ~jnp.all(state.ended)
 
   def body_fn(self, target_params, lookahead,
               state: speculative.MergedState):
@@ -597,21 +585,6 @@ class _MergedLoop:
                                    target_cache, next_drafts.reshape(b, g),
                                    next_q, rng, stats)
 
-  def __call__(self, target_params, lookahead, inputs, rng):
-    state = speculative.MergedState.start(
-        self.target.init_cache(target_params, inputs,
-                               self.max_decode_len + self.width),
-        self.buffer, self.gamma, self.target.vocab_size, rng)
-    state = jax.lax.while_loop(
-        self.cond_fn,
-        functools.partial(self.body_fn, target_params, lookahead), state)
-    return speculative.result_of(state, self.max_decode_len)
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run(loop: _MergedLoop, target_params, lookahead, inputs, rng):
-  return loop(target_params, lookahead, inputs, rng)
-
 
 def _prepare(target, target_params, drafter, draft_params,
              encoder_input_tokens, gamma, max_decode_len, sampling, eos_id,
@@ -633,8 +606,9 @@ def _prepare(target, target_params, drafter, draft_params,
   # Only slots 1..gamma draft (slot j sees slots 1..j alone, so dropping
   # the others changes nothing but the call's width: gamma + 1 + gamma).
   lookahead = embeddings(draft_params['lookahead'])[:gamma]
-  loop = _MergedLoop(target, int(gamma), gamma, sampling, int(eos_id),
-                     int(max_decode_len), bool(tree))
+  loop = _MergedLoop(target, int(gamma), sampling, int(eos_id),
+                     int(max_decode_len), num_lookahead=int(gamma),
+                     tree=bool(tree))
   return loop, (target_params, lookahead, inputs, rng)
 
 
@@ -648,8 +622,8 @@ def merged_sample(target, target_params, drafter, draft_params,
 
   One (2 gamma + 1)-token target call per iteration (the first gamma of
   the L look-ahead slots draft; slot j sees slots 1..j only, so the others
-  are left out), no drafter call (see the module docstring); gamma <= L. `drafter` / `draft_params` are
-  the 'pass' kind's (`PassDrafter`, `pass_params`); only the look-ahead
+  are left out), no drafter call (see the module docstring); gamma <= L.
+  `drafter` / `draft_params` are the 'pass' kind's (`PassDrafter`, `pass_params`); only the look-ahead
   embeddings are read from draft_params (the target's params are
   `target_params`). Output law = the target's; greedy = the baseline.
   `stats.iterations` counts target calls (recovery iterations included).
@@ -663,7 +637,7 @@ def merged_sample(target, target_params, drafter, draft_params,
   loop, args = _prepare(target, target_params, drafter, draft_params,
                         encoder_input_tokens, gamma, max_decode_len, sampling,
                         eos_id, rng, tree)
-  return _run(loop, *args)
+  return speculative.run_merged(loop, *args)
 
 
 def lower_merged_sample(target, target_params, drafter, draft_params,
@@ -677,7 +651,7 @@ def lower_merged_sample(target, target_params, drafter, draft_params,
   loop, args = _prepare(target, target_params, drafter, draft_params,
                         encoder_input_tokens, gamma, max_decode_len, sampling,
                         eos_id, rng, tree)
-  return _run.lower(loop, *args)
+  return speculative.run_merged.lower(loop, *args)
 
 
 # ---------------------------------------------------------------------------

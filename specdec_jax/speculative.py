@@ -315,6 +315,55 @@ def result_of(state, max_decode_len: int) -> SpecResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class MergedLoop:
+  """Base of the loops whose drafting rides on the verification call.
+
+  Subclasses (PaSS's `pass_drafter._MergedLoop`, `draft_heads._HeadLoop`)
+  add their fields and `body_fn(target_params, draft, state)`, which makes
+  one `width`-token target call, verifies the pending drafts and draws the
+  next ones; `draft` is what they draft with (look-ahead embeddings, a
+  head's params). Run with `run_merged`.
+  """
+
+  target: Any
+  gamma: int
+  sampling: SamplingConfig
+  eos_id: int
+  max_decode_len: int
+
+  @property
+  def width(self) -> int:
+    """Tokens per target call (the cache keeps room for one more call)."""
+    return self.gamma + 1
+
+  @property
+  def buffer(self) -> int:
+    return self.max_decode_len + self.gamma + 2
+
+  def cond_fn(self, state: MergedState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def body_fn(self, target_params, draft, state: MergedState) -> MergedState:
+    raise NotImplementedError
+
+  def __call__(self, target_params, draft, inputs, rng) -> SpecResult:
+    state = MergedState.start(
+        self.target.init_cache(target_params, inputs,
+                               self.max_decode_len + self.width),
+        self.buffer, self.gamma, self.target.vocab_size, rng)
+    state = jax.lax.while_loop(
+        self.cond_fn, functools.partial(self.body_fn, target_params, draft),
+        state)
+    return result_of(state, self.max_decode_len)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def run_merged(loop: MergedLoop, target_params, draft, inputs, rng):
+  """A `MergedLoop`, compiled once per loop configuration and shapes."""
+  return loop(target_params, draft, inputs, rng)
+
+
+@dataclasses.dataclass(frozen=True)
 class _SpecLoop:
   """cond_fn/body_fn of the speculative `lax.while_loop`."""
 
