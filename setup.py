@@ -34,6 +34,8 @@ setuptools.setup(
             'pytest',
             # Two workers (pytest.ini): XLA compiles on one core each.
             'pytest-xdist',
+            # The layering contracts (.importlinter, tests/test_layering.py).
+            'import-linter',
             'scipy',
             # The independent reference implementation (CPU build on disk).
             'torch==2.13.0',

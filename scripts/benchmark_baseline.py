@@ -28,9 +28,9 @@ import torch
 import transformers
 
 from specdec_jax import decoding
-from specdec_jax import hf_convert
 from specdec_jax import measure
 from specdec_jax import network
+from specdec_jax.checkpoints import hf as hf_lib
 
 T5_11_SMALL = network.T5Config(
     vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
@@ -58,7 +58,7 @@ def main(argv=None):
   config = T5_11_SMALL
   model = network.T5Model(config)
   params = model.init_params(jax.random.key(args.seed))
-  hf_model = hf_convert.to_hf_model(params, config)
+  hf_model = hf_lib.to_hf_model(params, config)
   hf_model.generation_config.eos_token_id = None  # never stop early
   inputs = np.random.default_rng(args.seed).integers(
       2, config.vocab_size, (args.batch, args.input_len), dtype=np.int32)

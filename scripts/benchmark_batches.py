@@ -46,6 +46,7 @@ from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import streaming
+from specdec_jax import spec_stats
 
 
 def parse_args(argv=None):
@@ -178,7 +179,7 @@ def run_task(task, args, target, target_params, drafter, draft_params):
       'row_utilisation': {k: float(v) for k, v in utilisation.items()},
       'spread_speculative_row_iterations': spec_spread,
       'spread_baseline_output_tokens': base_spread,
-      'acceptance': speculative.summarize(stream_stats),
+      'acceptance': spec_stats.summarize(stream_stats),
       't_target_1_ms': t1 * 1e3, 't_target_k_ms': tk * 1e3,
       'cost_gamma_plus_1': cost, 't_draft_ms': t_draft * 1e3, 'c': c,
       'tokens_per_row_iteration': tokens_per_row_iteration,

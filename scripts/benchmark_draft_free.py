@@ -51,6 +51,7 @@ from specdec_jax import output_cache
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax import spec_stats
 
 EOS = 1
 H100_C_DEC2 = 0.028  # reproduce.H100_C['dec2'] (GPU.md: 2 decoder layers)
@@ -188,7 +189,7 @@ def run_workload(args, name, inputs, seed_inputs, target, target_params, dec2,
           store.add_requests(target, target_params, np.asarray(x),
                              [np.asarray(spec.tokens[0])[
                                  :int(spec.lengths[0])]])
-          dparams = drafters.with_store(drafter, dparams, store)
+          dparams = drafter.with_store(dparams, store)
       if counting:
         counts['model_calls'] = tot['model_calls']
       else:
@@ -198,9 +199,9 @@ def run_workload(args, name, inputs, seed_inputs, target, target_params, dec2,
       record['model_calls'] = counts.get('model_calls')
     else:
       record['model_calls'] = 0
-    r = speculative.rates(record['iterations'], record['drafted'],
-                          record['accepted'], record['beta_sum'],
-                          record['beta_count'], record['tokens'])
+    r = spec_stats.rates(record['iterations'], record['drafted'],
+                         record['accepted'], record['beta_sum'],
+                         record['beta_count'], record['tokens'])
     record.update(r)
     record['model_calls_per_token'] = record['model_calls'] / max(
         record['tokens'], 1)

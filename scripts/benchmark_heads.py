@@ -9,7 +9,8 @@ on the target's outputs for the Debian train split) and decodes the first
 (batch 1, float32) with:
 
 - the baseline (`decoding.temperature_sample`);
-- the heads' merged loop (`draft_heads.heads_sample`) for gamma = 1..
+- the heads' merged loop (`heads.HeadLoop`, `speculative_sample`'s default
+  for the `HeadDrafter`) for gamma = 1..
   --max_gamma: one (gamma + 1)-token target call per iteration plus gamma
   head steps;
 - dec2, the shipped distilled 2+2-layer drafter, in the ordinary loop
@@ -44,7 +45,6 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import decoding
-from specdec_jax import draft_heads
 from specdec_jax import drafters
 from specdec_jax import layers
 from specdec_jax import measure
@@ -53,6 +53,8 @@ from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import widening
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.heads import train as heads_train
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_pass import _identical  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -88,14 +90,14 @@ def parse_flags(argv=None):
   return p.parse_args(argv)
 
 
-def predicted_head_c(config, head: draft_heads.HeadConfig, input_length,
+def predicted_head_c(config, head: heads.HeadConfig, input_length,
                      launch_us: float) -> float:
   """c of one head step at T5-XXL cost on the H100 (a cost model)."""
   wide = widening.preset_config(config, 't5_1_1_xxl_cost')
   scale = wide.emb_dim / config.emb_dim
-  wide_head = draft_heads.HeadConfig(int(head.mlp_dim * scale),
-                                     head.cross_attention)
-  nbytes = draft_heads.head_step_bytes(wide, wide_head, weight_bytes=2)
+  wide_head = heads.HeadConfig(int(head.mlp_dim * scale),
+                               head.cross_attention)
+  nbytes = heads.head_step_bytes(wide, wide_head, weight_bytes=2)
   if head.cross_attention:  # the last layer's cross K/V, bf16
     nbytes += 2 * input_length * wide.num_heads * wide.head_dim * 2
   seconds = nbytes / H100_BANDWIDTH + HEAD_KERNELS * launch_us * 1e-6
@@ -123,12 +125,12 @@ def measure_c(config, head_cfg, inputs, size, repeats=5):
   if size != 'native':
     scale = widening.preset_config(config, size).emb_dim / config.emb_dim
     config = widening.preset_config(config, size)
-    head_cfg = draft_heads.HeadConfig(int(head_cfg.mlp_dim * scale),
-                                      head_cfg.cross_attention)
+    head_cfg = heads.HeadConfig(int(head_cfg.mlp_dim * scale),
+                                head_cfg.cross_attention)
   model = network.T5Model(config)
   params = model.init_params(jax.random.key(0))
-  head = draft_heads.Head(config, head_cfg)
-  hp = draft_heads.init_head(config, head_cfg)
+  head = heads.Head(config, head_cfg)
+  hp = heads.init_head(config, head_cfg)
   enc = jnp.asarray(inputs[:1])
   t_target = measure.call_time(model, params, enc, 1, repeats=repeats)
   cache = measure.context_cache(model, params, enc, 32, 48)
@@ -137,7 +139,7 @@ def measure_c(config, head_cfg, inputs, size, repeats=5):
   t_head = measure.loop_time(
       lambda n: _repeated_head_steps(head, hp, params, state, token, cache,
                                      n), 20, repeats)
-  head_bytes = draft_heads.head_step_bytes(config, head_cfg, 4)
+  head_bytes = heads.head_step_bytes(config, head_cfg, 4)
   target_bytes = measure.step_bytes(model, params, 1, 32, enc.shape[1])
   return dict(size=size, t_target_ms=round(t_target * 1e3, 3),
               t_head_ms=round(t_head * 1e3, 3),
@@ -161,10 +163,10 @@ def main(argv=None):
     if path is None:
       sys.exit(f'No head checkpoint under {args.heads_dir}/{task} '
                '(scripts/train_heads.py --out_dir writes one).')
-    hp, head_cfg = draft_heads.load_head(path, model.config)
-    head = draft_heads.Head(model.config, head_cfg)
-    drafter = draft_heads.HeadDrafter(model, head_cfg)
-    dparams = draft_heads.head_params(params, hp)
+    hp, head_cfg = heads.load_head(path, model.config)
+    head = heads.Head(model.config, head_cfg)
+    drafter = heads.HeadDrafter(model, head_cfg)
+    dparams = heads.head_params(params, hp)
     inputs = shipped.test_arrays(task)['inputs']
     c_head = predicted_head_c(model.config, head_cfg, inputs.shape[1],
                               args.launch_us)
@@ -182,7 +184,7 @@ def main(argv=None):
         outs = decoding.temperature_sample(
             model, params, enc, max_decode_len=decode_len, sampling=sampling,
             rng=jax.random.key(s)).tokens
-        a, c = draft_heads.depth_alpha(model, params, head, hp, enc, outs,
+        a, c = heads_train.depth_alpha(model, params, head, hp, enc, outs,
                                        args.max_gamma, sampling)
         sums, counts = sums + a, counts + c
       alpha = (sums / np.maximum(counts, 1)).tolist()
@@ -217,9 +219,10 @@ def main(argv=None):
       add('dec2 (ordinary loop)', args.dec2_gamma, res, t, DEC2_C)
       for gamma in range(1, args.max_gamma + 1):
         res, t = run_rows(
-            lambda x, i, g=gamma: draft_heads.heads_sample(
+            lambda x, i, g=gamma: speculative.speculative_sample(
                 model, params, drafter, dparams, x, gamma=g,
-                max_decode_len=decode_len, sampling=sampling, rng=rng_of(i)),
+                max_decode_len=decode_len, sampling=sampling, rng=rng_of(i),
+                merged=True),
             rows, args.repeats)
         add('heads (merged loop)', gamma, res, t, c_head,
             alpha_heads=float(np.mean(alpha[:gamma])))

@@ -137,10 +137,10 @@ def measure(num_partitions):
   out = {'target_call': compiled_facts(
       jax.jit(target.extend).lower(params, block, cache))}
   out['speculative_loop'] = compiled_facts(
-      speculative.lower_speculative_sample(
+      speculative.speculative_sample.lower(
           target, params, drafters.T5Drafter(drafter_model), draft_params,
           tokens, gamma=GAMMA, max_decode_len=MAX_LEN))
-  out['baseline_loop'] = compiled_facts(decoding.lower_temperature_sample(
+  out['baseline_loop'] = compiled_facts(decoding.temperature_sample.lower(
       target, params, tokens, max_decode_len=MAX_LEN))
   return out
 

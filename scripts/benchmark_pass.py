@@ -10,14 +10,15 @@ decodes the first --num_examples rows of the shipped test slice (held out:
 training used rows 64:256) one at a time (batch 1, float32) with:
 
 - the baseline (`decoding.temperature_sample`);
-- PaSS, merged draft+verify (`pass_drafter.merged_sample`, gamma = L): one
+- PaSS, merged draft+verify (`speculative_sample` with the `PassDrafter`'s
+  merged loop, gamma = L): one
   (2L + 1)-token target call per iteration, no drafter call; and its tree
   variant (`tree=True`, one slot group per draft position: (L + 1)^2
   tokens per call, no recovery iterations) for L = 1..--max_tree;
 - the lookup drafter (ordinary loop, gamma = 4) on the same rows.
 
 Per row of the table: alpha per slot (teacher-forced on the target's own
-outputs of --alpha_examples held-out rows, `pass_drafter.position_alpha`),
+outputs of --alpha_examples held-out rows, `lookahead_train.position_alpha`),
 acceptance per position and mean accepted length (= tokens per target call)
 of the decodes, target calls per token, measured speed-up on this CPU
 (walltime ratio; greedy outputs are checked identical) and the PREDICTED
@@ -40,11 +41,12 @@ from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import measure
-from specdec_jax import pass_drafter
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import theory
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.drafters import lookahead
+from specdec_jax.drafters.lookahead import train as lookahead_train
 
 # ../shared/GPU.md: cost(k) = t(k) / t(1) at T5-XXL cost, bf16, batch 1.
 H100_COST = {1: 1.0, 2: 0.93, 3: 0.94, 4: 0.95, 5: 0.99, 6: 0.98, 7: 1.00,
@@ -139,8 +141,8 @@ def main(argv=None):
   for task in args.tasks.split(','):
     path = checkpoints.latest_checkpoint(
         os.path.join(args.embeddings_dir, task))
-    la_all = pass_drafter.load_lookahead(path, model.config)
-    emb = pass_drafter.embeddings(la_all)
+    la_all = lookahead.load_lookahead(path, model.config)
+    emb = lookahead.embeddings(la_all)
     data = shipped.test_arrays(task)
     inputs = data['inputs']
     # alpha per slot on the target's own (greedy / sampled) outputs.
@@ -153,8 +155,8 @@ def main(argv=None):
         outs = decoding.temperature_sample(
             model, params, enc, max_decode_len=args.max_decode_len,
             sampling=sampling, rng=jax.random.key(s)).tokens
-        a, c = pass_drafter.position_alpha(model, params, la_all, enc, outs,
-                                           sampling)
+        a, c = lookahead_train.position_alpha(model, params, la_all, enc, outs,
+                                              sampling)
         sums, counts = sums + a, counts + c
       alpha = (sums / np.maximum(counts, 1)).tolist()
       report['alpha'][f'{task}/t{temp:g}'] = alpha
@@ -191,15 +193,15 @@ def main(argv=None):
       runs = [(big_l, False) for big_l in range(1, emb.shape[0] + 1)]
       runs += [(big_l, True) for big_l in range(1, args.max_tree + 1)]
       for big_l, tree in runs:
-        drafter = pass_drafter.PassDrafter(model, big_l)
-        dparams = pass_drafter.pass_params(
-            params, {pass_drafter.KEY: {'embedding': emb[:big_l]}})
+        drafter = lookahead.PassDrafter(model, big_l, tree=tree)
+        dparams = lookahead.pass_params(
+            params, {lookahead.KEY: {'embedding': emb[:big_l]}})
         res, t_pass = run_rows(
-            lambda x, i, d=drafter, p=dparams, tr=tree:
-            pass_drafter.merged_sample(
+            lambda x, i, d=drafter, p=dparams:
+            speculative.speculative_sample(
                 model, params, d, p, x, gamma=d.num_lookahead,
                 max_decode_len=args.max_decode_len, sampling=sampling,
-                rng=rng_of(i), tree=tr), enc_rows, args.repeats)
+                rng=rng_of(i), merged=True), enc_rows, args.repeats)
         st = stats_of(res)
         width = (big_l + 1) ** 2 if tree else 2 * big_l + 1
         report['rows'].append(dict(

@@ -31,11 +31,11 @@ from specdec_jax import data
 from specdec_jax import decoding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import gin_utils
-from specdec_jax import hf_convert
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import speculative
 from specdec_jax import widening
+from specdec_jax.checkpoints import hf as hf_lib
 
 
 def _hf_generate(model, inputs, max_len, assistant=None):
@@ -65,8 +65,8 @@ def main(argv=None):
   loaded = loading.build(setup)  # target widened if asked: bigger cost
   task, target, t_params = loaded.task, loaded.target, loaded.target_params
   drafter, d_params = loaded.drafter, loaded.draft_params
-  hf_target = hf_convert.to_hf_model(t_params, target.config)
-  hf_draft = hf_convert.to_hf_model(d_params, drafter.model.config)
+  hf_target = hf_lib.to_hf_model(t_params, target.config)
+  hf_draft = hf_lib.to_hf_model(d_params, drafter.model.config)
   max_in = setup.task_feature_lengths['inputs']
   max_out = setup.task_feature_lengths['targets']
   gamma = setup.gamma

@@ -670,7 +670,7 @@ class Runner:
 
   def baseline(self, tgt: Target, x, temp: float, rng, block: int = 1,
                lower: bool = False):
-    fn = (decoding.lower_temperature_sample if lower else
+    fn = (decoding.temperature_sample.lower if lower else
           decoding.temperature_sample)
     if lower and temp != 0:
       rng = jax.random.key(0)
@@ -680,7 +680,7 @@ class Runner:
 
   def spec(self, tgt: Target, d: Draft, task: str, x, gamma: int,
            temp: float, rng, lower: bool = False):
-    fn = (speculative.lower_speculative_sample if lower else
+    fn = (speculative.speculative_sample.lower if lower else
           speculative.speculative_sample)
     if lower and temp != 0:
       rng = jax.random.key(0)

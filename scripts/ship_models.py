@@ -119,7 +119,7 @@ def cmd_measure(args):
     row = {}
     val = arrays.load(os.path.join(args.arrays, task_dir), 'validation')
     row['target_validation'] = training.eval_loss(
-        target, tparams, arrays.eval_batches(val, 64, args.val_examples))
+        target, tparams, arrays.array_eval_batches(val, 64, args.val_examples))
     row['target_quality'], row['samples'] = quality(
         target, tparams, inputs, _reference_texts(task_dir,
                                                   args.num_examples),
@@ -199,7 +199,7 @@ GOALS = 'best drafter alpha(t=0) >= 0.70 (en_de), >= 0.65 (synopsis); a ' \
 
 def cmd_report(args):
   """results/drafters_alpha.md (before / after) and the training report."""
-  from specdec_jax import training  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
   with open(args.measured) as f:
     after = json.load(f)
@@ -273,8 +273,8 @@ def cmd_report(args):
     exported = json.load(f)
   runs = list(exported['models'])
   png = os.path.join(REPO, 'results', 'training_shipped.png')
-  training.plot_losses([os.path.join(args.export_dir, n, 'log.jsonl')
-                        for n in runs], png, labels=runs)
+  plots.plot_losses([os.path.join(args.export_dir, n, 'log.jsonl')
+                     for n in runs], png, labels=runs)
   lines = ['# Training and distillation of the shipped models', '',
            'Trained on one H100 by scripts/train_shipped_models.py from the '
            'pre-tokenized arrays of scripts/export_arrays.py (batch 128, '

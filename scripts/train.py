@@ -24,6 +24,7 @@ import gin
 
 from specdec_jax import gin_utils
 from specdec_jax import training
+from specdec_jax.experiments import plots
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   with open(os.path.join(model_dir, 'operative_config.gin'), 'w') as f:
     f.write(gin.operative_config_str())
   if args.plot:
-    training.plot_losses([model_dir], os.path.join(model_dir, 'loss.png'))
+    plots.plot_losses([model_dir], os.path.join(model_dir, 'loss.png'))
   print(f"step {summary['step']}: train {summary['train']}\n"
         f"validation {summary['validation']}\n"
         f"checkpoint {summary['checkpoint']}")

@@ -8,7 +8,7 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
 2. Computes the target's teacher-forced final states and last-layer cross
    K/V on those outputs, in chunks as training needs them.
 3. Trains the head (optax AdamW, warm-up + cosine decay) with
-   `draft_heads.chain_loss`, unrolled --depth steps from --positions random
+   `heads_train.chain_loss`, unrolled --depth steps from --positions random
    positions per row; the target is never updated.
 4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
    every --save_every steps; a rerun resumes from the latest) and
@@ -39,8 +39,9 @@ import optax
 from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import distill
-from specdec_jax import draft_heads
 from specdec_jax import shipped
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.heads import train as heads_train
 
 TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
 DECODE_LEN = {'en_de': 64, 'synopsis': 32}
@@ -104,26 +105,26 @@ def main(argv=None):
   test_out = np.asarray(distill_outputs(model, params, test,
                                         DECODE_LEN[args.task]))
 
-  head_cfg = draft_heads.HeadConfig(
+  head_cfg = heads.HeadConfig(
       mlp_dim=args.mlp_dim, cross_attention=not args.no_cross_attention)
-  head = draft_heads.Head(model.config, head_cfg)
+  head = heads.Head(model.config, head_cfg)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
   latest = checkpoints.latest_checkpoint(args.out_dir)
   if latest:
-    hp, saved_cfg = draft_heads.load_head(latest, model.config)
+    hp, saved_cfg = heads.load_head(latest, model.config)
     if saved_cfg != head_cfg:
       sys.exit(f'{latest} holds a head {saved_cfg}, the flags ask for '
                f'{head_cfg}.')
     first = checkpoints.step_of(latest)
   else:
-    hp = draft_heads.init_head(model.config, head_cfg, args.seed)
+    hp = heads.init_head(model.config, head_cfg, args.seed)
     first = 0
   # A resumed run continues the schedule at its step (Adam moments restart).
   optimizer = optax.adamw(lambda count: schedule(count + first),
                           weight_decay=args.weight_decay)
   opt_state = optimizer.init(hp)
-  step_fn = draft_heads.make_train_step(head, optimizer, args.depth)
+  step_fn = heads_train.make_train_step(head, optimizer, args.depth)
   rng = np.random.default_rng(args.seed + first)
   log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
   t0 = time.time()
@@ -134,7 +135,7 @@ def main(argv=None):
     if chunk is None or (step - first - 1) % steps_per_chunk == 0:
       rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
                                 replace=False))
-      feats = [draft_heads.target_features(
+      feats = [heads_train.target_features(
           model, params, jnp.asarray(enc[rows[i:i + 256]]),
           jnp.asarray(out[rows[i:i + 256]]))
                for i in range(0, len(rows), 256)]
@@ -160,8 +161,8 @@ def main(argv=None):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      draft_heads.save_head(hp, head_cfg, args.out_dir, step)
-  sums, counts = draft_heads.depth_alpha(model, params, head, hp, test,
+      heads.save_head(hp, head_cfg, args.out_dir, step)
+  sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
   rec = {'held_out_alpha_t0': alpha, 'rows': 'shipped test 0..63',
@@ -170,8 +171,8 @@ def main(argv=None):
   log.close()
   print(rec, flush=True)
   if args.export_dir:
-    path = draft_heads.save_head(hp, head_cfg, args.export_dir, args.steps,
-                                 dtype=jnp.bfloat16)
+    path = heads.save_head(hp, head_cfg, args.export_dir, args.steps,
+                           dtype=jnp.bfloat16)
     shutil.copy(os.path.join(args.out_dir, 'log.jsonl'), args.export_dir)
     print(f'exported {path} (bfloat16)', flush=True)
 

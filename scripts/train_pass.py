@@ -5,7 +5,7 @@ r"""Trains PaSS look-ahead embeddings on a frozen target (its own outputs).
 
 Data: the target's greedy outputs (sequence-level, `distill.generate`) on
 the task's inputs, teacher-forced: for every prefix :t+1 of an output, the
-L look-ahead slots predict tokens t+2 .. t+L+1 (`pass_drafter.loss_fn`).
+L look-ahead slots predict tokens t+2 .. t+L+1 (`lookahead_train.loss_fn`).
 Only the L x emb_dim embeddings train (optax Adam on them alone; the target
 is an argument under stop_gradient and is never updated). With the shipped
 models (`--target shipped:target`, the default) the inputs are the shipped
@@ -14,7 +14,7 @@ held out for scripts/benchmark_pass.py; `--inputs_npz` takes any array data
 set (`arrays.save` layout: 'inputs') instead, e.g. a task's train split.
 
 Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
-checkpoint_<step>/ (T5X orbax layout, `pass_drafter.save_lookahead`; the
+checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
 checkpoint. Because slot j sees only slots 1..j, the first L' < L
 embeddings of an L-slot run are themselves an L'-slot drafter.
@@ -34,8 +34,9 @@ from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import distill
 from specdec_jax import loading
-from specdec_jax import pass_drafter
 from specdec_jax import shipped
+from specdec_jax.drafters import lookahead
+from specdec_jax.drafters.lookahead import train as lookahead_train
 
 
 def parse_flags(argv=None):
@@ -93,15 +94,15 @@ def main(argv=None):
   optimizer = optax.adam(args.learning_rate)
   latest = checkpoints.latest_checkpoint(args.out_dir)
   if latest:
-    la = pass_drafter.load_lookahead(latest, model.config)
+    la = lookahead.load_lookahead(latest, model.config)
     first = checkpoints.step_of(latest)
   else:
-    la = pass_drafter.init_lookahead(params, args.num_lookahead, args.seed)
+    la = lookahead.init_lookahead(params, args.num_lookahead, args.seed)
     first = 0
-  if pass_drafter.check_lookahead(la, model.config) != args.num_lookahead:
+  if lookahead.check_lookahead(la, model.config) != args.num_lookahead:
     raise ValueError(f'{latest} holds another number of embeddings.')
   opt_state = optimizer.init(la)  # Adam moments restart on resume
-  step_fn = pass_drafter.make_train_step(model, optimizer)
+  step_fn = lookahead_train.make_train_step(model, optimizer)
   rng = np.random.default_rng(args.seed + first)
   log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
   t0 = time.time()
@@ -126,7 +127,7 @@ def main(argv=None):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      pass_drafter.save_lookahead(la, args.out_dir, step)
+      lookahead.save_lookahead(la, args.out_dir, step)
   log.close()
 
 

@@ -5,7 +5,7 @@ r"""Summarizes the mini-model training runs: a table and loss curves.
 Reads <models_dir>/<task>_mini_<size>/log.jsonl (written by scripts/train.py)
 and writes results/training.md (final train / validation loss and accuracy,
 steps, wall time, parameters) and results/training_<task>.png (the curves of
-the four models of each task, `training.plot_losses`).
+the four models of each task, `experiments.plots.plot_losses`).
 """
 
 import argparse
@@ -15,6 +15,7 @@ import pathlib
 import sys
 
 from specdec_jax import training
+from specdec_jax.experiments import plots
 from specdec_jax.measure import machine
 
 SIZES = ('xxl', 'large', 'base', 'small')
@@ -61,8 +62,8 @@ def main(argv=None):
           f"| {task} | {d.name} | {row['steps']} | {row['train_loss']:.3f} | "
           f"{row['val_loss']:.3f} | {row['val_accuracy']:.3f} | "
           f"{row['seconds'] / 60:.1f} |")
-    training.plot_losses([str(d) for d in dirs],
-                         str(out / f'training_{task}.png'))
+    plots.plot_losses([str(d) for d in dirs],
+                      str(out / f'training_{task}.png'))
     lines += ['', f'![{task}](training_{task}.png)', '']
   (out / 'training.md').write_text('\n'.join(lines) + '\n')
   (out / 'training.json').write_text(json.dumps(

@@ -28,7 +28,10 @@ from typing import Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 
-from specdec_jax.data import FEATURES
+# What seqio's EncDecFeatureConverter(pack=False) makes, the training
+# features; all `[batch, length]` int32. `data.FEATURES` is this tuple.
+FEATURES = ('encoder_input_tokens', 'decoder_input_tokens',
+            'decoder_target_tokens', 'decoder_loss_weights')
 
 Arrays = Dict[str, np.ndarray]
 
@@ -133,8 +136,8 @@ def features(inputs: np.ndarray, targets: np.ndarray) -> Arrays:
   }
 
 
-def train_batches(data: Arrays, batch_size: int, seed: int,
-                  start_step: int = 0) -> Iterator[Arrays]:
+def array_train_batches(data: Arrays, batch_size: int, seed: int,
+                        start_step: int = 0) -> Iterator[Arrays]:
   """Endless shuffled batches of features, from batch `start_step` on.
 
   Epoch e visits the rows in `np.random.default_rng([seed, e])`'s
@@ -166,8 +169,8 @@ def train_batches(data: Arrays, batch_size: int, seed: int,
     step += 1
 
 
-def eval_batches(data: Arrays, batch_size: int,
-                 num_examples: Optional[int] = None) -> List[Arrays]:
+def array_eval_batches(data: Arrays, batch_size: int,
+                       num_examples: Optional[int] = None) -> List[Arrays]:
   """The first `num_examples` rows in order, as full batches (0-row padded)."""
   n = len(data['inputs']) if num_examples is None else min(
       num_examples, len(data['inputs']))

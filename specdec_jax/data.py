@@ -5,7 +5,8 @@ seqio task, in one place: the examples of a split (`task_examples`), token
 rows padded into a `[batch, length]` array (`pad_rows`) and split into
 batches of one compiled shape (`batches`), model output back to text
 (`decode_text`), the task's metrics (`task_metrics`), and the training
-batches of a task (`train_batches`, `eval_batches`: seqio's T5X pipeline).
+batches of a task (`task_train_batches`, `task_eval_batches`: seqio's T5X
+pipeline).
 Nothing here is jitted; seqio is imported only when a function needs it.
 """
 
@@ -16,11 +17,11 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
+# The training features, defined beside the pre-tokenized arrays (which do
+# not import this module) and re-exported here.
+from specdec_jax.arrays import FEATURES
+
 EOS_ID = 1
-# What seqio's EncDecFeatureConverter(pack=False) makes, the training
-# features; all `[batch, length]` int32.
-FEATURES = ('encoder_input_tokens', 'decoder_input_tokens',
-            'decoder_target_tokens', 'decoder_loss_weights')
 Batch = Dict[str, np.ndarray]
 
 
@@ -169,9 +170,10 @@ def get_dataset(mixture_or_task_name: str,
   return ds.map(lambda ex: {k: ex[k] for k in FEATURES})
 
 
-def train_batches(mixture_or_task_name: str,
-                  task_feature_lengths: Mapping[str, int], batch_size: int,
-                  seed: int, start_step: int = 0) -> Iterator[Batch]:
+def task_train_batches(mixture_or_task_name: str,
+                       task_feature_lengths: Mapping[str, int],
+                       batch_size: int, seed: int, start_step: int = 0
+                       ) -> Iterator[Batch]:
   """Endless shuffled training batches, from batch `start_step` on.
 
   Batch i is the same for every call with the same arguments (the order is
@@ -194,10 +196,10 @@ def train_batches(mixture_or_task_name: str,
   yield from ds.prefetch(2).as_numpy_iterator()
 
 
-def eval_batches(mixture_or_task_name: str,
-                 task_feature_lengths: Mapping[str, int], batch_size: int,
-                 num_examples: Optional[int] = None,
-                 split: str = 'validation') -> List[Batch]:
+def task_eval_batches(mixture_or_task_name: str,
+                      task_feature_lengths: Mapping[str, int],
+                      batch_size: int, num_examples: Optional[int] = None,
+                      split: str = 'validation') -> List[Batch]:
   """The first `num_examples` of a split, in order, as full batches.
 
   The last batch is padded with all-zero rows (weight 0), so every batch has

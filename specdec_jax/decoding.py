@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.sampling import SamplingConfig
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import scaffold
+from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
 
@@ -152,6 +153,13 @@ def check_common_args(model, encoder_input_tokens, max_decode_len,
   check_token_ids('encoder_input_tokens', encoder_input_tokens, vocab_size)
 
 
+def as_ids(tokens):
+  """int32 token ids as a jax array (a `jax.ShapeDtypeStruct` unchanged)."""
+  if isinstance(tokens, jax.ShapeDtypeStruct):
+    return tokens
+  return jnp.asarray(tokens, jnp.int32)
+
+
 def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
   """`rng`, or a fixed key when greedy (which draws nothing); else an error.
 
@@ -166,7 +174,7 @@ def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class _SampleLoop:
+class SampleLoop:
   """cond_fn/body_fn of the baseline `lax.while_loop`.
 
   With `block_size` k > 1 every step is a k-token call: the row's token then
@@ -184,7 +192,7 @@ class _SampleLoop:
 
   @property
   def cache_length(self) -> int:
-    # As speculative._SpecLoop's target cache for gamma = block_size - 1.
+    # As speculative.SpecLoop's target cache for gamma = block_size - 1.
     if self.block_size == 1:
       return self.max_decode_len
     return self.max_decode_len + self.block_size
@@ -232,11 +240,7 @@ class _SampleLoop:
     return DecodeResult(state.tokens, output_lengths(state.tokens, self.eos_id))
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run(loop: _SampleLoop, params, encoder_input_tokens, rng, max_steps):
-  return loop(params, encoder_input_tokens, rng, max_steps)
-
-
+@scaffold.decoder
 def temperature_sample(
     model,
     params,
@@ -250,6 +254,11 @@ def temperature_sample(
     block_size: int = 1,
 ) -> DecodeResult:
   """Autoregressive decoding of a batch, compiled once per shape and config.
+
+  A `scaffold.decoder`: `temperature_sample(...)` decodes;
+  `temperature_sample.lower(...)` lowers the program ahead of time (arrays
+  or `jax.ShapeDtypeStruct`s); `temperature_sample.prepare(...)` returns the
+  validated `(SampleLoop, args)` (the body below).
 
   Args:
     model: an `interfaces.DecodingModel` (see module docstring), e.g.
@@ -281,41 +290,6 @@ def temperature_sample(
     ValueError (TypeError for non-integer token ids): a bad argument, named,
       before anything is compiled (`check_common_args`).
   """
-  loop, args = _prepare(model, params, encoder_input_tokens, max_decode_len,
-                        sampling, eos_id, rng, max_decode_steps, block_size)
-  return _run(loop, *args)
-
-
-def lower_temperature_sample(
-    model,
-    params,
-    encoder_input_tokens,
-    *,
-    max_decode_len: int,
-    sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int = 1,
-    rng: Optional[Array] = None,
-    max_decode_steps: Optional[int] = None,
-    block_size: int = 1,
-):
-  """`temperature_sample`'s compiled program, lowered but not run.
-
-  `.compile()` on the result compiles it ahead of time (e.g. several at once
-  in threads) into jax's cache: a later `temperature_sample` call with the
-  same arguments' shapes runs without compiling. Arguments as
-  `temperature_sample` (arrays or `jax.ShapeDtypeStruct`s).
-
-  Returns:
-    A `jax.stages.Lowered`.
-  """
-  loop, args = _prepare(model, params, encoder_input_tokens, max_decode_len,
-                        sampling, eos_id, rng, max_decode_steps, block_size)
-  return _run.lower(loop, *args)
-
-
-def _prepare(model, params, encoder_input_tokens, max_decode_len, sampling,
-             eos_id, rng, max_decode_steps, block_size):
-  """Validated loop and arguments of `_run`."""
   check_common_args(model, encoder_input_tokens, max_decode_len, sampling,
                     eos_id)
   if max_decode_steps is not None and not 1 <= max_decode_steps <= (
@@ -328,9 +302,7 @@ def _prepare(model, params, encoder_input_tokens, max_decode_len, sampling,
       not isinstance(block_size, (int, np.integer)) or block_size < 1):
     raise ValueError(f'block_size must be an int >= 1, got {block_size!r}.')
   rng = default_rng(rng, sampling)
-  loop = _SampleLoop(model, sampling, int(eos_id), int(max_decode_len),
-                     int(block_size))
+  loop = SampleLoop(model, sampling, int(eos_id), int(max_decode_len),
+                    int(block_size))
   max_steps = jnp.int32(max_decode_steps or max_decode_len)
-  if not isinstance(encoder_input_tokens, jax.ShapeDtypeStruct):
-    encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
-  return loop, (params, encoder_input_tokens, rng, max_steps)
+  return loop, (params, as_ids(encoder_input_tokens), rng, max_steps)

@@ -24,6 +24,7 @@ import numpy as np
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
+from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 
@@ -157,7 +158,7 @@ def random_demo(argv=None):
   print(f'speculative (gamma={args.gamma}) output identical to baseline: '
         f'{same}' + ('' if sampling.greedy else ' (sampling: equal in '
                      'distribution, not per draw)'))
-  for key, value in speculative.summarize(spec.stats).items():
+  for key, value in spec_stats.summarize(spec.stats).items():
     print(f'  {key}: {np.round(value, 3).tolist()}')
   for name, (first, run, _) in timings.items():
     print(f'{name}: first call (compile + run) {first:.2f} s; '

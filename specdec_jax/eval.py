@@ -282,7 +282,6 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
   from specdec_jax import diagnostics  # pylint: disable=g-import-not-at-top
-  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
   from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
@@ -310,7 +309,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
             target, target_params, inputs, max_decode_len=lengths['targets'],
             sampling=sampling, eos_id=setup.eos_id, rng=rng,
             block_size=setup.gamma + 1 if setup.same_shape_baseline else 1),
-        'speculative': lambda: speculative.sampler(loaded.drafter)(
+        'speculative': lambda: speculative.speculative_sample(
             target, target_params, loaded.drafter, draft_params,
             inputs, gamma=setup.gamma, max_decode_len=lengths['targets'],
             sampling=sampling, eos_id=setup.eos_id, rng=rng),
@@ -359,8 +358,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
            for row in new_rows])
       if loaded.store.path:
         loaded.store.save()
-      draft_params = drafters.with_store(loaded.drafter, draft_params,
-                                         loaded.store)
+      draft_params = loaded.drafter.with_store(draft_params, loaded.store)
       warm = warm and jax.tree_util.tree_map(np.shape,
                                              draft_params) == shapes
     yield records
@@ -368,7 +366,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
 
 def _summary(records, settings) -> Dict[str, Any]:
   """Totals of the records: times, speed-ups, alpha, rates, differences."""
-  from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
+  from specdec_jax import spec_stats  # pylint: disable=g-import-not-at-top
 
   if not records:
     return {'examples': 0}
@@ -387,7 +385,7 @@ def _summary(records, settings) -> Dict[str, Any]:
       'baseline_s': base_s,
       'speculative_s': spec_s,
       'walltime_speedup': base_s / spec_s if spec_s else None,
-      **speculative.rates(
+      **spec_stats.rates(
           iterations=sum_('iterations'), drafted=sum_('drafted'),
           accepted=sum_('accepted'), beta_sum=sum_('beta_sum'),
           beta_count=sum_('beta_count'), tokens=tokens),
@@ -565,17 +563,19 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
   """`loaded` with its target (and model drafter) on the partitioner's mesh.
 
   The target is wrapped (`partitioning.ShardedModel`) and its params placed
-  by the rules; a drafter with a T5 `model` field is wrapped with the same
+  by the rules; a `drafters.T5Drafter`'s model is wrapped with the same
   rules (`shard_drafter`) or data-parallel ones (replicated weights); any
-  other drafter's params are replicated.
+  other drafter's params are replicated (those of the kinds that draft with
+  the target hold the target's own params: replicated too).
   """
   import dataclasses  # pylint: disable=g-import-not-at-top
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
 
   target = partitioner.sharded_model(loaded.target)
   target_params = partitioner.shard_params(loaded.target_params, target)
   drafter, draft_params = loaded.drafter, loaded.draft_params
-  if isinstance(getattr(drafter, 'model', None), type(loaded.target)):
+  if isinstance(drafter, drafters.T5Drafter):
     rules = None if shard_drafter else partitioning.data_parallel_rules()
     drafter = dataclasses.replace(
         drafter, model=partitioner.sharded_model(drafter.model, rules))

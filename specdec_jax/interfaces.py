@@ -3,8 +3,10 @@
 The loops (decoding.py, speculative.py) and the measurements (measure.py)
 never see a network class; they call the members below and nothing else.
 `network.T5Model` is a `DecodingModel`, `network.DecoderCache` a `Cache`,
-`drafters.T5Drafter` and `drafters.NgramDrafter` are `Drafter`s
-(tests/test_drafters.py checks it). The protocols are `runtime_checkable`,
+every registered drafter kind (`specdec_jax.drafters.KINDS`) builds a
+`Drafter` (tests/test_drafters.py checks it), and the kinds whose drafting
+rides on the target's verification call (PaSS, self-drafting heads) build a
+`MergedDrafter`. The protocols are `runtime_checkable`,
 so `isinstance(x, Drafter)` tells whether x has the members (not their
 signatures).
 
@@ -20,7 +22,7 @@ References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Tuple, runtime_checkable
+from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 import jax
 
@@ -116,7 +118,8 @@ class Drafter(Protocol):
   def check_params(self, params: Params) -> None:
     """Raises unless `params` fit this drafter (keys, shapes, dtypes).
 
-    The loop calls it before anything is traced (`speculative._prepare`),
+    The loop calls it before anything is traced (`speculative.speculative_sample`'s
+    prepare),
     so that wrong parameters (a bigram table of another vocabulary, a T5 of
     another config) fail with a message naming `draft_params` instead of
     deep inside jax. It must accept `jax.ShapeDtypeStruct` leaves (the
@@ -202,3 +205,36 @@ class Drafter(Protocol):
       after `decoder_input_tokens[:, :t + 1]` (unadjusted: the caller
       applies the sampling mode).
     """
+
+
+@runtime_checkable
+class MergedDrafter(Drafter, Protocol):
+  """A drafter whose drafting rides on the target's verification call.
+
+  Besides the `Drafter` members (with which it also runs in the ordinary
+  loop, at the cost of its own target call per iteration), it names its
+  merged loop: one target call per iteration both verifies the pending
+  drafts and yields the next ones (PaSS's look-ahead slots, a head on the
+  target's final states). `speculative.speculative_sample` decodes with it
+  by default.
+
+  Its `propose` may draw q_2.. from the target's own states rather than from
+  `score` after the drafts (`drafts_from_score` False); q_1 is always the
+  standardized `score` after the prefix.
+  """
+
+  @property
+  def drafts_from_score(self) -> bool:
+    """Whether q_i for every i is `score`'s after the prefix and drafts
+    1..i-1 (else only q_1 is; tests/test_drafters.py checks which)."""
+
+  def max_gamma(self, merged: bool) -> Optional[int]:
+    """The largest gamma it drafts per iteration in its merged loop
+    (`merged` True) or in the ordinary one; None: no limit."""
+
+  def merged_loop(self, target: DecodingModel, gamma: int,
+                  sampling: SamplingConfig, eos_id: int,
+                  max_decode_len: int) -> Any:
+    """Its loop: a `speculative.MergedLoop` (hashable, static under jit)
+    that `scaffold.run` runs on `(target_params, draft_params, inputs,
+    draft_inputs, rng)`; raises ValueError for a target it cannot use."""

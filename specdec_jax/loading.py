@@ -40,7 +40,8 @@ class EvalSetup:
     task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
       length.
     gamma: drafts per iteration.
-    drafter: a kind in `drafters.KINDS` ('t5', 'unigram', 'bigram', ...).
+    drafter: a kind in `drafters.KINDS` (`python -m specdec_jax.drafters`
+      lists them).
     draft_config: `T5Config` of the drafter (kinds that need a model).
     draft_checkpoint: as target_checkpoint, for the drafter.
     split: the split to decode.
@@ -386,8 +387,8 @@ def build(setup: EvalSetup, task=None, target_shardings=None) -> Loaded:
   store = load_store(setup, task, target, target_params)
   drafter, draft_params = load_drafter(setup, task, target, target_params,
                                        store=store)
-  check_gamma = getattr(drafter, 'check_gamma', None)
-  if check_gamma is not None and getattr(drafter, 'merged_loop', None):
-    check_gamma(setup.gamma, merged=True)  # the loop the job decodes with
+  # The loop the job decodes with (the drafter's own: merged for a
+  # MergedDrafter) must take the setup's gamma.
+  speculative.check_drafter_gamma(drafter, setup.gamma)
   return Loaded(setup, task, target, target_params, drafter, draft_params,
                 store)

@@ -242,7 +242,9 @@ class Decoder(nn.Module):
           cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
       )
 
-  def _logits(self, y: Array, return_hidden: bool = False):
+  def output_logits(self, y: Array, return_hidden: bool = False):
+    """The final norm and the logits layer (`[batch, k, embed]` -> float32
+    `[batch, k, vocab]`; with the normalized states if `return_hidden`)."""
     # [batch, k, embed] -> [batch, k, vocab], float32
     y = self.decoder_norm(y)
     if self.config.logits_via_embedding:
@@ -275,7 +277,7 @@ class Decoder(nn.Module):
         self.config.compute_dtype)
     for layer in self.layers:
       y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
-    return self._logits(y, return_hidden)
+    return self.output_logits(y, return_hidden)
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False):
@@ -290,12 +292,12 @@ class Decoder(nn.Module):
         ids are ignored). Slot j stands for position (its row's last real
         token before it) + j + 1 by its place in the block; the causal mask
         keeps earlier block positions from seeing it. Callers drop the
-        slots afterwards with `cache.rewind` (specdec_jax/pass_drafter.py).
+        slots afterwards with `cache.rewind` (specdec_jax/drafters/lookahead).
       lookahead_start: `[batch]` int32 block index of the first slot
         (default k - L: the last L positions of the block).
       return_hidden: also return the normalized final state the logits are
         computed from (what self-drafting heads read,
-        specdec_jax/draft_heads.py).
+        specdec_jax/drafters/heads).
 
     Returns:
       `(logits [batch, k, vocab], cache)` with position advanced by k;
@@ -326,7 +328,7 @@ class Decoder(nn.Module):
         self_key=tuple(new_k), self_value=tuple(new_v),
         position=cache.position + k,
     )
-    return self._logits(y, return_hidden), cache
+    return self.output_logits(y, return_hidden), cache
 
 
 def _with_lookahead(y: Array, lookahead, start) -> Array:

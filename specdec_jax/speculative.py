@@ -10,7 +10,7 @@ One iteration, for every row of the batch at once:
      bonus t ~ p_{gamma+1};
   5. the row commits x_1..x_n, t (cut at EOS or the length limit) and both
      models' caches move to the row's new length (the target's is rewound;
-     the drafter re-synchronises itself from `lengths`, see drafters.py).
+     the drafter re-synchronises itself from `lengths`: `interfaces.Drafter`).
 
 p and q are both the *standardized* distributions (sampling.py), so greedy,
 temperature, top-k and top-p are all exact: the output distribution equals
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Optional
 
 from flax import struct
 import jax
@@ -33,125 +33,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decoding
+from specdec_jax import interfaces
 from specdec_jax import layers
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import scaffold
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.spec_stats import SpecResult
+from specdec_jax.spec_stats import SpecStats
 
 Array = jax.Array
 
 
 @struct.dataclass
-class SpecStats:
-  """Counters of one speculative decode (all int32 / float32 arrays).
-
-  Attributes:
-    iterations: scalar, loop iterations = target calls (for the batch).
-    row_iterations: `[batch]` iterations in which the row was still active.
-    drafted: `[batch]` drafts verified (gamma per active iteration, fewer
-      where an adaptive drafter stopped early).
-    accepted: `[batch]` drafts accepted by the rejection test.
-    accepted_at: `[gamma]` how often draft position i was accepted (summed
-      over rows and iterations; divide by `row_iterations.sum()`).
-    beta_sum: `[batch]` sum of beta = sum_x min(p, q) over verified positions.
-    beta_count: `[batch]` number of verified positions.
-  """
-
-  iterations: Array
-  row_iterations: Array
-  drafted: Array
-  accepted: Array
-  accepted_at: Array
-  beta_sum: Array
-  beta_count: Array
-
-  @classmethod
-  def zeros(cls, rows: int, gamma: int) -> 'SpecStats':
-    """All counters 0, for `rows` rows (or examples) and gamma positions."""
-    z = jnp.zeros((rows,), jnp.int32)
-    return cls(iterations=jnp.zeros((), jnp.int32), row_iterations=z,
-               drafted=z, accepted=z,
-               accepted_at=jnp.zeros((gamma,), jnp.int32),
-               beta_sum=jnp.zeros((rows,), jnp.float32), beta_count=z)
-
-
-@struct.dataclass
-class SpecResult:
-  """Tokens `[batch, max_decode_len]` (EOS kept, 0 after), lengths and stats."""
-
-  tokens: Array
-  lengths: Array
-  stats: SpecStats
-
-
-def rates(iterations, drafted, accepted, beta_sum, beta_count,
-          tokens=None) -> Dict[str, float]:
-  """The acceptance figures from summed counters (plain numbers).
-
-  Names follow the paper (alpha) and vLLM's metrics (acceptance rate =
-  accepted / drafted; mean acceptance length = 1 + accepted / iterations).
-  The counters may be summed over rows, batches and examples (`SpecStats`
-  per row, or per-example records) before the call: every rate is a ratio
-  of sums.
-
-  Args:
-    iterations: row iterations: loop iterations counted once per row still
-      active in them (`SpecStats.row_iterations` summed), i.e. target calls
-      per row.
-    drafted: drafts verified.
-    accepted: drafts accepted.
-    beta_sum: sum of beta = sum_x min(p, q) over verified positions.
-    beta_count: verified positions.
-    tokens: optional output tokens (EOS included) of the same rows.
-
-  Returns:
-    `{'acceptance_rate', 'mean_accepted_length', 'alpha'}` floats, and
-    `'target_calls_per_token'` when `tokens` is given.
-  """
-  iterations, drafted, accepted = (float(iterations), float(drafted),
-                                   float(accepted))
-  out = {
-      'acceptance_rate': accepted / max(drafted, 1.0),
-      'mean_accepted_length': 1.0 + accepted / max(iterations, 1.0),
-      'alpha': float(beta_sum) / max(float(beta_count), 1.0),
-  }
-  if tokens is not None:
-    out['target_calls_per_token'] = iterations / max(float(tokens), 1.0)
-  return out
-
-
-def summarize(stats: SpecStats) -> dict:
-  """Python floats of one decode: `rates`, target calls, per position.
-
-  Returns:
-    {'target_calls', 'row_iterations', 'acceptance_rate',
-     'mean_accepted_length', 'per_position_acceptance' (the share of row
-     iterations accepting draft i), 'alpha'}.
-  """
-  row_iters = float(jnp.sum(stats.row_iterations))
-  r = rates(row_iters, jnp.sum(stats.drafted), jnp.sum(stats.accepted),
-            jnp.sum(stats.beta_sum), jnp.sum(stats.beta_count))
-  return {
-      'target_calls': int(stats.iterations),
-      'row_iterations': row_iters,
-      'acceptance_rate': r['acceptance_rate'],
-      'mean_accepted_length': r['mean_accepted_length'],
-      'per_position_acceptance': [
-          float(a) / max(row_iters, 1.0) for a in stats.accepted_at
-      ],
-      'alpha': r['alpha'],
-  }
-
-
-@struct.dataclass
 class SpecState:
-  """Loop state.
+  """Loop state of every loop that verifies drafts.
 
   Attributes:
     sequences: `[batch, buffer]` committed decoder tokens, BOS (0) at index 0.
     lengths: `[batch]` committed tokens per row, BOS included (>= 1).
     ended: `[batch]` bool.
     target_cache: the target's decoder cache.
-    draft_state: the drafter's state (e.g. its cache).
+    draft_state: the drafter's state: its own (e.g. its cache) in a
+      `SpecLoop`; a `Pending` (the next iteration's drafts) in a
+      `MergedLoop`. Every leaf has the batch as its leading axis.
     rng: PRNG key.
     stats: running `SpecStats`.
   """
@@ -228,7 +132,7 @@ def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
 
   Rows commit x_1..x_n and the residual / bonus token t, cut at EOS and at
   `max_decode_len`; ended rows change nothing. Shared by every loop that
-  verifies drafts (`_SpecLoop`, PaSS's merged loop).
+  verifies drafts (`SpecLoop`, every `MergedLoop`).
 
   Args:
     rng: PRNG key of the verification.
@@ -273,40 +177,7 @@ def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
   return sequences, new_lengths, ended, stats, n
 
 
-@struct.dataclass
-class MergedState:
-  """State of a loop whose drafts ride on the verification call.
-
-  `SpecState`'s, with the drafts of the next iteration instead of a drafter
-  state: drafts `[batch, gamma]` and q `[batch, gamma, vocab]` were drawn in
-  the previous iteration (PaSS's look-ahead slots, self-drafting heads); q =
-  0 marks a row with no drafts (the first iteration; PaSS after a
-  rejection), which `verify` then accepts none of.
-  """
-
-  sequences: Array
-  lengths: Array
-  ended: Array
-  target_cache: Any
-  drafts: Array
-  q: Array
-  rng: Array
-  stats: SpecStats
-
-  @classmethod
-  def start(cls, target_cache, buffer: int, gamma: int, vocab_size: int,
-            rng: Array) -> 'MergedState':
-    """Every row at BOS, no drafts yet."""
-    batch = target_cache.position.shape[0]
-    return cls(sequences=jnp.zeros((batch, buffer), jnp.int32),
-               lengths=jnp.ones((batch,), jnp.int32),
-               ended=jnp.zeros((batch,), bool), target_cache=target_cache,
-               drafts=jnp.zeros((batch, gamma), jnp.int32),
-               q=jnp.zeros((batch, gamma, vocab_size), jnp.float32),
-               rng=rng, stats=SpecStats.zeros(batch, gamma))
-
-
-def result_of(state, max_decode_len: int) -> SpecResult:
+def result_of(state: SpecState, max_decode_len: int) -> SpecResult:
   """The outputs of a finished loop's state (BOS-first `sequences`)."""
   out = state.sequences[:, 1:1 + max_decode_len]
   out = jnp.where(jnp.arange(max_decode_len) < state.lengths[:, None] - 1,
@@ -315,60 +186,16 @@ def result_of(state, max_decode_len: int) -> SpecResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class MergedLoop:
-  """Base of the loops whose drafting rides on the verification call.
+class VerifyLoop:
+  """What every loop that verifies drafts shares (static under `jit`).
 
-  Subclasses (PaSS's `pass_drafter._MergedLoop`, `draft_heads._HeadLoop`)
-  add their fields and `body_fn(target_params, draft, state)`, which makes
-  one `width`-token target call, verifies the pending drafts and draws the
-  next ones; `draft` is what they draft with (look-ahead embeddings, a
-  head's params). Run with `run_merged`.
+  A subclass says how drafts are made: `init_draft` (the drafter's state of
+  new rows) and `body_fn` (one iteration: drafts, one target call, then
+  `accept_and_commit`). The start, the `lax.while_loop` and the result are
+  here, and `streaming` refills rows of any subclass through `init_draft`.
   """
 
   target: Any
-  gamma: int
-  sampling: SamplingConfig
-  eos_id: int
-  max_decode_len: int
-
-  @property
-  def width(self) -> int:
-    """Tokens per target call (the cache keeps room for one more call)."""
-    return self.gamma + 1
-
-  @property
-  def buffer(self) -> int:
-    return self.max_decode_len + self.gamma + 2
-
-  def cond_fn(self, state: MergedState) -> Array:
-    return ~jnp.all(state.ended)
-
-  def body_fn(self, target_params, draft, state: MergedState) -> MergedState:
-    raise NotImplementedError
-
-  def __call__(self, target_params, draft, inputs, rng) -> SpecResult:
-    state = MergedState.start(
-        self.target.init_cache(target_params, inputs,
-                               self.max_decode_len + self.width),
-        self.buffer, self.gamma, self.target.vocab_size, rng)
-    state = jax.lax.while_loop(
-        self.cond_fn, functools.partial(self.body_fn, target_params, draft),
-        state)
-    return result_of(state, self.max_decode_len)
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def run_merged(loop: MergedLoop, target_params, draft, inputs, rng):
-  """A `MergedLoop`, compiled once per loop configuration and shapes."""
-  return loop(target_params, draft, inputs, rng)
-
-
-@dataclasses.dataclass(frozen=True)
-class _SpecLoop:
-  """cond_fn/body_fn of the speculative `lax.while_loop`."""
-
-  target: Any
-  drafter: Any
   gamma: int
   sampling: SamplingConfig
   eos_id: int
@@ -379,8 +206,53 @@ class _SpecLoop:
     # BOS + max_decode_len outputs + room for a full gamma+1 block write.
     return self.max_decode_len + self.gamma + 2
 
+  @property
+  def cache_length(self) -> int:
+    """Decoder slots of the target's cache (and the drafter's `init`)."""
+    return self.max_decode_len + self.gamma + 1
+
+  def init_draft(self, draft_params, draft_inputs: Array):
+    """The drafter's state of rows that start (`draft_inputs` `[rows, n]`)."""
+    raise NotImplementedError
+
+  def body_fn(self, target_params, draft_params,
+              state: SpecState) -> SpecState:
+    raise NotImplementedError
+
   def cond_fn(self, state: SpecState) -> Array:
     return ~jnp.all(state.ended)
+
+  def start(self, target_params, draft_params, inputs: Array,
+            draft_inputs: Array, rng: Array) -> SpecState:
+    """Every row at BOS: the target's cache and the drafter's state."""
+    batch = inputs.shape[0]
+    return SpecState(
+        sequences=jnp.zeros((batch, self.buffer), jnp.int32),
+        lengths=jnp.ones((batch,), jnp.int32),
+        ended=jnp.zeros((batch,), bool),
+        target_cache=self.target.init_cache(target_params, inputs,
+                                            self.cache_length),
+        draft_state=self.init_draft(draft_params, draft_inputs),
+        rng=rng,
+        stats=SpecStats.zeros(batch, self.gamma))
+
+  def __call__(self, target_params, draft_params, inputs, draft_inputs,
+               rng) -> SpecResult:
+    state = self.start(target_params, draft_params, inputs, draft_inputs, rng)
+    state = jax.lax.while_loop(
+        self.cond_fn,
+        functools.partial(self.body_fn, target_params, draft_params), state)
+    return result_of(state, self.max_decode_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLoop(VerifyLoop):
+  """Algorithm 1 with an ordinary drafter (`interfaces.Drafter.propose`)."""
+
+  drafter: Any
+
+  def init_draft(self, draft_params, draft_inputs):
+    return self.drafter.init(draft_params, draft_inputs, self.cache_length)
 
   def body_fn(self, target_params, draft_params, state: SpecState):
     g = self.gamma
@@ -404,109 +276,47 @@ class _SpecLoop:
     return SpecState(sequences, new_lengths, ended, target_cache, draft_state,
                      rng, stats)
 
-  def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
-    batch = inputs.shape[0]
-    cache_len = self.max_decode_len + self.gamma + 1
-    state = SpecState(
-        sequences=jnp.zeros((batch, self.buffer), jnp.int32),
-        lengths=jnp.ones((batch,), jnp.int32),
-        ended=jnp.zeros((batch,), bool),
-        target_cache=self.target.init_cache(target_params, inputs, cache_len),
-        draft_state=self.drafter.init(draft_params, draft_inputs, cache_len),
-        rng=rng,
-        stats=SpecStats.zeros(batch, self.gamma),
-    )
-    state = jax.lax.while_loop(
-        self.cond_fn,
-        functools.partial(self.body_fn, target_params, draft_params), state)
-    return result_of(state, self.max_decode_len)
 
+@struct.dataclass
+class Pending:
+  """A merged loop's drafter state: the drafts of the next iteration.
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run(loop: _SpecLoop, target_params, draft_params, inputs, draft_inputs,
-         rng):
-  return loop(target_params, draft_params, inputs, draft_inputs, rng)
-
-
-def sampler(drafter) -> Callable[..., SpecResult]:
-  """The loop `drafter` decodes with: `speculative_sample`'s signature.
-
-  A drafter whose drafting rides on the target's verification call (PaSS's
-  look-ahead slots, self-drafting heads) names its own loop as
-  `merged_loop`; every other drafter runs in `speculative_sample`.
+  drafts `[batch, gamma]` and q `[batch, gamma, vocab]` were drawn in the
+  previous iteration (PaSS's look-ahead slots, self-drafting heads); q = 0
+  marks a row with no drafts (a row that starts; PaSS after a rejection),
+  which `verify` then accepts none of: its token comes from p_1.
   """
-  return getattr(drafter, 'merged_loop', None) or speculative_sample
+
+  drafts: Array
+  q: Array
 
 
-def speculative_sample(
-    target,
-    target_params,
-    drafter,
-    draft_params,
-    encoder_input_tokens,
-    *,
-    gamma: int,
-    max_decode_len: int,
-    sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int = 1,
-    rng: Optional[Array] = None,
-    draft_input_tokens=None,
-) -> SpecResult:
-  """Speculative decoding of a batch; same output distribution as the target.
+@dataclasses.dataclass(frozen=True)
+class MergedLoop(VerifyLoop):
+  """Base of the loops whose drafting rides on the verification call.
 
-  Args:
-    target: the large model, an `interfaces.DecodingModel` (e.g.
-      `network.T5Model`).
-    target_params: its parameters.
-    drafter: an `interfaces.Drafter` (drafters.py): `T5Drafter`,
-      `NgramDrafter`, ...
-    draft_params: the drafter's parameters.
-    encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab),
-      0-padded.
-    gamma: drafts per iteration (static, >= 1).
-    max_decode_len: output length (static).
-    sampling: greedy / temperature / top-k / top-p, applied to p and q alike.
-    eos_id: end-of-sequence id in [0, vocab) (-1: none).
-    rng: PRNG key (required unless greedy).
-    draft_input_tokens: the drafter's inputs if they differ (default: same):
-      `[batch, draft_input_length]` int ids, the same rows.
-
-  Returns:
-    `SpecResult`: tokens `[batch, max_decode_len]`, lengths, statistics.
-
-  Raises:
-    ValueError (TypeError for non-integer token ids or parameters): a bad
-      argument, named, before anything is compiled (`_prepare`); draft_params
-      are checked by the drafter's `check_params`.
-
-  References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
+  A `interfaces.MergedDrafter`'s `merged_loop` returns a subclass, which
+  adds its fields and `body_fn(target_params, draft_params, state)`: one
+  `width`-token target call verifies `state.draft_state` (a `Pending`) and
+  draws the next drafts. Rows start with no drafts.
   """
-  loop, args = _prepare(target, target_params, drafter, draft_params,
-                        encoder_input_tokens, gamma, max_decode_len, sampling,
-                        eos_id, rng, draft_input_tokens)
-  return _run(loop, *args)
 
+  @property
+  def width(self) -> int:
+    """Tokens per target call (the cache keeps room for one more call)."""
+    return self.gamma + 1
 
-def lower_speculative_sample(target, target_params, drafter, draft_params,
-                             encoder_input_tokens, *, gamma: int,
-                             max_decode_len: int,
-                             sampling: SamplingConfig = SamplingConfig(),
-                             eos_id: int = 1, rng: Optional[Array] = None,
-                             draft_input_tokens=None):
-  """`speculative_sample`'s compiled program, lowered but not run.
+  @property
+  def cache_length(self) -> int:
+    return self.max_decode_len + self.width
 
-  `.compile()` on the result compiles it ahead of time (e.g. several at once
-  in threads) into jax's cache: a later `speculative_sample` call with the
-  same arguments' shapes runs without compiling. Arguments as
-  `speculative_sample` (arrays or `jax.ShapeDtypeStruct`s).
-
-  Returns:
-    A `jax.stages.Lowered`.
-  """
-  loop, args = _prepare(target, target_params, drafter, draft_params,
-                        encoder_input_tokens, gamma, max_decode_len, sampling,
-                        eos_id, rng, draft_input_tokens)
-  return _run.lower(loop, *args)
+  def init_draft(self, draft_params, draft_inputs):
+    del draft_params
+    batch = draft_inputs.shape[0]
+    return Pending(
+        drafts=jnp.zeros((batch, self.gamma), jnp.int32),
+        q=jnp.zeros((batch, self.gamma, self.target.vocab_size),
+                    jnp.float32))
 
 
 def check_gamma(gamma) -> None:
@@ -524,14 +334,99 @@ def check_vocab(target_vocab_size: int, draft_vocab_size: int) -> None:
         'decoding needs the same vocabulary (the same SentencePiece model).')
 
 
-def _prepare(target, target_params, drafter, draft_params,
-             encoder_input_tokens, gamma, max_decode_len, sampling, eos_id,
-             rng, draft_input_tokens):
-  """Validated loop and arguments of `_run`."""
+def check_drafter_gamma(drafter, gamma: int,
+                        merged: Optional[bool] = None) -> None:
+  """Raises ValueError if `drafter` drafts fewer than gamma per iteration
+  in the loop `merged` selects (`decodes_merged`; a `MergedDrafter`'s
+  `max_gamma`)."""
+  if not isinstance(drafter, interfaces.MergedDrafter):
+    return
+  merged = decodes_merged(drafter, merged)
+  top = drafter.max_gamma(merged)
+  if top is not None and gamma > top:
+    raise ValueError(
+        f'gamma={gamma} > {top}: the {type(drafter).__name__} drafts at '
+        f'most {top} tokens per iteration in its '
+        f'{"merged" if merged else "ordinary"} loop.')
+
+
+def decodes_merged(drafter, merged: Optional[bool] = None) -> bool:
+  """Whether `speculative_sample` runs `drafter`'s merged loop.
+
+  merged None: the drafter's own loop (merged for an
+  `interfaces.MergedDrafter`); True refuses any other drafter.
+  """
+  is_merged = isinstance(drafter, interfaces.MergedDrafter)
+  if merged is None:
+    return is_merged
+  if merged and not is_merged:
+    raise ValueError(f'merged=True needs a drafter whose drafting rides on '
+                     f'the verification call (interfaces.MergedDrafter), '
+                     f'got {type(drafter).__name__}.')
+  return bool(merged)
+
+
+@scaffold.decoder
+def speculative_sample(
+    target,
+    target_params,
+    drafter,
+    draft_params,
+    encoder_input_tokens,
+    *,
+    gamma: int,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int = 1,
+    rng: Optional[Array] = None,
+    draft_input_tokens=None,
+    merged: Optional[bool] = None,
+) -> SpecResult:
+  """Speculative decoding of a batch; same output distribution as the target.
+
+  A `scaffold.decoder`: `speculative_sample(...)` decodes;
+  `speculative_sample.lower(...)` lowers the program ahead of time (arrays
+  or `jax.ShapeDtypeStruct`s); `speculative_sample.prepare(...)` returns the
+  validated `(loop, args)` (the body below; `streaming` wraps the loop).
+
+  Args:
+    target: the large model, an `interfaces.DecodingModel` (e.g.
+      `network.T5Model`).
+    target_params: its parameters.
+    drafter: an `interfaces.Drafter` (`specdec_jax.drafters`).
+    draft_params: the drafter's parameters.
+    encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab),
+      0-padded.
+    gamma: drafts per iteration (static, >= 1; at most the drafter's
+      `max_gamma` for a `MergedDrafter`).
+    max_decode_len: output length (static).
+    sampling: greedy / temperature / top-k / top-p, applied to p and q alike.
+    eos_id: end-of-sequence id in [0, vocab) (-1: none).
+    rng: PRNG key (required unless greedy).
+    draft_input_tokens: the drafter's inputs if they differ (default: same):
+      `[batch, draft_input_length]` int ids, the same rows.
+    merged: which loop: None (default) the drafter's own, i.e. its
+      `merged_loop` for an `interfaces.MergedDrafter` (one target call per
+      iteration; drafting rides on it), else `SpecLoop`; False forces
+      `SpecLoop` (propose, then verify); True requires a `MergedDrafter`.
+
+  Returns:
+    `SpecResult`: tokens `[batch, max_decode_len]`, lengths, statistics
+    (`stats.iterations` counts target calls).
+
+  Raises:
+    ValueError (TypeError for non-integer token ids or parameters): a bad
+      argument, named, before anything is compiled; draft_params are
+      checked by the drafter's `check_params`.
+
+  References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
+  """
   decoding.check_common_args(target, encoder_input_tokens, max_decode_len,
                              sampling, eos_id)
   check_gamma(gamma)
   check_vocab(target.vocab_size, drafter.vocab_size)
+  use_merged = decodes_merged(drafter, merged)
+  check_drafter_gamma(drafter, gamma, use_merged)
   try:
     drafter.check_params(draft_params)
   except (TypeError, ValueError) as e:
@@ -546,11 +441,13 @@ def _prepare(target, target_params, drafter, draft_params,
           f'{np.shape(encoder_input_tokens)[0]}: the drafter drafts for the '
           'same rows.')
   rng = decoding.default_rng(rng, sampling)
-  as_ids = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else (
-      jnp.asarray(x, jnp.int32))
-  inputs = as_ids(encoder_input_tokens)
-  draft_inputs = inputs if draft_input_tokens is None else as_ids(
+  inputs = decoding.as_ids(encoder_input_tokens)
+  draft_inputs = inputs if draft_input_tokens is None else decoding.as_ids(
       draft_input_tokens)
-  loop = _SpecLoop(target, drafter, gamma, sampling, int(eos_id),
-                   int(max_decode_len))
+  shape = dict(target=target, gamma=int(gamma), sampling=sampling,
+               eos_id=int(eos_id), max_decode_len=int(max_decode_len))
+  if use_merged:
+    loop = drafter.merged_loop(**shape)
+  else:
+    loop = SpecLoop(drafter=drafter, **shape)
   return loop, (target_params, draft_params, inputs, draft_inputs, rng)

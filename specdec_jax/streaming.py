@@ -7,16 +7,18 @@ Here the loop runs over `batch_size` *slots* fed from an on-device queue of
 N examples:
 
   1. one iteration of the decoder for every slot (the speculative body is
-     `speculative._SpecLoop.body_fn` itself; the baseline's is a per-row
-     variant of `decoding._SampleLoop.body_fn`: every row feeds its own last
-     token at its own cache position, `DecoderCache.position` being per row);
+     the loop's own `body_fn`, of any `speculative.VerifyLoop`: `SpecLoop`
+     or a drafter's `MergedLoop`; the baseline's is a per-row variant of
+     `decoding.SampleLoop.body_fn`: every row feeds its own last token at its
+     own cache position, `DecoderCache.position` being per row);
   2. slots whose row ended in this iteration flush their tokens, length and
      counters to the output buffers at their example's index;
   3. under a `lax.cond` taken only when some slot ended and examples remain,
      the next examples go to the ended slots in slot order (cumsum over the
      ended mask); they are encoded (`init_cache` / `drafter.init` on a
      gathered sub-batch of just those k inputs, padded to the next power of
-     two: `_encode_assigned`) and merged row-wise into the existing caches
+     two: `_encode_assigned`; the drafter's state of new rows comes from the
+     loop's `init_draft`: a merged loop's rows start with no drafts) and merged row-wise into the existing caches
      and drafter states (`merge_rows`: `where` over the leading batch axis),
      and the slots' tokens, lengths, ended flags and counters are reset.
      (Encoding a full slot batch per refill instead made the CPU baseline
@@ -30,8 +32,9 @@ the target's distribution (tests/test_streaming.py).
 
 Contract this needs beyond `interfaces`: every leaf of the target's cache and
 of the drafter's state has the batch as its leading axis (true of
-`network.DecoderCache`, the T5 / lookup drafters' states; `()` has no
-leaves), and a row's cache `position` may be set back to 0 (`rewind`).
+`network.DecoderCache`, every registered kind's state, a merged loop's
+`speculative.Pending`; `()` has no leaves), and a row's cache `position` may
+be set back to 0 (`rewind`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ import numpy as np
 
 from specdec_jax import decoding
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import scaffold
+from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 
@@ -171,18 +176,16 @@ class SpecStreamState:
   next_example: Array
   tokens: Array
   lengths: Array
-  stats: speculative.SpecStats
+  stats: spec_stats.SpecStats
 
 
 @dataclasses.dataclass(frozen=True)
-class _SpecStreamLoop:
-  loop: speculative._SpecLoop  # pylint: disable=protected-access
+class SpecStreamLoop:
+  """Any `speculative.VerifyLoop` over `batch_size` refilled slots."""
+
+  loop: speculative.VerifyLoop
   batch_size: int
   refill_sizes: Tuple[int, ...]
-
-  @property
-  def cache_len(self) -> int:
-    return self.loop.max_decode_len + self.loop.gamma + 1
 
   def _slot_outputs(self, spec: speculative.SpecState):
     m = self.loop.max_decode_len
@@ -197,9 +200,8 @@ class _SpecStreamLoop:
 
     def init_fn(idx):
       return (self.loop.target.init_cache(target_params, inputs[idx],
-                                          self.cache_len),
-              self.loop.drafter.init(draft_params, draft_inputs[idx],
-                                     self.cache_len))
+                                          self.loop.cache_length),
+              self.loop.init_draft(draft_params, draft_inputs[idx]))
 
     cache, draft_state = merge_rows(
         (s.target_cache, s.draft_state),
@@ -259,39 +261,25 @@ class _SpecStreamLoop:
     b = self.batch_size
     g = self.loop.gamma
     first = jnp.arange(b)
-    spec = speculative.SpecState(
-        sequences=jnp.zeros((b, self.loop.buffer), jnp.int32),
-        lengths=jnp.ones((b,), jnp.int32),
-        ended=jnp.zeros((b,), bool),
-        target_cache=self.loop.target.init_cache(target_params,
-                                                 inputs[first],
-                                                 self.cache_len),
-        draft_state=self.loop.drafter.init(draft_params, draft_inputs[first],
-                                           self.cache_len),
-        rng=rng,
-        stats=speculative.SpecStats.zeros(b, g))
+    spec = self.loop.start(target_params, draft_params, inputs[first],
+                           draft_inputs[first], rng)
     zn = jnp.zeros((n_examples,), jnp.int32)
     state = SpecStreamState(
         spec=spec, example=first.astype(jnp.int32),
         flushed=jnp.zeros((b,), bool), next_example=jnp.int32(b),
         tokens=jnp.zeros((n_examples, self.loop.max_decode_len), jnp.int32),
         lengths=zn,
-        stats=speculative.SpecStats.zeros(n_examples, g))
+        stats=spec_stats.SpecStats.zeros(n_examples, g))
     state = jax.lax.while_loop(
         lambda st: ~jnp.all(st.spec.ended),
         functools.partial(self.body_fn, target_params, draft_params, inputs,
                           draft_inputs), state)
     stats = state.stats.replace(iterations=state.spec.stats.iterations,
                                 accepted_at=state.spec.stats.accepted_at)
-    return speculative.SpecResult(state.tokens, state.lengths, stats)
+    return spec_stats.SpecResult(state.tokens, state.lengths, stats)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run_spec(loop: _SpecStreamLoop, target_params, draft_params, inputs,
-              draft_inputs, rng):
-  return loop(target_params, draft_params, inputs, draft_inputs, rng)
-
-
+@scaffold.decoder
 def speculative_stream(
     target,
     target_params,
@@ -307,34 +295,38 @@ def speculative_stream(
     rng: Optional[Array] = None,
     draft_input_tokens=None,
     refill_sizes: Optional[Sequence[int]] = None,
-) -> speculative.SpecResult:
+    merged: Optional[bool] = None,
+) -> spec_stats.SpecResult:
   """Speculative decoding of N examples through `batch_size` refilled slots.
+
+  A `scaffold.decoder` (`.lower`, `.prepare`), as `speculative_sample`.
 
   Args:
     target, target_params, drafter, draft_params, gamma, max_decode_len,
-      sampling, eos_id, rng, draft_input_tokens: as
-      `speculative.speculative_sample` (validated by its `_prepare`).
+      sampling, eos_id, rng, draft_input_tokens, merged: as
+      `speculative.speculative_sample` (validated by it; its loop, merged
+      for a `MergedDrafter` by default, runs in the slots).
     inputs: `[N, input_length]` encoder input ids of all examples.
     batch_size: slots decoded at once (static); min(batch_size, N) are used.
     refill_sizes: sub-batch sizes a refill encodes in (`bucket_sizes`;
       default powers of two; `(batch_size,)`: always the full slot batch).
 
   Returns:
-    `speculative.SpecResult` over the N examples: tokens
+    `spec_stats.SpecResult` over the N examples: tokens
     `[N, max_decode_len]`, lengths `[N]`, and `SpecStats` whose
     `row_iterations`, `drafted`, `accepted`, `beta_sum`, `beta_count` are
     per example `[N]` (row_iterations: iterations the example was decoded
     in), `iterations` the loop's iterations (target calls of the slot
     batch) and `accepted_at` summed over everything, so
-    `speculative.summarize` applies unchanged.
+    `spec_stats.summarize` applies unchanged.
   """
   check_batch_size(batch_size)
-  loop, args = speculative._prepare(  # pylint: disable=protected-access
-      target, target_params, drafter, draft_params, inputs, gamma,
-      max_decode_len, sampling, eos_id, rng, draft_input_tokens)
+  loop, args = speculative.speculative_sample.prepare(
+      target, target_params, drafter, draft_params, inputs, gamma=gamma,
+      max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id,
+      rng=rng, draft_input_tokens=draft_input_tokens, merged=merged)
   b = int(min(batch_size, np.shape(inputs)[0]))
-  return _run_spec(
-      _SpecStreamLoop(loop, b, bucket_sizes(b, refill_sizes)), *args)
+  return SpecStreamLoop(loop, b, bucket_sizes(b, refill_sizes)), args
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +364,9 @@ class SampleStreamResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class _SampleStreamLoop:
+class SampleStreamLoop:
+  """Baseline decoding over `batch_size` refilled slots."""
+
   model: Any
   sampling: SamplingConfig
   eos_id: int
@@ -457,11 +451,7 @@ class _SampleStreamLoop:
     return SampleStreamResult(state.tokens, state.lengths, state.iterations)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run_sample(loop: _SampleStreamLoop, params, inputs, rng):
-  return loop(params, inputs, rng)
-
-
+@scaffold.decoder
 def sample_stream(
     model,
     params,
@@ -476,9 +466,11 @@ def sample_stream(
 ) -> SampleStreamResult:
   """Baseline decoding of N examples through `batch_size` refilled slots.
 
+  A `scaffold.decoder` (`.lower`, `.prepare`), as `temperature_sample`.
+
   Args:
     model, params, max_decode_len, sampling, eos_id, rng: as
-      `decoding.temperature_sample` (validated by its `_prepare`); the model's
+      `decoding.temperature_sample` (validated by it); the model's
       cache must have per-row `position` and `rewind`
       (`network.DecoderCache`).
     inputs: `[N, input_length]` encoder input ids of all examples.
@@ -490,10 +482,11 @@ def sample_stream(
     would give (greedy: equal), lengths; the loop's decoder calls.
   """
   check_batch_size(batch_size)
-  loop, (params, inputs, rng, _) = decoding._prepare(  # pylint: disable=protected-access
-      model, params, inputs, max_decode_len, sampling, eos_id, rng, None, 1)
+  loop, (params, inputs, rng, _) = decoding.temperature_sample.prepare(
+      model, params, inputs, max_decode_len=max_decode_len,
+      sampling=sampling, eos_id=eos_id, rng=rng)
   b = int(min(batch_size, np.shape(inputs)[0]))
-  return _run_sample(
-      _SampleStreamLoop(loop.model, loop.sampling, loop.eos_id,
-                        loop.max_decode_len, b,
-                        bucket_sizes(b, refill_sizes)), params, inputs, rng)
+  return (SampleStreamLoop(loop.model, loop.sampling, loop.eos_id,
+                           loop.max_decode_len, b,
+                           bucket_sizes(b, refill_sizes)),
+          (params, inputs, rng))

@@ -38,9 +38,10 @@ t5_1_1 gin files), on our network:
   steps_per_sec (data + train step; the first record includes compiling),
   seconds (wall clock, summed over resumed runs).
 
-`model_dir` is a local folder. Batches come from `data.train_batches` /
-`data.eval_batches` (seqio, imported when called) or from pre-tokenized
-arrays (`arrays.py`, no seqio).
+`model_dir` is a local folder. Batches come from `data.task_train_batches` /
+`data.task_eval_batches` (seqio, imported when called) or from pre-tokenized
+arrays (`arrays.array_train_batches` / `arrays.array_eval_batches`, no
+seqio).
 
 References: T5, arXiv:1910.10683; Adafactor, arXiv:1804.04235; z-loss,
 arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
@@ -553,16 +554,16 @@ def train(
     fit = lambda a: dict(inputs=arrays.fit(a['inputs'], lengths['inputs']),
                          targets=arrays.fit(a['targets'], lengths['targets']))
     train_arrays = fit(train_arrays)
-    eval_data = (arrays.eval_batches(fit(arrays.load(array_dir, 'validation')),
-                                     batch_size, eval_examples)
-                 if eval_examples != 0 else [])
-    batches = arrays.train_batches(train_arrays, batch_size, seed,
-                                   start_step=start)
+    eval_data = [] if eval_examples == 0 else arrays.array_eval_batches(
+        fit(arrays.load(array_dir, 'validation')), batch_size, eval_examples)
+    batches = arrays.array_train_batches(train_arrays, batch_size, seed,
+                                         start_step=start)
   else:
-    eval_data = (data.eval_batches(mixture_or_task_name, lengths, batch_size,
-                              eval_examples) if eval_examples != 0 else [])
-    batches = data.train_batches(mixture_or_task_name, lengths, batch_size, seed,
-                            start_step=start)
+    eval_data = (data.task_eval_batches(mixture_or_task_name, lengths,
+                                        batch_size, eval_examples)
+                 if eval_examples != 0 else [])
+    batches = data.task_train_batches(mixture_or_task_name, lengths,
+                                      batch_size, seed, start_step=start)
   extra = () if teacher is None else (teacher_params,)
   t0 = time.perf_counter()
   window, window_steps, window_seconds = None, 0, 0.0
@@ -605,53 +606,3 @@ def train(
                       train_steps, max_seconds)
       break
   return summary()
-
-
-def plot_losses(log_paths: Sequence[str], out_png: str,
-                labels: Optional[Sequence[str]] = None) -> str:
-  """Plots the loss and accuracy curves of training runs.
-
-  Args:
-    log_paths: log.jsonl files (or model dirs holding one).
-    out_png: the image to write.
-    labels: one per log; default the model dir names.
-
-  Returns:
-    `out_png`. Train curves are solid lines, validation dashed with markers,
-    one color per run.
-  """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-  for i, path in enumerate(log_paths):
-    path = os.fspath(path)
-    if os.path.isdir(path):
-      path = os.path.join(path, LOG_FILE)
-    label = labels[i] if labels else os.path.basename(os.path.dirname(
-        os.path.abspath(path)))
-    records = read_log(path)
-    color = f'C{i % 10}'
-    for split, style in (('train', dict(linestyle='-')),
-                         ('validation', dict(linestyle='--', marker='o',
-                                             markersize=3))):
-      rows = [r for r in records if r['split'] == split]
-      if not rows:
-        continue
-      steps = [r['step'] for r in rows]
-      for ax, key in zip(axes, ('loss', 'accuracy')):
-        ax.plot(steps, [r[key] for r in rows], color=color,
-                label=f'{label} ({split})', **style)
-  for ax, key in zip(axes, ('loss (cross entropy + z-loss)',
-                            'token accuracy')):
-    ax.set_xlabel('step')
-    ax.set_ylabel(key)
-    ax.grid(alpha=0.3)
-  axes[0].set_yscale('log')
-  axes[1].legend(fontsize=7)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-  fig.savefig(out_png, dpi=120)
-  plt.close(fig)
-  return out_png

@@ -97,11 +97,11 @@ def _decode(target, params, drafter, draft_params, inputs, sampling, rng,
     spec = _speculative(target, params, drafter, draft_params, inputs,
                         sampling, rng)
   else:
-    compiled = decoding.lower_temperature_sample(
+    compiled = decoding.temperature_sample.lower(
         target, params, inputs, **kw).compile()
     facts['baseline_loop'] = _hlo_facts(compiled.as_text())
     base = _summary(compiled(params, inputs, rng, jnp.int32(MAX_LEN)))
-    compiled = speculative.lower_speculative_sample(
+    compiled = speculative.speculative_sample.lower(
         target, params, drafter, draft_params, inputs, gamma=GAMMA,
         **kw).compile()
     facts['loop'] = _hlo_facts(compiled.as_text())
@@ -196,7 +196,7 @@ def main(out_path, fixtures=None):
           None, network.T5Model(CONFIG.replace(vocab_size=100)))),
       'mlp': _error(lambda: part8.shard_params(
           None, network.T5Model(CONFIG.replace(mlp_dim=36)))),
-      'batch': _error(lambda: decoding.lower_temperature_sample(
+      'batch': _error(lambda: decoding.temperature_sample.lower(
           part4.sharded_model(model), params,
           jax.ShapeDtypeStruct((3, 7), jnp.int32), max_decode_len=MAX_LEN)),
   }

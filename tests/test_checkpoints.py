@@ -426,12 +426,13 @@ def test_hf_safetensors_round_trip(which, request, tmp_path):
   """
   pytest.importorskip('torch')
   pytest.importorskip('transformers')
-  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.checkpoints import hf as hf_lib
   # pylint: disable-next=g-import-not-at-top
   from safetensors import numpy as st_numpy
   model, params = request.getfixturevalue(which)
   cfg = model.config
-  hf_convert.to_hf_model(params, cfg).save_pretrained(tmp_path)
+  hf_lib.to_hf_model(params, cfg).save_pretrained(tmp_path)
   state = st_numpy.load_file(tmp_path / 'model.safetensors')
   if cfg.logits_via_embedding:
     if 'lm_head.weight' in state:
@@ -456,9 +457,10 @@ def test_hf_sharded_safetensors(np_v11, tmp_path):
   """Sharded HF weights (model.safetensors.index.json) are all read."""
   pytest.importorskip('torch')
   pytest.importorskip('transformers')
-  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.checkpoints import hf as hf_lib
   model, params = np_v11
-  hf_convert.to_hf_model(params, model.config).save_pretrained(
+  hf_lib.to_hf_model(params, model.config).save_pretrained(
       tmp_path, max_shard_size='40KB')
   index = json.loads((tmp_path / 'model.safetensors.index.json').read_text())
   assert len(set(index['weight_map'].values())) > 1
@@ -476,9 +478,10 @@ def test_hf_bfloat16_safetensors(np_v11, tmp_path):
   """
   torch = pytest.importorskip('torch')
   pytest.importorskip('transformers')
-  from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.checkpoints import hf as hf_lib
   model, params = np_v11
-  hf_convert.to_hf_model(params, model.config).to(torch.bfloat16) \
+  hf_lib.to_hf_model(params, model.config).to(torch.bfloat16) \
       .save_pretrained(tmp_path)
   rounded = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params)
   _assert_trees_equal(

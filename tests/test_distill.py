@@ -170,10 +170,10 @@ def test_fit_trims_with_eos_like_seqio_and_pads():
   np.testing.assert_array_equal(arrays.fit(rows, 8)[:, 6:], 0)
 
 
-def test_train_batches_resume_exactly_and_cover_each_epoch():
+def test_array_train_batches_resume_exactly_and_cover_each_epoch():
   data = _toy_arrays(n=12)
-  first = [b for _, b in zip(range(7), arrays.train_batches(data, 4, 3))]
-  resumed = next(arrays.train_batches(data, 4, 3, start_step=5))
+  first = [b for _, b in zip(range(7), arrays.array_train_batches(data, 4, 3))]
+  resumed = next(arrays.array_train_batches(data, 4, 3, start_step=5))
   np.testing.assert_array_equal(resumed['encoder_input_tokens'],
                                 first[5]['encoder_input_tokens'])
   epoch = np.concatenate([b['encoder_input_tokens'] for b in first[:3]])

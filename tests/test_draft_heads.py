@@ -1,4 +1,4 @@
-"""Self-drafting heads (specdec_jax/draft_heads.py): states, loops, training.
+"""Self-drafting heads (specdec_jax/drafters/heads/): states, loops, training.
 
 - States: `extend(..., return_hidden=True)` gives the teacher-forced final
   states (`target_features`), and `project` of them gives the target's
@@ -7,13 +7,13 @@
 - A head step after a decode matches the teacher-forced chain (`Head.draft`
   from the merged loop's state = `chain_loss`'s path).
 - Exactness: greedy outputs equal `decoding.temperature_sample` token for
-  token (batch 4, ragged) for the merged loop (`heads_sample`) and the
+  token (batch 4, ragged) for the merged loop (`heads.HeadLoop`) and the
   Drafter-protocol version; sampled sequences follow the target's exact law
   (chi-square, tests/test_speculative.py).
 - Training: the target's params bit-identical after steps, the loss falls;
   save / load with the head config, clear errors for another target or a
   folder that is not a head checkpoint; the kind builds, refuses, and
-  `speculative.sampler` picks the merged loop.
+  `speculative.speculative_sample` decodes with the merged loop by default.
 
 Run alone: `python -m pytest -q tests/test_draft_heads.py`.
 """
@@ -29,11 +29,13 @@ import optax
 import pytest
 
 from specdec_jax import decoding
-from specdec_jax import draft_heads
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import layers
 from specdec_jax import speculative
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.heads import train as heads_train
+from specdec_jax import spec_stats
 
 from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
@@ -45,7 +47,7 @@ from test_speculative import tiny_target  # pylint: disable=unused-import
 
 MAX_LEN = 20
 EOS = 68
-HEAD = draft_heads.HeadConfig(mlp_dim=48, cross_attention=True)
+HEAD = heads.HeadConfig(mlp_dim=48, cross_attention=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +62,7 @@ def jitted(model):
 def random_head(config, head=HEAD, seed=0, scale=0.5):
   """A head whose zero-initialized projections are random too (an untrained
   head only repeats the previous position's distribution)."""
-  params = draft_heads.init_head(config, head, seed)
+  params = heads.init_head(config, head, seed)
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
   leaves = [x + scale * jax.random.normal(k, x.shape) / np.sqrt(x.shape[0])
@@ -84,11 +86,11 @@ def fitted_head(model, params, enc, head, steps=40):
   (so that drafts are accepted sometimes, rejected sometimes)."""
   out = decoding.temperature_sample(model, params, enc,
                                     max_decode_len=MAX_LEN, eos_id=EOS).tokens
-  hidden, kv = draft_heads.target_features(model, params, enc, out)
+  hidden, kv = heads_train.target_features(model, params, enc, out)
   opt = optax.adam(1e-2)
-  step = draft_heads.make_train_step(draft_heads.Head(model.config, head),
+  step = heads_train.make_train_step(heads.Head(model.config, head),
                                      opt, depth=3)
-  hp = draft_heads.init_head(model.config, head)
+  hp = heads.init_head(model.config, head)
   state = opt.init(hp)
   positions = jnp.tile(jnp.arange(MAX_LEN)[None], (enc.shape[0], 1))
   for _ in range(steps):
@@ -105,10 +107,10 @@ def test_states_and_projection_match_teacher_forcing(which, request):
   out = jnp.asarray(np.random.default_rng(1).integers(
       2, model.vocab_size, (2, 6)))
   f = jitted(model)
-  hidden, (key, _) = draft_heads.target_features(model, params, enc, out)
+  hidden, (key, _) = heads_train.target_features(model, params, enc, out)
   dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
   ref = f['logits'](params, enc, dec_in)
-  np.testing.assert_allclose(draft_heads.project(params, model.config,
+  np.testing.assert_allclose(heads.model.project(params, model.config,
                                                  hidden), ref, atol=1e-4)
   cache = f['init_cache'](params, enc, 10)
   np.testing.assert_allclose(key, cache.cross_key[-1], atol=1e-5)
@@ -124,11 +126,11 @@ def test_states_and_projection_match_teacher_forcing(which, request):
 def test_decode_time_draft_matches_training_chain(setup):
   """Head.draft from a cached state = the teacher-forced chain's steps."""
   model, params, enc = setup
-  head = draft_heads.Head(model.config, HEAD)
+  head = heads.Head(model.config, HEAD)
   hp = random_head(model.config)
   out = decoding.temperature_sample(model, params, enc, max_decode_len=8,
                                     eos_id=-1).tokens
-  hidden, kv = draft_heads.target_features(model, params, enc, out)
+  hidden, kv = heads_train.target_features(model, params, enc, out)
   t = 2  # from h_t (which gave y_{t+1} = out[:, t]) with token out[:, t]
   f = jitted(model)
   cache = f['init_cache'](params, enc, 12)
@@ -152,20 +154,19 @@ def test_decode_time_draft_matches_training_chain(setup):
 @pytest.mark.parametrize('cross', [True, False])
 def test_greedy_equals_baseline(setup, loop, cross):
   model, params, enc = setup
-  head = draft_heads.HeadConfig(mlp_dim=48, cross_attention=cross)
+  head = heads.HeadConfig(mlp_dim=48, cross_attention=cross)
   base = decoding.temperature_sample(model, params, enc,
                                      max_decode_len=MAX_LEN, eos_id=EOS)
-  drafter = draft_heads.HeadDrafter(model, head)
-  dparams = draft_heads.head_params(
+  drafter = heads.HeadDrafter(model, head)
+  dparams = heads.head_params(
       params, fitted_head(model, params, enc, head))
-  sample = (draft_heads.heads_sample if loop == 'merged' else
-            speculative.speculative_sample)
-  out = sample(model, params, drafter, dparams, enc, gamma=3,
-               max_decode_len=MAX_LEN, eos_id=EOS)
+  out = speculative.speculative_sample(
+      model, params, drafter, dparams, enc, gamma=3, max_decode_len=MAX_LEN,
+      eos_id=EOS, merged=loop == 'merged')
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
-  st = speculative.summarize(out.stats)
+  st = spec_stats.summarize(out.stats)
   assert 0 < st['acceptance_rate'] < 1, st  # both branches ran
   if loop == 'merged':  # one target call per iteration, fewer than tokens
     assert st['target_calls'] < np.asarray(base.lengths).max()
@@ -182,16 +183,16 @@ def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
   model, params, enc = tiny_target
   config = SAMPLING_CASES[case]
   dist = exact_sequence_distribution(model, params, enc, config)
-  head = draft_heads.HeadConfig(mlp_dim=16)
+  head = heads.HeadConfig(mlp_dim=16)
   hp = random_head(model.config, head, seed=zlib.crc32(case.encode()) % 97)
-  drafter = draft_heads.HeadDrafter(model, head)
-  sample = (draft_heads.heads_sample if loop == 'merged' else
-            speculative.speculative_sample)
-  out = sample(model, params, drafter, draft_heads.head_params(params, hp),
-               jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
-               sampling=config, eos_id=SMALL_EOS,
-               rng=jax.random.key(zlib.crc32((loop + case).encode())))
-  st = speculative.summarize(out.stats)
+  drafter = heads.HeadDrafter(model, head)
+  out = speculative.speculative_sample(
+      model, params, drafter, heads.head_params(params, hp),
+      jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
+      sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(zlib.crc32((loop + case).encode())),
+      merged=loop == 'merged')
+  st = spec_stats.summarize(out.stats)
   assert 0 < st['acceptance_rate'] < 1  # both branches ran
   assert_matches(np.asarray(out.tokens), dist)
 
@@ -200,15 +201,15 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
   model, params, enc = setup
   out = decoding.temperature_sample(model, params, enc, max_decode_len=12,
                                     eos_id=-1).tokens
-  hidden, kv = draft_heads.target_features(model, params, enc, out)
-  head = draft_heads.Head(model.config, HEAD)
-  hp = draft_heads.init_head(model.config, HEAD)
+  hidden, kv = heads_train.target_features(model, params, enc, out)
+  head = heads.Head(model.config, HEAD)
+  hp = heads.init_head(model.config, HEAD)
   before = jax.tree.map(np.array, params)
   opt = optax.adam(3e-3)
-  step = draft_heads.make_train_step(head, opt, depth=2)
+  step = heads_train.make_train_step(head, opt, depth=2)
   state = opt.init(hp)
   positions = jnp.tile(jnp.arange(10)[None], (4, 1))
-  alpha0 = draft_heads.depth_alpha(model, params, head, hp, enc, out, 2)
+  alpha0 = heads_train.depth_alpha(model, params, head, hp, enc, out, 2)
   losses = []
   for _ in range(30):
     hp, state, loss, m = step(hp, state, params, hidden, kv, enc, out,
@@ -218,7 +219,7 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
   assert np.all(np.asarray(m['weight_at']) > 0)
   jax.tree.map(np.testing.assert_array_equal, before,
                jax.tree.map(np.array, params))
-  sums, counts = draft_heads.depth_alpha(model, params, head, hp, enc, out, 2)
+  sums, counts = heads_train.depth_alpha(model, params, head, hp, enc, out, 2)
   o = np.asarray(out)  # step k counts t with y_{t+k+1} > 1 (not EOS/pad)
   for k in range(2):   # and a real label y_{t+k+2}
     assert counts[k] == ((o[:, k:-1] > 1) & (o[:, k + 1:] > 0)).sum()
@@ -228,21 +229,21 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
 def test_save_load_and_mismatch(setup, tmp_path):
   model, _, _ = setup
   hp = random_head(model.config)
-  path = draft_heads.save_head(hp, HEAD, str(tmp_path / 'head'), 5)
+  path = heads.save_head(hp, HEAD, str(tmp_path / 'head'), 5)
   for where in (path, str(tmp_path / 'head')):  # checkpoint or its dir
-    back, cfg = draft_heads.load_head(where, model.config)
+    back, cfg = heads.load_head(where, model.config)
     assert cfg == HEAD
     jax.tree.map(np.testing.assert_array_equal, back, hp)
   wider = model.config.replace(emb_dim=48)
   with pytest.raises(ValueError, match='emb_dim 48'):
-    draft_heads.load_head(path, wider)
+    heads.load_head(path, wider)
   with pytest.raises(ValueError, match='No checkpoint_<step>'):
-    draft_heads.load_head(str(tmp_path), model.config)
+    heads.load_head(str(tmp_path), model.config)
   with pytest.raises(ValueError, match='mlp_dim must be'):
-    draft_heads.HeadConfig(mlp_dim=0)
+    heads.HeadConfig(mlp_dim=0)
 
 
-def test_kind_builds_refuses_and_sampler_picks_merged_loop(setup, tmp_path):
+def test_kind_builds_refuses_and_decodes_with_merged_loop(setup, tmp_path):
   model, params, enc = setup
   hp = random_head(model.config)
   source = drafters.DraftSource(vocab_size=model.vocab_size,
@@ -250,12 +251,19 @@ def test_kind_builds_refuses_and_sampler_picks_merged_loop(setup, tmp_path):
                                 draft_params=hp)
   drafter, dparams = drafters.get_kind('heads').build(source)
   assert isinstance(drafter, interfaces.Drafter)
-  assert drafter == draft_heads.HeadDrafter(model, HEAD)
+  assert drafter == heads.HeadDrafter(model, HEAD)
   drafter.check_params(dparams)
-  assert speculative.sampler(drafter) is draft_heads.heads_sample
-  assert speculative.sampler(drafters.T5Drafter(model)) is (
-      speculative.speculative_sample)
-  path = draft_heads.save_head(hp, HEAD, str(tmp_path / 'h'), 1)
+  assert isinstance(drafter, interfaces.MergedDrafter)
+  assert not isinstance(drafters.T5Drafter(model), interfaces.MergedDrafter)
+  # By default the drafter decodes with its merged loop (a HeadLoop).
+  loop, _ = speculative.speculative_sample.prepare(
+      model, params, drafter, dparams, enc, gamma=2, max_decode_len=MAX_LEN)
+  assert isinstance(loop, heads.HeadLoop)
+  loop, _ = speculative.speculative_sample.prepare(
+      model, params, drafter, dparams, enc, gamma=2, max_decode_len=MAX_LEN,
+      merged=False)
+  assert isinstance(loop, speculative.SpecLoop)
+  path = heads.save_head(hp, HEAD, str(tmp_path / 'h'), 1)
   from_ckpt = types.SimpleNamespace(target_model=model, target_params=params,
                                     draft_params=None, draft_checkpoint=path)
   drafter2, dparams2 = drafters.get_kind('heads').build(from_ckpt)
@@ -263,15 +271,16 @@ def test_kind_builds_refuses_and_sampler_picks_merged_loop(setup, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, dparams2['head'], hp)
   with pytest.raises(ValueError, match='no target_model'):
     drafters.get_kind('heads').build(drafters.DraftSource(vocab_size=128))
-  with pytest.raises(ValueError, match='a shipped T5'):
+  with pytest.raises(ValueError, match='not a draft head checkpoint'):
     drafters.get_kind('heads').build(types.SimpleNamespace(
         target_model=model, target_params=params, draft_params=None,
         draft_checkpoint='shipped:dec2'))
-  with pytest.raises(ValueError, match='needs a HeadDrafter'):
-    draft_heads.heads_sample(model, params, drafters.T5Drafter(model),
-                             params, enc, gamma=2, max_decode_len=MAX_LEN)
-  other = draft_heads.head_params(params, random_head(
-      model.config, draft_heads.HeadConfig(mlp_dim=8)))
+  with pytest.raises(ValueError, match='merged=True needs a drafter'):
+    speculative.speculative_sample(
+        model, params, drafters.T5Drafter(model), params, enc, gamma=2,
+        max_decode_len=MAX_LEN, merged=True)
+  other = heads.head_params(params, random_head(
+      model.config, heads.HeadConfig(mlp_dim=8)))
   with pytest.raises(ValueError, match='do not fit'):
-    draft_heads.heads_sample(model, params, drafter, other, enc, gamma=2,
-                             max_decode_len=MAX_LEN)
+    speculative.speculative_sample(model, params, drafter, other, enc,
+                                   gamma=2, max_decode_len=MAX_LEN)

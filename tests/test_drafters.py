@@ -1,14 +1,15 @@
 """Every registered drafter kind keeps speculative decoding exact.
 
-The suite is parametrized over `drafters.KINDS`, so a kind registered later
-(`drafters.register`) is tested here with no edit. Each kind is built as the
+The suite is parametrized over `drafters.KINDS`, so a kind added to that
+list is tested here with no edit. Each kind is built as the
 eval job builds it, from a `DraftSource` of a tiny random target: the draft
 model is the target's weights plus noise (it agrees often, not always, so
 both the acceptance and the rejection branches run), the train targets are
 the target's own greedy outputs. Whatever a kind reads from the source, it
 must give:
 
-- greedy outputs equal to the baseline's, token for token (float32);
+- greedy outputs equal to the baseline's, token for token (float32), in
+  fixed batches and streamed (continuous batching, `streaming`);
 - sampled outputs that follow the target's distribution (the chi-square test
   of tests/test_speculative.py over whole sequences);
 - `propose`, after `prefill` to any prefix, drafting from the standardized
@@ -31,8 +32,10 @@ import pytest
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax.drafters import registry
 from specdec_jax import interfaces
 from specdec_jax import speculative
+from specdec_jax import streaming
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.sampling import probabilities
 
@@ -109,6 +112,22 @@ def test_greedy_equals_baseline(greedy, kind):
 
 
 @pytest.mark.parametrize('kind', KINDS)
+def test_streamed_greedy_equals_baseline(greedy, kind):
+  """Continuous batching (2 slots refilled from 4 examples of different
+  lengths) decodes every kind, in the loop it decodes with by default (a
+  merged one for PaSS and heads), exactly as the fixed-batch baseline."""
+  model, params, enc, base, built, _ = greedy
+  drafter, dparams = built[kind]
+  out = streaming.speculative_stream(
+      model, params, drafter, dparams, enc, batch_size=2, gamma=GAMMA,
+      max_decode_len=MAX_LEN, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  # Each example was decoded in >= 1 iteration of its own.
+  assert np.asarray(out.stats.row_iterations).min() >= 1
+
+
+@pytest.mark.parametrize('kind', KINDS)
 def test_sampled_sequences_follow_target_distribution(sampled, kind):
   """N_SAMPLES speculative samples of whole sequences fit the target's law.
 
@@ -177,10 +196,13 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   """
   _, _, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
-  if not getattr(drafter, 'drafts_from_score', True):
-    pytest.skip(f'{kind} drafts 2.. from the target\'s own states, not from '
-                'score (tests/test_pass.py, tests/test_draft_heads.py check '
-                'its drafts)')
+  # A MergedDrafter may draw q_2.. from the target's own states (PaSS's
+  # slots, a head): then its contract binds q_1 only (tests/test_pass.py and
+  # tests/test_draft_heads.py check the later drafts against the target).
+  checked = GAMMA
+  if isinstance(drafter, interfaces.MergedDrafter) and not (
+      drafter.drafts_from_score):
+    checked = 1
   sampling = SamplingConfig(temperature=0.8)
   sequences = jnp.pad(base.tokens, ((0, 0), (1, 0)))  # BOS, then outputs
   lengths = np.array([1, 4, 9, 17])
@@ -204,14 +226,15 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   drafted = q.sum(-1) > 0
   assert drafted[:, 0].all()
   assert (np.cumprod(drafted, 1) == drafted).all()
+  drafted[:, checked:] = False
   np.testing.assert_allclose(q[drafted], expected[drafted], atol=2e-5)
   picked = np.take_along_axis(q, np.asarray(drafts)[..., None], -1)[..., 0]
   assert (picked[drafted] > 0).all()  # each draft is in its q's support
 
 
 def test_registry_refuses_duplicates_and_names_the_kinds():
-  with pytest.raises(ValueError, match='already registered'):
-    drafters.register(drafters.KINDS['t5'])
+  with pytest.raises(ValueError, match="Two drafter kinds are named 't5'"):
+    registry.KindTable(drafters.KINDS['t5'], drafters.KINDS['t5'])
   with pytest.raises(ValueError, match="known kinds: .*'bigram'"):
     drafters.get_kind('trigram')
 
@@ -230,3 +253,14 @@ def test_kinds_refuse_a_source_without_what_they_need():
       assert isinstance(drafter, interfaces.Drafter)
       assert drafter.vocab_size == 128
       drafter.check_params(params)
+
+
+def test_module_main_lists_every_kind(capsys):
+  """`python -m specdec_jax.drafters` is the kind list gin files and docs
+  point to: one line per registered kind, with its description."""
+  import runpy  # pylint: disable=g-import-not-at-top
+  runpy.run_module('specdec_jax.drafters', run_name='__main__')
+  lines = capsys.readouterr().out.strip().splitlines()[1:]
+  assert [line.split()[0] for line in lines] == list(drafters.KINDS)
+  for line, kind in zip(lines, drafters.KINDS.values()):
+    assert kind.description in line

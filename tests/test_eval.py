@@ -272,25 +272,23 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   assert len(fired) >= 5, fired  # the faults did strike
 
 
-@pytest.mark.parametrize('kind,module,loop', [
-    ('heads', 'draft_heads', 'heads_sample'),
-    ('pass', 'pass_drafter', 'merged_sample')])
+@pytest.mark.parametrize('kind', ['heads', 'pass'])
 def test_self_drafting_kinds_decode_with_their_merged_loop(
-    tmp_path, monkeypatch, kind, module, loop):
-  """The eval job decodes a drafter that names a `merged_loop` with it (one
-  target call per iteration), not with `speculative_sample`."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  mod = importlib.import_module(f'specdec_jax.{module}')
-  real, calls = getattr(mod, loop), []
+    tmp_path, monkeypatch, kind):
+  """The eval job decodes a `MergedDrafter` with its merged loop (one target
+  call per iteration), not with the ordinary `SpecLoop`."""
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+  cls = {'heads': drafters.HeadDrafter, 'pass': drafters.PassDrafter}[kind]
+  real, loops = cls.merged_loop, []
 
-  def counted(*a, **k):
-    calls.append(1)
-    return real(*a, **k)
+  def counted(self, *a, **k):
+    loops.append(real(self, *a, **k))
+    return loops[-1]
 
-  monkeypatch.setattr(mod, loop, counted)
-  monkeypatch.setattr(speculative, 'speculative_sample', None)  # unused
+  monkeypatch.setattr(cls, 'merged_loop', counted)
   summary = eval_lib.main(args(tmp_path / kind, DRAFTER=f"'{kind}'",
                                DRAFT_MODEL='None'))
-  assert len(calls) >= 2  # warm-up + 2 batches (4 examples, batch 2)
+  assert len(loops) >= 2  # warm-up + 2 batches (4 examples, batch 2)
+  assert all(isinstance(x, speculative.MergedLoop) for x in loops)
   assert summary['differing_examples'] == 0
   assert summary['status'] == 'complete'

@@ -14,7 +14,8 @@ torch = pytest.importorskip(
 pytest.importorskip('transformers')
 
 from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-from specdec_jax import hf_convert  # pylint: disable=g-import-not-at-top
+# pylint: disable-next=g-import-not-at-top
+from specdec_jax.checkpoints import hf as hf_lib
 
 
 def _inputs(vocab, seed=0):
@@ -30,7 +31,7 @@ def _inputs(vocab, seed=0):
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_logits_equal_hf(which, request):
   model, params = request.getfixturevalue(which)
-  hf = hf_convert.to_hf_model(params, model.config)
+  hf = hf_lib.to_hf_model(params, model.config)
   enc, dec = _inputs(model.vocab_size)
   ours = np.asarray(model.logits(params, enc, dec))
   with torch.no_grad():
@@ -44,7 +45,7 @@ def test_logits_equal_hf(which, request):
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_greedy_tokens_equal_hf_generate(which, request):
   model, params = request.getfixturevalue(which)
-  hf = hf_convert.to_hf_model(params, model.config)
+  hf = hf_lib.to_hf_model(params, model.config)
   enc, _ = _inputs(model.vocab_size, seed=3)
   steps = 24
   ours = np.asarray(decoding.temperature_sample(
@@ -63,8 +64,8 @@ def test_greedy_tokens_equal_hf_generate(which, request):
 def test_parameter_map_round_trip(v11):
   """T5X -> HF names -> T5X gives back every array unchanged."""
   model, params = v11
-  state = hf_convert.to_hf_state_dict(params, model.config)
-  back = hf_convert.from_hf_state_dict(state, model.config)
+  state = hf_lib.to_hf_state_dict(params, model.config)
+  back = hf_lib.from_hf_state_dict(state, model.config)
   import jax  # pylint: disable=g-import-not-at-top
   assert (jax.tree_util.tree_structure(back)
           == jax.tree_util.tree_structure(params))

@@ -32,6 +32,7 @@ from specdec_jax import network
 from specdec_jax import sampling
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax import spec_stats
 
 from conftest import TINY_V11
 from test_speculative import EOS
@@ -226,7 +227,7 @@ def test_every_decoder_follows_the_argmax_of_huge_logits(temperature):
       sampling=config, rng=jax.random.key(4))
   np.testing.assert_array_equal(base.tokens, want)
   np.testing.assert_array_equal(spec.tokens, want)
-  assert 0 < speculative.summarize(spec.stats)['acceptance_rate'] < 1
+  assert 0 < spec_stats.summarize(spec.stats)['acceptance_rate'] < 1
   betas = measure.betas_on_outputs(target, tparams, drafter, dparams, enc,
                                    base.tokens, base.lengths, sampling=config)
   assert np.isfinite(betas).all() and ((betas >= 0) & (betas <= 1 + 1e-6)).all()
@@ -266,7 +267,7 @@ def test_tiny_temperature_speculative_equals_baseline_and_greedy(v11):
   np.testing.assert_array_equal(base.tokens, greedy.tokens)
   np.testing.assert_array_equal(spec.tokens, greedy.tokens)
   np.testing.assert_array_equal(spec.lengths, greedy.lengths)
-  alpha = speculative.summarize(spec.stats)['alpha']
+  alpha = spec_stats.summarize(spec.stats)['alpha']
   assert np.isfinite(alpha) and 0 <= alpha < 0.5
 
 

@@ -1,4 +1,4 @@
-"""PaSS (specdec_jax/pass_drafter.py): look-ahead slots, drafter, merged loop.
+"""PaSS (specdec_jax/drafters/lookahead/): look-ahead slots, drafter, merged loop.
 
 - Masking: a real token after look-ahead slots (dropped by `rewind`) gets the
   logits of plain decoding, and real tokens of a block with slots get the
@@ -28,8 +28,10 @@ import pytest
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import interfaces
-from specdec_jax import pass_drafter
 from specdec_jax import speculative
+from specdec_jax.drafters import lookahead
+from specdec_jax.drafters.lookahead import train as lookahead_train
+from specdec_jax import spec_stats
 
 from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
@@ -48,19 +50,19 @@ L = 3
 def jitted(model):
   """The model's calls, compiled (eager flax calls are slow)."""
   tree = lambda p, t, c, e: model.module.apply(
-      {'params': p}, t, c, e, method=pass_drafter._tree_extend)  # pylint: disable=protected-access
+      {'params': p}, t, c, e, method=lookahead.model.tree_extend)  # pylint: disable=protected-access
   return dict(
       logits=jax.jit(model.logits),
       extend=jax.jit(model.extend),
       init_cache=jax.jit(model.init_cache, static_argnums=2),
-      slots=jax.jit(lambda *a: pass_drafter.lookahead_logits(model, *a)[1]),
+      slots=jax.jit(lambda *a: lookahead.lookahead_logits(model, *a)[1]),
       tree=jax.jit(tree))
 
 
 @pytest.fixture(scope='module')
 def setup(v11):
   model, params = v11
-  la = pass_drafter.init_lookahead(params, L, seed=1)
+  la = lookahead.init_lookahead(params, L, seed=1)
   rng = np.random.default_rng(3)  # as test_drafters: rows end on EOS
   enc = rng.integers(2, model.vocab_size, (4, 12))
   enc[1, 8:] = 0
@@ -85,7 +87,7 @@ def test_slots_are_invisible_to_real_tokens(setup):
   real = jnp.take_along_axis(dec, idx, 1)  # 3 real tokens per row
   block = jnp.concatenate([real, jnp.zeros((4, L), jnp.int32)], 1)
   with_slots, cache2 = f['extend'](params, block, cache,
-                                    pass_drafter.embeddings(la))
+                                    lookahead.embeddings(la))
   without, _ = f['extend'](params, real, cache)
   np.testing.assert_allclose(with_slots[:, :3], without, atol=1e-5)
   want = jnp.take_along_axis(ref, idx[..., None], 1)
@@ -112,8 +114,8 @@ def test_slot_start_per_row(setup):
   tokens = jnp.asarray(np.random.default_rng(2).integers(2, 128, (4, 6)))
   tokens = tokens.at[:, 0].set(0)
   start = jnp.array([1, 2, 3, 1])
-  out, _ = f['extend'](params, tokens, cache, pass_drafter.embeddings(la),
-                        start)
+  out, _ = f['extend'](params, tokens, cache, lookahead.embeddings(la),
+                       start)
   plain, _ = f['extend'](params, tokens, cache)
   for b, s in enumerate(np.asarray(start)):
     np.testing.assert_allclose(out[b, :s], plain[b, :s], atol=1e-5)
@@ -140,7 +142,7 @@ def test_tree_groups_see_their_prefix_only(setup):
   g = L
   idx = pos[:, None] + jnp.arange(g + 1)
   out, cache2 = f['tree'](params, jnp.take_along_axis(dec, idx, 1), cache,
-                          pass_drafter.embeddings(la))
+                          lookahead.embeddings(la))
   np.testing.assert_allclose(
       out[:, :g + 1], jnp.take_along_axis(ref, idx[..., None], 1), atol=1e-5)
   for h in range(g + 1):
@@ -156,18 +158,16 @@ def test_greedy_equals_baseline(setup, loop):
   model, params, la, enc = setup
   base = decoding.temperature_sample(model, params, enc,
                                      max_decode_len=MAX_LEN, eos_id=EOS)
-  drafter = pass_drafter.PassDrafter(model, L)
-  dparams = pass_drafter.pass_params(params, la)
-  kwargs = {'tree': True} if loop == 'tree' else {}
-  sample = (speculative.speculative_sample if loop == 'protocol' else
-            pass_drafter.merged_sample)
-  out = sample(model, params, drafter, dparams, enc,
-               gamma=L + 1 if loop == 'protocol' else L,
-               max_decode_len=MAX_LEN, eos_id=EOS, **kwargs)
+  drafter = lookahead.PassDrafter(model, L, tree=loop == 'tree')
+  dparams = lookahead.pass_params(params, la)
+  out = speculative.speculative_sample(
+      model, params, drafter, dparams, enc,
+      gamma=L + 1 if loop == 'protocol' else L, max_decode_len=MAX_LEN,
+      eos_id=EOS, merged=loop != 'protocol')
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
-  st = speculative.summarize(out.stats)
+  st = spec_stats.summarize(out.stats)
   if loop == 'protocol':  # draft 1 is the target's own greedy token
     assert st['per_position_acceptance'][0] == 1.0
     assert st['target_calls'] < MAX_LEN
@@ -182,17 +182,15 @@ def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
   model, params, enc = tiny_target
   config = SAMPLING_CASES[case]
   dist = exact_sequence_distribution(model, params, enc, config)
-  la = pass_drafter.init_lookahead(params, 2, seed=3)
-  drafter = pass_drafter.PassDrafter(model, 2)
-  kwargs = {'tree': True} if loop == 'tree' else {}
-  sample = (speculative.speculative_sample if loop == 'protocol' else
-            pass_drafter.merged_sample)
-  out = sample(model, params, drafter, pass_drafter.pass_params(params, la),
-               jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
-               sampling=config, eos_id=SMALL_EOS,
-               rng=jax.random.key(zlib.crc32((loop + case).encode())),
-               **kwargs)
-  st = speculative.summarize(out.stats)
+  la = lookahead.init_lookahead(params, 2, seed=3)
+  drafter = lookahead.PassDrafter(model, 2, tree=loop == 'tree')
+  out = speculative.speculative_sample(
+      model, params, drafter, lookahead.pass_params(params, la),
+      jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
+      sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(zlib.crc32((loop + case).encode())),
+      merged=loop != 'protocol')
+  st = spec_stats.summarize(out.stats)
   assert 0 < st['acceptance_rate'] < 1  # both branches ran
   assert_matches(np.asarray(out.tokens), dist)
 
@@ -203,7 +201,7 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
                                         max_decode_len=12, eos_id=-1).tokens
   before = jax.tree.map(np.array, params)
   opt = optax.adam(0.3)
-  step = pass_drafter.make_train_step(model, opt)
+  step = lookahead_train.make_train_step(model, opt)
   state = opt.init(la)
   losses = []
   for _ in range(5):
@@ -216,13 +214,13 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
 
 def test_save_load_and_shape_mismatch(setup, tmp_path):
   model, params, la, _ = setup
-  path = pass_drafter.save_lookahead(la, str(tmp_path / 'pass_L3'), 7)
-  back = pass_drafter.load_lookahead(path, model.config)
-  np.testing.assert_array_equal(pass_drafter.embeddings(back),
-                                pass_drafter.embeddings(la))
+  path = lookahead.save_lookahead(la, str(tmp_path / 'pass_L3'), 7)
+  back = lookahead.load_lookahead(path, model.config)
+  np.testing.assert_array_equal(lookahead.embeddings(back),
+                                lookahead.embeddings(la))
   wider = model.config.replace(emb_dim=48)
   with pytest.raises(ValueError, match=r'emb_dim=48.*want \[L, 48\]'):
-    pass_drafter.load_lookahead(path, wider)
+    lookahead.load_lookahead(path, wider)
 
 
 def test_kind_builds_and_refuses(setup, tmp_path):
@@ -231,26 +229,27 @@ def test_kind_builds_and_refuses(setup, tmp_path):
                                 target_params=params, draft_params=la)
   drafter, dparams = drafters.get_kind('pass').build(source)
   assert isinstance(drafter, interfaces.Drafter)
-  assert drafter == pass_drafter.PassDrafter(model, L)
+  assert drafter == lookahead.PassDrafter(model, L)
   drafter.check_params(dparams)
   # From DRAFT_CHECKPOINT (the source field loading passes for 'pass').
-  path = pass_drafter.save_lookahead(la, str(tmp_path / 'pass'), 1)
+  path = lookahead.save_lookahead(la, str(tmp_path / 'pass'), 1)
   from_ckpt = types.SimpleNamespace(target_model=model, target_params=params,
                                     draft_params=None, draft_checkpoint=path)
   drafter2, dparams2 = drafters.get_kind('pass').build(from_ckpt)
   assert drafter2 == drafter
   np.testing.assert_array_equal(
-      pass_drafter.embeddings(dparams2['lookahead']),
-      pass_drafter.embeddings(la))
+      lookahead.embeddings(dparams2['lookahead']),
+      lookahead.embeddings(la))
   with pytest.raises(ValueError, match='no target_model'):
     drafters.get_kind('pass').build(drafters.DraftSource(vocab_size=128))
   with pytest.raises(ValueError, match='gamma=4 > 3'):
-    pass_drafter.merged_sample(model, params, drafter, dparams, enc, gamma=4,
-                               max_decode_len=MAX_LEN)
+    speculative.speculative_sample(model, params, drafter, dparams, enc,
+                                   gamma=4, max_decode_len=MAX_LEN)
   with pytest.raises(ValueError, match='gamma=5 > 4'):
     speculative.speculative_sample(model, params, drafter, dparams, enc,
-                                   gamma=5, max_decode_len=MAX_LEN)
-  bad = pass_drafter.pass_params(params, {'lookahead_embedder': {
+                                   gamma=5, max_decode_len=MAX_LEN,
+                                   merged=False)
+  bad = lookahead.pass_params(params, {'lookahead_embedder': {
       'embedding': jnp.zeros((L, 16))}})
   with pytest.raises(ValueError, match='emb_dim=32'):
     speculative.speculative_sample(model, params, drafter, bad, enc,

@@ -21,6 +21,8 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax import scaffold
+from specdec_jax import spec_stats
 
 from conftest import TINY_V11
 from reference import reference_distribution
@@ -76,7 +78,7 @@ def test_greedy_equals_baseline(greedy_setup, gamma, drafter):
       eos_id=EOS)
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
-  summary = speculative.summarize(out.stats)
+  summary = spec_stats.summarize(out.stats)
   if drafter == 'self':
     # alpha = 1: every iteration of a row yields gamma+1 tokens (the last one
     # may be cut by EOS or the length limit). This fails if the drafter does
@@ -106,7 +108,7 @@ def test_bigram_drafter_greedy_equals_baseline(greedy_setup):
         eos_id=EOS)
     np.testing.assert_array_equal(out.tokens, base.tokens)
     if order == 2:
-      assert speculative.summarize(out.stats)['acceptance_rate'] > 0.5
+      assert spec_stats.summarize(out.stats)['acceptance_rate'] > 0.5
 
 
 # ---------------------------------------------------------------------------
@@ -255,12 +257,12 @@ def test_target_calls_equal_iterations_and_no_recompile(greedy_setup):
   jax.effects_barrier()
   assert TARGET_CALLS == [4] * int(out.stats.iterations)
   assert int(out.stats.iterations) < MAX_LEN  # speculation saved calls
-  size = speculative._run._cache_size()
+  size = scaffold.run._cache_size()
   other = perturbed(dparams, 0.1, 5)
   speculative.speculative_sample(
       target, params, dr, other, enc[::-1], gamma=3, max_decode_len=MAX_LEN,
       eos_id=EOS)
-  assert speculative._run._cache_size() == size
+  assert scaffold.run._cache_size() == size
 
 
 class Untouchable:
@@ -300,20 +302,20 @@ def test_rates_are_ratios_of_summed_counters():
   The eval job sums per-example counters and calls `rates` itself, so both
   must be ratios of sums (not means of per-row ratios), 0-safe.
   """
-  stats = speculative.SpecStats(
+  stats = spec_stats.SpecStats(
       iterations=jnp.int32(5), row_iterations=jnp.array([5, 3]),
       drafted=jnp.array([15, 9]), accepted=jnp.array([10, 2]),
       accepted_at=jnp.array([6, 4, 2]), beta_sum=jnp.array([3.5, 1.0]),
       beta_count=jnp.array([7, 5]))
-  summary = speculative.summarize(stats)
+  summary = spec_stats.summarize(stats)
   assert summary['acceptance_rate'] == 12 / 24
   assert summary['mean_accepted_length'] == 1 + 12 / 8
   assert summary['alpha'] == 4.5 / 12
   assert summary['per_position_acceptance'] == [6 / 8, 4 / 8, 2 / 8]
-  rates = speculative.rates(8, 24, 12, 4.5, 12, tokens=16)
+  rates = spec_stats.rates(8, 24, 12, 4.5, 12, tokens=16)
   assert {k: summary[k] for k in rates if k in summary} == {
       k: v for k, v in rates.items() if k != 'target_calls_per_token'}
   assert rates['target_calls_per_token'] == 8 / 16
-  assert speculative.rates(0, 0, 0, 0.0, 0, tokens=0) == {
+  assert spec_stats.rates(0, 0, 0, 0.0, 0, tokens=0) == {
       'acceptance_rate': 0.0, 'mean_accepted_length': 1.0, 'alpha': 0.0,
       'target_calls_per_token': 0.0}

@@ -128,7 +128,7 @@ def test_batches_are_t5x_teacher_forcing(debian_slice):
   weight on padding would train on it.
   """
   del debian_slice
-  batch, padded = data.eval_batches(TASK, LENGTHS, BATCH, 6)
+  batch, padded = data.task_eval_batches(TASK, LENGTHS, BATCH, 6)
   tgt, dec_in = batch['decoder_target_tokens'], batch['decoder_input_tokens']
   assert tgt.shape == (BATCH, LENGTHS['targets'])
   assert batch['encoder_input_tokens'].shape == (BATCH, LENGTHS['inputs'])
@@ -238,7 +238,7 @@ def test_a_corrupt_optimizer_state_is_named(tmp_path, uninterrupted):
 def test_same_seed_same_params_other_seed_differs(debian_slice):
   """Seeds fix the initial parameters and the data order, nothing else.
 
-  Two runs of the library's pieces (init_state, train_batches, the train
+  Two runs of the library's pieces (init_state, task_train_batches, the train
   step) with one seed must agree bit for bit after 3 steps (no unseeded
   shuffle or initializer anywhere), so results reproduce; another seed must
   draw other parameters and another data order. (The resume test checks the
@@ -250,7 +250,7 @@ def test_same_seed_same_params_other_seed_differs(debian_slice):
 
   def run(seed):
     state = training.init_state(model, seed)
-    batches = data.train_batches(TASK, LENGTHS, BATCH, seed)
+    batches = data.task_train_batches(TASK, LENGTHS, BATCH, seed)
     first = None
     for _ in range(3):
       batch = next(batches)

@@ -42,7 +42,7 @@ GOOD_INPUTS = ids([1, 2, 3], [4, 5, 0])
 
 
 def baseline(lower=False, inputs=GOOD_INPUTS, **kwargs):
-  fn = (decoding.lower_temperature_sample if lower else
+  fn = (decoding.temperature_sample.lower if lower else
         decoding.temperature_sample)
   kwargs.setdefault('max_decode_len', 4)
   return fn(Untouchable(), {}, inputs, rng=jax.random.key(0), **kwargs)
@@ -50,7 +50,7 @@ def baseline(lower=False, inputs=GOOD_INPUTS, **kwargs):
 
 def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
          **kwargs):
-  fn = (speculative.lower_speculative_sample if lower else
+  fn = (speculative.speculative_sample.lower if lower else
         speculative.speculative_sample)
   drafter = drafter or drafters.NgramDrafter(VOCAB, 2)
   draft_params = BIGRAM if draft_params is None else draft_params
@@ -190,7 +190,7 @@ def test_abstract_and_traced_ids_skip_the_value_check():
   TracerArrayConversionError.
   """
   offsets = jnp.full((2, 8), 3)
-  decoding.lower_temperature_sample(
+  decoding.temperature_sample.lower(
       StepStub(), offsets, ABSTRACT((2, 3), jnp.int32), max_decode_len=4)
 
   @jax.jit

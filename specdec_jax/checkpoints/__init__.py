@@ -11,8 +11,7 @@
   code for the shipped assets' MANIFEST.json.
 - `hf`: HF transformers T5 / Flan-T5: `config_from_hf`, `load_hf_t5`
   (safetensors), and the T5X <-> HF name map (`parameter_map`,
-  `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`), which
-  `specdec_jax.hf_convert` re-exports.
+  `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`).
 - `_storage`: local and gs:// paths (tensorstore's gcs kvstore);
   `write_bytes` (a whole file or nothing, durably) is re-exported for the
   jobs' own files.

@@ -1,0 +1,47 @@
+"""The self-drafting heads' merged loop: drafting rides on the verification
+call (see `specdec_jax.drafters.heads`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax import speculative
+from specdec_jax.drafters.heads.model import Head
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLoop(speculative.MergedLoop):
+  """One (gamma + 1)-token target call per iteration returns logits and
+  final states; after the verification the head drafts the next gamma
+  tokens from the state at the last accepted position. draft_params are the
+  'heads' kind's (`head_params`): only the head is read from them."""
+
+  head: Head
+
+  def body_fn(self, target_params, draft_params,
+              state: speculative.SpecState) -> speculative.SpecState:
+    rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+    lengths = state.lengths
+    pending = state.draft_state
+    last = jnp.take_along_axis(state.sequences, (lengths - 1)[:, None], 1)
+    block = jnp.concatenate([last, pending.drafts], axis=1)
+    cache = state.target_cache.rewind(lengths - 1)
+    (logits, hidden), cache = self.target.extend(target_params, block, cache,
+                                                 return_hidden=True)
+    p = sampling_lib.probabilities(logits, self.sampling)
+    # Rows without drafts (q = 0) accept none: their token is from p_1.
+    sequences, new_lengths, ended, stats, n = speculative.accept_and_commit(
+        verify_rng, pending.drafts, pending.q, p, self.sampling, self.eos_id,
+        self.max_decode_len, sequences=state.sequences, lengths=lengths,
+        ended=state.ended, stats=state.stats)
+    # h_n gave the committed token y (accepted-draft bonus or residual).
+    h_n = jnp.take_along_axis(hidden, n[:, None, None], 1)[:, 0]
+    y = jnp.take_along_axis(sequences, (new_lengths - 1)[:, None], 1)[:, 0]
+    drafts, q = self.head.draft(draft_params['head'], target_params, h_n, y,
+                                cache, self.gamma, self.sampling, draft_rng)
+    return speculative.SpecState(sequences, new_lengths, ended, cache,
+                                 speculative.Pending(drafts, q), rng, stats)

@@ -1,0 +1,196 @@
+"""Unigram / bigram drafters: the paper's Table 3 baselines.
+
+`NgramDrafter` drafts from token statistics of the task's train targets
+(`ngram_params`), with no model: kinds 'unigram' and 'bigram'.
+
+References: Leviathan et al. 2023, arXiv 2211.17192, Table 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import registry
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter:
+  """Unigram (order 1) or bigram (order 2) drafts from token statistics.
+
+  params: for order 1, `{'log_unigram': [vocab]}`; for order 2 also
+  `next_tokens` `[vocab, k]` int32 and `next_log_probs` `[vocab, k]`, the k
+  most frequent successors of each token with their smoothed log-probabilities,
+  and `log_backoff` `[vocab]`: every other successor x of token a gets
+  `log_backoff[a] + log_unigram[x]`. This keeps a bigram over a 32k vocabulary
+  at vocab * k entries instead of vocab^2.
+  Build params with `ngram_params`.
+  """
+
+  vocab_size: int
+  order: int = 2
+
+  def __post_init__(self):
+    if self.order not in (1, 2):
+      raise ValueError(f'NgramDrafter order must be 1 or 2, got {self.order}.')
+
+  def check_params(self, params) -> None:
+    """Raises unless params have the keys and shapes of the class docstring.
+
+    Shapes are read from arrays and `jax.ShapeDtypeStruct`s alike;
+    `next_tokens` must be integer ids in [0, vocab_size) (values checked
+    when concrete, as `decoding.check_token_ids`).
+
+    Raises:
+      ValueError: a missing key or a wrong shape; TypeError: next_tokens
+        not integer.
+    """
+    if not isinstance(params, Mapping):
+      raise ValueError(f'params must be a dict of arrays, got '
+                       f'{type(params).__name__}.')
+    v = self.vocab_size
+    want = {'log_unigram': (v,)}
+    if self.order == 2:
+      k = np.shape(params.get('next_tokens', ()))[1:2] or ('k',)
+      want.update(next_tokens=(v,) + k, next_log_probs=(v,) + k,
+                  log_backoff=(v,))
+    for name, shape in want.items():
+      if name not in params:
+        raise ValueError(f'{name!r} is missing (order {self.order} needs '
+                         f'{sorted(want)}).')
+      if tuple(np.shape(params[name])) != shape or 0 in shape:
+        raise ValueError(
+            f'{name!r} has shape {tuple(np.shape(params[name]))}; '
+            f'vocab_size={v}, order={self.order} needs {shape}.')
+    if self.order == 2:
+      decoding.check_token_ids('next_tokens', params['next_tokens'], v)
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    del params, encoder_input_tokens, max_length
+    return ()
+
+  def log_q(self, params, prev: Array) -> Array:
+    """`[batch]` previous tokens -> `[batch, vocab]` log-probabilities."""
+    log_uni = jnp.broadcast_to(params['log_unigram'],
+                               prev.shape + (self.vocab_size,))
+    if self.order == 1:
+      return log_uni
+    tokens = params['next_tokens'][prev]  # [batch, k]
+    log_p = params['next_log_probs'][prev]
+    rows = jnp.arange(prev.shape[0])[:, None]
+    base = log_uni + params['log_backoff'][prev][:, None]
+    return base.at[rows, tokens].set(log_p)
+
+  def prefill(self, params, state, sequences, lengths):
+    """Nothing to consume: `propose` reads the last committed token."""
+    del params, sequences, lengths
+    return state
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    del encoder_input_tokens
+    b, n = decoder_input_tokens.shape
+    log_q = self.log_q(params, decoder_input_tokens.reshape(-1))
+    return log_q.reshape(b, n, self.vocab_size)
+
+  def propose(self, params, state, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    """Drafts from the last committed token on; see `interfaces.Drafter`."""
+    prev = jnp.take_along_axis(sequences, (lengths - 1)[:, None], axis=1)[:, 0]
+
+    def step(prev, rng_i):
+      token, q = sampling_lib.draw(rng_i, self.log_q(params, prev), sampling)
+      return token, (token, q)
+
+    _, (tokens, qs) = jax.lax.scan(step, prev, jax.random.split(rng, gamma))
+    return tokens.T, jnp.moveaxis(qs, 0, 1), state
+
+
+
+def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
+                 order: int = 2, top_k: int = 64, smoothing: float = 0.1,
+                 bos_id: int = 0):
+  """Estimates NgramDrafter params from target-side token sequences.
+
+  Args:
+    sequences: token id sequences (decoder targets, without BOS).
+    vocab_size: vocabulary size.
+    order: 1 (unigram) or 2 (bigram).
+    top_k: successors kept per token for the bigram.
+    smoothing: mass given to the unigram back-off for each previous token
+      (add-one smoothing keeps every unigram probability > 0).
+    bos_id: the decoder start token; the first token's context.
+
+  Returns:
+    A params dict for `NgramDrafter(vocab_size, order)`.
+  """
+  if not 0 < smoothing <= 1:
+    raise ValueError(f'smoothing must be in (0, 1], got {smoothing}.')
+  counts = np.ones(vocab_size, np.float64)
+  pairs = {}
+  for seq in sequences:
+    seq = [int(t) for t in seq]
+    if any(not 0 <= t < vocab_size for t in seq):
+      raise ValueError(f'token id outside [0, {vocab_size}) in {seq[:10]}...')
+    np.add.at(counts, seq, 1)
+    for a, b in zip([bos_id] + seq[:-1], seq):
+      pairs.setdefault(a, {}).setdefault(b, 0)
+      pairs[a][b] += 1
+  unigram = counts / counts.sum()
+  params = {'log_unigram': jnp.asarray(np.log(unigram), jnp.float32)}
+  if order == 1:
+    return params
+  # Tokens never seen as a context: pure unigram (slot 0 restates token 0).
+  next_tokens = np.zeros((vocab_size, top_k), np.int32)
+  next_log_probs = np.full((vocab_size, top_k), np.log(unigram[0]), np.float32)
+  log_backoff = np.zeros(vocab_size, np.float32)
+  for a, succ in pairs.items():
+    items = sorted(succ.items(), key=lambda kv: -kv[1])[:top_k]
+    total = sum(succ.values())
+    toks = np.array([t for t, _ in items])
+    # Kept successors get (1 - smoothing) of their empirical share; the rest
+    # of the mass (>= smoothing) is spread over all tokens by the unigram.
+    kept = (1 - smoothing) * np.array([c for _, c in items]) / total
+    backoff = 1.0 - kept.sum()
+    probs = kept + backoff * unigram[toks]
+    # Unused slots repeat the first kept token with its own probability.
+    pad = top_k - len(toks)
+    next_tokens[a] = np.concatenate([toks, np.full(pad, toks[0])])
+    next_log_probs[a] = np.log(np.concatenate([probs, np.full(pad, probs[0])]))
+    log_backoff[a] = np.log(backoff)
+  params.update(
+      next_tokens=jnp.asarray(next_tokens),
+      next_log_probs=jnp.asarray(next_log_probs),
+      log_backoff=jnp.asarray(log_backoff),
+  )
+  return params
+
+
+
+def build(order: int, source: registry.DraftSource):
+  """An `NgramDrafter` estimated from `source.train_targets`."""
+  name = {1: 'unigram', 2: 'bigram'}[order]
+  if source.train_targets is None:
+    raise ValueError(f'drafter kind {name!r} is estimated from the task\'s '
+                     'train targets; the source has no train_targets.')
+  params = ngram_params(list(source.train_targets()), source.vocab_size,
+                        order)
+  return NgramDrafter(source.vocab_size, order), params
+
+
+UNIGRAM = registry.DrafterKind(
+    'unigram', needs_model=False, data_only=True,
+    build=functools.partial(build, 1),
+    description="unigram statistics of the task's train targets")
+BIGRAM = registry.DrafterKind(
+    'bigram', needs_model=False, data_only=True,
+    build=functools.partial(build, 2),
+    description="bigram statistics of the task's train targets")

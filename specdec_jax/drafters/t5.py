@@ -1,0 +1,295 @@
+"""A separate T5 drafts: the paper's T5-small / base / large drafters.
+
+`T5Drafter` keeps its own decoder cache and drafts gamma tokens with gamma
+one-token calls; kind 't5' builds it from DRAFT_MODEL / DRAFT_CHECKPOINT.
+`check_model_params` is the one parameter check of a T5 against its model
+(used by every drafter that holds one).
+
+References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import partitioning
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import registry
+from specdec_jax.network import T5Model
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Drafter:
+  """A T5 (usually much smaller than the target) drafting with its own cache.
+
+  Catch-up: when every draft of the previous iteration was accepted the
+  drafter never consumed the last draft x_gamma. `propose` then starts with
+  one 2-token call (x_gamma and the bonus token) instead of the usual 1-token
+  call; rows that did not need it rewrite a slot with the same token. A cache
+  further behind (a `CombinedDrafter` that did not call this drafter for a
+  while) is first fed the missing committed tokens (`catch_up`).
+
+  Adaptive draft length (`confidence` > 0, HF's assistant confidence
+  threshold): a row stops drafting before the first position where the
+  drafter's most likely next token has probability < confidence (softmax of
+  its raw logits; q_i = 0 from there on: `interfaces.Drafter.propose`),
+  and the draft calls stop once every row has stopped: fewer drafter calls
+  where the drafter is unsure, the same output law (the stop is decided from
+  q_i before x_i is drawn). Draft 1 is always made.
+  """
+
+  model: T5Model
+  confidence: float = 0.0
+
+  def __post_init__(self):
+    if not 0.0 <= self.confidence < 1.0:
+      raise ValueError('T5Drafter confidence (adaptive draft length) must be '
+                       f'in [0, 1), got {self.confidence!r}.')
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def check_params(self, params) -> None:
+    """Raises ValueError unless params have the model's tree and shapes.
+
+    (`check_model_params`).
+    """
+    check_model_params(self.model, params)
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    return self.model.init_cache(params, encoder_input_tokens, max_length)
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    return self.model.logits(params, encoder_input_tokens,
+                             decoder_input_tokens)
+
+  def prefill(self, params, cache, sequences, lengths):
+    """Consumes `sequences[b, :lengths[b] - 1]`; see `interfaces.Drafter`.
+
+    One call on the first n - 1 tokens of every row (n = sequences' width),
+    then each row's position is set to lengths - 1: what a row holds past
+    it is stale.
+    """
+    n = sequences.shape[1] - 1
+    cache = cache.rewind(jnp.zeros_like(lengths))
+    if n > 0:
+      _, cache = self.model.extend(params, sequences[:, :n], cache)
+    return cache.rewind(lengths - 1)
+
+  def _feed_last(self, k: int, params, cache, sequences, lengths):
+    """Feeds the last k committed tokens; logits after the last one.
+
+    Returns:
+      `(logits [batch, vocab], cache)` with cache.position = lengths.
+    """
+    start = jnp.maximum(lengths - k, 0)
+    idx = start[:, None] + jnp.arange(k)
+    # [batch, k]; at length 1 with k = 2 the second token is a dummy.
+    tokens = jnp.take_along_axis(sequences, idx, axis=1)
+    logits, cache = self.model.extend(params, tokens, cache.rewind(start))
+    last = jnp.take_along_axis(
+        logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
+    return last, cache.rewind(lengths)
+
+  def _sync(self, params, cache, sequences, lengths, chunk: int):
+    """Feeds committed tokens until every row's cache is at most 1 behind.
+
+    A row whose cache holds fewer than lengths - 2 tokens gets the next
+    `chunk` committed ones per call; the others rewrite their slot
+    lengths - 1, which the next `_feed_last` rewrites anyway. Does nothing
+    (no call) when no row is that far behind, the loop's usual case.
+    """
+
+    def far(cache):
+      return jnp.any(cache.position < lengths - 2)
+
+    def feed(cache):
+      behind = cache.position < lengths - 1
+      start = jnp.where(behind, cache.position, lengths - 1)
+      idx = start[:, None] + jnp.arange(chunk)
+      tokens = jnp.take_along_axis(sequences, idx, axis=1)
+      _, cache = self.model.extend(params, tokens, cache.rewind(start))
+      return cache.rewind(jnp.minimum(start + chunk, lengths - 1))
+
+    return jax.lax.while_loop(far, feed, cache)
+
+  def catch_up(self, params, cache, sequences, lengths, gamma: int):
+    """The cache after every committed token; the logits after the last.
+
+    A row whose cache holds fewer than lengths - 2 tokens (a
+    `CombinedDrafter` that did not call this drafter for a while) is first
+    fed the missing committed tokens, gamma + 1 per call. A row whose cache
+    holds lengths - 2 had all its drafts accepted: it never consumed
+    x_gamma, so then (and only then) the call feeds the last two committed
+    tokens; otherwise just the last one.
+
+    Returns:
+      `(logits [batch, vocab], cache)`: the logits draft 1 is drawn from;
+      cache.position = lengths.
+    """
+    cache = self._sync(params, cache, sequences, lengths, gamma + 1)
+    behind = jnp.any(cache.position < lengths - 1)
+    return jax.lax.cond(
+        behind, functools.partial(self._feed_last, 2),
+        functools.partial(self._feed_last, 1), params, cache, sequences,
+        lengths)
+
+  def propose(self, params, cache, sequences, lengths, gamma: int,
+              sampling: sampling_lib.SamplingConfig, rng: Array):
+    """gamma one-token calls after the catch-up; see `interfaces.Drafter`."""
+    last, cache = self.catch_up(params, cache, sequences, lengths, gamma)
+    if self.confidence > 0:
+      return self._propose_adaptive(params, cache, last, gamma, sampling,
+                                    rng)
+    rngs = jax.random.split(rng, gamma)
+
+    def step(carry, rng_i):
+      logits_i, cache = carry
+      token, q = sampling_lib.draw(rng_i, logits_i, sampling)
+      next_logits, cache = self.model.extend(params, token[:, None], cache)
+      return (next_logits[:, 0], cache), (token, q)
+
+    (last, cache), (tokens, qs) = jax.lax.scan(
+        step, (last, cache), rngs[:-1])
+    token, q = sampling_lib.draw(rngs[-1], last, sampling)
+    # [gamma-1, batch(, vocab)] + last -> [batch, gamma(, vocab)]
+    drafts = jnp.concatenate([tokens.T, token[:, None]], axis=1)
+    qs = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q[:, None]], axis=1)
+    return drafts, qs, cache
+
+  def _propose_adaptive(self, params, cache, last, gamma, sampling, rng):
+    """Drafts while some row is confident; see the class docstring.
+
+    A `lax.while_loop` over draft positions: draft i of a row is made while
+    the row has made drafts 1..i-1 and max q_i >= confidence (draft 1
+    always); a call feeds draft i only when a draft i + 1 may follow. Each
+    row's cache ends holding its prefix and its drafts but the last, as in
+    the fixed-length path, so the next catch-up works unchanged.
+    """
+    batch = last.shape[0]
+    rngs = jax.random.split(rng, gamma)
+    drafts0 = jnp.zeros((batch, gamma), jnp.int32)
+    qs0 = jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)
+
+    def cond(carry):
+      i, _, _, going, _, _ = carry
+      return (i < gamma) & jnp.any(going)
+
+    def body(carry):
+      i, logits, cache, going, drafts, qs = carry
+      token, q = sampling_lib.draw(rngs[i], logits, sampling)
+      # Confidence from the unadjusted softmax (as HF's assistant threshold;
+      # under greedy q itself is one-hot), a function of the prefix only.
+      sure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32)), axis=-1)
+      going = going & ((i == 0) | (sure >= self.confidence))
+      drafts = drafts.at[:, i].set(jnp.where(going, token, 0))
+      qs = qs.at[:, i].set(jnp.where(going[:, None], q, 0.0))
+      # Rows still drafting consume draft i (its cache slot lengths + i - 1
+      # is then valid); the others keep their position.
+      position = cache.position
+      feed = going & (i + 1 < gamma)
+      next_logits, cache = jax.lax.cond(
+          jnp.any(feed),
+          lambda c: self.model.extend(params, drafts[:, i][:, None], c),
+          lambda c: (logits[:, None], c), cache)
+      cache = cache.rewind(jnp.where(feed, position + 1, position))
+      return i + 1, next_logits[:, 0], cache, going, drafts, qs
+
+    going = jnp.ones((batch,), bool)
+    _, _, cache, _, drafts, qs = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), last, cache, going, drafts0, qs0))
+    return drafts, qs, cache
+
+
+def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
+  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
+          tuple(np.shape(leaf)) for path, leaf in leaves}
+
+
+@functools.lru_cache(maxsize=None)
+def _model_shapes(model) -> Dict[str, Tuple[int, ...]]:
+  return _shapes(jax.eval_shape(model.init_params, jax.random.key(0)))
+
+
+def check_model_params(model, params) -> None:
+  """Raises ValueError unless params have `model`'s tree and shapes.
+
+  The reference is `jax.eval_shape` of the model's `init_params`, traced
+  once per model: a `network.T5Model` (or a `partitioning.ShardedModel` of
+  one); any other `interfaces.DecodingModel` is not checked. Leaves may be
+  arrays or `jax.ShapeDtypeStruct`s.
+  """
+  model = partitioning.unwrap(model)
+  if not isinstance(model, T5Model):
+    return
+  want, got = _model_shapes(model), _shapes(params)
+  problems = [f'{k}: missing, want {want[k]}' for k in want if k not in got]
+  problems += [f'{k}: not a parameter of the model' for k in got
+               if k not in want]
+  problems += [f'{k}: shape {got[k]}, want {want[k]}' for k in got
+               if k in want and got[k] != want[k]]
+  if problems:
+    raise ValueError(f'{len(problems)} parameters differ from the model '
+                     f'({model!r}): ' + '; '.join(problems[:6]))
+
+
+def build(source: registry.DraftSource, kind: str = 't5'):
+  """A `T5Drafter` of `source.draft_model` (with `source.confidence`)."""
+  if source.draft_model is None or source.draft_params is None:
+    raise ValueError(f'drafter kind {kind!r} needs a draft model and its '
+                     'params (DRAFT_MODEL / DRAFT_CHECKPOINT); got '
+                     f'draft_model='
+                     f'{source.draft_model!r}, draft_params '
+                     f'{"None" if source.draft_params is None else "given"}.')
+  return (T5Drafter(source.draft_model, source.confidence),
+          source.draft_params)
+
+
+KIND = registry.DrafterKind(
+    't5', needs_model=True, build=build,
+    description='a separate T5 (e.g. T5 1.1 small) with its own cache')
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfDrafting:
+  """Base of the drafters that draft with the target itself (PaSS, heads).
+
+  params: `{'target': the target's params, ...}` (shared, not copied). Draft
+  1 is drawn from the target's own next-token distribution, so `score` is
+  the target's logits and `prefill` feeds a copy of the target's cache, both
+  through `own`, the target as its own `T5Drafter`. Later drafts come from
+  the target's states (look-ahead slots, a head), not from `score` after
+  the drafts: `drafts_from_score` is False (`interfaces.MergedDrafter`).
+  """
+
+  model: T5Model
+  own: T5Drafter = dataclasses.field(init=False, repr=False, compare=False)
+
+  drafts_from_score = False
+
+  def __post_init__(self):
+    object.__setattr__(self, 'own', T5Drafter(self.model))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    """The target's logits (q_1's; later drafts come from its states)."""
+    return self.own.score(params['target'], encoder_input_tokens,
+                          decoder_input_tokens)
+
+  def prefill(self, params, cache, sequences, lengths):
+    """Consumes `sequences[b, :lengths[b] - 1]` into its target cache."""
+    return self.own.prefill(params['target'], cache, sequences, lengths)

@@ -1,0 +1,84 @@
+"""One entry scaffold for every decoding loop: prepare, run, lower.
+
+A loop (the baseline `decoding.SampleLoop`, `speculative.SpecLoop`, a
+drafter's `speculative.MergedLoop`, the streaming loops) is a frozen,
+hashable dataclass whose `__call__(*args)` runs the whole decode in one
+`lax.while_loop`. A decode function is written as its *prepare* body:
+validate the arguments (named errors before anything is traced), build the
+loop, return `(loop, args)`. `decoder` turns that body into the public
+function:
+
+    @scaffold.decoder
+    def temperature_sample(model, params, inputs, *, max_decode_len, ...):
+      '''Docstring of the decode (what the call returns).'''
+      ...checks...
+      return SampleLoop(...), (params, inputs, rng, max_steps)
+
+    temperature_sample(...)          # compiled once per loop and shapes, run
+    temperature_sample.lower(...)    # `jax.stages.Lowered`, not run
+    temperature_sample.prepare(...)  # `(loop, args)`, e.g. to wrap the loop
+
+So a new loop writes its body and its prepare; the compiled entry, the
+ahead-of-time lowering and the cache of compiled programs are shared.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Tuple
+
+import jax
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def run(loop, *args):
+  """`loop(*args)` compiled once per loop configuration and argument shapes.
+
+  Args:
+    loop: a hashable loop object (a frozen dataclass): a static argument,
+      so two equal loops share one compiled program.
+    *args: its array arguments (pytrees).
+  """
+  return loop(*args)
+
+
+def lower(loop, *args) -> jax.stages.Lowered:
+  """`run`'s program for `(loop, *args)`, lowered but not run.
+
+  `.compile()` on the result compiles it ahead of time (e.g. several at once
+  in threads) into jax's cache: a later `run` with the same loop and the
+  arguments' shapes runs without compiling. Arguments may be
+  `jax.ShapeDtypeStruct`s.
+  """
+  return run.lower(loop, *args)
+
+
+Prepare = Callable[..., Tuple[Any, tuple]]
+
+
+def decoder(prepare: Prepare):
+  """A decode function from its prepare body (see the module docstring).
+
+  Args:
+    prepare: `(*args, **kwargs) -> (loop, loop_args)`; its name, signature
+      and docstring become the decode function's.
+
+  Returns:
+    A function running `run(loop, *loop_args)`, with attributes `lower`
+    (same arguments -> `jax.stages.Lowered`) and `prepare` (the body).
+  """
+
+  @functools.wraps(prepare)
+  def decode(*args, **kwargs):
+    loop, loop_args = prepare(*args, **kwargs)
+    return run(loop, *loop_args)
+
+  def lower_decode(*args, **kwargs) -> jax.stages.Lowered:
+    loop, loop_args = prepare(*args, **kwargs)
+    return lower(loop, *loop_args)
+
+  lower_decode.__doc__ = (f'`{prepare.__name__}`\'s compiled program, '
+                          'lowered but not run (`scaffold.lower`).')
+  decode.lower = lower_decode
+  decode.prepare = prepare
+  return decode
