@@ -116,7 +116,7 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
     ({'DRAFTER': "'pass'", 'GAMMA': '5'}, ValueError,
-     'gamma=5 > 4: with L=4 look-ahead'),
+     'gamma=5 > 4: the PassDrafter drafts at most 4'),
     ({'evaluate.timing_repeats': '0'}, ValueError, 'timing_repeats'),
 ])
 def test_clear_errors(tmp_path, override, error, message):
