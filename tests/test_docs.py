@@ -1,0 +1,309 @@
+"""The documentation points at things that exist.
+
+README.md is the entry page and docs/ holds the rest; both name scripts, gin
+files, modules, notebooks and results that move as the code is restructured.
+A newcomer who copies a command from them must find the file it names, and a
+link must lead somewhere. So, for README.md, every docs/*.md and the READMEs
+of gin_configs/ and notebooks/:
+
+- every relative markdown link resolves to a file or folder of the
+  repository, and a `#anchor` into a markdown page names one of its headings
+  (GitHub's slugs); http(s) links are not followed;
+- every path a command or the text names is there: `scripts/<name>.py`,
+  `gin_configs/<...>.gin`, `--gin_file=<...>.gin` (resolved against
+  gin_configs/ as the jobs resolve it), a relative `<dir>/<name>.gin` in
+  inline code, `notebooks/<...>.ipynb`, `specdec_jax/<...>` (modules,
+  folders, assets), `tests/...`, `results/...`, `docs/...`,
+  `drafters/...` (package-relative), `python -m <module>`, and
+  `shipped:<name>` (a folder of `specdec_jax/assets/mini/`). Brace groups
+  (`{en_de,synopsis}`) are expanded; a part with a placeholder (`<task>`,
+  `${t}`, `*`) is checked up to its last concrete folder; what a command
+  writes (`--out`, `--out_dir`, `--export_dir`, `--work_dir`) need not
+  exist yet.
+
+There are no exceptions: a path the docs name for a module that is not
+written yet fails here until it is. The finder is itself tested on
+fabricated markdown (a missing `scripts/nope.py` is reported, an existing
+script is not), so a finder that finds nothing cannot pass silently. Also:
+docs/architecture.md names every module of the package, every docs page is
+reachable from README.md or docs/README.md, no page names an issue number
+or this machine's absolute paths, and README.md keeps the quick start that
+CI runs, verbatim, in under 250 lines.
+"""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS_DIR = ROOT / 'docs'
+
+
+def doc_files():
+  """The markdown pages this test reads (README.md first)."""
+  files = [ROOT / 'README.md']
+  files += sorted(DOCS_DIR.glob('*.md'))
+  files += [ROOT / 'gin_configs' / 'README.md', ROOT / 'notebooks' / 'README.md']
+  return [f for f in files if f.exists()]
+
+
+def rel(path: pathlib.Path) -> str:
+  return path.relative_to(ROOT).as_posix()
+
+
+# ---------------------------------------------------------------- markdown
+
+
+FENCE = re.compile(r'^(```|~~~).*?^\1[^\n]*$', re.S | re.M)
+INLINE_CODE = re.compile(r'`[^`\n]+`')
+LINK = re.compile(r'(?<!!)\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)')
+HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$', re.M)
+
+
+def prose(text: str) -> str:
+  """The text where links count: no fenced code blocks, no inline code (a
+  code sample's `x[i](y)` is no link)."""
+  text = FENCE.sub('', text)
+  return INLINE_CODE.sub('', text)
+
+
+def slug(heading: str) -> str:
+  """GitHub's anchor of a heading: lower case, punctuation dropped, spaces
+  as hyphens (markdown emphasis and code marks are punctuation)."""
+  s = heading.strip().lower()
+  s = re.sub(r'[^\w\- ]', '', s)
+  return s.replace(' ', '-')
+
+
+def anchors(text: str) -> set:
+  """Every anchor of a page's headings (duplicates get -1, -2, ...)."""
+  seen, out = {}, set()
+  for match in HEADING.finditer(FENCE.sub('', text)):
+    base = slug(match.group(2))
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    out.add(base if n == 0 else f'{base}-{n}')
+  return out
+
+
+def link_problems(text: str, where: pathlib.Path):
+  """Relative links of `text` (a page in folder `where`) that lead nowhere."""
+  problems = []
+  for target in LINK.findall(prose(text)):
+    if re.match(r'^[a-z][a-z0-9+.-]*:', target):  # http(s), mailto, ...
+      continue
+    path, _, anchor = target.partition('#')
+    dest = (where / path).resolve() if path else None
+    if dest is not None and not dest.exists():
+      problems.append(f'link {target}: {path} does not exist')
+      continue
+    if anchor:
+      page = dest if dest is not None else None
+      if page is None or page.suffix == '.md':
+        page_text = (page.read_text(encoding='utf-8') if page is not None
+                     else text)
+        if anchor not in anchors(page_text):
+          problems.append(f'link {target}: no heading #{anchor}')
+  return problems
+
+
+# ------------------------------------------------------------- named paths
+
+
+ROOTED = ('scripts', 'specdec_jax', 'gin_configs', 'notebooks', 'tests',
+          'results', 'docs')
+PACKAGE_RELATIVE = ('drafters', 'checkpoints', 'experiments')
+OUTPUT_FLAGS = re.compile(r'--(?:out|out_dir|export_dir|work_dir)(?:=|\s+)\S+')
+TOKEN = re.compile(r'[^\s`\'"()\[\]|]+')
+PLACEHOLDER = set('<$*')
+PATH_CHARS = r'[\w./-]'
+ROOTED_PATH = re.compile(
+    rf'(?<![\w./~-])((?:{"|".join(ROOTED)})/{PATH_CHARS}*)')
+PACKAGE_PATH = re.compile(
+    rf'(?<![\w./~-])((?:{"|".join(PACKAGE_RELATIVE)})/{PATH_CHARS}*)')
+GIN_FILE = re.compile(rf'--gin_file=({PATH_CHARS}+\.gin)$')
+INLINE_GIN = re.compile(rf'`({PATH_CHARS}+/{PATH_CHARS}+\.gin)`')
+PYTHON_M = re.compile(r"python3?\s+-m\s+(specdec_jax[\w.]*)")
+SHIPPED = re.compile(r'shipped:([\w][\w/.-]*)')
+
+
+def expand_braces(token: str):
+  """`a/{b,c}.gin` -> ['a/b.gin', 'a/c.gin'] (every group, recursively)."""
+  match = re.search(r'\{([^{}]*,[^{}]*)\}', token)
+  if not match:
+    return [token]
+  out = []
+  for part in match.group(1).split(','):
+    out += expand_braces(token[:match.start()] + part + token[match.end():])
+  return out
+
+
+def concrete(path: str, following: str) -> str:
+  """A matched path, cut back to its last folder when a placeholder follows
+  it (`results/<device>/...` -> `results/`), trailing punctuation dropped."""
+  if following[:1] in PLACEHOLDER or following[:1] == '{':
+    return path[:path.rfind('/') + 1]
+  return path.rstrip('.,;:')
+
+
+def resolve_gin(name: str) -> str:
+  """A `--gin_file` as the jobs resolve it: from the repository root when
+  it starts with gin_configs/, else inside gin_configs/."""
+  return name if name.startswith('gin_configs/') else f'gin_configs/{name}'
+
+
+def named_paths(text: str) -> set:
+  """Repository-relative paths that `text` names (see the module doc)."""
+  found = set()
+  text = OUTPUT_FLAGS.sub(' ', text)
+  for token in TOKEN.findall(text):
+    for item in expand_braces(token):
+      gin = GIN_FILE.search(item)
+      if gin:
+        found.add(resolve_gin(gin.group(1)))
+        continue
+      for pattern, prefix in ((ROOTED_PATH, ''),
+                              (PACKAGE_PATH, 'specdec_jax/')):
+        for match in pattern.finditer(item):
+          path = concrete(match.group(1), item[match.end():])
+          if path and path.rstrip('/') not in ROOTED:
+            found.add(prefix + path)
+      for match in SHIPPED.finditer(item):
+        name = concrete(match.group(1), item[match.end():]).rstrip('/')
+        if name:
+          found.add(f'specdec_jax/assets/mini/{name}')
+  for match in INLINE_GIN.finditer(text):
+    name = match.group(1)
+    if not name.split('/')[0] in ROOTED:
+      found.add(resolve_gin(name))
+  for match in PYTHON_M.finditer(text):
+    module = match.group(1).rstrip('.').replace('.', '/')
+    if (ROOT / f'{module}.py').exists():
+      found.add(f'{module}.py')
+    else:
+      found.add(f'{module}/__main__.py')
+  return found
+
+
+def missing_paths(text: str):
+  """The paths `text` names that the repository does not hold."""
+  return sorted(p for p in named_paths(text) if not (ROOT / p).exists())
+
+
+# ------------------------------------------------------------------ tests
+
+
+def page_id(path: pathlib.Path) -> str:
+  return rel(path)
+
+
+@pytest.mark.parametrize('page', doc_files(), ids=page_id)
+def test_links_resolve(page):
+  problems = link_problems(page.read_text(encoding='utf-8'), page.parent)
+  assert not problems, f'{rel(page)}:\n' + '\n'.join(problems)
+
+
+@pytest.mark.parametrize('page', doc_files(), ids=page_id)
+def test_named_paths_exist(page):
+  missing = missing_paths(page.read_text(encoding='utf-8'))
+  assert not missing, (f'{rel(page)} names paths that do not exist:\n' +
+                       '\n'.join(missing))
+
+
+def test_the_pages_exist():
+  for name in ('README', 'architecture', 'drafters', 'eval', 'shipped',
+               'accelerator', 'mesh', 'results'):
+    assert (DOCS_DIR / f'{name}.md').is_file(), name
+
+
+def test_every_docs_page_is_reachable():
+  """Linked from README.md or from the index, docs/README.md."""
+  linked = set()
+  for page in (ROOT / 'README.md', DOCS_DIR / 'README.md'):
+    for target in LINK.findall(prose(page.read_text(encoding='utf-8'))):
+      path = target.partition('#')[0]
+      if path and not re.match(r'^[a-z][a-z0-9+.-]*:', path):
+        linked.add((page.parent / path).resolve())
+  pages = {p.resolve() for p in DOCS_DIR.glob('*.md')} - {
+      (DOCS_DIR / 'README.md').resolve()}
+  assert not pages - linked, sorted(rel(p) for p in pages - linked)
+
+
+def test_architecture_names_every_module():
+  """The module table is complete: every .py file of the package (but the
+  package `__init__`s) by its path."""
+  text = (DOCS_DIR / 'architecture.md').read_text(encoding='utf-8')
+  modules = sorted(rel(p) for p in (ROOT / 'specdec_jax').rglob('*.py')
+                   if p.name != '__init__.py' and '__pycache__' not in p.parts)
+  assert modules
+  unnamed = [m for m in modules if f'`{m}`' not in text]
+  assert not unnamed, unnamed
+
+
+def test_no_issue_numbers_or_machine_paths():
+  for page in doc_files():
+    text = page.read_text(encoding='utf-8')
+    assert not re.findall(r'\bissues? #?\d+', text, re.I), rel(page)
+    assert not re.findall(r'(?<![\w.~$])/(?:work|home|root|Users)/', text), (
+        rel(page))
+
+
+QUICK_START = '''```bash
+pip install -e . && python -m specdec_jax.demo        # main job, built-in defaults
+pip install -e ".[test]" && pytest                    # the test suite (CPU, < 10 min)
+```'''
+
+
+def test_readme_is_an_entry_page_with_the_quick_start():
+  text = (ROOT / 'README.md').read_text(encoding='utf-8')
+  assert QUICK_START in text  # CI runs these two commands as written.
+  assert len(text.splitlines()) < 250
+
+
+# ------------------------------------------------ the finder finds things
+
+
+FABRICATED = '''# A page
+
+Run `python scripts/nope.py --flag` once, then:
+
+```bash
+python scripts/train.py --gin_file=train/train.gin --out results/not_yet
+python -m specdec_jax.eval --gin_file=nope/missing.gin
+python -m specdec_jax.nope
+```
+
+See gin_configs/shipped/{en_de,gone}.gin, `mesh/absent.gin`,
+`specdec_jax/assets/mini/heads/<task>/`, `shipped:target`, `shipped:nope`,
+`drafters/t5.py` and `drafters/none.py`.
+'''
+
+
+def test_finder_reports_what_is_missing_and_only_that():
+  missing = missing_paths(FABRICATED)
+  for path in ('scripts/nope.py', 'gin_configs/nope/missing.gin',
+               'specdec_jax/nope/__main__.py', 'gin_configs/shipped/gone.gin',
+               'gin_configs/mesh/absent.gin', 'specdec_jax/assets/mini/nope',
+               'specdec_jax/drafters/none.py'):
+    assert path in missing, (path, missing)
+  found = named_paths(FABRICATED)
+  for path in ('scripts/train.py', 'gin_configs/train/train.gin',
+               'specdec_jax/eval.py', 'gin_configs/shipped/en_de.gin',
+               'specdec_jax/assets/mini/target', 'specdec_jax/drafters/t5.py'):
+    assert path in found and path not in missing, (path, found)
+  # What a command writes is not required; a placeholder cuts the path.
+  assert not any(p.startswith('results/not_yet') for p in found)
+  assert 'specdec_jax/assets/mini/heads/' in found
+
+
+def test_finder_reports_broken_links_and_anchors():
+  text = ('# Top\n\n[a](nope.md) [b](README.md#no-such-heading) '
+          '[c](https://example.com/nope) [d](#top) [e](#bottom) '
+          '[f](docs/README.md)\n\n`[g](in_code.md)`\n')
+  problems = link_problems(text, ROOT)
+  assert any('nope.md' in p for p in problems), problems
+  assert any('no-such-heading' in p for p in problems), problems
+  assert any('#bottom' in p for p in problems), problems
+  assert not any('example.com' in p or '#top' in p or 'docs/README' in p
+                 or 'in_code' in p for p in problems), problems
