@@ -1,10 +1,11 @@
 r"""Self-drafting heads on the shipped target: alpha per depth, speed-ups.
 
-  python scripts/benchmark_heads.py --heads_dir results/draft_heads \
+  python scripts/benchmark_heads.py --heads_dir shipped:heads \
     --tasks en_de,synopsis --temperatures 0,1 --out results/heads_shipped
 
 Reads the heads scripts/train_heads.py wrote (<heads_dir>/<task>/, trained
-on the target's outputs for the Debian train split) and decodes the first
+on the target's outputs for the Debian train split; the default, the shipped
+heads `shipped:heads/<task>`, through `shipped.resolve`) and decodes the first
 --num_examples rows of the shipped test slice (held out) one at a time
 (batch 1, float32) with:
 
@@ -75,7 +76,7 @@ HEAD_KERNELS = 14
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--tasks', default='en_de,synopsis')
-  p.add_argument('--heads_dir', default='results/draft_heads')
+  p.add_argument('--heads_dir', default='shipped:heads')
   p.add_argument('--temperatures', default='0,1')
   p.add_argument('--max_gamma', type=int, default=5)
   p.add_argument('--dec2_gamma', type=int, default=4)
@@ -159,7 +160,9 @@ def main(argv=None):
             'date': datetime.date.today().isoformat(), 'rows': [],
             'alpha': {}, 'heads': {}}
   for task in args.tasks.split(','):
-    path = checkpoints.latest_checkpoint(os.path.join(args.heads_dir, task))
+    where = f'{args.heads_dir}/{task}'
+    path = (shipped.resolve(where) if where.startswith(shipped.SCHEME) else
+            checkpoints.latest_checkpoint(where))
     if path is None:
       sys.exit(f'No head checkpoint under {args.heads_dir}/{task} '
                '(scripts/train_heads.py --out_dir writes one).')

@@ -4,7 +4,9 @@ r"""PaSS on the shipped models: alpha per look-ahead slot, speed-ups vs L.
     --temperatures 0 --num_examples 16 --out results/pass_shipped
 
 Reads the look-ahead embeddings scripts/train_pass.py wrote
-(--embeddings_dir/<task>/, trained with L = --max_lookahead; since slot j
+(--embeddings_dir/<task>/, by default the shipped ones,
+`shipped:lookahead/<task>` through `shipped.resolve`; trained with
+L = --max_lookahead; since slot j
 sees only slots 1..j, their first L embeddings are the L-slot drafter) and
 decodes the first --num_examples rows of the shipped test slice (held out:
 training used rows 64:256) one at a time (batch 1, float32) with:
@@ -71,7 +73,7 @@ def parse_flags(argv=None):
   p.add_argument('--max_tree', type=int, default=2,
                  help='also the tree variant for L = 1..max_tree (width '
                  '(L+1)^2: 4, 9 tokens, within the measured H100 curve)')
-  p.add_argument('--embeddings_dir', default='results/pass_embeddings')
+  p.add_argument('--embeddings_dir', default='shipped:lookahead')
   p.add_argument('--out', default='results/pass_shipped')
   p.add_argument('--replot', action='store_true',
                  help='only rewrite <out>.md and the plot from <out>.json')
@@ -139,8 +141,9 @@ def main(argv=None):
             'date': datetime.date.today().isoformat(),
             'h100_cost': H100_COST, 'rows': [], 'alpha': {}}
   for task in args.tasks.split(','):
-    path = checkpoints.latest_checkpoint(
-        os.path.join(args.embeddings_dir, task))
+    where = f'{args.embeddings_dir}/{task}'
+    path = (shipped.resolve(where) if where.startswith(shipped.SCHEME) else
+            checkpoints.latest_checkpoint(where))
     la_all = lookahead.load_lookahead(path, model.config)
     emb = lookahead.embeddings(la_all)
     data = shipped.test_arrays(task)

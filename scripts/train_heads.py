@@ -1,6 +1,6 @@
 r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
 
-  python scripts/train_heads.py --task en_de --out_dir results/draft_heads/en_de
+  python scripts/train_heads.py --task en_de --out_dir /tmp/heads/en_de
 
 1. Decodes the task's train inputs with the target (greedy, its own outputs:
    what the head must predict), into <out_dir>/data (sharded, resumable:
@@ -15,6 +15,12 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
    log.jsonl; the final alpha per depth on the held-out shipped test rows
    0..63 (never trained on) goes into log.jsonl and the printout; with
    --export_dir, the final head in bfloat16 (to ship) and the log.
+
+To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
+log.jsonl it copies there to results/draft_heads/<task>/ (logs are results),
+record the checkpoint under "methods" in specdec_jax/assets/mini/models.json
+and rewrite the manifest (`shipped.write_manifest(shipped.ASSETS_DIR)`);
+the eval job then loads it as `shipped:heads/<task>`.
 
 Inputs: --train_npz (an arrays .npz with 'inputs', e.g. the train split that
 scripts/build_debian_data.py --vocab_file <shipped vocab> and
@@ -70,7 +76,8 @@ def parse_flags(argv=None):
   p.add_argument('--out_dir', required=True)
   p.add_argument('--export_dir', default=None,
                  help='also write the final head here in bfloat16 (what to '
-                 'ship, e.g. results/draft_heads/en_de) with log.jsonl')
+                 'ship, e.g. specdec_jax/assets/mini/heads/en_de; move '
+                 'the log.jsonl copied with it to results/draft_heads/en_de)')
   return p.parse_args(argv)
 
 

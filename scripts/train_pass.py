@@ -1,7 +1,7 @@
 r"""Trains PaSS look-ahead embeddings on a frozen target (its own outputs).
 
   python scripts/train_pass.py --task en_de --num_lookahead 8 \
-    --out_dir results/pass_embeddings/en_de
+    --out_dir /tmp/pass/en_de
 
 Data: the target's greedy outputs (sequence-level, `distill.generate`) on
 the task's inputs, teacher-forced: for every prefix :t+1 of an output, the
@@ -18,6 +18,13 @@ checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
 checkpoint. Because slot j sees only slots 1..j, the first L' < L
 embeddings of an L-slot run are themselves an L'-slot drafter.
+
+To ship them: copy checkpoint_<step>/ to
+specdec_jax/assets/mini/lookahead/<task>/ and log.jsonl to
+results/pass_embeddings/<task>/ (logs are results), record the checkpoint
+under "methods" in specdec_jax/assets/mini/models.json and rewrite the
+manifest (`shipped.write_manifest(shipped.ASSETS_DIR)`); the eval job then
+loads them as `shipped:lookahead/<task>`.
 """
 
 import argparse

@@ -1,11 +1,20 @@
 """The models and data the project ships: the embedded default of every job.
 
 `specdec_jax/assets/mini/` holds, committed once (scripts/ship_models.py
-writes it; its README says how it was produced and how to reproduce it):
+writes it; its README says how it was produced and how to reproduce it; the
+method weights under heads/ and lookahead/ come from scripts/train_heads.py
+and scripts/train_pass.py, their models.json "methods" entries say how):
 
-  models.json        name -> role, T5Config fields, checkpoint folder,
-                     provenance (training command, steps, measured alpha)
+  models.json        "models": name -> role, T5Config fields, checkpoint
+                     folder, provenance (training command, steps, measured
+                     alpha); "methods": the trained weights of the methods
+                     that draft with the target itself, '<kind>/<task>' ->
+                     kind ('heads' / 'lookahead'), task, checkpoint folder,
+                     provenance (training commands, log in results/)
   <name>/checkpoint_<step>/   T5X's orbax checkpoint layout, bfloat16
+  heads/<task>/checkpoint_<step>/      self-drafting heads (draft_head.json,
+                                       their own MANIFEST.json as written)
+  lookahead/<task>/checkpoint_<step>/  PaSS look-ahead embeddings (same)
   data/                       a Debian data dir (scripts/build_debian_data.py
                               layout) holding only test slices:
     sentencepiece.model       the Debian tasks' vocabulary (8000 pieces)
@@ -17,7 +26,12 @@ writes it; its README says how it was produced and how to reproduce it):
 The eval job reads it as an ordinary data dir (`EvalSetup.data_dir =
 'shipped'`, see `tasks.resolve_data_dir`) and loads checkpoints named
 `shipped:<model>` (`checkpoint_path`), so the main job is an ordinary gin
-eval job (gin_configs/shipped/).
+eval job (gin_configs/shipped/). The method weights are named
+`shipped:heads/<task>` and `shipped:lookahead/<task>` (`method_names()`,
+the DRAFT_CHECKPOINT of gin_configs/heads/ and gin_configs/pass/); `resolve`
+checks every file of theirs against MANIFEST.json before it returns the
+folder (a few MB; their loaders check them again against the checkpoint's
+own manifest, array hashes included).
 
 Loading goes through the same code as a real T5X checkpoint
 (`checkpoints.load_t5x_params`), which checks the model's files against
@@ -132,6 +146,17 @@ def model_names() -> List[str]:
   return list(index()['models'])
 
 
+def method_names() -> List[str]:
+  """The shipped method weights: '<kind>/<task>', e.g. 'heads/en_de'."""
+  return list(index().get('methods', {}))
+
+
+def _known() -> str:
+  """The shipped names, for errors."""
+  return (f'shipped models: {", ".join(model_names())}; shipped methods: '
+          f'{", ".join(method_names()) or "none"}')
+
+
 def t5_config(fields: Dict[str, Any], dtype: Any = 'float32'):
   """A `network.T5Config` from a models.json `config` entry (no dtype)."""
   from specdec_jax import network  # pylint: disable=g-import-not-at-top
@@ -145,14 +170,17 @@ def config(name: str, dtype: Any = 'float32'):
   """The `network.T5Config` of a shipped model."""
   models = index()['models']
   if name not in models:
-    raise ValueError(f'No shipped model {name!r}; shipped: '
-                     f'{", ".join(models)}.')
+    raise ValueError(f'No shipped model {name!r}; {_known()}.')
   return t5_config(models[name]['config'], dtype)
 
 
 def checkpoint_path(name: str) -> str:
-  """The shipped model's `checkpoint_<step>` folder."""
-  return os.path.join(asset_dir(), index()['models'][name]['checkpoint'])
+  """The `checkpoint_<step>` folder of a shipped model or method."""
+  entries = index()
+  for section in ('models', 'methods'):
+    if name in entries.get(section, {}):
+      return os.path.join(asset_dir(), entries[section][name]['checkpoint'])
+  raise KeyError(f'No shipped model or method {name!r}; {_known()}.')
 
 
 def load_model(name: str, dtype: Any = None,
@@ -196,17 +224,30 @@ def data_dir() -> str:
 
 
 def resolve(checkpoint: str) -> str:
-  """`shipped:<model>` -> that model's checkpoint folder.
+  """`shipped:<model>` or `shipped:<kind>/<task>` -> its checkpoint folder.
 
-  Checks that the manifest lists the model's files; `load_t5x_params`
-  checks the files themselves against it when it loads them (once).
+  For a model, checks that the manifest lists its files; `load_t5x_params`
+  checks the files themselves against it when it loads them (once). For a
+  method's weights (`method_names()`, e.g. 'heads/en_de'), whose loaders
+  check them against the checkpoint's own manifest, every file is checked
+  against the shipped manifest here too.
+
+  Raises:
+    FileNotFoundError: no such shipped name (the error lists them all).
+    ShippedAssetError: a file is unlisted, missing, truncated or corrupt.
   """
-  name = checkpoint[len(SCHEME):]
-  if name not in model_names():
-    raise FileNotFoundError(f'No shipped model {name!r} ({checkpoint}); '
-                            f'shipped: {", ".join(model_names())}.')
+  name = checkpoint[len(SCHEME):] if checkpoint.startswith(SCHEME) else \
+      checkpoint
+  name = name.strip('/')
+  methods = method_names()
+  if name not in model_names() and name not in methods:
+    raise FileNotFoundError(f'No shipped model or method {name!r} '
+                            f'({checkpoint}); {_known()}.')
   path = checkpoint_path(name)
   _check_listed(path)
+  if name in methods:
+    prefix = os.path.relpath(path, asset_dir()).replace(os.sep, '/') + '/'
+    verify(prefix)
   return path
 
 

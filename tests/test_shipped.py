@@ -106,6 +106,94 @@ def test_a_truncated_or_missing_shipped_file_is_named(copied):
     shipped.load_model('xxl')
 
 
+METHODS = ['heads/en_de', 'heads/synopsis', 'lookahead/en_de',
+           'lookahead/synopsis']
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _files_under(folder):
+  return {os.path.relpath(os.path.join(d, n), folder).replace(os.sep, '/')
+          for d, _, names in os.walk(folder) for n in names}
+
+
+def test_shipped_method_weights_resolve_to_listed_folders():
+  """`shipped:heads/<task>` and `shipped:lookahead/<task>` name the method
+  weights shipped beside the T5s: a checkpoint_<step> folder every file of
+  which MANIFEST.json lists; the T5 list is unchanged."""
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  assert shipped.method_names() == METHODS
+  assert shipped.model_names() == ['target', 'dec2', 'small']
+  listed = shipped.manifest_entries(shipped.asset_dir())
+  methods = shipped.index()['methods']
+  for name in METHODS:
+    path = shipped.resolve(shipped.SCHEME + name)
+    entry = methods[name]
+    kind, task = name.split('/')
+    assert (entry['kind'], entry['task']) == (kind, task)
+    assert entry['provenance']['produced_by']
+    assert os.path.isabs(path) and os.path.isdir(path)
+    assert path == os.path.join(shipped.asset_dir(), entry['checkpoint'])
+    assert os.path.dirname(path) == os.path.join(shipped.asset_dir(), kind,
+                                                 task)
+    assert os.path.basename(path) == f'checkpoint_{entry["step"]}'
+    files = _files_under(path)
+    assert 'state/_METADATA' in files
+    assert ('draft_head.json' in files) == (kind == 'heads')
+    prefix = entry['checkpoint'] + '/'
+    assert {prefix + f for f in files} == {
+        rel for rel in listed if rel.startswith(prefix)}
+    assert shipped.verify(prefix) == len(files)
+    # Weights are shipped, not results: none left in results/.
+    old = 'draft_heads' if kind == 'heads' else 'pass_embeddings'
+    assert checkpoints.latest_checkpoint(
+        os.path.join(ROOT, 'results', old, task)) is None
+  for kind, folder in (('heads', 'heads'), ('lookahead', 'pass')):
+    for task in shipped.TASKS:
+      with open(os.path.join(ROOT, 'gin_configs', folder, f'{task}.gin')) as f:
+        assert f"DRAFT_CHECKPOINT = 'shipped:{kind}/{task}'\n" in f.read()
+
+
+def test_a_damaged_shipped_method_file_is_named(copied):
+  """A truncated, corrupt or missing file of a method's weights is named by
+  `resolve`, before any loader sees it; the other methods still resolve."""
+  path = _a_data_file(copied, 'heads/en_de')
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) - 5)
+  with pytest.raises(shipped.ShippedAssetError, match='truncated') as e:
+    shipped.resolve('shipped:heads/en_de')
+  assert path in str(e.value)
+
+  path = _a_data_file(copied, 'lookahead/synopsis')
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  with pytest.raises(shipped.ShippedAssetError, match='corrupt') as e:
+    shipped.resolve('shipped:lookahead/synopsis')
+  assert path in str(e.value)
+
+  path = str(copied / 'heads' / 'synopsis' / 'checkpoint_3000' /
+             'draft_head.json')
+  os.remove(path)
+  with pytest.raises(shipped.ShippedAssetError, match='missing') as e:
+    shipped.resolve('shipped:heads/synopsis')
+  assert path in str(e.value)
+
+  assert shipped.resolve('shipped:lookahead/en_de') == str(
+      copied / 'lookahead' / 'en_de' / 'checkpoint_300')
+
+
+def test_an_unknown_shipped_name_lists_the_known_ones():
+  for name in ('shipped:heads/nope', 'shipped:lookahead', 'shipped:xxl'):
+    with pytest.raises(FileNotFoundError) as e:
+      shipped.resolve(name)
+    message = str(e.value)
+    assert repr(name[len(shipped.SCHEME):]) in message
+    for known in shipped.model_names() + METHODS:
+      assert known in message
+
+
 def test_a_shipped_load_verifies_each_file_once(monkeypatch, caplog):
   """The job's path (`shipped:<model>` through loading.load_model) checks
   every file of the model once against MANIFEST.json (the shipped
