@@ -256,7 +256,7 @@ def _verdict(report) -> str:
       out.append(f"{task} {best['predicted_h100']:.2f}x (gamma "
                  f"{best['gamma']})")
   return ('Best PREDICTED H100 speed-up of the self-drafting heads at t = 0: '
-          + '; '.join(out) + '. Goal (issue 16): >= 1.3x on both tasks.')
+          + '; '.join(out) + '. Goal: >= 1.3x on both tasks.')
 
 
 def plot(report, path):

@@ -255,7 +255,7 @@ def _verdict(report) -> str:
       best = max(rows, key=lambda r: r['predicted_h100'])
       out.append(f"{task} {best['predicted_h100']:.2f}x ({best['drafter']})")
   return ('Best PREDICTED H100 speed-up of PaSS at t = 0: ' + '; '.join(out) +
-          '. Goal (issue 16): >= 1.3x on both tasks.')
+          '. Goal: >= 1.3x on both tasks.')
 
 
 def _identical(base, spec) -> str:

@@ -506,7 +506,7 @@ class Runner:
         'bfloat16': Target(network.T5Model(base), params),
         'float32': Target(network.T5Model(base.replace(
             activation_dtype='float32')), params)}
-    if self.args.fused:  # issue 14: fewer matmuls per step
+    if self.args.fused:  # fewer matmuls per step
       self._fuse()
     main = self.main_act = self.args.activation_dtype
     self.target = self.targets[main]

@@ -79,13 +79,18 @@ def _a_data_file(root, model):
   return max(files, key=os.path.getsize)  # a tensor chunk, not metadata
 
 
-def test_a_corrupt_shipped_file_is_named(copied):
-  path = _a_data_file(copied, 'dec2')
+def _flip_a_byte(path):
+  """Corrupts `path` in place without changing its size."""
   with open(path, 'r+b') as f:
     f.seek(os.path.getsize(path) // 2)
     byte = f.read(1)
     f.seek(-1, 1)
     f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_corrupt_shipped_file_is_named(copied):
+  path = _a_data_file(copied, 'dec2')
+  _flip_a_byte(path)
   with pytest.raises(shipped.ShippedAssetError, match='corrupt') as e:
     shipped.load_model('dec2')
   assert path in str(e.value)
@@ -164,11 +169,7 @@ def test_a_damaged_shipped_method_file_is_named(copied):
   assert path in str(e.value)
 
   path = _a_data_file(copied, 'lookahead/synopsis')
-  with open(path, 'r+b') as f:
-    f.seek(os.path.getsize(path) // 2)
-    byte = f.read(1)
-    f.seek(-1, 1)
-    f.write(bytes([byte[0] ^ 0xFF]))
+  _flip_a_byte(path)
   with pytest.raises(shipped.ShippedAssetError, match='corrupt') as e:
     shipped.resolve('shipped:lookahead/synopsis')
   assert path in str(e.value)
