@@ -69,6 +69,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.bench import models
 from specdec_jax.network import T5Config
 
 Array = jax.Array
@@ -81,17 +82,12 @@ GROWABLE = ('emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
 FIXED = ('vocab_size', 'mlp_activations', 'logits_via_embedding')
 
 # T5X's t5x/examples/t5/t5_1_1/{base,large,xxl}.gin dimensions.
+# '<size>_cost': the dimensions of a T5 size (bench.models, the twin of
+# gin_configs/models/), e.g. 't5_1_1_xxl_cost'.
 PRESETS: Dict[str, Dict[str, int]] = {
-    't5_1_1_base_cost': dict(
-        emb_dim=768, num_heads=12, head_dim=64, mlp_dim=2048,
-        num_encoder_layers=12, num_decoder_layers=12),
-    't5_1_1_large_cost': dict(
-        emb_dim=1024, num_heads=16, head_dim=64, mlp_dim=2816,
-        num_encoder_layers=24, num_decoder_layers=24),
-    't5_1_1_xxl_cost': dict(
-        emb_dim=4096, num_heads=64, head_dim=64, mlp_dim=10240,
-        num_encoder_layers=24, num_decoder_layers=24),
-}
+    f'{size}_cost': {k: models.DIMS[size][k] for k in GROWABLE}
+    for size in ('t5_1_1_small', 't5_1_1_base', 't5_1_1_large',
+                 't5_1_1_xl', 't5_1_1_xxl')}
 
 _ENCODER_NORMS = ('pre_attention_layer_norm', 'pre_mlp_layer_norm')
 _DECODER_NORMS = ('pre_self_attention_layer_norm',

@@ -1,0 +1,18 @@
+"""The benchmark harness: what every script under scripts/ measures with.
+
+- `hardware`: `HardwareProfile`, READ from a measured run's JSON (the
+  profiles in `bench/profiles/`, each naming the run it came from), and
+  `predict`, the one formula behind every "predicted" figure.
+- `models`: the T5 1.1 / 1.0 / Flan-T5 configs as Python values (the twin of
+  gin_configs/models/) and `load(spec)` for `shipped:<name>` or a real
+  checkpoint with a config name.
+- `rows`: decode rows with the baseline and a speculative decoder, the
+  measured speed-up, identical counts; statistics only through
+  `spec_stats`.
+- `budget`: a wall-clock budget, a compile watch and an ahead-of-time
+  compile pool for runs that must fit a device lease.
+- `report`: one results header, and the json / md / png writers.
+
+The harness sits between `loading` and the jobs: it imports the core and
+`loading`, and the jobs, the experiments and the scripts import it.
+"""

@@ -1,0 +1,129 @@
+"""The T5 model configs as Python values, and loading a model from a spec.
+
+The twin of gin_configs/models/ (as t5x's fiddle_configs/models/t5_1_1.py is
+of its gin files): `CONFIGS['t5_1_1_xxl']` is the `network.T5Config` that
+gin_configs/models/t5_1_1/xxl.gin binds to `T5_1_1_XXL`, with the same
+vocabulary (32128) and dtype (bfloat16) defaults; tests/test_bench.py checks
+that every gin file and its twin agree. Scripts take their dimensions from
+here instead of typing them.
+
+`load(spec, config)` is how every benchmark and method script opens a model:
+`shipped:<name>` (a shipped model, `shipped.model_names()`) or the path of
+a T5X checkpoint (`.../checkpoint_<step>`, local or gs://) with a config
+spec: a name of `CONFIGS` optionally followed by overrides,
+e.g. 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Dict, Optional, Tuple
+
+from specdec_jax import checkpoints
+from specdec_jax import network
+from specdec_jax import shipped
+
+VOCAB_SIZE = 32128
+DTYPE = 'bfloat16'
+
+# The dimensions T5X gives each size (t5x/examples/t5/*/*.gin).
+_T5_1_1 = dict(mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
+_T5_1_0 = dict(mlp_activations=('relu',), logits_via_embedding=True)
+
+
+def _dims(emb, heads, layers, head_dim, mlp, family):
+  return dict(emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
+              num_decoder_layers=layers, head_dim=head_dim, mlp_dim=mlp,
+              **family)
+
+
+DIMS: Dict[str, Dict[str, Any]] = {
+    't5_1_1_tiny': _dims(8, 4, 2, 3, 16, _T5_1_1),
+    't5_1_1_small': _dims(512, 6, 8, 64, 1024, _T5_1_1),
+    't5_1_1_base': _dims(768, 12, 12, 64, 2048, _T5_1_1),
+    't5_1_1_large': _dims(1024, 16, 24, 64, 2816, _T5_1_1),
+    't5_1_1_xl': _dims(2048, 32, 24, 64, 5120, _T5_1_1),
+    't5_1_1_xxl': _dims(4096, 64, 24, 64, 10240, _T5_1_1),
+    't5_1_0_small': _dims(512, 8, 6, 64, 2048, _T5_1_0),
+    't5_1_0_base': _dims(768, 12, 12, 64, 3072, _T5_1_0),
+    't5_1_0_large': _dims(1024, 16, 24, 64, 4096, _T5_1_0),
+    't5_1_0_3B': _dims(1024, 32, 24, 128, 16384, _T5_1_0),
+    't5_1_0_11B': _dims(1024, 128, 24, 128, 65536, _T5_1_0),
+}
+# Flan-T5 is the T5 1.1 LM-adapted architecture with T5 1.1's dimensions.
+DIMS.update({f'flan_t5_{size}': DIMS[f't5_1_1_{size}']
+             for size in ('small', 'base', 'large', 'xl', 'xxl')})
+
+CONFIGS: Dict[str, network.T5Config] = {
+    name: network.T5Config(vocab_size=VOCAB_SIZE, dtype=DTYPE,
+                           dropout_rate=0.0, **dims)
+    for name, dims in DIMS.items()}
+
+def _known(name: str) -> str:
+  if name not in DIMS:
+    raise ValueError(f'unknown model config {name!r}; known: '
+                     f'{", ".join(sorted(DIMS))}')
+  return name
+
+
+def _value(text: str) -> Any:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def config(spec: str, **overrides) -> network.T5Config:
+  """A `network.T5Config` from 'name[,field=value...]' (and overrides).
+
+  Raises:
+    ValueError: an unknown name, a malformed override or an unknown field.
+  """
+  name, *rest = [part.strip() for part in spec.split(',') if part.strip()]
+  fields = {}
+  for part in rest:
+    if '=' not in part:
+      raise ValueError(f'config spec {spec!r}: {part!r} is not field=value')
+    key, value = part.split('=', 1)
+    fields[key.strip()] = _value(value.strip())
+  fields.update(overrides)
+  base = CONFIGS[_known(name)]
+  unknown = set(fields) - set(base.__dataclass_fields__)
+  if unknown:
+    raise ValueError(f'config spec {spec!r}: T5Config has no field(s) '
+                     f'{sorted(unknown)}')
+  if 'mlp_activations' in fields:
+    fields['mlp_activations'] = tuple(fields['mlp_activations'])
+  return base.replace(**fields)
+
+
+SHIPPED = 'shipped:'
+
+
+def load(spec: str, config_spec: Optional[str] = None, *,
+         dtype: Any = None) -> Tuple[network.T5Model, Any]:
+  """`(network.T5Model, params)` for `shipped:<name>` or a T5X checkpoint.
+
+  Args:
+    spec: 'shipped:<name>' or the path of a `checkpoint_<step>` folder.
+    config_spec: for a checkpoint path, its config ('t5_1_1_small',
+      't5_1_1_tiny,vocab_size=256,dtype=float32'); unused for shipped
+      models, whose configs ship with them.
+    dtype: parameter dtype after loading (default: the stored dtypes for
+      a checkpoint, float32 for a shipped model).
+
+  Raises:
+    ValueError: a checkpoint path without a config spec, or a bad spec.
+    FileNotFoundError: no such checkpoint or shipped model.
+  """
+  if spec.startswith(SHIPPED):
+    return shipped.load_model(spec[len(SHIPPED):], dtype=dtype)
+  if not config_spec:
+    raise ValueError(
+        f'{spec!r} is a checkpoint path: give its model config too (one of '
+        f'{", ".join(sorted(DIMS))}, with overrides such as '
+        "'t5_1_1_small,vocab_size=32128,dtype=float32'), or use "
+        f'shipped:<name> ({", ".join(shipped.model_names())})')
+  cfg = config(config_spec)
+  params = checkpoints.load_t5x_params(spec, config=cfg, dtype=dtype)
+  return network.T5Model(cfg), params
