@@ -1,21 +1,27 @@
 """The main job: exact speculative decoding of real text with the shipped models.
 
   python -m specdec_jax.demo [--tasks en_de,synopsis] [--num_examples 16]
-                             [--output_dir /tmp/specdec_jax_main] [--random]
+                             [--output_dir /tmp/specdec_jax_main] [--resume]
+                             [--random]
 
 Runs the gin eval job (gin_configs/shipped/<task>.gin: the multi-task mini
 target and its distilled drafter shipped in specdec_jax/assets/mini, on the
 shipped Debian test slices; no network, no data build) for each task: the
 same inputs are decoded by the jitted baseline and by speculative decoding,
 timed side by side. Prints a few source / reference / output lines, BLEU or
-ROUGE, alpha, the mean accepted length, target calls per token, the measured
-speed-up and whether the greedy outputs are identical, and leaves the eval
-job's files (examples.jsonl, summary.json, summary.md, config.gin) in
-OUTPUT_DIR/<task>. `--random` runs the old installation check instead: a
+ROUGE, alpha, the mean accepted length, target calls per token, whether the
+greedy outputs are identical and three speed lines: measured here, PREDICTED
+on the measured H100 profile from this run's counters
+(`bench.hardware.predict`), and what our H100 run measured for the same
+drafter. Each run decodes into a fresh OUTPUT_DIR/run_<time>/<task> and
+leaves the eval job's files there (examples.jsonl, summary.json, summary.md,
+config.gin); `--resume` continues the latest run. `--random` runs the old installation check instead: a
 random tiny T5 and a noisy copy of it as the drafter.
 """
 
 import argparse
+import json
+import os
 import time
 
 import jax
@@ -27,6 +33,7 @@ from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.bench import hardware
 
 DEMO_CONFIG = network.T5Config(
     vocab_size=512, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
@@ -38,18 +45,40 @@ DEMO_CONFIG = network.T5Config(
 TASK_GIN = {'en_de': 'shipped/en_de.gin', 'synopsis': 'shipped/synopsis.gin'}
 
 
+def run_dir(output_dir: str, resume: bool) -> str:
+  """A fresh `<output_dir>/run_<time>` folder, or with `resume` the latest.
+
+  Each run decodes into its own folder, so a second run decodes again
+  instead of finding the first run's records; `--resume` continues the
+  latest run (the eval job then says how many records it reused).
+  """
+  runs = sorted(d for d in os.listdir(output_dir) if d.startswith('run_')
+                ) if os.path.isdir(output_dir) else []
+  if resume and runs:
+    return os.path.join(output_dir, runs[-1])
+  stamp = time.strftime('run_%Y%m%d_%H%M%S')
+  path, n = os.path.join(output_dir, stamp), 1
+  while os.path.exists(path):
+    path, n = os.path.join(output_dir, f'{stamp}_{n}'), n + 1
+  return path
+
+
 def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
-             output_dir='/tmp/specdec_jax_main', show=3, extra_gin=()):
+             output_dir='/tmp/specdec_jax_main', show=3, extra_gin=(),
+             resume=False):
   """Runs the shipped-model eval job per task and prints what it found.
 
   Returns:
     {task: the eval job's summary dict}.
   """
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
 
   summaries = {}
+  output_dir = run_dir(output_dir, resume)
+  print(('resuming the latest run in ' if resume and os.path.isdir(output_dir)
+         else 'decoding into a fresh folder ') + output_dir +
+        ('' if resume else ' (--resume continues the latest run instead)'),
+        flush=True)
   for task in tasks:
     if task not in TASK_GIN:
       raise SystemExit(f'unknown task {task!r}; known: {", ".join(TASK_GIN)}')
@@ -77,30 +106,78 @@ def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
           f"{summary['mean_accepted_length']:.2f} tokens per target call "
           f"(gamma {summary['gamma']}), target calls per token "
           f"{summary['target_calls_per_token']:.3f}")
-    print(f"  speed-up {summary['walltime_speedup']:.2f}x on "
-          f"{jax.default_backend()} (baseline {summary['baseline_s']:.2f} s, "
-          f"speculative {summary['speculative_s']:.2f} s)")
+    for line in speed_lines(task, summary):
+      print('  ' + line)
     print(f"  greedy outputs identical: {summary['examples'] - summary['differing_examples']} of "
           f"{summary['examples']} (near-ties {summary.get('near_ties')}, "
           f"mismatches {summary.get('mismatches')})")
     summaries[task] = summary
-  print('\nOn 2 CPU cores a k-token target call costs ~2 one-token calls, so '
-        'speculative decoding is slower here; on a GPU it costs ~1 '
-        '(README: "The accelerator path").')
   return summaries
+
+
+def _drafter_name(summary) -> str:
+  """The profile's name of the job's drafter: a shipped model or a kind."""
+  checkpoint = summary.get('draft_checkpoint') or ''
+  if summary['drafter'] == 't5' and checkpoint.startswith('shipped:'):
+    return checkpoint[len('shipped:'):]
+  return summary['drafter']
+
+
+def speed_lines(task: str, summary, profile_name: str = hardware.H100):
+  """Three speed lines: measured here, predicted on the measured profile
+  from this run's counters, and what the profile's own run measured.
+
+  The prediction is `bench.hardware.predict` on tokens per target call
+  (1 / target calls per token) with the drafter's measured c: what the same
+  acceptance gives with a T5 1.1-XXL-cost target on that device.
+  """
+  lines = [f"measured here ({jax.default_backend()}, these models): "
+           f"{summary['walltime_speedup']:.2f}x (baseline "
+           f"{summary['baseline_s']:.2f} s, speculative "
+           f"{summary['speculative_s']:.2f} s)"]
+  profile = hardware.load(profile_name)
+  name, gamma = _drafter_name(summary), summary['gamma']
+  try:
+    p = hardware.predict(
+        profile, tokens_per_call=1.0 / summary['target_calls_per_token'],
+        gamma=gamma, drafter=name, batch=summary['batch_size'])
+    lines.append(f'predicted on {profile.name} at T5 1.1-XXL target cost: '
+                 f'{p.speedup:.2f}x ({p.label}: this run\'s tokens per target '
+                 f'call / (cost({p.width}) + {gamma} x c {p.c:.3f}); '
+                 'bench.hardware.predict)')
+  except KeyError as e:
+    lines.append(f'predicted on {profile.name}: none ({e.args[0]})')
+  run = hardware.measured_run(profile)
+  rows = [r for r in (run or {}).get('table2', [])
+          if r['task'] == task and r['drafter'] == name and
+          r['temperature'] == summary['temperature'] and r['batch'] == 1]
+  if rows:
+    r = rows[0]
+    lines.append(f"measured on {profile.device}: {r['measured']:.2f}x "
+                 f"({name}, gamma {r['gamma']}, alpha {r['alpha']:.2f}, "
+                 f"{r['rows']} examples; {profile.source})")
+  else:
+    lines.append(f'measured on {profile.device}: no {name} row at '
+                 f"t = {summary['temperature']:g} in "
+                 f"{profile.source if run else 'this installation'}")
+  return lines
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--tasks', default='en_de,synopsis')
   parser.add_argument('--num_examples', type=int, default=16)
-  parser.add_argument('--output_dir', default='/tmp/specdec_jax_main')
+  parser.add_argument('--output_dir', default='/tmp/specdec_jax_main',
+                      help='each run decodes into a fresh run_<time> folder '
+                      'here')
+  parser.add_argument('--resume', action='store_true',
+                      help='continue the latest run folder instead')
   parser.add_argument('--random', action='store_true',
                       help='the random-weights installation check instead')
   args, rest = parser.parse_known_args(argv)
   if not args.random:
     return main_job(args.tasks.split(','), args.num_examples, args.output_dir,
-                    extra_gin=rest)
+                    extra_gin=rest, resume=args.resume)
   return random_demo(rest)
 
 

@@ -307,3 +307,53 @@ def test_finder_reports_broken_links_and_anchors():
   assert any('#bottom' in p for p in problems), problems
   assert not any('example.com' in p or '#top' in p or 'docs/README' in p
                  or 'in_code' in p for p in problems), problems
+
+
+def test_readme_headline_figures_are_the_results_files():
+  """Each figure of the README's H100 table is its results file's value.
+
+  Measured values come from the run's json; every predicted value is
+  recomputed through `bench.hardware.predict` on the profile read from the
+  same run, so the README cannot keep a figure the files no longer give.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  from specdec_jax.bench import hardware  # pylint: disable=g-import-not-at-top
+
+  profile = hardware.load(hardware.H100)
+  run = json.loads((ROOT / profile.source).read_text())
+  readme = (ROOT / 'README.md').read_text()
+
+  def row(table, task, drafter):
+    return next(r for r in run[table]
+                if r['task'] == task and r['drafter'] == drafter)
+
+  def pred(r):
+    return hardware.predict(profile, alpha=r['alpha'], gamma=r['gamma'],
+                            drafter=r['drafter'], batch=r['batch']).speedup
+
+  floor = run['floor']
+  c1 = profile.cost[1]
+  en, syn = row('table2', 'en_de', 'dec2'), row('table2', 'synopsis', 'dec2')
+  small = 'small@t5_1_1_small_cost'
+  en_s, syn_s = row('table2', 'en_de', small), row('table2', 'synopsis', small)
+  b8 = next(r for r in run['batches'] if r['batch'] == 8)
+  b32 = next(r for r in run['batches'] if r['batch'] == 32)
+  expected = [
+      f"{floor['t1_ms']:.2f} ms vs {floor['floor_ms']:.2f} ms: "
+      f"{floor['ratio']:.2f}x",
+      f"{min(c1[k] for k in range(2, 10)):.2f}-"
+      f"{max(c1[k] for k in range(2, 10)):.2f} / "
+      f"{profile.cost[8][8]:.2f}, {profile.cost[32][8]:.2f}",
+      f"{profile.c[1]['dec2']:.3f} / {profile.c[1][small]:.3f}",
+      f"gamma {en['gamma']}, t = 0 | **{en['measured']:.2f}x** (predicted "
+      f"{pred(en):.2f}; alpha {en['alpha']:.2f})",
+      f"gamma {syn['gamma']}, t = 0 | {syn['measured']:.2f}x (predicted "
+      f"{pred(syn):.2f})",
+      f"{en_s['measured']:.2f}x / {syn_s['measured']:.2f}x (predicted "
+      f"{pred(en_s):.2f} / {pred(syn_s):.2f})",
+      f"{b8['measured']:.2f}x / {b32['measured']:.2f}x "
+      f"({b8['measured'] / pred(b8):.2f} / "
+      f"{b32['measured'] / pred(b32):.2f} of predicted",
+  ]
+  missing = [e for e in expected if e not in readme]
+  assert not missing, missing

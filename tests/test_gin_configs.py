@@ -16,6 +16,7 @@ import pytest
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import network
+from specdec_jax.bench import models
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / 'gin_configs'
 MODEL_FILES = sorted(GIN_DIR.glob('models/*/*.gin'))
@@ -59,6 +60,13 @@ def test_model_file_builds(path):
     assert n == EXPECTED_PARAMS[key]
   assert ('logits_dense' in variables['decoder']) == (
       not config.logits_via_embedding)
+  # The Python twin (bench.models) binds the same config.
+  assert models.CONFIGS[f'{path.parent.name}_{path.stem}'] == config
+
+
+def test_python_twin_has_no_config_without_gin_file():
+  names = {f'{p.parent.name}_{p.stem}' for p in MODEL_FILES}
+  assert set(models.CONFIGS) == names
 
 
 def test_twelve_paper_rows():

@@ -235,7 +235,9 @@ def test_shipped_drafter_agrees_with_the_target(target, task):
 
 def test_main_job_translates_real_text_exactly(tmp_path, capsys):
   """The README's first command, on two examples: real German out, greedy
-  speculative output identical to the baseline, metrics printed."""
+  speculative output identical to the baseline, metrics and the three speed
+  lines printed; a second run decodes again into a fresh folder, and
+  --resume says that it continues the latest run."""
   from specdec_jax import demo  # pylint: disable=g-import-not-at-top
   summaries = demo.main_job(('en_de',), num_examples=2,
                             output_dir=str(tmp_path), show=1)
@@ -244,7 +246,22 @@ def test_main_job_translates_real_text_exactly(tmp_path, capsys):
   assert summary['status'] == 'complete'
   assert summary['alpha'] > 0.25  # 0.40 measured; untrained: ~0
   out = capsys.readouterr().out
+  assert out.startswith('decoding into a fresh folder')
   assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in out  # row 0
   assert 'greedy outputs identical: 2 of 2' in out
+  assert 'measured here (cpu' in out
+  assert 'predicted on nvidia-h100-80gb-hbm3 at T5 1.1-XXL target cost' in out
+  assert 'measured on NVIDIA H100 80GB HBM3: 2.78x (dec2' in out
+  (first,) = list(tmp_path.glob('run_*'))
   for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin'):
-    assert (tmp_path / 'en_de' / name).is_file()
+    assert (first / 'en_de' / name).is_file()
+  # Run again: a second, fresh folder with its own records (decoded now).
+  demo.main_job(('en_de',), num_examples=2, output_dir=str(tmp_path), show=0)
+  runs = sorted(tmp_path.glob('run_*'))
+  assert len(runs) == 2 and (runs[1] / 'en_de' / 'examples.jsonl').is_file()
+  capsys.readouterr()
+  demo.main_job(('en_de',), num_examples=2, output_dir=str(tmp_path), show=0,
+                resume=True)
+  assert capsys.readouterr().out.startswith(
+      f'resuming the latest run in {runs[1]}')
+  assert sorted(tmp_path.glob('run_*')) == runs

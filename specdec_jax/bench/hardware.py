@@ -254,6 +254,18 @@ def load(name_or_path: str) -> HardwareProfile:
     raise ValueError(f'hardware profile {path}: {e}') from e
 
 
+def measured_run(profile: HardwareProfile) -> Optional[Dict[str, Any]]:
+  """The run json a profile was read from (its measured rows), or None.
+
+  `profile.source` is relative to the repository root; an installed package
+  without results/ has no run.
+  """
+  path = PROFILES_DIR.parents[2] / profile.source
+  if not path.is_file():
+    return None
+  return json.loads(path.read_text())
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
   """A PREDICTED speed-up over the baseline, and what it rests on."""

@@ -1,0 +1,166 @@
+"""The bench harness: profiles are the measured runs, one prediction, rows.
+
+The shipped profiles must be exactly what their measured runs give (no hand
+edit survives), `predict` must reproduce the predictions the H100 run made
+with its own code, and the row counters must be ratios of sums over rows.
+"""
+
+import json
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import network
+from specdec_jax import spec_stats
+from specdec_jax import speculative
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import rows
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(source):
+  return json.loads((ROOT / source).read_text())
+
+
+@pytest.mark.parametrize('name', [hardware.H100, hardware.CPU])
+def test_profile_is_its_measured_run(name):
+  profile = hardware.load(name)
+  run = _run(profile.source)
+  read = (hardware.from_accelerator_run if 'setup' in run
+          else hardware.from_costs_run)
+  assert read(run, profile.source).to_json() == profile.to_json()
+
+
+def test_predict_reproduces_the_h100_runs_own_predictions():
+  profile = hardware.load(hardware.H100)
+  run = _run(profile.source)
+  checked = 0
+  for row in run['table2'] + run['batches']:
+    p = hardware.predict(profile, alpha=row['alpha'], gamma=row['gamma'],
+                         drafter=row['drafter'], batch=row['batch'])
+    assert p.speedup == pytest.approx(row['predicted'], rel=1e-9), row
+    assert p.c == pytest.approx(row['c'], rel=1e-12)
+    checked += 1
+  assert checked >= 4
+
+
+def test_cost_is_measured_interpolated_or_extrapolated_and_says_which():
+  profile = hardware.load(hardware.H100)
+  curve = profile.cost[8]
+  assert profile.cost_at(8, 8) == (curve[8], hardware.MEASURED)
+  value, how = profile.cost_at(4, 8)
+  assert how == hardware.INTERPOLATED
+  assert value == pytest.approx(curve[1] + 3 / 7 * (curve[8] - curve[1]))
+  top = profile.max_measured_k(1)
+  assert profile.cost_at(top + 10, 1) == (profile.cost[1][top],
+                                          hardware.EXTRAPOLATED)
+  with pytest.raises(KeyError, match='measured batches'):
+    profile.cost_at(2, batch=3)
+  p = hardware.predict(profile, tokens_per_call=3.0, width=top + 10,
+                       drafter_calls_per_call=0)
+  assert 'beyond the measured k' in p.label
+
+
+def test_unmeasured_drafter_is_the_labelled_bytes_model_or_an_error():
+  profile = hardware.load(hardware.H100)
+  with pytest.raises(KeyError, match="did not time drafter 'heads'"):
+    profile.c_of('heads')
+  c, how = profile.c_of('heads', step_bytes=1e9, kernels=10)
+  assert how == hardware.BYTES_MODEL
+  want = (1e9 / profile.bandwidth + 10 * profile.launch_ms * 1e-3) / (
+      profile.t1_ms * 1e-3)
+  assert c == pytest.approx(want)
+  p = hardware.predict(profile, alpha=0.7, gamma=4, drafter='heads',
+                       step_bytes=1e9, kernels=10)
+  assert 'bytes / launches model' in p.label
+  # dec2 was timed at batch 8; small only at batch 1, and it says so.
+  assert profile.c_of('dec2', 8)[1] == hardware.MEASURED
+  assert profile.c_of('small', 8) == (profile.c[1]['small'],
+                                      'measured at batch 1')
+
+
+def test_predict_from_counters():
+  profile = hardware.load(hardware.H100)
+  p = hardware.predict(profile, tokens_per_call=3.0, width=5,
+                       drafter_calls_per_call=4, c=0.1)
+  assert p.speedup == pytest.approx(3.0 / (profile.cost[1][5] + 0.4))
+  with pytest.raises(ValueError, match='alpha or tokens_per_call'):
+    hardware.predict(profile, gamma=3)
+
+
+def test_profile_errors_name_the_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match='profiles:'):
+    hardware.load('no-such-device')
+  bad = tmp_path / 'bad.json'
+  bad.write_text('{"name": ')
+  with pytest.raises(ValueError, match='bad.json'):
+    hardware.load(str(bad))
+  bad.write_text('{"name": "x"}')
+  with pytest.raises(ValueError, match='bad.json.*needs'):
+    hardware.load(str(bad))
+
+
+_CONSTANT = re.compile(
+    r'^\s*[A-Z0-9_]*(H100|TPU|GPU|HARDWARE|BANDWIDTH|STEP_S|STEP_MS|DRAFT_MS|DEC2_C)'
+    r'[A-Z0-9_]*\s*=\s*[-\d{(]', re.M)
+
+
+def test_no_hand_typed_hardware_constant_in_code():
+  found = []
+  for path in list((ROOT / 'scripts').glob('*.py')) + list(
+      (ROOT / 'specdec_jax').rglob('*.py')):
+    found += [f'{path.relative_to(ROOT)}: {m.group(0).strip()}'
+              for m in _CONSTANT.finditer(path.read_text())]
+  assert not found, found
+
+
+def test_model_config_specs():
+  cfg = models.config('t5_1_1_tiny,vocab_size=64,dtype=float32')
+  assert (cfg.vocab_size, cfg.dtype, cfg.emb_dim) == (64, 'float32', 8)
+  with pytest.raises(ValueError, match='unknown model config'):
+    models.config('t5_1_1_huge')
+  with pytest.raises(ValueError, match='no field'):
+    models.config('t5_1_1_tiny,width=3')
+  with pytest.raises(ValueError, match='give its model config'):
+    models.load('/no/such/checkpoint_1')
+
+
+def test_row_counters_are_ratios_of_sums_over_rows():
+  cfg = models.config('t5_1_1_tiny,vocab_size=64,dtype=float32,emb_dim=16,'
+                      'head_dim=8')
+  model = network.T5Model(cfg)
+  params = model.init_params(jax.random.key(0))
+  x = np.random.RandomState(0).randint(2, 64, (4, 8)).astype(np.int32)
+  x[:, -1] = 1
+  base = rows.decode_rows(
+      lambda x, i: decoding.temperature_sample(model, params, x,
+                                               max_decode_len=10), x, 1, 2)
+  # A perturbed copy drafts: acceptance varies by row.
+  noisy = jax.tree_util.tree_map(lambda a: a * 1.3, params)
+  spec = rows.decode_rows(
+      lambda x, i: speculative.speculative_sample(
+          model, params, drafters.T5Drafter(model), noisy, x, gamma=3,
+          max_decode_len=10), x, 1, 2)
+  got = rows.compare(base, spec, greedy=True)
+  assert got['identical'] == got['rows'] == 4
+  stats = [r.stats for r in spec.results]
+  row_iters = sum(float(jnp.sum(s.row_iterations)) for s in stats)
+  accepted_at = sum(np.asarray(s.accepted_at) for s in stats)
+  assert got['row_iterations'] == row_iters
+  assert got['per_position_acceptance'] == pytest.approx(
+      (accepted_at / row_iters).round(4))
+  assert got['tokens_per_call'] == pytest.approx(got['tokens'] / row_iters)
+  one = spec_stats.summarize(stats[0])
+  assert rows.counters(spec.results[:1])['per_position_acceptance'] == (
+      pytest.approx(one['per_position_acceptance'], abs=1e-4))
+  # A changed token is caught.
+  bad = spec.results[0].replace(tokens=spec.results[0].tokens.at[0, 0].add(1))
+  assert rows.identical(base.results, [bad] + spec.results[1:])[0] == 3
