@@ -12,7 +12,7 @@ torch's multi-threaded kernels can be very erratic; `--torch_threads 1` pins
 torch to one thread (the count used is recorded either way).
 The greedy sequences are compared and mismatching positions counted.
 
-  PYTHONPATH=. python scripts/benchmark_baseline.py --repeats 10
+  python scripts/benchmark_baseline.py --repeats 10
 """
 
 import argparse
@@ -30,12 +30,8 @@ import transformers
 from specdec_jax import decoding
 from specdec_jax import measure
 from specdec_jax import network
+from specdec_jax.bench import models
 from specdec_jax.checkpoints import hf as hf_lib
-
-T5_11_SMALL = network.T5Config(
-    vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
-    num_decoder_layers=8, head_dim=64, mlp_dim=1024,
-    mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
 
 
 def main(argv=None):
@@ -55,7 +51,8 @@ def main(argv=None):
   command = 'python scripts/benchmark_baseline.py ' + ' '.join(
       f'--{k} {v}' for k, v in vars(args).items())
 
-  config = T5_11_SMALL
+  config = models.CONFIGS['t5_1_1_small'].replace(
+      vocab_size=models.VOCAB_SIZE, dtype='float32')
   model = network.T5Model(config)
   params = model.init_params(jax.random.key(args.seed))
   hf_model = hf_lib.to_hf_model(params, config)
@@ -117,7 +114,7 @@ def main(argv=None):
                  f'{tok_s[key] / tok_s["hf"]:.2f}x |')
   md = '\n'.join([
       '# Greedy baseline vs HF transformers (T5 1.1 small, random weights)',
-      '', 'Rerun with:', '', '```', f'PYTHONPATH=. {command}', '```', '',
+      '', 'Rerun with:', '', '```', command, '```', '',
       f'Machine: {machine["cpu"]}, nproc {machine["nproc"]}, torch threads '
       f'{machine["torch_num_threads"]}, JAX devices '
       f'{", ".join(machine["jax_devices"])}; python {machine["python"]}, '

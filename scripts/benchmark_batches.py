@@ -18,7 +18,16 @@ greedy, at batch B and gamma:
     and c = t_draft / t_target(1) measured at batch B (`measure.call_time`,
     `measure.drafter_token_time`). The prediction assumes every row busy in
     every iteration (no idle rows) and leaves out the encoder / cache set-up
-    (which the measured times include, for both decoders).
+    (which the measured times include, for both decoders). It is
+    `bench.hardware.predict` on a profile of this run's costs at batch B;
+    next to it the same tokens per row-iteration predicted at T5-XXL target
+    cost on a measured hardware profile (`--profile`, the H100 run's by
+    default; its measured c of the drafter and cost(gamma + 1) at batch B,
+    interpolated between its measured k where it says so).
+
+`--repredict OUT.json` recomputes the predicted columns of a results file
+from its measured values (nothing is measured) and rewrites OUT.json and
+OUT.md.
 
 Needs jax, flax, numpy, orbax and the package only (runs on a GPU host too):
 
@@ -28,8 +37,7 @@ Needs jax, flax, numpy, orbax and the package only (runs on a GPU host too):
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import pathlib
 import sys
 import time
 
@@ -37,9 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-
-from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import measure
 from specdec_jax import network
@@ -47,6 +53,8 @@ from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import spec_stats
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
 
 
 def parse_args(argv=None):
@@ -69,7 +77,16 @@ def parse_args(argv=None):
                  "'8' at batch 8: always the full slot batch)")
   p.add_argument('--out', default='results/batches_cpu',
                  help='writes OUT.md and OUT.json')
+  p.add_argument('--profile', default=hardware.H100,
+                 help='the measured hardware profile of the "predicted '
+                 "<profile>\" column (bench.hardware.names()); 'none': no "
+                 'such column')
+  p.add_argument('--repredict', default=None, metavar='JSON',
+                 help='recompute the predicted columns of this results file '
+                 'from its measured values and rewrite its .json and .md')
   args = p.parse_args(argv)
+  if args.repredict:
+    return args
   args.refill_sizes = (tuple(int(x) for x in args.refill_sizes.split(','))
                        if args.refill_sizes else None)
   if args.num_examples % args.batch:
@@ -163,7 +180,6 @@ def run_task(task, args, target, target_params, drafter, draft_params):
                                        context=context, jit_setup=True)
   cost, c = tk / t1, t_draft / t1
   tokens_per_row_iteration = tokens / float(spec_rows.sum())
-  predicted = tokens_per_row_iteration / (cost + g * c)
   speedup_fixed = seconds['baseline_fixed'] / seconds['speculative_fixed']
   speedup_stream = seconds['baseline_stream'] / seconds['speculative_stream']
   spec_spread = spread(spec_rows, b)
@@ -183,15 +199,8 @@ def run_task(task, args, target, target_params, drafter, draft_params):
       't_target_1_ms': t1 * 1e3, 't_target_k_ms': tk * 1e3,
       'cost_gamma_plus_1': cost, 't_draft_ms': t_draft * 1e3, 'c': c,
       'tokens_per_row_iteration': tokens_per_row_iteration,
-      'predicted_speedup': predicted,
-      # PREDICTED too: the same with each fixed-batch decoder's measured
-      # row utilisation (mean/max) applied to its own cost.
-      'predicted_speedup_fixed_with_spread': predicted * (
-          spec_spread['utilisation'] / base_spread['utilisation']),
       'measured_speedup_fixed': speedup_fixed,
       'measured_speedup_stream': speedup_stream,
-      'measured_over_predicted_fixed': speedup_fixed / predicted,
-      'measured_over_predicted_stream': speedup_stream / predicted,
       'stream_gain_baseline': seconds['baseline_fixed'] /
                               seconds['baseline_stream'],
       'stream_gain_speculative': seconds['speculative_fixed'] /
@@ -199,14 +208,86 @@ def run_task(task, args, target, target_params, drafter, draft_params):
   }
 
 
+def run_profile(row, meta):
+  """The profile of this run's costs at the row's batch (t(1), cost(gamma
+  + 1), c of its drafter), so its prediction goes through
+  `bench.hardware.predict`."""
+  b, k = row['batch'], row['gamma'] + 1
+  return hardware.HardwareProfile(
+      name=f"{pathlib.Path(meta.get('out', 'batches')).name} costs: "
+      f"{row['task']}, batch {b}", device=meta['machine'],
+      target=f"shipped {meta['target']}, {meta['dtype']}",
+      t1_ms=row['t_target_1_ms'], floor_ms=None, bandwidth=None,
+      launch_ms=None, cost={b: {1: 1.0, k: row['cost_gamma_plus_1']}},
+      c={b: {meta['drafter']: row['c']}}, source=meta.get('out', ''),
+      command=meta['command'], date=meta['date'])
+
+
+def predict_row(row, meta, profile):
+  """A row's predicted figures from its measured ones (`hardware.predict`).
+
+  predicted: tokens per row-iteration / (cost(gamma + 1) + gamma c) on this
+  run's costs; fixed with spread: that times the measured row utilisation
+  of the speculative over the baseline fixed batches; at XXL cost: the same
+  tokens per row-iteration on `profile` at the row's batch.
+  """
+  p = hardware.predict(run_profile(row, meta),
+                       tokens_per_call=row['tokens_per_row_iteration'],
+                       gamma=row['gamma'], drafter=meta['drafter'],
+                       batch=row['batch'])
+  row['predicted_speedup'] = p.speedup
+  row['predicted_label'] = p.label
+  # PREDICTED too: the same with each fixed-batch decoder's measured row
+  # utilisation (mean/max) applied to its own cost.
+  row['predicted_speedup_fixed_with_spread'] = p.speedup * (
+      row['spread_speculative_row_iterations']['utilisation'] /
+      row['spread_baseline_output_tokens']['utilisation'])
+  row['measured_over_predicted_fixed'] = (
+      row['measured_speedup_fixed'] / p.speedup)
+  row['measured_over_predicted_stream'] = (
+      row['measured_speedup_stream'] / p.speedup)
+  row['predicted_at_xxl_cost'] = None
+  row.pop('predicted_at_xxl_cost_note', None)
+  if profile is None:
+    return row
+  if meta['drafter'] not in profile.drafters(1):
+    row['predicted_at_xxl_cost_note'] = (
+        f"profile {profile.name} did not time {meta['drafter']}")
+  elif row['batch'] not in profile.batches():
+    row['predicted_at_xxl_cost_note'] = (
+        f"profile {profile.name} measured no cost curve at batch "
+        f"{row['batch']} (batches {list(profile.batches())})")
+  else:
+    row['predicted_at_xxl_cost'] = hardware.predict(
+        profile, tokens_per_call=row['tokens_per_row_iteration'],
+        gamma=row['gamma'], drafter=meta['drafter'],
+        batch=row['batch']).to_json()
+  return row
+
+
+def repredict(result, profile, command=None):
+  """Every predicted figure of a results dict from its measured values."""
+  for row in result['rows']:
+    predict_row(row, result['meta'], profile)
+  result['meta']['profile'] = None if profile is None else profile.name
+  if command:
+    result['meta']['predicted_by'] = command
+  return result
+
+
 def write_markdown(path, rows, meta):
   f = lambda x: f'{x:.2f}'
+  profile_name = meta.get('profile')
   lines = [
       '# Batches: per-row spread and continuous batching '
       f'({meta["backend"]})', '',
       f'Command: `{meta["command"]}`  ',
       f'Machine: {meta["machine"]}  ',
-      f'Date: {meta["date"]}', '',
+      f'Date: {meta["date"]}', '']
+  if meta.get('predicted_by'):
+    lines += ['Predicted columns recomputed from the measured values by '
+              f'`{meta["predicted_by"]}`.', '']
+  lines += [
       f'Shipped target ({meta["target"]}) and drafter `{meta["drafter"]}`, '
       f'{meta["dtype"]}, greedy, batch {rows[0]["batch"]}, gamma '
       f'{rows[0]["gamma"]}, the first {rows[0]["examples"]} test examples '
@@ -217,7 +298,15 @@ def write_markdown(path, rows, meta):
       f'{meta["repeats"]} alternating runs, encoder / cache set-up '
       'included. **Predicted** (not measured) = tokens per row-iteration / '
       '(cost(gamma+1) + gamma c), cost and c measured at batch B: every row '
-      'busy, no set-up.', '',
+      'busy, no set-up; predicted on profile "<this file> costs: <task>, '
+      'batch B" (this run\'s costs in the table) through '
+      'bench.hardware.predict.' + (
+          f' "predicted {profile_name}" = the same tokens per row-iteration '
+          f'predicted on profile {profile_name} (measured on another device, at '
+          'T5-XXL target cost: specdec_jax/bench/profiles) through '
+          'bench.hardware.predict, with its c of the drafter and its '
+          'cost(gamma+1) at batch B (how each was obtained in brackets '
+          'where not measured).' if profile_name else ''), '',
       '## (a) Per-row spread of fixed batches', '',
       '| task | decoder | per-batch mean / max row iterations | utilisation '
       '(sum mean / sum max) |', '|---|---|---|---|']
@@ -248,9 +337,20 @@ def write_markdown(path, rows, meta):
             '| task | alpha | tokens per row-iteration | t_target(1) ms | '
             'cost(gamma+1) | c | predicted | predicted fixed with spread | '
             'measured fixed | measured stream | measured/predicted fixed | '
-            'measured/predicted stream |',
-            '|---|---|---|---|---|---|---|---|---|---|---|---|']
+            'measured/predicted stream |'
+            + (f' predicted {profile_name} |' if profile_name else ''),
+            '|---|---|---|---|---|---|---|---|---|---|---|---|'
+            + ('---|' if profile_name else '')]
   for r in rows:
+    xxl = r.get('predicted_at_xxl_cost')
+    notes = [] if not xxl else [
+        f"cost({xxl['width']}) {xxl['cost_how']}"] * (
+            xxl['cost_how'] != hardware.MEASURED) + [
+                f"c {xxl['c_how']}"] * (xxl['c_how'] != hardware.MEASURED)
+    xxl_cell = (f"- ({r['predicted_at_xxl_cost_note']})"
+                if r.get('predicted_at_xxl_cost_note') else '-') if not xxl \
+        else f"{xxl['speedup']:.2f}" + (f" ({'; '.join(notes)})"
+                                         if notes else '')
     lines.append(
         f'| {r["task"]} | {f(r["acceptance"]["alpha"])} | '
         f'{f(r["tokens_per_row_iteration"])} | {f(r["t_target_1_ms"])} | '
@@ -260,13 +360,24 @@ def write_markdown(path, rows, meta):
         f'**{f(r["measured_speedup_fixed"])}** | '
         f'**{f(r["measured_speedup_stream"])}** | '
         f'{f(r["measured_over_predicted_fixed"])} | '
-        f'{f(r["measured_over_predicted_stream"])} |')
-  with open(path, 'w') as fh:
-    fh.write('\n'.join(lines) + '\n')
+        f'{f(r["measured_over_predicted_stream"])} |'
+        + (f' {xxl_cell} |' if profile_name else ''))
+  report.write_md(path, '\n'.join(lines) + '\n')
 
 
 def main(argv=None):
   args = parse_args(argv)
+  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = report.read_json(path)
+    result['meta'].setdefault('out', report.portable(str(path.with_suffix(''))))
+    result = repredict(result, profile, report.portable(
+        ' '.join(['python scripts/benchmark_batches.py'] + list(
+            sys.argv[1:] if argv is None else argv))))
+    report.write_json(path, result)
+    write_markdown(path.with_suffix('.md'), result['rows'], result['meta'])
+    return
   dtype = jnp.bfloat16 if args.dtype == 'bfloat16' else None
   target, target_params = shipped.load_model('target', dtype=dtype)
   target_name = 'target'
@@ -280,18 +391,14 @@ def main(argv=None):
   drafter = drafters.T5Drafter(dmodel)
   rows = [run_task(t, args, target, target_params, drafter, draft_params)
           for t in args.tasks.split(',')]
-  argv = sys.argv[1:] if argv is None else argv
-  meta = {
-      'command': ' '.join(['python scripts/benchmark_batches.py'] + argv),
-      'machine': measure.machine(), 'backend': jax.default_backend(),
-      'date': time.strftime('%Y-%m-%d'), 'target': target_name,
-      'drafter': args.drafter, 'dtype': args.dtype, 'repeats': args.repeats,
-      'note': 'predicted_* figures are PREDICTED (theory with measured '
-              'cost(gamma+1) and c at the batch), not measured.',
-  }
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as fh:
-    json.dump({'meta': meta, 'rows': rows}, fh, indent=1)
+  meta = dict(
+      report.header('scripts/benchmark_batches.py', argv),
+      target=target_name, drafter=args.drafter, dtype=args.dtype,
+      repeats=args.repeats, out=report.portable(args.out),
+      note='predicted_* figures are PREDICTED (bench.hardware.predict on '
+      'the measured cost(gamma+1) and c at the batch), not measured.')
+  result = repredict({'meta': meta, 'rows': rows}, profile)
+  report.write_json(args.out + '.json', result)
   write_markdown(args.out + '.md', rows, meta)
   for r in rows:
     print(f'{r["task"]}: speed-up fixed {r["measured_speedup_fixed"]:.2f} '

@@ -26,11 +26,12 @@ smaller T5 drafter:
     and with the paper's gamma * t_draft(1) + t_target(gamma + 1).
 Medians of `--repeats` runs; baseline and speculative runs interleaved
 (`measure.time_alternating`: the order flips after every repeat).
-Writes results/costs.md and results/costs.json.
+Writes results/costs.md and results/costs.json, and this machine's hardware
+profile (`bench.hardware.from_costs_run`: t(k), c of the drafter, the
+floor) into specdec_jax/bench/profiles/<name>.json (`--profile_dir`).
 """
 
 import argparse
-import json
 import os
 
 import jax
@@ -42,19 +43,24 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import measure
-from specdec_jax.measure import machine
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import report
 from specdec_jax.measure import median_time
 
-TARGET = network.T5Config(  # T5 1.1 small dimensions
-    vocab_size=32128, emb_dim=512, num_heads=6, num_encoder_layers=8,
-    num_decoder_layers=8, head_dim=64, mlp_dim=1024,
-    mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
+# T5 1.1 small dimensions, float32 (random weights).
+TARGET = models.CONFIGS['t5_1_1_small'].replace(
+    vocab_size=models.VOCAB_SIZE, dtype='float32')
 DRAFT = TARGET.replace(emb_dim=128, num_heads=2, num_encoder_layers=2,
                        num_decoder_layers=2, mlp_dim=256)
+# The drafter's name in the profile, and the target the profile times.
+DRAFTER_NAME = 't5_emb128_2+2'
+TARGET_DESCRIPTION = ('T5 1.1-small size (random weights), float32, batch '
+                      '1, 64 input tokens')
 # T5 1.1-base dimensions (the decoder is what a step reads; 2 encoder layers
 # keep the set-up short).
-BASE = TARGET.replace(emb_dim=768, num_heads=12, num_encoder_layers=2,
-                      num_decoder_layers=12, mlp_dim=2048)
+BASE = models.CONFIGS['t5_1_1_base'].replace(
+    vocab_size=models.VOCAB_SIZE, dtype='float32', num_encoder_layers=2)
 FLOOR_MODELS = {'T5 1.1-base decoder': BASE, 'T5 1.1-small': TARGET,
                 'drafter (emb 128, 2+2)': DRAFT}
 KS = tuple(range(1, 10))
@@ -133,11 +139,39 @@ INPUT_LEN = 64
 DECODE_LEN = 64
 
 
-def main():
+def profile_name(machine: str) -> str:
+  """'AMD EPYC, 2 cores, jax ...' -> 'cpu-amd-epyc-2-cores'."""
+  return 'cpu-' + report.device_name(machine.split(', jax ')[0])
+
+
+def write_results(out_dir, result, markdown, profile_dir=None):
+  """costs.json, costs.md and the profile the json gives.
+
+  The profile (`hardware.from_costs_run` of the json as written) names the
+  json as its source and goes to `profile_dir` (default: bench/profiles)
+  as <name>.json.
+
+  Returns:
+    (the profile, the path of its file).
+  """
+  json_path = report.write_json(os.path.join(out_dir, 'costs.json'), result)
+  report.write_md(os.path.join(out_dir, 'costs.md'), markdown)
+  run = report.read_json(json_path)
+  profile = hardware.from_costs_run(run, report.portable(str(json_path)),
+                                    name=profile_name(run['machine']))
+  path = hardware.write(profile, None if profile_dir is None else
+                        os.path.join(profile_dir, f'{profile.name}.json'))
+  return profile, path
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=7)
   parser.add_argument('--out_dir', default='results')
-  args = parser.parse_args()
+  parser.add_argument('--profile_dir', default=None,
+                      help='where the profile goes (default: '
+                      'specdec_jax/bench/profiles)')
+  args = parser.parse_args(argv)
 
   target, draft = network.T5Model(TARGET), network.T5Model(DRAFT)
   t_params = target.init_params(jax.random.key(0))
@@ -189,10 +223,10 @@ def main():
         spec_s=spec_s, baseline_s=base_s))
     print(rows[-1])
 
-  cmd = f'python scripts/benchmark_costs.py --repeats {args.repeats}'
+  head = report.header('scripts/benchmark_costs.py', argv)
   lines = [
       '# Decoder call costs and speculative loop overhead (CPU, float32)', '',
-      f'Command: `{cmd}`  ', f'Machine: {machine()}', '',
+      f"Command: `{head['command']}`  ", f"Machine: {head['machine']}", '',
       f'Target: T5 1.1-small size (random weights, {INPUT_LEN} input tokens, '
       f'context 32); drafter: emb 128, 2+2 layers. Batch 1, medians of '
       f'{args.repeats}. Each call is timed inside a compiled loop.', '',
@@ -246,16 +280,15 @@ def main():
   lines += ['', f'Encoder + cache set-up (once per decode, per model): '
             f'{t_init*1e3:.2f} ms. Baseline greedy per token: '
             f"{rows[0]['baseline_per_token_ms']:.2f} ms."]
-  os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, 'costs.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  with open(os.path.join(args.out_dir, 'costs.json'), 'w') as f:
-    json.dump(dict(command=cmd, machine=machine(),
-                   t_target_ms={k: v * 1e3 for k, v in t_target.items()},
-                   t_draft_ms={k: v * 1e3 for k, v in t_draft.items()},
-                   c=c, t_init_ms=t_init * 1e3, loop=rows, floor=floor,
-                   layouts=layout), f, indent=1)
+  result = dict(head, target=TARGET_DESCRIPTION, drafter=DRAFTER_NAME,
+                t_target_ms={k: v * 1e3 for k, v in t_target.items()},
+                t_draft_ms={k: v * 1e3 for k, v in t_draft.items()},
+                c=c, t_init_ms=t_init * 1e3, loop=rows, floor=floor,
+                layouts=layout)
+  profile, path = write_results(args.out_dir, result,
+                                '\n'.join(lines) + '\n', args.profile_dir)
   print('\n'.join(lines))
+  print(f'profile {profile.name}: {path}')
 
 
 if __name__ == '__main__':

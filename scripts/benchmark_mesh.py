@@ -18,15 +18,25 @@ rules, it records:
     replicated: data-parallel rules) and the baseline loop: compile seconds
     and collectives (a while body's instruction counts once = once per
     iteration).
-Then the on-paper cost of those all-reduces vs the call's memory and compute
-time on 8 accelerators (assumed hardware figures in `HARDWARE`).
+Then, on paper (PREDICTED, not measured), tensor parallelism over 8 chips
+of a measured hardware profile (`--profile`, the H100 run's by default:
+its measured t(k) of a T5 1.1-XXL-cost target, c of its drafters and the
+alpha its run measured): the target call's measured time split over the
+chips plus its all-reduces at an interconnect bandwidth and latency that no
+profile measured (`--link_gb_s`, `--allreduce_latency_us`: assumptions,
+labelled as such), and the speed-up on 1 vs 8 chips through
+`bench.hardware.predict`.
 
-Writes OUT.json and OUT.md.
+Writes OUT.json and OUT.md. `--repredict OUT.json` recomputes the on-paper
+sections of a results file (the measured compile facts are kept) and
+rewrites OUT.json and OUT.md.
 """
 
 import argparse
+import dataclasses
 import json
 import os
+import pathlib
 import platform
 import re
 import sys
@@ -34,8 +44,6 @@ import time
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -46,26 +54,17 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import report
 
-XXL = network.T5Config(
-    vocab_size=32128, dtype=jnp.bfloat16, emb_dim=4096, num_heads=64,
-    num_encoder_layers=24, num_decoder_layers=24, head_dim=64,
-    mlp_dim=10240, mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
-SMALL = network.T5Config(
-    vocab_size=32128, dtype=jnp.bfloat16, emb_dim=512, num_heads=6,
-    num_encoder_layers=8, num_decoder_layers=8, head_dim=64, mlp_dim=1024,
-    mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+XXL = models.CONFIGS['t5_1_1_xxl'].replace(vocab_size=models.VOCAB_SIZE,
+                                           dtype=jnp.bfloat16)
+SMALL = models.CONFIGS['t5_1_1_small'].replace(vocab_size=models.VOCAB_SIZE,
+                                               dtype=jnp.bfloat16)
 BATCH, INPUT_LEN, MAX_LEN, GAMMA = 8, 64, 64, 4
+CHIPS = 8
 
-# Assumed accelerator figures for the on-paper section (per chip).
-HARDWARE = {
-    'H100 SXM x 8 (NVLink 4)': dict(
-        hbm_bytes_s=3.35e12, flops_s=989e12, link_bytes_s=450e9,
-        allreduce_latency_s=10e-6),
-    'TPU v5e x 8 (ICI, 2x4)': dict(
-        hbm_bytes_s=819e9, flops_s=197e12, link_bytes_s=100e9,
-        allreduce_latency_s=10e-6),
-}
 _BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1,
           's8': 1, 'u8': 1}
 _SHAPE = re.compile(r'\b(f32|bf16|f16|s32|u32|pred|s8|u8)\[([\d,]*)\]')
@@ -145,80 +144,129 @@ def measure(num_partitions):
   return out
 
 
-def on_paper(config=XXL, chips=8, tokens=1):
-  """Per-call time of the target's decoder on `chips` with tensor parallelism.
+def allreduces_per_call(config=XXL, chips=CHIPS):
+  """All-reduces of one tensor-parallel decoder call: 3 per decoder layer
+  (self-attention out, cross-attention out, MLP out) + 1 for the
+  vocab-sharded embedding lookup (the compiled target call's count)."""
+  return 3 * config.num_decoder_layers + 1 if chips > 1 else 0
 
-  Per decoder layer three all-reduces of `[tokens, emb]` activations
-  (self-attention out, cross-attention out, MLP out), plus one for the
-  vocab-sharded embedding lookup: a ring all-reduce moves 2 (n - 1) / n of
-  the buffer per chip. Weight reads: the decoder's per-step kernels (the
-  cross-attention keys/values are cached) and the logits, split over the
-  chips. Predicted, not measured.
+
+def on_paper(profile, link_bytes_s, latency_s, config=XXL, chips=CHIPS,
+             tokens=1):
+  """One target call on `chips` with tensor parallelism, on paper.
+
+  The measured 1-chip time t(k) of the profile's target (`tokens` = k, batch
+  1) divided evenly over the chips (the call is bound by reading the
+  weights, which the chips split), plus `allreduces_per_call` ring
+  all-reduces of `[tokens, emb]` bfloat16 activations: each moves
+  2 (n - 1) / n of the buffer per chip at `link_bytes_s`, after
+  `latency_s` (both ASSUMED: no profile measures an interconnect).
+  Predicted, not measured.
   """
-  emb, layers = config.emb_dim, config.num_decoder_layers
-  attn = config.num_heads * config.head_dim
-  wbytes = 2  # bfloat16
-  per_layer = (4 * emb * attn + 2 * emb * attn +  # self q,k,v,o; cross q,o
-               len(config.mlp_activations) * emb * config.mlp_dim +
-               config.mlp_dim * emb)
-  decoder_params = layers * per_layer + emb * config.vocab_size
-  n_allreduce = 3 * layers + 1 if chips > 1 else 0
-  buffer = tokens * emb * wbytes
+  t_k, how = profile.cost_at(tokens, 1)
+  one_chip_ms = profile.t1_ms * t_k
+  n_allreduce = allreduces_per_call(config, chips)
+  buffer = tokens * config.emb_dim * 2  # bfloat16
   ring = 2 * (chips - 1) / chips * buffer
-  rows = {}
-  for name, hw in HARDWARE.items():
-    memory = decoder_params * wbytes / chips / hw['hbm_bytes_s']
-    compute = 2 * decoder_params * tokens / chips / hw['flops_s']
-    comm = n_allreduce * (hw['allreduce_latency_s'] +
-                          ring / hw['link_bytes_s'])
-    rows[name] = {
-        'allreduces_per_call': n_allreduce,
-        'bytes_per_allreduce': buffer,
-        'ring_bytes_per_chip_per_call': round(n_allreduce * ring),
-        'memory_ms': round(1e3 * memory, 3),
-        'compute_ms': round(1e3 * compute, 4),
-        'allreduce_ms': round(1e3 * comm, 3),
-        'comm_share': round(comm / (max(memory, compute) + comm), 2),
-        'assumed': hw,
-    }
-  return {'config': 'T5 1.1 XXL decoder, bfloat16', 'chips': chips,
-          'tokens_per_call': tokens, 'decoder_params': decoder_params,
-          'hardware': rows}
+  comm_ms = 1e3 * n_allreduce * (latency_s + ring / link_bytes_s)
+  weights_ms = one_chip_ms / chips
+  return {
+      'chips': chips, 'tokens_per_call': tokens,
+      't_one_chip_ms': round(one_chip_ms, 4), 't_one_chip_how': how,
+      'weights_ms_per_chip': round(weights_ms, 4),
+      'allreduces_per_call': n_allreduce, 'bytes_per_allreduce': buffer,
+      'ring_bytes_per_chip_per_call': round(n_allreduce * ring),
+      'allreduce_ms': round(comm_ms, 4),
+      'call_ms': weights_ms + comm_ms,
+      'comm_share': round(comm_ms / (weights_ms + comm_ms), 2),
+  }
 
 
-# Drafter step times measured on ONE H100 (README "Measured on one H100",
-# results/nvidia-h100-80gb-hbm3/accelerator_shipped.md: c x t(1), t(1) =
-# 5.13 ms at T5 1.1-XXL cost), and alpha of en_de / dec2 from the same run.
-DRAFT_MS = {'dec2 (2-layer decoder)': 0.018 * 5.13,
-            'T5 1.1 small cost': 0.086 * 5.13}
-ALPHA = 0.74
+def tensor_parallel_profile(profile, link_bytes_s, latency_s, chips=CHIPS):
+  """`profile` on `chips`, on paper: a `hardware.HardwareProfile` whose
+  t(k) is `on_paper`'s call time and whose drafters (replicated: the same
+  step time as on one chip) have c = t_draft / that t(1)."""
+  if chips == 1:
+    return profile
+  t = {k: on_paper(profile, link_bytes_s, latency_s, chips=chips,
+                   tokens=k)['call_ms'] for k in profile.cost[1]}
+  draft_ms = {name: c * profile.t1_ms for name, c in profile.c[1].items()}
+  return dataclasses.replace(
+      profile,
+      name=(f'{profile.name} x {chips}, tensor-parallel on paper (link '
+            f'{link_bytes_s / 1e9:g} GB/s, all-reduce latency '
+            f'{latency_s * 1e6:g} us: assumed)'),
+      t1_ms=t[1], floor_ms=None, bandwidth=None, launch_ms=None,
+      cost={1: {k: v / t[1] for k, v in t.items()}},
+      c={1: {name: ms / t[1] for name, ms in draft_ms.items()}})
 
 
-def on_paper_speedups(hardware='H100 SXM x 8 (NVLink 4)'):
-  """c, cost(gamma + 1) and Theorem 3.8's speed-up on 1 vs 8 chips.
+# The profile's drafters of the on-paper speed-ups: its dec2 (a 2-layer
+# decoder) and the paper's T5 1.1-small-cost drafter.
+PAPER_DRAFTERS = ('dec2', 'small@t5_1_1_small_cost')
 
-  The target call's time is the on-paper model of `on_paper` (weights read
-  + all-reduces; on one chip no all-reduce); the drafter is replicated, so
-  its step time is the same on 1 and 8 chips. Predicted, not measured.
+
+def run_alphas(profile, task='en_de'):
+  """{drafter: alpha} of the profile's run (its Table 2, `task`, t = 0)."""
+  path = pathlib.Path(__file__).resolve().parents[1] / profile.source
+  if not path.is_file():
+    return {}
+  return {r['drafter']: r['alpha'] for r in report.read_json(path).get(
+      'table2', []) if r['task'] == task and r['temperature'] == 0}
+
+
+def on_paper_speedups(profile, link_bytes_s, latency_s, alpha=None):
+  """c, cost(gamma + 1) and the speed-up on 1 vs `CHIPS` chips.
+
+  Through `bench.hardware.predict`: on one chip on the measured profile, on
+  `CHIPS` on its `tensor_parallel_profile`; alpha: `alpha`, else each
+  drafter's alpha in the profile's run (en_de, t = 0). Predicted, not
+  measured.
   """
-  from specdec_jax import theory  # pylint: disable=g-import-not-at-top
+  alphas = run_alphas(profile)
   rows = []
-  for chips in (1, 8):
-    def t_target(k):
-      r = on_paper(chips=chips, tokens=k)['hardware'][hardware]
-      comm = r['allreduce_ms'] if chips > 1 else 0.0
-      return max(r['memory_ms'], r['compute_ms']) + comm
-    t1 = t_target(1)
-    cost = {g: t_target(g + 1) / t1 for g in range(1, 17)}
-    for name, ms in DRAFT_MS.items():
-      c = ms / t1
-      gamma, speedup = theory.optimal_gamma_and_speedup(ALPHA, c, cost, 16)
-      rows.append({'chips': chips, 'drafter': name, 't_target_1_ms':
-                   round(t1, 3), 't_draft_ms': round(ms, 3),
-                   'c': round(c, 3), 'gamma': gamma,
-                   'cost_gamma_plus_1': round(cost[gamma], 3),
-                   'speedup': round(speedup, 2)})
-  return {'hardware': hardware, 'alpha': ALPHA, 'rows': rows}
+  for chips in (1, CHIPS):
+    tp = tensor_parallel_profile(profile, link_bytes_s, latency_s, chips)
+    for name in PAPER_DRAFTERS:
+      a = alpha if alpha is not None else alphas.get(name)
+      if a is None or name not in profile.drafters(1):
+        continue
+      p = hardware.predict(tp, alpha=a, drafter=name)
+      rows.append({'chips': chips, 'drafter': name, 'alpha': round(a, 4),
+                   't_target_1_ms': round(tp.t1_ms, 3),
+                   't_draft_ms': round(profile.c[1][name] * profile.t1_ms,
+                                       4),
+                   'c': round(p.c, 4), 'gamma': p.gamma,
+                   'cost_gamma_plus_1': round(p.cost, 3),
+                   'speedup': round(p.speedup, 2), 'label': p.label,
+                   'profile': tp.name})
+  return {'profile': profile.name, 'rows': rows,
+          'alpha': ('given' if alpha is not None else
+                    "each drafter's alpha in the profile's run (en_de, "
+                    't = 0)')}
+
+
+def predict_on_paper(result, profile, link_gb_s, latency_us, alpha=None,
+                     command=None):
+  """The on-paper sections of a results dict (`on_paper`,
+  `on_paper_speedups`), from the profile and the stated assumptions."""
+  link, latency = link_gb_s * 1e9, latency_us * 1e-6
+  result['profile'] = profile.name
+  result['assumed'] = {
+      'link_gb_s': link_gb_s, 'allreduce_latency_us': latency_us,
+      'note': 'ASSUMED, not measured: no profile measures an interconnect '
+              '(--link_gb_s, --allreduce_latency_us)'}
+  result['on_paper'] = {str(k): on_paper(profile, link, latency, tokens=k)
+                        for k in (1, GAMMA + 1)}
+  result['on_paper_speedups'] = on_paper_speedups(profile, link, latency,
+                                                  alpha)
+  result['on_paper_dropped'] = (
+      'compute time (no profile measures FLOP/s; a batch-1 call is bound by '
+      'reading its weights, which the measured t(k) includes) and the TPU '
+      'v5e row (no TPU profile)')
+  if command:
+    result['predicted_by'] = command
+  return result
 
 
 def markdown(result):
@@ -266,38 +314,63 @@ def markdown(result):
       '(rows x tokens x 4096 x 4 B). Compile seconds are on this shared '
       '2-core CPU (noisy).',
       '',
-      '## On paper (predicted, not measured): one target call, T5 1.1 XXL '
-      'decoder on 8 chips, batch 1',
+  ]
+  if result.get('predicted_by'):
+    lines += [f"On-paper sections recomputed by `{result['predicted_by']}` "
+              '(the compile facts above are as measured).', '']
+  if 'profile' not in result:  # a file from before the profiles
+    return '\n'.join(lines) + '\n'
+  assumed = result['assumed']
+  lines += [
+      f"## On paper (predicted, not measured): one target call on {CHIPS} "
+      'chips, batch 1',
       '',
-      '| hardware (assumed figures) | all-reduces | bytes each | memory ms '
-      '| compute ms | all-reduce ms | comm share |',
+      f"Predicted on profile {result['profile']} (specdec_jax/bench/"
+      'profiles) through bench.hardware.predict: the profile\'s measured '
+      't(k) of its target on one chip, split evenly over the chips (the call '
+      'reads the weights, which the chips split), plus ring all-reduces of '
+      f"[tokens, {XXL.emb_dim}] bfloat16 activations at "
+      f"**{assumed['link_gb_s']:g} GB/s per link and "
+      f"{assumed['allreduce_latency_us']:g} us per all-reduce: ASSUMED**, "
+      'not measured (no profile measures an interconnect; '
+      '`--link_gb_s`, `--allreduce_latency_us`). Dropped: '
+      f"{result['on_paper_dropped']}.",
+      '',
+      '| chips, tokens per call | t(k) on one chip ms (profile) | weights ms '
+      'per chip | all-reduces | bytes each | all-reduce ms (assumed link) | '
+      'comm share |',
       '|---|---:|---:|---:|---:|---:|---:|',
   ]
-  for tokens, paper in result['on_paper'].items():
-    for hw, r in paper['hardware'].items():
-      lines.append(
-          f"| {hw}, {tokens} token(s) per call | {r['allreduces_per_call']} "
-          f"| {r['bytes_per_allreduce']} | {r['memory_ms']} | "
-          f"{r['compute_ms']} | {r['allreduce_ms']} | {r['comm_share']} |")
+  for tokens, r in result['on_paper'].items():
+    how = '' if r['t_one_chip_how'] == hardware.MEASURED else (
+        f" ({r['t_one_chip_how']})")
+    lines.append(
+        f"| {r['chips']}, {tokens} | {r['t_one_chip_ms']}{how} | "
+        f"{r['weights_ms_per_chip']} | {r['allreduces_per_call']} | "
+        f"{r['bytes_per_allreduce']} | {r['allreduce_ms']} | "
+        f"{r['comm_share']} |")
   sp = result['on_paper_speedups']
   lines += [
       '',
-      f"## On paper (predicted): c, cost(gamma + 1) and speed-up, "
-      f"{sp['hardware']} vs one chip, alpha {sp['alpha']}",
+      f"## On paper (predicted): c, cost(gamma + 1) and speed-up, {CHIPS} "
+      'chips vs one',
       '',
-      'Target call = weights read + all-reduces (above); drafter replicated '
-      '(step time measured on one H100, unchanged on 8); gamma from '
-      "Theorem 3.8 with that cost curve (theory.optimal_gamma_and_speedup).",
+      f"Predicted on profile {sp['profile']} (one chip) and on its {CHIPS}-"
+      'chip tensor-parallel form above (the target call = weights per chip '
+      '+ assumed all-reduces; the drafter replicated, so its step time, '
+      'measured on one chip, is unchanged) through bench.hardware.predict: '
+      'Theorem 3.8 with that cost curve and the best gamma within the '
+      f"profile's measured k; alpha: {sp['alpha']}.",
       '',
-      '| chips | drafter | t_target(1) ms | t_draft ms | c | gamma | '
+      '| chips | drafter | alpha | t_target(1) ms | t_draft ms | c | gamma | '
       'cost(gamma+1) | speed-up |',
-      '|---:|---|---:|---:|---:|---:|---:|---:|',
+      '|---:|---|---:|---:|---:|---:|---:|---:|---:|',
   ]
   for r in sp['rows']:
     lines.append(
-        f"| {r['chips']} | {r['drafter']} | {r['t_target_1_ms']} | "
-        f"{r['t_draft_ms']} | {r['c']} | {r['gamma']} | "
-        f"{r['cost_gamma_plus_1']} | {r['speedup']} |")
+        f"| {r['chips']} | {r['drafter']} | {r['alpha']:.2f} | "
+        f"{r['t_target_1_ms']} | {r['t_draft_ms']} | {r['c']} | "
+        f"{r['gamma']} | {r['cost_gamma_plus_1']} | {r['speedup']} |")
   return '\n'.join(lines) + '\n'
 
 
@@ -306,27 +379,53 @@ def main(argv=None):
   parser.add_argument('--out', default='results/mesh_cpu')
   parser.add_argument('--meshes', default='0,4,8',
                       help="num_partitions per mesh; 0: one device, no mesh")
+  parser.add_argument('--profile', default=hardware.H100,
+                      help='the measured hardware profile of the on-paper '
+                      'sections (bench.hardware.names())')
+  parser.add_argument('--link_gb_s', type=float, default=450.0,
+                      help='ASSUMED interconnect bandwidth per chip, GB/s, '
+                      'of the on-paper all-reduces (default: the NVLink 4 '
+                      'figure of an H100 SXM, per direction; not measured)')
+  parser.add_argument('--allreduce_latency_us', type=float, default=10.0,
+                      help='ASSUMED fixed latency of one all-reduce, us (not '
+                      'measured)')
+  parser.add_argument('--alpha', type=float, default=None,
+                      help="default: each drafter's alpha in the profile's "
+                      'run (en_de, t = 0)')
+  parser.add_argument('--repredict', default=None, metavar='JSON',
+                      help='recompute the on-paper sections of this results '
+                      'file (the compile facts are kept); rewrite its .json '
+                      'and .md')
   args = parser.parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  profile = hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = predict_on_paper(
+        report.read_json(path), profile, args.link_gb_s,
+        args.allreduce_latency_us, args.alpha, report.portable(' '.join(
+            ['python scripts/benchmark_mesh.py'] + argv)))
+    report.write_json(path, result)
+    report.write_md(path.with_suffix('.md'), markdown(result))
+    print(markdown(result))
+    return
   assert jax.device_count() == 8, jax.devices()
   result = {
-      'command': 'python scripts/benchmark_mesh.py ' + ' '.join(
-          sys.argv[1:] if argv is None else argv),
+      'command': report.portable(' '.join(
+          ['python scripts/benchmark_mesh.py'] + argv)),
       'jax': jax.__version__,
       'machine': f'{platform.machine()}, {os.cpu_count()} CPUs',
       'meshes': {},
-      'on_paper': {str(k): on_paper(tokens=k) for k in (1, GAMMA + 1)},
-      'on_paper_speedups': on_paper_speedups(),
   }
+  predict_on_paper(result, profile, args.link_gb_s,
+                   args.allreduce_latency_us, args.alpha)
   for n in (int(x) for x in args.meshes.split(',')):
     name = 'one device' if n == 0 else f'{8 // n}x{n}'
     print('mesh', name, flush=True)
     result['meshes'][name] = measure(None if n == 0 else n)
     print(json.dumps(result['meshes'][name]), flush=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(args.out + '.md', 'w') as f:
-    f.write(markdown(result))
+  report.write_json(args.out + '.json', result)
+  report.write_md(args.out + '.md', markdown(result))
   print(markdown(result))
 
 

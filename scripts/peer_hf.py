@@ -19,8 +19,6 @@ and <out>.json.
 """
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -32,9 +30,9 @@ from specdec_jax import decoding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
-from specdec_jax import measure
 from specdec_jax import speculative
 from specdec_jax import widening
+from specdec_jax.bench import report
 from specdec_jax.checkpoints import hf as hf_lib
 
 
@@ -120,11 +118,11 @@ def main(argv=None):
   hf_gain = rows[3]['tokens_per_s'] / rows[2]['tokens_per_s']
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  cmd = 'python scripts/peer_hf.py ' + ' '.join(argv)
+  head = report.header('scripts/peer_hf.py', argv)
   lines = [
       '# Ours vs HF transformers (greedy, batch 1, same weights)', '',
-      f'Command: `{cmd}`  ',
-      f'Machine: {measure.machine()}; torch {torch.__version__} '
+      f"Command: `{head['command']}`  ",
+      f"Machine: {head['machine']}; torch {torch.__version__} "
       f'({torch.get_num_threads()} threads), transformers '
       f'{transformers.__version__}', '',
       f"Task {setup.mixture_or_task_name} ({setup.split}), "
@@ -139,12 +137,10 @@ def main(argv=None):
                  f"{r['examples_differing_from_ours_baseline']} |")
   lines += ['', f'Speculative gain: ours {ours_gain:.2f}x over our baseline; '
             f'HF assisted {hf_gain:.2f}x over HF greedy.']
-  os.makedirs(os.path.dirname(own.out) or '.', exist_ok=True)
-  with open(own.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  with open(own.out + '.json', 'w') as f:
-    json.dump(dict(command=cmd, rows=rows, ours_gain=ours_gain,
-                   hf_gain=hf_gain), f, indent=1)
+  report.write_md(own.out + '.md', '\n'.join(lines) + '\n')
+  report.write_json(own.out + '.json', dict(
+      head, torch=torch.__version__, transformers=transformers.__version__,
+      rows=rows, ours_gain=ours_gain, hf_gain=hf_gain))
   print('\n'.join(lines))
 
 

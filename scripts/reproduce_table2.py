@@ -17,20 +17,30 @@ small/base/large T5s and unigram/bigram statistics) and temperature (0, 1):
    k = 1..max_gamma+1 are measured on this machine (`measure`, compiled
    loops, medians) for the target at that cost;
 3. gamma = argmax of the paper's walltime improvement (Theorem 3.8 with the
-   measured cost(gamma + 1) in place of 1; `theory.optimal_gamma`);
+   measured cost(gamma + 1) in place of 1; `bench.hardware.predict` on a
+   profile of these costs);
 4. the eval job (`python -m specdec_jax.eval --gin_file=mini/<task>.gin`, run
    in this process) decodes `--num_examples` test examples with the baseline
    and speculatively at that gamma, side by side, and gives the measured
    speed-up, the run's own alpha and BLEU/ROUGE;
-5. predicted speed-up = walltime_improvement(run's alpha, gamma, c,
-   cost(gamma + 1)).
+5. predicted speed-up = Theorem 3.8 with the run's alpha, gamma, c and
+   cost(gamma + 1) (`bench.hardware.predict` on the same profile).
 Then a gamma sweep (1..max_gamma) per task at `--sweep_cost` with
 `--sweep_drafter` at `--sweep_temperature` (0): measured vs predicted, one
 plot. With `--setup paper` the same runs use real T5X checkpoints through
 gin_configs/paper/ (tasks ende, cnndm; cost 'native').
 
-Writes results/table2_mini.{md,json} and results/table2_gamma_sweep.png;
-each eval run's files go under --work_dir. The mini models come from
+Every predicted figure goes through `bench.hardware.predict`: "predicted"
+on a profile of this run's measured costs (one per task and cost), and
+"predicted <profile>" at T5-XXL target cost on a measured hardware profile
+(`--profile`, the H100 run's by default; `reproduce.predict_at_xxl_cost`).
+`--repredict results/table2_<setup>.json` recomputes every predicted column
+of a results file from its measured values (nothing is re-measured) and
+rewrites its .json and .md.
+
+Writes results/table2_<setup>.{md,json} and
+results/table2_<setup>_gamma_sweep.png; each eval run's files go under
+--work_dir. The mini models come from
 `scripts/train.py` with gin_configs/train/<task>_mini_<size>.gin (README).
 The same loop runs on real T5X checkpoints through the paper/ gin files.
 """
@@ -42,6 +52,7 @@ import gc
 import json
 import os
 import pathlib
+import sys
 
 import jax
 
@@ -49,8 +60,9 @@ from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import measure
 from specdec_jax import network
-from specdec_jax import theory
 from specdec_jax import widening
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments.reproduce import PAPER_TABLE2
 from specdec_jax.experiments.reproduce import PAPER_TABLE3
@@ -104,16 +116,94 @@ def _at(mapping, k):
   return mapping[k] if k in mapping else mapping[str(k)]
 
 
-def fmt(x, spec='.2f'):
-  return '-' if x is None else format(x, spec)
+fmt = report.fmt
+
+
+def costs_profile(result, costs):
+  """The profile of one of the run's cost measurements (t(k), c)."""
+  return reproduce.run_profile(
+      costs, name=f"{result.get('stem', 'table2')} costs: {costs['task']}, "
+      f"{costs['target_cost']}", device=result['machine'],
+      source=f"results/{result.get('stem', 'table2')}.json",
+      command=result['command'], date=result['date'])
+
+
+def _costs_of(result, row):
+  """The costs entry a row (or sweep row) was predicted from."""
+  found = [c for c in result['costs'] if (c['task'], c['target_cost']) == (
+      row['task'], row['cost']) and ('c' not in row or abs(
+          c['c'][row['drafter']] - row['c']) <= 1e-12 * max(row['c'], 1))]
+  if not found:
+    raise ValueError(f"no measured costs for {row['task']} {row['cost']} "
+                     f"{row['drafter']}")
+  return found[-1]
+
+
+def _clamp(alpha):
+  return min(max(float(alpha), 0.0), 1.0)
+
+
+def predict_row(row, costs, run_profile, profile):
+  """A row's predicted figures from its measured ones (`hardware.predict`).
+
+  predicted: Theorem 3.8 with the run's alpha, gamma and the run profile's
+  measured c and cost(gamma + 1); incl. encoder: the same per token plus
+  the measured once-per-example encoder / cache set-up of both decoders at
+  the run's mean output length (when the row has it); at XXL cost: on
+  `profile` (`reproduce.predict_at_xxl_cost`).
+  """
+  alpha = _clamp(row['alpha'])
+  p = hardware.predict(run_profile, alpha=alpha, gamma=row['gamma'],
+                       drafter=row['drafter'])
+  old = row.get('predicted_speedup')
+  row.update(predicted_speedup=p.speedup, predicted_label=p.label,
+             cost_gamma_plus_1=p.cost,
+             ratio=row['measured_speedup'] / p.speedup)
+  n_tok = row.get('tokens_per_example')
+  if n_tok is not None:
+    # per token = t(1) / predicted speed-up; set-up paid once per example.
+    t1, t_init = run_profile.t1_ms, costs['t_init_ms']
+    row['predicted_with_encoder'] = (t_init + n_tok * t1) / (
+        t_init + costs['t_init_draft_ms'][row['drafter']] +
+        n_tok * t1 / p.speedup)
+  elif old is None or abs(old - p.speedup) > 1e-9 * abs(p.speedup):
+    row['predicted_with_encoder'] = None  # not derivable without n tokens
+  row.pop('predicted_h100', None)
+  row['predicted_at_xxl_cost'] = (
+      reproduce.predict_at_xxl_cost(profile, alpha, row['drafter'])
+      if profile is not None else None)
+  return row
+
+
+def repredict(result, profile, command=None):
+  """Every predicted figure of a results dict from its measured values."""
+  for row in result['rows']:
+    costs = _costs_of(result, row)
+    predict_row(row, costs, costs_profile(result, costs), profile)
+  for row in result.get('gamma_sweep', []):
+    costs = _costs_of(result, row)  # (task, cost): the sweep's costs
+    p = hardware.predict(costs_profile(result, costs),
+                         alpha=_clamp(row['alpha']), gamma=row['gamma'],
+                         drafter=row['drafter'])
+    row['predicted_speedup'] = p.speedup
+  result['profile'] = None if profile is None else profile.name
+  if command:
+    result['predicted_by'] = command
+  return result
 
 
 def markdown(result) -> str:
+  name = result.get('profile')
+  profile = hardware.load(name) if name else None
   lines = [
       f"# Table 2 on the {result.get('stem', 'table2_mini')[7:]} models "
       '(speculative vs baseline, this CPU)', '',
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
-      f"Date: {result['date']}", '',
+      f"Date: {result['date']}", '']
+  if result.get('predicted_by'):
+    lines += [f"Predicted columns recomputed from the measured values by "
+              f"`{result['predicted_by']}`.", '']
+  lines += [
       f"Models: {result['models']}; unigram / bigram drafters from the "
       'train targets. "cost" = the target as it is ("native") or widened '
       'function-preservingly to the shapes of T5 1.1 base / large (identical '
@@ -123,25 +213,29 @@ def markdown(result) -> str:
       '= t_target(gamma+1)/t_target(1); measured on the first n test '
       'examples; measured = speculative '
       'tokens/s over baseline tokens/s (for greedy, where both outputs are '
-      'identical, the walltime ratio). Predicted = Theorem 3.8 '
-      'with the run\'s alpha, c and cost(gamma+1); "incl. encoder" adds the '
+      'identical, the walltime ratio). Predicted = predicted on profile '
+      '"<this file> costs: <task>, <cost>" (this run\'s measured costs '
+      'below) through bench.hardware.predict: Theorem 3.8 with the run\'s '
+      'alpha, c and cost(gamma+1); "incl. encoder" adds the '
       'measured once-per-example encoder/cache set-up of both decoders '
-      '(and the drafter\'s) at the run\'s mean output length. Paper: T5-XXL target, '
-      'TPU (EnDe ~ en_de, CNNDM ~ synopsis). "predicted H100" is PREDICTED, '
-      'not measured: Theorem 3.8 with the run\'s alpha, the drafter\'s c at '
-      'T5-XXL target cost on an H100 (reproduce.H100_C), cost(k) = 1 and '
-      'the best gamma.', '',
-      '| task | cost | temp | drafter | n | gamma | alpha (calib) | alpha (run) '
-      '| c | cost(gamma+1) | predicted | predicted incl. encoder | measured | '
-      'measured / predicted | identical | baseline metric | speculative '
-      'metric | paper gamma / alpha / speed-up | predicted H100 (gamma) |',
-      '|' + '---|' * 19,
-  ]
+      '(and the drafter\'s) at the run\'s mean output length. Paper: T5-XXL '
+      'target, TPU (EnDe ~ en_de, CNNDM ~ synopsis).']
+  if profile is not None:
+    lines += ['', reproduce.xxl_cost_note(profile)]
+  head = ('| task | cost | temp | drafter | n | gamma | alpha (calib) | '
+          'alpha (run) | c | cost(gamma+1) | predicted | predicted incl. '
+          'encoder | measured | measured / predicted | identical | baseline '
+          'metric | speculative metric | paper gamma / alpha / speed-up |')
+  ncol = 18
+  if profile is not None:
+    head += f' predicted {profile.name} (gamma) |'
+    ncol += 1
+  lines += ['', head, '|' + '---|' * ncol]
   for r in result['rows']:
     paper = r.get('paper')
     paper_s = ('-' if paper is None else
                ' / '.join('-' if v is None else f'{v}' for v in paper))
-    lines.append(
+    line = (
         f"| {r['task']} | {r['cost']} | {r['temperature']:g} | {r['drafter']} "
         f"| {r['examples']} | {r['gamma']} | {fmt(r['alpha_calibration'])} | "
         f"{fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | "
@@ -149,9 +243,10 @@ def markdown(result) -> str:
         f"{fmt(r['predicted_with_encoder'])} | "
         f"**{fmt(r['measured_speedup'])}** | {fmt(r['ratio'])} | "
         f"{r['identical']} | {r['baseline_metric']} | "
-        f"{r['speculative_metric']} | {paper_s} | "
-        + (f"{r['predicted_h100'][1]:.2f}x ({r['predicted_h100'][0]})"
-           if r.get('predicted_h100') else '-') + ' |')
+        f"{r['speculative_metric']} | {paper_s} |")
+    if profile is not None:
+      line += f" {reproduce.xxl_cost_cell(r.get('predicted_at_xxl_cost'))} |"
+    lines.append(line)
   lines += ['', '## Measured costs', '',
             '| task | cost | target params | set-up ms | t_target(1) ms | '
             'cost(k) for k = 2, 3, ... | c per drafter |',
@@ -165,7 +260,9 @@ def markdown(result) -> str:
   if result.get('gamma_sweep'):
     lines += ['', '## Gamma sweep', '',
               f"![gamma sweep]({result.get('stem', 'table2')}_gamma_sweep.png)",
-              '', '| task | cost | drafter | temp | gamma | alpha | predicted '
+              '', 'Predicted: on the profile of the run\'s costs at that '
+              'task and cost, through bench.hardware.predict.', '',
+              '| task | cost | drafter | temp | gamma | alpha | predicted '
               '| measured |', '|---|---|---|---|---|---|---|---|']
     for r in result['gamma_sweep']:
       lines.append(
@@ -232,11 +329,31 @@ def main(argv=None):
   parser.add_argument('--extra_rows', default='',
                       help='more rows: task:cost:drafter:temp, comma-separated'
                       " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
+  parser.add_argument('--profile', default=hardware.H100,
+                      help='the measured hardware profile of the "predicted '
+                      "<profile>\" column (bench.hardware.names()); 'none': "
+                      'no such column')
+  parser.add_argument('--repredict', default=None, metavar='JSON',
+                      help='recompute the predicted columns of this results '
+                      'file from its measured values (nothing is measured) '
+                      'and rewrite its .json and .md')
   args = parser.parse_args(argv)
+  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = repredict(report.read_json(path), profile, report.portable(
+        ' '.join(['python scripts/reproduce_table2.py'] + list(
+            sys.argv[1:] if argv is None else argv))))
+    report.write_json(path, result)
+    report.write_md(path.with_suffix('.md'), markdown(result))
+    print(markdown(result))
+    return
   setup = args.setup_obj = reproduce.setup_from_flags(args)
   temps = [float(t) for t in args.temperatures.split(',')]
+  drafter_names = (args.drafters.split(',') if args.drafters else
+                   list(setup.drafters))
   plan = [(t, c, d, temp) for t in args.tasks.split(',')
-          for c in args.costs.split(',') for d in args.drafters.split(',')
+          for c in args.costs.split(',') for d in drafter_names
           for temp in temps]
   for extra in filter(None, args.extra_rows.split(',')):
     t, c, d, temp = extra.split(':')
@@ -247,24 +364,25 @@ def main(argv=None):
       raise SystemExit(f'unknown task / cost / drafter: {t} {c} {d}')
 
   result = dict(
-      **reproduce.run_header('scripts/reproduce_table2.py', argv),
+      **report.header('scripts/reproduce_table2.py', argv),
       num_examples=args.num_examples, max_gamma=args.max_gamma,
       calib_examples=args.calib_examples, models=setup.describe, rows=[],
       costs=[], gamma_sweep=[],
-      stem=f'table2_{reproduce.results_name(setup)}')
+      stem=f'table2_{reproduce.results_name(setup)}',
+      profile=None if profile is None else profile.name)
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   stem = f'table2_{reproduce.results_name(setup)}'
   if args.append and (out / f'{stem}.json').exists():
     # Another run's rows (e.g. one task per run) stay, this run's follow.
-    previous = json.loads((out / f'{stem}.json').read_text())
+    previous = report.read_json(out / f'{stem}.json')
     result['command'] = previous['command'] + '` and `' + result['command']
     for key in ('rows', 'costs', 'gamma_sweep'):
       result[key] = previous[key] + result[key]
 
   def save():
-    (out / f'{stem}.json').write_text(json.dumps(result, indent=1))
-    (out / f'{stem}.md').write_text(markdown(result))
+    report.write_json(out / f'{stem}.json', result)
+    report.write_md(out / f'{stem}.md', markdown(result))
 
   for task in dict.fromkeys(t for t, *_ in plan):
     task_plan = [p for p in plan if p[0] == task]
@@ -300,6 +418,7 @@ def main(argv=None):
       costs.update(task=task, target_cost=cost,
                    target_params=widening.param_count(tp))
       result['costs'].append(costs)
+      run_profile = costs_profile(result, costs)
       print(json.dumps(costs), flush=True)
       del tp, tm
       gc.collect()
@@ -307,14 +426,12 @@ def main(argv=None):
       for drafter, temp in rows:
         alpha_cal = alphas[drafter, temp]
         c = costs['c'][drafter]
-        gamma = theory.optimal_gamma(alpha_cal, c, costs['cost'],
-                                     max_gamma=args.max_gamma)
+        gamma = hardware.predict(run_profile, alpha=_clamp(alpha_cal),
+                                 drafter=drafter,
+                                 max_gamma=args.max_gamma).gamma
         summary, command = run_eval(
             task, drafter, args, gamma=gamma, temperature=temp, cost=cost,
             num_examples=args.num_examples, tag=f'{drafter}_t{temp:g}')
-        alpha_run = summary['alpha']
-        predicted = theory.walltime_improvement(
-            min(max(alpha_run, 0.0), 1.0), gamma, c, costs['cost'])
         metric = sorted(summary['baseline_metrics'])[0] if summary[
             'baseline_metrics'] else None
         paper_task = setup.tasks[task]['paper']
@@ -322,27 +439,12 @@ def main(argv=None):
         if paper is None and drafter in PAPER_TABLE3[paper_task]:
           # n-grams: Table 3's alpha only
           paper = (None, PAPER_TABLE3[paper_task][drafter][int(temp)], None)
-        h100 = reproduce.predicted_h100(min(max(alpha_run, 0.0), 1.0),
-                                        drafter)
-        measured = summary['throughput_speedup']
-        # Theorem 3.8 plus what it leaves out: the encoder / cache set-up paid
-        # once per example by both decoders (and the drafter's by ours).
-        n_tok = summary['baseline_tokens'] / summary['examples']
-        t1 = costs['t_target_ms'][1]
-        per_token = t1 * (gamma * c + costs['cost'][gamma]) / (
-            theory.expected_tokens_per_iteration(
-                min(max(alpha_run, 0.0), 1.0), gamma))
-        predicted_full = (costs['t_init_ms'] + n_tok * t1) / (
-            costs['t_init_ms'] + costs['t_init_draft_ms'][drafter] +
-            n_tok * per_token)
-        result['rows'].append(dict(
+        row = dict(
             task=task, cost=cost, drafter=drafter, temperature=temp,
-            gamma=gamma, alpha_calibration=alpha_cal, alpha=alpha_run, c=c,
-            predicted_h100=h100,
-            cost_gamma_plus_1=costs['cost'][gamma],
-            predicted_speedup=predicted, measured_speedup=measured,
-            predicted_with_encoder=predicted_full,
-            ratio=measured / predicted,
+            gamma=gamma, alpha_calibration=alpha_cal, alpha=summary['alpha'],
+            c=c, measured_speedup=summary['throughput_speedup'],
+            tokens_per_example=summary['baseline_tokens'] / summary[
+                'examples'],
             identical=(f"{summary['examples'] - summary['differing_examples']}"
                        f"/{summary['examples']}" if temp == 0 else 'n/a'),
             baseline_metric=(f"{metric} {summary['baseline_metrics'][metric]:.1f}"
@@ -353,7 +455,8 @@ def main(argv=None):
             mean_accepted_length=summary['mean_accepted_length'],
             baseline_s=summary['baseline_s'],
             speculative_s=summary['speculative_s'],
-            examples=summary['examples'], paper=paper, command=command))
+            examples=summary['examples'], paper=paper, command=command)
+        result['rows'].append(predict_row(row, costs, run_profile, profile))
         print(json.dumps(result['rows'][-1]), flush=True)
         save()
       if not args.no_sweep and cost == args.sweep_cost:
@@ -364,14 +467,13 @@ def main(argv=None):
               cost=cost, num_examples=args.sweep_examples,
               tag=f'sweep_{args.sweep_drafter}_t{args.sweep_temperature:g}'
               f'_g{gamma}')
-          c = costs['c'][args.sweep_drafter]
           result['gamma_sweep'].append(dict(
               task=task, cost=cost, drafter=args.sweep_drafter,
               temperature=args.sweep_temperature, gamma=gamma,
               alpha=summary['alpha'],
-              predicted_speedup=theory.walltime_improvement(
-                  min(max(summary['alpha'], 0.0), 1.0), gamma, c,
-                  costs['cost']),
+              predicted_speedup=hardware.predict(
+                  run_profile, alpha=_clamp(summary['alpha']), gamma=gamma,
+                  drafter=args.sweep_drafter).speedup,
               measured_speedup=summary['throughput_speedup'],
               command=command))
           print(json.dumps(result['gamma_sweep'][-1]), flush=True)

@@ -8,7 +8,12 @@ each drafter (unigram, bigram, mini small / base / large) then scores every
 prefix of those outputs, and alpha = E[sum_x min(p(x), q(x))] is pooled over
 all output tokens (EOS included), as the paper's "alpha over 10K tokens"
 (`measure.alpha`). A standard error over examples is given with each value.
-Writes results/table3_mini.{md,json}.
+The last column is PREDICTED: each t=0 alpha's speed-up at T5-XXL target cost
+on a measured hardware profile (`--profile`, the H100 run's by default)
+through `bench.hardware.predict` (`reproduce.predict_at_xxl_cost`);
+`--repredict results/table3_<setup>.json` recomputes it from a results file
+(nothing is measured) and rewrites its .json and .md.
+Writes results/table3_<setup>.{md,json}.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import jax
 import numpy as np
@@ -25,6 +31,8 @@ from specdec_jax import data
 from specdec_jax import decoding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments.reproduce import PAPER_TABLE3
 from specdec_jax.experiments.reproduce import load_task_models
@@ -85,25 +93,46 @@ def greedy_quality(models, inputs, targets, batch_size):
   return quality
 
 
+def repredict(result, profile, command=None):
+  """The predicted column of a results dict, from its t=0 alphas."""
+  result['profile'] = None if profile is None else profile.name
+  result['predicted_at_xxl_cost'] = {
+      task: {name: (None if profile is None else
+                    reproduce.predict_at_xxl_cost(profile, v[0], name))
+             for name, v in by_temp['0'].items()}
+      for task, by_temp in result['alpha'].items()}
+  if command:
+    result['predicted_by'] = command
+  return result
+
+
 def markdown(result) -> str:
+  name = result.get('profile')
+  profile = hardware.load(name) if name else None
   lines = [
       f"# Table 3 on the {result.get('setup', 'mini')} models: alpha per "
       'drafter', '',
       f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
-      f"Date: {result['date']}", '',
+      f"Date: {result['date']}", '']
+  if result.get('predicted_by'):
+    lines += ['Predicted column recomputed from the measured alphas by '
+              f"`{result['predicted_by']}`.", '']
+  lines += [
       'alpha = E[sum_x min(p(x), q(x))] over every output token (EOS '
       f"included) of the target ({result['models']}) decoding the first "
       f"{result['num_examples']} test inputs (greedy for t=0, sampled for "
       't=1); the drafter scores the same prefixes. +- one standard error '
       '(examples as units). Paper: T5-XXL target (EnDe ~ en_de, CNNDM ~ '
-      'synopsis). The last column is PREDICTED, not measured: the speed-up '
-      'Theorem 3.8 gives with this alpha at t=0, the optimal gamma and the '
-      'H100 cost figures of the drafter at T5-XXL target cost '
-      '(reproduce.H100_C; cost(gamma+1) = 1).', '',
-      '| task | drafter | ours t=0 | ours t=1 | paper t=0 | paper t=1 | '
-      'predicted H100 speed-up, t=0 (gamma) |',
-      '|---|---|---|---|---|---|---|',
-  ]
+      'synopsis).']
+  if profile is not None:
+    lines += ['', 'The last column is the speed-up at t=0 with the row\'s '
+              't=0 alpha. ' + reproduce.xxl_cost_note(profile)]
+  head = '| task | drafter | ours t=0 | ours t=1 | paper t=0 | paper t=1 |'
+  if profile is not None:
+    head += f' predicted {profile.name} speed-up, t=0 (gamma) |'
+  lines += ['', head, '|---|---|---|---|---|---|' + (
+      '---|' if profile is not None else '')]
+  predicted = result.get('predicted_at_xxl_cost') or {}
   for task, by_temp in result['alpha'].items():
     paper = PAPER_TABLE3[result['paper_task'][task]]
     for name in by_temp['0']:
@@ -113,10 +142,12 @@ def markdown(result) -> str:
         cells.append(f'{a:.3f} +- {se:.3f} ({n} tok)')
       ref = ([f'{v:.2f}' for v in paper[name]] if name in paper else
              ['-', '-'])
-      pred = reproduce.predicted_h100(by_temp['0'][name][0], name)
-      pred = f'{pred[1]:.2f}x ({pred[0]})' if pred else '-'
-      lines.append(f'| {task} | {name} | {cells[0]} | {cells[1]} | '
-                   f'{ref[0]} | {ref[1]} | {pred} |')
+      line = (f'| {task} | {name} | {cells[0]} | {cells[1]} | '
+              f'{ref[0]} | {ref[1]} |')
+      if profile is not None:
+        line += (' ' + reproduce.xxl_cost_cell(
+            predicted.get(task, {}).get(name)) + ' |')
+      lines.append(line)
   if result.get('quality'):
     lines += ['', '## Greedy output quality on the same inputs', '',
               'The target should be the best model; the drafters trade '
@@ -139,7 +170,23 @@ def main(argv=None):
   parser.add_argument('--num_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--split', default='test')
+  parser.add_argument('--profile', default=hardware.H100,
+                      help='the measured hardware profile of the predicted '
+                      "column (bench.hardware.names()); 'none': no column")
+  parser.add_argument('--repredict', default=None, metavar='JSON',
+                      help='recompute the predicted column of this results '
+                      'file (nothing is measured); rewrite its .json, .md')
   args = parser.parse_args(argv)
+  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = repredict(report.read_json(path), profile, report.portable(
+        ' '.join(['python scripts/reproduce_table3.py'] + list(
+            sys.argv[1:] if argv is None else argv))))
+    report.write_json(path, result)
+    report.write_md(path.with_suffix('.md'), markdown(result))
+    print(markdown(result))
+    return
   setup = reproduce.setup_from_flags(args)
   model_free = reproduce.model_free_drafters()  # n-grams first, as the paper
   names = (args.drafters.split(',') if args.drafters else
@@ -150,7 +197,7 @@ def main(argv=None):
       raise SystemExit(f'unknown drafter {name!r}; expected '
                        f'{setup.drafters}')
   result = dict(
-      **reproduce.run_header('scripts/reproduce_table3.py', argv),
+      **report.header('scripts/reproduce_table3.py', argv),
       num_examples=args.num_examples, split=args.split,
       setup=reproduce.results_name(setup),
       models=setup.describe, paper_task={t: v['paper']
@@ -171,8 +218,9 @@ def main(argv=None):
         for t in (0.0, 1.0)}
     print(json.dumps(result['alpha'][task]), flush=True)
     name = reproduce.results_name(setup)
-    (out / f'table3_{name}.json').write_text(json.dumps(result, indent=1))
-    (out / f'table3_{name}.md').write_text(markdown(result))
+    repredict(result, profile)
+    report.write_json(out / f'table3_{name}.json', result)
+    report.write_md(out / f'table3_{name}.md', markdown(result))
   print(markdown(result))
 
 

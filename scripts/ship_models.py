@@ -11,6 +11,10 @@ r"""Measures trained mini models and ships the chosen ones as the default.
       --measured results/drafters_alpha.json
 
 `--export_dir` is the `export` folder of scripts/train_shipped_models.py.
+`ship` replaces the shipped T5s and data slices and keeps the method
+weights already shipped (heads/, lookahead/: the 'methods' of models.json,
+from scripts/train_heads.py and scripts/train_pass.py); MANIFEST.json
+covers both.
 Alpha is measured as in measure.alpha: the target decodes the test inputs
 (greedy for t = 0, sampled for t = 1), and beta = sum_x min(p, q) is pooled
 over every output position up to EOS. Runs on CPU in float32 (the bf16
@@ -27,6 +31,7 @@ import time
 import numpy as np
 
 from specdec_jax import data
+from specdec_jax.bench import hardware
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
@@ -108,8 +113,8 @@ def cmd_measure(args):
   from specdec_jax import arrays, training  # pylint: disable=g-import-not-at-top
   names = [n for n in args.candidates.split(',') if n]
   target, tparams, tentry = _load(args.export_dir, 'target')
-  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
-  result = dict(command=reproduce.portable(
+  from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
+  result = dict(command=report.portable(
       'python scripts/ship_models.py ' + ' '.join(sys.argv[1:])),
                 num_examples=args.num_examples, target=tentry,
                 tasks={})
@@ -142,14 +147,69 @@ def cmd_measure(args):
   print('wrote', args.out)
 
 
+def shipped_methods(out):
+  """The method weights shipped in `out`: (models.json 'methods', their
+  top folders). Shipping keeps both.
+
+  Raises:
+    SystemExit: a listed method's checkpoint folder is missing.
+  """
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out, shipped.MODELS)
+  if not os.path.isfile(path):
+    return {}, set()
+  with open(path) as f:
+    methods = json.load(f).get('methods', {})
+  missing = [e['checkpoint'] for e in methods.values()
+             if not os.path.isdir(os.path.join(out, e['checkpoint']))]
+  if missing:
+    raise SystemExit(f'{path} lists method weights that are not there: '
+                     f'{missing}; restore them before shipping.')
+  return methods, {e['checkpoint'].split('/')[0] for e in methods.values()}
+
+
+def clear_assets(out, keep):
+  """Removes everything under `out` but the top folders in `keep`."""
+  os.makedirs(out, exist_ok=True)
+  for name in os.listdir(out):
+    if name in keep:
+      continue
+    path = os.path.join(out, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    else:
+      os.remove(path)
+
+
+def write_index(out, models, methods, exported):
+  """models.json ('models', the kept 'methods', provenance) and
+  MANIFEST.json of every file under `out` (method weights included)."""
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
+  index = dict(models=models)
+  if methods:
+    index['methods'] = methods
+  index.update(target_training=exported.get('target'),
+               produced_by=exported.get('command'))
+  with open(os.path.join(out, shipped.MODELS), 'w') as f:
+    f.write(report.portable(json.dumps(index, indent=1)) + '\n')
+  shipped.write_manifest(out)
+
+
 def cmd_ship(args):
   from specdec_jax import arrays, shipped, tasks  # pylint: disable=g-import-not-at-top
   out = args.assets or shipped.ASSETS_DIR
-  if os.path.isdir(out):
-    shutil.rmtree(out)
-  os.makedirs(os.path.join(out, 'data', 'arrays'))
+  methods, keep = shipped_methods(out)
   with open(os.path.join(args.export_dir, 'models.json')) as f:
     exported = json.load(f)
+  ship_names = {'target' if n == 'target' else n.rsplit('_', 1)[0]
+                for n in args.models.split(',')}
+  clash = sorted(ship_names & (keep | {'data'}))
+  if clash:
+    raise SystemExit(f'cannot ship models named {clash}: the folder holds '
+                     'shipped method weights or the data')
+  clear_assets(out, keep)
+  os.makedirs(os.path.join(out, 'data', 'arrays'))
   measured = {}
   if args.measured:
     with open(args.measured) as f:
@@ -181,14 +241,10 @@ def cmd_ship(args):
       g.writelines(line for _, line in zip(range(n), f))
   shutil.copy(os.path.join(data_dir, 'sentencepiece.model'),
               os.path.join(out, 'data'))
-  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(out, shipped.MODELS), 'w') as f:
-    f.write(reproduce.portable(json.dumps(
-        dict(models=models, target_training=exported.get('target'),
-             produced_by=exported.get('command')), indent=1)) + '\n')
-  shipped.write_manifest(out)
+  write_index(out, models, methods, exported)
   total = sum(e['bytes'] for e in shipped.manifest_entries(out).values())
-  print(f'shipped {list(models)} to {out}: {total / 1e6:.1f} MB')
+  print(f'shipped {list(models)} (kept methods {list(methods)}) to {out}: '
+        f'{total / 1e6:.1f} MB')
 
 
 PAPER_T0 = {'en_de': {'small': .75, 'base': .80, 'large': .82},
@@ -198,9 +254,12 @@ GOALS = 'best drafter alpha(t=0) >= 0.70 (en_de), >= 0.65 (synopsis); a ' \
 
 
 def cmd_report(args):
-  """results/drafters_alpha.md (before / after) and the training report."""
+  """results/drafters_alpha.md (before / after) and, with --export_dir, the
+  training report (results/training_shipped.{md,png})."""
+  from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
+  profile = hardware.load(args.profile)
   with open(args.measured) as f:
     after = json.load(f)
   with open(os.path.join(REPO, 'results', 'table3_mini.json')) as f:
@@ -215,7 +274,8 @@ def cmd_report(args):
            'beta = sum_x min(p, q) pooled over every output position).', '',
            f'Goals (issue): {GOALS}.', '',
            '| task | drafter | before t=0 | before t=1 | after t=0 | after '
-           't=1 | paper t=0 | predicted H100 speed-up, t=0 (gamma) |',
+           f't=1 | paper t=0 | predicted {profile.name} speed-up, t=0 '
+           '(gamma) |',
            '|---|---|---|---|---|---|---|---|']
   for task, row in after['tasks'].items():
     old = before['alpha'][task]
@@ -225,17 +285,16 @@ def cmd_report(args):
       b1 = old['1'].get(kind, [None])[0]
       fmt = lambda v: '-' if v is None else f'{v:.3f}'
       a0, a1 = by_t['t0'], by_t['t1']
-      pred = reproduce.predicted_h100(a0['alpha'], kind)
+      pred = reproduce.predict_at_xxl_cost(profile, a0['alpha'], kind)
       lines.append(
           f"| {task} | {name} | {fmt(b0)} | {fmt(b1)} | {a0['alpha']:.3f} "
           f"+- {a0['se']:.3f} | {a1['alpha']:.3f} +- {a1['se']:.3f} | "
           f"{PAPER_T0[task].get(kind, '-')} | "
-          + (f'{pred[1]:.2f}x ({pred[0]})' if pred else '-') + ' |')
-  lines += ['', 'Predicted H100 speed-ups are PREDICTED from the cost '
-            'figures in reproduce.H100_C (c of a drafter at T5-XXL target '
-            'cost, cost(k) = 1), not measured; role drafters are taken at '
-            'T5 1.1 small / base / large cost, dec1 / dec2 at the 2-decoder-'
-            'layer figure.', '', '## The target, before and after', '',
+          f'{reproduce.xxl_cost_cell(pred)} |')
+  lines += ['', 'The last column is the speed-up at t=0 with the after t=0 '
+            'alpha (drafter <kind>_fkl taken as <kind>). '
+            + reproduce.xxl_cost_note(profile), '',
+            '## The target, before and after', '',
             '| task | model | validation loss | validation accuracy | greedy '
             'quality (first 256 test inputs, results/table3_*.json) |',
             '|---|---|---|---|---|']
@@ -266,8 +325,12 @@ def cmd_report(args):
                  + (', '.join(f'{k} {x:.1f}' for k, x in new_q.items())
                     if new_q else 'run scripts/reproduce_table3.py --setup '
                     'shipped') + ' |')
-  with open(os.path.join(REPO, 'results', 'drafters_alpha.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  report.write_md(os.path.join(REPO, 'results', 'drafters_alpha.md'),
+                  '\n'.join(lines) + '\n')
+  if not args.export_dir:
+    print('wrote results/drafters_alpha.md (no --export_dir: no training '
+          'report)')
+    return
   # Training report of the runs behind the shipped models.
   with open(os.path.join(args.export_dir, 'models.json')) as f:
     exported = json.load(f)
@@ -302,7 +365,7 @@ def cmd_report(args):
             '--gen_batch 1024` (target lr sweep 0.003 / 0.01 / 0.03 side by '
             'side; of its drafters only small_ce was used, as the seed of '
             'small_fkl below)',
-            '2. `' + reproduce.portable(exported.get('command') or '?') +
+            '2. `' + report.portable(exported.get('command') or '?') +
             '` (the seeds are call 1\'s lr-0.03 target at step 2575 and its '
             'small_ce at step 2080)', '',
             'Then `python scripts/ship_models.py measure / ship / report` '
@@ -323,7 +386,10 @@ def _old_validation(old_training, task):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('command', choices=('measure', 'ship', 'report'))
-  parser.add_argument('--export_dir', required=True)
+  parser.add_argument('--export_dir', default=None,
+                      help='the export folder of '
+                      'scripts/train_shipped_models.py (measure, ship; '
+                      'report: for the training report)')
   parser.add_argument('--arrays', default=None)
   parser.add_argument('--candidates',
                       default='small_fkl,large_fkl,dec1_fkl,dec2_fkl')
@@ -336,7 +402,12 @@ def main(argv=None):
   parser.add_argument('--assets', default=None,
                       help='default specdec_jax/assets/mini')
   parser.add_argument('--slice_examples', type=int, default=256)
+  parser.add_argument('--profile', default=hardware.H100,
+                      help='report: the measured hardware profile of the '
+                      'predicted column (bench.hardware.names())')
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  if args.command != 'report' and not args.export_dir:
+    parser.error(f'{args.command} needs --export_dir')
   {'measure': cmd_measure, 'ship': cmd_ship,
    'report': cmd_report}[args.command](args)
 

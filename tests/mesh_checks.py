@@ -1,9 +1,10 @@
 """Every check on a simulated 8-device CPU mesh, in one process; JSON out.
 
 Run by tests/test_partitioning.py in a subprocess (the 8 simulated devices
-need XLA_FLAGS before jax starts, which the rest of the suite must not see):
+need XLA_FLAGS before jax starts, which the rest of the suite must not see),
+as a module from the repository root (so `specdec_jax` is the tree's):
 
-  python tests/mesh_checks.py OUT.json [FIXTURES_DIR]
+  python -m tests.mesh_checks OUT.json [FIXTURES_DIR]
 
 (XLA_FLAGS defaults to 8 devices and XLA's CPU optimizations off, for
 compile time; the test sets the same).
@@ -23,9 +24,6 @@ os.environ.setdefault('XLA_FLAGS',
                       '--xla_force_host_platform_device_count=8 '
                       '--xla_backend_optimization_level=0 '
                       '--xla_llvm_disable_expensive_passes=true')
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

@@ -29,7 +29,7 @@ def mesh(tmp_path_factory, fixtures_dir):
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') + ' ' + FLAGS).strip()
   env['JAX_PLATFORMS'] = 'cpu'
   proc = subprocess.run(
-      [sys.executable, str(ROOT / 'tests' / 'mesh_checks.py'), str(out),
+      [sys.executable, '-m', 'tests.mesh_checks', str(out),
        str(fixtures_dir)], env=env, cwd=ROOT, capture_output=True,
       text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]

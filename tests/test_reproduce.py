@@ -8,6 +8,8 @@ named T5X drafter, and a missing model or checkpoint must be named clearly.
 
 import pytest
 
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 
 
@@ -85,6 +87,42 @@ def test_results_name_no_home_directory(tmp_path, monkeypatch):
       reproduce.eval_flags(setup, 'en_de', 'small'))
   assert str(tmp_path) not in command
   assert "'~/models/en_de_mini_xxl/checkpoint_1000'" in command
-  header = reproduce.run_header('scripts/x.py', ['--models_dir',
-                                                 f'{tmp_path}/models'])
+  header = report.header('scripts/x.py', ['--models_dir',
+                                          f'{tmp_path}/models'])
   assert header['command'] == 'python scripts/x.py --models_dir ~/models'
+
+
+def test_no_hand_typed_h100_figures_or_restated_helpers():
+  for name in ('H100_C', 'predicted_h100', 'run_header'):
+    assert not hasattr(reproduce, name), name
+  assert reproduce.portable is report.portable  # not a second definition
+
+
+def test_xxl_cost_prediction_is_predict_on_the_measured_profile():
+  profile = hardware.load(hardware.H100)
+  for drafter, timed in (('dec2', 'dec2'),
+                         ('small', 'small@t5_1_1_small_cost'),
+                         ('bigram', 'bigram')):
+    got = reproduce.predict_at_xxl_cost(profile, 0.7, drafter)
+    want = hardware.predict(profile, alpha=0.7, drafter=timed)
+    assert got['speedup'] == want.speedup and got['gamma'] == want.gamma
+    assert got['c'] == profile.c[1][timed]
+    assert got['c_how'] == hardware.MEASURED
+    assert reproduce.xxl_cost_cell(got) == (
+        f'{want.speedup:.2f}x ({want.gamma})')
+  # Not timed: the profile's bytes / launches model, labelled and marked.
+  base = reproduce.predict_at_xxl_cost(profile, 0.7, 'base')
+  assert base['c_how'] == hardware.BYTES_MODEL
+  assert 'bytes / launches model' in base['label']
+  assert base['kernels'] > 0 and base['step_bytes'] > 0
+  c, _ = profile.c_of('base', step_bytes=base['step_bytes'],
+                      kernels=base['kernels'])
+  assert base['c'] == pytest.approx(c)
+  large = reproduce.predict_at_xxl_cost(profile, 0.7, 'large')
+  assert large['c'] > base['c']
+  assert reproduce.xxl_cost_cell(base).endswith('†')
+  assert reproduce.predict_at_xxl_cost(profile, 0.7, 'heads') is None
+  assert reproduce.xxl_cost_cell(None) == '-'
+  note = reproduce.xxl_cost_note(profile)
+  assert f'predicted on profile {profile.name}' in note
+  assert 'through bench.hardware.predict' in note

@@ -9,23 +9,32 @@ models. A setup names the eval job's gin files and checkpoints for a (task,
 drafter) pair (`flags`: also the command that reruns a row); `eval_setup`
 turns them into the job's typed `loading.EvalSetup`, and `load_task_models`
 loads a task's target and drafters through `loading`, exactly as the job
-does. This module also holds the paper's published numbers for comparison.
+does. This module also holds the paper's published numbers for comparison,
+and `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target cost
+on a measured hardware profile, through `bench.hardware.predict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+import pathlib
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
+import jax
 
 from specdec_jax import checkpoints
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
+from specdec_jax import measure
+from specdec_jax import network
+from specdec_jax import shipped
+from specdec_jax import widening
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
+# Callers not yet moved to bench.report.portable import it from here.
+from specdec_jax.bench.report import portable  # pylint: disable=unused-import
 
 # Our offline tasks and the paper's task each stands in for.
 TASKS = {
@@ -86,32 +95,151 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
   return path
 
 
-# c = t_draft / t_target per drafted token against a T5 1.1-XXL-cost target,
-# bfloat16, batch 1, measured on one H100 with this code (commit ed924c0,
-# 2026-11-22; scripts/reproduce_accelerator.py remeasures): drafters widened
-# to T5 1.1 small / base / large cost (8 / 12 / 24 decoder layers), and a T5
-# with 2 decoder layers (our dec1 / dec2; 1 layer is taken at the 2-layer
-# figure). There cost(k) of a k-token target call is 0.93-1.02 for k <= 9.
-H100_C = {'small': 0.091, 'base': 0.165, 'large': 0.42, 'dec1': 0.028,
-          'dec2': 0.028, 'unigram': 0.0, 'bigram': 0.0}
+# Predicted speed-ups at T5-XXL target cost on a measured hardware profile
+# (`bench.hardware`: the H100 run's by default). Each drafter of the setups
+# is taken at the cost the accelerator run timed it under (the paper's
+# T5 1.1-small drafter for 'small': the shipped small widened to T5
+# 1.1-small cost), or, for one the run did not time, a shipped model whose
+# decoder step sets the profile's bytes / launches model (labelled).
+XXL_COST_DRAFTERS = {'small': 'small@t5_1_1_small_cost', 'dec2': 'dec2',
+                     'unigram': 'unigram', 'bigram': 'bigram'}
+# name -> (shipped model, widening preset or config changes): the step of a
+# drafter the profile did not time.
+MODELLED_DRAFTERS = {
+    'base': ('small', 't5_1_1_base_cost'),
+    'large': ('small', 't5_1_1_large_cost'),
+    'dec1': ('dec2', {'num_decoder_layers': 1}),
+}
+# The timed T5 drafter whose step fits the launches per decoder layer of
+# the bytes / launches model: (profile name, shipped model, preset).
+LAUNCH_FIT = ('small@t5_1_1_small_cost', 'small', 't5_1_1_small_cost')
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_CACHE: Dict[Any, Any] = {}
 
 
-def predicted_h100(alpha: float, drafter: str, max_gamma: int = 16):
-  """PREDICTED (not measured) speed-up at T5-XXL cost on an H100, batch 1.
+def _source_setup(profile) -> Dict[str, Any]:
+  """The `setup` of the run a profile was read from ({} if not here)."""
+  path = ROOT / profile.source
+  return report.read_json(path).get('setup', {}) if path.is_file() else {}
 
-  Theorem 3.8 of the paper with the H100 cost figures `H100_C` and
-  cost(gamma + 1) = 1: the gamma in 1..max_gamma maximizing
-  (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + 1)).
+
+def _step(profile, model: str, change) -> Tuple[int, int, str]:
+  """(bytes one decoder step reads, decoder layers, what) of a shipped
+  model at a preset / with config changes, bfloat16, at the profile run's
+  input length and half its output length decoded."""
+  key = ('step', profile.name, model, str(change))
+  if key not in _CACHE:
+    cfg = shipped.config(model, dtype='bfloat16')
+    cfg = (widening.preset_config(cfg, change) if isinstance(change, str)
+           else cfg.replace(**change))
+    net = network.T5Model(cfg)
+    shapes = jax.eval_shape(net.init_params, jax.random.key(0))
+    setup = _source_setup(profile)
+    length_in = int(setup.get('input_length', 0))
+    context = int(setup.get('output_length', 0)) // 2
+    what = (f'shipped {model} ' + (f'at {change}' if isinstance(change, str)
+                                   else f'with {change}') +
+            f', bfloat16, {cfg.num_decoder_layers} decoder layers, caches at '
+            f'input {length_in}, {context} decoded tokens')
+    _CACHE[key] = (measure.step_bytes(net, shapes, 1, context, length_in),
+                   cfg.num_decoder_layers, what)
+  return _CACHE[key]
+
+
+def launches_per_layer(profile) -> Tuple[float, str]:
+  """(kernel launches per decoder layer, how): fitted to `LAUNCH_FIT`.
+
+  The timed drafter's step time less its bytes / bandwidth, in units of
+  the profile's launch time, per decoder layer; 0 (said) where the profile
+  has no launch time, bandwidth or that drafter.
+  """
+  name, model, preset = LAUNCH_FIT
+  if (profile.launch_ms is None or profile.bandwidth is None
+      or name not in profile.c.get(1, {})):
+    return 0.0, f'no launches (profile {profile.name} has no {name} or ' \
+        'launch time)'
+  nbytes, layers, _ = _step(profile, model, preset)
+  rest_s = profile.c[1][name] * profile.t1_ms * 1e-3 - (
+      nbytes / profile.bandwidth)
+  per_layer = max(rest_s, 0.0) / (profile.launch_ms * 1e-3) / layers
+  return per_layer, (f'{per_layer:.2f} launches per decoder layer, fitted '
+                     f'to the timed {name} ({layers} layers)')
+
+
+def predict_at_xxl_cost(profile, alpha: float, drafter: str,
+                        gamma: Optional[int] = None
+                        ) -> Optional[Dict[str, Any]]:
+  """The PREDICTED speed-up of `drafter` at T5-XXL target cost on `profile`.
+
+  `bench.hardware.predict` with alpha, the best gamma within the measured
+  cost(k) (or `gamma`), the profile's measured cost(gamma + 1) and the c
+  it measured for the drafter's stand-in (`XXL_COST_DRAFTERS`), or the
+  bytes / launches model of `MODELLED_DRAFTERS`.
 
   Returns:
-    (gamma, speed-up), or None for a drafter with no cost figure.
+    `Prediction.to_json()` plus `drafter_as` (what the drafter is taken
+    as), or None for a drafter neither timed nor modelled.
   """
-  from specdec_jax import theory  # pylint: disable=g-import-not-at-top
-  if drafter not in H100_C:
+  alpha = min(max(float(alpha), 0.0), 1.0)
+  if drafter in XXL_COST_DRAFTERS:
+    name = XXL_COST_DRAFTERS[drafter]
+    if name not in profile.drafters(1):
+      return None
+    p = hardware.predict(profile, alpha=alpha, gamma=gamma, drafter=name)
+    return dict(p.to_json(), drafter_as=f'{name} (timed)')
+  if drafter not in MODELLED_DRAFTERS or profile.bandwidth is None:
     return None
-  return theory.optimal_gamma_and_speedup(alpha, H100_C[drafter],
-                                          max_gamma=max_gamma)
+  nbytes, layers, what = _step(profile, *MODELLED_DRAFTERS[drafter])
+  per_layer, how = launches_per_layer(profile)
+  kernels = round(per_layer * layers)
+  p = hardware.predict(profile, alpha=alpha, gamma=gamma,
+                       drafter=f'{drafter} (modelled)', step_bytes=nbytes,
+                       kernels=kernels)
+  return dict(p.to_json(), drafter_as=f'{what} (not timed)',
+              step_bytes=nbytes, kernels=kernels, kernels_how=how)
 
+
+def xxl_cost_cell(pred: Optional[Dict[str, Any]]) -> str:
+  """'2.05x (5)', a dagger for the bytes / launches model, '-' for None."""
+  if not pred:
+    return '-'
+  mark = '' if pred['c_how'].startswith('measured') else ' †'
+  return f"{pred['speedup']:.2f}x ({pred['gamma']}){mark}"
+
+
+def xxl_cost_note(profile) -> str:
+  """What a 'predicted <profile>' column is, for a results .md."""
+  fitted = launches_per_layer(profile)[1]
+  stand_in = ', '.join(f'{k} as {v}' for k, v in XXL_COST_DRAFTERS.items())
+  modelled = ', '.join(
+      f'{k} as shipped {m} ' + (f'at {c}' if isinstance(c, str) else
+                                f'with {c}')
+      for k, (m, c) in MODELLED_DRAFTERS.items())
+  return (
+      f'"predicted {profile.name}" is PREDICTED, not measured: predicted on '
+      f'profile {profile.name} (specdec_jax/bench/profiles, read from '
+      f'{profile.source}) through bench.hardware.predict: Theorem 3.8 with '
+      "the row's alpha, the profile's measured cost(gamma + 1) of its "
+      f'target ({profile.target}) and the best gamma within the measured '
+      f'k (in brackets). c: measured for {stand_in}; marked † the bytes / '
+      f'launches model of the profile (step bytes / its bandwidth + '
+      f'launches x its launch time, over its t(1); {fitted}) for '
+      f'{modelled}: the profile did not time them.')
+
+
+def run_profile(costs: Mapping[str, Any], name: str, device: str,
+                source: str, command: str, date: str):
+  """A `bench.hardware.HardwareProfile` of one of this run's cost
+  measurements (scripts/reproduce_table2.py's `costs` entries: t(k) and c
+  at batch 1), so its predictions go through `bench.hardware.predict`."""
+  t = {int(k): float(v) for k, v in costs['t_target_ms'].items()}
+  return hardware.HardwareProfile(
+      name=name, device=device,
+      target=f"{costs['task']} target at {costs['target_cost']} cost",
+      t1_ms=t[1], floor_ms=None, bandwidth=None, launch_ms=None,
+      cost={1: {k: v / t[1] for k, v in t.items()}},
+      c={1: {k: float(v) for k, v in costs['c'].items()}},
+      source=source, command=command, date=date)
 
 def results_name(setup) -> str:
   """'mini' or 'shipped' (or 'paper'): the suffix of a setup's results."""
@@ -360,24 +488,9 @@ def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   return setup.flags(task, drafter) + _bindings(**bindings)
 
 
-def portable(text: str) -> str:
-  """`text` with the home directory written as ~ (results name no machine)."""
-  home = os.path.expanduser('~')
-  return text.replace(home + os.sep, '~' + os.sep) if home != '~' else text
-
-
 def shell_command(flags: Sequence[str]) -> str:
-  return portable('python -m specdec_jax.eval ' + ' '.join(
+  return report.portable('python -m specdec_jax.eval ' + ' '.join(
       f'"{f}"' if ' ' in f else f for f in flags))
-
-
-def run_header(script: str, argv: Optional[Sequence[str]]) -> Dict[str, str]:
-  """command (home as ~), machine and date of a results file."""
-  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
-
-  args = sys.argv[1:] if argv is None else argv
-  return dict(command=portable(f'python {script} ' + ' '.join(args)),
-              machine=measure.machine(), date=time.strftime('%Y-%m-%d'))
 
 
 def eval_setup(setup, task: str, drafter: str,

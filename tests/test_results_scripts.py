@@ -1,0 +1,202 @@
+"""The benchmark scripts' predicted figures, profile and shipping.
+
+Every committed predicted column must be what `bench.hardware.predict`
+gives from the file's own measured values (each script's `--repredict`
+reproduces it), the CPU costs run must write the profile its json gives,
+the mesh's on-paper figures must come from a profile, and shipping the T5s
+must keep the method weights already shipped.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from specdec_jax import arrays
+from specdec_jax import shipped
+from specdec_jax import theory
+from specdec_jax.bench import hardware
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_script(name):
+  """scripts/<name>.py as a module (scripts/ is no package)."""
+  key = f'script_{name}'
+  if key not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        key, ROOT / 'scripts' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+  return sys.modules[key]
+
+
+def _without(d, keys):
+  if isinstance(d, dict):
+    return {k: _without(v, keys) for k, v in d.items() if k not in keys}
+  if isinstance(d, list):
+    return [_without(v, keys) for v in d]
+  return d
+
+
+def _md_lines(text):
+  return [line for line in text.splitlines()
+          if 'recomputed' not in line]
+
+
+@pytest.mark.parametrize('script,stem', [
+    ('reproduce_table2', 'table2_shipped'),
+    ('reproduce_table2', 'table2_mini'),
+    ('reproduce_table3', 'table3_shipped'),
+    ('reproduce_table3', 'table3_mini'),
+    ('benchmark_batches', 'batches_cpu'),
+    ('benchmark_mesh', 'mesh_cpu'),
+])
+def test_committed_predictions_are_what_predict_gives(
+    tmp_path, monkeypatch, script, stem):
+  # benchmark_mesh adds to XLA_FLAGS when imported: restored after the test.
+  monkeypatch.setenv('XLA_FLAGS', os.environ.get('XLA_FLAGS', ''))
+  committed = ROOT / 'results' / f'{stem}.json'
+  copy = tmp_path / f'{stem}.json'
+  shutil.copy(committed, copy)
+  load_script(script).main(['--repredict', str(copy)])
+  keys = {'predicted_by', 'out'}
+  want = _without(json.loads(committed.read_text()), keys)
+  assert _without(json.loads(copy.read_text()), keys) == want
+  assert _md_lines(copy.with_suffix('.md').read_text()) == _md_lines(
+      committed.with_suffix('.md').read_text())
+  assert ('through bench.hardware.predict' in
+          committed.with_suffix('.md').read_text())
+
+
+def test_table2_predictions_are_theorem_3_8_on_the_runs_own_costs():
+  result = json.loads((ROOT / 'results' / 'table2_shipped.json').read_text())
+  profile = hardware.load(hardware.H100)
+  for row in result['rows']:
+    alpha = min(max(row['alpha'], 0.0), 1.0)
+    assert row['predicted_speedup'] == pytest.approx(
+        theory.walltime_improvement(alpha, row['gamma'], row['c'],
+                                    row['cost_gamma_plus_1']), rel=1e-12)
+    xxl = row['predicted_at_xxl_cost']
+    assert xxl['profile'] == profile.name
+    if row['drafter'] == 'dec2':
+      want = hardware.predict(profile, alpha=alpha, drafter='dec2')
+      assert xxl['speedup'] == pytest.approx(want.speedup, rel=1e-12)
+      assert xxl['c'] == profile.c[1]['dec2']
+
+
+def test_costs_run_writes_the_profile_its_json_gives(tmp_path):
+  costs = load_script('benchmark_costs')
+  run = json.loads((ROOT / 'results' / 'costs.json').read_text())
+  run.update(drafter=costs.DRAFTER_NAME, target=costs.TARGET_DESCRIPTION,
+             date='2026-01-01')
+  profile, path = costs.write_results(tmp_path / 'results', run, '# costs\n',
+                                      tmp_path / 'profiles')
+  assert path == tmp_path / 'profiles' / f'{hardware.CPU}.json'
+  assert profile.name == hardware.CPU == costs.profile_name(run['machine'])
+  loaded = hardware.load(str(path))
+  assert loaded.to_json() == profile.to_json()
+  assert loaded.c[1] == {costs.DRAFTER_NAME: run['c']}
+  assert loaded.target == costs.TARGET_DESCRIPTION
+  assert loaded.date == '2026-01-01'
+  assert loaded.source.endswith('results/costs.json')
+  # Everything measured is the committed CPU profile's.
+  committed = hardware.load(hardware.CPU)
+  assert loaded.cost == committed.cost and loaded.t1_ms == committed.t1_ms
+  assert (tmp_path / 'results' / 'costs.md').read_text() == '# costs\n'
+
+
+def test_mesh_on_paper_comes_from_the_profile(monkeypatch):
+  monkeypatch.setenv('XLA_FLAGS', os.environ.get('XLA_FLAGS', ''))
+  mesh = load_script('benchmark_mesh')
+  profile = hardware.load(hardware.H100)
+  link, latency = 450e9, 10e-6
+  paper = mesh.on_paper(profile, link, latency, tokens=1)
+  comm = 73 * (latency + 2 * 7 / 8 * 4096 * 2 / link)
+  assert paper['allreduces_per_call'] == 73
+  assert paper['call_ms'] == pytest.approx(profile.t1_ms / 8 + 1e3 * comm)
+  tp = mesh.tensor_parallel_profile(profile, link, latency)
+  assert tp.t1_ms == pytest.approx(paper['call_ms'])
+  assert tp.c[1]['dec2'] == pytest.approx(
+      profile.c[1]['dec2'] * profile.t1_ms / tp.t1_ms)
+  assert 'assumed' in tp.name
+  rows = mesh.on_paper_speedups(profile, link, latency, alpha=0.7)['rows']
+  one = [r for r in rows if r['chips'] == 1 and r['drafter'] == 'dec2'][0]
+  assert one['speedup'] == round(hardware.predict(
+      profile, alpha=0.7, drafter='dec2').speedup, 2)
+  assert not hasattr(mesh, 'HARDWARE') and not hasattr(mesh, 'DRAFT_MS')
+
+
+def _sha(path):
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fake_export(root):
+  """An export folder of two models (a file each) as train_shipped_models."""
+  cfg = json.loads((ROOT / 'specdec_jax' / 'assets' / 'mini' /
+                    'models.json').read_text())['models']['dec2']['config']
+  models = {}
+  for name, kind, step in (('target', 'xxl', 5), ('dec2_fkl', 'dec2', 3)):
+    ckpt = root / name / f'checkpoint_{step}'
+    (ckpt / 'state').mkdir(parents=True)
+    (ckpt / 'state' / 'data').write_bytes(name.encode())
+    models[name] = dict(kind=kind, checkpoint=f'{name}/checkpoint_{step}',
+                        config=cfg, step=step, validation=None)
+  (root / 'models.json').write_text(json.dumps(dict(
+      models=models, target={'checkpoint': 'x'}, command='python train')))
+
+
+def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
+  shipped_dir = pathlib.Path(shipped.ASSETS_DIR)
+  index = json.loads((shipped_dir / shipped.MODELS).read_text())
+  assert index.get('methods'), 'nothing to keep: the test needs methods'
+  assets = tmp_path / 'assets'
+  assets.mkdir()
+  for name in ('models.json', 'MANIFEST.json', 'small', 'heads',
+               'lookahead'):
+    src = shipped_dir / name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, assets / name)
+  method_files = {
+      rel: _sha(assets / rel) for rel in json.loads(
+          (shipped_dir / 'MANIFEST.json').read_text())
+      if rel.split('/')[0] in ('heads', 'lookahead')}
+  assert method_files
+  _fake_export(tmp_path / 'export')
+  for task_dir in ('debian_desc_en_de', 'debian_synopsis'):
+    arrays.save(str(tmp_path / 'arrays' / task_dir / 'test.npz'),
+                {'inputs': np.ones((4, 6), np.int32),
+                 'targets': np.ones((4, 5), np.int32)})
+  monkeypatch.setenv('SPECDEC_DATA_DIR', str(ROOT / 'tests' / 'testdata' /
+                                             'debian'))
+  ship = load_script('ship_models')
+  ship.main(['ship', '--export_dir', str(tmp_path / 'export'), '--arrays',
+             str(tmp_path / 'arrays'), '--models', 'target,dec2_fkl',
+             '--assets', str(assets), '--slice_examples', '2'])
+
+  new = json.loads((assets / 'models.json').read_text())
+  assert list(new['models']) == ['target', 'dec2']
+  assert new['methods'] == index['methods']
+  assert not (assets / 'small').exists()  # the old T5s are replaced
+  manifest = json.loads((assets / 'MANIFEST.json').read_text())
+  for rel, sha in method_files.items():
+    assert _sha(assets / rel) == sha, rel
+    assert manifest[rel]['sha256'] == sha, rel
+  assert shipped.verify(root=str(assets)) == len(manifest)
+  monkeypatch.setenv('SPECDEC_ASSETS', str(assets))
+  assert shipped.method_names() == list(index['methods'])
+  assert pathlib.Path(shipped.resolve('shipped:heads/en_de')).is_dir()
+
+  # A listed method whose weights are gone stops the next ship.
+  shutil.rmtree(assets / 'lookahead')
+  with pytest.raises(SystemExit, match='not there'):
+    ship.main(['ship', '--export_dir', str(tmp_path / 'export'), '--arrays',
+               str(tmp_path / 'arrays'), '--models', 'target,dec2_fkl',
+               '--assets', str(assets), '--slice_examples', '2'])
+  assert (assets / 'heads').is_dir() and (assets / 'models.json').is_file()
