@@ -1,17 +1,18 @@
 """Task data for the jobs: examples, padded batches, text and metrics.
 
 What the eval job, the reproduction scripts and the peer benchmark read from a
-seqio task, in one place: the examples of a split (`task_examples`), token
-rows padded into a `[batch, length]` array (`pad_rows`) and split into
-batches of one compiled shape (`batches`), model output back to text
-(`decode_text`), the task's metrics (`task_metrics`), and the training
-batches of a task (`task_train_batches`, `task_eval_batches`: seqio's T5X
-pipeline).
-Nothing here is jitted; seqio is imported only when a function needs it.
+task, in one place: the examples of a split (`task_examples`), token rows
+padded into a `[batch, length]` array (`pad_rows`) and split into batches of
+one compiled shape (`batches`), model output back to text (`decode_text`),
+the task's metrics (`task_metrics`), and the training batches of a task
+(`task_train_batches`, `task_eval_batches`: seqio's T5X pipeline).
+A task is a seqio task or a `tasks.ArrayTask` (stored token ids, no seqio);
+nothing here is jitted; seqio is imported only when a seqio task is read.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 from typing import Sequence, Tuple
 
@@ -25,23 +26,37 @@ EOS_ID = 1
 Batch = Dict[str, np.ndarray]
 
 
+def split_examples(task, split: str) -> Iterator[Mapping[str, Any]]:
+  """The examples of a split, in order, untrimmed: 'inputs' / 'targets' ids
+  (EOS-terminated) and their '*_pretokenized' texts (str or bytes).
+
+  Args:
+    task: a seqio task, or a task with its own `examples(split)` (e.g.
+      `tasks.ArrayTask`, which needs no seqio).
+    split: e.g. 'validation'.
+  """
+  if hasattr(task, 'examples'):
+    return iter(task.examples(split))
+  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
+                        trim_output_features=False)
+  return ds.as_numpy_iterator()
+
+
 def task_examples(task, split: str, lengths: Mapping[str, int],
                   num_examples: Optional[int], truncate_inputs: bool
                   ) -> Iterator[Tuple[int, List[int], str, str]]:
   """Yields (index, input ids, input text, target text) of a split.
 
   Args:
-    task: a seqio task.
+    task: a seqio task or a `tasks.ArrayTask` (see `split_examples`).
     split: e.g. 'validation'.
     lengths: {'inputs': N, ...}: inputs longer than N tokens are an error,
       or cut to N (keeping the last token, EOS) with `truncate_inputs`.
     num_examples: the first that many (None = all).
     truncate_inputs: cut long inputs instead of failing.
   """
-  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
-                        trim_output_features=False)
   max_in = lengths['inputs']
-  for i, ex in enumerate(ds.as_numpy_iterator()):
+  for i, ex in enumerate(split_examples(task, split)):
     if num_examples is not None and i >= num_examples:
       return
     ids = [int(t) for t in ex['inputs']]
@@ -59,8 +74,8 @@ def task_examples(task, split: str, lengths: Mapping[str, int],
 
 def train_targets(task, max_examples: int = 20000) -> Iterator[List[int]]:
   """The target ids (no padding) of the first examples of the train split."""
-  for ex in task.get_dataset(split='train', shuffle=False).take(max_examples):
-    yield [int(t) for t in ex['targets'].numpy() if t != 0]
+  for ex in itertools.islice(split_examples(task, 'train'), max_examples):
+    yield [int(t) for t in ex['targets'] if t != 0]
 
 
 def train_pairs(task, max_examples: int = 20000
@@ -69,9 +84,9 @@ def train_pairs(task, max_examples: int = 20000
 
   What an output cache is seeded with (`drafters.DraftSource.train_pairs`).
   """
-  for ex in task.get_dataset(split='train', shuffle=False).take(max_examples):
-    yield ([int(t) for t in ex['inputs'].numpy() if t != 0],
-           [int(t) for t in ex['targets'].numpy() if t != 0])
+  for ex in itertools.islice(split_examples(task, 'train'), max_examples):
+    yield ([int(t) for t in ex['inputs'] if t != 0],
+           [int(t) for t in ex['targets'] if t != 0])
 
 
 def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:

@@ -24,6 +24,8 @@ between batches). Outputs in EVAL_OUTPUT_DIR:
   summary.md       the same as one markdown table row (with its header);
   config.gin       the operative gin config;
   run.json         the run's settings (a rerun with the same settings resumes).
+The job's first console line says what it decodes and, when the folder holds
+records of an earlier run, how many it reuses (summary.json: reused_records).
 Nothing finished is lost and nothing is counted twice: each batch's records
 are flushed and fsync'd once decoded; a rerun with the same settings
 resumes, dropping a last line cut off by a crash (that example is decoded
@@ -444,9 +446,26 @@ def _status(records, wanted: set, error: Optional[BaseException]) -> str:
   return 'complete'
 
 
+def _start_line(out: pathlib.Path, wanted: int, reused: int) -> str:
+  """The job's first console line: what it decodes, what it reuses."""
+  if not reused:
+    return f'decoding {wanted} example{"s" * (wanted != 1)} into {out}'
+  left = wanted - reused
+  return (f'{reused} of {wanted} examples found in {out} (records of an '
+          'earlier run with these settings): reusing them, '
+          + (f'decoding the other {left}' if left else 'nothing to decode')
+          + '; delete the folder or pass a fresh EVAL_OUTPUT_DIR to decode '
+          'them again')
+
+
 def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
-                   error: Optional[BaseException]) -> Dict[str, Any]:
-  """summary.json and summary.md of the finished records (and the error)."""
+                   error: Optional[BaseException], reused: int = 0
+                   ) -> Dict[str, Any]:
+  """summary.json and summary.md of the finished records (and the error).
+
+  `reused`: how many of the wanted examples had records of an earlier run
+  when this one started (summary.json's `reused_records`).
+  """
   records.sort(key=lambda r: r['index'])
   summary = _summary(records, settings)
   base_m = spec_m = {}
@@ -459,6 +478,7 @@ def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
   summary['baseline_metrics'] = base_m
   summary['speculative_metrics'] = spec_m
   summary['status'] = _status(records, wanted, error)
+  summary['reused_records'] = reused
   if summary['status'] == 'complete' and summary.get('mismatches'):
     summary['status'] = (
         f"failed: {summary['mismatches']} of "
@@ -520,6 +540,9 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     _barrier('claimed', barrier_timeout_s)
   _barrier('read', barrier_timeout_s)  # Nobody appends before all read.
   done = {r['index'] for r in records}
+  reused = len(done & wanted)
+  if index == 0:
+    print(_start_line(out, len(wanted), reused), flush=True)
   own = _process_file(out, index, count)
   if count > 1:
     _read_records(own)  # Repairs a cut-off last line of our own file.
@@ -550,7 +573,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   finally:
     if index == 0:
       summary = _write_summary(out, task, records, setup.settings(), wanted,
-                               error)
+                               error, reused)
   if index != 0:
     return {'process_index': index, 'examples': len(records) - len(done)}
   if summary.get('mismatches'):

@@ -36,7 +36,8 @@ class EvalSetup:
     target_checkpoint: T5X checkpoint path (legacy or orbax, local or gs://),
       HF T5 folder, 'shipped:<name>' (the package's models), or None (random
       weights).
-    mixture_or_task_name: a registered seqio task (see tasks.py).
+    mixture_or_task_name: a registered seqio task (see tasks.py); a Debian
+      task is read without seqio where data_dir stores its token ids.
     task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
       length.
     gamma: drafts per iteration.
@@ -56,7 +57,7 @@ class EvalSetup:
     eos_id: end-of-sequence id.
     data_dir: data folder of the offline Debian tasks (default:
       $SPECDEC_DATA_DIR or ~/.cache/specdec_jax/debian; 'shipped' = the
-      shipped test slices).
+      shipped test slices, read without seqio: `tasks.array_task`).
     target_widen_to: None, or a `widening.PRESETS` name (e.g.
       't5_1_1_base_cost') or a dict of dimensions: the loaded target is
       widened function-preservingly to that size before decoding (same
@@ -201,7 +202,7 @@ class EvalSetup:
 class Loaded:
   """An `EvalSetup` loaded: what the decoders are called with."""
   setup: EvalSetup
-  task: Any  # seqio.Task
+  task: Any  # a seqio.Task or a tasks.ArrayTask
   target: network.T5Model
   target_params: Any
   drafter: Any  # interfaces.Drafter
@@ -262,12 +263,23 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
 
 
 def load_task(setup: EvalSetup):
-  """The setup's seqio task (registered from its data_dir), vocab checked."""
+  """The setup's task, its vocabulary checked against the target.
+
+  A Debian task whose split's token ids its data_dir stores (the shipped
+  test slices: data_dir 'shipped') is a `tasks.ArrayTask`, read without
+  seqio or TensorFlow; any other is the seqio task (registered from
+  data_dir).
+  """
   from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
 
+  task = None
   if setup.data_dir is not None:
-    tasks.register_tasks(data_dir=setup.data_dir)
-  task = tasks.get_task(setup.mixture_or_task_name)
+    task = tasks.array_task(setup.mixture_or_task_name, setup.data_dir,
+                            setup.split)
+    if task is None:
+      tasks.register_tasks(data_dir=setup.data_dir)
+  if task is None:
+    task = tasks.get_task(setup.mixture_or_task_name)
   vocab = task.output_features['targets'].vocabulary
   if vocab.vocab_size > setup.target_config.vocab_size:
     raise ValueError(
@@ -340,7 +352,7 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
 
   Args:
     setup: the setup (drafter kind, draft config / checkpoint, seed).
-    task: the seqio task (kinds that read its train split), or None.
+    task: the task (kinds that read its train split), or None.
     target: the target model (kinds that draft with it), or None.
     target_params: its params.
     max_train_examples: train examples a data-built drafter reads.

@@ -38,7 +38,10 @@ Loading goes through the same code as a real T5X checkpoint
 MANIFEST.json (the manifest of a folder above the checkpoint: the shipped
 checkpoints have none of their own) and names the file that is missing,
 truncated or corrupt (orbax / tensorstore keep no checksums of their own);
-`verify()` does the same for the data files. One manifest implementation,
+`verify()` does the same for the data files. models.json is checked against
+MANIFEST.json whenever it is read (`index`, so `config`, `load_model`,
+`resolve`, ...): an edited one would load another model, a truncated one
+is named, not reported as a bare JSON error. One manifest implementation,
 `checkpoints.manifest`, serves both. Needs neither seqio nor TensorFlow nor
 gin.
 """
@@ -130,15 +133,53 @@ def _check_listed(path: str) -> None:
                             'shipped model cannot be checked.')
 
 
+def verify_file(rel: str, root: Optional[str] = None) -> str:
+  """Checks one shipped file against the manifest; returns its path.
+
+  Args:
+    rel: its path relative to the shipped folder, e.g. 'models.json'.
+    root: the folder (default `asset_dir()`).
+
+  Raises:
+    ShippedAssetError: naming the file when the manifest does not list it
+      or it is missing, truncated or corrupt.
+  """
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  found = _manifest(root)
+  path = os.path.join(found.root, rel)
+  entry = found.files.get(rel)
+  if entry is None:
+    raise ShippedAssetError(f'{found.path} does not list {path}: the shipped '
+                            'file cannot be checked.')
+  problems = manifest.check_files(found.root, {rel: entry})
+  if problems:
+    raise ShippedAssetError('Shipped file ' + '; '.join(problems) + '.')
+  return path
+
+
 def index() -> Dict[str, Any]:
-  """The parsed models.json."""
+  """The parsed models.json, checked against the shipped manifest first.
+
+  Raises:
+    FileNotFoundError: there is no models.json (nothing shipped).
+    ShippedAssetError: models.json is truncated, edited or corrupt (named),
+      or the manifest cannot be read.
+  """
   path = os.path.join(asset_dir(), MODELS)
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'No shipped models at {asset_dir()} ({MODELS} missing); '
+        f'No shipped models at {asset_dir()} ({path} missing); '
         'scripts/ship_models.py writes them.')
-  with open(path) as f:
-    return json.load(f)
+  verify_file(MODELS)  # Another models.json would load other models.
+  try:
+    with open(path, encoding='utf-8') as f:
+      entries = json.load(f)
+  except ValueError as e:
+    raise ShippedAssetError(f'Shipped file {path} is not JSON ({e}).') from None
+  if not isinstance(entries, dict) or not isinstance(
+      entries.get('models'), dict):
+    raise ShippedAssetError(f'Shipped file {path} has no "models" mapping.')
+  return entries
 
 
 def model_names() -> List[str]:
@@ -167,11 +208,16 @@ def t5_config(fields: Dict[str, Any], dtype: Any = 'float32'):
 
 
 def config(name: str, dtype: Any = 'float32'):
-  """The `network.T5Config` of a shipped model."""
+  """The `network.T5Config` of a shipped model (models.json checked)."""
   models = index()['models']
   if name not in models:
     raise ValueError(f'No shipped model {name!r}; {_known()}.')
-  return t5_config(models[name]['config'], dtype)
+  try:
+    return t5_config(models[name]['config'], dtype)
+  except (KeyError, TypeError, ValueError) as e:
+    raise ShippedAssetError(
+        f'Shipped file {os.path.join(asset_dir(), MODELS)}: model {name!r} '
+        f'has no valid config ({type(e).__name__}: {e}).') from None
 
 
 def checkpoint_path(name: str) -> str:
@@ -197,7 +243,8 @@ def load_model(name: str, dtype: Any = None,
     `(network.T5Model, params)`.
 
   Raises:
-    ShippedAssetError: a file of the model is missing / truncated / corrupt.
+    ShippedAssetError: models.json or a file of the model is missing /
+      truncated / corrupt (named), checked before anything is loaded.
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top

@@ -33,8 +33,9 @@ the target's distribution (tests/test_streaming.py).
 Contract this needs beyond `interfaces`: every leaf of the target's cache and
 of the drafter's state has the batch as its leading axis (true of
 `network.DecoderCache`, every registered kind's state, a merged loop's
-`speculative.Pending`; `()` has no leaves), and a row's cache `position` may
-be set back to 0 (`rewind`).
+`speculative.Pending`; `()` has no leaves; both streams check it on shapes
+when they compile, before any row is indexed, and name any leaf without
+it), and a row's cache `position` may be set back to 0 (`rewind`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,41 @@ def merge_rows(old, new, mask: Array):
     return jnp.where(mask.reshape((batch,) + (1,) * (o.ndim - 1)), n, o)
 
   return jax.tree_util.tree_map(merge, old, new)
+
+
+def check_row_leaves(init_fn, params, rows: Array, what: str) -> None:
+  """Raises unless every leaf `init_fn(params, rows)` makes has the rows as
+  its leading axis (checked on shapes only, for 1 and 2 rows).
+
+  A refill encodes a few rows and merges them into the slot batch leaf by
+  leaf, so a leaf without that axis (a scalar counter, a table shared by
+  all rows) cannot be refilled.
+
+  Args:
+    init_fn: `(params, rows [k, n]) -> tree` (a cache or a drafter state).
+    params: its params (arrays, tracers or `jax.ShapeDtypeStruct`s).
+    rows: `[N, n]` input ids (only their shape and dtype are used).
+    what: names the tree and the argument it comes from, in the error.
+
+  Raises:
+    ValueError: naming each leaf that lacks the leading row axis.
+  """
+  bad = {}
+  for k in (1, 2):
+    row_shape = jax.ShapeDtypeStruct((k,) + tuple(rows.shape[1:]),
+                                     rows.dtype)
+    tree = jax.eval_shape(init_fn, params, row_shape)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      if len(leaf.shape) == 0 or leaf.shape[0] != k:
+        bad.setdefault(jax.tree_util.keystr(path), []).append(
+            f'{tuple(leaf.shape)} for {k} row{"s" if k > 1 else ""}')
+  if bad:
+    leaves = '; '.join(f'leaf {path or "(the state itself)"}: '
+                       f'{", ".join(shapes)}'
+                       for path, shapes in bad.items())
+    raise ValueError(
+        f'streaming refills slots row by row, so every leaf of {what} needs '
+        f'the rows (the batch) as its leading axis; {leaves}.')
 
 
 def check_batch_size(batch_size) -> None:
@@ -256,7 +292,23 @@ class SpecStreamLoop:
                           inputs, draft_inputs),
         lambda st_, _: st_, state, newly)
 
+  def check_rows(self, target_params, draft_params, inputs, draft_inputs
+                 ) -> None:
+    """Raises unless the target's cache and the drafter's state have the
+    rows as every leaf's leading axis (shapes only: no work)."""
+    check_row_leaves(
+        lambda p, x: self.loop.target.init_cache(p, x,
+                                                 self.loop.cache_length),
+        target_params, inputs, "the target's cache (`target.init_cache`)")
+    drafter = getattr(self.loop, 'drafter', None)
+    source = (f'{type(drafter).__name__}.init' if drafter is not None else
+              f'{type(self.loop).__name__}.init_draft')
+    check_row_leaves(self.loop.init_draft, draft_params, draft_inputs,
+                     f"the drafter's state (`{source}` of draft_params)")
+
   def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
+    # Once per compilation (at trace time), before any row is indexed.
+    self.check_rows(target_params, draft_params, inputs, draft_inputs)
     n_examples = inputs.shape[0]
     b = self.batch_size
     g = self.loop.gamma
@@ -431,6 +483,10 @@ class SampleStreamLoop:
                         lambda st, _: st, state, newly)
 
   def __call__(self, params, inputs, rng):
+    # Once per compilation (at trace time), before any row is indexed.
+    check_row_leaves(
+        lambda p, x: self.model.init_cache(p, x, self.max_decode_len),
+        params, inputs, "the model's cache (`model.init_cache`)")
     n_examples = inputs.shape[0]
     b = self.batch_size
     first = jnp.arange(b)

@@ -1,4 +1,4 @@
-"""seqio tasks: the paper's T5 tasks and their offline Debian stand-ins.
+"""Tasks: the paper's T5 tasks, their offline Debian stand-ins, BLEU / ROUGE.
 
 The paper (arXiv:2211.17192) evaluates T5 on WMT EnDe and CNN/DM; we define
 those two tasks exactly as the T5 library does (t5/data/tasks.py):
@@ -13,24 +13,28 @@ in for them (scripts/build_debian_data.py makes the data and vocabulary):
   debian_desc_en_de  "translate English to German: <en>" -> "<de>", BLEU.
   debian_synopsis    "summarize: <long description>" -> "<synopsis>", ROUGE.
 
-Registering never reads data or vocabularies (both are loaded lazily), so
-importing this module works offline; only reading a task's data does I/O. The
-T5 vocabulary path can be overridden (`SPECDEC_VOCAB` or
-`register_tasks(vocab_path=...)`), and the Debian data directory is
-`SPECDEC_DATA_DIR` or `register_tasks(data_dir=...)`. This module imports
-TensorFlow (through seqio); `import specdec_jax` does not import it.
+All four are seqio tasks (`register_tasks`, `get_task`, `make_task`).
+Importing this module imports neither seqio nor TensorFlow: `register_tasks`
+puts the tasks in seqio's registry (`get_task` calls it with the defaults on
+first use); registering reads no data and no vocabulary, so it works
+offline.
+
+A Debian data dir may also store a split's token ids as its seqio pipeline
+made them (`arrays/<en_de|synopsis>_<split>.npz`: the shipped test slices,
+`shipped.data_dir()`). `array_task` then gives an `ArrayTask`: the same
+examples, texts, vocabulary and metrics without seqio or TensorFlow (the eval
+job's task for the shipped data). The T5 vocabulary path can be overridden
+(`SPECDEC_VOCAB` or `register_tasks(vocab_path=...)`), and the Debian data
+directory is `SPECDEC_DATA_DIR` or `register_tasks(data_dir=...)`.
 """
 
 import functools
 import json
+import logging
 import os
 import re
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
-
-from rouge_score import rouge_scorer
-import sacrebleu
-import seqio
-import tensorflow as tf
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 WMT_TASK = 'wmt_t2t_ende_v003'
 CNN_DM_TASK = 'cnn_dailymail_v002'
@@ -58,6 +62,12 @@ _LANGUAGE_NAMES = {'en': 'English', 'de': 'German', 'fr': 'French',
                    'ro': 'Romanian'}
 _ROUGE_KEYS = ('rouge1', 'rouge2', 'rougeLsum')
 
+# Where a Debian data dir stores a split's token ids (`ArrayTask`), by task.
+ARRAY_NAMES = {DEBIAN_TRANSLATION_TASK: 'en_de',
+               DEBIAN_SYNOPSIS_TASK: 'synopsis'}
+ARRAYS_DIR = 'arrays'
+EOS_ID = 1
+
 
 # ---------------------------------------------------------------- metrics ---
 def bleu(targets: Sequence[str], predictions: Sequence[str]
@@ -71,6 +81,8 @@ def bleu(targets: Sequence[str], predictions: Sequence[str]
   Returns:
     {'bleu': score}; identical corpora score 100.
   """
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+
   if len(targets) != len(predictions):
     raise ValueError(f'{len(targets)} targets vs {len(predictions)} '
                      'predictions')
@@ -102,6 +114,9 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]
   Returns:
     {'rouge1', 'rouge2', 'rougeLsum'}: identical texts score 100.
   """
+  # rouge-score imports nltk (~2 s): only when a summary is scored.
+  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+
   if len(targets) != len(predictions):
     raise ValueError(f'{len(targets)} targets vs {len(predictions)} '
                      'predictions')
@@ -116,29 +131,41 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]
   return {key: 100.0 * total / n for key, total in totals.items()}
 
 
-# ---------------------------------------------------------- preprocessors ---
-@seqio.map_over_dataset
-def translate(x: Mapping[str, tf.Tensor], source_language: str,
-              target_language: str) -> Dict[str, tf.Tensor]:
+# ---------------------------------------------------------------- formats ---
+def translate_prefix(source_language: str, target_language: str) -> str:
+  """T5's `translate` prefix, e.g. 'translate English to German: '."""
+  return (f'translate {_LANGUAGE_NAMES[source_language]} to '
+          f'{_LANGUAGE_NAMES[target_language]}: ')
+
+
+SUMMARIZE_PREFIX = 'summarize: '  # T5's `summarize`: 'summarize:' + ' ' + x
+
+# The Debian tasks' records -> (input text, target text): (prefix, source
+# field, target field). The seqio preprocessors below make the same texts.
+DEBIAN_FORMATS = {
+    DEBIAN_TRANSLATION_TASK: (translate_prefix('en', 'de'), 'en', 'de'),
+    DEBIAN_SYNOPSIS_TASK: (SUMMARIZE_PREFIX, 'description', 'synopsis'),
+}
+
+
+def _translate(x, source_language: str, target_language: str):
   """T5's `translate`: 'translate English to German: <src>' -> '<tgt>'."""
-  prefix = (f'translate {_LANGUAGE_NAMES[source_language]} to '
-            f'{_LANGUAGE_NAMES[target_language]}: ')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  prefix = translate_prefix(source_language, target_language)
   return {'inputs': tf.strings.join([prefix, x[source_language]]),
           'targets': x[target_language]}
 
 
-@seqio.map_over_dataset
-def summarize(x: Mapping[str, tf.Tensor], article_key: str,
-              summary_key: str) -> Dict[str, tf.Tensor]:
+def _summarize(x, article_key: str, summary_key: str):
   """T5's `summarize`: 'summarize: <article>' -> '<summary>'."""
-  return {'inputs': tf.strings.join(['summarize:', x[article_key]],
-                                    separator=' '),
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return {'inputs': tf.strings.join([SUMMARIZE_PREFIX.rstrip(' '),
+                                     x[article_key]], separator=' '),
           'targets': x[summary_key]}
 
 
 # ------------------------------------------------------ vocabularies, data ---
-def t5_vocabulary(vocab_path: Optional[str] = None
-                  ) -> seqio.SentencePieceVocabulary:
+def t5_vocabulary(vocab_path: Optional[str] = None):
   """T5's vocabulary (lazy: nothing is read until it is used).
 
   Args:
@@ -146,8 +173,9 @@ def t5_vocabulary(vocab_path: Optional[str] = None
       `$SPECDEC_VOCAB`, else T5's GCS path.
 
   Returns:
-    The vocabulary with T5's 100 extra ids.
+    The seqio.SentencePieceVocabulary with T5's 100 extra ids.
   """
+  import seqio  # pylint: disable=g-import-not-at-top
   path = vocab_path or os.environ.get(VOCAB_ENV) or DEFAULT_VOCAB_PATH
   return seqio.SentencePieceVocabulary(path, extra_ids=DEFAULT_EXTRA_IDS)
 
@@ -156,8 +184,8 @@ def resolve_data_dir(data_dir: Optional[str] = None) -> str:
   """`data_dir`, else `$SPECDEC_DATA_DIR`, else ~/.cache/specdec_jax/debian.
 
   'shipped' names the test slices shipped with the package
-  (`shipped.data_dir()`: the first rows of each test split and the
-  vocabulary; no data build needed).
+  (`shipped.data_dir()`: the first rows of each test split, their token ids
+  and the vocabulary; no data build needed).
   """
   path = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
   if path == 'shipped':
@@ -174,27 +202,37 @@ def _missing_data_error(data_dir: str, path: str) -> FileNotFoundError:
       + BUILD_COMMAND.format(data_dir=data_dir))
 
 
-class DebianVocabulary(seqio.SentencePieceVocabulary):
-  """The data dir's SentencePiece model (lazy, no extra ids).
+@functools.lru_cache(maxsize=None)
+def _debian_vocabulary_class():
+  """seqio's SentencePieceVocabulary with the missing-file error (built when
+  seqio is first needed)."""
+  import seqio  # pylint: disable=g-import-not-at-top
 
-  When the model is first needed and the file is missing, raises the
-  FileNotFoundError that names the build command, not a TensorFlow error.
-  """
+  class DebianVocabulary(seqio.SentencePieceVocabulary):
+    """The data dir's SentencePiece model (lazy, no extra ids).
 
-  def __init__(self, data_dir: str):
-    self._data_dir = data_dir
-    super().__init__(os.path.join(data_dir, DEBIAN_VOCAB_FILE))
+    When the model is first needed and the file is missing, raises the
+    FileNotFoundError that names the build command, not a TensorFlow error.
+    """
 
-  def _model_context(self):
-    if getattr(self, '_model', None) is None and not os.path.isfile(
-        self.sentencepiece_model_file):
-      raise _missing_data_error(self._data_dir, self.sentencepiece_model_file)
-    return super()._model_context()
+    def __init__(self, data_dir: str):
+      self._data_dir = data_dir
+      super().__init__(os.path.join(data_dir, DEBIAN_VOCAB_FILE))
+
+    def _model_context(self):
+      if getattr(self, '_model', None) is None and not os.path.isfile(
+          self.sentencepiece_model_file):
+        raise _missing_data_error(self._data_dir,
+                                  self.sentencepiece_model_file)
+      return super()._model_context()
+
+  return DebianVocabulary
 
 
-def debian_vocabulary(data_dir: Optional[str] = None) -> DebianVocabulary:
-  """The Debian data's SentencePiece model (lazy; no extra ids)."""
-  return DebianVocabulary(resolve_data_dir(data_dir))
+def debian_vocabulary(data_dir: Optional[str] = None):
+  """The Debian data's SentencePiece model as a seqio vocabulary (lazy; no
+  extra ids). `PlainVocabulary` is the same without seqio."""
+  return _debian_vocabulary_class()(resolve_data_dir(data_dir))
 
 
 def read_debian_split(data_dir: str, task: str, split: str
@@ -224,9 +262,199 @@ def read_debian_split(data_dir: str, task: str, split: str
   return columns
 
 
-def _debian_source(task: str, fields: Tuple[str, ...],
-                   data_dir: str) -> seqio.FunctionDataSource:
-  """A source reading the task's JSONL split files when a split is read."""
+# ------------------------------------------ Debian tasks without seqio ---
+class PlainVocabulary:
+  """A SentencePiece model read with the sentencepiece package alone.
+
+  Encodes and decodes as `seqio.SentencePieceVocabulary` without extra ids
+  does (`decode` stops after EOS and reads ids past the model as unknown),
+  loading the model on first use; a missing file raises the
+  FileNotFoundError that names the data build.
+  """
+
+  pad_id = 0
+  extra_ids = 0
+
+  def __init__(self, path: str, data_dir: Optional[str] = None):
+    self.sentencepiece_model_file = path
+    self._data_dir = data_dir or os.path.dirname(path)
+    self._processor = None
+
+  @property
+  def tokenizer(self):
+    """The `sentencepiece.SentencePieceProcessor`."""
+    if self._processor is None:
+      if not os.path.isfile(self.sentencepiece_model_file):
+        raise _missing_data_error(self._data_dir,
+                                  self.sentencepiece_model_file)
+      import sentencepiece  # pylint: disable=g-import-not-at-top
+      self._processor = sentencepiece.SentencePieceProcessor(
+          model_file=self.sentencepiece_model_file)
+    return self._processor
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.GetPieceSize()
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_id()
+
+  @property
+  def unk_id(self) -> int:
+    return self.tokenizer.unk_id()
+
+  def encode(self, text: str) -> List[int]:
+    """Token ids of `text`, without EOS."""
+    return list(self.tokenizer.EncodeAsIds(text))
+
+  def decode(self, ids) -> str:
+    """The text of `ids` up to the first EOS (seqio's `decode`)."""
+    size, unk, eos = self.vocab_size, self.unk_id, self.eos_id
+    ids = [unk if int(i) >= size else int(i) for i in ids]
+    if eos in ids:
+      ids = ids[:ids.index(eos) + 1]
+    return self.tokenizer.DecodeIds(ids)
+
+
+class Feature:
+  """What `seqio.Feature` offers the jobs: its vocabulary."""
+
+  def __init__(self, vocabulary):
+    self.vocabulary = vocabulary
+
+
+def array_path(data_dir: str, name: str, split: str) -> str:
+  """Where a data dir stores the token ids of a Debian task's split."""
+  return os.path.join(data_dir, ARRAYS_DIR, f'{ARRAY_NAMES[name]}_{split}.npz')
+
+
+class ArrayTask:
+  """A Debian task of a data dir that stores its token ids: no seqio.
+
+  The examples of a split whose ids the data dir stores
+  (`arrays/<en_de|synopsis>_<split>.npz`, written from the seqio task:
+  EOS-terminated, 0-padded, trimmed to a width keeping EOS) are the seqio
+  task's examples (`get_dataset(sequence_length=None)`: untrimmed ids), read
+  without seqio or TensorFlow: texts from `<task>/<split>.jsonl` formatted as
+  the seqio preprocessors format them, ids from the arrays. A row stored at
+  full width may have been trimmed: its ids are the text tokenized with the
+  sentencepiece package, which agrees with seqio's tokenizer except on rare
+  exact score ties (a warning names a row whose stored ids it does not
+  reproduce; beyond the stored width such a tie goes unnoticed).
+  Splits without stored ids are read through the seqio task (imported
+  then). Offers what the jobs use of a seqio task: `name`,
+  `output_features[...].vocabulary` (a `PlainVocabulary`),
+  `predict_metric_fns`, and `examples(split)`.
+  """
+
+  def __init__(self, name: str, data_dir: str):
+    if name not in DEBIAN_FORMATS:
+      raise ValueError(f'No array task {name!r}; Debian tasks: '
+                       + ', '.join(DEBIAN_FORMATS))
+    self.name = name
+    self.data_dir = data_dir
+    vocab = PlainVocabulary(os.path.join(data_dir, DEBIAN_VOCAB_FILE),
+                            data_dir)
+    self.output_features = {'inputs': Feature(vocab),
+                            'targets': Feature(vocab)}
+    self.metric_fns = [bleu] if name == DEBIAN_TRANSLATION_TASK else [rouge]
+
+  @property
+  def predict_metric_fns(self) -> List[Callable[..., Dict[str, float]]]:
+    return self.metric_fns
+
+  @property
+  def vocabulary(self) -> PlainVocabulary:
+    return self.output_features['targets'].vocabulary
+
+  def has_arrays(self, split: str) -> bool:
+    return os.path.isfile(array_path(self.data_dir, self.name, split))
+
+  def texts(self, split: str) -> List[Tuple[str, str]]:
+    """(input text, target text) of every record of a split."""
+    prefix, source, target = DEBIAN_FORMATS[self.name]
+    columns = read_debian_split(self.data_dir, self.name, split)
+    return [(prefix + s, t) for s, t in zip(columns.get(source, []),
+                                             columns.get(target, []))]
+
+  def examples(self, split: str) -> Iterator[Dict[str, Any]]:
+    """Yields the split's examples: 'inputs' and 'targets' (EOS-terminated
+    id lists), 'inputs_pretokenized' and 'targets_pretokenized' (str)."""
+    if not self.has_arrays(split):
+      yield from self._seqio_examples(split)
+      return
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    path = array_path(self.data_dir, self.name, split)
+    texts = self.texts(split)
+    with np.load(path, allow_pickle=False) as f:
+      stored = {key: f[key] for key in ('inputs', 'targets')}
+    for key, rows in stored.items():
+      if len(rows) != len(texts):
+        raise ValueError(
+            f'{path} holds {len(rows)} rows of {key} but '
+            f'{os.path.join(self.data_dir, self.name, split + ".jsonl")} '
+            f'holds {len(texts)} records.')
+    for i, text in enumerate(texts):
+      example = {}
+      for key, value in zip(('inputs', 'targets'), text):
+        example[key] = self._ids(stored[key][i], value, path, key, i)
+        example[key + '_pretokenized'] = value
+      yield example
+
+  def _ids(self, row, text: str, path: str, key: str, index: int
+           ) -> List[int]:
+    """A row's ids: the stored ones, or tokenized here if it may be cut."""
+    stored = [int(t) for t in row]
+    while stored and stored[-1] == 0:
+      stored.pop()
+    if len(stored) < len(row):
+      return stored  # Padded, so whole.
+    ids = self.vocabulary.encode(text) + [EOS_ID]
+    if ids[:len(stored) - 1] != stored[:-1]:
+      logging.warning(
+          'row %d of %s (%s): SentencePiece here tokenizes the text other '
+          'than the stored ids (a tie between two segmentations); using the '
+          'tokenization here.', index, path, key)
+    return ids
+
+  def _seqio_examples(self, split: str) -> Iterator[Dict[str, Any]]:
+    """A split without stored ids, read through the seqio task."""
+    path = os.path.join(self.data_dir, self.name, f'{split}.jsonl')
+    if not os.path.isfile(path):  # Say so without importing TensorFlow.
+      raise _missing_data_error(self.data_dir, path)
+    task = make_task(self.name, data_dir=self.data_dir)
+    ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
+                          trim_output_features=False)
+    yield from ds.as_numpy_iterator()
+
+
+def array_task(name: str, data_dir: Optional[str], split: str
+               ) -> Optional[ArrayTask]:
+  """The `ArrayTask` of a Debian task whose `split` has stored ids in
+  `data_dir` (e.g. 'shipped', test split), else None (use the seqio task).
+
+  The shipped data dir's files are checked against the shipped manifest.
+
+  Raises:
+    ShippedAssetError: a shipped data file is missing or damaged.
+  """
+  if name not in ARRAY_NAMES:
+    return None
+  path = resolve_data_dir(data_dir)
+  if not os.path.isfile(array_path(path, name, split)):
+    return None
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  if os.path.abspath(path) == os.path.abspath(shipped.data_dir()):
+    shipped.verify('data/')
+  return ArrayTask(name, path)
+
+
+# ----------------------------------------------------------- seqio tasks ---
+def _debian_source(task: str, fields: Tuple[str, ...], data_dir: str):
+  """A seqio source reading the task's JSONL split files when read."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def dataset_fn(split: str, shuffle_files: bool,
                  seed: Optional[int] = None) -> tf.data.Dataset:
@@ -238,65 +466,74 @@ def _debian_source(task: str, fields: Tuple[str, ...],
   return seqio.FunctionDataSource(dataset_fn, splits=DEBIAN_SPLITS)
 
 
-def _output_features(vocab: seqio.Vocabulary) -> Dict[str, seqio.Feature]:
+def _output_features(vocab) -> Dict[str, Any]:
   """T5's DEFAULT_OUTPUT_FEATURES with `vocab`."""
+  import seqio  # pylint: disable=g-import-not-at-top
   return {'inputs': seqio.Feature(vocab, add_eos=True, required=False),
           'targets': seqio.Feature(vocab, add_eos=True)}
 
 
-def _pipeline(preprocessor: Callable[..., tf.data.Dataset]) -> list:
+def _pipeline(preprocessor: Callable[..., Any], **kwargs) -> list:
   """T5's preprocessing: task format, tokenize, cache point, append EOS."""
-  return [preprocessor, seqio.preprocessors.tokenize,
-          seqio.CacheDatasetPlaceholder(),
+  import seqio  # pylint: disable=g-import-not-at-top
+  return [functools.partial(seqio.map_over_dataset(preprocessor), **kwargs),
+          seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
           seqio.preprocessors.append_eos_after_trim]
 
 
 def _task_specs(vocab_path: Optional[str], data_dir: Optional[str],
                 debian_vocab_path: Optional[str]) -> Dict[str, dict]:
   """TaskRegistry.add keyword arguments of our four tasks, by name."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
   t5_features = _output_features(t5_vocabulary(vocab_path))
   data_dir = resolve_data_dir(data_dir)
   debian_vocab = (seqio.SentencePieceVocabulary(debian_vocab_path)
                   if debian_vocab_path else debian_vocabulary(data_dir))
   debian_features = _output_features(debian_vocab)
-  en_de = functools.partial(translate, source_language='en',
-                            target_language='de')
+  en_de = dict(source_language='en', target_language='de')
   return {
       WMT_TASK: dict(
           source=seqio.TfdsDataSource(
               tfds_name='wmt_t2t_translate/de-en:1.0.0'),
-          preprocessors=_pipeline(en_de), output_features=t5_features,
-          metric_fns=[bleu]),
+          preprocessors=_pipeline(_translate, **en_de),
+          output_features=t5_features, metric_fns=[bleu]),
       # T5 pins cnn_dailymail:3.1.0, which current TFDS can no longer build;
       # 3.4.0 has the same article/highlights text plus id/publisher fields.
       CNN_DM_TASK: dict(
           source=seqio.TfdsDataSource(tfds_name='cnn_dailymail:3.4.0'),
-          preprocessors=_pipeline(functools.partial(
-              summarize, article_key='article', summary_key='highlights')),
+          preprocessors=_pipeline(_summarize, article_key='article',
+                                  summary_key='highlights'),
           output_features=t5_features, metric_fns=[rouge]),
       DEBIAN_TRANSLATION_TASK: dict(
           source=_debian_source(DEBIAN_TRANSLATION_TASK, ('en', 'de'),
                                 data_dir),
-          preprocessors=_pipeline(en_de), output_features=debian_features,
-          metric_fns=[bleu]),
+          preprocessors=_pipeline(_translate, **en_de),
+          output_features=debian_features, metric_fns=[bleu]),
       DEBIAN_SYNOPSIS_TASK: dict(
           source=_debian_source(DEBIAN_SYNOPSIS_TASK,
                                 ('description', 'synopsis'), data_dir),
-          preprocessors=_pipeline(functools.partial(
-              summarize, article_key='description', summary_key='synopsis')),
+          preprocessors=_pipeline(_summarize, article_key='description',
+                                  summary_key='synopsis'),
           output_features=debian_features, metric_fns=[rouge]),
   }
 
 
 def make_task(name: str, vocab_path: Optional[str] = None,
               data_dir: Optional[str] = None,
-              debian_vocab_path: Optional[str] = None) -> seqio.Task:
-  """Builds one of our tasks without registering it (see `register_tasks`)."""
+              debian_vocab_path: Optional[str] = None):
+  """Builds one of our seqio tasks without registering it (see
+  `register_tasks`)."""
+  import seqio  # pylint: disable=g-import-not-at-top
   specs = _task_specs(vocab_path, data_dir, debian_vocab_path)
   if name not in specs:
     raise ValueError(f'Unknown task {name!r}; known tasks: '
                      + ', '.join(TASK_NAMES))
   return seqio.Task(name, **specs[name])
+
+
+# Whether our tasks are in seqio's registry (`register_tasks` has run).
+_REGISTERED = [False]
 
 
 def register_tasks(vocab_path: Optional[str] = None,
@@ -306,8 +543,8 @@ def register_tasks(vocab_path: Optional[str] = None,
   """(Re-)registers the four tasks in seqio.TaskRegistry; reads nothing.
 
   Safe to call repeatedly: existing registrations of these names are
-  replaced, so a call with new paths takes effect. Runs on import with the
-  defaults.
+  replaced, so a call with new paths takes effect. `get_task` calls it with
+  the defaults when nothing registered them yet.
 
   Args:
     vocab_path: T5 vocabulary for the WMT and CNN/DM tasks; default
@@ -320,6 +557,7 @@ def register_tasks(vocab_path: Optional[str] = None,
   Returns:
     The registered task names (the mixture DEBIAN_MIXTURE is registered too).
   """
+  import seqio  # pylint: disable=g-import-not-at-top
   for name, spec in _task_specs(vocab_path, data_dir,
                                 debian_vocab_path).items():
     seqio.TaskRegistry.remove(name)
@@ -330,11 +568,14 @@ def register_tasks(vocab_path: Optional[str] = None,
   seqio.MixtureRegistry.add(
       DEBIAN_MIXTURE, [DEBIAN_TRANSLATION_TASK, DEBIAN_SYNOPSIS_TASK],
       default_rate=seqio.mixing_rate_num_examples)
+  _REGISTERED[0] = True
   return TASK_NAMES
 
 
-def get_task(name: str) -> seqio.Task:
-  """A registered seqio task by name.
+def get_task(name: str):
+  """A registered seqio task (or mixture) by name.
+
+  Registers our tasks with the defaults first if nothing registered them.
 
   Args:
     name: e.g. one of TASK_NAMES.
@@ -345,6 +586,9 @@ def get_task(name: str) -> seqio.Task:
   Raises:
     ValueError: for an unknown name, listing the known tasks.
   """
+  import seqio  # pylint: disable=g-import-not-at-top
+  if not _REGISTERED[0]:
+    register_tasks()
   known = set(seqio.TaskRegistry.names()) | set(
       seqio.MixtureRegistry.names())
   if name not in known:
@@ -354,6 +598,3 @@ def get_task(name: str) -> seqio.Task:
         + (f' (and other registered seqio tasks: {", ".join(others)})'
            if others else ''))
   return seqio.get_mixture_or_task(name)
-
-
-register_tasks()

@@ -42,9 +42,11 @@ def read_jsonl(path):
   return [json.loads(l) for l in path.read_text().splitlines() if l]
 
 
-def test_end_to_end_resume_and_extend(tmp_path):
+def test_end_to_end_resume_and_extend(tmp_path, capsys):
   out = tmp_path / 'run'
   summary = eval_lib.main(args(out))
+  assert capsys.readouterr().out.startswith(f'decoding 4 examples into {out}')
+  assert summary['reused_records'] == 0
   for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin',
                'run.json'):
     assert (out / name).exists(), name
@@ -65,14 +67,25 @@ def test_end_to_end_resume_and_extend(tmp_path):
   assert json.loads((out / 'summary.json').read_text())['examples'] == 4
   assert 'GAMMA = 3' in (out / 'config.gin').read_text()
   assert (out / 'summary.md').read_text().count('\n') == 3
-  # A rerun resumes: nothing is decoded twice.
-  eval_lib.main(args(out))
+  # A rerun resumes: nothing is decoded twice, and its first line says so.
+  summary = eval_lib.main(args(out))
   assert len(read_jsonl(out / 'examples.jsonl')) == 4
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.startswith(f'4 of 4 examples found in {out}')
+  assert 'reusing them, nothing to decode' in first
+  assert 'fresh EVAL_OUTPUT_DIR' in first
+  assert summary['reused_records'] == 4
   # Asking for more examples decodes only the new ones.
   summary = eval_lib.main(args(out, NUM_EXAMPLES='6'))
   assert sorted(r['index'] for r in read_jsonl(out / 'examples.jsonl')) == (
       list(range(6)))
   assert summary['examples'] == 6
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.startswith(f'4 of 6 examples found in {out}')
+  assert 'decoding the other 2' in first
+  assert summary['reused_records'] == 4
+  assert json.loads((out / 'summary.json').read_text())[
+      'reused_records'] == 4
 
 
 def test_failure_keeps_finished_batches(tmp_path, monkeypatch):

@@ -111,6 +111,64 @@ def test_a_truncated_or_missing_shipped_file_is_named(copied):
     shipped.load_model('xxl')
 
 
+def test_a_damaged_models_json_is_named(copied):
+  """models.json says which model each name is: `index`, `config` and
+  `load_model` check it against MANIFEST.json before using it. Cut short it
+  is named (not a bare JSON error); edited as valid JSON (another drafter
+  activation) it is named instead of loading a different model."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = copied / shipped.MODELS
+  original = path.read_bytes()
+  path.write_bytes(original[:len(original) // 2])
+  for call in (shipped.index, lambda: shipped.config('dec2'),
+               lambda: shipped.load_model('dec2'), shipped.model_names):
+    with pytest.raises(shipped.ShippedAssetError,
+                       match='truncated or changed') as e:
+      call()
+    assert str(path) in str(e.value)
+
+  edited = json.loads(original)
+  config = edited['models']['dec2']['config']
+  assert list(config['mlp_activations']) == ['gelu', 'linear']
+  config['mlp_activations'] = ['relu', 'linear']
+  text = json.dumps(edited, indent=1)
+  path.write_text(text)
+  for call in (lambda: shipped.config('dec2'),
+               lambda: shipped.load_model('dec2'),
+               lambda: shipped.resolve('shipped:dec2')):
+    with pytest.raises(shipped.ShippedAssetError) as e:
+      call()
+    assert str(path) in str(e.value)
+  # The same edit at the same size: the checksum names it.
+  flipped = original.replace(b'"gelu"', b'"relu"', 1)
+  assert len(flipped) == len(original) and flipped != original
+  path.write_bytes(flipped)
+  with pytest.raises(shipped.ShippedAssetError, match='corrupt') as e:
+    shipped.load_model('dec2')
+  assert str(path) in str(e.value)
+  path.write_bytes(original)
+  assert shipped.config('dec2').mlp_activations == ('gelu', 'linear')
+
+
+def test_an_unlisted_or_unchecked_models_json_is_refused(copied):
+  """Without the manifest, or with a manifest that does not list
+  models.json, nothing shipped is loaded: the error names the file."""
+  import json  # pylint: disable=g-import-not-at-top
+  manifest = copied / shipped.MANIFEST
+  entries = json.loads(manifest.read_text())
+  del entries[shipped.MODELS]
+  manifest.write_text(json.dumps(entries))
+  with pytest.raises(shipped.ShippedAssetError, match='does not list') as e:
+    shipped.config('target')
+  assert str(copied / shipped.MODELS) in str(e.value)
+  manifest.write_text('{"models.json": ')  # cut short
+  with pytest.raises(shipped.ShippedAssetError, match='MANIFEST.json') as e:
+    shipped.index()
+  manifest.unlink()
+  with pytest.raises(shipped.ShippedAssetError, match='MANIFEST.json'):
+    shipped.load_model('small')
+
+
 METHODS = ['heads/en_de', 'heads/synopsis', 'lookahead/en_de',
            'lookahead/synopsis']
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,8 +256,8 @@ def test_an_unknown_shipped_name_lists_the_known_ones():
 def test_a_shipped_load_verifies_each_file_once(monkeypatch, caplog):
   """The job's path (`shipped:<model>` through loading.load_model) checks
   every file of the model once against MANIFEST.json (the shipped
-  checkpoints have no manifest of their own), and says nothing of
-  unverified checkpoints."""
+  checkpoints have no manifest of their own), models.json too, and says
+  nothing of unverified checkpoints."""
   from specdec_jax import loading  # pylint: disable=g-import-not-at-top
   from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   hashed = []
@@ -216,7 +274,10 @@ def test_a_shipped_load_verifies_each_file_once(monkeypatch, caplog):
   with caplog.at_level('INFO'):
     loading.load_model(shipped.config('small'), 'shipped:small')
     shipped.load_model('small')
-  assert sorted(hashed) == sorted(files * 2)  # once per load
+  models_json = os.path.join(shipped.asset_dir(), shipped.MODELS)
+  assert models_json in hashed  # read, so checked, by both
+  assert sorted(p for p in hashed if p != models_json) == sorted(
+      files * 2)  # once per load
   assert 'not verified' not in caplog.text
 
 
@@ -265,3 +326,40 @@ def test_main_job_translates_real_text_exactly(tmp_path, capsys):
   assert capsys.readouterr().out.startswith(
       f'resuming the latest run in {runs[1]}')
   assert sorted(tmp_path.glob('run_*')) == runs
+
+
+# Run first in a subprocess: TensorFlow and seqio as if not installed (None
+# in sys.modules: `import` raises ImportError, `importlib.util.find_spec`
+# says absent, as etils' installed-check expects), so any import of them on
+# the way fails the job.
+_NO_TENSORFLOW = """
+import sys
+BLOCKED = ('tensorflow', 'tensorflow_text', 'tensorflow_datasets', 'seqio')
+for name in BLOCKED:
+  sys.modules[name] = None
+"""
+
+
+def test_main_job_needs_no_tensorflow(tmp_path):
+  """The README's first command on the shipped data imports neither seqio
+  nor TensorFlow (whose import takes ~10 s and prints CUDA / oneDNN lines):
+  with both blocked, the main job runs through and stderr holds none of
+  their lines."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = _NO_TENSORFLOW + (
+      'from specdec_jax import demo\n'
+      f'demo.main(["--tasks", "en_de", "--num_examples", "1", '
+      f'"--output_dir", {str(tmp_path)!r}])\n'
+      'print("imported:", sorted(m for m in sys.modules if sys.modules[m] '
+      'is not None and m.split(".")[0] in BLOCKED))\n')
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path),
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'imported: []' in proc.stdout
+  assert 'decoding 1 example into' in proc.stdout
+  assert 'greedy outputs identical: 1 of 1' in proc.stdout
+  for noise in ('cuInit', 'oneDNN', 'cuda drivers'):
+    assert noise not in proc.stderr, proc.stderr[-3000:]

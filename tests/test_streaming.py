@@ -1,5 +1,7 @@
 """Continuous batching (streaming.py): exact outputs, refill, fewer iterations."""
 
+import dataclasses
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from specdec_jax import drafters
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import spec_stats
+from specdec_jax.drafters import ngram
 
 from test_speculative import (N_SAMPLES, SAMPLING_CASES, SEQ_LEN, SMALL_EOS,
                               adversarial_unigram, assert_matches,
@@ -177,3 +180,49 @@ def test_merge_rows_and_bad_arguments(v11):
     streaming.speculative_stream(model, params, drafters.T5Drafter(model),
                                  params, enc, batch_size=2, gamma=0,
                                  max_decode_len=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountingDrafter(ngram.NgramDrafter):
+  """A unigram drafter whose state has a leaf with no batch axis."""
+
+  def init(self, params, encoder_input_tokens, max_length):
+    del params, max_length
+    return {'rows': jnp.zeros(encoder_input_tokens.shape[:1], jnp.int32),
+            'calls': jnp.zeros((), jnp.int32)}
+
+
+def test_a_state_leaf_without_batch_axis_is_named(v11):
+  """A drafter state (or cache) leaf without the rows as its leading axis
+  cannot be refilled: the stream says which leaf of which argument, when it
+  compiles and before any row is indexed (not numpy's 'axis 0 is out of
+  bounds' from deep in the refill)."""
+  model, params = v11
+  drafter = _CountingDrafter(model.vocab_size, order=1)
+  draft_params = ngram.ngram_params([[3, 4, 5]], model.vocab_size, order=1)
+  enc = np.ones((5, 4), np.int32)
+  for call in (streaming.speculative_stream,
+               streaming.speculative_stream.lower):
+    with pytest.raises(ValueError) as e:
+      call(model, params, drafter, draft_params, enc, batch_size=2, gamma=2,
+           max_decode_len=4)
+    message = str(e.value)
+    assert "the drafter's state (`_CountingDrafter.init`" in message
+    assert "leaf ['calls']: () for 1 row" in message
+    assert "'rows'" not in message  # the batched leaf is fine
+    assert 'out of bounds' not in message
+
+  class SharedCacheModel:
+    """The target with a cache leaf shared by every row."""
+    vocab_size = model.vocab_size
+
+    def __getattr__(self, name):
+      return getattr(model, name)
+
+    def init_cache(self, p, tokens, length):
+      return (model.init_cache(p, tokens, length), jnp.zeros((3,)))
+
+  with pytest.raises(ValueError, match=r"model's cache .*leaf \[1\]: "
+                     r'\(3,\) for 1 row, \(3,\) for 2 rows'):
+    streaming.sample_stream(SharedCacheModel(), params, enc, batch_size=2,
+                            max_decode_len=4)

@@ -1,8 +1,9 @@
-"""Tests of the seqio tasks, the Debian data build and the shared metrics.
+"""Tests of the tasks (seqio and array), the Debian data build and metrics.
 
-Importing specdec_jax.tasks imports TensorFlow (~10 s), once for the module.
-The committed slice of real Debian data in tests/testdata/debian is made by
-the build script (command in its README.md).
+This file imports seqio and so TensorFlow (~10 s); specdec_jax.tasks itself
+does not (checked in a subprocess). The committed slice of real Debian data
+in tests/testdata/debian is made by the build script (command in its
+README.md).
 """
 
 import filecmp
@@ -12,10 +13,12 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import seqio
 
@@ -353,8 +356,111 @@ def test_missing_data_dir_names_build_command(tmp_path):
 
 
 def test_import_specdec_jax_does_not_import_tensorflow():
-  """Decoding alone must start fast: only tasks.py may pull in TensorFlow."""
-  code = ('import sys, specdec_jax; '
-          'assert "tensorflow" not in sys.modules, "tensorflow imported"')
+  """Jobs must start fast: importing the package, the tasks and the eval job
+  imports neither seqio nor TensorFlow (only reading a seqio task does)."""
+  code = ('import sys, specdec_jax\n'
+          'from specdec_jax import data, eval, loading, tasks\n'
+          'bad = [m for m in ("tensorflow", "seqio") if m in sys.modules]\n'
+          'assert not bad, f"imported: {bad}"')
   subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT,
                  env={**os.environ, 'PYTHONPATH': str(ROOT)})
+
+
+def test_shipped_eval_task_reads_without_tensorflow():
+  """The main job's task (gin_configs/shipped/, data_dir 'shipped') is an
+  `ArrayTask`: its examples, vocabulary and both metrics work with seqio and
+  TensorFlow never imported, and no CUDA / oneDNN line reaches stderr."""
+  code = """
+import sys
+from specdec_jax import data, gin_utils, loading, tasks
+for gin_file in ('shipped/en_de.gin', 'shipped/synopsis.gin'):
+  args = gin_utils.parse_flags(
+      [f'--gin_file={gin_file}', "--gin.EVAL_OUTPUT_DIR='-'"], 'test')
+  setup = loading.setup_from_flags(args)
+  task = loading.load_task(setup)
+  assert isinstance(task, tasks.ArrayTask), task
+  rows = list(data.task_examples(task, setup.split,
+                                 setup.task_feature_lengths, 3, True))
+  vocab = task.output_features['targets'].vocabulary
+  text = data.decode_text(vocab, task.vocabulary.encode(rows[0][3]) + [1],
+                          64)
+  assert text == rows[0][3], (text, rows[0][3])
+  targets = [r[3] for r in rows]
+  scores = data.task_metrics(task, targets, targets)
+  print(gin_file, sorted(scores), [round(v, 6) for v in scores.values()])
+bad = [m for m in ('tensorflow', 'seqio') if m in sys.modules]
+assert not bad, f'imported: {bad}'
+"""
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                        env={**os.environ, 'PYTHONPATH': str(ROOT)},
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "shipped/en_de.gin ['bleu'] [100.0]" in proc.stdout
+  assert ("shipped/synopsis.gin ['rouge1', 'rouge2', 'rougeLsum'] "
+          '[100.0, 100.0, 100.0]') in proc.stdout
+  for noise in ('cuInit', 'oneDNN', 'cuda drivers'):
+    assert noise not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize('name', DEBIAN)
+def test_shipped_array_task_equals_the_seqio_task(name):
+  """The eval job reads the shipped data without seqio; what it reads must be
+  what the seqio task gives: every example's ids (cut at the lengths the
+  jobs use) and texts, the vocabulary's size and decoding, the metrics."""
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  array_task = tasks.array_task(name, 'shipped', 'test')
+  seqio_task = tasks.make_task(name, data_dir=shipped.data_dir())
+  assert isinstance(array_task, tasks.ArrayTask)
+  assert tasks.array_task(name, 'shipped', 'train') is None  # none stored
+  for length in (64, 128, 4096):
+    lengths = {'inputs': length}
+    got = list(data.task_examples(array_task, 'test', lengths, None, True))
+    want = list(data.task_examples(seqio_task, 'test', lengths, None, True))
+    assert len(got) == len(want) == 256
+    assert got == want
+  plain = array_task.output_features['targets'].vocabulary
+  vocab = seqio_task.output_features['targets'].vocabulary
+  assert (plain.vocab_size, plain.eos_id, plain.unk_id) == (
+      vocab.vocab_size, vocab.eos_id, vocab.unk_id)
+  rng = np.random.default_rng(0)
+  for _ in range(100):  # ids past the model, EOS inside: as seqio decodes
+    ids = rng.integers(0, vocab.vocab_size + 50, 30).tolist()
+    ids[rng.integers(0, 30)] = 1 if rng.random() < 0.5 else ids[0]
+    assert plain.decode(ids) == vocab.decode(ids)
+  assert [f.__name__ for f in array_task.predict_metric_fns] == [
+      f.__name__ for f in seqio_task.predict_metric_fns]
+
+
+def test_array_task_rows_cut_to_their_width(tmp_path):
+  """Stored rows trimmed to a width (as scripts/export_arrays.py trims) give
+  the untrimmed seqio examples: a full row is tokenized again; a split
+  without stored ids reads through seqio; a row count that disagrees with
+  the texts is named."""
+  from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  name = tasks.DEBIAN_TRANSLATION_TASK
+  shutil.copytree(TESTDATA, tmp_path / 'data')
+  data_dir = str(tmp_path / 'data')
+  seqio_task = tasks.make_task(name, data_dir=data_dir)
+  want = list(data.split_examples(seqio_task, 'validation'))
+  width = 24
+  stored = {key: arrays.fit(np.stack([
+      np.pad(ex[key][:width + 1], (0, max(0, width + 1 - len(ex[key]))))
+      for ex in want]), width) for key in ('inputs', 'targets')}
+  assert (stored['inputs'][:, -1] != 0).sum() > 10  # many rows were cut
+  path = tasks.array_path(data_dir, name, 'validation')
+  arrays.save(path, stored)
+  task = tasks.array_task(name, data_dir, 'validation')
+  got = list(data.split_examples(task, 'validation'))
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    for key in ('inputs', 'targets'):
+      assert a[key] == b[key].tolist()
+      assert a[key + '_pretokenized'] == b[key + '_pretokenized'].decode()
+  # No stored train ids: read through the seqio task, as before.
+  assert list(data.train_targets(task, 5)) == list(
+      data.train_targets(seqio_task, 5))
+  arrays.save(path, {k: v[:-1] for k, v in stored.items()})
+  with pytest.raises(ValueError, match='validation.jsonl holds 100 records'):
+    list(task.examples('validation'))
