@@ -1,381 +1,252 @@
 r"""Table 2 at T5-XXL cost on one accelerator, with bf16 numerics made explicit.
 
-  python scripts/reproduce_accelerator.py                    # synthetic
   python scripts/reproduce_accelerator.py --source shipped   # trained models
+  python scripts/reproduce_accelerator.py                    # SYNTHETIC
+  python scripts/reproduce_accelerator.py --source shipped --project
   python scripts/reproduce_accelerator.py --smoke --out_dir /tmp/acc  # CPU
 
-Needs jax, flax, numpy, matplotlib and this package, nothing else on its path
-(no seqio, TensorFlow, gin or rouge-score; the package need not be
-installed). Everything runs in one process, in a time budget
-(`--max_minutes`, 8 by default: under 9 minutes on one H100).
+Needs jax, flax, numpy, matplotlib and this package importable (installed,
+or the repository on PYTHONPATH); nothing on its path imports seqio,
+TensorFlow, gin or rouge-score. One process in a time budget
+(`--max_minutes`, 9): the full run fits one 9-minute call on one H100; what
+does not fit is skipped, in priority order, and listed.
 
-Sources of the models:
-- synthetic (default): SYNTHETIC, labelled so in every output. A random
-  T5 1.1-small S0 (bfloat16) widened function-preservingly to T5 1.1-XXL
-  cost (`widening.widen_to`) is the target; drafters are S0 with relative
-  Gaussian noise sigma x std(leaf) on every leaf (sigma sets alpha;
-  ../shared/GPU.md), at T5 1.1-small cost and widened to base / large cost,
-  and unigram / bigram drafters from S0's own outputs. This measures the
-  engine, not a drafter.
-- shipped (`--source shipped`): the trained models and pre-tokenized test
-  arrays of `specdec_jax.shipped`: the target widened to XXL cost, each
-  drafter at its own cost and (small / base / large) widened to T5 1.1
-  small / base / large cost, n-gram drafters from the arrays' targets.
+Models. synthetic: a random T5 1.1-small S0 widened function-preservingly
+to T5 1.1-XXL cost is the target; drafters are S0 plus sigma x std(leaf)
+noise (sigma sets alpha) widened to T5 1.1-small / base / large cost, and
+n-grams of S0's outputs; it measures the engine, not a drafter. shipped:
+`specdec_jax.shipped`'s target widened to XXL cost, each drafter at its own
+cost and (small / base / large) widened to that T5 1.1 cost, n-grams of the
+test arrays' targets. --smoke: tiny models (S0 a one-layer T5 1.1-tiny, the
+shipped target its smallest model), nothing widened, every phase: about a
+minute and a half on two CPU cores, seconds with a warm compilation cache.
 
-What one run measures (writing `results/<device>/accelerator_<source>.
-{md,json}` and plots after every row, and printing a time log):
-- cost(k) = t(k) / t(1) of the target's decoder call for k = 1..16 at batch
-  1, 8, 32; t_draft and c = t_draft / t(1) per drafter; the baseline step
-  against its floor (decoder bytes / the device bandwidth measured by timing
-  a large on-device copy);
-- Table 2 at batch 1: per task, drafter and temperature, gamma by the
-  paper's rule (`theory.optimal_gamma` with alpha calibrated beforehand,
-  measured c and cost(gamma + 1)), the measured speed-up against Theorem
-  3.8's prediction with the run's alpha, identical greedy rows and the
-  diagnosis of every differing one (`diagnostics`: rounding near-tie or
-  real mismatch), the paper's numbers beside;
-- numerics: rows identical to the speculative ones with bfloat16 and float32
-  activations, with the 1-token baseline and with the same-shape baseline
-  (`decoding.temperature_sample(block_size=gamma + 1)`), and their costs;
-- speculative speed-ups at batch 1, 8, 32 with the per-row spread of
-  accepted lengths (what a batch loses to its slowest row);
-- a gamma sweep 1..8 for one drafter (the first of the table), t = 0.
-Order (what does not fit the budget is skipped and listed): t(k) for k <=
-9 and c at batch 1; then compiled together and run in this order, Table 2
-t = 0 with the paper's drafters, numerics, batches; then Table 2 t = 0
-n-grams, t = 1 paper's drafters, the sweep, own-cost drafters and the rest
-of Table 2, and the rest of cost(k).
+Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
+every step; the hardware profile of a full shipped run to bench/profiles/,
+of any other run beside its results): costs (t(k) for k <= max_gamma + 1,
+the floor, c of every drafter, alpha calibrated on the unwidened models);
+Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
+the paper's rule (`bench.hardware.predict` maximised), measured against
+`predict` on the profile of this run's own measurements, greedy rows
+compared and every differing one diagnosed; the gamma sweep of the first
+drafter (t = 0, first task); numerics (bfloat16 / float32 activations
+against the 1-token and the same-shape baseline); batches 8 and 32; the
+cost curve (t(k) at `curve_ks`, every batch).
 
-Timings: compiled code only (every program is compiled ahead of time, several
-at once in threads, then timed alone), `block_until_ready`, medians of
-repeats, baseline and speculative interleaved; `measure` helpers.
+Fitting 9 minutes: every program is compiled ahead of time, once, in
+`bench.budget.Pool` threads: first all that need no gamma (beside the alpha
+calibration), then, once c and the gammas are known, the speculative ones.
+One program per (drafter, gamma, temperature, batch), shared by the tasks;
+per example the baseline and every drafter of a temperature are timed in
+alternating order (`measure.time_alternating`), so one baseline serves
+every row and the sweep; caches are built by compiled programs.
+`--compilation_cache` (jax's persistent cache, which also shares XLA's
+autotuning results between programs) lets a second run read them from disk.
+
+Projection (`projection` in the json; printed first; `--project` only
+prints it): the full plan's units per kind (programs compiled, calibration
+decodes, t(k) and drafter timings, decode calls of the table and sweep, of
+the numerics, of the batches) times that kind's seconds per unit in a
+measured run's time log (`--project_from`: the H100 run in results/),
+`bench.budget.projected_seconds`: compiles and calibration as measured
+thread-seconds over the threads (no more than the run had), the rest in
+sequence. The number of speculative programs follows from the gammas the
+rule picks on that run's calibrated alphas, c and costs (one per row for a
+drafter it did not time). A smoke run projects the full run.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import collections
 import dataclasses
 import functools
-import json
-import logging
-import math
 import os
 import pathlib
-import re
-import statistics
 import sys
-import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax.numpy as jnp  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
-
-# pylint: disable=wrong-import-position
+from specdec_jax import arrays
 from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import speculative
-from specdec_jax import theory
 from specdec_jax import widening
+from specdec_jax.bench import budget
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import report
+from specdec_jax.bench import rows as rows_lib
 from specdec_jax.experiments.reproduce import PAPER_TABLE2
 from specdec_jax.experiments.reproduce import PAPER_TABLE3
-from specdec_jax.experiments.reproduce import portable
 from specdec_jax.sampling import SamplingConfig
-# pylint: enable=wrong-import-position
 
 SCRIPT = 'scripts/reproduce_accelerator.py'
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+H100_RUN = f'results/{hardware.H100}/accelerator_shipped.json'
 SYNTHETIC_LABEL = (
     'SYNTHETIC: random T5 1.1-small widened to T5 1.1-XXL cost as the target, '
     'noisy copies of it as drafters (alpha set by the noise), not trained '
     'models')
-
-# T5 1.1 small dimensions (t5x/examples/t5/t5_1_1/small.gin); base, large and
-# XXL are widening.PRESETS.
-T5_1_1_SMALL_COST = dict(emb_dim=512, num_heads=6, head_dim=64, mlp_dim=1024,
-                         num_encoder_layers=8, num_decoder_layers=8)
-S0 = network.T5Config(
-    vocab_size=32128, dtype='bfloat16', emb_dim=512, num_heads=6, head_dim=64,
-    mlp_dim=1024, num_encoder_layers=8, num_decoder_layers=8,
-    mlp_activations=('gelu', 'linear'), dropout_rate=0.0,
-    logits_via_embedding=False)
-# Tiny stand-ins for --smoke (CPU; every distinct program is a compile of
-# seconds there, so the drafters share S0's shapes: one program each).
-S0_SMOKE = S0.replace(vocab_size=256, emb_dim=16, num_heads=2, head_dim=8,
-                      mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1)
-_SMOKE_S0_DIMS = dict(emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                      num_encoder_layers=1, num_decoder_layers=1)
-SMOKE_COSTS = {
-    't5_1_1_small_cost': _SMOKE_S0_DIMS,
-    't5_1_1_base_cost': _SMOKE_S0_DIMS,
-    't5_1_1_large_cost': _SMOKE_S0_DIMS,
-    't5_1_1_xxl_cost': dict(emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
-                            num_encoder_layers=2, num_decoder_layers=2),
-}
-FULL_COSTS = dict(t5_1_1_small_cost=T5_1_1_SMALL_COST,
-                  **{k: dict(v) for k, v in widening.PRESETS.items()})
-# Noise per synthetic drafter: GPU.md's sigma -> alpha (0.01 -> 0.90, 0.02 ->
-# 0.76, 0.04 -> 0.57 greedy), chosen near the paper's EnDe alphas.
+# sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
 SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
 PAPER_TASK = {'synthetic': 'EnDe', 'en_de': 'EnDe', 'synopsis': 'CNNDM'}
-T5_SIZES = ('small', 'base', 'large')
+T5_SIZES, TEMPS, ACTS = ('small', 'base', 'large'), (0.0, 1.0), (
+    'bfloat16', 'float32')
+PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve')
+# The context cache of the t(k) timings, compiled ahead of time like them.
+CACHE = jax.jit(measure.context_cache, static_argnums=(0, 3, 4))
 
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-  """Everything that differs between a full run and --smoke."""
-  s0: network.T5Config
-  costs: Dict[str, Dict[str, int]]
-  input_length: int
-  output_length: int
-  batches: Sequence[int]
-  max_k: int
-  sweep: Sequence[int]
-  max_gamma: int
-  examples: int
-  repeats: int
-  numerics_examples: int
-  numerics_repeats: int
-  sweep_examples: int
-  calib_examples: int
-  ngram_examples: int
-  context: int
-  copy_mib: int
-  cost_repeats: int
-  ngram_orders: Sequence[int] = (1, 2)
-  # Untimed set-up (caches, drafter states) in one compiled call instead of
-  # op by op: faster for tiny models on a CPU; op by op reuses each op's
-  # compile across the 24 identical layers of an XXL-cost model.
-  jit_setup: bool = False
-
-
-FULL = Sizes(s0=S0, costs=FULL_COSTS, input_length=64, output_length=128,
-             batches=(1, 8, 32), max_k=16, sweep=tuple(range(1, 9)),
-             max_gamma=8, examples=2, repeats=3, numerics_examples=4,
-             numerics_repeats=2, sweep_examples=1, calib_examples=8,
-             ngram_examples=64, context=64, copy_mib=2048,
-             cost_repeats=5)
-# gamma 1 only and one n-gram order: every program of a full run, each once.
-SMOKE = Sizes(s0=S0_SMOKE, costs=SMOKE_COSTS, input_length=8,
-              output_length=10, batches=(1, 2), max_k=2, sweep=(1,),
-              max_gamma=1, examples=1, repeats=1, numerics_examples=2,
-              numerics_repeats=1, sweep_examples=1, calib_examples=2,
-              ngram_examples=8, context=4, copy_mib=4,
-              cost_repeats=1, ngram_orders=(2,), jit_setup=True)
-
-
-# ---------------------------------------------------------------------------
-# Time, compiles and the budget.
-# ---------------------------------------------------------------------------
-
-
-class Clock:
-  """Wall time since start, the budget and a printed time log."""
-
-  def __init__(self, max_minutes: float):
-    self.start = time.perf_counter()
-    self.deadline = self.start + 60.0 * max_minutes
-    self.log: List[Dict[str, Any]] = []
-
-  def elapsed(self) -> float:
-    return time.perf_counter() - self.start
-
-  def left(self) -> float:
-    return self.deadline - time.perf_counter()
-
-  def note(self, what: str, seconds: float, **extra) -> None:
-    self.log.append(dict(at_s=round(self.elapsed(), 2), what=what,
-                         seconds=round(seconds, 3), **extra))
-    print(f'[{self.elapsed():7.1f} s] {what}: {seconds:.2f} s', flush=True)
-
-
-class CompileWatch(logging.Handler):
-  """Records the decoding programs lowered outside the compile pool.
-
-  Every timed program is compiled ahead of time in the pool's threads; jax
-  logs (at DEBUG) each program it lowers, so one lowered in the main thread
-  is a program that was not prewarmed (a compile inside a timed section).
-  """
-
-  NAMES = ('_run', '_repeated_calls', '_repeated_proposals', '_reference',
-           'copy_passes')
-  LOGGER = 'jax._src.interpreters.pxla'
-
-  def __init__(self):
-    super().__init__(logging.DEBUG)
-    self.misses: List[str] = []
-    self._parent = None
-
-  def emit(self, record):
-    if record.levelno >= logging.WARNING and self._parent is not None:
-      self._parent.handle(record)  # what the logger would print anyway
-    if threading.current_thread().name.startswith('compile'):
-      return
-    match = re.match(r'Compiling (?:jit\()?(\w+)', record.getMessage())
-    if match and match.group(1) in self.NAMES:
-      self.misses.append(match.group(1))
-
-  def install(self) -> None:
-    logger = logging.getLogger(self.LOGGER)
-    self._parent = logger.parent
-    logger.addHandler(self)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-
-  def remove(self) -> None:
-    logger = logging.getLogger(self.LOGGER)
-    if self not in logger.handlers:
-      return
-    logger.removeHandler(self)
-    logger.propagate = True
-    logger.setLevel(logging.NOTSET)
-
-
-class Pool:
-  """Runs compiles (and untimed work) several at once, timing nothing else.
-
-  `.compile()` of a lowered program puts it in jax's cache, so the library
-  call that runs it later (decoding.temperature_sample, measure.call_time,
-  ...) starts at once. Keys name programs; each is compiled once per run.
-  """
-
-  # Seconds one compile takes before any is observed: whole decoding loops
-  # at T5-XXL cost take 20-40 s on a GPU (GPU.md), single calls less.
-  PRIOR = {'loop': 40.0, 'call': 10.0}
-  LOOPS = ('baseline', 'speculative', 'reference')
-
-  def __init__(self, workers: int, clock: Clock, prior_scale: float = 1.0):
-    self.workers = workers
-    self.clock = clock
-    self.executor = concurrent.futures.ThreadPoolExecutor(
-        workers, thread_name_prefix='compile')
-    self.compiled = set()
-    # Longest single compile seen per kind ('loop' / 'call').
-    self.longest = {k: v * prior_scale for k, v in self.PRIOR.items()}
-    self.seen = set()
-
-  def kind(self, key) -> str:
-    return 'loop' if key[0] in self.LOOPS else 'call'
-
-  def run(self, what: str, jobs: Dict[Any, Callable[[], Any]]
-          ) -> Dict[Any, Any]:
-    start = time.perf_counter()
-    futures = {key: self.executor.submit(fn) for key, fn in jobs.items()}
-    out = {key: future.result() for key, future in futures.items()}
-    if jobs:
-      self.clock.note(f'{what} ({len(jobs)} jobs, {self.workers} threads)',
-                      time.perf_counter() - start, jobs=len(jobs))
-    return out
-
-  def compile(self, what: str, lowerings: Dict[Any, Callable[[], Any]]
-              ) -> int:
-    new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
-
-    def job(key, lower):
-      start = time.perf_counter()
-      lower().compile()
-      return self.kind(key), time.perf_counter() - start
-
-    done = self.run(f'{what}: compile', {
-        k: functools.partial(job, k, fn) for k, fn in new.items()})
-    for kind, seconds in done.values():
-      # The first observation replaces the prior; later ones can only raise.
-      self.longest[kind] = seconds if kind not in self.seen else max(
-          seconds, self.longest[kind])
-      self.seen.add(kind)
-    self.compiled |= set(new)
-    return len(new)
-
-  def estimate(self, keys) -> float:
-    """Seconds to compile these programs, about (longest x rounds)."""
-    new = [k for k in keys if k not in self.compiled]
-    total = 0.0
-    for kind in ('loop', 'call'):
-      n = sum(self.kind(k) == kind for k in new)
-      total += math.ceil(n / self.workers) * self.longest[kind]
-    return total
-
-  def shutdown(self) -> None:
-    self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def time_interleaved(calls: Dict[str, Callable[[], Any]], repeats: int,
-                     warm: bool = True):
-  """Median seconds of each call, the calls alternating in order.
-
-  Args:
-    calls: name -> compiled call (returns arrays).
-    repeats: timed runs of each.
-    warm: run each once untimed first (a program's first execution).
-
-  Returns:
-    ({name: median seconds}, {name: last output}).
-  """
-  names = list(calls)
-  out = {}
-  if warm:
-    for name in names:
-      out[name] = jax.block_until_ready(calls[name]())
-  times = {name: [] for name in names}
-  for r in range(repeats):
-    for name in (names if r % 2 == 0 else names[::-1]):
-      start = time.perf_counter()
-      out[name] = jax.block_until_ready(calls[name]())
-      times[name].append(time.perf_counter() - start)
-  return {k: statistics.median(v) for k, v in times.items()}, out
-
-
-# ---------------------------------------------------------------------------
-# Models.
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-  """The target both decoders run (one model, one set of weights)."""
-  model: network.T5Model
-  params: Any = dataclasses.field(compare=False, hash=False)
+# What differs between a full run and --smoke. costs: cost name -> the
+# dimensions models are widened to, or None (nothing widened); target: the
+# shipped model that is the target.
+Sizes = collections.namedtuple('Sizes', (
+    's0 costs target input_length output_length batches curve_ks sweep '
+    'max_gamma examples repeats numerics_examples calib_examples '
+    'ngram_examples context copy_mib cost_repeats ngram_orders'))
+FULL = Sizes(
+    s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
+    target='target', input_length=64, output_length=128, batches=(1, 8, 32),
+    curve_ks=(16,), sweep=tuple(range(1, 9)), max_gamma=8, examples=16,
+    repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
+    context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
+# Tiny models, nothing widened (the synthetic T5 drafters share S0's
+# shapes: one program; the shipped target is the smallest shipped model);
+# one example decodes for the calibration and the n-grams (the table's
+# baseline program).
+SMOKE = FULL._replace(
+    s0=models.config('t5_1_1_tiny', vocab_size=256, num_encoder_layers=1,
+                     num_decoder_layers=1), costs=None, target='small',
+    input_length=8, output_length=10, batches=(1, 2), curve_ks=(2,),
+    sweep=(1, 2), max_gamma=1, examples=2, numerics_examples=2,
+    calib_examples=1, ngram_examples=1, context=4, copy_mib=4, cost_repeats=1,
+    ngram_orders=(2,))
 
 
 @dataclasses.dataclass
 class Draft:
-  """One drafter of the table.
-
-  Attributes:
-    name: unique key, e.g. 'base@t5_1_1_base_cost'.
-    label: how tables name it.
-    cost: 'own', or the cost it is widened to (e.g. 't5_1_1_base_cost').
-    drafter: a `drafters` drafter.
-    params: task -> its parameters (T5 drafters: the same for every task).
-    proxy: the unwidened model alpha is calibrated with (same function).
-    paper: the paper's drafter to compare with (small / base / large /
-      unigram / bigram) or None.
-    group: 1 the paper's drafters at T5 1.1 cost (and the GPU drafter),
-      2 own-cost T5 drafters, 3 n-grams: the order of the budget.
-  """
+  """A drafter of the table. group 1: the paper's drafters at T5 1.1 cost
+  (and the first shipped one), 2: own-cost T5s, 3: n-grams; `proxy`: the
+  unwidened model its alpha is calibrated with (the same function)."""
   name: str
-  label: str
   cost: str
-  drafter: Any
-  params: Dict[str, Any]
   proxy: str
   paper: Optional[str]
   group: int
+  label: str = ''
+  drafter: Any = None
+  params: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
-class Plan:
-  """A phase: its programs, an estimate of its rows' seconds, and its rows."""
-  what: str
-  lowerings: Dict[Any, Callable[[], Any]]
-  rows_s: float
-  run: Callable[[], None]
+def roster(source: str, names: Sequence[str], s: Sizes) -> List[Draft]:
+  """The drafters of a run, before any model is loaded."""
+  out = [Draft(n, f't5_1_1_{n}_cost', n, n, 1) for n in T5_SIZES
+         ] if source == 'synthetic' else []
+  for n in (n for n in names if n != 'target'):
+    out.append(Draft(n, 'own', n, n if n in T5_SIZES else None,
+                     2 if n in T5_SIZES else 1))
+    if n in T5_SIZES:
+      out.append(Draft(f'{n}@t5_1_1_{n}_cost', f't5_1_1_{n}_cost', n, n, 1))
+  out += [Draft(n, 'own', n, n, 3, n) for order, n in (
+      (1, 'unigram'), (2, 'bigram')) if order in s.ngram_orders]
+  return sorted(out, key=lambda d: d.group)  # stable: the paper's first
+
+
+def clip(alpha: float) -> float:
+  return min(max(float(alpha), 0.0), 1.0)
+
+
+def tasks_of(source: str) -> List[str]:
+  return ['synthetic'] if source == 'synthetic' else ['en_de', 'synopsis']
+
+
+def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
+  """{part: (keys compiled before the gammas are known, keys after)}.
+
+  Keys: ('copy',), ('reference',), ('cache', act, batch), ('call', act,
+  batch, k), ('draft', name, batch), ('base', act, batch, temp, block),
+  ('spec', act, name, batch, gamma, temp); `gammas` (task, name, temp) ->
+  gamma, a row missing from it has a program of its own.
+  """
+  main, big = drafts[0].name, [b for b in s.batches if b > 1]
+  g = lambda task, n, t: gammas.get((task, n, t)) or ('?', task, n, t)
+  g0 = g(tasks[0], main, 0.0)
+  k0 = g0 + 1 if isinstance(g0, int) else ('?', g0)
+  out = {'costs': ([('copy',), ('reference',), ('cache', act, 1)] + [
+      ('call', act, 1, k) for k in range(1, s.max_gamma + 2)] + [
+          ('draft', d.name, 1) for d in drafts], [])}
+  for t in TEMPS if 'table2' in phases else ():
+    out[f'table2@{t:g}'] = ([('base', act, 1, t, 1)], [
+        ('spec', act, d.name, 1, g(task, d.name, t), t)
+        for task in tasks for d in drafts])
+  if 'sweep' in phases:
+    out['sweep'] = ([('base', act, 1, 0.0, 1)],
+                    [('spec', act, main, 1, x, 0.0) for x in s.sweep])
+  if 'numerics' in phases:
+    out['numerics'] = ([x for a in ACTS for x in (
+        ('base', a, 1, 0.0, 1), ('cache', a, 1), ('call', a, 1, 1))], [
+            x for a in ACTS for x in (('base', a, 1, 0.0, k0), (
+                'spec', a, main, 1, g0, 0.0), ('call', a, 1, k0))])
+  if 'batches' in phases:
+    out['batches'] = ([x for b in big for x in (
+        ('base', act, b, 0.0, 1), ('cache', act, b), ('call', act, b, 1),
+        ('draft', main, b))], [x for b in big for x in (
+            ('spec', act, main, b, g0, 0.0), ('call', act, b, k0))])
+  if 'cost_curve' in phases:
+    out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
+        ('call', act, b, k) for b in s.batches for k in (1, *s.curve_ks)],
+                         [])
+  return out
+
+
+def plan_units(s: Sizes, drafts, tasks, gammas, phases, act: str):
+  """The plan's units per kind of step (`budget.unit_seconds`' kinds)."""
+  keys = {k for a, b in programs(s, drafts, tasks, gammas, phases,
+                                 act).values() for k in a + b}
+  table, g0 = 'table2' in phases, gammas.get((tasks[0], drafts[0].name, 0.0))
+  calls = lambda n, decoders: (n * s.repeats + 1) * decoders
+  sweep = 0 if 'sweep' not in phases else len(s.sweep) if not table else (
+      len(set(s.sweep) - {g0}) - (g0 is None))  # beside the table's gamma
+  decoders = [len(drafts) * table + sweep * (task == tasks[0] and t == 0)
+              for task in tasks for t in TEMPS]
+  count = lambda kind: sum(k[0] == kind for k in keys)
+  return dict(
+      setup=1, compile=len(keys), calibration=len(tasks) * len(TEMPS),
+      bandwidth=1, calls=count('call'), drafters=count('draft'),
+      decode=sum(calls(s.examples, 1 + n) for n in decoders if n),
+      numerics=len(ACTS) * calls(s.numerics_examples, 3) * (
+          'numerics' in phases),
+      batch_decode=sum(calls(1, 2) for b in s.batches if b > 1) * (
+          'batches' in phases))
+
+
+def project(prev_path: str, s: Sizes, drafts, tasks, phases, act: str,
+            workers: Optional[int], of: str) -> Dict[str, Any]:
+  """The projected wall time of a plan (the module docstring)."""
+  prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
+  profile = hardware.from_accelerator_run(prev, prev_path)
+  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
+            for a in prev.get('alpha_calibration', [])}
+  gammas = {(task, d.name, t): hardware.predict(
+      profile, alpha=clip(alphas[task, d.proxy, t]), drafter=d.name,
+      max_gamma=s.max_gamma).gamma for task in tasks for t in TEMPS
+            for d in drafts if (task, d.proxy, t) in alphas and
+            d.name in profile.drafters(1)}
+  units = plan_units(s, drafts, tasks, gammas, phases, act)
+  out = budget.projected_seconds(prev, units, workers, source=prev_path)
+  out.update(of=of, gammas_from_previous_run=len(gammas), plan=units)
+  print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
+        f' s (from {prev_path}: ' + ', '.join(
+            f"{k} {v['units']} x {v['unit_s']:g} s"
+            for k, v in out['by_kind'].items()) + ')', flush=True)
+  return out
 
 
 def bf16(params):
@@ -388,12 +259,9 @@ def perturbed(params, sigma, seed):
   """Each leaf plus sigma x std(leaf) Gaussian noise (a synthetic drafter)."""
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + sigma * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
-           for x, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(tree, noisy)
-
-
-nbytes = measure.tree_bytes
+  return jax.tree_util.tree_unflatten(tree, [
+      x + sigma * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
+      for x, k in zip(leaves, keys)])
 
 
 def random_inputs(rng, n: int, length: int, vocab: int) -> np.ndarray:
@@ -403,260 +271,181 @@ def random_inputs(rng, n: int, length: int, vocab: int) -> np.ndarray:
   return x
 
 
-def fit_length(x: np.ndarray, length: int) -> np.ndarray:
-  """0-pads or cuts rows to `length` (a cut row keeps its last token)."""
-  out = np.zeros((x.shape[0], length), np.int32)
-  for i, row in enumerate(x):
-    ids = row[row > 0]
-    if len(ids) > length:
-      ids = np.concatenate([ids[:length - 1], ids[-1:]])
-    out[i, :len(ids)] = ids
-  return out
-
-
-def widened_dims(config: network.T5Config, cost: Dict[str, int]):
-  """cost's dimensions, never below config's (widening only grows)."""
-  return {k: max(v, getattr(config, k)) for k, v in cost.items()}
-
-
-def widen(params, config: network.T5Config, cost: Dict[str, int]):
-  """(params, model) widened to at least `cost` (as they are if there)."""
-  dims = widened_dims(config, cost)
-  if all(getattr(config, k) == v for k, v in dims.items()):
-    return params, network.T5Model(config)
-  params, config = widening.widen_to(params, config, dims)
-  return params, network.T5Model(config)
-
-
 def load_shipped():
   """The shipped models' module, or a clear exit."""
   try:
     from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise SystemExit(
-        f'--source shipped needs specdec_jax/shipped.py (the trained models '
-        f'shipped with the repository), which cannot be imported: {e}. Use '
-        '--source synthetic.') from None
+    raise SystemExit(f'--source shipped needs specdec_jax/shipped.py, which '
+                     f'cannot be imported: {e}. Use --source synthetic.'
+                     ) from None
   if not shipped.available():
-    raise SystemExit(
-        '--source shipped: specdec_jax.shipped.available() is False (the '
-        'shipped models and test arrays are not in this checkout). Use '
-        '--source synthetic.')
+    raise SystemExit('--source shipped: specdec_jax.shipped.available() is '
+                     'False (no shipped models in this checkout). Use '
+                     '--source synthetic.')
   return shipped
 
 
-def clip01(x: float) -> float:
-  return min(max(float(x), 0.0), 1.0)
-
-
-# ---------------------------------------------------------------------------
-# The run.
-# ---------------------------------------------------------------------------
-
-
 class Runner:
-  """Builds the models, runs the phases in budget order, writes results."""
+  """Builds the models, compiles, runs the phases in order, writes results."""
 
-  def __init__(self, args, sizes: Sizes, clock: Clock, pool: Pool,
-               out_dir: pathlib.Path, header: Dict[str, Any]):
-    self.args, self.sizes, self.clock, self.pool = args, sizes, clock, pool
-    self.out_dir = out_dir
-    self.synthetic = args.source == 'synthetic'
-    self.T = sizes.output_length
-    self.ctx = sizes.context
+  def __init__(self, args, sizes: Sizes, clock: budget.Clock,
+               pool: budget.Pool, out_dir: pathlib.Path, header):
+    self.args, self.s, self.clock, self.pool = args, sizes, clock, pool
+    self.act, self.synthetic = args.activation_dtype, (
+        args.source == 'synthetic')
+    self.out_dir, self.stem = out_dir, out_dir / f'accelerator_{args.source}'
     self.t_ms: Dict[Any, Dict[int, float]] = {}  # (act, batch) -> {k: ms}
     self.t_draft_ms: Dict[Any, float] = {}  # (name, batch) -> ms
     self.alpha_cal: Dict[Any, float] = {}  # (task, proxy, temp) -> alpha
-    self.caches: Dict[Any, Any] = {}
-    self.decode_s: Dict[Any, float] = {}  # (act, batch, temp) -> seconds
+    self.gamma: Dict[Any, int] = {}  # (task, name, temp) -> gamma
+    self.caches, self.decode_s, self.profile = {}, {}, None
     self.result = dict(
         **header, source=args.source, synthetic=self.synthetic,
         label=SYNTHETIC_LABEL if self.synthetic else
         'shipped trained models (specdec_jax.shipped)',
         smoke=bool(args.smoke), status='running', setup={}, bandwidth={},
         floor={}, costs={}, drafters={}, table2=[], numerics=[], batches=[],
-        sweep=[], skipped=[], time_log=clock.log, compile_misses=[])
+        sweep=[], skipped=clock.skipped, time_log=clock.log,
+        compile_misses=[])
 
-  # -- setup -----------------------------------------------------------------
+  # -- models ----------------------------------------------------------------
 
-  def _fuse(self) -> None:
-    """Targets and T5 drafters in the fused decoding layout
-    (`network.for_decoding`: q/k/v, cross-attention k/v and the gated MLP's
-    two input kernels one matmul each; same function)."""
-    self.targets = {k: Target(*network.for_decoding(t.model, t.params))
-                    for k, t in self.targets.items()}
-    for d in self.drafts:
-      if isinstance(d.drafter, drafters_lib.T5Drafter):
-        config = d.drafter.model.config
-        d.params = {task: network.fuse_params(p, config)
-                    for task, p in d.params.items()}
-        d.drafter = drafters_lib.T5Drafter(network.T5Model(
-            config.replace(fused_projections=True)))
+  def widen(self, model, params, cost: str):
+    """(model, params) widened to `cost` (as they are without costs)."""
+    cfg = self.s.costs and widening.widened_config(
+        model.config, dict(self.s.costs[cost]))
+    if not cfg or cfg == model.config:
+      return model, params
+    return network.T5Model(cfg), widening.widen(params, model.config, cfg)
 
   def setup(self) -> None:
-    start = time.perf_counter()
-    if self.synthetic:
-      self._setup_synthetic()
-    else:
-      self._setup_shipped()
-    # bfloat16 weights; activations bfloat16 (T5X's: activation_dtype None)
-    # or float32. One set of weights for both.
-    base, params = self.target.model.config, self.target.params
-    self.targets = {
-        'bfloat16': Target(network.T5Model(base), params),
-        'float32': Target(network.T5Model(base.replace(
-            activation_dtype='float32')), params)}
-    if self.args.fused:  # fewer matmuls per step
-      self._fuse()
-    main = self.main_act = self.args.activation_dtype
-    self.target = self.targets[main]
-    cfg = self.target.model.config
-    dec = self.target.params['decoder']
+    start, s = time.perf_counter(), self.s
+    self.drafts = roster(self.args.source, [] if self.synthetic else
+                         load_shipped().model_names(), s)
+    self.tasks = tasks_of(self.args.source)
+    n = max(max(s.batches), s.examples, s.numerics_examples)
+    self.proxies = {}
+    (self._synthetic if self.synthetic else self._shipped)(n)
+    self.by_name = {d.name: d for d in self.drafts}
+    model, params = self.target
+    self.targets = {a: (network.T5Model(model.config.replace(
+        activation_dtype=None if a == 'bfloat16' else a)), params)
+                    for a in ACTS}
+    if self.args.fused:  # q/k/v, cross k/v and the MLP inputs: one matmul
+      self.targets = {a: network.for_decoding(*t)
+                      for a, t in self.targets.items()}
+      for d in self.drafts:
+        if isinstance(d.drafter, drafters_lib.T5Drafter):
+          cfg = d.drafter.model.config
+          d.params = {t: network.fuse_params(p, cfg)
+                      for t, p in d.params.items()}
+          d.drafter = drafters_lib.T5Drafter(network.T5Model(
+              cfg.replace(fused_projections=True)))
+    self.main, (model, params) = self.drafts[0], self.targets[self.act]
+    self.max_len = s.context + max(s.max_gamma + 1, *s.curve_ks) + 8
+    self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
-        target_config=_config_dict(cfg),
-        target_params=widening.param_count(self.target.params),
-        decoder_params=widening.param_count(dec),
-        decoder_bytes=nbytes(dec), weights_dtype='bfloat16',
-        activation_dtype=main, input_length=self.Li, output_length=self.T,
-        eos_id=self.eos, tasks=self.tasks, fused=bool(self.args.fused),
+        target_config=report.config_dict(model.config),
+        target_params=widening.param_count(params),
+        decoder_params=widening.param_count(params['decoder']),
+        decoder_bytes=measure.tree_bytes(params['decoder']),
+        weights_dtype='bfloat16', activation_dtype=self.act,
+        input_length=self.Li, output_length=self.T, eos_id=self.eos,
+        tasks=self.tasks, fused=bool(self.args.fused),
+        sizes={k: v for k, v in s._asdict().items() if k not in (
+            's0', 'costs')},
         drafters={d.name: dict(label=d.label, cost=d.cost, group=d.group,
                                paper=d.paper) for d in self.drafts})
-    self.main = next(d for d in self.drafts if d.group == 1 and
-                     isinstance(d.drafter, drafters_lib.T5Drafter))
-    self.result['main_drafter'] = self.main.name
     self.clock.note('setup: models, widening, inputs',
-                    time.perf_counter() - start)
-    self.write()
+                    time.perf_counter() - start, kind='setup')
 
-  def _setup_synthetic(self) -> None:
-    s, seed = self.sizes, self.args.seed
-    cfg = s.s0
-    model = network.T5Model(cfg)
+  def _synthetic(self, n: int) -> None:
+    s, seed, v = self.s, self.args.seed, self.s.s0.vocab_size
+    model = network.T5Model(s.s0)
     init = jax.jit(model.init_params)(jax.random.key(seed))
-    params = bf16(init)
-    self.small_target = Target(model, params)
-    self.tasks = ['synthetic']
-    self.Li, self.eos = s.input_length, -1  # fixed-length outputs (GPU.md)
+    self.small, self.eos = (model, bf16(init)), -1
+    self.T = self.args.output_length or s.output_length
+    self.Li = self.args.input_length or s.input_length
     rng = np.random.default_rng(seed)
-    n = max(max(s.batches), s.examples, s.numerics_examples)
-    v = cfg.vocab_size
     self.inputs = {'synthetic': random_inputs(rng, n, self.Li, v)}
     self.calib = {'synthetic': random_inputs(rng, s.calib_examples, self.Li,
                                              v)}
-    tp, tm = widen(params, cfg, s.costs['t5_1_1_xxl_cost'])
-    self.target = Target(tm, tp)
-    self.proxies, self.drafts = {}, []
-    sigmas = dict(SIGMAS, **self.args.sigma)
-    self.result['setup']['sigmas'] = sigmas
-    for i, size in enumerate(T5_SIZES):
-      noisy = bf16(perturbed(init, sigmas[size], seed + 1 + i))
-      self.proxies[size] = (drafters_lib.T5Drafter(model), {'synthetic':
-                                                            noisy})
-      cost = f't5_1_1_{size}_cost'
-      dp, dm = widen(noisy, cfg, s.costs[cost])
-      self.drafts.append(Draft(
-          size, f'{size} (sigma {sigmas[size]:g}) at T5 1.1-{size} cost',
-          cost, drafters_lib.T5Drafter(dm), {'synthetic': dp}, size, size,
-          1))
-    # n-grams from the target's own (S0's: the same function) outputs.
-    ng_inputs = random_inputs(rng, s.ngram_examples, self.Li, v)
-    out = decoding.temperature_sample(model, params, ng_inputs,
-                                      max_decode_len=self.T, eos_id=self.eos)
-    self._add_ngrams({'synthetic': np.asarray(out.tokens)}, v)
+    self.target = self.widen(*self.small, 't5_1_1_xxl_cost')
+    sigmas = self.result['setup']['sigmas'] = dict(SIGMAS, **self.args.sigma)
+    for i, d in enumerate(x for x in self.drafts if x.group == 1):
+      noisy = bf16(perturbed(init, sigmas[d.name], seed + 1 + i))
+      self.proxies[d.name] = (drafters_lib.T5Drafter(model),
+                              {'synthetic': noisy})
+      dm, dp = self.widen(model, noisy, d.cost)
+      d.label = f'{d.name} (sigma {sigmas[d.name]:g}) at T5 1.1-{d.name} cost'
+      d.drafter, d.params = drafters_lib.T5Drafter(dm), {'synthetic': dp}
+    out = decoding.temperature_sample(
+        *self.small, random_inputs(rng, s.ngram_examples, self.Li, v),
+        max_decode_len=self.T, eos_id=self.eos)
+    self._ngrams({'synthetic': np.asarray(out.tokens)}, v)
 
-  def _add_ngrams(self, targets: Dict[str, np.ndarray], vocab: int) -> None:
-    for order in self.sizes.ngram_orders:
-      name = {1: 'unigram', 2: 'bigram'}[order]
-      params = {task: drafters_lib.ngram_params(
+  def _ngrams(self, targets: Dict[str, np.ndarray], vocab: int) -> None:
+    for d in (d for d in self.drafts if d.group == 3):
+      order = 1 if d.name == 'unigram' else 2
+      d.drafter = drafters_lib.NgramDrafter(vocab, order)
+      d.params = {task: drafters_lib.ngram_params(
           [row[row > 0] for row in rows], vocab, order)
-                for task, rows in targets.items()}
-      drafter = drafters_lib.NgramDrafter(vocab, order)
-      self.proxies[name] = (drafter, params)
-      self.drafts.append(Draft(name, name, 'own', drafter, params, name, name,
-                               3))
+                  for task, rows in targets.items()}
+      self.proxies[d.name] = (d.drafter, d.params)
 
-  def _setup_shipped(self) -> None:
-    shipped = load_shipped()
-    s = self.sizes
-    names = list(shipped.model_names())
-    if 'target' not in names:
-      raise SystemExit(f'specdec_jax.shipped has no target model: {names}.')
-    tm, tp = shipped.load_model('target', dtype=jnp.bfloat16)
-    cfg = tm.config.replace(dtype='bfloat16', dropout_rate=0.0)
-    self.small_target = Target(network.T5Model(cfg), bf16(tp))
-    self.tasks = ['en_de', 'synopsis']
-    self.eos = 1
-    arrays = {t: shipped.test_arrays(t) for t in self.tasks}
-    self.Li = self.args.input_length or max(
-        a['inputs'].shape[1] for a in arrays.values())
-    if not self.args.output_length:
-      self.T = min(128, max(a['targets'].shape[1] for a in arrays.values()))
-    n_eval = max(max(s.batches), s.examples, s.numerics_examples)
-    self.inputs, self.calib, ngram_rows = {}, {}, {}
-    notes = []
-    for task, a in arrays.items():
-      x = fit_length(np.asarray(a['inputs']), self.Li)
-      if x.shape[0] < n_eval:  # repeat rows to fill the batches
-        notes.append(f'{task}: {x.shape[0]} test rows, repeated to {n_eval}')
-        x = np.resize(x, (n_eval, x.shape[1]))
-      self.inputs[task] = x[:n_eval]
-      rest = slice(n_eval, n_eval + s.calib_examples)
-      self.calib[task] = x[rest] if x[rest].shape[0] else x[:s.calib_examples]
+  def _shipped(self, n: int) -> None:
+    shipped, s, smoke = load_shipped(), self.s, self.args.smoke
+
+    def load(name):
+      model, params = shipped.load_model(name, dtype=jnp.bfloat16)
+      return network.T5Model(model.config.replace(
+          dtype='bfloat16', dropout_rate=0.0)), bf16(params)
+
+    self.small, self.eos = load(s.target), 1
+    vocab = self.small[0].config.vocab_size
+    data = {t: shipped.test_arrays(t) for t in self.tasks}
+    widest = lambda key: max(a[key].shape[1] for a in data.values())
+    self.Li = self.args.input_length or (
+        s.input_length if smoke else widest('inputs'))
+    self.T = self.args.output_length or (
+        s.output_length if smoke else min(128, widest('targets')))
+    self.inputs, self.calib, ngram_rows, notes = {}, {}, {}, []
+    for task, a in data.items():
+      x = arrays.fit(np.asarray(a['inputs']), self.Li)
+      if x.shape[0] < n:  # repeat rows to fill the batches
+        notes.append(f'{task}: {x.shape[0]} test rows, repeated to {n}')
+        x = np.resize(x, (n, x.shape[1]))
+      self.inputs[task], rest = x[:n], x[n:n + s.calib_examples]
+      self.calib[task] = rest if len(rest) else x[:s.calib_examples]
       targets = np.asarray(a['targets'])
-      used = n_eval + s.calib_examples
-      if targets.shape[0] - used >= 16:
-        ngram_rows[task] = targets[used:]
+      if len(targets) - n - s.calib_examples >= 16:
+        targets = targets[n + s.calib_examples:]
       else:
-        notes.append(f'{task}: n-grams from all {targets.shape[0]} target '
-                     'rows (too few beyond the evaluated ones)')
-        ngram_rows[task] = targets
+        notes.append(f'{task}: n-grams from all {len(targets)} target rows')
+      ngram_rows[task] = targets
     self.result['setup']['notes'] = notes
-    tpw, tmw = widen(self.small_target.params, cfg,
-                     s.costs['t5_1_1_xxl_cost'])
-    self.target = Target(tmw, tpw)
-    self.proxies, self.drafts = {}, []
-    skipped = []
-    for name in names:
-      if name == 'target':
+    self.target = self.widen(*self.small, 't5_1_1_xxl_cost')
+    own, skipped = {}, []
+    for d in [d for d in self.drafts if d.group != 3]:
+      dm, dp = own[d.proxy] = own.get(d.proxy) or load(d.proxy)
+      if dm.config.vocab_size != vocab:
+        skipped.append(f'{d.name}: vocab {dm.config.vocab_size} != {vocab}')
+        self.drafts.remove(d)
         continue
-      dm, dp = shipped.load_model(name, dtype=jnp.bfloat16)
-      dcfg = dm.config.replace(dtype='bfloat16', dropout_rate=0.0)
-      if dcfg.vocab_size != cfg.vocab_size:
-        skipped.append(f'{name}: vocab {dcfg.vocab_size} != target '
-                       f'{cfg.vocab_size}')
-        continue
-      dm, dp = network.T5Model(dcfg), bf16(dp)
-      own = {t: dp for t in self.tasks}
-      self.proxies[name] = (drafters_lib.T5Drafter(dm), own)
-      sized = name in T5_SIZES
-      self.drafts.append(Draft(
-          name, f'{name} (own cost: emb {dcfg.emb_dim}, '
-          f'{dcfg.num_encoder_layers}+{dcfg.num_decoder_layers} layers)',
-          'own', drafters_lib.T5Drafter(dm), own, name,
-          name if sized else None, 2 if sized else 1))
-      if sized:
-        cost = f't5_1_1_{name}_cost'
-        wp, wm = widen(dp, dcfg, s.costs[cost])
-        self.drafts.append(Draft(
-            f'{name}@{cost}', f'{name} -> T5 1.1-{name} cost', cost,
-            drafters_lib.T5Drafter(wm), {t: wp for t in self.tasks}, name,
-            name, 1))
-    if skipped:
-      self.result['setup']['skipped_drafters'] = skipped
-    self._add_ngrams(ngram_rows, cfg.vocab_size)
-    self.drafts.sort(key=lambda d: d.group)  # stable: the paper's first
+      self.proxies[d.proxy] = (drafters_lib.T5Drafter(dm),
+                               {t: dp for t in self.tasks})
+      c = dm.config
+      d.label = (f'{d.name} (own cost: emb {c.emb_dim}, {c.num_encoder_layers}'
+                 f'+{c.num_decoder_layers} layers)' if d.cost == 'own' else
+                 f'{d.proxy} -> T5 1.1-{d.proxy} cost')
+      dm, dp = self.widen(dm, dp, d.cost) if d.cost != 'own' else (dm, dp)
+      d.drafter, d.params = drafters_lib.T5Drafter(dm), {
+          t: dp for t in self.tasks}
+    self.result['setup']['skipped_drafters'] = skipped
+    self._ngrams(ngram_rows, vocab)
 
-  # -- helpers ---------------------------------------------------------------
-
-  def fits(self, seconds: float) -> bool:
-    return self.clock.left() > seconds
-
-  def skip(self, what: str, needed: float) -> None:
-    self.result['skipped'].append(dict(
-        what=what, needed_s=round(needed, 1),
-        left_s=round(self.clock.left(), 1)))
-    print(f'skipped (time budget): {what}', flush=True)
-    self.write()
+  # -- programs --------------------------------------------------------------
 
   def shape(self, batch: int):
     return jax.ShapeDtypeStruct((batch, self.Li), jnp.int32)
@@ -664,553 +453,347 @@ class Runner:
   def x(self, task: str, batch: int, start: int = 0):
     return jnp.asarray(self.inputs[task][start:start + batch])
 
-  @staticmethod
-  def rng(temp: float, i: int):
-    return None if temp == 0 else jax.random.key(1000 + i)
+  def sample(self, key, task, x, rng, lower=False):
+    """Runs (or lowers) the decoding program `key` ('base' / 'spec')."""
+    kind, act, *rest = key
+    head, temp = tuple(self.targets[act]), rest[-2 if kind == 'base' else -1]
+    fn, extra = decoding.temperature_sample, dict(block_size=rest[-1])
+    if kind == 'spec':
+      d = self.by_name[rest[0]]
+      head += (d.drafter, d.params[task])
+      fn, extra = speculative.speculative_sample, dict(gamma=rest[2])
+    if lower:
+      fn, rng = fn.lower, (jax.random.key(0) if temp else None)
+    return fn(*head, x, max_decode_len=self.T, sampling=SamplingConfig(temp),
+              eos_id=self.eos, rng=rng, **extra)
 
-  def baseline(self, tgt: Target, x, temp: float, rng, block: int = 1,
-               lower: bool = False):
-    fn = (decoding.temperature_sample.lower if lower else
-          decoding.temperature_sample)
-    if lower and temp != 0:
-      rng = jax.random.key(0)
-    return fn(tgt.model, tgt.params, x, max_decode_len=self.T,
-              sampling=SamplingConfig(temp), eos_id=self.eos, rng=rng,
-              block_size=block)
+  def lowering(self, key):
+    """A call with no arguments that lowers the program `key`."""
+    kind, task, ctx = key[0], self.tasks[0], self.s.context
+    model, params = self.targets[key[1] if kind in (
+        'cache', 'call', 'base', 'spec') else self.act]
+    if kind == 'copy':
+      x = jax.ShapeDtypeStruct(((self.s.copy_mib << 20) // 4,), jnp.float32)
+      return lambda: measure.copy_passes.lower(x, 1)
+    if kind == 'reference':
+      tokens = jax.ShapeDtypeStruct((1, self.T), jnp.int32)
+      return lambda: diagnostics.lower_reference(model, params,
+                                                 self.shape(1), tokens)
+    if kind == 'cache':
+      return lambda: CACHE.lower(model, params, self.shape(key[2]), ctx,
+                                 self.max_len)
+    if kind == 'call':
+      return lambda: measure.lower_call_time(
+          model, params, self.shape(key[2]), key[3], context=ctx,
+          max_length=self.max_len)
+    if kind == 'draft':
+      d = self.by_name[key[1]]
+      return lambda: measure.lower_drafter_token_time(
+          d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx)
+    batch = key[2 if kind == 'base' else 3]
+    return lambda: self.sample(key, task, self.shape(batch), None, True)
 
-  def spec(self, tgt: Target, d: Draft, task: str, x, gamma: int,
-           temp: float, rng, lower: bool = False):
-    fn = (speculative.speculative_sample.lower if lower else
-          speculative.speculative_sample)
-    if lower and temp != 0:
-      rng = jax.random.key(0)
-    return fn(tgt.model, tgt.params, d.drafter, d.params[task], x,
-              gamma=gamma, max_decode_len=self.T,
-              sampling=SamplingConfig(temp), eos_id=self.eos, rng=rng)
+  def ident(self, key):
+    """The program of `key`: names as their drafters (equal ones share)."""
+    at = {'draft': 1, 'spec': 2}.get(key[0])
+    return tuple(self.by_name[x].drafter if i == at else x
+                 for i, x in enumerate(key))
 
-  def base_key(self, tgt, batch, temp, block=1):
-    return ('baseline', tgt.model, batch, temp, block)
+  def compile(self, what: str, keys) -> int:
+    return self.pool.compile(what, {self.ident(k): self.lowering(k)
+                                    for k in keys})
 
-  def spec_key(self, tgt, d, batch, gamma, temp):
-    return ('speculative', tgt.model, d.drafter, batch, gamma, temp)
-
-  def lower_base(self, tgt, batch, temp, block=1):
-    return {self.base_key(tgt, batch, temp, block): lambda: self.baseline(
-        tgt, self.shape(batch), temp, None, block, lower=True)}
-
-  def lower_spec(self, tgt, d, batch, gamma, temp):
-    task = self.tasks[0]
-    return {self.spec_key(tgt, d, batch, gamma, temp): lambda: self.spec(
-        tgt, d, task, self.shape(batch), gamma, temp, None, lower=True)}
-
-  def lower_reference(self):
-    tokens = jax.ShapeDtypeStruct((1, self.T), jnp.int32)
-    key = ('reference', diagnostics.reference_model(self.target.model))
-    return {key: lambda: diagnostics.lower_reference(
-        self.target.model, self.target.params, self.shape(1), tokens)}
-
-  def max_length(self) -> int:
-    return self.ctx + self.sizes.max_k + 8
-
-  def lower_calls(self, act: str, batch: int, ks):
-    tgt = self.targets[act]
-    x = self.shape(batch)
-    return {('call', tgt.model, batch, k): (
-        lambda k=k: measure.lower_call_time(
-            tgt.model, tgt.params, x, k, context=self.ctx,
-            max_length=self.max_length())) for k in ks
-            if k not in self.t_ms.get((act, batch), {})}
-
-  def lower_drafters(self, drafts: Sequence[Draft], batch: int):
-    x = self.shape(batch)
-    task = self.tasks[0]
-    return {('draft', d.drafter, batch): (
-        lambda d=d: measure.lower_drafter_token_time(
-            d.drafter, d.params[task], x, 4, context=self.ctx))
-            for d in drafts if (d.name, batch) not in self.t_draft_ms}
+  # -- measurements ----------------------------------------------------------
 
   def measure_calls(self, act: str, batch: int, ks) -> None:
-    tgt = self.targets[act]
-    x = self.x(self.tasks[0], batch)
-    if (act, batch) not in self.caches:
-      self.caches[act, batch] = measure.context_cache(
-          tgt.model, tgt.params, x, self.ctx, self.max_length(),
-          jit_setup=self.sizes.jit_setup)
     times = self.t_ms.setdefault((act, batch), {})
-    start = time.perf_counter()
-    for k in sorted(ks):
-      if k in times:
-        continue
-      times[k] = 1e3 * measure.call_time(
-          tgt.model, tgt.params, x, k, repeats=self.sizes.cost_repeats,
-          context=self.ctx, cache=self.caches[act, batch])
-    self.clock.note(f'time t(k), {act} activations, batch {batch}, '
-                    f'k = {sorted(ks)}', time.perf_counter() - start)
-    self._record_costs()
-
-  def measure_drafters(self, drafts: Sequence[Draft], batch: int) -> None:
-    x = self.x(self.tasks[0], batch)
-    task = self.tasks[0]
-    start = time.perf_counter()
-    for d in drafts:
-      if (d.name, batch) not in self.t_draft_ms:
-        self.t_draft_ms[d.name, batch] = 1e3 * measure.drafter_token_time(
-            d.drafter, d.params[task], x, 4, repeats=self.sizes.cost_repeats,
-            context=self.ctx, jit_setup=self.sizes.jit_setup)
-    self.clock.note(f'time drafters, batch {batch}',
-                    time.perf_counter() - start)
-    self._record_costs()
-
-  def _record_costs(self) -> None:
-    costs = {}
-    for (act, batch), times in sorted(self.t_ms.items(),
-                                      key=lambda kv: (kv[0][0], kv[0][1])):
-      t1 = times.get(1)
-      costs.setdefault(act, {})[str(batch)] = dict(
-          t_ms={str(k): v for k, v in sorted(times.items())},
-          cost={str(k): v / t1 for k, v in sorted(times.items())} if t1
-          else {})
-    self.result['costs'] = costs
-    main = self.t_ms.get((self.main_act, 1), {})
-    self.result['drafters'] = {
-        d.name: dict(label=d.label, cost=d.cost, t_draft_ms={
-            str(b): self.t_draft_ms[d.name, b] for b in self.sizes.batches
-            if (d.name, b) in self.t_draft_ms}, c={
-                str(b): self.c(d, b) for b in self.sizes.batches
-                if (d.name, b) in self.t_draft_ms and
-                1 in self.t_ms.get((self.main_act, b), {})})
-        for d in self.drafts}
-    if 1 in main and self.result['bandwidth']:
-      floor_ms = 1e3 * self.step_bytes(1) / self.result['bandwidth'][
-          'bytes_per_s']
-      self.result['floor'] = dict(
-          step_bytes=self.step_bytes(1), floor_ms=floor_ms,
-          t1_ms=main[1], ratio=main[1] / floor_ms)
-
-  def step_bytes(self, batch: int) -> int:
-    """Bytes a 1-token decoder step reads: decoder weights and the caches."""
-    return measure.step_bytes(self.target.model, self.target.params, batch,
-                              self.ctx, self.Li)
-
-  def c(self, d: Draft, batch: int) -> float:
-    return self.t_draft_ms[d.name, batch] / self.t_ms[self.main_act, batch][1]
-
-  def cost_map(self, batch: int, act: Optional[str] = None
-               ) -> Dict[int, float]:
-    times = self.t_ms.get((act or self.main_act, batch), {})
-    return {k - 1: v / times[1] for k, v in times.items() if k > 1}
-
-  def rule_gamma(self, task: str, d: Draft, temp: float) -> int:
-    costs = self.cost_map(1)
-    return theory.optimal_gamma(
-        clip01(self.alpha_cal[task, d.proxy, temp]), self.c(d, 1), costs,
-        max_gamma=min(self.sizes.max_gamma, max(costs)))
-
-  def decode_estimate(self, batch: int) -> float:
-    """Seconds of one baseline decode (a guess until one is measured)."""
-    known = [v for (_, b, _), v in self.decode_s.items() if b == batch]
-    if known:
-      return max(known)
-    t1 = self.t_ms.get((self.main_act, batch), {}).get(1)
-    if t1 is None:
-      t1 = self.t_ms.get((self.main_act, 1), {}).get(1, 10.0)
-    return 1.2 * self.T * t1 / 1e3
-
-  def row_estimate(self, batch: int, examples: int, calls: int = 2) -> float:
-    # A speculative decode costs at most about a baseline one.
-    return examples * (self.sizes.repeats + 1) * calls * self.decode_estimate(
-        batch)
-
-  def stage(self, plans: Sequence[Optional['Plan']]) -> None:
-    """Compiles the plans' programs together, then runs them in order.
-
-    One compile batch for several phases keeps the pool busy (fewer rounds
-    of the slowest compile). Plans at the end are dropped while the stage
-    does not fit the time left; rows inside a plan check again.
-    """
-    plans = [plan for plan in plans if plan is not None]
-    while plans:
-      lowerings = {}
-      for plan in plans:
-        lowerings.update(plan.lowerings)
-      needed = self.pool.estimate(lowerings) + sum(p.rows_s for p in plans)
-      if self.fits(needed):
-        break
-      dropped = plans.pop()
-      self.skip(dropped.what, needed)
-    if not plans:
+    ks, (model, params) = sorted(set(ks) - set(times)), self.targets[act]
+    x, start = self.x(self.tasks[0], batch), time.perf_counter()
+    if not ks:
       return
-    self.pool.compile(' + '.join(p.what for p in plans), lowerings)
-    for plan in plans:
-      plan.run()
+    if (act, batch) not in self.caches:
+      self.caches[act, batch] = CACHE(model, params, x, self.s.context,
+                                      self.max_len)
+    for k in ks:
+      times[k] = 1e3 * measure.call_time(
+          model, params, x, k, repeats=self.s.cost_repeats,
+          context=self.s.context, cache=self.caches[act, batch])
+    self.clock.note(f'time t(k), {act} activations, batch {batch}, k = {ks}',
+                    time.perf_counter() - start, kind='calls', units=len(ks))
+    self.record()
 
-  # -- phases ----------------------------------------------------------------
+  def measure_drafters(self, drafts, batch: int) -> None:
+    todo = [d for d in drafts if (d.name, batch) not in self.t_draft_ms]
+    x, start = self.x(self.tasks[0], batch), time.perf_counter()
+    for d in todo:
+      self.t_draft_ms[d.name, batch] = 1e3 * measure.drafter_token_time(
+          d.drafter, d.params[self.tasks[0]], x, 4, jit_setup=True,
+          repeats=self.s.cost_repeats, context=self.s.context)
+    self.clock.note(f'time drafters, batch {batch}', time.perf_counter() -
+                    start, kind='drafters', units=len(todo))
+    self.record()
 
-  def phase_costs(self) -> None:
-    """t(k) for k = 1..max_gamma+1 at batch 1, c, bandwidth, calibration."""
-    s = self.sizes
-    ks = range(1, min(s.max_gamma + 1, s.max_k) + 1)
-    copy = jnp.zeros((s.copy_mib << 20) // 4, jnp.float32)
-    lowerings = dict(self.lower_calls(self.main_act, 1, ks))
-    lowerings.update(self.lower_drafters(self.drafts, 1))
-    lowerings[('copies', copy.size)] = (
-        lambda: measure.copy_passes.lower(copy, 1))
-    self.pool.compile('costs at batch 1', lowerings)
-    self.calibrate()
-    start = time.perf_counter()
-    per_pass = measure.loop_time(lambda n: measure.copy_passes(copy, n), 2,
-                                 s.cost_repeats)
-    self.result['bandwidth'] = dict(
-        bytes=2 * copy.nbytes, seconds_per_pass=per_pass,
-        bytes_per_s=2 * copy.nbytes / per_pass,
-        how=f'{s.copy_mib} MiB float32 array, y = y + 1 in a compiled loop '
-        '(each pass reads and writes it once)')
-    del copy
-    self.clock.note('time device copy (bandwidth)', time.perf_counter() - start)
-    self.measure_calls(self.main_act, 1, ks)
-    self.measure_drafters(self.drafts, 1)
-    self.write()
+  def record(self) -> None:
+    """costs, drafters and floor from the timings; the profile they make."""
+    r, t1 = self.result, lambda b: self.t_ms.get((self.act, b), {}).get(1)
+    r['costs'] = {}
+    for (act, b), t in sorted(self.t_ms.items()):
+      r['costs'].setdefault(act, {})[str(b)] = dict(
+          t_ms={str(k): t[k] for k in sorted(t)},
+          cost={str(k): t[k] / t[1] for k in sorted(t)} if 1 in t else {})
+    r['drafters'] = {d.name: dict(label=d.label, cost=d.cost, t_draft_ms={
+        str(b): ms for (n, b), ms in self.t_draft_ms.items() if n == d.name
+    }, c={str(b): ms / t1(b) for (n, b), ms in self.t_draft_ms.items()
+          if n == d.name and t1(b)}) for d in self.drafts}
+    if t1(1) and r['bandwidth']:
+      step = measure.step_bytes(*self.targets[self.act], 1, self.s.context,
+                                self.Li)
+      floor_ms = 1e3 * step / r['bandwidth']['bytes_per_s']
+      r['floor'] = dict(step_bytes=step, floor_ms=floor_ms, t1_ms=t1(1),
+                        ratio=t1(1) / floor_ms)
+      self.profile = hardware.from_accelerator_run(
+          r, report.portable(str(self.stem.with_suffix('.json'))))
 
-  def calibrate(self) -> None:
-    """alpha of every drafter (its unwidened proxy) on calibration inputs.
-
-    The unwidened target decodes the calibration inputs once per task and
-    temperature; every proxy scores those outputs (`measure`'s alpha: the
-    same function as the widened models, at a fraction of the cost).
-    """
-    tgt = self.small_target
-
+  def calibration(self):
+    """Jobs: alpha of every drafter's proxy per task and temperature, on
+    the unwidened target's outputs (`measure.betas_on_outputs`)."""
     def job(task, temp):
       sampling = SamplingConfig(temp)
       out = decoding.temperature_sample(
-          tgt.model, tgt.params, self.calib[task], max_decode_len=self.T,
-          sampling=sampling, eos_id=self.eos, rng=jax.random.key(7))
+          *self.small, self.calib[task], max_decode_len=self.T,
+          sampling=sampling, eos_id=self.eos,
+          rng=jax.random.key(7) if temp else None)
       return {key: float(np.mean(measure.betas_on_outputs(
-          tgt.model, tgt.params, drafter, params[task], self.calib[task],
-          out.tokens, out.lengths, sampling=sampling)))
-              for key, (drafter, params) in self.proxies.items()}
+          *self.small, drafter, p[task], self.calib[task], out.tokens,
+          out.lengths, sampling=sampling)))
+              for key, (drafter, p) in self.proxies.items()}
+    return {(task, t): functools.partial(job, task, t)
+            for task in self.tasks for t in TEMPS}
 
-    done = self.pool.run('alpha calibration (untimed)', {
-        (task, temp): functools.partial(job, task, temp)
-        for task in self.tasks for temp in self.temps})
-    for (task, temp), alphas in done.items():
-      for key, alpha in alphas.items():
-        self.alpha_cal[task, key, temp] = alpha
-    self.result['alpha_calibration'] = [
-        dict(task=t, drafter=k, temperature=temp, alpha=a)
-        for (t, k, temp), a in self.alpha_cal.items()]
+  # -- decoding --------------------------------------------------------------
 
-  def plan_table2(self, temp: float, group: int) -> Optional['Plan']:
-    drafts = [d for d in self.drafts if d.group == group]
-    if not drafts:
-      return None
-    what = f'Table 2, t = {temp:g}, ' + {
-        1: "the paper's drafters", 2: 'own-cost drafters',
-        3: 'n-gram drafters'}[group]
-    tgt = self.target
-    rows = [(task, d, self.rule_gamma(task, d, temp)) for task in self.tasks
-            for d in drafts]
-    lowerings = dict(self.lower_base(tgt, 1, temp))
-    for _, d, gamma in rows:
-      lowerings.update(self.lower_spec(tgt, d, 1, gamma, temp))
-    if temp == 0:
-      lowerings.update(self.lower_reference())
-    n = self.sizes.examples
-
-    def run():
-      for task, d, gamma in rows:
-        needed = self.row_estimate(1, n)
-        if not self.fits(needed):
-          self.skip(f'{what}: {task} {d.name}', needed)
-          continue
-        start = time.perf_counter()
-        row = self.decode_rows(tgt, task, d, temp, gamma, n)
-        row.update(gamma_rule=True, group=group,
-                   alpha_calibration=self.alpha_cal[task, d.proxy, temp],
-                   paper=self.paper(task, d, temp))
-        self.result['table2'].append(row)
-        self.clock.note(f'{what}: {task} {d.name} gamma {gamma}',
-                        time.perf_counter() - start)
-        self.write()
-
-    return Plan(what, lowerings, len(rows) * self.row_estimate(1, n), run)
-
-  def paper(self, task: str, d: Draft, temp: float):
-    paper_task = PAPER_TASK[task]
-    if d.paper in T5_SIZES:
-      g, a, s = PAPER_TABLE2[paper_task, int(temp)][d.paper]
-      return dict(task=paper_task, gamma=g, alpha=a, speedup=s)
-    if d.paper in ('unigram', 'bigram'):
-      return dict(task=paper_task,
-                  alpha=PAPER_TABLE3[paper_task][d.paper][int(temp)])
-    return None
-
-  def decode_rows(self, tgt: Target, task: str, d: Draft, temp: float,
-                  gamma: int, examples: int, batch: int = 1,
-                  act: Optional[str] = None) -> Dict[str, Any]:
-    """Baseline and speculative decodes of `examples` x `batch` rows.
-
-    Interleaved, medians of `repeats`; greedy rows are compared and each
-    differing one diagnosed.
-    """
-    act = act or self.main_act
-    rep = self.sizes.repeats
-    base_s = spec_s = 0.0
-    base_tok = spec_tok = 0
-    sums = dict(beta_sum=0.0, beta_count=0, accepted=0, row_iterations=0,
-                iterations=0)
-    per_row_accepted, row_iters, identical, divergences = [], [], 0, []
+  def alternate(self, task, keys, batch: int, examples: int, temp: float
+                ) -> Dict[Any, rows_lib.Decoded]:
+    """Every example decoded by every program, in alternating order."""
+    results, seconds = {k: [] for k in keys}, dict.fromkeys(keys, 0.0)
     for i in range(examples):
-      x = self.x(task, batch, i * batch)
-      rng = self.rng(temp, i)
-      med, out = time_interleaved({
-          'baseline': lambda: self.baseline(tgt, x, temp, rng),
-          'speculative': lambda: self.spec(tgt, d, task, x, gamma, temp, rng),
-      }, rep, warm=i == 0)
-      b, sp = out['baseline'], out['speculative']
-      base_s += med['baseline']
-      spec_s += med['speculative']
-      base_tok += int(np.sum(b.lengths))
-      spec_tok += int(np.sum(sp.lengths))
-      st = sp.stats
-      for k in sums:
-        sums[k] += float(np.sum(getattr(st, k)))
-      acc = np.asarray(st.accepted) / np.maximum(
-          np.asarray(st.row_iterations), 1) + 1
-      per_row_accepted += acc.tolist()
-      row_iters += np.asarray(st.row_iterations).tolist()
-      if temp == 0:
-        bt, stok = np.asarray(b.tokens), np.asarray(sp.tokens)
-        identical += int(np.sum(np.all(bt == stok, axis=1)))
-        for dv in diagnostics.diagnose(tgt.model, tgt.params, np.asarray(x),
-                                       bt, stok):
-          divergences.append(dict(example=i * batch + dv.row, **dv.to_dict()))
-    self.decode_s[act, batch, temp] = base_s / examples
-    alpha = sums['beta_sum'] / max(sums['beta_count'], 1.0)
-    c = self.t_draft_ms[d.name, batch] / self.t_ms[act, batch][1]
-    cost = self.cost_map(batch, act)
-    predicted = theory.walltime_improvement(clip01(alpha), gamma, c, cost)
-    measured = (spec_tok / spec_s) / (base_tok / base_s)
-    rows = examples * batch
-    kinds = [dv['kind'] for dv in divergences]
+      x, rng = self.x(task, batch, i * batch), (
+          jax.random.key(1000 + i) if temp else None)
+      calls = {k: functools.partial(self.sample, k, task, x, rng)
+               for k in keys}
+      if i == 0:  # each program's first run, untimed
+        jax.block_until_ready([f() for f in calls.values()])
+      out, t = measure.time_alternating(calls, self.s.repeats, i % 2 == 1)
+      for k in keys:
+        results[k].append(out[k])
+        seconds[k] += t[k]
+    self.decode_s[batch] = seconds[keys[0]] / examples
+    return {k: rows_lib.Decoded(results[k], seconds[k]) for k in keys}
+
+  def estimate(self, batch: int, examples: int, programs: int) -> float:
+    """Seconds of `examples` x `programs` decodes (at most a baseline's)."""
+    one = self.decode_s.get(batch) or 1.2e-3 * self.T * (
+        self.t_ms.get((self.act, batch), {}).get(1) or 10.0)
+    return (examples * self.s.repeats + 1) * programs * one
+
+  def diagnose(self, act, task, batch, base, other) -> List[Dict[str, Any]]:
+    return [dict(example=i * batch + dv.row, **dv.to_dict())
+            for i, (b, o) in enumerate(zip(base.results, other.results))
+            for dv in diagnostics.diagnose(
+                *self.targets[act], np.asarray(self.x(task, batch, i * batch)),
+                np.asarray(b.tokens), np.asarray(o.tokens))]
+
+  def row(self, task, d: Draft, temp, gamma, base, spec, batch=1):
+    """A Table 2 / sweep / batch row: measured, and `predict`ed."""
+    cmp = rows_lib.compare(base, spec, greedy=temp == 0)
+    del cmp['per_position_acceptance']
+    p = hardware.predict(self.profile, alpha=clip(cmp['alpha']), gamma=gamma,
+                         drafter=d.name, batch=batch)
+    divs = self.diagnose(self.act, task, batch, base, spec) if not temp else []
+    kinds = [dv['kind'] for dv in divs]
     return dict(
         task=task, drafter=d.name, label=d.label, cost=d.cost,
-        temperature=temp, batch=batch, rows=rows, gamma=gamma, alpha=alpha,
-        c=c, cost_gamma_plus_1=cost[gamma], predicted=predicted,
-        measured=measured, ratio=measured / predicted,
-        baseline_s=base_s / examples, speculative_s=spec_s / examples,
-        baseline_tokens=base_tok, speculative_tokens=spec_tok,
-        mean_accepted_length=1 + sums['accepted'] / max(
-            sums['row_iterations'], 1.0),
-        per_row_accepted_length=per_row_accepted,
-        iterations=sums['iterations'] / examples,
-        mean_row_iterations=float(np.mean(row_iters)),
-        identical=identical if temp == 0 else None,
-        near_ties=kinds.count(diagnostics.NEAR_TIE) if temp == 0 else None,
-        mismatches=kinds.count(diagnostics.MISMATCH) if temp == 0 else None,
-        divergences=divergences, activation_dtype=act)
+        temperature=temp, batch=batch, gamma=gamma, **cmp, c=p.c,
+        cost_gamma_plus_1=p.cost, predicted=p.speedup, prediction=p.label,
+        ratio=cmp['measured'] / p.speedup, per_row_accepted_length=[
+            a / max(n, 1) + 1 for r in spec.results for a, n in zip(
+                np.asarray(r.stats.accepted),
+                np.asarray(r.stats.row_iterations))],
+        iterations=cmp['target_calls'] / len(spec.results),
+        mean_row_iterations=cmp['row_iterations'] / cmp['rows'],
+        near_ties=None if temp else kinds.count(diagnostics.NEAR_TIE),
+        mismatches=None if temp else kinds.count(diagnostics.MISMATCH),
+        divergences=divs, activation_dtype=self.act)
 
-  def plan_numerics(self) -> 'Plan':
+  def paper(self, task: str, d: Draft, temp: float):
+    task = PAPER_TASK[task]
+    if d.paper in T5_SIZES:
+      g, a, s = PAPER_TABLE2[task, int(temp)][d.paper]
+      return dict(task=task, gamma=g, alpha=a, speedup=s)
+    if d.paper in ('unigram', 'bigram'):
+      return dict(task=task, alpha=PAPER_TABLE3[task][d.paper][int(temp)])
+    return None
+
+  def table(self, temp: float) -> None:
+    """Table 2 rows of every task at `temp` (and the sweep, at t = 0)."""
+    s, main, act = self.s, self.main, self.act
+    for task in self.tasks:
+      drafts = self.drafts if 'table2' in self.args.phases else []
+      sweep = s.sweep if (task == self.tasks[0] and temp == 0 and
+                          'sweep' in self.args.phases) else ()
+      keys = [('base', act, 1, temp, 1)] + list(dict.fromkeys(
+          [('spec', act, d.name, 1, self.gamma[task, d.name, temp], temp)
+           for d in drafts] + [('spec', act, main.name, 1, g, 0.0)
+                               for g in sweep]))
+      what = f'Table 2, t = {temp:g}: {task}' + ' + gamma sweep' * bool(sweep)
+      if len(keys) < 2 or not self.clock.fits(
+          self.estimate(1, s.examples, len(keys)), what):
+        continue
+      start = time.perf_counter()
+      timed = self.alternate(task, keys, 1, s.examples, temp)
+      rows = {k: self.row(task, self.by_name[k[2]], temp, k[4],
+                          timed[keys[0]], timed[k]) for k in keys[1:]}
+      for d, key in zip(drafts, keys[1:]):  # the sweep may share a row
+        self.result['table2'].append(rows[key])
+        rows[key].update(gamma_rule=True, group=d.group, paper=self.paper(
+            task, d, temp), alpha_calibration=self.alpha_cal[
+                task, d.proxy, temp])
+      self.result['sweep'] += [rows['spec', act, main.name, 1, g, 0.0]
+                               for g in sweep]
+      self.clock.note(what, time.perf_counter() - start, kind='decode',
+                      units=(s.examples * s.repeats + 1) * len(keys))
+      self.write()
+
+  def numerics(self) -> None:
     """Identical rows and costs: bf16 / f32 activations, 1-token / block."""
-    task, d, s = self.tasks[0], self.main, self.sizes
-    gamma = self.rule_gamma(task, d, 0.0)
-    k = gamma + 1
-    lowerings = dict(self.lower_reference())
-    for act, tgt in self.targets.items():
-      lowerings.update(self.lower_base(tgt, 1, 0.0))
-      lowerings.update(self.lower_base(tgt, 1, 0.0, k))
-      lowerings.update(self.lower_spec(tgt, d, 1, gamma, 0.0))
-      lowerings.update(self.lower_calls(act, 1, [1, k]))
-    n = s.numerics_examples
-    rows_s = len(self.targets) * n * (s.numerics_repeats + 1) * 3 * (
-        self.decode_estimate(1))
-    return Plan('numerics (bf16 / f32 activations, same-shape baseline)',
-                lowerings, rows_s, functools.partial(
-                    self.run_numerics, task, d, gamma, n))
-
-  def run_numerics(self, task: str, d: Draft, gamma: int, n: int) -> None:
-    s, k = self.sizes, gamma + 1
-    for act, tgt in self.targets.items():
-      needed = n * (s.numerics_repeats + 1) * 3 * self.decode_estimate(1)
-      if not self.fits(needed):
-        self.skip(f'numerics, {act} activations', needed)
+    s, task, d = self.s, self.tasks[0], self.main
+    gamma = self.gamma[task, d.name, 0.0]
+    n, k = s.numerics_examples, gamma + 1
+    for act in ACTS:
+      keys = [('base', act, 1, 0.0, 1), ('base', act, 1, 0.0, k),
+              ('spec', act, d.name, 1, gamma, 0.0)]
+      what = f'numerics, {act} activations ({n} rows)'
+      if not self.clock.fits(self.estimate(1, n, 3), what):
         continue
       self.measure_calls(act, 1, [1, k])
       start = time.perf_counter()
-      times = {'baseline': [], 'block': [], 'speculative': []}
-      same = {'baseline': 0, 'block': 0}
-      divs = {'baseline': [], 'block': []}
-      for i in range(n):
-        x = self.x(task, 1, i)
-        med, out = time_interleaved({
-            'baseline': lambda: self.baseline(tgt, x, 0.0, None),
-            'block': lambda: self.baseline(tgt, x, 0.0, None, k),
-            'speculative': lambda: self.spec(tgt, d, task, x, gamma, 0.0,
-                                             None)}, s.numerics_repeats,
-                                     warm=i == 0)
-        for name in times:
-          times[name].append(med[name])
-        spec_tokens = np.asarray(out['speculative'].tokens)
-        for name in same:
-          tokens = np.asarray(out[name].tokens)
-          same[name] += int(np.array_equal(tokens, spec_tokens))
-          for dv in diagnostics.diagnose(tgt.model, tgt.params,
-                                         np.asarray(x), tokens, spec_tokens):
-            divs[name].append(dict(example=i, **dv.to_dict()))
-      mean = {name: float(np.mean(v)) for name, v in times.items()}
-      t = self.t_ms[act, 1]
-      kinds = lambda name, kind: sum(dv['kind'] == kind for dv in divs[name])
+      timed = self.alternate(task, keys, 1, n, 0.0)
+      base, block, spec = (timed[key] for key in keys)
+      divs = {'1token': self.diagnose(act, task, 1, base, spec),
+              'block': self.diagnose(act, task, 1, block, spec)}
+      count = lambda name, kind: sum(v['kind'] == kind for v in divs[name])
       self.result['numerics'].append(dict(
           activation_dtype=act, drafter=d.name, gamma=gamma, rows=n,
-          identical_1token=same['baseline'], identical_block=same['block'],
-          near_ties_1token=kinds('baseline', diagnostics.NEAR_TIE),
-          mismatches_1token=kinds('baseline', diagnostics.MISMATCH),
-          near_ties_block=kinds('block', diagnostics.NEAR_TIE),
-          mismatches_block=kinds('block', diagnostics.MISMATCH),
-          divergences_1token=divs['baseline'], divergences_block=divs['block'],
-          t1_ms=t[1], tk_ms=t[k], baseline_s=mean['baseline'],
-          block_baseline_s=mean['block'], speculative_s=mean['speculative'],
-          block_cost=mean['block'] / mean['baseline'] - 1.0,
-          speedup=mean['baseline'] / mean['speculative'],
-          speedup_vs_block=mean['block'] / mean['speculative']))
-      self.clock.note(f'numerics, {act} activations ({n} rows)',
-                      time.perf_counter() - start)
+          identical_1token=rows_lib.identical(base.results, spec.results)[0],
+          identical_block=rows_lib.identical(block.results, spec.results)[0],
+          **{f'{kind}_{name}': count(name, diagnostics.NEAR_TIE if kind ==
+                                     'near_ties' else diagnostics.MISMATCH)
+             for name in divs for kind in ('near_ties', 'mismatches')},
+          divergences_1token=divs['1token'], divergences_block=divs['block'],
+          t1_ms=self.t_ms[act, 1][1], tk_ms=self.t_ms[act, 1][k],
+          baseline_s=base.seconds / n, block_baseline_s=block.seconds / n,
+          speculative_s=spec.seconds / n,
+          block_cost=block.seconds / base.seconds - 1.0,
+          speedup=base.seconds / spec.seconds,
+          speedup_vs_block=block.seconds / spec.seconds))
+      self.clock.note(what, time.perf_counter() - start, kind='numerics',
+                      units=(n * s.repeats + 1) * 3)
       self.write()
 
-  def plan_batches(self) -> 'Plan':
+  def batches(self) -> None:
     """Speed-ups at batch > 1 with the per-row spread of accepted lengths."""
-    task, d, tgt = self.tasks[0], self.main, self.target
-    gamma = self.rule_gamma(task, d, 0.0)
-    batches = [b for b in self.sizes.batches if b > 1]
-    lowerings = {}
-    for b in batches:
-      lowerings.update(self.lower_calls(self.main_act, b, [1, gamma + 1]))
-      lowerings.update(self.lower_drafters([d], b))
-      lowerings.update(self.lower_base(tgt, b, 0.0))
-      lowerings.update(self.lower_spec(tgt, d, b, gamma, 0.0))
-    lowerings.update(self.lower_reference())
+    task, d = self.tasks[0], self.main
+    gamma = self.gamma[task, d.name, 0.0]
+    for b in (b for b in self.s.batches if b > 1):
+      if not self.clock.fits(self.estimate(b, 1, 2), f'batch {b}'):
+        continue
+      self.measure_calls(self.act, b, [1, gamma + 1])
+      self.measure_drafters([d], b)
+      start = time.perf_counter()
+      base, spec = self.alternate(task, [
+          ('base', self.act, b, 0.0, 1),
+          ('spec', self.act, d.name, b, gamma, 0.0)], b, 1, 0.0).values()
+      self.result['batches'].append(self.row(task, d, 0.0, gamma, base, spec,
+                                             batch=b))
+      self.clock.note(f'batch {b}: decode', time.perf_counter() - start,
+                      kind='batch_decode', units=(self.s.repeats + 1) * 2)
+      self.write()
 
-    def run():
-      for b in batches:
-        if not self.fits(self.row_estimate(b, 1)):
-          self.skip(f'batch {b}', self.row_estimate(b, 1))
-          continue
-        self.measure_calls(self.main_act, b, [1, gamma + 1])
-        self.measure_drafters([d], b)
-        start = time.perf_counter()
-        row = self.decode_rows(tgt, task, d, 0.0, gamma, 1, batch=b)
-        self.result['batches'].append(row)
-        self.clock.note(f'batch {b}: decode', time.perf_counter() - start)
-        self.write()
+  def cost_curve(self) -> None:
+    for b in self.s.batches:
+      if self.clock.fits(len(self.s.curve_ks), f'cost curve, batch {b}'):
+        self.measure_calls(self.act, b, [1, *self.s.curve_ks])
 
-    return Plan('batches ' + ', '.join(map(str, batches)), lowerings,
-                sum(self.row_estimate(b, 1) for b in batches), run)
+  # -- the run ---------------------------------------------------------------
 
-  def plan_sweep(self) -> 'Plan':
-    task, d, tgt = self.tasks[0], self.main, self.target
-    known = self.cost_map(1)
-    gammas = [g for g in self.sizes.sweep if g in known]
-    lowerings = dict(self.lower_base(tgt, 1, 0.0))
-    for g in gammas:
-      lowerings.update(self.lower_spec(tgt, d, 1, g, 0.0))
-    n = self.sizes.sweep_examples
-
-    def run():
-      for g in gammas:
-        needed = self.row_estimate(1, n)
-        if not self.fits(needed):
-          self.skip(f'gamma sweep: gamma {g}', needed)
-          continue
-        start = time.perf_counter()
-        self.result['sweep'].append(self.decode_rows(tgt, task, d, 0.0, g,
-                                                     n))
-        self.clock.note(f'gamma sweep: gamma {g}',
-                        time.perf_counter() - start)
-        self.write()
-
-    return Plan(f'gamma sweep ({d.name}, t = 0)', lowerings,
-                len(gammas) * self.row_estimate(1, n), run)
-
-  def plan_cost_curve(self) -> 'Plan':
-    ks = range(1, self.sizes.max_k + 1)
-    lowerings = {}
-    for b in self.sizes.batches:
-      lowerings.update(self.lower_calls(self.main_act, b, ks))
-
-    def run():
-      for b in self.sizes.batches:
-        self.measure_calls(self.main_act, b, ks)
-        self.write()
-
-    return Plan('cost(k) for every k and batch', lowerings,
-                1.0 * len(lowerings), run)
-
-  def run(self, watch: Optional['CompileWatch'] = None) -> None:
-    self.temps = (0.0, 1.0)
+  def run(self, watch: budget.CompileWatch) -> None:
+    s = self.s
     self.setup()
-    if watch is not None:  # from here on, every timed program is prewarmed
-      watch.install()
-    self.phase_costs()
-    chosen = self.args.phases
-    when = lambda name, plan: plan() if name in chosen else None
-    # Two compile batches, each in priority order (the last plans are
-    # dropped first when a batch does not fit the time left).
-    self.stage([when('table2', lambda: self.plan_table2(0.0, 1)),
-                when('numerics', self.plan_numerics),
-                when('batches', self.plan_batches)])
-    self.stage([when('table2', lambda: self.plan_table2(0.0, 3)),
-                when('table2', lambda: self.plan_table2(1.0, 1)),
-                when('sweep', self.plan_sweep),
-                when('table2', lambda: self.plan_table2(0.0, 2)),
-                when('table2', lambda: self.plan_table2(1.0, 3)),
-                when('table2', lambda: self.plan_table2(1.0, 2)),
-                when('cost_curve', self.plan_cost_curve)])
+    self.write()
+    plan = lambda: programs(s, self.drafts, self.tasks, self.gamma,
+                            self.args.phases, self.act)
+    # Stage 1: every program that needs no gamma, the calibration beside.
+    jobs = self.pool.submit(self.calibration())
+    self.compile('programs without gamma', [
+        k for first, _ in plan().values() for k in first])
+    for (task, t), alphas in self.pool.collect(
+        'alpha calibration (untimed)', jobs, 'calibration').items():
+      self.alpha_cal.update({(task, key, t): a for key, a in alphas.items()})
+    self.result['alpha_calibration'] = [
+        dict(task=t, drafter=k, temperature=temp, alpha=a)
+        for (t, k, temp), a in self.alpha_cal.items()]
+    watch.install()  # from here on, every timed program is compiled
+    start = time.perf_counter()
+    self.result['bandwidth'] = measure.bandwidth(s.copy_mib, s.cost_repeats)
+    self.clock.note('time device copy (bandwidth)',
+                    time.perf_counter() - start, kind='bandwidth')
+    self.measure_calls(self.act, 1, range(1, s.max_gamma + 2))
+    self.measure_drafters(self.drafts, 1)
+    self.gamma = {(task, d.name, t): hardware.predict(
+        self.profile, alpha=clip(self.alpha_cal[task, d.proxy, t]),
+        drafter=d.name, max_gamma=s.max_gamma).gamma
+                  for task in self.tasks for t in TEMPS for d in self.drafts}
+    self.write()
+    # Stage 2: the programs with a gamma, for the phases in priority order;
+    # the last are dropped while compiling them does not fit (rows check
+    # again before they run, at the decode times measured by then).
+    parts = plan()
+    order = [(w, [k for p in ps if p in parts for k in parts[p][1]], fn)
+             for w, ps, fn in [
+                 ('Table 2, t = 0', ['table2@0', 'sweep'], functools.partial(
+                     self.table, 0.0)),
+                 ('Table 2, t = 1', ['table2@1'], functools.partial(
+                     self.table, 1.0)),
+                 ('numerics', ['numerics'], self.numerics),
+                 ('batches', ['batches'], self.batches),
+                 ('cost curve', ['cost_curve'], self.cost_curve)]
+             if any(p in parts for p in ps)]
+    keys = lambda: [k for _, ks, _ in order for k in ks]
+    while order and not self.clock.fits(self.pool.estimate(
+        {self.ident(k) for k in keys()}), order[-1][0]):
+      order.pop()
+    self.compile('programs with gamma', keys())
+    for _, _, fn in order:
+      fn()
 
   # -- output ----------------------------------------------------------------
 
   def mismatches(self) -> int:
-    rows = self.result['table2'] + self.result['batches'] + self.result[
-        'sweep']
-    n = sum(r.get('mismatches') or 0 for r in rows)
-    return n + sum(r['mismatches_1token'] + r['mismatches_block']
-                   for r in self.result['numerics'])
+    r = self.result
+    rows = {id(x): x for x in r['table2'] + r['batches'] + r['sweep']}
+    return sum(x['mismatches'] or 0 for x in rows.values()) + sum(
+        x['mismatches_1token'] + x['mismatches_block'] for x in r['numerics'])
 
   def write(self, plots: bool = False) -> None:
     self.result['wall_s'] = round(self.clock.elapsed(), 1)
-    self.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = self.out_dir / f'accelerator_{self.args.source}'
-    stem.with_suffix('.json').write_text(json.dumps(
-        self.result, indent=1, default=_json_default))
-    stem.with_suffix('.md').write_text(markdown(self.result))
-    if plots:
-      try:
+    try:
+      if plots:
         self.result['plots'] = write_plots(self.result, self.out_dir,
-                                           stem.name)
-      except Exception as e:  # pylint: disable=broad-except
-        self.result['plots'] = []
-        self.result['plot_error'] = repr(e)
-      stem.with_suffix('.md').write_text(markdown(self.result))
-      stem.with_suffix('.json').write_text(json.dumps(
-          self.result, indent=1, default=_json_default))
-
-
-def _json_default(x):
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.floating,)):
-    return float(x)
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  return str(x)
-
-
-def _config_dict(cfg: network.T5Config) -> Dict[str, Any]:
-  out = {}
-  for f in dataclasses.fields(cfg):
-    v = getattr(cfg, f.name)
-    out[f.name] = v if isinstance(v, (int, float, str, bool, type(None))) else (
-        list(v) if isinstance(v, (tuple, list)) else jnp.dtype(v).name)
-  return out
+                                           self.stem.name)
+    except Exception as e:  # pylint: disable=broad-except
+      self.result['plot_error'] = repr(e)  # the results are written anyway
+    report.write_json(self.stem.with_suffix('.json'), self.result)
+    report.write_md(self.stem.with_suffix('.md'), markdown(self.result))
 
 
 # ---------------------------------------------------------------------------
@@ -1218,245 +801,162 @@ def _config_dict(cfg: network.T5Config) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def fmt(x, spec='.2f') -> str:
-  return '-' if x is None else format(x, spec)
+def cell(value) -> str:
+  """A table cell: floats to 3 significant digits, None as '-'."""
+  if isinstance(value, float):
+    return f'{value:.3g}'
+  if isinstance(value, dict):  # the paper's figures
+    return ' / '.join(f'{k} {cell(v)}' for k, v in value.items() if k != 'task')
+  return '-' if value is None else str(value)
+
+
+SPREAD = ('accepted length per row (min / median / max)', lambda x: ' / '.join(
+    f"{f(x['per_row_accepted_length']):.2f}" for f in (min, np.median, max)))
+# Each list of rows in the json: its title, a note, and its columns (keys
+# of its rows, or (header, function)).
+SECTIONS = (
+    ('table2', 'Table 2: speculative vs baseline, T5 1.1-XXL-cost target',
+     "gamma by the paper's rule; predicted: `bench.hardware.predict` with "
+     "the row's alpha on this run's profile; measured: speculative over "
+     "baseline tokens / s; identical: greedy rows equal to the baseline's, "
+     'every differing one diagnosed (near tie: rounding; mismatch: a bug).',
+     ('task', 'label', 'temperature', 'gamma', 'alpha_calibration', 'alpha',
+      'c', 'cost_gamma_plus_1', 'predicted', 'measured', 'ratio',
+      'identical', 'rows', 'near_ties', 'mismatches', 'paper')),
+    ('numerics', 'Numerics: identical greedy rows, bfloat16 weights',
+     '1token: the usual baseline; block: the same-shape baseline '
+     '(`block_size=gamma + 1`); seconds per row.',
+     ('activation_dtype', 'rows', 'identical_1token', 'near_ties_1token',
+      'mismatches_1token', 'identical_block', 'near_ties_block',
+      'mismatches_block', 't1_ms', 'baseline_s', 'block_baseline_s',
+      'block_cost', 'speedup', 'speedup_vs_block')),
+    ('batches', 'Batch 1, 8, 32 (greedy, one drafter, gamma of batch 1)',
+     'iterations: target calls of the batch (its slowest row) per example; '
+     "mean_row_iterations: the mean row's.",
+     ('batch', 'gamma', 'alpha', 'c', 'cost_gamma_plus_1', 'predicted',
+      'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
+      'identical', 'rows', 'near_ties', 'mismatches')),
+    ('sweep', 'Gamma sweep (the first drafter, t = 0, batch 1, first task)',
+     '', ('gamma', 'alpha', 'cost_gamma_plus_1', 'predicted', 'measured',
+          'ratio', 'identical', 'rows')))
 
 
 def markdown(r: Dict[str, Any]) -> str:
-  title = ('Table 2 at T5 1.1-XXL cost on ' + r['device'] +
-           (' (SYNTHETIC)' if r['synthetic'] else ''))
-  lines = [f'# {title}', '']
+  """The results page: every table of the json."""
+  setup, fl, bw, p = r['setup'], r['floor'], r['bandwidth'], r.get(
+      'projection') or {}
+  lines = [f"# Table 2 at T5 1.1-XXL cost on {r['device']}" +
+           ' (SYNTHETIC)' * r['synthetic'], '']
   if r['synthetic']:
-    lines += [f"> **{r['label']}.** Alphas are set by the noise, not earned by "
-              'a drafter: these figures measure the engine (decoding loop, '
-              'costs, numerics), not a model.', '']
+    lines += [f"> **{r['label']}.** Alphas are set by the noise, not earned "
+              'by a drafter: these figures measure the engine.', '']
   if r['smoke']:
-    lines += ['> **SMOKE RUN**: tiny models on whatever device; the numbers '
-              'mean nothing.', '']
-  setup = r['setup']
-  lines += [
-      f"Command: `{r['command']}`  ", f"Device: {r['device']} "
-      f"({r['backend']}), jax {r['jax_version']}  ",
-      f"Machine: {r['machine']}  ", f"Date: {r['date']}  ",
-      f"Status: {r['status']}; wall {r['wall_s']} s of a "
-      f"{r['max_minutes']} min budget", '', '## Setup', '',
-      f"Target: {r['label']}; {fmt(setup.get('target_params', 0) / 1e9)} B "
-      f"parameters, {fmt(setup.get('decoder_params', 0) / 1e9)} B in the "
-      'decoder, bfloat16 weights, activations '
-      f"{setup.get('activation_dtype')}; batch 1 unless stated, "
-      f"{setup.get('input_length')} input tokens, up to "
-      f"{setup.get('output_length')} output tokens "
-      f"(eos_id {setup.get('eos_id')}).", '']
-  if setup.get('sigmas'):
-    lines += ['Synthetic drafters: S0 + sigma x std(leaf) noise, sigma ' +
-              ', '.join(f'{k} {v:g}' for k, v in setup['sigmas'].items()) +
-              '; n-grams from S0\'s own greedy outputs.', '']
-  for note in setup.get('notes', []) + setup.get('skipped_drafters', []):
-    lines.append(f'- {note}')
-  fl, bw = r['floor'], r['bandwidth']
+    lines += ['> **SMOKE RUN**: tiny models; the numbers mean nothing.', '']
+  lines += [report.header_md(r), f"Status: {r['status']}; wall "
+            f"{r.get('wall_s')} s of a {r['max_minutes']} min budget" + (
+                f"; projected for {p['of']}: {p['seconds']:.0f} s on "
+                f"{p['device']} (`{p['source']}`)" if 'seconds' in p else
+                '') + '.', '',
+            '## Setup', '', f"Target: {r['label']}; "
+            f"{setup.get('target_params', 0) / 1e9:.2f} B parameters, "
+            f"activations {setup.get('activation_dtype')}, "
+            f"{setup.get('input_length')} input tokens, up to "
+            f"{setup.get('output_length')} output tokens."] + [
+                f'- {n}' for n in setup.get('notes', []) +
+                setup.get('skipped_drafters', [])]
   if fl:
-    lines += ['', '## Baseline step vs its floor', '',
-              '| t(1) ms | bytes read per step | device bandwidth (copy) | '
-              'floor ms | t(1) / floor |', '|---|---|---|---|---|',
-              f"| {fmt(fl['t1_ms'], '.3f')} | {fl['step_bytes'] / 1e9:.3f} GB "
-              f"| {bw['bytes_per_s'] / 1e9:.0f} GB/s | "
-              f"{fmt(fl['floor_ms'], '.3f')} | **{fmt(fl['ratio'])}** |", '',
-              f"Bandwidth: {bw['how']}. Bytes per step: decoder weights plus "
-              'the self- and cross-attention caches at the timed position.']
-  if r['costs']:
-    lines += ['', '## cost(k) = t(k) / t(1) of one target call on k tokens',
-              '']
-    for act, by_batch in r['costs'].items():
-      ks = sorted({int(k) for v in by_batch.values() for k in v['cost']})
-      lines += [f'Activations {act}:', '',
-                '| batch | t(1) ms | ' + ' | '.join(f'k={k}' for k in ks) +
-                ' |', '|' + '---|' * (len(ks) + 2)]
-      for b, v in by_batch.items():
-        cells = ' | '.join(fmt(v['cost'].get(str(k))) for k in ks)
-        lines.append(f"| {b} | {fmt(v['t_ms'].get('1'), '.3f')} | {cells} |")
-      lines.append('')
+    lines += ['', '## Baseline step vs its floor', '', report.table(
+        ['t(1) ms', 'GB per step', 'bandwidth (copy) GB/s', 'floor ms',
+         't(1) / floor'], [[cell(fl['t1_ms']), cell(fl['step_bytes'] / 1e9),
+                            cell(bw['bytes_per_s'] / 1e9),
+                            cell(fl['floor_ms']), cell(fl['ratio'])]]), '',
+              f"Bandwidth: {bw['how']}."]
+  for act, by_b in r['costs'].items():
+    ks = sorted({int(k) for v in by_b.values() for k in v['cost']})
+    lines += ['', f'## cost(k) = t(k) / t(1) of one target call on k tokens, '
+              f'{act} activations', '', report.table(
+                  ['batch', 't(1) ms'] + [f'k={k}' for k in ks],
+                  [[b, cell(v['t_ms'].get('1'))] + [
+                      cell(v['cost'].get(str(k))) for k in ks]
+                   for b, v in by_b.items()])]
   if r['drafters']:
-    lines += ['## Drafters: time per drafted token and c = t_draft / t(1)', '',
-              '| drafter | cost | t_draft ms (batch 1) | c by batch |',
-              '|---|---|---|---|']
-    for name, d in r['drafters'].items():
-      lines.append(
-          f"| {d['label']} | {d['cost']} | "
-          f"{fmt(d['t_draft_ms'].get('1'), '.3f')} | " + ', '.join(
-              f'{b}: {v:.3f}' for b, v in d['c'].items()) + ' |')
-    lines.append('')
-  if r['table2']:
-    lines += [
-        '## Table 2: speculative vs baseline, T5 1.1-XXL-cost target', '',
-        'gamma by the paper\'s rule (Theorem 3.8 maximised with the '
-        'calibrated alpha, measured c and cost(gamma + 1)); predicted = '
-        'Theorem 3.8 with the run\'s alpha; measured = speculative over '
-        'baseline tokens/s (medians of interleaved repeats); identical: '
-        'greedy rows equal to the baseline\'s (each differing one '
-        'diagnosed, diagnostics.py).', '',
-        '| task | drafter | t | gamma | alpha (calib / run) | c | '
-        'cost(g+1) | predicted | measured | measured / predicted | '
-        'identical | near ties / mismatches | paper gamma / alpha / speed-up |',
-        '|' + '---|' * 13]
-    order = lambda row: (row['temperature'], row['task'],
-                         row.get('group', 9))
-    for row in sorted(r['table2'], key=order):
-      p = row.get('paper') or {}
-      paper = ' / '.join(fmt(p.get(k), '') if k == 'gamma' else fmt(p.get(k))
-                         for k in ('gamma', 'alpha', 'speedup')) if p else '-'
-      lines.append(
-          f"| {row['task']} | {row['label']} | {row['temperature']:g} | "
-          f"{row['gamma']} | {fmt(row['alpha_calibration'])} / "
-          f"{fmt(row['alpha'])} | {fmt(row['c'], '.3f')} | "
-          f"{fmt(row['cost_gamma_plus_1'])} | {fmt(row['predicted'])} | "
-          f"**{fmt(row['measured'])}** | {fmt(row['ratio'])} | "
-          + _identical(row) + f' | {paper} |')
-    lines.append('')
-  if r['numerics']:
-    lines += [
-        '## Numerics: identical greedy rows, bfloat16 weights', '',
-        'Rows: greedy outputs of the baseline compared with the speculative '
-        'ones (same drafter and gamma). 1-token: the usual baseline; block: '
-        'the same-shape baseline (`decoding.temperature_sample('
-        'block_size=gamma + 1)`, each step computed with the verification\'s '
-        'shapes). Every differing row is diagnosed: a near tie is rounding, '
-        'a mismatch a bug.', '',
-        '| activations | rows | identical (1-token) | near ties / mismatches '
-        '| identical (block) | near ties / mismatches | t(1) ms | baseline s '
-        '| block baseline s | block cost | speed-up (vs block) |',
-        '|' + '---|' * 11]
-    for n in r['numerics']:
-      lines.append(
-          f"| {n['activation_dtype']} | {n['rows']} | "
-          f"{n['identical_1token']}/{n['rows']} | {n['near_ties_1token']} / "
-          f"{n['mismatches_1token']} | {n['identical_block']}/{n['rows']} | "
-          f"{n['near_ties_block']} / {n['mismatches_block']} | "
-          f"{fmt(n['t1_ms'], '.3f')} | {fmt(n['baseline_s'], '.3f')} | "
-          f"{fmt(n['block_baseline_s'], '.3f')} | "
-          f"{100 * n['block_cost']:+.1f}% | {fmt(n['speedup'])} "
-          f"({fmt(n['speedup_vs_block'])}) |")
-    lines.append('')
-  batch_rows = [row for row in r['table2'] if row['temperature'] == 0 and
-                row['drafter'] == r.get('main_drafter')][:1] + r['batches']
-  if r['batches']:
-    lines += [
-        '## Batch 1, 8, 32 (greedy, one drafter, gamma of batch 1)', '',
-        'c and cost(gamma + 1) measured at each batch; iterations: target '
-        'calls of the batch (its slowest row) against the mean row\'s.', '',
-        '| batch | gamma | alpha | c | cost(g+1) | predicted | measured | '
-        'measured / predicted | accepted length per row: min / median / max '
-        '| iterations (batch / mean row) | identical | near ties / '
-        'mismatches |', '|' + '---|' * 12]
-    for row in batch_rows:
-      acc = row['per_row_accepted_length']
-      lines.append(
-          f"| {row['batch']} | {row['gamma']} | {fmt(row['alpha'])} | "
-          f"{fmt(row['c'], '.3f')} | {fmt(row['cost_gamma_plus_1'])} | "
-          f"{fmt(row['predicted'])} | **{fmt(row['measured'])}** | "
-          f"{fmt(row['ratio'])} | {min(acc):.2f} / {np.median(acc):.2f} / "
-          f"{max(acc):.2f} | {row['iterations']:.1f} / "
-          f"{row['mean_row_iterations']:.1f} | " + _identical(row) + ' |')
-    lines.append('')
-  if r['sweep']:
-    lines += [f"## Gamma sweep ({r['sweep'][0]['label']}, t = 0, batch 1; "
-              'one drafter only)', '',
-              '| gamma | alpha | cost(g+1) | predicted | measured | '
-              'measured / predicted | identical |', '|' + '---|' * 7]
-    for row in r['sweep']:
-      lines.append(
-          f"| {row['gamma']} | {fmt(row['alpha'])} | "
-          f"{fmt(row['cost_gamma_plus_1'])} | {fmt(row['predicted'])} | "
-          f"**{fmt(row['measured'])}** | {fmt(row['ratio'])} | "
-          f"{row['identical']}/{row['rows']} |")
-    lines.append('')
+    lines += ['', '## Drafters: t_draft per token and c = t_draft / t(1) by '
+              'batch', '', report.table(
+                  ['drafter', 'cost', 't_draft ms', 'c'],
+                  [[d['label'], d['cost'], cell(d['t_draft_ms']),
+                    cell(d['c'])] for d in r['drafters'].values()])]
+  for key, title, note, columns in SECTIONS:
+    rows = batch_rows(r) if key == 'batches' else r[key]
+    if r[key]:
+      lines += ['', f'## {title}', ''] + [note, ''] * bool(note) + [
+          report.table([c if isinstance(c, str) else c[0] for c in columns],
+                       [[cell(x.get(c)) if isinstance(c, str) else c[1](x)
+                         for c in columns] for x in rows])]
   if r.get('plots'):
-    lines += ['## Plots', ''] + [f'![{p}]({p})' for p in r['plots']] + ['']
+    lines += ['', '## Plots', ''] + [f'![{x}]({x})' for x in r['plots']]
   if r['skipped']:
-    lines += ['## Skipped (time budget)', ''] + [
-        f"- {s['what']}: needed ~{s['needed_s']} s, {s['left_s']} s left"
-        for s in r['skipped']] + ['']
-  lines += ['## Time log', '', '| at s | what | s |', '|---|---|---|'] + [
-      f"| {e['at_s']} | {e['what']} | {e['seconds']} |" for e in r['time_log']]
-  lines += ['', f"Compiles inside timed code (must be none): "
-            f"{r['compile_misses'] or 'none'}"]
-  return '\n'.join(lines) + '\n'
+    lines += ['', '## Skipped (time budget)', ''] + [
+        f"- {x['what']}: needed ~{x['needed_s']} s, {x['left_s']} s left"
+        for x in r['skipped']]
+  return '\n'.join(lines + ['', '## Time log', '', report.table(
+      ['at s', 'what', 's', 'kind', 'units'], [
+          [e['at_s'], e['what'], e['seconds'], e.get('kind'), e.get('units')]
+          for e in r['time_log']]), '', 'Compiles inside timed code (must be '
+                            f"none): {r['compile_misses'] or 'none'}"]) + '\n'
 
 
-def _identical(row) -> str:
-  if row.get('identical') is None:
-    return 'n/a | n/a'
-  return (f"{row['identical']}/{row['rows']} | {row['near_ties']} / "
-          f"{row['mismatches']}")
+def batch_rows(r):
+  """Batch 1 (the main drafter's first greedy Table 2 row) and the rest."""
+  return [x for x in r['table2'] if x['temperature'] == 0 and x[
+      'drafter'] == r.get('main_drafter')][:1] + r['batches']
 
 
 def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
                 ) -> List[str]:
   """Cost curves, Table 2, the gamma sweep and the batches; file names."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return []
+  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  tag = ' (SYNTHETIC)' if r['synthetic'] else ''
-  names = []
-
-  def save(fig, name):
-    fig.tight_layout()
-    fig.savefig(out_dir / name, dpi=110)
-    plt.close(fig)
-    names.append(name)
-
-  if r['costs']:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for act, by_batch in r['costs'].items():
-      for b, v in by_batch.items():
-        ks = sorted(int(k) for k in v['cost'])
-        ax.plot(ks, [v['cost'][str(k)] for k in ks], 'o-',
-                label=f'batch {b}, {act}')
-    ax.axhline(1.0, color='gray', lw=0.8)
-    ax.set_xlabel('k (tokens per target call)')
-    ax.set_ylabel('cost(k) = t(k) / t(1)')
-    ax.set_title(f"Target call cost on {r['device']}{tag}", fontsize=9)
-    ax.legend(fontsize=7)
-    save(fig, f'{stem}_costs.png')
-  if r['table2']:
-    rows = r['table2']
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows)), 4))
-    x = np.arange(len(rows))
-    ax.bar(x - 0.2, [row['predicted'] for row in rows], 0.4,
-           label='predicted (Thm 3.8)')
-    ax.bar(x + 0.2, [row['measured'] for row in rows], 0.4, label='measured')
-    ax.set_xticks(x, [f"{row['task'][:6]} {row['drafter'][:14]} "
-                      f"t{row['temperature']:g}" for row in rows],
-                  rotation=70, fontsize=6)
-    ax.axhline(1.0, color='gray', lw=0.8)
-    ax.set_ylabel('speed-up over the baseline')
-    ax.set_title(f'Table 2 at T5-XXL cost{tag}', fontsize=9)
-    ax.legend(fontsize=7)
-    save(fig, f'{stem}_table2.png')
-  if r['sweep']:
-    rows = r['sweep']
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    g = [row['gamma'] for row in rows]
-    ax.plot(g, [row['measured'] for row in rows], 'o-', label='measured')
-    ax.plot(g, [row['predicted'] for row in rows], 's--', label='predicted')
-    ax.set_xlabel('gamma')
-    ax.set_ylabel('speed-up')
-    ax.set_title(f"gamma sweep, {rows[0]['drafter']}{tag}", fontsize=9)
-    ax.legend(fontsize=7)
-    save(fig, f'{stem}_sweep.png')
-  if r['batches']:
-    rows = [row for row in r['table2'] if row['temperature'] == 0 and
-            row['drafter'] == r.get('main_drafter')][:1] + r['batches']
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.boxplot([row['per_row_accepted_length'] for row in rows])
-    ax.set_xticks(range(1, len(rows) + 1),
-                  [f"batch {row['batch']}" for row in rows])
-    ax.set_ylabel('mean accepted length per row')
-    ax.set_title(f'Per-row acceptance at batch 1, 8, 32{tag}', fontsize=9)
-    save(fig, f'{stem}_batches.png')
+  names, t2 = [], r['table2']
+  for name, rows, title, xlabel, ylabel, size in [
+      ('costs', r['costs'], f"Target call cost on {r['device']}",
+       'k (tokens per call)', 'cost(k) = t(k) / t(1)', (6, 4)),
+      ('table2', t2, 'Table 2 at T5-XXL cost', '', 'speed-up',
+       (max(6, len(t2) / 2), 4)),
+      ('sweep', r['sweep'], 'gamma sweep', 'gamma', 'speed-up', (5, 3.6)),
+      ('batches', r['batches'], 'Per-row acceptance by batch', '',
+       'mean accepted length per row', (5, 3.6))]:
+    if not rows:
+      continue
+    fig, ax = plt.subplots(figsize=size)
+    if name == 'costs':
+      for act, by_b in rows.items():
+        for b, v in by_b.items():
+          ks = sorted(int(k) for k in v['cost'])
+          ax.plot(ks, [v['cost'][str(k)] for k in ks], 'o-',
+                  label=f'batch {b}, {act}')
+    elif name == 'table2':
+      x = np.arange(len(rows))
+      ax.bar(x - 0.2, [y['predicted'] for y in rows], 0.4, label='predicted')
+      ax.bar(x + 0.2, [y['measured'] for y in rows], 0.4, label='measured')
+      ax.set_xticks(x, [f"{y['task'][:6]} {y['drafter'][:14]} t"
+                        f"{y['temperature']:g}" for y in rows], rotation=70,
+                    fontsize=6)
+    elif name == 'sweep':
+      for key, style in (('measured', 'o-'), ('predicted', 's--')):
+        ax.plot([y['gamma'] for y in rows], [y[key] for y in rows], style,
+                label=key)
+    else:
+      rows = batch_rows(r)
+      ax.boxplot([y['per_row_accepted_length'] for y in rows])
+      ax.set_xticks(range(1, len(rows) + 1),
+                    [f"batch {y['batch']}" for y in rows])
+    ax.set_title(title + ' (SYNTHETIC)' * r['synthetic'], fontsize=9)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+    report.save_plot(fig, out_dir / f'{stem}_{name}.png')
+    names.append(f'{stem}_{name}.png')
   return names
 
 
@@ -1465,122 +965,122 @@ def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
 # ---------------------------------------------------------------------------
 
 
-def device_name(kind: str) -> str:
-  """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
-  return re.sub(r'[^a-z0-9]+', '-', kind.lower()).strip('-') or 'device'
-
-
-def run_header(argv: Sequence[str], max_minutes: float) -> Dict[str, Any]:
-  """The command (home as ~), device, jax version, machine and date."""
-  kind = jax.devices()[0].device_kind
-  return dict(
-      command=portable(' '.join(['python', SCRIPT] + list(argv))),
-      device=kind, device_name=device_name(kind),
-      backend=jax.default_backend(), jax_version=jax.__version__,
-      machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
-      max_minutes=max_minutes)
-
-
 def parse_flags(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--source', default='synthetic',
-                      choices=['synthetic', 'shipped'])
-  parser.add_argument('--out_dir', default=None,
-                      help='default results/<device name>')
-  parser.add_argument('--max_minutes', type=float, default=8.0,
-                      help='wall budget; phases that do not fit are skipped')
-  parser.add_argument('--smoke', action='store_true',
-                      help='tiny models, seconds on a CPU (needs --out_dir)')
-  parser.add_argument('--fused', action='store_true',
-                      help='decode with q/k/v, cross k/v and the gated MLP '
-                      'inputs fused into one matmul each '
-                      '(network.for_decoding; issue 14)')
-  parser.add_argument('--activation_dtype', default='bfloat16',
-                      choices=['bfloat16', 'float32'],
-                      help="the target's activations everywhere but the "
-                      'numerics section (which runs both)')
-  parser.add_argument('--phases',
-                      default='table2,numerics,batches,sweep,cost_curve',
-                      help='comma-separated subset (costs always run)')
-  parser.add_argument('--compile_workers', type=int,
-                      default=min(8, os.cpu_count() or 1))
-  parser.add_argument('--examples', type=int, default=None,
-                      help='batch-1 inputs per Table 2 / sweep row')
-  parser.add_argument('--repeats', type=int, default=None)
-  parser.add_argument('--input_length', type=int, default=None)
-  parser.add_argument('--output_length', type=int, default=None)
-  parser.add_argument('--sigma', default='',
-                      help='synthetic noise, e.g. small=0.02,base=0.016')
-  parser.add_argument('--seed', type=int, default=0)
+  add = parser.add_argument
+  add('--source', default='synthetic', choices=['synthetic', 'shipped'])
+  add('--out_dir', default=None, help='default results/<device name>')
+  add('--max_minutes', type=float, default=9.0,
+      help='wall budget; what does not fit is skipped and listed')
+  add('--smoke', action='store_true', help='tiny models, on a CPU in about '
+      'a minute (needs --out_dir)')
+  add('--project', action='store_true',
+      help='only print the projected wall time of the full run')
+  add('--project_from', default=H100_RUN,
+      help='the measured run (json) whose time log the projection scales')
+  add('--fused', action='store_true', help='q/k/v, cross k/v and the gated '
+      'MLP inputs fused into one matmul each (network.for_decoding)')
+  add('--activation_dtype', default='bfloat16', choices=list(ACTS),
+      help="the target's activations everywhere but the numerics")
+  add('--phases', default=','.join(PHASES),
+      help='comma-separated subset (costs always run)')
+  add('--compile_workers', type=int, default=None,
+      help='compile threads (default min(8, cores); the projection: those '
+      'of the measured run)')
+  add('--compilation_cache', default=None, help="jax's persistent "
+      "compilation cache ('' for none; default cache/jax, ignored by git)")
+  for name in ('examples', 'repeats', 'input_length', 'output_length'):
+    add(f'--{name}', type=int, default=None)
+  add('--sigma', default='', help='synthetic noise, e.g. small=0.02,base=0.016')
+  add('--seed', type=int, default=0)
   args = parser.parse_args(argv)
   if args.smoke and not args.out_dir:
     parser.error('--smoke needs --out_dir (smoke results never go to '
                  'results/)')
-  if args.max_minutes <= 0:
-    parser.error(f'--max_minutes must be > 0, got {args.max_minutes}')
-  if args.compile_workers < 1:
-    parser.error(f'--compile_workers must be >= 1, got '
-                 f'{args.compile_workers}')
-  phases = set(filter(None, args.phases.split(',')))
-  known = {'table2', 'numerics', 'batches', 'sweep', 'cost_curve'}
-  if phases - known:
-    parser.error(f'--phases: unknown {sorted(phases - known)}; known: '
-                 f'{sorted(known)}')
-  args.phases = phases
-  sigma = {}
-  for item in filter(None, args.sigma.split(',')):
-    name, _, value = item.partition('=')
+  args.workers = args.compile_workers or min(8, os.cpu_count() or 1)
+  for name in ('max_minutes', 'compile_workers', 'examples', 'repeats',
+               'input_length', 'output_length'):
+    value = getattr(args, name)
+    if value is not None and value < (1 if name != 'max_minutes' else 1e-9):
+      parser.error(f'--{name} must be > 0, got {value}')
+  args.phases = set(filter(None, args.phases.split(',')))
+  if args.phases - set(PHASES):
+    parser.error(f'--phases: unknown {sorted(args.phases - set(PHASES))}; '
+                 f'known: {list(PHASES)}')
+  args.sigma = dict(x.partition('=')[::2]
+                    for x in filter(None, args.sigma.split(',')))
+  for name, value in args.sigma.items():
     if name not in SIGMAS or not value:
       parser.error(f'--sigma entries look like small=0.02 (names '
-                   f'{list(SIGMAS)}), got {item!r}')
-    sigma[name] = float(value)
-  args.sigma = sigma
-  for name in ('examples', 'repeats', 'input_length', 'output_length'):
-    value = getattr(args, name)
-    if value is not None and value < 1:
-      parser.error(f'--{name} must be >= 1, got {value}')
+                   f'{list(SIGMAS)}), got {name}={value}')
+    args.sigma[name] = float(value)
   return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_flags(argv)
-  sizes = SMOKE if args.smoke else FULL
-  overrides = {k: getattr(args, k) for k in (
-      'examples', 'repeats', 'input_length', 'output_length')
-               if getattr(args, k) is not None}
-  sizes = dataclasses.replace(sizes, **overrides)
-  header = run_header(argv, args.max_minutes)
-  out_dir = pathlib.Path(args.out_dir or os.path.join(
-      'results', header['device_name']))
-  clock = Clock(args.max_minutes)
+  clock = budget.Clock(args.max_minutes)
+  flags = os.environ.get('XLA_FLAGS', '')
+  if args.smoke and 'optimization_level' not in flags:
+    # Tiny programs: LLVM's optimisations cost more than they save (read
+    # when the backend starts, in `report.header`).
+    os.environ['XLA_FLAGS'] = f'{flags} --xla_backend_optimization_level=0'
+  sizes = {k: getattr(args, k) for k in ('examples', 'repeats')
+           if getattr(args, k) is not None}
+  header = report.header(SCRIPT, argv, max_minutes=args.max_minutes)
+  out_dir = pathlib.Path(args.out_dir or f"results/{header['device_name']}")
+  if args.compilation_cache != '':
+    jax.config.update('jax_compilation_cache_dir', args.compilation_cache or
+                      str(ROOT / 'cache' / 'jax'))
   print(f"{header['command']}\n{header['machine']}", flush=True)
-  pool = Pool(args.compile_workers, clock, 0.1 if args.smoke else 1.0)
-  runner = Runner(args, sizes, clock, pool, out_dir, header)
-  watch = CompileWatch()
+  full = FULL._replace(**sizes)
+  try:
+    projection = project(
+        args.project_from, full, roster(args.source, [] if args.source == (
+            'synthetic') else load_shipped().model_names(), full),
+        tasks_of(args.source), args.phases, args.activation_dtype,
+        None if args.smoke else args.compile_workers,
+        f'the full {args.source} run')
+  except (OSError, ValueError, KeyError) as e:  # no measured run to scale
+    projection = dict(error=f'no projection from {args.project_from}: {e!r}')
+    print(projection['error'], flush=True)
+  if args.project:
+    return 0 if 'seconds' in projection else 1
+  pool = budget.Pool(args.workers, clock, 4.0 if args.smoke else 40.0)
+  runner = Runner(args, (SMOKE if args.smoke else FULL)._replace(**sizes),
+                  clock, pool, out_dir, header)
+  runner.result['projection'] = projection
+  watch = budget.CompileWatch()
   try:
     runner.run(watch)
-    skipped = runner.result['skipped']
-    runner.result['status'] = 'complete' if not skipped else (
-        f'partial: {len(skipped)} parts skipped for time')
+    runner.result['status'] = 'complete' if not clock.skipped else (
+        f'partial: {len(clock.skipped)} parts skipped for time')
   except BaseException as e:
     runner.result['status'] = f'failed: {e!r}'
     raise
   finally:
     watch.remove()
     runner.result['compile_misses'] = watch.misses
-    runner.result['main_drafter'] = getattr(getattr(runner, 'main', None),
-                                            'name', None)
     mismatches = runner.mismatches()
     if mismatches:
       runner.result['status'] = (
           f'failed: {mismatches} greedy rows differ from the baseline beyond '
           'rounding (real mismatches; see "divergences")')
+    start = time.perf_counter()
     runner.write(plots=True)
+    clock.note('plots, md, json', time.perf_counter() - start, kind='write')
+    if runner.profile is not None:  # bench/profiles/: complete shipped runs
+      shared = not args.smoke and args.source == 'shipped' and (
+          runner.result['status'] == 'complete')
+      path = hardware.write(runner.profile, None if shared else (
+          out_dir / f'{runner.profile.name}.json'))
+      print(f'hardware profile: {report.portable(str(path))}')
+    runner.write()
     pool.shutdown()
-    print(f"{runner.result['status']}; wrote "
-          f"{out_dir}/accelerator_{args.source}.{{md,json}} in "
-          f'{clock.elapsed():.1f} s', flush=True)
+    print(f"{runner.result['status']}; wrote {runner.stem}.{{md,json}} in "
+          f"{clock.elapsed():.1f} s (projected for the full run: "
+          f"{projection.get('seconds')} s)", flush=True)
   return 1 if mismatches else 0
 
 

@@ -9,7 +9,9 @@ table of a full run. The shipped-models source is checked against a stand-in
 `specdec_jax.shipped` (its setup only: the phases are the synthetic ones).
 
 The full measurement (one H100, ~9 min) is `python
-scripts/reproduce_accelerator.py` (README, "The accelerator path").
+scripts/reproduce_accelerator.py` (README, "The accelerator path"); its
+projected wall time, from the measured H100 run's time log, must fit one
+9-minute device call.
 """
 
 import importlib.util
@@ -27,6 +29,8 @@ import pytest
 import specdec_jax
 from specdec_jax import drafters
 from specdec_jax import network
+from specdec_jax.bench import budget
+from specdec_jax.bench import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / 'scripts' / 'reproduce_accelerator.py'
@@ -186,6 +190,60 @@ def test_smoke_table2_rows(smoke):
   assert md.count('| synthetic | ') == len(rows)
 
 
+def test_smoke_every_phase_has_rows_and_the_projection(smoke):
+  _, _, result = smoke
+  assert result['alpha_calibration'] and result['drafters']
+  assert {r['temperature'] for r in result['table2']} == {0.0, 1.0}
+  for phase in ('table2', 'numerics', 'batches', 'sweep'):
+    assert result[phase], phase
+  assert set(result['costs']['bfloat16']['2']['t_ms']) >= {'1', '2'}  # curve
+  kinds = {e['kind'] for e in result['time_log']}
+  assert kinds >= {'setup', 'compile', 'calibration', 'bandwidth', 'calls',
+                   'drafters', 'decode', 'numerics', 'batch_decode'}
+  # The smoke run projects the full run from the measured H100 run.
+  projection = result['projection']
+  assert projection['of'] == 'the full synthetic run'
+  assert projection['device'] == 'NVIDIA H100 80GB HBM3'
+  assert 0 < projection['seconds'] < 540
+  assert projection['by_kind']['compile']['units'] == projection['plan'][
+      'compile'] > 40
+  # The smoke run's own time log projects too (its kinds and units).
+  own = budget.projected_seconds(result, projection['plan'])
+  assert own['seconds'] > 0 and not own['unmeasured']
+
+
+def test_full_shipped_run_is_projected_to_fit_nine_minutes(capsys):
+  """The plan of the full shipped run, at the H100 run's measured rates."""
+  script = load_script()
+  full = script.FULL
+  drafts = script.roster('shipped', ['target', 'dec2', 'small'], full)
+  projection = script.project(
+      script.H100_RUN, full, drafts, ['en_de', 'synopsis'],
+      set(script.PHASES), 'bfloat16', None, 'the full shipped run')
+  assert projection['seconds'] < 540, projection
+  assert projection['gammas_from_previous_run'] == 20  # every row's gamma
+  plan = projection['plan']
+  assert plan['compile'] < 70 and plan['calibration'] == 4
+  # >= 16 examples per row: the table's decode calls of both temperatures.
+  assert plan['decode'] >= 2 * 2 * (16 + 1) * (1 + len(drafts))
+  assert 'projected wall time' in capsys.readouterr().out
+
+
+def test_projection_reads_a_time_log_before_kinds_were_logged():
+  run = json.loads((ROOT / load_script().H100_RUN).read_text())
+  rates = budget.unit_seconds(run)
+  assert rates['compile']['units'] == 37 and rates['compile']['workers'] == 8
+  assert rates['calls']['units'] == 15 and rates['drafters']['units'] == 7
+  assert rates['decode']['units'] == 4 * (2 * 2 * 3 + 2)
+  one = budget.projected_seconds(run, {'compile': 8, 'bandwidth': 1}, 8)
+  assert one['seconds'] == pytest.approx(
+      rates['compile']['thread_seconds'] / 37 + 0.77, abs=0.1)
+  slow = budget.projected_seconds(run, {'compile': 8}, 2)  # fewer threads
+  assert slow['seconds'] == pytest.approx(4 * (one['seconds'] - 0.77), 0.01)
+  assert budget.projected_seconds(run, {'nothing': 1})['unmeasured'] == [
+      'nothing']
+
+
 def test_smoke_numerics_batches_and_sweep(smoke):
   _, _, result = smoke
   numerics = {n['activation_dtype']: n for n in result['numerics']}
@@ -201,7 +259,11 @@ def test_smoke_numerics_batches_and_sweep(smoke):
   assert all(1 <= a <= batch['gamma'] + 1
              for a in batch['per_row_accepted_length'])
   assert batch['iterations'] >= batch['mean_row_iterations']
-  assert [r['gamma'] for r in result['sweep']] == [1]
+  # The sweep's gamma 1 is the table's row (one program, one baseline).
+  assert [r['gamma'] for r in result['sweep']] == [1, 2]
+  table = next(r for r in result['table2'] if r['drafter'] == 'small' and
+               r['temperature'] == 0)
+  assert result['sweep'][0]['measured'] == table['measured']
 
 
 def test_shipped_models_load_without_tensorflow(tmp_path):
@@ -240,8 +302,8 @@ class FakeShipped:
         vocab_size=256, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=16,
         num_encoder_layers=1, num_decoder_layers=1,
         mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
-    # The target has the smoke XXL-cost shapes already (no widening to
-    # compile); 'small' is widened to the smoke small cost.
+    # The target has the XXL-cost shapes of COSTS already (no widening to
+    # compile); 'small' is widened to their small cost.
     self.configs = {'target': base.replace(
         emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
         num_encoder_layers=2, num_decoder_layers=2),
@@ -285,19 +347,32 @@ def use_fake(monkeypatch, fake):
     monkeypatch.setattr(specdec_jax, 'shipped', fake, raising=False)
 
 
+# Tiny stand-ins for widening.PRESETS: the fake target's shapes, and twice
+# the fake 'small' for the small cost.
+COSTS = {
+    't5_1_1_small_cost': dict(emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                              num_encoder_layers=1, num_decoder_layers=1),
+    't5_1_1_xxl_cost': dict(emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                            num_encoder_layers=2, num_decoder_layers=2)}
+
+
 def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
   """Drafters at own cost and widened to T5 1.1 cost; n-grams per task."""
   script = load_script()
   use_fake(monkeypatch, FakeShipped())
   argv = ['--smoke', '--source', 'shipped', '--out_dir', str(tmp_path)]
   args = script.parse_flags(argv)
-  clock = script.Clock(5)
-  runner = script.Runner(args, script.SMOKE, clock, script.Pool(1, clock),
-                         tmp_path, script.run_header(argv, 5))
+  clock = budget.Clock(5)
+  runner = script.Runner(args, script.SMOKE._replace(
+      costs=COSTS, target='target'), clock,
+                         budget.Pool(1, clock), tmp_path,
+                         report.header(script.SCRIPT, argv, max_minutes=5))
   runner.setup()
   assert runner.tasks == ['en_de', 'synopsis'] and runner.eos == 1
-  assert runner.Li == 9 and runner.T == 7  # widest inputs / targets
-  assert all(x.shape[1] == 9 for x in runner.inputs.values())
+  # Smoke lengths (a full run takes the widest inputs / targets).
+  assert (runner.Li, runner.T) == (script.SMOKE.input_length,
+                                   script.SMOKE.output_length)
+  assert all(x.shape[1] == runner.Li for x in runner.inputs.values())
   names = {d.name: d for d in runner.drafts}
   assert set(names) == {'small', 'small@t5_1_1_small_cost', 'gpu',
                         'bigram'}  # smoke: one n-gram order
@@ -307,12 +382,12 @@ def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
   assert names['small'].group == 2 and names['gpu'].group == 1
   assert runner.main.name == 'small@t5_1_1_small_cost'
   widened = names['small@t5_1_1_small_cost'].drafter.model.config
-  for k, v in script.SMOKE_COSTS['t5_1_1_small_cost'].items():
+  for k, v in COSTS['t5_1_1_small_cost'].items():
     assert getattr(widened, k) == v, k
   assert widened.dtype == 'bfloat16'
-  assert runner.target.model.config.emb_dim == script.SMOKE_COSTS[
-      't5_1_1_xxl_cost']['emb_dim']
-  leaves = jax.tree_util.tree_leaves(runner.target.params)
+  model, params = runner.target
+  assert model.config.emb_dim == COSTS['t5_1_1_xxl_cost']['emb_dim']
+  leaves = jax.tree_util.tree_leaves(params)
   assert all(x.dtype == jnp.bfloat16 for x in leaves)
   bigram = names['bigram']
   assert isinstance(bigram.drafter, drafters.NgramDrafter)
@@ -354,8 +429,7 @@ def test_bad_flags_are_named(argv, message, capsys):
 
 
 def test_device_names_are_folder_names():
-  script = load_script()
-  assert script.device_name('NVIDIA H100 80GB HBM3') == (
+  assert report.device_name('NVIDIA H100 80GB HBM3') == (
       'nvidia-h100-80gb-hbm3')
-  assert script.device_name('TPU v5 lite') == 'tpu-v5-lite'
-  assert script.device_name('cpu') == 'cpu'
+  assert report.device_name('TPU v5 lite') == 'tpu-v5-lite'
+  assert report.device_name('cpu') == 'cpu'

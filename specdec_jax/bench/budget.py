@@ -1,0 +1,292 @@
+"""A wall-clock budget, a compile watch, an ahead-of-time compile pool, and
+the projected wall time of a run from a measured one.
+
+A run that must fit a device lease (scripts/reproduce_accelerator.py: one
+call of at most 9 minutes) spends most of its time compiling. Here:
+
+- `Clock`: wall time since the start, the time left of the budget, what
+  was skipped for it, and the time log every results file keeps
+  (`time_log`): one entry per step, with its `kind` and `units` (programs
+  compiled, decode calls, ...) so that a later run can be projected from it;
+- `CompileWatch`: records the programs jax compiles outside the pool (a
+  compile inside a timed section would be timed);
+- `Pool`: compiles lowered programs several at once in threads (and runs
+  untimed jobs there), so that the library call that runs a program later
+  finds it compiled;
+- `unit_seconds` / `projected_seconds`: the seconds of each kind of step in
+  a measured run's time log, per unit, and the wall time of a plan of units
+  at those rates.
+
+The projection (`projected_seconds`): work in the pool (compiles,
+calibration jobs) costs the measured thread-seconds per unit (an entry's
+seconds x its busy threads / its units), divided by the threads of the plan,
+at most as many as the measured run had (more threads are not assumed to
+help: they may share the same cores); every other kind costs its measured
+seconds per unit, sequentially. Kinds the measured run never timed are
+listed in `unmeasured` and cost nothing; kinds of the run the plan does not
+name are left out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+# Kinds of work that run in the pool's threads (the rest run one at a time).
+POOLED = ('compile', 'calibration')
+# What scripts/reproduce_accelerator.py ran with before its json recorded
+# its kinds, units and sizes (the H100 run in results/): examples per Table
+# 2 row, per sweep row, repeats, numerics repeats.
+LEGACY = dict(examples=2, sweep_examples=1, repeats=3, numerics_repeats=2)
+
+
+class Clock:
+  """Wall time since the start, the budget and a printed time log."""
+
+  def __init__(self, max_minutes: float):
+    self.start = time.perf_counter()
+    self.deadline = self.start + 60.0 * max_minutes
+    self.log: List[Dict[str, Any]] = []
+    self.skipped: List[Dict[str, Any]] = []
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+  def left(self) -> float:
+    return self.deadline - time.perf_counter()
+
+  def fits(self, seconds: float, what: Optional[str] = None) -> bool:
+    """Whether `seconds` fit the time left; if not, `what` is skipped."""
+    if self.left() > seconds:
+      return True
+    if what is not None:
+      self.skipped.append(dict(what=what, needed_s=round(seconds, 1),
+                               left_s=round(self.left(), 1)))
+      print(f'skipped (time budget): {what}', flush=True)
+    return False
+
+  def note(self, what: str, seconds: float, kind: str = 'other',
+           units: float = 1, **extra) -> None:
+    """Logs a step: `kind` and `units` are what a projection scales."""
+    self.log.append(dict(at_s=round(self.elapsed(), 2), what=what,
+                         seconds=round(seconds, 3), kind=kind, units=units,
+                         **extra))
+    print(f'[{self.elapsed():7.1f} s] {what}: {seconds:.2f} s', flush=True)
+
+
+class CompileWatch(logging.Handler):
+  """Records the programs lowered outside the compile pool's threads.
+
+  jax logs (at DEBUG) every program it compiles; one of `names` compiled in
+  a thread that is not the pool's is a program that was not compiled ahead
+  of time. Install it once every timed program is in the pool's plans.
+  """
+
+  LOGGER = 'jax._src.interpreters.pxla'
+
+  def __init__(self, names=('run', '_repeated_calls', '_repeated_proposals',
+                            '_reference', 'copy_passes', 'context_cache')):
+    super().__init__(logging.DEBUG)
+    self.names = tuple(names)
+    self.misses: List[str] = []
+    self._parent = None
+
+  def emit(self, record):
+    if record.levelno >= logging.WARNING and self._parent is not None:
+      self._parent.handle(record)  # what the logger would print anyway
+    if threading.current_thread().name.startswith(Pool.THREADS):
+      return
+    match = re.match(r'Compiling (?:jit\()?(\w+)', record.getMessage())
+    if match and match.group(1) in self.names:
+      self.misses.append(match.group(1))
+
+  def install(self) -> None:
+    logger = logging.getLogger(self.LOGGER)
+    self._parent = logger.parent
+    logger.addHandler(self)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+
+  def remove(self) -> None:
+    logger = logging.getLogger(self.LOGGER)
+    if self in logger.handlers:
+      logger.removeHandler(self)
+      logger.propagate = True
+      logger.setLevel(logging.NOTSET)
+
+
+class Pool:
+  """Compiles programs (and runs untimed jobs) several at once in threads.
+
+  `.compile()` of a lowered program puts it in jax's caches, so the call
+  that runs it later (`decoding.temperature_sample`, `measure.call_time`,
+  ...) starts at once. Keys name programs: each is compiled once per run.
+  """
+
+  THREADS = 'compile'
+
+  def __init__(self, workers: int, clock: Clock, prior_s: float = 40.0):
+    self.workers = workers
+    self.clock = clock
+    self.executor = concurrent.futures.ThreadPoolExecutor(
+        workers, thread_name_prefix=self.THREADS)
+    self.compiled = set()
+    self.prior_s = prior_s  # seconds of one compile until one is observed
+    self.compile_seconds: List[float] = []
+
+  def submit(self, jobs: Mapping[Any, Callable[[], Any]]):
+    """Starts `jobs` (key -> call); `collect` waits for them."""
+    def timed(fn):
+      start = time.perf_counter()
+      return fn(), time.perf_counter() - start
+    return time.perf_counter(), {key: self.executor.submit(timed, fn)
+                                 for key, fn in jobs.items()}
+
+  def collect(self, what: str, submitted, kind: str = 'untimed',
+              units: Optional[float] = None) -> Dict[Any, Any]:
+    """Waits for submitted jobs; notes their wall and busy thread seconds.
+
+    Returns:
+      key -> the job's result; `self.seconds`: key -> its seconds.
+    """
+    start, futures = submitted
+    done = {key: future.result() for key, future in futures.items()}
+    self.seconds = {key: s for key, (_, s) in done.items()}
+    if futures:
+      n = len(futures)
+      self.clock.note(f'{what} ({n} jobs, {self.workers} threads)',
+                      time.perf_counter() - start, kind=kind,
+                      units=n if units is None else units, jobs=n,
+                      workers=self.workers, thread_seconds=round(
+                          sum(self.seconds.values()), 3))
+    return {key: out for key, (out, _) in done.items()}
+
+  def run(self, what: str, jobs: Mapping[Any, Callable[[], Any]],
+          kind: str = 'untimed') -> Dict[Any, Any]:
+    return self.collect(what, self.submit(jobs), kind)
+
+  def compile(self, what: str, lowerings: Mapping[Any, Callable[[], Any]]
+              ) -> int:
+    """Compiles the programs not compiled yet; returns how many."""
+    new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
+    self.collect(f'{what}: compile', self.submit(
+        {k: (lambda lower=fn: lower().compile()) for k, fn in new.items()}),
+                 'compile')
+    self.compile_seconds += self.seconds.values()
+    self.compiled |= set(new)
+    return len(new)
+
+  def estimate(self, keys) -> float:
+    """Seconds to compile the programs not compiled yet: their number x
+    the mean thread-seconds of a compile so far / the threads (the
+    projection's rate)."""
+    new = sum(k not in self.compiled for k in keys)
+    seen = self.compile_seconds
+    return new * (sum(seen) / len(seen) if seen else self.prior_s) / (
+        self.workers)
+
+  def shutdown(self) -> None:
+    self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _legacy(entry: Mapping[str, Any], run: Mapping[str, Any]
+            ) -> Tuple[str, float]:
+  """(kind, units) of a time-log entry written before entries had them."""
+  what, s = entry['what'], LEGACY
+  calls = lambda examples, decoders, repeats: (
+      examples * decoders * repeats + decoders)  # + the first, untimed run
+  if what.startswith('setup'):
+    return 'setup', 1
+  if 'jobs' in entry:
+    return ('calibration' if 'calibration' in what else 'compile',
+            entry['jobs'])
+  if 'bandwidth' in what:
+    return 'bandwidth', 1
+  match = re.match(r'time t\(k\).*k = \[(.*)\]', what)
+  if match:  # 0 s: every k was measured already
+    return 'calls', len(match.group(1).split(',')) if entry['seconds'] else 0
+  match = re.match(r'time drafters, batch (\d+)', what)
+  if match:
+    return 'drafters', sum(match.group(1) in d['t_draft_ms']
+                           for d in run['drafters'].values())
+  if re.match(r'batch \d+: decode', what):
+    return 'batch_decode', calls(1, 2, s['repeats'])
+  match = re.match(r'numerics, .*\((\d+) rows\)', what)
+  if match:
+    return 'numerics', calls(int(match.group(1)), 3, s['numerics_repeats'])
+  if what.startswith('Table 2'):
+    return 'decode', calls(s['examples'], 2, s['repeats'])
+  if what.startswith('gamma sweep'):
+    return 'decode', calls(s['sweep_examples'], 2, s['repeats'])
+  return 'other', 1
+
+
+def unit_seconds(run: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+  """Per kind of step in a run's time log: seconds, units, workers.
+
+  An entry's seconds are wall seconds; a pooled entry's thread-seconds are
+  the sum of its jobs' seconds (logged by `Pool`; in older logs its seconds
+  x min(jobs, workers): every thread busy throughout). The wall time between
+  entries that no entry covers is kind 'gap' (in runs before every step was
+  logged: the caches built op by op before a t(k) timing).
+  """
+  out: Dict[str, Dict[str, float]] = {}
+  last = 0.0
+  for e in run['time_log']:
+    kind, units = ((e['kind'], e['units']) if 'kind' in e
+                   else _legacy(e, run))
+    gap = e['at_s'] - e['seconds'] - last
+    last = max(last, e['at_s'])
+    if gap > 0.5:
+      g = out.setdefault('gap', dict(seconds=0.0, units=0, workers=1))
+      g['seconds'] += gap
+      g['units'] += 1
+    k = out.setdefault(kind, dict(seconds=0.0, units=0, workers=1,
+                                  thread_seconds=0.0))
+    workers = int(e.get('workers') or re.search(
+        r'(\d+) threads', e['what']).group(1)) if kind in POOLED else 1
+    k['seconds'] += e['seconds']
+    k['thread_seconds'] += e.get('thread_seconds', e['seconds'] * min(
+        e.get('jobs', 1), workers))
+    k['units'] += units
+    k['workers'] = max(k['workers'], workers)
+  return out
+
+
+def projected_seconds(run: Mapping[str, Any], plan: Mapping[str, float],
+                      workers: Optional[int] = None, source: str = ''
+                      ) -> Dict[str, Any]:
+  """The wall time of `plan` (kind -> units) at a measured run's rates.
+
+  Pooled kinds (`POOLED`) cost their thread-seconds per unit / min(workers,
+  the run's workers) (`workers` None: the run's); the others their seconds
+  per unit (see the module docstring).
+
+  Returns:
+    {'seconds', 'by_kind': {kind: {units, unit_s, seconds}}, 'unmeasured',
+     'device', 'source', 'workers'}.
+  """
+  rates = unit_seconds(run)
+  by_kind, unmeasured = {}, []
+  for kind, units in plan.items():
+    rate = rates.get(kind)
+    if not units:
+      continue
+    if rate is None or not rate['units']:
+      unmeasured.append(kind)
+      continue
+    if kind in POOLED:
+      threads = max(1, rate['workers'] if workers is None else min(
+          workers, rate['workers']))
+      unit_s = rate['thread_seconds'] / rate['units'] / threads
+    else:
+      unit_s = rate['seconds'] / rate['units']
+    by_kind[kind] = dict(units=units, unit_s=round(unit_s, 3),
+                         seconds=round(units * unit_s, 1))
+  return dict(seconds=round(sum(v['seconds'] for v in by_kind.values()), 1),
+              by_kind=by_kind, unmeasured=unmeasured,
+              device=run.get('device'), source=source, workers=workers)
