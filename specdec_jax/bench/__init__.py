@@ -9,8 +9,9 @@
 - `rows`: decode rows with the baseline and a speculative decoder, the
   measured speed-up, identical counts; statistics only through
   `spec_stats`.
-- `budget`: a wall-clock budget, a compile watch and an ahead-of-time
-  compile pool for runs that must fit a device lease.
+- `budget`: a wall-clock budget, a compile watch, an ahead-of-time compile
+  pool and the projected wall time of a full run from a measured time log,
+  for runs that must fit a device lease.
 - `report`: one results header, and the json / md / png writers.
 
 The harness sits between `loading` and the jobs: it imports the core and
