@@ -1,33 +1,38 @@
-"""Drafting without a draft model, measured (issue 15): lookup, the output
-cache, combined drafters and adaptive draft lengths vs the T5 drafter.
-
-On the shipped target (specdec_jax/assets/mini), batch 1, one request after
-another as a service sees them, for three workloads:
-
-- en_de, synopsis: the first --num_examples rows of the shipped test slices.
-  The output cache starts with the target's own greedy outputs for other
-  test rows (rows --seed_from.. of the slice, never the evaluated ones): a
-  cache of earlier requests, no evaluated output in it.
-- stream (the agentic workload): --stream_length synopsis requests drawn
-  from the test slice with repeats and near-repeats (`make_stream`: a new
-  row, an exact repeat of an earlier request, or an earlier request with
-  one input token changed). The cache starts EMPTY and every finished
-  output is appended, as the eval job does.
-
-For every (workload, temperature, drafter) each request is decoded by the
-baseline and by speculative decoding, compiled, timed side by side
-(`measure.time_alternating`, median of --repeats); greedy outputs must be
-identical. Reported: alpha, mean accepted length, target calls per token,
-draft-model calls per token (counted in a separate untimed pass with a
-counting model), measured CPU speed-up, and a PREDICTED H100 speed-up at
-T5-XXL target cost: tokens / (target calls x cost(gamma+1) + draft-model
-calls x c), with cost(k) = 1 and c = 0.028 for dec2 (../shared/GPU.md,
-`reproduce.H100_C`); copying costs are taken as 0 (measured on CPU below).
-
-Needs only jax, flax, numpy, orbax/tensorstore (runs on an accelerator
-host too). Usage:
+"""Drafting without a draft model: lookup, the output cache, combined
+drafters and adaptive draft lengths vs a T5 drafter, on any target.
 
   python scripts/benchmark_draft_free.py --out_dir results/draft_free
+  python scripts/benchmark_draft_free.py --target ~/t5/checkpoint_1000 \
+    --target_config t5_1_1_small --draft ~/t5_dec2/checkpoint_500 \
+    --draft_config 't5_1_1_small,num_decoder_layers=2' --arrays ~/arrays \
+    --workloads my_task,stream --stream_task my_task --out_dir /tmp/df
+
+--target / --draft are `shipped:<name>` or T5X checkpoints with
+--target_config / --draft_config (`bench.models.config` specs); a
+checkpoint target needs --arrays: rows from <arrays>/<task>/test.npz (the
+`specdec_jax.arrays` format), else the shipped test slices; 'dec2' and
+'dec2_adaptive' in --drafters are --draft (the shipped dec2 by default) in
+the T5 drafter. Batch 1, one request after another as a service sees
+them, for each workload:
+
+- a task (en_de, synopsis, ...): its first --num_examples test rows. The
+  output cache starts with the target's own greedy outputs for other rows
+  (--seed_from.., never the evaluated ones).
+- stream (the agentic workload): --stream_length requests of --stream_task
+  with repeats and near-repeats (`make_stream`); the cache starts EMPTY and
+  every finished output is appended, as the eval job does.
+
+Each request is decoded by the baseline and speculatively, compiled, timed
+side by side (`measure.time_alternating`, median of --repeats); greedy
+outputs must be identical. Reported: alpha, mean accepted length, target
+calls per token, draft-model calls per token (counted in an untimed pass
+with a counting model), measured CPU speed-up, and "predicted <profile>":
+`bench.hardware.predict` on --profile from the counters, tokens per target
+call / (cost(gamma + 1) + draft-model calls per target call x c), c the
+profile's measured c of --draft_as (0 without draft-model calls); copying
+is taken as free (its CPU cost is measured below the tables).
+`--repredict OUT/draft_free.json` recomputes that column (nothing
+measured) and rewrites the .json and .md.
 """
 
 from __future__ import annotations
@@ -36,25 +41,30 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
+import re
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import arrays as arrays_lib
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import shipped
-from specdec_jax import speculative
-from specdec_jax.sampling import SamplingConfig
 from specdec_jax import spec_stats
+from specdec_jax import speculative
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import report
+from specdec_jax.sampling import SamplingConfig
 
+SCRIPT = 'scripts/benchmark_draft_free.py'
 EOS = 1
-H100_C_DEC2 = 0.028  # reproduce.H100_C['dec2'] (GPU.md: 2 decoder layers)
 DRAFTERS = ('dec2', 'lookup', 'cache', 'combined', 'dec2_adaptive',
             'combined_adaptive')
 
@@ -207,12 +217,31 @@ def run_workload(args, name, inputs, seed_inputs, target, target_params, dec2,
         record['tokens'], 1)
     record['measured_speedup'] = ((record['tokens'] / record['spec_s']) /
                                   (record['base_tokens'] / record['base_s']))
-    record['predicted_h100'] = record['tokens'] / (
-        record['iterations'] + H100_C_DEC2 * record['model_calls'])
-    print(json.dumps({k: v for k, v in record.items() if k != 'windows'}),
-          flush=True)
+    predict_row(record, args.profile_obj, args.draft_as)
+    print(json.dumps({k: v for k, v in record.items()
+                      if k not in ('windows', 'predicted')}), flush=True)
     rows.append(record)
   return rows
+
+
+def predict_row(row, profile, draft_as):
+  """The row's predicted column from its counters (batch 1)."""
+  row.pop('predicted_h100', None)
+  iters, calls = max(row['iterations'], 1), row['model_calls'] or 0
+  row['predicted'] = hardware.predict(
+      profile, tokens_per_call=row['tokens'] / iters, gamma=row['gamma'],
+      drafter_calls_per_call=calls / iters,
+      drafter=draft_as if calls else None).to_json()
+  return row
+
+
+def repredict(result, profile, command=None):
+  for row in result['rows']:
+    predict_row(row, profile, result.get('draft_as', 'dec2'))
+  result['profile'] = profile.name
+  if command:
+    result['predicted_by'] = command
+  return result
 
 
 def copy_costs(target, target_params, inputs, max_len, gamma):
@@ -241,31 +270,38 @@ def copy_costs(target, target_params, inputs, max_len, gamma):
               lookup_draft_token_s=lookup_token)
 
 
-def markdown(rows, costs, command) -> str:
-  lines = ['# Drafting without a draft model (issue 15), shipped target, '
-           'batch 1', '', f'Command: `{command}`  ',
-           f'Machine: {measure.machine()}, jax {jax.__version__}  ',
-           f'Date: {time.strftime("%Y-%m-%d")}', '',
-           'measured = speculative tokens/s over baseline tokens/s on this '
-           'CPU, same requests, side by side. **predicted H100** is '
-           'PREDICTED, not measured: tokens / (target calls + 0.028 x '
-           'draft-model calls) from this run\'s counts, with cost(k) = 1 '
-           'and c = 0.028 for dec2 at T5-XXL target cost (../shared/GPU.md)'
-           ', copying taken as free (its CPU cost is below).', '',
-           '| workload | temp | drafter | requests | alpha | mean accepted '
-           'length | target calls / token | draft-model calls / token | '
-           'identical | measured (CPU) | predicted H100 |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
-  for r in rows:
-    ident = (f'{r["identical"]}/{r["requests"]}' if r['temperature'] == 0
-             else 'n/a')
-    lines.append(
-        f'| {r["workload"]} | {r["temperature"]:g} | {r["drafter"]} | '
-        f'{r["requests"]} | {r["alpha"]:.3f} | '
-        f'{r["mean_accepted_length"]:.2f} | '
-        f'{r["target_calls_per_token"]:.3f} | '
-        f'{r["model_calls_per_token"]:.3f} | {ident} | '
-        f'{r["measured_speedup"]:.2f}x | **{r["predicted_h100"]:.2f}x** |')
+def markdown(result) -> str:
+  rows, costs = result['rows'], result['costs']
+  profile = hardware.load(result['profile'])
+  name, draft_as = profile.name, result.get('draft_as', 'dec2')
+  lines = ['# Drafting without a draft model, '
+           f"{result.get('target', 'shipped:target')}, batch 1", '',
+           report.header_md(result)]
+  if result.get('predicted_by'):
+    lines += ['Predicted column recomputed from the measured values by '
+              f"`{result['predicted_by']}`.", '']
+  lines += [
+      'measured = speculative tokens/s over baseline tokens/s on this CPU, '
+      f'same requests, side by side. "predicted {name}" is PREDICTED, not '
+      f'measured: predicted on profile {name} (specdec_jax/bench/profiles, '
+      f'read from {profile.source}; target {profile.target}) through '
+      "bench.hardware.predict from this run's counters: tokens per target "
+      'call / (cost(gamma + 1) + draft-model calls per target call x c), '
+      f"with the profile's measured cost(k) and its measured c of {draft_as}"
+      ' for the draft model; no draft-model call: c = 0 (copying taken as '
+      'free; its CPU cost is below).', '', report.table(
+          ['workload', 'temp', 'drafter', 'requests', 'alpha',
+           'mean accepted length', 'target calls / token',
+           'draft-model calls / token', 'identical', 'measured (CPU)',
+           f'predicted {name}'],
+          [[r['workload'], f"{r['temperature']:g}", r['drafter'],
+            r['requests'], f"{r['alpha']:.3f}",
+            f"{r['mean_accepted_length']:.2f}",
+            f"{r['target_calls_per_token']:.3f}",
+            f"{r['model_calls_per_token']:.3f}",
+            f"{r['identical']}/{r['requests']}" if r['temperature'] == 0
+            else 'n/a', f"{r['measured_speedup']:.2f}x",
+            f"**{r['predicted']['speedup']:.2f}x**"] for r in rows])]
   lines += ['', '## Alpha as the stream goes on (the cache grows)', '',
             '| temp | drafter | requests | cache entries at start | alpha | '
             'tokens per iteration |', '|---|---|---|---|---|---|']
@@ -316,53 +352,102 @@ def markdown(rows, costs, command) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--workloads', default='synopsis,en_de,stream')
-  parser.add_argument('--drafters', default=','.join(DRAFTERS))
-  parser.add_argument('--temperatures', default='0,1')
-  parser.add_argument('--gamma', type=int, default=6)
-  parser.add_argument('--confidence', type=float, default=0.5)
-  parser.add_argument('--num_examples', type=int, default=24)
-  parser.add_argument('--seed_from', type=int, default=64)
-  parser.add_argument('--stream_length', type=int, default=64)
-  parser.add_argument('--repeats', type=int, default=3)
-  parser.add_argument('--out_dir', default='results/draft_free')
-  args = parser.parse_args(argv)
+def parse_flags(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  for name, default in (('target', 'shipped:target'),
+                        ('draft', 'shipped:dec2')):
+    p.add_argument(f'--{name}', default=default)
+    p.add_argument(f'--{name}_config', default=None,
+                   help=f'bench.models.config spec of a checkpoint --{name}')
+  p.add_argument('--draft_as', default='dec2',
+                 help="the profile's drafter whose measured c is --draft's")
+  p.add_argument('--arrays', default=None,
+                 help='folder of <task>/test.npz (specdec_jax.arrays)')
+  p.add_argument('--workloads', default='synopsis,en_de,stream')
+  p.add_argument('--stream_task', default='synopsis')
+  p.add_argument('--drafters', default=','.join(DRAFTERS))
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--gamma', type=int, default=6)
+  p.add_argument('--confidence', type=float, default=0.5)
+  p.add_argument('--num_examples', type=int, default=24)
+  p.add_argument('--seed_from', type=int, default=64)
+  p.add_argument('--stream_length', type=int, default=64)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--out_dir', default='results/draft_free')
+  p.add_argument('--profile', default=hardware.H100,
+                 help='measured hardware profile of the predicted column')
+  p.add_argument('--repredict', default=None, metavar='JSON',
+                 help='recompute the predicted column of this results file')
+  args = p.parse_args(argv)
+  for name in ('target', 'draft'):
+    if (not getattr(args, name).startswith(models.SHIPPED) and
+        not getattr(args, f'{name}_config') and not args.repredict):
+      p.error(f'--{name} {getattr(args, name)} is a checkpoint path: give '
+              f"its --{name}_config too (e.g. 't5_1_1_small' or "
+              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
+  if (not args.target.startswith(models.SHIPPED) and not args.arrays and
+      not args.repredict):
+    p.error('a checkpoint --target needs --arrays (its task data)')
+  return args
 
-  target, target_params = shipped.load_model('target')
-  dec2, dec2_params = shipped.load_model('dec2')
-  rows = []
-  costs = None
+
+def task_arrays(arrays_dir, task, vocab_size, split='test'):
+  """A task's rows: <arrays_dir>/<task>/<split>, else the shipped slice."""
+  data = (arrays_lib.load(os.path.join(arrays_dir, task), split)
+          if arrays_dir else shipped.test_arrays(task))
+  if int(data['inputs'].max()) >= vocab_size:
+    raise ValueError(f'{task} has token ids >= the target vocab {vocab_size}')
+  return data
+
+
+def main(argv=None):
+  args = parse_flags(argv)
+  args.profile_obj = profile = hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = report.read_json(path)
+    if 'date' not in result and path.with_suffix('.md').is_file():
+      dates = re.findall(r'^Date: (\S+)', path.with_suffix('.md').read_text(),
+                         re.M)
+      result['date'] = dates[0] if dates else 'not recorded'
+    repredict(result, profile, report.portable(' '.join(
+        ['python', SCRIPT] + list(sys.argv[1:] if argv is None else argv))))
+    report.write_json(path, result)
+    report.write_md(path.with_suffix('.md'), markdown(result))
+    return result
+  target, target_params = models.load(args.target, args.target_config)
+  draft, draft_params = models.load(args.draft, args.draft_config)
+  rows, costs = [], None
   for workload in args.workloads.split(','):
-    task = 'synopsis' if workload == 'stream' else workload
-    arrays = shipped.test_arrays(task)
-    max_len = arrays['targets'].shape[1]
+    task = args.stream_task if workload == 'stream' else workload
+    data = task_arrays(args.arrays, task, target.vocab_size)
+    max_len, kinds = data['targets'].shape[1], None
     if workload == 'stream':
-      inputs, kinds = make_stream(arrays['inputs'], args.seed_from,
+      inputs, kinds = make_stream(data['inputs'], args.seed_from,
                                   args.stream_length, target.vocab_size)
       seed = None
-      mix = {k: kinds.count(k) for k in ('new', 'repeat', 'near')}
-      print('stream:', mix)
+      print('stream:', {k: kinds.count(k) for k in ('new', 'repeat', 'near')})
     else:
-      inputs = arrays['inputs'][:args.num_examples]
-      seed = arrays['inputs'][args.seed_from:]
+      inputs = data['inputs'][:args.num_examples]
+      seed = data['inputs'][args.seed_from:]
     for t in map(float, args.temperatures.split(',')):
       rows += run_workload(args, workload, inputs, seed, target,
-                           target_params, dec2, dec2_params, t, max_len,
-                           kinds if workload == 'stream' else None)
+                           target_params, draft, draft_params, t, max_len,
+                           kinds)
     if costs is None:
-      costs = copy_costs(target, target_params, arrays['inputs'], max_len,
+      costs = copy_costs(target, target_params, data['inputs'], max_len,
                          args.gamma)
-  os.makedirs(args.out_dir, exist_ok=True)
-  command = 'python scripts/benchmark_draft_free.py ' + ' '.join(
-      sys.argv[1:] if argv is None else argv)
-  with open(os.path.join(args.out_dir, 'draft_free.json'), 'w') as f:
-    json.dump(dict(command=command, machine=measure.machine(),
-                   jax=jax.__version__, rows=rows, costs=costs), f, indent=1)
-  with open(os.path.join(args.out_dir, 'draft_free.md'), 'w') as f:
-    f.write(markdown(rows, costs, command))
-  print(markdown(rows, costs, command))
+  result = dict(report.header(SCRIPT, argv),
+                target=report.portable(args.target),
+                target_config=report.config_dict(target.config),
+                draft=report.portable(args.draft), draft_as=args.draft_as,
+                arrays=args.arrays and report.portable(args.arrays),
+                profile=profile.name, rows=rows, costs=costs)
+  out = pathlib.Path(args.out_dir)
+  report.write_json(out / 'draft_free.json', result)
+  report.write_md(out / 'draft_free.md', markdown(result))
+  print(markdown(result))
+  return result
 
 
 if __name__ == '__main__':

@@ -1,49 +1,46 @@
-r"""Self-drafting heads on the shipped target: alpha per depth, speed-ups.
+r"""Self-drafting heads: alpha per depth and speed-ups, on any target.
 
   python scripts/benchmark_heads.py --heads_dir shipped:heads \
     --tasks en_de,synopsis --temperatures 0,1 --out results/heads_shipped
+  python scripts/benchmark_heads.py --target ~/t5/checkpoint_1000 \
+    --target_config t5_1_1_small --arrays ~/arrays --tasks my_task \
+    --draft ~/t5_dec2/checkpoint_500 \
+    --draft_config 't5_1_1_small,num_decoder_layers=2' \
+    --heads_dir /tmp/heads --out /tmp/heads_mine
 
-Reads the heads scripts/train_heads.py wrote (<heads_dir>/<task>/, trained
-on the target's outputs for the Debian train split; the default, the shipped
-heads `shipped:heads/<task>`, through `shipped.resolve`) and decodes the first
---num_examples rows of the shipped test slice (held out) one at a time
-(batch 1, float32) with:
+--target / --draft are `shipped:<name>` or T5X checkpoints with
+--target_config / --draft_config (`bench.models.config` specs); a
+checkpoint target needs --arrays: rows from <arrays>/<task>/test.npz (the
+`specdec_jax.arrays` format), else the shipped test slices. Heads are
+<heads_dir>/<task> (scripts/train_heads.py --out_dir). The first
+--num_examples rows are decoded one at a time with the baseline, the
+heads' merged loop for gamma = 1..--max_gamma (one (gamma + 1)-token target
+call plus gamma head steps per iteration) and --draft in the ordinary loop
+(gamma --draft_gamma).
 
-- the baseline (`decoding.temperature_sample`);
-- the heads' merged loop (`heads.HeadLoop`, `speculative_sample`'s default
-  for the `HeadDrafter`) for gamma = 1..
-  --max_gamma: one (gamma + 1)-token target call per iteration plus gamma
-  head steps;
-- dec2, the shipped distilled 2+2-layer drafter, in the ordinary loop
-  (gamma --dec2_gamma), on the same rows.
-
-Per row: alpha per head step k (draft k of the merged loop: the k-th token
-after the committed one; teacher-forced on the target's own outputs of
---alpha_examples held-out rows), per-position acceptance and tokens per
-target call of the decodes, measured CPU speed-up (wall-time ratio, greedy
-outputs checked identical) and the PREDICTED H100 speed-up:
-
-  tokens per target call / (cost(gamma + 1) + gamma * c)
-
-with the H100 cost curve of ../shared/GPU.md and c of one drafting step at
-T5-XXL cost: dec2's measured 0.028; the head's from a cost model (bytes it
-reads at the XXL-cost widths, the head widened in proportion, at the H100's
-3.35 TB/s, plus --launch_us per kernel, over GPU.md's 4.9 ms target step).
-Both are PREDICTED, not measured. Writes <out>.md, <out>.json,
-<out>_alpha.png.
+Columns: alpha per head step (teacher-forced on the target's own outputs),
+the decodes' counters (`bench.rows.counters`), measured CPU speed-up
+(greedy rows checked identical), and "predicted <profile>":
+`bench.hardware.predict` on --profile from the counters, tokens per target
+call / (cost(gamma + 1) + gamma c). c of --draft is the profile's measured
+c of --draft_as; c of a head step is the profile's bytes / launches model
+(`profile.c_of('heads', step_bytes=, kernels=)`: the head widened to the
+profile target's widths, `heads.head_step_bytes` plus its cross K/V, and
+HEAD_KERNELS launches). `--repredict OUT.json` recomputes that column from
+a results file (nothing measured) and rewrites its .json, .md, _alpha.png.
 """
 
 import argparse
-import datetime
 import functools
-import json
 import os
+import pathlib
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
@@ -53,21 +50,15 @@ from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import widening
-from specdec_jax.sampling import SamplingConfig
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.bench import report
+from specdec_jax.bench import rows as bench_rows
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
+from specdec_jax.sampling import SamplingConfig
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchmark_pass import _identical  # pylint: disable=g-import-not-at-top,wrong-import-position
-from benchmark_pass import h100_cost  # pylint: disable=g-import-not-at-top,wrong-import-position
-from benchmark_pass import run_rows  # pylint: disable=g-import-not-at-top,wrong-import-position
-from benchmark_pass import stats_of  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-DECODE_LEN = {'en_de': 64, 'synopsis': 32}
-# ../shared/GPU.md (H100, T5-XXL cost, bf16, batch 1).
-H100_STEP_S = 4.9e-3
-H100_BANDWIDTH = 3.35e12
-DEC2_C = 0.028
+SCRIPT = 'scripts/benchmark_heads.py'
 # Kernels of one head step (cross-attention query, two einsums + softmax,
 # output, two concats, wi, gelu, wo, two adds, logits, softmax / draw).
 HEAD_KERNELS = 14
@@ -75,34 +66,118 @@ HEAD_KERNELS = 14
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  for name, default in (('target', 'shipped:target'),
+                        ('draft', 'shipped:dec2')):
+    p.add_argument(f'--{name}', default=default)
+    p.add_argument(f'--{name}_config', default=None,
+                   help=f'bench.models.config spec of a checkpoint --{name}')
+  p.add_argument('--draft_as', default='dec2',
+                 help="the profile's drafter whose measured c is --draft's")
+  p.add_argument('--arrays', default=None,
+                 help='folder of <task>/test.npz (specdec_jax.arrays)')
   p.add_argument('--tasks', default='en_de,synopsis')
   p.add_argument('--heads_dir', default='shipped:heads')
   p.add_argument('--temperatures', default='0,1')
   p.add_argument('--max_gamma', type=int, default=5)
-  p.add_argument('--dec2_gamma', type=int, default=4)
+  p.add_argument('--draft_gamma', type=int, default=4)
   p.add_argument('--num_examples', type=int, default=24)
   p.add_argument('--alpha_examples', type=int, default=64)
   p.add_argument('--repeats', type=int, default=2)
-  p.add_argument('--launch_us', type=float, default=4.0)
   p.add_argument('--out', default='results/heads_shipped')
   p.add_argument('--c_sizes', default='native,t5_1_1_base_cost',
-                 help='widths at which to MEASURE c of a head step on this '
-                 'machine (random weights; empty: skip)')
-  return p.parse_args(argv)
+                 help='widths at which to MEASURE c of a head step here '
+                 '(random weights; empty: skip)')
+  p.add_argument('--profile', default=hardware.H100,
+                 help='measured hardware profile of the predicted column')
+  p.add_argument('--repredict', default=None, metavar='JSON',
+                 help='recompute the predicted column of this results file')
+  args = p.parse_args(argv)
+  for name in ('target', 'draft'):
+    if (not getattr(args, name).startswith(models.SHIPPED) and
+        not getattr(args, f'{name}_config') and not args.repredict):
+      p.error(f'--{name} {getattr(args, name)} is a checkpoint path: give '
+              f"its --{name}_config too (e.g. 't5_1_1_small' or "
+              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
+  if (not args.target.startswith(models.SHIPPED) and not args.arrays and
+      not args.repredict):
+    p.error('a checkpoint --target needs --arrays (its task data)')
+  return args
 
 
-def predicted_head_c(config, head: heads.HeadConfig, input_length,
-                     launch_us: float) -> float:
-  """c of one head step at T5-XXL cost on the H100 (a cost model)."""
-  wide = widening.preset_config(config, 't5_1_1_xxl_cost')
-  scale = wide.emb_dim / config.emb_dim
-  wide_head = heads.HeadConfig(int(head.mlp_dim * scale),
-                               head.cross_attention)
+def task_arrays(arrays_dir, task, vocab_size, split='test'):
+  """A task's rows: <arrays_dir>/<task>/<split>, else the shipped slice."""
+  data = (arrays.load(os.path.join(arrays_dir, task), split) if arrays_dir
+          else shipped.test_arrays(task))
+  if int(data['inputs'].max()) >= vocab_size:
+    raise ValueError(f'{task} has token ids >= the target vocab {vocab_size}')
+  return data
+
+
+def checkpoint_of(where):
+  """A shipped: name, a checkpoint_<step> folder or a model dir's latest."""
+  if where.startswith(shipped.SCHEME):
+    return shipped.resolve(where)
+  path = checkpoints.latest_checkpoint(where) or where
+  if not os.path.isdir(path):
+    sys.exit(f'No head checkpoint under {where} (scripts/train_heads.py '
+             '--out_dir writes one).')
+  return path
+
+
+def head_c(profile, config, head_cfg: heads.HeadConfig, input_length: int):
+  """c of one head step on `profile` from its bytes / launches model.
+
+  The head widened (mlp in proportion) to the widths of the profile's
+  target (its run's target_config; else T5 1.1-XXL cost), bfloat16, plus
+  the last layer's cross K/V at the run's input length (else the rows').
+  """
+  setup = (hardware.measured_run(profile) or {}).get('setup', {})
+  dims = ('emb_dim', 'num_heads', 'head_dim', 'vocab_size')
+  wide = (config.replace(**{k: setup['target_config'][k] for k in dims})
+          if 'target_config' in setup else
+          widening.preset_config(config, 't5_1_1_xxl_cost'))
+  length = int(setup.get('input_length', input_length))
+  wide_head = heads.HeadConfig(
+      int(head_cfg.mlp_dim * wide.emb_dim / config.emb_dim),
+      head_cfg.cross_attention)
   nbytes = heads.head_step_bytes(wide, wide_head, weight_bytes=2)
-  if head.cross_attention:  # the last layer's cross K/V, bf16
-    nbytes += 2 * input_length * wide.num_heads * wide.head_dim * 2
-  seconds = nbytes / H100_BANDWIDTH + HEAD_KERNELS * launch_us * 1e-6
-  return seconds / H100_STEP_S
+  if head_cfg.cross_attention:
+    nbytes += 2 * length * wide.num_heads * wide.head_dim * 2
+  c, how = profile.c_of('heads', step_bytes=nbytes, kernels=HEAD_KERNELS)
+  return dict(c=c, c_how=how, step_bytes=nbytes, kernels=HEAD_KERNELS,
+              at=f'emb {wide.emb_dim}, head mlp {wide_head.mlp_dim}, vocab '
+              f'{wide.vocab_size}, input {length}, bfloat16')
+
+
+def predict_row(row, result, profile):
+  for old in ('predicted_h100', 'c'):
+    row.pop(old, None)
+  kw = (dict(drafter='heads', step_bytes=result['heads'][row['task']][
+      'predicted_c']['step_bytes'], kernels=HEAD_KERNELS)
+        if row['drafter'].startswith('heads') else
+        dict(drafter=result.get('draft_as', 'dec2')))
+  row['predicted'] = hardware.predict(
+      profile, tokens_per_call=row['tokens_per_call'], gamma=row['gamma'],
+      **kw).to_json()
+  return row
+
+
+def repredict(result, profile, command=None):
+  cfg = result.get('target_config')
+  config = (network.T5Config(**dict(cfg, mlp_activations=tuple(
+      cfg['mlp_activations']))) if cfg else shipped.config('target'))
+  for task, h in result['heads'].items():
+    h.pop('predicted_h100_c', None)
+    length = h.get('input_length') or shipped.test_arrays(task)[
+        'inputs'].shape[1]
+    h['predicted_c'] = head_c(profile, config, heads.HeadConfig(**h['config']),
+                              length)
+  for row in result['rows']:
+    predict_row(row, result, profile)
+  result['profile'] = profile.name
+  if command:
+    result['predicted_by'] = command
+  return result
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -130,8 +205,7 @@ def measure_c(config, head_cfg, inputs, size, repeats=5):
                                 head_cfg.cross_attention)
   model = network.T5Model(config)
   params = model.init_params(jax.random.key(0))
-  head = heads.Head(config, head_cfg)
-  hp = heads.init_head(config, head_cfg)
+  head, hp = heads.Head(config, head_cfg), heads.init_head(config, head_cfg)
   enc = jnp.asarray(inputs[:1])
   t_target = measure.call_time(model, params, enc, 1, repeats=repeats)
   cache = measure.context_cache(model, params, enc, 32, 48)
@@ -148,194 +222,187 @@ def measure_c(config, head_cfg, inputs, size, repeats=5):
               bytes_ratio=round(head_bytes / target_bytes, 4))
 
 
+def measure_task(args, model, params, t5, draft_params, task, result, profile):
+  path = checkpoint_of(f'{args.heads_dir}/{task}')
+  hp, head_cfg = heads.load_head(path, model.config)
+  head = heads.Head(model.config, head_cfg)
+  drafter = heads.HeadDrafter(model, head_cfg)
+  dparams = heads.head_params(params, hp)
+  data = task_arrays(args.arrays, task, model.vocab_size)
+  inputs, decode_len = data['inputs'], data['targets'].shape[1]
+  rel = os.path.relpath(path)
+  result['heads'][task] = dict(
+      checkpoint=rel if not rel.startswith('..') else report.portable(path),
+      config=vars(head_cfg), input_length=int(inputs.shape[1]),
+      parameters=int(sum(np.size(x) for x in jax.tree.leaves(hp))),
+      predicted_c=head_c(profile, model.config, head_cfg, inputs.shape[1]))
+  rng_of = lambda i: jax.random.key(1000 + i)
+  for temp in [float(t) for t in args.temperatures.split(',')]:
+    sampling = SamplingConfig(temperature=temp)
+    sums, counts = np.zeros(args.max_gamma), np.zeros(args.max_gamma)
+    for s in range(0, min(args.alpha_examples, len(inputs)), 16):
+      enc = jnp.asarray(inputs[s:s + 16])
+      outs = decoding.temperature_sample(
+          model, params, enc, max_decode_len=decode_len, sampling=sampling,
+          rng=jax.random.key(s)).tokens
+      a, c = heads_train.depth_alpha(model, params, head, hp, enc, outs,
+                                     args.max_gamma, sampling)
+      sums, counts = sums + a, counts + c
+    alpha = (sums / np.maximum(counts, 1)).tolist()
+    result['alpha'][f'{task}/t{temp:g}'] = alpha
+    print(task, temp, 'alpha per head depth', np.round(alpha, 3), flush=True)
+    decode = lambda fn: bench_rows.decode_rows(
+        fn, inputs[:args.num_examples], args.repeats)
+    spec = lambda d, dp, g, **kw: decode(
+        lambda x, i: speculative.speculative_sample(
+            model, params, d, dp, x, gamma=g, max_decode_len=decode_len,
+            sampling=sampling, rng=rng_of(i), **kw))
+    base = decode(lambda x, i: decoding.temperature_sample(
+        model, params, x, max_decode_len=decode_len, sampling=sampling,
+        rng=rng_of(i)))
+    runs = [(f'{args.draft_as} (ordinary loop)', args.draft_gamma,
+             spec(t5, draft_params, args.draft_gamma))]
+    runs += [('heads (merged loop)', g, spec(drafter, dparams, g, merged=True))
+             for g in range(1, args.max_gamma + 1)]
+    for name, gamma, res in runs:
+      c = bench_rows.compare(base, res, greedy=temp == 0)
+      row = dict(task=task, temperature=temp, drafter=name, gamma=gamma, **c)
+      row['measured_cpu'] = row.pop('measured')
+      row['identical'] = (f"{c['identical']}/{c['rows']}" if temp == 0
+                          else None)
+      if name.startswith('heads'):
+        row['alpha_heads'] = float(np.mean(alpha[:gamma]))
+      result['rows'].append(predict_row(row, result, profile))
+      print({k: v for k, v in row.items() if k != 'predicted'}, flush=True)
+  return head_cfg, inputs
+
+
 def main(argv=None):
   args = parse_flags(argv)
-  model, params = shipped.load_model('target')
-  dec2, dec2_params = shipped.load_model('dec2')
-  t5 = drafters.T5Drafter(dec2)
-  temps = [float(t) for t in args.temperatures.split(',')]
-  report = {'command': 'python scripts/benchmark_heads.py ' + ' '.join(
-      f'--{k}={v}' for k, v in vars(args).items()),
-            'machine': measure.machine(),
-            'date': datetime.date.today().isoformat(), 'rows': [],
-            'alpha': {}, 'heads': {}}
-  for task in args.tasks.split(','):
-    where = f'{args.heads_dir}/{task}'
-    path = (shipped.resolve(where) if where.startswith(shipped.SCHEME) else
-            checkpoints.latest_checkpoint(where))
-    if path is None:
-      sys.exit(f'No head checkpoint under {args.heads_dir}/{task} '
-               '(scripts/train_heads.py --out_dir writes one).')
-    hp, head_cfg = heads.load_head(path, model.config)
-    head = heads.Head(model.config, head_cfg)
-    drafter = heads.HeadDrafter(model, head_cfg)
-    dparams = heads.head_params(params, hp)
-    inputs = shipped.test_arrays(task)['inputs']
-    c_head = predicted_head_c(model.config, head_cfg, inputs.shape[1],
-                              args.launch_us)
-    report['heads'][task] = dict(
-        checkpoint=os.path.relpath(path), config=vars(head_cfg),
-        parameters=int(sum(np.size(x) for x in jax.tree.leaves(hp))),
-        predicted_h100_c=round(c_head, 4))
-    decode_len = DECODE_LEN[task]
-    for temp in temps:
-      sampling = SamplingConfig(temperature=temp)
-      sums = np.zeros(args.max_gamma)
-      counts = np.zeros(args.max_gamma)
-      for s in range(0, args.alpha_examples, 16):
-        enc = jnp.asarray(inputs[s:s + 16])
-        outs = decoding.temperature_sample(
-            model, params, enc, max_decode_len=decode_len, sampling=sampling,
-            rng=jax.random.key(s)).tokens
-        a, c = heads_train.depth_alpha(model, params, head, hp, enc, outs,
-                                       args.max_gamma, sampling)
-        sums, counts = sums + a, counts + c
-      alpha = (sums / np.maximum(counts, 1)).tolist()
-      report['alpha'][f'{task}/t{temp:g}'] = alpha
-      print(task, temp, 'alpha per head depth', np.round(alpha, 3),
-            flush=True)
-
-      rows = inputs[:args.num_examples]
-      rng_of = lambda i: jax.random.key(1000 + i)
-      base, t_base = run_rows(
-          lambda x, i: decoding.temperature_sample(
-              model, params, x, max_decode_len=decode_len, sampling=sampling,
-              rng=rng_of(i)), rows, args.repeats)
-      base_tokens = sum(int(r.lengths.sum()) for r in base)
-
-      def add(name, gamma, res, seconds, c, **extra):
-        st = stats_of(res)
-        cost = h100_cost(gamma + 1) + gamma * c
-        report['rows'].append(dict(
-            task=task, temperature=temp, drafter=name, gamma=gamma, **st,
-            measured_cpu=(t_base / base_tokens) / (seconds / st['tokens']),
-            identical=_identical(base, res) if temp == 0 else None,
-            c=round(c, 4), predicted_h100=st['tokens_per_call'] / cost,
-            **extra))
-        print(report['rows'][-1], flush=True)
-
-      res, t = run_rows(
-          lambda x, i: speculative.speculative_sample(
-              model, params, t5, dec2_params, x, gamma=args.dec2_gamma,
-              max_decode_len=decode_len, sampling=sampling, rng=rng_of(i)),
-          rows, args.repeats)
-      add('dec2 (ordinary loop)', args.dec2_gamma, res, t, DEC2_C)
-      for gamma in range(1, args.max_gamma + 1):
-        res, t = run_rows(
-            lambda x, i, g=gamma: speculative.speculative_sample(
-                model, params, drafter, dparams, x, gamma=g,
-                max_decode_len=decode_len, sampling=sampling, rng=rng_of(i),
-                merged=True),
-            rows, args.repeats)
-        add('heads (merged loop)', gamma, res, t, c_head,
-            alpha_heads=float(np.mean(alpha[:gamma])))
-  report['c_measured'] = []
+  profile = hardware.load(args.profile)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    command = report.portable(' '.join(
+        ['python', SCRIPT] + list(sys.argv[1:] if argv is None else argv)))
+    return write(repredict(report.read_json(path), profile, command),
+                 str(path.with_suffix('')))
+  model, params = models.load(args.target, args.target_config)
+  draft, draft_params = models.load(args.draft, args.draft_config)
+  t5 = drafters.T5Drafter(draft)
+  result = dict(report.header(SCRIPT, argv),
+                target=report.portable(args.target),
+                target_config=report.config_dict(model.config),
+                draft=report.portable(args.draft), draft_as=args.draft_as,
+                arrays=args.arrays and report.portable(args.arrays),
+                profile=profile.name, rows=[], alpha={}, heads={},
+                c_measured=[])
+  measured = [measure_task(args, model, params, t5, draft_params, task,
+                           result, profile)
+              for task in args.tasks.split(',')]
   for size in filter(None, args.c_sizes.split(',')):
-    report['c_measured'].append(measure_c(
-        model.config, head_cfg, shipped.test_arrays('en_de')['inputs'], size,
-        args.repeats + 3))
-    print(report['c_measured'][-1], flush=True)
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(report, f, indent=1)
-  plot(report, args.out + '_alpha.png')
-  write_md(report, args.out + '.md')
+    result['c_measured'].append(measure_c(model.config, *measured[0], size,
+                                          args.repeats + 3))
+    print(result['c_measured'][-1], flush=True)
+  return write(result, args.out)
 
 
-def _best(report, task, temp, prefix):
-  rows = [r for r in report['rows'] if r['task'] == task and
-          r['temperature'] == temp and r['drafter'].startswith(prefix)]
-  return max(rows, key=lambda r: r['predicted_h100']) if rows else None
+def write(result, out):
+  report.write_json(out + '.json', result)
+  plot(result, out + '_alpha.png')
+  report.write_md(out + '.md', markdown(result))
+  return result
 
 
-def _verdict(report) -> str:
-  out = []
-  for task in sorted({r['task'] for r in report['rows']}):
-    best = _best(report, task, 0.0, 'heads')
-    if best:
-      out.append(f"{task} {best['predicted_h100']:.2f}x (gamma "
-                 f"{best['gamma']})")
-  return ('Best PREDICTED H100 speed-up of the self-drafting heads at t = 0: '
-          + '; '.join(out) + '. Goal: >= 1.3x on both tasks.')
-
-
-def plot(report, path):
+def plot(result, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  for key, alpha in report['alpha'].items():
+  for key, alpha in result['alpha'].items():
     axes[0].plot(range(1, len(alpha) + 1), alpha, marker='o', label=key)
-  axes[0].set(xlabel='head step k (draft k of the merged loop)',
-              ylabel='alpha (teacher-forced)', title='alpha per head step')
-  for key in report['alpha']:
     task, temp = key.split('/t')
-    rows = [r for r in report['rows'] if r['task'] == task and
+    rows = [r for r in result['rows'] if r['task'] == task and
             r['temperature'] == float(temp) and
             r['drafter'].startswith('heads')]
     axes[1].plot([r['gamma'] for r in rows],
-                 [r['predicted_h100'] for r in rows], marker='o', label=key)
+                 [r['predicted']['speedup'] for r in rows], marker='o',
+                 label=key)
+  axes[0].set(xlabel='head step k (draft k of the merged loop)',
+              ylabel='alpha (teacher-forced)', title='alpha per head step')
   axes[1].axhline(1.3, color='gray', ls='--', lw=0.8, label='goal 1.3x')
   axes[1].set(xlabel='gamma', ylabel='speed-up',
-              title='PREDICTED H100 speed-up (merged loop)')
+              title=f"PREDICTED on {result['profile']} (merged loop)")
   for ax in axes:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  report.save_plot(fig, path)
 
 
-def write_md(report, path):
-  lines = ['# Self-drafting heads on the shipped target (merged loop)', '',
-           f"Command: `{report['command']}`  ",
-           f"Machine: {report['machine']}  ", f"Date: {report['date']}", '']
-  for task, h in report['heads'].items():
+def markdown(result) -> str:
+  profile = hardware.load(result['profile'])
+  name = profile.name
+  lines = [f"# Self-drafting heads on {result.get('target', 'shipped:target')}"
+           ' (merged loop)', '', report.header_md(result)]
+  if result.get('predicted_by'):
+    lines += ['Predicted column recomputed from the measured values by '
+              f"`{result['predicted_by']}`.", '']
+  for task, h in result['heads'].items():
+    pc = h['predicted_c']
     lines.append(f"- {task}: head {h['config']}, {h['parameters']:,} "
-                 f"parameters, `{h['checkpoint']}`; PREDICTED H100 c of a "
-                 f"head step {h['predicted_h100_c']}")
-  lines += ['', 'alpha per head step k = 1.. (draft k of the merged loop, '
-            'the k-th token after the committed one; teacher-forced on the '
-            'target\'s own outputs of held-out rows):', '']
-  for key, alpha in report['alpha'].items():
-    lines.append(f'- {key}: ' + ', '.join(f'{a:.3f}' for a in alpha))
-  lines += ['', '| task | temp | drafter | gamma | per-position acceptance '
-            '| tokens per target call | measured CPU speed-up | identical | '
-            'c (PREDICTED H100) | PREDICTED H100 speed-up |',
-            '|---|---|---|---|---|---|---|---|---|---|']
-  for r in report['rows']:
-    lines.append(
-        f"| {r['task']} | {r['temperature']:g} | {r['drafter']} | "
-        f"{r['gamma']} | "
-        + ' '.join(f'{a:.2f}' for a in r['per_position_acceptance']) +
-        f" | {r['tokens_per_call']:.3f} | {r['measured_cpu']:.2f}x | "
-        f"{r['identical'] or 'n/a'} | {r['c']} | "
-        f"**{r['predicted_h100']:.2f}x** |")
-  if report.get('c_measured'):
+                 f"parameters, `{h['checkpoint']}`; c of a head step on "
+                 f"{name}: {pc['c']:.4f} ({pc['c_how']}: {pc['step_bytes']:,}"
+                 f" bytes at {pc['at']}, {pc['kernels']} launches)")
+  lines += ['', 'alpha per head step k = 1.. (draft k of the merged loop; '
+            'teacher-forced on the target\'s own outputs of held-out rows):',
+            '']
+  lines += [f'- {k}: ' + ', '.join(f'{a:.3f}' for a in v)
+            for k, v in result['alpha'].items()]
+  cells = [[r['task'], f"{r['temperature']:g}", r['drafter'], r['gamma'],
+            ' '.join(f'{a:.2f}' for a in r['per_position_acceptance']),
+            f"{r['tokens_per_call']:.3f}", f"{r['measured_cpu']:.2f}x",
+            r['identical'] or 'n/a',
+            f"{r['predicted']['c']:.4f}" + (
+                '' if r['predicted']['c_how'].startswith(hardware.MEASURED)
+                else ' †'), f"**{r['predicted']['speedup']:.2f}x**"]
+           for r in result['rows']]
+  lines += ['', report.table(
+      ['task', 'temp', 'drafter', 'gamma', 'per-position acceptance',
+       'tokens per target call', 'measured CPU speed-up', 'identical',
+       f'c on {name}', f'predicted {name}'], cells)]
+  if result.get('c_measured'):
     lines += ['', 'c of a head step MEASURED on this machine (random '
               'weights at each width, head widened in proportion; 1-token '
-              'target call after 32 cached tokens, 64 input tokens), beside '
-              'the ratio of the bytes each reads (float32):', '',
-              '| widths | t target(1) ms | t head step ms | c measured | '
-              'bytes ratio |', '|---|---|---|---|---|']
-    for r in report['c_measured']:
-      lines.append(f"| {r['size']} | {r['t_target_ms']} | {r['t_head_ms']} "
-                   f"| {r['c_measured']} | {r['bytes_ratio']} |")
-  lines += ['', _verdict(report), '', NOTES]
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-
-
-NOTES = """Notes. Target: the shipped mini target (emb 256, 4+4 layers),
-float32, batch 1, held-out rows of the shipped test slices (the heads were
-trained on the target's greedy outputs for the first rows of the Debian
-train split, scripts/train_heads.py). Tokens per target call include the
-first iteration (no drafts yet). PREDICTED H100 = tokens per target call /
-(cost(gamma + 1) + gamma c): cost from ../shared/GPU.md's measured curve;
-c of dec2 = GPU.md's measured 0.028 for a 2-decoder-layer drafter; c of a
-head step from the cost model in this script's docstring (bytes at XXL
-widths over HBM bandwidth plus kernel launches), not measured. Measured CPU
-speed-ups are below 1 where a (gamma + 1)-token target call costs more than
-a 1-token call on this CPU (results/costs.md)."""
+              'target call after 32 cached tokens), beside the ratio of the '
+              'bytes each reads (float32):', '', report.table(
+                  ['widths', 't target(1) ms', 't head step ms', 'c measured',
+                   'bytes ratio'],
+                  [[r['size'], r['t_target_ms'], r['t_head_ms'],
+                    r['c_measured'], r['bytes_ratio']]
+                   for r in result['c_measured']])]
+  best = []
+  for task in sorted({r['task'] for r in result['rows']}):
+    rows = [r for r in result['rows'] if r['task'] == task and
+            r['temperature'] == 0 and r['drafter'].startswith('heads')]
+    if rows:
+      b = max(rows, key=lambda r: r['predicted']['speedup'])
+      best.append(f"{task} {b['predicted']['speedup']:.2f}x (gamma "
+                  f"{b['gamma']})")
+  lines += ['', f'Best predicted {name} speed-up of the self-drafting heads '
+            'at t = 0: ' + '; '.join(best) + '. Goal: >= 1.3x on both tasks.',
+            '', f'"predicted {name}" is PREDICTED, not measured: predicted '
+            f'on profile {name} (specdec_jax/bench/profiles, read from '
+            f'{profile.source}; target {profile.target}) through '
+            "bench.hardware.predict from this run's counters: tokens per "
+            'target call / (cost(gamma + 1) + gamma c), with the profile\'s '
+            f"measured cost(k); c of {result.get('draft_as', 'dec2')} the "
+            "profile's measured c; † c of a head step from the profile's "
+            'bytes / launches model (step bytes / its bandwidth + launches x '
+            'its launch time, over its t(1)): the profile did not time a '
+            'head. Tokens per target call include the first iteration (no '
+            'drafts yet). Measured CPU speed-ups are below 1 where a '
+            '(gamma + 1)-token target call costs more than a 1-token call '
+            'on this CPU (results/costs.md).']
+  return '\n'.join(lines)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
+r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
 
   python scripts/train_heads.py --task en_de --out_dir /tmp/heads/en_de
 
@@ -12,8 +12,8 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/draft_heads.py).
    positions per row; the target is never updated.
 4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
    every --save_every steps; a rerun resumes from the latest) and
-   log.jsonl; the final alpha per depth on the held-out shipped test rows
-   0..63 (never trained on) goes into log.jsonl and the printout; with
+   log.jsonl; the final alpha per depth on the held-out test rows (never
+   trained on; see Data below) goes into log.jsonl and the printout; with
    --export_dir, the final head in bfloat16 (to ship) and the log.
 
 To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
@@ -22,11 +22,21 @@ record the checkpoint under "methods" in specdec_jax/assets/mini/models.json
 and rewrite the manifest (`shipped.write_manifest(shipped.ASSETS_DIR)`);
 the eval job then loads it as `shipped:heads/<task>`.
 
-Inputs: --train_npz (an arrays .npz with 'inputs', e.g. the train split that
-scripts/build_debian_data.py --vocab_file <shipped vocab> and
-scripts/export_arrays.py write; default
-~/.cache/specdec_jax/arrays/<task dir>/train.npz), else the shipped test
-rows 64..255 (a warning: few rows, the head overfits).
+The target: --target `shipped:<name>` (default shipped:target) or a T5X
+checkpoint with --target_config (a `bench.models.config` spec, e.g.
+'t5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32').
+
+Data: --arrays DIR, a folder of task folders in the `specdec_jax.arrays`
+format (what scripts/export_arrays.py --out_dir writes): the head trains on
+the first --train_rows inputs of DIR/<task>/train (DIR/debian_desc_en_de
+for --task en_de, DIR/debian_synopsis for synopsis, when DIR/<task> is not
+there) and alpha is measured on the first --eval_rows of DIR/<task>/test;
+a checkpoint target needs --arrays. Without it (shipped target only) the
+train split is ~/.cache/specdec_jax/arrays/<task dir>/ (the Debian train
+split, scripts/build_debian_data.py --vocab_file <shipped vocab> +
+scripts/export_arrays.py), else the shipped test rows 64..255 (a warning:
+few rows, the head overfits); alpha on the shipped test rows 0..63.
+Outputs are decoded to the test targets' width (--max_decode_len).
 Runs on CPU or an accelerator; needs neither seqio nor gin.
 """
 
@@ -37,28 +47,38 @@ import shutil
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from specdec_jax import arrays
 from specdec_jax import checkpoints
+from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import shipped
+from specdec_jax.bench import models
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
 
 TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
-DECODE_LEN = {'en_de': 64, 'synopsis': 32}
+CACHE = '~/.cache/specdec_jax/arrays'
 
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--task', default='en_de', choices=sorted(TASK_DIRS))
-  p.add_argument('--train_npz', default=None)
+  p.add_argument('--target', default='shipped:target',
+                 help="'shipped:<name>' or a T5X checkpoint_<step> folder")
+  p.add_argument('--target_config', default=None,
+                 help='bench.models.config spec of a checkpoint --target')
+  p.add_argument('--task', default='en_de')
+  p.add_argument('--arrays', default=None,
+                 help='folder of <task>/{train,test} arrays (see above)')
   p.add_argument('--train_rows', type=int, default=12288,
                  help='first N rows of the train inputs')
+  p.add_argument('--eval_rows', type=int, default=64,
+                 help='first N test rows alpha is measured on (held out)')
+  p.add_argument('--max_decode_len', type=int, default=None,
+                 help='default: the width of the test targets')
   p.add_argument('--mlp_dim', type=int, default=1024)
   p.add_argument('--no_cross_attention', action='store_true')
   p.add_argument('--depth', type=int, default=4,
@@ -78,39 +98,60 @@ def parse_flags(argv=None):
                  help='also write the final head here in bfloat16 (what to '
                  'ship, e.g. specdec_jax/assets/mini/heads/en_de; move '
                  'the log.jsonl copied with it to results/draft_heads/en_de)')
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  if not args.target.startswith(models.SHIPPED):
+    if not args.target_config:
+      p.error(f'--target {args.target} is a checkpoint path: give its '
+              "--target_config too (e.g. 't5_1_1_small' or "
+              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
+    if not args.arrays:
+      p.error('a checkpoint --target needs --arrays (its task data)')
+  elif not args.arrays and args.task not in TASK_DIRS:
+    p.error(f'--task {args.task} is not shipped ({sorted(TASK_DIRS)}): give '
+            '--arrays')
+  return args
 
 
-def train_inputs(args) -> np.ndarray:
-  path = args.train_npz or os.path.expanduser(
-      f'~/.cache/specdec_jax/arrays/{TASK_DIRS[args.task]}/train.npz')
-  if os.path.isfile(path):
-    with np.load(path) as f:
-      return f['inputs'][:args.train_rows].astype(np.int32)
-  if args.train_npz:
-    sys.exit(f'--train_npz {path} does not exist.')
-  print(f'WARNING: {path} not found (scripts/build_debian_data.py + '
-        'scripts/export_arrays.py make it); training on the shipped test '
-        'rows 64..255 instead: few rows, the head will overfit.',
-        file=sys.stderr)
-  return shipped.test_arrays(args.task)['inputs'][64:256]
+def task_data(args, vocab_size):
+  """(train inputs, held-out inputs, decode length, what they are)."""
+  if args.arrays:
+    folder = os.path.join(args.arrays, args.task)
+    if not os.path.isdir(folder) and args.task in TASK_DIRS:
+      folder = os.path.join(args.arrays, TASK_DIRS[args.task])
+    train, test = arrays.load(folder, 'train'), arrays.load(folder, 'test')
+    where = f'arrays {os.path.basename(folder)} test'
+  else:
+    test, where = shipped.test_arrays(args.task), 'shipped test'
+    folder = os.path.expanduser(f'{CACHE}/{TASK_DIRS[args.task]}')
+    try:
+      train = arrays.load(folder, 'train')
+    except FileNotFoundError:
+      print(f'WARNING: no train split in {folder} (scripts/build_debian_'
+            'data.py + scripts/export_arrays.py make it); training on the '
+            'shipped test rows 64..255 instead: few rows, the head will '
+            'overfit.', file=sys.stderr)
+      train = {'inputs': test['inputs'][64:256]}
+  if max(int(train['inputs'].max()), int(test['inputs'].max())) >= vocab_size:
+    sys.exit(f'{args.task}: token ids beyond the target vocab {vocab_size}')
+  return (train['inputs'][:args.train_rows], test['inputs'][:args.eval_rows],
+          args.max_decode_len or test['targets'].shape[1],
+          f'{where} rows 0..{min(args.eval_rows, len(test["inputs"])) - 1}')
 
 
 def main(argv=None):
   args = parse_flags(argv)
-  model, params = shipped.load_model('target')
-  inputs = train_inputs(args)
+  model, params = models.load(args.target, args.target_config)
+  inputs, test, decode_len, held_out = task_data(args, model.vocab_size)
   data_dir = os.path.join(args.out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
-                   max_decode_len=DECODE_LEN[args.task], batch_size=128,
+                   max_decode_len=decode_len, batch_size=128,
                    num_shards=max(1, len(inputs) // 2048))
   data = arrays.load(data_dir, 'train')
   enc, out = data['inputs'], data['targets']
   print(f'{len(enc)} rows; mean output length '
         f'{(out > 0).sum(1).mean():.1f}', flush=True)
-  test = shipped.test_arrays(args.task)['inputs'][:64]
-  test_out = np.asarray(distill_outputs(model, params, test,
-                                        DECODE_LEN[args.task]))
+  test_out = np.asarray(decoding.temperature_sample(
+      model, params, jnp.asarray(test), max_decode_len=decode_len).tokens)
 
   head_cfg = heads.HeadConfig(
       mlp_dim=args.mlp_dim, cross_attention=not args.no_cross_attention)
@@ -172,7 +213,7 @@ def main(argv=None):
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
-  rec = {'held_out_alpha_t0': alpha, 'rows': 'shipped test 0..63',
+  rec = {'held_out_alpha_t0': alpha, 'rows': held_out,
          'note': 'alpha of head steps 1..depth (draft k of the merged loop)'}
   log.write(json.dumps(rec) + '\n')
   log.close()
@@ -182,12 +223,6 @@ def main(argv=None):
                            dtype=jnp.bfloat16)
     shutil.copy(os.path.join(args.out_dir, 'log.jsonl'), args.export_dir)
     print(f'exported {path} (bfloat16)', flush=True)
-
-
-def distill_outputs(model, params, inputs, decode_len):
-  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-  return decoding.temperature_sample(model, params, jnp.asarray(inputs),
-                                     max_decode_len=decode_len).tokens
 
 
 if __name__ == '__main__':

@@ -7,11 +7,17 @@ Data: the target's greedy outputs (sequence-level, `distill.generate`) on
 the task's inputs, teacher-forced: for every prefix :t+1 of an output, the
 L look-ahead slots predict tokens t+2 .. t+L+1 (`lookahead_train.loss_fn`).
 Only the L x emb_dim embeddings train (optax Adam on them alone; the target
-is an argument under stop_gradient and is never updated). With the shipped
-models (`--target shipped:target`, the default) the inputs are the shipped
-test slice's rows `--train_rows` (default 64:256), so the first 64 rows stay
-held out for scripts/benchmark_pass.py; `--inputs_npz` takes any array data
-set (`arrays.save` layout: 'inputs') instead, e.g. a task's train split.
+is an argument under stop_gradient and is never updated).
+
+The target: --target `shipped:<name>` (default shipped:target) or a T5X
+checkpoint with --target_config (a `bench.models.config` spec, e.g.
+'t5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'). The inputs:
+with --arrays DIR (a folder of task folders in the `specdec_jax.arrays`
+format, what scripts/export_arrays.py --out_dir writes; needed for a
+checkpoint target) the rows --train_rows (default all) of DIR/<task>/train,
+so DIR/<task>/test stays held out for scripts/benchmark_pass.py --arrays
+DIR; without it the shipped test slice's rows --train_rows (default
+64:256), so its first 64 rows stay held out.
 
 Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
@@ -32,7 +38,6 @@ import json
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -40,8 +45,8 @@ import optax
 from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import distill
-from specdec_jax import loading
 from specdec_jax import shipped
+from specdec_jax.bench import models
 from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
 
@@ -49,16 +54,16 @@ from specdec_jax.drafters.lookahead import train as lookahead_train
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--task', default='en_de', help='shipped task (en_de, '
-                 'synopsis) whose inputs are used unless --inputs_npz')
+                 'synopsis), or a task folder of --arrays')
   p.add_argument('--target', default='shipped:target',
-                 help="'shipped:<name>' or a T5X checkpoint (with "
-                 '--target_config_json)')
-  p.add_argument('--target_config_json', default=None,
-                 help='T5Config fields as JSON, for a non-shipped target')
-  p.add_argument('--inputs_npz', default=None,
-                 help="an .npz with 'inputs' [rows, length] to decode")
-  p.add_argument('--train_rows', default='64:256',
-                 help='rows of the inputs to train on (start:stop)')
+                 help="'shipped:<name>' or a T5X checkpoint_<step> folder")
+  p.add_argument('--target_config', default=None,
+                 help='bench.models.config spec of a checkpoint --target')
+  p.add_argument('--arrays', default=None,
+                 help='folder of <task>/train arrays (see above)')
+  p.add_argument('--train_rows', default=None,
+                 help='rows of the inputs to train on (start:stop; default '
+                 '64:256 of the shipped slice, all of --arrays)')
   p.add_argument('--max_decode_len', type=int, default=64)
   p.add_argument('--num_lookahead', type=int, default=8)
   p.add_argument('--steps', type=int, default=300)
@@ -69,26 +74,37 @@ def parse_flags(argv=None):
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--save_every', type=int, default=50)
   p.add_argument('--out_dir', required=True)
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  if not args.target.startswith(models.SHIPPED):
+    if not args.target_config:
+      p.error(f'--target {args.target} is a checkpoint path: give its '
+              "--target_config too (e.g. 't5_1_1_small' or "
+              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
+    if not args.arrays:
+      p.error('a checkpoint --target needs --arrays (its task data)')
+  return args
 
 
-def load_target(args):
-  if args.target.startswith('shipped:'):
-    return shipped.load_model(args.target[len('shipped:'):])
-  fields = json.loads(args.target_config_json or '{}')
-  return loading.load_model(shipped.t5_config(fields), args.target)
+def train_inputs(args, vocab_size) -> np.ndarray:
+  """The rows --train_rows of the task's train split or shipped slice."""
+  if args.arrays:
+    inputs = arrays.load(os.path.join(args.arrays, args.task),
+                         'train')['inputs']
+  else:
+    inputs = shipped.test_arrays(args.task)['inputs']
+  rows = args.train_rows or ('' if args.arrays else '64:256')
+  start, stop = (int(x) if x else None for x in (rows.split(':') + [''])[:2])
+  inputs = inputs[start:stop]
+  if not len(inputs) or int(inputs.max()) >= vocab_size:
+    raise ValueError(f'{args.task} rows {rows}: none, or token ids beyond '
+                     f'the target vocab {vocab_size}')
+  return inputs
 
 
 def main(argv=None):
   args = parse_flags(argv)
-  model, params = load_target(args)
-  if args.inputs_npz:
-    with np.load(args.inputs_npz) as f:
-      inputs = f['inputs'].astype(np.int32)
-  else:
-    inputs = shipped.test_arrays(args.task)['inputs']
-  start, stop = (int(x) for x in args.train_rows.split(':'))
-  inputs = inputs[start:stop]
+  model, params = models.load(args.target, args.target_config)
+  inputs = train_inputs(args, model.vocab_size)
   data_dir = os.path.join(args.out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=args.max_decode_len, batch_size=64,
