@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import re
 import sys
@@ -49,15 +48,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import arrays as arrays_lib
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import output_cache
-from specdec_jax import shipped
 from specdec_jax import spec_stats
 from specdec_jax import speculative
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
@@ -354,15 +352,9 @@ def markdown(result) -> str:
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  for name, default in (('target', 'shipped:target'),
-                        ('draft', 'shipped:dec2')):
-    p.add_argument(f'--{name}', default=default)
-    p.add_argument(f'--{name}_config', default=None,
-                   help=f'bench.models.config spec of a checkpoint --{name}')
+  flags.add_model_flags(p, target='shipped:target', draft='shipped:dec2')
   p.add_argument('--draft_as', default='dec2',
                  help="the profile's drafter whose measured c is --draft's")
-  p.add_argument('--arrays', default=None,
-                 help='folder of <task>/test.npz (specdec_jax.arrays)')
   p.add_argument('--workloads', default='synopsis,en_de,stream')
   p.add_argument('--stream_task', default='synopsis')
   p.add_argument('--drafters', default=','.join(DRAFTERS))
@@ -379,25 +371,11 @@ def parse_flags(argv=None):
   p.add_argument('--repredict', default=None, metavar='JSON',
                  help='recompute the predicted column of this results file')
   args = p.parse_args(argv)
-  for name in ('target', 'draft'):
-    if (not getattr(args, name).startswith(models.SHIPPED) and
-        not getattr(args, f'{name}_config') and not args.repredict):
-      p.error(f'--{name} {getattr(args, name)} is a checkpoint path: give '
-              f"its --{name}_config too (e.g. 't5_1_1_small' or "
-              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
-  if (not args.target.startswith(models.SHIPPED) and not args.arrays and
-      not args.repredict):
-    p.error('a checkpoint --target needs --arrays (its task data)')
+  if not args.repredict:
+    flags.check_model_flags(p, args, 'target', 'draft')
   return args
 
 
-def task_arrays(arrays_dir, task, vocab_size, split='test'):
-  """A task's rows: <arrays_dir>/<task>/<split>, else the shipped slice."""
-  data = (arrays_lib.load(os.path.join(arrays_dir, task), split)
-          if arrays_dir else shipped.test_arrays(task))
-  if int(data['inputs'].max()) >= vocab_size:
-    raise ValueError(f'{task} has token ids >= the target vocab {vocab_size}')
-  return data
 
 
 def main(argv=None):
@@ -420,7 +398,7 @@ def main(argv=None):
   rows, costs = [], None
   for workload in args.workloads.split(','):
     task = args.stream_task if workload == 'stream' else workload
-    data = task_arrays(args.arrays, task, target.vocab_size)
+    data = flags.task_arrays(args.arrays, task, target.vocab_size)
     max_len, kinds = data['targets'].shape[1], None
     if workload == 'stream':
       inputs, kinds = make_stream(data['inputs'], args.seed_from,

@@ -40,8 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import arrays
-from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import layers
@@ -50,6 +48,7 @@ from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import widening
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
@@ -66,15 +65,9 @@ HEAD_KERNELS = 14
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  for name, default in (('target', 'shipped:target'),
-                        ('draft', 'shipped:dec2')):
-    p.add_argument(f'--{name}', default=default)
-    p.add_argument(f'--{name}_config', default=None,
-                   help=f'bench.models.config spec of a checkpoint --{name}')
+  flags.add_model_flags(p, target='shipped:target', draft='shipped:dec2')
   p.add_argument('--draft_as', default='dec2',
                  help="the profile's drafter whose measured c is --draft's")
-  p.add_argument('--arrays', default=None,
-                 help='folder of <task>/test.npz (specdec_jax.arrays)')
   p.add_argument('--tasks', default='en_de,synopsis')
   p.add_argument('--heads_dir', default='shipped:heads')
   p.add_argument('--temperatures', default='0,1')
@@ -92,36 +85,13 @@ def parse_flags(argv=None):
   p.add_argument('--repredict', default=None, metavar='JSON',
                  help='recompute the predicted column of this results file')
   args = p.parse_args(argv)
-  for name in ('target', 'draft'):
-    if (not getattr(args, name).startswith(models.SHIPPED) and
-        not getattr(args, f'{name}_config') and not args.repredict):
-      p.error(f'--{name} {getattr(args, name)} is a checkpoint path: give '
-              f"its --{name}_config too (e.g. 't5_1_1_small' or "
-              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
-  if (not args.target.startswith(models.SHIPPED) and not args.arrays and
-      not args.repredict):
-    p.error('a checkpoint --target needs --arrays (its task data)')
+  if not args.repredict:
+    flags.check_model_flags(p, args, 'target', 'draft')
   return args
 
 
-def task_arrays(arrays_dir, task, vocab_size, split='test'):
-  """A task's rows: <arrays_dir>/<task>/<split>, else the shipped slice."""
-  data = (arrays.load(os.path.join(arrays_dir, task), split) if arrays_dir
-          else shipped.test_arrays(task))
-  if int(data['inputs'].max()) >= vocab_size:
-    raise ValueError(f'{task} has token ids >= the target vocab {vocab_size}')
-  return data
 
 
-def checkpoint_of(where):
-  """A shipped: name, a checkpoint_<step> folder or a model dir's latest."""
-  if where.startswith(shipped.SCHEME):
-    return shipped.resolve(where)
-  path = checkpoints.latest_checkpoint(where) or where
-  if not os.path.isdir(path):
-    sys.exit(f'No head checkpoint under {where} (scripts/train_heads.py '
-             '--out_dir writes one).')
-  return path
 
 
 def head_c(profile, config, head_cfg: heads.HeadConfig, input_length: int):
@@ -223,12 +193,12 @@ def measure_c(config, head_cfg, inputs, size, repeats=5):
 
 
 def measure_task(args, model, params, t5, draft_params, task, result, profile):
-  path = checkpoint_of(f'{args.heads_dir}/{task}')
+  path = flags.checkpoint_of(f'{args.heads_dir}/{task}')
   hp, head_cfg = heads.load_head(path, model.config)
   head = heads.Head(model.config, head_cfg)
   drafter = heads.HeadDrafter(model, head_cfg)
   dparams = heads.head_params(params, hp)
-  data = task_arrays(args.arrays, task, model.vocab_size)
+  data = flags.task_arrays(args.arrays, task, model.vocab_size)
   inputs, decode_len = data['inputs'], data['targets'].shape[1]
   rel = os.path.relpath(path)
   result['heads'][task] = dict(

@@ -37,12 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import arrays
-from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
-from specdec_jax import shipped
 from specdec_jax import speculative
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
@@ -56,11 +54,7 @@ SCRIPT = 'scripts/benchmark_pass.py'
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--target', default='shipped:target')
-  p.add_argument('--target_config', default=None,
-                 help='bench.models.config spec of a checkpoint --target')
-  p.add_argument('--arrays', default=None,
-                 help='folder of <task>/test.npz (specdec_jax.arrays)')
+  flags.add_model_flags(p, target='shipped:target')
   p.add_argument('--tasks', default='en_de,synopsis')
   p.add_argument('--max_lookahead', type=int, default=8)
   p.add_argument('--temperatures', default='0')
@@ -78,33 +72,13 @@ def parse_flags(argv=None):
                  help='recompute the predicted column of this results file '
                  '(nothing is measured); rewrite its .json, .md, _alpha.png')
   args = p.parse_args(argv)
-  if not args.target.startswith(models.SHIPPED) and not args.repredict:
-    if not args.target_config:
-      p.error(f'--target {args.target} is a checkpoint path: give its '
-              "--target_config too (e.g. 't5_1_1_small' or "
-              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
-    if not args.arrays:
-      p.error('a checkpoint --target needs --arrays (its task data)')
+  if not args.repredict:
+    flags.check_model_flags(p, args, 'target')
   return args
 
 
-def task_arrays(arrays_dir, task, vocab_size, split='test'):
-  """A task's rows: <arrays_dir>/<task>/<split>, else the shipped slice."""
-  data = (arrays.load(os.path.join(arrays_dir, task), split) if arrays_dir
-          else shipped.test_arrays(task))
-  if int(data['inputs'].max()) >= vocab_size:
-    raise ValueError(f'{task} has token ids >= the target vocab {vocab_size}')
-  return data
 
 
-def checkpoint_of(where):
-  """A shipped: name, a checkpoint_<step> folder or a model dir's latest."""
-  if where.startswith(shipped.SCHEME):
-    return shipped.resolve(where)
-  path = checkpoints.latest_checkpoint(where) or where
-  if not os.path.isdir(path):
-    sys.exit(f'no checkpoint under {where}')
-  return path
 
 
 def table2_rows(path='results/table2_shipped.json'):
@@ -146,9 +120,9 @@ def repredict(result, profile, command=None):
 
 def measure_task(args, model, params, task, result, profile):
   la_all = lookahead.load_lookahead(
-      checkpoint_of(f'{args.embeddings_dir}/{task}'), model.config)
+      flags.checkpoint_of(f'{args.embeddings_dir}/{task}'), model.config)
   emb = lookahead.embeddings(la_all)
-  inputs = task_arrays(args.arrays, task, model.vocab_size)['inputs']
+  inputs = flags.task_arrays(args.arrays, task, model.vocab_size)['inputs']
   enc_rows = inputs[:args.num_examples]
   rng_of = lambda i: jax.random.key(1000 + i)
   for temp in [float(t) for t in args.temperatures.split(',')]:

@@ -56,6 +56,7 @@ from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import shipped
+from specdec_jax.bench import flags
 from specdec_jax.bench import models
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
@@ -66,13 +67,8 @@ CACHE = '~/.cache/specdec_jax/arrays'
 
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--target', default='shipped:target',
-                 help="'shipped:<name>' or a T5X checkpoint_<step> folder")
-  p.add_argument('--target_config', default=None,
-                 help='bench.models.config spec of a checkpoint --target')
+  flags.add_model_flags(p, target='shipped:target')
   p.add_argument('--task', default='en_de')
-  p.add_argument('--arrays', default=None,
-                 help='folder of <task>/{train,test} arrays (see above)')
   p.add_argument('--train_rows', type=int, default=12288,
                  help='first N rows of the train inputs')
   p.add_argument('--eval_rows', type=int, default=64,
@@ -99,14 +95,9 @@ def parse_flags(argv=None):
                  'ship, e.g. specdec_jax/assets/mini/heads/en_de; move '
                  'the log.jsonl copied with it to results/draft_heads/en_de)')
   args = p.parse_args(argv)
-  if not args.target.startswith(models.SHIPPED):
-    if not args.target_config:
-      p.error(f'--target {args.target} is a checkpoint path: give its '
-              "--target_config too (e.g. 't5_1_1_small' or "
-              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
-    if not args.arrays:
-      p.error('a checkpoint --target needs --arrays (its task data)')
-  elif not args.arrays and args.task not in TASK_DIRS:
+  flags.check_model_flags(p, args, 'target')
+  if (args.target.startswith(models.SHIPPED) and not args.arrays and
+      args.task not in TASK_DIRS):
     p.error(f'--task {args.task} is not shipped ({sorted(TASK_DIRS)}): give '
             '--arrays')
   return args

@@ -46,6 +46,7 @@ from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import distill
 from specdec_jax import shipped
+from specdec_jax.bench import flags
 from specdec_jax.bench import models
 from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
@@ -55,12 +56,7 @@ def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--task', default='en_de', help='shipped task (en_de, '
                  'synopsis), or a task folder of --arrays')
-  p.add_argument('--target', default='shipped:target',
-                 help="'shipped:<name>' or a T5X checkpoint_<step> folder")
-  p.add_argument('--target_config', default=None,
-                 help='bench.models.config spec of a checkpoint --target')
-  p.add_argument('--arrays', default=None,
-                 help='folder of <task>/train arrays (see above)')
+  flags.add_model_flags(p, target='shipped:target')
   p.add_argument('--train_rows', default=None,
                  help='rows of the inputs to train on (start:stop; default '
                  '64:256 of the shipped slice, all of --arrays)')
@@ -75,13 +71,7 @@ def parse_flags(argv=None):
   p.add_argument('--save_every', type=int, default=50)
   p.add_argument('--out_dir', required=True)
   args = p.parse_args(argv)
-  if not args.target.startswith(models.SHIPPED):
-    if not args.target_config:
-      p.error(f'--target {args.target} is a checkpoint path: give its '
-              "--target_config too (e.g. 't5_1_1_small' or "
-              "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
-    if not args.arrays:
-      p.error('a checkpoint --target needs --arrays (its task data)')
+  flags.check_model_flags(p, args, 'target')
   return args
 
 

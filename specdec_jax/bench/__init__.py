@@ -13,6 +13,8 @@
   pool and the projected wall time of a full run from a measured time log,
   for runs that must fit a device lease.
 - `report`: one results header, and the json / md / png writers.
+- `flags`: the model / data flags of the scripts (`--target`, `--draft`
+  with a config spec for a checkpoint, `--arrays`).
 
 The harness sits between `loading` and the jobs: it imports the core and
 `loading`, and the jobs, the experiments and the scripts import it.
