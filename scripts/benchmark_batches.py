@@ -53,6 +53,7 @@ from specdec_jax import shipped
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import spec_stats
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 
@@ -77,13 +78,7 @@ def parse_args(argv=None):
                  "'8' at batch 8: always the full slot batch)")
   p.add_argument('--out', default='results/batches_cpu',
                  help='writes OUT.md and OUT.json')
-  p.add_argument('--profile', default=hardware.H100,
-                 help='the measured hardware profile of the "predicted '
-                 "<profile>\" column (bench.hardware.names()); 'none': no "
-                 'such column')
-  p.add_argument('--repredict', default=None, metavar='JSON',
-                 help='recompute the predicted columns of this results file '
-                 'from its measured values and rewrite its .json and .md')
+  flags.add_prediction_flags(p, optional=True)
   args = p.parse_args(argv)
   if args.repredict:
     return args
@@ -367,7 +362,7 @@ def write_markdown(path, rows, meta):
 
 def main(argv=None):
   args = parse_args(argv)
-  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  profile = flags.profile_of(args, optional=True)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     result = report.read_json(path)

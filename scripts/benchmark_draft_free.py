@@ -366,10 +366,7 @@ def parse_flags(argv=None):
   p.add_argument('--stream_length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--out_dir', default='results/draft_free')
-  p.add_argument('--profile', default=hardware.H100,
-                 help='measured hardware profile of the predicted column')
-  p.add_argument('--repredict', default=None, metavar='JSON',
-                 help='recompute the predicted column of this results file')
+  flags.add_prediction_flags(p)
   args = p.parse_args(argv)
   if not args.repredict:
     flags.check_model_flags(p, args, 'target', 'draft')
@@ -380,7 +377,7 @@ def parse_flags(argv=None):
 
 def main(argv=None):
   args = parse_flags(argv)
-  args.profile_obj = profile = hardware.load(args.profile)
+  args.profile_obj = profile = flags.profile_of(args)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     result = report.read_json(path)

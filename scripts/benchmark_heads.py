@@ -80,10 +80,7 @@ def parse_flags(argv=None):
   p.add_argument('--c_sizes', default='native,t5_1_1_base_cost',
                  help='widths at which to MEASURE c of a head step here '
                  '(random weights; empty: skip)')
-  p.add_argument('--profile', default=hardware.H100,
-                 help='measured hardware profile of the predicted column')
-  p.add_argument('--repredict', default=None, metavar='JSON',
-                 help='recompute the predicted column of this results file')
+  flags.add_prediction_flags(p)
   args = p.parse_args(argv)
   if not args.repredict:
     flags.check_model_flags(p, args, 'target', 'draft')
@@ -249,7 +246,7 @@ def measure_task(args, model, params, t5, draft_params, task, result, profile):
 
 def main(argv=None):
   args = parse_flags(argv)
-  profile = hardware.load(args.profile)
+  profile = flags.profile_of(args)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     command = report.portable(' '.join(

@@ -54,6 +54,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
@@ -379,9 +380,7 @@ def main(argv=None):
   parser.add_argument('--out', default='results/mesh_cpu')
   parser.add_argument('--meshes', default='0,4,8',
                       help="num_partitions per mesh; 0: one device, no mesh")
-  parser.add_argument('--profile', default=hardware.H100,
-                      help='the measured hardware profile of the on-paper '
-                      'sections (bench.hardware.names())')
+  flags.add_prediction_flags(parser)
   parser.add_argument('--link_gb_s', type=float, default=450.0,
                       help='ASSUMED interconnect bandwidth per chip, GB/s, '
                       'of the on-paper all-reduces (default: the NVLink 4 '
@@ -392,13 +391,9 @@ def main(argv=None):
   parser.add_argument('--alpha', type=float, default=None,
                       help="default: each drafter's alpha in the profile's "
                       'run (en_de, t = 0)')
-  parser.add_argument('--repredict', default=None, metavar='JSON',
-                      help='recompute the on-paper sections of this results '
-                      'file (the compile facts are kept); rewrite its .json '
-                      'and .md')
   args = parser.parse_args(argv)
   argv = sys.argv[1:] if argv is None else list(argv)
-  profile = hardware.load(args.profile)
+  profile = flags.profile_of(args)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     result = predict_on_paper(

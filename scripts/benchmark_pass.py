@@ -66,11 +66,7 @@ def parse_flags(argv=None):
   p.add_argument('--max_tree', type=int, default=2)
   p.add_argument('--embeddings_dir', default='shipped:lookahead')
   p.add_argument('--out', default='results/pass_shipped')
-  p.add_argument('--profile', default=hardware.H100,
-                 help='measured hardware profile of the predicted column')
-  p.add_argument('--repredict', default=None, metavar='JSON',
-                 help='recompute the predicted column of this results file '
-                 '(nothing is measured); rewrite its .json, .md, _alpha.png')
+  flags.add_prediction_flags(p)
   args = p.parse_args(argv)
   if not args.repredict:
     flags.check_model_flags(p, args, 'target')
@@ -178,7 +174,7 @@ def measure_task(args, model, params, task, result, profile):
 
 def main(argv=None):
   args = parse_flags(argv)
-  profile = hardware.load(args.profile)
+  profile = flags.profile_of(args)
   command = report.portable(' '.join(
       ['python', SCRIPT] + list(sys.argv[1:] if argv is None else argv)))
   if args.repredict:

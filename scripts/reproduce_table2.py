@@ -61,6 +61,7 @@ from specdec_jax import eval as eval_lib
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import widening
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
@@ -329,16 +330,9 @@ def main(argv=None):
   parser.add_argument('--extra_rows', default='',
                       help='more rows: task:cost:drafter:temp, comma-separated'
                       " (e.g. 'en_de:t5_1_1_large_cost:small:0')")
-  parser.add_argument('--profile', default=hardware.H100,
-                      help='the measured hardware profile of the "predicted '
-                      "<profile>\" column (bench.hardware.names()); 'none': "
-                      'no such column')
-  parser.add_argument('--repredict', default=None, metavar='JSON',
-                      help='recompute the predicted columns of this results '
-                      'file from its measured values (nothing is measured) '
-                      'and rewrite its .json and .md')
+  flags.add_prediction_flags(parser, optional=True)
   args = parser.parse_args(argv)
-  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  profile = flags.profile_of(args, optional=True)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     result = repredict(report.read_json(path), profile, report.portable(

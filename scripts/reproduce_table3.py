@@ -31,6 +31,7 @@ from specdec_jax import data
 from specdec_jax import decoding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
+from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
@@ -170,14 +171,9 @@ def main(argv=None):
   parser.add_argument('--num_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--split', default='test')
-  parser.add_argument('--profile', default=hardware.H100,
-                      help='the measured hardware profile of the predicted '
-                      "column (bench.hardware.names()); 'none': no column")
-  parser.add_argument('--repredict', default=None, metavar='JSON',
-                      help='recompute the predicted column of this results '
-                      'file (nothing is measured); rewrite its .json, .md')
+  flags.add_prediction_flags(parser, optional=True)
   args = parser.parse_args(argv)
-  profile = None if args.profile == 'none' else hardware.load(args.profile)
+  profile = flags.profile_of(args, optional=True)
   if args.repredict:
     path = pathlib.Path(args.repredict)
     result = repredict(report.read_json(path), profile, report.portable(

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from specdec_jax import data
-from specdec_jax.bench import hardware
+from specdec_jax.bench import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
@@ -259,7 +259,7 @@ def cmd_report(args):
   from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
-  profile = hardware.load(args.profile)
+  profile = flags.profile_of(args)
   with open(args.measured) as f:
     after = json.load(f)
   with open(os.path.join(REPO, 'results', 'table3_mini.json')) as f:
@@ -402,9 +402,7 @@ def main(argv=None):
   parser.add_argument('--assets', default=None,
                       help='default specdec_jax/assets/mini')
   parser.add_argument('--slice_examples', type=int, default=256)
-  parser.add_argument('--profile', default=hardware.H100,
-                      help='report: the measured hardware profile of the '
-                      'predicted column (bench.hardware.names())')
+  flags.add_prediction_flags(parser, repredict=False)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   if args.command != 'report' and not args.export_dir:
     parser.error(f'{args.command} needs --export_dir')

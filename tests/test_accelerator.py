@@ -14,7 +14,6 @@ projected wall time, from the measured H100 run's time log, must fit one
 9-minute device call.
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 
 import specdec_jax
+from script_modules import load_script
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax.bench import budget
@@ -86,15 +86,6 @@ def blocked_env(tmp_path):
   return env
 
 
-def load_script():
-  """scripts/reproduce_accelerator.py as a module (scripts/ is no package)."""
-  name = 'reproduce_accelerator'
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-  return sys.modules[name]
 
 
 @pytest.fixture(scope='module')
@@ -214,7 +205,7 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
 
 def test_full_shipped_run_is_projected_to_fit_nine_minutes(capsys):
   """The plan of the full shipped run, at the H100 run's measured rates."""
-  script = load_script()
+  script = load_script('reproduce_accelerator')
   full = script.FULL
   drafts = script.roster('shipped', ['target', 'dec2', 'small'], full)
   projection = script.project(
@@ -230,7 +221,7 @@ def test_full_shipped_run_is_projected_to_fit_nine_minutes(capsys):
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
-  run = json.loads((ROOT / load_script().H100_RUN).read_text())
+  run = json.loads((ROOT / load_script('reproduce_accelerator').H100_RUN).read_text())
   rates = budget.unit_seconds(run)
   assert rates['compile']['units'] == 37 and rates['compile']['workers'] == 8
   assert rates['calls']['units'] == 15 and rates['drafters']['units'] == 7
@@ -358,7 +349,7 @@ COSTS = {
 
 def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
   """Drafters at own cost and widened to T5 1.1 cost; n-grams per task."""
-  script = load_script()
+  script = load_script('reproduce_accelerator')
   use_fake(monkeypatch, FakeShipped())
   argv = ['--smoke', '--source', 'shipped', '--out_dir', str(tmp_path)]
   args = script.parse_flags(argv)
@@ -408,7 +399,7 @@ def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
     (None, 'shipped.py'),
 ])
 def test_shipped_source_fails_clearly(monkeypatch, fake, message):
-  script = load_script()
+  script = load_script('reproduce_accelerator')
   use_fake(monkeypatch, fake)
   with pytest.raises(SystemExit, match=message):
     script.load_shipped()
@@ -422,7 +413,7 @@ def test_shipped_source_fails_clearly(monkeypatch, fake, message):
     (['--examples', '0'], 'examples'),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
-  script = load_script()
+  script = load_script('reproduce_accelerator')
   with pytest.raises(SystemExit):
     script.parse_flags(argv)
   assert message in capsys.readouterr().err

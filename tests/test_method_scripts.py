@@ -9,15 +9,14 @@ the method scripts' results must be what `--repredict` gives from the
 file's own measured values.
 """
 
-import importlib.util
 import json
 import pathlib
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
+from script_modules import load_script
 from specdec_jax import arrays
 from specdec_jax import network
 from specdec_jax import training
@@ -29,16 +28,6 @@ SPEC = 't5_1_1_tiny,vocab_size=32,dtype=float32'
 LENGTH = 10
 
 
-def load_script(name):
-  """scripts/<name>.py as a module (scripts/ is no package)."""
-  key = f'script_{name}'
-  if key not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        key, ROOT / 'scripts' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-  return sys.modules[key]
 
 
 def _copy_task(rows, seed):

@@ -8,16 +8,15 @@ must keep the method weights already shipped.
 """
 
 import hashlib
-import importlib.util
 import json
 import os
 import pathlib
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
+from script_modules import load_script
 from specdec_jax import arrays
 from specdec_jax import shipped
 from specdec_jax import theory
@@ -26,16 +25,6 @@ from specdec_jax.bench import hardware
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def load_script(name):
-  """scripts/<name>.py as a module (scripts/ is no package)."""
-  key = f'script_{name}'
-  if key not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        key, ROOT / 'scripts' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-  return sys.modules[key]
 
 
 def _without(d, keys):

@@ -79,6 +79,12 @@ def _a_data_file(root, model):
   return max(files, key=os.path.getsize)  # a tensor chunk, not metadata
 
 
+def _cut_the_end(path, n_bytes):
+  """Truncates `path` in place by its last `n_bytes`."""
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) - n_bytes)
+
+
 def _flip_a_byte(path):
   """Corrupts `path` in place without changing its size."""
   with open(path, 'r+b') as f:
@@ -99,8 +105,7 @@ def test_a_corrupt_shipped_file_is_named(copied):
 
 def test_a_truncated_or_missing_shipped_file_is_named(copied):
   path = _a_data_file(copied, 'target')
-  with open(path, 'r+b') as f:
-    f.truncate(os.path.getsize(path) - 7)
+  _cut_the_end(path, 7)
   with pytest.raises(shipped.ShippedAssetError, match='truncated') as e:
     shipped.load_model('target')
   assert path in str(e.value)
@@ -220,8 +225,7 @@ def test_a_damaged_shipped_method_file_is_named(copied):
   """A truncated, corrupt or missing file of a method's weights is named by
   `resolve`, before any loader sees it; the other methods still resolve."""
   path = _a_data_file(copied, 'heads/en_de')
-  with open(path, 'r+b') as f:
-    f.truncate(os.path.getsize(path) - 5)
+  _cut_the_end(path, 5)
   with pytest.raises(shipped.ShippedAssetError, match='truncated') as e:
     shipped.resolve('shipped:heads/en_de')
   assert path in str(e.value)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import seqio
 
+from script_modules import load_script
 from specdec_jax import tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -99,11 +100,7 @@ Description-de: Qux-Bibliothek
 @pytest.fixture(scope='module')
 def build():
   """scripts/build_debian_data.py as a module (scripts/ is not a package)."""
-  path = ROOT / 'scripts' / 'build_debian_data.py'
-  spec = importlib.util.spec_from_file_location('build_debian_data', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script('build_debian_data')
 
 
 @pytest.fixture(scope='module')

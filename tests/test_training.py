@@ -8,7 +8,6 @@ an error. Runs here use a tiny model on the Debian slice in tests/testdata.
 """
 
 import functools
-import importlib.util
 import json
 import os
 import pathlib
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from script_modules import load_script
 from specdec_jax import checkpoints
 from specdec_jax import data
 from specdec_jax import network
@@ -339,10 +339,7 @@ def test_script_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
   macro must stop the job with gin's message.
   """
   del debian_slice
-  spec = importlib.util.spec_from_file_location('train_script',
-                                                ROOT / 'scripts' / 'train.py')
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = load_script('train')
   out = tmp_path / 'run'
   gin_file = TRAIN_GIN / 'en_de_mini_small.gin'
   summary = script.main([

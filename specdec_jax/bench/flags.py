@@ -9,6 +9,9 @@
 without its config or without its task data. `task_arrays` reads a task's
 rows from `--arrays` or the shipped slices, `checkpoint_of` a method's
 weights from `shipped:<kind>/<task>`, a checkpoint folder or a model dir.
+`add_prediction_flags` adds `--profile` (the measured hardware profile of
+the predicted figures) and `--repredict` (recompute them in a results file,
+measuring nothing); `profile_of(args)` loads the profile.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Dict, Optional
 from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import shipped
+from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 
 
@@ -80,3 +84,38 @@ def checkpoint_of(where: str) -> str:
   if not os.path.isdir(path):
     raise FileNotFoundError(f'no checkpoint under {where}')
   return path
+
+
+NO_PROFILE = 'none'
+
+
+def add_prediction_flags(parser: argparse.ArgumentParser, *,
+                         optional: bool = False,
+                         repredict: bool = True) -> None:
+  """`--profile` (and `--repredict`): where predicted figures come from.
+
+  Args:
+    parser: the script's parser.
+    optional: '--profile none' leaves the predicted figures out.
+    repredict: also `--repredict JSON`: recompute the predicted figures of
+      that results file from its measured values (nothing is measured) and
+      rewrite it.
+  """
+  parser.add_argument(
+      '--profile', default=hardware.H100,
+      help='the measured hardware profile of the predicted figures '
+      '(bench.hardware.names())' +
+      (f"; '{NO_PROFILE}': leave them out" if optional else ''))
+  if repredict:
+    parser.add_argument(
+        '--repredict', default=None, metavar='JSON',
+        help='recompute the predicted figures of this results file from its '
+        'measured values (nothing is measured) and rewrite it')
+
+
+def profile_of(args, optional: bool = False
+               ) -> Optional[hardware.HardwareProfile]:
+  """The `--profile` flag's profile (with `optional`, None for 'none')."""
+  if optional and args.profile == NO_PROFILE:
+    return None
+  return hardware.load(args.profile)
