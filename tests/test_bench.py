@@ -34,9 +34,8 @@ def _run(source):
 def test_profile_is_its_measured_run(name):
   profile = hardware.load(name)
   run = _run(profile.source)
-  read = (hardware.from_accelerator_run if 'setup' in run
-          else hardware.from_costs_run)
-  assert read(run, profile.source).to_json() == profile.to_json()
+  assert hardware.from_run(run, profile.source).to_json() == (
+      profile.to_json())
 
 
 def test_predict_reproduces_the_h100_runs_own_predictions():

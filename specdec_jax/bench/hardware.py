@@ -220,6 +220,13 @@ def from_costs_run(run: Mapping[str, Any], source: str,
       source=source, command=run['command'], date=run.get('date', ''))
 
 
+def from_run(run: Mapping[str, Any], source: str) -> HardwareProfile:
+  """The profile of either kind of run: an accelerator run has a `setup`."""
+  if 'setup' in run:
+    return from_accelerator_run(run, source)
+  return from_costs_run(run, source)
+
+
 def path_of(name: str) -> pathlib.Path:
   return PROFILES_DIR / f'{name}.json'
 
@@ -369,7 +376,7 @@ def predict(profile: HardwareProfile, *, alpha: Optional[float] = None,
 
 def main(argv=None) -> None:
   """Writes a profile from a measured run's json: `python -m
-  specdec_jax.bench.hardware <run.json> [accelerator|costs]`."""
+  specdec_jax.bench.hardware <run.json>` (either kind of run)."""
   import sys  # pylint: disable=g-import-not-at-top
   argv = sys.argv[1:] if argv is None else argv
   if not argv:
@@ -379,12 +386,7 @@ def main(argv=None) -> None:
     return
   source = argv[0]
   run = json.loads(pathlib.Path(source).read_text())
-  kind = argv[1] if len(argv) > 1 else (
-      'accelerator' if 'costs' in run and 'floor' in run
-      and 'setup' in run else 'costs')
-  profile = (from_accelerator_run(run, source) if kind == 'accelerator'
-             else from_costs_run(run, source))
-  print(write(profile))
+  print(write(from_run(run, source)))
 
 
 if __name__ == '__main__':

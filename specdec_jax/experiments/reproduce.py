@@ -33,8 +33,6 @@ from specdec_jax import shipped
 from specdec_jax import widening
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
-# Callers not yet moved to bench.report.portable import it from here.
-from specdec_jax.bench.report import portable  # pylint: disable=unused-import
 
 # Our offline tasks and the paper's task each stands in for.
 TASKS = {
