@@ -55,6 +55,7 @@ import pathlib
 import sys
 
 import jax
+import numpy as np
 
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
@@ -78,6 +79,8 @@ def run_eval(task, drafter, args, *, gamma, temperature, cost, num_examples,
   bindings = dict(GAMMA=gamma, TEMPERATURE=float(temperature),
                   NUM_EXAMPLES=num_examples, EVAL_OUTPUT_DIR=out_dir)
   bindings['evaluate.timing_repeats'] = args.timing_repeats
+  if args.batch_size != 1:  # the paper's batch 1 decodes fixed either way
+    bindings.update(BATCH_SIZE=args.batch_size, BATCHING=args.batching)
   if cost != 'native':
     bindings['EvalSetup.target_widen_to'] = cost
   flags = eval_flags(args.setup_obj, task, drafter, **bindings)
@@ -155,7 +158,8 @@ def predict_row(row, costs, run_profile, profile):
   """
   alpha = _clamp(row['alpha'])
   p = hardware.predict(run_profile, alpha=alpha, gamma=row['gamma'],
-                       drafter=row['drafter'])
+                       drafter=row['drafter'],
+                       batch=run_profile.batches()[0])
   old = row.get('predicted_speedup')
   row.update(predicted_speedup=p.speedup, predicted_label=p.label,
              cost_gamma_plus_1=p.cost,
@@ -183,9 +187,11 @@ def repredict(result, profile, command=None):
     predict_row(row, costs, costs_profile(result, costs), profile)
   for row in result.get('gamma_sweep', []):
     costs = _costs_of(result, row)  # (task, cost): the sweep's costs
-    p = hardware.predict(costs_profile(result, costs),
+    run_profile = costs_profile(result, costs)
+    p = hardware.predict(run_profile,
                          alpha=_clamp(row['alpha']), gamma=row['gamma'],
-                         drafter=row['drafter'])
+                         drafter=row['drafter'],
+                         batch=run_profile.batches()[0])
     row['predicted_speedup'] = p.speedup
   result['profile'] = None if profile is None else profile.name
   if command:
@@ -320,6 +326,12 @@ def main(argv=None):
   parser.add_argument('--max_gamma', type=int, default=10)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--timing_repeats', type=int, default=1)
+  parser.add_argument('--batch_size', type=int, default=1,
+                      help='examples decoded at once (the paper: 1)')
+  parser.add_argument('--batching', default='stream',
+                      choices=['stream', 'fixed'],
+                      help='at --batch_size > 1: continuous batching '
+                      '(streaming.py) or fixed batches (EvalSetup.batching)')
   parser.add_argument('--sweep_cost', default='t5_1_1_base_cost')
   parser.add_argument('--sweep_temperature', type=float, default=0.0)
   parser.add_argument('--sweep_drafter', default='small')
@@ -408,9 +420,14 @@ def main(argv=None):
       else:
         tp, cfg = widening.widen_to(target_params, target_config, cost)
         tm = network.T5Model(cfg)
-      costs = measure_costs(tm, tp, drafters, calib[:1], args, context)
+      # At the eval's batch: gamma is chosen from cost(k) there.
+      rows_b = np.resize(np.asarray(calib), (args.batch_size,) +
+                         np.shape(calib)[1:])
+      costs = measure_costs(tm, tp, drafters, rows_b, args, context)
       costs.update(task=task, target_cost=cost,
                    target_params=widening.param_count(tp))
+      if args.batch_size != 1:
+        costs['batch'] = args.batch_size
       result['costs'].append(costs)
       run_profile = costs_profile(result, costs)
       print(json.dumps(costs), flush=True)
@@ -420,9 +437,10 @@ def main(argv=None):
       for drafter, temp in rows:
         alpha_cal = alphas[drafter, temp]
         c = costs['c'][drafter]
+        # The gamma of the costs at the run's batch (its cost(k) there).
         gamma = hardware.predict(run_profile, alpha=_clamp(alpha_cal),
-                                 drafter=drafter,
-                                 max_gamma=args.max_gamma).gamma
+                                 drafter=drafter, max_gamma=args.max_gamma,
+                                 batch=run_profile.batches()[0]).gamma
         summary, command = run_eval(
             task, drafter, args, gamma=gamma, temperature=temp, cost=cost,
             num_examples=args.num_examples, tag=f'{drafter}_t{temp:g}')
@@ -467,7 +485,8 @@ def main(argv=None):
               alpha=summary['alpha'],
               predicted_speedup=hardware.predict(
                   run_profile, alpha=_clamp(summary['alpha']), gamma=gamma,
-                  drafter=args.sweep_drafter).speedup,
+                  drafter=args.sweep_drafter,
+                  batch=run_profile.batches()[0]).speedup,
               measured_speedup=summary['throughput_speedup'],
               command=command))
           print(json.dumps(result['gamma_sweep'][-1]), flush=True)

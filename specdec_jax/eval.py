@@ -15,7 +15,13 @@ to time); `--dry_run` prints the setup. Flags follow T5X (gin_utils.py):
 
 For every batch the same inputs are decoded by the baseline and by
 speculative decoding, both compiled, timed side by side (the order alternates
-between batches). Outputs in EVAL_OUTPUT_DIR:
+between batches). At batch > 1 both decode with continuous batching by
+default (`EvalSetup.batching = 'stream'`: `streaming.sample_stream` and
+`streaming.speculative_stream`, an ended row refilled with the next example
+inside the loop) over chunks of `EvalSetup.stream_chunk` batches' worth of
+examples: the chunk is then the unit decoded, timed, written and resumed
+(below, read "chunk" for "batch"); `BATCHING = 'fixed'` decodes fixed
+batches. Outputs in EVAL_OUTPUT_DIR:
   examples.jsonl   one record per example, appended as batches finish;
   summary.json     walltime speedup, alpha, mean accepted length, target calls
                    per token, metrics of both outputs, differing examples
@@ -43,9 +49,9 @@ On a device mesh (gin_configs/mesh/partitioner.gin: `evaluate.partitioner`)
 the target is restored straight into T5X-style shardings and both decoders
 run sharded (partitioning.py). Across processes (`--coordinator_address`,
 `--num_processes`, `--process_id`, or the JAX_* env, or `--multiprocess`;
-`jax.distributed`), each process decodes every P-th batch into its own
-examples.process-p-of-P.jsonl and process 0 merges them into examples.jsonl
-(each index once) and writes the summary.
+`jax.distributed`), each process decodes every P-th batch (chunk) into its
+own examples.process-p-of-P.jsonl and process 0 merges them into
+examples.jsonl (each index once) and writes the summary.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ import pathlib
 import signal
 import sys
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -266,19 +272,50 @@ def _check_interrupted() -> None:
     raise KeyboardInterrupt
 
 
+def _units(setup: EvalSetup, all_inputs: np.ndarray
+           ) -> Iterator[Tuple[int, int, int, np.ndarray]]:
+  """The timed decode calls: `(unit, start, rows used, inputs)`.
+
+  Fixed batches: unit b is batch b (`data.batches`, a short last one
+  filled). Streamed (`setup.streamed`): unit c is chunk c, the examples
+  [c K B, (c + 1) K B) with K = `setup.stream_chunk` and B the batch, a
+  short last chunk filled (repeating its first row) to a multiple of B.
+  """
+  b = setup.batch_size
+  if not setup.streamed:
+    for start, n, inputs in data.batches(all_inputs, b):
+      yield start // b, start, n, inputs
+    return
+  size = setup.stream_chunk * b
+  for start in range(0, len(all_inputs), size):
+    rows = all_inputs[start:start + size]
+    n = len(rows)
+    filled = -(-n // b) * b
+    inputs = np.concatenate([rows, np.repeat(rows[:1], filled - n, 0)])
+    yield start // size, start, n, inputs
+
+
 def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
                     done: set, timing_repeats: int, share=(0, 1),
                     partitioner=None) -> Iterator[List[Dict[str, Any]]]:
-  """Decodes every unfinished batch both ways; yields each batch's records.
+  """Decodes every unfinished unit both ways; yields each unit's records.
 
-  Rows already in `done` (a batch cut short by a crash) are decoded with
-  their batch but not recorded again. With `share` (index, count) only
-  batches b with b % count == index are decoded (a process's share); with a
-  `partitioner` each batch is placed on its mesh (batch over 'data').
+  A unit is a batch, or streamed (`EvalSetup.streamed`) a chunk of
+  `stream_chunk` batches' worth of examples decoded by the streaming loops
+  (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
+  an ended row refilled inside the loop). Rows already in `done` (a unit
+  cut short by a crash) are decoded with their unit but not recorded again.
+  With `share` (index, count) only units u with u % count == index are
+  decoded (a process's share); with a `partitioner` each unit's inputs are
+  placed on its mesh (batch over 'data'; a stream's refills then encode a
+  full slot batch, which the mesh divides).
 
-  The two decoders run on the same inputs and rng, compiled (the first batch
-  is decoded once untimed), timed alternately (`measure.time_alternating`,
-  the first one alternating between batches).
+  The two decoders run on the same inputs and rng, compiled (each new
+  input / drafter shape is decoded once untimed), timed alternately
+  (`measure.time_alternating`, the first one alternating between units).
+  An output cache (kinds 'cache', 'combined') learns the finished outputs
+  after each unit: streamed, the examples of a chunk draft from the outputs
+  of earlier chunks (fixed: of earlier batches).
   """
   import jax  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
@@ -287,6 +324,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
   from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
+  from specdec_jax import streaming  # pylint: disable=g-import-not-at-top
 
   setup, target, target_params = (loaded.setup, loaded.target,
                                   loaded.target_params)
@@ -294,33 +332,47 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   lengths = setup.task_feature_lengths
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              lengths['inputs'])
-  warm = False
+  mode = 'stream' if setup.streamed else 'fixed'
+  refill_sizes = None if partitioner is None else (setup.batch_size,)
+  warmed = set()  # (input shape, drafter param shapes) compiled
   draft_params = loaded.draft_params
-  for start, n, inputs in tqdm(
-      list(data.batches(all_inputs, setup.batch_size)), desc='eval',
-      unit='batch'):
-    b = start // setup.batch_size
+  for u, start, n, inputs in tqdm(list(_units(setup, all_inputs)),
+                                  desc='eval', unit='chunk' if
+                                  setup.streamed else 'batch'):
     batch = examples[start:start + n]
-    if b % share[1] != share[0] or all(i in done for i, *_ in batch):
+    if u % share[1] != share[0] or all(i in done for i, *_ in batch):
       continue
     if partitioner is not None:
       inputs = partitioner.shard_batch(inputs)
-    rng = jax.random.fold_in(jax.random.key(setup.seed), b)
-    calls = {
-        'baseline': lambda: decoding.temperature_sample(
-            target, target_params, inputs, max_decode_len=lengths['targets'],
-            sampling=sampling, eos_id=setup.eos_id, rng=rng,
-            block_size=setup.gamma + 1 if setup.same_shape_baseline else 1),
-        'speculative': lambda: speculative.speculative_sample(
-            target, target_params, loaded.drafter, draft_params,
-            inputs, gamma=setup.gamma, max_decode_len=lengths['targets'],
-            sampling=sampling, eos_id=setup.eos_id, rng=rng),
-    }
-    if not warm:  # compile both outside the timings
+    rng = jax.random.fold_in(jax.random.key(setup.seed), u)
+    common = dict(max_decode_len=lengths['targets'], sampling=sampling,
+                  eos_id=setup.eos_id, rng=rng)
+    if setup.streamed:
+      stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
+      calls = {
+          'baseline': lambda: streaming.sample_stream(
+              target, target_params, inputs, **stream, **common),
+          'speculative': lambda: streaming.speculative_stream(
+              target, target_params, loaded.drafter, draft_params, inputs,
+              gamma=setup.gamma, **stream, **common),
+      }
+    else:
+      calls = {
+          'baseline': lambda: decoding.temperature_sample(
+              target, target_params, inputs,
+              block_size=setup.gamma + 1 if setup.same_shape_baseline else 1,
+              **common),
+          'speculative': lambda: speculative.speculative_sample(
+              target, target_params, loaded.drafter, draft_params, inputs,
+              gamma=setup.gamma, **common),
+      }
+    shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
+                                                           draft_params)))
+    if shapes not in warmed:  # compile both outside the timings
       measure.time_alternating(calls)
-      warm = True
+      warmed.add(shapes)
     res, times = measure.time_alternating(calls, timing_repeats,
-                                          reverse=b % 2 == 1)
+                                          reverse=u % 2 == 1)
     base, spec = res['baseline'], res['speculative']
     st = spec.stats
     divergences = {}
@@ -335,9 +387,9 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
       if i in done:
         continue
       b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
-      records.append(dict(
-          index=i, batch=b, input=in_text, target=tgt_text,
-          baseline=text(base, row, b_len),
+      record = dict(
+          index=i, batch=i // setup.batch_size, input=in_text,
+          target=tgt_text, baseline=text(base, row, b_len),
           speculative=text(spec, row, s_len),
           baseline_length=b_len, speculative_length=s_len,
           identical=bool(np.array_equal(base.tokens[row], spec.tokens[row])),
@@ -345,24 +397,25 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
           drafted=int(st.drafted[row]), accepted=int(st.accepted[row]),
           beta_sum=float(st.beta_sum[row]),
           beta_count=int(st.beta_count[row]),
+          batching=mode,
           baseline_batch_s=times['baseline'],
           speculative_batch_s=times['speculative'],
-          divergence=divergences.get(row)))
+          divergence=divergences.get(row))
+      if setup.streamed:
+        record['chunk'] = u
+      records.append(record)
     if loaded.store is not None and records:
       # The output cache learns every finished output (persisted when it
-      # has a file); the next batch drafts from it. A grown capacity is a
-      # new compiled shape: warm up again outside the timings.
-      shapes = jax.tree_util.tree_map(np.shape, draft_params)
+      # has a file); the next unit drafts from it. A grown capacity is a
+      # new compiled shape: warmed up again outside the timings.
       new_rows = [row for row, (i, *_) in enumerate(batch) if i not in done]
       loaded.store.add_requests(
-          target, target_params, inputs[new_rows],
+          target, target_params, inputs[np.asarray(new_rows)],
           [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
            for row in new_rows])
       if loaded.store.path:
         loaded.store.save()
       draft_params = loaded.drafter.with_store(draft_params, loaded.store)
-      warm = warm and jax.tree_util.tree_map(np.shape,
-                                             draft_params) == shapes
     yield records
 
 
@@ -373,9 +426,10 @@ def _summary(records, settings) -> Dict[str, Any]:
   if not records:
     return {'examples': 0}
   sum_ = lambda k: float(sum(r[k] for r in records))
-  batch_times = {}
+  batch_times = {}  # per timed call: a batch, or streamed a chunk
   for r in records:
-    batch_times[r['batch']] = (r['baseline_batch_s'], r['speculative_batch_s'])
+    unit = ('chunk', r['chunk']) if 'chunk' in r else ('batch', r['batch'])
+    batch_times[unit] = (r['baseline_batch_s'], r['speculative_batch_s'])
   base_s = sum(b for b, _ in batch_times.values())
   spec_s = sum(s for _, s in batch_times.values())
   tokens = sum_('speculative_length')
@@ -383,7 +437,10 @@ def _summary(records, settings) -> Dict[str, Any]:
   greedy = settings['temperature'] == 0
   summary = {
       'examples': len(records),
-      'batches': len(batch_times),
+      'batches': len({r['batch'] for r in records}),
+      'timed_calls': len(batch_times),
+      # Records of runs from before streaming say nothing: fixed.
+      'batching': records[0].get('batching', 'fixed'),
       'baseline_s': base_s,
       'speculative_s': spec_s,
       'walltime_speedup': base_s / spec_s if spec_s else None,

@@ -25,6 +25,7 @@ from specdec_jax import widening
 from specdec_jax.sampling import SamplingConfig
 
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
+BATCHINGS = ('stream', 'fixed')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,15 @@ class EvalSetup:
       iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
       likely token is below this probability and a copying drafter stop
       where nothing matches (see `drafters.T5Drafter`).
+    batching: at batch_size > 1, 'stream' (continuous batching: both
+      decoders run `streaming.sample_stream` / `speculative_stream`, an
+      ended row refilled with the next example inside the loop, over chunks
+      of `stream_chunk` batches' worth of examples) or 'fixed' (each batch
+      runs until its slowest row ends: `decoding.temperature_sample` /
+      `speculative.speculative_sample`). Batch 1 always decodes fixed.
+    stream_chunk: batches' worth of examples per streamed call (the unit
+      that is timed, recorded and resumed; a drafter's output cache learns
+      after each).
   """
 
   target_config: network.T5Config
@@ -103,6 +113,8 @@ class EvalSetup:
   same_shape_baseline: bool = False
   output_cache: Optional[str] = None
   draft_confidence: float = 0.0
+  batching: str = 'stream'
+  stream_chunk: int = 4
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -120,6 +132,16 @@ class EvalSetup:
         not isinstance(self.num_examples, int) or self.num_examples < 0):
       raise ValueError('num_examples must be None or an int >= 0, got '
                        f'{self.num_examples!r}.')
+    if self.batching not in BATCHINGS:
+      raise ValueError(f'batching must be one of {BATCHINGS}, got '
+                       f'{self.batching!r}.')
+    chunk = self.stream_chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+      raise ValueError(f'stream_chunk must be an int >= 1, got {chunk!r}.')
+    if self.same_shape_baseline and self.streamed:
+      raise ValueError(
+          "same_shape_baseline needs batching='fixed' at batch_size > 1: the "
+          'streamed baseline steps one token per row.')
     kind = drafters_lib.get_kind(self.drafter)
     conf = self.draft_confidence
     if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
@@ -150,6 +172,11 @@ class EvalSetup:
       if not isinstance(self.target_widen_to, str):
         set_('target_widen_to', dict(self.target_widen_to))
       self.decoding_config  # pylint: disable=pointless-statement
+
+  @property
+  def streamed(self) -> bool:
+    """Whether the job decodes with continuous batching (`batching`)."""
+    return self.batching == 'stream' and self.batch_size > 1
 
   @property
   def sampling(self) -> SamplingConfig:
@@ -190,6 +217,9 @@ class EvalSetup:
       settings['same_shape_baseline'] = True
     if self.draft_confidence:
       settings['draft_confidence'] = float(self.draft_confidence)
+    if self.streamed:  # fixed batches: as before streaming existed
+      settings['batching'] = 'stream'
+      settings['stream_chunk'] = self.stream_chunk
     return settings
 
   def describe(self) -> str:

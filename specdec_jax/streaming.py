@@ -78,9 +78,12 @@ def merge_rows(old, new, mask: Array):
   return jax.tree_util.tree_map(merge, old, new)
 
 
-def check_row_leaves(init_fn, params, rows: Array, what: str) -> None:
+def check_row_leaves(init_fn, params, rows: Array, what: str,
+                     counts: Tuple[int, int] = (1, 2)) -> None:
   """Raises unless every leaf `init_fn(params, rows)` makes has the rows as
-  its leading axis (checked on shapes only, for 1 and 2 rows).
+  its leading axis (checked on shapes only, for two row `counts`: the
+  streams check the slot batch and twice it, which a mesh's 'data' axis
+  divides when it divides the batch).
 
   A refill encodes a few rows and merges them into the slot batch leaf by
   leaf, so a leaf without that axis (a scalar counter, a table shared by
@@ -96,7 +99,7 @@ def check_row_leaves(init_fn, params, rows: Array, what: str) -> None:
     ValueError: naming each leaf that lacks the leading row axis.
   """
   bad = {}
-  for k in (1, 2):
+  for k in counts:
     row_shape = jax.ShapeDtypeStruct((k,) + tuple(rows.shape[1:]),
                                      rows.dtype)
     tree = jax.eval_shape(init_fn, params, row_shape)
@@ -296,15 +299,18 @@ class SpecStreamLoop:
                  ) -> None:
     """Raises unless the target's cache and the drafter's state have the
     rows as every leaf's leading axis (shapes only: no work)."""
+    counts = (self.batch_size, 2 * self.batch_size)
     check_row_leaves(
         lambda p, x: self.loop.target.init_cache(p, x,
                                                  self.loop.cache_length),
-        target_params, inputs, "the target's cache (`target.init_cache`)")
+        target_params, inputs, "the target's cache (`target.init_cache`)",
+        counts)
     drafter = getattr(self.loop, 'drafter', None)
     source = (f'{type(drafter).__name__}.init' if drafter is not None else
               f'{type(self.loop).__name__}.init_draft')
     check_row_leaves(self.loop.init_draft, draft_params, draft_inputs,
-                     f"the drafter's state (`{source}` of draft_params)")
+                     f"the drafter's state (`{source}` of draft_params)",
+                     counts)
 
   def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
     # Once per compilation (at trace time), before any row is indexed.
@@ -486,7 +492,8 @@ class SampleStreamLoop:
     # Once per compilation (at trace time), before any row is indexed.
     check_row_leaves(
         lambda p, x: self.model.init_cache(p, x, self.max_decode_len),
-        params, inputs, "the model's cache (`model.init_cache`)")
+        params, inputs, "the model's cache (`model.init_cache`)",
+        (self.batch_size, 2 * self.batch_size))
     n_examples = inputs.shape[0]
     b = self.batch_size
     first = jnp.arange(b)

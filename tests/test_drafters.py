@@ -118,9 +118,13 @@ def test_streamed_greedy_equals_baseline(greedy, kind):
   merged one for PaSS and heads), exactly as the fixed-batch baseline."""
   model, params, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
-  out = streaming.speculative_stream(
-      model, params, drafter, dparams, enc, batch_size=2, gamma=GAMMA,
-      max_decode_len=MAX_LEN, eos_id=EOS)
+  kw = dict(batch_size=2, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=EOS)
+  loop, _ = streaming.speculative_stream.prepare(model, params, drafter,
+                                                 dparams, enc, **kw)
+  assert isinstance(loop.loop, speculative.MergedLoop) == isinstance(
+      drafter, interfaces.MergedDrafter)
+  out = streaming.speculative_stream(model, params, drafter, dparams, enc,
+                                     **kw)
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   # Each example was decoded in >= 1 iteration of its own.

@@ -17,8 +17,16 @@ from specdec_jax import speculative
 DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
 
 
+# Continuous batching, as the job runs by default at batch > 1: chunks of 2
+# batches of 2 (4 examples, 2 slots refilled). `args` decodes fixed batches
+# unless given these (tests/test_diagnostics.py spies on the fixed-batch
+# decoders through it).
+STREAM = {'BATCHING': "'stream'", 'EvalSetup.stream_chunk': '2'}
+
+
 def args(out, **overrides):
   bindings = {
+      'BATCHING': "'fixed'",
       'TARGET_MODEL': '%T5_1_1_TINY',
       'DRAFT_MODEL': '%T5_1_1_TINY',
       'TARGET_CHECKPOINT': 'None',
@@ -42,9 +50,14 @@ def read_jsonl(path):
   return [json.loads(l) for l in path.read_text().splitlines() if l]
 
 
+TIMING = ('baseline_batch_s', 'speculative_batch_s')
+
+
 def test_end_to_end_resume_and_extend(tmp_path, capsys):
+  """Streamed (the default at batch > 1); then fixed batches on the same
+  examples give the same greedy records."""
   out = tmp_path / 'run'
-  summary = eval_lib.main(args(out))
+  summary = eval_lib.main(args(out, **STREAM))
   assert capsys.readouterr().out.startswith(f'decoding 4 examples into {out}')
   assert summary['reused_records'] == 0
   for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin',
@@ -67,8 +80,28 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
   assert json.loads((out / 'summary.json').read_text())['examples'] == 4
   assert 'GAMMA = 3' in (out / 'config.gin').read_text()
   assert (out / 'summary.md').read_text().count('\n') == 3
+  # The mode is recorded: 4 examples = one chunk of 2 batches, timed once.
+  assert summary['batching'] == 'stream' and summary['stream_chunk'] == 2
+  assert summary['timed_calls'] == 1 and summary['batches'] == 2
+  assert {(r['batching'], r['chunk']) for r in records} == {('stream', 0)}
+  assert [r['batch'] for r in sorted(records, key=lambda r: r['index'])] == [
+      0, 0, 1, 1]
+  # Fixed batches: the same greedy records but for the mode and timings.
+  fixed = eval_lib.main(args(tmp_path / 'fixed'))
+  assert fixed['batching'] == 'fixed' and fixed['timed_calls'] == 2
+  assert 'batching' not in json.loads(
+      (tmp_path / 'fixed' / 'run.json').read_text())
+  mode = TIMING + ('batching', 'chunk')
+  strip = lambda rs: sorted(({k: v for k, v in r.items() if k not in mode}
+                             for r in rs), key=lambda r: r['index'])
+  assert strip(read_jsonl(tmp_path / 'fixed' / 'examples.jsonl')) == strip(
+      records)
+  # A fixed run's folder is not resumed streamed (other settings).
+  with pytest.raises(ValueError, match='other settings'):
+    eval_lib.main(args(tmp_path / 'fixed', **STREAM))
   # A rerun resumes: nothing is decoded twice, and its first line says so.
-  summary = eval_lib.main(args(out))
+  capsys.readouterr()
+  summary = eval_lib.main(args(out, **STREAM))
   assert len(read_jsonl(out / 'examples.jsonl')) == 4
   first = capsys.readouterr().out.splitlines()[0]
   assert first.startswith(f'4 of 4 examples found in {out}')
@@ -76,9 +109,10 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
   assert 'fresh EVAL_OUTPUT_DIR' in first
   assert summary['reused_records'] == 4
   # Asking for more examples decodes only the new ones.
-  summary = eval_lib.main(args(out, NUM_EXAMPLES='6'))
+  summary = eval_lib.main(args(out, NUM_EXAMPLES='6', **STREAM))
   assert sorted(r['index'] for r in read_jsonl(out / 'examples.jsonl')) == (
       list(range(6)))
+  assert summary['timed_calls'] == 2  # chunk 1: examples 4, 5 (filled)
   assert summary['examples'] == 6
   first = capsys.readouterr().out.splitlines()[0]
   assert first.startswith(f'4 of 6 examples found in {out}')
@@ -88,24 +122,33 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
       'reused_records'] == 4
 
 
-def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
+@pytest.mark.parametrize('batching', ['fixed', 'stream'])
+def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
+  """Fixed: batch 1 of 2 fails; streamed: chunk 1 of 2 (4 examples each)."""
+  from specdec_jax import streaming  # pylint: disable=g-import-not-at-top
   out = tmp_path / 'crash'
-  real = speculative.speculative_sample
+  module, name = ((speculative, 'speculative_sample') if batching == 'fixed'
+                  else (streaming, 'speculative_stream'))
+  real = getattr(module, name)
   calls = []
 
   def flaky(*a, **k):
     calls.append(1)
-    if len(calls) == 3:  # warm-up, batch 0, then batch 1 fails
+    if len(calls) == 3:  # warm-up, unit 0, then unit 1 fails
       raise RuntimeError('device lost')
     return real(*a, **k)
 
-  monkeypatch.setattr(speculative, 'speculative_sample', flaky)
+  monkeypatch.setattr(module, name, flaky)
+  flags = {} if batching == 'fixed' else dict(STREAM, NUM_EXAMPLES='8')
+  n = 2 if batching == 'fixed' else 4
   with pytest.raises(RuntimeError, match='device lost'):
-    eval_lib.main(args(out))
-  assert [r['index'] for r in read_jsonl(out / 'examples.jsonl')] == [0, 1]
+    eval_lib.main(args(out, **flags))
+  assert [r['index'] for r in read_jsonl(out / 'examples.jsonl')] == list(
+      range(n))
   summary = json.loads((out / 'summary.json').read_text())
-  assert summary['examples'] == 2
-  assert summary['status'].startswith('failed with 2 of 4 examples left')
+  assert summary['examples'] == n
+  assert summary['status'].startswith(f'failed with {n} of {2 * n} examples '
+                                      'left')
 
 
 @pytest.mark.parametrize('override,error,message', [
@@ -131,6 +174,12 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch):
     ({'DRAFTER': "'pass'", 'GAMMA': '5'}, ValueError,
      'gamma=5 > 4: the PassDrafter drafts at most 4'),
     ({'evaluate.timing_repeats': '0'}, ValueError, 'timing_repeats'),
+    ({'BATCHING': "'streamed'"}, ValueError,
+     "batching must be one of \\('stream', 'fixed'\\)"),
+    ({'EvalSetup.stream_chunk': '0'}, ValueError,
+     'stream_chunk must be an int >= 1'),
+    ({'BATCHING': "'stream'", 'EvalSetup.same_shape_baseline': 'True'},
+     ValueError, "same_shape_baseline needs batching='fixed'"),
 ])
 def test_clear_errors(tmp_path, override, error, message):
   argv = args(tmp_path / 'err', **override)
@@ -164,8 +213,6 @@ def test_widened_target_decodes_the_same(tmp_path):
 
 
 # -- Crash consistency: interrupted any way, resumed, the same outputs --------
-
-TIMING = ('baseline_batch_s', 'speculative_batch_s')
 
 
 def comparable(out):
@@ -205,15 +252,16 @@ def _kill_subprocess(argv, out, sig, after_lines, rng):
 
 def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
                                                          monkeypatch):
-  """SIGKILL / SIGINT in a subprocess, then in-process exceptions, Ctrl-C,
-  SIGTERM and torn writes at random records: after each the files hold no
-  duplicate and the status says why; the resumed run's records equal an
-  uninterrupted run's."""
+  """SIGKILL / SIGINT in a subprocess, then in-process an exception, Ctrl-C,
+  SIGTERM and a torn write at random records, streamed: after each the
+  files hold no duplicate and the status says why; the resumed run's
+  records equal an uninterrupted run's."""
   import random  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
   rng = random.Random(0)
-  few = dict(NUM_EXAMPLES='16', BATCH_SIZE='2')
+  # Streamed: 4 chunks of 4 examples (2 slots).
+  few = dict(NUM_EXAMPLES='16', BATCH_SIZE='2', **STREAM)
   killed, stopped = tmp_path / 'killed', tmp_path / 'stopped'
   # Slowed down (each batch timed 10 times) so that the signal lands mid-run.
   slow = {'evaluate.timing_repeats': '30'}
@@ -235,12 +283,14 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   comparable(killed), comparable(stopped)  # no duplicates so far
 
   real_decode, real_append = data.decode_text, eval_lib._append  # pylint: disable=protected-access
-  faults = ['exception', 'sigint', 'sigterm', 'torn', 'torn', 'exception']
+  # Each fault once (2 per folder); each strikes within the first 2 chunks
+  # left (a chunk = 4 records = 8 decode_text calls, one append).
+  faults = ['exception', 'sigint', 'sigterm', 'torn']
   rng.shuffle(faults)
   fired = []
   for out in (killed, stopped):
-    for fault in faults[:3] if out == killed else faults[3:]:
-      calls, at = [0], rng.randint(1, 6)
+    for fault in faults[:2] if out == killed else faults[2:]:
+      calls, at = [0], rng.randint(1, 8)
 
       def decode(*a, fault=fault, calls=calls, at=at, **k):
         calls[0] += 1
@@ -257,7 +307,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
 
       def torn(sink, records, appends=appends, at=at):
         appends[0] += 1
-        if appends[0] == max(at // 2, 1):
+        if appends[0] == max(at // 4, 1):
           text = ''.join(json.dumps(r) + '\n' for r in records)
           sink.write(text[:len(text) // 2])
           sink.flush()
@@ -282,7 +332,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
     summary = eval_lib.main(args(out, **few))
     assert summary['status'] == 'complete' and summary['examples'] == 16
     assert comparable(out) == expected
-  assert len(fired) >= 5, fired  # the faults did strike
+  assert sorted(fired) == sorted(faults), fired  # every fault did strike
 
 
 @pytest.mark.parametrize('kind', ['heads', 'pass'])
@@ -300,8 +350,33 @@ def test_self_drafting_kinds_decode_with_their_merged_loop(
 
   monkeypatch.setattr(cls, 'merged_loop', counted)
   summary = eval_lib.main(args(tmp_path / kind, DRAFTER=f"'{kind}'",
-                               DRAFT_MODEL='None'))
-  assert len(loops) >= 2  # warm-up + 2 batches (4 examples, batch 2)
+                               DRAFT_MODEL='None', **STREAM))
+  assert summary['batching'] == 'stream'
+  assert len(loops) >= 2  # warm-up + 1 chunk (4 examples, 2 slots)
   assert all(isinstance(x, speculative.MergedLoop) for x in loops)
   assert summary['differing_examples'] == 0
   assert summary['status'] == 'complete'
+
+
+def test_streamed_output_cache_learns_after_each_chunk(tmp_path):
+  """DRAFTER='cache' streamed: the store learns every output after its
+  chunk (2 chunks of 4 here), outputs stay exact."""
+  from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'cache.npz'
+  seen = []
+  real = output_cache.OutputCache.add_requests
+
+  def add(self, *a, **k):
+    seen.append(len(a[-1]))
+    return real(self, *a, **k)
+
+  import unittest.mock  # pylint: disable=g-import-not-at-top
+  with unittest.mock.patch.object(output_cache.OutputCache, 'add_requests',
+                                  add):
+    summary = eval_lib.main(args(tmp_path / 'run', DRAFTER="'cache'",
+                                 DRAFT_MODEL='None', NUM_EXAMPLES='8',
+                                 OUTPUT_CACHE=f"'{path}'", **STREAM))
+  assert summary['differing_examples'] == 0 and summary['examples'] == 8
+  # Seeded with the 100 train pairs, then once per chunk, its new outputs.
+  assert seen == [100, 4, 4]
+  assert len(output_cache.OutputCache.load(str(path))) == 100 + 8

@@ -130,7 +130,17 @@ def test_speculative_stream_greedy_equals_baseline(stream_setup, kind):
     np.testing.assert_array_equal(st.accepted_at, fixed.stats.accepted_at)
 
 
-def test_sampled_stream_follows_target_distribution(tiny_target):
+@pytest.fixture(scope='module')
+def t1_law(tiny_target):  # pylint: disable=redefined-outer-name
+  """The tiny target, its input and its exact law of 3-token sequences at
+  t = 1 (computed once: the slowest part of a chi-square test)."""
+  model, params, enc = tiny_target
+  config = SAMPLING_CASES['t1']
+  return model, params, enc, config, exact_sequence_distribution(
+      model, params, enc, config)
+
+
+def test_sampled_stream_follows_target_distribution(t1_law):
   """N_SAMPLES copies of one input streamed through 64 slots (t = 1).
 
   The drafter has q = 0 on the tokens the target likes, so most tokens come
@@ -138,9 +148,7 @@ def test_sampled_stream_follows_target_distribution(tiny_target):
   Refills encode a full slot batch here (one switch branch: compiles
   faster); the sub-batch refills are checked by the greedy tests.
   """
-  model, params, enc = tiny_target
-  config = SAMPLING_CASES['t1']
-  dist = exact_sequence_distribution(model, params, enc, config)
+  model, params, enc, config, dist = t1_law
   dr, dparams = adversarial_unigram([0, 1])
   inputs = jnp.tile(enc, (N_SAMPLES, 1))
   out = streaming.speculative_stream(
@@ -152,6 +160,25 @@ def test_sampled_stream_follows_target_distribution(tiny_target):
       out.lengths, decoding.output_lengths(out.tokens, SMALL_EOS))
   # Slots were refilled about N_SAMPLES / 64 times each.
   assert int(out.stats.iterations) < N_SAMPLES // 16
+
+
+def test_sampled_baseline_stream_follows_target_distribution(t1_law):
+  """The streamed baseline (the eval job's at batch > 1) samples the
+  target's law: N_SAMPLES copies of one input through 2048 refilled slots at
+  t = 1, chi-square (p > 1e-4) and total variation < 0.02 over whole
+  3-token sequences (`assert_matches`). A refilled slot must restart from a
+  fresh cache at position 0 and draw fresh randomness, or the law shifts.
+  """
+  model, params, enc, config, dist = t1_law
+  out = streaming.sample_stream(
+      model, params, jnp.tile(enc, (N_SAMPLES, 1)), batch_size=2048,
+      max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(12), refill_sizes=(2048,))
+  assert_matches(np.asarray(out.tokens), dist)
+  np.testing.assert_array_equal(
+      out.lengths, decoding.output_lengths(out.tokens, SMALL_EOS))
+  # Slots were refilled: ~N_SAMPLES / 2048 examples each, <= 3 calls each.
+  assert 3 < int(out.iterations) <= 3 * (N_SAMPLES // 2048 + 1)
 
 
 def test_merge_rows_and_bad_arguments(v11):
@@ -208,7 +235,7 @@ def test_a_state_leaf_without_batch_axis_is_named(v11):
            max_decode_len=4)
     message = str(e.value)
     assert "the drafter's state (`_CountingDrafter.init`" in message
-    assert "leaf ['calls']: () for 1 row" in message
+    assert "leaf ['calls']: () for 2 rows" in message
     assert "'rows'" not in message  # the batched leaf is fine
     assert 'out of bounds' not in message
 
@@ -223,6 +250,6 @@ def test_a_state_leaf_without_batch_axis_is_named(v11):
       return (model.init_cache(p, tokens, length), jnp.zeros((3,)))
 
   with pytest.raises(ValueError, match=r"model's cache .*leaf \[1\]: "
-                     r'\(3,\) for 1 row, \(3,\) for 2 rows'):
+                     r'\(3,\) for 2 rows, \(3,\) for 4 rows'):
     streaming.sample_stream(SharedCacheModel(), params, enc, batch_size=2,
                             max_decode_len=4)

@@ -229,14 +229,16 @@ def run_profile(costs: Mapping[str, Any], name: str, device: str,
                 source: str, command: str, date: str):
   """A `bench.hardware.HardwareProfile` of one of this run's cost
   measurements (scripts/reproduce_table2.py's `costs` entries: t(k) and c
-  at batch 1), so its predictions go through `bench.hardware.predict`."""
+  at their `batch`, 1 when not given), so its predictions go through
+  `bench.hardware.predict`."""
   t = {int(k): float(v) for k, v in costs['t_target_ms'].items()}
+  batch = int(costs.get('batch', 1))
   return hardware.HardwareProfile(
       name=name, device=device,
       target=f"{costs['task']} target at {costs['target_cost']} cost",
       t1_ms=t[1], floor_ms=None, bandwidth=None, launch_ms=None,
-      cost={1: {k: v / t[1] for k, v in t.items()}},
-      c={1: {k: float(v) for k, v in costs['c'].items()}},
+      cost={batch: {k: v / t[1] for k, v in t.items()}},
+      c={batch: {k: float(v) for k, v in costs['c'].items()}},
       source=source, command=command, date=date)
 
 def results_name(setup) -> str:
