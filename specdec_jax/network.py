@@ -103,6 +103,78 @@ class DecoderCache:
     """Sets each row's position (e.g. back to drop rejected tokens)."""
     return self.replace(position=jnp.asarray(position, jnp.int32))
 
+  def move_slots(self, source: Array, start: Array) -> 'DecoderCache':
+    """Copies self-attention slots `source[b, i]` to `start[b] + i`.
+
+    A token tree's accepted path: its nodes sit at their tree slots after
+    the verification call and move to the consecutive slots a chain would
+    have written (their keys / values already hold the right positions:
+    `TreeMask`). Gathers before writing, so overlapping ranges are safe;
+    the position is unchanged (callers `rewind`).
+
+    Args:
+      source: `[batch, m]` int32 slots to read (each < max_length).
+      start: `[batch]` int32 first slot to write (start + m <= max_length).
+    """
+    def move(buffer):
+      rows = jnp.take_along_axis(buffer, source[:, :, None, None], axis=1)
+      return layers.write_rows(buffer, rows, start)
+    return self.replace(self_key=tuple(map(move, self.self_key)),
+                        self_value=tuple(map(move, self.self_value)))
+
+
+@struct.dataclass
+class TreeMask:
+  """A token tree in the decoder cache: where it sits, who sees whom.
+
+  The tree's T slots are cache slots base[b] .. base[b] + T - 1, slot 0 its
+  root (the row's last committed token). A tree token at depth d stands at
+  position base + d for the relative position bias (the position it would
+  have in a chain), and attends to the committed slots before base, to its
+  ancestors in the tree and to itself: along any root-to-leaf path the
+  logits equal a chain call on that path (tests/test_trees.py).
+
+  Attributes:
+    base: `[batch]` int32, the root's slot.
+    depth: `[batch, T]` int32, each tree slot's depth (the root's 0).
+    visible: `[batch, T, T]` bool, visible[b, i, j]: tree slot i attends to
+      tree slot j (j is i or one of its ancestors).
+  """
+
+  base: Array
+  depth: Array
+  visible: Array
+
+  @property
+  def size(self) -> int:
+    return self.depth.shape[1]
+
+  def positions(self, slots: Array) -> Tuple[Array, Array, Array]:
+    """(tree index clipped to the tree, in-tree mask, position) of
+    `slots` `[batch, n]` (positions of slots outside the tree: the slot)."""
+    index = slots - self.base[:, None]
+    inside = (index >= 0) & (index < self.size)
+    index = jnp.clip(index, 0, self.size - 1)
+    depth = jnp.take_along_axis(self.depth, index, axis=1)
+    return index, inside, jnp.where(inside, self.base[:, None] + depth, slots)
+
+  def bias_inputs(self, q_slots: Array, max_length: int):
+    """(relative position `[batch, k, max_length]`, attend mask, same shape)
+    for queries at cache slots `q_slots` `[batch, k]` (all in the tree)."""
+    batch = q_slots.shape[0]
+    k_slots = jnp.broadcast_to(jnp.arange(max_length, dtype=jnp.int32),
+                               (batch, max_length))
+    q_index, _, q_pos = self.positions(q_slots)
+    k_index, k_inside, k_pos = self.positions(k_slots)
+    relative = k_pos[:, None, :] - q_pos[:, :, None]
+    # [batch, k, T] rows of the queries, then their columns at the keys.
+    rows = jnp.take_along_axis(self.visible, q_index[:, :, None], axis=1)
+    seen = jnp.take_along_axis(
+        rows, jnp.broadcast_to(k_index[:, None, :], relative.shape), axis=2)
+    committed = k_slots < self.base[:, None]
+    mask = jnp.where(k_inside[:, None, :], seen, committed[:, None, :])
+    return relative, mask
+
 
 class EncoderLayer(nn.Module):
   config: T5Config
@@ -280,7 +352,8 @@ class Decoder(nn.Module):
     return self.output_logits(y, return_hidden)
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
-             lookahead_start=None, return_hidden: bool = False):
+             lookahead_start=None, return_hidden: bool = False,
+             tree: Any = None):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
 
     Args:
@@ -298,19 +371,27 @@ class Decoder(nn.Module):
       return_hidden: also return the normalized final state the logits are
         computed from (what self-drafting heads read,
         specdec_jax/drafters/heads).
+      tree: None (a chain: each token sees every earlier slot) or a
+        `TreeMask` holding slots position .. position + k - 1: each token
+        then sees the committed slots, its tree ancestors and itself, at
+        its depth's position (specdec_jax/drafters/tree).
 
     Returns:
       `(logits [batch, k, vocab], cache)` with position advanced by k;
       with `return_hidden`, `((logits, hidden [batch, k, embed]), cache)`.
     """
     k = tokens.shape[-1]
-    # [batch, k] absolute query positions; [max_length] key positions.
+    # [batch, k] query slots; [max_length] key slots.
     q_pos = cache.position[:, None] + jnp.arange(k, dtype=jnp.int32)
-    k_pos = jnp.arange(cache.max_length, dtype=jnp.int32)
-    relative = k_pos[None, None, :] - q_pos[:, :, None]  # [batch, k, max_len]
+    if tree is None:
+      k_pos = jnp.arange(cache.max_length, dtype=jnp.int32)
+      relative = k_pos[None, None, :] - q_pos[:, :, None]  # [batch, k, len]
+      mask = relative <= 0
+    else:
+      relative, mask = tree.bias_inputs(q_pos, cache.max_length)
     # [batch, heads, k, max_len]: block-causal mask + relative position bias.
     self_bias = self.relpos_bias(relative, bidirectional=False)
-    self_bias = self_bias + layers.mask_to_bias(relative <= 0)[:, None]
+    self_bias = self_bias + layers.mask_to_bias(mask)[:, None]
     cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
     y = self.shared_embedding(tokens).astype(self.config.compute_dtype)
     if lookahead is not None:
@@ -402,9 +483,10 @@ class Transformer(nn.Module):
     )
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
-             lookahead_start=None, return_hidden: bool = False):
+             lookahead_start=None, return_hidden: bool = False,
+             tree: Any = None):
     return self.decoder.extend(tokens, cache, lookahead, lookahead_start,
-                               return_hidden)
+                               return_hidden, tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,12 +540,13 @@ class T5Model:
     )
 
   def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
-             lookahead_start=None, return_hidden: bool = False):
+             lookahead_start=None, return_hidden: bool = False,
+             tree: Any = None):
     """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None;
-    `return_hidden`: `((logits, hidden), cache)`."""
+    `return_hidden`: `((logits, hidden), cache)`; `tree`: a `TreeMask`."""
     return self.module.apply(
         {'params': params}, tokens, cache, lookahead, lookahead_start,
-        return_hidden, method=Transformer.extend
+        return_hidden, tree, method=Transformer.extend
     )
 
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,

@@ -291,8 +291,9 @@ class ShardedModel:
     return self._constrain_cache(
         self.model.init_cache(params, encoder_input_tokens, max_length))
 
-  def extend(self, params, tokens, cache):
-    logits, cache = self.model.extend(params, tokens, cache)
+  def extend(self, params, tokens, cache, **options):
+    """The model's `extend` (`options`: its keyword options, e.g. `tree`)."""
+    logits, cache = self.model.extend(params, tokens, cache, **options)
     logits = constrain(logits, LOGITS_AXES, self.mesh, self.rules,
                        'the logits')
     return logits, self._constrain_cache(cache)

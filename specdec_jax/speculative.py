@@ -149,16 +149,9 @@ def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
   g = drafts.shape[1]
   active = ~ended
   n, accepted, next_token, beta = verify(rng, drafts, q, p, sampling)
-  new = jnp.where(jnp.arange(g + 1) < n[:, None],
-                  jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
-  is_eos = (new == eos_id) & (jnp.arange(g + 1) <= n[:, None])
-  first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
-  room = max_decode_len - (lengths - 1)
-  keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
-  sequences = layers.write_rows(sequences, new, lengths)
-  new_lengths = jnp.where(active, lengths + keep, lengths)
-  ended = ended | (active & (
-      (first_eos < keep) | (new_lengths - 1 >= max_decode_len)))
+  sequences, new_lengths, ended = commit_tokens(
+      drafts, n, next_token, eos_id, max_decode_len, sequences, lengths,
+      ended)
   # Verified positions: 1..n+1 (the first rejected one included), <= gamma,
   # among those drafted (q_i = 0 marks a position not drafted).
   has_draft = jnp.any(q > 0, axis=-1)
@@ -175,6 +168,40 @@ def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
       beta_count=s.beta_count + jnp.sum(verified, 1) * act,
   )
   return sequences, new_lengths, ended, stats, n
+
+
+def commit_tokens(drafts: Array, n: Array, next_token: Array, eos_id: int,
+                  max_decode_len: int, sequences: Array, lengths: Array,
+                  ended: Array):
+  """Step 5 for every row: commit drafts[:, :n] and next_token.
+
+  Cut at EOS and at `max_decode_len`; ended rows change nothing. Shared by
+  every loop that verifies drafts (a chain's drafts, a tree's accepted
+  path).
+
+  Args:
+    drafts: `[batch, g]` the accepted drafts first (the rest ignored).
+    n: `[batch]` accepted drafts.
+    next_token: `[batch]` the residual / bonus token.
+    eos_id, max_decode_len: the loop's.
+    sequences, lengths, ended: the loop's buffers (`SpecState`).
+
+  Returns:
+    `(sequences, lengths, ended)`.
+  """
+  g = drafts.shape[1]
+  active = ~ended
+  new = jnp.where(jnp.arange(g + 1) < n[:, None],
+                  jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
+  is_eos = (new == eos_id) & (jnp.arange(g + 1) <= n[:, None])
+  first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), g + 1)
+  room = max_decode_len - (lengths - 1)
+  keep = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), room)
+  sequences = layers.write_rows(sequences, new, lengths)
+  new_lengths = jnp.where(active, lengths + keep, lengths)
+  ended = ended | (active & (
+      (first_eos < keep) | (new_lengths - 1 >= max_decode_len)))
+  return sequences, new_lengths, ended
 
 
 def result_of(state: SpecState, max_decode_len: int) -> SpecResult:

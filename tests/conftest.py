@@ -1,11 +1,16 @@
 """Shared tiny models for the test suite (compiled once per session)."""
 
+import functools
 import os
 import pathlib
+import shutil
+import tempfile
 
 import jax
+import numpy as np
 import pytest
 
+from specdec_jax import decoding
 from specdec_jax import network
 
 FIXTURES = (pathlib.Path(__file__).resolve().parents[1].parent / 'shared' /
@@ -21,6 +26,71 @@ TINY_V11 = network.T5Config(
 )
 TINY_V10 = TINY_V11.replace(mlp_activations=('relu',),
                             logits_via_embedding=True)
+
+
+# jax's persistent compilation cache, in a temporary folder shared by the
+# processes of one run: the first process to load this file (pytest itself, or
+# xdist's controller) makes the folder and sets JAX_COMPILATION_CACHE_DIR,
+# which the xdist workers and the scripts the tests start inherit. A program
+# compiled in one process (a loop another test file also runs, a script run
+# twice) is loaded, not compiled again, by the others; a cached executable is
+# the same machine code, so results are bit for bit those of a fresh compile.
+# The folder goes when that process's session ends. SPECDEC_TEST_JAX_CACHE=0
+# turns this off; a JAX_COMPILATION_CACHE_DIR set by the caller is used as is
+# (and kept: e.g. a folder that outlives the run, to warm the next one).
+_OWN_CACHE = None
+if os.environ.get('SPECDEC_TEST_JAX_CACHE', '1') != '0':
+  if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix='specdec-test-jax-cache-')
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = _OWN_CACHE
+    # Every program, not only those over jax's default 1 s: the suite
+    # compiles hundreds of small eager ops (initializers, perturbations) of
+    # the same shapes in every process, 0.1-0.5 s each.
+    os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+    os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  jax.config.update('jax_compilation_cache_dir',
+                    os.environ['JAX_COMPILATION_CACHE_DIR'])
+  for _name, _type in (('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', float),
+                       ('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', int)):
+    if _name in os.environ:
+      jax.config.update(_name.lower(), _type(os.environ[_name]))
+
+
+def _atomic_cache_writes():
+  """jax's cache files appear whole (written aside, then renamed).
+
+  Without a size limit jax writes an entry in place, so the other worker
+  could read half a file: jax would warn and compile again. (A size limit
+  would lock instead, but then every write scans the whole folder.)
+  """
+  try:
+    from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+    original, suffix = lru_cache.LRUCache.put, lru_cache._CACHE_SUFFIX  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return  # another jax: its own writes
+
+  def put(self, key, value):
+    folder = os.fspath(self.path)
+    if getattr(self, 'eviction_enabled', True) or '://' in folder:
+      return original(self, key, value)
+    path = pathlib.Path(folder) / f'{key}{suffix}'
+    if path.exists():
+      return
+    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
+    tmp.write_bytes(value)
+    os.replace(tmp, path)
+
+  lru_cache.LRUCache.put = put
+
+
+_atomic_cache_writes()
+
+
+def pytest_unconfigure(config):
+  """The run's cache goes with the process that made it."""
+  del config
+  if _OWN_CACHE:
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')
@@ -52,3 +122,62 @@ def v10():
   emb = params['token_embedder']['embedding']
   params['token_embedder']['embedding'] = emb * 0.1
   return model, params
+
+
+# Ragged greedy rows of the tiny v1.1 model: EOS is a token these random
+# weights do emit, so rows end at different times.
+RAGGED_MAX_LEN = 24
+RAGGED_EOS = 68
+
+
+@pytest.fixture(scope='session')
+def ragged_greedy(v11):
+  """(encoder inputs [4, 12] with padded rows, the baseline's greedy output)."""
+  model, params = v11
+  rng = np.random.default_rng(3)
+  enc = rng.integers(2, model.vocab_size, (4, 12))
+  enc[1, 8:] = 0
+  enc[2, 5:] = 0
+  enc[3, 2:] = 0
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=RAGGED_MAX_LEN,
+                                     eos_id=RAGGED_EOS)
+  return enc, base
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def teacher_forced_logits(model, params, encoder_input_tokens,
+                          decoder_input_tokens):
+  """`model.logits(...)` compiled once per model and shapes.
+
+  Op by op (eagerly), a forward pass is a hundred or more small compiles
+  (0.1-0.5 s each on CPU); tests that need reference logits call this.
+  """
+  return model.logits(params, encoder_input_tokens, decoder_input_tokens)
+
+
+# The slowest files first (seconds summed per file, measured): with
+# `--dist loadfile` each xdist worker takes the next file when it is done, so
+# a long file started last would leave the other worker idle at the end.
+# Files not listed (new ones: their cost is unknown) go first, then these;
+# the order of the tests within a file is kept.
+_SLOWEST_FILES = (
+    'test_drafters.py', 'test_speculative.py', 'test_output_cache.py',
+    'test_measure.py', 'test_streaming.py', 'test_pass.py',
+    'test_diagnostics.py', 'test_method_scripts.py', 'test_eval.py',
+    'test_draft_heads.py', 'test_fused.py', 'test_training.py',
+    'test_notebook.py', 'test_accelerator.py', 'test_cache.py',
+    'test_network.py', 'test_distill.py', 'test_shipped.py',
+    'test_hf_reference.py', 'test_partitioning.py', 'test_numerics.py',
+    'test_widening.py', 'test_lookup.py', 'test_decoding.py',
+    'test_gin_configs.py', 'test_bench.py', 'test_checkpoints.py',
+    'test_tasks.py', 'test_results_scripts.py', 'test_layering.py',
+    'test_validation.py', 'test_theory.py', 'test_reproduce.py',
+    'test_docs.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(_SLOWEST_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, -1))

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import teacher_forced_logits
+
 LENGTH = 24
 ATOL = 2e-5
 
@@ -25,13 +27,18 @@ def _data(vocab, batch=3, seed=0):
   return jnp.asarray(enc), jnp.asarray(dec)
 
 
+# Compiled (op by op, init_cache is dozens of small compiles).
+_init_cache = jax.jit(lambda model, params, enc, length: model.init_cache(
+    params, enc, length), static_argnums=(0, 3))
+
+
 @pytest.mark.parametrize('k', [1, 3, 8])
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_chunked_decode_equals_teacher_forcing(k, which, request):
   model, params = request.getfixturevalue(which)
   enc, dec = _data(model.vocab_size)
-  reference = np.asarray(model.logits(params, enc, dec))
-  cache = model.init_cache(params, enc, LENGTH)
+  reference = np.asarray(teacher_forced_logits(model, params, enc, dec))
+  cache = _init_cache(model, params, enc, LENGTH)
   extend = jax.jit(model.extend)
   chunks = []
   for start in range(0, LENGTH, k):
@@ -47,13 +54,13 @@ def test_rows_at_different_positions_after_rewind(k, v11):
   """Rows hold different prefixes; stale (rejected) slots are overwritten."""
   model, params = v11
   enc, dec = _data(model.vocab_size, seed=1)
-  reference = np.asarray(model.logits(params, enc, dec))
+  reference = np.asarray(teacher_forced_logits(model, params, enc, dec))
   keep = np.array([0, 2, 5])  # each row's true prefix length after a rewind
   garbage = np.asarray(
       jax.random.randint(jax.random.key(3), (3, 8), 2, model.vocab_size))
   first = np.where(np.arange(8)[None] < keep[:, None], np.asarray(dec[:, :8]),
                    garbage)
-  cache = model.init_cache(params, enc, LENGTH + 16)
+  cache = _init_cache(model, params, enc, LENGTH + 16)
   extend = jax.jit(model.extend)
   _, cache = extend(params, jnp.asarray(first), cache)
   cache = cache.rewind(keep)

@@ -12,6 +12,7 @@ from specdec_jax import decoding
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax import scaffold
 
+from conftest import teacher_forced_logits
 from reference import reference_distribution
 
 EOS = 1
@@ -84,7 +85,8 @@ def test_first_token_histogram_matches_softmax(v11, temperature, topk, topp):
   model, params = v11
   n = 20_000
   enc = jnp.tile(jnp.array([[7, 9, 11, 13, 1]]), (n, 1))
-  logits = model.logits(params, enc[:1], jnp.zeros((1, 1), jnp.int32))[0, 0]
+  logits = teacher_forced_logits(model, params, enc[:1],
+                                 jnp.zeros((1, 1), jnp.int32))[0, 0]
   p = reference_distribution(logits, temperature, topk, topp)
   got = decoding.temperature_sample(
       model, params, enc, max_decode_len=1,

@@ -78,9 +78,12 @@ def test_float32_activations_on_bfloat16_weights(v11, v11_inputs):
   err = lambda x: np.abs(x - want).max()
   assert err(logits(bf16, params, enc, dec)) > 30 * max(err(got), 1e-7)
   # Same parameter tree (T5X's), a float32 cache.
-  assert jax.tree_util.tree_structure(mixed.init_params(jax.random.key(0))) \
-      == jax.tree_util.tree_structure(params)
-  cache = mixed.init_cache(params, enc, 8)
+  # (Shapes and dtypes, traced, not run: op by op these are dozens of
+  # small compiles.)
+  assert jax.tree_util.tree_structure(jax.eval_shape(
+      mixed.init_params, jax.random.key(0))) == jax.tree_util.tree_structure(
+          params)
+  cache = jax.eval_shape(lambda: mixed.init_cache(params, enc, 8))
   assert cache.self_key[0].dtype == jnp.float32
   assert cache.cross_key[0].dtype == jnp.float32
 
@@ -95,7 +98,8 @@ def test_default_activations_are_the_weights_dtype(v11, v11_inputs):
   np.testing.assert_array_equal(logits(default, params, enc, dec),
                                 logits(explicit, params, enc, dec))
   assert default.config.compute_dtype == 'bfloat16'
-  assert default.init_cache(params, enc, 8).self_key[0].dtype == jnp.bfloat16
+  assert jax.eval_shape(lambda: default.init_cache(params, enc, 8)).self_key[
+      0].dtype == jnp.bfloat16
 
 
 def test_both_decoders_use_the_activation_dtype(v11, v11_inputs):

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
@@ -24,11 +23,14 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
 
+from conftest import RAGGED_EOS
+from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
+from conftest import teacher_forced_logits
 from reference import reference_distribution
 
-MAX_LEN = 24
-EOS = 68  # a token these random weights do emit: rows end at different times
+MAX_LEN = RAGGED_MAX_LEN
+EOS = RAGGED_EOS
 
 
 def perturbed(params, scale, seed):
@@ -41,15 +43,9 @@ def perturbed(params, scale, seed):
 
 
 @pytest.fixture(scope='module')
-def greedy_setup(v11):
+def greedy_setup(v11, ragged_greedy):
   model, params = v11
-  rng = np.random.default_rng(3)
-  enc = rng.integers(2, model.vocab_size, (4, 12))
-  enc[1, 8:] = 0
-  enc[2, 5:] = 0
-  enc[3, 2:] = 0
-  base = decoding.temperature_sample(model, params, enc,
-                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  enc, base = ragged_greedy
   small = network.T5Model(TINY_V11.replace(
       emb_dim=16, num_heads=2, mlp_dim=32, num_encoder_layers=1,
       num_decoder_layers=1))
@@ -137,8 +133,8 @@ def exact_sequence_distribution(model, params, enc, config):
   """
   seqs = np.array(list(itertools.product(range(VOCAB), repeat=SEQ_LEN)))
   dec_in = np.concatenate([np.zeros((len(seqs), 1), int), seqs[:, :-1]], 1)
-  logits = np.asarray(model.logits(
-      params, jnp.tile(enc, (len(seqs), 1)), jnp.asarray(dec_in)))
+  logits = np.asarray(teacher_forced_logits(
+      model, params, jnp.tile(enc, (len(seqs), 1)), jnp.asarray(dec_in)))
   dist = {}
   for s, lg in zip(seqs, logits):
     prob, out = 1.0, []

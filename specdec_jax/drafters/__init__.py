@@ -18,6 +18,8 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
   combined.py    'CombinedDrafter': copy where it matches, the T5 elsewhere
   lookahead/     PaSS: the target drafts from look-ahead slots ('pass')
   heads/         self-drafting heads on the target's states ('heads')
+  tree/          token trees: a T5 drafter's tree verified in one call
+                 (an option of 't5': DraftSource.tree, gin TREE)
 
 `KINDS` below is the one list of the kinds a job may name (`EvalSetup.drafter`,
 gin `DRAFTER`); `python -m specdec_jax.drafters` prints it. A new kind is a

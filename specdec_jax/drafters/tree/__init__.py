@@ -1,0 +1,25 @@
+"""Token trees: many drafts verified in one target call.
+
+A chain of gamma drafts yields at most ~1 / (1 - alpha) tokens per target
+call however long it is; on an accelerator a target call on k tokens costs
+about what one token does up to large k, so the free width goes to a TREE
+of drafts verified at once (SpecInfer, Medusa, EAGLE-2, Sequoia), here for
+an encoder-decoder T5 in one jitted loop:
+
+  shape.py    `TreeShape`: slots per level, static or dynamic (EAGLE-2:
+              parents ranked by the drafter's cumulative probability);
+              `best` / `choose`: the shape for a device's cost curve
+  verify.py   exact verification: greedy argmax walk; sampled: multi-step
+              speculative sampling without replacement (Sequoia)
+  drafter.py  `TreeDrafter`: a T5 drafter drafting level by level
+  loop.py     `TreeLoop`: the `speculative.VerifyLoop` that runs it
+
+A tree is an option of the 't5' kind (`DraftSource.tree`, gin `TREE`):
+`speculative_sample` runs `TreeDrafter.merged_loop`, and the streaming
+loops refill its rows like any other.
+"""
+
+from specdec_jax.drafters.tree import shape
+from specdec_jax.drafters.tree import verify
+from specdec_jax.drafters.tree.drafter import TreeDrafter
+from specdec_jax.drafters.tree.shape import TreeShape

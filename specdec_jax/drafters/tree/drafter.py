@@ -1,0 +1,208 @@
+"""A T5 drafter that drafts a token tree, level by level.
+
+`TreeDrafter(T5Drafter, shape)`: per iteration one drafter call on the
+root (the catch-up of `T5Drafter`) and one call per level 1..D-1 on that
+level's nodes, each node seeing its ancestors only (`network.TreeMask`).
+A node's children are its `shape.max_children` best tokens (greedy: the
+top of its logits; sampled: a draw without replacement from q by the
+Gumbel-top-k trick); level d's slots take them as the shape says, the
+parents of a dynamic shape ranked by the path's cumulative probability
+(greedy: of the drafter's softmax; sampled: of q).
+
+The drafter keeps the tree it drafted in its state; the next `propose`
+finds the committed tokens' path in it and moves those nodes' keys and
+values into the chain slots of its cache (`DecoderCache.move_slots`), as
+the loop does for the target, so nothing is fed twice.
+
+It is a `interfaces.MergedDrafter`: `merged_loop` is the tree loop
+(`loop.TreeLoop`, gamma = the depth used, at most the shape's); in the
+ordinary loop it drafts a chain like its T5 drafter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters.t5 import T5Drafter
+from specdec_jax.drafters.tree import verify as verify_lib
+from specdec_jax.drafters.tree.shape import TreeShape
+
+Array = jax.Array
+
+
+@struct.dataclass
+class TreeState:
+  """The drafter's cache and the tree it last drafted (base -1: none)."""
+
+  cache: object
+  tokens: Array  # [batch, T]
+  valid: Array  # [batch, T]
+  parent: Array  # [batch, T]
+  base: Array  # [batch] the root's slot
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDrafter:
+  """Trees drafted by a `T5Drafter` (module docstring)."""
+
+  base: T5Drafter
+  shape: TreeShape
+
+  drafts_from_score = True
+
+  @property
+  def vocab_size(self) -> int:
+    return self.base.vocab_size
+
+  def check_params(self, params) -> None:
+    self.base.check_params(params)
+
+  def score(self, params, encoder_input_tokens, decoder_input_tokens):
+    return self.base.score(params, encoder_input_tokens,
+                           decoder_input_tokens)
+
+  def max_gamma(self, merged: bool) -> Optional[int]:
+    return self.shape.depth if merged else None
+
+  def merged_loop(self, target, gamma, sampling, eos_id, max_decode_len):
+    from specdec_jax.drafters.tree import loop  # pylint: disable=g-import-not-at-top
+    drafter = dataclasses.replace(self, shape=self.shape.truncate(gamma))
+    return loop.TreeLoop(target=target, gamma=gamma, sampling=sampling,
+                         eos_id=eos_id, max_decode_len=max_decode_len,
+                         drafter=drafter)
+
+  def _state(self, cache, width: int) -> TreeState:
+    batch = cache.position.shape[0]
+    return TreeState(cache=cache,
+                     tokens=jnp.zeros((batch, width), jnp.int32),
+                     valid=jnp.zeros((batch, width), bool),
+                     parent=jnp.zeros((batch, width), jnp.int32),
+                     base=jnp.full((batch,), -1, jnp.int32))
+
+  def init(self, params, encoder_input_tokens, max_length: int):
+    return self._state(
+        self.base.init(params, encoder_input_tokens, max_length),
+        self.shape.width)
+
+  def prefill(self, params, state: TreeState, sequences, lengths):
+    cache = self.base.prefill(params, state.cache, sequences, lengths)
+    return self._state(cache, state.tokens.shape[1])
+
+  def commit(self, state: TreeState, sequences, lengths, depth: int):
+    """The cache with the committed path of the last tree moved into the
+    chain slots (rows without a tree, or whose tokens left it, keep what
+    they hold: the catch-up feeds the rest). Nodes of the deepest level
+    were never fed to the drafter (their slots hold nothing): the path is
+    moved down to depth `depth` - 1."""
+    batch, width = state.tokens.shape
+    rows = jnp.arange(batch)
+    base = state.base
+    has = base >= 0
+    u = jnp.zeros((batch,), jnp.int32)
+    m = jnp.zeros((batch,), jnp.int32)
+    path = jnp.zeros((batch, max(depth - 1, 1)), jnp.int32)
+    walking = has
+    for d in range(1, depth):
+      # Committed token at depth d, if the row committed past it (the last
+      # committed token is fed by the catch-up, never moved).
+      index = jnp.clip(base + d, 0, sequences.shape[1] - 1)
+      token = sequences[rows, index]
+      here = walking & (base + d <= lengths - 2)
+      match = ((state.parent == u[:, None]) & state.valid &
+               (state.tokens == token[:, None]) &
+               (jnp.arange(width)[None, :] > 0))
+      found = here & jnp.any(match, axis=1)
+      child = jnp.argmax(match, axis=1).astype(jnp.int32)
+      path = path.at[:, d - 1].set(jnp.where(found, child, 0))
+      m = m + found.astype(jnp.int32)
+      u = jnp.where(found, child, u)
+      walking = found
+    cache = state.cache
+    start = jnp.maximum(base, 0)
+    moved = cache.move_slots(start[:, None] + path, start + 1)
+    position = jnp.where(has, start + 1 + m, cache.position)
+    return moved.rewind(position)
+
+  def propose(self, params, state: TreeState, sequences, lengths, gamma,
+              sampling, rng):
+    """A chain (the ordinary loop), after committing the last tree."""
+    cache = self.commit(state, sequences, lengths, self.shape.depth)
+    drafts, q, cache = self.base.propose(params, cache, sequences, lengths,
+                                         gamma, sampling, rng)
+    return drafts, q, self._state(cache, state.tokens.shape[1])
+
+  def propose_tree(self, params, state: TreeState, sequences, lengths,
+                   sampling: sampling_lib.SamplingConfig, rng):
+    """Drafts a tree of its shape after each row's committed prefix.
+
+    Returns:
+      `(verify.Tree, state)`.
+    """
+    shape = self.shape
+    cache = self.commit(state, sequences, lengths, shape.depth)
+    logits, cache = self.base.catch_up(params, cache, sequences, lengths,
+                                       shape.depth)
+    batch = lengths.shape[0]
+    rows = jnp.arange(batch)
+    base = lengths - 1
+    tree = verify_lib.empty(batch, shape, self.vocab_size)
+    tree = tree.replace(tokens=tree.tokens.at[:, 0].set(
+        sequences[rows, base]))
+    score = jnp.zeros((batch, shape.width), jnp.float32)
+    offsets, k = shape.offsets, shape.max_children
+    level_logits = logits[:, None]  # [batch, n_{d-1}, vocab]
+    rngs = jax.random.split(rng, shape.depth)
+    for d in range(1, shape.depth + 1):
+      lo, n_prev = offsets[d - 1], level_logits.shape[1]
+      prev = jnp.arange(lo, lo + n_prev)
+      adjusted = sampling_lib.adjusted_logits(level_logits, sampling)
+      q = jax.nn.softmax(adjusted, axis=-1)
+      tree = tree.replace(q=tree.q.at[:, prev].set(q))
+      if sampling.greedy:
+        keys = level_logits
+        logp = jax.nn.log_softmax(level_logits.astype(jnp.float32), -1)
+      else:
+        logp = jnp.log(q)
+        keys = logp + jax.random.gumbel(rngs[d - 1], logp.shape)
+      # [batch, n_prev, k] candidates, best first.
+      _, cand = jax.lax.top_k(keys, k)
+      cand_ok = jnp.take_along_axis(q if not sampling.greedy else
+                                    jnp.ones_like(q), cand, -1) > 0
+      cand_logp = jnp.take_along_axis(logp, cand, -1)
+      prev_score = score[:, prev]
+      prev_valid = tree.valid[:, prev]
+      if shape.dynamic:
+        order = jnp.argsort(jnp.where(prev_valid, -prev_score, jnp.inf),
+                            axis=1, stable=True)
+      else:
+        order = jnp.broadcast_to(jnp.arange(n_prev), (batch, n_prev))
+      pick, rank = verify_lib.children_of(shape, d)
+      local = order[:, pick]  # [batch, n_d] parent within level d-1
+      parent = lo + local
+      cand_at = cand[rows[:, None], local, rank[None, :]]
+      ok = (cand_ok[rows[:, None], local, rank[None, :]] &
+            jnp.take_along_axis(tree.valid, parent, 1))
+      slots = jnp.arange(offsets[d], offsets[d] + shape.sizes[d - 1])
+      tree = tree.replace(
+          tokens=tree.tokens.at[:, slots].set(jnp.where(ok, cand_at, 0)),
+          valid=tree.valid.at[:, slots].set(ok),
+          parent=tree.parent.at[:, slots].set(parent))
+      score = score.at[:, slots].set(
+          jnp.take_along_axis(score, parent, 1) +
+          cand_logp[rows[:, None], local, rank[None, :]])
+      visible = tree.visible.at[:, slots].set(
+          jnp.take_along_axis(tree.visible, parent[..., None], 1) |
+          jax.nn.one_hot(slots, shape.width, dtype=bool)[None])
+      tree = tree.replace(visible=visible)
+      if d < shape.depth:
+        level_logits, cache = self.base.model.extend(
+            params, tree.tokens[:, slots], cache, tree=tree.mask(base))
+    state = TreeState(cache=cache, tokens=tree.tokens, valid=tree.valid,
+                      parent=tree.parent, base=base)
+    return tree, state

@@ -1,0 +1,271 @@
+"""The shape of a token tree: how many nodes at each depth, under whom.
+
+A tree of depth D has levels 1..D (the root, level 0, is the row's last
+committed token). Level d has a fixed number of slots (static shapes under
+jit); slot s of level d is the `rank`-th child of the `parent`-th node of
+level d - 1, where the rank orders a node's children as the drafter draws
+them (greedy: its most likely tokens first; sampled: a draw without
+replacement) and the parent index counts the nodes of level d - 1
+
+  - static tree: in slot order;
+  - dynamic tree (EAGLE-2's idea): by the drafter's cumulative probability
+    of the node's path, most probable first, decided at run time: the
+    budget goes where the drafter is confident.
+
+Every parent's children are ranks 0..m-1 in slot order (a prefix of its
+draws: what keeps sampled verification exact, `verify.py`). Tree index 0
+is the root, then level 1's slots, level 2's, ...: `offsets[d]`.
+
+`best(rank_probs, nodes, depth)` builds the tree of `nodes` nodes with
+the most expected accepted tokens when the target takes the drafter's
+rank-r candidate with probability rank_probs[r] at every node (Sequoia /
+Medusa's construction: greedy on path products, which is optimal here as
+products only shrink along a path). `choose(...)` picks its size and depth
+for a device from the hardware profile's cost(k) (Sequoia's idea).
+
+References: Miao et al. 2024 (SpecInfer), Chen et al. 2024 (Sequoia),
+Li et al. 2024 (EAGLE-2), Cai et al. 2024 (Medusa).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Callable, List, Sequence, Tuple
+
+Level = Tuple[Tuple[int, int], ...]  # (parent, rank) per slot
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """Levels of (parent, rank) per slot; see the module docstring.
+
+  Attributes:
+    levels: per level 1..D, per slot, `(parent index in level d - 1, rank)`.
+    dynamic: parents index level d - 1 by cumulative probability (run time)
+      instead of slot order.
+  """
+
+  levels: Tuple[Level, ...]
+  dynamic: bool = False
+
+  def __post_init__(self):
+    levels = tuple(tuple((int(p), int(r)) for p, r in level)
+                   for level in self.levels)
+    object.__setattr__(self, 'levels', levels)
+    if not levels or not all(levels):
+      raise ValueError(f'A tree needs >= 1 level and >= 1 slot per level; '
+                       f'got level sizes {[len(l) for l in levels]}.')
+    previous = 1
+    for d, level in enumerate(levels, 1):
+      ranks = {}
+      for p, r in level:
+        if not 0 <= p < previous:
+          raise ValueError(f'level {d}: parent {p} outside the {previous} '
+                           f'nodes of level {d - 1}.')
+        want = ranks.get(p, 0)
+        if r != want:
+          raise ValueError(
+              f'level {d}: parent {p}\'s children must be ranks 0, 1, ... in '
+              f'slot order (a prefix of its draws); got rank {r} where '
+              f'{want} is next.')
+        ranks[p] = want + 1
+      previous = len(level)
+
+  @property
+  def depth(self) -> int:
+    return len(self.levels)
+
+  @property
+  def sizes(self) -> Tuple[int, ...]:
+    """Slots per level 1..D."""
+    return tuple(len(level) for level in self.levels)
+
+  @property
+  def offsets(self) -> Tuple[int, ...]:
+    """Tree index of each level's first slot, levels 0..D (root: 0)."""
+    out = [0, 1]
+    for n in self.sizes[:-1]:
+      out.append(out[-1] + n)
+    return tuple(out)
+
+  @property
+  def nodes(self) -> int:
+    """Drafted nodes (the root excluded)."""
+    return sum(self.sizes)
+
+  @property
+  def width(self) -> int:
+    """Tokens of the target's verification call: the root and the nodes."""
+    return self.nodes + 1
+
+  @property
+  def max_children(self) -> int:
+    """Candidates drawn per node (the largest rank + 1)."""
+    return 1 + max(r for level in self.levels for _, r in level)
+
+  def drafter_widths(self) -> Tuple[int, ...]:
+    """Tokens of each drafter call: the root's, then levels 1..D-1."""
+    return (1,) + self.sizes[:-1]
+
+  def truncate(self, depth: int) -> 'TreeShape':
+    """The first `depth` levels (e.g. gamma < D)."""
+    if not 1 <= depth <= self.depth:
+      raise ValueError(f'depth {depth} outside 1..{self.depth}.')
+    return dataclasses.replace(self, levels=self.levels[:depth])
+
+  def expected_tokens(self, rank_probs: Sequence[float]) -> float:
+    """Tokens per target call if the target takes rank r w.p. rank_probs[r]
+    at every node, independently (a static tree's figure; the bonus token
+    included)."""
+    value = [1.0]
+    total = 1.0
+    for level in self.levels:
+      value = [value[p] * (rank_probs[r] if r < len(rank_probs) else 0.0)
+               for p, r in level]
+      total += sum(value)
+    return total
+
+  @property
+  def spec(self) -> str:
+    """A string `parse` reads back: 'static:' or 'dynamic:' and the levels,
+    ';' between levels, each slot 'parent.rank'."""
+    body = ';'.join(','.join(f'{p}.{r}' for p, r in level)
+                    for level in self.levels)
+    return ('dynamic:' if self.dynamic else 'static:') + body
+
+
+def chain(gamma: int) -> TreeShape:
+  """A chain of gamma drafts (one child per node)."""
+  return TreeShape((((0, 0),),) * gamma)
+
+
+def beam(children: int, expand: int, depth: int,
+         dynamic: bool = True) -> TreeShape:
+  """EAGLE-2's shape: the root's `children` best, then at each level the
+  `expand` first nodes of the level above get `children` each."""
+  levels = [tuple((0, r) for r in range(children))]
+  for _ in range(depth - 1):
+    top = min(expand, len(levels[-1]))
+    levels.append(tuple((p, r) for p in range(top) for r in range(children)))
+  return TreeShape(tuple(levels), dynamic)
+
+
+def best(rank_probs: Sequence[float], nodes: int, depth: int,
+         dynamic: bool = False) -> TreeShape:
+  """The tree of `nodes` nodes and depth <= `depth` with the most
+  `expected_tokens(rank_probs)`; each level in decreasing path value (so a
+  dynamic tree's run-time order has the same meaning).
+
+  Args:
+    rank_probs: probability that the target takes the drafter's rank-r
+      candidate (non-increasing; `measure_rank_probs`).
+    nodes: node budget (>= 1).
+    depth: largest depth (>= 1).
+    dynamic: the result's `dynamic`.
+  """
+  if nodes < 1 or depth < 1:
+    raise ValueError(f'nodes and depth must be >= 1, got {nodes}, {depth}.')
+  probs = [float(a) for a in rank_probs]
+  if (not probs or any(a < 0 for a in probs) or
+      any(b > a for a, b in zip(probs, probs[1:]))):
+    raise ValueError(f'rank_probs must be >= 0 and non-increasing, got '
+                     f'{probs}.')
+  # (-value, tie, node); node = (parent node id, rank, depth).
+  chosen: List[Tuple[float, int, int, int]] = []  # value, parent id, rank, d
+  heap = [(-probs[0], 0, -1, 0, 1)]
+  tie = 1
+  while heap and len(chosen) < nodes:
+    neg, _, parent, rank, d = heapq.heappop(heap)
+    me = len(chosen)
+    chosen.append((-neg, parent, rank, d))
+    parent_value = 1.0 if parent < 0 else chosen[parent][0]
+    if rank + 1 < len(probs) and probs[rank + 1] > 0:  # next sibling
+      heapq.heappush(heap, (-parent_value * probs[rank + 1], tie, parent,
+                            rank + 1, d))
+      tie += 1
+    if d < depth:  # first child
+      heapq.heappush(heap, (neg * probs[0], tie, me, 0, d + 1))
+      tie += 1
+  levels: List[Level] = []
+  index = {-1: 0}  # node id -> index within its level (root: 0)
+  for d in range(1, depth + 1):
+    ids = sorted((i for i, node in enumerate(chosen) if node[3] == d),
+                 key=lambda i: (-chosen[i][0], index[chosen[i][1]],
+                                chosen[i][2]))
+    if not ids:
+      break
+    # Slot order: by value (ids is), so rank order within a parent holds.
+    ordered = ids
+    for pos, i in enumerate(ordered):
+      index[i] = pos
+    levels.append(tuple((index[chosen[i][1]], chosen[i][2])
+                        for i in ordered))
+  return TreeShape(tuple(levels), dynamic)
+
+
+def parse(spec: str) -> TreeShape:
+  """A tree from a spec string.
+
+  Forms:
+    'chain:G'                    a chain of G drafts;
+    'beam:K,B,D' / 'static-beam:K,B,D'
+                                 `beam(K, B, D)`, dynamic / static;
+    'static:<levels>' / 'dynamic:<levels>'
+                                 `TreeShape.spec`'s form.
+
+  Raises:
+    ValueError: naming the spec and the forms.
+  """
+  forms = ("'chain:G', 'beam:K,B,D', 'static-beam:K,B,D', "
+           "'static:p.r,...;...' or 'dynamic:p.r,...;...'")
+  if not isinstance(spec, str) or ':' not in spec:
+    raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
+  kind, body = spec.split(':', 1)
+  try:
+    if kind == 'chain':
+      return chain(int(body))
+    if kind in ('beam', 'static-beam'):
+      k, b, d = (int(x) for x in body.split(','))
+      return beam(k, b, d, dynamic=kind == 'beam')
+    if kind in ('static', 'dynamic'):
+      levels = tuple(tuple(tuple(int(x) for x in slot.split('.'))
+                           for slot in level.split(','))
+                     for level in body.split(';'))
+      return TreeShape(levels, kind == 'dynamic')
+  except ValueError as e:
+    raise ValueError(f'Bad tree spec {spec!r}: {e}; forms: {forms}.') from e
+  raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
+
+
+def choose(rank_probs: Sequence[float], cost: Callable[[int], float],
+           c: float, max_nodes: int = 64, max_depth: int = 12,
+           dynamic: bool = True) -> Tuple[TreeShape, float]:
+  """The `best` tree with the most predicted speed-up on a device.
+
+  Predicted speed-up of a shape = expected_tokens / (cost(width) + D c):
+  one target call on `width` tokens, D drafter calls (Sequoia's
+  hardware-aware choice, with the profile's measured cost curve).
+
+  Args:
+    rank_probs: as `best`.
+    cost: `k -> cost(k)`, the target call on k tokens over one token
+      (e.g. `lambda k: hardware.cost_at(profile, 1, k)[0]`).
+    c: a drafter call over a target call.
+    max_nodes, max_depth: the search's bounds.
+    dynamic: the result's `dynamic`.
+
+  Returns:
+    `(shape, predicted speed-up)`.
+  """
+  top = None
+  for depth in range(1, max_depth + 1):
+    for nodes in range(depth, max_nodes + 1):
+      shape = best(rank_probs, nodes, depth, dynamic)
+      if shape.depth < depth:
+        continue
+      speed = shape.expected_tokens(rank_probs) / (
+          cost(shape.width) + shape.depth * c)
+      if top is None or speed > top[1]:
+        top = (shape, speed)
+  return top

@@ -1,0 +1,198 @@
+"""Exact verification of a token tree in one target call.
+
+The target's distributions p at every tree node come from ONE call on the
+tree's `width` tokens (`network.TreeMask`). The walk starts at the root;
+at a node u, its children c_1..c_m (the drafter's draws from q_u, in rank
+order) are tried in turn:
+
+  greedy: c_j is accepted iff it is the target's argmax at u;
+  sampled (Sequoia's multi-step speculative sampling without replacement):
+    with residual p' = p_u and proposal q' = q_u to start, c_j is accepted
+    w.p. min(1, p'(c_j) / q'(c_j)); on a rejection
+    p' <- norm(max(p' - q', 0)) and q' <- q' without c_j, renormalized.
+
+An accepted child becomes u and the walk goes one level down; where no
+child is accepted (or u has none) the next token is drawn from p' (greedy:
+the argmax). The output law is the target's: at each node the procedure
+is a chain of Algorithm 1 steps whose proposals are the successive
+without-replacement marginals, and a child can only be rejected where
+p'(c) < q'(c), i.e. where the next residual has no mass on it (so drawing
+the later siblings without it is consistent). Children whose count was
+decided without seeing them (the shapes of `shape.py`, static or dynamic)
+keep it so; tests/test_trees.py checks the law by chi-square and that a
+planted bug fails it.
+
+References: Miao et al. 2024 (SpecInfer, multi-step speculative sampling),
+Chen et al. 2024 (Sequoia, sampling without replacement).
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.drafters.tree.shape import TreeShape
+from specdec_jax.network import TreeMask
+from specdec_jax.sampling import SamplingConfig
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Tree:
+  """A drafted token tree, tree index 0 = the root (`shape.TreeShape`).
+
+  Attributes:
+    tokens: `[batch, T]` int32, the root's and every node's token (a node
+      that was not drafted holds 0, a valid id for the call).
+    valid: `[batch, T]` bool, the node was drafted (the root: True).
+    parent: `[batch, T]` int32 tree index of each node's parent (root: 0).
+    depth: `[batch, T]` int32.
+    visible: `[batch, T, T]` bool, ancestor-or-self (`network.TreeMask`).
+    q: `[batch, T, vocab]` float32, the drafter's standardized distribution
+      each node's children were drawn from (0 for leaves).
+  """
+
+  tokens: Array
+  valid: Array
+  parent: Array
+  depth: Array
+  visible: Array
+  q: Array
+
+  def mask(self, base: Array) -> TreeMask:
+    """The `network.TreeMask` of the tree with its root at slot `base`."""
+    return TreeMask(base=base, depth=self.depth, visible=self.visible)
+
+
+def _normalized(x: Array) -> Array:
+  total = jnp.sum(x, axis=-1, keepdims=True)
+  return jnp.where(total > 0, x / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
+                sampling: SamplingConfig, accept_rejected: bool = False):
+  """Walks every row's tree (see the module docstring).
+
+  Args:
+    rng: PRNG key.
+    tree: the drafted tree.
+    p: `[batch, T, vocab]` the target's standardized distributions after
+      each tree node.
+    shape: the tree's shape (static).
+    sampling: greedy or sampled.
+    accept_rejected: a planted bug for the tests' power checks (a rejected
+      sibling's subtree stays reachable); never set it otherwise.
+
+  Returns:
+    `(n [batch] accepted nodes, path [batch, D] tree indices of the
+    accepted nodes (the first n valid; 0 after), next_token [batch],
+    accepted_at [batch, D] bool, beta_sum [batch], beta_count [batch])`;
+    beta = sum_x min(p_u, q_u) at each node the walk verified children of.
+  """
+  batch, width, _ = p.shape
+  depth = shape.depth
+  accept_rng, token_rng = jax.random.split(rng)
+  r = jax.random.uniform(accept_rng, (batch, width))
+  rows = jnp.arange(batch)
+  u = jnp.zeros((batch,), jnp.int32)
+  walking = jnp.ones((batch,), bool)
+  n = jnp.zeros((batch,), jnp.int32)
+  path = jnp.zeros((batch, depth), jnp.int32)
+  beta_sum = jnp.zeros((batch,), jnp.float32)
+  beta_count = jnp.zeros((batch,), jnp.int32)
+  residual = p[:, 0]
+  offsets = shape.offsets
+  for d, size in enumerate(shape.sizes, 1):
+    slots = jnp.arange(offsets[d], offsets[d] + size)
+    p_u, q_u = p[rows, u], tree.q[rows, u]
+    children = (tree.parent[:, slots] == u[:, None]) & tree.valid[:, slots]
+    has = jnp.any(children, axis=1) & walking
+    beta_sum += jnp.where(has, jnp.sum(jnp.minimum(p_u, q_u), -1), 0.0)
+    beta_count += has.astype(jnp.int32)
+
+    def sibling(carry, s):
+      res, prop, chosen = carry
+      x = tree.tokens[:, s]
+      try_it = (tree.parent[:, s] == u) & tree.valid[:, s] & walking & (
+          chosen < 0)
+      if sampling.greedy:
+        ok = x == jnp.argmax(res, axis=-1)
+      else:
+        px, qx = res[rows, x], prop[rows, x]
+        ok = (r[:, s] * qx < px) & (qx > 0)
+      accept = try_it & ok
+      reject = try_it & ~ok
+      if not sampling.greedy:
+        new_res = _normalized(jnp.maximum(res - prop, 0.0))
+        # Mass 0 means res == prop: x was then accepted w.p. 1, so this
+        # is never used; keep res (never log(0) everywhere).
+        new_res = jnp.where(jnp.sum(new_res, -1, keepdims=True) > 0,
+                            new_res, res)
+        new_prop = _normalized(prop.at[rows, x].set(0.0))
+        res = jnp.where(reject[:, None], new_res, res)
+        prop = jnp.where(reject[:, None], new_prop, prop)
+      chosen = jnp.where(accept, s, chosen)
+      if accept_rejected:  # planted bug: a rejected sibling is taken
+        chosen = jnp.where(reject & (r[:, s] < 0.5), s, chosen)
+      return (res, prop, chosen), None
+
+    (res, _, chosen), _ = jax.lax.scan(
+        sibling, (p_u, q_u, jnp.full((batch,), -1, jnp.int32)), slots)
+    found = walking & (chosen >= 0)
+    # Where the walk stops here, the next token comes from this residual.
+    residual = jnp.where((walking & ~found)[:, None], res, residual)
+    path = path.at[:, d - 1].set(jnp.where(found, chosen, 0))
+    n = n + found.astype(jnp.int32)
+    u = jnp.where(found, chosen, u)
+    walking = found
+  residual = jnp.where(walking[:, None], p[rows, u], residual)
+  if sampling.greedy:
+    next_token = jnp.argmax(residual, axis=-1)
+  else:
+    next_token = jax.random.categorical(token_rng, jnp.log(residual))
+  accepted_at = jnp.arange(depth)[None, :] < n[:, None]
+  return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
+          beta_count)
+
+
+def path_tokens(tree: Tree, path: Array) -> Array:
+  """`[batch, D]` tokens of the accepted path's nodes."""
+  return jnp.take_along_axis(tree.tokens, path, axis=1)
+
+
+def ancestors(parent: Array, depth: int) -> Array:
+  """`[batch, T, T]` ancestor-or-self of a parent array `[batch, T]`
+  (root's parent itself), by `depth` rounds of visible[i] |= visible[p(i)]."""
+  width = parent.shape[1]
+  visible = jnp.broadcast_to(jnp.eye(width, dtype=bool),
+                             parent.shape + (width,))
+  for _ in range(depth):
+    visible = visible | jnp.take_along_axis(visible, parent[..., None],
+                                            axis=1)
+  return visible
+
+
+def empty(batch: int, shape: TreeShape, vocab: int) -> Tree:
+  """A tree of zeros (invalid nodes), to fill level by level."""
+  width = shape.width
+  depth = jnp.concatenate([jnp.full((n,), d, jnp.int32) for d, n in
+                           enumerate((1,) + shape.sizes)])
+  return Tree(
+      tokens=jnp.zeros((batch, width), jnp.int32),
+      valid=jnp.zeros((batch, width), bool).at[:, 0].set(True),
+      parent=jnp.zeros((batch, width), jnp.int32),
+      depth=jnp.broadcast_to(depth, (batch, width)),
+      visible=jnp.broadcast_to(jnp.eye(width, dtype=bool),
+                               (batch, width, width)),
+      q=jnp.zeros((batch, width, vocab), jnp.float32))
+
+
+def children_of(shape: TreeShape, d: int) -> Tuple[Array, Array]:
+  """(parent index into level d - 1's order, rank) of level d's slots."""
+  level = shape.levels[d - 1]
+  return (jnp.array([p for p, _ in level], jnp.int32),
+          jnp.array([r for _, r in level], jnp.int32))

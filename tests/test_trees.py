@@ -1,0 +1,274 @@
+"""Token trees (specdec_jax/drafters/tree): exact in every mode.
+
+1. One tree call equals a chain call on every root-to-leaf path (float32).
+2. Greedy: output identical to the baseline, every shape, batch > 1 with
+   ragged rows, streamed too; the target as its own drafter accepts whole
+   paths (what fails if the drafter's path commit is wrong).
+3. Sampled: the law over whole sequences is the target's by chi-square
+   (t = 1, t = 0.7 with top-k, top-p; an adversarial drafter whose best
+   candidates the target likes least), and a planted bug (a rejected
+   sibling's subtree stays reachable) fails the same test.
+"""
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import scaffold
+from specdec_jax import spec_stats
+from specdec_jax import speculative
+from specdec_jax import streaming
+from specdec_jax.drafters import tree as tree_lib
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.sampling import SamplingConfig
+
+from conftest import RAGGED_EOS
+from conftest import RAGGED_MAX_LEN
+from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
+                              exact_sequence_distribution, perturbed,
+                              tiny_target)  # pylint: disable=unused-import
+
+MAX_LEN = RAGGED_MAX_LEN
+EOS = RAGGED_EOS
+
+
+def tree_drafter(model, spec):
+  return tree_lib.TreeDrafter(drafters.T5Drafter(model),
+                              shape_lib.parse(spec))
+
+
+# ---------------------------------------------------------------------------
+# 1. Path equivalence.
+# ---------------------------------------------------------------------------
+
+
+def test_tree_call_equals_chain_call_on_every_path(v11):
+  """Row 0 has the shape's parents, row 1 a permutation of each level's
+  parents (as a dynamic tree may have); every node of both is checked."""
+  model, params = v11
+  rng = np.random.default_rng(0)
+  batch, committed = 2, 4
+  shape = shape_lib.beam(3, 2, 3, dynamic=False)
+  width, depth = shape.width, shape.depth
+  enc = jnp.asarray(rng.integers(2, 128, (batch, 10)))
+  prefix = rng.integers(2, 128, (batch, committed + 1))
+  prefix[:, 0] = 0
+  parent = np.zeros((batch, width), np.int32)
+  offsets = shape.offsets
+  for d in range(1, depth + 1):
+    for b in range(batch):
+      order = np.arange(shape.sizes[d - 2] if d > 1 else 1)
+      if b == 1:
+        order = rng.permutation(order)
+      for j, (p, _) in enumerate(shape.levels[d - 1]):
+        parent[b, offsets[d] + j] = offsets[d - 1] + order[p]
+  tokens = rng.integers(2, 128, (batch, width))
+  tokens[:, 0] = prefix[:, committed]
+  tree = tree_lib.verify.empty(batch, shape, model.vocab_size).replace(
+      tokens=jnp.asarray(tokens), parent=jnp.asarray(parent))
+  tree = tree.replace(visible=tree_lib.verify.ancestors(tree.parent, depth))
+  # Every node's path from the root, right-padded: one chain call per row
+  # of (batch x width) paths; causal, so the padding changes nothing
+  # before it.
+  paths = np.zeros((batch, width, depth + 1), np.int32)
+  ends = np.zeros((batch, width), np.int32)
+  for b in range(batch):
+    for node in range(width):
+      path = [node]
+      while path[-1]:
+        path.append(int(parent[b, path[-1]]))
+      path = path[::-1]
+      paths[b, node, :len(path)] = tokens[b, path]
+      ends[b, node] = len(path) - 1
+
+  @jax.jit
+  def calls(params):
+    cache = model.init_cache(params, enc, 40)
+    _, cache = model.extend(params, jnp.asarray(prefix[:, :committed]),
+                            cache)
+    logits, _ = model.extend(params, tree.tokens, cache,
+                             tree=tree.mask(jnp.full((batch,), committed)))
+    plain, _ = model.extend(params, tree.tokens, cache)  # no tree mask
+    many = jax.tree_util.tree_map(lambda x: jnp.repeat(x, width, 0), cache)
+    chain, _ = model.extend(params, jnp.asarray(paths).reshape(
+        batch * width, depth + 1), many)
+    return logits, plain, chain
+
+  logits, plain, chain = calls(params)
+  chain = np.asarray(chain).reshape(batch, width, depth + 1, -1)
+  last = np.take_along_axis(chain, ends[:, :, None, None], 2)[:, :, 0]
+  np.testing.assert_allclose(last, logits, atol=1e-5, rtol=1e-5)
+  # The check has power: the same tokens as one chain differ.
+  assert not np.allclose(last[:, 2:], plain[:, 2:], atol=1e-3)
+
+
+def test_move_slots_moves_a_path_into_chain_slots(v11):
+  model, params = v11
+  cache = model.init_cache(params, jnp.ones((2, 4), jnp.int32), 12)
+  keys = jnp.arange(2 * 12, dtype=jnp.float32).reshape(2, 12, 1, 1)
+  cache = cache.replace(self_key=(jnp.broadcast_to(
+      keys, cache.self_key[0].shape),) * len(cache.self_key))
+  moved = cache.move_slots(jnp.array([[5, 7], [3, 4]]), jnp.array([1, 2]))
+  got = np.asarray(moved.self_key[0][:, :, 0, 0])
+  assert got[0, 1] == 5 and got[0, 2] == 7 and got[0, 3] == 3
+  assert got[1, 2] == 12 + 3 and got[1, 3] == 12 + 4 and got[1, 0] == 12
+
+
+# ---------------------------------------------------------------------------
+# 2. Greedy.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def greedy_setup(v11, ragged_greedy):
+  model, params = v11
+  enc, base = ragged_greedy
+  lengths = np.asarray(base.lengths)
+  assert len(set(lengths.tolist())) >= 3  # ragged rows
+  return model, params, enc, base
+
+
+@pytest.mark.parametrize('spec', ['static-beam:3,2,4', 'beam:2,2,3'])
+def test_greedy_tree_equals_baseline(greedy_setup, spec):
+  model, params, enc, base = greedy_setup
+  drafter = tree_drafter(model, spec)
+  depth = drafter.shape.depth
+  calls = {}
+  for name, dparams in (('self', params),
+                        ('good', perturbed(params, 0.3, 0))):
+    out = speculative.speculative_sample(
+        model, params, drafter, dparams, enc, gamma=depth,
+        max_decode_len=MAX_LEN, eos_id=EOS)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    np.testing.assert_array_equal(out.lengths, base.lengths)
+    calls[name] = out.stats
+  if not drafter.shape.dynamic:
+    # The target drafting for itself: every row's greedy path is in a
+    # static tree, so each call yields depth + 1 tokens (the last one cut
+    # by EOS or the length limit). Fails if the drafter's path commit
+    # leaves a wrong key / value in its cache.
+    want = np.ceil(np.asarray(base.lengths) / (depth + 1))
+    np.testing.assert_array_equal(calls['self'].row_iterations, want)
+  good = spec_stats.summarize(calls['good'])
+  assert 0.0 < good['acceptance_rate'] < 1.0
+
+
+def test_greedy_tree_streams(greedy_setup):
+  model, params, enc, base = greedy_setup
+  drafter = tree_drafter(model, 'beam:2,2,3')
+  many = np.concatenate([enc, enc[::-1], enc[:2]])
+  want = decoding.temperature_sample(model, params, many,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  out = streaming.speculative_stream(
+      model, params, drafter, perturbed(params, 0.3, 0), many, batch_size=3,
+      gamma=3, max_decode_len=MAX_LEN, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, want.tokens)
+  np.testing.assert_array_equal(out.lengths, want.lengths)
+
+
+# ---------------------------------------------------------------------------
+# 3. Sampled law.
+# ---------------------------------------------------------------------------
+
+# One compiled loop per (shape, sampling): 'adversarial' reuses 't1'.
+CASES = {
+    't1-dynamic': ('beam:3,2,3', SamplingConfig(temperature=1.0), 'other'),
+    't0.7-topk3-static': ('static-beam:2,2,3',
+                          SamplingConfig(temperature=0.7, topk=3), 'other'),
+    't0.7-topp0.8': ('beam:2,2,3', SamplingConfig(temperature=0.7, topp=0.8),
+                     'other'),
+    'adversarial': ('beam:3,2,3', SamplingConfig(temperature=1.0),
+                    'adversarial'),
+}
+
+
+def _sampled(tiny_target, case, accept_rejected=False):
+  model, params, enc = tiny_target
+  spec, config, kind = CASES[case]
+  if kind == 'other':
+    dparams = model.init_params(jax.random.key(77))  # a different model
+  else:
+    # The target with its logits negated: its best candidates are the
+    # tokens the target likes least.
+    dparams = jax.tree_util.tree_map(lambda x: x, params)
+    dense = dparams['decoder']['logits_dense']
+    dparams['decoder']['logits_dense'] = {'kernel': -dense['kernel']}
+  loop, args = speculative.speculative_sample.prepare(
+      model, params, tree_drafter(model, spec), dparams,
+      jnp.tile(enc, (N_SAMPLES, 1)), gamma=3, max_decode_len=SEQ_LEN,
+      sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(zlib.crc32(case.encode())))
+  if accept_rejected:
+    loop = dataclasses.replace(loop, accept_rejected=True)
+  out = scaffold.run(loop, *args)
+  dist = exact_sequence_distribution(model, params, enc, config)
+  return np.asarray(out.tokens), dist, out.stats
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_sampled_tree_follows_target_distribution(tiny_target, case):
+  samples, dist, stats = _sampled(tiny_target, case)
+  assert_matches(samples, dist)
+  # Both ways of leaving a node happen: a child accepted, all rejected.
+  accepted = np.asarray(stats.accepted).sum()
+  assert 0 < accepted < np.asarray(stats.drafted).sum()
+
+
+def test_planted_bug_fails_the_law_test(tiny_target):
+  samples, dist, _ = _sampled(tiny_target, 'adversarial',
+                              accept_rejected=True)
+  with pytest.raises(AssertionError):
+    assert_matches(samples, dist)
+
+
+# ---------------------------------------------------------------------------
+# Shapes.
+# ---------------------------------------------------------------------------
+
+
+def test_best_tree_beats_chain_and_round_trips():
+  probs = [0.7, 0.1, 0.05, 0.03]
+  tree = shape_lib.best(probs, 32, 6)
+  assert tree.nodes == 32 and tree.depth <= 6
+  chain = shape_lib.chain(6)
+  assert tree.expected_tokens(probs) > chain.expected_tokens(probs)
+  # A chain's figure is the geometric sum.
+  assert chain.expected_tokens([0.5]) == pytest.approx(
+      sum(0.5 ** i for i in range(7)))
+  assert shape_lib.parse(tree.spec) == tree
+  dynamic = shape_lib.best(probs, 32, 6, dynamic=True)
+  assert shape_lib.parse(dynamic.spec) == dynamic and dynamic.dynamic
+
+
+def test_choose_spends_width_where_calls_are_free():
+  probs = [0.75, 0.1, 0.05, 0.03]
+  flat, _ = shape_lib.choose(probs, lambda k: 1.0, 0.02, max_nodes=40,
+                             max_depth=8)
+  steep, _ = shape_lib.choose(probs, lambda k: 1.0 + 0.25 * (k - 1), 0.02,
+                              max_nodes=40, max_depth=8)
+  assert flat.nodes > steep.nodes
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('bush:3', 'Unknown tree spec'),
+    ('beam:3,2', 'Bad tree spec'),
+    ('static:0.1', 'ranks 0, 1'),
+    ('static:0.0;1.0', 'parent 1 outside'),
+])
+def test_bad_tree_specs_are_named(spec, message):
+  with pytest.raises(ValueError, match=message):
+    shape_lib.parse(spec)
+
+
+def test_gamma_above_the_tree_depth_is_refused(greedy_setup):
+  model, params, enc, _ = greedy_setup
+  with pytest.raises(ValueError, match='gamma=5 > 3'):
+    speculative.speculative_sample(
+        model, params, tree_drafter(model, 'beam:2,2,3'), params, enc,
+        gamma=5, max_decode_len=MAX_LEN, eos_id=EOS)
