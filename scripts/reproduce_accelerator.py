@@ -114,7 +114,8 @@ Sizes = collections.namedtuple('Sizes', (
 FULL = Sizes(
     s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
     target='target', input_length=64, output_length=128, batches=(1, 8, 32),
-    curve_ks=(16,), sweep=tuple(range(1, 9)), max_gamma=8, examples=16,
+    curve_ks=(16, 32, 64, 128), sweep=tuple(range(1, 9)), max_gamma=8,
+    examples=16,
     repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
     context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
 # Tiny models, nothing widened (the synthetic T5 drafters share S0's

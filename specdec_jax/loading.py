@@ -22,6 +22,7 @@ from specdec_jax import drafters as drafters_lib
 from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import widening
+from specdec_jax.drafters.tree import shape as tree_shape
 from specdec_jax.sampling import SamplingConfig
 
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
@@ -88,6 +89,11 @@ class EvalSetup:
     stream_chunk: batches' worth of examples per streamed call (the unit
       that is timed, recorded and resumed; a drafter's output cache learns
       after each).
+    tree: TREE, for drafter 'tree': the token tree's shape (a
+      `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
+      'dynamic:...' shape from scripts/benchmark_trees.py); None: the
+      kind's default (`drafters.tree.DEFAULT_TREE`). gamma is the depth of
+      the tree used (at most the shape's).
   """
 
   target_config: network.T5Config
@@ -115,6 +121,7 @@ class EvalSetup:
   draft_confidence: float = 0.0
   batching: str = 'stream'
   stream_chunk: int = 4
+  tree: Optional[str] = None
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -148,6 +155,17 @@ class EvalSetup:
         0 <= conf < 1):
       raise ValueError(f'draft_confidence must be a number in [0, 1), got '
                        f'{conf!r}.')
+    if self.tree is not None and not kind.reads_tree:
+      raise ValueError(f'tree is set but drafter {self.drafter!r} does not '
+                       'draft trees (kinds that do: '
+                       f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.reads_tree)}).')
+    if kind.reads_tree:
+      shape = tree_shape.parse(self.tree or drafters_lib.tree.DEFAULT_TREE)
+      if self.gamma > shape.depth:
+        raise ValueError(f'gamma {self.gamma} is deeper than the tree '
+                         f'{shape.spec!r} (depth {shape.depth}): set gamma '
+                         f'<= {shape.depth} (the tree is cut to gamma '
+                         'levels).')
     if self.output_cache is not None and not kind.uses_cache:
       raise ValueError(f'output_cache is set but drafter {self.drafter!r} '
                        'does not use one (kinds that do: '
@@ -217,6 +235,8 @@ class EvalSetup:
       settings['same_shape_baseline'] = True
     if self.draft_confidence:
       settings['draft_confidence'] = float(self.draft_confidence)
+    if self.tree is not None:
+      settings['tree'] = self.tree
     if self.streamed:  # fixed batches: as before streaming existed
       settings['batching'] = 'stream'
       settings['stream_chunk'] = self.stream_chunk
@@ -409,7 +429,8 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
       output_length=setup.task_feature_lengths['targets'],
       confidence=float(setup.draft_confidence),
       draft_checkpoint=(None if kind.needs_model else
-                        setup.draft_checkpoint))
+                        setup.draft_checkpoint),
+      tree=setup.tree)
   if not kind.data_only or task is None:
     return kind.build(source)
   key = (kind.name, task.name, setup.target_config.vocab_size,

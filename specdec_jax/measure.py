@@ -474,3 +474,40 @@ def _betas(target, drafter, target_params, draft_params, encoder_input_tokens,
       drafter.score(draft_params, encoder_input_tokens, decoder_inputs),
       sampling)
   return jnp.minimum(p, q).sum(axis=-1)
+
+
+def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
+               *, max_rank: int = 8, batch_size: int = 16) -> np.ndarray:
+  """How often each output token is the drafter's rank-r candidate.
+
+  Teacher-forced on `tokens` (e.g. the target's greedy outputs): at every
+  output position up to and including EOS, the rank of the output token in
+  the drafter's logits (`drafter.score`) after the true prefix, 0 = its
+  most likely token. A token tree's greedy acceptance rests on these
+  (`drafters.tree.shape.best`): rank_probs[0] is the greedy alpha.
+
+  Returns:
+    `[max_rank]` shares of the positions (ranks >= max_rank not counted).
+  """
+  tokens = np.asarray(tokens)
+  lengths = np.asarray(lengths)
+  counts = np.zeros(max_rank, np.int64)
+  positions = 0
+
+  @jax.jit
+  def ranks(params, enc, dec_out):
+    dec_in = jnp.pad(dec_out, ((0, 0), (1, 0)))[:, :-1]
+    logits = drafter.score(params, enc, dec_in).astype(jnp.float32)
+    mine = jnp.take_along_axis(logits, dec_out[..., None], -1)
+    return jnp.sum(logits > mine, axis=-1)
+
+  for start in range(0, tokens.shape[0], batch_size):
+    stop = start + batch_size
+    r = np.asarray(ranks(draft_params,
+                         jnp.asarray(encoder_input_tokens[start:stop]),
+                         jnp.asarray(tokens[start:stop])))
+    valid = np.arange(r.shape[1])[None] < lengths[start:stop, None]
+    r = r[valid]
+    positions += r.size
+    counts += np.bincount(r[r < max_rank], minlength=max_rank)[:max_rank]
+  return counts / max(positions, 1)

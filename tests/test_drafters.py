@@ -66,7 +66,8 @@ def source_for(model, params, train_targets, train_inputs):
       vocab_size=model.vocab_size, draft_model=model,
       draft_params=perturbed(params, 0.3, 0),
       train_targets=lambda: train_targets, target_model=model,
-      target_params=params, train_pairs=lambda: pairs, output_length=MAX_LEN)
+      target_params=params, train_pairs=lambda: pairs, output_length=MAX_LEN,
+      tree='beam:2,2,3')  # 'tree': a small tree of depth >= GAMMA
 
 
 @pytest.fixture(scope='module')
@@ -121,7 +122,8 @@ def test_streamed_greedy_equals_baseline(greedy, kind):
   kw = dict(batch_size=2, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=EOS)
   loop, _ = streaming.speculative_stream.prepare(model, params, drafter,
                                                  dparams, enc, **kw)
-  assert isinstance(loop.loop, speculative.MergedLoop) == isinstance(
+  # A merged drafter runs its own loop (PaSS's, the heads', the tree's).
+  assert isinstance(loop.loop, speculative.SpecLoop) != isinstance(
       drafter, interfaces.MergedDrafter)
   out = streaming.speculative_stream(model, params, drafter, dparams, enc,
                                      **kw)

@@ -2,8 +2,9 @@
 
 1. One tree call equals a chain call on every root-to-leaf path (float32).
 2. Greedy: output identical to the baseline, every shape, batch > 1 with
-   ragged rows, streamed too; the target as its own drafter accepts whole
-   paths (what fails if the drafter's path commit is wrong).
+   ragged rows; the target as its own drafter accepts whole paths (what
+   fails if the drafter's path commit is wrong). Streaming, and t = 1 with
+   top-k, are the kind 'tree''s cases in tests/test_drafters.py.
 3. Sampled: the law over whole sequences is the target's by chi-square
    (t = 1, t = 0.7 with top-k, top-p; an adversarial drafter whose best
    candidates the target likes least), and a planted bug (a rejected
@@ -18,18 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
+from specdec_jax import loading
 from specdec_jax import drafters
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
 from specdec_jax import speculative
-from specdec_jax import streaming
 from specdec_jax.drafters import tree as tree_lib
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.sampling import SamplingConfig
 
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
+from conftest import TINY_V11
 from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
                               exact_sequence_distribution, perturbed,
                               tiny_target)  # pylint: disable=unused-import
@@ -159,26 +160,13 @@ def test_greedy_tree_equals_baseline(greedy_setup, spec):
   assert 0.0 < good['acceptance_rate'] < 1.0
 
 
-def test_greedy_tree_streams(greedy_setup):
-  model, params, enc, base = greedy_setup
-  drafter = tree_drafter(model, 'beam:2,2,3')
-  many = np.concatenate([enc, enc[::-1], enc[:2]])
-  want = decoding.temperature_sample(model, params, many,
-                                     max_decode_len=MAX_LEN, eos_id=EOS)
-  out = streaming.speculative_stream(
-      model, params, drafter, perturbed(params, 0.3, 0), many, batch_size=3,
-      gamma=3, max_decode_len=MAX_LEN, eos_id=EOS)
-  np.testing.assert_array_equal(out.tokens, want.tokens)
-  np.testing.assert_array_equal(out.lengths, want.lengths)
-
-
 # ---------------------------------------------------------------------------
 # 3. Sampled law.
 # ---------------------------------------------------------------------------
 
-# One compiled loop per (shape, sampling): 'adversarial' reuses 't1'.
+# One compiled loop per (shape, sampling). t = 1 with top-k 3 and a
+# perturbed drafter is tests/test_drafters.py's per-kind case for 'tree'.
 CASES = {
-    't1-dynamic': ('beam:3,2,3', SamplingConfig(temperature=1.0), 'other'),
     't0.7-topk3-static': ('static-beam:2,2,3',
                           SamplingConfig(temperature=0.7, topk=3), 'other'),
     't0.7-topp0.8': ('beam:2,2,3', SamplingConfig(temperature=0.7, topp=0.8),
@@ -272,3 +260,25 @@ def test_gamma_above_the_tree_depth_is_refused(greedy_setup):
     speculative.speculative_sample(
         model, params, tree_drafter(model, 'beam:2,2,3'), params, enc,
         gamma=5, max_decode_len=MAX_LEN, eos_id=EOS)
+
+
+def test_tree_with_more_children_than_tokens_is_refused(tiny_target):
+  model, _, _ = tiny_target  # 6 tokens
+  with pytest.raises(ValueError, match='7 children; the vocabulary has 6'):
+    tree_drafter(model, 'beam:7,1,2')
+
+
+def test_eval_setup_checks_the_tree_option():
+  config = TINY_V11
+  common = dict(target_config=config, target_checkpoint=None,
+                mixture_or_task_name='t', draft_config=config,
+                task_feature_lengths={'inputs': 8, 'targets': 8})
+  setup = loading.EvalSetup(gamma=3, drafter='tree', tree='beam:2,2,3',
+                            **common)
+  assert setup.settings()['tree'] == 'beam:2,2,3'
+  with pytest.raises(ValueError, match="drafter 't5' does not draft trees"):
+    loading.EvalSetup(gamma=3, tree='beam:2,2,3', **common)
+  with pytest.raises(ValueError, match='gamma 4 is deeper than the tree'):
+    loading.EvalSetup(gamma=4, drafter='tree', tree='beam:2,2,3', **common)
+  with pytest.raises(ValueError, match="Unknown tree spec 'bush'"):
+    loading.EvalSetup(gamma=3, drafter='tree', tree='bush', **common)

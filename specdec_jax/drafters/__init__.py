@@ -19,7 +19,7 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
   lookahead/     PaSS: the target drafts from look-ahead slots ('pass')
   heads/         self-drafting heads on the target's states ('heads')
   tree/          token trees: a T5 drafter's tree verified in one call
-                 (an option of 't5': DraftSource.tree, gin TREE)
+                 ('tree', its shape DraftSource.tree, gin TREE)
 
 `KINDS` below is the one list of the kinds a job may name (`EvalSetup.drafter`,
 gin `DRAFTER`); `python -m specdec_jax.drafters` prints it. A new kind is a
@@ -37,6 +37,7 @@ from specdec_jax.drafters import lookup
 from specdec_jax.drafters import ngram
 from specdec_jax.drafters import registry
 from specdec_jax.drafters import t5
+from specdec_jax.drafters import tree
 from specdec_jax.drafters.cache import CacheDrafter
 from specdec_jax.drafters.cache import open_cache
 from specdec_jax.drafters.combined import CombinedDrafter
@@ -48,6 +49,7 @@ from specdec_jax.drafters.ngram import ngram_params
 from specdec_jax.drafters.registry import DrafterKind
 from specdec_jax.drafters.registry import DraftSource
 from specdec_jax.drafters.t5 import T5Drafter
+from specdec_jax.drafters.tree import TreeDrafter
 
 KINDS = registry.KindTable(
     t5.KIND,
@@ -58,6 +60,7 @@ KINDS = registry.KindTable(
     combined.KIND,
     lookahead.KIND,
     heads.KIND,
+    tree.KIND,
 )
 
 

@@ -45,6 +45,9 @@ class DraftSource:
       parameters from a checkpoint without a separate model ('pass': the
       look-ahead embeddings, 'heads': a draft head), a path or a shipped
       name (`shipped:heads/en_de`).
+    tree: TREE, the shape of a token tree for kinds that draft trees
+      (`DrafterKind.reads_tree`): a `drafters.tree.shape.parse` spec, e.g.
+      'beam:4,2,8'; None: the kind's default.
   """
 
   vocab_size: int
@@ -59,6 +62,7 @@ class DraftSource:
   output_length: int = 64
   confidence: float = 0.0
   draft_checkpoint: Optional[str] = None
+  tree: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +86,8 @@ class DrafterKind:
       changed.
     needs_target: built from `DraftSource.target_model` / `target_params`
       (drafts with the target itself, or embeds requests with it).
+    reads_tree: drafts token trees of the shape `DraftSource.tree` (gin
+      TREE); a job refuses TREE for a kind that does not.
   """
 
   name: str
@@ -91,6 +97,7 @@ class DrafterKind:
   data_only: bool = False
   uses_cache: bool = False
   needs_target: bool = False
+  reads_tree: bool = False
 
 
 class KindTable(Mapping[str, DrafterKind]):

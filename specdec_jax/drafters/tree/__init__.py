@@ -14,12 +14,15 @@ an encoder-decoder T5 in one jitted loop:
   drafter.py  `TreeDrafter`: a T5 drafter drafting level by level
   loop.py     `TreeLoop`: the `speculative.VerifyLoop` that runs it
 
-A tree is an option of the 't5' kind (`DraftSource.tree`, gin `TREE`):
-`speculative_sample` runs `TreeDrafter.merged_loop`, and the streaming
-loops refill its rows like any other.
+The kind 'tree' is a T5 drafter drafting trees of the shape `TREE`
+(`DraftSource.tree`, a `shape.parse` spec): `speculative_sample` runs
+`TreeDrafter.merged_loop`, and the streaming loops refill its rows like
+any other.
 """
 
 from specdec_jax.drafters.tree import shape
 from specdec_jax.drafters.tree import verify
+from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
+from specdec_jax.drafters.tree.drafter import KIND
 from specdec_jax.drafters.tree.drafter import TreeDrafter
 from specdec_jax.drafters.tree.shape import TreeShape

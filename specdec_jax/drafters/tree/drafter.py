@@ -17,6 +17,10 @@ the loop does for the target, so nothing is fed twice.
 It is a `interfaces.MergedDrafter`: `merged_loop` is the tree loop
 (`loop.TreeLoop`, gamma = the depth used, at most the shape's); in the
 ordinary loop it drafts a chain like its T5 drafter.
+
+The kind 'tree' (`KIND`): a separate T5 drafter (DRAFT_MODEL /
+DRAFT_CHECKPOINT, as 't5') drafting trees of the shape TREE
+(`DraftSource.tree`, default `DEFAULT_TREE`).
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import registry
+from specdec_jax.drafters import t5
 from specdec_jax.drafters.t5 import T5Drafter
+from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree import verify as verify_lib
+from specdec_jax.drafters.tree.loop import TreeLoop
 from specdec_jax.drafters.tree.shape import TreeShape
 
 Array = jax.Array
@@ -56,6 +64,12 @@ class TreeDrafter:
 
   drafts_from_score = True
 
+  def __post_init__(self):
+    if self.shape.max_children > self.base.vocab_size:
+      raise ValueError(
+          f'tree {self.shape.spec!r} gives a node {self.shape.max_children} '
+          f'children; the vocabulary has {self.base.vocab_size} tokens.')
+
   @property
   def vocab_size(self) -> int:
     return self.base.vocab_size
@@ -71,9 +85,8 @@ class TreeDrafter:
     return self.shape.depth if merged else None
 
   def merged_loop(self, target, gamma, sampling, eos_id, max_decode_len):
-    from specdec_jax.drafters.tree import loop  # pylint: disable=g-import-not-at-top
     drafter = dataclasses.replace(self, shape=self.shape.truncate(gamma))
-    return loop.TreeLoop(target=target, gamma=gamma, sampling=sampling,
+    return TreeLoop(target=target, gamma=gamma, sampling=sampling,
                          eos_id=eos_id, max_decode_len=max_decode_len,
                          drafter=drafter)
 
@@ -106,7 +119,11 @@ class TreeDrafter:
     has = base >= 0
     u = jnp.zeros((batch,), jnp.int32)
     m = jnp.zeros((batch,), jnp.int32)
-    path = jnp.zeros((batch, max(depth - 1, 1)), jnp.int32)
+    # Tree index of the node that goes to chain slot start + 1 + i: the
+    # path where it was found; elsewhere the slot itself (nothing moves).
+    steps = max(depth - 1, 1)
+    path = jnp.broadcast_to(jnp.arange(1, steps + 1, dtype=jnp.int32),
+                            (batch, steps))
     walking = has
     for d in range(1, depth):
       # Committed token at depth d, if the row committed past it (the last
@@ -119,7 +136,7 @@ class TreeDrafter:
                (jnp.arange(width)[None, :] > 0))
       found = here & jnp.any(match, axis=1)
       child = jnp.argmax(match, axis=1).astype(jnp.int32)
-      path = path.at[:, d - 1].set(jnp.where(found, child, 0))
+      path = path.at[:, d - 1].set(jnp.where(found, child, d))
       m = m + found.astype(jnp.int32)
       u = jnp.where(found, child, u)
       walking = found
@@ -206,3 +223,22 @@ class TreeDrafter:
     state = TreeState(cache=cache, tokens=tree.tokens, valid=tree.valid,
                       parent=tree.parent, base=base)
     return tree, state
+
+
+# EAGLE-2's shape: the root's 4 best tokens, then the 2 most probable paths
+# of each level get 4 children each, 8 levels: 60 nodes, one target call on
+# 61 tokens (on an accelerator about the cost of one; see results/trees.md).
+DEFAULT_TREE = 'beam:4,2,8'
+
+
+def build(source: registry.DraftSource):
+  """A `TreeDrafter` over the 't5' kind's drafter, shape `source.tree`."""
+  drafter, params = t5.build(source, kind='tree')
+  shape = shape_lib.parse(source.tree or DEFAULT_TREE)
+  return TreeDrafter(drafter, shape), params
+
+
+KIND = registry.DrafterKind(
+    'tree', needs_model=True, build=build, reads_tree=True,
+    description='a separate T5 drafting a token tree (TREE: its shape), '
+                'verified in one target call')

@@ -1,0 +1,316 @@
+"""Token trees: tokens per target call, alpha per depth and speed-up.
+
+On the shipped target and a shipped drafter (`--drafter`, dec2 by default),
+on the first `--num_examples` test rows of each task, this script decodes
+with
+
+- chains of gamma drafts (`--chains`: the ordinary speculative loop);
+- trees (kind 'tree', `drafters.tree`): for every node budget of
+  `--budgets`, the dynamic tree `shape.best` builds from the drafter's
+  measured rank probabilities (`measure.rank_probs`: how often the target's
+  greedy token is the drafter's rank-r candidate) with depth <=
+  `--max_depth`; the static tree of the same shape at `--static_budget`;
+  `drafters.tree.DEFAULT_TREE`; the EAGLE-2 beams of `--trees`; and the
+  tree `shape.choose` picks for the profile's device (`--profile`) from
+  its measured cost(k) and c;
+
+at every temperature of `--temperatures` (at t > 0 only the best chain,
+the default tree and the chosen tree), all rows in one fixed batch, and
+records tokens per target call (output tokens / row-iterations), alpha per
+depth (the share of row-iterations accepting a draft at depth d) and, at
+t = 0, how many rows equal the baseline's output token for token. Tokens
+per target call do not depend on the device; the speed-up does:
+
+- PREDICTED on the profile (the H100 run at T5-XXL cost by default):
+  `bench.hardware.predict` from the counters: tokens per call /
+  (cost(width) + depth x c), width = the nodes + 1 (a chain: gamma + 1),
+  depth drafter calls per target call; cost(k) beyond the profile's largest
+  measured k is that k's cost, labelled 'extrapolated';
+- MEASURED on this machine at t = 0 (on a GPU with `--widen
+  t5_1_1_xxl_cost --dtype bfloat16`: the target at T5-XXL cost, the
+  profile's setting): compiled, batch 1 over the first
+  `--time_rows` rows, medians of `--repeats` alternating runs of the
+  baseline, the best chain, the default and the chosen tree (on a CPU a
+  call on k tokens costs ~k times one: trees are for accelerators).
+
+Every cell is written when measured (OUT.json, OUT.md); `--repredict
+OUT.json` recomputes the predicted columns from the measured counters.
+
+  python scripts/benchmark_trees.py --out results/trees
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import measure
+from specdec_jax import network
+from specdec_jax import shipped
+from specdec_jax import spec_stats
+from specdec_jax import speculative
+from specdec_jax import widening
+from specdec_jax.bench import flags
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
+from specdec_jax.drafters import tree as tree_lib
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.sampling import SamplingConfig
+
+
+def _ints(text):
+  return tuple(int(x) for x in text.split(',') if x)
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--tasks', default='en_de,synopsis')
+  p.add_argument('--num_examples', type=int, default=64)
+  p.add_argument('--drafter', default='dec2', help='a shipped drafter')
+  p.add_argument('--chains', default='4,7', help='chain gammas')
+  p.add_argument('--budgets', default='16,32,64,128',
+                 help='node budgets of the dynamic best trees')
+  p.add_argument('--max_depth', type=int, default=10)
+  p.add_argument('--static_budget', type=int, default=64)
+  p.add_argument('--choose_budget', type=int, default=64,
+                 help="the node budget of the profile's chosen tree")
+  p.add_argument('--trees', nargs='*',
+                 default=['beam:3,2,10', 'beam:2,2,16', 'beam:4,1,16'],
+                 help='more TREE specs (e.g. deeper / narrower beams)')
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--time_rows', type=int, default=16)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--dtype', default='float32',
+                 help="the models' dtype: float32, or bfloat16 on a GPU")
+  p.add_argument('--widen', default=None,
+                 help="widen the target (function-preservingly) to a "
+                 "widening.PRESETS cost, e.g. 't5_1_1_xxl_cost': same "
+                 'outputs and counters, that cost per call (a GPU run)')
+  p.add_argument('--out', default='results/trees')
+  flags.add_prediction_flags(p)
+  return p.parse_args(argv)
+
+
+def chosen_tree(rank_probs, profile, drafter, budget, max_depth):
+  """`shape.choose` on the profile's cost(k) (batch 1) and c."""
+  c, _ = profile.c_of(drafter)
+  shape, _ = shape_lib.choose(
+      rank_probs, lambda k: profile.cost_at(k)[0], c, max_nodes=budget,
+      max_depth=max_depth, dynamic=True)
+  return shape
+
+
+def configs(args, rank_probs, profile):
+  """name -> (drafter shape or chain gamma, depth, width)."""
+  out = {}
+  for g in _ints(args.chains):
+    out[f'chain {g}'] = ('chain', g)
+  for n in _ints(args.budgets):
+    out[f'dynamic {n}'] = ('tree', shape_lib.best(rank_probs, n,
+                                                  args.max_depth, True))
+  static = shape_lib.best(rank_probs, args.static_budget, args.max_depth)
+  out[f'static {args.static_budget}'] = ('tree', static)
+  out['default'] = ('tree', shape_lib.parse(tree_lib.DEFAULT_TREE))
+  for spec in args.trees:
+    out[spec] = ('tree', shape_lib.parse(spec))
+  out[f'chosen {profile.name}'] = ('tree', chosen_tree(
+      rank_probs, profile, args.drafter, args.choose_budget, args.max_depth))
+  return out
+
+
+def build(kind, value, dmodel):
+  base = drafters.T5Drafter(dmodel)
+  if kind == 'chain':
+    return base, value, value + 1, value
+  drafter = tree_lib.TreeDrafter(base, value)
+  return drafter, value.depth, value.width, value.nodes
+
+
+def predict_row(row, profile):
+  pred = hardware.predict(
+      profile, tokens_per_call=row['tokens_per_call'], width=row['width'],
+      drafter_calls_per_call=row['depth'], drafter=row['drafter'])
+  row['predicted'] = pred.speedup
+  row['predicted_label'] = pred.label
+  return row
+
+
+def write_markdown(path, result):
+  meta, rows = result['meta'], result['rows']
+  lines = [
+      f"# Token trees: tokens per target call, chain vs trees "
+      f"({meta['backend']})", '',
+      report.header_md(meta),
+      'Shipped target' + (f" widened to {meta['widen']}" if meta.get(
+          'widen') else '') +
+      f" and drafter `{meta['drafter']}`, {meta.get('dtype', 'float32')}, "
+      "the first "
+      f"{meta['num_examples']} test rows of each task, all rows in one "
+      'fixed batch, EOS ends a row. tokens/call = output tokens / '
+      'row-iterations (one target call per row-iteration; the bonus token '
+      'included); alpha at depth d = the share of row-iterations that '
+      'accept a draft at depth d. "dynamic N" = `shape.best` on the '
+      'measured rank probabilities with N nodes, depth <= '
+      f"{meta['max_depth']}, parents re-ranked at run time by the "
+      "drafter's path probability (EAGLE-2); \"static N\" = the same "
+      'construction, slots fixed; "default" = `drafters.tree.DEFAULT_TREE` '
+      f"(`{meta['default_tree']}`); \"chosen <profile>\" = `shape.choose` on "
+      "that profile's cost(k) and c. **Predicted** (not measured) = "
+      'bench.hardware.predict from the counters: tokens/call / (cost(width) '
+      '+ depth x c) on the profile (measured on that device at T5-XXL '
+      'target cost; its label says which inputs are not measured). '
+      'Identical = rows equal to the baseline token for token (t = 0).', '']
+  for task, rp in meta['rank_probs'].items():
+    lines.append(f"Rank probabilities of `{meta['drafter']}` on {task} "
+                 '(target greedy outputs, teacher-forced): ' +
+                 ', '.join(f'{x:.3f}' for x in rp) + '.  ')
+  lines += ['', '## Tokens per target call and predicted speed-up', '']
+  table = []
+  for r in rows:
+    alpha = ' '.join(f'{a:.2f}' for a in r['alpha_per_depth'])
+    table.append([
+        r['task'], r['t'], r['name'], r['nodes'], r['depth'],
+        f"**{r['tokens_per_call']:.2f}**", alpha,
+        report.fmt(r.get('predicted')),
+        r.get('identical', '-'), r['predicted_label'] if r.get(
+            'predicted') is not None else '-'])
+  lines.append(report.table(
+      ['task', 't', 'drafting', 'nodes', 'depth', 'tokens/call',
+       'alpha per depth', 'predicted speed-up', 'identical', 'label'],
+      table))
+  timed = result.get('timed', [])
+  if timed:
+    lines += ['', f"## Measured on this machine ({meta['backend']}), t = 0, "
+              f"batch 1, first {meta['time_rows']} rows", '']
+    lines.append(report.table(
+        ['task', 'decoder', 'seconds (median)', 'speed-up over baseline'],
+        [[t['task'], t['name'], f"{t['seconds']:.2f}",
+          f"{t['speedup']:.2f}"] for t in timed]))
+  if result.get('shapes'):
+    lines += ['', '## Shapes (TREE specs)', '']
+    for name, spec in result['shapes'].items():
+      lines.append(f'- {name}: `{spec}`')
+  report.write_md(path, '\n'.join(lines) + '\n')
+
+
+def decode(target, tp, drafter, dp, gamma, enc, length, sampling, seed):
+  return speculative.speculative_sample(
+      target, tp, drafter, dp, enc, gamma=gamma, max_decode_len=length,
+      sampling=sampling, eos_id=1, rng=jax.random.key(seed))
+
+
+def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
+  arrays = shipped.test_arrays(task)
+  enc = jnp.asarray(arrays['inputs'][:args.num_examples])
+  length = arrays['targets'].shape[1]
+  base = decoding.temperature_sample(target, tp, enc, max_decode_len=length,
+                                     eos_id=1)
+  tokens, lengths = np.asarray(base.tokens), np.asarray(base.lengths)
+  rp = measure.rank_probs(drafters.T5Drafter(dmodel), dp, enc, tokens,
+                          lengths)
+  rp = [float(x) for x in np.sort(rp)[::-1]]  # best() needs non-increasing
+  result['meta']['rank_probs'][task] = rp
+  table = configs(args, rp, profile)
+  best_chain = None
+  for t in (float(x) for x in args.temperatures.split(',')):
+    sampling = SamplingConfig(temperature=t)
+    for name, (kind, value) in table.items():
+      if t > 0 and not (name == best_chain or name == 'default' or
+                        name.startswith('chosen')):
+        continue
+      drafter, depth, width, nodes = build(kind, value, dmodel)
+      start = time.time()
+      out = decode(target, tp, drafter, dp, depth, enc, length, sampling,
+                   args.seed)
+      s = spec_stats.summarize(out.stats)
+      out_lengths = np.asarray(out.lengths)
+      row = dict(task=task, t=t, name=name, nodes=nodes, depth=depth,
+                 width=width, drafter=args.drafter,
+                 spec=value.spec if kind == 'tree' else f'chain:{value}',
+                 tokens_per_call=float(out_lengths.sum() /
+                                       s['row_iterations']),
+                 alpha_per_depth=s['per_position_acceptance'],
+                 seconds_with_compile=time.time() - start)
+      if t == 0:
+        row['identical'] = int(np.all(
+            (np.asarray(out.tokens) == tokens), axis=1).sum())
+      result['rows'].append(predict_row(row, profile))
+      result['shapes'][name + f' ({task})'] = row['spec']
+      print(f"{task} t={t} {name}: {row['tokens_per_call']:.2f} tokens/call"
+            f", predicted {row['predicted']:.2f}x", flush=True)
+      save()
+    if t == 0:
+      chains = [r for r in result['rows'] if r['task'] == task and
+                r['t'] == 0 and r['name'].startswith('chain')]
+      best_chain = max(chains, key=lambda r: r['predicted'])['name']
+  if args.time_rows:
+    time_task(task, args, target, tp, dmodel, dp, table, best_chain,
+              arrays, length, result)
+    save()
+
+
+def time_task(task, args, target, tp, dmodel, dp, table, best_chain,
+              arrays, length, result):
+  """Batch 1, the first rows, compiled, medians of alternating repeats."""
+  rows = [jnp.asarray(arrays['inputs'][i:i + 1])
+          for i in range(args.time_rows)]
+  greedy = SamplingConfig()
+  calls = {'baseline': lambda: [decoding.temperature_sample(
+      target, tp, r, max_decode_len=length, eos_id=1).tokens for r in rows]}
+  for name in (best_chain, 'default', next(
+      n for n in table if n.startswith('chosen'))):
+    drafter, depth, _, _ = build(*table[name], dmodel)
+    calls[name] = (lambda d=drafter, g=depth: [decode(
+        target, tp, d, dp, g, r, length, greedy, 0).tokens for r in rows])
+  for call in calls.values():
+    jax.block_until_ready(call())  # compile
+  _, seconds = measure.time_alternating(calls, args.repeats)
+  for name, sec in seconds.items():
+    result['timed'].append(dict(task=task, name=name, seconds=sec,
+                                speedup=seconds['baseline'] / sec))
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  profile = flags.profile_of(args)
+  if args.repredict:
+    path = pathlib.Path(args.repredict)
+    result = report.read_json(path)
+    result['rows'] = [predict_row(r, profile) for r in result['rows']]
+    report.write_json(path, result)
+    write_markdown(path.with_suffix('.md'), result)
+    return
+  target, tp = shipped.load_model('target', dtype=args.dtype)
+  if args.widen:
+    tp, config = widening.widen_to(tp, target.config, args.widen)
+    target = network.T5Model(config)
+  dmodel, dp = shipped.load_model(args.drafter, dtype=args.dtype)
+  result = dict(
+      meta=dict(report.header('scripts/benchmark_trees.py', argv),
+                drafter=args.drafter, num_examples=args.num_examples,
+                dtype=args.dtype, widen=args.widen,
+                max_depth=args.max_depth, time_rows=args.time_rows,
+                default_tree=tree_lib.DEFAULT_TREE, profile=profile.name,
+                rank_probs={}),
+      rows=[], timed=[], shapes={})
+
+  def save():
+    report.write_json(args.out + '.json', result)
+    write_markdown(args.out + '.md', result)
+
+  for task in args.tasks.split(','):
+    run_task(task, args, target, tp, dmodel, dp, profile, result, save)
+  print(f'wrote {args.out}.json / .md', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  main()
