@@ -84,7 +84,8 @@ def parse_args(argv=None):
                  help="the node budget of the profile's chosen tree")
   p.add_argument('--trees', nargs='*',
                  default=['beam:3,2,10', 'beam:2,2,16', 'beam:4,1,16'],
-                 help='more TREE specs (e.g. deeper / narrower beams)')
+                 help="more TREE specs (e.g. deeper / narrower beams, or "
+                 "'beam:16,4,16/64': draft wide, verify the best 64)")
   p.add_argument('--temperatures', default='0,1')
   p.add_argument('--time_rows', type=int, default=16)
   p.add_argument('--repeats', type=int, default=3)
@@ -96,6 +97,9 @@ def parse_args(argv=None):
                  "widening.PRESETS cost, e.g. 't5_1_1_xxl_cost': same "
                  'outputs and counters, that cost per call (a GPU run)')
   p.add_argument('--out', default='results/trees')
+  p.add_argument('--merge', action='store_true',
+                 help='add to OUT.json: decode only the (task, t, drafting) '
+                 'cells it lacks (the command is added to the header)')
   flags.add_prediction_flags(p)
   return p.parse_args(argv)
 
@@ -127,12 +131,14 @@ def configs(args, rank_probs, profile):
   return out
 
 
-def build(kind, value, dmodel):
+def build(kind, value, dmodel, greedy=True):
+  """(drafter, depth, tokens per target call, nodes verified)."""
   base = drafters.T5Drafter(dmodel)
   if kind == 'chain':
     return base, value, value + 1, value
   drafter = tree_lib.TreeDrafter(base, value)
-  return drafter, value.depth, value.width, value.nodes
+  width = value.verified_width(greedy)
+  return drafter, value.depth, width, width - 1
 
 
 def predict_row(row, profile):
@@ -149,7 +155,8 @@ def write_markdown(path, result):
   lines = [
       f"# Token trees: tokens per target call, chain vs trees "
       f"({meta['backend']})", '',
-      report.header_md(meta),
+      report.header_md(meta) + ''.join(
+          f'Added by: `{c}`  \n' for c in meta.get('merged', [])),
       'Shipped target' + (f" widened to {meta['widen']}" if meta.get(
           'widen') else '') +
       f" and drafter `{meta['drafter']}`, {meta.get('dtype', 'float32')}, "
@@ -227,7 +234,11 @@ def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
       if t > 0 and not (name == best_chain or name == 'default' or
                         name.startswith('chosen')):
         continue
-      drafter, depth, width, nodes = build(kind, value, dmodel)
+      if any((r['task'], r['t'], r['name']) == (task, t, name)
+             for r in result['rows']):
+        continue  # --merge: measured before
+      drafter, depth, width, nodes = build(kind, value, dmodel,
+                                           sampling.greedy)
       start = time.time()
       out = decode(target, tp, drafter, dp, depth, enc, length, sampling,
                    args.seed)
@@ -252,7 +263,8 @@ def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
       chains = [r for r in result['rows'] if r['task'] == task and
                 r['t'] == 0 and r['name'].startswith('chain')]
       best_chain = max(chains, key=lambda r: r['predicted'])['name']
-  if args.time_rows:
+  if args.time_rows and not any(r['task'] == task
+                                for r in result['timed']):
     time_task(task, args, target, tp, dmodel, dp, table, best_chain,
               arrays, length, result)
     save()
@@ -302,6 +314,12 @@ def main(argv=None):
                 default_tree=tree_lib.DEFAULT_TREE, profile=profile.name,
                 rank_probs={}),
       rows=[], timed=[], shapes={})
+
+  if args.merge and pathlib.Path(args.out + '.json').exists():
+    previous = report.read_json(args.out + '.json')
+    previous['meta'].setdefault('merged', []).append(
+        result['meta']['command'])
+    result = previous
 
   def save():
     report.write_json(args.out + '.json', result)

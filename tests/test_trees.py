@@ -135,7 +135,8 @@ def greedy_setup(v11, ragged_greedy):
   return model, params, enc, base
 
 
-@pytest.mark.parametrize('spec', ['static-beam:3,2,4', 'beam:2,2,3'])
+# 'beam:3,2,4/6': drafted wide, the best 6 nodes verified (re-ranked).
+@pytest.mark.parametrize('spec', ['static-beam:3,2,4', 'beam:3,2,4/6'])
 def test_greedy_tree_equals_baseline(greedy_setup, spec):
   model, params, enc, base = greedy_setup
   drafter = tree_drafter(model, spec)
@@ -248,6 +249,8 @@ def test_choose_spends_width_where_calls_are_free():
     ('beam:3,2', 'Bad tree spec'),
     ('static:0.1', 'ranks 0, 1'),
     ('static:0.0;1.0', 'parent 1 outside'),
+    ('beam:2,2,3/x', 'Bad tree spec'),
+    ('beam:2,2,3/-1', 'top must be an int >= 0'),
 ])
 def test_bad_tree_specs_are_named(spec, message):
   with pytest.raises(ValueError, match=message):
@@ -282,3 +285,38 @@ def test_eval_setup_checks_the_tree_option():
     loading.EvalSetup(gamma=4, drafter='tree', tree='beam:2,2,3', **common)
   with pytest.raises(ValueError, match="Unknown tree spec 'bush'"):
     loading.EvalSetup(gamma=3, drafter='tree', tree='bush', **common)
+
+
+def test_best_nodes_verifies_an_ancestor_closed_top_set():
+  """Re-ranking keeps the root and the m - 1 most probable nodes, parents
+  before children, and the target's call is on exactly those tokens."""
+  from specdec_jax.drafters.tree import drafter as drafter_lib  # pylint: disable=g-import-not-at-top
+  shape = shape_lib.parse('static-beam:3,3,3')
+  rng = np.random.default_rng(0)
+  tree = tree_lib.verify.empty(2, shape, 8)
+  parent = np.zeros((2, shape.width), np.int32)
+  score = np.zeros((2, shape.width), np.float32)
+  for d in range(1, shape.depth + 1):
+    pick, _ = tree_lib.verify.children_of(shape, d)
+    lo, prev = shape.offsets[d], shape.offsets[d - 1]
+    for j, pj in enumerate(np.asarray(pick)):
+      parent[:, lo + j] = prev + pj
+      score[:, lo + j] = score[:, prev + pj] - rng.exponential(1.0, 2)
+  tree = tree.replace(
+      tokens=jnp.asarray(rng.integers(1, 8, (2, shape.width)), jnp.int32),
+      valid=jnp.ones((2, shape.width), bool), parent=jnp.asarray(parent),
+      visible=tree_lib.verify.ancestors(jnp.asarray(parent), shape.depth))
+  pruned = drafter_lib.best_nodes(tree, jnp.asarray(score), 6)
+  chosen = np.asarray(pruned.verified)
+  for row in range(2):
+    want = [0] + sorted(np.argsort(-score[row, 1:])[:5] + 1)
+    np.testing.assert_array_equal(chosen[row], want)
+    assert all(parent[row, i] in chosen[row] for i in chosen[row][1:])
+    assert np.asarray(pruned.valid)[row].sum() == 6
+  tokens, mask = pruned.verified_call(jnp.zeros((2,), jnp.int32))
+  assert tokens.shape == (2, 6)
+  np.testing.assert_array_equal(
+      tokens, np.take_along_axis(np.asarray(tree.tokens), chosen, 1))
+  np.testing.assert_array_equal(  # ancestors among the verified tokens
+      mask.visible, np.asarray(tree.visible)[
+          np.arange(2)[:, None, None], chosen[:, :, None], chosen[:, None]])

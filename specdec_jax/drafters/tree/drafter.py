@@ -220,9 +220,33 @@ class TreeDrafter:
       if d < shape.depth:
         level_logits, cache = self.base.model.extend(
             params, tree.tokens[:, slots], cache, tree=tree.mask(base))
+    # The drafter's state keeps every drafted node (its cache holds them
+    # all); the target verifies the best `shape.top` under greedy.
     state = TreeState(cache=cache, tokens=tree.tokens, valid=tree.valid,
                       parent=tree.parent, base=base)
+    m = shape.verified_width(sampling.greedy)
+    if m < shape.width:
+      tree = best_nodes(tree, score, m)
     return tree, state
+
+
+def best_nodes(tree: verify_lib.Tree, score, m: int) -> verify_lib.Tree:
+  """The tree with only its root and the m - 1 valid nodes of highest
+  path score verified (the rest invalid), per row.
+
+  A child's score (its path's log probability) is at most its parent's;
+  a small depth penalty breaks ties toward the parent, so the chosen set
+  is ancestor-closed. Indices stay increasing (level order).
+  """
+  width = tree.tokens.shape[1]
+  key = jnp.where(tree.valid, score - 1e-4 * tree.depth, -jnp.inf)
+  key = key.at[:, 0].set(jnp.inf)
+  _, chosen = jax.lax.top_k(key, m)
+  chosen = jnp.sort(chosen, axis=1).astype(jnp.int32)
+  rows = jnp.arange(tree.tokens.shape[0])[:, None]
+  keep = jnp.zeros((tree.tokens.shape[0], width), bool).at[
+      rows, chosen].set(True)
+  return tree.replace(valid=tree.valid & keep, verified=chosen)
 
 
 # EAGLE-2's shape: the root's 4 best tokens, then the 2 most probable paths

@@ -50,10 +50,14 @@ class TreeLoop(speculative.VerifyLoop):
         draft_params, state.draft_state, state.sequences, lengths,
         self.sampling, draft_rng)
     base = lengths - 1
+    tokens, mask = tree.verified_call(base)
     logits, target_cache = self.target.extend(
-        target_params, tree.tokens, state.target_cache.rewind(base),
-        tree=tree.mask(base))
+        target_params, tokens, state.target_cache.rewind(base), tree=mask)
     p = sampling_lib.probabilities(logits, self.sampling)
+    pruned = tokens.shape[1] < tree.tokens.shape[1]
+    if pruned:  # back to tree indices (nodes not verified: never read)
+      p = jnp.zeros(tree.q.shape, p.dtype).at[
+          jnp.arange(p.shape[0])[:, None], tree.verified].set(p)
     n, path, next_token, accepted_at, beta_sum, beta_count = (
         verify_lib.verify_tree(verify_rng, tree, p, self.shape,
                                self.sampling, self.accept_rejected))
@@ -61,7 +65,9 @@ class TreeLoop(speculative.VerifyLoop):
     sequences, new_lengths, ended = speculative.commit_tokens(
         verify_lib.path_tokens(tree, path), n, next_token, self.eos_id,
         self.max_decode_len, state.sequences, lengths, state.ended)
-    target_cache = target_cache.move_slots(base[:, None] + path, base + 1)
+    # The path's nodes sit at their slot in the verified call.
+    slot = jnp.take_along_axis(tree.slot_of(), path, 1) if pruned else path
+    target_cache = target_cache.move_slots(base[:, None] + slot, base + 1)
     act = active.astype(jnp.int32)
     s = state.stats
     levels = jnp.sum(jnp.any(

@@ -44,12 +44,22 @@ class TreeShape:
     levels: per level 1..D, per slot, `(parent index in level d - 1, rank)`.
     dynamic: parents index level d - 1 by cumulative probability (run time)
       instead of slot order.
+    top: 0 verifies every drafted node; N > 0 (greedy only): the target
+      verifies the N drafted nodes of highest path probability under the
+      drafter, per row (EAGLE-2's re-ranking: draft wide, verify the best;
+      an ancestor-closed subtree, as a child is never more probable than
+      its parent). Sampled trees are verified whole: which siblings are
+      kept must not depend on what was drawn.
   """
 
   levels: Tuple[Level, ...]
   dynamic: bool = False
+  top: int = 0
 
   def __post_init__(self):
+    if isinstance(self.top, bool) or not isinstance(self.top, int) or (
+        self.top < 0):
+      raise ValueError(f'top must be an int >= 0, got {self.top!r}.')
     levels = tuple(tuple((int(p), int(r)) for p, r in level)
                    for level in self.levels)
     object.__setattr__(self, 'levels', levels)
@@ -99,6 +109,12 @@ class TreeShape:
     """Tokens of the target's verification call: the root and the nodes."""
     return self.nodes + 1
 
+  def verified_width(self, greedy: bool) -> int:
+    """Tokens of the target's call: the root and the verified nodes."""
+    if greedy and 0 < self.top < self.nodes:
+      return self.top + 1
+    return self.width
+
   @property
   def max_children(self) -> int:
     """Candidates drawn per node (the largest rank + 1)."""
@@ -132,7 +148,8 @@ class TreeShape:
     ';' between levels, each slot 'parent.rank'."""
     body = ';'.join(','.join(f'{p}.{r}' for p, r in level)
                     for level in self.levels)
-    return ('dynamic:' if self.dynamic else 'static:') + body
+    top = f'/{self.top}' if self.top else ''
+    return ('dynamic:' if self.dynamic else 'static:') + body + top
 
 
 def chain(gamma: int) -> TreeShape:
@@ -212,17 +229,23 @@ def parse(spec: str) -> TreeShape:
     'beam:K,B,D' / 'static-beam:K,B,D'
                                  `beam(K, B, D)`, dynamic / static;
     'static:<levels>' / 'dynamic:<levels>'
-                                 `TreeShape.spec`'s form.
+                                 `TreeShape.spec`'s form;
+  each may end in '/N': verify the best N nodes only (`TreeShape.top`),
+  e.g. 'beam:4,4,10/64'.
 
   Raises:
     ValueError: naming the spec and the forms.
   """
   forms = ("'chain:G', 'beam:K,B,D', 'static-beam:K,B,D', "
-           "'static:p.r,...;...' or 'dynamic:p.r,...;...'")
+           "'static:p.r,...;...' or 'dynamic:p.r,...;...', each optionally "
+           "ending in '/N'")
   if not isinstance(spec, str) or ':' not in spec:
     raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
   kind, body = spec.split(':', 1)
   try:
+    if '/' in body:
+      body, top = body.rsplit('/', 1)
+      return dataclasses.replace(parse(f'{kind}:{body}'), top=int(top))
     if kind == 'chain':
       return chain(int(body))
     if kind in ('beam', 'static-beam'):

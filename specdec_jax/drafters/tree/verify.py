@@ -54,6 +54,9 @@ class Tree:
     visible: `[batch, T, T]` bool, ancestor-or-self (`network.TreeMask`).
     q: `[batch, T, vocab]` float32, the drafter's standardized distribution
       each node's children were drawn from (0 for leaves).
+    verified: `[batch, M]` int32, the tree indices the target's call
+      verifies, increasing (root first; parents before children): all T,
+      or the best nodes of a `TreeShape.top` tree (the others invalid).
   """
 
   tokens: Array
@@ -62,10 +65,30 @@ class Tree:
   depth: Array
   visible: Array
   q: Array
+  verified: Array
 
   def mask(self, base: Array) -> TreeMask:
     """The `network.TreeMask` of the tree with its root at slot `base`."""
     return TreeMask(base=base, depth=self.depth, visible=self.visible)
+
+  def verified_call(self, base: Array) -> Tuple[Array, TreeMask]:
+    """(tokens [batch, M], mask) of the target's call on `verified`."""
+    idx = self.verified
+    if idx.shape[1] == self.tokens.shape[1]:  # every node: as drafted
+      return self.tokens, self.mask(base)
+    take = lambda x: jnp.take_along_axis(x, idx, axis=1)
+    visible = jnp.take_along_axis(
+        jnp.take_along_axis(self.visible, idx[:, :, None], 1),
+        idx[:, None, :], 2)
+    return take(self.tokens), TreeMask(base=base, depth=take(self.depth),
+                                       visible=visible)
+
+  def slot_of(self) -> Array:
+    """`[batch, T]` each node's index in the verified call (0 if none)."""
+    rows = jnp.arange(self.verified.shape[0])[:, None]
+    m = self.verified.shape[1]
+    return jnp.zeros_like(self.tokens).at[rows, self.verified].set(
+        jnp.arange(m, dtype=jnp.int32)[None, :])
 
 
 def _normalized(x: Array) -> Array:
@@ -188,7 +211,9 @@ def empty(batch: int, shape: TreeShape, vocab: int) -> Tree:
       depth=jnp.broadcast_to(depth, (batch, width)),
       visible=jnp.broadcast_to(jnp.eye(width, dtype=bool),
                                (batch, width, width)),
-      q=jnp.zeros((batch, width, vocab), jnp.float32))
+      q=jnp.zeros((batch, width, vocab), jnp.float32),
+      verified=jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
+                                (batch, width)))
 
 
 def children_of(shape: TreeShape, d: int) -> Tuple[Array, Array]:
