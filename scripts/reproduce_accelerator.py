@@ -31,7 +31,7 @@ the paper's rule (`bench.hardware.predict` maximised), measured against
 compared and every differing one diagnosed; the gamma sweep of the first
 drafter (t = 0, first task); numerics (bfloat16 / float32 activations
 against the 1-token and the same-shape baseline); batches 8 and 32; the
-cost curve (t(k) at `curve_ks`, every batch).
+cost curve (t(k) at `curve_ks` at batch 1, up to k = 16 at larger batches).
 
 Fitting 9 minutes: every program is compiled ahead of time, once, in
 `bench.budget.Pool` threads: first all that need no gamma (beside the alpha
@@ -114,10 +114,12 @@ Sizes = collections.namedtuple('Sizes', (
 FULL = Sizes(
     s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
     target='target', input_length=64, output_length=128, batches=(1, 8, 32),
-    curve_ks=(16, 32, 64, 128), sweep=tuple(range(1, 9)), max_gamma=8,
+    curve_ks=(16, 32, 64), sweep=tuple(range(1, 9)), max_gamma=8,
     examples=16,
     repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
     context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
+# The cost curve at batch > 1 stops here (wide trees are a batch-1 tool).
+BATCH_CURVE_MAX = 16
 # Tiny models, nothing widened (the synthetic T5 drafters share S0's
 # shapes: one program; the shipped target is the smallest shipped model);
 # one example decodes for the calibration and the n-grams (the table's
@@ -202,9 +204,15 @@ def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
             ('spec', act, main, b, g0, 0.0), ('call', act, b, k0))])
   if 'cost_curve' in phases:
     out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
-        ('call', act, b, k) for b in s.batches for k in (1, *s.curve_ks)],
+        ('call', act, b, k) for b in s.batches for k in curve(s, b)],
                          [])
   return out
+
+
+def curve(s: Sizes, b: int) -> tuple:
+  """The k of the cost curve at batch b: every `curve_ks` at batch 1 (the
+  token trees' widths), those up to `BATCH_CURVE_MAX` at larger batches."""
+  return (1, *(k for k in s.curve_ks if b == 1 or k <= BATCH_CURVE_MAX))
 
 
 def plan_units(s: Sizes, drafts, tasks, gammas, phases, act: str):
@@ -722,8 +730,9 @@ class Runner:
 
   def cost_curve(self) -> None:
     for b in self.s.batches:
-      if self.clock.fits(len(self.s.curve_ks), f'cost curve, batch {b}'):
-        self.measure_calls(self.act, b, [1, *self.s.curve_ks])
+      ks = curve(self.s, b)
+      if self.clock.fits(len(ks) - 1, f'cost curve, batch {b}'):
+        self.measure_calls(self.act, b, list(ks))
 
   # -- the run ---------------------------------------------------------------
 
