@@ -1,6 +1,7 @@
 """Shared tiny models for the test suite (compiled once per session)."""
 
 import functools
+import json
 import os
 import pathlib
 import shutil
@@ -84,6 +85,43 @@ def _atomic_cache_writes():
 
 
 _atomic_cache_writes()
+
+
+# SPECDEC_TEST_COMPILE_PROFILE=<folder>: each process of the run writes
+# <folder>/compile-<pid>.json, the XLA compile seconds and count of each test
+# (jax's compile events; a program loaded from the cache above is not one).
+# Compiling is most of the suite's time on CPU: this says which tests pay it.
+# `python tests/compile_profile.py <folder>` prints the table.
+_PROFILE_DIR = os.environ.get('SPECDEC_TEST_COMPILE_PROFILE')
+_PROFILE = {}
+_CURRENT = ['(collection)']
+if _PROFILE_DIR:
+
+  def _on_compile(event, seconds, **kwargs):
+    del kwargs
+    if event == '/jax/core/compile/backend_compile_duration':
+      entry = _PROFILE.setdefault(_CURRENT[0], [0.0, 0])
+      entry[0] += seconds
+      entry[1] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(_on_compile)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  del nextitem
+  _CURRENT[0] = item.nodeid
+  yield
+
+
+def pytest_sessionfinish(session):
+  del session
+  if _PROFILE_DIR and _PROFILE:
+    folder = pathlib.Path(_PROFILE_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f'compile-{os.getpid()}.json').write_text(json.dumps(
+        {k: {'seconds': v[0], 'compiles': v[1]} for k, v in _PROFILE.items()},
+        indent=0))
 
 
 def pytest_unconfigure(config):

@@ -174,8 +174,9 @@ def test_greedy_equals_baseline(setup, loop, cross):
     assert st['per_position_acceptance'][0] == 1.0
 
 
-@pytest.mark.parametrize('loop,case', [('merged', 'topk3'),
-                                       ('merged', 't0.7'),
+# The merged loop at t = 1, top-k 3 is the kind 'heads' in
+# tests/test_drafters.py.
+@pytest.mark.parametrize('loop,case', [('merged', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
                                                       case):

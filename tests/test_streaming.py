@@ -85,20 +85,16 @@ def test_sample_stream_greedy_equals_baseline(stream_setup):
 
 
 # Every kind streams with greedy outputs equal to the baseline in
-# tests/test_drafters.py; here two of them, with the counters and schedules.
-@pytest.mark.parametrize('kind', ['t5', 'lookup'])
-def test_speculative_stream_greedy_equals_baseline(stream_setup, kind):
+# tests/test_drafters.py (a full slot batch per refill); here the T5 drafter
+# (the target plus noise: accepts some drafts, not all) with refills of
+# 1-2 rows in a sub-batch of 2, 3-4 in one of 4 (padded), and the counters
+# and schedules.
+def test_speculative_stream_greedy_equals_baseline(stream_setup):
   model, params, enc, base = stream_setup
-  if kind == 't5':  # the target plus noise: accepts some drafts, not all
-    dr, dparams = drafters.T5Drafter(model), perturbed(params, 0.3, 0)
-  else:
-    dr, dparams = drafters.LookupDrafter(model.vocab_size, eos_id=EOS), ()
-  # t5: refills encode 1-2 rows in a sub-batch of 2, 3-4 in one of 4
-  # (padded); lookup: always a full slot batch (one branch: compiles faster).
+  dr, dparams = drafters.T5Drafter(model), perturbed(params, 0.3, 0)
   out = streaming.speculative_stream(
       model, params, dr, dparams, enc, batch_size=SLOTS, gamma=GAMMA,
-      max_decode_len=MAX_LEN, eos_id=EOS,
-      refill_sizes=(2,) if kind == 't5' else (SLOTS,))
+      max_decode_len=MAX_LEN, eos_id=EOS, refill_sizes=(2,))
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   st = out.stats
@@ -118,16 +114,15 @@ def test_speculative_stream_greedy_equals_baseline(stream_setup, kind):
   assert int(st.iterations) < fixed_schedule(costs, SLOTS)
   summary = spec_stats.summarize(st)
   assert 0.0 < summary['acceptance_rate'] < 1.0
-  if kind == 'lookup':
-    # The same counters as the fixed-batch loop, row for row (greedy).
-    fixed = speculative.speculative_sample(
-        model, params, dr, dparams, enc, gamma=GAMMA, max_decode_len=MAX_LEN,
-        eos_id=EOS)
-    for name in ('row_iterations', 'drafted', 'accepted', 'beta_count'):
-      np.testing.assert_array_equal(getattr(st, name),
-                                    getattr(fixed.stats, name), err_msg=name)
-    np.testing.assert_allclose(st.beta_sum, fixed.stats.beta_sum, rtol=1e-5)
-    np.testing.assert_array_equal(st.accepted_at, fixed.stats.accepted_at)
+  # The same counters as the fixed-batch loop, row for row (greedy).
+  fixed = speculative.speculative_sample(
+      model, params, dr, dparams, enc, gamma=GAMMA, max_decode_len=MAX_LEN,
+      eos_id=EOS)
+  for name in ('row_iterations', 'drafted', 'accepted', 'beta_count'):
+    np.testing.assert_array_equal(getattr(st, name),
+                                  getattr(fixed.stats, name), err_msg=name)
+  np.testing.assert_allclose(st.beta_sum, fixed.stats.beta_sum, rtol=1e-5)
+  np.testing.assert_array_equal(st.accepted_at, fixed.stats.accepted_at)
 
 
 @pytest.fixture(scope='module')
