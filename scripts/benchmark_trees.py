@@ -172,8 +172,8 @@ def write_markdown(path, result):
       'construction, slots fixed; "default" = `drafters.tree.DEFAULT_TREE` '
       f"(`{meta['default_tree']}`); \"chosen <profile>\" = `shape.choose` on "
       "that profile's cost(k) and c. **Predicted** (not measured), computed "
-      'through bench.hardware.predict from the counters: tokens/call / (cost(width) '
-      '+ depth x c) on the profile (measured on that device at T5-XXL '
+      'through bench.hardware.predict from the counters: tokens/call / '
+      '(cost(width) + depth x c) on the profile (measured on that device at T5-XXL '
       'target cost; its label says which inputs are not measured). '
       'Identical = rows equal to the baseline token for token (t = 0).', '']
   for task, rp in meta['rank_probs'].items():

@@ -173,7 +173,8 @@ def test_greedy_equals_baseline(setup, loop):
     assert st['target_calls'] < MAX_LEN
 
 
-# The merged loop at t = 1, top-k 3 is the kind 'pass' in tests/test_drafters.py.
+# The merged loop at t = 1, top-k 3 is the kind 'pass' in
+# tests/test_drafters.py.
 @pytest.mark.parametrize('loop,case', [('tree', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,

@@ -85,10 +85,10 @@ def test_sample_stream_greedy_equals_baseline(stream_setup):
 
 
 # Every kind streams with greedy outputs equal to the baseline in
-# tests/test_drafters.py (a full slot batch per refill); here the T5 drafter
-# (the target plus noise: accepts some drafts, not all) with refills of
-# 1-2 rows in a sub-batch of 2, 3-4 in one of 4 (padded), and the counters
-# and schedules.
+# tests/test_drafters.py (2 slots, the default refill sub-batches); here the
+# T5 drafter (the target plus noise: accepts some drafts, not all) on 4
+# slots with refills of 1-2 rows in a sub-batch of 2, 3-4 in one of 4
+# (padded), and the counters and schedules.
 def test_speculative_stream_greedy_equals_baseline(stream_setup):
   model, params, enc, base = stream_setup
   dr, dparams = drafters.T5Drafter(model), perturbed(params, 0.3, 0)
