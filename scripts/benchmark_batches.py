@@ -197,11 +197,9 @@ def run_cell(task, batch, temperature, args, target, target_params, dmodel,
   if compare:
     curve, t1, t_draft = measured[0]
     alpha = spec_stats.summarize(first['speculative_stream'].stats)['alpha']
-    profile = hardware.HardwareProfile(
-        name=f'{task}, batch {b}, t = {temperature:g} (this run)',
-        device='', target='', t1_ms=t1 * 1e3, floor_ms=None, bandwidth=None,
-        launch_ms=None, cost={b: curve}, c={b: {args.drafter: t_draft / t1}},
-        source='', command='', date='')
+    profile = hardware.HardwareProfile.of_run(
+        f'{task}, batch {b}, t = {temperature:g} (this run)', b, t1, curve,
+        {args.drafter: t_draft / t1})
     chosen = hardware.predict(profile, alpha=min(max(alpha, 0.0), 1.0),
                               drafter=args.drafter, batch=b,
                               max_gamma=args.max_gamma)

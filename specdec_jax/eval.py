@@ -21,7 +21,12 @@ default (`EvalSetup.batching = 'stream'`: `streaming.sample_stream` and
 inside the loop) over chunks of `EvalSetup.stream_chunk` batches' worth of
 examples: the chunk is then the unit decoded, timed, written and resumed
 (below, read "chunk" for "batch"); `BATCHING = 'fixed'` decodes fixed
-batches. Outputs in EVAL_OUTPUT_DIR:
+batches. At batch > 1 gamma is chosen for the batch by default
+(`EvalSetup.batch_gamma = 'profile'`, `choose_gamma`): the first unit's
+warm-up at GAMMA gives alpha, the target's cost(k) at this batch and the
+drafter's c are timed on this machine, and the gamma maximizing Theorem 3.8
+with the measured cost(gamma + 1) decodes every unit. Outputs in
+EVAL_OUTPUT_DIR:
   examples.jsonl   one record per example, appended as batches finish;
   summary.json     walltime speedup, alpha, mean accepted length, target calls
                    per token, metrics of both outputs, differing examples
@@ -29,7 +34,9 @@ batches. Outputs in EVAL_OUTPUT_DIR:
                    (diagnostics.py);
   summary.md       the same as one markdown table row (with its header);
   config.gin       the operative gin config;
-  run.json         the run's settings (a rerun with the same settings resumes).
+  run.json         the run's settings (a rerun with the same settings resumes);
+  gamma_choice.json  the gamma chosen for the batch and the measured profile
+                   behind it (batch_gamma 'profile'; a resumed run reuses it).
 The job's first console line says what it decodes and, when the folder holds
 records of an earlier run, how many it reuses (summary.json: reused_records).
 Nothing finished is lost and nothing is counted twice: each batch's records
@@ -56,6 +63,7 @@ examples.jsonl (each index once) and writes the summary.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -295,9 +303,57 @@ def _units(setup: EvalSetup, all_inputs: np.ndarray
     yield start // size, start, n, inputs
 
 
+def _choice_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
+  """Where process `index` of `count` keeps its gamma choice."""
+  if count == 1:
+    return out / 'gamma_choice.json'
+  return out / f'gamma_choice.process-{index:05d}-of-{count:05d}.json'
+
+
+def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
+  """gamma for the setup's batch from a profile measured now, on this
+  machine (`EvalSetup.batch_gamma` 'profile').
+
+  Args:
+    loaded: the built setup.
+    inputs: a unit's inputs (its first `batch_size` rows are timed).
+    first: the speculative decode of that unit at `setup.gamma` (its alpha).
+
+  Returns:
+    {'gamma', 'rule', 'configured_gamma', 'alpha', 'prediction' (the
+    `bench.hardware.Prediction` of the chosen gamma), 'profile'} (JSON).
+  """
+  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+  from specdec_jax import spec_stats  # pylint: disable=g-import-not-at-top
+  from specdec_jax.bench import hardware  # pylint: disable=g-import-not-at-top
+
+  setup = loaded.setup
+  b, top = setup.batch_size, setup.max_gamma
+  rows = inputs[:b]
+  # A call at half the output length: the mean context of a decode.
+  context = max(setup.task_feature_lengths['targets'] // 2, 1)
+  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
+                               range(1, top + 2), context=context)
+  t_draft = measure.drafter_token_time(
+      loaded.drafter, loaded.draft_params, rows, setup.gamma,
+      context=context, jit_setup=True)
+  t1 = seconds[1]
+  profile = hardware.HardwareProfile.of_run(
+      f'this run, batch {b}', b, t1,
+      {k: t / t1 for k, t in seconds.items()}, {setup.drafter: t_draft / t1},
+      device=measure.machine())
+  alpha = spec_stats.summarize(first.stats)['alpha']
+  chosen = hardware.predict(profile, alpha=min(max(alpha, 0.0), 1.0),
+                            drafter=setup.drafter, batch=b, max_gamma=top)
+  return {'gamma': int(chosen.gamma), 'rule': 'profile',
+          'configured_gamma': setup.gamma, 'alpha': alpha,
+          'prediction': chosen.to_json(), 'profile': profile.to_json()}
+
+
 def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
                     done: set, timing_repeats: int, share=(0, 1),
-                    partitioner=None) -> Iterator[List[Dict[str, Any]]]:
+                    partitioner=None, choice_file=None
+                    ) -> Iterator[List[Dict[str, Any]]]:
   """Decodes every unfinished unit both ways; yields each unit's records.
 
   A unit is a batch, or streamed (`EvalSetup.streamed`) a chunk of
@@ -316,6 +372,11 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   An output cache (kinds 'cache', 'combined') learns the finished outputs
   after each unit: streamed, the examples of a chunk draft from the outputs
   of earlier chunks (fixed: of earlier batches).
+
+  With `setup.profile_gamma` the first unit decoded sets gamma for the
+  rest (`choose_gamma`, after its untimed warm-up at `setup.gamma`),
+  kept in `choice_file` (read back when the run resumes); every record
+  says the gamma it was decoded with.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
@@ -334,8 +395,24 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
                              lengths['inputs'])
   mode = 'stream' if setup.streamed else 'fixed'
   refill_sizes = None if partitioner is None else (setup.batch_size,)
-  warmed = set()  # (input shape, drafter param shapes) compiled
+  warmed = set()  # (input shape, drafter param shapes, gamma) compiled
   draft_params = loaded.draft_params
+  gamma, choice = setup.gamma, None
+  if setup.profile_gamma:
+    if speculative.decodes_merged(loaded.drafter):
+      choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
+                'why': f'drafter {setup.drafter!r} drafts in its merged loop '
+                       '(its drafting rides on the target call; the chain '
+                       'formula does not price it): gamma as configured'}
+      if choice_file is not None:
+        _write_atomic(choice_file, json.dumps(choice, indent=1))
+    elif choice_file is not None and choice_file.exists():
+      choice = json.loads(choice_file.read_text())
+      print(f"gamma {choice['gamma']} for batch {setup.batch_size}, chosen "
+            f'by the profile of the run being resumed ({choice_file})',
+            flush=True)
+    if choice is not None:
+      gamma = choice['gamma']
   for u, start, n, inputs in tqdm(list(_units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
                                   setup.streamed else 'batch'):
@@ -347,30 +424,48 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
     common = dict(max_decode_len=lengths['targets'], sampling=sampling,
                   eos_id=setup.eos_id, rng=rng)
-    if setup.streamed:
-      stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
-      calls = {
-          'baseline': lambda: streaming.sample_stream(
-              target, target_params, inputs, **stream, **common),
-          'speculative': lambda: streaming.speculative_stream(
-              target, target_params, loaded.drafter, draft_params, inputs,
-              gamma=setup.gamma, **stream, **common),
-      }
-    else:
-      calls = {
+
+    def calls_at(g, inputs=inputs, common=common, draft_params=draft_params):
+      if setup.streamed:
+        stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
+        return {
+            'baseline': lambda: streaming.sample_stream(
+                target, target_params, inputs, **stream, **common),
+            'speculative': lambda: streaming.speculative_stream(
+                target, target_params, loaded.drafter, draft_params, inputs,
+                gamma=g, **stream, **common),
+        }
+      return {
           'baseline': lambda: decoding.temperature_sample(
               target, target_params, inputs,
-              block_size=setup.gamma + 1 if setup.same_shape_baseline else 1,
+              block_size=g + 1 if setup.same_shape_baseline else 1,
               **common),
           'speculative': lambda: speculative.speculative_sample(
               target, target_params, loaded.drafter, draft_params, inputs,
-              gamma=setup.gamma, **common),
+              gamma=g, **common),
       }
+
+    calls = calls_at(gamma)
     shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
                                                            draft_params)))
-    if shapes not in warmed:  # compile both outside the timings
-      measure.time_alternating(calls)
-      warmed.add(shapes)
+    if (shapes, gamma) not in warmed:  # compile both outside the timings
+      first, _ = measure.time_alternating(calls)
+      warmed.add((shapes, gamma))
+      if setup.profile_gamma and choice is None:
+        choice = choose_gamma(loaded, inputs, first['speculative'])
+        if choice_file is not None:
+          _write_atomic(choice_file, json.dumps(choice, indent=1))
+        pred = choice['prediction']
+        print(f"gamma {choice['gamma']} for batch {setup.batch_size} "
+              f"(configured {setup.gamma}): chosen by the profile measured "
+              f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
+              f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
+              f"{pred['speedup']:.2f}x", flush=True)
+        if choice['gamma'] != gamma:
+          gamma = choice['gamma']
+          calls = calls_at(gamma)
+          measure.time_alternating(calls)
+          warmed.add((shapes, gamma))
     res, times = measure.time_alternating(calls, timing_repeats,
                                           reverse=u % 2 == 1)
     base, spec = res['baseline'], res['speculative']
@@ -397,7 +492,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
           drafted=int(st.drafted[row]), accepted=int(st.accepted[row]),
           beta_sum=float(st.beta_sum[row]),
           beta_count=int(st.beta_count[row]),
-          batching=mode,
+          batching=mode, gamma=gamma,
           baseline_batch_s=times['baseline'],
           speculative_batch_s=times['speculative'],
           divergence=divergences.get(row))
@@ -441,6 +536,10 @@ def _summary(records, settings) -> Dict[str, Any]:
       'timed_calls': len(batch_times),
       # Records of runs from before streaming say nothing: fixed.
       'batching': records[0].get('batching', 'fixed'),
+      # examples per gamma decoded with (`EvalSetup.batch_gamma`); records
+      # from before that option: the configured gamma.
+      'gamma_used': {str(g): n for g, n in sorted(collections.Counter(
+          r.get('gamma', settings['gamma']) for r in records).items())},
       'baseline_s': base_s,
       'speculative_s': spec_s,
       'walltime_speedup': base_s / spec_s if spec_s else None,
@@ -536,6 +635,9 @@ def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
   summary['speculative_metrics'] = spec_m
   summary['status'] = _status(records, wanted, error)
   summary['reused_records'] = reused
+  # How gamma was chosen (`choose_gamma`), one entry per process.
+  summary['gamma_choices'] = [json.loads(f.read_text()) for f in
+                              sorted(out.glob('gamma_choice*.json'))]
   if summary['status'] == 'complete' and summary.get('mismatches'):
     summary['status'] = (
         f"failed: {summary['mismatches']} of "
@@ -616,7 +718,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
         loaded = shard_loaded(loaded, partitioner, shard_drafter)
       with own.open('a') as sink:
         for batch in _decode_batches(loaded, examples, done, timing_repeats,
-                                     (index, count), partitioner):
+                                     (index, count), partitioner,
+                                     _choice_file(out, index, count)):
           _append(sink, batch)
           records.extend(batch)
           _check_interrupted()

@@ -27,6 +27,7 @@ from specdec_jax.sampling import SamplingConfig
 
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
 BATCHINGS = ('stream', 'fixed')
+BATCH_GAMMAS = ('profile', 'config')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,19 @@ class EvalSetup:
     stream_chunk: batches' worth of examples per streamed call (the unit
       that is timed, recorded and resumed; a drafter's output cache learns
       after each).
+    batch_gamma: at batch_size > 1 (where the slowest row sets the pace
+      and cost(k) grows with the batch), 'profile' (default): the job
+      chooses gamma for the batch from a hardware profile it measures
+      first on this machine: cost(k) = t(k) / t(1) of the target at this
+      batch for k = 1 .. max_gamma + 1, the drafter's c, and alpha from
+      the first unit decoded (untimed, the compile warm-up) at `gamma`;
+      gamma is the argmax of Theorem 3.8 with the measured cost(gamma + 1)
+      (`bench.hardware.predict`), written to gamma_choice.json and reused
+      when the run resumes. Drafters with a merged loop (PaSS, heads,
+      trees) keep `gamma` (their drafting rides on the target call; the
+      chain formula does not price it). 'config': `gamma` at every batch.
+      Batch 1 always decodes with `gamma` (the paper's rule).
+    max_gamma: the largest gamma 'profile' may choose.
     tree: TREE, for drafter 'tree': the token tree's shape (a
       `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
       'dynamic:...' shape from scripts/benchmark_trees.py); None: the
@@ -122,6 +136,8 @@ class EvalSetup:
   batching: str = 'stream'
   stream_chunk: int = 4
   tree: Optional[str] = None
+  batch_gamma: str = 'profile'
+  max_gamma: int = 8
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -142,6 +158,12 @@ class EvalSetup:
     if self.batching not in BATCHINGS:
       raise ValueError(f'batching must be one of {BATCHINGS}, got '
                        f'{self.batching!r}.')
+    if self.batch_gamma not in BATCH_GAMMAS:
+      raise ValueError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
+                       f'{self.batch_gamma!r}.')
+    top = self.max_gamma
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+      raise ValueError(f'max_gamma must be an int >= 1, got {top!r}.')
     chunk = self.stream_chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
       raise ValueError(f'stream_chunk must be an int >= 1, got {chunk!r}.')
@@ -192,6 +214,11 @@ class EvalSetup:
       self.decoding_config  # pylint: disable=pointless-statement
 
   @property
+  def profile_gamma(self) -> bool:
+    """Whether the job chooses gamma from a profile (`batch_gamma`)."""
+    return self.batch_gamma == 'profile' and self.batch_size > 1
+
+  @property
   def streamed(self) -> bool:
     """Whether the job decodes with continuous batching (`batching`)."""
     return self.batching == 'stream' and self.batch_size > 1
@@ -240,6 +267,9 @@ class EvalSetup:
     if self.streamed:  # fixed batches: as before streaming existed
       settings['batching'] = 'stream'
       settings['stream_chunk'] = self.stream_chunk
+    if self.profile_gamma:
+      settings['batch_gamma'] = 'profile'
+      settings['max_gamma'] = self.max_gamma
     return settings
 
   def describe(self) -> str:

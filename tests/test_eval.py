@@ -22,11 +22,15 @@ DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
 # unless given these (tests/test_diagnostics.py spies on the fixed-batch
 # decoders through it).
 STREAM = {'BATCHING': "'stream'", 'EvalSetup.stream_chunk': '2'}
+# gamma chosen for the batch by a profile the job measures (the default at
+# batch > 1); `args` keeps GAMMA unless given this.
+PROFILE = {'EvalSetup.batch_gamma': "'profile'", 'EvalSetup.max_gamma': '2'}
 
 
 def args(out, **overrides):
   bindings = {
       'BATCHING': "'fixed'",
+      'EvalSetup.batch_gamma': "'config'",
       'TARGET_MODEL': '%T5_1_1_TINY',
       'DRAFT_MODEL': '%T5_1_1_TINY',
       'TARGET_CHECKPOINT': 'None',
@@ -53,12 +57,27 @@ def read_jsonl(path):
 TIMING = ('baseline_batch_s', 'speculative_batch_s')
 
 
-def test_end_to_end_resume_and_extend(tmp_path, capsys):
-  """Streamed (the default at batch > 1); then fixed batches on the same
-  examples give the same greedy records."""
+def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
+  """Streamed with gamma chosen by the measured profile (the defaults at
+  batch > 1); then fixed batches at GAMMA on the same examples give the
+  same greedy records; a resumed run reuses the gamma chosen."""
+  from specdec_jax.bench import hardware  # pylint: disable=g-import-not-at-top
   out = tmp_path / 'run'
-  summary = eval_lib.main(args(out, **STREAM))
-  assert capsys.readouterr().out.startswith(f'decoding 4 examples into {out}')
+  summary = eval_lib.main(args(out, **STREAM, **PROFILE))
+  console = capsys.readouterr().out
+  assert console.startswith(f'decoding 4 examples into {out}')
+  # gamma for batch 2: the argmax of Theorem 3.8 on the cost(k) the job
+  # measured (k = 1 .. max_gamma + 1) and the warm-up's alpha.
+  choice = json.loads((out / 'gamma_choice.json').read_text())
+  profile = hardware.HardwareProfile.from_json(choice['profile'])
+  assert choice['rule'] == 'profile' and choice['configured_gamma'] == 3
+  assert sorted(profile.cost[2]) == [1, 2, 3]
+  assert choice['gamma'] == hardware.predict(
+      profile, alpha=choice['alpha'], drafter='t5', batch=2,
+      max_gamma=2).gamma
+  assert f"gamma {choice['gamma']} for batch 2 (configured 3)" in console
+  assert summary['gamma_choices'] == [choice]
+  assert summary['gamma_used'] == {str(choice['gamma']): 4}
   assert summary['reused_records'] == 0
   for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin',
                'run.json'):
@@ -86,12 +105,17 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
   assert {(r['batching'], r['chunk']) for r in records} == {('stream', 0)}
   assert [r['batch'] for r in sorted(records, key=lambda r: r['index'])] == [
       0, 0, 1, 1]
-  # Fixed batches: the same greedy records but for the mode and timings.
+  assert {r['gamma'] for r in records} == {choice['gamma']}
+  # Fixed batches at GAMMA: the same greedy records but for the mode, the
+  # timings, the gamma and the counters that depend on it (at one gamma a
+  # stream counts as the fixed loop does: tests/test_streaming.py).
   fixed = eval_lib.main(args(tmp_path / 'fixed'))
   assert fixed['batching'] == 'fixed' and fixed['timed_calls'] == 2
+  assert fixed['gamma_used'] == {'3': 4} and fixed['gamma_choices'] == []
   assert 'batching' not in json.loads(
       (tmp_path / 'fixed' / 'run.json').read_text())
-  mode = TIMING + ('batching', 'chunk')
+  mode = TIMING + ('batching', 'chunk', 'gamma', 'iterations', 'drafted',
+                   'accepted', 'beta_sum', 'beta_count')
   strip = lambda rs: sorted(({k: v for k, v in r.items() if k not in mode}
                              for r in rs), key=lambda r: r['index'])
   assert strip(read_jsonl(tmp_path / 'fixed' / 'examples.jsonl')) == strip(
@@ -99,9 +123,11 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
   # A fixed run's folder is not resumed streamed (other settings).
   with pytest.raises(ValueError, match='other settings'):
     eval_lib.main(args(tmp_path / 'fixed', **STREAM))
-  # A rerun resumes: nothing is decoded twice, and its first line says so.
+  # A rerun resumes: nothing is decoded twice, and its first line says so;
+  # the gamma chosen is read back, not measured again.
   capsys.readouterr()
-  summary = eval_lib.main(args(out, **STREAM))
+  monkeypatch.setattr(eval_lib, 'choose_gamma', None)
+  summary = eval_lib.main(args(out, **STREAM, **PROFILE))
   assert len(read_jsonl(out / 'examples.jsonl')) == 4
   first = capsys.readouterr().out.splitlines()[0]
   assert first.startswith(f'4 of 4 examples found in {out}')
@@ -109,12 +135,15 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys):
   assert 'fresh EVAL_OUTPUT_DIR' in first
   assert summary['reused_records'] == 4
   # Asking for more examples decodes only the new ones.
-  summary = eval_lib.main(args(out, NUM_EXAMPLES='6', **STREAM))
+  summary = eval_lib.main(args(out, NUM_EXAMPLES='6', **STREAM, **PROFILE))
   assert sorted(r['index'] for r in read_jsonl(out / 'examples.jsonl')) == (
       list(range(6)))
+  assert summary['gamma_used'] == {str(choice['gamma']): 6}
   assert summary['timed_calls'] == 2  # chunk 1: examples 4, 5 (filled)
   assert summary['examples'] == 6
-  first = capsys.readouterr().out.splitlines()[0]
+  console = capsys.readouterr().out
+  assert 'chosen by the profile of the run being resumed' in console
+  first = console.splitlines()[0]
   assert first.startswith(f'4 of 6 examples found in {out}')
   assert 'decoding the other 2' in first
   assert summary['reused_records'] == 4
@@ -171,6 +200,9 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'DRAFTER': "'trigram'"}, ValueError,
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
+    ({'EvalSetup.batch_gamma': "'auto'"}, ValueError,
+     "batch_gamma must be one of .'profile', 'config'.*got 'auto'"),
+    ({'EvalSetup.max_gamma': '0'}, ValueError, 'max_gamma must be an int'),
     ({'DRAFTER': "'pass'", 'GAMMA': '5'}, ValueError,
      'gamma=5 > 4: the PassDrafter drafts at most 4'),
     ({'evaluate.timing_repeats': '0'}, ValueError, 'timing_repeats'),
@@ -350,8 +382,11 @@ def test_self_drafting_kinds_decode_with_their_merged_loop(
 
   monkeypatch.setattr(cls, 'merged_loop', counted)
   summary = eval_lib.main(args(tmp_path / kind, DRAFTER=f"'{kind}'",
-                               DRAFT_MODEL='None', **STREAM))
+                               DRAFT_MODEL='None', **STREAM, **PROFILE))
   assert summary['batching'] == 'stream'
+  # Its drafting rides on the target call: GAMMA kept, nothing measured.
+  assert [c['rule'] for c in summary['gamma_choices']] == ['config']
+  assert summary['gamma_used'] == {'3': 4}
   assert len(loops) >= 2  # warm-up + 1 chunk (4 examples, 2 slots)
   assert all(isinstance(x, speculative.MergedLoop) for x in loops)
   assert summary['differing_examples'] == 0

@@ -144,6 +144,19 @@ class HardwareProfile:
         (self.launch_ms or 0.0) * 1e-3)
     return seconds / (self.t1_ms * 1e-3), BYTES_MODEL
 
+  @classmethod
+  def of_run(cls, name: str, batch: int, t1_s: float,
+             cost: Mapping[int, float], c: Mapping[str, float],
+             device: str = '') -> 'HardwareProfile':
+    """The profile of what a run measured itself at one batch: t(1)
+    seconds, cost(k) = t(k) / t(1) per k, c per drafter (no floor,
+    bandwidth or launch time)."""
+    return cls(name=name, device=device, target='', t1_ms=t1_s * 1e3,
+               floor_ms=None, bandwidth=None, launch_ms=None,
+               cost={batch: {int(k): float(v) for k, v in cost.items()}},
+               c={batch: {d: float(v) for d, v in c.items()}}, source='',
+               command='', date='')
+
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
     d['cost'] = {str(b): {str(k): v for k, v in curve.items()}
