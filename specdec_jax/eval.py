@@ -333,7 +333,8 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   # A call at half the output length: the mean context of a decode.
   context = max(setup.task_feature_lengths['targets'] // 2, 1)
   seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
-                               range(1, top + 2), context=context)
+                               range(1, top + 2), context=context,
+                               jit_setup=True)
   t_draft = measure.drafter_token_time(
       loaded.drafter, loaded.draft_params, rows, setup.gamma,
       context=context, jit_setup=True)

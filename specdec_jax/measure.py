@@ -391,13 +391,20 @@ def lower_drafter_token_time(drafter, params, encoder_input_tokens,
 
 
 def cost_curve(model, params, encoder_input_tokens, ks: Iterable[int], *,
-               repeats: int = 5, n_calls: int = 20,
-               context: int = 32) -> Dict[int, float]:
-  """{k: seconds per k-token decoder call} for each k (1 is always added)."""
+               repeats: int = 5, n_calls: int = 20, context: int = 32,
+               jit_setup: bool = False) -> Dict[int, float]:
+  """{k: seconds per k-token decoder call} for each k (1 is always added).
+
+  Every k is timed from one cache of `context` tokens (`context_cache`,
+  built once; `jit_setup`: in one compiled call).
+  """
   ks = sorted(set(ks) | {1})
+  encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  cache = context_cache(model, params, encoder_input_tokens, context,
+                        context + max(ks) + 8, jit_setup=jit_setup)
   return {k: call_time(model, params, encoder_input_tokens, k,
                        repeats=repeats, n_calls=n_calls, context=context,
-                       max_length=context + max(ks) + 8) for k in ks}
+                       cache=cache) for k in ks}
 
 
 def alpha(target, target_params, drafter, draft_params, encoder_input_tokens,
