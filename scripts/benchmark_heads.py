@@ -26,8 +26,9 @@ call / (cost(gamma + 1) + gamma c). c of --draft is the profile's measured
 c of --draft_as; c of a head step is the profile's bytes / launches model
 (`profile.c_of('heads', step_bytes=, kernels=)`: the head widened to the
 profile target's widths, `heads.head_step_bytes` plus its cross K/V, and
-HEAD_KERNELS launches). `--repredict OUT.json` recomputes that column from
-a results file (nothing measured) and rewrites its .json, .md, _alpha.png.
+`heads.HEAD_KERNELS` launches: `heads.head_step_c`). `--repredict OUT.json`
+recomputes that column from a results file (nothing measured) and rewrites
+its .json, .md, _alpha.png.
 """
 
 import argparse
@@ -58,9 +59,6 @@ from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.sampling import SamplingConfig
 
 SCRIPT = 'scripts/benchmark_heads.py'
-# Kernels of one head step (cross-attention query, two einsums + softmax,
-# output, two concats, wi, gelu, wo, two adds, logits, softmax / draw).
-HEAD_KERNELS = 14
 
 
 def parse_flags(argv=None):
@@ -91,36 +89,11 @@ def parse_flags(argv=None):
 
 
 
-def head_c(profile, config, head_cfg: heads.HeadConfig, input_length: int):
-  """c of one head step on `profile` from its bytes / launches model.
-
-  The head widened (mlp in proportion) to the widths of the profile's
-  target (its run's target_config; else T5 1.1-XXL cost), bfloat16, plus
-  the last layer's cross K/V at the run's input length (else the rows').
-  """
-  setup = (hardware.measured_run(profile) or {}).get('setup', {})
-  dims = ('emb_dim', 'num_heads', 'head_dim', 'vocab_size')
-  wide = (config.replace(**{k: setup['target_config'][k] for k in dims})
-          if 'target_config' in setup else
-          widening.preset_config(config, 't5_1_1_xxl_cost'))
-  length = int(setup.get('input_length', input_length))
-  wide_head = heads.HeadConfig(
-      int(head_cfg.mlp_dim * wide.emb_dim / config.emb_dim),
-      head_cfg.cross_attention)
-  nbytes = heads.head_step_bytes(wide, wide_head, weight_bytes=2)
-  if head_cfg.cross_attention:
-    nbytes += 2 * length * wide.num_heads * wide.head_dim * 2
-  c, how = profile.c_of('heads', step_bytes=nbytes, kernels=HEAD_KERNELS)
-  return dict(c=c, c_how=how, step_bytes=nbytes, kernels=HEAD_KERNELS,
-              at=f'emb {wide.emb_dim}, head mlp {wide_head.mlp_dim}, vocab '
-              f'{wide.vocab_size}, input {length}, bfloat16')
-
-
 def predict_row(row, result, profile):
   for old in ('predicted_h100', 'c'):
     row.pop(old, None)
   kw = (dict(drafter='heads', step_bytes=result['heads'][row['task']][
-      'predicted_c']['step_bytes'], kernels=HEAD_KERNELS)
+      'predicted_c']['step_bytes'], kernels=heads.HEAD_KERNELS)
         if row['drafter'].startswith('heads') else
         dict(drafter=result.get('draft_as', 'dec2')))
   row['predicted'] = hardware.predict(
@@ -137,8 +110,8 @@ def repredict(result, profile, command=None):
     h.pop('predicted_h100_c', None)
     length = h.get('input_length') or shipped.test_arrays(task)[
         'inputs'].shape[1]
-    h['predicted_c'] = head_c(profile, config, heads.HeadConfig(**h['config']),
-                              length)
+    h['predicted_c'] = heads.head_step_c(
+        profile, config, heads.HeadConfig(**h['config']), length)
   for row in result['rows']:
     predict_row(row, result, profile)
   result['profile'] = profile.name
@@ -202,7 +175,8 @@ def measure_task(args, model, params, t5, draft_params, task, result, profile):
       checkpoint=rel if not rel.startswith('..') else report.portable(path),
       config=vars(head_cfg), input_length=int(inputs.shape[1]),
       parameters=int(sum(np.size(x) for x in jax.tree.leaves(hp))),
-      predicted_c=head_c(profile, model.config, head_cfg, inputs.shape[1]))
+      predicted_c=heads.head_step_c(profile, model.config, head_cfg,
+                                    inputs.shape[1]))
   rng_of = lambda i: jax.random.key(1000 + i)
   for temp in [float(t) for t in args.temperatures.split(',')]:
     sampling = SamplingConfig(temperature=temp)

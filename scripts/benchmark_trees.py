@@ -1,18 +1,22 @@
 """Token trees: tokens per target call, alpha per depth and speed-up.
 
-On the shipped target and a shipped drafter (`--drafter`, dec2 by default),
-on the first `--num_examples` test rows of each task, this script decodes
-with
+On the shipped target and a shipped drafter (`--drafter`, dec2 by default;
+`heads`: the shipped self-drafting heads, `shipped:heads/<task>`), on the
+first `--num_examples` test rows of each task, this script decodes with
 
-- chains of gamma drafts (`--chains`: the ordinary speculative loop);
-- trees (kind 'tree', `drafters.tree`): for every node budget of
+- chains of gamma drafts (`--chains`: the ordinary speculative loop; the
+  heads: their merged loop, kind 'heads');
+- trees (kind 'tree', `drafters.tree`; the heads: kind 'heads_tree'):
+  for every node budget of
   `--budgets`, the dynamic tree `shape.best` builds from the drafter's
   measured rank probabilities (`measure.rank_probs`: how often the target's
-  greedy token is the drafter's rank-r candidate) with depth <=
-  `--max_depth`; the static tree of the same shape at `--static_budget`;
-  `drafters.tree.DEFAULT_TREE`; the EAGLE-2 beams of `--trees`; and the
-  tree `shape.choose` picks for the profile's device (`--profile`) from
-  its measured cost(k) and c;
+  greedy token is the drafter's rank-r candidate; the heads':
+  `head_rank_probs`, at a head's first step) with depth <=
+  `--max_depth`; the static tree of the same shape at `--static_budget`
+  (0: none); `drafters.tree.DEFAULT_TREE`; the EAGLE-2 beams of
+  `--trees`; and the tree `shape.choose` picks for the profile's device
+  (`--profile`) from its measured cost(k) and c (`--choose_budget` 0:
+  none);
 
 at every temperature of `--temperatures` (at t > 0 only the best chain,
 the default tree and the chosen tree), all rows in one fixed batch, and
@@ -24,8 +28,11 @@ per target call do not depend on the device; the speed-up does:
 - PREDICTED on the profile (the H100 run at T5-XXL cost by default):
   `bench.hardware.predict` from the counters: tokens per call /
   (cost(width) + depth x c), width = the nodes + 1 (a chain: gamma + 1),
-  depth drafter calls per target call; cost(k) beyond the profile's largest
-  measured k is that k's cost, labelled 'extrapolated';
+  depth drafter calls per target call (the heads: one head step per
+  level, on all its nodes at once; c of a head step from the profile's
+  bytes / launches model, `drafters.heads.head_step_c`); cost(k)
+  beyond the profile's largest measured k is that k's cost, labelled
+  'extrapolated';
 - MEASURED on this machine at t = 0 (on a GPU with `--widen
   t5_1_1_xxl_cost --dtype bfloat16`: the target at T5-XXL cost, the
   profile's setting): compiled, batch 1 over the first
@@ -37,6 +44,9 @@ Every cell is written when measured (OUT.json, OUT.md); `--repredict
 OUT.json` recomputes the predicted columns from the measured counters.
 
   python scripts/benchmark_trees.py --out results/trees
+  python scripts/benchmark_trees.py --merge --drafter heads --budgets 64 \
+    --static_budget 0 --choose_budget 0 --trees beam:8,4,12/64 \
+    --temperatures 0 --time_rows 0 --out results/trees
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import numpy as np
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import layers
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import shipped
@@ -61,9 +72,14 @@ from specdec_jax import widening
 from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
+from specdec_jax.drafters import heads
 from specdec_jax.drafters import tree as tree_lib
+from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.sampling import SamplingConfig
+
+# --drafter HEADS: the shipped self-drafting heads of each task.
+HEADS = 'heads'
 
 
 def _ints(text):
@@ -74,14 +90,18 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--tasks', default='en_de,synopsis')
   p.add_argument('--num_examples', type=int, default=64)
-  p.add_argument('--drafter', default='dec2', help='a shipped drafter')
+  p.add_argument('--drafter', default='dec2',
+                 help=f"a shipped drafter, or '{HEADS}': the shipped heads "
+                 '(shipped:heads/<task>) on the target')
   p.add_argument('--chains', default='4,7', help='chain gammas')
   p.add_argument('--budgets', default='16,32,64,128',
                  help='node budgets of the dynamic best trees')
   p.add_argument('--max_depth', type=int, default=10)
-  p.add_argument('--static_budget', type=int, default=64)
+  p.add_argument('--static_budget', type=int, default=64,
+                 help='the node budget of the static tree (0: none)')
   p.add_argument('--choose_budget', type=int, default=64,
-                 help="the node budget of the profile's chosen tree")
+                 help="the node budget of the profile's chosen tree (0: "
+                 'none)')
   p.add_argument('--trees', nargs='*',
                  default=['beam:3,2,10', 'beam:2,2,16', 'beam:4,1,16'],
                  help="more TREE specs (e.g. deeper / narrower beams, or "
@@ -113,38 +133,92 @@ def chosen_tree(rank_probs, profile, drafter, budget, max_depth):
   return shape
 
 
+def prefix_of(args) -> str:
+  """What the drafting names of `--drafter heads` start with."""
+  return f'{HEADS} ' if args.drafter == HEADS else ''
+
+
 def configs(args, rank_probs, profile):
-  """name -> (drafter shape or chain gamma, depth, width)."""
+  """name -> (kind 'chain' or 'tree', chain gamma or tree shape)."""
   out = {}
   for g in _ints(args.chains):
     out[f'chain {g}'] = ('chain', g)
   for n in _ints(args.budgets):
     out[f'dynamic {n}'] = ('tree', shape_lib.best(rank_probs, n,
                                                   args.max_depth, True))
-  static = shape_lib.best(rank_probs, args.static_budget, args.max_depth)
-  out[f'static {args.static_budget}'] = ('tree', static)
+  if args.static_budget:
+    static = shape_lib.best(rank_probs, args.static_budget, args.max_depth)
+    out[f'static {args.static_budget}'] = ('tree', static)
   out['default'] = ('tree', shape_lib.parse(tree_lib.DEFAULT_TREE))
   for spec in args.trees:
     out[spec] = ('tree', shape_lib.parse(spec))
-  out[f'chosen {profile.name}'] = ('tree', chosen_tree(
-      rank_probs, profile, args.drafter, args.choose_budget, args.max_depth))
-  return out
+  if args.choose_budget:
+    out[f'chosen {profile.name}'] = ('tree', chosen_tree(
+        rank_probs, profile, args.drafter, args.choose_budget,
+        args.max_depth))
+  return {prefix_of(args) + name: value for name, value in out.items()}
 
 
-def build(kind, value, dmodel, greedy=True):
-  """(drafter, depth, tokens per target call, nodes verified)."""
-  base = drafters.T5Drafter(dmodel)
+def build(kind, value, base, greedy=True):
+  """(drafter, depth, tokens per target call, nodes verified).
+
+  base: the chain drafter, a `drafters.T5Drafter` (trees: kind 'tree') or
+  a `heads.HeadDrafter` (trees: kind 'heads_tree').
+  """
   if kind == 'chain':
     return base, value, value + 1, value
-  drafter = tree_lib.TreeDrafter(base, value)
+  if isinstance(base, heads.HeadDrafter):
+    drafter = heads.HeadTreeDrafter(base.model, base.head, value)
+  else:
+    drafter = tree_lib.TreeDrafter(base, value)
   width = value.verified_width(greedy)
   return drafter, value.depth, width, width - 1
+
+
+def head_rank_probs(drafter: heads.HeadDrafter, params, enc, tokens,
+                    lengths, max_rank: int = 8, batch_size: int = 16):
+  """`measure.rank_probs` of a head's first step: teacher-forced on
+  `tokens`, from the target's state h_t and y_{t+1}, the rank of y_{t+2}
+  in the head's logits, at every position up to and including EOS."""
+  head = drafter.heads
+  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+  counts = np.zeros(max_rank, np.int64)
+  positions = 0
+
+  @jax.jit
+  def ranks(params, enc, out):
+    hidden, kv = heads_train.target_features(drafter.model, params['target'],
+                                             enc, out)
+    bias = layers.mask_to_bias((enc > 0)[:, None, None, :])
+    _, logits = head.step(params['head'], params['target'], hidden[:, :-1],
+                          out[:, :-1], kv, bias)
+    mine = jnp.take_along_axis(logits, out[:, 1:, None], -1)
+    return jnp.sum(logits > mine, axis=-1)
+
+  for start in range(0, tokens.shape[0], batch_size):
+    stop = start + batch_size
+    r = np.asarray(ranks(params, jnp.asarray(enc[start:stop]),
+                         jnp.asarray(tokens[start:stop])))
+    valid = np.arange(1, r.shape[1] + 1)[None] < lengths[start:stop, None]
+    r = r[valid]
+    positions += r.size
+    counts += np.bincount(r[r < max_rank], minlength=max_rank)[:max_rank]
+  return counts / max(positions, 1)
+
+
+def head_step_cost(profile, target, drafter: heads.HeadDrafter,
+                   input_length: int):
+  """`(step_bytes, kernels)` of one head step on the profile's target
+  widths (`heads.head_step_c`)."""
+  c = heads.head_step_c(profile, target.config, drafter.head, input_length)
+  return c['step_bytes'], c['kernels']
 
 
 def predict_row(row, profile):
   pred = hardware.predict(
       profile, tokens_per_call=row['tokens_per_call'], width=row['width'],
-      drafter_calls_per_call=row['depth'], drafter=row['drafter'])
+      drafter_calls_per_call=row['depth'], drafter=row['drafter'],
+      step_bytes=row.get('step_bytes'), kernels=row.get('kernels', 0))
   row['predicted'] = pred.speedup
   row['predicted_label'] = pred.label
   return row
@@ -175,11 +249,23 @@ def write_markdown(path, result):
       'through bench.hardware.predict from the counters: tokens/call / '
       '(cost(width) + depth x c) on the profile (measured on that device at T5-XXL '
       'target cost; its label says which inputs are not measured). '
-      'Identical = rows equal to the baseline token for token (t = 0).', '']
-  for task, rp in meta['rank_probs'].items():
-    lines.append(f"Rank probabilities of `{meta['drafter']}` on {task} "
-                 '(target greedy outputs, teacher-forced): ' +
-                 ', '.join(f'{x:.3f}' for x in rp) + '.  ')
+      'Identical = rows equal to the baseline token for token (t = 0).' + (
+          ' "heads ..." rows: the shipped self-drafting heads '
+          '(`shipped:heads/<task>`) on the same target instead of a draft '
+          "model, chains in their merged loop (kind 'heads'), trees in "
+          "theirs (kind 'heads_tree'; \"heads dynamic N\" built from the "
+          "head's rank probabilities at its first step); a drafter call is "
+          "one head step per level, on all the level's nodes at once, c its "
+          "bytes / launches model on the profile (as "
+          'scripts/benchmark_heads.py).' if any(
+              r['drafter'] == HEADS for r in rows) else ''), '']
+  rank_probs = {meta['drafter']: meta['rank_probs'],
+                **meta.get('rank_probs_of', {})}
+  for drafter, per_task in rank_probs.items():
+    for task, rp in per_task.items():
+      lines.append(f'Rank probabilities of `{drafter}` on {task} '
+                   '(target greedy outputs, teacher-forced): ' +
+                   ', '.join(f'{x:.3f}' for x in rp) + '.  ')
   lines += ['', '## Tokens per target call and predicted speed-up', '']
   table = []
   for r in rows:
@@ -215,29 +301,41 @@ def decode(target, tp, drafter, dp, gamma, enc, length, sampling, seed):
       sampling=sampling, eos_id=1, rng=jax.random.key(seed))
 
 
-def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
+def run_task(task, args, target, tp, chain_drafter, dp, profile, result,
+             save):
   arrays = shipped.test_arrays(task)
   enc = jnp.asarray(arrays['inputs'][:args.num_examples])
   length = arrays['targets'].shape[1]
   base = decoding.temperature_sample(target, tp, enc, max_decode_len=length,
                                      eos_id=1)
   tokens, lengths = np.asarray(base.tokens), np.asarray(base.lengths)
-  rp = measure.rank_probs(drafters.T5Drafter(dmodel), dp, enc, tokens,
-                          lengths)
+  cost = {}
+  if isinstance(chain_drafter, heads.HeadDrafter):
+    rp = head_rank_probs(chain_drafter, dp, enc, tokens, lengths)
+    cost['step_bytes'], cost['kernels'] = head_step_cost(
+        profile, target, chain_drafter, enc.shape[1])
+  else:
+    rp = measure.rank_probs(chain_drafter, dp, enc, tokens, lengths)
   rp = [float(x) for x in np.sort(rp)[::-1]]  # best() needs non-increasing
-  result['meta']['rank_probs'][task] = rp
+  meta = result['meta']
+  if args.drafter == meta['drafter']:
+    meta['rank_probs'][task] = rp
+  else:  # --merge with another drafter
+    meta.setdefault('rank_probs_of', {}).setdefault(args.drafter, {})[
+        task] = rp
   table = configs(args, rp, profile)
+  prefix = prefix_of(args)
   best_chain = None
   for t in (float(x) for x in args.temperatures.split(',')):
     sampling = SamplingConfig(temperature=t)
     for name, (kind, value) in table.items():
-      if t > 0 and not (name == best_chain or name == 'default' or
-                        name.startswith('chosen')):
+      if t > 0 and not (name == best_chain or name == prefix + 'default' or
+                        name.startswith(prefix + 'chosen')):
         continue
       if any((r['task'], r['t'], r['name']) == (task, t, name)
              for r in result['rows']):
         continue  # --merge: measured before
-      drafter, depth, width, nodes = build(kind, value, dmodel,
+      drafter, depth, width, nodes = build(kind, value, chain_drafter,
                                            sampling.greedy)
       start = time.time()
       out = decode(target, tp, drafter, dp, depth, enc, length, sampling,
@@ -250,7 +348,7 @@ def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
                  tokens_per_call=float(out_lengths.sum() /
                                        s['row_iterations']),
                  alpha_per_depth=s['per_position_acceptance'],
-                 seconds_with_compile=time.time() - start)
+                 seconds_with_compile=time.time() - start, **cost)
       if t == 0:
         row['identical'] = int(np.all(
             (np.asarray(out.tokens) == tokens), axis=1).sum())
@@ -261,16 +359,16 @@ def run_task(task, args, target, tp, dmodel, dp, profile, result, save):
       save()
     if t == 0:
       chains = [r for r in result['rows'] if r['task'] == task and
-                r['t'] == 0 and r['name'].startswith('chain')]
+                r['t'] == 0 and r['name'].startswith(prefix + 'chain')]
       best_chain = max(chains, key=lambda r: r['predicted'])['name']
   if args.time_rows and not any(r['task'] == task
                                 for r in result['timed']):
-    time_task(task, args, target, tp, dmodel, dp, table, best_chain,
+    time_task(task, args, target, tp, chain_drafter, dp, table, best_chain,
               arrays, length, result)
     save()
 
 
-def time_task(task, args, target, tp, dmodel, dp, table, best_chain,
+def time_task(task, args, target, tp, chain_drafter, dp, table, best_chain,
               arrays, length, result):
   """Batch 1, the first rows, compiled, medians of alternating repeats."""
   rows = [jnp.asarray(arrays['inputs'][i:i + 1])
@@ -278,9 +376,10 @@ def time_task(task, args, target, tp, dmodel, dp, table, best_chain,
   greedy = SamplingConfig()
   calls = {'baseline': lambda: [decoding.temperature_sample(
       target, tp, r, max_decode_len=length, eos_id=1).tokens for r in rows]}
-  for name in (best_chain, 'default', next(
-      n for n in table if n.startswith('chosen'))):
-    drafter, depth, _, _ = build(*table[name], dmodel)
+  prefix = prefix_of(args)
+  for name in [best_chain, prefix + 'default'] + [
+      n for n in table if n.startswith(prefix + 'chosen')]:
+    drafter, depth, _, _ = build(*table[name], chain_drafter)
     calls[name] = (lambda d=drafter, g=depth: [decode(
         target, tp, d, dp, g, r, length, greedy, 0).tokens for r in rows])
   for call in calls.values():
@@ -305,7 +404,14 @@ def main(argv=None):
   if args.widen:
     tp, config = widening.widen_to(tp, target.config, args.widen)
     target = network.T5Model(config)
-  dmodel, dp = shipped.load_model(args.drafter, dtype=args.dtype)
+  if args.drafter == HEADS:
+    if args.widen:
+      raise SystemExit('--drafter heads: the shipped heads fit the shipped '
+                       'target only (no --widen).')
+    chain_drafter = dp = None  # per task, below
+  else:
+    dmodel, dp = shipped.load_model(args.drafter, dtype=args.dtype)
+    chain_drafter = drafters.T5Drafter(dmodel)
   result = dict(
       meta=dict(report.header('scripts/benchmark_trees.py', argv),
                 drafter=args.drafter, num_examples=args.num_examples,
@@ -326,7 +432,14 @@ def main(argv=None):
     write_markdown(args.out + '.md', result)
 
   for task in args.tasks.split(','):
-    run_task(task, args, target, tp, dmodel, dp, profile, result, save)
+    if args.drafter == HEADS:
+      chain_drafter, dp = drafters.get_kind(HEADS).build(
+          drafters.DraftSource(
+              vocab_size=target.vocab_size, target_model=target,
+              target_params=tp,
+              draft_checkpoint=f'{shipped.SCHEME}{HEADS}/{task}'))
+    run_task(task, args, target, tp, chain_drafter, dp, profile, result,
+             save)
   print(f'wrote {args.out}.json / .md', file=sys.stderr)
 
 

@@ -7,9 +7,11 @@
 - A head step after a decode matches the teacher-forced chain (`Head.draft`
   from the merged loop's state = `chain_loss`'s path).
 - Exactness: greedy outputs equal `decoding.temperature_sample` token for
-  token (batch 4, ragged) for the merged loop (`heads.HeadLoop`) and the
-  Drafter-protocol version; sampled sequences follow the target's exact law
-  (chi-square, tests/test_speculative.py).
+  token (batch 4, ragged) for the merged loop (`heads.HeadLoop`), the
+  Drafter-protocol version and the tree loop (`heads.HeadTreeLoop`, kind
+  'heads_tree', whose trees' rank-0 path is the head's chain); sampled
+  sequences follow the target's exact law (chi-square,
+  tests/test_speculative.py; the trees' in tests/test_trees.py).
 - Training: the target's params bit-identical after steps, the loss falls;
   save / load with the head config, clear errors for another target or a
   folder that is not a head checkpoint; the kind builds, refuses, and
@@ -35,6 +37,7 @@ from specdec_jax import layers
 from specdec_jax import speculative
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
+from specdec_jax.drafters.tree import shape as tree_shape
 from specdec_jax import spec_stats
 
 from test_speculative import assert_matches
@@ -99,6 +102,21 @@ def fitted_head(model, params, enc, head, steps=40):
   return hp
 
 
+@pytest.fixture(scope='module')
+def fitted(setup):
+  """`fitted_head` per HeadConfig, fitted once per module (each fit
+  compiles its train step)."""
+  model, params, enc = setup
+  heads_by_config = {}
+
+  def get(head):
+    if head not in heads_by_config:
+      heads_by_config[head] = fitted_head(model, params, enc, head)
+    return heads_by_config[head]
+
+  return get
+
+
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_states_and_projection_match_teacher_forcing(which, request):
   model, params = request.getfixturevalue(which)
@@ -148,18 +166,33 @@ def test_decode_time_draft_matches_training_chain(setup):
     np.testing.assert_array_equal(drafts[:, k], jnp.argmax(logits[:, 0], -1))
     np.testing.assert_allclose(q[:, k].max(-1), 1.0)  # greedy: one-hot
     tok = drafts[:, k:k + 1]
+    if k == 0:
+      root_state = s
+  # A tree's rank-0 path is that chain (`Head.draft_tree` steps each node
+  # from its parent's state): 'static-beam:2,1,3' holds it at tree indices
+  # 1, 3, 5; the root's rank-1 child (index 2) is stepped from the root's
+  # state too.
+  tree = jax.jit(head.draft_tree, static_argnums=(5, 6))(
+      hp, params, h[:, t], out[:, t], cache,
+      tree_shape.parse('static-beam:2,1,3'), speculative.SamplingConfig(),
+      jax.random.key(0))
+  np.testing.assert_array_equal(tree.tokens[:, [1, 3, 5]], drafts)
+  # Greedy q is one-hot: the tree keeps its argmax (`Tree.top`).
+  np.testing.assert_array_equal(tree.top[:, [0, 1, 3]], np.argmax(q, -1))
+  assert (tree.tokens[:, 2] != tree.tokens[:, 1]).all()
+  _, logits = step(hp, params, root_state, tree.tokens[:, 2:3], kv, bias)
+  np.testing.assert_array_equal(tree.top[:, 2], jnp.argmax(logits[:, 0], -1))
 
 
 @pytest.mark.parametrize('loop', ['merged', 'protocol'])
 @pytest.mark.parametrize('cross', [True, False])
-def test_greedy_equals_baseline(setup, loop, cross):
+def test_greedy_equals_baseline(setup, fitted, loop, cross):
   model, params, enc = setup
   head = heads.HeadConfig(mlp_dim=48, cross_attention=cross)
   base = decoding.temperature_sample(model, params, enc,
                                      max_decode_len=MAX_LEN, eos_id=EOS)
   drafter = heads.HeadDrafter(model, head)
-  dparams = heads.head_params(
-      params, fitted_head(model, params, enc, head))
+  dparams = heads.head_params(params, fitted(head))
   out = speculative.speculative_sample(
       model, params, drafter, dparams, enc, gamma=3, max_decode_len=MAX_LEN,
       eos_id=EOS, merged=loop == 'merged')
@@ -174,8 +207,35 @@ def test_greedy_equals_baseline(setup, loop, cross):
     assert st['per_position_acceptance'][0] == 1.0
 
 
+def test_greedy_trees_equal_baseline_and_beat_the_chain(setup, fitted):
+  """Kind 'heads_tree': the fitted head drafting dynamic trees, the best 6
+  of 12 nodes verified, at batch 4 with ragged rows: the baseline token
+  for token, and more tokens per target call than its chain of the same
+  depth. (The state each tree starts from: tests/test_trees.py.)"""
+  model, params, enc = setup
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=EOS)
+  dparams = heads.head_params(params, fitted(HEAD))
+  per_call = {}
+  for name, drafter in (
+      ('chain', heads.HeadDrafter(model, HEAD)),
+      ('tree', heads.HeadTreeDrafter(model, HEAD,
+                                     tree_shape.parse('beam:3,2,3/6')))):
+    out = speculative.speculative_sample(
+        model, params, drafter, dparams, enc, gamma=3,
+        max_decode_len=MAX_LEN, eos_id=EOS)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    np.testing.assert_array_equal(out.lengths, base.lengths)
+    st = spec_stats.summarize(out.stats)
+    assert 0 < st['acceptance_rate'] < 1, st  # both branches ran
+    per_call[name] = (np.asarray(out.lengths).sum() /
+                      np.asarray(out.stats.row_iterations).sum())
+  assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
+  assert per_call['tree'] > per_call['chain'], per_call
+
+
 # The merged loop at t = 1, top-k 3 is the kind 'heads' in
-# tests/test_drafters.py.
+# tests/test_drafters.py; the tree loop's law is tests/test_trees.py's.
 @pytest.mark.parametrize('loop,case', [('merged', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,

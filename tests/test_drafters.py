@@ -67,7 +67,7 @@ def source_for(model, params, train_targets, train_inputs):
       draft_params=perturbed(params, 0.3, 0),
       train_targets=lambda: train_targets, target_model=model,
       target_params=params, train_pairs=lambda: pairs, output_length=MAX_LEN,
-      tree='beam:2,2,3')  # 'tree': a small tree of depth >= GAMMA
+      tree='beam:2,2,3')  # tree kinds: a small tree of depth >= GAMMA
 
 
 @pytest.fixture(scope='module')

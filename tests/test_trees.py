@@ -3,12 +3,15 @@
 1. One tree call equals a chain call on every root-to-leaf path (float32).
 2. Greedy: output identical to the baseline, every shape, batch > 1 with
    ragged rows; the target as its own drafter accepts whole paths (what
-   fails if the drafter's path commit is wrong). Streaming, and t = 1 with
+   fails if the drafter's path commit is wrong); the state the loop hands
+   the heads is the last accepted node's. Streaming, and t = 1 with
    top-k, are the kind 'tree''s cases in tests/test_drafters.py.
 3. Sampled: the law over whole sequences is the target's by chi-square
    (t = 1, t = 0.7 with top-k, top-p; an adversarial drafter whose best
-   candidates the target likes least), and a planted bug (a rejected
-   sibling's subtree stays reachable) fails the same test.
+   candidates the target likes least; a random head drafting the trees,
+   kind 'heads_tree'), and a planted bug (a rejected sibling's subtree
+   stays reachable) fails the same test. The heads' greedy trees are
+   tests/test_draft_heads.py's.
 """
 
 import dataclasses
@@ -24,13 +27,17 @@ from specdec_jax import drafters
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
 from specdec_jax import speculative
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.drafters import tree as tree_lib
+from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.sampling import SamplingConfig
 
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
+from test_draft_heads import random_head
 from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
                               exact_sequence_distribution, perturbed,
                               tiny_target)  # pylint: disable=unused-import
@@ -161,12 +168,53 @@ def test_greedy_tree_equals_baseline(greedy_setup, spec):
   assert 0.0 < good['acceptance_rate'] < 1.0
 
 
+def test_verify_commit_returns_the_state_of_the_last_accepted_node(
+    greedy_setup):
+  """The target state `TreeLoop.verify_commit` returns (what the heads
+  draft the next tree from, kind 'heads_tree') is the one the committed
+  next token was drawn after: the teacher-forced state at the last
+  accepted node, the root where none was. A static tree holds each path
+  at tree indices other than its depths; a drafter that agrees in part;
+  three iterations, ragged rows."""
+  model, params, enc, base = greedy_setup
+  loop, args = speculative.speculative_sample.prepare(
+      model, params, tree_drafter(model, 'static-beam:2,2,3'),
+      perturbed(params, 0.1, 0), enc, gamma=3, max_decode_len=MAX_LEN,
+      eos_id=EOS)
+
+  @jax.jit
+  def iterations(tp, dp, inputs, draft_inputs, rng):
+    def step(state, _):
+      tree, draft_state = loop.drafter.propose_tree(
+          dp, state.draft_state, state.sequences, state.lengths,
+          loop.sampling, state.rng)
+      sequences, lengths, ended, cache, stats, h = loop.verify_commit(
+          tp, state, tree, state.rng, return_hidden=True)
+      n = stats.accepted - state.stats.accepted
+      return (speculative.SpecState(sequences, lengths, ended, cache,
+                                    draft_state, state.rng, stats),
+              (h, lengths, ended, n))
+    state = loop.start(tp, dp, inputs, draft_inputs, rng)
+    return jax.lax.scan(step, state, None, length=3)[1]
+
+  h, lengths, ended, n = map(np.asarray, iterations(*args))
+  hidden, _ = heads_train.target_features(model, params, jnp.asarray(enc),
+                                          jnp.asarray(base.tokens))
+  # The last committed token is output lengths - 2; its state, hidden's.
+  want = np.asarray(hidden)[np.arange(len(enc))[None], lengths - 2]
+  live = ~ended  # a row cut at EOS commits less than it accepted
+  np.testing.assert_allclose(h[live], want[live], atol=1e-4)
+  assert n[live].min() == 0 and n[live].max() >= 2, n
+
+
 # ---------------------------------------------------------------------------
 # 3. Sampled law.
 # ---------------------------------------------------------------------------
 
 # One compiled loop per (shape, sampling). t = 1 with top-k 3 and a
-# perturbed drafter is tests/test_drafters.py's per-kind case for 'tree'.
+# perturbed drafter is tests/test_drafters.py's per-kind case for 'tree'
+# (and, with an untrained head, for 'heads_tree'); 'heads' is a random head
+# drafting the trees (kind 'heads_tree').
 CASES = {
     't0.7-topk3-static': ('static-beam:2,2,3',
                           SamplingConfig(temperature=0.7, topk=3), 'other'),
@@ -174,13 +222,19 @@ CASES = {
                      'other'),
     'adversarial': ('beam:3,2,3', SamplingConfig(temperature=1.0),
                     'adversarial'),
+    'heads': ('beam:3,2,3', SamplingConfig(temperature=1.0), 'heads'),
 }
 
 
 def _sampled(tiny_target, case, accept_rejected=False):
   model, params, enc = tiny_target
   spec, config, kind = CASES[case]
-  if kind == 'other':
+  drafter = tree_drafter(model, spec)
+  if kind == 'heads':
+    head = heads.HeadConfig(mlp_dim=16)
+    drafter = heads.HeadTreeDrafter(model, head, shape_lib.parse(spec))
+    dparams = heads.head_params(params, random_head(model.config, head))
+  elif kind == 'other':
     dparams = model.init_params(jax.random.key(77))  # a different model
   else:
     # The target with its logits negated: its best candidates are the
@@ -189,7 +243,7 @@ def _sampled(tiny_target, case, accept_rejected=False):
     dense = dparams['decoder']['logits_dense']
     dparams['decoder']['logits_dense'] = {'kernel': -dense['kernel']}
   loop, args = speculative.speculative_sample.prepare(
-      model, params, tree_drafter(model, spec), dparams,
+      model, params, drafter, dparams,
       jnp.tile(enc, (N_SAMPLES, 1)), gamma=3, max_decode_len=SEQ_LEN,
       sampling=config, eos_id=SMALL_EOS,
       rng=jax.random.key(zlib.crc32(case.encode())))
@@ -290,7 +344,6 @@ def test_eval_setup_checks_the_tree_option():
 def test_best_nodes_verifies_an_ancestor_closed_top_set():
   """Re-ranking keeps the root and the m - 1 most probable nodes, parents
   before children, and the target's call is on exactly those tokens."""
-  from specdec_jax.drafters.tree import drafter as drafter_lib  # pylint: disable=g-import-not-at-top
   shape = shape_lib.parse('static-beam:3,3,3')
   rng = np.random.default_rng(0)
   tree = tree_lib.verify.empty(2, shape, 8)
@@ -306,7 +359,7 @@ def test_best_nodes_verifies_an_ancestor_closed_top_set():
       tokens=jnp.asarray(rng.integers(1, 8, (2, shape.width)), jnp.int32),
       valid=jnp.ones((2, shape.width), bool), parent=jnp.asarray(parent),
       visible=tree_lib.verify.ancestors(jnp.asarray(parent), shape.depth))
-  pruned = drafter_lib.best_nodes(tree, jnp.asarray(score), 6)
+  pruned = grow_lib.best_nodes(tree, jnp.asarray(score), 6)
   chosen = np.asarray(pruned.verified)
   for row in range(2):
     want = [0] + sorted(np.argsort(-score[row, 1:])[:5] + 1)

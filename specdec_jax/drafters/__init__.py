@@ -17,7 +17,8 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
   cache.py       'CacheDrafter': copies from similar earlier requests
   combined.py    'CombinedDrafter': copy where it matches, the T5 elsewhere
   lookahead/     PaSS: the target drafts from look-ahead slots ('pass')
-  heads/         self-drafting heads on the target's states ('heads')
+  heads/         self-drafting heads on the target's states ('heads'; token
+                 trees: 'heads_tree')
   tree/          token trees: a T5 drafter's tree verified in one call
                  ('tree', its shape DraftSource.tree, gin TREE)
 
@@ -42,6 +43,7 @@ from specdec_jax.drafters.cache import CacheDrafter
 from specdec_jax.drafters.cache import open_cache
 from specdec_jax.drafters.combined import CombinedDrafter
 from specdec_jax.drafters.heads import HeadDrafter
+from specdec_jax.drafters.heads import HeadTreeDrafter
 from specdec_jax.drafters.lookahead import PassDrafter
 from specdec_jax.drafters.lookup import LookupDrafter
 from specdec_jax.drafters.ngram import NgramDrafter
@@ -61,6 +63,7 @@ KINDS = registry.KindTable(
     lookahead.KIND,
     heads.KIND,
     tree.KIND,
+    heads.TREE_KIND,
 )
 
 

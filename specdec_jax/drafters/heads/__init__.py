@@ -36,6 +36,16 @@ Cost per iteration: one (gamma + 1)-token target call + gamma head steps (a
 few small matmuls and the target's logits matmul each: c of a head step,
 not 0; `head_step_bytes`).
 
+Token trees (kind 'heads_tree', `drafter.HeadTreeDrafter`,
+`loop.HeadTreeLoop`): the pending drafts are a tree (`drafters.tree`)
+verified in one target call with the tree mask, which returns the states
+too; after the walk the head drafts the next tree from (the state at the
+last accepted node, the committed token y): the root's head step gives
+its children, each node of a level is stepped from its parent's state and
+its token, children and parents chosen by `drafters.tree.grow`'s rules
+(the T5 tree drafter's). Cost per iteration: one target call on the tree,
+one head step per level (on all its nodes at once).
+
 `drafter.HeadDrafter` (kind 'heads', an `interfaces.MergedDrafter`) runs in
 the ordinary loop too (`speculative_sample(..., merged=False)`): its
 `propose` runs the target on the committed tokens its own cache copy lacks
@@ -50,19 +60,25 @@ argument of the gradient.
 
 Files (t5x contrib/calm's shape): `model.py` the head network and its
 parameters (the shipped heads are `shipped:heads/<task>`), `loop.py` the
-merged loop, `drafter.py` the drafter and its kind, `train.py` training and
-alpha per depth (imported by scripts/train_heads.py, not by decoding).
+merged loops (chains, trees), `drafter.py` the drafters and their kinds,
+`train.py` training and alpha per depth (imported by scripts/train_heads.py,
+not by decoding).
 """
 
 from specdec_jax.drafters.heads.drafter import KIND
+from specdec_jax.drafters.heads.drafter import TREE_KIND
 from specdec_jax.drafters.heads.drafter import HeadDrafter
+from specdec_jax.drafters.heads.drafter import HeadTreeDrafter
 from specdec_jax.drafters.heads.drafter import head_params
 from specdec_jax.drafters.heads.loop import HeadLoop
+from specdec_jax.drafters.heads.loop import HeadTreeLoop
 from specdec_jax.drafters.heads.model import KEY
 from specdec_jax.drafters.heads.model import Head
 from specdec_jax.drafters.heads.model import HeadConfig
 from specdec_jax.drafters.heads.model import check_head
+from specdec_jax.drafters.heads.model import HEAD_KERNELS
 from specdec_jax.drafters.heads.model import head_step_bytes
+from specdec_jax.drafters.heads.model import head_step_c
 from specdec_jax.drafters.heads.model import init_head
 from specdec_jax.drafters.heads.model import load_head
 from specdec_jax.drafters.heads.model import save_head

@@ -5,6 +5,12 @@ loop (`loop.HeadLoop`, what `speculative.speculative_sample` runs by
 default) makes one (gamma + 1)-token target call per iteration; with
 `merged=False` it runs in the ordinary loop as an `interfaces.Drafter`,
 paying a target call of its own per `propose`.
+
+`HeadTreeDrafter` (kind 'heads_tree') is the same drafter drafting token
+trees of the shape TREE (`DraftSource.tree`, default
+`drafters.tree.DEFAULT_TREE`) in its merged loop (`loop.HeadTreeLoop`:
+one target call on the tree per iteration, the head stepped on every
+node); in the ordinary loop it drafts chains like `HeadDrafter`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax import shipped
 from specdec_jax.drafters import registry
 from specdec_jax.drafters.heads.loop import HeadLoop
+from specdec_jax.drafters.heads.loop import HeadTreeLoop
 from specdec_jax.drafters.heads.model import KEY
 from specdec_jax.drafters.heads.model import Head
 from specdec_jax.drafters.heads.model import HeadConfig
@@ -29,6 +36,9 @@ from specdec_jax.drafters.heads.model import check_head
 from specdec_jax.drafters.heads.model import init_head
 from specdec_jax.drafters.heads.model import load_head
 from specdec_jax.drafters.t5 import SelfDrafting
+from specdec_jax.drafters.tree import DEFAULT_TREE
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.drafters.tree.shape import TreeShape
 from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
@@ -108,18 +118,54 @@ class HeadDrafter(SelfDrafting):
             jnp.concatenate([q1[:, None], q_rest], 1), cache)
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadTreeDrafter(HeadDrafter):
+  """The target and its draft head drafting token trees (kind
+  'heads_tree'; module docstring).
+
+  Its merged loop (`loop.HeadTreeLoop`, gamma = the depth used, at most
+  the shape's) verifies a tree per target call and the head drafts the
+  next from the call's states; in the ordinary loop it is a
+  `HeadDrafter`.
+  """
+
+  shape: TreeShape
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.shape.max_children > self.model.vocab_size:
+      raise ValueError(
+          f'tree {self.shape.spec!r} gives a node {self.shape.max_children} '
+          f'children; the vocabulary has {self.model.vocab_size} tokens.')
+
+  def max_gamma(self, merged: bool) -> Optional[int]:
+    """The tree's depth in the merged loop; no limit in the ordinary one."""
+    return self.shape.depth if merged else None
+
+  def merged_loop(self, target, gamma: int, sampling: SamplingConfig,
+                  eos_id: int, max_decode_len: int) -> HeadTreeLoop:
+    """One target call on the tree (its first `gamma` levels) and a head
+    step per drafted level per iteration; the target must be a plain
+    `network.T5Model` (the loop reads its final states)."""
+    if not isinstance(target, network.T5Model):
+      raise ValueError('the heads\' tree loop reads the final states of a '
+                       'plain network.T5Model target, got '
+                       f'{type(target).__name__}.')
+    drafter = dataclasses.replace(self, shape=self.shape.truncate(gamma))
+    return HeadTreeLoop(target=target, gamma=gamma, sampling=sampling,
+                        eos_id=eos_id, max_decode_len=max_decode_len,
+                        drafter=drafter)
+
+
 def head_params(target_params, params):
   """The drafter's params: the target's (shared, not copied) + the head's."""
   return {'target': target_params, 'head': params}
 
 
-def build(source: registry.DraftSource):
-  """Target + head from `source.draft_params` when it is a head tree, else
-  from `source.draft_checkpoint` (DRAFT_CHECKPOINT: a scripts/train_heads.py
-  --out_dir or a shipped name such as `shipped:heads/en_de`), else untrained
-  (a warning)."""
+def _target_and_head(source: registry.DraftSource, kind: str):
+  """(target model, HeadConfig, drafter params) of the kind `kind`."""
   if source.target_model is None or source.target_params is None:
-    raise ValueError("drafter kind 'heads' drafts with the target itself; "
+    raise ValueError(f"drafter kind '{kind}' drafts with the target itself; "
                      'the source has no target_model / target_params.')
   model = source.target_model
   params = source.draft_params
@@ -135,15 +181,39 @@ def build(source: registry.DraftSource):
         path = shipped.resolve(path)
       params, head = load_head(path, model.config)
     else:
-      logging.warning("drafter kind 'heads': no head checkpoint "
-                      '(DRAFT_CHECKPOINT); using an untrained head.')
+      logging.warning("drafter kind '%s': no head checkpoint "
+                      '(DRAFT_CHECKPOINT); using an untrained head.', kind)
       head = HeadConfig()
       params = init_head(model.config, head)
   check_head(params, model.config, head)
-  return HeadDrafter(model, head), head_params(source.target_params, params)
+  return model, head, head_params(source.target_params, params)
+
+
+def build(source: registry.DraftSource):
+  """Target + head from `source.draft_params` when it is a head tree, else
+  from `source.draft_checkpoint` (DRAFT_CHECKPOINT: a scripts/train_heads.py
+  --out_dir or a shipped name such as `shipped:heads/en_de`), else untrained
+  (a warning)."""
+  model, head, params = _target_and_head(source, 'heads')
+  return HeadDrafter(model, head), params
+
+
+def build_tree(source: registry.DraftSource):
+  """As `build`, drafting trees of the shape `source.tree` (TREE; default
+  `drafters.tree.DEFAULT_TREE`)."""
+  model, head, params = _target_and_head(source, 'heads_tree')
+  shape = shape_lib.parse(source.tree or DEFAULT_TREE)
+  return HeadTreeDrafter(model, head, shape), params
 
 
 KIND = registry.DrafterKind(
     'heads', needs_model=False, build=build, needs_target=True,
     description='self-drafting heads: a small trained head on the target\'s '
                 'own final state drafts (DRAFT_CHECKPOINT)')
+
+TREE_KIND = registry.DrafterKind(
+    'heads_tree', needs_model=False, build=build_tree, needs_target=True,
+    reads_tree=True,
+    description='self-drafting heads drafting a token tree (TREE: its '
+                'shape; DRAFT_CHECKPOINT: the head), verified in one target '
+                'call')

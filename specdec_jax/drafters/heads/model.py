@@ -1,7 +1,8 @@
 """The draft head network on the target's final states, and its parameters.
 
 `DraftHead` (flax) is one drafting step; `Head` the callables the loops use
-(a head step on the target's own embedding and logits layer, `draft`);
+(a head step on the target's own embedding and logits layer, `draft` a
+chain, `draft_tree` a token tree);
 `init_head` / `check_head` / `save_head` / `load_head` the parameters (a
 T5X orbax checkpoint with its `HeadConfig` in draft_head.json);
 `head_step_bytes` what one step reads (its cost at a memory-bound scale).
@@ -27,6 +28,11 @@ from specdec_jax import checkpoints
 from specdec_jax import layers
 from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import widening
+from specdec_jax.bench import hardware
+from specdec_jax.drafters.tree import grow as grow_lib
+from specdec_jax.drafters.tree import verify as verify_lib
+from specdec_jax.drafters.tree.shape import TreeShape
 
 Array = jax.Array
 
@@ -230,6 +236,36 @@ class Head:
       qs.append(q)
     return jnp.concatenate(drafts, 1), jnp.stack(qs, 1)
 
+  def draft_tree(self, head_params, target_params, state, token, cache,
+                 shape: TreeShape, sampling, rng) -> verify_lib.Tree:
+    """A token tree of `shape` under the root `token` `[batch]`, from
+    `state` `[batch, embed]` (as `draft`: the state `token` was drawn
+    after).
+
+    The root's head step gives the root's state and its children's
+    logits; each node of level d < D is stepped from its parent's state
+    and its own token, all of a level's nodes at once; the children and
+    parents follow `drafters.tree.grow`'s rules.
+
+    Returns:
+      the tree the target verifies (`grow.grow`'s `verified`).
+    """
+    kv = (cache.cross_key[-1], cache.cross_value[-1])
+    bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
+    root_state, logits = self.step(head_params, target_params,
+                                   state[:, None], token[:, None], kv, bias)
+
+    def expand(states, tokens, parent, tree):
+      del tree
+      inputs = jnp.take_along_axis(states, parent[..., None], 1)
+      new_states, logits = self.step(head_params, target_params, inputs,
+                                     tokens, kv, bias)
+      return logits, new_states
+
+    _, tree, _ = grow_lib.grow(shape, sampling, token, logits[:, 0], expand,
+                               root_state, rng)
+    return tree
+
 
 
 
@@ -240,3 +276,37 @@ def head_step_bytes(config: network.T5Config, head: HeadConfig,
   n = sum(int(np.prod(s)) for s in jax.tree_util.tree_leaves(
       _shapes(config, head), is_leaf=lambda x: isinstance(x, tuple)))
   return (n + config.emb_dim * config.vocab_size) * weight_bytes
+
+
+# Kernels of one head step (cross-attention query, two einsums + softmax,
+# output, two concats, wi, gelu, wo, two adds, logits, softmax / draw).
+HEAD_KERNELS = 14
+
+
+def head_step_c(profile: hardware.HardwareProfile, config: network.T5Config,
+                head: HeadConfig, input_length: int):
+  """c of one head step on `profile`, from its bytes / launches model.
+
+  The head widened (mlp in proportion) to the widths of the profile's
+  target (its run's target_config; else T5 1.1-XXL cost), bfloat16, plus
+  the last layer's cross K/V at the run's input length (else
+  `input_length`).
+
+  Returns:
+    {'c', 'c_how', 'step_bytes', 'kernels', 'at'} (JSON).
+  """
+  setup = (hardware.measured_run(profile) or {}).get('setup', {})
+  dims = ('emb_dim', 'num_heads', 'head_dim', 'vocab_size')
+  wide = (config.replace(**{k: setup['target_config'][k] for k in dims})
+          if 'target_config' in setup else
+          widening.preset_config(config, 't5_1_1_xxl_cost'))
+  length = int(setup.get('input_length', input_length))
+  wide_head = HeadConfig(int(head.mlp_dim * wide.emb_dim / config.emb_dim),
+                         head.cross_attention)
+  nbytes = head_step_bytes(wide, wide_head, weight_bytes=2)
+  if head.cross_attention:
+    nbytes += 2 * length * wide.num_heads * wide.head_dim * 2
+  c, how = profile.c_of('heads', step_bytes=nbytes, kernels=HEAD_KERNELS)
+  return dict(c=c, c_how=how, step_bytes=nbytes, kernels=HEAD_KERNELS,
+              at=f'emb {wide.emb_dim}, head mlp {wide_head.mlp_dim}, vocab '
+              f'{wide.vocab_size}, input {length}, bfloat16')

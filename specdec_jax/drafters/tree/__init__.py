@@ -11,13 +11,17 @@ an encoder-decoder T5 in one jitted loop:
               `best` / `choose`: the shape for a device's cost curve
   verify.py   exact verification: greedy argmax walk; sampled: multi-step
               speculative sampling without replacement (Sequoia)
+  grow.py     `grow`: a tree drafted level by level, the one home of the
+              drafting rules (children, dynamic parents, re-ranking)
   drafter.py  `TreeDrafter`: a T5 drafter drafting level by level
   loop.py     `TreeLoop`: the `speculative.VerifyLoop` that runs it
 
 The kind 'tree' is a T5 drafter drafting trees of the shape `TREE`
 (`DraftSource.tree`, a `shape.parse` spec): `speculative_sample` runs
 `TreeDrafter.merged_loop`, and the streaming loops refill its rows like
-any other.
+any other. The kind 'heads_tree' (`drafters.heads`) grows its trees with
+the self-drafting heads by the same rules and verifies them by the same
+loop.
 """
 
 from specdec_jax.drafters.tree import shape

@@ -2,12 +2,9 @@
 
 `TreeDrafter(T5Drafter, shape)`: per iteration one drafter call on the
 root (the catch-up of `T5Drafter`) and one call per level 1..D-1 on that
-level's nodes, each node seeing its ancestors only (`network.TreeMask`).
-A node's children are its `shape.max_children` best tokens (greedy: the
-top of its logits; sampled: a draw without replacement from q by the
-Gumbel-top-k trick); level d's slots take them as the shape says, the
-parents of a dynamic shape ranked by the path's cumulative probability
-(greedy: of the drafter's softmax; sampled: of q).
+level's nodes, each node seeing its ancestors only (`network.TreeMask`);
+the children each node gets, and which parents a dynamic shape expands,
+follow `grow.grow`'s rules (the heads' trees follow the same ones).
 
 The drafter keeps the tree it drafted in its state; the next `propose`
 finds the committed tokens' path in it and moves those nodes' keys and
@@ -36,8 +33,8 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 from specdec_jax.drafters import t5
 from specdec_jax.drafters.t5 import T5Drafter
+from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import shape as shape_lib
-from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.drafters.tree.loop import TreeLoop
 from specdec_jax.drafters.tree.shape import TreeShape
 
@@ -165,88 +162,21 @@ class TreeDrafter:
     cache = self.commit(state, sequences, lengths, shape.depth)
     logits, cache = self.base.catch_up(params, cache, sequences, lengths,
                                        shape.depth)
-    batch = lengths.shape[0]
-    rows = jnp.arange(batch)
     base = lengths - 1
-    tree = verify_lib.empty(batch, shape, self.vocab_size)
-    tree = tree.replace(tokens=tree.tokens.at[:, 0].set(
-        sequences[rows, base]))
-    score = jnp.zeros((batch, shape.width), jnp.float32)
-    offsets, k = shape.offsets, shape.max_children
-    level_logits = logits[:, None]  # [batch, n_{d-1}, vocab]
-    rngs = jax.random.split(rng, shape.depth)
-    for d in range(1, shape.depth + 1):
-      lo, n_prev = offsets[d - 1], level_logits.shape[1]
-      prev = jnp.arange(lo, lo + n_prev)
-      adjusted = sampling_lib.adjusted_logits(level_logits, sampling)
-      q = jax.nn.softmax(adjusted, axis=-1)
-      tree = tree.replace(q=tree.q.at[:, prev].set(q))
-      if sampling.greedy:
-        keys = level_logits
-        logp = jax.nn.log_softmax(level_logits.astype(jnp.float32), -1)
-      else:
-        logp = jnp.log(q)
-        keys = logp + jax.random.gumbel(rngs[d - 1], logp.shape)
-      # [batch, n_prev, k] candidates, best first.
-      _, cand = jax.lax.top_k(keys, k)
-      cand_ok = jnp.take_along_axis(q if not sampling.greedy else
-                                    jnp.ones_like(q), cand, -1) > 0
-      cand_logp = jnp.take_along_axis(logp, cand, -1)
-      prev_score = score[:, prev]
-      prev_valid = tree.valid[:, prev]
-      if shape.dynamic:
-        order = jnp.argsort(jnp.where(prev_valid, -prev_score, jnp.inf),
-                            axis=1, stable=True)
-      else:
-        order = jnp.broadcast_to(jnp.arange(n_prev), (batch, n_prev))
-      pick, rank = verify_lib.children_of(shape, d)
-      local = order[:, pick]  # [batch, n_d] parent within level d-1
-      parent = lo + local
-      cand_at = cand[rows[:, None], local, rank[None, :]]
-      ok = (cand_ok[rows[:, None], local, rank[None, :]] &
-            jnp.take_along_axis(tree.valid, parent, 1))
-      slots = jnp.arange(offsets[d], offsets[d] + shape.sizes[d - 1])
-      tree = tree.replace(
-          tokens=tree.tokens.at[:, slots].set(jnp.where(ok, cand_at, 0)),
-          valid=tree.valid.at[:, slots].set(ok),
-          parent=tree.parent.at[:, slots].set(parent))
-      score = score.at[:, slots].set(
-          jnp.take_along_axis(score, parent, 1) +
-          cand_logp[rows[:, None], local, rank[None, :]])
-      visible = tree.visible.at[:, slots].set(
-          jnp.take_along_axis(tree.visible, parent[..., None], 1) |
-          jax.nn.one_hot(slots, shape.width, dtype=bool)[None])
-      tree = tree.replace(visible=visible)
-      if d < shape.depth:
-        level_logits, cache = self.base.model.extend(
-            params, tree.tokens[:, slots], cache, tree=tree.mask(base))
+    root = sequences[jnp.arange(lengths.shape[0]), base]
+
+    def expand(cache, tokens, parent, tree):
+      del parent  # the tree mask says who sees whom
+      return self.base.model.extend(params, tokens, cache,
+                                    tree=tree.mask(base))
+
+    drafted, tree, cache = grow_lib.grow(shape, sampling, root, logits,
+                                         expand, cache, rng)
     # The drafter's state keeps every drafted node (its cache holds them
     # all); the target verifies the best `shape.top` under greedy.
-    state = TreeState(cache=cache, tokens=tree.tokens, valid=tree.valid,
-                      parent=tree.parent, base=base)
-    m = shape.verified_width(sampling.greedy)
-    if m < shape.width:
-      tree = best_nodes(tree, score, m)
+    state = TreeState(cache=cache, tokens=drafted.tokens,
+                      valid=drafted.valid, parent=drafted.parent, base=base)
     return tree, state
-
-
-def best_nodes(tree: verify_lib.Tree, score, m: int) -> verify_lib.Tree:
-  """The tree with only its root and the m - 1 valid nodes of highest
-  path score verified (the rest invalid), per row.
-
-  A child's score (its path's log probability) is at most its parent's;
-  a small depth penalty breaks ties toward the parent, so the chosen set
-  is ancestor-closed. Indices stay increasing (level order).
-  """
-  width = tree.tokens.shape[1]
-  key = jnp.where(tree.valid, score - 1e-4 * tree.depth, -jnp.inf)
-  key = key.at[:, 0].set(jnp.inf)
-  _, chosen = jax.lax.top_k(key, m)
-  chosen = jnp.sort(chosen, axis=1).astype(jnp.int32)
-  rows = jnp.arange(tree.tokens.shape[0])[:, None]
-  keep = jnp.zeros((tree.tokens.shape[0], width), bool).at[
-      rows, chosen].set(True)
-  return tree.replace(valid=tree.valid & keep, verified=chosen)
 
 
 # EAGLE-2's shape: the root's 4 best tokens, then the 2 most probable paths

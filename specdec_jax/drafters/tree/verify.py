@@ -53,7 +53,10 @@ class Tree:
     depth: `[batch, T]` int32.
     visible: `[batch, T, T]` bool, ancestor-or-self (`network.TreeMask`).
     q: `[batch, T, vocab]` float32, the drafter's standardized distribution
-      each node's children were drawn from (0 for leaves).
+      each node's children were drawn from (0 for leaves); greedy trees
+      keep `[batch, T, 0]` (the one-hot q is `top`).
+    top: `[batch, T]` int32, the drafter's most likely token after each
+      node (greedy trees; 0 for leaves and in sampled trees).
     verified: `[batch, M]` int32, the tree indices the target's call
       verifies, increasing (root first; parents before children): all T,
       or the best nodes of a `TreeShape.top` tree (the others invalid).
@@ -65,6 +68,7 @@ class Tree:
   depth: Array
   visible: Array
   q: Array
+  top: Array
   verified: Array
 
   def mask(self, base: Array) -> TreeMask:
@@ -104,7 +108,9 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     rng: PRNG key.
     tree: the drafted tree.
     p: `[batch, T, vocab]` the target's standardized distributions after
-      each tree node.
+      each tree node; greedy: `[batch, T]` int32, the target's argmax
+      after each node (all a greedy walk reads: the drafter's are
+      `tree.top`).
     shape: the tree's shape (static).
     sampling: greedy or sampled.
     accept_rejected: a planted bug for the tests' power checks (a rejected
@@ -114,8 +120,11 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     `(n [batch] accepted nodes, path [batch, D] tree indices of the
     accepted nodes (the first n valid; 0 after), next_token [batch],
     accepted_at [batch, D] bool, beta_sum [batch], beta_count [batch])`;
-    beta = sum_x min(p_u, q_u) at each node the walk verified children of.
+    beta = sum_x min(p_u, q_u) at each node the walk verified children of
+    (greedy: whether the two argmaxes agree, the same number).
   """
+  if sampling.greedy:
+    return _walk_greedy(rng, tree, p, shape, accept_rejected)
   batch, width, _ = p.shape
   depth = shape.depth
   accept_rng, token_rng = jax.random.split(rng)
@@ -142,22 +151,18 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
       x = tree.tokens[:, s]
       try_it = (tree.parent[:, s] == u) & tree.valid[:, s] & walking & (
           chosen < 0)
-      if sampling.greedy:
-        ok = x == jnp.argmax(res, axis=-1)
-      else:
-        px, qx = res[rows, x], prop[rows, x]
-        ok = (r[:, s] * qx < px) & (qx > 0)
+      px, qx = res[rows, x], prop[rows, x]
+      ok = (r[:, s] * qx < px) & (qx > 0)
       accept = try_it & ok
       reject = try_it & ~ok
-      if not sampling.greedy:
-        new_res = _normalized(jnp.maximum(res - prop, 0.0))
-        # Mass 0 means res == prop: x was then accepted w.p. 1, so this
-        # is never used; keep res (never log(0) everywhere).
-        new_res = jnp.where(jnp.sum(new_res, -1, keepdims=True) > 0,
-                            new_res, res)
-        new_prop = _normalized(prop.at[rows, x].set(0.0))
-        res = jnp.where(reject[:, None], new_res, res)
-        prop = jnp.where(reject[:, None], new_prop, prop)
+      new_res = _normalized(jnp.maximum(res - prop, 0.0))
+      # Mass 0 means res == prop: x was then accepted w.p. 1, so this is
+      # never used; keep res (never log(0) everywhere).
+      new_res = jnp.where(jnp.sum(new_res, -1, keepdims=True) > 0,
+                          new_res, res)
+      new_prop = _normalized(prop.at[rows, x].set(0.0))
+      res = jnp.where(reject[:, None], new_res, res)
+      prop = jnp.where(reject[:, None], new_prop, prop)
       chosen = jnp.where(accept, s, chosen)
       if accept_rejected:  # planted bug: a rejected sibling is taken
         chosen = jnp.where(reject & (r[:, s] < 0.5), s, chosen)
@@ -173,10 +178,47 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     u = jnp.where(found, chosen, u)
     walking = found
   residual = jnp.where(walking[:, None], p[rows, u], residual)
-  if sampling.greedy:
-    next_token = jnp.argmax(residual, axis=-1)
-  else:
-    next_token = jax.random.categorical(token_rng, jnp.log(residual))
+  next_token = jax.random.categorical(token_rng, jnp.log(residual))
+  accepted_at = jnp.arange(depth)[None, :] < n[:, None]
+  return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
+          beta_count)
+
+
+def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
+                 shape: TreeShape, accept_rejected: bool):
+  """`verify_tree` under greedy, on argmaxes only: a child is accepted iff
+  it is the target's argmax at its parent (`target_top` `[batch, T]`);
+  the next token is the target's argmax where the walk stops."""
+  batch, width = target_top.shape
+  depth = shape.depth
+  r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
+  rows = jnp.arange(batch)
+  u = jnp.zeros((batch,), jnp.int32)
+  walking = jnp.ones((batch,), bool)
+  n = jnp.zeros((batch,), jnp.int32)
+  path = jnp.zeros((batch, depth), jnp.int32)
+  beta_sum = jnp.zeros((batch,), jnp.float32)
+  beta_count = jnp.zeros((batch,), jnp.int32)
+  offsets = shape.offsets
+  for d, size in enumerate(shape.sizes, 1):
+    slots = jnp.arange(offsets[d], offsets[d] + size)
+    want = target_top[rows, u]
+    children = (tree.parent[:, slots] == u[:, None]) & tree.valid[:, slots]
+    has = jnp.any(children, axis=1) & walking
+    beta_sum += jnp.where(has & (tree.top[rows, u] == want), 1.0, 0.0)
+    beta_count += has.astype(jnp.int32)
+    # The first child of u that is the target's argmax (siblings differ).
+    ok = children & walking[:, None] & (tree.tokens[:, slots] ==
+                                         want[:, None])
+    if accept_rejected:  # planted bug: a rejected sibling is taken
+      ok = ok | (children & walking[:, None] & (r[:, slots] < 0.5))
+    found = jnp.any(ok, axis=1)
+    chosen = slots[jnp.argmax(ok, axis=1)].astype(jnp.int32)
+    path = path.at[:, d - 1].set(jnp.where(found, chosen, 0))
+    n = n + found.astype(jnp.int32)
+    u = jnp.where(found, chosen, u)
+    walking = found
+  next_token = target_top[rows, u]
   accepted_at = jnp.arange(depth)[None, :] < n[:, None]
   return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
           beta_count)
@@ -199,8 +241,10 @@ def ancestors(parent: Array, depth: int) -> Array:
   return visible
 
 
-def empty(batch: int, shape: TreeShape, vocab: int) -> Tree:
-  """A tree of zeros (invalid nodes), to fill level by level."""
+def empty(batch: int, shape: TreeShape, vocab: int,
+          greedy: bool = False) -> Tree:
+  """A tree of zeros (invalid nodes), to fill level by level; a greedy
+  tree keeps no q (`Tree.top`)."""
   width = shape.width
   depth = jnp.concatenate([jnp.full((n,), d, jnp.int32) for d, n in
                            enumerate((1,) + shape.sizes)])
@@ -211,7 +255,8 @@ def empty(batch: int, shape: TreeShape, vocab: int) -> Tree:
       depth=jnp.broadcast_to(depth, (batch, width)),
       visible=jnp.broadcast_to(jnp.eye(width, dtype=bool),
                                (batch, width, width)),
-      q=jnp.zeros((batch, width, vocab), jnp.float32),
+      q=jnp.zeros((batch, width, 0 if greedy else vocab), jnp.float32),
+      top=jnp.zeros((batch, width), jnp.int32),
       verified=jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
                                 (batch, width)))
 
