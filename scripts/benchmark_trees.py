@@ -176,14 +176,11 @@ def build(kind, value, base, greedy=True):
 
 
 def head_rank_probs(drafter: heads.HeadDrafter, params, enc, tokens,
-                    lengths, max_rank: int = 8, batch_size: int = 16):
+                    lengths):
   """`measure.rank_probs` of a head's first step: teacher-forced on
   `tokens`, from the target's state h_t and y_{t+1}, the rank of y_{t+2}
   in the head's logits, at every position up to and including EOS."""
   head = drafter.heads
-  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-  counts = np.zeros(max_rank, np.int64)
-  positions = 0
 
   @jax.jit
   def ranks(params, enc, out):
@@ -195,15 +192,7 @@ def head_rank_probs(drafter: heads.HeadDrafter, params, enc, tokens,
     mine = jnp.take_along_axis(logits, out[:, 1:, None], -1)
     return jnp.sum(logits > mine, axis=-1)
 
-  for start in range(0, tokens.shape[0], batch_size):
-    stop = start + batch_size
-    r = np.asarray(ranks(params, jnp.asarray(enc[start:stop]),
-                         jnp.asarray(tokens[start:stop])))
-    valid = np.arange(1, r.shape[1] + 1)[None] < lengths[start:stop, None]
-    r = r[valid]
-    positions += r.size
-    counts += np.bincount(r[r < max_rank], minlength=max_rank)[:max_rank]
-  return counts / max(positions, 1)
+  return measure.rank_shares(ranks, params, enc, tokens, lengths, first=1)
 
 
 def head_step_cost(profile, target, drafter: heads.HeadDrafter,

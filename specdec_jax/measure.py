@@ -496,11 +496,6 @@ def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
   Returns:
     `[max_rank]` shares of the positions (ranks >= max_rank not counted).
   """
-  tokens = np.asarray(tokens)
-  lengths = np.asarray(lengths)
-  counts = np.zeros(max_rank, np.int64)
-  positions = 0
-
   @jax.jit
   def ranks(params, enc, dec_out):
     dec_in = jnp.pad(dec_out, ((0, 0), (1, 0)))[:, :-1]
@@ -508,13 +503,39 @@ def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
     mine = jnp.take_along_axis(logits, dec_out[..., None], -1)
     return jnp.sum(logits > mine, axis=-1)
 
+  return rank_shares(ranks, draft_params, encoder_input_tokens, tokens,
+                     lengths, max_rank=max_rank, batch_size=batch_size)
+
+
+def rank_shares(ranks: Callable[..., Array], params, encoder_input_tokens,
+                tokens, lengths, *, first: int = 0, max_rank: int = 8,
+                batch_size: int = 16) -> np.ndarray:
+  """`[max_rank]` shares of the output positions at each rank.
+
+  Args:
+    ranks: `(params, encoder rows, token rows) -> [rows, n]` the rank of
+      output position `first + i`'s token in a drafter's logits (0 = its
+      most likely), compiled; called on `batch_size` rows at a time.
+    params: its params.
+    encoder_input_tokens: `[batch, input_length]`.
+    tokens: `[batch, length]` the outputs (e.g. the target's greedy ones).
+    lengths: `[batch]` output lengths: positions up to and including EOS
+      count.
+    first: the output position of `ranks`' column 0.
+    max_rank: ranks >= this are not counted.
+    batch_size: rows per call.
+  """
+  tokens = np.asarray(tokens)
+  lengths = np.asarray(lengths)
+  counts = np.zeros(max_rank, np.int64)
+  positions = 0
   for start in range(0, tokens.shape[0], batch_size):
     stop = start + batch_size
-    r = np.asarray(ranks(draft_params,
+    r = np.asarray(ranks(params,
                          jnp.asarray(encoder_input_tokens[start:stop]),
                          jnp.asarray(tokens[start:stop])))
-    valid = np.arange(r.shape[1])[None] < lengths[start:stop, None]
-    r = r[valid]
+    at = np.arange(first, first + r.shape[1])[None]
+    r = r[at < lengths[start:stop, None]]
     positions += r.size
     counts += np.bincount(r[r < max_rank], minlength=max_rank)[:max_rank]
   return counts / max(positions, 1)

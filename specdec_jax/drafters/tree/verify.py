@@ -191,7 +191,6 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
   the next token is the target's argmax where the walk stops."""
   batch, width = target_top.shape
   depth = shape.depth
-  r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
   rows = jnp.arange(batch)
   u = jnp.zeros((batch,), jnp.int32)
   walking = jnp.ones((batch,), bool)
@@ -211,6 +210,7 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
     ok = children & walking[:, None] & (tree.tokens[:, slots] ==
                                          want[:, None])
     if accept_rejected:  # planted bug: a rejected sibling is taken
+      r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
       ok = ok | (children & walking[:, None] & (r[:, slots] < 0.5))
     found = jnp.any(ok, axis=1)
     chosen = slots[jnp.argmax(ok, axis=1)].astype(jnp.int32)
