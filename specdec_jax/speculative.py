@@ -83,7 +83,9 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
     drafts: `[batch, gamma]` drafted tokens x_i ~ q_i.
     q: `[batch, gamma, vocab]` the drafter's (standardized) distributions.
     p: `[batch, gamma + 1, vocab]` the target's (standardized) distributions.
-    sampling: the sampling mode (greedy takes argmax of the residual).
+    sampling: the sampling mode. Greedy: p is the one-hot of the target's
+      argmax (`sampling.probabilities`), so a draft is accepted iff p(x) > 0,
+      with no random draw, and the next token is the residual's argmax.
 
   Returns:
     `(n [batch], accepted [batch, gamma] bool prefix mask, next_token [batch],
@@ -92,10 +94,16 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
   A draft position with q_i = 0 everywhere is undrafted (see `ok` below).
   """
   gamma = drafts.shape[1]
-  accept_rng, residual_rng = jax.random.split(rng)
   p_x = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
   q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-  r = jax.random.uniform(accept_rng, drafts.shape)
+  if sampling.greedy:
+    # p is one-hot (0 or 1 exactly): r * q(x) < p(x) holds for every r in
+    # [0, 1) iff p(x) = 1, so r = 0 decides the same and greedy decoding
+    # draws no random numbers (nor compiles their generator).
+    r = jnp.zeros(drafts.shape, jnp.float32)
+  else:
+    accept_rng, residual_rng = jax.random.split(rng)
+    r = jax.random.uniform(accept_rng, drafts.shape)
   # Accept while r < p/q; r < 1 always. A drafted x ~ q has q(x) > 0; a
   # position whose q is all 0 was not drafted (adaptive draft lengths,
   # `interfaces.Drafter.propose`): it is never accepted, and as

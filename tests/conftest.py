@@ -89,7 +89,8 @@ _atomic_cache_writes()
 
 # SPECDEC_TEST_COMPILE_PROFILE=<folder>: each process of the run writes
 # <folder>/compile-<pid>.json, the XLA compile seconds and count of each test
-# (jax's compile events; a program loaded from the cache above is not one).
+# and of each program name within it (jax's compile events; a program loaded
+# from the cache above is not one).
 # Compiling is most of the suite's time on CPU: this says which tests pay it.
 # `python tests/compile_profile.py <folder>` prints the table.
 _PROFILE_DIR = os.environ.get('SPECDEC_TEST_COMPILE_PROFILE')
@@ -97,12 +98,15 @@ _PROFILE = {}
 _CURRENT = ['(collection)']
 if _PROFILE_DIR:
 
-  def _on_compile(event, seconds, **kwargs):
+  def _on_compile(event, seconds, fun_name='?', **kwargs):
     del kwargs
     if event == '/jax/core/compile/backend_compile_duration':
-      entry = _PROFILE.setdefault(_CURRENT[0], [0.0, 0])
+      entry = _PROFILE.setdefault(_CURRENT[0], [0.0, 0, {}])
       entry[0] += seconds
       entry[1] += 1
+      program = entry[2].setdefault(str(fun_name), [0.0, 0])
+      program[0] += seconds
+      program[1] += 1
 
   jax.monitoring.register_event_duration_secs_listener(_on_compile)
 
@@ -120,7 +124,8 @@ def pytest_sessionfinish(session):
     folder = pathlib.Path(_PROFILE_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f'compile-{os.getpid()}.json').write_text(json.dumps(
-        {k: {'seconds': v[0], 'compiles': v[1]} for k, v in _PROFILE.items()},
+        {k: {'seconds': v[0], 'compiles': v[1], 'programs': v[2]}
+         for k, v in _PROFILE.items()},
         indent=0))
 
 
@@ -200,18 +205,18 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
 # Files not listed (new ones: their cost is unknown) go first, then these;
 # the order of the tests within a file is kept.
 _SLOWEST_FILES = (
-    'test_drafters.py', 'test_speculative.py', 'test_output_cache.py',
-    'test_measure.py', 'test_streaming.py', 'test_pass.py',
-    'test_diagnostics.py', 'test_method_scripts.py', 'test_eval.py',
-    'test_draft_heads.py', 'test_fused.py', 'test_training.py',
-    'test_notebook.py', 'test_accelerator.py', 'test_cache.py',
-    'test_network.py', 'test_distill.py', 'test_shipped.py',
-    'test_hf_reference.py', 'test_partitioning.py', 'test_numerics.py',
-    'test_widening.py', 'test_lookup.py', 'test_decoding.py',
-    'test_gin_configs.py', 'test_bench.py', 'test_checkpoints.py',
-    'test_tasks.py', 'test_results_scripts.py', 'test_layering.py',
-    'test_validation.py', 'test_theory.py', 'test_reproduce.py',
-    'test_docs.py',
+    'test_drafters.py', 'test_trees.py', 'test_speculative.py',
+    'test_eval.py', 'test_diagnostics.py', 'test_draft_heads.py',
+    'test_output_cache.py', 'test_fused.py', 'test_pass.py',
+    'test_method_scripts.py', 'test_streaming.py', 'test_measure.py',
+    'test_shipped.py', 'test_partitioning.py', 'test_distill.py',
+    'test_notebook.py', 'test_training.py', 'test_numerics.py',
+    'test_widening.py', 'test_accelerator.py', 'test_gin_configs.py',
+    'test_cache.py', 'test_decoding.py', 'test_lookup.py', 'test_network.py',
+    'test_checkpoints.py', 'test_hf_reference.py', 'test_bench.py',
+    'test_tasks.py', 'test_results_scripts.py', 'test_reproduce.py',
+    'test_runner.py', 'test_layering.py', 'test_validation.py',
+    'test_docs.py', 'test_theory.py',
 )
 
 

@@ -1,0 +1,52 @@
+"""The suite's own runner settings (pytest.ini) hold up when a worker dies.
+
+A segfault in native code (jax's CPU executable serialisation did this once
+in a full run) kills an xdist worker. With the file scheduler the suite uses,
+xdist then waits forever if the death comes during the last file: CI would
+sit out its whole time limit. pytest.ini's addopts must end such a run at
+once, naming the test that was running.
+"""
+
+import configparser
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Two quick files, then one whose middle test kills its worker: the last
+# file runs when no other work is left to hand out.
+FILES = {
+    'test_a.py': 'def test_a1():\n  pass\n\n\ndef test_a2():\n  pass\n',
+    'test_b.py': 'def test_b1():\n  pass\n',
+    'test_c.py': (
+        'import os\nimport signal\n\n\ndef test_c0():\n  pass\n\n\n'
+        'def test_c1():\n  os.kill(os.getpid(), signal.SIGSEGV)\n\n\n'
+        'def test_c2():\n  pass\n'),
+}
+
+
+def addopts():
+  parser = configparser.ConfigParser()
+  parser.read(ROOT / 'pytest.ini')
+  # The suite's scheduling options; the marker filter needs no 'slow' here.
+  return [a for a in shlex.split(parser['pytest']['addopts'])
+          if a not in ('-m', 'not slow')]
+
+
+def test_a_dead_worker_ends_the_run_naming_its_test(tmp_path):
+  for name, text in FILES.items():
+    (tmp_path / name).write_text(text)
+  (tmp_path / 'pytest.ini').write_text(
+      '[pytest]\naddopts = ' + shlex.join(addopts()) + '\n')
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider',
+       '-p', 'no:randomly'], cwd=tmp_path, capture_output=True, text=True,
+      timeout=240)
+  seconds = time.monotonic() - start
+  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "crashed while running 'test_c.py::test_c1'" in proc.stdout
+  assert seconds < 120
