@@ -28,7 +28,7 @@ Chen et al. 2024 (Sequoia, sampling without replacement).
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 from flax import struct
 import jax
@@ -100,6 +100,50 @@ def _normalized(x: Array) -> Array:
   return jnp.where(total > 0, x / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+class _Walk(NamedTuple):
+  """Where each row's walk is, and what it has counted: the state the
+  greedy and the sampled walk share (they differ in how a child is
+  accepted and where the next token comes from)."""
+
+  u: Array  # [batch] the current node
+  walking: Array  # [batch] the walk reached u by accepting it (root: all)
+  n: Array  # [batch] accepted nodes
+  path: Array  # [batch, D] their tree indices (0 after the n-th)
+  beta_sum: Array  # [batch]
+  beta_count: Array  # [batch]
+
+  @classmethod
+  def start(cls, batch: int, depth: int) -> '_Walk':
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return cls(zeros, jnp.ones((batch,), bool), zeros,
+               jnp.zeros((batch, depth), jnp.int32),
+               jnp.zeros((batch,), jnp.float32), zeros)
+
+  def children(self, tree: Tree, slots: Array) -> Tuple[Array, Array]:
+    """`([batch, size] u's drafted children among slots, [batch] a walking
+    row's u has any)`."""
+    children = ((tree.parent[:, slots] == self.u[:, None]) &
+                tree.valid[:, slots])
+    return children, jnp.any(children, axis=1) & self.walking
+
+  def step(self, level: int, has: Array, beta: Array, found: Array,
+           chosen: Array) -> '_Walk':
+    """Counts beta at the rows whose u `has` children, and moves the rows
+    that `found` a child to it (`chosen`); the others stop."""
+    return _Walk(
+        u=jnp.where(found, chosen, self.u), walking=found,
+        n=self.n + found.astype(jnp.int32),
+        path=self.path.at[:, level - 1].set(jnp.where(found, chosen, 0)),
+        beta_sum=self.beta_sum + jnp.where(has, beta, 0.0),
+        beta_count=self.beta_count + has.astype(jnp.int32))
+
+  def result(self, next_token: Array):
+    """`verify_tree`'s return value."""
+    accepted_at = jnp.arange(self.path.shape[1])[None, :] < self.n[:, None]
+    return (self.n, self.path, next_token.astype(jnp.int32), accepted_at,
+            self.beta_sum, self.beta_count)
+
+
 def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
                 sampling: SamplingConfig, accept_rejected: bool = False):
   """Walks every row's tree (see the module docstring).
@@ -126,25 +170,17 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
   if sampling.greedy:
     return _walk_greedy(rng, tree, p, shape, accept_rejected)
   batch, width, _ = p.shape
-  depth = shape.depth
   accept_rng, token_rng = jax.random.split(rng)
   r = jax.random.uniform(accept_rng, (batch, width))
   rows = jnp.arange(batch)
-  u = jnp.zeros((batch,), jnp.int32)
-  walking = jnp.ones((batch,), bool)
-  n = jnp.zeros((batch,), jnp.int32)
-  path = jnp.zeros((batch, depth), jnp.int32)
-  beta_sum = jnp.zeros((batch,), jnp.float32)
-  beta_count = jnp.zeros((batch,), jnp.int32)
+  walk = _Walk.start(batch, shape.depth)
   residual = p[:, 0]
   offsets = shape.offsets
   for d, size in enumerate(shape.sizes, 1):
     slots = jnp.arange(offsets[d], offsets[d] + size)
+    u, walking = walk.u, walk.walking
     p_u, q_u = p[rows, u], tree.q[rows, u]
-    children = (tree.parent[:, slots] == u[:, None]) & tree.valid[:, slots]
-    has = jnp.any(children, axis=1) & walking
-    beta_sum += jnp.where(has, jnp.sum(jnp.minimum(p_u, q_u), -1), 0.0)
-    beta_count += has.astype(jnp.int32)
+    _, has = walk.children(tree, slots)
 
     def sibling(carry, s):
       res, prop, chosen = carry
@@ -173,15 +209,10 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     found = walking & (chosen >= 0)
     # Where the walk stops here, the next token comes from this residual.
     residual = jnp.where((walking & ~found)[:, None], res, residual)
-    path = path.at[:, d - 1].set(jnp.where(found, chosen, 0))
-    n = n + found.astype(jnp.int32)
-    u = jnp.where(found, chosen, u)
-    walking = found
-  residual = jnp.where(walking[:, None], p[rows, u], residual)
-  next_token = jax.random.categorical(token_rng, jnp.log(residual))
-  accepted_at = jnp.arange(depth)[None, :] < n[:, None]
-  return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
-          beta_count)
+    walk = walk.step(d, has, jnp.sum(jnp.minimum(p_u, q_u), -1), found,
+                     chosen)
+  residual = jnp.where(walk.walking[:, None], p[rows, walk.u], residual)
+  return walk.result(jax.random.categorical(token_rng, jnp.log(residual)))
 
 
 def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
@@ -190,38 +221,23 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
   it is the target's argmax at its parent (`target_top` `[batch, T]`);
   the next token is the target's argmax where the walk stops."""
   batch, width = target_top.shape
-  depth = shape.depth
   rows = jnp.arange(batch)
-  u = jnp.zeros((batch,), jnp.int32)
-  walking = jnp.ones((batch,), bool)
-  n = jnp.zeros((batch,), jnp.int32)
-  path = jnp.zeros((batch, depth), jnp.int32)
-  beta_sum = jnp.zeros((batch,), jnp.float32)
-  beta_count = jnp.zeros((batch,), jnp.int32)
+  walk = _Walk.start(batch, shape.depth)
   offsets = shape.offsets
   for d, size in enumerate(shape.sizes, 1):
     slots = jnp.arange(offsets[d], offsets[d] + size)
-    want = target_top[rows, u]
-    children = (tree.parent[:, slots] == u[:, None]) & tree.valid[:, slots]
-    has = jnp.any(children, axis=1) & walking
-    beta_sum += jnp.where(has & (tree.top[rows, u] == want), 1.0, 0.0)
-    beta_count += has.astype(jnp.int32)
+    want = target_top[rows, walk.u]
+    children, has = walk.children(tree, slots)
     # The first child of u that is the target's argmax (siblings differ).
-    ok = children & walking[:, None] & (tree.tokens[:, slots] ==
-                                         want[:, None])
+    ok = children & walk.walking[:, None] & (tree.tokens[:, slots] ==
+                                              want[:, None])
     if accept_rejected:  # planted bug: a rejected sibling is taken
       r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
-      ok = ok | (children & walking[:, None] & (r[:, slots] < 0.5))
-    found = jnp.any(ok, axis=1)
-    chosen = slots[jnp.argmax(ok, axis=1)].astype(jnp.int32)
-    path = path.at[:, d - 1].set(jnp.where(found, chosen, 0))
-    n = n + found.astype(jnp.int32)
-    u = jnp.where(found, chosen, u)
-    walking = found
-  next_token = target_top[rows, u]
-  accepted_at = jnp.arange(depth)[None, :] < n[:, None]
-  return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
-          beta_count)
+      ok = ok | (children & walk.walking[:, None] & (r[:, slots] < 0.5))
+    agree = (tree.top[rows, walk.u] == want).astype(jnp.float32)
+    walk = walk.step(d, has, agree, jnp.any(ok, axis=1),
+                     slots[jnp.argmax(ok, axis=1)].astype(jnp.int32))
+  return walk.result(target_top[rows, walk.u])
 
 
 def path_tokens(tree: Tree, path: Array) -> Array:
