@@ -333,8 +333,8 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens
-  (`drafter.prefill`), so a T5 drafter makes gamma one-token calls (no
-  catch-up): the result is
+  (`drafter.prefill`), so a T5 drafter makes its catch-up call (2 tokens)
+  and gamma - 1 one-token calls, as in the loop: the result is about
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
   `jit_setup` builds that state in one compiled call instead of op by op
   (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a

@@ -132,7 +132,8 @@ class CombinedDrafter:
 
     def mixed(cache):
       mp = params['model']
-      logits, cache = model.catch_up(mp, cache, sequences, lengths, gamma)
+      logits, cache = model.catch_up_from_behind(mp, cache, sequences,
+                                                  lengths, gamma + 1)
 
       def choose(i, context, logits):
         token_r, n = lookup_next(ref_state, context, lengths + i, ref.n_max,

@@ -1,7 +1,8 @@
 """A separate T5 drafts: the paper's T5-small / base / large drafters.
 
-`T5Drafter` keeps its own decoder cache and drafts gamma tokens with gamma
-one-token calls; kind 't5' builds it from DRAFT_MODEL / DRAFT_CHECKPOINT.
+`T5Drafter` keeps its own decoder cache and drafts gamma tokens with a
+2-token catch-up call and gamma - 1 one-token calls; kind 't5' builds it
+from DRAFT_MODEL / DRAFT_CHECKPOINT.
 `check_model_params` is the one parameter check of a T5 against its model
 (used by every drafter that holds one).
 
@@ -31,11 +32,12 @@ class T5Drafter:
   """A T5 (usually much smaller than the target) drafting with its own cache.
 
   Catch-up: when every draft of the previous iteration was accepted the
-  drafter never consumed the last draft x_gamma. `propose` then starts with
-  one 2-token call (x_gamma and the bonus token) instead of the usual 1-token
-  call; rows that did not need it rewrite a slot with the same token. A cache
-  further behind (a `CombinedDrafter` that did not call this drafter for a
-  while) is first fed the missing committed tokens (`catch_up`).
+  drafter never consumed the last draft x_gamma. So `propose` starts with
+  one 2-token call on the last two committed tokens (x_gamma and the bonus
+  token there); rows that had consumed the first of them rewrite its slot
+  with the same token (`catch_up`). A cache further behind (a
+  `CombinedDrafter` that did not call this drafter for a while) is first
+  fed the missing committed tokens (`catch_up_from_behind`).
 
   Adaptive draft length (`confidence` > 0, HF's assistant confidence
   threshold): a row stops drafting before the first position where the
@@ -122,31 +124,38 @@ class T5Drafter:
 
     return jax.lax.while_loop(far, feed, cache)
 
-  def catch_up(self, params, cache, sequences, lengths, gamma: int):
+  def catch_up(self, params, cache, sequences, lengths):
     """The cache after every committed token; the logits after the last.
 
-    A row whose cache holds fewer than lengths - 2 tokens (a
-    `CombinedDrafter` that did not call this drafter for a while) is first
-    fed the missing committed tokens, gamma + 1 per call. A row whose cache
-    holds lengths - 2 had all its drafts accepted: it never consumed
-    x_gamma, so then (and only then) the call feeds the last two committed
-    tokens; otherwise just the last one.
+    For a cache holding at least lengths - 2 tokens, the loop's own case:
+    a row that had all its drafts accepted never consumed x_gamma, the
+    others did. One call feeds every row its last two committed tokens
+    (the first rewrites a slot already holding that token where it was
+    consumed): one program whichever rows were accepted, no `lax.cond`
+    (on a GPU a device-to-host read of its predicate per iteration) and,
+    on an accelerator, about the cost of a 1-token call.
 
     Returns:
       `(logits [batch, vocab], cache)`: the logits draft 1 is drawn from;
       cache.position = lengths.
     """
-    cache = self._sync(params, cache, sequences, lengths, gamma + 1)
-    behind = jnp.any(cache.position < lengths - 1)
-    return jax.lax.cond(
-        behind, functools.partial(self._feed_last, 2),
-        functools.partial(self._feed_last, 1), params, cache, sequences,
-        lengths)
+    return self._feed_last(2, params, cache, sequences, lengths)
+
+  def catch_up_from_behind(self, params, cache, sequences, lengths,
+                           chunk: int):
+    """`catch_up` for a cache any number of tokens behind.
+
+    A row whose cache holds fewer than lengths - 2 tokens (a
+    `CombinedDrafter` that did not call this drafter for a while) is first
+    fed the missing committed tokens, `chunk` per call (`_sync`).
+    """
+    cache = self._sync(params, cache, sequences, lengths, chunk)
+    return self.catch_up(params, cache, sequences, lengths)
 
   def propose(self, params, cache, sequences, lengths, gamma: int,
               sampling: sampling_lib.SamplingConfig, rng: Array):
     """gamma one-token calls after the catch-up; see `interfaces.Drafter`."""
-    last, cache = self.catch_up(params, cache, sequences, lengths, gamma)
+    last, cache = self.catch_up(params, cache, sequences, lengths)
     if self.confidence > 0:
       return self._propose_adaptive(params, cache, last, gamma, sampling,
                                     rng)

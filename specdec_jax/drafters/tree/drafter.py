@@ -160,8 +160,7 @@ class TreeDrafter:
     """
     shape = self.shape
     cache = self.commit(state, sequences, lengths, shape.depth)
-    logits, cache = self.base.catch_up(params, cache, sequences, lengths,
-                                       shape.depth)
+    logits, cache = self.base.catch_up(params, cache, sequences, lengths)
     base = lengths - 1
     root = sequences[jnp.arange(lengths.shape[0]), base]
 
