@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax.sampling import SamplingConfig
@@ -139,13 +140,8 @@ def check_common_args(model, encoder_input_tokens, max_decode_len,
     raise ValueError(f'sampling must be a SamplingConfig, got {sampling!r}.')
   vocab_size = model.vocab_size
   sampling.check_vocab(vocab_size)
-  if (isinstance(max_decode_len, bool) or not isinstance(
-      max_decode_len, (int, np.integer)) or max_decode_len < 1):
-    raise ValueError(
-        f'max_decode_len must be an int >= 1, got {max_decode_len!r}.'
-    )
-  if (isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
-      or not -1 <= eos_id < vocab_size):
+  checks.check_int('max_decode_len', max_decode_len)
+  if not checks.is_int(eos_id) or not -1 <= eos_id < vocab_size:
     raise ValueError(
         f'eos_id must be an int in [0, vocab_size={vocab_size}) (or -1: no '
         f'EOS), got {eos_id!r}.'
@@ -298,9 +294,7 @@ def temperature_sample(
         f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
         f'got {max_decode_steps!r}.'
     )
-  if (isinstance(block_size, bool) or
-      not isinstance(block_size, (int, np.integer)) or block_size < 1):
-    raise ValueError(f'block_size must be an int >= 1, got {block_size!r}.')
+  checks.check_int('block_size', block_size)
   rng = default_rng(rng, sampling)
   loop = SampleLoop(model, sampling, int(eos_id), int(max_decode_len),
                     int(block_size))

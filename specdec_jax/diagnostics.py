@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import network
 
 NEAR_TIE = 'near_tie'
@@ -301,9 +302,7 @@ def diagnose(model, params, encoder_input_tokens, baseline_tokens,
   Returns:
     One `Divergence` per differing row, in row order.
   """
-  if not isinstance(rows_per_call, int) or rows_per_call < 1:
-    raise ValueError(f'rows_per_call must be an int >= 1, got '
-                     f'{rows_per_call!r}.')
+  checks.check_int('rows_per_call', rows_per_call)
   first = first_differences(baseline_tokens, speculative_tokens)
   rows = np.flatnonzero(first >= 0)
   if rows.size == 0:

@@ -77,6 +77,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import gin_utils
 from specdec_jax import loading
@@ -684,10 +685,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     The summary dict (also written to summary.json); on a process other
     than 0, `{'process_index', 'examples'}` of its own share.
   """
-  if (isinstance(timing_repeats, bool) or not isinstance(timing_repeats, int)
-      or timing_repeats < 1):
-    raise ValueError(
-        f'timing_repeats must be an int >= 1, got {timing_repeats!r}.')
+  checks.check_int('timing_repeats', timing_repeats)
   task = loading.load_task(setup)
   examples = list(data.task_examples(task, setup.split,
                                      setup.task_feature_lengths,

@@ -18,6 +18,7 @@ import dataclasses
 import pathlib
 from typing import Any, Dict, Mapping, Optional, Union
 
+from specdec_jax import checks
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import network
 from specdec_jax import speculative
@@ -147,26 +148,17 @@ class EvalSetup:
       raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
                        f'got {dict(self.task_feature_lengths)}.')
     set_('task_feature_lengths', dict(self.task_feature_lengths))
-    size = self.batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-      raise ValueError(f'batch_size must be an int >= 1, got {size!r}.')
-    if self.num_examples is not None and (
-        isinstance(self.num_examples, bool) or
-        not isinstance(self.num_examples, int) or self.num_examples < 0):
-      raise ValueError('num_examples must be None or an int >= 0, got '
-                       f'{self.num_examples!r}.')
+    checks.check_int('batch_size', self.batch_size)
+    if self.num_examples is not None:
+      checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
     if self.batching not in BATCHINGS:
       raise ValueError(f'batching must be one of {BATCHINGS}, got '
                        f'{self.batching!r}.')
     if self.batch_gamma not in BATCH_GAMMAS:
       raise ValueError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
                        f'{self.batch_gamma!r}.')
-    top = self.max_gamma
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-      raise ValueError(f'max_gamma must be an int >= 1, got {top!r}.')
-    chunk = self.stream_chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-      raise ValueError(f'stream_chunk must be an int >= 1, got {chunk!r}.')
+    checks.check_int('max_gamma', self.max_gamma)
+    checks.check_int('stream_chunk', self.stream_chunk)
     if self.same_shape_baseline and self.streamed:
       raise ValueError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "

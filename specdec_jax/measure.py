@@ -496,15 +496,18 @@ def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
   Returns:
     `[max_rank]` shares of the positions (ranks >= max_rank not counted).
   """
-  @jax.jit
-  def ranks(params, enc, dec_out):
-    dec_in = jnp.pad(dec_out, ((0, 0), (1, 0)))[:, :-1]
-    logits = drafter.score(params, enc, dec_in).astype(jnp.float32)
-    mine = jnp.take_along_axis(logits, dec_out[..., None], -1)
-    return jnp.sum(logits > mine, axis=-1)
+  return rank_shares(functools.partial(_score_ranks, drafter), draft_params,
+                     encoder_input_tokens, tokens, lengths,
+                     max_rank=max_rank, batch_size=batch_size)
 
-  return rank_shares(ranks, draft_params, encoder_input_tokens, tokens,
-                     lengths, max_rank=max_rank, batch_size=batch_size)
+
+@functools.partial(jax.jit, static_argnums=0)
+def _score_ranks(drafter, params, enc, dec_out):
+  """`rank_probs`' ranks, compiled once per drafter and shapes."""
+  dec_in = jnp.pad(dec_out, ((0, 0), (1, 0)))[:, :-1]
+  logits = drafter.score(params, enc, dec_in).astype(jnp.float32)
+  mine = jnp.take_along_axis(logits, dec_out[..., None], -1)
+  return jnp.sum(logits > mine, axis=-1)
 
 
 def rank_shares(ranks: Callable[..., Array], params, encoder_input_tokens,

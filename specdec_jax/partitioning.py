@@ -40,6 +40,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from specdec_jax import checks
+
 Array = jax.Array
 LogicalAxisRules = Tuple[Tuple[str, Optional[str]], ...]
 MESH_AXES = ('data', 'model')
@@ -126,9 +128,7 @@ def make_mesh(num_partitions: Optional[int] = None,
     model = math.prod(int(s) for s in model_parallel_submesh)
   else:
     model = 1 if num_partitions is None else num_partitions
-  if isinstance(model, bool) or not isinstance(model, (int, np.integer)) or (
-      model < 1):
-    raise ValueError(f'num_partitions must be an int >= 1, got {model!r}.')
+  checks.check_int('num_partitions', model)
   devices = list(jax.local_devices() if devices is None else devices)
   if model > len(devices):
     raise ValueError(

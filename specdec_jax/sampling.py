@@ -33,6 +33,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
+
 Array = jax.Array
 
 
@@ -57,8 +59,7 @@ class SamplingConfig:
       raise ValueError(
           f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
       )
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-      raise ValueError(f'topk must be an int >= 0 (0 = off), got {k!r}.')
+    checks.check_int('topk', k, 0, ' (0 = off)')
     if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
       raise ValueError(f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
     if k and p < 1.0:

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import interfaces
 from specdec_jax import layers
@@ -356,8 +357,7 @@ class MergedLoop(VerifyLoop):
 
 def check_gamma(gamma) -> None:
   """Raises ValueError unless gamma (drafts per iteration) is an int >= 1."""
-  if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  checks.check_int('gamma', gamma)
 
 
 def check_vocab(target_vocab_size: int, draft_vocab_size: int) -> None:

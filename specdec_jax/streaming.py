@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
@@ -117,9 +118,7 @@ def check_row_leaves(init_fn, params, rows: Array, what: str,
 
 
 def check_batch_size(batch_size) -> None:
-  if (isinstance(batch_size, bool) or
-      not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
-    raise ValueError(f'batch_size must be an int >= 1, got {batch_size!r}.')
+  checks.check_int('batch_size', batch_size)
 
 
 def _assign(newly: Array, next_example: Array, n_examples: int):
@@ -139,9 +138,7 @@ def bucket_sizes(batch: int, refill_sizes=None) -> Tuple[int, ...]:
   """
   if refill_sizes is None:
     refill_sizes = [1 << i for i in range(max(batch - 1, 1).bit_length())]
-  bad = [x for x in refill_sizes
-         if isinstance(x, bool) or not isinstance(x, (int, np.integer))
-         or x < 1]
+  bad = [x for x in refill_sizes if not checks.is_int(x) or x < 1]
   if bad:
     raise ValueError(f'refill_sizes must be ints >= 1, got {refill_sizes!r}.')
   return tuple(sorted({int(x) for x in refill_sizes if x < batch})) + (

@@ -55,8 +55,7 @@ import logging
 import os
 import shutil
 import time
-from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
-                    Sequence)
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from flax import serialization
 from flax import struct
@@ -66,6 +65,7 @@ import numpy as np
 import optax
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import network
 
@@ -394,8 +394,7 @@ def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                      f'{dict(task_feature_lengths)}.')
   for name, value in dict(train_steps=train_steps, batch_size=batch_size,
                           **periods).items():
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
+    checks.check_int(name, value)
 
 
 def train(

@@ -589,7 +589,7 @@ def _files(folder, skip=()):
 
 
 def test_no_flipped_byte_loads_different_weights(tmp_path):
-  """Issue 12: one flipped byte in a checkpoint must never give other weights.
+  """One flipped byte in a checkpoint must never give other weights.
 
   Orbax / tensorstore keep no checksums: before the manifest, 30 seeded
   flips anywhere in a saved checkpoint loaded different weights without an

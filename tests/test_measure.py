@@ -79,6 +79,33 @@ def test_greedy_alpha_is_the_argmax_agreement_rate(setup, name):
   assert out['alpha'] == pytest.approx(expected, abs=1e-6)
 
 
+def test_rank_probs_count_the_ranks_of_the_output_tokens(setup):
+  """`measure.rank_probs`: the share of output positions (through EOS)
+  where the token is the drafter's rank-r candidate, against numpy's ranks
+  of the same teacher-forced logits; rank 0 is the greedy alpha. A second
+  call (other rows, same shapes) compiles nothing."""
+  model, params, enc, ds = setup
+  drafter, dparams = ds['t5']
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=MAX_LEN, eos_id=68)
+  tokens, lengths = np.asarray(base.tokens), np.asarray(base.lengths)
+  got = measure.rank_probs(drafter, dparams, enc, tokens, lengths,
+                           max_rank=4, batch_size=4)
+  dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+  logits = np.asarray(drafter.score(dparams, jnp.asarray(enc),
+                                    jnp.asarray(dec_in)))
+  mine = np.take_along_axis(logits, tokens[..., None], -1)
+  ranks = np.concatenate([(logits[i, :n] > mine[i, :n]).sum(-1)
+                          for i, n in enumerate(lengths)])
+  want = np.bincount(ranks, minlength=4)[:4] / ranks.size
+  assert 0.05 < want[0] < 0.95 and want[1] > 0  # neither trivial case
+  np.testing.assert_allclose(got, want, atol=1e-9)
+  size = measure._score_ranks._cache_size()  # pylint: disable=protected-access
+  measure.rank_probs(drafter, dparams, enc[::-1], tokens[::-1],
+                     lengths[::-1], max_rank=4, batch_size=4)
+  assert measure._score_ranks._cache_size() == size  # pylint: disable=protected-access
+
+
 def test_alpha_agrees_with_the_speculative_loop(setup):
   """At t=1 the loop's own beta statistics estimate the same alpha."""
   model, params, _, ds = setup

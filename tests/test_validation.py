@@ -1,6 +1,6 @@
 """Bad arguments fail at the API boundary, named, before anything compiles.
 
-Issue 12, item 3: token ids outside the vocabulary, float or 1-D token
+Token ids outside the vocabulary, float or 1-D token
 arrays, `eos_id=None`, bigram tables of another size or `draft_input_tokens`
 of another batch used to fail deep inside jax (or not at all: an id past
 the vocabulary reads a clamped embedding row). Every case of the table runs
@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import decoding
+from specdec_jax import diagnostics
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
@@ -209,3 +211,31 @@ def test_eos_minus_one_means_no_eos():
                                     jnp.ones((2, 3), jnp.int32),
                                     max_decode_len=4, eos_id=-1)
   np.testing.assert_array_equal(out.lengths, [4, 4])
+
+
+@pytest.mark.parametrize('value', [True, 2.0, '3', None, 0, -1])
+def test_an_int_argument_refuses_bools_floats_and_small_values(value):
+  with pytest.raises(ValueError,
+                     match=r'^gamma must be an int >= 1, got .*\.$'):
+    checks.check_int('gamma', value)
+
+
+def test_numpy_ints_pass_and_the_note_is_in_the_message():
+  checks.check_int('gamma', np.int64(3))
+  checks.check_int('topk', 0, 0)
+  assert checks.is_int(np.int32(1)) and not checks.is_int(np.bool_(True))
+  with pytest.raises(ValueError, match=r'topk must be an int >= 0 \(0 = off\)'
+                     r', got -2\.'):
+    checks.check_int('topk', -2, 0, ' (0 = off)')
+
+
+@pytest.mark.parametrize('call, message', [
+    (lambda: decoding.SamplingConfig(topk=True), 'topk must be an int >= 0'),
+    (lambda: speculative.check_gamma(np.int64(0)), 'gamma must be an int'),
+    (lambda: diagnostics.diagnose(None, None, None, None, None,
+                                  rows_per_call=True),
+     'rows_per_call must be an int >= 1, got True'),
+])
+def test_the_entry_points_use_the_shared_check(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()

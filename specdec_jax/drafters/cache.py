@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import output_cache
 from specdec_jax.drafters import registry
@@ -50,10 +51,7 @@ class CacheDrafter(LookupDrafter):
     if self.embedder is None:
       raise ValueError('CacheDrafter needs embedder, the target T5Model '
                        'whose encoder embeds the requests.')
-    if isinstance(self.neighbours, bool) or not isinstance(
-        self.neighbours, int) or self.neighbours < 1:
-      raise ValueError(f'neighbours must be an int >= 1, got '
-                       f'{self.neighbours!r}.')
+    checks.check_int('neighbours', self.neighbours)
 
   def check_params(self, params) -> None:
     """Raises unless params hold the embedder's params and a cache."""

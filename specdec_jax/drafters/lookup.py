@@ -18,6 +18,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 
@@ -128,7 +129,7 @@ class LookupDrafter:
 
   def __post_init__(self):
     ints = (self.vocab_size, self.n_max, self.n_min, self.eos_id)
-    if any(isinstance(x, bool) or not isinstance(x, int) for x in ints):
+    if not all(checks.is_int(x) for x in ints):
       raise ValueError(f'{type(self).__name__} fields must be ints, got '
                        f'{self!r}.')
     if not 1 <= self.n_min <= self.n_max:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import layers
 from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
@@ -54,9 +55,7 @@ class HeadConfig:
   cross_attention: bool = True
 
   def __post_init__(self):
-    if isinstance(self.mlp_dim, bool) or not isinstance(
-        self.mlp_dim, int) or self.mlp_dim < 1:
-      raise ValueError(f'mlp_dim must be an int >= 1, got {self.mlp_dim!r}.')
+    checks.check_int('mlp_dim', self.mlp_dim)
 
 
 class DraftHead(nn.Module):

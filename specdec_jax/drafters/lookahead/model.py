@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import layers
 from specdec_jax import network
 
@@ -46,10 +47,7 @@ def init_lookahead(target_params, num_lookahead: int, seed: int = 0):
     num_lookahead: L >= 1.
     seed: PRNG seed of the noise (0.05 x the embeddings' std per entry).
   """
-  if isinstance(num_lookahead, bool) or not isinstance(
-      num_lookahead, int) or num_lookahead < 1:
-    raise ValueError(f'num_lookahead must be an int >= 1, got '
-                     f'{num_lookahead!r}.')
+  checks.check_int('num_lookahead', num_lookahead)
   table = jnp.asarray(target_params['token_embedder']['embedding'],
                       jnp.float32)
   noise = jax.random.normal(jax.random.key(seed),
