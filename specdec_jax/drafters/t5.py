@@ -132,8 +132,9 @@ class T5Drafter:
     others did. One call feeds every row its last two committed tokens
     (the first rewrites a slot already holding that token where it was
     consumed): one program whichever rows were accepted, no `lax.cond`
-    (on a GPU a device-to-host read of its predicate per iteration) and,
-    on an accelerator, about the cost of a 1-token call.
+    (on a GPU, outside a CUDA graph, XLA reads its predicate on the host
+    every iteration) and, on an accelerator, about the cost of a 1-token
+    call.
 
     Returns:
       `(logits [batch, vocab], cache)`: the logits draft 1 is drawn from;
