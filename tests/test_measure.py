@@ -19,15 +19,9 @@ from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 
+from test_speculative import perturbed
+
 MAX_LEN = 16
-
-
-def perturbed(params, scale, seed):
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree_util.tree_unflatten(tree, [
-      x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
-      for x, k in zip(leaves, keys)])
 
 
 @pytest.fixture(scope='module')
