@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import sampling as sampling_lib
 
@@ -76,9 +77,7 @@ def time_alternating(calls: Mapping[str, Callable[[], Any]],
     `jax.block_until_ready`) and its median seconds
     (`time.perf_counter`).
   """
-  if isinstance(repeats, bool) or not isinstance(repeats, int) or (
-      repeats < 1):
-    raise ValueError(f'repeats must be an int >= 1, got {repeats!r}.')
+  checks.check_int('repeats', repeats)
   order = list(calls)[::-1] if reverse else list(calls)
   results, times = {}, {name: [] for name in calls}
   for _ in range(repeats):

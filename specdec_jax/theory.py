@@ -27,6 +27,8 @@ from typing import Callable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from specdec_jax import checks
+
 CostRatio = Union[float, Callable[[int], float], Mapping[int, float]]
 
 # Improvements within this relative distance of the best count as ties.
@@ -68,12 +70,8 @@ def _check_positive_int(value, name: str) -> int:
     arXiv 2211.17192, Section 2.3, Algorithm 1 (gamma is a positive
     integer).
   """
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
-  value = int(value)
-  if value < 1:
-    raise ValueError(f'{name} must be an integer >= 1, got {value}')
-  return value
+  checks.check_int(name, value)
+  return int(value)
 
 
 def _check_nonnegative(value, name: str) -> float:

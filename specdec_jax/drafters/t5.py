@@ -87,27 +87,12 @@ class T5Drafter:
       _, cache = self.model.extend(params, sequences[:, :n], cache)
     return cache.rewind(lengths - 1)
 
-  def _feed_last(self, k: int, params, cache, sequences, lengths):
-    """Feeds the last k committed tokens; logits after the last one.
-
-    Returns:
-      `(logits [batch, vocab], cache)` with cache.position = lengths.
-    """
-    start = jnp.maximum(lengths - k, 0)
-    idx = start[:, None] + jnp.arange(k)
-    # [batch, k]; at length 1 with k = 2 the second token is a dummy.
-    tokens = jnp.take_along_axis(sequences, idx, axis=1)
-    logits, cache = self.model.extend(params, tokens, cache.rewind(start))
-    last = jnp.take_along_axis(
-        logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
-    return last, cache.rewind(lengths)
-
   def _sync(self, params, cache, sequences, lengths, chunk: int):
     """Feeds committed tokens until every row's cache is at most 1 behind.
 
     A row whose cache holds fewer than lengths - 2 tokens gets the next
     `chunk` committed ones per call; the others rewrite their slot
-    lengths - 1, which the next `_feed_last` rewrites anyway. Does nothing
+    lengths - 1, which the next `catch_up` rewrites anyway. Does nothing
     (no call) when no row is that far behind, the loop's usual case.
     """
 
@@ -140,7 +125,14 @@ class T5Drafter:
       `(logits [batch, vocab], cache)`: the logits draft 1 is drawn from;
       cache.position = lengths.
     """
-    return self._feed_last(2, params, cache, sequences, lengths)
+    start = jnp.maximum(lengths - 2, 0)
+    idx = start[:, None] + jnp.arange(2)
+    # [batch, 2]; at length 1 the second token is a dummy.
+    tokens = jnp.take_along_axis(sequences, idx, axis=1)
+    logits, cache = self.model.extend(params, tokens, cache.rewind(start))
+    last = jnp.take_along_axis(
+        logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
+    return last, cache.rewind(lengths)
 
   def catch_up_from_behind(self, params, cache, sequences, lengths,
                            chunk: int):

@@ -33,6 +33,8 @@ import dataclasses
 import heapq
 from typing import Callable, List, Sequence, Tuple
 
+from specdec_jax import checks
+
 Level = Tuple[Tuple[int, int], ...]  # (parent, rank) per slot
 
 
@@ -57,9 +59,7 @@ class TreeShape:
   top: int = 0
 
   def __post_init__(self):
-    if isinstance(self.top, bool) or not isinstance(self.top, int) or (
-        self.top < 0):
-      raise ValueError(f'top must be an int >= 0, got {self.top!r}.')
+    checks.check_int('top', self.top, 0)
     levels = tuple(tuple((int(p), int(r)) for p, r in level)
                    for level in self.levels)
     object.__setattr__(self, 'levels', levels)
