@@ -119,13 +119,27 @@ VOCAB = 6
 SEQ_LEN = 3
 SMALL_EOS = 1
 N_SAMPLES = 30_000
-TINY = TINY_V11.replace(vocab_size=VOCAB)
+# One layer and one head each side: a law test decodes N_SAMPLES rows, so the
+# model's size is its run time (multi-layer, multi-head caches are the greedy
+# tests' job, on TINY_V11).
+TINY = TINY_V11.replace(vocab_size=VOCAB, num_heads=1, head_dim=16,
+                        num_encoder_layers=1, num_decoder_layers=1)
+# The target's logits are scaled by this factor: a random init this small is
+# nearly uniform over the V^3 sequences, and there the total-variation bound
+# of `assert_matches` (0.02) is within the sampling noise of N_SAMPLES draws.
+LOGIT_SCALE = 3.0
+# The expected total variation of N_SAMPLES exact draws from the t = 1 law,
+# the noise the 0.02 bound must stay clear of, is at most this
+# (test_tiny_target_law_is_not_flat).
+MAX_NOISE_TV = 0.016
 
 
 @pytest.fixture(scope='module')
 def tiny_target():
   model = network.T5Model(TINY)
   params = model.init_params(jax.random.key(4))
+  dense = params['decoder']['logits_dense']
+  params['decoder']['logits_dense'] = {'kernel': LOGIT_SCALE * dense['kernel']}
   enc = jnp.array([[3, 4, 5, 2, 1]])
   return model, params, enc
 
@@ -177,6 +191,21 @@ def assert_matches(samples, dist):
   tv = 0.5 * np.abs(counts / len(samples) - expected / len(samples)).sum()
   assert tv < 0.02
   assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+
+
+def test_tiny_target_law_is_not_flat(tiny_target):
+  """The law tests' 0.02 total-variation bound is above their sampling noise.
+
+  For N exact draws from a law p, the expected total variation is about
+  sum_i sqrt(2 p_i (1 - p_i) / (pi N)) / 2: over a near-uniform law on the
+  V^3 sequences it reaches 0.02 by itself, and the law tests would fail by
+  chance.
+  """
+  model, params, enc = tiny_target
+  law = np.array(list(exact_sequence_distribution(
+      model, params, enc, SAMPLING_CASES['t1']).values()))
+  noise = np.sqrt(2 * law * (1 - law) / (np.pi * N_SAMPLES)).sum() / 2
+  assert noise < MAX_NOISE_TV
 
 
 def adversarial_unigram(support):
