@@ -42,6 +42,7 @@ from specdec_jax.sampling import probabilities
 from test_speculative import EOS
 from test_speculative import MAX_LEN
 from test_speculative import N_SAMPLES
+from test_speculative import sample_optimized
 from test_speculative import SAMPLING_CASES
 from test_speculative import SEQ_LEN
 from test_speculative import SMALL_EOS
@@ -143,7 +144,8 @@ def test_sampled_sequences_follow_target_distribution(sampled, kind):
   """
   model, params, enc, config, dist, built = sampled
   drafter, dparams = built[kind]
-  out = speculative.speculative_sample(
+  out = sample_optimized(
+      speculative.speculative_sample,
       model, params, drafter, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
       gamma=GAMMA, max_decode_len=SEQ_LEN, sampling=config,
       eos_id=SMALL_EOS, rng=jax.random.key(zlib.crc32(kind.encode())))

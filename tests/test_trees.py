@@ -24,7 +24,6 @@ import pytest
 
 from specdec_jax import loading
 from specdec_jax import drafters
-from specdec_jax import scaffold
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.drafters import heads
@@ -40,7 +39,7 @@ from conftest import TINY_V11
 from test_draft_heads import random_head
 from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
                               exact_sequence_distribution, perturbed,
-                              tiny_target)  # pylint: disable=unused-import
+                              run_optimized, tiny_target)  # pylint: disable=unused-import
 
 MAX_LEN = RAGGED_MAX_LEN
 EOS = RAGGED_EOS
@@ -249,7 +248,7 @@ def _sampled(tiny_target, case, accept_rejected=False):
       rng=jax.random.key(zlib.crc32(case.encode())))
   if accept_rejected:
     loop = dataclasses.replace(loop, accept_rejected=True)
-  out = scaffold.run(loop, *args)
+  out = run_optimized(loop, *args)
   dist = exact_sequence_distribution(model, params, enc, config)
   return np.asarray(out.tokens), dist, out.stats
 
