@@ -30,11 +30,12 @@ TINY_V10 = TINY_V11.replace(mlp_activations=('relu',),
 
 
 # XLA's CPU backend without LLVM's optimizations (level 0): the suite's
-# programs are tiny and run a few steps, so compiling is most of their cost and
-# level 0 compiles a decode loop in ~40% less time. It is the same program
-# (same HLO, same fusions); only the machine code is less optimized. Set here,
-# before jax starts its backend, so xdist's workers and the scripts the tests
-# start inherit it; a level the caller put in XLA_FLAGS is kept.
+# programs are tiny and run a few steps, so compiling is most of their cost,
+# and level 0 compiles a decode loop in ~40% less time. It is the same
+# program (the optimized HLO is identical); only the machine code is less
+# optimized. Set here, before jax starts its backend, so xdist's workers and
+# the scripts the tests start inherit it; a level the caller put in XLA_FLAGS
+# is kept. (The law tests compile theirs optimized: test_speculative.py.)
 if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_backend_optimization_level=0').strip()
