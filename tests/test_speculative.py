@@ -127,11 +127,12 @@ TINY = TINY_V11.replace(vocab_size=VOCAB, num_heads=1, head_dim=16,
 # The target's logits are scaled by this factor: a random init this small is
 # nearly uniform over the V^3 sequences, and there the total-variation bound
 # of `assert_matches` (0.02) is within the sampling noise of N_SAMPLES draws.
-LOGIT_SCALE = 3.0
+LOGIT_SCALE = 3.25
 # The expected total variation of N_SAMPLES exact draws from the t = 1 law,
 # the noise the 0.02 bound must stay clear of, is at most this
-# (test_tiny_target_law_is_not_flat).
-MAX_NOISE_TV = 0.016
+# (test_tiny_target_law_is_not_flat): at 0.0145 (sd ~0.0018) a draw passes
+# 0.02 by chance once in ~300.
+MAX_NOISE_TV = 0.0145
 # XLA's default CPU optimizations (the suite compiles at level 0, conftest)
 # for the law tests' programs: they decode N_SAMPLES rows, and a tree loop
 # then runs ~2x longer unoptimized than the compile time level 0 saves.
