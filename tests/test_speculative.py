@@ -130,7 +130,7 @@ TINY = TINY_V11.replace(vocab_size=VOCAB, num_heads=1, head_dim=16,
 LOGIT_SCALE = 3.25
 # The expected total variation of N_SAMPLES exact draws from the t = 1 law,
 # the noise the 0.02 bound must stay clear of, is at most this
-# (test_tiny_target_law_is_not_flat): at 0.0145 (sd ~0.0018) a draw passes
+# (test_tiny_target_law_is_not_flat): at 0.0145 (sd ~0.0018) a draw exceeds
 # 0.02 by chance once in ~300.
 MAX_NOISE_TV = 0.0145
 # XLA's default CPU optimizations (the suite compiles at level 0, conftest)
