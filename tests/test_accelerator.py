@@ -79,10 +79,7 @@ def blocked_env(tmp_path):
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(
       [str(site)] + [p for p in [env.get('PYTHONPATH')] if p])
-  env['JAX_PLATFORMS'] = 'cpu'
-  # Tiny programs: LLVM's optimisations cost more than they save here.
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      ' --xla_backend_optimization_level=0').strip()
+  env['JAX_PLATFORMS'] = 'cpu'  # XLA_FLAGS: the suite's (tests/conftest.py)
   return env
 
 
