@@ -44,6 +44,7 @@ from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
 from test_speculative import N_SAMPLES
 from test_speculative import SAMPLING_CASES
+from test_speculative import sample_optimized
 from test_speculative import SEQ_LEN
 from test_speculative import SMALL_EOS
 from test_speculative import tiny_target  # pylint: disable=unused-import
@@ -247,7 +248,8 @@ def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
   head = heads.HeadConfig(mlp_dim=16)
   hp = random_head(model.config, head, seed=zlib.crc32(case.encode()) % 97)
   drafter = heads.HeadDrafter(model, head)
-  out = speculative.speculative_sample(
+  out = sample_optimized(
+      speculative.speculative_sample,
       model, params, drafter, heads.head_params(params, hp),
       jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
       sampling=config, eos_id=SMALL_EOS,

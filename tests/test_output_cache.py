@@ -35,6 +35,7 @@ from test_speculative import SMALL_EOS
 from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
 from test_speculative import perturbed
+from test_speculative import sample_optimized
 from test_speculative import tiny_target  # pylint: disable=unused-import
 
 GAMMA = 3
@@ -169,7 +170,8 @@ def test_adaptive_t5_sampled_sequences_follow_target_distribution(
   config = SAMPLING_CASES['topk3']
   dist = exact_sequence_distribution(model, params, enc, config)
   drafter = drafters.T5Drafter(model, confidence=0.96)
-  out = speculative.speculative_sample(
+  out = sample_optimized(
+      speculative.speculative_sample,
       model, params, drafter, perturbed(params, 1.0, 2),
       jnp.tile(enc, (N_SAMPLES, 1)), gamma=GAMMA, max_decode_len=SEQ_LEN,
       sampling=config, eos_id=SMALL_EOS, rng=jax.random.key(11))

@@ -37,6 +37,7 @@ from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
 from test_speculative import N_SAMPLES
 from test_speculative import SAMPLING_CASES
+from test_speculative import sample_optimized
 from test_speculative import SEQ_LEN
 from test_speculative import SMALL_EOS
 from test_speculative import tiny_target  # pylint: disable=unused-import
@@ -185,7 +186,8 @@ def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
   dist = exact_sequence_distribution(model, params, enc, config)
   la = lookahead.init_lookahead(params, 2, seed=3)
   drafter = lookahead.PassDrafter(model, 2, tree=loop == 'tree')
-  out = speculative.speculative_sample(
+  out = sample_optimized(
+      speculative.speculative_sample,
       model, params, drafter, lookahead.pass_params(params, la),
       jnp.tile(enc, (N_SAMPLES, 1)), gamma=2, max_decode_len=SEQ_LEN,
       sampling=config, eos_id=SMALL_EOS,

@@ -17,7 +17,7 @@ from specdec_jax.drafters import ngram
 from test_speculative import (N_SAMPLES, SAMPLING_CASES, SEQ_LEN, SMALL_EOS,
                               adversarial_unigram, assert_matches,
                               exact_sequence_distribution, perturbed,
-                              tiny_target)  # pylint: disable=unused-import
+                              sample_optimized, tiny_target)  # pylint: disable=unused-import
 
 MAX_LEN = 24
 EOS = 62  # with these inputs the tiny target's rows end after 1..24 tokens
@@ -146,7 +146,8 @@ def test_sampled_stream_follows_target_distribution(t1_law):
   model, params, enc, config, dist = t1_law
   dr, dparams = adversarial_unigram([0, 1])
   inputs = jnp.tile(enc, (N_SAMPLES, 1))
-  out = streaming.speculative_stream(
+  out = sample_optimized(
+      streaming.speculative_stream,
       model, params, dr, dparams, inputs, batch_size=64, gamma=3,
       max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
       rng=jax.random.key(11), refill_sizes=(64,))
@@ -165,7 +166,8 @@ def test_sampled_baseline_stream_follows_target_distribution(t1_law):
   fresh cache at position 0 and draw fresh randomness, or the law shifts.
   """
   model, params, enc, config, dist = t1_law
-  out = streaming.sample_stream(
+  out = sample_optimized(
+      streaming.sample_stream,
       model, params, jnp.tile(enc, (N_SAMPLES, 1)), batch_size=2048,
       max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
       rng=jax.random.key(12), refill_sizes=(2048,))
