@@ -23,7 +23,6 @@ import time
 os.environ.setdefault('XLA_FLAGS',
                       '--xla_force_host_platform_device_count=8 '
                       '--xla_backend_optimization_level=0 '
-                      '--xla_cpu_use_fusion_emitters=false '
                       '--xla_llvm_disable_expensive_passes=true')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
