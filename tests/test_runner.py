@@ -5,9 +5,14 @@ in a full run) kills an xdist worker. With the file scheduler the suite uses,
 xdist then waits forever if the death comes during the last file: CI would
 sit out its whole time limit. pytest.ini's addopts must end such a run at
 once, naming the test that was running.
+
+And the XLA flags tests/conftest.py sets for compile speed: one an XLA does
+not know would abort every process at its backend's start, so conftest
+checks that its jaxlib starts with a flag before it sets it.
 """
 
 import configparser
+import os
 import pathlib
 import shlex
 import subprocess
@@ -50,3 +55,15 @@ def test_a_dead_worker_ends_the_run_naming_its_test(tmp_path):
   assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert "crashed while running 'test_c.py::test_c1'" in proc.stdout
   assert seconds < 120
+
+
+def test_compile_flags_are_set_only_where_xla_knows_them():
+  """Each of conftest's flags is in XLA_FLAGS exactly when this jaxlib's
+  backend starts with it (the probe can say no: an unknown flag)."""
+  import conftest  # pylint: disable=g-import-not-at-top
+  accepts = conftest._xla_accepts  # pylint: disable=protected-access
+  assert not accepts('--xla_no_such_flag=true')
+  flags = os.environ['XLA_FLAGS']
+  for flag, value, probed in conftest._FAST_COMPILE:  # pylint: disable=protected-access
+    known = not probed or accepts(f'--{flag}={value}')
+    assert (f'--{flag}=' in flags) == known, (flag, flags)
