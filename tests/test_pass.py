@@ -36,8 +36,8 @@ from specdec_jax import spec_stats
 from test_speculative import assert_matches
 from test_speculative import exact_sequence_distribution
 from test_speculative import N_SAMPLES
-from test_speculative import SAMPLING_CASES
 from test_speculative import sample_optimized
+from test_speculative import SAMPLING_CASES
 from test_speculative import SEQ_LEN
 from test_speculative import SMALL_EOS
 from test_speculative import tiny_target  # pylint: disable=unused-import

@@ -135,10 +135,10 @@ LOGIT_SCALE = 3.25
 MAX_NOISE_TV = 0.0145
 # XLA's CPU optimization level of the law tests' programs (the suite compiles
 # at level 0, conftest): they decode N_SAMPLES rows, which level 0 runs ~2x
-# slower (a tree loop: 3.8 -> 6.1 s of CPU) while level 1 compiles in half
-# level 3's time and runs as fast (measured, compile + run CPU seconds at
-# levels 0 / 1 / 3: t5 3.4 / 3.4 / 4.8, tree 7.5 / 7.7 / 10.6, heads tree
-# 13.3 / 7.6 / 10.5, combined 7.0 / 6.4 / 8.9, heads 5.2 / 3.3 / 5.4).
+# slower (a tree loop's run: 6.1 s of CPU, 3.8 s at level 1) while level 1
+# compiles in half level 3's time and runs as fast (measured, compile + run CPU
+# seconds at levels 0 / 1 / 3: t5 3.4 / 3.4 / 4.8, tree 7.5 / 7.7 / 10.6, heads
+# tree 13.3 / 7.6 / 10.5, combined 7.0 / 6.4 / 8.9, heads 5.2 / 3.3 / 5.4).
 # Every law test decodes through `run_optimized` or `sample_optimized`.
 OPTIMIZED = {'xla_backend_optimization_level': 1}
 

@@ -17,7 +17,8 @@ from specdec_jax.drafters import ngram
 from test_speculative import (N_SAMPLES, SAMPLING_CASES, SEQ_LEN, SMALL_EOS,
                               adversarial_unigram, assert_matches,
                               exact_sequence_distribution, perturbed,
-                              sample_optimized, tiny_target)  # pylint: disable=unused-import
+                              sample_optimized,
+                              tiny_target)  # pylint: disable=unused-import
 
 MAX_LEN = 24
 EOS = 62  # with these inputs the tiny target's rows end after 1..24 tokens

@@ -39,7 +39,8 @@ from conftest import TINY_V11
 from test_draft_heads import random_head
 from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
                               exact_sequence_distribution, perturbed,
-                              run_optimized, tiny_target)  # pylint: disable=unused-import
+                              run_optimized,
+                              tiny_target)  # pylint: disable=unused-import
 
 MAX_LEN = RAGGED_MAX_LEN
 EOS = RAGGED_EOS
