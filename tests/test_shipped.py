@@ -174,6 +174,43 @@ def test_an_unlisted_or_unchecked_models_json_is_refused(copied):
     shipped.load_model('small')
 
 
+def test_the_manifest_covers_every_shipped_file(copied):
+  """No shipped file is read unverified: a manifest missing the entry of a
+  file that exists (here a heads checkpoint file) or listing a file that
+  does not exist is a named error, for the method weights (checked by
+  `resolve`) as for the models (checked while loading) and the folder as
+  a whole (`verify`)."""
+  import json  # pylint: disable=g-import-not-at-top
+  manifest = copied / shipped.MANIFEST
+  original = manifest.read_text()
+  entries = json.loads(original)
+  rel = sorted(r for r in entries if r.startswith('heads/en_de/'))[-1]
+  del entries[rel]
+  manifest.write_text(json.dumps(entries))
+  for call in (lambda: shipped.resolve('shipped:heads/en_de'),
+               shipped.verify):
+    with pytest.raises(shipped.ShippedAssetError, match='not listed') as e:
+      call()
+    assert str(copied / rel) in str(e.value)
+  shipped.resolve('shipped:heads/synopsis')  # the others are untouched
+
+  entries = json.loads(original)
+  rel = sorted(r for r in entries if r.startswith('dec2/'))[-1]
+  del entries[rel]
+  manifest.write_text(json.dumps(entries))
+  with pytest.raises(shipped.ShippedAssetError, match='not listed') as e:
+    shipped.load_model('dec2')
+  assert str(copied / rel) in str(e.value)
+
+  entries = json.loads(original)
+  ghost = 'heads/en_de/checkpoint_3000/state/d/not-there'
+  entries[ghost] = {'sha256': '0' * 64, 'bytes': 3}
+  manifest.write_text(json.dumps(entries))
+  with pytest.raises(shipped.ShippedAssetError, match='missing') as e:
+    shipped.resolve('shipped:heads/en_de')
+  assert str(copied / ghost) in str(e.value)
+
+
 METHODS = ['heads/en_de', 'heads/synopsis', 'lookahead/en_de',
            'lookahead/synopsis']
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,8 @@ Two forms, one per writer, read by `read`:
 
 `find` looks for the manifest of a checkpoint folder: its own, else a
 shipped-form one in one of the two folders above it (local paths) that lists
-files under it. `check_files` names every missing, resized or changed file.
+files under it. `check_files` names every missing, resized or changed file,
+and every file under the covered folder that the manifest does not list.
 Paths are local or gs://.
 """
 
@@ -192,18 +193,23 @@ def find(folder: str) -> Optional[Manifest]:
 
 
 def check_files(root: str, files: Mapping[str, Mapping[str, Any]],
-                prefix: str = '') -> List[str]:
-  """Checks the files of a manifest under `prefix` against the disk.
+                prefix: str = '', complete: bool = True) -> List[str]:
+  """Checks the files of a manifest under `prefix` against the disk, both
+  ways: every listed file is there as recorded, and every file there is
+  listed (a file the manifest does not cover would be read unverified).
 
   Args:
     root: the folder the manifest's paths start from.
     files: the manifest's `{rel path: {'sha256', 'bytes'}}`.
-    prefix: only paths starting with it.
+    prefix: only paths starting with it ('' or a folder's rel path + '/').
+    complete: also name the files under `root/prefix` that `files` does
+      not list (False: `files` is a chosen few of the manifest's).
 
   Returns:
     One line per bad file, e.g. 'missing: <path>', 'truncated or changed:
     <path> has 10 bytes, the manifest says 12', 'corrupt: <path> (sha256
-    differs from MANIFEST.json)'; empty when every file is as recorded.
+    differs from MANIFEST.json)', 'not listed in MANIFEST.json: <path>';
+    empty when every file is as recorded and every file is listed.
   """
   problems = []
   for rel, entry in files.items():
@@ -218,7 +224,20 @@ def check_files(root: str, files: Mapping[str, Mapping[str, Any]],
                       f'the manifest says {entry["bytes"]}')
     elif got[1] != entry['sha256']:
       problems.append(f'corrupt: {path} (sha256 differs from {MANIFEST})')
+  for rel in unlisted(root, files, prefix) if complete else ():
+    problems.append(f'not listed in {MANIFEST}: {os.path.join(root, rel)}')
   return problems
+
+
+def unlisted(root: str, files: Mapping[str, Mapping[str, Any]],
+             prefix: str = '') -> List[str]:
+  """Relative paths of the files under `root/prefix` that `files` lacks
+  (the manifest at the top of `root` itself aside)."""
+  folder = os.path.join(root, prefix) if prefix else root
+  if not _storage.is_gcs(folder) and not os.path.isdir(folder):
+    return []
+  on_disk = [prefix + rel for rel in _storage.list_files(folder)]
+  return [rel for rel in on_disk if rel != MANIFEST and rel not in files]
 
 
 def differing_arrays(arrays: Mapping[str, Mapping[str, Any]],
