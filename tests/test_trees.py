@@ -12,9 +12,17 @@
    kind 'heads_tree'), and a planted bug (a rejected sibling's subtree
    stays reachable) fails the same test. The heads' greedy trees are
    tests/test_draft_heads.py's.
+4. The verifier alone, on hand-built trees (no model: cheap): the law of
+   the first two committed tokens is the target's by chi-square under
+   both sibling rules (siblings drawn by the rule: i.i.d. from q, or
+   Gumbel-top-k), with repeated siblings, q = 0 siblings and nodes under
+   rejected parents, at t = 1, t = 0.5, top-k and top-p; planted bugs (a
+   wrong residual update for each rule, a rejected sibling's subtree
+   kept) fail it; greedy takes the first of repeated argmax siblings.
 """
 
 import dataclasses
+import functools
 import zlib
 
 import jax
@@ -24,6 +32,7 @@ import pytest
 
 from specdec_jax import loading
 from specdec_jax import drafters
+from specdec_jax import sampling as sampling_lib
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.drafters import heads
@@ -31,15 +40,16 @@ from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.drafters import tree as tree_lib
 from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.sampling import SamplingConfig
 
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
 from test_draft_heads import random_head
-from test_speculative import (N_SAMPLES, SEQ_LEN, SMALL_EOS, assert_matches,
-                              exact_sequence_distribution, perturbed,
-                              run_optimized,
+from test_speculative import (MAX_NOISE_TV, N_SAMPLES, SEQ_LEN, SMALL_EOS,
+                              assert_matches, exact_sequence_distribution,
+                              perturbed, run_optimized,
                               tiny_target)  # pylint: disable=unused-import
 
 MAX_LEN = RAGGED_MAX_LEN
@@ -268,6 +278,264 @@ def test_planted_bug_fails_the_law_test(tiny_target):
                               accept_rejected=True)
   with pytest.raises(AssertionError):
     assert_matches(samples, dist)
+
+
+# ---------------------------------------------------------------------------
+# 4. The verifier alone: every tree a drafter may hand it.
+# ---------------------------------------------------------------------------
+
+# Level 1: four children of the root (tree indices 1-4); level 2: two under
+# index 1 (5, 6), one under index 2 (7), one under index 4 (8).
+LAW_SHAPE = shape_lib.parse('static:0.0,0.1,0.2,0.3;0.0,0.1,1.0,3.0')
+LAW_PARENT = np.array([0, 0, 0, 0, 0, 1, 1, 2, 4])
+LAW_VOCAB = 6
+Z = 0  # the drafter never proposes token 0 (q = 0), the target likes it
+# One configuration per test; the verifier's program reads p and q only, so
+# all four share it (one program per sibling rule and planted bug).
+LAW_CONFIGS = {
+    't1': SamplingConfig(temperature=1.0),
+    't0.5': SamplingConfig(temperature=0.5),
+    'topk4': SamplingConfig(temperature=1.0, topk=4),
+    'topp0.9': SamplingConfig(temperature=1.0, topp=0.9),
+}
+# The reported case: a repeat of the root's first child, rejected a second
+# time, made the first token's law [.6, .2, .2].
+REPORTED_P = np.array([.5, .3, .2, 0, 0, 0])
+REPORTED_Q = np.array([.1, .2, .7, 0, 0, 0])
+
+
+@functools.lru_cache()
+def _law_tables(case):
+  """(p, q) `[1 + V, V]` float64: the root's, then the next token's after
+  each first token, the target's and the drafter's random logits
+  standardized by `LAW_CONFIGS[case]` (as the loop does); q = 0 at Z."""
+  rng = np.random.default_rng(5)
+  target = 1.5 * rng.normal(size=(1 + LAW_VOCAB, LAW_VOCAB))
+  target[:, Z] += 1.0
+  draft = 1.5 * rng.normal(size=(1 + LAW_VOCAB, LAW_VOCAB))
+  draft[:, Z] = -np.inf
+  logits = jnp.asarray(np.stack([target, draft]), jnp.float32)
+  p, q = np.asarray(jax.jit(sampling_lib.probabilities, static_argnums=1)(
+      logits, LAW_CONFIGS[case]), np.float64)
+  return p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+
+
+def _gumbel_top(rng, q, k):
+  """`[N, k]` draws without replacement from the rows of q (Gumbel-top-k,
+  as `grow.py`); where q has fewer than k tokens, q = 0 tokens follow."""
+  with np.errstate(divide='ignore'):
+    keys = np.log(q) + rng.gumbel(size=q.shape)
+  return np.argsort(-keys, axis=1, kind='stable')[:, :k]
+
+
+def _iid(rng, q, k):
+  """`[N, k]` i.i.d. draws from the rows of q."""
+  cdf = np.cumsum(q, 1)
+  u = rng.random((q.shape[0], k)) * cdf[:, -1:]
+  return np.minimum((u[:, :, None] >= cdf[:, None, :]).sum(-1),
+                    q.shape[1] - 1)
+
+
+# Per layout: its sibling rule, and the tree indices the walk must never
+# accept (skipped siblings, nodes under them).
+LAYOUTS = {
+    'without': (verify_lib.WITHOUT, (2, 3, 6, 7)),
+    'with': (verify_lib.WITH, (3, 8)),
+    'repeat': (verify_lib.WITHOUT, (2, 7)),
+}
+
+
+def _law_tree(layout, p_root, q_root, p2, q2, n, seed, siblings):
+  """n rows of a hand-built tree of `LAW_SHAPE`, the siblings drawn by the
+  layout's rule from the drafter's q, and the target's p at each node.
+
+  'without': level 1 [g1, g1 (a repeat), Z (q = 0), g2], g1, g2
+    Gumbel-top-2 of q_root; level 2 [h1, h1 (a repeat)] under g1 (h1 from
+    q2[g1]), one node under the repeat, one Gumbel draw under g2.
+  'with': level 1 [i1, i2, Z, i3] i.i.d. from q_root (repeats happen);
+    level 2 two i.i.d. draws under i1, one under i2, Z under i3.
+  'repeat': level 1 [g1, g1] (the reported tree; the other two slots
+    not drafted); level 2 Gumbel-top-2 under g1, one node under the
+    repeat.
+
+  Returns:
+    `(tree, p [n, T, V] float32)`.
+  """
+  rng = np.random.default_rng(seed)
+  z = np.flatnonzero(q_root == 0)[0]  # q = 0 at the root: Z, or 3 reported
+  tokens = np.zeros((n, LAW_SHAPE.width), int)
+  valid = np.ones((n, LAW_SHAPE.width), bool)
+  if layout == 'with':
+    i = _iid(rng, np.broadcast_to(q_root, (n, LAW_VOCAB)), 3)
+    tokens[:, 1:5] = np.stack([i[:, 0], i[:, 1], np.full(n, z), i[:, 2]], 1)
+    tokens[:, 5:7] = _iid(rng, q2[i[:, 0]], 2)
+    tokens[:, 7] = _iid(rng, q2[i[:, 1]], 1)[:, 0]
+    tokens[:, 8] = Z
+  else:
+    g = _gumbel_top(rng, np.broadcast_to(q_root, (n, LAW_VOCAB)), 2)
+    tokens[:, 1:3] = g[:, :1]  # g1 and its repeat
+    if layout == 'without':
+      tokens[:, 3], tokens[:, 4] = z, g[:, 1]
+      tokens[:, 5:7] = _gumbel_top(rng, q2[g[:, 0]], 1)  # h1 and its repeat
+      tokens[:, 8] = _gumbel_top(rng, q2[g[:, 1]], 1)[:, 0]
+    else:
+      valid[:, [3, 4, 8]] = False
+      tokens[:, 5:7] = _gumbel_top(rng, q2[g[:, 0]], 2)
+    tokens[:, 7] = (tokens[:, 2] + 1) % LAW_VOCAB  # under the repeat
+  # Each node's p and q: the root's, else the ones after its token (what
+  # follows a level-2 node is never read by the two-token law).
+  p = np.where((np.arange(LAW_SHAPE.width) == 0)[None, :, None],
+               p_root, p2[tokens])
+  q = np.where((np.arange(LAW_SHAPE.width) == 0)[None, :, None],
+               q_root, q2[tokens])
+  depth = np.array([0, 1, 1, 1, 1, 2, 2, 2, 2])
+  tree = verify_lib.Tree(
+      tokens=jnp.asarray(tokens, jnp.int32), valid=jnp.asarray(valid),
+      parent=jnp.asarray(np.broadcast_to(LAW_PARENT, tokens.shape),
+                         jnp.int32),
+      depth=jnp.asarray(np.broadcast_to(depth, tokens.shape), jnp.int32),
+      visible=jnp.zeros((1, 1, 1), bool),  # not read by the walk
+      q=jnp.asarray(q, jnp.float32), top=jnp.zeros((n, 1), jnp.int32),
+      verified=jnp.zeros((n, 1), jnp.int32),
+      siblings=siblings)
+  return tree, jnp.asarray(p, jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _verify(rng, tree, p, accept_rejected, wrong_update):
+  return verify_lib.verify_tree(rng, tree, p, LAW_SHAPE,
+                                SamplingConfig(temperature=1.0),
+                                accept_rejected, wrong_update)
+
+
+def _verifier_law(layout, case, siblings=None, accept_rejected=False,
+                  wrong_update=False):
+  """(samples [N, 2] of the first two committed tokens, their exact law,
+  the verifier's output) for a layout and a `LAW_CONFIGS` case, or
+  'reported': t = 1 with the reported p and q at the root; `siblings`
+  (`Tree.siblings`) is the layout's rule unless given.
+
+  Where the walk accepted nothing the second token is drawn from the
+  target's law after the first (what the next iteration's walk yields).
+  """
+  p, q = _law_tables('t1' if case == 'reported' else case)
+  p_root, q_root = p[0], q[0]
+  if case == 'reported':
+    p_root, q_root = REPORTED_P, REPORTED_Q
+  p2, q2 = p[1:], q[1:]
+  seed = zlib.crc32(f'{layout}/{case}'.encode())
+  tree, p_nodes = _law_tree(layout, p_root, q_root, p2, q2, N_SAMPLES, seed,
+                            siblings or LAYOUTS[layout][0])
+  out = _verify(jax.random.key(seed), tree, p_nodes, accept_rejected,
+                wrong_update)
+  n, path, next_token = (np.asarray(x) for x in out[:3])
+  tokens = np.take_along_axis(np.asarray(tree.tokens), path, 1)
+  after = _iid(np.random.default_rng(seed + 1), p2[next_token], 1)[:, 0]
+  first = np.where(n >= 1, tokens[:, 0], next_token)
+  second = np.where(n >= 2, tokens[:, 1], np.where(n == 1, next_token,
+                                                   after))
+  law = {(a, b): p_root[a] * p2[a, b] for a in range(LAW_VOCAB)
+         for b in range(LAW_VOCAB)}
+  return np.stack([first, second], 1), law, (n, path)
+
+
+# (layout, case, Tree.siblings if not the layout's rule). Last: i.i.d.
+# siblings verified without replacement are exact too (a repeat is
+# skipped; a sibling that is not one is a draw from q'), though the
+# with-replacement rule accepts more of them.
+LAW_CASES = ([(layout, case, None) for layout in ('without', 'with')
+              for case in list(LAW_CONFIGS) + ['reported']] +
+             [('repeat', 'reported', None),
+              ('with', 't1', verify_lib.WITHOUT)])
+
+
+@pytest.mark.parametrize('layout, case, siblings', LAW_CASES,
+                         ids=['-'.join(filter(None, c)) for c in LAW_CASES])
+def test_verifier_law_on_hand_built_trees(layout, case, siblings):
+  """The verifier is the exactness guarantee for any drafter, so its law
+  is checked on trees no shipped drafter makes: repeated siblings (a
+  repeat that the without-replacement rule cannot draw is skipped; an
+  i.i.d. repeat is a draw), q = 0 siblings (skipped), and level-2 nodes
+  whose parent may be rejected. The bound on total variation (0.02,
+  `assert_matches`) is clear of the sampling noise of N_SAMPLES exact
+  draws from each law (asserted, as for the sequence laws)."""
+  samples, law, (n, path) = _verifier_law(layout, case, siblings)
+  values = np.array(list(law.values()))
+  noise = np.sqrt(2 * values * (1 - values) / (np.pi * N_SAMPLES)).sum() / 2
+  assert noise < MAX_NOISE_TV
+  assert_matches(samples, law)
+  # Never under a rejected or skipped parent: each accepted node's parent
+  # is the node accepted before it (the root first); skipped never taken.
+  before = np.concatenate([np.zeros_like(path[:, :1]), path[:, :-1]], 1)
+  accepted = np.arange(path.shape[1])[None] < n[:, None]
+  assert np.all(np.where(accepted, LAW_PARENT[path] == before, True))
+  assert not np.isin(path[accepted], LAYOUTS[layout][1]).any()
+  # Every way through the tree happens: none, one and two accepted.
+  assert set(np.unique(n)) == {0, 1, 2}
+
+
+# Each fails the law test. 'wrong_update' (the walk before the sibling
+# rules: the without-replacement update, a sibling with q' = 0 rejected,
+# not skipped) under either rule: the reported repeat (the first token's
+# law [.6, .2, .2]), and the t = 1 layouts. 'accept_rejected': a rejected
+# sibling's subtree is reached. A Gumbel-top-k tree declared i.i.d.
+# (`Tree.siblings` = WITH): the rule must be the drafter's.
+BUG_CASES = {
+    'repeat-reported-wrong_update': ('repeat', 'reported',
+                                     {'wrong_update': True}),
+    'without-wrong_update': ('without', 't1', {'wrong_update': True}),
+    'with-wrong_update': ('with', 't1', {'wrong_update': True}),
+    'with-accept_rejected': ('with', 't1', {'accept_rejected': True}),
+    'without-declared-with': ('without', 't1',
+                              {'siblings': verify_lib.WITH}),
+}
+
+
+@pytest.mark.parametrize('bug', list(BUG_CASES))
+def test_planted_bugs_fail_the_verifier_law(bug):
+  layout, case, kwargs = BUG_CASES[bug]
+  samples, law, _ = _verifier_law(layout, case, **kwargs)
+  with pytest.raises(AssertionError):
+    assert_matches(samples, law)
+
+
+def test_greedy_walk_takes_the_first_of_repeated_siblings():
+  """Greedy accepts a node's FIRST child equal to the target's argmax (a
+  repeat of it is never reached), and a node under a child that was not
+  accepted is never reached, even where its token is the argmax there."""
+  top = np.array([  # the target's argmax after each tree index
+      [2, 5, 0, 0, 0, 3, 4, 0, 0],
+      [4, 1, 1, 1, 2, 0, 0, 0, 5],
+      [3, 1, 4, 1, 1, 0, 0, 2, 0],
+      [5, 1, 1, 1, 1, 0, 0, 0, 0],
+      [4, 1, 1, 1, 2, 0, 0, 0, 0],
+  ], np.int32)
+  tokens = np.array([
+      [7, 2, 2, 3, 4, 1, 5, 5, 5],  # first 2 at 1, then 5 at 6
+      [7, 2, 2, 3, 4, 1, 1, 1, 2],  # 4 at index 4, then its child 2
+      [7, 2, 3, 3, 4, 1, 1, 1, 1],  # first 3 at 2; its child is not 4
+      [7, 2, 2, 3, 4, 5, 5, 5, 5],  # nothing
+      [7, 2, 2, 3, 4, 1, 1, 1, 1],  # 4 at 4, its child not 2; under the
+  ], np.int32)                      # rejected index 1 a 1, its argmax
+  tree = verify_lib.Tree(
+      tokens=jnp.asarray(tokens), valid=jnp.ones(tokens.shape, bool),
+      parent=jnp.asarray(np.broadcast_to(LAW_PARENT, tokens.shape),
+                         jnp.int32),
+      depth=jnp.zeros(tokens.shape, jnp.int32),
+      visible=jnp.zeros((1, 1, 1), bool),
+      q=jnp.zeros(tokens.shape + (0,), jnp.float32),
+      top=jnp.zeros(tokens.shape, jnp.int32),
+      verified=jnp.zeros(tokens.shape, jnp.int32))
+  greedy = SamplingConfig(temperature=0.0)
+  walk = jax.jit(lambda tree, top: verify_lib.verify_tree(
+      jax.random.key(0), tree, top, LAW_SHAPE, greedy)[:3])
+  n, path, next_token = map(np.asarray, walk(tree, jnp.asarray(top)))
+  np.testing.assert_array_equal(n, [2, 2, 1, 0, 1])
+  np.testing.assert_array_equal(path, [[1, 6], [4, 8], [2, 0], [0, 0],
+                                       [4, 0]])
+  np.testing.assert_array_equal(next_token, [4, 5, 4, 5, 2])
+  with pytest.raises(ValueError, match='siblings'):
+    walk(tree.replace(siblings='both'), jnp.asarray(top))
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,8 @@ an encoder-decoder T5 in one jitted loop:
               parents ranked by the drafter's cumulative probability);
               `best` / `choose`: the shape for a device's cost curve
   verify.py   exact verification: greedy argmax walk; sampled: multi-step
-              speculative sampling without replacement (Sequoia)
+              speculative sampling by the drafter's sibling rule, without
+              replacement (Sequoia; `grow.py`'s trees) or with (SpecInfer)
   grow.py     `grow`: a tree drafted level by level, the one home of the
               drafting rules (children, dynamic parents, re-ranking)
   drafter.py  `TreeDrafter`: a T5 drafter drafting level by level

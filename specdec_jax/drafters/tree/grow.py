@@ -9,7 +9,10 @@ rules are these:
 
   - a node's children are its `shape.max_children` best tokens (greedy:
     the top of its logits; sampled: a draw without replacement from q by
-    the Gumbel-top-k trick); level d's slots take them as the shape says;
+    the Gumbel-top-k trick: the trees carry `Tree.siblings =
+    verify.WITHOUT`, the rule they are verified by); level d's slots take
+    them as the shape says; a candidate q gives no mass (fewer than
+    `max_children` tokens left) is not drafted;
   - the parents of a dynamic shape's level are ranked by their path's
     cumulative log probability (greedy: under the drafter's softmax;
     sampled: under q), most probable first;
@@ -60,7 +63,9 @@ def grow(shape: TreeShape, sampling: sampling_lib.SamplingConfig,
   """
   batch = root.shape[0]
   rows = jnp.arange(batch)
-  tree = verify_lib.empty(batch, shape, logits.shape[-1], sampling.greedy)
+  # Gumbel-top-k draws each node's children without replacement.
+  tree = verify_lib.empty(batch, shape, logits.shape[-1], sampling.greedy,
+                          siblings=verify_lib.WITHOUT)
   tree = tree.replace(tokens=tree.tokens.at[:, 0].set(root))
   score = jnp.zeros((batch, shape.width), jnp.float32)
   offsets, k = shape.offsets, shape.max_children

@@ -2,28 +2,57 @@
 
 The target's distributions p at every tree node come from ONE call on the
 tree's `width` tokens (`network.TreeMask`). The walk starts at the root;
-at a node u, its children c_1..c_m (the drafter's draws from q_u, in rank
-order) are tried in turn:
+at a node u, its children c_1..c_m (in slot order) are tried in turn:
 
-  greedy: c_j is accepted iff it is the target's argmax at u;
-  sampled (Sequoia's multi-step speculative sampling without replacement):
-    with residual p' = p_u and proposal q' = q_u to start, c_j is accepted
-    w.p. min(1, p'(c_j) / q'(c_j)); on a rejection
-    p' <- norm(max(p' - q', 0)) and q' <- q' without c_j, renormalized.
+  greedy: c_j is accepted iff it is the target's argmax at u (the first
+    such child: a repeat of it is never reached);
+  sampled: multi-step speculative sampling, by the rule the drafter drew
+    the siblings with (`Tree.siblings`, static). With residual p' = p_u
+    and proposal q' = q_u to start, c_j is accepted w.p.
+    min(1, p'(c_j) / q'(c_j)); on a rejection
+      'without' replacement (Sequoia; draws from q_u without replacement,
+        e.g. Gumbel-top-k, the rule of every tree `grow.py` drafts):
+        p' <- norm(max(p' - q', 0)), q' <- q' without c_j, renormalized;
+      'with' replacement (SpecInfer; i.i.d. draws from q_u):
+        p' <- norm(max(p' - q_u, 0)), q' = q_u throughout (a repeat of a
+        rejected token then has p' = 0 there and is rejected again).
+    A child whose token has q'(c_j) = 0 (q_u excludes it or, without
+    replacement, it was tried already) is SKIPPED: neither accepted nor
+    rejected, p' and q' unchanged.
 
 An accepted child becomes u and the walk goes one level down; where no
 child is accepted (or u has none) the next token is drawn from p' (greedy:
-the argmax). The output law is the target's: at each node the procedure
-is a chain of Algorithm 1 steps whose proposals are the successive
-without-replacement marginals, and a child can only be rejected where
-p'(c) < q'(c), i.e. where the next residual has no mass on it (so drawing
-the later siblings without it is consistent). Children whose count was
-decided without seeing them (the shapes of `shape.py`, static or dynamic)
-keep it so; tests/test_trees.py checks the law by chi-square and that a
-planted bug fails it.
+the argmax); a node under a child that was not accepted is never reached.
 
-References: Miao et al. 2024 (SpecInfer, multi-step speculative sampling),
-Chen et al. 2024 (Sequoia, sampling without replacement).
+Why the law is the target's. One step of speculative sampling (accept
+x ~ q' w.p. min(1, p'(x) / q'(x)), else draw from norm(max(p' - q', 0)))
+outputs p' for ANY proposal q', provided x is drawn from q' (Algorithm 1).
+At u the walk is a chain of such steps ending in a draw from the last
+residual, so, by induction from the last sibling back, what leaves u has
+law p_u when each sibling it does not skip is, given what was drafted
+before it, a draw from its step's q': q_u ('with'), q_u without the
+earlier siblings' tokens ('without'). A skipped sibling is one its rule
+cannot draw there (q' = 0): the walk on the tree is then the walk on the
+tree without it and its subtree, so it contributes nothing; rejecting it
+instead would update p' for a draw that never happened (a repeat of the
+first child, rejected twice, turns p = [.5, .3, .2], q = [.1, .2, .7]
+into [.6, .2, .2]). An accepted child's subtree was drawn from its own q
+given the tokens above it, so the same argument holds one level down. How
+many siblings a node has may depend on what was drafted before them (the
+levels above), never on their own draws: the shapes of `shape.py` (static
+or dynamic) decide counts without seeing them. The rule must be the
+drafter's: 'with' on siblings drawn without replacement is biased, while
+'without' on i.i.d. siblings stays exact (a repeat of a tried token is
+skipped, and a sibling that is not one is, given that, a draw from q'),
+though 'with' accepted more of them on the tests' trees. tests/test_trees.py
+checks the law of hand-built trees by chi-square under both rules
+(repeated and q = 0 siblings, nodes under rejected parents, four sampling
+configurations) and of drafted trees end to end, and that planted bugs
+fail those tests.
+
+References: Miao et al. 2024 (SpecInfer, multi-step speculative sampling,
+arXiv 2305.09781), Chen et al. 2024 (Sequoia, sampling without
+replacement, arXiv 2402.12374).
 """
 
 from __future__ import annotations
@@ -39,6 +68,11 @@ from specdec_jax.network import TreeMask
 from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
+
+# How a node's children were drawn from its q (`Tree.siblings`).
+WITHOUT = 'without'  # without replacement (Sequoia): `grow.py`'s trees
+WITH = 'with'  # i.i.d., with replacement (SpecInfer)
+SIBLING_RULES = (WITHOUT, WITH)
 
 
 @struct.dataclass
@@ -60,6 +94,9 @@ class Tree:
     verified: `[batch, M]` int32, the tree indices the target's call
       verifies, increasing (root first; parents before children): all T,
       or the best nodes of a `TreeShape.top` tree (the others invalid).
+    siblings: static, how each node's children were drawn from its q:
+      `WITHOUT` or `WITH` replacement (the sampled walk's rule, module
+      docstring); the drafter that fills the tree says which.
   """
 
   tokens: Array
@@ -70,6 +107,7 @@ class Tree:
   q: Array
   top: Array
   verified: Array
+  siblings: str = struct.field(pytree_node=False, default=WITHOUT)
 
   def mask(self, base: Array) -> TreeMask:
     """The `network.TreeMask` of the tree with its root at slot `base`."""
@@ -145,7 +183,8 @@ class _Walk(NamedTuple):
 
 
 def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
-                sampling: SamplingConfig, accept_rejected: bool = False):
+                sampling: SamplingConfig, accept_rejected: bool = False,
+                wrong_update: bool = False):
   """Walks every row's tree (see the module docstring).
 
   Args:
@@ -159,6 +198,11 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     sampling: greedy or sampled.
     accept_rejected: a planted bug for the tests' power checks (a rejected
       sibling's subtree stays reachable); never set it otherwise.
+    wrong_update: a planted bug for the tests' power checks (sampled): the
+      walk before the sibling rules, whatever `tree.siblings` says: the
+      without-replacement update, and a sibling with q' = 0 rejected
+      instead of skipped (p' updated for a draw that never happened, e.g.
+      a repeat of a rejected sibling). Never set it otherwise.
 
   Returns:
     `(n [batch] accepted nodes, path [batch, D] tree indices of the
@@ -167,8 +211,15 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
     beta = sum_x min(p_u, q_u) at each node the walk verified children of
     (greedy: whether the two argmaxes agree, the same number).
   """
+  if tree.siblings not in SIBLING_RULES:
+    raise ValueError(f'Tree.siblings must be one of {SIBLING_RULES}, got '
+                     f'{tree.siblings!r}.')
   if sampling.greedy:
     return _walk_greedy(rng, tree, p, shape, accept_rejected)
+  # Whether a rejected token leaves the proposal; a sibling with q' = 0 is
+  # skipped (the planted bug: rejected, as before the sibling rules).
+  removes = tree.siblings == WITHOUT or wrong_update
+  skips = not wrong_update
   batch, width, _ = p.shape
   accept_rng, token_rng = jax.random.split(rng)
   r = jax.random.uniform(accept_rng, (batch, width))
@@ -188,17 +239,22 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
       try_it = (tree.parent[:, s] == u) & tree.valid[:, s] & walking & (
           chosen < 0)
       px, qx = res[rows, x], prop[rows, x]
-      ok = (r[:, s] * qx < px) & (qx > 0)
+      # q'(x) = 0: the rule cannot draw x here, the sibling is skipped.
+      drawable = qx > 0
+      ok = (r[:, s] * qx < px) & drawable
       accept = try_it & ok
       reject = try_it & ~ok
+      if skips:
+        reject = reject & drawable
       new_res = _normalized(jnp.maximum(res - prop, 0.0))
       # Mass 0 means res == prop: x was then accepted w.p. 1, so this is
       # never used; keep res (never log(0) everywhere).
       new_res = jnp.where(jnp.sum(new_res, -1, keepdims=True) > 0,
                           new_res, res)
-      new_prop = _normalized(prop.at[rows, x].set(0.0))
       res = jnp.where(reject[:, None], new_res, res)
-      prop = jnp.where(reject[:, None], new_prop, prop)
+      if removes:  # without replacement: q' loses x
+        new_prop = _normalized(prop.at[rows, x].set(0.0))
+        prop = jnp.where(reject[:, None], new_prop, prop)
       chosen = jnp.where(accept, s, chosen)
       if accept_rejected:  # planted bug: a rejected sibling is taken
         chosen = jnp.where(reject & (r[:, s] < 0.5), s, chosen)
@@ -228,7 +284,8 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
     slots = jnp.arange(offsets[d], offsets[d] + size)
     want = target_top[rows, walk.u]
     children, has = walk.children(tree, slots)
-    # The first child of u that is the target's argmax (siblings differ).
+    # The first child of u that is the target's argmax (a repeat of it,
+    # later in slot order, is never reached).
     ok = children & walk.walking[:, None] & (tree.tokens[:, slots] ==
                                               want[:, None])
     if accept_rejected:  # planted bug: a rejected sibling is taken
@@ -257,10 +314,10 @@ def ancestors(parent: Array, depth: int) -> Array:
   return visible
 
 
-def empty(batch: int, shape: TreeShape, vocab: int,
-          greedy: bool = False) -> Tree:
+def empty(batch: int, shape: TreeShape, vocab: int, greedy: bool = False,
+          siblings: str = WITHOUT) -> Tree:
   """A tree of zeros (invalid nodes), to fill level by level; a greedy
-  tree keeps no q (`Tree.top`)."""
+  tree keeps no q (`Tree.top`); `siblings` is `Tree.siblings`."""
   width = shape.width
   depth = jnp.concatenate([jnp.full((n,), d, jnp.int32) for d, n in
                            enumerate((1,) + shape.sizes)])
@@ -274,7 +331,8 @@ def empty(batch: int, shape: TreeShape, vocab: int,
       q=jnp.zeros((batch, width, 0 if greedy else vocab), jnp.float32),
       top=jnp.zeros((batch, width), jnp.int32),
       verified=jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
-                                (batch, width)))
+                                (batch, width)),
+      siblings=siblings)
 
 
 def children_of(shape: TreeShape, d: int) -> Tuple[Array, Array]:
