@@ -34,16 +34,27 @@ EVAL_OUTPUT_DIR:
                    (diagnostics.py);
   summary.md       the same as one markdown table row (with its header);
   config.gin       the operative gin config;
-  run.json         the run's settings (a rerun with the same settings resumes);
+  run.json         the run's identity: every setting that can change a
+                   record (`run_folder.identity`: every EvalSetup field but
+                   num_examples, the checkpoints' content, the mesh, the
+                   device); a rerun resumes only with the same identity and
+                   the same examples under the recorded indices, else it is
+                   refused naming what changed (`evaluate.if_settings_differ
+                   = 'restart'` moves the old run aside instead);
   gamma_choice.json  the gamma chosen for the batch and the measured profile
-                   behind it (batch_gamma 'profile'; a resumed run reuses it).
+                   behind it (batch_gamma 'profile'; a resumed run reuses it);
+  output_cache.npz the output cache of the 'cache' / 'combined' drafters
+                   when OUTPUT_CACHE is None (committed with each unit's
+                   records, as a cache file of its own is).
 The job's first console line says what it decodes and, when the folder holds
 records of an earlier run, how many it reuses (summary.json: reused_records).
 Nothing finished is lost and nothing is counted twice: each batch's records
 are flushed and fsync'd once decoded; a rerun with the same settings
 resumes, dropping a last line cut off by a crash (that example is decoded
 again) and any second record of an index; summary files are replaced
-atomically. Ctrl-C (SIGINT) or SIGTERM ends the job with status
+atomically; the output cache changes only with the records of the unit
+that grew it (`run_folder.CacheCommit`), so a crash between any two writes
+resumes to the records and cache of an uninterrupted run. Ctrl-C (SIGINT) or SIGTERM ends the job with status
 'interrupted', an exception with 'failed' (both say how many examples are
 left; the exception is re-raised); 'complete' means every requested
 example has its record. A greedy row that differs from the baseline
@@ -64,221 +75,30 @@ examples.jsonl (each index once) and writes the summary.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import os
 import pathlib
-import signal
 import sys
-import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import gin_utils
+from specdec_jax import interfaces
 from specdec_jax import loading
+from specdec_jax import run_folder
 from specdec_jax.loading import EvalSetup
 
 # The job's flags and gin handling live in gin_utils (shared with training).
 GIN_DIR = gin_utils.GIN_DIR
-RECORDS = 'examples.jsonl'
+RECORDS = run_folder.RECORDS
 
 
 class MismatchError(RuntimeError):
   """Greedy speculative outputs differ from the baseline beyond rounding."""
-
-
-def _resume(out: pathlib.Path, setup: EvalSetup, config_str: str,
-            main_process: bool = True) -> List[Dict[str, Any]]:
-  """Claims `out` for this setup; returns the records of an earlier run.
-
-  A rerun with the same settings resumes (asking for more examples is
-  fine); other settings in the same folder are refused. Only the main
-  process writes run.json and config.gin and repairs examples.jsonl; every
-  process reads the records of all (examples.jsonl and the per-process
-  files of an unmerged multi-process run, read-only).
-  """
-  out.mkdir(parents=True, exist_ok=True)
-  settings = setup.settings()
-  run_file = out / 'run.json'
-  if run_file.exists():
-    previous = json.loads(run_file.read_text())
-    now = json.loads(json.dumps(settings))
-    previous.pop('num_examples', None)
-    now.pop('num_examples', None)
-    if previous != now:
-      raise ValueError(
-          f'{out} holds a run with other settings ({run_file}); use another '
-          'EVAL_OUTPUT_DIR or delete it.')
-  if not main_process:
-    return _all_records(out, own=None)
-  _write_atomic(run_file, json.dumps(settings, indent=1))
-  if config_str:
-    _write_atomic(out / 'config.gin', config_str)
-  return _all_records(out, own=out / RECORDS)
-
-
-def _process_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
-  """The records file of process `index` of `count` (examples.jsonl: 1)."""
-  if count == 1:
-    return out / RECORDS
-  return out / f'examples.process-{index:05d}-of-{count:05d}.jsonl'
-
-
-def _all_records(out: pathlib.Path, own: Optional[pathlib.Path]
-                 ) -> List[Dict[str, Any]]:
-  """Records of examples.jsonl and every per-process file, deduplicated.
-
-  Only `own` (this process's file) is repaired; the others are read as they
-  are. The first record of an index counts.
-  """
-  records, seen = [], set()
-  for path in [out / RECORDS] + sorted(out.glob('examples.process-*.jsonl')):
-    for r in _read_records(path, repair=path == own):
-      if r['index'] not in seen:
-        seen.add(r['index'])
-        records.append(r)
-  return records
-
-
-def _merge(out: pathlib.Path) -> List[Dict[str, Any]]:
-  """Process 0, once every process is done: one examples.jsonl.
-
-  Writes the union of examples.jsonl and the per-process files (each index
-  once) atomically, then deletes the per-process files; a crash in between
-  leaves both, and the next run's reading dedupes them again.
-  """
-  records = sorted(_all_records(out, own=None), key=lambda r: r['index'])
-  _write_atomic(out / RECORDS,
-                ''.join(json.dumps(r) + '\n' for r in records))
-  for path in out.glob('examples.process-*.jsonl'):
-    path.unlink()
-  return records
-
-
-_BARRIERS = [0]
-
-
-def _barrier(name: str, timeout_s: float) -> None:
-  """All processes of a `jax.distributed` run wait here (no-op alone).
-
-  The coordination service's barrier: no device collective, so it works on
-  any backend.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  _BARRIERS[0] += 1
-  distributed.global_state.client.wait_at_barrier(
-      f'specdec_eval_{name}_{_BARRIERS[0]}', int(timeout_s * 1000))
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-  """Writes a whole file or nothing, durably (`checkpoints.write_bytes`)."""
-  checkpoints.write_bytes(str(path), text.encode())
-
-
-def _read_records(path: pathlib.Path, repair: bool = True
-                  ) -> List[Dict[str, Any]]:
-  """The records of examples.jsonl, repaired for resuming.
-
-  With `repair=False` the file is only read (a cut-off last line is skipped
-  in memory): another process may own it.
-
-  A last line cut off by a crash mid-write is dropped (its example is
-  decoded again); a record whose index is already there is dropped (the
-  first one counts). If anything was dropped the file is rewritten, so the
-  next append starts on a clean line. A bad line before the last is not a
-  torn write: that is an error naming the line.
-  """
-  if not path.exists():
-    return []
-  lines = path.read_text().split('\n')
-  records, seen, repaired = [], set(), False
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except ValueError:
-      if any(l.strip() for l in lines[number:]):
-        raise ValueError(
-            f'{path}, line {number}: not a JSON record (and not the last '
-            'line, so not a write cut off by a crash). Fix or delete the '
-            'file.') from None
-      if repair:
-        logging.warning('%s: dropped a cut-off last line (%d characters); '
-                        'its example is decoded again.', path, len(line))
-      repaired = True
-      continue
-    if record['index'] in seen:
-      repaired = True
-      continue
-    seen.add(record['index'])
-    records.append(record)
-  if repair and (repaired or (lines[-1] and records)):
-    _write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
-  return records
-
-
-def _append(sink, records: Sequence[Dict[str, Any]]) -> None:
-  """Appends records durably: once this returns they survive a crash."""
-  sink.write(''.join(json.dumps(r) + '\n' for r in records))
-  sink.flush()
-  os.fsync(sink.fileno())
-
-
-class Terminated(KeyboardInterrupt):
-  """SIGTERM arrived during the job (SIGINT raises KeyboardInterrupt)."""
-
-
-# The signal that asked the job to stop (0: none), for `_check_interrupted`.
-_INTERRUPTED = [0]
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-  """SIGTERM ends the job as Ctrl-C does: finished work written, status
-  'interrupted'. (Only the main thread may set signal handlers.)
-
-  Both signals are also remembered: Python raises KeyboardInterrupt at
-  whatever bytecode runs next, and where that is a `__del__` or a callback
-  the exception is printed and dropped ("Exception ignored in ..."), so a
-  Ctrl-C could be lost; `_check_interrupted` raises it again at the next
-  batch boundary.
-  """
-  _INTERRUPTED[0] = 0
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-
-  def handler(signum, frame):
-    del frame
-    _INTERRUPTED[0] = signum
-    if signum == signal.SIGTERM:
-      raise Terminated('SIGTERM')
-    raise KeyboardInterrupt
-
-  previous = {sig: signal.signal(sig, handler)
-              for sig in (signal.SIGTERM, signal.SIGINT)}
-  try:
-    yield
-  finally:
-    for sig, old in previous.items():
-      signal.signal(sig, old)
-
-
-def _check_interrupted() -> None:
-  """Raises the interrupt of a signal whose exception was swallowed."""
-  if _INTERRUPTED[0] == signal.SIGTERM:
-    raise Terminated('SIGTERM')
-  if _INTERRUPTED[0]:
-    raise KeyboardInterrupt
 
 
 def _units(setup: EvalSetup, all_inputs: np.ndarray
@@ -302,13 +122,6 @@ def _units(setup: EvalSetup, all_inputs: np.ndarray
     filled = -(-n // b) * b
     inputs = np.concatenate([rows, np.repeat(rows[:1], filled - n, 0)])
     yield start // size, start, n, inputs
-
-
-def _choice_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
-  """Where process `index` of `count` keeps its gamma choice."""
-  if count == 1:
-    return out / 'gamma_choice.json'
-  return out / f'gamma_choice.process-{index:05d}-of-{count:05d}.json'
 
 
 def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
@@ -354,7 +167,7 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
 
 def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
                     done: set, timing_repeats: int, share=(0, 1),
-                    partitioner=None, choice_file=None
+                    partitioner=None, choice_file=None, commit=None
                     ) -> Iterator[List[Dict[str, Any]]]:
   """Decodes every unfinished unit both ways; yields each unit's records.
 
@@ -373,7 +186,9 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
   (`measure.time_alternating`, the first one alternating between units).
   An output cache (kinds 'cache', 'combined') learns the finished outputs
   after each unit: streamed, the examples of a chunk draft from the outputs
-  of earlier chunks (fixed: of earlier batches).
+  of earlier chunks (fixed: of earlier batches). With `commit` (a
+  `run_folder.CacheCommit`) the grown cache is staged before the unit's
+  records are yielded; the caller appends them, then finishes the commit.
 
   With `setup.profile_gamma` the first unit decoded sets gamma for the
   rest (`choose_gamma`, after its untimed warm-up at `setup.gamma`),
@@ -407,7 +222,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
                        '(its drafting rides on the target call; the chain '
                        'formula does not price it): gamma as configured'}
       if choice_file is not None:
-        _write_atomic(choice_file, json.dumps(choice, indent=1))
+        run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
     elif choice_file is not None and choice_file.exists():
       choice = json.loads(choice_file.read_text())
       print(f"gamma {choice['gamma']} for batch {setup.batch_size}, chosen "
@@ -456,7 +271,7 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
       if setup.profile_gamma and choice is None:
         choice = choose_gamma(loaded, inputs, first['speculative'])
         if choice_file is not None:
-          _write_atomic(choice_file, json.dumps(choice, indent=1))
+          run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
         pred = choice['prediction']
         print(f"gamma {choice['gamma']} for batch {setup.batch_size} "
               f"(configured {setup.gamma}): chosen by the profile measured "
@@ -484,12 +299,14 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
     text = lambda out, row, length: data.decode_text(
         loaded.vocabulary, out.tokens[row], length, setup.eos_id)
     records = []
-    for row, (i, _, in_text, tgt_text) in enumerate(batch):
+    for row, (i, ids, in_text, tgt_text) in enumerate(batch):
       if i in done:
         continue
       b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
       record = dict(
-          index=i, batch=i // setup.batch_size, input=in_text,
+          index=i, batch=i // setup.batch_size,
+          example=run_folder.example_fingerprint(ids, in_text, tgt_text),
+          input=in_text,
           target=tgt_text, baseline=text(base, row, b_len),
           speculative=text(spec, row, s_len),
           baseline_length=b_len, speculative_length=s_len,
@@ -506,16 +323,20 @@ def _decode_batches(loaded: loading.Loaded, examples: Sequence[Any],
         record['chunk'] = u
       records.append(record)
     if loaded.store is not None and records:
-      # The output cache learns every finished output (persisted when it
-      # has a file); the next unit drafts from it. A grown capacity is a
-      # new compiled shape: warmed up again outside the timings.
-      new_rows = [row for row, (i, *_) in enumerate(batch) if i not in done]
+      # The output cache learns every output of the unit (all its rows: a
+      # unit decoded again after a crash starts from the cache as it was
+      # before the unit); the next unit drafts from it. A grown capacity
+      # is a new compiled shape: warmed up again outside the timings.
       loaded.store.add_requests(
-          target, target_params, inputs[np.asarray(new_rows)],
+          target, target_params, inputs[:n],
           [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
-           for row in new_rows])
-      if loaded.store.path:
-        loaded.store.save()
+           for row in range(n)])
+      if commit is not None:
+        commit.stage(loaded.store, [i for i, *_ in batch])
+      if not isinstance(loaded.drafter, interfaces.StoreDrafter):
+        raise TypeError(f'{type(loaded.drafter).__name__} reads an output '
+                        'cache but is no interfaces.StoreDrafter (it has '
+                        'no with_store).')
       draft_params = loaded.drafter.with_store(draft_params, loaded.store)
     yield records
 
@@ -597,7 +418,7 @@ def _status(records, wanted: set, error: Optional[BaseException]) -> str:
   """'complete' only when every wanted example has its record."""
   missing = len(wanted - {r['index'] for r in records})
   if isinstance(error, KeyboardInterrupt):
-    cause = 'SIGTERM' if isinstance(error, Terminated) else 'SIGINT / Ctrl-C'
+    cause = 'SIGTERM' if isinstance(error, run_folder.Terminated) else 'SIGINT / Ctrl-C'
     return (f'interrupted ({cause}) with {missing} of {len(wanted)} examples '
             'left; rerun the same command to resume')
   if error is not None:
@@ -650,15 +471,16 @@ def _write_summary(out: pathlib.Path, task, records, settings, wanted: set,
         f"{summary['differing_examples']} differing greedy rows differ "
         'beyond rounding (real mismatches; see "divergence" in '
         'examples.jsonl)')
-  _write_atomic(out / 'summary.json', json.dumps(summary, indent=1))
-  _write_atomic(out / 'summary.md', _markdown(summary, base_m, spec_m))
+  run_folder.write_atomic(out / 'summary.json', json.dumps(summary, indent=1))
+  run_folder.write_atomic(out / 'summary.md', _markdown(summary, base_m, spec_m))
   return summary
 
 
 def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
              config_str: str = '', partitioner=None,
              shard_drafter: bool = False,
-             barrier_timeout_s: float = 24 * 3600) -> Dict[str, Any]:
+             barrier_timeout_s: float = 24 * 3600,
+             if_settings_differ: str = 'refuse') -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
 
   Across processes (`jax.distributed`, see `main`): process p of P decodes
@@ -669,7 +491,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
 
   Args:
     setup: what to decode (target, drafter, task, sampling, gamma, ...).
-    output_dir: where results go; a rerun with the same settings resumes.
+    output_dir: where results go; a rerun with the same settings resumes
+      (`run_folder.identity`: every setting that shapes a record).
     timing_repeats: each batch is decoded this many times by each method
       (alternating) and the median time is reported.
     config_str: the gin config to save as config.gin.
@@ -680,37 +503,58 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       rules (default: replicated on every device, batch over 'data').
     barrier_timeout_s: how long processes wait for each other (start and
       end of the job).
+    if_settings_differ: when output_dir holds a run with other settings (or
+      records of other examples under the same indices): 'refuse' (a
+      ValueError naming each changed setting) or 'restart' (the old run's
+      files are moved into output_dir/replaced-<time>/, then a fresh run).
 
   Returns:
     The summary dict (also written to summary.json); on a process other
     than 0, `{'process_index', 'examples'}` of its own share.
   """
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+
   checks.check_int('timing_repeats', timing_repeats)
   task = loading.load_task(setup)
   examples = list(data.task_examples(task, setup.split,
                                      setup.task_feature_lengths,
                                      setup.num_examples,
                                      setup.truncate_inputs))
-  import jax  # pylint: disable=g-import-not-at-top
   index, count = jax.process_index(), jax.process_count()
   wanted = {i for i, *_ in examples}
   out = pathlib.Path(output_dir)
   if index != 0:
-    _barrier('claimed', barrier_timeout_s)  # Process 0 checked run.json.
-  records = _resume(out, setup, config_str, main_process=index == 0)
+    run_folder.barrier('claimed', barrier_timeout_s)  # Process 0 claims.
+  records = run_folder.claim(
+      out, run_folder.identity(setup, partitioner, shard_drafter),
+      config_str, {i: run_folder.example_fingerprint(*e)
+                   for i, *e in examples},
+      main_process=index == 0, num_examples=setup.num_examples,
+      if_settings_differ=if_settings_differ)
   if index == 0:
-    _barrier('claimed', barrier_timeout_s)
-  _barrier('read', barrier_timeout_s)  # Nobody appends before all read.
+    run_folder.barrier('claimed', barrier_timeout_s)
+  run_folder.barrier('read', barrier_timeout_s)  # Nobody appends before.
   done = {r['index'] for r in records}
   reused = len(done & wanted)
   if index == 0:
     print(_start_line(out, len(wanted), reused), flush=True)
-  own = _process_file(out, index, count)
+  own = run_folder.process_file(out, index, count)
   if count > 1:
-    _read_records(own)  # Repairs a cut-off last line of our own file.
+    run_folder.read_records(own)  # Repairs a cut-off last line of our own.
+  commit = None
+  if drafters.get_kind(setup.drafter).uses_cache:
+    # The output cache outlives each unit: it is committed with the
+    # unit's records (`run_folder.CacheCommit`); without a file of its
+    # own it is kept here, so a resumed run drafts from the same cache.
+    suffix = '' if count == 1 else f'.process-{index:05d}-of-{count:05d}'
+    path = setup.output_cache or str(out / f'output_cache{suffix}.npz')
+    commit = run_folder.CacheCommit(out, path, suffix)
+    commit.recover(done)
+    setup = setup.replace(output_cache=path)
   error = None
   try:
-    with _sigterm_interrupts():
+    with run_folder.sigterm_interrupts():
       shardings = None
       if partitioner is not None:  # Restore the target straight into them.
         from specdec_jax import network  # pylint: disable=g-import-not-at-top
@@ -722,14 +566,17 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       with own.open('a') as sink:
         for batch in _decode_batches(loaded, examples, done, timing_repeats,
                                      (index, count), partitioner,
-                                     _choice_file(out, index, count)):
-          _append(sink, batch)
+                                     run_folder.choice_file(out, index, count),
+                                     commit):
+          run_folder.append(sink, batch)
+          if commit is not None:
+            commit.finish()
           records.extend(batch)
-          _check_interrupted()
-      _barrier('done', barrier_timeout_s)
+          run_folder.check_interrupted()
+      run_folder.barrier('done', barrier_timeout_s)
       if index == 0 and (count > 1 or any(out.glob(
           'examples.process-*.jsonl'))):
-        records = _merge(out)
+        records = run_folder.merge(out)
   except BaseException as e:  # keep what finished, say why, re-raise
     error = e
     raise

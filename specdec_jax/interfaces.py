@@ -238,3 +238,17 @@ class MergedDrafter(Drafter, Protocol):
     """Its loop: a `speculative.MergedLoop` (hashable, static under jit)
     that `scaffold.run` runs on `(target_params, draft_params, inputs,
     draft_inputs, rng)`; raises ValueError for a target it cannot use."""
+
+
+@runtime_checkable
+class StoreDrafter(Drafter, Protocol):
+  """A drafter that drafts from a store its caller grows (the output
+  cache: kinds whose `drafters.registry.DrafterKind.uses_cache` is set).
+
+  The store is host-side; its arrays reach the jitted loop as part of the
+  drafter's params. After the store changed (the eval job adds each unit's
+  outputs), `with_store` gives the params to decode the next unit with.
+  """
+
+  def with_store(self, params: Params, store: Any) -> Params:
+    """`params` after `store` (an `output_cache.OutputCache`) changed."""

@@ -77,7 +77,10 @@ class EvalSetup:
       output cache (`output_cache.OutputCache`): loaded (and checked against
       the target) when it exists, else created, seeded with the task's
       train pairs when it has a train split; the eval job appends every
-      finished output to it. None: an in-memory cache for this run only.
+      finished output to it, committed with each unit's records. None:
+      the eval job keeps the run's cache in EVAL_OUTPUT_DIR
+      (output_cache.npz, so a resumed run drafts from the same cache);
+      `build` alone makes an in-memory one.
     draft_confidence: adaptive draft lengths: 0 drafts gamma tokens every
       iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
       likely token is below this probability and a copying drafter stop

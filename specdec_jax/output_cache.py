@@ -153,11 +153,16 @@ class OutputCache:
 
   def add_requests(self, model, params, inputs, outputs,
                    batch_size: int = 64) -> None:
-    """Embeds requests `[m, input_length]` with `model` and appends them."""
+    """Embeds requests `[m, input_length]` with `model` and appends them.
+
+    In calls of `batch_size` rows; a shorter last call is padded to the
+    power of two above it (a few compiled shapes, and adding one unit's
+    outputs embeds that unit, not `batch_size` rows).
+    """
     inputs = np.asarray(inputs, np.int32)
     for i in range(0, len(inputs), batch_size):
       chunk = inputs[i:i + batch_size]
-      pad = batch_size - len(chunk)  # one compiled shape
+      pad = min(capacity_for(len(chunk), 1), batch_size) - len(chunk)
       keys = _embed_jit(model, params,
                         np.pad(chunk, ((0, pad), (0, 0))))[:len(chunk)]
       self.add(np.asarray(keys), outputs[i:i + len(chunk)])
@@ -199,7 +204,8 @@ class OutputCache:
   # -- persistence ----------------------------------------------------------
 
   def save(self, path: Optional[str] = None) -> str:
-    """Writes the cache to `path` (default `self.path`) atomically."""
+    """Writes the cache to `path` (default `self.path`) atomically; the
+    same content gives the same bytes."""
     from specdec_jax.checkpoints import write_bytes  # pylint: disable=g-import-not-at-top
     path = path or self.path
     if not path:
@@ -209,9 +215,18 @@ class OutputCache:
     meta = {'format': FORMAT, 'vocab_size': self.vocab_size,
             'embedder': self.embedder, 'entries': len(self),
             'dim': self.dim, 'output_length': self.output_length}
+    arrays = {'keys': self.keys, 'outputs': self.outputs,
+              'meta': np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     buf = io.BytesIO()
-    np.savez(buf, keys=self.keys, outputs=self.outputs,
-             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    # An .npz (np.load reads it) whose bytes depend on the content alone:
+    # np.savez would stamp each member with the time of writing.
+    with zipfile.ZipFile(buf, 'w', zipfile.ZIP_STORED) as z:
+      for name, value in arrays.items():
+        member = io.BytesIO()
+        np.lib.format.write_array(member, np.asarray(value),
+                                  allow_pickle=False)
+        z.writestr(zipfile.ZipInfo(name + '.npy', (1980, 1, 1, 0, 0, 0)),
+                   member.getvalue())
     write_bytes(path, buf.getvalue())
     return path
 

@@ -251,7 +251,8 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
 # Files not listed (new ones: their cost is unknown) go first, then these;
 # the order of the tests within a file is kept.
 _SLOWEST_FILES = (
-    'test_drafters.py', 'test_eval.py', 'test_trees.py', 'test_speculative.py',
+    'test_drafters.py', 'test_eval.py', 'test_run_folder.py',
+    'test_trees.py', 'test_speculative.py',
     'test_accelerator.py', 'test_diagnostics.py', 'test_notebook.py',
     'test_output_cache.py', 'test_draft_heads.py', 'test_fused.py',
     'test_shipped.py', 'test_gin_configs.py', 'test_pass.py',

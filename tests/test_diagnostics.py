@@ -366,7 +366,7 @@ def test_eval_fails_on_a_real_mismatch(tmp_path, monkeypatch):
   assert summary['status'].startswith('failed')
   assert seen and set(seen) == {'float32'}
   run = json.loads((out / 'run.json').read_text())
-  assert run['activation_dtype'] == 'float32'
+  assert run['identity']['activation_dtype'] == 'float32'
   with pytest.raises(ValueError, match='activation_dtype'):
     eval_lib.main(eval_args(tmp_path / 'bad', ACTIVATION_DTYPE="'int8'"))
 

@@ -179,6 +179,9 @@ def test_kind_builds_a_drafter(greedy, kind):
   model, _, _, _, built, source = greedy
   drafter, _ = built[kind]
   assert isinstance(drafter, interfaces.Drafter)
+  # A kind that drafts from the output cache can be handed the grown store.
+  assert isinstance(drafter, interfaces.StoreDrafter) == (
+      drafters.get_kind(kind).uses_cache)
   assert drafter.vocab_size == model.vocab_size
   again, _ = drafters.get_kind(kind).build(source)
   assert again == drafter and hash(again) == hash(drafter)

@@ -12,6 +12,7 @@ import pathlib
 import pytest
 
 from specdec_jax import eval as eval_lib
+from specdec_jax import run_folder
 from specdec_jax import speculative
 
 DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
@@ -112,8 +113,8 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   fixed = eval_lib.main(args(tmp_path / 'fixed'))
   assert fixed['batching'] == 'fixed' and fixed['timed_calls'] == 2
   assert fixed['gamma_used'] == {'3': 4} and fixed['gamma_choices'] == []
-  assert 'batching' not in json.loads(
-      (tmp_path / 'fixed' / 'run.json').read_text())
+  assert json.loads((tmp_path / 'fixed' / 'run.json').read_text())[
+      'identity']['batching'] == 'fixed'
   mode = TIMING + ('batching', 'chunk', 'gamma', 'iterations', 'drafted',
                    'accepted', 'beta_sum', 'beta_count')
   strip = lambda rs: sorted(({k: v for k, v in r.items() if k not in mode}
@@ -238,7 +239,7 @@ def test_widened_target_decodes_the_same(tmp_path):
   assert wide['differing_examples'] == 0
   assert wide['alpha'] == pytest.approx(plain['alpha'], abs=1e-6)
   run = json.loads((tmp_path / 'wide' / 'run.json').read_text())
-  assert run['target_widen_to']['num_decoder_layers'] == 3
+  assert run['identity']['target_widen_to']['num_decoder_layers'] == 3
   with pytest.raises(ValueError, match='cannot shrink emb_dim'):
     eval_lib.main(args(tmp_path / 'bad', **few, **{
         'EvalSetup.target_widen_to': "{'emb_dim': 4}"}))
@@ -314,7 +315,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   assert _status(stopped).startswith('interrupted (SIGINT'), _status(stopped)
   comparable(killed), comparable(stopped)  # no duplicates so far
 
-  real_decode, real_append = data.decode_text, eval_lib._append  # pylint: disable=protected-access
+  real_decode, real_append = data.decode_text, run_folder.append
   # Each fault once (2 per folder); each strikes within the first 2 chunks
   # left (a chunk = 4 records = 8 decode_text calls, one append).
   faults = ['exception', 'sigint', 'sigterm', 'torn']
@@ -347,7 +348,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
         real_append(sink, records)
 
       monkeypatch.setattr(data, 'decode_text', decode)
-      monkeypatch.setattr(eval_lib, '_append',
+      monkeypatch.setattr(run_folder, 'append',
                           torn if fault == 'torn' else real_append)
       try:
         eval_lib.main(args(out, **few))
@@ -360,7 +361,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
       if fault != 'torn':  # a torn file is repaired by the next run
         comparable(out)
       monkeypatch.setattr(data, 'decode_text', real_decode)
-      monkeypatch.setattr(eval_lib, '_append', real_append)
+      monkeypatch.setattr(run_folder, 'append', real_append)
     summary = eval_lib.main(args(out, **few))
     assert summary['status'] == 'complete' and summary['examples'] == 16
     assert comparable(out) == expected

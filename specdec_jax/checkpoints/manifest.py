@@ -256,3 +256,49 @@ def differing_arrays(arrays: Mapping[str, Mapping[str, Any]],
       bad.append(name)
   bad += [f'{name} (not saved)' for name in sorted(set(flat) - set(arrays))]
   return bad
+
+
+# Files up to this size are hashed whole by `fingerprint` when no manifest
+# covers the folder (a checkpoint's metadata; its tensor chunks are named
+# and sized only).
+FINGERPRINT_WHOLE_BYTES = 1 << 20
+
+
+def fingerprint(folder: str) -> Optional[str]:
+  """A cheap content id of a checkpoint folder, for telling runs apart.
+
+  Where a manifest covers the folder (`find`), the sha256 of its entries
+  for the folder: the content of every file, already recorded (and checked
+  when the checkpoint loads). Otherwise the sha256 of every file's
+  relative path and size and of the whole content of the files up to
+  `FINGERPRINT_WHOLE_BYTES` (metadata; gs:// folders: paths, and the
+  content of those small files is not read), so a changed tensor of the
+  same size in a folder without a manifest goes unseen. None when there is
+  no such folder.
+  """
+  folder = os.fspath(folder).rstrip('/')
+  try:
+    found = find(folder)
+  except ValueError:
+    found = None
+  if found is not None:
+    covered = json.dumps(
+        sorted((rel[len(found.prefix):], e['sha256'], e['bytes'])
+               for rel, e in found.covered().items()))
+    return 'manifest:' + hashlib.sha256(covered.encode()).hexdigest()[:32]
+  if _storage.is_gcs(folder):
+    names = _storage.list_files(folder)
+    if not names:
+      return None
+    listed = json.dumps(names).encode()
+    return 'listing:' + hashlib.sha256(listed).hexdigest()[:32]
+  if not os.path.isdir(folder):
+    return None
+  digest = hashlib.sha256()
+  for rel in _storage.list_files(folder):
+    path = os.path.join(folder, rel)
+    size = os.path.getsize(path)
+    digest.update(f'{rel}\0{size}\0'.encode())
+    if size <= FINGERPRINT_WHOLE_BYTES:
+      digest.update(_size_and_sha256(path)[1].encode())
+  return 'files:' + digest.hexdigest()[:32]

@@ -82,8 +82,8 @@ class DrafterKind:
       build it once per task and reuse it.
     uses_cache: drafts from `DraftSource.output_cache`: the caller opens
       (or creates) the store and appends finished outputs to it; the
-      drafter's `with_store(params, store)` gives its params after the store
-      changed.
+      drafter is an `interfaces.StoreDrafter`, whose `with_store(params,
+      store)` gives its params after the store changed.
     needs_target: built from `DraftSource.target_model` / `target_params`
       (drafts with the target itself, or embeds requests with it).
     reads_tree: drafts token trees of the shape `DraftSource.tree` (gin

@@ -1,0 +1,502 @@
+"""The eval job's run folder: what it keeps between units, and how.
+
+One run of `eval.evaluate` owns one folder (EVAL_OUTPUT_DIR):
+
+  run.json         the run's identity (`identity`): every setting that can
+                   change a record; a rerun resumes only when its identity
+                   is the same (`claim`), else it is refused with the
+                   changed settings named (or, asked to, the old run is
+                   moved aside and a fresh one starts);
+  examples.jsonl   one record per example, appended as units finish (and
+                   examples.process-p-of-P.jsonl per process of a
+                   multi-process run, merged by process 0: `merge`);
+  gamma_choice.json  the gamma chosen for the batch (`choice_file`);
+  the output cache of the 'cache' / 'combined' drafters (its own file, or
+                   output_cache.npz here), committed with the records of
+                   the unit that grew it (`CacheCommit`).
+
+Crash consistency: every write is whole or absent (`write_atomic`: a temp
+file renamed; `append`: flushed and fsync'd, a cut-off last line dropped
+on resume), and the state that outlives a unit changes only with that
+unit's records: the output cache is staged beside its file before the
+records are appended and put in place after, so a crash between any two
+writes resumes to the records, counters and cache of an uninterrupted run
+(tests/test_eval.py injects a failure after each write; `after_write` is
+where).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import signal
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import loading
+
+RECORDS = 'examples.jsonl'
+RUN = 'run.json'
+FORMAT = 'specdec_jax.eval_run/2'
+
+# `EvalSetup` fields a rerun may change and still resume: everything else
+# in the setup is part of the identity (a field added later is compared
+# without anyone listing it).
+FREE_FIELDS = {
+    'num_examples': 'how many examples: a rerun may ask for more (only the '
+                    'new ones are decoded) or fewer',
+}
+
+# `evaluate`'s parameters: part of the identity, or free to change.
+EVALUATE_PARAMETERS = {
+    'setup': 'identity (every field but FREE_FIELDS)',
+    'partitioner': 'identity (the mesh and its rules)',
+    'shard_drafter': 'identity (how the drafter is placed on the mesh)',
+    'timing_repeats': 'free: timing only (how many timed decodes a median '
+                      'takes)',
+    'barrier_timeout_s': 'free: how long processes wait for each other',
+    'output_dir': 'free: the folder itself',
+    'config_str': 'free: the gin text saved as config.gin (the settings it '
+                  'makes are the identity)',
+    'if_settings_differ': 'free: what a rerun does when the identity '
+                          'differs',
+}
+
+# What a rerun with another identity does (`claim`).
+IF_SETTINGS_DIFFER = ('refuse', 'restart')
+
+
+# -- Writes ---------------------------------------------------------------
+
+# Called with a label after every write of the run folder (and of the
+# output cache): tests inject failures here to crash between any two
+# writes. Empty in normal runs.
+after_write: List[Callable[[str], None]] = []
+
+
+def _wrote(label: str) -> None:
+  for hook in after_write:
+    hook(label)
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+  """Writes a whole file or nothing, durably (`checkpoints.write_bytes`)."""
+  checkpoints.write_bytes(str(path), text.encode())
+  _wrote(pathlib.Path(path).name)
+
+
+def append(sink, records: Sequence[Dict[str, Any]]) -> None:
+  """Appends records durably: once this returns they survive a crash."""
+  sink.write(''.join(json.dumps(r) + '\n' for r in records))
+  sink.flush()
+  os.fsync(sink.fileno())
+  _wrote(pathlib.Path(sink.name).name)
+
+
+# -- Identity -------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+  """A setting as JSON: dataclasses (a `T5Config`) as their fields,
+  mappings sorted, tuples as lists, dtypes and other types by name."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {f.name: _jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)}
+  if isinstance(value, Mapping):
+    return {str(k): _jsonable(v) for k, v in sorted(value.items(),
+                                                     key=lambda kv: str(kv[0]))}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, np.generic):
+    return value.item()
+  try:
+    return np.dtype(value).name
+  except TypeError:
+    return repr(value)
+
+
+def _checkpoint_content(checkpoint: Optional[str]) -> Optional[str]:
+  """`checkpoints.manifest.fingerprint` of a checkpoint setting (None:
+  random weights, or a path that does not exist: the loader says so)."""
+  if checkpoint is None:
+    return None
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  path = str(checkpoint)
+  if path.startswith(shipped.SCHEME):
+    try:
+      path = shipped.resolve(path)
+    except (FileNotFoundError, ValueError):
+      return None
+  return checkpoints.manifest.fingerprint(path)
+
+
+def _mesh(partitioner, shard_drafter: bool) -> Optional[Dict[str, Any]]:
+  if partitioner is None:
+    return None
+  return {'axes': {k: int(v) for k, v in partitioner.mesh.shape.items()},
+          'rules': _jsonable(partitioner.rules),
+          'shard_drafter': bool(shard_drafter)}
+
+
+def identity(setup: loading.EvalSetup, partitioner=None,
+             shard_drafter: bool = False) -> Dict[str, Any]:
+  """Every setting that can change a record of the run, as JSON.
+
+  Every field of `setup` but `FREE_FIELDS`, by its name; the content of
+  both checkpoints (`checkpoints.manifest.fingerprint`: the manifest's
+  checksums where one covers the folder, else the files' names and sizes
+  and their small files' content); the mesh; the device the decodes are
+  timed on (a record's times are a setting's too). Which examples were
+  decoded is checked per record (`example_fingerprint`).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  settings = {f.name: _jsonable(getattr(setup, f.name))
+              for f in dataclasses.fields(setup)
+              if f.name not in FREE_FIELDS}
+  settings['target_checkpoint_content'] = _checkpoint_content(
+      setup.target_checkpoint)
+  settings['draft_checkpoint_content'] = _checkpoint_content(
+      setup.draft_checkpoint)
+  settings['mesh'] = _mesh(partitioner, shard_drafter)
+  device = jax.devices()[0]
+  settings['device'] = {'platform': device.platform,
+                        'kind': device.device_kind}
+  return settings
+
+
+def example_fingerprint(ids, input_text: str, target_text: str) -> str:
+  """A short id of an example as decoded (its input ids and texts)."""
+  h = hashlib.sha256(np.asarray(ids, np.int64).tobytes())
+  h.update(b'\0' + input_text.encode() + b'\0' + target_text.encode())
+  return h.hexdigest()[:16]
+
+
+def _changed_examples(records: Sequence[Dict[str, Any]],
+                     examples: Mapping[int, str]) -> List[int]:
+  """Indices whose record was decoded from another example than
+  `examples` (index -> `example_fingerprint`) holds now."""
+  return sorted(r['index'] for r in records
+                if r['index'] in examples and
+                r.get('example') != examples[r['index']])
+
+
+def _changes(previous: Mapping[str, Any], now: Mapping[str, Any]
+             ) -> List[str]:
+  missing = '(not set)'
+  lines = []
+  for key in sorted(set(previous) | set(now)):
+    old, new = previous.get(key, missing), now.get(key, missing)
+    if old != new:
+      lines.append(f'{key}: {json.dumps(old)} -> {json.dumps(new)}')
+  return lines
+
+
+def _move_aside(out: pathlib.Path) -> pathlib.Path:
+  """Moves every file of an earlier run into out/replaced-<UTC time>/."""
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
+      '%Y%m%dT%H%M%S.%fZ')
+  aside = out / f'replaced-{stamp}'
+  aside.mkdir()
+  for path in out.iterdir():
+    if path != aside and not path.name.startswith('replaced-'):
+      path.rename(aside / path.name)
+  return aside
+
+
+def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
+          examples: Mapping[int, str], main_process: bool = True,
+          num_examples: Optional[int] = None,
+          if_settings_differ: str = 'refuse') -> List[Dict[str, Any]]:
+  """Claims `out` for a run of `settings` (`identity`); returns the
+  records of an earlier run with the same identity.
+
+  `examples` (index -> `example_fingerprint`) are the examples this run
+  decodes: a record of one of their indices must have been decoded from
+  the same example (else the data changed under the same settings).
+
+  Only the main process writes run.json and config.gin and repairs
+  examples.jsonl; every process reads the records of all (examples.jsonl
+  and the per-process files of an unmerged multi-process run, read-only).
+
+  Raises:
+    ValueError: the folder holds a run with another identity (naming each
+      changed setting, old -> new), records of other examples under the
+      indices of `examples`, or a run written before run.json held the
+      whole identity; unless `if_settings_differ` is 'restart': then
+      the old run's files are moved into out/replaced-<time>/ and the
+      run starts afresh.
+  """
+  if if_settings_differ not in IF_SETTINGS_DIFFER:
+    raise ValueError(f'if_settings_differ must be one of '
+                     f'{IF_SETTINGS_DIFFER}, got {if_settings_differ!r}.')
+  out.mkdir(parents=True, exist_ok=True)
+  now = json.loads(json.dumps(settings))
+  run_file = out / RUN
+  if run_file.exists():
+    previous = json.loads(run_file.read_text())
+    if previous.get('format') != FORMAT:
+      problem = (f'{out} holds a run written before {RUN} recorded every '
+                 'setting that shapes a record, so its records cannot be '
+                 'checked against these settings')
+    else:
+      changes = _changes(previous.get('identity', {}), now)
+      problem = changes and (f'{out} holds a run with other settings ('
+                             + '; '.join(changes) + ')')
+      changed = [] if problem else _changed_examples(
+          all_records(out, own=None), examples)
+      if changed:
+        shown = ', '.join(map(str, changed[:10])) + (
+            ', ...' if len(changed) > 10 else '')
+        problem = (f'{out} holds records of other examples under the same '
+                   f'indices ({len(changed)} of them: {shown}): the data '
+                   'changed under the same settings (data_dir, '
+                   '$SPECDEC_DATA_DIR or the dataset version)')
+    if problem and if_settings_differ == 'restart' and main_process:
+      aside = _move_aside(out)
+      print(f'{problem}: its files moved to {aside}; starting afresh.',
+            flush=True)
+    elif problem:
+      raise ValueError(
+          f'{problem}. Use another EVAL_OUTPUT_DIR, delete it, or pass '
+          '--gin.evaluate.if_settings_differ="\'restart\'" to move the old '
+          'run aside and start afresh.')
+  if not main_process:
+    return all_records(out, own=None)
+  write_atomic(run_file, json.dumps(
+      {'format': FORMAT, 'identity': now, 'num_examples': num_examples},
+      indent=1))
+  if config_str:
+    write_atomic(out / 'config.gin', config_str)
+  return all_records(out, own=out / RECORDS)
+
+
+# -- Records --------------------------------------------------------------
+
+
+def process_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
+  """The records file of process `index` of `count` (examples.jsonl: 1)."""
+  if count == 1:
+    return out / RECORDS
+  return out / f'examples.process-{index:05d}-of-{count:05d}.jsonl'
+
+
+def choice_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
+  """Where process `index` of `count` keeps its gamma choice."""
+  if count == 1:
+    return out / 'gamma_choice.json'
+  return out / f'gamma_choice.process-{index:05d}-of-{count:05d}.json'
+
+
+def all_records(out: pathlib.Path, own: Optional[pathlib.Path]
+                ) -> List[Dict[str, Any]]:
+  """Records of examples.jsonl and every per-process file, deduplicated.
+
+  Only `own` (this process's file) is repaired; the others are read as they
+  are. The first record of an index counts.
+  """
+  records, seen = [], set()
+  for path in [out / RECORDS] + sorted(out.glob('examples.process-*.jsonl')):
+    for r in read_records(path, repair=path == own):
+      if r['index'] not in seen:
+        seen.add(r['index'])
+        records.append(r)
+  return records
+
+
+def merge(out: pathlib.Path) -> List[Dict[str, Any]]:
+  """Process 0, once every process is done: one examples.jsonl.
+
+  Writes the union of examples.jsonl and the per-process files (each index
+  once) atomically, then deletes the per-process files; a crash in between
+  leaves both, and the next run's reading dedupes them again.
+  """
+  records = sorted(all_records(out, own=None), key=lambda r: r['index'])
+  write_atomic(out / RECORDS,
+               ''.join(json.dumps(r) + '\n' for r in records))
+  for path in out.glob('examples.process-*.jsonl'):
+    path.unlink()
+  return records
+
+
+def read_records(path: pathlib.Path, repair: bool = True
+                 ) -> List[Dict[str, Any]]:
+  """The records of examples.jsonl, repaired for resuming.
+
+  With `repair=False` the file is only read (a cut-off last line is skipped
+  in memory): another process may own it.
+
+  A last line cut off by a crash mid-write is dropped (its example is
+  decoded again); a record whose index is already there is dropped (the
+  first one counts). If anything was dropped the file is rewritten, so the
+  next append starts on a clean line. A bad line before the last is not a
+  torn write: that is an error naming the line.
+  """
+  if not path.exists():
+    return []
+  lines = path.read_text().split('\n')
+  records, seen, repaired = [], set(), False
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      if any(l.strip() for l in lines[number:]):
+        raise ValueError(
+            f'{path}, line {number}: not a JSON record (and not the last '
+            'line, so not a write cut off by a crash). Fix or delete the '
+            'file.') from None
+      if repair:
+        logging.warning('%s: dropped a cut-off last line (%d characters); '
+                        'its example is decoded again.', path, len(line))
+      repaired = True
+      continue
+    if record['index'] in seen:
+      repaired = True
+      continue
+    seen.add(record['index'])
+    records.append(record)
+  if repair and (repaired or (lines[-1] and records)):
+    write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
+  return records
+
+
+# -- The output cache, committed with the records -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheCommit:
+  """Two-phase commit of an output cache file with a unit's records.
+
+  Per unit: `stage` writes the grown cache beside its file
+  (<file>.pending) and then an intent (out/output_cache.pending.json: the
+  file and the unit's indices); the records are appended (the commit
+  point); `finish` renames the staged cache over the file and deletes the
+  intent. `recover`, before the cache is loaded on resume, rolls a staged
+  cache forward where every index of its unit has a record (the crash came
+  after the commit point) and discards it otherwise (the unit is decoded
+  again from the cache as it was, as an uninterrupted run decoded it).
+  """
+  out: pathlib.Path
+  cache_path: str
+  process: str = ''  # '' alone; '.process-p-of-P' in a multi-process run
+
+  @property
+  def staged(self) -> str:
+    return self.cache_path + '.pending'
+
+  @property
+  def intent(self) -> pathlib.Path:
+    return self.out / f'output_cache{self.process}.pending.json'
+
+  def stage(self, store, indices: Sequence[int]) -> None:
+    store.save(self.staged)
+    _wrote('output cache staged')
+    write_atomic(self.intent, json.dumps(
+        {'cache': self.cache_path, 'staged': self.staged,
+         'indices': [int(i) for i in indices]}))
+
+  def finish(self) -> None:
+    os.replace(self.staged, self.cache_path)
+    _wrote('output cache committed')
+    self.intent.unlink()
+    _wrote('output cache intent removed')
+
+  def recover(self, recorded: set) -> Optional[str]:
+    """Completes or undoes a commit cut short; says which (None: none)."""
+    if not self.intent.exists():
+      if os.path.exists(self.staged):  # staged, no intent: never committed
+        os.remove(self.staged)
+        return 'discarded'
+      return None
+    intent = json.loads(self.intent.read_text())
+    if set(intent['indices']) <= recorded:
+      if os.path.exists(self.staged):
+        os.replace(self.staged, self.cache_path)
+      done = 'rolled forward'
+    else:
+      if os.path.exists(self.staged):
+        os.remove(self.staged)
+      done = 'discarded'
+    self.intent.unlink()
+    return done
+
+
+# -- Signals and barriers -------------------------------------------------
+
+
+_BARRIERS = [0]
+
+
+def barrier(name: str, timeout_s: float) -> None:
+  """All processes of a `jax.distributed` run wait here (no-op alone).
+
+  The coordination service's barrier: no device collective, so it works on
+  any backend.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  _BARRIERS[0] += 1
+  distributed.global_state.client.wait_at_barrier(
+      f'specdec_eval_{name}_{_BARRIERS[0]}', int(timeout_s * 1000))
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM arrived during the job (SIGINT raises KeyboardInterrupt)."""
+
+
+# The signal that asked the job to stop (0: none), for `check_interrupted`.
+_INTERRUPTED = [0]
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+  """SIGTERM ends the job as Ctrl-C does: finished work written, status
+  'interrupted'. (Only the main thread may set signal handlers.)
+
+  Both signals are also remembered: Python raises KeyboardInterrupt at
+  whatever bytecode runs next, and where that is a `__del__` or a callback
+  the exception is printed and dropped ("Exception ignored in ..."), so a
+  Ctrl-C could be lost; `check_interrupted` raises it again at the next
+  batch boundary.
+  """
+  _INTERRUPTED[0] = 0
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def handler(signum, frame):
+    del frame
+    _INTERRUPTED[0] = signum
+    if signum == signal.SIGTERM:
+      raise Terminated('SIGTERM')
+    raise KeyboardInterrupt
+
+  previous = {sig: signal.signal(sig, handler)
+              for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for sig, old in previous.items():
+      signal.signal(sig, old)
+
+
+def check_interrupted() -> None:
+  """Raises the interrupt of a signal whose exception was swallowed."""
+  if _INTERRUPTED[0] == signal.SIGTERM:
+    raise Terminated('SIGTERM')
+  if _INTERRUPTED[0]:
+    raise KeyboardInterrupt

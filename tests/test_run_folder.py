@@ -1,0 +1,203 @@
+"""The eval job's run folder: a rerun never mixes records of two
+configurations, and a crash between any two writes resumes to what an
+uninterrupted run writes.
+
+A reproduction table whose rows silently come from two configurations (a
+resumed run with another dtype, EOS id or data) is the worst failure a
+research codebase can have; so is a figure inflated by a crash (a resumed
+unit drafting from its own outputs). Random tiny T5s on the Debian slice in
+tests/testdata/debian, through the job's flags as a user runs it
+(tests/test_eval.py's `args`).
+"""
+
+import json
+
+import pytest
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import run_folder
+from test_eval import args
+from test_eval import comparable
+from test_eval import DATA
+
+
+# -- A run's identity: nothing mixed ------------------------------------------
+
+
+def test_every_setting_is_compared_or_named_free(tmp_path):
+  """run.json holds every EvalSetup field but the free ones, derived from
+  the dataclass: a field added later is compared without anyone listing it
+  (here: a copy of the setup with one more field). The free settings are
+  named: num_examples (a rerun may ask for more), and evaluate's timing
+  and plumbing parameters; every evaluate parameter is classified."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
+  assert set(run_folder.FREE_FIELDS) == {'num_examples'}
+  assert set(run_folder.EVALUATE_PARAMETERS) == set(
+      inspect.signature(eval_lib.evaluate).parameters)
+  free = {k for k, v in run_folder.EVALUATE_PARAMETERS.items()
+          if v.startswith('free')}
+  assert free == {'timing_repeats', 'barrier_timeout_s', 'output_dir',
+                  'config_str', 'if_settings_differ'}
+  setup = eval_lib.configured(args(tmp_path / 'x'))[1]
+  settings = run_folder.identity(setup)
+  fields = {f.name for f in dataclasses.fields(setup)}
+  assert fields - set(settings) == {'num_examples'}
+  assert {'target_checkpoint_content', 'draft_checkpoint_content', 'mesh',
+          'device'} <= set(settings)
+
+  @dataclasses.dataclass(frozen=True)
+  class Grown(loading.EvalSetup):
+    new_knob: int = 0
+
+  grown = Grown(**{f: getattr(setup, f) for f in fields})
+  out = tmp_path / 'grown'
+  run_folder.claim(out, run_folder.identity(grown), '', {})
+  run_folder.claim(out, run_folder.identity(grown), '', {})  # same: resumes
+  with pytest.raises(ValueError, match=r'new_knob: 0 -> 1'):
+    run_folder.claim(out, run_folder.identity(grown.replace(new_knob=1)),
+                     '', {})
+  with pytest.raises(ValueError, match=r'new_knob: 0 -> "\(not set\)"'):
+    run_folder.claim(out, run_folder.identity(setup), '', {})
+
+
+def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
+  """The dtype, the EOS id, the data folder, the examples in it, the
+  checkpoint's content: each changed is refused before anything is decoded,
+  with the setting named; 'restart' moves the old run aside instead."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  data = tmp_path / 'data'
+  shutil.copytree(DATA, data)
+  out = tmp_path / 'run'
+  base = dict(NUM_EXAMPLES='2', **{'EvalSetup.data_dir': f"'{data}'"})
+  first = eval_lib.main(args(out, **base))
+  assert first['examples'] == 2
+  before = (out / 'examples.jsonl').read_text()
+  for change, named in [
+      ({'DTYPE': "'bfloat16'"}, 'target_config: .*"dtype": "bfloat16"'),
+      ({'EvalSetup.eos_id': '2'}, 'eos_id: 1 -> 2'),
+      ({'EvalSetup.data_dir': f"'{DATA}'"}, 'data_dir: '),
+      ({'EvalSetup.seed': '1'}, 'seed: 0 -> 1')]:
+    with pytest.raises(ValueError, match=named):
+      eval_lib.main(args(out, **dict(base, NUM_EXAMPLES='4', **change)))
+  # Other examples under the same indices (the same data_dir).
+  path = data / 'debian_desc_en_de' / 'validation.jsonl'
+  rows = path.read_text().splitlines()
+  path.write_text('\n'.join([rows[1], rows[0]] + rows[2:]) + '\n')
+  with pytest.raises(ValueError, match=r'other examples .*\(2 of them: 0, 1'):
+    eval_lib.main(args(out, **dict(base, NUM_EXAMPLES='4')))
+  assert (out / 'examples.jsonl').read_text() == before  # untouched
+  capsys.readouterr()
+  again = eval_lib.main(args(out, **dict(
+      base, **{'evaluate.if_settings_differ': "'restart'"})))
+  assert 'starting afresh' in capsys.readouterr().out
+  assert again['reused_records'] == 0 and again['examples'] == 2
+  aside = list(out.glob('replaced-*'))
+  assert len(aside) == 1 and (aside[0] / 'examples.jsonl').read_text() == (
+      before)
+  # A checkpoint's content is part of the identity (same path).
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  setup = eval_lib.configured(args(tmp_path / 'c'))[1]
+  model = network.T5Model(setup.target_config)
+  contents = []
+  for seed in (0, 1):  # other weights at the same path
+    shutil.rmtree(tmp_path / 'ckpt', ignore_errors=True)
+    path = checkpoints.save_t5x_params(model.init_params(jax.random.key(seed)),
+                                       str(tmp_path / 'ckpt'), 1)
+    contents.append(run_folder.identity(setup.replace(
+        target_checkpoint=path))['target_checkpoint_content'])
+  assert contents[0].startswith('manifest:') and contents[0] != contents[1]
+
+
+# -- Crash consistency: a failure after every write of a unit -----------------
+
+KINDS = {
+    't5': {},
+    'unigram': {'DRAFT_MODEL': 'None'},
+    'bigram': {'DRAFT_MODEL': 'None'},
+    'lookup': {'DRAFT_MODEL': 'None'},
+    'cache': {'DRAFT_MODEL': 'None'},
+    'combined': {},
+    'pass': {'DRAFT_MODEL': 'None', 'GAMMA': '2'},
+    'heads': {'DRAFT_MODEL': 'None'},
+    'tree': {'TREE': "'beam:2,1,2'", 'GAMMA': '2'},
+    'heads_tree': {'DRAFT_MODEL': 'None', 'TREE': "'beam:2,1,2'",
+                   'GAMMA': '2'},
+}
+
+
+# Inputs cut to 64 tokens: the output cache embeds its 100 train pairs in
+# every run (a quarter of the time at 512).
+SHORT = {'TASK_FEATURE_LENGTHS': "{'inputs': 64, 'targets': 12}",
+         'EvalSetup.truncate_inputs': 'True'}
+
+
+class Injected(RuntimeError):
+  pass
+
+
+def _cache_content(out):
+  path = out / 'output_cache.npz'
+  return path.read_bytes() if path.exists() else None
+
+
+def _state(out):
+  summary = json.loads((out / 'summary.json').read_text())
+  counters = {k: summary[k] for k in (
+      'examples', 'alpha', 'mean_accepted_length', 'target_calls_per_token',
+      'speculative_tokens', 'baseline_tokens', 'differing_examples')}
+  return comparable(out), counters, _cache_content(out)
+
+
+@pytest.mark.parametrize('kind', list(KINDS))
+def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
+    tmp_path, monkeypatch, kind):
+  """Fixed batches of 1, 2 examples: the job is failed right after each
+  write of its first unit (the output cache staged, its intent, the
+  records, the cache put in place, the intent removed), then resumed: records (but timings), the
+  summary's counters and the output cache equal an uninterrupted run's,
+  for every drafter kind. Before the cache was committed with the
+  records, a crash between its save and the records let the resumed unit
+  draft from its own outputs."""
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+  assert set(KINDS) == set(drafters.KINDS)
+  flags = dict(dict(BATCH_SIZE='1', NUM_EXAMPLES='2', GAMMA='3',
+                    DRAFTER=f"'{kind}'", **SHORT), **KINDS[kind])
+  writes = []
+  monkeypatch.setattr(run_folder, 'after_write', [writes.append])
+  reference = tmp_path / 'reference'
+  eval_lib.main(args(reference, **flags))
+  expected = _state(reference)
+  assert len(expected[0]) == 2
+  if drafters.get_kind(kind).uses_cache:
+    assert expected[2] is not None
+  # The first unit's writes: after run.json and config.gin, up to its
+  # records (and the output cache's commit around them).
+  assert writes[:2] == ['run.json', 'config.gin'], writes
+  first_unit = writes.index('output cache intent removed' if
+                            drafters.get_kind(kind).uses_cache else
+                            'examples.jsonl')
+  points = range(2, first_unit + 1)
+  assert len(points) == (5 if drafters.get_kind(kind).uses_cache else 1), (
+      writes)
+  for at in points:
+    out = tmp_path / f'after-{at}'
+    count = [0]
+
+    def fail(label, at=at, count=count):
+      del label
+      count[0] += 1
+      if count[0] == at + 1:
+        raise Injected(f'after write {at}')
+
+    monkeypatch.setattr(run_folder, 'after_write', [fail])
+    with pytest.raises(Injected):
+      eval_lib.main(args(out, **flags))
+    monkeypatch.setattr(run_folder, 'after_write', [])
+    summary = eval_lib.main(args(out, **flags))
+    assert summary['status'] == 'complete'
+    got = _state(out)
+    assert got == expected, (kind, writes[at])
