@@ -57,9 +57,38 @@ def add_search_paths(extra: Sequence[str] = ()) -> None:
   """Adds `extra`, gin_configs/ and the repository root to gin's paths."""
   import gin  # pylint: disable=g-import-not-at-top
 
+  _tolerant_file_readers()
   for path in list(extra) + [str(GIN_DIR), str(GIN_DIR.parent)]:
     gin.add_config_file_search_path(path)
 
+
+def _tolerant_file_readers() -> None:
+  """gin's readers say 'not here' where a check raises.
+
+  gin also looks an include up as a resource of a Python package named
+  by the include's folder: `include 'runs/eval.gin'` asks for package
+  `runs`, and where a folder of that name is importable (a `runs/` in the
+  working directory, a namespace package) gin's check raises a TypeError
+  from deep inside instead of moving on to the search paths. A check that
+  raises is taken as 'no such file' here, so the search paths are tried.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  readers = gin.config._FILE_READERS  # pylint: disable=protected-access
+
+  def tolerant(check):
+    def exists(path):
+      try:
+        return check(path)
+      except (TypeError, ValueError, ImportError):
+        return False
+    _TOLERANT.add(exists)
+    return exists
+
+  readers[:] = [(r, c if c in _TOLERANT else tolerant(c))
+                for r, c in readers]
+
+
+_TOLERANT = set()  # the checks `_tolerant_file_readers` made
 
 Key = Tuple[str, str]  # gin's (scope, selector) of a binding
 

@@ -113,3 +113,17 @@ def test_example_files_are_complete_runs(path):
   assert isinstance(resolved.target_config, network.T5Config)
   assert resolved.target_config.vocab_size == (
       resolved.draft_config.vocab_size)
+
+
+def test_a_folder_named_like_a_gin_folder_does_not_break_includes(
+    tmp_path, monkeypatch):
+  """gin also reads an include ('runs/eval.gin') as a resource of a Python
+  package ('runs'); a `runs/` folder importable from the working directory
+  made its check raise a TypeError from inside gin instead of trying the
+  search paths (the main job failed when run from such a folder)."""
+  (tmp_path / 'runs').mkdir()
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.chdir(tmp_path)
+  setup = eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                               "--gin.EVAL_OUTPUT_DIR='/tmp/x'"])[1]
+  assert setup.mixture_or_task_name == 'debian_desc_en_de'
