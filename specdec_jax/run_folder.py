@@ -191,14 +191,18 @@ def _changed_examples(records: Sequence[Dict[str, Any]],
                 r.get('example') != examples[r['index']])
 
 
-def _changes(previous: Mapping[str, Any], now: Mapping[str, Any]
-             ) -> List[str]:
+def _changes(previous: Mapping[str, Any], now: Mapping[str, Any],
+             prefix: str = '') -> List[str]:
+  """'name: old -> new' per differing setting; nested settings (a model's
+  config) by their dotted name."""
   missing = '(not set)'
   lines = []
   for key in sorted(set(previous) | set(now)):
     old, new = previous.get(key, missing), now.get(key, missing)
-    if old != new:
-      lines.append(f'{key}: {json.dumps(old)} -> {json.dumps(new)}')
+    if isinstance(old, dict) and isinstance(new, dict):
+      lines += _changes(old, new, f'{prefix}{key}.')
+    elif old != new:
+      lines.append(f'{prefix}{key}: {json.dumps(old)} -> {json.dumps(new)}')
   return lines
 
 

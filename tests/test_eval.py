@@ -14,6 +14,7 @@ import pytest
 from specdec_jax import eval as eval_lib
 from specdec_jax import run_folder
 from specdec_jax import speculative
+from specdec_jax import unit_loop
 
 DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
 
@@ -127,7 +128,7 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   # A rerun resumes: nothing is decoded twice, and its first line says so;
   # the gamma chosen is read back, not measured again.
   capsys.readouterr()
-  monkeypatch.setattr(eval_lib, 'choose_gamma', None)
+  monkeypatch.setattr(unit_loop, 'choose_gamma', None)
   summary = eval_lib.main(args(out, **STREAM, **PROFILE))
   assert len(read_jsonl(out / 'examples.jsonl')) == 4
   first = capsys.readouterr().out.splitlines()[0]

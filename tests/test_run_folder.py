@@ -75,7 +75,9 @@ def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
   assert first['examples'] == 2
   before = (out / 'examples.jsonl').read_text()
   for change, named in [
-      ({'DTYPE': "'bfloat16'"}, 'target_config: .*"dtype": "bfloat16"'),
+      ({'DTYPE': "'bfloat16'"},
+       r'draft_config.dtype: "float32" -> "bfloat16"; target_config.dtype: '
+       r'"float32" -> "bfloat16"\)'),
       ({'EvalSetup.eos_id': '2'}, 'eos_id: 1 -> 2'),
       ({'EvalSetup.data_dir': f"'{DATA}'"}, 'data_dir: '),
       ({'EvalSetup.seed': '1'}, 'seed: 0 -> 1')]:

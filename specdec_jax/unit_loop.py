@@ -1,0 +1,267 @@
+"""The eval job's unit loop: every unit decoded both ways, timed, recorded.
+
+A unit is what the job decodes, times, records and resumes in one piece: a
+batch, or streamed (`EvalSetup.streamed`) a chunk of `stream_chunk`
+batches' worth of examples. `decode_units` decodes each unfinished unit
+with the baseline and with speculative decoding on the same inputs and
+rng, both compiled outside the timings, timed alternately
+(`measure.time_alternating`), diagnoses a greedy row that differs
+(`diagnostics.diagnose`), and yields the unit's records (the fields of
+examples.jsonl); the job (`eval.evaluate`) writes them. At batch > 1 it
+may choose gamma from a profile measured on the first unit
+(`choose_gamma`). The output cache of the 'cache' / 'combined' drafters
+learns each unit's outputs here and is committed with its records
+(`run_folder.CacheCommit`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+import jax
+from tqdm import tqdm
+import numpy as np
+
+from specdec_jax import data
+from specdec_jax import decoding
+from specdec_jax import diagnostics
+from specdec_jax import interfaces
+from specdec_jax import loading
+from specdec_jax import measure
+from specdec_jax import partitioning
+from specdec_jax import run_folder
+from specdec_jax import spec_stats
+from specdec_jax import speculative
+from specdec_jax import streaming
+from specdec_jax.bench import hardware
+from specdec_jax.loading import EvalSetup
+
+
+def units(setup: EvalSetup, all_inputs: np.ndarray
+           ) -> Iterator[Tuple[int, int, int, np.ndarray]]:
+  """The timed decode calls: `(unit, start, rows used, inputs)`.
+
+  Fixed batches: unit b is batch b (`data.batches`, a short last one
+  filled). Streamed (`setup.streamed`): unit c is chunk c, the examples
+  [c K B, (c + 1) K B) with K = `setup.stream_chunk` and B the batch, a
+  short last chunk filled (repeating its first row) to a multiple of B.
+  """
+  b = setup.batch_size
+  if not setup.streamed:
+    for start, n, inputs in data.batches(all_inputs, b):
+      yield start // b, start, n, inputs
+    return
+  size = setup.stream_chunk * b
+  for start in range(0, len(all_inputs), size):
+    rows = all_inputs[start:start + size]
+    n = len(rows)
+    filled = -(-n // b) * b
+    inputs = np.concatenate([rows, np.repeat(rows[:1], filled - n, 0)])
+    yield start // size, start, n, inputs
+
+
+def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
+  """gamma for the setup's batch from a profile measured now, on this
+  machine (`EvalSetup.batch_gamma` 'profile').
+
+  Args:
+    loaded: the built setup.
+    inputs: a unit's inputs (its first `batch_size` rows are timed).
+    first: the speculative decode of that unit at `setup.gamma` (its alpha).
+
+  Returns:
+    {'gamma', 'rule', 'configured_gamma', 'alpha', 'prediction' (the
+    `bench.hardware.Prediction` of the chosen gamma), 'profile'} (JSON).
+  """
+
+  setup = loaded.setup
+  b, top = setup.batch_size, setup.max_gamma
+  rows = inputs[:b]
+  # A call at half the output length: the mean context of a decode.
+  context = max(setup.task_feature_lengths['targets'] // 2, 1)
+  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
+                               range(1, top + 2), context=context,
+                               jit_setup=True)
+  t_draft = measure.drafter_token_time(
+      loaded.drafter, loaded.draft_params, rows, setup.gamma,
+      context=context, jit_setup=True)
+  t1 = seconds[1]
+  profile = hardware.HardwareProfile.of_run(
+      f'this run, batch {b}', b, t1,
+      {k: t / t1 for k, t in seconds.items()}, {setup.drafter: t_draft / t1},
+      device=measure.machine())
+  alpha = spec_stats.summarize(first.stats)['alpha']
+  chosen = hardware.predict(profile, alpha=min(max(alpha, 0.0), 1.0),
+                            drafter=setup.drafter, batch=b, max_gamma=top)
+  return {'gamma': int(chosen.gamma), 'rule': 'profile',
+          'configured_gamma': setup.gamma, 'alpha': alpha,
+          'prediction': chosen.to_json(), 'profile': profile.to_json()}
+
+
+def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
+                    done: set, timing_repeats: int, share=(0, 1),
+                    partitioner=None, choice_file=None, commit=None
+                    ) -> Iterator[List[Dict[str, Any]]]:
+  """Decodes every unfinished unit both ways; yields each unit's records.
+
+  A unit is a batch, or streamed (`EvalSetup.streamed`) a chunk of
+  `stream_chunk` batches' worth of examples decoded by the streaming loops
+  (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
+  an ended row refilled inside the loop). Rows already in `done` (a unit
+  cut short by a crash) are decoded with their unit but not recorded again.
+  With `share` (index, count) only units u with u % count == index are
+  decoded (a process's share); with a `partitioner` each unit's inputs are
+  placed on its mesh (batch over 'data'; a stream's refills then encode a
+  full slot batch, which the mesh divides).
+
+  The two decoders run on the same inputs and rng, compiled (each new
+  input / drafter shape is decoded once untimed), timed alternately
+  (`measure.time_alternating`, the first one alternating between units).
+  An output cache (kinds 'cache', 'combined') learns the finished outputs
+  after each unit: streamed, the examples of a chunk draft from the outputs
+  of earlier chunks (fixed: of earlier batches). With `commit` (a
+  `run_folder.CacheCommit`) the grown cache is staged before the unit's
+  records are yielded; the caller appends them, then finishes the commit.
+
+  With `setup.profile_gamma` the first unit decoded sets gamma for the
+  rest (`choose_gamma`, after its untimed warm-up at `setup.gamma`),
+  kept in `choice_file` (read back when the run resumes); every record
+  says the gamma it was decoded with.
+  """
+
+  setup, target, target_params = (loaded.setup, loaded.target,
+                                  loaded.target_params)
+  sampling = setup.sampling
+  lengths = setup.task_feature_lengths
+  all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
+                             lengths['inputs'])
+  mode = 'stream' if setup.streamed else 'fixed'
+  refill_sizes = None if partitioner is None else (setup.batch_size,)
+  warmed = set()  # (input shape, drafter param shapes, gamma) compiled
+  draft_params = loaded.draft_params
+  gamma, choice = setup.gamma, None
+  if setup.profile_gamma:
+    if speculative.decodes_merged(loaded.drafter):
+      choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
+                'why': f'drafter {setup.drafter!r} drafts in its merged loop '
+                       '(its drafting rides on the target call; the chain '
+                       'formula does not price it): gamma as configured'}
+      if choice_file is not None:
+        run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+    elif choice_file is not None and choice_file.exists():
+      choice = json.loads(choice_file.read_text())
+      print(f"gamma {choice['gamma']} for batch {setup.batch_size}, chosen "
+            f'by the profile of the run being resumed ({choice_file})',
+            flush=True)
+    if choice is not None:
+      gamma = choice['gamma']
+  for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
+                                  desc='eval', unit='chunk' if
+                                  setup.streamed else 'batch'):
+    batch = examples[start:start + n]
+    if u % share[1] != share[0] or all(i in done for i, *_ in batch):
+      continue
+    if partitioner is not None:
+      inputs = partitioner.shard_batch(inputs)
+    rng = jax.random.fold_in(jax.random.key(setup.seed), u)
+    common = dict(max_decode_len=lengths['targets'], sampling=sampling,
+                  eos_id=setup.eos_id, rng=rng)
+
+    def calls_at(g, inputs=inputs, common=common, draft_params=draft_params):
+      if setup.streamed:
+        stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
+        return {
+            'baseline': lambda: streaming.sample_stream(
+                target, target_params, inputs, **stream, **common),
+            'speculative': lambda: streaming.speculative_stream(
+                target, target_params, loaded.drafter, draft_params, inputs,
+                gamma=g, **stream, **common),
+        }
+      return {
+          'baseline': lambda: decoding.temperature_sample(
+              target, target_params, inputs,
+              block_size=g + 1 if setup.same_shape_baseline else 1,
+              **common),
+          'speculative': lambda: speculative.speculative_sample(
+              target, target_params, loaded.drafter, draft_params, inputs,
+              gamma=g, **common),
+      }
+
+    calls = calls_at(gamma)
+    shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
+                                                           draft_params)))
+    if (shapes, gamma) not in warmed:  # compile both outside the timings
+      first, _ = measure.time_alternating(calls)
+      warmed.add((shapes, gamma))
+      if setup.profile_gamma and choice is None:
+        choice = choose_gamma(loaded, inputs, first['speculative'])
+        if choice_file is not None:
+          run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+        pred = choice['prediction']
+        print(f"gamma {choice['gamma']} for batch {setup.batch_size} "
+              f"(configured {setup.gamma}): chosen by the profile measured "
+              f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
+              f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
+              f"{pred['speedup']:.2f}x", flush=True)
+        if choice['gamma'] != gamma:
+          gamma = choice['gamma']
+          calls = calls_at(gamma)
+          # Compile what gamma changes outside the timings: the speculative
+          # decode (and a same-shape baseline, whose block is gamma + 1).
+          measure.time_alternating({
+              name: call for name, call in calls.items()
+              if name == 'speculative' or setup.same_shape_baseline})
+          warmed.add((shapes, gamma))
+    res, times = measure.time_alternating(calls, timing_repeats,
+                                          reverse=u % 2 == 1)
+    base, spec = res['baseline'], res['speculative']
+    st = spec.stats
+    divergences = {}
+    if sampling.greedy:  # why a greedy row differs: rounding or a bug
+      divergences = {d.row: d.to_dict() for d in diagnostics.diagnose(
+          partitioning.unwrap(target), target_params, inputs[:n],
+          np.asarray(base.tokens)[:n], np.asarray(spec.tokens)[:n])}
+    text = lambda out, row, length: data.decode_text(
+        loaded.vocabulary, out.tokens[row], length, setup.eos_id)
+    records = []
+    for row, (i, ids, in_text, tgt_text) in enumerate(batch):
+      if i in done:
+        continue
+      b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
+      record = dict(
+          index=i, batch=i // setup.batch_size,
+          example=run_folder.example_fingerprint(ids, in_text, tgt_text),
+          input=in_text,
+          target=tgt_text, baseline=text(base, row, b_len),
+          speculative=text(spec, row, s_len),
+          baseline_length=b_len, speculative_length=s_len,
+          identical=bool(np.array_equal(base.tokens[row], spec.tokens[row])),
+          iterations=int(st.row_iterations[row]),
+          drafted=int(st.drafted[row]), accepted=int(st.accepted[row]),
+          beta_sum=float(st.beta_sum[row]),
+          beta_count=int(st.beta_count[row]),
+          batching=mode, gamma=gamma,
+          baseline_batch_s=times['baseline'],
+          speculative_batch_s=times['speculative'],
+          divergence=divergences.get(row))
+      if setup.streamed:
+        record['chunk'] = u
+      records.append(record)
+    if loaded.store is not None and records:
+      # The output cache learns every output of the unit (all its rows: a
+      # unit decoded again after a crash starts from the cache as it was
+      # before the unit); the next unit drafts from it. A grown capacity
+      # is a new compiled shape: warmed up again outside the timings.
+      loaded.store.add_requests(
+          target, target_params, inputs[:n],
+          [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
+           for row in range(n)])
+      if commit is not None:
+        commit.stage(loaded.store, [i for i, *_ in batch])
+      if not isinstance(loaded.drafter, interfaces.StoreDrafter):
+        raise TypeError(f'{type(loaded.drafter).__name__} reads an output '
+                        'cache but is no interfaces.StoreDrafter (it has '
+                        'no with_store).')
+      draft_params = loaded.drafter.with_store(draft_params, loaded.store)
+    yield records
