@@ -101,8 +101,10 @@ class EvalSetup:
       batch for k = 1 .. max_gamma + 1, the drafter's c, and alpha from
       the first unit decoded (untimed, the compile warm-up) at `gamma`;
       gamma is the argmax of Theorem 3.8 with the measured cost(gamma + 1)
-      (`bench.hardware.predict`), written to gamma_choice.json and reused
-      when the run resumes. Drafters with a merged loop (PaSS, heads,
+      (`bench.hardware.predict`), or 0 (no speculation: the batch decodes
+      with the baseline) where even the best is predicted slower than the
+      baseline; written to gamma_choice.json and reused when the run
+      resumes. Drafters with a merged loop (PaSS, heads,
       trees) keep `gamma` (their drafting rides on the target call; the
       chain formula does not price it). 'config': `gamma` at every batch.
       Batch 1 always decodes with `gamma` (the paper's rule).

@@ -73,6 +73,9 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   Returns:
     {'gamma', 'rule', 'configured_gamma', 'alpha', 'prediction' (the
     `bench.hardware.Prediction` of the chosen gamma), 'profile'} (JSON).
+    Where even the best gamma is predicted slower than the baseline,
+    'gamma' is 0 (no speculation: the job decodes with the baseline) and
+    'why' says so.
   """
 
   setup = loaded.setup
@@ -94,9 +97,27 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   alpha = spec_stats.summarize(first.stats)['alpha']
   chosen = hardware.predict(profile, alpha=min(max(alpha, 0.0), 1.0),
                             drafter=setup.drafter, batch=b, max_gamma=top)
-  return {'gamma': int(chosen.gamma), 'rule': 'profile',
-          'configured_gamma': setup.gamma, 'alpha': alpha,
-          'prediction': chosen.to_json(), 'profile': profile.to_json()}
+  choice = {'gamma': int(chosen.gamma), 'rule': 'profile',
+            'configured_gamma': setup.gamma, 'alpha': alpha,
+            'prediction': chosen.to_json(), 'profile': profile.to_json()}
+  if chosen.speedup < 1.0:
+    choice['gamma'] = 0
+    choice['why'] = (
+        f'no speculation: the best gamma ({chosen.gamma}) is predicted at '
+        f'{chosen.speedup:.2f}x of the baseline on the profile measured now '
+        f'(alpha {alpha:.2f}, cost(gamma + 1) {chosen.cost:.2f}, c '
+        f'{chosen.c:.3f}), so the batch decodes with the baseline')
+  return choice
+
+
+def _baseline_as_speculative(result) -> spec_stats.SpecResult:
+  """A baseline decode as the result of a speculative one that drafted
+  nothing: one target call per token, no drafts (the job's choice of no
+  speculation, gamma 0)."""
+  lengths = jax.numpy.asarray(result.lengths, jax.numpy.int32)
+  stats = spec_stats.SpecStats.zeros(lengths.shape[0], 1).replace(
+      iterations=jax.numpy.max(lengths), row_iterations=lengths)
+  return spec_stats.SpecResult(result.tokens, result.lengths, stats)
 
 
 def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
@@ -169,6 +190,10 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
                   eos_id=setup.eos_id, rng=rng)
 
     def calls_at(g, inputs=inputs, common=common, draft_params=draft_params):
+      if g == 0:  # no speculation (`choose_gamma`): the baseline both ways
+        base = calls_at(setup.gamma)['baseline']
+        return {'baseline': base,
+                'speculative': lambda: _baseline_as_speculative(base())}
       if setup.streamed:
         stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
         return {
@@ -203,7 +228,9 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
               f"(configured {setup.gamma}): chosen by the profile measured "
               f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
               f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
-              f"{pred['speedup']:.2f}x", flush=True)
+              f"{pred['speedup']:.2f}x" + (f"; {choice['why']}" if
+                                           choice['gamma'] == 0 else ''),
+              flush=True)
         if choice['gamma'] != gamma:
           gamma = choice['gamma']
           calls = calls_at(gamma)

@@ -417,3 +417,30 @@ def test_streamed_output_cache_learns_after_each_chunk(tmp_path):
   # Seeded with the 100 train pairs, then once per chunk, its new outputs.
   assert seen == [100, 4, 4]
   assert len(output_cache.OutputCache.load(str(path))) == 100 + 8
+
+
+def test_batch_decodes_without_speculation_where_the_profile_says_slower(
+    tmp_path, capsys, monkeypatch):
+  """At batch > 1 the job's choice includes no speculation: where the
+  profile it measures predicts even the best gamma slower than the
+  baseline (here a target whose k-token call costs k one-token calls, as
+  no accelerator has it), it decodes with the baseline and says why."""
+  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+  real = measure.cost_curve
+
+  def linear(*a, **k):
+    seconds = real(*a, **k)
+    return {n: seconds[1] * n for n in seconds}
+
+  monkeypatch.setattr(measure, 'cost_curve', linear)
+  summary = eval_lib.main(args(tmp_path / 'off', **STREAM, **PROFILE))
+  choice = summary['gamma_choices'][0]
+  assert choice['gamma'] == 0 and choice['configured_gamma'] == 3
+  assert choice['prediction']['speedup'] < 1
+  assert 'no speculation' in choice['why']
+  assert choice['why'] in capsys.readouterr().out
+  assert summary['gamma_used'] == {'0': 4}
+  records = read_jsonl(tmp_path / 'off' / 'examples.jsonl')
+  assert all(r['speculative'] == r['baseline'] and r['drafted'] == 0
+             for r in records)
+  assert summary['target_calls_per_token'] == pytest.approx(1.0)
