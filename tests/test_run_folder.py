@@ -159,9 +159,10 @@ def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
     tmp_path, monkeypatch, kind):
   """Fixed batches of 1, 2 examples: the job is failed right after each
   write of its first unit (the output cache staged, its intent, the
-  records, the cache put in place, the intent removed), then resumed: records (but timings), the
-  summary's counters and the output cache equal an uninterrupted run's,
-  for every drafter kind. Before the cache was committed with the
+  records, the cache put in place, the intent removed), then resumed:
+  records (but timings), the summary's counters and the output cache
+  (its file, byte for byte) equal an uninterrupted run's, for every
+  drafter kind. Before the cache was committed with the
   records, a crash between its save and the records let the resumed unit
   draft from its own outputs."""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
@@ -203,3 +204,53 @@ def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
     assert summary['status'] == 'complete'
     got = _state(out)
     assert got == expected, (kind, writes[at])
+
+
+def test_a_failure_after_the_gamma_choice_resumes_with_it(tmp_path,
+                                                          monkeypatch):
+  """At batch > 1 the first unit also writes the gamma chosen for the batch
+  (gamma_choice.json, before its records): failed after either write and
+  resumed, the run decodes with the same gamma as an uninterrupted one (the
+  choice, timing-dependent, is made deterministic here)."""
+  from specdec_jax import unit_loop  # pylint: disable=g-import-not-at-top
+  from test_eval import PROFILE  # pylint: disable=g-import-not-at-top
+  made = []
+
+  def choose(loaded, inputs, first):
+    del inputs, first
+    made.append(1)
+    return {'gamma': 1, 'rule': 'profile', 'alpha': 0.5,
+            'configured_gamma': loaded.setup.gamma,
+            'prediction': {'cost': 1.0, 'c': 0.0, 'speedup': 1.5}}
+
+  monkeypatch.setattr(unit_loop, 'choose_gamma', choose)
+  flags = dict(DRAFTER="'lookup'", DRAFT_MODEL='None', NUM_EXAMPLES='4',
+               **SHORT, **PROFILE)  # fixed batches of 2
+  writes = []
+  monkeypatch.setattr(run_folder, 'after_write', [writes.append])
+  reference = tmp_path / 'reference'
+  eval_lib.main(args(reference, **flags))
+  expected = _state(reference)
+  assert {r['gamma'] for r in expected[0]} == {1}
+  points = [i for i, w in enumerate(writes)
+            if w in ('gamma_choice.json', 'examples.jsonl')][:2]
+  assert [writes[i] for i in points] == ['gamma_choice.json',
+                                         'examples.jsonl'], writes
+  for at in points:
+    out = tmp_path / f'after-{at}'
+    count = [0]
+
+    def fail(label, at=at, count=count):
+      del label
+      count[0] += 1
+      if count[0] == at + 1:
+        raise Injected(f'after write {at}')
+
+    monkeypatch.setattr(run_folder, 'after_write', [fail])
+    with pytest.raises(Injected):
+      eval_lib.main(args(out, **flags))
+    monkeypatch.setattr(run_folder, 'after_write', [])
+    made.clear()
+    assert eval_lib.main(args(out, **flags))['status'] == 'complete'
+    assert not made  # read back, not chosen again
+    assert _state(out) == expected, writes[at]
