@@ -11,7 +11,9 @@ setuptools.setup(
     ),
     packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*']),
     # The shipped mini models and test slices (specdec_jax/shipped.py).
-    package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*']},
+    package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*',
+                                  'bench/chips.json',
+                                  'bench/profiles/*.json']},
     include_package_data=True,
     python_requires='>=3.10',
     install_requires=[
@@ -43,6 +45,10 @@ setuptools.setup(
             'nbclient',
             'nbformat',
             'ipykernel',
+            # libtpu at the installed jax's pin: tests/test_compile_only.py
+            # compiles for compile-only TPU devices (the suite still runs
+            # on the CPU; specdec_jax.compiled, docs/tpu.md).
+            'jax[tpu]',
         ],
     },
 )

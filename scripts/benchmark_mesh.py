@@ -49,6 +49,7 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
@@ -90,12 +91,6 @@ def allreduce_bytes(hlo_text):
   return sizes
 
 
-def abstract(tree, shardings):
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      tree, shardings)
-
-
 def compiled_facts(lowered):
   t0 = time.perf_counter()
   compiled = lowered.compile()
@@ -124,8 +119,8 @@ def measure(num_partitions):
     target = part.sharded_model(target)
     drafter_model = part.sharded_model(
         small, partitioning.data_parallel_rules())
-    params = abstract(params, part.param_shardings(target))
-    draft_params = abstract(draft_params, part.param_shardings(
+    params = compiled.abstract(params, part.param_shardings(target))
+    draft_params = compiled.abstract(draft_params, part.param_shardings(
         drafter_model))
     batch = partitioning.batch_sharding(part.mesh, part.rules)
     tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=batch)
@@ -133,7 +128,7 @@ def measure(num_partitions):
   cache = jax.eval_shape(lambda p, t: target.init_cache(
       p, t, MAX_LEN + GAMMA + 1), params, tokens)
   if num_partitions is not None:
-    cache = abstract(cache, target.cache_shardings(cache))
+    cache = compiled.abstract(cache, target.cache_shardings(cache))
   out = {'target_call': compiled_facts(
       jax.jit(target.extend).lower(params, block, cache))}
   out['speculative_loop'] = compiled_facts(

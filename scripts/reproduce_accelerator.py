@@ -8,8 +8,13 @@ r"""Table 2 at T5-XXL cost on one accelerator, with bf16 numerics made explicit.
 Needs jax, flax, numpy, matplotlib and this package importable (installed,
 or the repository on PYTHONPATH); nothing on its path imports seqio,
 TensorFlow, gin or rouge-score. One process in a time budget
-(`--max_minutes`, 9): the full run fits one 9-minute call on one H100; what
-does not fit is skipped, in priority order, and listed.
+(`--max_minutes`, 8) runs the phases of `PHASE_PLAN` in priority order (P1
+the hardware profile, P2 Table 2, P3 token trees (not implemented), P4
+batches, P5 against HF transformers (not implemented), P6 the sweep and
+numerics); it starts no phase whose projected seconds do not fit the time
+left, and lists it. Each phase's status is in the json's `phases`; a rerun
+with the same flags takes the phases complete in its results file and runs
+only the others.
 
 Models. synthetic: a random T5 1.1-small S0 widened function-preservingly
 to T5 1.1-XXL cost is the target; drafters are S0 plus sigma x std(leaf)
@@ -43,6 +48,14 @@ every row and the sweep; caches are built by compiled programs.
 `--compilation_cache` (jax's persistent cache, which also shares XLA's
 autotuning results between programs) lets a second run read them from disk.
 
+Executables compiled ahead of time (`bench.aot`): `--aot_build gpu:h100`
+compiles the run's cache, t(k), baseline and speculative programs here for
+a compile-only H100 (with the device image's jax, jaxlib and plugin) into
+`--aot_dir`/<target>/ with a manifest; a run loads each program from there
+or, when it cannot (missing, corrupt, other versions or device, refused),
+compiles it on the device and says why (`programs` in the json). Every
+program is then run through its executable.
+
 Projection (`projection` in the json; printed first; `--project` only
 prints it): the full plan's units per kind (programs compiled, calibration
 decodes, t(k) and drafter timings, decode calls of the table and sweep, of
@@ -61,6 +74,7 @@ import argparse
 import collections
 import dataclasses
 import functools
+import json
 import os
 import pathlib
 import sys
@@ -72,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import arrays
+from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters as drafters_lib
@@ -79,6 +94,7 @@ from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import widening
+from specdec_jax.bench import aot
 from specdec_jax.bench import budget
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
@@ -100,26 +116,46 @@ SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
 PAPER_TASK = {'synthetic': 'EnDe', 'en_de': 'EnDe', 'synopsis': 'CNNDM'}
 T5_SIZES, TEMPS, ACTS = ('small', 'base', 'large'), (0.0, 1.0), (
     'bfloat16', 'float32')
-PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve')
+# The parts `--phases` names (costs always run).
+PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve', 'trees',
+          'hf')
+# The run's phases in priority order: (id, title, the parts it runs).
+PHASE_PLAN = (
+    ('p1', 'hardware profile', ('costs', 'cost_curve')),
+    ('p2', 'Table 2', ('table2',)),
+    ('p3', 'token trees vs the best chain', ('trees',)),
+    ('p4', 'batches 8 and 32', ('batches',)),
+    ('p5', 'ours vs HF transformers', ('hf',)),
+    ('p6', 'the rest: gamma sweep, numerics', ('sweep', 'numerics')))
+TITLES = {pid: title for pid, title, _ in PHASE_PLAN}
+# Phases written down but not measured yet: what each would measure.
+NOT_IMPLEMENTED = {
+    'p3': 'token trees (beam:16,4,16/64 and dynamic 64) against the best '
+          'chain, both tasks, t = 0, >= 16 examples: not implemented',
+    'p5': 'ours against HF transformers (scripts/peer_hf.py has the HF '
+          'side) on the same inputs: not implemented'}
+# What the hardware profile does not measure yet.
+PROFILE_GAPS = ['the heads drafters (specdec_jax.drafters.heads): not in '
+                "the run's roster, not measured"]
 # The context cache of the t(k) timings, compiled ahead of time like them.
 CACHE = jax.jit(measure.context_cache, static_argnums=(0, 3, 4))
+# measure.call_time's loop (lowered with arguments placed on a device).
+CALLS = measure.repeated_calls
 
 # What differs between a full run and --smoke. costs: cost name -> the
 # dimensions models are widened to, or None (nothing widened); target: the
 # shipped model that is the target.
 Sizes = collections.namedtuple('Sizes', (
-    's0 costs target input_length output_length batches curve_ks sweep '
+    's0 costs target input_length output_length batches profile_ks sweep '
     'max_gamma examples repeats numerics_examples calib_examples '
     'ngram_examples context copy_mib cost_repeats ngram_orders'))
 FULL = Sizes(
     s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
     target='target', input_length=64, output_length=128, batches=(1, 8, 32),
-    curve_ks=(16, 32, 64), sweep=tuple(range(1, 9)), max_gamma=8,
+    profile_ks=(65, 17), sweep=tuple(range(1, 9)), max_gamma=8,
     examples=16,
     repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
     context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
-# The cost curve at batch > 1 stops here (wide trees are a batch-1 tool).
-BATCH_CURVE_MAX = 16
 # Tiny models, nothing widened (the synthetic T5 drafters share S0's
 # shapes: one program; the shipped target is the smallest shipped model);
 # one example decodes for the calibration and the n-grams (the table's
@@ -127,7 +163,7 @@ BATCH_CURVE_MAX = 16
 SMOKE = FULL._replace(
     s0=models.config('t5_1_1_tiny', vocab_size=256, num_encoder_layers=1,
                      num_decoder_layers=1), costs=None, target='small',
-    input_length=8, output_length=10, batches=(1, 2), curve_ks=(2,),
+    input_length=8, output_length=10, batches=(1, 2), profile_ks=(2, 2),
     sweep=(1, 2), max_gamma=1, examples=2, numerics_examples=2,
     calib_examples=1, ngram_examples=1, context=4, copy_mib=4, cost_repeats=1,
     ngram_orders=(2,))
@@ -176,10 +212,12 @@ def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
   Keys: ('copy',), ('reference',), ('cache', act, batch), ('call', act,
   batch, k), ('draft', name, batch), ('base', act, batch, temp, block),
   ('spec', act, name, batch, gamma, temp); `gammas` (task, name, temp) ->
-  gamma, a row missing from it has a program of its own.
+  gamma by the profile, (task, name, temp, 'paper') -> by the paper's rule
+  (the first drafter's); a row missing from it has a program of its own.
   """
   main, big = drafts[0].name, [b for b in s.batches if b > 1]
-  g = lambda task, n, t: gammas.get((task, n, t)) or ('?', task, n, t)
+  g = lambda task, n, t, *rule: gammas.get((task, n, t, *rule)) or (
+      '?', task, n, t, *rule)
   g0 = g(tasks[0], main, 0.0)
   k0 = g0 + 1 if isinstance(g0, int) else ('?', g0)
   out = {'costs': ([('copy',), ('reference',), ('cache', act, 1)] + [
@@ -188,7 +226,9 @@ def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
   for t in TEMPS if 'table2' in phases else ():
     out[f'table2@{t:g}'] = ([('base', act, 1, t, 1)], [
         ('spec', act, d.name, 1, g(task, d.name, t), t)
-        for task in tasks for d in drafts])
+        for task in tasks for d in drafts] + [
+            ('spec', act, main, 1, g(task, main, t, 'paper'), t)
+            for task in tasks])
   if 'sweep' in phases:
     out['sweep'] = ([('base', act, 1, 0.0, 1)],
                     [('spec', act, main, 1, x, 0.0) for x in s.sweep])
@@ -209,52 +249,132 @@ def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
   return out
 
 
+# The programs built ahead of time (`Runner.build`), and the order of the
+# parts they are built in (what comes first survives a size limit). The
+# others (the bandwidth copy, the drafters' timing loops, the diagnoses'
+# teacher-forced pass) are compiled on the device.
+AOT_KINDS = ('cache', 'call', 'base', 'spec')
+PRIORITY = ('costs', 'cost_curve', 'table2@0', 'table2@1', 'batches', 'sweep',
+            'numerics')
+
+
+def timed_compile(lower):
+  """(lower().compile(), its seconds)."""
+  start = time.perf_counter()
+  lowered = lower()
+  return lowered.compile(), time.perf_counter() - start
+
+
+# Beyond k = 17 the batch-1 curve is timed at these k only (the token
+# trees' widths and points between; `HardwareProfile.cost_at` interpolates
+# the rest, labelled): every k is a program of its own, and 1..65 dense
+# would be 99 programs with the larger batches' (P1 alone 780 s projected).
+SPARSE_KS = (24, 32, 48, 64, 65)
+
+
 def curve(s: Sizes, b: int) -> tuple:
-  """The k of the cost curve at batch b: every `curve_ks` at batch 1 (the
-  token trees' widths), those up to `BATCH_CURVE_MAX` at larger batches."""
-  return (1, *(k for k in s.curve_ks if b == 1 or k <= BATCH_CURVE_MAX))
+  """The k of the cost curve at batch b: at batch 1, 1..17 and the
+  `SPARSE_KS` up to `profile_ks[0]` (the token trees' widths); at larger
+  batches 1..`profile_ks[1]`."""
+  top = s.profile_ks[0 if b == 1 else 1]
+  dense = tuple(range(1, min(top, 17) + 1))
+  if b != 1:
+    return dense
+  return dense + tuple(k for k in SPARSE_KS if 17 < k <= top)
+
+
+def paper_gamma(alpha: float, c: float, max_gamma: int) -> int:
+  """The paper's rule: the gamma that maximises Theorem 3.8's speed-up with
+  a target call whose cost does not grow with k (cost(gamma + 1) = 1)."""
+  a = min(clip(alpha), 0.999)
+  return max(range(1, max_gamma + 1), key=lambda g: (1 - a ** (g + 1)) / (
+      (1 - a) * (g * c + 1)))
+
+
+def phase_keys(s: Sizes, drafts, tasks, gammas, phases, act: str):
+  """{phase id: (its programs, those no earlier phase compiles)}."""
+  parts = programs(s, drafts, tasks, gammas, phases, act)
+  out, seen = {}, set()
+  for pid, _, names in PHASE_PLAN:
+    keys = list(dict.fromkeys(
+        k for n in parts for half in parts[n] for k in half
+        if n.partition('@')[0] in names))
+    out[pid] = (keys, [k for k in keys if k not in seen])
+    seen |= set(keys)
+  return out
 
 
 def plan_units(s: Sizes, drafts, tasks, gammas, phases, act: str):
-  """The plan's units per kind of step (`budget.unit_seconds`' kinds)."""
-  keys = {k for a, b in programs(s, drafts, tasks, gammas, phases,
-                                 act).values() for k in a + b}
-  table, g0 = 'table2' in phases, gammas.get((tasks[0], drafts[0].name, 0.0))
+  """{phase id: its units per kind of step} (`budget.unit_seconds`'
+  kinds; the run's setup belongs to no phase)."""
+  keys = phase_keys(s, drafts, tasks, gammas, phases, act)
+  main = drafts[0].name
   calls = lambda n, decoders: (n * s.repeats + 1) * decoders
-  sweep = 0 if 'sweep' not in phases else len(s.sweep) if not table else (
-      len(set(s.sweep) - {g0}) - (g0 is None))  # beside the table's gamma
-  decoders = [len(drafts) * table + sweep * (task == tasks[0] and t == 0)
-              for task in tasks for t in TEMPS]
-  count = lambda kind: sum(k[0] == kind for k in keys)
-  return dict(
-      setup=1, compile=len(keys), calibration=len(tasks) * len(TEMPS),
-      bandwidth=1, calls=count('call'), drafters=count('draft'),
-      decode=sum(calls(s.examples, 1 + n) for n in decoders if n),
-      numerics=len(ACTS) * calls(s.numerics_examples, 3) * (
-          'numerics' in phases),
-      batch_decode=sum(calls(1, 2) for b in s.batches if b > 1) * (
-          'batches' in phases))
+  out = {}
+  for pid, (_, new) in keys.items():
+    count = lambda kind, new=new: sum(k[0] == kind for k in new)
+    units = dict(compile=len(new), calls=count('call'),
+                 drafters=count('draft'))
+    if pid == 'p1':
+      units.update(calibration=len(tasks) * len(TEMPS), bandwidth=1)
+    if pid == 'p2' and 'table2' in phases:
+      units['decode'] = sum(calls(s.examples, 1 + len(
+          {(d.name, gammas.get((task, d.name, t), d.name)) for d in drafts} |
+          {(main, gammas.get((task, main, t, 'paper'), 'paper'))}))
+                            for task in tasks for t in TEMPS)
+    if pid == 'p4' and 'batches' in phases:
+      units['batch_decode'] = sum(calls(1, 2) for b in s.batches if b > 1)
+    if pid == 'p6':
+      units['decode'] = calls(s.examples, 1 + len(s.sweep)) * (
+          'sweep' in phases)
+      units['numerics'] = len(ACTS) * calls(s.numerics_examples, 3) * (
+          'numerics' in phases)
+    out[pid] = {k: v for k, v in units.items() if v}
+  return out
+
+
+def previous_gammas(prev, prev_path: str, s: Sizes, drafts, tasks):
+  """(task, drafter, temperature) -> the gamma the profile's rule picks on
+  a measured run's calibrated alphas and profile (rows it can say), and
+  (..., 'paper') -> the paper's rule's for the first drafter."""
+  profile = hardware.from_accelerator_run(prev, prev_path)
+  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
+            for a in prev.get('alpha_calibration', [])}
+  known = [(task, d, t) for task in tasks for t in TEMPS for d in drafts
+           if (task, d.proxy, t) in alphas and d.name in profile.drafters(1)]
+  out = {(task, d.name, t): hardware.predict(
+      profile, alpha=clip(alphas[task, d.proxy, t]), drafter=d.name,
+      max_gamma=s.max_gamma).gamma for task, d, t in known}
+  out.update({(task, d.name, t, 'paper'): paper_gamma(
+      alphas[task, d.proxy, t], profile.c_of(d.name)[0], s.max_gamma)
+              for task, d, t in known if d is drafts[0]})
+  return out
 
 
 def project(prev_path: str, s: Sizes, drafts, tasks, phases, act: str,
             workers: Optional[int], of: str) -> Dict[str, Any]:
-  """The projected wall time of a plan (the module docstring)."""
+  """The projected wall time of a plan, per phase (the module docstring)."""
   prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
-  profile = hardware.from_accelerator_run(prev, prev_path)
-  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
-            for a in prev.get('alpha_calibration', [])}
-  gammas = {(task, d.name, t): hardware.predict(
-      profile, alpha=clip(alphas[task, d.proxy, t]), drafter=d.name,
-      max_gamma=s.max_gamma).gamma for task in tasks for t in TEMPS
-            for d in drafts if (task, d.proxy, t) in alphas and
-            d.name in profile.drafters(1)}
+  gammas = previous_gammas(prev, prev_path, s, drafts, tasks)
   units = plan_units(s, drafts, tasks, gammas, phases, act)
-  out = budget.projected_seconds(prev, units, workers, source=prev_path)
-  out.update(of=of, gammas_from_previous_run=len(gammas), plan=units)
+  total = collections.Counter(setup=1)
+  for u in units.values():
+    total.update(u)
+  out = budget.projected_seconds(prev, dict(total), workers, source=prev_path)
+  out.update(of=of, gammas_from_previous_run=sum(
+      len(k) == 3 for k in gammas), plan=dict(total), phases={
+          pid: dict(title=TITLES[pid], units=u,
+                    seconds=budget.projected_seconds(prev, u, workers)[
+                        'seconds'] if u else 0.0)
+          for pid, u in units.items()})
   print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
         f' s (from {prev_path}: ' + ', '.join(
             f"{k} {v['units']} x {v['unit_s']:g} s"
             for k, v in out['by_kind'].items()) + ')', flush=True)
+  for pid, v in out['phases'].items():
+    print(f"  {pid.upper()} {v['title']}: {v['seconds']:.0f} s" + (
+        f' ({NOT_IMPLEMENTED[pid]})' if pid in NOT_IMPLEMENTED else ''),
+          flush=True)
   return out
 
 
@@ -299,7 +419,8 @@ class Runner:
   """Builds the models, compiles, runs the phases in order, writes results."""
 
   def __init__(self, args, sizes: Sizes, clock: budget.Clock,
-               pool: budget.Pool, out_dir: pathlib.Path, header):
+               pool: budget.Pool, out_dir: pathlib.Path, header,
+               store: Optional[aot.Store] = None):
     self.args, self.s, self.clock, self.pool = args, sizes, clock, pool
     self.act, self.synthetic = args.activation_dtype, (
         args.source == 'synthetic')
@@ -309,6 +430,8 @@ class Runner:
     self.alpha_cal: Dict[Any, float] = {}  # (task, proxy, temp) -> alpha
     self.gamma: Dict[Any, int] = {}  # (task, name, temp) -> gamma
     self.caches, self.decode_s, self.profile = {}, {}, None
+    self.device, self.store = None, store
+    self.rates_from = None  # a measured run (json) for `phase_estimate`
     self.result = dict(
         **header, source=args.source, synthetic=self.synthetic,
         label=SYNTHETIC_LABEL if self.synthetic else
@@ -316,7 +439,10 @@ class Runner:
         smoke=bool(args.smoke), status='running', setup={}, bandwidth={},
         floor={}, costs={}, drafters={}, table2=[], numerics=[], batches=[],
         sweep=[], skipped=clock.skipped, time_log=clock.log,
-        compile_misses=[])
+        phases={pid: dict(title=title, parts=list(parts), status='pending')
+                for pid, title, parts in PHASE_PLAN},
+        compile_misses=[], programs={}, device_facts=aot.device_facts(),
+        aot_dir=None if store is None else report.portable(str(store.dir)))
 
   # -- models ----------------------------------------------------------------
 
@@ -326,12 +452,14 @@ class Runner:
         model.config, dict(self.s.costs[cost]))
     if not cfg or cfg == model.config:
       return model, params
-    return network.T5Model(cfg), widening.widen(params, model.config, cfg)
+    widen = functools.partial(widening.widen, config=model.config,
+                              new_config=cfg)
+    return network.T5Model(cfg), (jax.eval_shape(widen, params) if (
+        self.device is not None) else widen(params))  # building: shapes
 
   def setup(self) -> None:
     start, s = time.perf_counter(), self.s
-    self.drafts = roster(self.args.source, [] if self.synthetic else
-                         load_shipped().model_names(), s)
+    self.drafts = self.drafts_before_setup()
     self.tasks = tasks_of(self.args.source)
     n = max(max(s.batches), s.examples, s.numerics_examples)
     self.proxies = {}
@@ -352,7 +480,7 @@ class Runner:
           d.drafter = drafters_lib.T5Drafter(network.T5Model(
               cfg.replace(fused_projections=True)))
     self.main, (model, params) = self.drafts[0], self.targets[self.act]
-    self.max_len = s.context + max(s.max_gamma + 1, *s.curve_ks) + 8
+    self.max_len = s.context + max(s.max_gamma + 1, s.profile_ks[0]) + 8
     self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
         target_config=report.config_dict(model.config),
@@ -368,6 +496,10 @@ class Runner:
                                paper=d.paper) for d in self.drafts})
     self.clock.note('setup: models, widening, inputs',
                     time.perf_counter() - start, kind='setup')
+
+  def drafts_before_setup(self) -> List[Draft]:
+    return roster(self.args.source, [] if self.synthetic else
+                  load_shipped().model_names(), self.s)
 
   def _synthetic(self, n: int) -> None:
     s, seed, v = self.s, self.args.seed, self.s.s0.vocab_size
@@ -456,25 +588,47 @@ class Runner:
 
   # -- programs --------------------------------------------------------------
 
+  def place(self, tree):
+    """`tree` as it is, or (building for a compile-only device) its
+    `ShapeDtypeStruct`s on that device."""
+    if self.device is None:
+      return tree
+    sharding = jax.sharding.SingleDeviceSharding(self.device)
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), x.dtype, sharding=sharding), tree)
+
   def shape(self, batch: int):
-    return jax.ShapeDtypeStruct((batch, self.Li), jnp.int32)
+    return self.place(jax.ShapeDtypeStruct((batch, self.Li), jnp.int32))
 
   def x(self, task: str, batch: int, start: int = 0):
     return jnp.asarray(self.inputs[task][start:start + batch])
 
-  def sample(self, key, task, x, rng, lower=False):
-    """Runs (or lowers) the decoding program `key` ('base' / 'spec')."""
+  def decode_fn(self, key, task):
+    """The decoding program `key` ('base' / 'spec') as a function of its
+    dynamic arguments (params, [draft params,] inputs, rng), and the first
+    of them (the executable's arguments)."""
     kind, act, *rest = key
-    head, temp = tuple(self.targets[act]), rest[-2 if kind == 'base' else -1]
-    fn, extra = decoding.temperature_sample, dict(block_size=rest[-1])
-    if kind == 'spec':
-      d = self.by_name[rest[0]]
-      head += (d.drafter, d.params[task])
-      fn, extra = speculative.speculative_sample, dict(gamma=rest[2])
-    if lower:
-      fn, rng = fn.lower, (jax.random.key(0) if temp else None)
-    return fn(*head, x, max_decode_len=self.T, sampling=SamplingConfig(temp),
-              eos_id=self.eos, rng=rng, **extra)
+    model, params = self.targets[act]
+    temp = rest[-2 if kind == 'base' else -1]
+    common = dict(max_decode_len=self.T, sampling=SamplingConfig(temp),
+                  eos_id=self.eos)
+    if kind == 'base':
+      def base(params, x, rng):
+        return decoding.temperature_sample(model, params, x, rng=rng,
+                                           block_size=rest[-1], **common)
+      return base, (params,)
+    d = self.by_name[rest[0]]
+
+    def spec(params, draft_params, x, rng):
+      return speculative.speculative_sample(
+          model, params, d.drafter, draft_params, x, rng=rng, gamma=rest[2],
+          **common)
+    return spec, (params, d.params[task])
+
+  def sample(self, key, task, x, rng):
+    """Runs the decoding program `key` (its executable)."""
+    fn, head = self.decode_fn(key, task)
+    return self.pool.executables.get(self.ident(key), fn)(*head, x, rng)
 
   def lowering(self, key):
     """A call with no arguments that lowers the program `key`."""
@@ -491,16 +645,21 @@ class Runner:
     if kind == 'cache':
       return lambda: CACHE.lower(model, params, self.shape(key[2]), ctx,
                                  self.max_len)
-    if kind == 'call':
-      return lambda: measure.lower_call_time(
-          model, params, self.shape(key[2]), key[3], context=ctx,
-          max_length=self.max_len)
+    if kind == 'call':  # measure.call_time's loop, its arguments placed
+      return lambda: CALLS.lower(
+          model, params, self.place(jax.ShapeDtypeStruct(
+              (key[2], key[3]), jnp.int32)), self.place(measure.context_cache(
+                  model, params, self.shape(key[2]), ctx, self.max_len)), 1)
     if kind == 'draft':
       d = self.by_name[key[1]]
       return lambda: measure.lower_drafter_token_time(
           d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx)
-    batch = key[2 if kind == 'base' else 3]
-    return lambda: self.sample(key, task, self.shape(batch), None, True)
+    fn, head = self.decode_fn(key, task)
+    temp = key[-2 if kind == 'base' else -1]
+    rng = self.place(jax.eval_shape(lambda: jax.random.key(0))) if temp else (
+        None)
+    return lambda: jax.jit(fn).lower(*head, self.shape(
+        key[2 if kind == 'base' else 3]), rng)
 
   def ident(self, key):
     """The program of `key`: names as their drafters (equal ones share)."""
@@ -509,8 +668,18 @@ class Runner:
                  for i, x in enumerate(key))
 
   def compile(self, what: str, keys) -> int:
-    return self.pool.compile(what, {self.ident(k): self.lowering(k)
-                                    for k in keys})
+    """Loads (`--aot_dir`) or compiles the programs `keys`."""
+    names = {}
+    for k in keys:
+      names.setdefault(self.ident(k), aot.program_name(k))
+    load = None if self.store is None else (
+        lambda ident: self.store.load(names[ident]))
+    n = self.pool.compile(what, {self.ident(k): self.lowering(k)
+                                 for k in keys}, load)
+    self.result['programs'].update(
+        {names[i]: self.pool.sources[i] for i in names
+         if i in self.pool.sources})
+    return n
 
   # -- measurements ----------------------------------------------------------
 
@@ -520,13 +689,17 @@ class Runner:
     x, start = self.x(self.tasks[0], batch), time.perf_counter()
     if not ks:
       return
+    exe = self.pool.executables.get
     if (act, batch) not in self.caches:
-      self.caches[act, batch] = CACHE(model, params, x, self.s.context,
-                                      self.max_len)
-    for k in ks:
-      times[k] = 1e3 * measure.call_time(
-          model, params, x, k, repeats=self.s.cost_repeats,
-          context=self.s.context, cache=self.caches[act, batch])
+      self.caches[act, batch] = exe(self.ident(('cache', act, batch)))(
+          params, x)
+    cache = self.caches[act, batch]
+    for k in ks:  # measure.call_time's timing of its loop's executable
+      run, block = exe(self.ident(('call', act, batch, k))), jnp.full(
+          (batch, k), 7, jnp.int32)
+      times[k] = 1e3 * measure.loop_time(
+          lambda n, run=run, block=block: run(params, block, cache, n), 20,
+          self.s.cost_repeats)
     self.clock.note(f'time t(k), {act} activations, batch {batch}, k = {ks}',
                     time.perf_counter() - start, kind='calls', units=len(ks))
     self.record()
@@ -541,6 +714,21 @@ class Runner:
     self.clock.note(f'time drafters, batch {batch}', time.perf_counter() -
                     start, kind='drafters', units=len(todo))
     self.record()
+
+  def aot_check(self, key, here) -> None:
+    """t(1) by the executable compiled ahead of time and by `here`, the
+    same program compiled on this device (XLA autotunes only here)."""
+    params, batch = self.targets[key[1]][1], key[2]
+    block = jnp.full((batch, key[3]), 7, jnp.int32)
+    cache = self.caches[key[1], batch]
+    ms = 1e3 * measure.loop_time(lambda n: here(params, block, cache, n), 20,
+                                 self.s.cost_repeats)
+    loaded = self.t_ms[key[1], batch][key[3]]
+    self.result['aot_check'] = dict(
+        program=aot.program_name(key), loaded_ms=loaded, compiled_here_ms=ms,
+        loaded_over_compiled_here=loaded / ms)
+    print(f'ahead-of-time check, {aot.program_name(key)}: loaded {loaded:.3f}'
+          f' ms, compiled here {ms:.3f} ms', flush=True)
 
   def record(self) -> None:
     """costs, drafters and floor from the timings; the profile they make."""
@@ -644,34 +832,46 @@ class Runner:
     return None
 
   def table(self, temp: float) -> None:
-    """Table 2 rows of every task at `temp` (and the sweep, at t = 0)."""
+    """Table 2 rows of every task at `temp`: every drafter at the gamma of
+    the profile's rule, the first one also at the paper's rule's."""
     s, main, act = self.s, self.main, self.act
     for task in self.tasks:
-      drafts = self.drafts if 'table2' in self.args.phases else []
-      sweep = s.sweep if (task == self.tasks[0] and temp == 0 and
-                          'sweep' in self.args.phases) else ()
+      rules = [(d, 'profile', self.gamma[task, d.name, temp])
+               for d in self.drafts] + [
+                   (main, 'paper', self.gamma[task, main.name, temp, 'paper'])]
       keys = [('base', act, 1, temp, 1)] + list(dict.fromkeys(
-          [('spec', act, d.name, 1, self.gamma[task, d.name, temp], temp)
-           for d in drafts] + [('spec', act, main.name, 1, g, 0.0)
-                               for g in sweep]))
-      what = f'Table 2, t = {temp:g}: {task}' + ' + gamma sweep' * bool(sweep)
-      if len(keys) < 2 or not self.clock.fits(
-          self.estimate(1, s.examples, len(keys)), what):
+          ('spec', act, d.name, 1, g, temp) for d, _, g in rules))
+      what = f'Table 2, t = {temp:g}: {task}'
+      if not self.clock.fits(self.estimate(1, s.examples, len(keys)), what):
         continue
       start = time.perf_counter()
       timed = self.alternate(task, keys, 1, s.examples, temp)
-      rows = {k: self.row(task, self.by_name[k[2]], temp, k[4],
-                          timed[keys[0]], timed[k]) for k in keys[1:]}
-      for d, key in zip(drafts, keys[1:]):  # the sweep may share a row
-        self.result['table2'].append(rows[key])
-        rows[key].update(gamma_rule=True, group=d.group, paper=self.paper(
+      for d, rule, g in rules:  # the paper's rule may share a program
+        key = ('spec', act, d.name, 1, g, temp)
+        row = self.row(task, d, temp, g, timed[keys[0]], timed[key])
+        row.update(gamma_rule=rule, group=d.group, paper=self.paper(
             task, d, temp), alpha_calibration=self.alpha_cal[
                 task, d.proxy, temp])
-      self.result['sweep'] += [rows['spec', act, main.name, 1, g, 0.0]
-                               for g in sweep]
+        self.result['table2'].append(row)
       self.clock.note(what, time.perf_counter() - start, kind='decode',
                       units=(s.examples * s.repeats + 1) * len(keys))
       self.write()
+
+  def sweep(self) -> None:
+    """The gamma sweep of the first drafter (t = 0, first task)."""
+    s, main, act, task = self.s, self.main, self.act, self.tasks[0]
+    keys = [('base', act, 1, 0.0, 1)] + [
+        ('spec', act, main.name, 1, g, 0.0) for g in s.sweep]
+    what = f'gamma sweep: {task}'
+    if not self.clock.fits(self.estimate(1, s.examples, len(keys)), what):
+      return
+    start = time.perf_counter()
+    timed = self.alternate(task, keys, 1, s.examples, 0.0)
+    self.result['sweep'] += [self.row(task, main, 0.0, k[4], timed[keys[0]],
+                                      timed[k]) for k in keys[1:]]
+    self.clock.note(what, time.perf_counter() - start, kind='decode',
+                    units=(s.examples * s.repeats + 1) * len(keys))
+    self.write()
 
   def numerics(self) -> None:
     """Identical rows and costs: bf16 / f32 activations, 1-token / block."""
@@ -737,54 +937,240 @@ class Runner:
   # -- the run ---------------------------------------------------------------
 
   def run(self, watch: budget.CompileWatch) -> None:
-    s = self.s
+    """Setup, then the phases in priority order (`PHASE_PLAN`)."""
     self.setup()
+    self.resume()
     self.write()
-    plan = lambda: programs(s, self.drafts, self.tasks, self.gamma,
-                            self.args.phases, self.act)
-    # Stage 1: every program that needs no gamma, the calibration beside.
+    for pid, _, parts in PHASE_PLAN:
+      self.phase(pid, parts)
+      watch.install()  # from here on, every timed program is compiled
+
+  def phase(self, pid: str, parts) -> None:
+    """Runs phase `pid` if it is wanted, not done and fits the budget."""
+    state, name = self.result['phases'][pid], f'{pid.upper()} {TITLES[pid]}'
+    if state['status'] == 'complete':
+      print(f'{name}: complete in {self.stem}.json (an earlier run): not '
+            'run again', flush=True)
+      return
+    if pid in NOT_IMPLEMENTED:
+      state.update(status='not implemented', note=NOT_IMPLEMENTED[pid])
+      return
+    if not set(parts) & (self.args.phases | {'costs'}):
+      state['status'] = 'not requested (--phases)'
+      return
+    if pid != 'p1' and self.result['phases']['p1']['status'] != 'complete':
+      state['status'] = 'skipped: needs P1 (the hardware profile)'
+      print(f'skipped: {name} ({state["status"]})', flush=True)
+      return
+    need = self.phase_estimate(pid)
+    if not self.clock.fits(need, name):
+      state['status'] = (f'skipped (time budget): needs ~{need:.0f} s, '
+                         f'{max(self.clock.left(), 0):.0f} s left')
+      return
+    state.update(status='running', estimate_s=round(need, 1))
+    self.result['status'] = f'partial: running {pid.upper()}'
+    self.write()
+    start, skipped = time.perf_counter(), len(self.clock.skipped)
+    getattr(self, pid)()
+    cut = [x['what'] for x in self.clock.skipped[skipped:]]
+    state.update(seconds=round(time.perf_counter() - start, 1),
+                 status='partial: skipped ' + '; '.join(cut) if cut else
+                 'complete')
+    self.write()
+
+  def phase_estimate(self, pid: str) -> float:
+    """Seconds of phase `pid`: its units at this run's rates so far, the
+    kinds it has not timed yet at those of `rates_from` (the measured run
+    of the projection; none in a smoke run). Programs compiled already
+    cost nothing, those built ahead of time a load."""
+    keys = phase_keys(self.s, self.drafts, self.tasks, self.gamma,
+                      self.args.phases, self.act)[pid][0]
+    units = plan_units(self.s, self.drafts, self.tasks, self.gamma,
+                       self.args.phases, self.act)[pid]
+    built = () if self.store is None else self.store.manifest['programs']
+    todo = {self.ident(k): aot.program_name(k) in built for k in keys
+            if self.ident(k) not in self.pool.compiled}
+    units.update(compile=sum(not x for x in todo.values()),
+                 load=sum(todo.values()))
+    own = budget.projected_seconds(self.result, units, self.pool.workers)
+    rest = {k: units[k] for k in own['unmeasured']}
+    more = budget.projected_seconds(self.rates_from, rest, self.pool.workers)[
+        'seconds'] if rest and self.rates_from else 0.0
+    return own['seconds'] + more
+
+  def phase_programs(self, pid: str) -> int:
+    """Loads or compiles the programs of phase `pid`."""
+    return self.compile(f'{pid.upper()} programs', phase_keys(
+        self.s, self.drafts, self.tasks, self.gamma, self.args.phases,
+        self.act)[pid][0])
+
+  def set_gammas(self) -> None:
+    """Each row's gamma by the profile's rule, the first drafter's also
+    by the paper's (`paper_gamma`)."""
+    s, main = self.s, self.main
+    self.gamma = {(task, d.name, t): hardware.predict(
+        self.profile, alpha=clip(self.alpha_cal[task, d.proxy, t]),
+        drafter=d.name, max_gamma=s.max_gamma).gamma
+                  for task in self.tasks for t in TEMPS for d in self.drafts}
+    self.gamma.update({(task, main.name, t, 'paper'): paper_gamma(
+        self.alpha_cal[task, main.proxy, t],
+        self.profile.c_of(main.name)[0], s.max_gamma)
+                       for task in self.tasks for t in TEMPS})
+
+  def p1(self) -> None:
+    """The hardware profile: the floor, t(k) and cost(k), c of every
+    drafter at batch 1, the alpha calibration (beside the compiles)."""
+    s, act = self.s, self.act
     jobs = self.pool.submit(self.calibration())
-    self.compile('programs without gamma', [
-        k for first, _ in plan().values() for k in first])
+    self.phase_programs('p1')
+    check = ('call', act, 1, 1)  # t(1): loaded vs compiled here
+    check = check if self.pool.sources.get(self.ident(check)) == (
+        'loaded') else None
+    checks = self.pool.submit({check: functools.partial(timed_compile,
+                                                        self.lowering(check))}
+                              if check else {})
     for (task, t), alphas in self.pool.collect(
         'alpha calibration (untimed)', jobs, 'calibration').items():
       self.alpha_cal.update({(task, key, t): a for key, a in alphas.items()})
     self.result['alpha_calibration'] = [
         dict(task=t, drafter=k, temperature=temp, alpha=a)
         for (t, k, temp), a in self.alpha_cal.items()]
-    watch.install()  # from here on, every timed program is compiled
     start = time.perf_counter()
     self.result['bandwidth'] = measure.bandwidth(s.copy_mib, s.cost_repeats)
     self.clock.note('time device copy (bandwidth)',
                     time.perf_counter() - start, kind='bandwidth')
-    self.measure_calls(self.act, 1, range(1, s.max_gamma + 2))
+    checks = self.pool.collect('compile the t(1) program here (check)',
+                               checks, 'compile')
+    curve_on = 'cost_curve' in self.args.phases
+    self.measure_calls(act, 1, sorted(set(range(1, s.max_gamma + 2)) | set(
+        curve(s, 1) if curve_on else ())))
+    if check:
+      self.aot_check(check, checks[check][0])
     self.measure_drafters(self.drafts, 1)
-    self.gamma = {(task, d.name, t): hardware.predict(
-        self.profile, alpha=clip(self.alpha_cal[task, d.proxy, t]),
-        drafter=d.name, max_gamma=s.max_gamma).gamma
-                  for task in self.tasks for t in TEMPS for d in self.drafts}
-    self.write()
-    # Stage 2: the programs with a gamma, for the phases in priority order;
-    # the last are dropped while compiling them does not fit (rows check
-    # again before they run, at the decode times measured by then).
-    parts = plan()
-    order = [(w, [k for p in ps if p in parts for k in parts[p][1]], fn)
-             for w, ps, fn in [
-                 ('Table 2, t = 0', ['table2@0', 'sweep'], functools.partial(
-                     self.table, 0.0)),
-                 ('Table 2, t = 1', ['table2@1'], functools.partial(
-                     self.table, 1.0)),
-                 ('numerics', ['numerics'], self.numerics),
-                 ('batches', ['batches'], self.batches),
-                 ('cost curve', ['cost_curve'], self.cost_curve)]
-             if any(p in parts for p in ps)]
-    keys = lambda: [k for _, ks, _ in order for k in ks]
-    while order and not self.clock.fits(self.pool.estimate(
-        {self.ident(k) for k in keys()}), order[-1][0]):
-      order.pop()
-    self.compile('programs with gamma', keys())
-    for _, _, fn in order:
-      fn()
+    for b in (b for b in s.batches if b > 1 and curve_on):
+      self.measure_calls(act, b, list(curve(s, b)))
+    self.set_gammas()
+    self.result['phases']['p1']['not_measured'] = PROFILE_GAPS
+
+  def p2(self) -> None:
+    """Table 2 at batch 1: both temperatures, every task and drafter."""
+    self.phase_programs('p2')
+    for t in TEMPS:
+      self.table(t)
+
+  def p4(self) -> None:
+    self.phase_programs('p4')
+    self.batches()
+
+  def p6(self) -> None:
+    self.phase_programs('p6')
+    if 'sweep' in self.args.phases:
+      self.sweep()
+    if 'numerics' in self.args.phases:
+      self.numerics()
+
+  def resume(self) -> None:
+    """Takes the phases complete in this run's results file (an earlier
+    run with the same flags and sizes) as they are: they are not run
+    again. Needs P1 complete (the later phases need its profile)."""
+    path = self.stem.with_suffix('.json')
+    if not path.exists():
+      return
+    try:
+      prev = report.read_json(path)
+    except (OSError, ValueError) as e:
+      self.result['resumed'] = dict(used=False, why=repr(e))
+      return
+    same = lambda x: json.loads(json.dumps(x))
+    setup = prev.get('setup', {})
+    why = [k for k in ('source', 'smoke') if prev.get(k) != self.result[k]
+           ] + [k for k in ('sizes', 'activation_dtype', 'fused', 'tasks',
+                            'input_length', 'output_length')
+                if same(setup.get(k)) != same(self.result['setup'][k])]
+    done = [pid for pid, v in (prev.get('phases') or {}).items()
+            if v.get('status') == 'complete' and pid in TITLES]
+    if 'p1' not in done:
+      why.append('P1 not complete')
+    if why:
+      self.result['resumed'] = dict(used=False, why=f'differs: {why}')
+      print(f'{path}: not resumed ({why})', flush=True)
+      return
+    self.result['bandwidth'] = prev['bandwidth']
+    self.alpha_cal = {(a['task'], a['drafter'], a['temperature']): a['alpha']
+                      for a in prev['alpha_calibration']}
+    self.result['alpha_calibration'] = prev['alpha_calibration']
+    self.result['programs'].update(prev.get('programs') or {})
+    for act, by_b in prev['costs'].items():
+      for b, v in by_b.items():
+        self.t_ms[act, int(b)] = {int(k): t for k, t in v['t_ms'].items()}
+    for name, d in prev['drafters'].items():
+      if name in self.by_name:
+        self.t_draft_ms.update({(name, int(b)): ms
+                                for b, ms in d['t_draft_ms'].items()})
+    self.record()
+    self.set_gammas()
+    rows = {'p2': ('table2',), 'p4': ('batches',), 'p6': ('sweep',
+                                                         'numerics')}
+    for pid in done:
+      self.result['phases'][pid] = dict(prev['phases'][pid], earlier_run=True)
+      for key in rows.get(pid, ()):
+        self.result[key] = prev[key]
+    self.result['resumed'] = dict(used=True, phases=done)
+
+  # -- ahead of time --------------------------------------------------------
+
+  def build(self, device, gammas) -> Dict[str, Any]:
+    """Compiles the run's device programs for `device` (compile-only: the
+    parameters are shapes on it) into `self.store`, in priority order.
+
+    Args:
+      device: the device the executables are for.
+      gammas: (task, drafter, temperature) -> the gamma the run is expected
+        to pick (`previous_gammas`); a run that picks another compiles that
+        program on the device.
+
+    Returns:
+      `aot.summary` of the store, plus what was left out for its size.
+    """
+    self.device = device
+    self.setup()
+    self.targets = {a: (m, self.place(p)) for a, (m, p) in
+                    self.targets.items()}
+    for d in self.drafts:
+      d.params = {t: self.place(p) for t, p in d.params.items()}
+    parts = programs(self.s, self.drafts, self.tasks, gammas,
+                     self.args.phases, self.act)
+    names = {}
+    for part in PRIORITY:
+      for k in (k for half in parts.get(part, ([], [])) for k in half):
+        if k[0] in AOT_KINDS and all(not isinstance(x, tuple) for x in k):
+          names.setdefault(self.ident(k), (len(names), k))
+    keys = [k for _, k in sorted(names.values())]
+    config = self.args.target_config
+    self.store.describe(
+        device, target=self.args.aot_build, source=self.args.source,
+        smoke=bool(self.args.smoke), target_config=pathlib.Path(
+            config).read_text() if config else (
+                f"specdec_jax.compiled's config of {self.args.aot_build}"))
+    limit, left_out = int(self.args.aot_max_mib * 2 ** 20), []
+    for i in range(0, len(keys), self.pool.workers):  # batches of threads
+      chunk = keys[i:i + self.pool.workers]
+      if self.store.total_bytes() >= limit:
+        left_out += [aot.program_name(k) for k in chunk]
+        continue
+      done = self.pool.run(f'build {len(chunk)} programs', {
+          k: (lambda k=k: timed_compile(self.lowering(k)))
+          for k in chunk}, kind='compile')
+      for k in chunk:
+        exe, seconds = done[k]
+        entry = self.store.save(aot.program_name(k), exe, seconds,
+                                priority=keys.index(k))
+        print(f'  {aot.program_name(k)}: {entry["bytes"] / 2**20:.2f} MiB, '
+              f'{seconds:.1f} s', flush=True)
+      self.store.write()
+    self.store.manifest['left_out_for_size'] = left_out
+    self.store.write()
+    return dict(aot.summary(self.store), left_out_for_size=left_out)
 
   # -- output ----------------------------------------------------------------
 
@@ -830,7 +1216,8 @@ SECTIONS = (
      "the row's alpha on this run's profile; measured: speculative over "
      "baseline tokens / s; identical: greedy rows equal to the baseline's, "
      'every differing one diagnosed (near tie: rounding; mismatch: a bug).',
-     ('task', 'label', 'temperature', 'gamma', 'alpha_calibration', 'alpha',
+     ('task', 'label', 'temperature', 'gamma_rule', 'gamma',
+      'alpha_calibration', 'alpha',
       'c', 'cost_gamma_plus_1', 'predicted', 'measured', 'ratio',
       'identical', 'rows', 'near_ties', 'mismatches', 'paper')),
     ('numerics', 'Numerics: identical greedy rows, bfloat16 weights',
@@ -874,6 +1261,8 @@ def markdown(r: Dict[str, Any]) -> str:
             f"{setup.get('output_length')} output tokens."] + [
                 f'- {n}' for n in setup.get('notes', []) +
                 setup.get('skipped_drafters', [])]
+  lines += phases_md(r)
+  lines += programs_md(r)
   if fl:
     lines += ['', '## Baseline step vs its floor', '', report.table(
         ['t(1) ms', 'GB per step', 'bandwidth (copy) GB/s', 'floor ms',
@@ -913,6 +1302,43 @@ def markdown(r: Dict[str, Any]) -> str:
           [e['at_s'], e['what'], e['seconds'], e.get('kind'), e.get('units')]
           for e in r['time_log']]), '', 'Compiles inside timed code (must be '
                             f"none): {r['compile_misses'] or 'none'}"]) + '\n'
+
+
+def phases_md(r: Dict[str, Any]) -> List[str]:
+  """The phases in priority order with their status, seconds and what the
+  projection gave them."""
+  phases = r.get('phases') or {}
+  projected = (r.get('projection') or {}).get('phases') or {}
+  if not phases:
+    return []
+  return ['', '## Phases (priority order)', '', report.table(
+      ['phase', 'what', 'status', 's', 'projected s'],
+      [[pid.upper(), v['title'], v['status'] + ' (an earlier run)' * bool(
+          v.get('earlier_run')), cell(v.get('seconds')),
+        cell(projected.get(pid, {}).get('seconds'))]
+       for pid, v in phases.items()])] + [
+           f"- {pid.upper()}: {x}" for pid, v in phases.items()
+           for x in ([v['note']] if v.get('note') else []) + v.get(
+               'not_measured', [])]
+
+
+def programs_md(r: Dict[str, Any]) -> List[str]:
+  """Where each program came from: loaded (compiled ahead of time) or
+  compiled here, and why; the device's facts for the next build."""
+  sources = r.get('programs') or {}
+  if not sources:
+    return []
+  loaded = sum(v == 'loaded' for v in sources.values())
+  check, facts = r.get('aot_check'), r.get('device_facts') or {}
+  return ['', '## Programs: loaded or compiled here', '',
+          f'{loaded} of {len(sources)} loaded from `{r.get("aot_dir")}`; '
+          'compiled here:', ''] + [
+              f'- {k}: {v}' for k, v in sources.items() if v != 'loaded'] + (
+                  ['', f"t(1) check: loaded {check['loaded_ms']:.3f} ms, "
+                   f"compiled here {check['compiled_here_ms']:.3f} ms "
+                   f"({check['program']})."] if check else []) + [
+                       '', 'Device: ' + ', '.join(
+                           f'{k} {v}' for k, v in facts.items()) + '.']
 
 
 def batch_rows(r):
@@ -975,13 +1401,40 @@ def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
 # ---------------------------------------------------------------------------
 
 
+def aot_target(device) -> str:
+  """The `--aot_dir` folder of executables for `device`: its compile-only
+  target's name (`specdec_jax.compiled.TARGETS`), 'cpu', or its kind."""
+  if device.platform == 'cpu':
+    return 'cpu'
+  for name, target in compiled.TARGETS.items():
+    if target.chips == 1 and target.spec.name == device.device_kind:
+      return name
+  return device.device_kind
+
+
+def build_device(target: str, config_file: Optional[str]):
+  """The device to build executables for: this CPU ('cpu'), or `target`'s
+  compile-only device (with the target config of `config_file`, if given:
+  a `GpuTargetConfigProto` in text form)."""
+  if target == 'cpu':
+    return jax.devices('cpu')[0]
+  if config_file is None:
+    return compiled.devices(target)[0]
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  return topologies.get_topology_desc(
+      'compile-only', 'cuda', target_config=pathlib.Path(
+          config_file).read_text(), topology='1x1x1').devices[0]
+
+
 def parse_flags(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add = parser.add_argument
   add('--source', default='synthetic', choices=['synthetic', 'shipped'])
   add('--out_dir', default=None, help='default results/<device name>')
-  add('--max_minutes', type=float, default=9.0,
-      help='wall budget; what does not fit is skipped and listed')
+  add('--max_minutes', type=float, default=8.0,
+      help='wall budget; a phase that does not fit is not started, and '
+      'listed')
   add('--smoke', action='store_true', help='tiny models, on a CPU in about '
       'a minute (needs --out_dir)')
   add('--project', action='store_true',
@@ -1001,6 +1454,18 @@ def parse_flags(argv):
       "compilation cache ('' for none; default cache/jax, ignored by git)")
   for name in ('examples', 'repeats', 'input_length', 'output_length'):
     add(f'--{name}', type=int, default=None)
+  add('--aot_dir', default='aot', help='executables compiled ahead of time '
+      "(`--aot_build`), loaded from <aot_dir>/<target>/ ('' for none)")
+  add('--aot_target', default=None, help='the folder of --aot_dir to load '
+      "(default: the device's target, e.g. gpu:h100; a CPU's: cpu)")
+  add('--aot_build', default=None, help='compile the run for this target '
+      "(specdec_jax.compiled's, e.g. gpu:h100, or cpu) into --aot_dir, and "
+      'exit; with the device image\'s jax, jaxlib and plugin versions')
+  add('--aot_max_mib', type=float, default=60.0,
+      help='stop building once the executables weigh this much')
+  add('--target_config', default=None, help='a GpuTargetConfigProto (text) '
+      "file to build for, e.g. from a run's device_facts (default: "
+      "specdec_jax.compiled's for the target)")
   add('--sigma', default='', help='synthetic noise, e.g. small=0.02,base=0.016')
   add('--seed', type=int, default=0)
   args = parser.parse_args(argv)
@@ -1027,9 +1492,22 @@ def parse_flags(argv):
   return args
 
 
+def run_status(phases: Dict[str, Dict[str, Any]]) -> str:
+  """'complete' when every phase asked for and implemented is, else
+  'partial: ' and the phases that are not, with why."""
+  open_ = [f"{pid.upper()} {v['status']}" for pid, v in phases.items()
+           if v['status'] != 'complete' and not v['status'].startswith(
+               ('not implemented', 'not requested'))]
+  return 'partial: ' + '; '.join(open_) if open_ else 'complete'
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_flags(argv)
+  if args.aot_build not in (None, 'cpu'):
+    # No GPU here: the CUDA plugin's start-up check of the driver would
+    # leave it unregistered (read when jax first looks for backends).
+    os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   clock = budget.Clock(args.max_minutes)
   flags = os.environ.get('XLA_FLAGS', '')
   if args.smoke and 'optimization_level' not in flags:
@@ -1058,14 +1536,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.project:
     return 0 if 'seconds' in projection else 1
   pool = budget.Pool(args.workers, clock, 4.0 if args.smoke else 40.0)
+  store = None if not args.aot_dir else aot.Store(
+      pathlib.Path(args.aot_dir), args.aot_build or args.aot_target or
+      aot_target(jax.devices()[0]))
   runner = Runner(args, (SMOKE if args.smoke else FULL)._replace(**sizes),
-                  clock, pool, out_dir, header)
+                  clock, pool, out_dir, header, store)
+  if args.aot_build:
+    if store is None:
+      raise SystemExit('--aot_build needs --aot_dir')
+    try:
+      prev = report.read_json(ROOT / args.project_from)
+      gammas = previous_gammas(prev, args.project_from, runner.s,
+                               runner.drafts_before_setup(), tasks_of(
+                                   args.source))
+    except (OSError, ValueError, KeyError) as e:
+      print(f'no gammas from {args.project_from} ({e!r}): building the '
+            'programs that need none', flush=True)
+      gammas = {}
+    built = runner.build(build_device(args.aot_build, args.target_config),
+                         gammas)
+    pool.shutdown()
+    print(f"built {built['programs']} programs for {args.aot_build}: "
+          f"{built['bytes'] / 2**20:.1f} MiB, {built['compile_s']:.0f} s of "
+          f"compiling, in {clock.elapsed():.0f} s; {built['dir']}" + (
+              f"; left out for size: {built['left_out_for_size']}"
+              if built['left_out_for_size'] else ''), flush=True)
+    return 0
   runner.result['projection'] = projection
+  if not args.smoke and 'seconds' in projection:  # rates for the phases
+    runner.rates_from = report.read_json(ROOT / args.project_from)
   watch = budget.CompileWatch()
   try:
     runner.run(watch)
-    runner.result['status'] = 'complete' if not clock.skipped else (
-        f'partial: {len(clock.skipped)} parts skipped for time')
+    runner.result['status'] = run_status(runner.result['phases'])
   except BaseException as e:
     runner.result['status'] = f'failed: {e!r}'
     raise

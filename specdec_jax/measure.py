@@ -203,7 +203,7 @@ def step_bytes(model, params, batch: int, cache_length: int,
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _repeated_calls(model, params, tokens, cache, n_calls):
+def repeated_calls(model, params, tokens, cache, n_calls):
   """n_calls decoder calls on `tokens`, each from the same position."""
   position = cache.position
 
@@ -276,7 +276,7 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
                           max_length or context + k + 8)
   block = jnp.full((batch, k), 7, jnp.int32)
   return loop_time(
-      lambda n: _repeated_calls(model, params, block, cache, n), n_calls,
+      lambda n: repeated_calls(model, params, block, cache, n), n_calls,
       repeats)
 
 
@@ -298,7 +298,7 @@ def lower_call_time(model, params, encoder_input_tokens, k: int, *,
       jax.ShapeDtypeStruct((batch, encoder_input_tokens.shape[1]), jnp.int32),
       context, max_length or context + k + 8)
   block = jax.ShapeDtypeStruct((batch, k), jnp.int32)
-  return _repeated_calls.lower(model, params, block, cache, 1)
+  return repeated_calls.lower(model, params, block, cache, 1)
 
 
 def _struct(x):

@@ -11,8 +11,9 @@ call of at most 9 minutes) spends most of its time compiling. Here:
 - `CompileWatch`: records the programs jax compiles outside the pool (a
   compile inside a timed section would be timed);
 - `Pool`: compiles lowered programs several at once in threads (and runs
-  untimed jobs there), so that the library call that runs a program later
-  finds it compiled;
+  untimed jobs there), or loads them from executables compiled ahead of
+  time elsewhere (`bench.aot`), and keeps each executable and where it
+  came from;
 - `unit_seconds` / `projected_seconds`: the seconds of each kind of step in
   a measured run's time log, per unit, and the wall time of a plan of units
   at those rates.
@@ -30,6 +31,7 @@ name are left out.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import re
 import threading
@@ -37,7 +39,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 # Kinds of work that run in the pool's threads (the rest run one at a time).
-POOLED = ('compile', 'calibration')
+POOLED = ('compile', 'calibration', 'load')
 # What scripts/reproduce_accelerator.py ran with before its json recorded
 # its kinds, units and sizes (the H100 run in results/): examples per Table
 # 2 row, per sweep row, repeats, numerics repeats.
@@ -88,7 +90,7 @@ class CompileWatch(logging.Handler):
 
   LOGGER = 'jax._src.interpreters.pxla'
 
-  def __init__(self, names=('run', '_repeated_calls', '_repeated_proposals',
+  def __init__(self, names=('run', 'repeated_calls', '_repeated_proposals',
                             '_reference', 'copy_passes', 'context_cache')):
     super().__init__(logging.DEBUG)
     self.names = tuple(names)
@@ -135,6 +137,8 @@ class Pool:
     self.executor = concurrent.futures.ThreadPoolExecutor(
         workers, thread_name_prefix=self.THREADS)
     self.compiled = set()
+    self.executables: Dict[Any, Any] = {}
+    self.sources: Dict[Any, str] = {}
     self.prior_s = prior_s  # seconds of one compile until one is observed
     self.compile_seconds: List[float] = []
 
@@ -169,14 +173,40 @@ class Pool:
           kind: str = 'untimed') -> Dict[Any, Any]:
     return self.collect(what, self.submit(jobs), kind)
 
-  def compile(self, what: str, lowerings: Mapping[Any, Callable[[], Any]]
+  def compile(self, what: str, lowerings: Mapping[Any, Callable[[], Any]],
+              load: Optional[Callable[[Any], Tuple[Any, str]]] = None
               ) -> int:
-    """Compiles the programs not compiled yet; returns how many."""
+    """Compiles the programs not compiled yet; returns how many.
+
+    Args:
+      what: the step's name in the time log.
+      lowerings: key -> a call with no arguments that lowers the program.
+      load: key -> (an executable compiled ahead of time, or None and why
+        not); the programs it gives are loaded (time-log kind 'load'), the
+        others compiled here.
+
+    `self.executables`: key -> the executable; `self.sources`: key ->
+    'loaded' or 'compiled' (with why it was not loaded).
+    """
     new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
-    self.collect(f'{what}: compile', self.submit(
+    why = {}
+    if load is not None and new:
+      loaded = self.collect(f'{what}: load', self.submit(
+          {k: functools.partial(load, k) for k in new}), 'load')
+      for k, (exe, reason) in loaded.items():
+        if exe is not None:
+          self.executables[k], self.sources[k] = exe, 'loaded'
+          self.compiled.add(k)
+          del new[k]
+        else:
+          why[k] = reason
+    done = self.collect(f'{what}: compile', self.submit(
         {k: (lambda lower=fn: lower().compile()) for k, fn in new.items()}),
-                 'compile')
+                        'compile')
     self.compile_seconds += self.seconds.values()
+    for k, exe in done.items():
+      self.executables[k] = exe
+      self.sources[k] = 'compiled' + (f' ({why[k]})' if why.get(k) else '')
     self.compiled |= set(new)
     return len(new)
 

@@ -1,0 +1,192 @@
+"""Executables compiled here for a device elsewhere: write, check, load.
+
+A device lease is short and compiling the T5 1.1-XXL-cost decode loops
+takes most of it, so the programs are compiled ahead of time on a machine
+without the device, for its compile-only twin (`devices`: the CUDA
+plugin's or libtpu's compile-only devices, `specdec_jax.compiled`'s
+targets), with the device image's jax, jaxlib and plugin versions, and
+serialized (`jax.experimental.serialize_executable`) into a folder the
+device command carries:
+
+  <root>/<target>/manifest.json    format, versions, target, programs
+  <root>/<target>/<program>.xla.zz  zlib(pickle(payload, in_tree, out_tree))
+
+`Store.load` hands back the executable, or None and why (not built, file
+missing, checksum, other jax / jaxlib / plugin versions, built for another
+device, the runtime's refusal), so that a caller compiles that program on
+the device instead and says so. An executable is called with the dynamic
+arguments of the program it was lowered from (static ones are part of it).
+`device_facts` is what jax says of the device a run has, written with its
+results, so that the next build can target exactly that device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import pathlib
+import pickle
+import re
+import zlib
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import jax
+from jax.experimental import serialize_executable
+
+FORMAT = 1
+MANIFEST = 'manifest.json'
+SUFFIX = '.xla.zz'
+# Distributions whose versions an executable depends on (those installed).
+PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
+            'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
+
+
+def versions() -> Dict[str, str]:
+  """{distribution: version} of `PACKAGES` installed here."""
+  out = {}
+  for name in PACKAGES:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return out
+
+
+def runtime_versions(platform: str) -> Dict[str, str]:
+  """The versions an executable for `platform` must match: jax, jaxlib
+  and that platform's plugin (a CPU executable needs no plugin)."""
+  plugin = {'gpu': 'cuda', 'cuda': 'cuda', 'tpu': 'libtpu'}.get(platform)
+  return {k: v for k, v in versions().items() if k in ('jax', 'jaxlib') or (
+      plugin and plugin in k)}
+
+
+def program_name(key: Sequence[Any]) -> str:
+  """A file name for a program key (a tuple of names and numbers)."""
+  text = '-'.join(f'{x:g}' if isinstance(x, float) else str(x) for x in key)
+  return re.sub(r'[^A-Za-z0-9_.@=+-]', '_', text)
+
+
+def device_facts(device: Any = None) -> Dict[str, Any]:
+  """What jax exposes of `device` (default: the first): kind, platform,
+  memory, compute capability, cores, and the versions of this process.
+
+  A GPU's facts hold what a `GpuTargetConfigProto` needs beyond the
+  published figures (`compiled.CHIPS`), so a later build can match it.
+  """
+  device = device or jax.devices()[0]
+  out = dict(platform=device.platform, device_kind=device.device_kind,
+             versions=versions())
+  for name in ('compute_capability', 'core_count', 'num_cores'):
+    value = getattr(device, name, None)
+    if value is not None:
+      out[name] = value
+  try:
+    stats = device.memory_stats() or {}
+    out['memory_bytes'] = stats.get('bytes_limit')
+  except Exception:  # pylint: disable=broad-except
+    pass  # not every backend reports memory
+  try:
+    out['platform_version'] = device.client.platform_version
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return out
+
+
+def sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+class Store:
+  """A folder of serialized executables for one target, with a manifest.
+
+  Attributes:
+    dir: `<root>/<target>`.
+    manifest: {'format', 'target', 'device_kind', 'platform', 'versions',
+      'target_config', 'programs': {name: {file, sha256, bytes,
+      compile_s, priority}}}.
+  """
+
+  def __init__(self, root: pathlib.Path, target: str):
+    self.dir = pathlib.Path(root) / program_name([target])
+    path = self.dir / MANIFEST
+    self.manifest: Dict[str, Any] = (
+        json.loads(path.read_text()) if path.is_file() else
+        dict(format=FORMAT, target=target, programs={}))
+
+  def describe(self, device: Any, target_config: Optional[str] = None,
+               **extra) -> None:
+    """Records the target (its compile-only device) and these versions."""
+    self.manifest.update(
+        device_kind=device.device_kind, platform=device.platform,
+        versions=runtime_versions(device.platform),
+        target_config=target_config, **extra)
+
+  def save(self, name: str, compiled, compile_s: float = 0.0,
+           priority: int = 0) -> Dict[str, Any]:
+    """Serializes `compiled` as program `name`; returns its entry."""
+    payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+    data = zlib.compress(pickle.dumps((payload, in_tree, out_tree)), 6)
+    self.dir.mkdir(parents=True, exist_ok=True)
+    (self.dir / (name + SUFFIX)).write_bytes(data)
+    entry = self.manifest['programs'][name] = dict(
+        file=name + SUFFIX, sha256=sha256(data), bytes=len(data),
+        serialized_bytes=len(payload), compile_s=round(compile_s, 2),
+        priority=priority)
+    return entry
+
+  def write(self) -> pathlib.Path:
+    self.dir.mkdir(parents=True, exist_ok=True)
+    path = self.dir / MANIFEST
+    path.write_text(json.dumps(self.manifest, indent=1, sort_keys=True))
+    return path
+
+  def total_bytes(self) -> int:
+    return sum(e['bytes'] for e in self.manifest['programs'].values())
+
+  def check(self, name: str, device: Any) -> Tuple[Optional[bytes], str]:
+    """(the file's bytes, '') if program `name` may load on `device`, else
+    (None, why not)."""
+    entry = self.manifest['programs'].get(name)
+    if entry is None:
+      return None, 'not built'
+    path = self.dir / entry['file']
+    if not path.is_file():
+      return None, f'missing file {entry["file"]}'
+    data = path.read_bytes()
+    if sha256(data) != entry['sha256']:
+      return None, f'checksum mismatch ({entry["file"]} is corrupt)'
+    built, here = self.manifest.get('versions', {}), runtime_versions(
+        device.platform)
+    if built != here:
+      return None, f'versions differ: built with {built}, running {here}'
+    if self.manifest.get('device_kind') != device.device_kind:
+      return None, (f'built for {self.manifest.get("device_kind")!r}, '
+                    f'running on {device.device_kind!r}')
+    return data, ''
+
+  def load(self, name: str, device: Any = None) -> Tuple[Any, str]:
+    """(executable, '') for program `name`, or (None, why it cannot load).
+
+    Args:
+      name: a `program_name`.
+      device: the device it runs on (default: the first).
+    """
+    device = device or jax.devices()[0]
+    data, why = self.check(name, device)
+    if data is None:
+      return None, why
+    try:
+      payload, in_tree, out_tree = pickle.loads(zlib.decompress(data))
+      return serialize_executable.deserialize_and_load(
+          payload, in_tree, out_tree, execution_devices=[device]), ''
+    except Exception as e:  # pylint: disable=broad-except
+      return None, f'the runtime refused it: {e!r}'[:500]
+
+
+def summary(store: Store) -> Dict[str, Any]:
+  """Count, bytes and compile seconds of a store's programs."""
+  programs: Mapping[str, Any] = store.manifest['programs']
+  return dict(programs=len(programs), bytes=store.total_bytes(),
+              compile_s=round(sum(e['compile_s'] for e in programs.values()),
+                              1), dir=str(store.dir))
