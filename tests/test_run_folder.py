@@ -154,6 +154,26 @@ def _state(out):
   return comparable(out), counters, _cache_content(out)
 
 
+def _fail_after_then_resume(monkeypatch, out, flags, at,
+                            before_resume=lambda: None):
+  """Runs the job into `out`, failing it right after its write number `at`
+  (counted from 0); then resumes it unhindered. Returns the summary."""
+  count = [0]
+
+  def fail(label):
+    del label
+    count[0] += 1
+    if count[0] == at + 1:
+      raise Injected(f'after write {at}')
+
+  monkeypatch.setattr(run_folder, 'after_write', [fail])
+  with pytest.raises(Injected):
+    eval_lib.main(args(out, **flags))
+  monkeypatch.setattr(run_folder, 'after_write', [])
+  before_resume()
+  return eval_lib.main(args(out, **flags))
+
+
 @pytest.mark.parametrize('kind', list(KINDS))
 def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
     tmp_path, monkeypatch, kind):
@@ -188,19 +208,7 @@ def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
       writes)
   for at in points:
     out = tmp_path / f'after-{at}'
-    count = [0]
-
-    def fail(label, at=at, count=count):
-      del label
-      count[0] += 1
-      if count[0] == at + 1:
-        raise Injected(f'after write {at}')
-
-    monkeypatch.setattr(run_folder, 'after_write', [fail])
-    with pytest.raises(Injected):
-      eval_lib.main(args(out, **flags))
-    monkeypatch.setattr(run_folder, 'after_write', [])
-    summary = eval_lib.main(args(out, **flags))
+    summary = _fail_after_then_resume(monkeypatch, out, flags, at)
     assert summary['status'] == 'complete'
     got = _state(out)
     assert got == expected, (kind, writes[at])
@@ -238,19 +246,8 @@ def test_a_failure_after_the_gamma_choice_resumes_with_it(tmp_path,
                                          'examples.jsonl'], writes
   for at in points:
     out = tmp_path / f'after-{at}'
-    count = [0]
-
-    def fail(label, at=at, count=count):
-      del label
-      count[0] += 1
-      if count[0] == at + 1:
-        raise Injected(f'after write {at}')
-
-    monkeypatch.setattr(run_folder, 'after_write', [fail])
-    with pytest.raises(Injected):
-      eval_lib.main(args(out, **flags))
-    monkeypatch.setattr(run_folder, 'after_write', [])
-    made.clear()
-    assert eval_lib.main(args(out, **flags))['status'] == 'complete'
+    summary = _fail_after_then_resume(monkeypatch, out, flags, at,
+                                      before_resume=made.clear)
+    assert summary['status'] == 'complete'
     assert not made  # read back, not chosen again
     assert _state(out) == expected, writes[at]
