@@ -134,9 +134,10 @@ def _checkpoint_content(checkpoint: Optional[str]) -> Optional[str]:
   from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
   path = str(checkpoint)
   if path.startswith(shipped.SCHEME):
+    # The folder only: its files are checked once, when it loads.
     try:
-      path = shipped.resolve(path)
-    except (FileNotFoundError, ValueError):
+      path = shipped.checkpoint_path(path[len(shipped.SCHEME):].strip('/'))
+    except (KeyError, ValueError):
       return None
   return checkpoints.manifest.fingerprint(path)
 
