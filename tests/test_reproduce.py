@@ -50,18 +50,18 @@ def test_mini_setup_names_the_missing_model(tmp_path):
 
 def test_paper_setup_uses_the_paper_gin_files():
   setup = reproduce.make_setup(
-      'paper', checkpoint_list='ende_xxl=/ckpt/xxl,ende_large=/ckpt/large')
-  r = reproduce.eval_setup(setup, 'ende', 'large', gamma=3)
+      'paper', checkpoint_list='en_de_xxl=/ckpt/xxl,en_de_large=/ckpt/large')
+  r = reproduce.eval_setup(setup, 'en_de', 'large', gamma=3)
   assert r.gamma == 3
   assert r.mixture_or_task_name == 'wmt_t2t_ende_v003'
   assert r.target_config.emb_dim == 4096  # T5 1.1 XXL
   assert r.draft_config.emb_dim == 1024  # T5 1.1 large
   assert (r.target_checkpoint, r.draft_checkpoint) == (
       '/ckpt/xxl', '/ckpt/large')
-  with pytest.raises(ValueError, match="'ende_small'"):
-    reproduce.eval_flags(setup, 'ende', 'small')
-  with pytest.raises(ValueError, match='look like ende_xxl=PATH'):
-    reproduce.make_setup('paper', checkpoint_list='ende_xxl')
+  with pytest.raises(ValueError, match="'en_de_small'"):
+    reproduce.eval_flags(setup, 'en_de', 'small')
+  with pytest.raises(ValueError, match='look like en_de_xxl=PATH'):
+    reproduce.make_setup('paper', checkpoint_list='en_de_xxl')
 
 
 def test_script_flags_give_the_setup_and_its_tasks():
@@ -69,11 +69,11 @@ def test_script_flags_give_the_setup_and_its_tasks():
   parser = argparse.ArgumentParser()
   reproduce.add_setup_flags(parser)
   args = parser.parse_args(['--setup', 'paper', '--checkpoints',
-                            'cnndm_xxl=/a,cnndm_base=/b'])
+                            'synopsis_xxl=/a,synopsis_base=/b'])
   setup = reproduce.setup_from_flags(args)
   assert isinstance(setup, reproduce.PaperSetup)
-  assert args.tasks == 'ende,cnndm'
-  assert dict(setup.checkpoints) == {'cnndm_xxl': '/a', 'cnndm_base': '/b'}
+  assert args.tasks == 'en_de,synopsis'
+  assert dict(setup.checkpoints) == {'synopsis_xxl': '/a', 'synopsis_base': '/b'}
   args = parser.parse_args([])
   assert isinstance(reproduce.setup_from_flags(args), reproduce.MiniSetup)
   assert args.tasks == 'en_de,synopsis'

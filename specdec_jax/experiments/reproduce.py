@@ -33,12 +33,8 @@ from specdec_jax import shipped
 from specdec_jax import widening
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
+from specdec_jax.experiments import task_table
 
-# Our offline tasks and the paper's task each stands in for.
-TASKS = {
-    'en_de': dict(gin='mini/en_de.gin', paper='EnDe'),
-    'synopsis': dict(gin='mini/synopsis.gin', paper='CNNDM'),
-}
 T5_DRAFTERS = {'small': '%MINI_SMALL', 'base': '%MINI_BASE',
                'large': '%MINI_LARGE'}
 
@@ -242,9 +238,8 @@ def run_profile(costs: Mapping[str, Any], name: str, device: str,
       source=source, command=command, date=date)
 
 def results_name(setup) -> str:
-  """'mini' or 'shipped' (or 'paper'): the suffix of a setup's results."""
-  return {'MiniSetup': 'mini', 'ShippedSetup': 'shipped'}.get(
-      type(setup).__name__, 'paper')
+  """'mini', 'shipped' or 'paper': the suffix of a setup's results."""
+  return setup.models
 
 
 def _bindings(**bindings) -> list:
@@ -264,14 +259,18 @@ class _Setup:
   (`t5_drafters`), the gin model macro and checkpoint (`draft`). Every
   registered drafter kind that needs no model is offered too.
   """
-  tasks: Dict[str, Dict[str, str]] = {}
+  models = ''  # the model set: a `task_table.MODEL_SETS` name
+
+  @property
+  def tasks(self) -> Tuple[str, ...]:
+    return task_table.names()
 
   def t5_drafters(self) -> Sequence[str]:
     raise NotImplementedError
 
   def gin_file(self, task: str, drafter: str) -> str:
     del drafter
-    return self.tasks[task]['gin']
+    return task_table.get(task).gin_file(self.models)
 
   def target_checkpoint(self, task: str) -> Optional[str]:
     raise NotImplementedError
@@ -290,9 +289,7 @@ class _Setup:
   def flags(self, task: str, drafter: str) -> list:
     """The eval job's flags for one (task, drafter): the setup's gin file,
     checkpoints and drafter (the command that reruns it)."""
-    if task not in self.tasks:
-      raise ValueError(
-          f'Unknown task {task!r}; expected one of {list(self.tasks)}.')
+    task_table.get(task)  # a clear error for an unknown task
     t5 = self.t5_drafters()  # (ShippedSetup looks for checkpoints)
     if drafter not in all_drafters(t5):
       raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
@@ -316,7 +313,7 @@ class _Setup:
 class MiniSetup(_Setup):
   """The mini models trained here: gin_configs/mini/<task>.gin."""
   models_dir: str = '~/models'
-  tasks = TASKS
+  models = 'mini'
   describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
               'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
 
@@ -331,23 +328,17 @@ class MiniSetup(_Setup):
             model_checkpoint(self.models_dir, task, drafter))
 
 
-PAPER_TASKS = {
-    'ende': dict(gin='paper/ende_t0_{size}.gin', paper='EnDe'),
-    'cnndm': dict(gin='paper/cnndm_t0_{size}.gin', paper='CNNDM'),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class PaperSetup(_Setup):
   """Real T5X checkpoints through the paper's gin files (gin_configs/paper).
 
-  `checkpoints` maps '<task>_<size>' (task 'ende' or 'cnndm'; size 'xxl'
+  `checkpoints` maps '<task>_<size>' (a `task_table` name; size 'xxl'
   for the target, 'small' / 'base' / 'large' for drafters) to T5X checkpoint
-  paths (local or gs://), e.g. {'ende_xxl': ..., 'ende_small': ...}.
+  paths (local or gs://), e.g. {'en_de_xxl': ..., 'en_de_small': ...}.
   n-gram drafters are estimated from the task's train split (TFDS data).
   """
   checkpoints: Tuple[Tuple[str, str], ...] = ()
-  tasks = PAPER_TASKS
+  models = 'paper'
   describe = ('T5 1.1 XXL target and T5 1.1 small / base / large drafters '
               'from T5X checkpoints (gin_configs/paper)')
 
@@ -363,7 +354,7 @@ class PaperSetup(_Setup):
 
   def gin_file(self, task: str, drafter: str) -> str:
     size = drafter if drafter in T5_DRAFTERS else 'small'
-    return self.tasks[task]['gin'].format(size=size)
+    return task_table.get(task).gin_file(self.models, size)
 
   def target_checkpoint(self, task: str) -> str:
     return self._checkpoint(task + '_xxl')
@@ -372,10 +363,6 @@ class PaperSetup(_Setup):
     return None, self._checkpoint(f'{task}_{drafter}')
 
 
-SHIPPED_TASKS = {
-    'en_de': dict(gin='shipped/en_de.gin', paper='EnDe'),
-    'synopsis': dict(gin='shipped/synopsis.gin', paper='CNNDM'),
-}
 # name -> (gin model macro, where the checkpoint is): shipped ones, or the
 # `<name>_fkl` runs of scripts/train_shipped_models.py in `models_dir`.
 SHIPPED_T5_DRAFTERS = {
@@ -397,7 +384,7 @@ class ShippedSetup(_Setup):
   """
   models_dir: Optional[str] = None
   data_dir: Optional[str] = None
-  tasks = SHIPPED_TASKS
+  models = 'shipped'
   describe = ('shipped multi-task mini-XXL target (emb 256, 4+4 layers, '
               'trained on a GPU); drafters distilled on it (forward KL on '
               'its outputs): dec2 / dec1 (cut from the target: emb 256, 2 '
@@ -438,7 +425,7 @@ def make_setup(kind: str, models_dir: str = '~/models',
     pairs = []
     for item in filter(None, checkpoint_list.split(',')):
       if '=' not in item:
-        raise ValueError(f'--checkpoints entries look like ende_xxl=PATH, got '
+        raise ValueError(f'--checkpoints entries look like en_de_xxl=PATH, got '
                          f'{item!r}.')
       key, path = item.split('=', 1)
       pairs.append((key.strip(), path.strip()))
@@ -461,9 +448,9 @@ def add_setup_flags(parser) -> None:
                       'test slices')
   parser.add_argument('--models_dir', default='~/models')
   parser.add_argument('--checkpoints', default='',
-                      help='--setup paper: ende_xxl=PATH,ende_small=PATH,...')
+                      help='--setup paper: en_de_xxl=PATH,en_de_small=PATH,...')
   parser.add_argument('--tasks', default=None,
-                      help='default: en_de,synopsis (mini); ende,cnndm (paper)')
+                      help='default: every task of experiments.task_table')
 
 
 def setup_from_flags(args):

@@ -1,0 +1,107 @@
+r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
+
+  python -m specdec_jax.experiments list
+  python -m specdec_jax.experiments run batches [--models shipped]
+      [--tasks en_de] [--num_examples N] [--repeats R] [--shrink]
+      [--only CELL] [--work_dir DIR] [--out results/batches/shipped]
+      [--max_minutes M] [--profile nvidia-h100-80gb-hbm3 | none]
+  python -m specdec_jax.experiments run table2 --models paper \
+      --checkpoints en_de_xxl=gs://...,en_de_small=gs://...
+  python -m specdec_jax.experiments repredict results/batches/shipped.json
+
+Every cell of a spec is the eval job on its setup (`sweep`); a rerun
+resumes (the cells' folders are in --work_dir). `--shrink` runs the spec on
+tiny rows (the tests' run; results go to <out>_shrunk unless --out is
+given). `--only CELL` decodes one cell (its name as the results list it).
+`repredict` recomputes every predicted figure of a results file from its
+measured values (nothing is measured) and rewrites its .json / .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+from specdec_jax.bench import flags
+from specdec_jax.bench import report
+from specdec_jax.experiments import specs
+from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
+from specdec_jax.experiments import task_table
+
+PROG = 'python -m specdec_jax.experiments'
+
+
+def parse_args(argv: Sequence[str]):
+  p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  sub = p.add_subparsers(dest='command', required=True)
+  sub.add_parser('list', help='the specs and their cells')
+  r = sub.add_parser('run', help='run (or resume) a spec')
+  r.add_argument('spec', choices=sorted(specs.SPECS))
+  r.add_argument('--models', default='shipped',
+                 choices=list(task_table.MODEL_SETS),
+                 help="'shipped': the package's models; 'mini': models "
+                 "trained here (--models_dir); 'paper': T5X checkpoints "
+                 '(--checkpoints)')
+  r.add_argument('--models_dir', default='~/models')
+  r.add_argument('--checkpoints', default='',
+                 help='--models paper: en_de_xxl=PATH,en_de_small=PATH,...')
+  r.add_argument('--data_dir', default=None,
+                 help="the Debian data (default: the model set's gin files')")
+  r.add_argument('--tasks', default=None,
+                 help='comma-separated task_table names (default: all)')
+  r.add_argument('--num_examples', type=int, default=None)
+  r.add_argument('--repeats', type=int, default=None,
+                 help="timed repeats of each unit (default: the spec's)")
+  r.add_argument('--shrink', action='store_true',
+                 help='tiny rows: the spec end to end in seconds')
+  r.add_argument('--only', default=None, metavar='CELL',
+                 help='decode only this cell')
+  r.add_argument('--work_dir', default='~/.cache/specdec_jax/experiments',
+                 help="the cells' eval job folders (a rerun resumes them)")
+  r.add_argument('--out', default=None,
+                 help='results path without suffix (default: '
+                 'results/<spec>/<models>)')
+  r.add_argument('--max_minutes', type=float, default=24 * 60.0,
+                 help='start no cell after this many minutes')
+  flags.add_prediction_flags(r, optional=True, repredict=False)
+  q = sub.add_parser('repredict', help="a results file's predicted figures "
+                     'from its measured values')
+  q.add_argument('results', metavar='JSON')
+  flags.add_prediction_flags(q, optional=True, repredict=False)
+  return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = parse_args(argv)
+  command = ' '.join([PROG] + argv)
+  if args.command == 'list':
+    for name, spec in sorted(specs.SPECS.items()):
+      cells = sweep.plan(spec, sweep.options_of(spec, sweep.Options()))
+      print(f'{name}: {spec.title} ({len(cells)} cells on the shipped '
+            'models)')
+    return None
+  profile = flags.profile_of(args, optional=True)
+  if args.command == 'repredict':
+    path = pathlib.Path(args.results)
+    result = report.read_json(path)
+    spec = specs.get(result['spec'])
+    table.repredict(spec, result, profile, command)
+    return table.write(spec, result, path.with_suffix(''))
+  spec = specs.get(args.spec)
+  options = sweep.Options(
+      models=args.models,
+      tasks=tuple(args.tasks.split(',')) if args.tasks else None,
+      num_examples=args.num_examples, timing_repeats=args.repeats,
+      shrink=args.shrink, only=args.only, work_dir=args.work_dir,
+      models_dir=args.models_dir, checkpoints=args.checkpoints,
+      data_dir=args.data_dir, max_minutes=args.max_minutes)
+  return sweep.run(spec, options, profile=profile, command=command,
+                   out=args.out)
+
+
+if __name__ == '__main__':
+  main()

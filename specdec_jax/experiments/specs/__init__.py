@@ -1,0 +1,22 @@
+"""The benchmark specs, one file each: config values and one runner call.
+
+A spec is a `sweep.Spec` (its cells, columns, prediction, plot); SPECS
+names every one (`python -m specdec_jax.experiments list`). Adding a
+benchmark is adding a file here and its name below.
+"""
+
+from typing import Dict
+
+from specdec_jax.experiments import sweep
+from specdec_jax.experiments.specs import batches
+
+SPECS: Dict[str, sweep.Spec] = {
+    spec.name: spec for spec in (batches.SPEC,)
+}
+
+
+def get(name: str) -> sweep.Spec:
+  if name not in SPECS:
+    raise ValueError(f'Unknown spec {name!r}; expected one of '
+                     f'{sorted(SPECS)}.')
+  return SPECS[name]

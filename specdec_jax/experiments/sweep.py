@@ -1,0 +1,291 @@
+"""The sweep runner: a spec's cells, each decoded by the eval job itself.
+
+A benchmark is a `Spec`: data naming its cells. A `Cell` is the eval job's
+`loading.EvalSetup` for a (task, drafter) of a model set
+(`reproduce.eval_setup`: the gin files of `task_table`, the model set's
+checkpoints) with changes (gamma, temperature, batch, batching, ...), plus
+named extra measurements (`MEASUREMENTS`). `run` decodes every cell with
+`eval.evaluate` into its own folder under the work folder: the same unit
+loop, timing (both ways, interleaved, medians), records, resumption and
+summary as the job, so a cell's figure IS the job's figure for that setup.
+A rerun resumes: finished cells are read back (nothing decoded again), a
+cut-off cell continues where it stopped, measurements are kept in files.
+After each cell the spec's results file is rewritten (`table.write`), so an
+interrupted sweep keeps what finished; under a time budget (`max_minutes`)
+the cells that no longer fit are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from specdec_jax import data
+from specdec_jax import eval as eval_lib
+from specdec_jax import loading
+from specdec_jax import measure
+from specdec_jax import run_folder
+from specdec_jax.bench import budget
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import table
+from specdec_jax.experiments import task_table
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One eval job run of a sweep.
+
+  Attributes:
+    task: a `task_table` name.
+    drafter: a drafter of the model set (a T5 size, or any model-free kind).
+    changes: `EvalSetup` fields set on the model set's setup (gamma,
+      temperature, batch_size, batching, draft_confidence, tree, ...).
+    labels: row fields that are no setup field (e.g. a variant's name).
+    measure: names in `MEASUREMENTS` taken next to the decode.
+  """
+  task: str
+  drafter: str
+  changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  labels: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  measure: Tuple[str, ...] = ()
+
+  def fields(self) -> Dict[str, Any]:
+    """The row's identifying fields: task, drafter, labels, changes."""
+    changes = {('kind' if k == 'drafter' else k): _plain(v)
+               for k, v in self.changes.items()}
+    return {'task': self.task, 'drafter': self.drafter, **self.labels,
+            **changes}
+
+  @property
+  def name(self) -> str:
+    """A folder name naming every identifying field."""
+    parts = [f'{k}={v}' for k, v in self.fields().items()]
+    return ','.join(parts).replace('/', '_').replace(' ', '_')
+
+
+def _plain(v):
+  return dict(v) if isinstance(v, Mapping) else v
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How a spec runs: models, sizes, where (the command line's flags)."""
+  models: str = 'shipped'
+  tasks: Optional[Tuple[str, ...]] = None
+  num_examples: Optional[int] = None
+  timing_repeats: Optional[int] = None
+  shrink: bool = False
+  only: Optional[str] = None
+  work_dir: str = '~/.cache/specdec_jax/experiments'
+  models_dir: str = '~/models'
+  checkpoints: str = ''
+  data_dir: Optional[str] = None
+  max_minutes: float = 24 * 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A benchmark as data.
+
+  Attributes:
+    name: the spec's name (`python -m specdec_jax.experiments run <name>`;
+      its results go to results/<name>/<model set>.{json,md,png}).
+    title: the results' title.
+    about: markdown: what the table shows and how it is read.
+    cells: the cells for a model set and its tasks: `cells(options, tasks)`.
+    columns: the table's columns, `(header, row field or function)`.
+    num_examples: examples per cell.
+    timing_repeats: timed repeats of each unit (medians).
+    shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run).
+    predict: extra predicted figures of a row: `predict(row, profile)`
+      sets fields on it (through `bench.hardware.predict` only).
+    plot: draws the results' png: `plot(result, path)`, or None.
+  """
+  name: str
+  title: str
+  about: str
+  cells: Callable[[Options, Sequence[str]], Sequence[Cell]]
+  columns: Sequence[Tuple[str, Any]]
+  num_examples: int = 16
+  timing_repeats: int = 3
+  shrunk: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(
+      num_examples=2, timing_repeats=1))
+  predict: Optional[Callable[[Dict[str, Any], Any], None]] = None
+  plot: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
+
+
+# ---------------------------------------------------------------------------
+# Named extra measurements: fn(loaded, inputs) -> JSON, kept in a file named
+# by what it depends on (so cells that share it measure it once).
+# ---------------------------------------------------------------------------
+
+def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
+  """t(1) and cost(k) = t(k) / t(1) of the target at the cell's batch for
+  k = 1 .. max_gamma + 1, and the drafter's c = t_draft / t(1), timed on
+  this machine as the job's gamma choice times them
+  (`unit_loop.choose_gamma`): half the output length decoded."""
+  setup = loaded.setup
+  rows = inputs[:setup.batch_size]
+  context = max(setup.task_feature_lengths['targets'] // 2, 1)
+  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
+                               range(1, setup.max_gamma + 2),
+                               context=context, jit_setup=True)
+  t_draft = measure.drafter_token_time(
+      loaded.drafter, loaded.draft_params, rows, max(setup.gamma, 1),
+      context=context, jit_setup=True)
+  t1 = seconds[1]
+  return {'batch': setup.batch_size, 'context': context,
+          't1_ms': t1 * 1e3,
+          'cost': {str(k): t / t1 for k, t in sorted(seconds.items())},
+          'c': t_draft / t1}
+
+
+# What each measurement depends on: the setup fields that name its file.
+MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
+                              Tuple[str, ...]]] = {
+    'costs': (costs, ('target_config', 'target_checkpoint',
+                      'mixture_or_task_name', 'task_feature_lengths',
+                      'split', 'data_dir', 'target_widen_to',
+                      'activation_dtype', 'batch_size', 'max_gamma',
+                      'drafter', 'draft_config', 'draft_checkpoint', 'tree',
+                      'draft_confidence')),
+}
+
+
+def _measurement_key(name: str, setup: loading.EvalSetup) -> str:
+  _, fields = MEASUREMENTS[name]
+  text = json.dumps({f: repr(getattr(setup, f)) for f in fields},
+                    sort_keys=True)
+  return f'{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}'
+
+
+def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path
+             ) -> Dict[str, Any]:
+  """A named measurement of a setup, from its file or measured now."""
+  if name not in MEASUREMENTS:
+    raise ValueError(f'Unknown measurement {name!r}; expected one of '
+                     f'{list(MEASUREMENTS)}.')
+  path = folder / f'{_measurement_key(name, setup)}.json'
+  if path.is_file():
+    return json.loads(path.read_text())
+  fn, _ = MEASUREMENTS[name]
+  loaded = loading.build(setup)
+  examples = list(data.task_examples(loaded.task, setup.split,
+                                     setup.task_feature_lengths,
+                                     setup.batch_size, setup.truncate_inputs))
+  inputs = data.pad_rows([ids for _, ids, _, _ in examples],
+                         setup.task_feature_lengths['inputs'])
+  value = fn(loaded, inputs)
+  folder.mkdir(parents=True, exist_ok=True)
+  run_folder.write_atomic(path, json.dumps(value, indent=1))
+  return value
+
+
+# ---------------------------------------------------------------------------
+# The runner.
+# ---------------------------------------------------------------------------
+
+def options_of(spec: Spec, options: Options) -> Options:
+  """`options` with the spec's defaults filled in (and `--shrink`'s)."""
+  defaults = dict(num_examples=spec.num_examples,
+                  timing_repeats=spec.timing_repeats)
+  if options.shrink:
+    defaults.update(spec.shrunk)
+  return dataclasses.replace(options, **{
+      k: v for k, v in defaults.items() if getattr(options, k) is None})
+
+
+def plan(spec: Spec, options: Options) -> List[Cell]:
+  """The cells a run decodes (all, or the one `options.only` names)."""
+  task_table.check_model_set(options.models)
+  tasks = options.tasks or task_table.names()
+  for t in tasks:
+    task_table.get(t)
+  cells = list(spec.cells(options, tasks))
+  names = [c.name for c in cells]
+  if len(set(names)) != len(names):
+    raise ValueError(f'spec {spec.name!r} names a cell twice: {names}')
+  if options.only is not None:
+    cells = [c for c in cells if c.name == options.only]
+    if not cells:
+      raise ValueError(f'spec {spec.name!r} has no cell {options.only!r}; '
+                       f'its cells: {names}')
+  return cells
+
+
+def cell_setup(models, cell: Cell, options: Options) -> loading.EvalSetup:
+  """The eval job's setup of a cell."""
+  changes = dict(cell.changes)
+  changes.setdefault('num_examples', options.num_examples)
+  if options.data_dir is not None:
+    changes.setdefault('data_dir', options.data_dir)
+  return reproduce.eval_setup(models, cell.task, cell.drafter, **changes)
+
+
+def work_folder(spec: Spec, options: Options) -> pathlib.Path:
+  return pathlib.Path(options.work_dir).expanduser() / spec.name / (
+      options.models)
+
+
+def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path
+             ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """Decodes one cell with the eval job (resuming its folder).
+
+  Returns:
+    (the job's summary, {measurement name: value}).
+  """
+  setup = cell_setup(models, cell, options)
+  out = folder / 'cells' / cell.name
+  summary = eval_lib.evaluate(setup, str(out),
+                              timing_repeats=options.timing_repeats,
+                              config_str=setup.describe())
+  values = {name: measured(name, setup, folder / 'measurements')
+            for name in cell.measure}
+  return summary, values
+
+
+def run(spec: Spec, options: Options, *, profile=None, command: str = '',
+        out: Optional[str] = None) -> Dict[str, Any]:
+  """Runs every cell of a spec (resuming), writing its results after each.
+
+  Args:
+    spec: the benchmark.
+    options: the command line's options (`options_of` fills the spec's
+      defaults in).
+    profile: a `bench.hardware.HardwareProfile` for the rows' "predicted
+      <profile>" figures, or None.
+    command: the command that reruns it (the results' header).
+    out: the results' path without suffix (default
+      results/<spec>/<model set>, or results/<spec>/<model set>_shrunk).
+
+  Returns:
+    the results dict (also written as .json / .md / .png).
+  """
+  options = options_of(spec, options)
+  cells = plan(spec, options)
+  models = reproduce.make_setup(options.models, options.models_dir,
+                                options.checkpoints, options.data_dir)
+  folder = work_folder(spec, options)
+  if out is None:
+    out = str(table.RESULTS / spec.name / (
+        options.models + ('_shrunk' if options.shrink else '')))
+  clock = budget.Clock(options.max_minutes)
+  result = table.new_result(spec, options, command)
+  for i, cell in enumerate(cells):
+    if clock.left() <= 0:
+      result['skipped'] += [c.name for c in cells[i:]]
+      print(f'time budget spent: {len(cells) - i} cells skipped', flush=True)
+      break
+    start = time.perf_counter()
+    summary, values = run_cell(models, cell, options, folder)
+    clock.note(cell.name, time.perf_counter() - start, kind='cell')
+    result['rows'].append(table.row_of(cell, summary, values))
+    table.write(spec, table.repredict(spec, result, profile), out)
+  result['time_log'] = clock.log
+  return table.write(spec, table.repredict(spec, result, profile), out)

@@ -1,0 +1,205 @@
+"""A sweep's results: one row schema, the one repredict, one writer.
+
+A row is a cell's identifying fields (`sweep.Cell.fields`), the eval job's
+summary figures under the job's own names (`SUMMARY_FIELDS`), the cell's
+extra measurements (`measured`), and predicted figures, recomputed from
+those measured values alone by `repredict` through `bench.hardware.predict`:
+
+- `predicted_speedup`: on the row's own measured costs (`measured.costs`:
+  t(1), cost(k) and c at the cell's batch on this machine), Theorem 3.8 with
+  the row's alpha and the gamma it decoded with;
+- `predicted_on_profile`: on a measured hardware profile (`--profile`, the
+  H100 run's by default): at batch 1 the best gamma at T5-XXL target cost
+  (`reproduce.predict_at_xxl_cost`), at a batch the profile measured, the
+  row's gamma; None where the profile cannot price the drafter.
+
+A spec may add its own predicted figures (`Spec.predict`), through the same
+function. `write` writes results/<spec>/<models>.json (what `--repredict`
+reads back), .md (the spec's columns) and .png (the spec's plot).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any, Dict, List, Optional
+
+from specdec_jax import measure
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
+from specdec_jax.experiments import reproduce
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / 'results'
+FORMAT = 'specdec_jax.experiments/1'
+
+# The eval job's summary fields a row keeps, under the job's names
+# (summary.summarize / summary.write).
+SUMMARY_FIELDS = (
+    'examples', 'status', 'batching', 'gamma_used', 'baseline_s',
+    'speculative_s', 'walltime_speedup', 'throughput_speedup',
+    'baseline_tokens', 'speculative_tokens', 'baseline_tokens_per_s',
+    'speculative_tokens_per_s', 'alpha', 'acceptance_rate',
+    'mean_accepted_length', 'target_calls_per_token', 'differing_examples',
+    'near_ties', 'mismatches', 'baseline_metrics', 'speculative_metrics',
+    'gamma_choices')
+# Fields that are timings (a rerun reproduces every other field).
+TIMING_FIELDS = ('baseline_s', 'speculative_s', 'walltime_speedup',
+                 'throughput_speedup', 'baseline_tokens_per_s',
+                 'speculative_tokens_per_s', 'measured', 'gamma_choices',
+                 'predicted_speedup', 'predicted_label',
+                 'measured_over_predicted')
+
+
+def new_result(spec, options, command: str) -> Dict[str, Any]:
+  """An empty results dict with its header."""
+  return dict(
+      format=FORMAT, spec=spec.name, title=spec.title,
+      models=options.models, command=report.portable(command),
+      machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
+      num_examples=options.num_examples,
+      timing_repeats=options.timing_repeats, shrunk=options.shrink,
+      rows=[], skipped=[])
+
+
+def row_of(cell, summary: Dict[str, Any], values: Dict[str, Any]
+           ) -> Dict[str, Any]:
+  """A cell's row: its fields, the job's summary figures, measurements."""
+  row = {'cell': cell.name, 'kind': summary.get('drafter')}
+  row.update(cell.fields())
+  row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
+  row['measured'] = values
+  return row
+
+
+def gamma_of(row: Dict[str, Any]) -> Optional[int]:
+  """The one gamma a row decoded with (None: several, or none)."""
+  used = row.get('gamma_used') or {}
+  return int(next(iter(used))) if len(used) == 1 else None
+
+
+def run_profile(row: Dict[str, Any], result: Dict[str, Any]
+                ) -> Optional[hardware.HardwareProfile]:
+  """The profile of a row's measured costs (None without them)."""
+  costs = (row.get('measured') or {}).get('costs')
+  if costs is None:
+    return None
+  batch = int(costs['batch'])
+  return hardware.HardwareProfile(
+      name=f"{result['spec']} costs: {row['cell']}",
+      device=result['machine'], target=f"{row['task']} target",
+      t1_ms=costs['t1_ms'], floor_ms=None, bandwidth=None, launch_ms=None,
+      cost={batch: {int(k): float(v) for k, v in costs['cost'].items()}},
+      c={batch: {row['drafter']: float(costs['c'])}},
+      source=f"results/{result['spec']}/{result['models']}.json",
+      command=result['command'], date=result['date'])
+
+
+def _clamp(alpha) -> float:
+  return min(max(float(alpha), 0.0), 1.0)
+
+
+def predict_row(row: Dict[str, Any], result: Dict[str, Any],
+                profile: Optional[hardware.HardwareProfile]) -> None:
+  """Sets a row's predicted figures from its measured values."""
+  gamma = gamma_of(row)
+  batch = int(row.get('batch_size', 1))
+  row['predicted_speedup'] = row['predicted_label'] = None
+  row['measured_over_predicted'] = None
+  own = run_profile(row, result)
+  alpha = row.get('alpha')
+  if own is not None and gamma and alpha is not None:
+    p = hardware.predict(own, alpha=_clamp(alpha), gamma=gamma,
+                         drafter=row['drafter'], batch=batch)
+    measured_speedup = row.get('throughput_speedup')
+    row.update(predicted_speedup=p.speedup, predicted_label=p.label,
+               measured_over_predicted=(
+                   measured_speedup / p.speedup if measured_speedup
+                   else None))
+  row['predicted_on_profile'] = None
+  if profile is None or alpha is None:
+    return
+  if batch == 1:
+    row['predicted_on_profile'] = reproduce.predict_at_xxl_cost(
+        profile, _clamp(alpha), row['drafter'])
+  elif (batch in profile.batches() and gamma and
+        row['drafter'] in profile.drafters(1)):
+    row['predicted_on_profile'] = hardware.predict(
+        profile, alpha=_clamp(alpha), gamma=gamma, drafter=row['drafter'],
+        batch=batch).to_json()
+
+
+def repredict(spec, result: Dict[str, Any],
+              profile: Optional[hardware.HardwareProfile],
+              command: Optional[str] = None) -> Dict[str, Any]:
+  """Every predicted figure of a results dict from its measured values."""
+  for row in result['rows']:
+    predict_row(row, result, profile)
+    if spec.predict is not None:
+      spec.predict(row, profile)
+  result['profile'] = None if profile is None else profile.name
+  result['profile_note'] = (None if profile is None else
+                            reproduce.xxl_cost_note(profile))
+  if command:
+    result['predicted_by'] = report.portable(command)
+  return result
+
+
+# ---------------------------------------------------------------------------
+# Writers.
+# ---------------------------------------------------------------------------
+
+def cell(row: Dict[str, Any], column) -> str:
+  """A table cell: a row field by name (dotted for nested), or fn(row)."""
+  if callable(column):
+    return str(column(row))
+  value: Any = row
+  for part in column.split('.'):
+    value = value.get(part) if isinstance(value, dict) else None
+  if isinstance(value, float):
+    return report.fmt(value, '.3f' if abs(value) < 1 else '.2f')
+  return '-' if value is None else str(value)
+
+
+def on_profile(row: Dict[str, Any]) -> str:
+  """The "predicted <profile>" cell: '2.05x (5)', † where c is modelled."""
+  return reproduce.xxl_cost_cell(row.get('predicted_on_profile'))
+
+
+def markdown(spec, result: Dict[str, Any]) -> str:
+  """The results' markdown: header, the spec's about, its table."""
+  lines = [f"# {result['title']} ({result['models']} models)", '',
+           f"Command: `{result['command']}`  ",
+           f"Machine: {result['machine']}  ", f"Date: {result['date']}"]
+  if result.get('predicted_by'):
+    lines.append('Predicted columns recomputed from the measured values by '
+                 f"`{result['predicted_by']}`.")
+  lines += ['', spec.about.strip(), '',
+            f"Every cell is the eval job (`python -m specdec_jax.eval`) on "
+            f"{result['num_examples']} examples, timed as the job times "
+            f"({result['timing_repeats']} alternating repeats of each unit, "
+            'medians). Predicted figures are PREDICTED, not measured, '
+            'through bench.hardware.predict.']
+  if result.get('profile_note'):
+    lines += ['', result['profile_note']]
+  columns = [(h.replace('{profile}', result['profile'] or ''), c)
+             for h, c in spec.columns
+             if result.get('profile') or '{profile}' not in h]
+  lines += ['', report.table([h for h, _ in columns], [
+      [cell(r, c) for _, c in columns] for r in result['rows']]).rstrip()]
+  if result.get('skipped'):
+    lines += ['', 'Skipped (time budget): ' + ', '.join(result['skipped'])]
+  return '\n'.join(lines) + '\n'
+
+
+def write(spec, result: Dict[str, Any], out) -> Dict[str, Any]:
+  """Writes OUT.json, OUT.md and (with a plot) OUT.png; returns result."""
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  result['out'] = report.portable(str(
+      out.relative_to(ROOT) if out.is_relative_to(ROOT) else out))
+  report.write_json(out.with_suffix('.json'), result)
+  report.write_md(out.with_suffix('.md'), markdown(spec, result))
+  if spec.plot is not None and result['rows']:
+    spec.plot(result, out.with_suffix('.png'))
+  return result
