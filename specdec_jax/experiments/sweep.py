@@ -106,6 +106,9 @@ class Spec:
     predict: extra predicted figures of a row: `predict(row, profile)`
       sets fields on it (through `bench.hardware.predict` only).
     plot: draws the results' png: `plot(result, path)`, or None.
+    measurements: the spec's own named measurements, beside
+      `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
+      setup fields it depends on)).
   """
   name: str
   title: str
@@ -118,6 +121,9 @@ class Spec:
       num_examples=2, timing_repeats=1))
   predict: Optional[Callable[[Dict[str, Any], Any], None]] = None
   plot: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
+  measurements: Mapping[str, Tuple[Callable[..., Dict[str, Any]],
+                                   Tuple[str, ...]]] = dataclasses.field(
+                                       default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -158,23 +164,25 @@ MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
 }
 
 
-def _measurement_key(name: str, setup: loading.EvalSetup) -> str:
-  _, fields = MEASUREMENTS[name]
+def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
+  _, fields = known[name]
   text = json.dumps({f: repr(getattr(setup, f)) for f in fields},
                     sort_keys=True)
   return f'{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}'
 
 
-def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path
-             ) -> Dict[str, Any]:
-  """A named measurement of a setup, from its file or measured now."""
-  if name not in MEASUREMENTS:
+def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
+             spec_measurements=None) -> Dict[str, Any]:
+  """A named measurement of a setup (`MEASUREMENTS` or a spec's own),
+  from its file or measured now."""
+  known = {**MEASUREMENTS, **(spec_measurements or {})}
+  if name not in known:
     raise ValueError(f'Unknown measurement {name!r}; expected one of '
-                     f'{list(MEASUREMENTS)}.')
-  path = folder / f'{_measurement_key(name, setup)}.json'
+                     f'{list(known)}.')
+  path = folder / f'{_measurement_key(name, setup, known)}.json'
   if path.is_file():
     return json.loads(path.read_text())
-  fn, _ = MEASUREMENTS[name]
+  fn, _ = known[name]
   loaded = loading.build(setup)
   examples = list(data.task_examples(loaded.task, setup.split,
                                      setup.task_feature_lengths,
@@ -233,7 +241,8 @@ def work_folder(spec: Spec, options: Options) -> pathlib.Path:
       options.models)
 
 
-def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path
+def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
+             spec_measurements=None
              ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   """Decodes one cell with the eval job (resuming its folder).
 
@@ -245,7 +254,8 @@ def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path
   summary = eval_lib.evaluate(setup, str(out),
                               timing_repeats=options.timing_repeats,
                               config_str=setup.describe())
-  values = {name: measured(name, setup, folder / 'measurements')
+  values = {name: measured(name, setup, folder / 'measurements',
+                          spec_measurements)
             for name in cell.measure}
   return summary, values
 
@@ -283,7 +293,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       print(f'time budget spent: {len(cells) - i} cells skipped', flush=True)
       break
     start = time.perf_counter()
-    summary, values = run_cell(models, cell, options, folder)
+    summary, values = run_cell(models, cell, options, folder,
+                               spec.measurements)
     clock.note(cell.name, time.perf_counter() - start, kind='cell')
     result['rows'].append(table.row_of(cell, summary, values))
     table.write(spec, table.repredict(spec, result, profile), out)
