@@ -11,8 +11,8 @@ r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
 
 Every cell of a spec is the eval job on its setup (`sweep`); a rerun
 resumes (the cells' folders are in --work_dir). `--shrink` runs the spec on
-tiny rows (the tests' run; results go to <out>_shrunk unless --out is
-given). `--only CELL` decodes one cell (its name as the results list it).
+tiny rows (the tests' run; its results go into the work folder unless
+--out is given). `--only CELL` decodes one cell (its name as the results list it).
 `repredict` recomputes every predicted figure of a results file from its
 measured values (nothing is measured) and rewrites its .json / .md.
 """
@@ -63,7 +63,7 @@ def parse_args(argv: Sequence[str]):
                  help="the cells' eval job folders (a rerun resumes them)")
   r.add_argument('--out', default=None,
                  help='results path without suffix (default: '
-                 'results/<spec>/<models>)')
+                 'results/<spec>/<models>; --shrink: in the work folder)')
   r.add_argument('--max_minutes', type=float, default=24 * 60.0,
                  help='start no cell after this many minutes')
   flags.add_prediction_flags(r, optional=True, repredict=False)

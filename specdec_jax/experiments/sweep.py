@@ -272,7 +272,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       <profile>" figures, or None.
     command: the command that reruns it (the results' header).
     out: the results' path without suffix (default
-      results/<spec>/<model set>, or results/<spec>/<model set>_shrunk).
+      results/<spec>/<model set>; shrunk: <work folder>/results, since
+      tiny rows are no results).
 
   Returns:
     the results dict (also written as .json / .md / .png).
@@ -283,8 +284,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
                                 options.checkpoints, options.data_dir)
   folder = work_folder(spec, options)
   if out is None:
-    out = str(table.RESULTS / spec.name / (
-        options.models + ('_shrunk' if options.shrink else '')))
+    out = str(folder / 'results' if options.shrink else
+              table.RESULTS / spec.name / options.models)
   clock = budget.Clock(options.max_minutes)
   result = table.new_result(spec, options, command)
   for i, cell in enumerate(cells):

@@ -36,10 +36,11 @@ def cells(options, tasks):
                                 {'variant': f'gamma {GAMMA}'}, ('costs',)))
         if b == compare_at:
           stream = dict(common, batching='stream')
-          out.append(sweep.Cell(
-              task, DRAFTER, dict(stream, draft_confidence=CONFIDENCE),
-              {'variant': f'gamma {GAMMA}, confidence {CONFIDENCE:g}'},
-              ('costs',)))
+          if not options.shrink:
+            out.append(sweep.Cell(
+                task, DRAFTER, dict(stream, draft_confidence=CONFIDENCE),
+                {'variant': f'gamma {GAMMA}, confidence {CONFIDENCE:g}'},
+                ('costs',)))
           out.append(sweep.Cell(
               task, DRAFTER, dict(stream, batch_gamma='profile'),
               {'variant': 'gamma chosen by the profile'}, ('costs',)))

@@ -1,0 +1,166 @@
+"""The experiments layer: task table, sweep runner, results table.
+
+A spec's cell is the eval job: its records equal the job's for the same
+`EvalSetup` in every field but the timings; a rerun resumes (nothing
+decoded twice); `repredict` reproduces a written results file exactly;
+the task table is what the gin files configure.
+"""
+
+import json
+import pathlib
+import shutil
+
+import gin
+import pytest
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import gin_utils
+from specdec_jax import run_folder
+from specdec_jax.bench import hardware
+from specdec_jax.experiments import __main__ as cli
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import specs
+from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
+from specdec_jax.experiments import task_table
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Record fields that are timings (or say where a run was).
+TIMED = {'baseline_batch_s', 'speculative_batch_s'}
+
+
+@pytest.mark.parametrize('models', task_table.MODEL_SETS)
+def test_the_task_table_is_what_the_gin_files_configure(models):
+  for entry in task_table.TASKS.values():
+    gin.clear_config(clear_constants=True)
+    gin.add_config_file_search_path(str(gin_utils.GIN_DIR))
+    gin.parse_config_files_and_bindings([entry.gin_file(models)], [
+        "TARGET_CHECKPOINT = '/t'", "DRAFT_CHECKPOINT = '/d'",
+        "EVAL_OUTPUT_DIR = '/o'", "GAMMA = 1"])
+    assert gin.query_parameter('%MIXTURE_OR_TASK_NAME') == entry.task[models]
+    assert dict(gin.query_parameter('%TASK_FEATURE_LENGTHS')) == dict(
+        entry.lengths[models])
+  gin.clear_config(clear_constants=True)
+  with pytest.raises(ValueError, match="Unknown task 'fr_en'"):
+    task_table.get('fr_en')
+  with pytest.raises(ValueError, match="Unknown model set 'big'"):
+    task_table.check_model_set('big')
+
+
+def _tiny(changes=None):
+  """A one-cell spec on the shipped models: 1 example, gamma 2."""
+  def cells(options, tasks):
+    del options
+    return [sweep.Cell(tasks[0], 'dec2', dict(gamma=2, **(changes or {})),
+                       {'variant': 'tiny'}, ('costs',))]
+  return sweep.Spec(name='tiny', title='tiny', about='A test spec.',
+                    cells=cells, columns=(('task', 'task'),
+                                          ('alpha', 'alpha'),
+                                          ('predicted', 'predicted_speedup')),
+                    num_examples=1, timing_repeats=1)
+
+
+@pytest.fixture(scope='module')
+def tiny_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp('sweep')
+  spec = _tiny()
+  options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'))
+  result = sweep.run(spec, options, profile=hardware.load(hardware.H100),
+                     command='test', out=str(root / 'out' / 'shipped'))
+  return spec, options, root, result
+
+
+def _records(folder):
+  return [{k: v for k, v in r.items() if k not in TIMED}
+          for r in run_folder.read_records(pathlib.Path(folder) /
+                                           'examples.jsonl')]
+
+
+def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
+  spec, options, root, result = tiny_run
+  options = sweep.options_of(spec, options)
+  [cell] = sweep.plan(spec, options)
+  setup = sweep.cell_setup(reproduce.make_setup('shipped'), cell, options)
+  assert (setup.gamma, setup.num_examples, setup.drafter) == (2, 1, 't5')
+  job = root / 'job'
+  summary = eval_lib.evaluate(setup, str(job), timing_repeats=1)
+  cell_dir = sweep.work_folder(spec, options) / 'cells' / cell.name
+  assert _records(cell_dir) == _records(job)
+  [row] = result['rows']
+  for field in table.SUMMARY_FIELDS:
+    if field not in table.TIMING_FIELDS:
+      assert row[field] == summary[field], field
+  assert row['differing_examples'] == 0 and row['status'] == 'complete'
+  assert row['measured']['costs']['batch'] == 1
+  # Theorem 3.8 on the row's own measured costs, through predict.
+  costs = row['measured']['costs']
+  want = hardware.predict(table.run_profile(row, result),
+                          alpha=row['alpha'], gamma=2, drafter='dec2')
+  assert row['predicted_speedup'] == want.speedup
+  assert want.cost == costs['cost']['3']
+  assert row['predicted_on_profile']['profile'] == hardware.H100
+
+
+def test_a_rerun_resumes_every_cell(tiny_run, capsys):
+  spec, options, root, result = tiny_run
+  again = sweep.run(spec, options, profile=hardware.load(hardware.H100),
+                    command='test', out=str(root / 'again' / 'shipped'))
+  assert 'found in' in capsys.readouterr().out  # the job reused its records
+  strip = lambda rows: [{k: v for k, v in r.items() if k != 'out'}
+                        for r in rows]
+  assert strip(again['rows']) == strip(result['rows'])
+
+
+def test_repredict_reproduces_the_written_file(tiny_run, tmp_path,
+                                              monkeypatch):
+  spec, _, root, _ = tiny_run
+  monkeypatch.setitem(specs.SPECS, spec.name, spec)
+  written = root / 'out' / 'shipped.json'
+  copy = tmp_path / 'shipped.json'
+  shutil.copy(written, copy)
+  data = json.loads(copy.read_text())
+  for row in data['rows']:  # spoil every predicted figure
+    row['predicted_speedup'] = row['predicted_on_profile'] = 0.0
+  copy.write_text(json.dumps(data))
+  cli.main(['repredict', str(copy), '--profile', hardware.H100])
+  got = json.loads(copy.read_text())
+  want = json.loads(written.read_text())
+  drop = lambda d: {k: v for k, v in d.items()
+                    if k not in ('out', 'predicted_by')}
+  assert [drop(r) for r in got['rows']] == [drop(r) for r in want['rows']]
+  assert 'predicted_by' in got
+
+
+def test_cells_and_flags_are_checked():
+  spec = _tiny()
+  with pytest.raises(ValueError, match="has no cell 'nope'"):
+    sweep.plan(spec, sweep.Options(only='nope'))
+  with pytest.raises(ValueError, match="Unknown model set 'tiny'"):
+    sweep.plan(spec, sweep.Options(models='tiny'))
+  with pytest.raises(ValueError, match="Unknown spec 'nope'"):
+    specs.get('nope')
+  with pytest.raises(ValueError, match="Unknown measurement 'speed'"):
+    sweep.measured('speed', None, pathlib.Path('.'))
+  twice = sweep.Spec(name='twice', title='', about='', columns=(),
+                     cells=lambda o, t: [sweep.Cell('en_de', 'dec2')] * 2)
+  with pytest.raises(ValueError, match='names a cell twice'):
+    sweep.plan(twice, sweep.Options())
+
+
+@pytest.mark.parametrize('name', sorted(specs.SPECS))
+def test_committed_results_repredict_to_themselves(name, tmp_path):
+  """Every committed results file of a spec is what `repredict` gives
+  from its own measured values."""
+  files = sorted((ROOT / 'results' / name).glob('*.json'))
+  for committed in files:
+    copy = tmp_path / committed.name
+    shutil.copy(committed, copy)
+    data = json.loads(committed.read_text())
+    cli.main(['repredict', str(copy), '--profile',
+              data.get('profile') or 'none'])
+    drop = lambda d: {k: v for k, v in d.items()
+                      if k not in ('out', 'predicted_by')}
+    assert drop(json.loads(copy.read_text())) == drop(data)
+    md = lambda p: [x for x in p.read_text().splitlines()
+                    if 'recomputed' not in x]
+    assert md(copy.with_suffix('.md')) == md(committed.with_suffix('.md'))
