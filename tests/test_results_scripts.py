@@ -45,9 +45,7 @@ def _md_lines(text):
     ('reproduce_table2', 'table2_mini'),
     ('reproduce_table3', 'table3_shipped'),
     ('reproduce_table3', 'table3_mini'),
-    ('benchmark_batches', 'batches'),
     ('benchmark_mesh', 'mesh_cpu'),
-    ('benchmark_trees', 'trees'),
 ])
 def test_committed_predictions_are_what_predict_gives(
     tmp_path, monkeypatch, script, stem):

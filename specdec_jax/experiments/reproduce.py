@@ -480,7 +480,7 @@ def shell_command(flags: Sequence[str]) -> str:
       f'"{f}"' if ' ' in f else f for f in flags))
 
 
-def eval_setup(setup, task: str, drafter: str,
+def eval_setup(setup, task: str, drafter: str, /,
                **changes) -> loading.EvalSetup:
   """The eval job's `EvalSetup` for a (task, drafter) of a setup.
 
@@ -491,10 +491,12 @@ def eval_setup(setup, task: str, drafter: str,
     **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0);
       gamma defaults to 1 where the gin files leave it unset.
   """
-  flags = setup.flags(task, drafter) + [
-      '--gin.GAMMA=%d' % changes.pop('gamma', 1),
-      "--gin.EVAL_OUTPUT_DIR='-'"]
+  # gamma 1 in gin, then every change at once: a setup checks its fields
+  # together (a deep gamma with its tree, say), not the gin file's first.
+  flags = setup.flags(task, drafter) + ['--gin.GAMMA=1',
+                                        "--gin.EVAL_OUTPUT_DIR='-'"]
   args = gin_utils.parse_flags(flags, 'experiments.reproduce')
+  changes.setdefault('gamma', 1)
   return loading.setup_from_flags(args).replace(**changes)
 
 

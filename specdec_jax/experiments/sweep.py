@@ -37,6 +37,9 @@ from specdec_jax.experiments import table
 from specdec_jax.experiments import task_table
 
 
+MAX_NAME = 160  # bytes of a cell's folder name
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One eval job run of a sweep.
@@ -64,9 +67,15 @@ class Cell:
 
   @property
   def name(self) -> str:
-    """A folder name naming every identifying field."""
+    """A folder name naming every identifying field (a long one cut, with
+    the hash of the whole: a file name has at most 255 bytes)."""
     parts = [f'{k}={v}' for k, v in self.fields().items()]
-    return ','.join(parts).replace('/', '_').replace(' ', '_')
+    name = ','.join(parts).replace('/', '_').replace(' ', '_')
+    if len(name.encode()) <= MAX_NAME:
+      return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name.encode()[:MAX_NAME - 17].decode(errors='ignore') + (
+        '-' + digest)
 
 
 def _plain(v):

@@ -1,0 +1,149 @@
+"""Token trees: tokens per target call of chains and of token trees.
+
+A chain of gamma drafts yields at most about 1 / (1 - alpha) tokens per
+target call; a token tree (`drafters.tree`) verifies many drafts in one
+target call, on an accelerator at about the cost of one token. Each cell
+is the eval job at batch 1 with the shipped dec2 drafter: chains (kind
+'t5'); trees (kind 'tree', depth = gamma): "default" (DEFAULT_TREE),
+EAGLE-2 beams ('beam:K,B,D': the root's K best tokens, then the B most
+probable paths of each level get K children, D levels; '/N': verify the
+N most probable nodes, greedy only) and "dynamic N", the tree of N nodes
+`shape.best` built from dec2's rank probabilities (`measure.rank_probs`,
+64 test rows per task; fixed shapes here); and the shipped heads
+(`shipped:heads/<task>`): kinds 'heads' and 'heads_tree'. At t = 1 only
+the best chain and the default tree.
+"""
+
+from specdec_jax import shipped
+from specdec_jax.bench import hardware
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
+from specdec_jax.experiments import sweep
+
+DRAFTER = 'dec2'
+CHAINS = (4, 7)
+BEST_CHAIN = 7  # the chain also decoded at t = 1
+BEAMS = ('beam:3,2,10', 'beam:2,2,16', 'beam:4,1,16', 'beam:8,4,12/64',
+         'beam:16,4,16/64')
+# "dynamic N" per task: `shape.best(rank_probs, N, 10, dynamic=True)`.
+DYNAMIC = {
+    'dynamic 16': dict.fromkeys(('en_de', 'synopsis'), (
+        'dynamic:0.0,0.1,0.2;0.0,0.1,1.0;0.0,0.1,1.0,2.0;0.0;0.0;0.0;0.0;0.0;'
+        '0.0')),
+    'dynamic 32': {
+        'en_de': 'dynamic:0.0,0.1,0.2,0.3;0.0,0.1,1.0,0.2,2.0,0.3,3.0;0.0,'
+                 '0.1,1.0,2.0,0.2;0.0,0.1,1.0,2.0,3.0;0.0,0.1,1.0,2.0,3.0,'
+                 '4.0;0.0;0.0;0.0;0.0;0.0',
+        'synopsis': 'dynamic:0.0,0.1,0.2,0.3;0.0,0.1,1.0,0.2,2.0;0.0,0.1,'
+                    '1.0,2.0,0.2,3.0,4.0;0.0,0.1,1.0,2.0,3.0;0.0,0.1,1.0,'
+                    '2.0,3.0,4.0;0.0;0.0;0.0;0.0;0.0'},
+}
+HEADS = ('chain:4', DEFAULT_TREE, 'beam:8,4,12/64')
+
+
+def cell(task, spec, t=0.0, head=False, name=None):
+  """A chain ('chain:G') or tree (`shape.parse` spec) of dec2 or heads."""
+  chain = spec.startswith('chain:')
+  name = name or ('default' if spec == DEFAULT_TREE else
+                  spec.replace(':', ' ') if chain else spec)
+  changes = dict(gamma=shape_lib.parse(spec).depth, temperature=t,
+                 **({} if chain else {'tree': spec}))
+  if head:
+    changes['draft_checkpoint'] = f'shipped:heads/{task}'
+    return sweep.Cell(task, 'heads' if chain else 'heads_tree', changes,
+                      {'drafting': 'heads ' + name}, ('head',))
+  if not chain:
+    changes['drafter'] = 'tree'
+  return sweep.Cell(task, DRAFTER, changes, {'drafting': name})
+
+
+def cells(options, tasks):
+  if options.shrink:
+    return [cell(tasks[0], 'chain:2'), cell(tasks[0], 'beam:2,2,2/4'),
+            cell(tasks[0], 'beam:2,1,2', head=True)]
+  out = []
+  for task in tasks:
+    out += [cell(task, f'chain:{g}') for g in CHAINS]
+    out += [cell(task, s) for s in (DEFAULT_TREE,) + BEAMS]
+    out += [cell(task, s[task], name=n) for n, s in DYNAMIC.items()]
+    if options.models == 'shipped':  # the heads fit the shipped target
+      out += [cell(task, s, head=True) for s in HEADS]
+    out += [cell(task, f'chain:{BEST_CHAIN}', 1.0),
+            cell(task, DEFAULT_TREE, 1.0)]
+  return out
+
+
+def head(loaded, inputs):
+  """The head's shape and input length: its step's c on a profile."""
+  return {'mlp_dim': loaded.drafter.head.mlp_dim,
+          'cross_attention': loaded.drafter.head.cross_attention,
+          'input_length': int(inputs.shape[1])}
+
+
+def shape_of(row):
+  return shape_lib.parse(row.get('tree') or f"chain:{row['gamma']}")
+
+
+def predict(row, profile):
+  """PREDICTED on the profile from the counters: tokens per target call /
+  (cost(width) + depth x c), width = the verified nodes + 1."""
+  row['predicted_counters'] = None
+  calls = row.get('target_calls_per_token')
+  if profile is None or not calls:
+    return
+  drafter = dict(drafter=row['drafter'])
+  if 'head' in row['measured']:
+    h = row['measured']['head']
+    step = heads.head_step_c(
+        profile, shipped.config('target'),
+        heads.HeadConfig(h['mlp_dim'], h['cross_attention']),
+        h['input_length'])
+    drafter = dict(drafter='heads', step_bytes=step['step_bytes'],
+                   kernels=step['kernels'])
+  shape = shape_of(row)
+  try:
+    row['predicted_counters'] = hardware.predict(
+        profile, tokens_per_call=1.0 / calls,
+        width=shape.verified_width(row['temperature'] == 0),
+        drafter_calls_per_call=shape.depth, **drafter).to_json()
+  except KeyError:  # the profile did not time the drafter
+    pass
+
+
+SPEC = sweep.Spec(
+    name='trees',
+    title='Token trees: tokens per target call, chains vs trees',
+    about=__doc__.split('\n\n', 1)[1] + (
+        '\nTokens / call = 1 / the job\'s target_calls_per_token (the bonus '
+        'token included). Measured speed-up: tokens/s over the baseline\'s '
+        'on this machine (on a CPU a call on k tokens costs about k times '
+        'one: trees are for accelerators). Predicted (counters) = PREDICTED '
+        'through bench.hardware.predict: tokens / call / (cost(width) + '
+        'depth x c) on the profile, width = the verified nodes + 1, depth '
+        "drafter calls per target call (the heads: one head step per level, "
+        "c the profile's bytes / launches model); the json's label says "
+        'which inputs are not measured.'),
+    cells=cells,
+    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+             ('drafting', 'drafting'),
+             ('nodes', lambda r: shape_of(r).verified_width(
+                 r['temperature'] == 0) - 1), ('depth', 'gamma'),
+             ('tokens / call',
+              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+             ('mean accepted length', 'mean_accepted_length'),
+             ('alpha', 'alpha'),
+             ('identical (greedy)',
+              lambda r: '-' if r['differing_examples'] is None else
+              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('measured speed-up', 'throughput_speedup'),
+             ('predicted (counters) on {profile}',
+              lambda r: '-' if r['predicted_counters'] is None else
+              f"{r['predicted_counters']['speedup']:.2f}x")),
+    num_examples=32, timing_repeats=3,
+    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
+    predict=predict,
+    measurements={'head': (head, (
+        'target_config', 'target_checkpoint', 'task_feature_lengths',
+        'drafter', 'draft_checkpoint'))},
+)

@@ -1,0 +1,89 @@
+"""The trees spec: chains and token trees as eval job cells.
+
+Shrunk, the spec decodes a chain, a dec2 tree and a heads tree end to end:
+greedy rows equal the baseline, the counters are those of a tree, the
+results file has the spec's columns and `repredict` gives it back; its
+full plan is eval job setups whose cell folders fit a file name.
+"""
+
+import json
+import shutil
+
+from specdec_jax.bench import hardware
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.experiments import __main__ as cli
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import specs
+from specdec_jax.experiments import sweep
+
+TREE_KINDS = ('tree', 'heads_tree')
+
+
+def _headers(md):
+  [line] = [x for x in md.splitlines() if x.startswith('| task |')]
+  return [h.strip() for h in line.strip('|').split('|')]
+
+
+def test_the_trees_spec_runs_shrunk_end_to_end(tmp_path):
+  spec = specs.get('trees')
+  result = sweep.run(spec, sweep.Options(shrink=True, work_dir=str(tmp_path)),
+                     profile=None, out=str(tmp_path / 'out'))
+  rows = result['rows']
+  assert {r['kind'] for r in rows} == {'t5', 'tree', 'heads_tree'}
+  for r in rows:
+    assert r['status'] == 'complete' and r['examples'] == 2
+    assert r['temperature'] == 0 and r['differing_examples'] == 0, r['cell']
+    shape = shape_lib.parse(r.get('tree') or f"chain:{r['gamma']}")
+    assert r['gamma_used'] == {str(shape.depth): 2}
+    tokens = 1 / r['target_calls_per_token']
+    # A call commits its accepted drafts and one more token: at least one,
+    # at most the tree's depth + 1.
+    assert 1 <= tokens <= shape.depth + 1, r['cell']
+    assert r['predicted_counters'] is None
+  [heads] = [r for r in rows if r['kind'] == 'heads_tree']
+  assert heads['measured']['head']['input_length'] == 128
+
+  md = (tmp_path / 'out.md').read_text()
+  want = [h for h, _ in spec.columns if '{profile}' not in h]
+  assert _headers(md) == want
+  assert sum(x.startswith('| en_de |') for x in md.splitlines()) == len(rows)
+
+  # repredict without a profile gives the written file back exactly.
+  copy = tmp_path / 'copy' / 'out.json'
+  copy.parent.mkdir()
+  shutil.copy(tmp_path / 'out.json', copy)
+  cli.main(['repredict', str(copy), '--profile', 'none'])
+  drop = lambda d: {k: v for k, v in d.items()
+                    if k not in ('out', 'predicted_by')}
+  written = json.loads((tmp_path / 'out.json').read_text())
+  assert drop(json.loads(copy.read_text())) == drop(written)
+  lines = lambda text: [x for x in text.splitlines() if 'recomputed' not in x]
+  assert lines(copy.with_suffix('.md').read_text()) == lines(md)
+
+  # On a profile: predicted from the counters at the verified width.
+  cli.main(['repredict', str(copy), '--profile', hardware.H100])
+  got = json.loads(copy.read_text())
+  for r in got['rows']:
+    p = r['predicted_counters']
+    shape = shape_lib.parse(r.get('tree') or f"chain:{r['gamma']}")
+    assert p['width'] == shape.verified_width(True) and p['speedup'] > 0
+    assert ('c bytes / launches model' in p['label']) == (
+        r['kind'] == 'heads_tree')
+  assert _headers(copy.with_suffix('.md').read_text())[-1] == (
+      f'predicted (counters) on {hardware.H100}')
+
+
+def test_every_cell_of_the_full_spec_is_an_eval_setup():
+  spec = specs.get('trees')
+  options = sweep.options_of(spec, sweep.Options())
+  models = reproduce.make_setup('shipped')
+  cells = sweep.plan(spec, options)
+  assert len(cells) == 30
+  for cell in cells:
+    assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
+    setup = sweep.cell_setup(models, cell, options)
+    assert setup.num_examples == spec.num_examples
+    if setup.drafter in TREE_KINDS:
+      assert setup.gamma == shape_lib.parse(setup.tree).depth
+    else:
+      assert setup.drafter in ('t5', 'heads') and setup.tree is None
