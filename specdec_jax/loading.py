@@ -111,7 +111,7 @@ class EvalSetup:
     max_gamma: the largest gamma 'profile' may choose.
     tree: TREE, for drafter 'tree': the token tree's shape (a
       `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
-      'dynamic:...' shape from scripts/benchmark_trees.py); None: the
+      'dynamic:...' shape of `drafters.tree.shape.best`); None: the
       kind's default (`drafters.tree.DEFAULT_TREE`). gamma is the depth of
       the tree used (at most the shape's).
   """

@@ -164,3 +164,19 @@ def test_committed_results_repredict_to_themselves(name, tmp_path):
     md = lambda p: [x for x in p.read_text().splitlines()
                     if 'recomputed' not in x]
     assert md(copy.with_suffix('.md')) == md(committed.with_suffix('.md'))
+
+
+@pytest.mark.parametrize('name', sorted(specs.SPECS))
+def test_every_spec_plans_its_cells_on_every_model_set(name, capsys):
+  spec = specs.get(name)
+  for models in task_table.MODEL_SETS:
+    options = sweep.options_of(spec, sweep.Options(models=models))
+    cells = sweep.plan(spec, options)
+    assert cells, (name, models)
+    assert {c.task for c in cells} <= set(task_table.names())
+    assert all(len(c.name.encode()) <= sweep.MAX_NAME for c in cells)
+    shrunk = sweep.plan(spec, sweep.options_of(spec, sweep.Options(
+        models=models, shrink=True)))
+    assert 0 < len(shrunk) <= len(cells)
+  cli.main(['list'])
+  assert f'{name}: {spec.title}' in capsys.readouterr().out
