@@ -9,9 +9,13 @@ from typing import Dict
 
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import batches
+from specdec_jax.experiments.specs import table2
+from specdec_jax.experiments.specs import table3
+from specdec_jax.experiments.specs import trees
 
 SPECS: Dict[str, sweep.Spec] = {
-    spec.name: spec for spec in (batches.SPEC,)
+    spec.name: spec for spec in (batches.SPEC, trees.SPEC, table2.SPEC,
+                                 table3.SPEC)
 }
 
 
