@@ -92,6 +92,7 @@ from specdec_jax import diagnostics
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
 from specdec_jax import network
+from specdec_jax import paper
 from specdec_jax import speculative
 from specdec_jax import widening
 from specdec_jax.bench import aot
@@ -100,8 +101,6 @@ from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
 from specdec_jax.bench import rows as rows_lib
-from specdec_jax.experiments.reproduce import PAPER_TABLE2
-from specdec_jax.experiments.reproduce import PAPER_TABLE3
 from specdec_jax.sampling import SamplingConfig
 
 SCRIPT = 'scripts/reproduce_accelerator.py'
@@ -825,10 +824,10 @@ class Runner:
   def paper(self, task: str, d: Draft, temp: float):
     task = PAPER_TASK[task]
     if d.paper in T5_SIZES:
-      g, a, s = PAPER_TABLE2[task, int(temp)][d.paper]
+      g, a, s = paper.TABLE2[task, int(temp)][d.paper]
       return dict(task=task, gamma=g, alpha=a, speedup=s)
     if d.paper in ('unigram', 'bigram'):
-      return dict(task=task, alpha=PAPER_TABLE3[task][d.paper][int(temp)])
+      return dict(task=task, alpha=paper.TABLE3[task][d.paper][int(temp)])
     return None
 
   def table(self, temp: float) -> None:

@@ -65,6 +65,7 @@ from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import output_cache
+from specdec_jax import paper as paper_lib
 from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax import streaming
@@ -660,17 +661,6 @@ def estimated_profile(target: Target, steps: Mapping[int, Mapping[int, Any]],
       c=c, source='the XLA compiler for ' + target.name, command='', date='')
 
 
-# The paper's Table 2 (task, temperature, drafter) -> (gamma, alpha, speed-up)
-# and its Table 4 c (../shared/PAPER.md).
-PAPER_TABLE2 = {
-    ('ende', 0, 'small'): (7, 0.75, 3.4), ('ende', 0, 'base'): (7, 0.80, 2.8),
-    ('ende', 0, 'large'): (7, 0.82, 1.7), ('ende', 1, 'small'): (7, 0.62, 2.6),
-    ('ende', 1, 'base'): (5, 0.68, 2.4), ('ende', 1, 'large'): (3, 0.71, 1.4),
-    ('cnndm', 0, 'small'): (5, 0.65, 3.1), ('cnndm', 0, 'base'): (5, 0.73, 3.0),
-    ('cnndm', 0, 'large'): (3, 0.74, 2.2),
-    ('cnndm', 1, 'small'): (5, 0.53, 2.3), ('cnndm', 1, 'base'): (3, 0.55, 2.2),
-    ('cnndm', 1, 'large'): (3, 0.56, 1.7)}
-PAPER_C = {'small': 0.02, 'base': 0.04, 'large': 0.11}
 GOAL = {'small': 0.10, 'base': 0.10, 'large': 0.15}
 
 
@@ -682,14 +672,19 @@ def table2(profile: hardware.HardwareProfile) -> List[Dict[str, Any]]:
   iteration (Theorem 3.8 with c = 0 and cost 1), bounds every profile's
   prediction from the paper's alpha."""
   rows = []
-  for (task, temp, size), (gamma, alpha, paper) in PAPER_TABLE2.items():
+  cells = [(column, temp, size, values)
+           for (column, temp), row in paper_lib.TABLE2.items()
+           for size, values in row.items()]
+  for column, temp, size, (gamma, alpha, paper) in cells:
     ours = hardware.predict(profile, alpha=alpha, gamma=gamma, drafter=size)
+    paper_c = paper_lib.TABLE4_C[size]
     with_paper_c = hardware.predict(profile, alpha=alpha, gamma=gamma,
-                                    c=PAPER_C[size])
+                                    c=paper_c)
     rows.append({
-        'task': task, 'temperature': temp, 'drafter': size, 'gamma': gamma,
+        'task': {'EnDe': 'ende', 'CNNDM': 'cnndm'}[column],
+        'temperature': temp, 'drafter': size, 'gamma': gamma,
         'alpha': alpha, 'c_estimated': round(ours.c, 4),
-        'c_paper': PAPER_C[size], 'cost_gamma_plus_1': round(ours.cost, 3),
+        'c_paper': paper_c, 'cost_gamma_plus_1': round(ours.cost, 3),
         'speedup_estimated': round(ours.speedup, 2),
         'speedup_with_paper_c': round(with_paper_c.speedup, 2),
         'speedup_paper_measured': paper,

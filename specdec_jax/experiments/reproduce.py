@@ -52,26 +52,6 @@ def model_free_drafters() -> Tuple[str, ...]:
 def all_drafters(t5_names: Sequence[str]) -> Tuple[str, ...]:
   return tuple(t5_names) + model_free_drafters()
 
-# Paper Table 2: (gamma, alpha, speed-up), T5-XXL target, batch 1, TPU-v4.
-PAPER_TABLE2 = {
-    ('EnDe', 0): {'small': (7, .75, 3.4), 'base': (7, .80, 2.8),
-                  'large': (7, .82, 1.7)},
-    ('EnDe', 1): {'small': (7, .62, 2.6), 'base': (5, .68, 2.4),
-                  'large': (3, .71, 1.4)},
-    ('CNNDM', 0): {'small': (5, .65, 3.1), 'base': (5, .73, 3.0),
-                   'large': (3, .74, 2.2)},
-    ('CNNDM', 1): {'small': (5, .53, 2.3), 'base': (3, .55, 2.2),
-                   'large': (3, .56, 1.7)},
-}
-# Paper Table 3: alpha at (t=0, t=1) with T5-XXL as target.
-PAPER_TABLE3 = {
-    'EnDe': {'unigram': (.08, .07), 'bigram': (.20, .19),
-             'small': (.75, .62), 'base': (.80, .68), 'large': (.82, .71)},
-    'CNNDM': {'unigram': (.13, .08), 'bigram': (.23, .16),
-              'small': (.65, .53), 'base': (.73, .55), 'large': (.74, .56)},
-}
-
-
 def model_checkpoint(models_dir: str, task: str, size: str) -> str:
   """Latest checkpoint of a trained mini model; a clear error if missing.
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from specdec_jax import paper as published
 from specdec_jax import theory
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
@@ -67,7 +68,7 @@ def test_table3_spec_alpha_next_to_the_paper(tmp_path):
     # Greedy speculative outputs are the baseline's; sampled ones are not
     # compared.
     assert r['differing_examples'] == (0 if r['temperature'] == 0 else None)
-    ref = reproduce.PAPER_TABLE3['EnDe'].get(r['drafter'])
+    ref = published.TABLE3['EnDe'].get(r['drafter'])
     assert table.cell(r, paper) == (
         '-' if ref is None else f"{ref[int(r['temperature'])]:.2f}")
     if r['temperature'] == 1:
@@ -105,7 +106,7 @@ def test_table2_spec_chooses_gamma_by_theorem_3_8(tmp_path):
             alpha, r['gamma'], costs['c'],
             target_cost_ratio=costs['cost'][str(r['gamma'] + 1)]), rel=1e-9)
     assert table.cell(r, paper) == '7 / 0.75 / 3.4x'
-    assert reproduce.PAPER_TABLE2['EnDe', 0]['small'] == (7, .75, 3.4)
+    assert published.TABLE2['EnDe', 0]['small'] == (7, .75, 3.4)
   # The chosen gamma: the argmax of the prediction over the swept gammas.
   [chosen] = [r for r in rows if r['chosen']]
   assert chosen['calibrated_speedup'] == max(

@@ -19,6 +19,7 @@ from typing import Any, Dict
 import jax
 import numpy as np
 
+from specdec_jax import paper as published
 from specdec_jax import data
 from specdec_jax import measure
 from specdec_jax.bench import hardware
@@ -94,7 +95,7 @@ def predict(row, profile) -> None:
 
 def paper(row):
   """The paper's (gamma, alpha, speed-up) of the row, or None."""
-  return reproduce.PAPER_TABLE2[task_table.get(row['task']).paper, int(
+  return published.TABLE2[task_table.get(row['task']).paper, int(
       row['temperature'])].get(row['drafter'])
 
 

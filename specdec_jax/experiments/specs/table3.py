@@ -15,6 +15,7 @@ trained checkpoints are no part of a model set's setup, untrained they
 draft noise) and the output cache (its alpha depends on what it has seen).
 """
 
+from specdec_jax import paper as published
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
@@ -48,7 +49,7 @@ def cells(options, tasks):
 
 def paper_alpha(row):
   """The paper's alpha of the row's drafter at its temperature, or None."""
-  ref = reproduce.PAPER_TABLE3[task_table.get(row['task']).paper]
+  ref = published.TABLE3[task_table.get(row['task']).paper]
   return (ref[row['drafter']][int(row['temperature'])]
           if row['drafter'] in ref else None)
 
