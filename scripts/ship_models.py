@@ -262,13 +262,17 @@ def cmd_report(args):
   profile = flags.profile_of(args)
   with open(args.measured) as f:
     after = json.load(f)
-  with open(os.path.join(REPO, 'results', 'table3_mini.json')) as f:
+  # Before: the record of the retired reproduce_table3 script (the table3
+  # spec, python -m specdec_jax.experiments run table3 --models mini, now
+  # measures that table in its own format).
+  with open(os.path.join(REPO, 'results', 'retired', 'table3_mini.json')) as f:
     before = json.load(f)
   lines = ['# Drafter agreement before and after distillation', '',
            f"After: `{after['command']}` (results/drafters_alpha.json), "
            f"{after['num_examples']} test inputs per task, float32 on CPU "
            '(bf16 weights cast up).  ',
-           'Before: results/table3_mini.json (per-task mini models trained '
+           'Before: results/retired/table3_mini.json (written by the retired '
+           'reproduce_table3 script; per-task mini models trained '
            'on 2 CPU cores for 500-2000 steps on the references), same '
            'protocol (measure.alpha: the target decodes the test inputs, '
            'beta = sum_x min(p, q) pooled over every output position).', '',
@@ -296,10 +300,10 @@ def cmd_report(args):
             + reproduce.xxl_cost_note(profile), '',
             '## The target, before and after', '',
             '| task | model | validation loss | validation accuracy | greedy '
-            'quality (first 256 test inputs, results/table3_*.json) |',
+            'quality (first 256 test inputs, results/retired/table3_*.json) |',
             '|---|---|---|---|---|']
   table3 = {}  # the same quality protocol as before: Table 3's
-  path = os.path.join(REPO, 'results', 'table3_shipped.json')
+  path = os.path.join(REPO, 'results', 'retired', 'table3_shipped.json')
   if os.path.isfile(path):
     with open(path) as f:
       table3 = json.load(f)
@@ -323,8 +327,10 @@ def cmd_report(args):
     lines.append(f"| {task} | after: shipped multi-task target | "
                  f"{v['loss']:.3f} | {v['accuracy']:.3f} | "
                  + (', '.join(f'{k} {x:.1f}' for k, x in new_q.items())
-                    if new_q else 'run scripts/reproduce_table3.py --setup '
-                    'shipped') + ' |')
+                    if new_q else 'not in results/retired/table3_shipped.json; '
+                    '`python -m specdec_jax.experiments run table3 '
+                    '--num_examples 256` gives it '
+                    '(baseline_metrics of its t = 0 rows)') + ' |')
   report.write_md(os.path.join(REPO, 'results', 'drafters_alpha.md'),
                   '\n'.join(lines) + '\n')
   if not args.export_dir:

@@ -90,13 +90,14 @@ def test_walkthrough_demonstrates_exactness_and_theory():
     plots += 1
   else:
     assert 'written by scripts/benchmark_costs.py' in text
-  # Section 4 plots results/table2_mini.json, or says what writes it.
-  if (results / 'table2_mini.json').exists():
+  # Section 4 plots results/retired/table2_mini.json (the record of the
+  # retired reproduce_table2 script), or says what wrote it.
+  if (results / 'retired' / 'table2_mini.json').exists():
     assert 'predicted  measured' in text
     plots += 1
   else:
-    assert ('table2_mini.json not found: it is written by '
-            '`python scripts/reproduce_table2.py`') in text
+    assert ('table2_mini.json not found: it was written by the retired '
+            'reproduce_table2 script') in text
   # Section 5: the shipped models on real text, exact.
   assert 'EXACT on real text: identical to the baseline' in text
   assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in text  # reference

@@ -1,4 +1,4 @@
-"""Shared pieces of the paper-reproduction scripts (scripts/reproduce_*.py).
+"""Shared pieces of the benchmark specs (`specs/`: table2, table3 and others).
 
 Three setups: `MiniSetup`, the mini models trained here (gin_configs/train/,
 `scripts/train.py`) in `<models_dir>/<task>_mini_<size>/checkpoint_<step>`,
@@ -204,9 +204,10 @@ def xxl_cost_note(profile) -> str:
 def run_profile(costs: Mapping[str, Any], name: str, device: str,
                 source: str, command: str, date: str):
   """A `bench.hardware.HardwareProfile` of one of this run's cost
-  measurements (scripts/reproduce_table2.py's `costs` entries: t(k) and c
-  at their `batch`, 1 when not given), so its predictions go through
-  `bench.hardware.predict`."""
+  measurements (a `costs` entry of the retired reproduce_table2 script's
+  results, results/retired/table2_*.json: t(k) and c at their `batch`, 1
+  when not given), so its predictions go through `bench.hardware.predict`.
+  The `table2` spec's rows go through `table.run_profile` instead."""
   t = {int(k): float(v) for k, v in costs['t_target_ms'].items()}
   batch = int(costs.get('batch', 1))
   return hardware.HardwareProfile(

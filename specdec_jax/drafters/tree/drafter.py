@@ -180,7 +180,9 @@ class TreeDrafter:
 
 # EAGLE-2's shape: the root's 4 best tokens, then the 2 most probable paths
 # of each level get 4 children each, 8 levels: 60 nodes, one target call on
-# 61 tokens (on an accelerator about the cost of one; see results/trees.md).
+# 61 tokens (on an accelerator about the cost of one; see
+# results/retired/trees.md, by the retired benchmark_trees script; now
+# `python -m specdec_jax.experiments run trees`).
 DEFAULT_TREE = 'beam:4,2,8'
 
 
