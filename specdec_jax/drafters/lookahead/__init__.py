@@ -53,7 +53,7 @@ step would, at the cost of one (gamma+1+L)-token call.
 slots after each of last, x_1..x_gamma ((gamma + 1)^2 tokens per call,
 group h seeing only the prefix up to x_h, `model.tree_extend`), and group n
 drafts the next iteration whatever n is. On the shipped target it is the
-better of the two at gamma = 1 (results/pass_shipped.md).
+better of the two at gamma = 1 (results/retired/pass_shipped.md).
 
 Parameters: `{'lookahead_embedder': {'embedding': [L, emb_dim]}}` (T5X's
 naming of `token_embedder`), saved and loaded as a T5X orbax checkpoint

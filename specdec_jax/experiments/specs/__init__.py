@@ -9,13 +9,17 @@ from typing import Dict
 
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import batches
+from specdec_jax.experiments.specs import draft_free
+from specdec_jax.experiments.specs import heads
+from specdec_jax.experiments.specs import lookahead
 from specdec_jax.experiments.specs import table2
 from specdec_jax.experiments.specs import table3
 from specdec_jax.experiments.specs import trees
 
 SPECS: Dict[str, sweep.Spec] = {
     spec.name: spec for spec in (batches.SPEC, trees.SPEC, table2.SPEC,
-                                 table3.SPEC)
+                                 table3.SPEC, draft_free.SPEC,
+                                 lookahead.SPEC, heads.SPEC)
 }
 
 

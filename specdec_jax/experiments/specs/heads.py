@@ -1,0 +1,153 @@
+"""Self-drafting heads: a small trained head on the target's own states.
+
+A draft head (kinds 'heads', 'heads_tree') drafts from the target's final
+decoder state: in the merged loop one (gamma + 1)-token target call
+verifies the drafts and gives the states the head drafts the next gamma
+from, in gamma head steps; 'heads_tree' drafts a token tree (`TREE`,
+`drafters.tree.DEFAULT_TREE`) verified in one target call. Each cell is the
+eval job at batch 1, t = 0 and 1, with the model set's heads (shipped:
+`shipped:heads/<task>`; another model set: `<models_dir>/heads/<task>`, a
+scripts/train_heads.py --out_dir): heads at gamma = 1 .. 5, the default
+tree, and the T5 drafter (dec2 for the shipped models, else small) at
+gamma 4 in the ordinary loop for reference. The table shows per cell the
+tokens per target call, alpha, the mean accepted length, the measured
+speed-up and the speed-up these counters predict on a measured hardware
+profile.
+"""
+
+import os
+
+from specdec_jax import network
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
+from specdec_jax.drafters import heads
+from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import sweep
+
+GAMMAS = tuple(range(1, 6))
+DRAFT_GAMMA = 4
+TEMPERATURES = (0.0, 1.0)
+
+
+def checkpoint(options, task):
+  """The draft head of a task for the model set."""
+  if options.models == 'shipped':
+    return f'shipped:heads/{task}'
+  return os.path.join(options.models_dir, 'heads', task)
+
+
+def cells(options, tasks):
+  gammas, tree, temperatures = GAMMAS, DEFAULT_TREE, TEMPERATURES
+  if options.shrink:
+    gammas, tree, temperatures = (2,), 'beam:2,1,2', (0.0,)
+  t5 = 'dec2' if options.models == 'shipped' else 'small'
+  out = []
+  for task in tasks:
+    head = dict(draft_checkpoint=checkpoint(options, task))
+    for t in temperatures:
+      out += [sweep.Cell(task, 'heads', dict(head, gamma=g, temperature=t),
+                         {'drafting': f'heads gamma={g}'}, ('head',))
+              for g in gammas]
+      out.append(sweep.Cell(
+          task, 'heads_tree', dict(head, gamma=shape_lib.parse(tree).depth,
+                                   tree=tree, temperature=t),
+          {'drafting': f'heads tree {tree}'}, ('head',)))
+      if not options.shrink:
+        out.append(sweep.Cell(task, t5, dict(gamma=DRAFT_GAMMA, temperature=t),
+                              {'drafting': f'{t5} gamma={DRAFT_GAMMA}'}))
+  return out
+
+
+def head(loaded, inputs):
+  """The head's shape, the target's widths and the input length: what
+  prices a head step on a profile (`heads.head_step_c`)."""
+  return {'mlp_dim': loaded.drafter.head.mlp_dim,
+          'cross_attention': loaded.drafter.head.cross_attention,
+          'input_length': int(inputs.shape[1]),
+          'target_config': report.config_dict(loaded.setup.target_config)}
+
+
+def shape_of(row):
+  return shape_lib.parse(row.get('tree') or f"chain:{row['gamma']}")
+
+
+def width(row):
+  """Tokens of one target call: the verified nodes + 1."""
+  return shape_of(row).verified_width(row['temperature'] == 0)
+
+
+def predict(row, profile):
+  """PREDICTED on the profile from the counters: tokens per target call /
+  (cost(width) + depth x c); c of a head step from the profile's bytes /
+  launches model, of the T5 drafter the profile's measured c."""
+  row['predicted_counters'] = None
+  calls = row.get('target_calls_per_token')
+  if profile is None or not calls:
+    return
+  if 'head' in row['measured']:
+    h = dict(row['measured']['head'])
+    cfg = h.pop('target_config')
+    config = network.T5Config(**dict(cfg, mlp_activations=tuple(
+        cfg['mlp_activations'])))
+    step = heads.head_step_c(profile, config, heads.HeadConfig(
+        h['mlp_dim'], h['cross_attention']), h['input_length'])
+    drafter = dict(drafter='heads', step_bytes=step['step_bytes'],
+                   kernels=step['kernels'])
+  else:
+    drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+    if drafter['drafter'] not in profile.drafters(1):
+      return  # the profile did not time this drafter
+  row['predicted_counters'] = hardware.predict(
+      profile, tokens_per_call=1.0 / calls, gamma=row['gamma'],
+      width=width(row), drafter_calls_per_call=shape_of(row).depth,
+      **drafter).to_json()
+
+
+def _predicted(row):
+  p = row['predicted_counters']
+  if p is None:
+    return '-'
+  return f"{p['speedup']:.2f}x (c {p['c']:.3f}" + (
+      '' if p['c_how'].startswith(hardware.MEASURED) else ' †') + ')' + (
+          '' if p['cost_how'] == hardware.MEASURED else ' ‡')
+
+
+SPEC = sweep.Spec(
+    name='heads',
+    title='Self-drafting heads: tokens per target call and speed-ups',
+    about=__doc__.split('\n\n', 1)[1] + (
+        "\nTokens / call = 1 / the job's target_calls_per_token (the first "
+        'iteration, with no drafts yet, included). Measured speed-up: '
+        "tokens/s over the baseline's on this machine (on a CPU a call on "
+        'k tokens costs about k times one). Predicted (counters) is '
+        'PREDICTED through bench.hardware.predict: tokens / call / '
+        "(cost(width) + depth x c) on the profile's measured cost(k), "
+        'width = the verified nodes + 1, c in brackets: the T5 drafter\'s '
+        "as the profile measured it; † a head step's from the profile's "
+        'bytes / launches model (the head widened to the profile target\'s '
+        'widths, its step bytes / the bandwidth + its launches x the launch '
+        'time, over t(1)): the profile did not time a head; ‡: the width '
+        "is beyond the profile's largest measured k, taken at that k's "
+        "cost (the json's label says so)."),
+    cells=cells,
+    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+             ('drafting', 'drafting'), ('depth', 'gamma'),
+             ('call width', width),
+             ('tokens / call',
+              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+             ('mean accepted length', 'mean_accepted_length'),
+             ('alpha', 'alpha'),
+             ('identical (greedy)',
+              lambda r: '-' if r['differing_examples'] is None else
+              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('measured speed-up', 'throughput_speedup'),
+             ('predicted (counters) on {profile}', _predicted)),
+    num_examples=24, timing_repeats=2,
+    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
+    predict=predict,
+    measurements={'head': (head, (
+        'target_config', 'target_checkpoint', 'task_feature_lengths',
+        'draft_checkpoint'))},
+)

@@ -1,0 +1,104 @@
+"""PaSS: the target drafting for itself from learned look-ahead embeddings.
+
+PaSS (kind 'pass') appends L trained look-ahead embeddings to the target's
+input: one target call on 2 gamma + 1 tokens verifies the last drafts and
+drafts the next gamma (the merged loop: no drafter call, gamma <= L). Each
+cell is the eval job at batch 1, t = 0 and 1, with the model set's
+embeddings (shipped: `shipped:lookahead/<task>`, L = 8, trained by
+scripts/train_pass.py on the target's outputs of test rows 64:256: the
+rows decoded here, the first, are held out; another model set:
+`<models_dir>/lookahead/<task>`, a train_pass.py --out_dir) at gamma = L =
+1 .. 8, and prompt lookup (kind 'lookup', gamma 4, drafted by copying) for
+reference. The table shows per cell the tokens per target call, alpha,
+the mean accepted length, the measured speed-up and the speed-up these
+counters predict on a measured hardware profile.
+"""
+
+import os
+
+from specdec_jax.bench import hardware
+from specdec_jax.experiments import sweep
+
+LOOKAHEADS = tuple(range(1, 9))
+LOOKUP_GAMMA = 4
+TEMPERATURES = (0.0, 1.0)
+
+
+def checkpoint(options, task):
+  """The look-ahead embeddings of a task for the model set."""
+  if options.models == 'shipped':
+    return f'shipped:lookahead/{task}'
+  return os.path.join(options.models_dir, 'lookahead', task)
+
+
+def cells(options, tasks):
+  lookaheads, temperatures = LOOKAHEADS, TEMPERATURES
+  if options.shrink:
+    lookaheads, temperatures = (1, 2), (0.0,)
+  out = []
+  for task in tasks:
+    for t in temperatures:
+      out += [sweep.Cell(task, 'pass', dict(
+          gamma=g, temperature=t, draft_checkpoint=checkpoint(options, task)),
+                         {'drafting': f'pass L={g}'}) for g in lookaheads]
+      if not options.shrink:
+        out.append(sweep.Cell(task, 'lookup', dict(gamma=LOOKUP_GAMMA,
+                                                   temperature=t),
+                              {'drafting': f'lookup gamma={LOOKUP_GAMMA}'}))
+  return out
+
+
+def width(row):
+  """Tokens of one target call: 2 gamma + 1 for PaSS, gamma + 1 else."""
+  return (2 if row['kind'] == 'pass' else 1) * row['gamma'] + 1
+
+
+def predict(row, profile):
+  """PREDICTED on the profile from the counters: tokens per target call /
+  cost(call width), c = 0 (PaSS drafts inside the verification call;
+  lookup's copying is taken as free)."""
+  row['predicted_counters'] = None
+  calls = row.get('target_calls_per_token')
+  if profile is not None and calls:
+    row['predicted_counters'] = hardware.predict(
+        profile, tokens_per_call=1.0 / calls, gamma=row['gamma'],
+        width=width(row), drafter_calls_per_call=0).to_json()
+
+
+def _predicted(row):
+  p = row['predicted_counters']
+  if p is None:
+    return '-'
+  return f"{p['speedup']:.2f}x" + ('' if p['cost_how'] == hardware.MEASURED
+                                   else ' ‡')
+
+
+SPEC = sweep.Spec(
+    name='lookahead',
+    title='PaSS: look-ahead embeddings, tokens per target call and speed-ups',
+    about=__doc__.split('\n\n', 1)[1] + (
+        "\nTokens / call = 1 / the job's target_calls_per_token (for PaSS "
+        'it counts the recovery calls after a rejection). Measured speed-up: '
+        "tokens/s over the baseline's on this machine (on a CPU a call on k "
+        'tokens costs about k times one). Predicted (counters) is PREDICTED '
+        'through bench.hardware.predict: tokens / call / cost(call width) '
+        "on the profile's measured cost(k), c = 0; ‡: the width is beyond "
+        "the profile's largest measured k, taken at that k's cost (the "
+        "json's label says so)."),
+    cells=cells,
+    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+             ('drafting', 'drafting'), ('gamma', 'gamma'),
+             ('call width', width),
+             ('tokens / call',
+              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+             ('mean accepted length', 'mean_accepted_length'),
+             ('alpha', 'alpha'),
+             ('identical (greedy)',
+              lambda r: '-' if r['differing_examples'] is None else
+              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('measured speed-up', 'throughput_speedup'),
+             ('predicted (counters) on {profile}', _predicted)),
+    num_examples=16, timing_repeats=2,
+    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
+    predict=predict,
+)
