@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pathlib
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from specdec_jax import measure
 from specdec_jax.bench import hardware
@@ -129,6 +129,44 @@ def predict_row(row: Dict[str, Any], result: Dict[str, Any],
         batch=batch).to_json()
 
 
+def predict_counters(row: Dict[str, Any],
+                     profile: Optional[hardware.HardwareProfile], *,
+                     width: int, drafter_calls: float,
+                     drafter: Optional[str] = None, **step) -> None:
+  """Sets `predicted_counters`: the speed-up PREDICTED on `profile` from
+  the row's counters (`hardware.predict`: tokens per target call /
+  (cost(width) + drafter calls per target call x c)).
+
+  c is the profile's measured c of `drafter` (a `reproduce.
+  XXL_COST_DRAFTERS` name), or with `step` (step_bytes, kernels) its
+  bytes / launches model; no drafter call (drafter_calls 0) costs nothing.
+  None without a profile or counters, or where the profile did not time
+  the drafter.
+  """
+  row['predicted_counters'] = None
+  calls = row.get('target_calls_per_token')
+  if profile is None or not calls:
+    return
+  if drafter_calls and not step and drafter not in profile.drafters(1):
+    return  # the profile did not time this drafter
+  row['predicted_counters'] = hardware.predict(
+      profile, tokens_per_call=1.0 / calls, gamma=row.get('gamma'),
+      width=width, drafter_calls_per_call=drafter_calls,
+      drafter=drafter if drafter_calls else None, **step).to_json()
+
+
+def counters_cell(row: Dict[str, Any]) -> str:
+  """The "predicted (counters)" cell: '2.31x (c 0.018)'; † c from the
+  bytes / launches model, ‡ cost(width) beyond the measured k."""
+  p = row.get('predicted_counters')
+  if p is None:
+    return '-'
+  c = '' if not p['c'] else f" (c {p['c']:.3f}" + (
+      '' if p['c_how'].startswith(hardware.MEASURED) else ' †') + ')'
+  return f"{p['speedup']:.2f}x{c}" + (
+      '' if p['cost_how'] == hardware.MEASURED else ' ‡')
+
+
 def repredict(spec, result: Dict[str, Any],
               profile: Optional[hardware.HardwareProfile],
               command: Optional[str] = None) -> Dict[str, Any]:
@@ -159,6 +197,24 @@ def cell(row: Dict[str, Any], column) -> str:
   if isinstance(value, float):
     return report.fmt(value, '.3f' if abs(value) < 1 else '.2f')
   return '-' if value is None else str(value)
+
+
+def temperature(row: Dict[str, Any]) -> str:
+  """The "t" cell: '0', '1'."""
+  return f"{row['temperature']:g}"
+
+
+def identical(row: Dict[str, Any]) -> str:
+  """The "identical (greedy)" cell: '30/32' rows equal to the baseline,
+  '-' for sampled rows (they match in law, not token for token)."""
+  if row['differing_examples'] is None:
+    return '-'
+  return f"{row['examples'] - row['differing_examples']}/{row['examples']}"
+
+
+def tokens_per_call(row: Dict[str, Any]) -> str:
+  """The "tokens / call" cell: 1 / the job's target_calls_per_token."""
+  return f"{1 / row['target_calls_per_token']:.2f}"
 
 
 def on_profile(row: Dict[str, Any]) -> str:

@@ -57,7 +57,8 @@ SPEC = sweep.Spec(
         'own cost(gamma + 1) and c measured at the batch: every row busy, '
         'no encoder / cache set-up.'),
     cells=cells,
-    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"), ('batch', 'batch_size'),
+    columns=(('task', 'task'), ('t', table.temperature),
+             ('batch', 'batch_size'),
              ('batching', 'batching'), ('setting', 'variant'),
              ('gamma used', lambda r: ', '.join(r['gamma_used'] or {})),
              ('alpha', 'alpha'),
@@ -68,9 +69,7 @@ SPEC = sweep.Spec(
              ('predicted', 'predicted_speedup'),
              ('measured / predicted', 'measured_over_predicted'),
              ('predicted {profile}', table.on_profile),
-             ('identical (greedy)',
-              lambda r: '-' if r['differing_examples'] is None else
-              f"{r['examples'] - r['differing_examples']}/{r['examples']}")),
+             ('identical (greedy)', table.identical)),
     num_examples=64,
     timing_repeats=3,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),

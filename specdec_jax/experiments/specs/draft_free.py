@@ -27,9 +27,9 @@ from specdec_jax import data
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
-from specdec_jax.bench import hardware
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
 
 GAMMA = 6
 CONFIDENCE = 0.5
@@ -127,18 +127,10 @@ def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(gamma + 1) + draft-model calls per target call x c), c the
   profile's measured c of the T5 drafter (copying taken as free)."""
-  row['predicted_counters'] = None
-  calls = row.get('target_calls_per_token')
-  if profile is None or not calls:
-    return
-  per_call = model_calls_per_call(row)
-  drafter = reproduce.XXL_COST_DRAFTERS.get(row['drafter'])
-  if per_call and drafter not in profile.drafters(1):
-    return  # the profile did not time this drafter
-  row['predicted_counters'] = hardware.predict(
-      profile, tokens_per_call=1.0 / calls, gamma=row['gamma'],
-      drafter_calls_per_call=per_call,
-      drafter=drafter if per_call else None).to_json()
+  table.predict_counters(
+      row, profile, width=row['gamma'] + 1,
+      drafter_calls=model_calls_per_call(row),
+      drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
 
 
 SPEC = sweep.Spec(
@@ -155,20 +147,17 @@ SPEC = sweep.Spec(
         'Not here: the earlier agentic request stream (repeats and near '
         'repeats of requests), which is no task of the eval job.'),
     cells=cells,
-    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+    columns=(('task', 'task'), ('t', table.temperature),
              ('drafting', 'drafting'), ('alpha', 'alpha'),
              ('mean accepted length', 'mean_accepted_length'),
              ('tokens / call',
-              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+              table.tokens_per_call),
              ('draft-model calls / call',
               lambda r: f'{model_calls_per_call(r):.2f}'),
-             ('identical (greedy)',
-              lambda r: '-' if r['differing_examples'] is None else
-              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('identical (greedy)', table.identical),
              ('measured speed-up', 'throughput_speedup'),
              ('predicted (counters) on {profile}',
-              lambda r: '-' if r['predicted_counters'] is None else
-              f"{r['predicted_counters']['speedup']:.2f}x")),
+              table.counters_cell)),
     num_examples=24, timing_repeats=3,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,

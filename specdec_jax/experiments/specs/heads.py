@@ -18,13 +18,13 @@ profile.
 import os
 
 from specdec_jax import network
-from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
 
 GAMMAS = tuple(range(1, 6))
 DRAFT_GAMMA = 4
@@ -69,6 +69,11 @@ def head(loaded, inputs):
           'target_config': report.config_dict(loaded.setup.target_config)}
 
 
+# What prices a head step, named by what it depends on.
+MEASUREMENTS = {'head': (head, ('target_config', 'target_checkpoint',
+                                'task_feature_lengths', 'draft_checkpoint'))}
+
+
 def shape_of(row):
   return shape_lib.parse(row.get('tree') or f"chain:{row['gamma']}")
 
@@ -78,40 +83,27 @@ def width(row):
   return shape_of(row).verified_width(row['temperature'] == 0)
 
 
+def head_step(row, profile):
+  """A head step's bytes and launches on the profile (its c by the bytes /
+  launches model, `heads.head_step_c`), from the row's `head` measurement."""
+  h = dict(row['measured']['head'])
+  cfg = h.pop('target_config')
+  config = network.T5Config(**dict(cfg, mlp_activations=tuple(
+      cfg['mlp_activations'])))
+  step = heads.head_step_c(profile, config, heads.HeadConfig(
+      h['mlp_dim'], h['cross_attention']), h['input_length'])
+  return dict(step_bytes=step['step_bytes'], kernels=step['kernels'])
+
+
 def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(width) + depth x c); c of a head step from the profile's bytes /
   launches model, of the T5 drafter the profile's measured c."""
-  row['predicted_counters'] = None
-  calls = row.get('target_calls_per_token')
-  if profile is None or not calls:
-    return
-  if 'head' in row['measured']:
-    h = dict(row['measured']['head'])
-    cfg = h.pop('target_config')
-    config = network.T5Config(**dict(cfg, mlp_activations=tuple(
-        cfg['mlp_activations'])))
-    step = heads.head_step_c(profile, config, heads.HeadConfig(
-        h['mlp_dim'], h['cross_attention']), h['input_length'])
-    drafter = dict(drafter='heads', step_bytes=step['step_bytes'],
-                   kernels=step['kernels'])
-  else:
-    drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
-    if drafter['drafter'] not in profile.drafters(1):
-      return  # the profile did not time this drafter
-  row['predicted_counters'] = hardware.predict(
-      profile, tokens_per_call=1.0 / calls, gamma=row['gamma'],
-      width=width(row), drafter_calls_per_call=shape_of(row).depth,
-      **drafter).to_json()
-
-
-def _predicted(row):
-  p = row['predicted_counters']
-  if p is None:
-    return '-'
-  return f"{p['speedup']:.2f}x (c {p['c']:.3f}" + (
-      '' if p['c_how'].startswith(hardware.MEASURED) else ' †') + ')' + (
-          '' if p['cost_how'] == hardware.MEASURED else ' ‡')
+  drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+  if profile is not None and 'head' in row['measured']:
+    drafter = dict(drafter='heads', **head_step(row, profile))
+  table.predict_counters(row, profile, width=width(row),
+                         drafter_calls=shape_of(row).depth, **drafter)
 
 
 SPEC = sweep.Spec(
@@ -132,22 +124,18 @@ SPEC = sweep.Spec(
         "is beyond the profile's largest measured k, taken at that k's "
         "cost (the json's label says so)."),
     cells=cells,
-    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+    columns=(('task', 'task'), ('t', table.temperature),
              ('drafting', 'drafting'), ('depth', 'gamma'),
              ('call width', width),
              ('tokens / call',
-              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+              table.tokens_per_call),
              ('mean accepted length', 'mean_accepted_length'),
              ('alpha', 'alpha'),
-             ('identical (greedy)',
-              lambda r: '-' if r['differing_examples'] is None else
-              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('identical (greedy)', table.identical),
              ('measured speed-up', 'throughput_speedup'),
-             ('predicted (counters) on {profile}', _predicted)),
+             ('predicted (counters) on {profile}', table.counters_cell)),
     num_examples=24, timing_repeats=2,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
-    measurements={'head': (head, (
-        'target_config', 'target_checkpoint', 'task_feature_lengths',
-        'draft_checkpoint'))},
+    measurements=MEASUREMENTS,
 )

@@ -16,8 +16,8 @@ counters predict on a measured hardware profile.
 
 import os
 
-from specdec_jax.bench import hardware
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
 
 LOOKAHEADS = tuple(range(1, 9))
 LOOKUP_GAMMA = 4
@@ -57,20 +57,7 @@ def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   cost(call width), c = 0 (PaSS drafts inside the verification call;
   lookup's copying is taken as free)."""
-  row['predicted_counters'] = None
-  calls = row.get('target_calls_per_token')
-  if profile is not None and calls:
-    row['predicted_counters'] = hardware.predict(
-        profile, tokens_per_call=1.0 / calls, gamma=row['gamma'],
-        width=width(row), drafter_calls_per_call=0).to_json()
-
-
-def _predicted(row):
-  p = row['predicted_counters']
-  if p is None:
-    return '-'
-  return f"{p['speedup']:.2f}x" + ('' if p['cost_how'] == hardware.MEASURED
-                                   else ' ‡')
+  table.predict_counters(row, profile, width=width(row), drafter_calls=0)
 
 
 SPEC = sweep.Spec(
@@ -86,18 +73,16 @@ SPEC = sweep.Spec(
         "the profile's largest measured k, taken at that k's cost (the "
         "json's label says so)."),
     cells=cells,
-    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+    columns=(('task', 'task'), ('t', table.temperature),
              ('drafting', 'drafting'), ('gamma', 'gamma'),
              ('call width', width),
              ('tokens / call',
-              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+              table.tokens_per_call),
              ('mean accepted length', 'mean_accepted_length'),
              ('alpha', 'alpha'),
-             ('identical (greedy)',
-              lambda r: '-' if r['differing_examples'] is None else
-              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('identical (greedy)', table.identical),
              ('measured speed-up', 'throughput_speedup'),
-             ('predicted (counters) on {profile}', _predicted)),
+             ('predicted (counters) on {profile}', table.counters_cell)),
     num_examples=16, timing_repeats=2,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,

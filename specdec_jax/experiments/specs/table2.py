@@ -155,7 +155,7 @@ SPEC = sweep.Spec(
         'T5-XXL cost instead).'),
     cells=cells,
     columns=(
-        ('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+        ('task', 'task'), ('t', table.temperature),
         ('drafter', 'drafter'), ('gamma', 'gamma'),
         ('chosen', lambda r: '**<- chosen**' if r['chosen'] else ''),
         ('alpha (calibration)', 'measured.calibration.alpha'),
@@ -165,9 +165,7 @@ SPEC = sweep.Spec(
         ('predicted (run alpha)', 'predicted_speedup'),
         ('measured speed-up', 'throughput_speedup'),
         ('measured / predicted', 'measured_over_predicted'),
-        ('identical (greedy)',
-         lambda r: '-' if r['differing_examples'] is None else
-         f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+        ('identical (greedy)', table.identical),
         ('paper gamma / alpha / speed-up',
          lambda r: '-' if paper(r) is None else
          '{} / {:.2f} / {}x'.format(*paper(r))),

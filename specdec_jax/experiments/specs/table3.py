@@ -54,12 +54,6 @@ def paper_alpha(row):
           if row['drafter'] in ref else None)
 
 
-def _identical(row):
-  if row['differing_examples'] is None:
-    return '-'
-  return f"{row['examples'] - row['differing_examples']}/{row['examples']}"
-
-
 SPEC = sweep.Spec(
     name='table3',
     title='Table 3: alpha per drafter',
@@ -73,13 +67,13 @@ SPEC = sweep.Spec(
     cells=cells,
     columns=(
         ('task', 'task'), ('drafter', 'drafter'),
-        ('t', lambda r: f"{r['temperature']:g}"),
+        ('t', table.temperature),
         ('alpha', 'alpha'),
         ('paper alpha', lambda r: '-' if paper_alpha(r) is None else
          f'{paper_alpha(r):.2f}'),
         ('output tokens', lambda r: f"{r['speculative_tokens']:.0f}"),
         ('measured speed-up', 'throughput_speedup'),
-        ('identical (greedy)', _identical),
+        ('identical (greedy)', table.identical),
         ('predicted {profile}, t=0 (gamma)',
          lambda r: table.on_profile(r) if r['temperature'] == 0 else '-')),
     num_examples=64,

@@ -14,12 +14,12 @@ N most probable nodes, greedy only) and "dynamic N", the tree of N nodes
 the best chain and the default tree.
 """
 
-from specdec_jax import shipped
-from specdec_jax.bench import hardware
-from specdec_jax.drafters import heads
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
+from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
+from specdec_jax.experiments.specs import heads as heads_spec
 
 DRAFTER = 'dec2'
 CHAINS = (4, 7)
@@ -74,41 +74,16 @@ def cells(options, tasks):
   return out
 
 
-def head(loaded, inputs):
-  """The head's shape and input length: its step's c on a profile."""
-  return {'mlp_dim': loaded.drafter.head.mlp_dim,
-          'cross_attention': loaded.drafter.head.cross_attention,
-          'input_length': int(inputs.shape[1])}
-
-
-def shape_of(row):
-  return shape_lib.parse(row.get('tree') or f"chain:{row['gamma']}")
-
-
 def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(width) + depth x c), width = the verified nodes + 1."""
-  row['predicted_counters'] = None
-  calls = row.get('target_calls_per_token')
-  if profile is None or not calls:
-    return
-  drafter = dict(drafter=row['drafter'])
-  if 'head' in row['measured']:
-    h = row['measured']['head']
-    step = heads.head_step_c(
-        profile, shipped.config('target'),
-        heads.HeadConfig(h['mlp_dim'], h['cross_attention']),
-        h['input_length'])
-    drafter = dict(drafter='heads', step_bytes=step['step_bytes'],
-                   kernels=step['kernels'])
-  shape = shape_of(row)
-  try:
-    row['predicted_counters'] = hardware.predict(
-        profile, tokens_per_call=1.0 / calls,
-        width=shape.verified_width(row['temperature'] == 0),
-        drafter_calls_per_call=shape.depth, **drafter).to_json()
-  except KeyError:  # the profile did not time the drafter
-    pass
+  shape = heads_spec.shape_of(row)
+  drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+  if profile is not None and 'head' in row['measured']:
+    drafter = dict(drafter='heads', **heads_spec.head_step(row, profile))
+  table.predict_counters(
+      row, profile, width=shape.verified_width(row['temperature'] == 0),
+      drafter_calls=shape.depth, **drafter)
 
 
 SPEC = sweep.Spec(
@@ -125,25 +100,20 @@ SPEC = sweep.Spec(
         "c the profile's bytes / launches model); the json's label says "
         'which inputs are not measured.'),
     cells=cells,
-    columns=(('task', 'task'), ('t', lambda r: f"{r['temperature']:g}"),
+    columns=(('task', 'task'), ('t', table.temperature),
              ('drafting', 'drafting'),
-             ('nodes', lambda r: shape_of(r).verified_width(
+             ('nodes', lambda r: heads_spec.shape_of(r).verified_width(
                  r['temperature'] == 0) - 1), ('depth', 'gamma'),
              ('tokens / call',
-              lambda r: f"{1 / r['target_calls_per_token']:.2f}"),
+              table.tokens_per_call),
              ('mean accepted length', 'mean_accepted_length'),
              ('alpha', 'alpha'),
-             ('identical (greedy)',
-              lambda r: '-' if r['differing_examples'] is None else
-              f"{r['examples'] - r['differing_examples']}/{r['examples']}"),
+             ('identical (greedy)', table.identical),
              ('measured speed-up', 'throughput_speedup'),
              ('predicted (counters) on {profile}',
-              lambda r: '-' if r['predicted_counters'] is None else
-              f"{r['predicted_counters']['speedup']:.2f}x")),
+              table.counters_cell)),
     num_examples=32, timing_repeats=3,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
-    measurements={'head': (head, (
-        'target_config', 'target_checkpoint', 'task_feature_lengths',
-        'drafter', 'draft_checkpoint'))},
+    measurements=heads_spec.MEASUREMENTS,
 )
