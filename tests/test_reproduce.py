@@ -64,21 +64,6 @@ def test_paper_setup_uses_the_paper_gin_files():
     reproduce.make_setup('paper', checkpoint_list='en_de_xxl')
 
 
-def test_script_flags_give_the_setup_and_its_tasks():
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser()
-  reproduce.add_setup_flags(parser)
-  args = parser.parse_args(['--setup', 'paper', '--checkpoints',
-                            'synopsis_xxl=/a,synopsis_base=/b'])
-  setup = reproduce.setup_from_flags(args)
-  assert isinstance(setup, reproduce.PaperSetup)
-  assert args.tasks == 'en_de,synopsis'
-  assert dict(setup.checkpoints) == {'synopsis_xxl': '/a', 'synopsis_base': '/b'}
-  args = parser.parse_args([])
-  assert isinstance(reproduce.setup_from_flags(args), reproduce.MiniSetup)
-  assert args.tasks == 'en_de,synopsis'
-
-
 def test_results_name_no_home_directory(tmp_path, monkeypatch):
   monkeypatch.setenv('HOME', str(tmp_path))
   make_models(tmp_path / 'models')

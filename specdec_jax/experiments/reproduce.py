@@ -1,17 +1,16 @@
-"""Shared pieces of the benchmark specs (`specs/`: table2, table3 and others).
+"""The model sets a spec runs on, as the eval job's setups.
 
-Three setups: `MiniSetup`, the mini models trained here (gin_configs/train/,
-`scripts/train.py`) in `<models_dir>/<task>_mini_<size>/checkpoint_<step>`,
-evaluated with gin_configs/mini/<task>.gin; and `PaperSetup`, real T5X
+Three model sets: `MiniSetup` ('mini'), the mini models trained here
+(gin_configs/train/, `scripts/train.py`) in
+`<models_dir>/<task>_mini_<size>/checkpoint_<step>`; `ShippedSetup`
+('shipped'), the package's own models; `PaperSetup` ('paper'), real T5X
 checkpoints of T5 1.1 XXL / small / base / large through the paper's gin
-files (gin_configs/paper/), for a TPU/GPU; `ShippedSetup`, the package's own
-models. A setup names the eval job's gin files and checkpoints for a (task,
-drafter) pair (`flags`: also the command that reruns a row); `eval_setup`
-turns them into the job's typed `loading.EvalSetup`, and `load_task_models`
-loads a task's target and drafters through `loading`, exactly as the job
-does. This module also holds the paper's published numbers for comparison,
-and `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target cost
-on a measured hardware profile, through `bench.hardware.predict`.
+files, for a TPU / GPU. Each task's gin file is `task_table`'s. A setup
+names the eval job's flags for a (task, drafter) pair (`flags`: also the
+command that reruns a cell, `eval_flags` / `shell_command`); `eval_setup`
+turns them into the job's typed `loading.EvalSetup`. This module also
+holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target
+cost on a measured hardware profile, through `bench.hardware.predict`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 
@@ -199,28 +198,6 @@ def xxl_cost_note(profile) -> str:
       f'launches model of the profile (step bytes / its bandwidth + '
       f'launches x its launch time, over its t(1); {fitted}) for '
       f'{modelled}: the profile did not time them.')
-
-
-def run_profile(costs: Mapping[str, Any], name: str, device: str,
-                source: str, command: str, date: str):
-  """A `bench.hardware.HardwareProfile` of one of this run's cost
-  measurements (a `costs` entry of the retired reproduce_table2 script's
-  results, results/retired/table2_*.json: t(k) and c at their `batch`, 1
-  when not given), so its predictions go through `bench.hardware.predict`.
-  The `table2` spec's rows go through `table.run_profile` instead."""
-  t = {int(k): float(v) for k, v in costs['t_target_ms'].items()}
-  batch = int(costs.get('batch', 1))
-  return hardware.HardwareProfile(
-      name=name, device=device,
-      target=f"{costs['task']} target at {costs['target_cost']} cost",
-      t1_ms=t[1], floor_ms=None, bandwidth=None, launch_ms=None,
-      cost={batch: {k: v / t[1] for k, v in t.items()}},
-      c={batch: {k: float(v) for k, v in costs['c'].items()}},
-      source=source, command=command, date=date)
-
-def results_name(setup) -> str:
-  """'mini', 'shipped' or 'paper': the suffix of a setup's results."""
-  return setup.models
 
 
 def _bindings(**bindings) -> list:
@@ -415,34 +392,6 @@ def make_setup(kind: str, models_dir: str = '~/models',
                    f'{kind!r}.')
 
 
-def add_setup_flags(parser) -> None:
-  """--setup, --models_dir, --checkpoints and --tasks of the scripts."""
-  parser.add_argument('--setup', default='mini',
-                      choices=['mini', 'shipped', 'paper'],
-                      help="'mini': per-task models trained here (~/models); "
-                      "'shipped': the shipped models (+ --models_dir: the "
-                      "train_shipped_models.py export folder); 'paper': T5X "
-                      'checkpoints through gin_configs/paper')
-  parser.add_argument('--data_dir', default=None,
-                      help="--setup shipped: the full Debian data (n-gram "
-                      "drafters need its train split); default: the shipped "
-                      'test slices')
-  parser.add_argument('--models_dir', default='~/models')
-  parser.add_argument('--checkpoints', default='',
-                      help='--setup paper: en_de_xxl=PATH,en_de_small=PATH,...')
-  parser.add_argument('--tasks', default=None,
-                      help='default: every task of experiments.task_table')
-
-
-def setup_from_flags(args):
-  """The setup of parsed `add_setup_flags` flags; fills in --tasks."""
-  setup = make_setup(args.setup, args.models_dir, args.checkpoints,
-                     getattr(args, 'data_dir', None))
-  if args.tasks is None:
-    args.tasks = ','.join(setup.tasks)
-  return setup
-
-
 def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   """T5X-style flags of one eval run.
 
@@ -479,36 +428,3 @@ def eval_setup(setup, task: str, drafter: str, /,
   args = gin_utils.parse_flags(flags, 'experiments.reproduce')
   changes.setdefault('gamma', 1)
   return loading.setup_from_flags(args).replace(**changes)
-
-
-@dataclasses.dataclass
-class TaskModels:
-  """A task's trained target and drafters, loaded as the eval job does."""
-  task: Any  # seqio.Task
-  lengths: Dict[str, int]
-  target_config: Any
-  target: Any
-  target_params: Any
-  drafters: Dict[str, Tuple[Any, Any]]  # name -> (drafter, params)
-
-
-def load_task_models(setup, task: str, drafters: Optional[Sequence[str]] = None,
-                     data_dir: Optional[str] = None) -> TaskModels:
-  """Loads the target and the named drafters of one task of a setup.
-
-  The target is loaded once; each drafter from its own `EvalSetup` (its gin
-  model and checkpoint) through `loading.load_drafter`.
-  """
-  drafters = setup.drafters if drafters is None else drafters
-  extra = {} if data_dir is None else {'data_dir': data_dir}
-  base = eval_setup(setup, task, drafters[0] if drafters else 'unigram',
-                    **extra)
-  seq_task = loading.load_task(base)
-  target, target_params = loading.load_target(base)
-  loaded = {}
-  for name in drafters:
-    loaded[name] = loading.load_drafter(
-        eval_setup(setup, task, name, **extra), seq_task, target,
-        target_params)
-  return TaskModels(seq_task, dict(base.task_feature_lengths),
-                    base.target_config, target, target_params, loaded)

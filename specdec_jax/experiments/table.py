@@ -222,6 +222,18 @@ def on_profile(row: Dict[str, Any]) -> str:
   return reproduce.xxl_cost_cell(row.get('predicted_on_profile'))
 
 
+# The columns of a spec that reads tokens per target call (the method
+# specs), after its own: what each call yields, whether the greedy rows are
+# the baseline's, and the speed-up measured here beside the one predicted.
+COUNTER_COLUMNS = (
+    ('tokens / call', tokens_per_call),
+    ('mean accepted length', 'mean_accepted_length'),
+    ('alpha', 'alpha'),
+    ('identical (greedy)', identical),
+    ('measured speed-up', 'throughput_speedup'),
+    ('predicted (counters) on {profile}', counters_cell))
+
+
 def markdown(spec, result: Dict[str, Any]) -> str:
   """The results' markdown: header, the spec's about, its table."""
   lines = [f"# {result['title']} ({result['models']} models)", '',
