@@ -1,7 +1,8 @@
-"""Experiments on top of the jobs: the paper's tables and their setups.
+"""Experiments on top of the jobs: benchmarks as specs over the eval job.
 
-`reproduce` holds the paper's published numbers (Tables 2 and 3), the model
-setups the reproduction scripts run (mini models trained here, the shipped
-models, real T5X checkpoints) as `loading.EvalSetup`s, and the helpers the
-scripts/reproduce_*.py share. Nothing below the jobs imports this package.
+`task_table` (the one task table), `reproduce` (the model sets as the eval
+job's setups), `sweep` (a spec's cells, each decoded by `eval.evaluate`),
+`table` (the rows, the one repredict, the writers), `specs/` (one file per
+benchmark) and `python -m specdec_jax.experiments`. Nothing below the jobs
+imports this package.
 """
