@@ -40,6 +40,10 @@ from specdec_jax.experiments import task_table
 MAX_NAME = 160  # bytes of a cell's folder name
 
 
+class CellsFailed(RuntimeError):
+  """Cells of a sweep failed; every other cell ran and was written."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One eval job run of a sweep.
@@ -303,10 +307,24 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       print(f'time budget spent: {len(cells) - i} cells skipped', flush=True)
       break
     start = time.perf_counter()
-    summary, values = run_cell(models, cell, options, folder,
-                               spec.measurements)
-    clock.note(cell.name, time.perf_counter() - start, kind='cell')
-    result['rows'].append(table.row_of(cell, summary, values))
+    try:
+      summary, values = run_cell(models, cell, options, folder,
+                                 spec.measurements)
+    except Exception as e:  # pylint: disable=broad-except
+      # Recorded with its error; the other cells still run (the job wrote
+      # what the cell finished into its folder: a rerun resumes it).
+      result['failed'].append({'cell': cell.name, **cell.fields(),
+                               'error': f'{type(e).__name__}: {e}'})
+      print(f'cell {cell.name} failed: {e!r}', flush=True)
+    else:
+      clock.note(cell.name, time.perf_counter() - start, kind='cell')
+      result['rows'].append(table.row_of(cell, summary, values))
     table.write(spec, table.repredict(spec, result, profile), out)
   result['time_log'] = clock.log
-  return table.write(spec, table.repredict(spec, result, profile), out)
+  table.write(spec, table.repredict(spec, result, profile), out)
+  if result['failed']:
+    raise CellsFailed(
+        f"{len(result['failed'])} of {len(cells)} cells failed (the others "
+        f"are in {out}.json): " + '; '.join(
+            f"{f['cell']}: {f['error']}" for f in result['failed']))
+  return result

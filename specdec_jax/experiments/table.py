@@ -59,7 +59,7 @@ def new_result(spec, options, command: str) -> Dict[str, Any]:
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
       num_examples=options.num_examples,
       timing_repeats=options.timing_repeats, shrunk=options.shrink,
-      rows=[], skipped=[])
+      rows=[], skipped=[], failed=[])
 
 
 def row_of(cell, summary: Dict[str, Any], values: Dict[str, Any]
@@ -257,6 +257,9 @@ def markdown(spec, result: Dict[str, Any]) -> str:
       [cell(r, c) for _, c in columns] for r in result['rows']]).rstrip()]
   if result.get('skipped'):
     lines += ['', 'Skipped (time budget): ' + ', '.join(result['skipped'])]
+  if result.get('failed'):
+    lines += ['', 'Failed cells (rerun the command to resume them):', '']
+    lines += [f"- {f['cell']}: {f['error']}" for f in result['failed']]
   return '\n'.join(lines) + '\n'
 
 

@@ -147,6 +147,24 @@ def test_cells_and_flags_are_checked():
     sweep.plan(twice, sweep.Options())
 
 
+def test_a_failed_cell_is_written_and_named(tmp_path):
+  """A cell whose setup cannot be built fails alone: the others run, the
+  results name it with its error, and the run ends with CellsFailed."""
+  spec = sweep.Spec(
+      name='broken', title='broken', about='Cells that cannot run.',
+      columns=(('task', 'task'),),
+      cells=lambda o, t: [sweep.Cell('en_de', 'trigram'),
+                          sweep.Cell('en_de', 'fourgram')])
+  out = tmp_path / 'out'
+  with pytest.raises(sweep.CellsFailed, match='2 of 2 cells failed') as e:
+    sweep.run(spec, sweep.Options(work_dir=str(tmp_path)), out=str(out))
+  assert "Unknown drafter 'trigram'" in str(e.value)
+  written = json.loads(out.with_suffix('.json').read_text())
+  assert [f['drafter'] for f in written['failed']] == ['trigram', 'fourgram']
+  md = out.with_suffix('.md').read_text()
+  assert "- task=en_de,drafter=fourgram: ValueError: Unknown drafter" in md
+
+
 @pytest.mark.parametrize('name', sorted(specs.SPECS))
 def test_committed_results_repredict_to_themselves(name, tmp_path):
   """Every committed results file of a spec is what `repredict` gives
