@@ -84,7 +84,8 @@ class EvalSetup:
     draft_confidence: adaptive draft lengths: 0 drafts gamma tokens every
       iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
       likely token is below this probability and a copying drafter stop
-      where nothing matches (see `drafters.T5Drafter`).
+      where nothing matches (see `drafters.T5Drafter`); refused for a kind
+      that drafts no adaptive lengths (`DrafterKind.reads_confidence`).
     batching: at batch_size > 1, 'stream' (continuous batching: both
       decoders run `streaming.sample_stream` / `speculative_stream`, an
       ended row refilled with the next example inside the loop, over chunks
@@ -174,6 +175,11 @@ class EvalSetup:
         0 <= conf < 1):
       raise ValueError(f'draft_confidence must be a number in [0, 1), got '
                        f'{conf!r}.')
+    if conf and not kind.reads_confidence:
+      raise ValueError(
+          f'draft_confidence is set but drafter {self.drafter!r} drafts no '
+          'adaptive lengths (kinds that do: '
+          f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.reads_confidence)}).')
     if self.tree is not None and not kind.reads_tree:
       raise ValueError(f'tree is set but drafter {self.drafter!r} does not '
                        'draft trees (kinds that do: '

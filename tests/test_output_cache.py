@@ -235,11 +235,9 @@ def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path):
   from test_eval import args  # pylint: disable=g-import-not-at-top
 
   out, path = tmp_path / 'run', tmp_path / 'cache' / 'en_de.npz'
-  flags = dict(DRAFTER="'combined'", OUTPUT_CACHE=f"'{path}'",
-               DRAFT_CONFIDENCE='0.3')
+  flags = dict(DRAFTER="'combined'", OUTPUT_CACHE=f"'{path}'")
   summary = eval_lib.main(args(out, **flags))
   assert summary['differing_examples'] == 0 and summary['examples'] == 4
-  assert summary['draft_confidence'] == 0.3
   store = output_cache.OutputCache.load(str(path))
   assert len(store) == 100 + 4
   summary = eval_lib.main(args(out, NUM_EXAMPLES='6', **flags))

@@ -126,6 +126,6 @@ def build(source: registry.DraftSource):
 
 KIND = registry.DrafterKind(
     'cache', needs_model=False, build=build, uses_cache=True,
-    needs_target=True,
+    needs_target=True, reads_confidence=True,
     description='semantic output cache: copies from the outputs of the most '
                 'similar earlier requests (and the input, the output)')

@@ -219,6 +219,6 @@ def build(source: registry.DraftSource):
 
 
 KIND = registry.DrafterKind(
-    'lookup', needs_model=False, build=build,
+    'lookup', needs_model=False, build=build, reads_confidence=True,
     description='prompt lookup: copies what followed the longest recent '
                 'match of the last 1-3 tokens in the input or the output')

@@ -88,6 +88,9 @@ class DrafterKind:
       (drafts with the target itself, or embeds requests with it).
     reads_tree: drafts token trees of the shape `DraftSource.tree` (gin
       TREE); a job refuses TREE for a kind that does not.
+    reads_confidence: drafts adaptive lengths with `DraftSource.confidence`
+      > 0 (gin DRAFT_CONFIDENCE); a job refuses a confidence for a kind
+      that does not (it would change nothing).
   """
 
   name: str
@@ -98,6 +101,7 @@ class DrafterKind:
   uses_cache: bool = False
   needs_target: bool = False
   reads_tree: bool = False
+  reads_confidence: bool = False
 
 
 class KindTable(Mapping[str, DrafterKind]):

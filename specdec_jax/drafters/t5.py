@@ -259,7 +259,7 @@ def build(source: registry.DraftSource, kind: str = 't5'):
 
 
 KIND = registry.DrafterKind(
-    't5', needs_model=True, build=build,
+    't5', needs_model=True, build=build, reads_confidence=True,
     description='a separate T5 (e.g. T5 1.1 small) with its own cache')
 
 

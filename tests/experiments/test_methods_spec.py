@@ -68,9 +68,8 @@ def test_draft_free_spec_counts_the_draft_model_in_the_jobs_decodes(
   _, rows, predicted, profile = _run('draft_free', tmp_path)
   assert [(r['kind'], r['drafting']) for r in rows] == [
       ('lookup', 'lookup'), ('cache', 'cache'),
-      ('combined', 'combined adaptive')]
+      ('combined', 'combined')]
   lookup, cache, combined = predicted
-  assert combined['draft_confidence'] == 0.5
   for r in (lookup, cache):  # copying: no draft model, c = 0
     assert r['measured'] == {}
     _check_prediction(r, profile, r['gamma'] + 1, 0, 0.0)
@@ -117,8 +116,7 @@ def test_the_full_plans_are_eval_setups_of_their_kinds():
       'draft_free': {('t5', 'shipped:dec2', 0.0): 4, ('lookup', None, 0.0): 4,
                      ('cache', None, 0.0): 4,
                      ('combined', 'shipped:dec2', 0.0): 4,
-                     ('t5', 'shipped:dec2', 0.5): 4,
-                     ('combined', 'shipped:dec2', 0.5): 4},
+                     ('t5', 'shipped:dec2', 0.5): 4},
       'lookahead': {('pass', 'shipped:lookahead/en_de', 0.0): 16,
                     ('pass', 'shipped:lookahead/synopsis', 0.0): 16,
                     ('lookup', None, 0.0): 4},
