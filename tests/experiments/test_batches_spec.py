@@ -17,7 +17,7 @@ def test_batches_spec_runs_fixed_stream_and_the_profile_choice(tmp_path):
   for r in rows:
     assert r['status'] == 'complete' and r['differing_examples'] == 0
   fixed, stream, chosen = rows
-  assert fixed['gamma_used'] == stream['gamma_used'] == {'4': 2}
+  assert fixed['gamma_used'] == stream['gamma_used'] == {'2': 2}
   # The job's own choice, as the job wrote it: the gamma it decoded with.
   [choice] = chosen['gamma_choices']
   assert chosen['gamma_used'] == {str(choice['gamma']): 2}

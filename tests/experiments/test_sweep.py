@@ -51,7 +51,8 @@ def _tiny(changes=None):
   """A one-cell spec on the shipped models: 1 example, gamma 2."""
   def cells(options, tasks):
     del options
-    return [sweep.Cell(tasks[0], 'dec2', dict(gamma=2, **(changes or {})),
+    return [sweep.Cell(tasks[0], 'dec2', dict(gamma=2, max_gamma=2,
+                                              **(changes or {})),
                        {'variant': 'tiny'}, ('costs',))]
   return sweep.Spec(name='tiny', title='tiny', about='A test spec.',
                     cells=cells, columns=(('task', 'task'),

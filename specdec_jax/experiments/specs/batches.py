@@ -23,17 +23,19 @@ DRAFTER = 'dec2'
 
 def cells(options, tasks):
   batches, temperatures, compare_at = BATCHES, TEMPERATURES, COMPARE_AT
-  if options.shrink:
+  gamma, top = GAMMA, {}
+  if options.shrink:  # gamma 2, cost(k) timed for k <= 3 (a program each)
     batches, temperatures, compare_at = (2,), (0.0,), 2
+    gamma, top = 2, {'max_gamma': 2}
   out = []
   for task in tasks:
     for t in temperatures:
       for b in batches:
-        common = dict(gamma=GAMMA, temperature=t, batch_size=b,
-                      batch_gamma='config')
+        common = dict(gamma=gamma, temperature=t, batch_size=b,
+                      batch_gamma='config', **top)
         for batching in (('fixed',) if b == 1 else ('fixed', 'stream')):
           out.append(sweep.Cell(task, DRAFTER, dict(common, batching=batching),
-                                {'variant': f'gamma {GAMMA}'}, ('costs',)))
+                                {'variant': f'gamma {gamma}'}, ('costs',)))
         if b == compare_at:
           stream = dict(common, batching='stream')
           if not options.shrink:
