@@ -94,6 +94,7 @@ from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import paper
 from specdec_jax import speculative
+from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
@@ -197,10 +198,6 @@ def roster(source: str, names: Sequence[str], s: Sizes) -> List[Draft]:
   return sorted(out, key=lambda d: d.group)  # stable: the paper's first
 
 
-def clip(alpha: float) -> float:
-  return min(max(float(alpha), 0.0), 1.0)
-
-
 def tasks_of(source: str) -> List[str]:
   return ['synthetic'] if source == 'synthetic' else ['en_de', 'synopsis']
 
@@ -285,7 +282,7 @@ def curve(s: Sizes, b: int) -> tuple:
 def paper_gamma(alpha: float, c: float, max_gamma: int) -> int:
   """The paper's rule: the gamma that maximises Theorem 3.8's speed-up with
   a target call whose cost does not grow with k (cost(gamma + 1) = 1)."""
-  a = min(clip(alpha), 0.999)
+  a = min(theory.clamp_alpha(alpha), 0.999)
   return max(range(1, max_gamma + 1), key=lambda g: (1 - a ** (g + 1)) / (
       (1 - a) * (g * c + 1)))
 
@@ -342,8 +339,8 @@ def previous_gammas(prev, prev_path: str, s: Sizes, drafts, tasks):
   known = [(task, d, t) for task in tasks for t in TEMPS for d in drafts
            if (task, d.proxy, t) in alphas and d.name in profile.drafters(1)]
   out = {(task, d.name, t): hardware.predict(
-      profile, alpha=clip(alphas[task, d.proxy, t]), drafter=d.name,
-      max_gamma=s.max_gamma).gamma for task, d, t in known}
+      profile, alpha=theory.clamp_alpha(alphas[task, d.proxy, t]),
+      drafter=d.name, max_gamma=s.max_gamma).gamma for task, d, t in known}
   out.update({(task, d.name, t, 'paper'): paper_gamma(
       alphas[task, d.proxy, t], profile.c_of(d.name)[0], s.max_gamma)
               for task, d, t in known if d is drafts[0]})
@@ -684,7 +681,7 @@ class Runner:
 
   def measure_calls(self, act: str, batch: int, ks) -> None:
     times = self.t_ms.setdefault((act, batch), {})
-    ks, (model, params) = sorted(set(ks) - set(times)), self.targets[act]
+    ks, (_, params) = sorted(set(ks) - set(times)), self.targets[act]
     x, start = self.x(self.tasks[0], batch), time.perf_counter()
     if not ks:
       return
@@ -803,7 +800,8 @@ class Runner:
     """A Table 2 / sweep / batch row: measured, and `predict`ed."""
     cmp = rows_lib.compare(base, spec, greedy=temp == 0)
     del cmp['per_position_acceptance']
-    p = hardware.predict(self.profile, alpha=clip(cmp['alpha']), gamma=gamma,
+    p = hardware.predict(self.profile,
+                         alpha=theory.clamp_alpha(cmp['alpha']), gamma=gamma,
                          drafter=d.name, batch=batch)
     divs = self.diagnose(self.act, task, batch, base, spec) if not temp else []
     kinds = [dv['kind'] for dv in divs]
@@ -1008,7 +1006,8 @@ class Runner:
     by the paper's (`paper_gamma`)."""
     s, main = self.s, self.main
     self.gamma = {(task, d.name, t): hardware.predict(
-        self.profile, alpha=clip(self.alpha_cal[task, d.proxy, t]),
+        self.profile,
+        alpha=theory.clamp_alpha(self.alpha_cal[task, d.proxy, t]),
         drafter=d.name, max_gamma=s.max_gamma).gamma
                   for task in self.tasks for t in TEMPS for d in self.drafts}
     self.gamma.update({(task, main.name, t, 'paper'): paper_gamma(
@@ -1417,13 +1416,8 @@ def build_device(target: str, config_file: Optional[str]):
   a `GpuTargetConfigProto` in text form)."""
   if target == 'cpu':
     return jax.devices('cpu')[0]
-  if config_file is None:
-    return compiled.devices(target)[0]
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-  return topologies.get_topology_desc(
-      'compile-only', 'cuda', target_config=pathlib.Path(
-          config_file).read_text(), topology='1x1x1').devices[0]
+  return compiled.devices(target, None if config_file is None else
+                          pathlib.Path(config_file).read_text())[0]
 
 
 def parse_flags(argv):

@@ -70,6 +70,7 @@ from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import theory
+from specdec_jax.bench import aot
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
@@ -185,8 +186,13 @@ class BackendMissing(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def devices(name: str) -> Tuple[Any, ...]:
+def devices(name: str, target_config: Optional[str] = None
+            ) -> Tuple[Any, ...]:
   """The compile-only devices of target `name` (`Chip.cores` per chip).
+
+  A GPU target compiles for `gpu_target_config` of its chip, or for
+  `target_config` (a `GpuTargetConfigProto` in text form) when given: e.g.
+  one read from the device a run will use (`bench.aot.device_facts`).
 
   Raises:
     ValueError: an unknown target.
@@ -207,8 +213,8 @@ def devices(name: str) -> Tuple[Any, ...]:
       topo = topologies.get_topology_desc(
           platform='tpu', topology_name=target.topology, **kw)
     else:
-      cuda = _cuda_version()
-      config = gpu_target_config(target.chip, cuda)
+      config = target_config or gpu_target_config(target.chip,
+                                                  _cuda_version())
       topo = topologies.get_topology_desc(
           'compile-only', 'cuda', target_config=config,
           topology=target.topology)
@@ -842,7 +848,6 @@ def _configs(args):
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
   """Everything the command reports for one target (see `main`)."""
-  import importlib.metadata as metadata  # pylint: disable=g-import-not-at-top
   target = get_target(args.target)
   model, drafts = _configs(args)
   first = next(iter(drafts.values()))
@@ -850,16 +855,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
                 input_length=args.input_length,
                 max_decode_len=args.max_decode_len, gamma=args.gamma,
                 temperature=args.temperature)
-  libs = {}
-  for lib in ('jax', 'jaxlib', 'libtpu', 'jax-cuda12-plugin'):
-    try:
-      libs[lib] = metadata.version(lib)
-    except metadata.PackageNotFoundError:
-      pass
   out = {
       'command': report.portable(' '.join(
           ['python -m specdec_jax.compiled'] + list(argv))),
-      'date': time.strftime('%Y-%m-%d'), 'versions': libs,
+      'date': time.strftime('%Y-%m-%d'), 'versions': aot.versions(),
       'target': dataclasses.asdict(target),
       'chip': dataclasses.asdict(target.spec),
       'label': ESTIMATED,

@@ -56,6 +56,13 @@ def _check_alpha(alpha) -> float:
   return alpha
 
 
+def clamp_alpha(alpha) -> float:
+  """A measured alpha (a ratio of float sums, or a mean of betas) clipped
+  into [0, 1], where rounding may have put it just outside: what the
+  functions here, which refuse any other alpha, are given."""
+  return min(max(float(alpha), 0.0), 1.0)
+
+
 def _check_positive_int(value, name: str) -> int:
   """Returns value as an int, or raises ValueError if not an integer >= 1.
 

@@ -34,6 +34,7 @@ from specdec_jax import run_folder
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import streaming
+from specdec_jax import theory
 from specdec_jax.bench import hardware
 from specdec_jax.loading import EvalSetup
 
@@ -61,6 +62,30 @@ def units(setup: EvalSetup, all_inputs: np.ndarray
     yield start // size, start, n, inputs
 
 
+def call_times(loaded: loading.Loaded, inputs
+               ) -> Tuple[Dict[int, float], float, int]:
+  """What a profile of the setup's batch rests on, timed on this machine.
+
+  On the first `batch_size` rows of `inputs`, after half the output length
+  decoded (the mean context of a decode): seconds per k-token target call
+  for k = 1 .. max_gamma + 1 and seconds per token the drafter drafts at
+  `gamma`.
+
+  Returns:
+    ({k: seconds}, drafter seconds per token, the context).
+  """
+  setup = loaded.setup
+  rows = inputs[:setup.batch_size]
+  context = max(setup.task_feature_lengths['targets'] // 2, 1)
+  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
+                               range(1, setup.max_gamma + 2),
+                               context=context, jit_setup=True)
+  t_draft = measure.drafter_token_time(
+      loaded.drafter, loaded.draft_params, rows, setup.gamma,
+      context=context, jit_setup=True)
+  return seconds, t_draft, context
+
+
 def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   """gamma for the setup's batch from a profile measured now, on this
   machine (`EvalSetup.batch_gamma` 'profile').
@@ -80,22 +105,14 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
 
   setup = loaded.setup
   b, top = setup.batch_size, setup.max_gamma
-  rows = inputs[:b]
-  # A call at half the output length: the mean context of a decode.
-  context = max(setup.task_feature_lengths['targets'] // 2, 1)
-  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
-                               range(1, top + 2), context=context,
-                               jit_setup=True)
-  t_draft = measure.drafter_token_time(
-      loaded.drafter, loaded.draft_params, rows, setup.gamma,
-      context=context, jit_setup=True)
+  seconds, t_draft, _ = call_times(loaded, inputs)
   t1 = seconds[1]
   profile = hardware.HardwareProfile.of_run(
       f'this run, batch {b}', b, t1,
       {k: t / t1 for k, t in seconds.items()}, {setup.drafter: t_draft / t1},
       device=measure.machine())
   alpha = spec_stats.summarize(first.stats)['alpha']
-  chosen = hardware.predict(profile, alpha=min(max(alpha, 0.0), 1.0),
+  chosen = hardware.predict(profile, alpha=theory.clamp_alpha(alpha),
                             drafter=setup.drafter, batch=b, max_gamma=top)
   choice = {'gamma': int(chosen.gamma), 'rule': 'profile',
             'configured_gamma': setup.gamma, 'alpha': alpha,

@@ -29,6 +29,7 @@ from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import shipped
+from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
@@ -153,7 +154,7 @@ def predict_at_xxl_cost(profile, alpha: float, drafter: str,
     `Prediction.to_json()` plus `drafter_as` (what the drafter is taken
     as), or None for a drafter neither timed nor modelled.
   """
-  alpha = min(max(float(alpha), 0.0), 1.0)
+  alpha = theory.clamp_alpha(alpha)
   if drafter in XXL_COST_DRAFTERS:
     name = XXL_COST_DRAFTERS[drafter]
     if name not in profile.drafters(1):

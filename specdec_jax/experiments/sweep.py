@@ -18,8 +18,10 @@ the cells that no longer fit are listed as skipped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import os
 import pathlib
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -29,8 +31,8 @@ import numpy as np
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
-from specdec_jax import measure
 from specdec_jax import run_folder
+from specdec_jax import unit_loop
 from specdec_jax.bench import budget
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import table
@@ -146,20 +148,11 @@ class Spec:
 
 def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
   """t(1) and cost(k) = t(k) / t(1) of the target at the cell's batch for
-  k = 1 .. max_gamma + 1, and the drafter's c = t_draft / t(1), timed on
-  this machine as the job's gamma choice times them
-  (`unit_loop.choose_gamma`): half the output length decoded."""
-  setup = loaded.setup
-  rows = inputs[:setup.batch_size]
-  context = max(setup.task_feature_lengths['targets'] // 2, 1)
-  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
-                               range(1, setup.max_gamma + 2),
-                               context=context, jit_setup=True)
-  t_draft = measure.drafter_token_time(
-      loaded.drafter, loaded.draft_params, rows, max(setup.gamma, 1),
-      context=context, jit_setup=True)
+  k = 1 .. max_gamma + 1, and the drafter's c = t_draft / t(1), timed as
+  the job's gamma choice times them (`unit_loop.call_times`)."""
+  seconds, t_draft, context = unit_loop.call_times(loaded, inputs)
   t1 = seconds[1]
-  return {'batch': setup.batch_size, 'context': context,
+  return {'batch': loaded.setup.batch_size, 'context': context,
           't1_ms': t1 * 1e3,
           'cost': {str(k): t / t1 for k, t in sorted(seconds.items())},
           'c': t_draft / t1}
@@ -185,9 +178,10 @@ def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
 
 
 def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
-             spec_measurements=None) -> Dict[str, Any]:
+             spec_measurements=None, load=None) -> Dict[str, Any]:
   """A named measurement of a setup (`MEASUREMENTS` or a spec's own),
-  from its file or measured now."""
+  from its file or measured now on `load()` (the built setup and its first
+  batch's inputs; default: `built`)."""
   known = {**MEASUREMENTS, **(spec_measurements or {})}
   if name not in known:
     raise ValueError(f'Unknown measurement {name!r}; expected one of '
@@ -196,16 +190,21 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
   if path.is_file():
     return json.loads(path.read_text())
   fn, _ = known[name]
+  value = fn(*(load or functools.partial(built, setup))())
+  folder.mkdir(parents=True, exist_ok=True)
+  run_folder.write_atomic(path, json.dumps(value, indent=1))
+  return value
+
+
+def built(setup: loading.EvalSetup) -> Tuple[loading.Loaded, np.ndarray]:
+  """The setup built (`loading.build`) and its first batch's inputs."""
   loaded = loading.build(setup)
   examples = list(data.task_examples(loaded.task, setup.split,
                                      setup.task_feature_lengths,
                                      setup.batch_size, setup.truncate_inputs))
   inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                          setup.task_feature_lengths['inputs'])
-  value = fn(loaded, inputs)
-  folder.mkdir(parents=True, exist_ok=True)
-  run_folder.write_atomic(path, json.dumps(value, indent=1))
-  return value
+  return loaded, inputs
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +248,16 @@ def cell_setup(models, cell: Cell, options: Options) -> loading.EvalSetup:
   return reproduce.eval_setup(models, cell.task, cell.drafter, **changes)
 
 
+def method_checkpoint(options: Options, method: str, task: str) -> str:
+  """A trained method's weights for a task (`method` 'heads' or
+  'lookahead'): the shipped ones, or a model set's in
+  `<models_dir>/<method>/<task>` (scripts/train_heads.py /
+  train_pass.py --out_dir)."""
+  if options.models == 'shipped':
+    return f'shipped:{method}/{task}'
+  return os.path.join(options.models_dir, method, task)
+
+
 def work_folder(spec: Spec, options: Options) -> pathlib.Path:
   return pathlib.Path(options.work_dir).expanduser() / spec.name / (
       options.models)
@@ -267,8 +276,9 @@ def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
   summary = eval_lib.evaluate(setup, str(out),
                               timing_repeats=options.timing_repeats,
                               config_str=setup.describe())
+  load = functools.cache(functools.partial(built, setup))  # once a cell
   values = {name: measured(name, setup, folder / 'measurements',
-                          spec_measurements)
+                          spec_measurements, load)
             for name in cell.measure}
   return summary, values
 

@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, Optional
 
 from specdec_jax import measure
+from specdec_jax import theory
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
@@ -78,25 +79,25 @@ def gamma_of(row: Dict[str, Any]) -> Optional[int]:
   return int(next(iter(used))) if len(used) == 1 else None
 
 
-def run_profile(row: Dict[str, Any], result: Dict[str, Any]
+def run_profile(row: Dict[str, Any],
+                result: Optional[Dict[str, Any]] = None
                 ) -> Optional[hardware.HardwareProfile]:
-  """The profile of a row's measured costs (None without them)."""
+  """The profile of a row's measured costs (None without them); `result`
+  (the results dict) names where it was measured."""
   costs = (row.get('measured') or {}).get('costs')
   if costs is None:
     return None
+  meta = {'spec': '', 'machine': '', 'models': '', 'command': '',
+          'date': '', **(result or {})}
   batch = int(costs['batch'])
   return hardware.HardwareProfile(
-      name=f"{result['spec']} costs: {row['cell']}",
-      device=result['machine'], target=f"{row['task']} target",
+      name=f"{meta['spec']} costs: {row['cell']}",
+      device=meta['machine'], target=f"{row['task']} target",
       t1_ms=costs['t1_ms'], floor_ms=None, bandwidth=None, launch_ms=None,
       cost={batch: {int(k): float(v) for k, v in costs['cost'].items()}},
       c={batch: {row['drafter']: float(costs['c'])}},
-      source=f"results/{result['spec']}/{result['models']}.json",
-      command=result['command'], date=result['date'])
-
-
-def _clamp(alpha) -> float:
-  return min(max(float(alpha), 0.0), 1.0)
+      source=f"results/{meta['spec']}/{meta['models']}.json",
+      command=meta['command'], date=meta['date'])
 
 
 def predict_row(row: Dict[str, Any], result: Dict[str, Any],
@@ -107,9 +108,12 @@ def predict_row(row: Dict[str, Any], result: Dict[str, Any],
   row['predicted_speedup'] = row['predicted_label'] = None
   row['measured_over_predicted'] = None
   own = run_profile(row, result)
-  alpha = row.get('alpha')
-  if own is not None and gamma and alpha is not None:
-    p = hardware.predict(own, alpha=_clamp(alpha), gamma=gamma,
+  if row.get('alpha') is None:
+    row['predicted_on_profile'] = None
+    return
+  alpha = theory.clamp_alpha(row['alpha'])
+  if own is not None and gamma:
+    p = hardware.predict(own, alpha=alpha, gamma=gamma,
                          drafter=row['drafter'], batch=batch)
     measured_speedup = row.get('throughput_speedup')
     row.update(predicted_speedup=p.speedup, predicted_label=p.label,
@@ -117,15 +121,15 @@ def predict_row(row: Dict[str, Any], result: Dict[str, Any],
                    measured_speedup / p.speedup if measured_speedup
                    else None))
   row['predicted_on_profile'] = None
-  if profile is None or alpha is None:
+  if profile is None:
     return
   if batch == 1:
     row['predicted_on_profile'] = reproduce.predict_at_xxl_cost(
-        profile, _clamp(alpha), row['drafter'])
+        profile, alpha, row['drafter'])
   elif (batch in profile.batches() and gamma and
         row['drafter'] in profile.drafters(1)):
     row['predicted_on_profile'] = hardware.predict(
-        profile, alpha=_clamp(alpha), gamma=gamma, drafter=row['drafter'],
+        profile, alpha=alpha, gamma=gamma, drafter=row['drafter'],
         batch=batch).to_json()
 
 

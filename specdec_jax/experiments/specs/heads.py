@@ -15,8 +15,6 @@ speed-up and the speed-up these counters predict on a measured hardware
 profile.
 """
 
-import os
-
 from specdec_jax import network
 from specdec_jax.bench import report
 from specdec_jax.drafters import heads
@@ -31,13 +29,6 @@ DRAFT_GAMMA = 4
 TEMPERATURES = (0.0, 1.0)
 
 
-def checkpoint(options, task):
-  """The draft head of a task for the model set."""
-  if options.models == 'shipped':
-    return f'shipped:heads/{task}'
-  return os.path.join(options.models_dir, 'heads', task)
-
-
 def cells(options, tasks):
   gammas, tree, temperatures = GAMMAS, DEFAULT_TREE, TEMPERATURES
   if options.shrink:
@@ -45,7 +36,8 @@ def cells(options, tasks):
   t5 = 'dec2' if options.models == 'shipped' else 'small'
   out = []
   for task in tasks:
-    head = dict(draft_checkpoint=checkpoint(options, task))
+    head = dict(
+        draft_checkpoint=sweep.method_checkpoint(options, 'heads', task))
     for t in temperatures:
       out += [sweep.Cell(task, 'heads', dict(head, gamma=g, temperature=t),
                          {'drafting': f'heads gamma={g}'}, ('head',))

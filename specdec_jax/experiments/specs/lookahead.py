@@ -14,21 +14,12 @@ the mean accepted length, the measured speed-up and the speed-up these
 counters predict on a measured hardware profile.
 """
 
-import os
-
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
 LOOKAHEADS = tuple(range(1, 9))
 LOOKUP_GAMMA = 4
 TEMPERATURES = (0.0, 1.0)
-
-
-def checkpoint(options, task):
-  """The look-ahead embeddings of a task for the model set."""
-  if options.models == 'shipped':
-    return f'shipped:lookahead/{task}'
-  return os.path.join(options.models_dir, 'lookahead', task)
 
 
 def cells(options, tasks):
@@ -38,8 +29,9 @@ def cells(options, tasks):
   out = []
   for task in tasks:
     for t in temperatures:
+      weights = sweep.method_checkpoint(options, 'lookahead', task)
       out += [sweep.Cell(task, 'pass', dict(
-          gamma=g, temperature=t, draft_checkpoint=checkpoint(options, task)),
+          gamma=g, temperature=t, draft_checkpoint=weights),
                          {'drafting': f'pass L={g}'}) for g in lookaheads]
       if not options.shrink:
         out.append(sweep.Cell(task, 'lookup', dict(gamma=LOOKUP_GAMMA,

@@ -19,9 +19,10 @@ from typing import Any, Dict
 import jax
 import numpy as np
 
-from specdec_jax import paper as published
 from specdec_jax import data
 from specdec_jax import measure
+from specdec_jax import paper as published
+from specdec_jax import theory
 from specdec_jax.bench import hardware
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
@@ -80,12 +81,11 @@ def predict(row, profile) -> None:
   """The chosen gamma and the row's speed-up at the calibration alpha."""
   del profile
   row.update(calibrated_speedup=None, chosen_gamma=None, chosen=False)
-  own = table.run_profile(row, dict(spec='table2', machine='', models='',
-                                    command='', date=''))
+  own = table.run_profile(row)
   cal = (row.get('measured') or {}).get('calibration')
   if own is None or cal is None:
     return
-  at = dict(alpha=min(max(cal['alpha'], 0.0), 1.0), drafter=row['drafter'])
+  at = dict(alpha=theory.clamp_alpha(cal['alpha']), drafter=row['drafter'])
   row['calibrated_speedup'] = hardware.predict(
       own, gamma=row['gamma'], **at).speedup
   row['chosen_gamma'] = hardware.predict(
