@@ -3,7 +3,7 @@
   python scripts/benchmark_costs.py [--repeats 7] [--out_dir results]
 
 On random weights (float32, batch 1) of a T5 1.1-small-size target and a much
-smaller T5 drafter:
+smaller T5 drafter (`bench.costs.TARGET`, `DRAFT`):
   * t_target(k): one target decoder call on k = 1..9 tokens, as it runs inside
     the decoding loop (timed in a compiled fori_loop of calls, so no Python
     dispatch is counted), and cost(k) = t_target(k) / t_target(1);
@@ -27,12 +27,12 @@ smaller T5 drafter:
 Medians of `--repeats` runs; baseline and speculative runs interleaved
 (`measure.time_alternating`: the order flips after every repeat).
 Writes results/costs.md and results/costs.json, and this machine's hardware
-profile (`bench.hardware.from_costs_run`: t(k), c of the drafter, the
-floor) into specdec_jax/bench/profiles/<name>.json (`--profile_dir`).
+profile (`bench.costs.write_results`, through
+`bench.hardware.from_costs_run`: t(k), c of the drafter, the floor) into
+specdec_jax/bench/profiles/<name>.json (`--profile_dir`).
 """
 
 import argparse
-import os
 
 import jax
 import jax.numpy as jnp
@@ -43,26 +43,17 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import measure
-from specdec_jax.bench import hardware
+from specdec_jax.bench import costs
 from specdec_jax.bench import models
 from specdec_jax.bench import report
 from specdec_jax.measure import median_time
 
-# T5 1.1 small dimensions, float32 (random weights).
-TARGET = models.CONFIGS['t5_1_1_small'].replace(
-    vocab_size=models.VOCAB_SIZE, dtype='float32')
-DRAFT = TARGET.replace(emb_dim=128, num_heads=2, num_encoder_layers=2,
-                       num_decoder_layers=2, mlp_dim=256)
-# The drafter's name in the profile, and the target the profile times.
-DRAFTER_NAME = 't5_emb128_2+2'
-TARGET_DESCRIPTION = ('T5 1.1-small size (random weights), float32, batch '
-                      '1, 64 input tokens')
 # T5 1.1-base dimensions (the decoder is what a step reads; 2 encoder layers
 # keep the set-up short).
 BASE = models.CONFIGS['t5_1_1_base'].replace(
     vocab_size=models.VOCAB_SIZE, dtype='float32', num_encoder_layers=2)
-FLOOR_MODELS = {'T5 1.1-base decoder': BASE, 'T5 1.1-small': TARGET,
-                'drafter (emb 128, 2+2)': DRAFT}
+FLOOR_MODELS = {'T5 1.1-base decoder': BASE, 'T5 1.1-small': costs.TARGET,
+                'drafter (emb 128, 2+2)': costs.DRAFT}
 KS = tuple(range(1, 10))
 
 
@@ -135,33 +126,10 @@ def layouts(repeats, blocks=8, emb=768, mlp=2048):
     result[name] = dict(t1_ms=t[1] * 1e3, cost={k: t[k] / t[1] for k in t})
     print(name, result[name], flush=True)
   return dict(bytes=2 * blocks * emb * mlp * 4, variants=result)
+
+
 INPUT_LEN = 64
 DECODE_LEN = 64
-
-
-def profile_name(machine: str) -> str:
-  """'AMD EPYC, 2 cores, jax ...' -> 'cpu-amd-epyc-2-cores'."""
-  return 'cpu-' + report.device_name(machine.split(', jax ')[0])
-
-
-def write_results(out_dir, result, markdown, profile_dir=None):
-  """costs.json, costs.md and the profile the json gives.
-
-  The profile (`hardware.from_costs_run` of the json as written) names the
-  json as its source and goes to `profile_dir` (default: bench/profiles)
-  as <name>.json.
-
-  Returns:
-    (the profile, the path of its file).
-  """
-  json_path = report.write_json(os.path.join(out_dir, 'costs.json'), result)
-  report.write_md(os.path.join(out_dir, 'costs.md'), markdown)
-  run = report.read_json(json_path)
-  profile = hardware.from_costs_run(run, report.portable(str(json_path)),
-                                    name=profile_name(run['machine']))
-  path = hardware.write(profile, None if profile_dir is None else
-                        os.path.join(profile_dir, f'{profile.name}.json'))
-  return profile, path
 
 
 def main(argv=None):
@@ -173,7 +141,8 @@ def main(argv=None):
                       'specdec_jax/bench/profiles)')
   args = parser.parse_args(argv)
 
-  target, draft = network.T5Model(TARGET), network.T5Model(DRAFT)
+  target = network.T5Model(costs.TARGET)
+  draft = network.T5Model(costs.DRAFT)
   t_params = target.init_params(jax.random.key(0))
   d_params = draft.init_params(jax.random.key(1))
   inputs = jnp.asarray(
@@ -280,13 +249,14 @@ def main(argv=None):
   lines += ['', f'Encoder + cache set-up (once per decode, per model): '
             f'{t_init*1e3:.2f} ms. Baseline greedy per token: '
             f"{rows[0]['baseline_per_token_ms']:.2f} ms."]
-  result = dict(head, target=TARGET_DESCRIPTION, drafter=DRAFTER_NAME,
+  result = dict(head, target=costs.TARGET_DESCRIPTION,
+                drafter=costs.DRAFTER_NAME,
                 t_target_ms={k: v * 1e3 for k, v in t_target.items()},
                 t_draft_ms={k: v * 1e3 for k, v in t_draft.items()},
                 c=c, t_init_ms=t_init * 1e3, loop=rows, floor=floor,
                 layouts=layout)
-  profile, path = write_results(args.out_dir, result,
-                                '\n'.join(lines) + '\n', args.profile_dir)
+  profile, path = costs.write_results(
+      args.out_dir, result, '\n'.join(lines) + '\n', args.profile_dir)
   print('\n'.join(lines))
   print(f'profile {profile.name}: {path}')
 

@@ -18,14 +18,14 @@ rules, it records:
     replicated: data-parallel rules) and the baseline loop: compile seconds
     and collectives (a while body's instruction counts once = once per
     iteration).
-Then, on paper (PREDICTED, not measured), tensor parallelism over 8 chips
-of a measured hardware profile (`--profile`, the H100 run's by default:
-its measured t(k) of a T5 1.1-XXL-cost target, c of its drafters and the
-alpha its run measured): the target call's measured time split over the
-chips plus its all-reduces at an interconnect bandwidth and latency that no
-profile measured (`--link_gb_s`, `--allreduce_latency_us`: assumptions,
-labelled as such), and the speed-up on 1 vs 8 chips through
-`bench.hardware.predict`.
+Then, on paper (PREDICTED, not measured; `bench.tensor_parallel`), tensor
+parallelism over 8 chips of a measured hardware profile (`--profile`, the
+H100 run's by default: its measured t(k) of a T5 1.1-XXL-cost target, c of
+its drafters and the alpha its run measured): the target call's measured
+time split over the chips plus its all-reduces at an interconnect bandwidth
+and latency that no profile measured (`--link_gb_s`,
+`--allreduce_latency_us`: assumptions, labelled as such), and the speed-up
+on 1 vs 8 chips through `bench.hardware.predict`.
 
 Writes OUT.json and OUT.md. `--repredict OUT.json` recomputes the on-paper
 sections of a results file (the measured compile facts are kept) and
@@ -33,7 +33,6 @@ rewrites OUT.json and OUT.md.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -59,13 +58,13 @@ from specdec_jax.bench import flags
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
+from specdec_jax.bench import tensor_parallel
 
 XXL = models.CONFIGS['t5_1_1_xxl'].replace(vocab_size=models.VOCAB_SIZE,
                                            dtype=jnp.bfloat16)
 SMALL = models.CONFIGS['t5_1_1_small'].replace(vocab_size=models.VOCAB_SIZE,
                                                dtype=jnp.bfloat16)
 BATCH, INPUT_LEN, MAX_LEN, GAMMA = 8, 64, 64, 4
-CHIPS = 8
 
 _BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1,
           's8': 1, 'u8': 1}
@@ -109,8 +108,8 @@ def measure(num_partitions):
   """Facts of the three programs on one mesh (None: one device, no mesh)."""
   target = network.T5Model(XXL)
   small = network.T5Model(SMALL)
-  params = jax.eval_shape(target.init_params, jax.random.key(0))
-  draft_params = jax.eval_shape(small.init_params, jax.random.key(0))
+  params = target.param_shapes()
+  draft_params = small.param_shapes()
   tokens = jax.ShapeDtypeStruct((BATCH, INPUT_LEN), jnp.int32)
   block = jax.ShapeDtypeStruct((BATCH, GAMMA + 1), jnp.int32)
   drafter_model = small
@@ -140,111 +139,9 @@ def measure(num_partitions):
   return out
 
 
-def allreduces_per_call(config=XXL, chips=CHIPS):
-  """All-reduces of one tensor-parallel decoder call: 3 per decoder layer
-  (self-attention out, cross-attention out, MLP out) + 1 for the
-  vocab-sharded embedding lookup (the compiled target call's count)."""
-  return 3 * config.num_decoder_layers + 1 if chips > 1 else 0
-
-
-def on_paper(profile, link_bytes_s, latency_s, config=XXL, chips=CHIPS,
-             tokens=1):
-  """One target call on `chips` with tensor parallelism, on paper.
-
-  The measured 1-chip time t(k) of the profile's target (`tokens` = k, batch
-  1) divided evenly over the chips (the call is bound by reading the
-  weights, which the chips split), plus `allreduces_per_call` ring
-  all-reduces of `[tokens, emb]` bfloat16 activations: each moves
-  2 (n - 1) / n of the buffer per chip at `link_bytes_s`, after
-  `latency_s` (both ASSUMED: no profile measures an interconnect).
-  Predicted, not measured.
-  """
-  t_k, how = profile.cost_at(tokens, 1)
-  one_chip_ms = profile.t1_ms * t_k
-  n_allreduce = allreduces_per_call(config, chips)
-  buffer = tokens * config.emb_dim * 2  # bfloat16
-  ring = 2 * (chips - 1) / chips * buffer
-  comm_ms = 1e3 * n_allreduce * (latency_s + ring / link_bytes_s)
-  weights_ms = one_chip_ms / chips
-  return {
-      'chips': chips, 'tokens_per_call': tokens,
-      't_one_chip_ms': round(one_chip_ms, 4), 't_one_chip_how': how,
-      'weights_ms_per_chip': round(weights_ms, 4),
-      'allreduces_per_call': n_allreduce, 'bytes_per_allreduce': buffer,
-      'ring_bytes_per_chip_per_call': round(n_allreduce * ring),
-      'allreduce_ms': round(comm_ms, 4),
-      'call_ms': weights_ms + comm_ms,
-      'comm_share': round(comm_ms / (weights_ms + comm_ms), 2),
-  }
-
-
-def tensor_parallel_profile(profile, link_bytes_s, latency_s, chips=CHIPS):
-  """`profile` on `chips`, on paper: a `hardware.HardwareProfile` whose
-  t(k) is `on_paper`'s call time and whose drafters (replicated: the same
-  step time as on one chip) have c = t_draft / that t(1)."""
-  if chips == 1:
-    return profile
-  t = {k: on_paper(profile, link_bytes_s, latency_s, chips=chips,
-                   tokens=k)['call_ms'] for k in profile.cost[1]}
-  draft_ms = {name: c * profile.t1_ms for name, c in profile.c[1].items()}
-  return dataclasses.replace(
-      profile,
-      name=(f'{profile.name} x {chips}, tensor-parallel on paper (link '
-            f'{link_bytes_s / 1e9:g} GB/s, all-reduce latency '
-            f'{latency_s * 1e6:g} us: assumed)'),
-      t1_ms=t[1], floor_ms=None, bandwidth=None, launch_ms=None,
-      cost={1: {k: v / t[1] for k, v in t.items()}},
-      c={1: {name: ms / t[1] for name, ms in draft_ms.items()}})
-
-
-# The profile's drafters of the on-paper speed-ups: its dec2 (a 2-layer
-# decoder) and the paper's T5 1.1-small-cost drafter.
-PAPER_DRAFTERS = ('dec2', 'small@t5_1_1_small_cost')
-
-
-def run_alphas(profile, task='en_de'):
-  """{drafter: alpha} of the profile's run (its Table 2, `task`, t = 0)."""
-  path = pathlib.Path(__file__).resolve().parents[1] / profile.source
-  if not path.is_file():
-    return {}
-  return {r['drafter']: r['alpha'] for r in report.read_json(path).get(
-      'table2', []) if r['task'] == task and r['temperature'] == 0}
-
-
-def on_paper_speedups(profile, link_bytes_s, latency_s, alpha=None):
-  """c, cost(gamma + 1) and the speed-up on 1 vs `CHIPS` chips.
-
-  Through `bench.hardware.predict`: on one chip on the measured profile, on
-  `CHIPS` on its `tensor_parallel_profile`; alpha: `alpha`, else each
-  drafter's alpha in the profile's run (en_de, t = 0). Predicted, not
-  measured.
-  """
-  alphas = run_alphas(profile)
-  rows = []
-  for chips in (1, CHIPS):
-    tp = tensor_parallel_profile(profile, link_bytes_s, latency_s, chips)
-    for name in PAPER_DRAFTERS:
-      a = alpha if alpha is not None else alphas.get(name)
-      if a is None or name not in profile.drafters(1):
-        continue
-      p = hardware.predict(tp, alpha=a, drafter=name)
-      rows.append({'chips': chips, 'drafter': name, 'alpha': round(a, 4),
-                   't_target_1_ms': round(tp.t1_ms, 3),
-                   't_draft_ms': round(profile.c[1][name] * profile.t1_ms,
-                                       4),
-                   'c': round(p.c, 4), 'gamma': p.gamma,
-                   'cost_gamma_plus_1': round(p.cost, 3),
-                   'speedup': round(p.speedup, 2), 'label': p.label,
-                   'profile': tp.name})
-  return {'profile': profile.name, 'rows': rows,
-          'alpha': ('given' if alpha is not None else
-                    "each drafter's alpha in the profile's run (en_de, "
-                    't = 0)')}
-
-
 def predict_on_paper(result, profile, link_gb_s, latency_us, alpha=None,
                      command=None):
-  """The on-paper sections of a results dict (`on_paper`,
+  """The on-paper sections of a results dict (`tensor_parallel.on_paper`,
   `on_paper_speedups`), from the profile and the stated assumptions."""
   link, latency = link_gb_s * 1e9, latency_us * 1e-6
   result['profile'] = profile.name
@@ -252,10 +149,11 @@ def predict_on_paper(result, profile, link_gb_s, latency_us, alpha=None,
       'link_gb_s': link_gb_s, 'allreduce_latency_us': latency_us,
       'note': 'ASSUMED, not measured: no profile measures an interconnect '
               '(--link_gb_s, --allreduce_latency_us)'}
-  result['on_paper'] = {str(k): on_paper(profile, link, latency, tokens=k)
-                        for k in (1, GAMMA + 1)}
-  result['on_paper_speedups'] = on_paper_speedups(profile, link, latency,
-                                                  alpha)
+  result['on_paper'] = {
+      str(k): tensor_parallel.on_paper(profile, link, latency, tokens=k)
+      for k in (1, GAMMA + 1)}
+  result['on_paper_speedups'] = tensor_parallel.on_paper_speedups(
+      profile, link, latency, alpha)
   result['on_paper_dropped'] = (
       'compute time (no profile measures FLOP/s; a batch-1 call is bound by '
       'reading its weights, which the measured t(k) includes) and the TPU '
@@ -318,8 +216,8 @@ def markdown(result):
     return '\n'.join(lines) + '\n'
   assumed = result['assumed']
   lines += [
-      f"## On paper (predicted, not measured): one target call on {CHIPS} "
-      'chips, batch 1',
+      '## On paper (predicted, not measured): one target call on '
+      f'{tensor_parallel.CHIPS} chips, batch 1',
       '',
       f"Predicted on profile {result['profile']} (specdec_jax/bench/"
       'profiles) through bench.hardware.predict: the profile\'s measured '
@@ -348,14 +246,15 @@ def markdown(result):
   sp = result['on_paper_speedups']
   lines += [
       '',
-      f"## On paper (predicted): c, cost(gamma + 1) and speed-up, {CHIPS} "
-      'chips vs one',
+      '## On paper (predicted): c, cost(gamma + 1) and speed-up, '
+      f'{tensor_parallel.CHIPS} chips vs one',
       '',
-      f"Predicted on profile {sp['profile']} (one chip) and on its {CHIPS}-"
-      'chip tensor-parallel form above (the target call = weights per chip '
-      '+ assumed all-reduces; the drafter replicated, so its step time, '
-      'measured on one chip, is unchanged) through bench.hardware.predict: '
-      'Theorem 3.8 with that cost curve and the best gamma within the '
+      f"Predicted on profile {sp['profile']} (one chip) and on its "
+      f'{tensor_parallel.CHIPS}-chip tensor-parallel form above (the target '
+      'call = weights per chip + assumed all-reduces; the drafter '
+      'replicated, so its step time, measured on one chip, is unchanged) '
+      'through bench.hardware.predict: Theorem 3.8 with that cost curve and '
+      'the best gamma within the '
       f"profile's measured k; alpha: {sp['alpha']}.",
       '',
       '| chips | drafter | alpha | t_target(1) ms | t_draft ms | c | gamma | '

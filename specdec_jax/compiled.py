@@ -274,8 +274,7 @@ def abstract_params(model, part: partitioning.Partitioner,
   """`model`'s parameters as sharded `ShapeDtypeStruct`s (no weights):
   `jax.eval_shape` of its init (in `dtype` if given, e.g. bfloat16 as
   a bf16 checkpoint loads), with `part.param_shardings(model)`."""
-  shapes = jax.eval_shape(partitioning.unwrap(model).init_params,
-                          jax.random.key(0))
+  shapes = partitioning.unwrap(model).param_shapes()
   if dtype is not None:
     shapes = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), shapes)

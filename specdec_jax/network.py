@@ -17,6 +17,7 @@ see T5X's unfused tree: `fuse_params` / `unfuse_params` convert.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence, Tuple
 
 from flax import struct
@@ -525,13 +526,16 @@ class T5Model:
     )
     return variables['params']
 
+  def param_shapes(self):
+    """The parameters as `jax.ShapeDtypeStruct`s (no weights): the tree
+    `init_params` returns, traced once per configuration (a fresh copy of
+    the containers each call)."""
+    return jax.tree.map(lambda x: x, _abstract_variables(self)['params'])
+
   def param_axes(self):
     """T5X's `params_axes` collection (logical axis names per parameter)."""
-    shapes = jax.eval_shape(
-        self.module.init, jax.random.key(0), jnp.ones((1, 2), jnp.int32),
-        jnp.ones((1, 2), jnp.int32),
-    )
-    return shapes['params_axes']
+    return jax.tree.map(lambda x: x,
+                        _abstract_variables(self)['params_axes'])
 
   def init_cache(self, params, encoder_input_tokens, max_length: int):
     return self.module.apply(
@@ -674,3 +678,13 @@ def for_decoding(model: T5Model, params) -> Tuple[T5Model, Any]:
     return model, params
   config = model.config.replace(fused_projections=True)
   return T5Model(config), fuse_params(params, model.config)
+
+
+@functools.lru_cache(maxsize=None)
+def _abstract_variables(model: T5Model):
+  """`model.module.init`'s variables as shapes, traced once per model (a
+  model is hashable and compared by its config): tracing the whole
+  network's init costs about half a second on a CPU."""
+  return jax.eval_shape(
+      model.module.init, jax.random.key(0), jnp.ones((1, 8), jnp.int32),
+      jnp.ones((1, 8), jnp.int32))

@@ -8,7 +8,8 @@ those two tasks exactly as the T5 library does (t5/data/tasks.py):
 
 Neither TFDS data set nor T5's vocabulary (on GCS) can be reached from our
 machines, so two offline tasks built from Debian's package descriptions stand
-in for them (scripts/build_debian_data.py makes the data and vocabulary):
+in for them (`debian.build`, scripts/build_debian_data.py, makes the data and
+vocabulary):
 
   debian_desc_en_de  "translate English to German: <en>" -> "<de>", BLEU.
   debian_synopsis    "summarize: <long description>" -> "<synopsis>", ROUGE.
@@ -52,11 +53,14 @@ VOCAB_ENV = 'SPECDEC_VOCAB'
 
 DATA_DIR_ENV = 'SPECDEC_DATA_DIR'
 DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'specdec_jax', 'debian')
-# Written by scripts/build_debian_data.py: <data_dir>/<task>/<split>.jsonl.
+# Written by `debian.build` (scripts/build_debian_data.py):
+# <data_dir>/<task>/<split>.jsonl.
 DEBIAN_VOCAB_FILE = 'sentencepiece.model'
 DEBIAN_SPLITS = ('train', 'validation', 'test')
-BUILD_COMMAND = ('apt-get update -o Acquire::Languages=de,en && '
-                 'python scripts/build_debian_data.py --out_dir {data_dir}')
+# Downloads apt's German and English package lists (`debian.find_lists`).
+APT_COMMAND = 'apt-get update -o Acquire::Languages=de,en'
+BUILD_COMMAND = (APT_COMMAND + ' && python scripts/build_debian_data.py '
+                 '--out_dir {data_dir}')
 
 _LANGUAGE_NAMES = {'en': 'English', 'de': 'German', 'fr': 'French',
                    'ro': 'Romanian'}

@@ -41,7 +41,8 @@ t5_1_1 gin files), on our network:
 `model_dir` is a local folder. Batches come from `data.task_train_batches` /
 `data.task_eval_batches` (seqio, imported when called) or from pre-tokenized
 arrays (`arrays.array_train_batches` / `arrays.array_eval_batches`, no
-seqio).
+seqio). `main` is the job as a command line (scripts/train.py): T5X-style
+flags and gin files (`gin_utils`), then `train`.
 
 References: T5, arXiv:1910.10683; Adafactor, arXiv:1804.04235; z-loss,
 arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
@@ -54,6 +55,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -67,6 +69,7 @@ import optax
 from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import data
+from specdec_jax import gin_utils
 from specdec_jax import network
 
 Array = jax.Array
@@ -605,3 +608,76 @@ def train(
                       train_steps, max_seconds)
       break
   return summary()
+
+
+# --------------------------------------------------------------- the job ---
+class _ProgressBar:
+  """A tqdm bar fed by `train`'s progress callback."""
+
+  def __init__(self):
+    self._bar = None
+
+  def __call__(self, step: int, total: int, metrics: Dict[str, float]):
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
+    if self._bar is None:
+      self._bar = tqdm(total=total, initial=step - 1, desc='train',
+                       unit='step', dynamic_ncols=True)
+    self._bar.update(1)
+    self._bar.set_postfix(loss=f"{metrics['loss']:.3f}",
+                          acc=f"{metrics['accuracy']:.3f}", refresh=False)
+
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         plot: Optional[Callable[[Sequence[str], str], Any]] = None
+         ) -> Dict[str, Any]:
+  """The training job (scripts/train.py): T5X-style flags, gin, `train`.
+
+  Flags: `gin_utils.parse_flags`' (`--gin_file`, `--gin_bindings`,
+  `--gin.NAME=VALUE`, `--gin_search_paths`), `--no_progress` (no progress
+  bar) and, given `plot`, `--plot`. After training it writes
+  MODEL_DIR/operative_config.gin and prints the last records.
+
+  Args:
+    argv: the command line (default: `sys.argv[1:]`).
+    plot: `plot([MODEL_DIR], MODEL_DIR/loss.png)` draws the run's curves
+      after training when `--plot` is given
+      (`experiments.plots.plot_losses`, a layer above this one).
+
+  Returns:
+    `train`'s summary.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+
+  def add_arguments(parser):
+    if plot is not None:
+      parser.add_argument('--plot', action='store_true',
+                          help='write MODEL_DIR/loss.png after training')
+    parser.add_argument('--no_progress', action='store_true',
+                        help='no progress bar')
+
+  args = gin_utils.parse_flags(
+      sys.argv[1:] if argv is None else argv, 'python scripts/train.py',
+      'Trains a T5 on a seqio task, launched like a T5X training job.',
+      add_arguments)
+  run = gin_utils.configure(args, train,
+                            'gin_configs/train/en_de_mini_small.gin')
+  bar = None if args.no_progress else _ProgressBar()
+  try:
+    summary = run(config_str=gin.config_str(), progress=bar)
+  finally:
+    if bar is not None:
+      bar.close()
+  model_dir = summary['model_dir']
+  with open(os.path.join(model_dir, 'operative_config.gin'), 'w') as f:
+    f.write(gin.operative_config_str())
+  if plot is not None and args.plot:
+    plot([model_dir], os.path.join(model_dir, 'loss.png'))
+  print(f"step {summary['step']}: train {summary['train']}\n"
+        f"validation {summary['validation']}\n"
+        f"checkpoint {summary['checkpoint']}")
+  return summary

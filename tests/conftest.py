@@ -253,7 +253,7 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
 _SLOWEST_FILES = (
     'test_drafters.py', 'test_eval.py', 'test_run_folder.py',
     'test_trees.py', 'test_speculative.py',
-    'test_accelerator.py', 'test_diagnostics.py', 'test_notebook.py',
+    'test_accelerator_spec.py', 'test_diagnostics.py', 'test_notebook.py',
     'test_output_cache.py', 'test_draft_heads.py', 'test_fused.py',
     'test_shipped.py', 'test_gin_configs.py', 'test_pass.py',
     'test_partitioning.py', 'test_method_scripts.py', 'test_widening.py',

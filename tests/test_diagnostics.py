@@ -374,7 +374,7 @@ def test_eval_fails_on_a_real_mismatch(tmp_path, monkeypatch):
 def test_reference_can_be_compiled_ahead_of_time(twins):
   """lower_reference fills jax's cache: diagnosing then lowers nothing.
 
-  The accelerator script compiles the reference while nothing is timed; a
+  The accelerator run compiles the reference while nothing is timed; a
   program lowered again at diagnosis would be a 20-40 s compile there.
   """
   import logging  # pylint: disable=g-import-not-at-top

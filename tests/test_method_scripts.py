@@ -2,9 +2,9 @@
 
 A tiny T5 1.1 target is written as a T5X checkpoint by our own training
 code (`training.save_checkpoint` of `training.init_state`);
-scripts/train_heads.py and scripts/train_pass.py train on it. (What the
-trained weights buy is measured by the heads and lookahead specs,
-tests/experiments/test_methods_spec.py.)
+scripts/train_heads.py and scripts/train_pass.py train on it, run as
+commands (a subprocess each). (What the trained weights buy is measured by
+the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 """
 
 import json
@@ -13,7 +13,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from script_modules import load_script
+from command_line import run_script
 from specdec_jax import arrays
 from specdec_jax import network
 from specdec_jax import training
@@ -57,11 +57,11 @@ def test_heads_train_on_a_t5x_checkpoint(tiny):
   root, data, ckpt = tiny
   assert ckpt.endswith('checkpoint_0')
   target = ['--target', ckpt, '--target_config', SPEC, '--arrays', data]
-  load_script('train_heads').main(target + [
-      '--task', 'copy', '--out_dir', str(root / 'heads' / 'copy'),
-      '--steps', '3', '--save_every', '3', '--batch_size', '4',
-      '--positions', '4', '--mlp_dim', '16', '--depth', '1',
-      '--chunk_rows', '32', '--eval_rows', '8'])
+  run_script('train_heads', *target,
+             '--task', 'copy', '--out_dir', str(root / 'heads' / 'copy'),
+             '--steps', '3', '--save_every', '3', '--batch_size', '4',
+             '--positions', '4', '--mlp_dim', '16', '--depth', '1',
+             '--chunk_rows', '32', '--eval_rows', '8')
   assert (root / 'heads' / 'copy' / 'checkpoint_3').is_dir()
   log = [json.loads(line) for line in
          (root / 'heads' / 'copy' / 'log.jsonl').read_text().splitlines()]
@@ -71,20 +71,19 @@ def test_heads_train_on_a_t5x_checkpoint(tiny):
 
 def test_train_pass_on_a_t5x_checkpoint(tiny):
   root, data, ckpt = tiny
-  load_script('train_pass').main([
-      '--target', ckpt, '--target_config', SPEC, '--arrays', data,
-      '--task', 'copy', '--num_lookahead', '2', '--steps', '2',
-      '--save_every', '2', '--batch_size', '4', '--positions', '4',
-      '--max_decode_len', str(LENGTH), '--out_dir', str(root / 'pass')])
+  run_script('train_pass',
+             '--target', ckpt, '--target_config', SPEC, '--arrays', data,
+             '--task', 'copy', '--num_lookahead', '2', '--steps', '2',
+             '--save_every', '2', '--batch_size', '4', '--positions', '4',
+             '--max_decode_len', str(LENGTH), '--out_dir', str(root / 'pass'))
   assert (root / 'pass' / 'checkpoint_2').is_dir()
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
-def test_a_checkpoint_path_needs_its_config(script, capsys):
+def test_a_checkpoint_path_needs_its_config(script):
   argv = ['--target', '/no/such/checkpoint_1']
   if script.startswith('train'):
     argv += ['--out_dir', '/no/such/out']
-  with pytest.raises(SystemExit):
-    load_script(script).main(argv)
-  err = capsys.readouterr().err
-  assert 'is a checkpoint path: give its --target_config' in err
+  proc = run_script(script, *argv, check=False)
+  assert proc.returncode == 2  # argparse's usage error
+  assert 'is a checkpoint path: give its --target_config' in proc.stderr

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import seqio
 
-from script_modules import load_script
+from command_line import run_script
+from specdec_jax import debian
 from specdec_jax import tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -95,12 +96,6 @@ Description-md5: {MD5_B}
 Description-de: Qux-Bibliothek
  Qux macht Dinge. Und mehr.
 """
-
-
-@pytest.fixture(scope='module')
-def build():
-  """scripts/build_debian_data.py as a module (scripts/ is not a package)."""
-  return load_script('build_debian_data')
 
 
 @pytest.fixture(scope='module')
@@ -219,40 +214,40 @@ def test_vocabulary_round_trips_english_and_german():
     assert vocab.decode(ids) == text
 
 
-def test_split_is_a_fixed_function_of_the_key(build):
+def test_split_is_a_fixed_function_of_the_key():
   """Splits must never change, whatever Debian adds or removes.
 
   The split is a pure function of the example's key; the pinned values
   catch any change of the hash, and the fractions must be about 90/5/5.
   """
-  assert build.split_for_key('Foo tool for bars') == build.split_for_key(
+  assert debian.split_for_key('Foo tool for bars') == debian.split_for_key(
       'Foo tool for bars')
-  pinned = {k: build.split_for_key(k) for k in ('k0', 'k2', 'k7', 'k8')}
+  pinned = {k: debian.split_for_key(k) for k in ('k0', 'k2', 'k7', 'k8')}
   assert pinned == {'k0': 'train', 'k2': 'validation', 'k7': 'validation',
                     'k8': 'test'}
-  counts = {s: 0 for s in build.SPLITS}
+  counts = {s: 0 for s in tasks.DEBIAN_SPLITS}
   for i in range(20000):
-    counts[build.split_for_key(f'key {i}')] += 1
+    counts[debian.split_for_key(f'key {i}')] += 1
   assert abs(counts['train'] / 20000 - 0.90) < 0.01
   assert abs(counts['validation'] / 20000 - 0.05) < 0.01
   assert abs(counts['test'] / 20000 - 0.05) < 0.01
 
 
-def test_committed_testdata_respects_split(build):
+def test_committed_testdata_respects_split():
   """Each committed record lies in the split its key hashes to."""
   for name in DEBIAN:
-    for split in build.SPLITS:
+    for split in tasks.DEBIAN_SPLITS:
       for record in read_jsonl(TESTDATA / name / f'{split}.jsonl'):
-        assert build.split_for_key(record[SOURCE_FIELD[name]]) == split
+        assert debian.split_for_key(record[SOURCE_FIELD[name]]) == split
 
 
-def test_parse_debian_markup(build, sample_lists):
+def test_parse_debian_markup(sample_lists):
   """Markup is stripped: leading space, ' .' breaks, empty paragraphs."""
-  en = build.read_descriptions(
-      build.find_translation_files(str(sample_lists), 'en'), 'en',
+  en = debian.read_descriptions(
+      debian.find_translation_files(str(sample_lists), 'en'), 'en',
       progress=False)
-  de = build.read_descriptions(
-      build.find_translation_files(str(sample_lists), 'de'), 'de',
+  de = debian.read_descriptions(
+      debian.find_translation_files(str(sample_lists), 'de'), 'de',
       progress=False)
   assert en[MD5_A] == ('Foo tool for bars', [
       'Foo converts bars into bazzes quickly.',
@@ -262,13 +257,13 @@ def test_parse_debian_markup(build, sample_lists):
       'Foo wandelt Bars schnell in Bazzes um.',
       'Funktionen: * wörtlicher Punkt eins * Punkt zwei',
       'Letzter Absatz.'])
-  examples = build.build_examples(en, de)
-  pairs = [r for split in examples[build.TRANSLATION_TASK].values()
+  examples = debian.build_examples(en, de)
+  pairs = [r for split in examples[tasks.DEBIAN_TRANSLATION_TASK].values()
            for r in split]
   # foo: synopsis + 3 paragraphs; qux: synopsis only (1 vs 2 paragraphs).
   assert sorted(r['id'] for r in pairs) == [
       f'{MD5_A}:p0', f'{MD5_A}:p1', f'{MD5_A}:p2', f'{MD5_A}:s', f'{MD5_B}:s']
-  synopses = [r for split in examples[build.SYNOPSIS_TASK].values()
+  synopses = [r for split in examples[tasks.DEBIAN_SYNOPSIS_TASK].values()
               for r in split]
   assert sorted((r['id'], r['synopsis']) for r in synopses) == [
       (MD5_A, 'Foo tool for bars'), (MD5_B, 'Qux library')]
@@ -276,33 +271,34 @@ def test_parse_debian_markup(build, sample_lists):
   assert qux['description'] == 'Qux does things. More things.'
 
 
-def test_build_is_deterministic(build, sample_lists, tmp_path):
+def test_build_is_deterministic(sample_lists, tmp_path):
   """Two builds from the same lists write byte-identical data files."""
   outs = []
   for i in range(2):
     out = tmp_path / f'out{i}'
-    en = build.read_descriptions(
-        build.find_translation_files(str(sample_lists), 'en'), 'en',
+    en = debian.read_descriptions(
+        debian.find_translation_files(str(sample_lists), 'en'), 'en',
         progress=False)
-    de = build.read_descriptions(
-        build.find_translation_files(str(sample_lists), 'de'), 'de',
+    de = debian.read_descriptions(
+        debian.find_translation_files(str(sample_lists), 'de'), 'de',
         progress=False)
-    build.write_examples(build.build_examples(en, de), str(out))
+    debian.write_examples(debian.build_examples(en, de), str(out))
     outs.append(out)
   for name in DEBIAN:
-    for split in build.SPLITS:
+    for split in tasks.DEBIAN_SPLITS:
       a, b = (o / name / f'{split}.jsonl' for o in outs)
       assert filecmp.cmp(a, b, shallow=False)
   assert sum(len(read_jsonl(outs[0] / tasks.DEBIAN_TRANSLATION_TASK /
-                            f'{s}.jsonl')) for s in build.SPLITS) == 5
+                            f'{s}.jsonl')) for s in tasks.DEBIAN_SPLITS) == 5
 
 
-def test_build_without_lists_names_apt_command(build, tmp_path):
+def test_build_without_lists_names_apt_command(tmp_path):
   """Without apt's lists the script says exactly how to download them."""
-  with pytest.raises(SystemExit) as e:
-    build.main(['--out_dir', str(tmp_path / 'out'),
-                '--lists_dir', str(tmp_path)])
-  assert build.APT_COMMAND in str(e.value)
+  proc = run_script('build_debian_data', '--out_dir', str(tmp_path / 'out'),
+                    '--lists_dir', str(tmp_path), check=False)
+  assert proc.returncode == 1
+  assert tasks.APT_COMMAND in proc.stderr
+  assert not (tmp_path / 'out').exists()
 
 
 def test_metrics_scale_and_sentence_split():

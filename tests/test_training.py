@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from script_modules import load_script
 from specdec_jax import checkpoints
 from specdec_jax import data
 from specdec_jax import network
 from specdec_jax import training
+from specdec_jax.experiments import plots
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / 'tests' / 'testdata' / 'debian'
@@ -329,8 +329,9 @@ def test_experiment_files_are_complete_runs_of_shrinking_models(task):
   assert counts[0] > 5 * counts[-1]
 
 
-def test_script_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
-  """scripts/train.py wires flags, gin and the library like a T5X job.
+def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
+  """The training job (`training.main`, scripts/train.py) wires flags, gin
+  and the library like a T5X job.
 
   Trains the real en_de mini_small experiment file, its model shrunk by
   bindings to TINY (so the compiled step is reused), for 2 steps on the test
@@ -339,17 +340,17 @@ def test_script_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
   macro must stop the job with gin's message.
   """
   del debian_slice
-  script = load_script('train')
   out = tmp_path / 'run'
   gin_file = TRAIN_GIN / 'en_de_mini_small.gin'
-  summary = script.main([
+  argv = [
       f'--gin_file={gin_file}', f"--gin.MODEL_DIR='{out}'",
       f"--gin.DATA_DIR='{DATA}'", '--gin.TRAIN_STEPS=2',
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
       f'--gin.BATCH_SIZE={BATCH}', f'--gin.LEARNING_RATE={LR}',
       f"--gin.LR_SCHEDULE='{SCHEDULE}'", f'--gin.WARMUP_STEPS={WARMUP}',
       '--gin.train.eval_examples=4', '--no_progress', '--plot',
-  ] + [f'--gin.mini_small/network.T5Config.{k}={v}' for k, v in SHRINK])
+  ] + [f'--gin.mini_small/network.T5Config.{k}={v}' for k, v in SHRINK]
+  summary = training.main(argv, plot=plots.plot_losses)
   assert summary['step'] == 2
   for name in ('config.gin', 'operative_config.gin', 'log.jsonl',
                'loss.png', 'checkpoint_2'):
@@ -362,5 +363,5 @@ def test_script_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
                                        config=model)
   assert params['token_embedder']['embedding'].shape == (1024, 32)
   with pytest.raises(SystemExit, match='MODEL_DIR|REQUIRED'):
-    script.main([f'--gin_file={gin_file}', '--no_progress',
-                 f"--gin.DATA_DIR='{DATA}'"])
+    training.main([f'--gin_file={gin_file}', '--no_progress',
+                   f"--gin.DATA_DIR='{DATA}'"])

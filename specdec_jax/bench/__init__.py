@@ -15,6 +15,10 @@
 - `report`: one results header, and the json / md / png writers.
 - `flags`: the model / data flags of the scripts (`--target`, `--draft`
   with a config spec for a checkpoint, `--arrays`).
+- `costs`: the CPU costs run's models, its profile's name and its files
+  (costs.json, costs.md, the profile).
+- `tensor_parallel`: a measured profile's target on several chips, on
+  paper (assumed all-reduces), and its predicted speed-ups.
 
 The harness sits between `loading` and the jobs: it imports the core and
 `loading`, and the jobs, the experiments and the scripts import it.

@@ -1,8 +1,9 @@
 """A wall-clock budget, a compile watch, an ahead-of-time compile pool, and
 the projected wall time of a run from a measured one.
 
-A run that must fit a device lease (scripts/reproduce_accelerator.py: one
-call of at most 9 minutes) spends most of its time compiling. Here:
+A run that must fit a device lease (`python -m specdec_jax.experiments run
+accelerator`: one call of at most 9 minutes) spends most of its time
+compiling. Here:
 
 - `Clock`: wall time since the start, the time left of the budget, what
   was skipped for it, and the time log every results file keeps
@@ -40,9 +41,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 # Kinds of work that run in the pool's threads (the rest run one at a time).
 POOLED = ('compile', 'calibration', 'load')
-# What scripts/reproduce_accelerator.py ran with before its json recorded
-# its kinds, units and sizes (the H100 run in results/): examples per Table
-# 2 row, per sweep row, repeats, numerics repeats.
+# What the accelerator run (experiments.device_run) ran with before its
+# json recorded its kinds, units and sizes (the H100 run in results/):
+# examples per Table 2 row, per sweep row, repeats, numerics repeats.
 LEGACY = dict(examples=2, sweep_examples=1, repeats=3, numerics_repeats=2)
 
 

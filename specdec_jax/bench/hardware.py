@@ -6,11 +6,12 @@ cost curve cost(k) = t(k) / t(1) of a k-token target call per batch size,
 and c = t_draft / t(1) of each drafter it timed. It is READ from a measured
 run's JSON, never typed by hand:
 
-- `from_accelerator_run`: scripts/reproduce_accelerator.py's json (a T5
-  1.1-XXL-cost target on a GPU / TPU);
+- `from_accelerator_run`: the accelerator run's json (`python -m
+  specdec_jax.experiments run accelerator`: a T5 1.1-XXL-cost target on a
+  GPU / TPU);
 - `from_costs_run`: scripts/benchmark_costs.py's json (this CPU).
 
-Both scripts write their profile into `bench/profiles/<name>.json` next to
+Both write their profile into `bench/profiles/<name>.json` next to
 their results; `load(name)` reads it, and the profile's `source` names the
 run file and its command.
 
@@ -178,7 +179,7 @@ class HardwareProfile:
 
 def from_accelerator_run(run: Mapping[str, Any],
                          source: str) -> HardwareProfile:
-  """The profile of a scripts/reproduce_accelerator.py run (its json).
+  """The profile of an accelerator run (experiments.device_run: its json).
 
   cost(k) per batch from the run's bfloat16 costs (the activations the
   table ran with); c per batch of every drafter it timed; launch_ms the

@@ -543,8 +543,7 @@ def _verify(folder: str, location: str,
 
 def expected_shapes(config: network.T5Config) -> Dict[str, Tuple[int, ...]]:
   """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape)."""
-  model = network.T5Model(config)
-  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+  shapes = network.T5Model(config).param_shapes()
   flat = traverse_util.flatten_dict(shapes, sep='/')
   return {k: tuple(v.shape) for k, v in flat.items()}
 

@@ -20,7 +20,6 @@ import os
 import pathlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-import jax
 
 from specdec_jax import checkpoints
 from specdec_jax import drafters as drafters_lib
@@ -107,7 +106,7 @@ def _step(profile, model: str, change) -> Tuple[int, int, str]:
     cfg = (widening.preset_config(cfg, change) if isinstance(change, str)
            else cfg.replace(**change))
     net = network.T5Model(cfg)
-    shapes = jax.eval_shape(net.init_params, jax.random.key(0))
+    shapes = net.param_shapes()
     setup = _source_setup(profile)
     length_in = int(setup.get('input_length', 0))
     context = int(setup.get('output_length', 0)) // 2

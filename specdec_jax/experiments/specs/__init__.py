@@ -2,12 +2,16 @@
 
 A spec is a `sweep.Spec` (its cells, columns, prediction, plot); SPECS
 names every one (`python -m specdec_jax.experiments list`). Adding a
-benchmark is adding a file here and its name below.
+benchmark is adding a file here and its name below. DEVICE_SPECS names the
+device runs (`device_plan.DeviceSpec`, run by `device_run`: programs
+compiled ahead of time, phases in a device budget).
 """
 
 from typing import Dict
 
+from specdec_jax.experiments import device_plan
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments.specs import accelerator
 from specdec_jax.experiments.specs import batches
 from specdec_jax.experiments.specs import draft_free
 from specdec_jax.experiments.specs import heads
@@ -21,6 +25,8 @@ SPECS: Dict[str, sweep.Spec] = {
                                  table3.SPEC, draft_free.SPEC,
                                  lookahead.SPEC, heads.SPEC)
 }
+DEVICE_SPECS: Dict[str, device_plan.DeviceSpec] = {
+    accelerator.SPEC.name: accelerator.SPEC}
 
 
 def get(name: str) -> sweep.Spec:

@@ -1,25 +1,25 @@
-"""The accelerator script runs with only what an accelerator host has.
+"""The accelerator device spec runs with only what an accelerator host has.
 
 The GPU machine has jax, flax, numpy, matplotlib and this package, but no
-seqio, TensorFlow, gin or rouge-score (../shared/GPU.md). The script's
-`--smoke` mode runs here in a subprocess where those cannot be imported (a
-sitecustomize meta-path finder raises ImportError for them), so an import of
-any of them anywhere on its path fails this test; its outputs must hold every
-table of a full run. The shipped-models source is checked against a stand-in
+seqio, TensorFlow, gin or rouge-score. `python -m specdec_jax.experiments run
+accelerator --smoke` runs here in a subprocess where those cannot be
+imported (a sitecustomize meta-path finder raises ImportError for them), so
+an import of any of them anywhere on its path (the command line, the specs,
+the device runner) fails this test; its outputs must hold every table of a
+full run. The shipped-models source is checked against a stand-in
 `specdec_jax.shipped` (its setup only: the phases are the synthetic ones).
 
-The full measurement is `python scripts/reproduce_accelerator.py` (README,
-"The accelerator path"): one command of at most 8 minutes that runs its
+The full measurement is `python -m specdec_jax.experiments run accelerator`
+(docs/accelerator.md): one command of at most 8 minutes that runs its
 phases in priority order, writes each phase's rows when it ends, skips the
 phases an earlier run completed and starts none it cannot finish; its
 projection, per phase, comes from the measured H100 run's time log.
 """
 
-import shutil
-
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 
 import specdec_jax
-from script_modules import load_script
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
@@ -37,9 +36,13 @@ from specdec_jax.bench import aot
 from specdec_jax.bench import budget
 from specdec_jax.bench import models
 from specdec_jax.bench import report
+from specdec_jax.experiments import __main__ as cli
+from specdec_jax.experiments import device_plan
+from specdec_jax.experiments import device_run
+from specdec_jax.experiments.specs import accelerator
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / 'scripts' / 'reproduce_accelerator.py'
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SPEC = accelerator.SPEC
 BLOCKED = ('seqio', 'tensorflow', 'tensorflow_datasets', 'tensorflow_text',
            'gin', 'rouge_score')
 SITECUSTOMIZE = f'''
@@ -83,19 +86,21 @@ def blocked_env(tmp_path):
   site.mkdir(exist_ok=True)
   (site / 'sitecustomize.py').write_text(SITECUSTOMIZE)
   env = dict(os.environ)
+  # The package is installed (development mode); the repository on the
+  # path too, for a checkout that is not.
   env['PYTHONPATH'] = os.pathsep.join(
-      [str(site)] + [p for p in [env.get('PYTHONPATH')] if p])
+      [str(site), str(ROOT)] + [p for p in [env.get('PYTHONPATH')] if p])
   env['JAX_PLATFORMS'] = 'cpu'  # XLA_FLAGS: the suite's (tests/conftest.py)
   return env
 
 
-
-
 def run_smoke(tmp, out, *flags):
+  """The command line's device run, in a folder without aot/."""
   return subprocess.run(
-      [sys.executable, str(SCRIPT), '--smoke', '--out_dir', str(out),
-       '--compile_workers', '2', *flags], env=blocked_env(tmp), cwd=str(tmp),
-      capture_output=True, text=True, timeout=1200)
+      [sys.executable, '-m', 'specdec_jax.experiments', 'run', 'accelerator',
+       '--smoke', '--out_dir', str(out), '--compile_workers', '2', *flags],
+      env=blocked_env(tmp), cwd=str(tmp), capture_output=True, text=True,
+      timeout=1200)
 
 
 @pytest.fixture(scope='module')
@@ -154,6 +159,8 @@ def test_smoke_is_labelled_synthetic(smoke):
   md = (out / 'accelerator_synthetic.md').read_text()
   assert md.startswith('# ') and 'SYNTHETIC' in md.splitlines()[0]
   assert '--smoke' in result['command'] and result['jax_version']
+  assert result['command'].startswith(
+      'python -m specdec_jax.experiments run accelerator --smoke')
   assert result['device'] == jax.devices()[0].device_kind
 
 
@@ -233,20 +240,20 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
 
 def test_full_shipped_run_is_projected_by_phase(capsys):
   """The plan of the full shipped run, at the H100 run's measured rates."""
-  script = load_script('reproduce_accelerator')
-  full = script.FULL
-  drafts = script.roster('shipped', ['target', 'dec2', 'small'], full)
-  projection = script.project(
-      script.H100_RUN, full, drafts, ['en_de', 'synopsis'],
-      set(script.PHASES), 'bfloat16', None, 'the full shipped run')
+  full = SPEC.full
+  drafts = device_plan.roster(SPEC, 'shipped', ['target', 'dec2', 'small'],
+                              full)
+  projection = device_plan.project(
+      SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
+      set(SPEC.phases), 'bfloat16', None, 'the full shipped run')
   assert projection['gammas_from_previous_run'] == 20  # every row's gamma
   plan, by_phase = projection['plan'], projection['phases']
   assert plan['calibration'] == 4
   # P1: t(k) for k = 1..17 and the sparse k up to 65 at batch 1 (the
   # token trees' widths), 1..17 at batches 8 and 32.
-  assert script.curve(full, 1)[-1] == 65
+  assert device_plan.curve(SPEC, full, 1)[-1] == 65
   assert by_phase['p1']['units']['calls'] == (
-      17 + len(script.SPARSE_KS) + 2 * 17)
+      17 + len(SPEC.sparse_ks) + 2 * 17)
   # P2 fits a command beside P1's measurements.
   assert 0 < by_phase['p2']['seconds'] < 240
   # >= 16 examples per row: the table's decode calls of both temperatures.
@@ -256,7 +263,7 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
-  run = json.loads((ROOT / load_script('reproduce_accelerator').H100_RUN).read_text())
+  run = json.loads((ROOT / SPEC.project_from).read_text())
   rates = budget.unit_seconds(run)
   assert rates['compile']['units'] == 37 and rates['compile']['workers'] == 8
   assert rates['calls']['units'] == 15 and rates['drafters']['units'] == 7
@@ -342,11 +349,9 @@ def test_shipped_models_load_without_tensorflow(tmp_path):
   # The shipped folder is committed: a checkout without it is broken.
   assert shipped.available(), shipped.asset_dir()
   code = (
-      'import sys, importlib.util\n'
-      f'spec = importlib.util.spec_from_file_location("s", r"{SCRIPT}")\n'
-      'm = importlib.util.module_from_spec(spec); sys.modules["s"] = m\n'
-      'spec.loader.exec_module(m)\n'
-      'shipped = m.load_shipped()\n'
+      'import sys\n'
+      'from specdec_jax.experiments import device_run\n'
+      'shipped = device_run.load_shipped()\n'
       'for name in shipped.model_names():\n'
       '  model, params = shipped.load_model(name, dtype="bfloat16")\n'
       'for task in ("en_de", "synopsis"):\n'
@@ -425,20 +430,20 @@ COSTS = {
 
 def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
   """Drafters at own cost and widened to T5 1.1 cost; n-grams per task."""
-  script = load_script('reproduce_accelerator')
   use_fake(monkeypatch, FakeShipped())
   argv = ['--smoke', '--source', 'shipped', '--out_dir', str(tmp_path)]
-  args = script.parse_flags(argv)
+  args = device_run.parse_flags(SPEC, argv)
   clock = budget.Clock(5)
-  runner = script.Runner(args, script.SMOKE._replace(
-      costs=COSTS, target='target'), clock,
-                         budget.Pool(1, clock), tmp_path,
-                         report.header(script.SCRIPT, argv, max_minutes=5))
+  runner = device_run.Runner(
+      SPEC, args, SPEC.smoke._replace(costs=COSTS, target='target'), clock,
+      budget.Pool(1, clock), tmp_path,
+      report.header(f'-m {device_run.COMMAND} {SPEC.name}', argv,
+                    max_minutes=5))
   runner.setup()
   assert runner.tasks == ['en_de', 'synopsis'] and runner.eos == 1
   # Smoke lengths (a full run takes the widest inputs / targets).
-  assert (runner.Li, runner.T) == (script.SMOKE.input_length,
-                                   script.SMOKE.output_length)
+  assert (runner.Li, runner.T) == (SPEC.smoke.input_length,
+                                   SPEC.smoke.output_length)
   assert all(x.shape[1] == runner.Li for x in runner.inputs.values())
   names = {d.name: d for d in runner.drafts}
   assert set(names) == {'small', 'small@t5_1_1_small_cost', 'gpu',
@@ -475,10 +480,9 @@ def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
     (None, 'shipped.py'),
 ])
 def test_shipped_source_fails_clearly(monkeypatch, fake, message):
-  script = load_script('reproduce_accelerator')
   use_fake(monkeypatch, fake)
   with pytest.raises(SystemExit, match=message):
-    script.load_shipped()
+    device_run.load_shipped()
 
 
 @pytest.mark.parametrize('argv,message', [
@@ -489,10 +493,20 @@ def test_shipped_source_fails_clearly(monkeypatch, fake, message):
     (['--examples', '0'], 'examples'),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
-  script = load_script('reproduce_accelerator')
   with pytest.raises(SystemExit):
-    script.parse_flags(argv)
+    device_run.parse_flags(SPEC, argv)
   assert message in capsys.readouterr().err
+
+
+def test_the_command_line_lists_and_runs_the_device_spec(capsys):
+  """`list` names it; `run accelerator` takes the device run's flags."""
+  cli.main(['list'])
+  assert f'accelerator: {SPEC.title} on one accelerator' in (
+      capsys.readouterr().out)
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['run', 'accelerator', '--phases', 'tabel3'])
+  assert exit_.value.code == 2
+  assert "--phases: unknown ['tabel3']" in capsys.readouterr().err
 
 
 def test_device_names_are_folder_names():
@@ -504,7 +518,7 @@ def test_device_names_are_folder_names():
 
 def tiny_decode_program():
   """A tiny T5's greedy decode as a function of its dynamic arguments (as
-  the script's `Runner.decode_fn` builds them), its params and inputs."""
+  `device_run.Runner.decode_fn` builds them), its params and inputs."""
   model = network.T5Model(models.config(
       't5_1_1_tiny', vocab_size=64, num_encoder_layers=1,
       num_decoder_layers=1))

@@ -1,42 +1,18 @@
-r"""Table 2 at T5-XXL cost on one accelerator, with bf16 numerics made explicit.
+r"""A device run: a `DeviceSpec`'s phases on one accelerator, in a budget.
 
-  python scripts/reproduce_accelerator.py --source shipped   # trained models
-  python scripts/reproduce_accelerator.py                    # SYNTHETIC
-  python scripts/reproduce_accelerator.py --source shipped --project
-  python scripts/reproduce_accelerator.py --smoke --out_dir /tmp/acc  # CPU
+  python -m specdec_jax.experiments run accelerator --source shipped
+  python -m specdec_jax.experiments run accelerator          # SYNTHETIC
+  python -m specdec_jax.experiments run accelerator --source shipped \
+      --project
+  python -m specdec_jax.experiments run accelerator --smoke \
+      --out_dir /tmp/acc                                     # CPU
 
 Needs jax, flax, numpy, matplotlib and this package importable (installed,
 or the repository on PYTHONPATH); nothing on its path imports seqio,
-TensorFlow, gin or rouge-score. One process in a time budget
-(`--max_minutes`, 8) runs the phases of `PHASE_PLAN` in priority order (P1
-the hardware profile, P2 Table 2, P3 token trees (not implemented), P4
-batches, P5 against HF transformers (not implemented), P6 the sweep and
-numerics); it starts no phase whose projected seconds do not fit the time
-left, and lists it. Each phase's status is in the json's `phases`; a rerun
-with the same flags takes the phases complete in its results file and runs
-only the others.
-
-Models. synthetic: a random T5 1.1-small S0 widened function-preservingly
-to T5 1.1-XXL cost is the target; drafters are S0 plus sigma x std(leaf)
-noise (sigma sets alpha) widened to T5 1.1-small / base / large cost, and
-n-grams of S0's outputs; it measures the engine, not a drafter. shipped:
-`specdec_jax.shipped`'s target widened to XXL cost, each drafter at its own
-cost and (small / base / large) widened to that T5 1.1 cost, n-grams of the
-test arrays' targets. --smoke: tiny models (S0 a one-layer T5 1.1-tiny, the
-shipped target its smallest model), nothing widened, every phase: about a
-minute and a half on two CPU cores, seconds with a warm compilation cache.
-
-Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
-every step; the hardware profile of a full shipped run to bench/profiles/,
-of any other run beside its results): costs (t(k) for k <= max_gamma + 1,
-the floor, c of every drafter, alpha calibrated on the unwidened models);
-Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
-the paper's rule (`bench.hardware.predict` maximised), measured against
-`predict` on the profile of this run's own measurements, greedy rows
-compared and every differing one diagnosed; the gamma sweep of the first
-drafter (t = 0, first task); numerics (bfloat16 / float32 activations
-against the 1-token and the same-shape baseline); batches 8 and 32; the
-cost curve (t(k) at `curve_ks` at batch 1, up to k = 16 at larger batches).
+TensorFlow, gin or rouge-score. What is measured is the spec's
+(specs/accelerator.py: its phases, sizes and result sections); how the
+plan is projected is `device_plan`'s; the page and plots are
+`device_report`'s.
 
 Fitting 9 minutes: every program is compiled ahead of time, once, in
 `bench.budget.Pool` threads: first all that need no gamma (beside the alpha
@@ -55,31 +31,17 @@ a compile-only H100 (with the device image's jax, jaxlib and plugin) into
 or, when it cannot (missing, corrupt, other versions or device, refused),
 compiles it on the device and says why (`programs` in the json). Every
 program is then run through its executable.
-
-Projection (`projection` in the json; printed first; `--project` only
-prints it): the full plan's units per kind (programs compiled, calibration
-decodes, t(k) and drafter timings, decode calls of the table and sweep, of
-the numerics, of the batches) times that kind's seconds per unit in a
-measured run's time log (`--project_from`: the H100 run in results/),
-`bench.budget.projected_seconds`: compiles and calibration as measured
-thread-seconds over the threads (no more than the run had), the rest in
-sequence. The number of speculative programs follows from the gammas the
-rule picks on that run's calibrated alphas, c and costs (one per row for a
-drafter it did not time). A smoke run projects the full run.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import dataclasses
 import functools
 import json
 import os
 import pathlib
-import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -99,152 +61,22 @@ from specdec_jax import widening
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
 from specdec_jax.bench import hardware
-from specdec_jax.bench import models
 from specdec_jax.bench import report
 from specdec_jax.bench import rows as rows_lib
+from specdec_jax.experiments import device_plan
+from specdec_jax.experiments import device_report
 from specdec_jax.sampling import SamplingConfig
 
-SCRIPT = 'scripts/reproduce_accelerator.py'
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-H100_RUN = f'results/{hardware.H100}/accelerator_shipped.json'
+# The command of a device run, before the spec's name (`main`'s header).
+COMMAND = 'specdec_jax.experiments run'
 SYNTHETIC_LABEL = (
     'SYNTHETIC: random T5 1.1-small widened to T5 1.1-XXL cost as the target, '
     'noisy copies of it as drafters (alpha set by the noise), not trained '
     'models')
-# sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
-SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
-PAPER_TASK = {'synthetic': 'EnDe', 'en_de': 'EnDe', 'synopsis': 'CNNDM'}
-T5_SIZES, TEMPS, ACTS = ('small', 'base', 'large'), (0.0, 1.0), (
-    'bfloat16', 'float32')
-# The parts `--phases` names (costs always run).
-PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve', 'trees',
-          'hf')
-# The run's phases in priority order: (id, title, the parts it runs).
-PHASE_PLAN = (
-    ('p1', 'hardware profile', ('costs', 'cost_curve')),
-    ('p2', 'Table 2', ('table2',)),
-    ('p3', 'token trees vs the best chain', ('trees',)),
-    ('p4', 'batches 8 and 32', ('batches',)),
-    ('p5', 'ours vs HF transformers', ('hf',)),
-    ('p6', 'the rest: gamma sweep, numerics', ('sweep', 'numerics')))
-TITLES = {pid: title for pid, title, _ in PHASE_PLAN}
-# Phases written down but not measured yet: what each would measure.
-NOT_IMPLEMENTED = {
-    'p3': 'token trees (beam:16,4,16/64 and dynamic 64) against the best '
-          'chain, both tasks, t = 0, >= 16 examples: not implemented',
-    'p5': 'ours against HF transformers (scripts/peer_hf.py has the HF '
-          'side) on the same inputs: not implemented'}
-# What the hardware profile does not measure yet.
-PROFILE_GAPS = ['the heads drafters (specdec_jax.drafters.heads): not in '
-                "the run's roster, not measured"]
 # The context cache of the t(k) timings, compiled ahead of time like them.
 CACHE = jax.jit(measure.context_cache, static_argnums=(0, 3, 4))
 # measure.call_time's loop (lowered with arguments placed on a device).
 CALLS = measure.repeated_calls
-
-# What differs between a full run and --smoke. costs: cost name -> the
-# dimensions models are widened to, or None (nothing widened); target: the
-# shipped model that is the target.
-Sizes = collections.namedtuple('Sizes', (
-    's0 costs target input_length output_length batches profile_ks sweep '
-    'max_gamma examples repeats numerics_examples calib_examples '
-    'ngram_examples context copy_mib cost_repeats ngram_orders'))
-FULL = Sizes(
-    s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
-    target='target', input_length=64, output_length=128, batches=(1, 8, 32),
-    profile_ks=(65, 17), sweep=tuple(range(1, 9)), max_gamma=8,
-    examples=16,
-    repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
-    context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
-# Tiny models, nothing widened (the synthetic T5 drafters share S0's
-# shapes: one program; the shipped target is the smallest shipped model);
-# one example decodes for the calibration and the n-grams (the table's
-# baseline program).
-SMOKE = FULL._replace(
-    s0=models.config('t5_1_1_tiny', vocab_size=256, num_encoder_layers=1,
-                     num_decoder_layers=1), costs=None, target='small',
-    input_length=8, output_length=10, batches=(1, 2), profile_ks=(2, 2),
-    sweep=(1, 2), max_gamma=1, examples=2, numerics_examples=2,
-    calib_examples=1, ngram_examples=1, context=4, copy_mib=4, cost_repeats=1,
-    ngram_orders=(2,))
-
-
-@dataclasses.dataclass
-class Draft:
-  """A drafter of the table. group 1: the paper's drafters at T5 1.1 cost
-  (and the first shipped one), 2: own-cost T5s, 3: n-grams; `proxy`: the
-  unwidened model its alpha is calibrated with (the same function)."""
-  name: str
-  cost: str
-  proxy: str
-  paper: Optional[str]
-  group: int
-  label: str = ''
-  drafter: Any = None
-  params: Dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def roster(source: str, names: Sequence[str], s: Sizes) -> List[Draft]:
-  """The drafters of a run, before any model is loaded."""
-  out = [Draft(n, f't5_1_1_{n}_cost', n, n, 1) for n in T5_SIZES
-         ] if source == 'synthetic' else []
-  for n in (n for n in names if n != 'target'):
-    out.append(Draft(n, 'own', n, n if n in T5_SIZES else None,
-                     2 if n in T5_SIZES else 1))
-    if n in T5_SIZES:
-      out.append(Draft(f'{n}@t5_1_1_{n}_cost', f't5_1_1_{n}_cost', n, n, 1))
-  out += [Draft(n, 'own', n, n, 3, n) for order, n in (
-      (1, 'unigram'), (2, 'bigram')) if order in s.ngram_orders]
-  return sorted(out, key=lambda d: d.group)  # stable: the paper's first
-
-
-def tasks_of(source: str) -> List[str]:
-  return ['synthetic'] if source == 'synthetic' else ['en_de', 'synopsis']
-
-
-def programs(s: Sizes, drafts, tasks, gammas, phases, act: str):
-  """{part: (keys compiled before the gammas are known, keys after)}.
-
-  Keys: ('copy',), ('reference',), ('cache', act, batch), ('call', act,
-  batch, k), ('draft', name, batch), ('base', act, batch, temp, block),
-  ('spec', act, name, batch, gamma, temp); `gammas` (task, name, temp) ->
-  gamma by the profile, (task, name, temp, 'paper') -> by the paper's rule
-  (the first drafter's); a row missing from it has a program of its own.
-  """
-  main, big = drafts[0].name, [b for b in s.batches if b > 1]
-  g = lambda task, n, t, *rule: gammas.get((task, n, t, *rule)) or (
-      '?', task, n, t, *rule)
-  g0 = g(tasks[0], main, 0.0)
-  k0 = g0 + 1 if isinstance(g0, int) else ('?', g0)
-  out = {'costs': ([('copy',), ('reference',), ('cache', act, 1)] + [
-      ('call', act, 1, k) for k in range(1, s.max_gamma + 2)] + [
-          ('draft', d.name, 1) for d in drafts], [])}
-  for t in TEMPS if 'table2' in phases else ():
-    out[f'table2@{t:g}'] = ([('base', act, 1, t, 1)], [
-        ('spec', act, d.name, 1, g(task, d.name, t), t)
-        for task in tasks for d in drafts] + [
-            ('spec', act, main, 1, g(task, main, t, 'paper'), t)
-            for task in tasks])
-  if 'sweep' in phases:
-    out['sweep'] = ([('base', act, 1, 0.0, 1)],
-                    [('spec', act, main, 1, x, 0.0) for x in s.sweep])
-  if 'numerics' in phases:
-    out['numerics'] = ([x for a in ACTS for x in (
-        ('base', a, 1, 0.0, 1), ('cache', a, 1), ('call', a, 1, 1))], [
-            x for a in ACTS for x in (('base', a, 1, 0.0, k0), (
-                'spec', a, main, 1, g0, 0.0), ('call', a, 1, k0))])
-  if 'batches' in phases:
-    out['batches'] = ([x for b in big for x in (
-        ('base', act, b, 0.0, 1), ('cache', act, b), ('call', act, b, 1),
-        ('draft', main, b))], [x for b in big for x in (
-            ('spec', act, main, b, g0, 0.0), ('call', act, b, k0))])
-  if 'cost_curve' in phases:
-    out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
-        ('call', act, b, k) for b in s.batches for k in curve(s, b)],
-                         [])
-  return out
-
-
 # The programs built ahead of time (`Runner.build`), and the order of the
 # parts they are built in (what comes first survives a size limit). The
 # others (the bandwidth copy, the drafters' timing loops, the diagnoses'
@@ -259,119 +91,6 @@ def timed_compile(lower):
   start = time.perf_counter()
   lowered = lower()
   return lowered.compile(), time.perf_counter() - start
-
-
-# Beyond k = 17 the batch-1 curve is timed at these k only (the token
-# trees' widths and points between; `HardwareProfile.cost_at` interpolates
-# the rest, labelled): every k is a program of its own, and 1..65 dense
-# would be 99 programs with the larger batches' (P1 alone 780 s projected).
-SPARSE_KS = (24, 32, 48, 64, 65)
-
-
-def curve(s: Sizes, b: int) -> tuple:
-  """The k of the cost curve at batch b: at batch 1, 1..17 and the
-  `SPARSE_KS` up to `profile_ks[0]` (the token trees' widths); at larger
-  batches 1..`profile_ks[1]`."""
-  top = s.profile_ks[0 if b == 1 else 1]
-  dense = tuple(range(1, min(top, 17) + 1))
-  if b != 1:
-    return dense
-  return dense + tuple(k for k in SPARSE_KS if 17 < k <= top)
-
-
-def paper_gamma(alpha: float, c: float, max_gamma: int) -> int:
-  """The paper's rule: the gamma that maximises Theorem 3.8's speed-up with
-  a target call whose cost does not grow with k (cost(gamma + 1) = 1)."""
-  a = min(theory.clamp_alpha(alpha), 0.999)
-  return max(range(1, max_gamma + 1), key=lambda g: (1 - a ** (g + 1)) / (
-      (1 - a) * (g * c + 1)))
-
-
-def phase_keys(s: Sizes, drafts, tasks, gammas, phases, act: str):
-  """{phase id: (its programs, those no earlier phase compiles)}."""
-  parts = programs(s, drafts, tasks, gammas, phases, act)
-  out, seen = {}, set()
-  for pid, _, names in PHASE_PLAN:
-    keys = list(dict.fromkeys(
-        k for n in parts for half in parts[n] for k in half
-        if n.partition('@')[0] in names))
-    out[pid] = (keys, [k for k in keys if k not in seen])
-    seen |= set(keys)
-  return out
-
-
-def plan_units(s: Sizes, drafts, tasks, gammas, phases, act: str):
-  """{phase id: its units per kind of step} (`budget.unit_seconds`'
-  kinds; the run's setup belongs to no phase)."""
-  keys = phase_keys(s, drafts, tasks, gammas, phases, act)
-  main = drafts[0].name
-  calls = lambda n, decoders: (n * s.repeats + 1) * decoders
-  out = {}
-  for pid, (_, new) in keys.items():
-    count = lambda kind, new=new: sum(k[0] == kind for k in new)
-    units = dict(compile=len(new), calls=count('call'),
-                 drafters=count('draft'))
-    if pid == 'p1':
-      units.update(calibration=len(tasks) * len(TEMPS), bandwidth=1)
-    if pid == 'p2' and 'table2' in phases:
-      units['decode'] = sum(calls(s.examples, 1 + len(
-          {(d.name, gammas.get((task, d.name, t), d.name)) for d in drafts} |
-          {(main, gammas.get((task, main, t, 'paper'), 'paper'))}))
-                            for task in tasks for t in TEMPS)
-    if pid == 'p4' and 'batches' in phases:
-      units['batch_decode'] = sum(calls(1, 2) for b in s.batches if b > 1)
-    if pid == 'p6':
-      units['decode'] = calls(s.examples, 1 + len(s.sweep)) * (
-          'sweep' in phases)
-      units['numerics'] = len(ACTS) * calls(s.numerics_examples, 3) * (
-          'numerics' in phases)
-    out[pid] = {k: v for k, v in units.items() if v}
-  return out
-
-
-def previous_gammas(prev, prev_path: str, s: Sizes, drafts, tasks):
-  """(task, drafter, temperature) -> the gamma the profile's rule picks on
-  a measured run's calibrated alphas and profile (rows it can say), and
-  (..., 'paper') -> the paper's rule's for the first drafter."""
-  profile = hardware.from_accelerator_run(prev, prev_path)
-  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
-            for a in prev.get('alpha_calibration', [])}
-  known = [(task, d, t) for task in tasks for t in TEMPS for d in drafts
-           if (task, d.proxy, t) in alphas and d.name in profile.drafters(1)]
-  out = {(task, d.name, t): hardware.predict(
-      profile, alpha=theory.clamp_alpha(alphas[task, d.proxy, t]),
-      drafter=d.name, max_gamma=s.max_gamma).gamma for task, d, t in known}
-  out.update({(task, d.name, t, 'paper'): paper_gamma(
-      alphas[task, d.proxy, t], profile.c_of(d.name)[0], s.max_gamma)
-              for task, d, t in known if d is drafts[0]})
-  return out
-
-
-def project(prev_path: str, s: Sizes, drafts, tasks, phases, act: str,
-            workers: Optional[int], of: str) -> Dict[str, Any]:
-  """The projected wall time of a plan, per phase (the module docstring)."""
-  prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
-  gammas = previous_gammas(prev, prev_path, s, drafts, tasks)
-  units = plan_units(s, drafts, tasks, gammas, phases, act)
-  total = collections.Counter(setup=1)
-  for u in units.values():
-    total.update(u)
-  out = budget.projected_seconds(prev, dict(total), workers, source=prev_path)
-  out.update(of=of, gammas_from_previous_run=sum(
-      len(k) == 3 for k in gammas), plan=dict(total), phases={
-          pid: dict(title=TITLES[pid], units=u,
-                    seconds=budget.projected_seconds(prev, u, workers)[
-                        'seconds'] if u else 0.0)
-          for pid, u in units.items()})
-  print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
-        f' s (from {prev_path}: ' + ', '.join(
-            f"{k} {v['units']} x {v['unit_s']:g} s"
-            for k, v in out['by_kind'].items()) + ')', flush=True)
-  for pid, v in out['phases'].items():
-    print(f"  {pid.upper()} {v['title']}: {v['seconds']:.0f} s" + (
-        f' ({NOT_IMPLEMENTED[pid]})' if pid in NOT_IMPLEMENTED else ''),
-          flush=True)
-  return out
 
 
 def bf16(params):
@@ -414,13 +133,15 @@ def load_shipped():
 class Runner:
   """Builds the models, compiles, runs the phases in order, writes results."""
 
-  def __init__(self, args, sizes: Sizes, clock: budget.Clock,
+  def __init__(self, spec: device_plan.DeviceSpec, args,
+               sizes: device_plan.Sizes, clock: budget.Clock,
                pool: budget.Pool, out_dir: pathlib.Path, header,
                store: Optional[aot.Store] = None):
-    self.args, self.s, self.clock, self.pool = args, sizes, clock, pool
+    self.spec, self.args, self.s = spec, args, sizes
+    self.clock, self.pool = clock, pool
     self.act, self.synthetic = args.activation_dtype, (
         args.source == 'synthetic')
-    self.out_dir, self.stem = out_dir, out_dir / f'accelerator_{args.source}'
+    self.out_dir, self.stem = out_dir, out_dir / f'{spec.name}_{args.source}'
     self.t_ms: Dict[Any, Dict[int, float]] = {}  # (act, batch) -> {k: ms}
     self.t_draft_ms: Dict[Any, float] = {}  # (name, batch) -> ms
     self.alpha_cal: Dict[Any, float] = {}  # (task, proxy, temp) -> alpha
@@ -436,7 +157,7 @@ class Runner:
         floor={}, costs={}, drafters={}, table2=[], numerics=[], batches=[],
         sweep=[], skipped=clock.skipped, time_log=clock.log,
         phases={pid: dict(title=title, parts=list(parts), status='pending')
-                for pid, title, parts in PHASE_PLAN},
+                for pid, title, parts in spec.phase_plan},
         compile_misses=[], programs={}, device_facts=aot.device_facts(),
         aot_dir=None if store is None else report.portable(str(store.dir)))
 
@@ -456,7 +177,7 @@ class Runner:
   def setup(self) -> None:
     start, s = time.perf_counter(), self.s
     self.drafts = self.drafts_before_setup()
-    self.tasks = tasks_of(self.args.source)
+    self.tasks = device_plan.tasks_of(self.args.source)
     n = max(max(s.batches), s.examples, s.numerics_examples)
     self.proxies = {}
     (self._synthetic if self.synthetic else self._shipped)(n)
@@ -464,7 +185,7 @@ class Runner:
     model, params = self.target
     self.targets = {a: (network.T5Model(model.config.replace(
         activation_dtype=None if a == 'bfloat16' else a)), params)
-                    for a in ACTS}
+                    for a in self.spec.acts}
     if self.args.fused:  # q/k/v, cross k/v and the MLP inputs: one matmul
       self.targets = {a: network.for_decoding(*t)
                       for a, t in self.targets.items()}
@@ -493,9 +214,10 @@ class Runner:
     self.clock.note('setup: models, widening, inputs',
                     time.perf_counter() - start, kind='setup')
 
-  def drafts_before_setup(self) -> List[Draft]:
-    return roster(self.args.source, [] if self.synthetic else
-                  load_shipped().model_names(), self.s)
+  def drafts_before_setup(self) -> List[device_plan.Draft]:
+    return device_plan.roster(
+        self.spec, self.args.source, [] if self.synthetic else
+        load_shipped().model_names(), self.s)
 
   def _synthetic(self, n: int) -> None:
     s, seed, v = self.s, self.args.seed, self.s.s0.vocab_size
@@ -509,7 +231,8 @@ class Runner:
     self.calib = {'synthetic': random_inputs(rng, s.calib_examples, self.Li,
                                              v)}
     self.target = self.widen(*self.small, 't5_1_1_xxl_cost')
-    sigmas = self.result['setup']['sigmas'] = dict(SIGMAS, **self.args.sigma)
+    sigmas = self.result['setup']['sigmas'] = dict(self.spec.sigmas,
+                                                   **self.args.sigma)
     for i, d in enumerate(x for x in self.drafts if x.group == 1):
       noisy = bf16(perturbed(init, sigmas[d.name], seed + 1 + i))
       self.proxies[d.name] = (drafters_lib.T5Drafter(model),
@@ -761,7 +484,7 @@ class Runner:
           out.lengths, sampling=sampling)))
               for key, (drafter, p) in self.proxies.items()}
     return {(task, t): functools.partial(job, task, t)
-            for task in self.tasks for t in TEMPS}
+            for task in self.tasks for t in self.spec.temps}
 
   # -- decoding --------------------------------------------------------------
 
@@ -796,7 +519,7 @@ class Runner:
                 *self.targets[act], np.asarray(self.x(task, batch, i * batch)),
                 np.asarray(b.tokens), np.asarray(o.tokens))]
 
-  def row(self, task, d: Draft, temp, gamma, base, spec, batch=1):
+  def row(self, task, d: device_plan.Draft, temp, gamma, base, spec, batch=1):
     """A Table 2 / sweep / batch row: measured, and `predict`ed."""
     cmp = rows_lib.compare(base, spec, greedy=temp == 0)
     del cmp['per_position_acceptance']
@@ -819,9 +542,9 @@ class Runner:
         mismatches=None if temp else kinds.count(diagnostics.MISMATCH),
         divergences=divs, activation_dtype=self.act)
 
-  def paper(self, task: str, d: Draft, temp: float):
-    task = PAPER_TASK[task]
-    if d.paper in T5_SIZES:
+  def paper(self, task: str, d: device_plan.Draft, temp: float):
+    task = self.spec.paper_task[task]
+    if d.paper in self.spec.t5_sizes:
       g, a, s = paper.TABLE2[task, int(temp)][d.paper]
       return dict(task=task, gamma=g, alpha=a, speedup=s)
     if d.paper in ('unigram', 'bigram'):
@@ -875,7 +598,7 @@ class Runner:
     s, task, d = self.s, self.tasks[0], self.main
     gamma = self.gamma[task, d.name, 0.0]
     n, k = s.numerics_examples, gamma + 1
-    for act in ACTS:
+    for act in self.spec.acts:
       keys = [('base', act, 1, 0.0, 1), ('base', act, 1, 0.0, k),
               ('spec', act, d.name, 1, gamma, 0.0)]
       what = f'numerics, {act} activations ({n} rows)'
@@ -927,30 +650,32 @@ class Runner:
 
   def cost_curve(self) -> None:
     for b in self.s.batches:
-      ks = curve(self.s, b)
+      ks = device_plan.curve(self.spec, self.s, b)
       if self.clock.fits(len(ks) - 1, f'cost curve, batch {b}'):
         self.measure_calls(self.act, b, list(ks))
 
   # -- the run ---------------------------------------------------------------
 
   def run(self, watch: budget.CompileWatch) -> None:
-    """Setup, then the phases in priority order (`PHASE_PLAN`)."""
+    """Setup, then the phases in priority order (the spec's `phase_plan`)."""
     self.setup()
     self.resume()
     self.write()
-    for pid, _, parts in PHASE_PLAN:
+    for pid, _, parts in self.spec.phase_plan:
       self.phase(pid, parts)
       watch.install()  # from here on, every timed program is compiled
 
   def phase(self, pid: str, parts) -> None:
     """Runs phase `pid` if it is wanted, not done and fits the budget."""
-    state, name = self.result['phases'][pid], f'{pid.upper()} {TITLES[pid]}'
+    state = self.result['phases'][pid]
+    name = f'{pid.upper()} {self.spec.titles[pid]}'
     if state['status'] == 'complete':
       print(f'{name}: complete in {self.stem}.json (an earlier run): not '
             'run again', flush=True)
       return
-    if pid in NOT_IMPLEMENTED:
-      state.update(status='not implemented', note=NOT_IMPLEMENTED[pid])
+    if pid in self.spec.not_implemented:
+      state.update(status='not implemented',
+                   note=self.spec.not_implemented[pid])
       return
     if not set(parts) & (self.args.phases | {'costs'}):
       state['status'] = 'not requested (--phases)'
@@ -968,7 +693,7 @@ class Runner:
     self.result['status'] = f'partial: running {pid.upper()}'
     self.write()
     start, skipped = time.perf_counter(), len(self.clock.skipped)
-    getattr(self, pid)()
+    self.steps()[pid]()
     cut = [x['what'] for x in self.clock.skipped[skipped:]]
     state.update(seconds=round(time.perf_counter() - start, 1),
                  status='partial: skipped ' + '; '.join(cut) if cut else
@@ -980,10 +705,10 @@ class Runner:
     kinds it has not timed yet at those of `rates_from` (the measured run
     of the projection; none in a smoke run). Programs compiled already
     cost nothing, those built ahead of time a load."""
-    keys = phase_keys(self.s, self.drafts, self.tasks, self.gamma,
-                      self.args.phases, self.act)[pid][0]
-    units = plan_units(self.s, self.drafts, self.tasks, self.gamma,
-                       self.args.phases, self.act)[pid]
+    plan = (self.spec, self.s, self.drafts, self.tasks, self.gamma,
+            self.args.phases, self.act)
+    keys = device_plan.phase_keys(*plan)[pid][0]
+    units = device_plan.plan_units(*plan)[pid]
     built = () if self.store is None else self.store.manifest['programs']
     todo = {self.ident(k): aot.program_name(k) in built for k in keys
             if self.ident(k) not in self.pool.compiled}
@@ -997,23 +722,28 @@ class Runner:
 
   def phase_programs(self, pid: str) -> int:
     """Loads or compiles the programs of phase `pid`."""
-    return self.compile(f'{pid.upper()} programs', phase_keys(
-        self.s, self.drafts, self.tasks, self.gamma, self.args.phases,
-        self.act)[pid][0])
+    return self.compile(f'{pid.upper()} programs', device_plan.phase_keys(
+        self.spec, self.s, self.drafts, self.tasks, self.gamma,
+        self.args.phases, self.act)[pid][0])
 
   def set_gammas(self) -> None:
     """Each row's gamma by the profile's rule, the first drafter's also
-    by the paper's (`paper_gamma`)."""
+    by the paper's (`device_plan.paper_gamma`)."""
     s, main = self.s, self.main
     self.gamma = {(task, d.name, t): hardware.predict(
         self.profile,
         alpha=theory.clamp_alpha(self.alpha_cal[task, d.proxy, t]),
         drafter=d.name, max_gamma=s.max_gamma).gamma
-                  for task in self.tasks for t in TEMPS for d in self.drafts}
-    self.gamma.update({(task, main.name, t, 'paper'): paper_gamma(
+                  for task in self.tasks for t in self.spec.temps
+                  for d in self.drafts}
+    self.gamma.update({(task, main.name, t, 'paper'): device_plan.paper_gamma(
         self.alpha_cal[task, main.proxy, t],
         self.profile.c_of(main.name)[0], s.max_gamma)
-                       for task in self.tasks for t in TEMPS})
+                       for task in self.tasks for t in self.spec.temps})
+
+  def steps(self) -> Dict[str, Callable[[], None]]:
+    """The body of each implemented phase, by phase id."""
+    return {'p1': self.p1, 'p2': self.p2, 'p4': self.p4, 'p6': self.p6}
 
   def p1(self) -> None:
     """The hardware profile: the floor, t(k) and cost(k), c of every
@@ -1041,19 +771,20 @@ class Runner:
                                checks, 'compile')
     curve_on = 'cost_curve' in self.args.phases
     self.measure_calls(act, 1, sorted(set(range(1, s.max_gamma + 2)) | set(
-        curve(s, 1) if curve_on else ())))
+        device_plan.curve(self.spec, s, 1) if curve_on else ())))
     if check:
       self.aot_check(check, checks[check][0])
     self.measure_drafters(self.drafts, 1)
     for b in (b for b in s.batches if b > 1 and curve_on):
-      self.measure_calls(act, b, list(curve(s, b)))
+      self.measure_calls(act, b, list(device_plan.curve(self.spec, s, b)))
     self.set_gammas()
-    self.result['phases']['p1']['not_measured'] = PROFILE_GAPS
+    self.result['phases']['p1']['not_measured'] = list(
+        self.spec.profile_gaps)
 
   def p2(self) -> None:
     """Table 2 at batch 1: both temperatures, every task and drafter."""
     self.phase_programs('p2')
-    for t in TEMPS:
+    for t in self.spec.temps:
       self.table(t)
 
   def p4(self) -> None:
@@ -1086,7 +817,7 @@ class Runner:
                             'input_length', 'output_length')
                 if same(setup.get(k)) != same(self.result['setup'][k])]
     done = [pid for pid, v in (prev.get('phases') or {}).items()
-            if v.get('status') == 'complete' and pid in TITLES]
+            if v.get('status') == 'complete' and pid in self.spec.titles]
     if 'p1' not in done:
       why.append('P1 not complete')
     if why:
@@ -1124,8 +855,8 @@ class Runner:
     Args:
       device: the device the executables are for.
       gammas: (task, drafter, temperature) -> the gamma the run is expected
-        to pick (`previous_gammas`); a run that picks another compiles that
-        program on the device.
+        to pick (`device_plan.previous_gammas`); a run that picks another
+        compiles that program on the device.
 
     Returns:
       `aot.summary` of the store, plus what was left out for its size.
@@ -1136,8 +867,8 @@ class Runner:
                     self.targets.items()}
     for d in self.drafts:
       d.params = {t: self.place(p) for t, p in d.params.items()}
-    parts = programs(self.s, self.drafts, self.tasks, gammas,
-                     self.args.phases, self.act)
+    parts = device_plan.programs(self.spec, self.s, self.drafts, self.tasks,
+                                 gammas, self.args.phases, self.act)
     names = {}
     for part in PRIORITY:
       for k in (k for half in parts.get(part, ([], [])) for k in half):
@@ -1182,216 +913,13 @@ class Runner:
     self.result['wall_s'] = round(self.clock.elapsed(), 1)
     try:
       if plots:
-        self.result['plots'] = write_plots(self.result, self.out_dir,
-                                           self.stem.name)
+        self.result['plots'] = device_report.write_plots(
+            self.result, self.out_dir, self.stem.name)
     except Exception as e:  # pylint: disable=broad-except
       self.result['plot_error'] = repr(e)  # the results are written anyway
     report.write_json(self.stem.with_suffix('.json'), self.result)
-    report.write_md(self.stem.with_suffix('.md'), markdown(self.result))
-
-
-# ---------------------------------------------------------------------------
-# Markdown and plots.
-# ---------------------------------------------------------------------------
-
-
-def cell(value) -> str:
-  """A table cell: floats to 3 significant digits, None as '-'."""
-  if isinstance(value, float):
-    return f'{value:.3g}'
-  if isinstance(value, dict):  # the paper's figures
-    return ' / '.join(f'{k} {cell(v)}' for k, v in value.items() if k != 'task')
-  return '-' if value is None else str(value)
-
-
-SPREAD = ('accepted length per row (min / median / max)', lambda x: ' / '.join(
-    f"{f(x['per_row_accepted_length']):.2f}" for f in (min, np.median, max)))
-# Each list of rows in the json: its title, a note, and its columns (keys
-# of its rows, or (header, function)).
-SECTIONS = (
-    ('table2', 'Table 2: speculative vs baseline, T5 1.1-XXL-cost target',
-     "gamma by the paper's rule; predicted: `bench.hardware.predict` with "
-     "the row's alpha on this run's profile; measured: speculative over "
-     "baseline tokens / s; identical: greedy rows equal to the baseline's, "
-     'every differing one diagnosed (near tie: rounding; mismatch: a bug).',
-     ('task', 'label', 'temperature', 'gamma_rule', 'gamma',
-      'alpha_calibration', 'alpha',
-      'c', 'cost_gamma_plus_1', 'predicted', 'measured', 'ratio',
-      'identical', 'rows', 'near_ties', 'mismatches', 'paper')),
-    ('numerics', 'Numerics: identical greedy rows, bfloat16 weights',
-     '1token: the usual baseline; block: the same-shape baseline '
-     '(`block_size=gamma + 1`); seconds per row.',
-     ('activation_dtype', 'rows', 'identical_1token', 'near_ties_1token',
-      'mismatches_1token', 'identical_block', 'near_ties_block',
-      'mismatches_block', 't1_ms', 'baseline_s', 'block_baseline_s',
-      'block_cost', 'speedup', 'speedup_vs_block')),
-    ('batches', 'Batch 1, 8, 32 (greedy, one drafter, gamma of batch 1)',
-     'iterations: target calls of the batch (its slowest row) per example; '
-     "mean_row_iterations: the mean row's.",
-     ('batch', 'gamma', 'alpha', 'c', 'cost_gamma_plus_1', 'predicted',
-      'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
-      'identical', 'rows', 'near_ties', 'mismatches')),
-    ('sweep', 'Gamma sweep (the first drafter, t = 0, batch 1, first task)',
-     '', ('gamma', 'alpha', 'cost_gamma_plus_1', 'predicted', 'measured',
-          'ratio', 'identical', 'rows')))
-
-
-def markdown(r: Dict[str, Any]) -> str:
-  """The results page: every table of the json."""
-  setup, fl, bw, p = r['setup'], r['floor'], r['bandwidth'], r.get(
-      'projection') or {}
-  lines = [f"# Table 2 at T5 1.1-XXL cost on {r['device']}" +
-           ' (SYNTHETIC)' * r['synthetic'], '']
-  if r['synthetic']:
-    lines += [f"> **{r['label']}.** Alphas are set by the noise, not earned "
-              'by a drafter: these figures measure the engine.', '']
-  if r['smoke']:
-    lines += ['> **SMOKE RUN**: tiny models; the numbers mean nothing.', '']
-  lines += [report.header_md(r), f"Status: {r['status']}; wall "
-            f"{r.get('wall_s')} s of a {r['max_minutes']} min budget" + (
-                f"; projected for {p['of']}: {p['seconds']:.0f} s on "
-                f"{p['device']} (`{p['source']}`)" if 'seconds' in p else
-                '') + '.', '',
-            '## Setup', '', f"Target: {r['label']}; "
-            f"{setup.get('target_params', 0) / 1e9:.2f} B parameters, "
-            f"activations {setup.get('activation_dtype')}, "
-            f"{setup.get('input_length')} input tokens, up to "
-            f"{setup.get('output_length')} output tokens."] + [
-                f'- {n}' for n in setup.get('notes', []) +
-                setup.get('skipped_drafters', [])]
-  lines += phases_md(r)
-  lines += programs_md(r)
-  if fl:
-    lines += ['', '## Baseline step vs its floor', '', report.table(
-        ['t(1) ms', 'GB per step', 'bandwidth (copy) GB/s', 'floor ms',
-         't(1) / floor'], [[cell(fl['t1_ms']), cell(fl['step_bytes'] / 1e9),
-                            cell(bw['bytes_per_s'] / 1e9),
-                            cell(fl['floor_ms']), cell(fl['ratio'])]]), '',
-              f"Bandwidth: {bw['how']}."]
-  for act, by_b in r['costs'].items():
-    ks = sorted({int(k) for v in by_b.values() for k in v['cost']})
-    lines += ['', f'## cost(k) = t(k) / t(1) of one target call on k tokens, '
-              f'{act} activations', '', report.table(
-                  ['batch', 't(1) ms'] + [f'k={k}' for k in ks],
-                  [[b, cell(v['t_ms'].get('1'))] + [
-                      cell(v['cost'].get(str(k))) for k in ks]
-                   for b, v in by_b.items()])]
-  if r['drafters']:
-    lines += ['', '## Drafters: t_draft per token and c = t_draft / t(1) by '
-              'batch', '', report.table(
-                  ['drafter', 'cost', 't_draft ms', 'c'],
-                  [[d['label'], d['cost'], cell(d['t_draft_ms']),
-                    cell(d['c'])] for d in r['drafters'].values()])]
-  for key, title, note, columns in SECTIONS:
-    rows = batch_rows(r) if key == 'batches' else r[key]
-    if r[key]:
-      lines += ['', f'## {title}', ''] + [note, ''] * bool(note) + [
-          report.table([c if isinstance(c, str) else c[0] for c in columns],
-                       [[cell(x.get(c)) if isinstance(c, str) else c[1](x)
-                         for c in columns] for x in rows])]
-  if r.get('plots'):
-    lines += ['', '## Plots', ''] + [f'![{x}]({x})' for x in r['plots']]
-  if r['skipped']:
-    lines += ['', '## Skipped (time budget)', ''] + [
-        f"- {x['what']}: needed ~{x['needed_s']} s, {x['left_s']} s left"
-        for x in r['skipped']]
-  return '\n'.join(lines + ['', '## Time log', '', report.table(
-      ['at s', 'what', 's', 'kind', 'units'], [
-          [e['at_s'], e['what'], e['seconds'], e.get('kind'), e.get('units')]
-          for e in r['time_log']]), '', 'Compiles inside timed code (must be '
-                            f"none): {r['compile_misses'] or 'none'}"]) + '\n'
-
-
-def phases_md(r: Dict[str, Any]) -> List[str]:
-  """The phases in priority order with their status, seconds and what the
-  projection gave them."""
-  phases = r.get('phases') or {}
-  projected = (r.get('projection') or {}).get('phases') or {}
-  if not phases:
-    return []
-  return ['', '## Phases (priority order)', '', report.table(
-      ['phase', 'what', 'status', 's', 'projected s'],
-      [[pid.upper(), v['title'], v['status'] + ' (an earlier run)' * bool(
-          v.get('earlier_run')), cell(v.get('seconds')),
-        cell(projected.get(pid, {}).get('seconds'))]
-       for pid, v in phases.items()])] + [
-           f"- {pid.upper()}: {x}" for pid, v in phases.items()
-           for x in ([v['note']] if v.get('note') else []) + v.get(
-               'not_measured', [])]
-
-
-def programs_md(r: Dict[str, Any]) -> List[str]:
-  """Where each program came from: loaded (compiled ahead of time) or
-  compiled here, and why; the device's facts for the next build."""
-  sources = r.get('programs') or {}
-  if not sources:
-    return []
-  loaded = sum(v == 'loaded' for v in sources.values())
-  check, facts = r.get('aot_check'), r.get('device_facts') or {}
-  return ['', '## Programs: loaded or compiled here', '',
-          f'{loaded} of {len(sources)} loaded from `{r.get("aot_dir")}`; '
-          'compiled here:', ''] + [
-              f'- {k}: {v}' for k, v in sources.items() if v != 'loaded'] + (
-                  ['', f"t(1) check: loaded {check['loaded_ms']:.3f} ms, "
-                   f"compiled here {check['compiled_here_ms']:.3f} ms "
-                   f"({check['program']})."] if check else []) + [
-                       '', 'Device: ' + ', '.join(
-                           f'{k} {v}' for k, v in facts.items()) + '.']
-
-
-def batch_rows(r):
-  """Batch 1 (the main drafter's first greedy Table 2 row) and the rest."""
-  return [x for x in r['table2'] if x['temperature'] == 0 and x[
-      'drafter'] == r.get('main_drafter')][:1] + r['batches']
-
-
-def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
-                ) -> List[str]:
-  """Cost curves, Table 2, the gamma sweep and the batches; file names."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  names, t2 = [], r['table2']
-  for name, rows, title, xlabel, ylabel, size in [
-      ('costs', r['costs'], f"Target call cost on {r['device']}",
-       'k (tokens per call)', 'cost(k) = t(k) / t(1)', (6, 4)),
-      ('table2', t2, 'Table 2 at T5-XXL cost', '', 'speed-up',
-       (max(6, len(t2) / 2), 4)),
-      ('sweep', r['sweep'], 'gamma sweep', 'gamma', 'speed-up', (5, 3.6)),
-      ('batches', r['batches'], 'Per-row acceptance by batch', '',
-       'mean accepted length per row', (5, 3.6))]:
-    if not rows:
-      continue
-    fig, ax = plt.subplots(figsize=size)
-    if name == 'costs':
-      for act, by_b in rows.items():
-        for b, v in by_b.items():
-          ks = sorted(int(k) for k in v['cost'])
-          ax.plot(ks, [v['cost'][str(k)] for k in ks], 'o-',
-                  label=f'batch {b}, {act}')
-    elif name == 'table2':
-      x = np.arange(len(rows))
-      ax.bar(x - 0.2, [y['predicted'] for y in rows], 0.4, label='predicted')
-      ax.bar(x + 0.2, [y['measured'] for y in rows], 0.4, label='measured')
-      ax.set_xticks(x, [f"{y['task'][:6]} {y['drafter'][:14]} t"
-                        f"{y['temperature']:g}" for y in rows], rotation=70,
-                    fontsize=6)
-    elif name == 'sweep':
-      for key, style in (('measured', 'o-'), ('predicted', 's--')):
-        ax.plot([y['gamma'] for y in rows], [y[key] for y in rows], style,
-                label=key)
-    else:
-      rows = batch_rows(r)
-      ax.boxplot([y['per_row_accepted_length'] for y in rows])
-      ax.set_xticks(range(1, len(rows) + 1),
-                    [f"batch {y['batch']}" for y in rows])
-    ax.set_title(title + ' (SYNTHETIC)' * r['synthetic'], fontsize=9)
-    ax.set(xlabel=xlabel, ylabel=ylabel)
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize=7)
-    report.save_plot(fig, out_dir / f'{stem}_{name}.png')
-    names.append(f'{stem}_{name}.png')
-  return names
+    report.write_md(self.stem.with_suffix('.md'),
+                    device_report.markdown(self.spec, self.result))
 
 
 # ---------------------------------------------------------------------------
@@ -1420,8 +948,10 @@ def build_device(target: str, config_file: Optional[str]):
                           pathlib.Path(config_file).read_text())[0]
 
 
-def parse_flags(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_flags(spec: device_plan.DeviceSpec, argv):
+  parser = argparse.ArgumentParser(
+      prog=f'python -m {COMMAND} {spec.name}',
+      description=spec.about.splitlines()[0])
   add = parser.add_argument
   add('--source', default='synthetic', choices=['synthetic', 'shipped'])
   add('--out_dir', default=None, help='default results/<device name>')
@@ -1432,19 +962,20 @@ def parse_flags(argv):
       'a minute (needs --out_dir)')
   add('--project', action='store_true',
       help='only print the projected wall time of the full run')
-  add('--project_from', default=H100_RUN,
+  add('--project_from', default=spec.project_from,
       help='the measured run (json) whose time log the projection scales')
   add('--fused', action='store_true', help='q/k/v, cross k/v and the gated '
       'MLP inputs fused into one matmul each (network.for_decoding)')
-  add('--activation_dtype', default='bfloat16', choices=list(ACTS),
+  add('--activation_dtype', default='bfloat16', choices=list(spec.acts),
       help="the target's activations everywhere but the numerics")
-  add('--phases', default=','.join(PHASES),
+  add('--phases', default=','.join(spec.phases),
       help='comma-separated subset (costs always run)')
   add('--compile_workers', type=int, default=None,
       help='compile threads (default min(8, cores); the projection: those '
       'of the measured run)')
   add('--compilation_cache', default=None, help="jax's persistent "
-      "compilation cache ('' for none; default cache/jax, ignored by git)")
+      "compilation cache ('' for none; default cache/jax, ignored by git; "
+      'never with --aot_build)')
   for name in ('examples', 'repeats', 'input_length', 'output_length'):
     add(f'--{name}', type=int, default=None)
   add('--aot_dir', default='aot', help='executables compiled ahead of time '
@@ -1472,15 +1003,15 @@ def parse_flags(argv):
     if value is not None and value < (1 if name != 'max_minutes' else 1e-9):
       parser.error(f'--{name} must be > 0, got {value}')
   args.phases = set(filter(None, args.phases.split(',')))
-  if args.phases - set(PHASES):
-    parser.error(f'--phases: unknown {sorted(args.phases - set(PHASES))}; '
-                 f'known: {list(PHASES)}')
+  if args.phases - set(spec.phases):
+    parser.error(f'--phases: unknown {sorted(args.phases - set(spec.phases))}'
+                 f'; known: {list(spec.phases)}')
   args.sigma = dict(x.partition('=')[::2]
                     for x in filter(None, args.sigma.split(',')))
   for name, value in args.sigma.items():
-    if name not in SIGMAS or not value:
+    if name not in spec.sigmas or not value:
       parser.error(f'--sigma entries look like small=0.02 (names '
-                   f'{list(SIGMAS)}), got {name}={value}')
+                   f'{list(spec.sigmas)}), got {name}={value}')
     args.sigma[name] = float(value)
   return args
 
@@ -1494,9 +1025,12 @@ def run_status(phases: Dict[str, Dict[str, Any]]) -> str:
   return 'partial: ' + '; '.join(open_) if open_ else 'complete'
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  args = parse_flags(argv)
+def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
+  """Runs (or projects, or builds the programs of) the device run `spec`
+  with the command-line flags `argv`; the exit status: 1 when greedy rows
+  differ from the baseline beyond rounding."""
+  argv = list(argv)
+  args = parse_flags(spec, argv)
   if args.aot_build not in (None, 'cpu'):
     # No GPU here: the CUDA plugin's start-up check of the driver would
     # leave it unregistered (read when jax first looks for backends).
@@ -1509,18 +1043,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.environ['XLA_FLAGS'] = f'{flags} --xla_backend_optimization_level=0'
   sizes = {k: getattr(args, k) for k in ('examples', 'repeats')
            if getattr(args, k) is not None}
-  header = report.header(SCRIPT, argv, max_minutes=args.max_minutes)
+  header = report.header(f'-m {COMMAND} {spec.name}', argv,
+                         max_minutes=args.max_minutes)
   out_dir = pathlib.Path(args.out_dir or f"results/{header['device_name']}")
-  if args.compilation_cache != '':
+  if args.compilation_cache != '' and not args.aot_build:
+    # Never while building: an executable that jax took from its
+    # persistent cache serializes without all of its code (on a CPU it
+    # loads, then fails at its first call: "Function ... not found").
     jax.config.update('jax_compilation_cache_dir', args.compilation_cache or
-                      str(ROOT / 'cache' / 'jax'))
+                      str(device_plan.ROOT / 'cache' / 'jax'))
   print(f"{header['command']}\n{header['machine']}", flush=True)
-  full = FULL._replace(**sizes)
+  full = spec.full._replace(**sizes)
   try:
-    projection = project(
-        args.project_from, full, roster(args.source, [] if args.source == (
-            'synthetic') else load_shipped().model_names(), full),
-        tasks_of(args.source), args.phases, args.activation_dtype,
+    projection = device_plan.project(
+        spec, args.project_from, full, device_plan.roster(
+            spec, args.source, [] if args.source == 'synthetic' else
+            load_shipped().model_names(), full),
+        device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
         f'the full {args.source} run')
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
@@ -1532,16 +1071,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   store = None if not args.aot_dir else aot.Store(
       pathlib.Path(args.aot_dir), args.aot_build or args.aot_target or
       aot_target(jax.devices()[0]))
-  runner = Runner(args, (SMOKE if args.smoke else FULL)._replace(**sizes),
+  runner = Runner(spec, args, (spec.smoke if args.smoke else spec.full
+                               )._replace(**sizes),
                   clock, pool, out_dir, header, store)
   if args.aot_build:
     if store is None:
       raise SystemExit('--aot_build needs --aot_dir')
     try:
-      prev = report.read_json(ROOT / args.project_from)
-      gammas = previous_gammas(prev, args.project_from, runner.s,
-                               runner.drafts_before_setup(), tasks_of(
-                                   args.source))
+      prev = report.read_json(device_plan.ROOT / args.project_from)
+      gammas = device_plan.previous_gammas(
+          spec, prev, args.project_from, runner.s,
+          runner.drafts_before_setup(), device_plan.tasks_of(args.source))
     except (OSError, ValueError, KeyError) as e:
       print(f'no gammas from {args.project_from} ({e!r}): building the '
             'programs that need none', flush=True)
@@ -1557,7 +1097,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
   runner.result['projection'] = projection
   if not args.smoke and 'seconds' in projection:  # rates for the phases
-    runner.rates_from = report.read_json(ROOT / args.project_from)
+    runner.rates_from = report.read_json(device_plan.ROOT / args.project_from)
   watch = budget.CompileWatch()
   try:
     runner.run(watch)
@@ -1588,7 +1128,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{clock.elapsed():.1f} s (projected for the full run: "
           f"{projection.get('seconds')} s)", flush=True)
   return 1 if mismatches else 0
-
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -1,0 +1,292 @@
+"""A device run's plan: its spec, drafters, programs, phases and projection.
+
+A device run (`device_run`: `python -m specdec_jax.experiments run
+accelerator`) is described by a `DeviceSpec` (specs/accelerator.py): its
+phases in priority order, its sizes, temperatures, activations and result
+sections. This module turns a spec and a run's flags into what the run
+will do, before any model is loaded: the drafters (`roster`), every
+program it compiles, by part and by phase (`programs`, `phase_keys`), the
+units of work of each phase (`plan_units`) and their projected seconds.
+
+Projection (`project`; `projection` in the json; printed first;
+`--project` only prints it): the full plan's units per kind (programs
+compiled, calibration decodes, t(k) and drafter timings, decode calls of
+the table and sweep, of the numerics, of the batches) times that kind's
+seconds per unit in a measured run's time log (`--project_from`: the spec's
+H100 run in results/), `bench.budget.projected_seconds`: compiles and
+calibration as measured thread-seconds over the threads (no more than the
+run had), the rest in sequence. The number of speculative programs follows
+from the gammas the rule picks on that run's calibrated alphas, c and costs
+(one per row for a drafter it did not time). A smoke run projects the full
+run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pathlib
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from specdec_jax import theory
+from specdec_jax.bench import budget
+from specdec_jax.bench import hardware
+from specdec_jax.bench import report
+
+# The repository (a run reads the measured run it projects from there, and
+# keeps jax's compilation cache in its cache/).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# What differs between a full run and --smoke. costs: cost name -> the
+# dimensions models are widened to, or None (nothing widened); target: the
+# shipped model that is the target.
+Sizes = collections.namedtuple('Sizes', (
+    's0 costs target input_length output_length batches profile_ks sweep '
+    'max_gamma examples repeats numerics_examples calib_examples '
+    'ngram_examples context copy_mib cost_repeats ngram_orders'))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+  """A device run as data.
+
+  Attributes:
+    name: the spec's name (`python -m specdec_jax.experiments run <name>`;
+      its results are <out_dir>/<name>_<source>.{md,json,png}).
+    title: the results' title (`<title> on <device>`).
+    about: what the run measures (the command's help).
+    phase_plan: the phases in priority order: (id, title, the parts it
+      runs); the first is the hardware profile every later one needs.
+    phases: the parts `--phases` names (costs always run).
+    not_implemented: phase id -> what it would measure (not measured yet).
+    profile_gaps: what the hardware profile does not measure yet.
+    full: the sizes of a full run.
+    smoke: the sizes of `--smoke` (tiny models, nothing widened).
+    sigmas: the synthetic drafters' noise (x std(leaf)) by T5 size.
+    t5_sizes: the paper's T5 drafters.
+    temps: the temperatures of the table.
+    acts: the activation dtypes of the numerics.
+    sparse_ks: the k of the batch-1 cost curve beyond 17.
+    paper_task: task -> the paper's task its rows are compared with.
+    sections: the row lists of the json as markdown tables: (key, title,
+      note, columns); a column is a row key or (header, function of a row).
+    project_from: the measured run (json, repository-relative) whose time
+      log projects a run.
+  """
+  name: str
+  title: str
+  about: str
+  phase_plan: Tuple[Tuple[str, str, Tuple[str, ...]], ...]
+  phases: Tuple[str, ...]
+  not_implemented: Mapping[str, str]
+  profile_gaps: Sequence[str]
+  full: Sizes
+  smoke: Sizes
+  sigmas: Mapping[str, float]
+  t5_sizes: Tuple[str, ...]
+  temps: Tuple[float, ...]
+  acts: Tuple[str, ...]
+  sparse_ks: Tuple[int, ...]
+  paper_task: Mapping[str, str]
+  sections: Tuple[Tuple[str, str, str, Tuple[Any, ...]], ...]
+  project_from: str
+
+  @property
+  def titles(self) -> Dict[str, str]:
+    """Phase id -> its title."""
+    return {pid: title for pid, title, _ in self.phase_plan}
+
+
+@dataclasses.dataclass
+class Draft:
+  """A drafter of the table. group 1: the paper's drafters at T5 1.1 cost
+  (and the first shipped one), 2: own-cost T5s, 3: n-grams; `proxy`: the
+  unwidened model its alpha is calibrated with (the same function)."""
+  name: str
+  cost: str
+  proxy: str
+  paper: Optional[str]
+  group: int
+  label: str = ''
+  drafter: Any = None
+  params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def roster(spec: DeviceSpec, source: str, names: Sequence[str],
+           s: Sizes) -> List[Draft]:
+  """The drafters of a run, before any model is loaded."""
+  sizes = spec.t5_sizes
+  out = [Draft(n, f't5_1_1_{n}_cost', n, n, 1) for n in sizes
+         ] if source == 'synthetic' else []
+  for n in (n for n in names if n != 'target'):
+    out.append(Draft(n, 'own', n, n if n in sizes else None,
+                     2 if n in sizes else 1))
+    if n in sizes:
+      out.append(Draft(f'{n}@t5_1_1_{n}_cost', f't5_1_1_{n}_cost', n, n, 1))
+  out += [Draft(n, 'own', n, n, 3, n) for order, n in (
+      (1, 'unigram'), (2, 'bigram')) if order in s.ngram_orders]
+  return sorted(out, key=lambda d: d.group)  # stable: the paper's first
+
+
+def tasks_of(source: str) -> List[str]:
+  return ['synthetic'] if source == 'synthetic' else ['en_de', 'synopsis']
+
+
+def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
+             act: str):
+  """{part: (keys compiled before the gammas are known, keys after)}.
+
+  Keys: ('copy',), ('reference',), ('cache', act, batch), ('call', act,
+  batch, k), ('draft', name, batch), ('base', act, batch, temp, block),
+  ('spec', act, name, batch, gamma, temp); `gammas` (task, name, temp) ->
+  gamma by the profile, (task, name, temp, 'paper') -> by the paper's rule
+  (the first drafter's); a row missing from it has a program of its own.
+  """
+  main, big = drafts[0].name, [b for b in s.batches if b > 1]
+  g = lambda task, n, t, *rule: gammas.get((task, n, t, *rule)) or (
+      '?', task, n, t, *rule)
+  g0 = g(tasks[0], main, 0.0)
+  k0 = g0 + 1 if isinstance(g0, int) else ('?', g0)
+  out = {'costs': ([('copy',), ('reference',), ('cache', act, 1)] + [
+      ('call', act, 1, k) for k in range(1, s.max_gamma + 2)] + [
+          ('draft', d.name, 1) for d in drafts], [])}
+  for t in spec.temps if 'table2' in phases else ():
+    out[f'table2@{t:g}'] = ([('base', act, 1, t, 1)], [
+        ('spec', act, d.name, 1, g(task, d.name, t), t)
+        for task in tasks for d in drafts] + [
+            ('spec', act, main, 1, g(task, main, t, 'paper'), t)
+            for task in tasks])
+  if 'sweep' in phases:
+    out['sweep'] = ([('base', act, 1, 0.0, 1)],
+                    [('spec', act, main, 1, x, 0.0) for x in s.sweep])
+  if 'numerics' in phases:
+    out['numerics'] = ([x for a in spec.acts for x in (
+        ('base', a, 1, 0.0, 1), ('cache', a, 1), ('call', a, 1, 1))], [
+            x for a in spec.acts for x in (('base', a, 1, 0.0, k0), (
+                'spec', a, main, 1, g0, 0.0), ('call', a, 1, k0))])
+  if 'batches' in phases:
+    out['batches'] = ([x for b in big for x in (
+        ('base', act, b, 0.0, 1), ('cache', act, b), ('call', act, b, 1),
+        ('draft', main, b))], [x for b in big for x in (
+            ('spec', act, main, b, g0, 0.0), ('call', act, b, k0))])
+  if 'cost_curve' in phases:
+    out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
+        ('call', act, b, k) for b in s.batches for k in curve(spec, s, b)],
+                         [])
+  return out
+
+
+def curve(spec: DeviceSpec, s: Sizes, b: int) -> tuple:
+  """The k of the cost curve at batch b: at batch 1, 1..17 and the spec's
+  `sparse_ks` up to `profile_ks[0]` (the token trees' widths); at larger
+  batches 1..`profile_ks[1]`.
+
+  Beyond k = 17 the batch-1 curve is timed at the sparse k only
+  (`HardwareProfile.cost_at` interpolates the rest, labelled): every k is a
+  program of its own, and 1..65 dense would be 99 programs with the larger
+  batches' (P1 alone 780 s projected).
+  """
+  top = s.profile_ks[0 if b == 1 else 1]
+  dense = tuple(range(1, min(top, 17) + 1))
+  if b != 1:
+    return dense
+  return dense + tuple(k for k in spec.sparse_ks if 17 < k <= top)
+
+
+def paper_gamma(alpha: float, c: float, max_gamma: int) -> int:
+  """The paper's rule: the gamma that maximises Theorem 3.8's speed-up with
+  a target call whose cost does not grow with k (cost(gamma + 1) = 1)."""
+  a = min(theory.clamp_alpha(alpha), 0.999)
+  return max(range(1, max_gamma + 1), key=lambda g: (1 - a ** (g + 1)) / (
+      (1 - a) * (g * c + 1)))
+
+
+def phase_keys(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
+               act: str):
+  """{phase id: (its programs, those no earlier phase compiles)}."""
+  parts = programs(spec, s, drafts, tasks, gammas, phases, act)
+  out, seen = {}, set()
+  for pid, _, names in spec.phase_plan:
+    keys = list(dict.fromkeys(
+        k for n in parts for half in parts[n] for k in half
+        if n.partition('@')[0] in names))
+    out[pid] = (keys, [k for k in keys if k not in seen])
+    seen |= set(keys)
+  return out
+
+
+def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
+               act: str):
+  """{phase id: its units per kind of step} (`budget.unit_seconds`'
+  kinds; the run's setup belongs to no phase)."""
+  keys = phase_keys(spec, s, drafts, tasks, gammas, phases, act)
+  main = drafts[0].name
+  calls = lambda n, decoders: (n * s.repeats + 1) * decoders
+  out = {}
+  for pid, (_, new) in keys.items():
+    count = lambda kind, new=new: sum(k[0] == kind for k in new)
+    units = dict(compile=len(new), calls=count('call'),
+                 drafters=count('draft'))
+    if pid == 'p1':
+      units.update(calibration=len(tasks) * len(spec.temps), bandwidth=1)
+    if pid == 'p2' and 'table2' in phases:
+      units['decode'] = sum(calls(s.examples, 1 + len(
+          {(d.name, gammas.get((task, d.name, t), d.name)) for d in drafts} |
+          {(main, gammas.get((task, main, t, 'paper'), 'paper'))}))
+                            for task in tasks for t in spec.temps)
+    if pid == 'p4' and 'batches' in phases:
+      units['batch_decode'] = sum(calls(1, 2) for b in s.batches if b > 1)
+    if pid == 'p6':
+      units['decode'] = calls(s.examples, 1 + len(s.sweep)) * (
+          'sweep' in phases)
+      units['numerics'] = len(spec.acts) * calls(s.numerics_examples, 3) * (
+          'numerics' in phases)
+    out[pid] = {k: v for k, v in units.items() if v}
+  return out
+
+
+def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
+                    tasks):
+  """(task, drafter, temperature) -> the gamma the profile's rule picks on
+  a measured run's calibrated alphas and profile (rows it can say), and
+  (..., 'paper') -> the paper's rule's for the first drafter."""
+  profile = hardware.from_accelerator_run(prev, prev_path)
+  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
+            for a in prev.get('alpha_calibration', [])}
+  known = [(task, d, t) for task in tasks for t in spec.temps for d in drafts
+           if (task, d.proxy, t) in alphas and d.name in profile.drafters(1)]
+  out = {(task, d.name, t): hardware.predict(
+      profile, alpha=theory.clamp_alpha(alphas[task, d.proxy, t]),
+      drafter=d.name, max_gamma=s.max_gamma).gamma for task, d, t in known}
+  out.update({(task, d.name, t, 'paper'): paper_gamma(
+      alphas[task, d.proxy, t], profile.c_of(d.name)[0], s.max_gamma)
+              for task, d, t in known if d is drafts[0]})
+  return out
+
+
+def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
+            phases, act: str, workers: Optional[int],
+            of: str) -> Dict[str, Any]:
+  """The projected wall time of a plan, per phase (the module docstring)."""
+  prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
+  gammas = previous_gammas(spec, prev, prev_path, s, drafts, tasks)
+  units = plan_units(spec, s, drafts, tasks, gammas, phases, act)
+  total = collections.Counter(setup=1)
+  for u in units.values():
+    total.update(u)
+  out = budget.projected_seconds(prev, dict(total), workers, source=prev_path)
+  out.update(of=of, gammas_from_previous_run=sum(
+      len(k) == 3 for k in gammas), plan=dict(total), phases={
+          pid: dict(title=spec.titles[pid], units=u,
+                    seconds=budget.projected_seconds(prev, u, workers)[
+                        'seconds'] if u else 0.0)
+          for pid, u in units.items()})
+  print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
+        f' s (from {prev_path}: ' + ', '.join(
+            f"{k} {v['units']} x {v['unit_s']:g} s"
+            for k, v in out['by_kind'].items()) + ')', flush=True)
+  for pid, v in out['phases'].items():
+    print(f"  {pid.upper()} {v['title']}: {v['seconds']:.0f} s" + (
+        f' ({spec.not_implemented[pid]})' if pid in spec.not_implemented
+        else ''), flush=True)
+  return out

@@ -1,0 +1,128 @@
+"""Table 2 at T5-XXL cost on one accelerator, with bf16 numerics made explicit.
+
+A device run (`device_run`), not a sweep of the eval job: one process in a
+time budget (`--max_minutes`, 8) runs the phases of `PHASE_PLAN` in
+priority order (P1 the hardware profile, P2 Table 2, P3 token trees (not
+implemented), P4 batches, P5 against HF transformers (not implemented), P6
+the sweep and numerics); it starts no phase whose projected seconds do not
+fit the time left, and lists it. Each phase's status is in the json's
+`phases`; a rerun with the same flags takes the phases complete in its
+results file and runs only the others.
+
+Models. synthetic: a random T5 1.1-small S0 widened function-preservingly
+to T5 1.1-XXL cost is the target; drafters are S0 plus sigma x std(leaf)
+noise (sigma sets alpha) widened to T5 1.1-small / base / large cost, and
+n-grams of S0's outputs; it measures the engine, not a drafter. shipped:
+`specdec_jax.shipped`'s target widened to XXL cost, each drafter at its own
+cost and (small / base / large) widened to that T5 1.1 cost, n-grams of the
+test arrays' targets. --smoke: tiny models (S0 a one-layer T5 1.1-tiny, the
+shipped target its smallest model), nothing widened, every phase: about a
+minute and a half on two CPU cores, seconds with a warm compilation cache.
+
+Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
+every step; the hardware profile of a full shipped run to bench/profiles/,
+of any other run beside its results): costs (t(k) for k <= max_gamma + 1,
+the floor, c of every drafter, alpha calibrated on the unwidened models);
+Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
+the paper's rule (`bench.hardware.predict` maximised), measured against
+`predict` on the profile of this run's own measurements, greedy rows
+compared and every differing one diagnosed; the gamma sweep of the first
+drafter (t = 0, first task); numerics (bfloat16 / float32 activations
+against the 1-token and the same-shape baseline); batches 8 and 32; the
+cost curve (t(k) at `curve_ks` at batch 1, up to k = 16 at larger batches).
+"""
+
+import numpy as np
+
+from specdec_jax import widening
+from specdec_jax.bench import hardware
+from specdec_jax.bench import models
+from specdec_jax.experiments import device_plan
+
+# sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
+SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
+PAPER_TASK = {'synthetic': 'EnDe', 'en_de': 'EnDe', 'synopsis': 'CNNDM'}
+T5_SIZES, TEMPS, ACTS = ('small', 'base', 'large'), (0.0, 1.0), (
+    'bfloat16', 'float32')
+# The parts `--phases` names (costs always run).
+PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve', 'trees',
+          'hf')
+# The run's phases in priority order: (id, title, the parts it runs).
+PHASE_PLAN = (
+    ('p1', 'hardware profile', ('costs', 'cost_curve')),
+    ('p2', 'Table 2', ('table2',)),
+    ('p3', 'token trees vs the best chain', ('trees',)),
+    ('p4', 'batches 8 and 32', ('batches',)),
+    ('p5', 'ours vs HF transformers', ('hf',)),
+    ('p6', 'the rest: gamma sweep, numerics', ('sweep', 'numerics')))
+# Phases written down but not measured yet: what each would measure.
+NOT_IMPLEMENTED = {
+    'p3': 'token trees (beam:16,4,16/64 and dynamic 64) against the best '
+          'chain, both tasks, t = 0, >= 16 examples: not implemented',
+    'p5': 'ours against HF transformers (scripts/peer_hf.py has the HF '
+          'side) on the same inputs: not implemented'}
+# What the hardware profile does not measure yet.
+PROFILE_GAPS = ['the heads drafters (specdec_jax.drafters.heads): not in '
+                "the run's roster, not measured"]
+# Beyond k = 17 the batch-1 curve is timed at these k only (the token
+# trees' widths and points between; `device_plan.curve`).
+SPARSE_KS = (24, 32, 48, 64, 65)
+FULL = device_plan.Sizes(
+    s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
+    target='target', input_length=64, output_length=128, batches=(1, 8, 32),
+    profile_ks=(65, 17), sweep=tuple(range(1, 9)), max_gamma=8,
+    examples=16,
+    repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
+    context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
+# Tiny models, nothing widened (the synthetic T5 drafters share S0's
+# shapes: one program; the shipped target is the smallest shipped model);
+# one example decodes for the calibration and the n-grams (the table's
+# baseline program).
+SMOKE = FULL._replace(
+    s0=models.config('t5_1_1_tiny', vocab_size=256, num_encoder_layers=1,
+                     num_decoder_layers=1), costs=None, target='small',
+    input_length=8, output_length=10, batches=(1, 2), profile_ks=(2, 2),
+    sweep=(1, 2), max_gamma=1, examples=2, numerics_examples=2,
+    calib_examples=1, ngram_examples=1, context=4, copy_mib=4, cost_repeats=1,
+    ngram_orders=(2,))
+
+SPREAD = ('accepted length per row (min / median / max)', lambda x: ' / '.join(
+    f"{f(x['per_row_accepted_length']):.2f}" for f in (min, np.median, max)))
+# Each list of rows in the json: its title, a note, and its columns (keys
+# of its rows, or (header, function)).
+SECTIONS = (
+    ('table2', 'Table 2: speculative vs baseline, T5 1.1-XXL-cost target',
+     "gamma by the paper's rule; predicted: `bench.hardware.predict` with "
+     "the row's alpha on this run's profile; measured: speculative over "
+     "baseline tokens / s; identical: greedy rows equal to the baseline's, "
+     'every differing one diagnosed (near tie: rounding; mismatch: a bug).',
+     ('task', 'label', 'temperature', 'gamma_rule', 'gamma',
+      'alpha_calibration', 'alpha',
+      'c', 'cost_gamma_plus_1', 'predicted', 'measured', 'ratio',
+      'identical', 'rows', 'near_ties', 'mismatches', 'paper')),
+    ('numerics', 'Numerics: identical greedy rows, bfloat16 weights',
+     '1token: the usual baseline; block: the same-shape baseline '
+     '(`block_size=gamma + 1`); seconds per row.',
+     ('activation_dtype', 'rows', 'identical_1token', 'near_ties_1token',
+      'mismatches_1token', 'identical_block', 'near_ties_block',
+      'mismatches_block', 't1_ms', 'baseline_s', 'block_baseline_s',
+      'block_cost', 'speedup', 'speedup_vs_block')),
+    ('batches', 'Batch 1, 8, 32 (greedy, one drafter, gamma of batch 1)',
+     'iterations: target calls of the batch (its slowest row) per example; '
+     "mean_row_iterations: the mean row's.",
+     ('batch', 'gamma', 'alpha', 'c', 'cost_gamma_plus_1', 'predicted',
+      'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
+      'identical', 'rows', 'near_ties', 'mismatches')),
+    ('sweep', 'Gamma sweep (the first drafter, t = 0, batch 1, first task)',
+     '', ('gamma', 'alpha', 'cost_gamma_plus_1', 'predicted', 'measured',
+          'ratio', 'identical', 'rows')))
+
+SPEC = device_plan.DeviceSpec(
+    name='accelerator',
+    title='Table 2 at T5 1.1-XXL cost',
+    about=__doc__,
+    phase_plan=PHASE_PLAN, phases=PHASES, not_implemented=NOT_IMPLEMENTED,
+    profile_gaps=PROFILE_GAPS, full=FULL, smoke=SMOKE, sigmas=SIGMAS,
+    t5_sizes=T5_SIZES, temps=TEMPS, acts=ACTS, sparse_ks=SPARSE_KS,
+    paper_task=PAPER_TASK, sections=SECTIONS,
+    project_from=f'results/{hardware.H100}/accelerator_shipped.json')
