@@ -36,20 +36,6 @@ from specdec_jax.bench import report
 from specdec_jax.checkpoints import hf as hf_lib
 
 
-def _hf_generate(model, inputs, max_len, assistant=None):
-  import torch  # pylint: disable=g-import-not-at-top
-  ids = torch.tensor(inputs[:, :int((inputs[0] > 0).sum())])
-  kwargs = dict(do_sample=False, num_beams=1, max_new_tokens=max_len,
-                eos_token_id=1, pad_token_id=0)
-  if assistant is not None:
-    kwargs['assistant_model'] = assistant
-  with torch.inference_mode():
-    out = model.generate(input_ids=ids, **kwargs).numpy()[0, 1:]
-  tokens = np.zeros(max_len, np.int32)
-  tokens[:len(out)] = out[:max_len]
-  return tokens
-
-
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,13 +65,12 @@ def main(argv=None):
                                        gamma=gamma, max_decode_len=max_out)
     return np.asarray(jax.block_until_ready(r).tokens[0])
 
-  hf_target.generation_config.num_assistant_tokens = gamma
-  hf_target.generation_config.num_assistant_tokens_schedule = 'constant'
   methods = {
       'ours baseline': ours_base,
       'ours speculative': ours_spec,
-      'HF greedy': lambda x: _hf_generate(hf_target, x, max_out),
-      'HF assisted': lambda x: _hf_generate(hf_target, x, max_out, hf_draft),
+      'HF greedy': lambda x: hf_lib.generate(hf_target, x, max_out, 1),
+      'HF assisted': lambda x: hf_lib.generate(hf_target, x, max_out, 1,
+                                               hf_draft, gamma),
   }
   seconds = {k: 0.0 for k in methods}
   tokens = {k: 0 for k in methods}

@@ -167,6 +167,33 @@ def to_hf_model(params, config: network.T5Config):
   model.load_state_dict(state, strict=True)
   return model.eval()
 
+
+def generate(model, inputs: np.ndarray, max_len: int, eos_id: int,
+             assistant=None, gamma: Optional[int] = None) -> np.ndarray:
+  """HF greedy decoding of one row: `[max_len]` tokens, 0 after the end.
+
+  `model.generate(do_sample=False)` (T5X's padding and start token 0) on
+  the row's non-padding tokens, on the model's device; with `assistant`,
+  HF's assisted generation drafting `gamma` tokens per step (a constant
+  schedule). `eos_id` < 0: no end token (all `max_len` tokens).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  row = np.asarray(inputs)[0]
+  ids = torch.tensor(row[:max(int((row > 0).sum()), 1)][None],
+                     device=model.device)
+  kwargs = dict(do_sample=False, num_beams=1, max_new_tokens=max_len,
+                eos_token_id=eos_id if eos_id >= 0 else None, pad_token_id=0)
+  if assistant is not None:
+    model.generation_config.num_assistant_tokens = gamma
+    model.generation_config.num_assistant_tokens_schedule = 'constant'
+    kwargs['assistant_model'] = assistant
+  with torch.inference_mode():
+    out = model.generate(input_ids=ids, **kwargs).cpu().numpy()[0, 1:]
+  tokens = np.zeros(max_len, np.int32)
+  tokens[:len(out)] = out[:max_len]
+  return tokens
+
+
 # ----------------------------------------------------------------------------
 # HF config.json and safetensors weights.
 # ----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from specdec_jax import theory
 from specdec_jax.bench import budget
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
+from specdec_jax.drafters.tree import shape as shape_lib
 
 # The repository (a run reads the measured run it projects from there, and
 # keeps jax's compilation cache in its cache/).
@@ -43,7 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 Sizes = collections.namedtuple('Sizes', (
     's0 costs target input_length output_length batches profile_ks sweep '
     'max_gamma examples repeats numerics_examples calib_examples '
-    'ngram_examples context copy_mib cost_repeats ngram_orders'))
+    'ngram_examples context copy_mib cost_repeats ngram_orders trees'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,8 @@ class DeviceSpec:
 @dataclasses.dataclass
 class Draft:
   """A drafter of the table. group 1: the paper's drafters at T5 1.1 cost
-  (and the first shipped one), 2: own-cost T5s, 3: n-grams; `proxy`: the
+  (and the first shipped one), 2: own-cost T5s, 3: n-grams, 4: the first
+  drafter's token trees (P3; `tree` its shape); `proxy`: the
   unwidened model its alpha is calibrated with (the same function)."""
   name: str
   cost: str
@@ -110,6 +112,29 @@ class Draft:
   label: str = ''
   drafter: Any = None
   params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  tree: Optional[str] = None  # a token tree's shape (`shape.parse`)
+
+
+def tree_name(main: str, tree: str) -> str:
+  """The name of the first drafter's token tree of shape `tree`."""
+  return f'{main} tree {tree}'
+
+
+# P5's target: the unwidened model (as trained, bfloat16), in place of an
+# activation dtype in a program's key; its drafter is the first drafter's
+# unwidened proxy (`peer_name`). HF transformers decodes the same two.
+AS_TRAINED = 'as trained'
+
+
+def peer_name(proxy: str) -> str:
+  """The name of P5's drafter: the first drafter's proxy, as trained."""
+  return f'{proxy} {AS_TRAINED}'
+
+
+def tree_keys(s: Sizes, main: str, act: str) -> List[tuple]:
+  """The token trees' programs: greedy, batch 1, gamma = the depth."""
+  return [('spec', act, tree_name(main, t), 1, shape_lib.parse(t).depth, 0.0)
+          for t in s.trees]
 
 
 def roster(spec: DeviceSpec, source: str, names: Sequence[str],
@@ -156,6 +181,12 @@ def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
         for task in tasks for d in drafts] + [
             ('spec', act, main, 1, g(task, main, t, 'paper'), t)
             for task in tasks])
+  if 'trees' in phases:
+    out['trees'] = ([('base', act, 1, 0.0, 1)] + tree_keys(s, main, act), [])
+  if 'hf' in phases:
+    out['hf'] = ([('base', AS_TRAINED, 1, 0.0, 1)], [
+        ('spec', AS_TRAINED, peer_name(drafts[0].proxy), 1,
+         g(task, main, 0.0), 0.0) for task in tasks])
   if 'sweep' in phases:
     out['sweep'] = ([('base', act, 1, 0.0, 1)],
                     [('spec', act, main, 1, x, 0.0) for x in s.sweep])
@@ -234,6 +265,10 @@ def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
           {(d.name, gammas.get((task, d.name, t), d.name)) for d in drafts} |
           {(main, gammas.get((task, main, t, 'paper'), 'paper'))}))
                             for task in tasks for t in spec.temps)
+    if pid == 'p3' and 'trees' in phases:
+      units['decode'] = calls(s.examples, 1 + len(s.trees)) * len(tasks)
+    if pid == 'p5' and 'hf' in phases:  # HF's two decodes counted alike
+      units['decode'] = calls(s.examples, 4) * len(tasks)
     if pid == 'p4' and 'batches' in phases:
       units['batch_decode'] = sum(calls(1, 2) for b in s.batches if b > 1)
     if pid == 'p6':

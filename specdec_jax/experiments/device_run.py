@@ -63,6 +63,8 @@ from specdec_jax.bench import budget
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
 from specdec_jax.bench import rows as rows_lib
+from specdec_jax.checkpoints import hf as hf_lib
+from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.experiments import device_plan
 from specdec_jax.experiments import device_report
 from specdec_jax.sampling import SamplingConfig
@@ -82,8 +84,13 @@ CALLS = measure.repeated_calls
 # others (the bandwidth copy, the drafters' timing loops, the diagnoses'
 # teacher-forced pass) are compiled on the device.
 AOT_KINDS = ('cache', 'call', 'base', 'spec')
-PRIORITY = ('costs', 'cost_curve', 'table2@0', 'table2@1', 'batches', 'sweep',
+PRIORITY = ('costs', 'cost_curve', 'table2@0', 'table2@1', 'trees', 'batches',
+            'hf', 'sweep',
             'numerics')
+
+
+class Unavailable(Exception):
+  """A phase cannot run here (e.g. a library it needs is missing)."""
 
 
 def timed_compile(lower):
@@ -155,7 +162,7 @@ class Runner:
         'shipped trained models (specdec_jax.shipped)',
         smoke=bool(args.smoke), status='running', setup={}, bandwidth={},
         floor={}, costs={}, drafters={}, table2=[], numerics=[], batches=[],
-        sweep=[], skipped=clock.skipped, time_log=clock.log,
+        sweep=[], trees=[], hf=[], skipped=clock.skipped, time_log=clock.log,
         phases={pid: dict(title=title, parts=list(parts), status='pending')
                 for pid, title, parts in spec.phase_plan},
         compile_misses=[], programs={}, device_facts=aot.device_facts(),
@@ -197,6 +204,19 @@ class Runner:
           d.drafter = drafters_lib.T5Drafter(network.T5Model(
               cfg.replace(fused_projections=True)))
     self.main, (model, params) = self.drafts[0], self.targets[self.act]
+    self.trees = [device_plan.Draft(
+        device_plan.tree_name(self.main.name, t), self.main.cost,
+        self.main.proxy, None, 4, f'{self.main.label}, tree {t}',
+        drafters_lib.TreeDrafter(self.main.drafter, shape_lib.parse(t)),
+        self.main.params, tree=t) for t in s.trees]
+    self.by_name.update({d.name: d for d in self.trees})
+    # P5: the target and the first drafter as trained (HF holds the same).
+    self.targets[device_plan.AS_TRAINED] = self.small
+    peer, peer_params = self.proxies[self.main.proxy]
+    self.peer = device_plan.Draft(
+        device_plan.peer_name(self.main.proxy), 'own', self.main.proxy, None,
+        5, f'{self.main.proxy} as trained', peer, dict(peer_params))
+    self.by_name[self.peer.name] = self.peer
     self.max_len = s.context + max(s.max_gamma + 1, s.profile_ks[0]) + 8
     self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
@@ -520,12 +540,20 @@ class Runner:
                 np.asarray(b.tokens), np.asarray(o.tokens))]
 
   def row(self, task, d: device_plan.Draft, temp, gamma, base, spec, batch=1):
-    """A Table 2 / sweep / batch row: measured, and `predict`ed."""
+    """A Table 2 / sweep / batch / tree row: measured, and `predict`ed
+    (a chain's from its alpha; a tree's from its tokens per target call,
+    at the first drafter's c per level)."""
     cmp = rows_lib.compare(base, spec, greedy=temp == 0)
     del cmp['per_position_acceptance']
-    p = hardware.predict(self.profile,
-                         alpha=theory.clamp_alpha(cmp['alpha']), gamma=gamma,
-                         drafter=d.name, batch=batch)
+    if d.tree is None:
+      p = hardware.predict(self.profile,
+                           alpha=theory.clamp_alpha(cmp['alpha']),
+                           gamma=gamma, drafter=d.name, batch=batch)
+    else:
+      p = hardware.predict(
+          self.profile, tokens_per_call=cmp['tokens_per_call'],
+          width=shape_lib.parse(d.tree).verified_width(temp == 0),
+          drafter_calls_per_call=gamma, drafter=self.main.name, batch=batch)
     divs = self.diagnose(self.act, task, batch, base, spec) if not temp else []
     kinds = [dv['kind'] for dv in divs]
     return dict(
@@ -575,6 +603,104 @@ class Runner:
         self.result['table2'].append(row)
       self.clock.note(what, time.perf_counter() - start, kind='decode',
                       units=(s.examples * s.repeats + 1) * len(keys))
+      self.write()
+
+  def tree_rows(self) -> None:
+    """Every token tree of the first drafter against the baseline and the
+    task's best greedy chain of Table 2 (t = 0, batch 1)."""
+    s, act = self.s, self.act
+    for task in self.tasks:
+      keys = [('base', act, 1, 0.0, 1)] + device_plan.tree_keys(
+          s, self.main.name, act)
+      what = f'token trees: {task}'
+      if not self.clock.fits(self.estimate(1, s.examples, len(keys)), what):
+        continue
+      start = time.perf_counter()
+      timed = self.alternate(task, keys, 1, s.examples, 0.0)
+      chains = [x for x in self.result['table2']
+                if x['task'] == task and x['temperature'] == 0]
+      chain = max(chains, key=lambda x: x['measured'], default=None)
+      for key in keys[1:]:
+        d = self.by_name[key[2]]
+        row = self.row(task, d, 0.0, key[4], timed[keys[0]], timed[key])
+        row.update(tree=d.tree, nodes=shape_lib.parse(d.tree).verified_width(
+            True) - 1, best_chain=chain and f"{chain['drafter']} gamma "
+                   f"{chain['gamma']}", vs_best_chain=chain and (
+                       row['measured'] / chain['measured']))
+        self.result['trees'].append(row)
+      self.clock.note(what, time.perf_counter() - start, kind='decode',
+                      units=(s.examples * s.repeats + 1) * len(keys))
+      self.write()
+
+  def hf_rows(self, torch) -> None:
+    """Per task, greedy, batch 1: our baseline and speculative loop against
+    HF's `generate` and assisted generation (`checkpoints.hf.generate`) on
+    the same models (the target and the first drafter as trained, no
+    widening: HF cannot hold the widened ones beside ours), bfloat16, the
+    same device and inputs, each example decoded by all four in
+    alternating order; gamma: the first drafter's greedy gamma of P2."""
+    s = self.s
+    start = time.perf_counter()
+    dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+    f32 = lambda p: jax.tree_util.tree_map(
+        lambda x: np.asarray(x, np.float32), p)
+    convert = lambda p, cfg: hf_lib.to_hf_model(f32(p), cfg).to(
+        device=dev, dtype=torch.bfloat16)
+    model, params = self.targets[device_plan.AS_TRAINED]
+    hf_target, copies, drafts = convert(params, model.config), {}, {}
+    for task in self.tasks:  # tasks that share the drafter share its copy
+      p = self.peer.params[task]
+      if id(p) not in copies:
+        copies[id(p)] = convert(p, self.peer.drafter.model.config)
+      drafts[task] = copies[id(p)]
+    self.clock.note('P5: the models as HF transformers, on ' + dev,
+                    time.perf_counter() - start, kind='setup')
+    as_trained = device_plan.AS_TRAINED
+    for task in self.tasks:
+      gamma = self.gamma[task, self.main.name, 0.0]
+      keys = [('base', as_trained, 1, 0.0, 1),
+              ('spec', as_trained, self.peer.name, 1, gamma, 0.0)]
+      what = f'ours vs HF transformers: {task}'
+      if not self.clock.fits(self.estimate(1, s.examples, 4), what):
+        continue
+      start = time.perf_counter()
+      methods = ('ours baseline', 'ours speculative', 'HF greedy',
+                 'HF assisted')
+      seconds, tokens = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
+      differ = dict.fromkeys(methods, 0)
+      for i in range(s.examples):
+        x = self.x(task, 1, i)
+        host = np.asarray(x)
+        calls = {
+            methods[0]: functools.partial(self.sample, keys[0], task, x, None),
+            methods[1]: functools.partial(self.sample, keys[1], task, x, None),
+            methods[2]: functools.partial(hf_lib.generate, hf_target, host,
+                                          self.T, self.eos),
+            methods[3]: functools.partial(hf_lib.generate, hf_target, host,
+                                          self.T, self.eos, drafts[task],
+                                          gamma)}
+        if i == 0:  # each one's first run, untimed
+          jax.block_until_ready([f() for f in calls.values()])
+        out, t = measure.time_alternating(calls, s.repeats, i % 2 == 1)
+        rows = {m: np.asarray(out[m].tokens)[0] if m.startswith('ours') else
+                out[m] for m in methods}
+        for m in methods:
+          seconds[m] += t[m]
+          tokens[m] += int(decoding.output_lengths(rows[m][None],
+                                                   self.eos)[0])
+          differ[m] += int(not np.array_equal(rows[m], rows[methods[0]]))
+      tps = {m: tokens[m] / max(seconds[m], 1e-12) for m in methods}
+      self.result['hf'].append(dict(
+          task=task, gamma=gamma, rows=s.examples, device=dev,
+          torch=torch.__version__, **{
+              f'{m} tokens_per_s': tps[m] for m in methods}, **{
+                  f'{m} differing': differ[m] for m in methods[1:]},
+          baseline_vs_generate=tps[methods[0]] / tps[methods[2]],
+          speculative_vs_assisted=tps[methods[1]] / tps[methods[3]],
+          ours_gain=tps[methods[1]] / tps[methods[0]],
+          hf_gain=tps[methods[3]] / tps[methods[2]]))
+      self.clock.note(what, time.perf_counter() - start, kind='decode',
+                      units=(s.examples * s.repeats + 1) * 4)
       self.write()
 
   def sweep(self) -> None:
@@ -693,7 +819,13 @@ class Runner:
     self.result['status'] = f'partial: running {pid.upper()}'
     self.write()
     start, skipped = time.perf_counter(), len(self.clock.skipped)
-    self.steps()[pid]()
+    try:
+      self.steps()[pid]()
+    except Unavailable as e:  # nothing measured; the later phases run
+      state.update(status=f'unavailable: {e}')
+      print(f'{name}: unavailable ({e})', flush=True)
+      self.write()
+      return
     cut = [x['what'] for x in self.clock.skipped[skipped:]]
     state.update(seconds=round(time.perf_counter() - start, 1),
                  status='partial: skipped ' + '; '.join(cut) if cut else
@@ -743,7 +875,8 @@ class Runner:
 
   def steps(self) -> Dict[str, Callable[[], None]]:
     """The body of each implemented phase, by phase id."""
-    return {'p1': self.p1, 'p2': self.p2, 'p4': self.p4, 'p6': self.p6}
+    return {'p1': self.p1, 'p2': self.p2, 'p3': self.p3, 'p4': self.p4,
+            'p5': self.p5, 'p6': self.p6}
 
   def p1(self) -> None:
     """The hardware profile: the floor, t(k) and cost(k), c of every
@@ -786,6 +919,21 @@ class Runner:
     self.phase_programs('p2')
     for t in self.spec.temps:
       self.table(t)
+
+  def p3(self) -> None:
+    self.phase_programs('p3')
+    self.tree_rows()
+
+  def p5(self) -> None:
+    """Ours against HF transformers (`hf_rows`)."""
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise Unavailable(f'torch cannot be imported ({e})') from None
+    if not isinstance(self.peer.drafter, drafters_lib.T5Drafter):
+      raise Unavailable(f'the first drafter {self.main.name} is no T5')
+    self.phase_programs('p5')
+    self.hf_rows(torch)
 
   def p4(self) -> None:
     self.phase_programs('p4')
@@ -838,8 +986,8 @@ class Runner:
                                 for b, ms in d['t_draft_ms'].items()})
     self.record()
     self.set_gammas()
-    rows = {'p2': ('table2',), 'p4': ('batches',), 'p6': ('sweep',
-                                                         'numerics')}
+    rows = {'p2': ('table2',), 'p3': ('trees',), 'p4': ('batches',),
+            'p5': ('hf',), 'p6': ('sweep', 'numerics')}
     for pid in done:
       self.result['phases'][pid] = dict(prev['phases'][pid], earlier_run=True)
       for key in rows.get(pid, ()):
@@ -865,7 +1013,7 @@ class Runner:
     self.setup()
     self.targets = {a: (m, self.place(p)) for a, (m, p) in
                     self.targets.items()}
-    for d in self.drafts:
+    for d in self.drafts + self.trees + [self.peer]:
       d.params = {t: self.place(p) for t, p in d.params.items()}
     parts = device_plan.programs(self.spec, self.s, self.drafts, self.tasks,
                                  gammas, self.args.phases, self.act)
@@ -905,7 +1053,8 @@ class Runner:
 
   def mismatches(self) -> int:
     r = self.result
-    rows = {id(x): x for x in r['table2'] + r['batches'] + r['sweep']}
+    rows = {id(x): x for x in r['table2'] + r['batches'] + r['sweep'] +
+            r['trees']}
     return sum(x['mismatches'] or 0 for x in rows.values()) + sum(
         x['mismatches_1token'] + x['mismatches_block'] for x in r['numerics'])
 

@@ -2,9 +2,10 @@
 
 A device run (`device_run`), not a sweep of the eval job: one process in a
 time budget (`--max_minutes`, 8) runs the phases of `PHASE_PLAN` in
-priority order (P1 the hardware profile, P2 Table 2, P3 token trees (not
-implemented), P4 batches, P5 against HF transformers (not implemented), P6
-the sweep and numerics); it starts no phase whose projected seconds do not
+priority order (P1 the hardware profile, P2 Table 2, P3 token trees of
+the first drafter against the best chain, P4 batches, P5 against HF
+transformers on the unwidened models (torch on the same device), P6 the
+sweep and numerics); it starts no phase whose projected seconds do not
 fit the time left, and lists it. Each phase's status is in the json's
 `phases`; a rerun with the same flags takes the phases complete in its
 results file and runs only the others.
@@ -37,6 +38,7 @@ import numpy as np
 from specdec_jax import widening
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
+from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import device_plan
 
 # sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
@@ -56,24 +58,25 @@ PHASE_PLAN = (
     ('p5', 'ours vs HF transformers', ('hf',)),
     ('p6', 'the rest: gamma sweep, numerics', ('sweep', 'numerics')))
 # Phases written down but not measured yet: what each would measure.
-NOT_IMPLEMENTED = {
-    'p3': 'token trees (beam:16,4,16/64 and dynamic 64) against the best '
-          'chain, both tasks, t = 0, >= 16 examples: not implemented',
-    'p5': 'ours against HF transformers (scripts/peer_hf.py has the HF '
-          'side) on the same inputs: not implemented'}
+NOT_IMPLEMENTED = {}
 # What the hardware profile does not measure yet.
 PROFILE_GAPS = ['the heads drafters (specdec_jax.drafters.heads): not in '
                 "the run's roster, not measured"]
 # Beyond k = 17 the batch-1 curve is timed at these k only (the token
 # trees' widths and points between; `device_plan.curve`).
 SPARSE_KS = (24, 32, 48, 64, 65)
+# P3's token trees of the first drafter (`shape.parse`: EAGLE-2 beams,
+# '/N' verifies the N most probable nodes; the default tree), greedy, each
+# against the best chain of Table 2.
+TREES = ('beam:16,4,16/64', 'beam:8,4,12/64', DEFAULT_TREE)
 FULL = device_plan.Sizes(
     s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
     target='target', input_length=64, output_length=128, batches=(1, 8, 32),
     profile_ks=(65, 17), sweep=tuple(range(1, 9)), max_gamma=8,
     examples=16,
     repeats=1, numerics_examples=4, calib_examples=8, ngram_examples=64,
-    context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2))
+    context=64, copy_mib=2048, cost_repeats=5, ngram_orders=(1, 2),
+    trees=TREES)
 # Tiny models, nothing widened (the synthetic T5 drafters share S0's
 # shapes: one program; the shipped target is the smallest shipped model);
 # one example decodes for the calibration and the n-grams (the table's
@@ -84,7 +87,7 @@ SMOKE = FULL._replace(
     input_length=8, output_length=10, batches=(1, 2), profile_ks=(2, 2),
     sweep=(1, 2), max_gamma=1, examples=2, numerics_examples=2,
     calib_examples=1, ngram_examples=1, context=4, copy_mib=4, cost_repeats=1,
-    ngram_orders=(2,))
+    ngram_orders=(2,), trees=('beam:2,2,2/4',))
 
 SPREAD = ('accepted length per row (min / median / max)', lambda x: ' / '.join(
     f"{f(x['per_row_accepted_length']):.2f}" for f in (min, np.median, max)))
@@ -113,6 +116,27 @@ SECTIONS = (
      ('batch', 'gamma', 'alpha', 'c', 'cost_gamma_plus_1', 'predicted',
       'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
       'identical', 'rows', 'near_ties', 'mismatches')),
+    ('trees', 'Token trees vs the best chain (the first drafter, t = 0, '
+     'batch 1)', "predicted: `bench.hardware.predict` from the row's "
+     'tokens per target call / (cost(nodes + 1) + depth x c), c the first '
+     "drafter's per token (a level's call on many nodes costs more: a lower "
+     'bound); vs chain: measured over the best greedy Table 2 row of the '
+     'task (same baseline program).',
+     ('task', 'tree', 'nodes', 'gamma', 'tokens_per_call', 'c',
+      'cost_gamma_plus_1', 'predicted', 'measured', 'ratio', 'best_chain',
+      'vs_best_chain', 'identical', 'rows', 'near_ties', 'mismatches')),
+    ('hf', 'Ours vs HF transformers (the target and the first drafter as '
+     'trained, bfloat16, greedy, batch 1)', 'tokens / s of each, every '
+     "example decoded by all four in alternating order; HF's assisted "
+     "generation drafts gamma tokens a step (the first drafter's greedy "
+     'gamma); differing: rows not equal to our baseline\'s (HF runs other '
+     'kernels: bfloat16 rounding differs).',
+     ('task', 'gamma', 'rows', 'ours baseline tokens_per_s',
+      'HF greedy tokens_per_s', 'baseline_vs_generate',
+      'ours speculative tokens_per_s', 'HF assisted tokens_per_s',
+      'speculative_vs_assisted', 'ours_gain', 'hf_gain',
+      'ours speculative differing', 'HF greedy differing',
+      'HF assisted differing')),
     ('sweep', 'Gamma sweep (the first drafter, t = 0, batch 1, first task)',
      '', ('gamma', 'alpha', 'cost_gamma_plus_1', 'predicted', 'measured',
           'ratio', 'identical', 'rows')))
