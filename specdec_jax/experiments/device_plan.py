@@ -115,6 +115,12 @@ class Draft:
   tree: Optional[str] = None  # a token tree's shape (`shape.parse`)
 
 
+def stream_rows(slots: int) -> int:
+  """Examples of P4's streamed decode through `slots` slots: twice as
+  many, so that finished rows are refilled."""
+  return 2 * slots
+
+
 def tree_name(main: str, tree: str) -> str:
   """The name of the first drafter's token tree of shape `tree`."""
   return f'{main} tree {tree}'
@@ -163,9 +169,12 @@ def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
 
   Keys: ('copy',), ('reference',), ('cache', act, batch), ('call', act,
   batch, k), ('draft', name, batch), ('base', act, batch, temp, block),
-  ('spec', act, name, batch, gamma, temp); `gammas` (task, name, temp) ->
+  ('spec', act, name, batch, gamma, temp), greedy streams of `rows`
+  examples through `slots` refilled slots: ('sbase', act, slots, rows),
+  ('sspec', act, name, slots, gamma, rows); `gammas` (task, name, temp) ->
   gamma by the profile, (task, name, temp, 'paper') -> by the paper's rule
-  (the first drafter's); a row missing from it has a program of its own.
+  (the first drafter's), (task, name, 0.0, 'batch', b) -> by the profile
+  at batch b; a row missing from it has a program of its own.
   """
   main, big = drafts[0].name, [b for b in s.batches if b > 1]
   g = lambda task, n, t, *rule: gammas.get((task, n, t, *rule)) or (
@@ -196,14 +205,18 @@ def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
             x for a in spec.acts for x in (('base', a, 1, 0.0, k0), (
                 'spec', a, main, 1, g0, 0.0), ('call', a, 1, k0))])
   if 'batches' in phases:
+    gb = {b: g(tasks[0], main, 0.0, 'batch', b) for b in big}
     out['batches'] = ([x for b in big for x in (
         ('base', act, b, 0.0, 1), ('cache', act, b), ('call', act, b, 1),
-        ('draft', main, b))], [x for b in big for x in (
-            ('spec', act, main, b, g0, 0.0), ('call', act, b, k0))])
+        ('draft', main, b), ('sbase', act, b, stream_rows(b)))], [
+            x for b in big for x in (
+                ('spec', act, main, b, g0, 0.0), ('call', act, b, k0),
+                ('spec', act, main, b, gb[b], 0.0),
+                ('sspec', act, main, b, gb[b], stream_rows(b)))])
   if 'cost_curve' in phases:
     out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
-        ('call', act, b, k) for b in s.batches for k in curve(spec, s, b)],
-                         [])
+        ('call', act, b, k) for b in s.batches for k in curve(spec, s, b)] +
+                         [('draft', main, b) for b in big], [])
   return out
 
 
@@ -270,7 +283,10 @@ def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
     if pid == 'p5' and 'hf' in phases:  # HF's two decodes counted alike
       units['decode'] = calls(s.examples, 4) * len(tasks)
     if pid == 'p4' and 'batches' in phases:
-      units['batch_decode'] = sum(calls(1, 2) for b in s.batches if b > 1)
+      # Fixed batches at two gammas and their baseline; the streams (two
+      # batches' rows each) and theirs.
+      units['batch_decode'] = sum(calls(1, 3 + 2 * 2) for b in s.batches
+                                  if b > 1)
     if pid == 'p6':
       units['decode'] = calls(s.examples, 1 + len(s.sweep)) * (
           'sweep' in phases)

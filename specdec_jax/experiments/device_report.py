@@ -175,7 +175,8 @@ def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
       rows = batch_rows(r)
       ax.boxplot([y['per_row_accepted_length'] for y in rows])
       ax.set_xticks(range(1, len(rows) + 1),
-                    [f"batch {y['batch']}" for y in rows])
+                    [f"batch {y['batch']} {y.get('batching', '')}"
+                     for y in rows])
     ax.set_title(title + ' (SYNTHETIC)' * r['synthetic'], fontsize=9)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     if ax.get_legend_handles_labels()[0]:

@@ -56,6 +56,7 @@ from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import paper
 from specdec_jax import speculative
+from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax.bench import aot
@@ -185,7 +186,8 @@ class Runner:
     start, s = time.perf_counter(), self.s
     self.drafts = self.drafts_before_setup()
     self.tasks = device_plan.tasks_of(self.args.source)
-    n = max(max(s.batches), s.examples, s.numerics_examples)
+    n = max(device_plan.stream_rows(max(s.batches)), s.examples,
+            s.numerics_examples)
     self.proxies = {}
     (self._synthetic if self.synthetic else self._shipped)(n)
     self.by_name = {d.name: d for d in self.drafts}
@@ -343,12 +345,13 @@ class Runner:
     return jnp.asarray(self.inputs[task][start:start + batch])
 
   def decode_fn(self, key, task):
-    """The decoding program `key` ('base' / 'spec') as a function of its
-    dynamic arguments (params, [draft params,] inputs, rng), and the first
-    of them (the executable's arguments)."""
+    """The decoding program `key` ('base' / 'spec', streamed: 'sbase' /
+    'sspec') as a function of its dynamic arguments (params, [draft
+    params,] inputs, rng), and the first of them (the executable's
+    arguments)."""
     kind, act, *rest = key
     model, params = self.targets[act]
-    temp = rest[-2 if kind == 'base' else -1]
+    temp = {'base': rest[-2], 'spec': rest[-1]}.get(kind, 0.0)
     common = dict(max_decode_len=self.T, sampling=SamplingConfig(temp),
                   eos_id=self.eos)
     if kind == 'base':
@@ -356,9 +359,18 @@ class Runner:
         return decoding.temperature_sample(model, params, x, rng=rng,
                                            block_size=rest[-1], **common)
       return base, (params,)
+    if kind == 'sbase':
+      def sbase(params, x, rng):
+        return streaming.sample_stream(model, params, x, rng=rng,
+                                       batch_size=rest[0], **common)
+      return sbase, (params,)
     d = self.by_name[rest[0]]
 
     def spec(params, draft_params, x, rng):
+      if kind == 'sspec':
+        return streaming.speculative_stream(
+            model, params, d.drafter, draft_params, x, rng=rng,
+            batch_size=rest[1], gamma=rest[2], **common)
       return speculative.speculative_sample(
           model, params, d.drafter, draft_params, x, rng=rng, gamma=rest[2],
           **common)
@@ -373,7 +385,7 @@ class Runner:
     """A call with no arguments that lowers the program `key`."""
     kind, task, ctx = key[0], self.tasks[0], self.s.context
     model, params = self.targets[key[1] if kind in (
-        'cache', 'call', 'base', 'spec') else self.act]
+        'cache', 'call', 'base', 'spec', 'sbase', 'sspec') else self.act]
     if kind == 'copy':
       x = jax.ShapeDtypeStruct(((self.s.copy_mib << 20) // 4,), jnp.float32)
       return lambda: measure.copy_passes.lower(x, 1)
@@ -394,15 +406,15 @@ class Runner:
       return lambda: measure.lower_drafter_token_time(
           d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx)
     fn, head = self.decode_fn(key, task)
-    temp = key[-2 if kind == 'base' else -1]
+    temp = {'base': key[-2], 'spec': key[-1]}.get(kind, 0.0)
     rng = self.place(jax.eval_shape(lambda: jax.random.key(0))) if temp else (
         None)
-    return lambda: jax.jit(fn).lower(*head, self.shape(
-        key[2 if kind == 'base' else 3]), rng)
+    rows = {'base': key[2], 'spec': key[3]}.get(kind, key[-1])  # streams: N
+    return lambda: jax.jit(fn).lower(*head, self.shape(rows), rng)
 
   def ident(self, key):
     """The program of `key`: names as their drafters (equal ones share)."""
-    at = {'draft': 1, 'spec': 2}.get(key[0])
+    at = {'draft': 1, 'spec': 2, 'sspec': 2}.get(key[0])
     return tuple(self.by_name[x].drafter if i == at else x
                  for i, x in enumerate(key))
 
@@ -539,10 +551,13 @@ class Runner:
                 *self.targets[act], np.asarray(self.x(task, batch, i * batch)),
                 np.asarray(b.tokens), np.asarray(o.tokens))]
 
-  def row(self, task, d: device_plan.Draft, temp, gamma, base, spec, batch=1):
+  def row(self, task, d: device_plan.Draft, temp, gamma, base, spec, batch=1,
+          slots=None):
     """A Table 2 / sweep / batch / tree row: measured, and `predict`ed
     (a chain's from its alpha; a tree's from its tokens per target call,
-    at the first drafter's c per level)."""
+    at the first drafter's c per level). `batch`: rows per decode call;
+    `slots`: a stream's slots (the batch its calls run at)."""
+    rows_per_call, batch = batch, slots or batch
     cmp = rows_lib.compare(base, spec, greedy=temp == 0)
     del cmp['per_position_acceptance']
     if d.tree is None:
@@ -554,7 +569,8 @@ class Runner:
           self.profile, tokens_per_call=cmp['tokens_per_call'],
           width=shape_lib.parse(d.tree).verified_width(temp == 0),
           drafter_calls_per_call=gamma, drafter=self.main.name, batch=batch)
-    divs = self.diagnose(self.act, task, batch, base, spec) if not temp else []
+    divs = self.diagnose(self.act, task, rows_per_call, base,
+                         spec) if not temp else []
     kinds = [dv['kind'] for dv in divs]
     return dict(
         task=task, drafter=d.name, label=d.label, cost=d.cost,
@@ -756,22 +772,39 @@ class Runner:
       self.write()
 
   def batches(self) -> None:
-    """Speed-ups at batch > 1 with the per-row spread of accepted lengths."""
-    task, d = self.tasks[0], self.main
+    """Speed-ups at batch > 1 with the per-row spread of accepted lengths:
+    fixed batches at batch 1's gamma and at the profile's gamma for the
+    batch (the eval job's rule), and the eval job's streamed loop (twice
+    the batch's examples through its slots, refilled) at the latter,
+    against the streamed baseline."""
+    task, d, act = self.tasks[0], self.main, self.act
     gamma = self.gamma[task, d.name, 0.0]
     for b in (b for b in self.s.batches if b > 1):
-      if not self.clock.fits(self.estimate(b, 1, 2), f'batch {b}'):
+      if not self.clock.fits(self.estimate(b, 1, 7), f'batch {b}'):
         continue
-      self.measure_calls(self.act, b, [1, gamma + 1])
+      own = self.gamma.get((task, d.name, 0.0, 'batch', b), gamma)
+      self.measure_calls(act, b, [1, gamma + 1, own + 1])
       self.measure_drafters([d], b)
       start = time.perf_counter()
-      base, spec = self.alternate(task, [
-          ('base', self.act, b, 0.0, 1),
-          ('spec', self.act, d.name, b, gamma, 0.0)], b, 1, 0.0).values()
-      self.result['batches'].append(self.row(task, d, 0.0, gamma, base, spec,
-                                             batch=b))
+      fixed = [('base', act, b, 0.0, 1)] + list(dict.fromkeys(
+          ('spec', act, d.name, b, g, 0.0) for g in (gamma, own)))
+      timed = self.alternate(task, fixed, b, 1, 0.0)
+      rules = [(gamma, 'batch 1' + f' (= profile at batch {b})' * (
+          own == gamma))] + [(own, f'profile at batch {b}')] * (own != gamma)
+      for g, rule in rules:
+        key = ('spec', act, d.name, b, g, 0.0)
+        row = self.row(task, d, 0.0, g, timed[fixed[0]], timed[key], batch=b)
+        row.update(batching='fixed', gamma_rule=rule)
+        self.result['batches'].append(row)
+      n = device_plan.stream_rows(b)
+      stream = [('sbase', act, b, n), ('sspec', act, d.name, b, own, n)]
+      base, spec = self.alternate(task, stream, n, 1, 0.0).values()
+      row = self.row(task, d, 0.0, own, base, spec, batch=n, slots=b)
+      row.update(batching='stream', gamma_rule=f'profile at batch {b}')
+      self.result['batches'].append(row)
       self.clock.note(f'batch {b}: decode', time.perf_counter() - start,
-                      kind='batch_decode', units=(self.s.repeats + 1) * 2)
+                      kind='batch_decode',
+                      units=(self.s.repeats + 1) * (len(fixed) + 4))
       self.write()
 
   def cost_curve(self) -> None:
@@ -872,6 +905,12 @@ class Runner:
         self.alpha_cal[task, main.proxy, t],
         self.profile.c_of(main.name)[0], s.max_gamma)
                        for task in self.tasks for t in self.spec.temps})
+    for b in (b for b in s.batches if b > 1):  # P1 timed cost(k), c at b
+      if b in self.profile.batches() and main.name in self.profile.drafters(b):
+        self.gamma.update({(task, main.name, 0.0, 'batch', b): hardware.predict(
+            self.profile, batch=b, max_gamma=s.max_gamma,
+            alpha=theory.clamp_alpha(self.alpha_cal[task, main.proxy, 0.0]),
+            drafter=main.name).gamma for task in self.tasks})
 
   def steps(self) -> Dict[str, Callable[[], None]]:
     """The body of each implemented phase, by phase id."""
@@ -910,6 +949,7 @@ class Runner:
     self.measure_drafters(self.drafts, 1)
     for b in (b for b in s.batches if b > 1 and curve_on):
       self.measure_calls(act, b, list(device_plan.curve(self.spec, s, b)))
+      self.measure_drafters([self.main], b)  # c at batch b
     self.set_gammas()
     self.result['phases']['p1']['not_measured'] = list(
         self.spec.profile_gaps)

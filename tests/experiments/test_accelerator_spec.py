@@ -333,12 +333,24 @@ def test_smoke_numerics_batches_and_sweep(smoke):
     assert n['identical_block'] == n['rows'] == 2
     assert n['mismatches_1token'] == n['mismatches_block'] == 0
     assert n['block_baseline_s'] > 0 and n['t1_ms'] > 0
-  (batch,) = result['batches']
-  assert batch['batch'] == 2 and batch['rows'] == 2
-  assert len(batch['per_row_accepted_length']) == 2
-  assert all(1 <= a <= batch['gamma'] + 1
-             for a in batch['per_row_accepted_length'])
-  assert batch['iterations'] >= batch['mean_row_iterations']
+  # Batch 2: fixed at batch 1's gamma (and, if it differs, at the
+  # profile's gamma for batch 2), and streamed: 4 rows through 2 slots.
+  *fixed, stream = result['batches']
+  assert [r['batching'] for r in fixed] == ['fixed'] * len(fixed)
+  assert fixed[0]['gamma_rule'].startswith('batch 1')
+  assert stream['batching'] == 'stream'
+  assert stream['gamma_rule'] == 'profile at batch 2'
+  assert stream['gamma'] == fixed[-1]['gamma']
+  for batch in result['batches']:
+    assert batch['batch'] == 2 and batch['mismatches'] == 0
+    assert batch['rows'] == (4 if batch is stream else 2)
+    assert len(batch['per_row_accepted_length']) == batch['rows']
+    assert all(1 <= a <= batch['gamma'] + 1
+               for a in batch['per_row_accepted_length'])
+    assert batch['iterations'] >= batch['mean_row_iterations']
+  # Batch 2's gamma is the profile's rule on batch 2's cost curve and c.
+  assert 'small' in result['drafters'] and '2' in result['drafters'][
+      'small']['c']
   assert [r['gamma'] for r in result['sweep']] == [1, 2]
   # Table 2 has the first drafter also at the paper's gamma rule.
   rules = [r['gamma_rule'] for r in result['table2']

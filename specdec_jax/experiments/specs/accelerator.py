@@ -110,10 +110,14 @@ SECTIONS = (
       'mismatches_1token', 'identical_block', 'near_ties_block',
       'mismatches_block', 't1_ms', 'baseline_s', 'block_baseline_s',
       'block_cost', 'speedup', 'speedup_vs_block')),
-    ('batches', 'Batch 1, 8, 32 (greedy, one drafter, gamma of batch 1)',
-     'iterations: target calls of the batch (its slowest row) per example; '
-     "mean_row_iterations: the mean row's.",
-     ('batch', 'gamma', 'alpha', 'c', 'cost_gamma_plus_1', 'predicted',
+    ('batches', 'Batch 1, 8, 32 (greedy, the first drafter)',
+     'fixed: one batch of that many rows, at batch 1\'s gamma and at the '
+     "profile's gamma for the batch (the eval job's rule); stream: twice "
+     "the batch's rows through its slots, refilled as rows finish (the eval "
+     "job's streamed loop), against the streamed baseline. iterations: "
+     "target calls per decode call; mean_row_iterations: the mean row's.",
+     ('batch', 'batching', 'gamma_rule', 'gamma', 'alpha', 'c',
+      'cost_gamma_plus_1', 'predicted',
       'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
       'identical', 'rows', 'near_ties', 'mismatches')),
     ('trees', 'Token trees vs the best chain (the first drafter, t = 0, '
