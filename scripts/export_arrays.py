@@ -21,12 +21,11 @@ import numpy as np
 import tqdm
 
 from specdec_jax import arrays
+from specdec_jax.experiments import task_table
 
-# task -> feature lengths (the mini recipe's; gin_configs/train/<task>.gin).
-TASKS = {
-    'debian_desc_en_de': {'inputs': 64, 'targets': 64},
-    'debian_synopsis': {'inputs': 128, 'targets': 32},
-}
+# seqio task -> feature lengths: the mini model set's (the one task table).
+TASKS = {entry.task['mini']: dict(entry.lengths['mini'])
+         for entry in task_table.TASKS.values()}
 SPLITS = ('train', 'validation', 'test')
 MIXTURE = 'multitask'
 
