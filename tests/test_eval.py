@@ -287,8 +287,8 @@ def _kill_subprocess(argv, out, sig, after_lines, rng):
 
 def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
                                                          monkeypatch):
-  """SIGKILL / SIGINT in a subprocess, then in-process SIGTERM and a torn
-  write at random records, streamed: after each the files hold no
+  """SIGKILL in a subprocess, then in-process Ctrl-C (SIGINT), SIGTERM and a
+  torn write at random records, streamed: after each the files hold no
   duplicate and the status says why; the resumed run's records equal an
   uninterrupted run's. (An exception after every write of a unit, for
   every drafter kind: tests/test_run_folder.py.)"""
@@ -299,70 +299,70 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   # Streamed: 2 chunks of 4 examples (2 slots).
   few = dict(NUM_EXAMPLES='8', BATCH_SIZE='2', **STREAM)
   killed, stopped = tmp_path / 'killed', tmp_path / 'stopped'
-  # Slowed down (each batch timed 10 times) so that the signal lands mid-run.
-  slow = {'evaluate.timing_repeats': '30'}
-  procs = [
-      _kill_subprocess(args(killed, **few, **slow), killed, signal.SIGKILL,
-                       rng.randint(1, 3), rng),
-      _kill_subprocess(args(stopped, **few, **slow), stopped, signal.SIGINT,
-                       rng.randint(1, 3), rng)]
+  # Slowed down (each chunk timed 10 times: seconds) so that the signal,
+  # sent within 0.1 s of the first records, lands mid-run.
+  slow = {'evaluate.timing_repeats': '10'}
+  proc = _kill_subprocess(args(killed, **few, **slow), killed, signal.SIGKILL,
+                          rng.randint(1, 3), rng)
   reference = tmp_path / 'reference'
   eval_lib.main(args(reference, **few))  # meanwhile, uninterrupted
   expected = comparable(reference)
   assert len(expected) == 8
-  for proc in procs:
-    proc.wait(timeout=120)
+  proc.wait(timeout=120)
   assert 0 < len(read_jsonl(killed / 'examples.jsonl')) < 8, (
       'SIGKILL did not land mid-run')
-  assert procs[1].returncode != 0, procs[1].stderr.read()
-  assert _status(stopped).startswith('interrupted (SIGINT'), _status(stopped)
-  comparable(killed), comparable(stopped)  # no duplicates so far
+  comparable(killed)  # no duplicates so far
 
   real_decode, real_append = data.decode_text, run_folder.append
-  # Each fault once (1 per folder); each strikes within the first chunk
-  # left (a chunk = 4 records = 8 decode_text calls, one append).
+  # Each fault once; each strikes within the first chunk left (a chunk = 4
+  # records = 8 decode_text calls, one append). The stopped folder starts
+  # with Ctrl-C.
   faults = ['sigterm', 'torn']
   rng.shuffle(faults)
+  plan = {killed: faults[:1], stopped: ['sigint'] + faults[1:]}
   fired = []
-  for out, fault in zip((killed, stopped), faults):
-    calls, at = [0], rng.randint(1, 8)
+  for out, folder_faults in plan.items():
+    for fault in folder_faults:
+      calls, at = [0], rng.randint(1, 8)
 
-    def decode(*a, fault=fault, calls=calls, at=at, **k):
-      calls[0] += 1
-      if calls[0] == at and fault == 'sigterm':
-        signal.raise_signal(signal.SIGTERM)
-      return real_decode(*a, **k)
+      def decode(*a, fault=fault, calls=calls, at=at, **k):
+        calls[0] += 1
+        if calls[0] == at and fault.startswith('sig'):
+          signal.raise_signal(signal.SIGINT if fault == 'sigint' else
+                              signal.SIGTERM)
+        return real_decode(*a, **k)
 
-    appends = [0]
+      appends = [0]
 
-    def torn(sink, records, appends=appends):
-      appends[0] += 1
-      if appends[0] == 1:
-        text = ''.join(json.dumps(r) + '\n' for r in records)
-        sink.write(text[:len(text) // 2])
-        sink.flush()
-        raise RuntimeError('injected torn write')
-      real_append(sink, records)
+      def torn(sink, records, appends=appends):
+        appends[0] += 1
+        if appends[0] == 1:
+          text = ''.join(json.dumps(r) + '\n' for r in records)
+          sink.write(text[:len(text) // 2])
+          sink.flush()
+          raise RuntimeError('injected torn write')
+        real_append(sink, records)
 
-    monkeypatch.setattr(data, 'decode_text', decode)
-    monkeypatch.setattr(run_folder, 'append',
-                        torn if fault == 'torn' else real_append)
-    try:
-      eval_lib.main(args(out, **few))
-    except (RuntimeError, KeyboardInterrupt):
-      fired.append(fault)
-      status = _status(out)
-      assert status.startswith('interrupted' if fault.startswith('sig')
-                               else 'failed'), (fault, status)
-      assert 'examples left' in status
-    if fault != 'torn':  # a torn file is repaired by the next run
-      comparable(out)
-    monkeypatch.setattr(data, 'decode_text', real_decode)
-    monkeypatch.setattr(run_folder, 'append', real_append)
+      monkeypatch.setattr(data, 'decode_text', decode)
+      monkeypatch.setattr(run_folder, 'append',
+                          torn if fault == 'torn' else real_append)
+      try:
+        eval_lib.main(args(out, **few))
+      except (RuntimeError, KeyboardInterrupt):
+        fired.append(fault)
+        status = _status(out)
+        assert status.startswith(
+            'interrupted (SIGINT' if fault == 'sigint' else 'interrupted'
+            if fault == 'sigterm' else 'failed'), (fault, status)
+        assert 'examples left' in status
+      if fault != 'torn':  # a torn file is repaired by the next run
+        comparable(out)
+      monkeypatch.setattr(data, 'decode_text', real_decode)
+      monkeypatch.setattr(run_folder, 'append', real_append)
     summary = eval_lib.main(args(out, **few))
     assert summary['status'] == 'complete' and summary['examples'] == 8
     assert comparable(out) == expected
-  assert sorted(fired) == sorted(faults), fired  # every fault did strike
+  assert sorted(fired) == sorted(faults + ['sigint']), fired  # all struck
 
 
 @pytest.mark.parametrize('kind', ['heads', 'pass'])
