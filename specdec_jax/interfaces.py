@@ -4,7 +4,7 @@ The loops (decoding.py, speculative.py) and the measurements (measure.py)
 never see a network class; they call the members below and nothing else.
 `network.T5Model` is a `DecodingModel`, `network.DecoderCache` a `Cache`,
 every registered drafter kind (`specdec_jax.drafters.KINDS`) builds a
-`Drafter` (tests/test_drafters.py checks it), and the kinds whose drafting
+`Drafter` (tests/drafters/test_drafters.py checks it), and the kinds whose drafting
 rides on the target's verification call (PaSS, self-drafting heads) build a
 `MergedDrafter`. The protocols are `runtime_checkable`,
 so `isinstance(x, Drafter)` tells whether x has the members (not their
@@ -226,7 +226,7 @@ class MergedDrafter(Drafter, Protocol):
   @property
   def drafts_from_score(self) -> bool:
     """Whether q_i for every i is `score`'s after the prefix and drafts
-    1..i-1 (else only q_1 is; tests/test_drafters.py checks which)."""
+    1..i-1 (else only q_1 is; tests/drafters/test_drafters.py checks which)."""
 
   def max_gamma(self, merged: bool) -> Optional[int]:
     """The largest gamma it drafts per iteration in its merged loop

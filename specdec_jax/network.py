@@ -133,7 +133,7 @@ class TreeMask:
   position base + d for the relative position bias (the position it would
   have in a chain), and attends to the committed slots before base, to its
   ancestors in the tree and to itself: along any root-to-leaf path the
-  logits equal a chain call on that path (tests/test_trees.py).
+  logits equal a chain call on that path (tests/drafters/test_trees.py).
 
   Attributes:
     base: `[batch]` int32, the root's slot.

@@ -2,7 +2,7 @@
 
 alpha = E[sum_x min(p, q)] is what the paper's Table 3 reports and what the
 gamma choice of Table 2 rests on, so the teacher-forced measurement must agree
-with what the drafter really proposes (tests/test_drafters.py checks, for
+with what the drafter really proposes (tests/drafters/test_drafters.py checks, for
 every drafter kind, that `score` is what `propose` drafts from) and with the
 acceptance the speculative loop itself observes.
 """

@@ -1,6 +1,6 @@
 """The output cache (store, persistence, retrieval) and adaptive drafting.
 
-The registry suite (tests/test_drafters.py) checks the 'cache' and
+The registry suite (tests/drafters/test_drafters.py) checks the 'cache' and
 'combined' kinds' exactness like every kind; here:
 
 - the store: build, save, reload, append, and a clear error for a corrupt,
@@ -182,7 +182,7 @@ def test_adaptive_t5_sampled_sequences_follow_target_distribution(
 
 
 def test_combined_skips_its_model_where_every_row_copies(v11):
-  """A target that copies its input (tests/test_lookup.py): the combined
+  """A target that copies its input (tests/drafters/test_lookup.py): the combined
   drafter's output is the exact copy, and its model (a T5 that counts its
   calls) runs only in iterations where some row has nothing to copy: the
   first (BOS alone) and those at a row's end, not the copying ones."""

@@ -97,7 +97,7 @@ def test_mesh_on_paper_comes_from_the_profile():
   assert one['speedup'] == round(hardware.predict(
       profile, alpha=0.7, drafter='dec2').speedup, 2)
   # No hardware figure typed by hand (the scripts' and the package's code:
-  # tests/test_bench.py).
+  # tests/bench/test_bench.py).
   assert not hasattr(tensor_parallel, 'HARDWARE')
   assert not hasattr(tensor_parallel, 'DRAFT_MS')
 

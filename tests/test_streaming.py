@@ -86,7 +86,7 @@ def test_sample_stream_greedy_equals_baseline(stream_setup):
 
 
 # Every kind streams with greedy outputs equal to the baseline in
-# tests/test_drafters.py (2 slots, the default refill sub-batches); here the
+# tests/drafters/test_drafters.py (2 slots, the default refill sub-batches); here the
 # T5 drafter (the target plus noise: accepts some drafts, not all) on 4
 # slots with refills of 1-2 rows in a sub-batch of 2, 3-4 in one of 4
 # (padded), and the counters and schedules.

@@ -3,7 +3,7 @@
 The twin of gin_configs/models/ (as t5x's fiddle_configs/models/t5_1_1.py is
 of its gin files): `CONFIGS['t5_1_1_xxl']` is the `network.T5Config` that
 gin_configs/models/t5_1_1/xxl.gin binds to `T5_1_1_XXL`, with the same
-vocabulary (32128) and dtype (bfloat16) defaults; tests/test_bench.py checks
+vocabulary (32128) and dtype (bfloat16) defaults; tests/bench/test_bench.py checks
 that every gin file and its twin agree. Scripts take their dimensions from
 here instead of typing them.
 

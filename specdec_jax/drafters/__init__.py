@@ -25,7 +25,7 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
 `KINDS` below is the one list of the kinds a job may name (`EvalSetup.drafter`,
 gin `DRAFTER`); `python -m specdec_jax.drafters` prints it. A new kind is a
 module (or folder) exporting a `registry.DrafterKind` and one line here;
-tests/test_drafters.py then runs it through the per-kind suite.
+tests/drafters/test_drafters.py then runs it through the per-kind suite.
 
 References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and Table 3.
 """

@@ -44,7 +44,7 @@ or dynamic) decide counts without seeing them. The rule must be the
 drafter's: 'with' on siblings drawn without replacement is biased, while
 'without' on i.i.d. siblings stays exact (a repeat of a tried token is
 skipped, and a sibling that is not one is, given that, a draw from q'),
-though 'with' accepted more of them on the tests' trees. tests/test_trees.py
+though 'with' accepted more of them on the tests' trees. tests/drafters/test_trees.py
 checks the law of hand-built trees by chi-square under both rules
 (repeated and q = 0 siblings, nodes under rejected parents, four sampling
 configurations) and of drafted trees end to end, and that planted bugs

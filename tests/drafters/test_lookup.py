@@ -1,11 +1,11 @@
 """The lookup (prompt-lookup) drafter: what it copies, and that it pays.
 
-The registry suite (tests/test_drafters.py) checks the kind's exactness; here
+The registry suite (tests/drafters/test_drafters.py) checks the kind's exactness; here
 the drafts themselves are checked against hand-computed ones, and a target
 that copies its input shows lookup accepting more tokens per iteration than
 a fixed-token (unigram) drafter.
 
-Run alone: `python -m pytest -q tests/test_lookup.py`.
+Run alone: `python -m pytest -q tests/drafters/test_lookup.py`.
 """
 
 import functools

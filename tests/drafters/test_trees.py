@@ -5,13 +5,13 @@
    ragged rows; the target as its own drafter accepts whole paths (what
    fails if the drafter's path commit is wrong); the state the loop hands
    the heads is the last accepted node's. Streaming, and t = 1 with
-   top-k, are the kind 'tree''s cases in tests/test_drafters.py.
+   top-k, are the kind 'tree''s cases in tests/drafters/test_drafters.py.
 3. Sampled: the law over whole sequences is the target's by chi-square
    (t = 1, t = 0.7 with top-k, top-p; an adversarial drafter whose best
    candidates the target likes least; a random head drafting the trees,
    kind 'heads_tree'), and a planted bug (a rejected sibling's subtree
    stays reachable) fails the same test. The heads' greedy trees are
-   tests/test_draft_heads.py's.
+   tests/drafters/test_draft_heads.py's.
 4. The verifier alone, on hand-built trees (no model: cheap): the law of
    the first two committed tokens is the target's by chi-square under
    both sibling rules (siblings drawn by the rule: i.i.d. from q, or
@@ -223,7 +223,7 @@ def test_verify_commit_returns_the_state_of_the_last_accepted_node(
 # ---------------------------------------------------------------------------
 
 # One compiled loop per (shape, sampling). t = 1 with top-k 3 and a
-# perturbed drafter is tests/test_drafters.py's per-kind case for 'tree'
+# perturbed drafter is tests/drafters/test_drafters.py's per-kind case for 'tree'
 # (and, with an untrained head, for 'heads_tree'); 'heads' is a random head
 # drafting the trees (kind 'heads_tree').
 CASES = {

@@ -18,7 +18,7 @@ must give:
 - the `interfaces.Drafter` members, and refusals of a foreign vocabulary and
   of a bad gamma before anything is compiled.
 
-Run alone: `python -m pytest -q tests/test_drafters.py` (about 30 s on 2
+Run alone: `python -m pytest -q tests/drafters/test_drafters.py` (about 30 s on 2
 cores).
 """
 
@@ -134,7 +134,7 @@ def test_streamed_greedy_equals_baseline(greedy, kind):
   assert np.asarray(out.stats.row_iterations).min() >= 1
 
 
-# The token-tree kinds' sequence laws are tested in tests/test_trees.py
+# The token-tree kinds' sequence laws are tested in tests/drafters/test_trees.py
 # (`test_sampled_tree_follows_target_distribution`: a tree drafter at static
 # top-k, top-p and against an adversarial drafter, the heads' tree), each a
 # 30,000-row tree decode; not once more here at top-k 3.
@@ -221,8 +221,8 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   _, _, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
   # A MergedDrafter may draw q_2.. from the target's own states (PaSS's
-  # slots, a head): then its contract binds q_1 only (tests/test_pass.py and
-  # tests/test_draft_heads.py check the later drafts against the target).
+  # slots, a head): then its contract binds q_1 only (tests/drafters/test_pass.py and
+  # tests/drafters/test_draft_heads.py check the later drafts against the target).
   checked = GAMMA
   if isinstance(drafter, interfaces.MergedDrafter) and not (
       drafter.drafts_from_score):

@@ -23,7 +23,7 @@ from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import rows
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(source):

@@ -11,13 +11,13 @@
   Drafter-protocol version and the tree loop (`heads.HeadTreeLoop`, kind
   'heads_tree', whose trees' rank-0 path is the head's chain); sampled
   sequences follow the target's exact law (chi-square,
-  tests/test_speculative.py; the trees' in tests/test_trees.py).
+  tests/test_speculative.py; the trees' in tests/drafters/test_trees.py).
 - Training: the target's params bit-identical after steps, the loss falls;
   save / load with the head config, clear errors for another target or a
   folder that is not a head checkpoint; the kind builds, refuses, and
   `speculative.speculative_sample` decodes with the merged loop by default.
 
-Run alone: `python -m pytest -q tests/test_draft_heads.py`.
+Run alone: `python -m pytest -q tests/drafters/test_draft_heads.py`.
 """
 
 import functools
@@ -212,7 +212,7 @@ def test_greedy_trees_equal_baseline_and_beat_the_chain(setup, fitted):
   """Kind 'heads_tree': the fitted head drafting dynamic trees, the best 6
   of 12 nodes verified, at batch 4 with ragged rows: the baseline token
   for token, and more tokens per target call than its chain of the same
-  depth. (The state each tree starts from: tests/test_trees.py.)"""
+  depth. (The state each tree starts from: tests/drafters/test_trees.py.)"""
   model, params, enc = setup
   base = decoding.temperature_sample(model, params, enc,
                                      max_decode_len=MAX_LEN, eos_id=EOS)
@@ -236,7 +236,7 @@ def test_greedy_trees_equal_baseline_and_beat_the_chain(setup, fitted):
 
 
 # The merged loop at t = 1, top-k 3 is the kind 'heads' in
-# tests/test_drafters.py; the tree loop's law is tests/test_trees.py's.
+# tests/drafters/test_drafters.py; the tree loop's law is tests/drafters/test_trees.py's.
 @pytest.mark.parametrize('loop,case', [('merged', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,

@@ -12,7 +12,7 @@
 - Training: target params bit-identical after steps, loss falls; save /
   load beside a checkpoint, and a clear error for another emb_dim.
 
-Run alone: `python -m pytest -q tests/test_pass.py`.
+Run alone: `python -m pytest -q tests/drafters/test_pass.py`.
 """
 
 import functools
@@ -175,7 +175,7 @@ def test_greedy_equals_baseline(setup, loop):
 
 
 # The merged loop at t = 1, top-k 3 is the kind 'pass' in
-# tests/test_drafters.py.
+# tests/drafters/test_drafters.py.
 @pytest.mark.parametrize('loop,case', [('tree', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,
