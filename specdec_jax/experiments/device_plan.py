@@ -26,9 +26,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import pathlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Collection, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 from specdec_jax import theory
+from specdec_jax.bench import aot
 from specdec_jax.bench import budget
 from specdec_jax.bench import hardware
 from specdec_jax.bench import report
@@ -260,16 +262,19 @@ def phase_keys(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
 
 
 def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
-               act: str):
+               act: str, built: Collection[str] = ()):
   """{phase id: its units per kind of step} (`budget.unit_seconds`'
-  kinds; the run's setup belongs to no phase)."""
+  kinds; the run's setup belongs to no phase). `built`: the program names
+  (`aot.program_name`) compiled ahead of time: each a 'load', not a
+  'compile'."""
   keys = phase_keys(spec, s, drafts, tasks, gammas, phases, act)
   main = drafts[0].name
   calls = lambda n, decoders: (n * s.repeats + 1) * decoders
   out = {}
   for pid, (_, new) in keys.items():
     count = lambda kind, new=new: sum(k[0] == kind for k in new)
-    units = dict(compile=len(new), calls=count('call'),
+    loads = sum(aot.program_name(k) in built for k in new)
+    units = dict(compile=len(new) - loads, load=loads, calls=count('call'),
                  drafters=count('draft'))
     if pid == 'p1':
       units.update(calibration=len(tasks) * len(spec.temps), bandwidth=1)
@@ -317,11 +322,13 @@ def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
 
 def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
             phases, act: str, workers: Optional[int],
-            of: str) -> Dict[str, Any]:
-  """The projected wall time of a plan, per phase (the module docstring)."""
+            of: str, built: Collection[str] = ()) -> Dict[str, Any]:
+  """The projected wall time of a plan, per phase (the module docstring);
+  `built`: the programs compiled ahead of time (loaded, not compiled: a
+  load's seconds are unmeasured until a run has loaded some)."""
   prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
   gammas = previous_gammas(spec, prev, prev_path, s, drafts, tasks)
-  units = plan_units(spec, s, drafts, tasks, gammas, phases, act)
+  units = plan_units(spec, s, drafts, tasks, gammas, phases, act, built)
   total = collections.Counter(setup=1)
   for u in units.values():
     total.update(u)
@@ -336,6 +343,11 @@ def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
         f' s (from {prev_path}: ' + ', '.join(
             f"{k} {v['units']} x {v['unit_s']:g} s"
             for k, v in out['by_kind'].items()) + ')', flush=True)
+  if total.get('load'):
+    print(f"  {total['load']} programs loaded from the ahead-of-time build, "
+          f"{total['compile']} compiled on the device" + (
+              ' (load seconds unmeasured: not counted)' if 'load' in out[
+                  'unmeasured'] else ''), flush=True)
   for pid, v in out['phases'].items():
     print(f"  {pid.upper()} {v['title']}: {v['seconds']:.0f} s" + (
         f' ({spec.not_implemented[pid]})' if pid in spec.not_implemented

@@ -84,10 +84,12 @@ CALLS = measure.repeated_calls
 # parts they are built in (what comes first survives a size limit). The
 # others (the bandwidth copy, the drafters' timing loops, the diagnoses'
 # teacher-forced pass) are compiled on the device.
-AOT_KINDS = ('cache', 'call', 'base', 'spec')
-PRIORITY = ('costs', 'cost_curve', 'table2@0', 'table2@1', 'trees', 'batches',
-            'hf', 'sweep',
-            'numerics')
+# The decode loops come before the cost curve beyond gamma + 1: a t(k)
+# program is small and quick to compile on the device, a loop is not (the
+# shipped run's 48 t(k) and cache programs alone weigh 60 MiB for an H100).
+AOT_KINDS = ('cache', 'call', 'base', 'spec', 'sbase', 'sspec')
+PRIORITY = ('costs', 'table2@0', 'table2@1', 'trees', 'batches', 'hf',
+            'cost_curve', 'sweep', 'numerics')
 
 
 class Unavailable(Exception):
@@ -1243,6 +1245,9 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
                       str(device_plan.ROOT / 'cache' / 'jax'))
   print(f"{header['command']}\n{header['machine']}", flush=True)
   full = spec.full._replace(**sizes)
+  store = None if not args.aot_dir else aot.Store(
+      pathlib.Path(args.aot_dir), args.aot_build or args.aot_target or
+      aot_target(jax.devices()[0]))
   try:
     projection = device_plan.project(
         spec, args.project_from, full, device_plan.roster(
@@ -1250,16 +1255,14 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
             load_shipped().model_names(), full),
         device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
-        f'the full {args.source} run')
+        f'the full {args.source} run',
+        () if store is None or args.aot_build else store.manifest['programs'])
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
     print(projection['error'], flush=True)
   if args.project:
     return 0 if 'seconds' in projection else 1
   pool = budget.Pool(args.workers, clock, 4.0 if args.smoke else 40.0)
-  store = None if not args.aot_dir else aot.Store(
-      pathlib.Path(args.aot_dir), args.aot_build or args.aot_target or
-      aot_target(jax.devices()[0]))
   runner = Runner(spec, args, (spec.smoke if args.smoke else spec.full
                                )._replace(**sizes),
                   clock, pool, out_dir, header, store)

@@ -307,6 +307,23 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   assert plan['decode'] >= 2 * 2 * (16 + 1) * (1 + len(drafts))
   out = capsys.readouterr().out
   assert 'projected wall time' in out and 'P2 Table 2: ' in out
+  # Programs compiled ahead of time are loads, not compiles: with P2's
+  # built, P2 compiles nothing on the device and P1 is unchanged.
+  gammas = device_plan.previous_gammas(
+      SPEC, report.read_json(device_plan.ROOT / SPEC.project_from),
+      SPEC.project_from, full, drafts, ['en_de', 'synopsis'])
+  p2 = device_plan.phase_keys(SPEC, full, drafts, ['en_de', 'synopsis'],
+                              gammas, set(SPEC.phases), 'bfloat16')['p2'][1]
+  again = device_plan.project(
+      SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
+      set(SPEC.phases), 'bfloat16', None, 'the full shipped run',
+      built={aot.program_name(k) for k in p2})
+  units = again['phases']['p2']['units']
+  assert 'compile' not in units and units['load'] == len(p2) > 10
+  assert again['phases']['p1'] == by_phase['p1']
+  assert again['phases']['p2']['seconds'] < by_phase['p2']['seconds']
+  assert 'programs loaded from the ahead-of-time build' in (
+      capsys.readouterr().out)
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
