@@ -10,6 +10,13 @@ device command carries:
 
   <root>/<target>/manifest.json    format, versions, target, programs
   <root>/<target>/<program>.xla.zz  zlib(pickle(payload, in_tree, out_tree))
+  <root>/<target>/pack-<n>.xz       xz of `PACK` programs' pickles, joined
+
+A program is written alone (zlib) when it is compiled; `Store.pack` then
+packs every `PACK` of them, in priority order, into one xz stream: the
+programs of a run differ little from each other (t(k) at each k, a loop at
+each gamma), so a pack of them takes about half their zlib bytes, and
+twice as many programs fit the bytes a device command carries.
 
 `Store.load` hands back the executable, or None and why (not built, file
 missing, checksum, other jax / jaxlib / plugin versions, built for another
@@ -25,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import lzma
 import pathlib
 import pickle
 import re
@@ -37,6 +45,7 @@ from jax.experimental import serialize_executable
 FORMAT = 1
 MANIFEST = 'manifest.json'
 SUFFIX = '.xla.zz'
+PACK = 8  # programs per xz pack
 # Distributions whose versions an executable depends on (those installed).
 PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
             'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
@@ -113,6 +122,8 @@ class Store:
     self.manifest: Dict[str, Any] = (
         json.loads(path.read_text()) if path.is_file() else
         dict(format=FORMAT, target=target, programs={}))
+    self.manifest.setdefault('packs', {})
+    self._unpacked: Dict[str, bytes] = {}  # pack file -> its bytes
 
   def describe(self, device: Any, target_config: Optional[str] = None,
                **extra) -> None:
@@ -142,20 +153,64 @@ class Store:
     return path
 
   def total_bytes(self) -> int:
-    return sum(e['bytes'] for e in self.manifest['programs'].values())
+    """The bytes of the folder's files: packs and unpacked programs."""
+    return sum(self.manifest['packs'].values()) + sum(
+        e['bytes'] for e in self.manifest['programs'].values()
+        if 'pack' not in e)
+
+  def built(self, name: str) -> bool:
+    """Whether program `name` is in the folder (packed or alone)."""
+    entry = self.manifest['programs'].get(name)
+    return entry is not None and (self.dir / entry.get(
+        'pack', entry['file'])).is_file()
+
+  def pack(self, final: bool = False) -> None:
+    """Packs the unpacked programs, `PACK` at a time in priority order
+    (`final`: the rest too, however few), and removes their own files."""
+    programs = self.manifest['programs']
+    todo = sorted((e['priority'], n) for n, e in programs.items()
+                  if 'pack' not in e)
+    while len(todo) >= PACK or (final and todo):
+      names, todo = [n for _, n in todo[:PACK]], todo[PACK:]
+      raws = [zlib.decompress((self.dir / programs[n]['file']).read_bytes())
+              for n in names]
+      file = f'pack-{len(self.manifest["packs"])}.xz'
+      data = lzma.compress(b''.join(raws), preset=6)
+      (self.dir / file).write_bytes(data)
+      self.manifest['packs'][file] = len(data)
+      offset = 0
+      for n, raw in zip(names, raws):
+        programs[n].update(pack=file, offset=offset, length=len(raw),
+                           raw_sha256=sha256(raw))
+        offset += len(raw)
+        (self.dir / programs[n]['file']).unlink()
+      self.write()
 
   def check(self, name: str, device: Any) -> Tuple[Optional[bytes], str]:
-    """(the file's bytes, '') if program `name` may load on `device`, else
-    (None, why not)."""
+    """(the program's pickle, '') if program `name` may load on `device`,
+    else (None, why not)."""
     entry = self.manifest['programs'].get(name)
     if entry is None:
       return None, 'not built'
-    path = self.dir / entry['file']
+    file = entry.get('pack', entry['file'])
+    path = self.dir / file
     if not path.is_file():
-      return None, f'missing file {entry["file"]}'
-    data = path.read_bytes()
-    if sha256(data) != entry['sha256']:
-      return None, f'checksum mismatch ({entry["file"]} is corrupt)'
+      return None, f'missing file {file}'
+    if 'pack' in entry:
+      try:
+        if file not in self._unpacked:
+          self._unpacked[file] = lzma.decompress(path.read_bytes())
+      except lzma.LZMAError as e:
+        return None, f'checksum mismatch ({file} is corrupt: {e})'
+      raw = self._unpacked[file][entry['offset']:
+                                 entry['offset'] + entry['length']]
+      if sha256(raw) != entry['raw_sha256']:
+        return None, f'checksum mismatch ({file} is corrupt)'
+    else:
+      data = path.read_bytes()
+      if sha256(data) != entry['sha256']:
+        return None, f'checksum mismatch ({file} is corrupt)'
+      raw = zlib.decompress(data)
     built, here = self.manifest.get('versions', {}), runtime_versions(
         device.platform)
     if built != here:
@@ -163,7 +218,7 @@ class Store:
     if self.manifest.get('device_kind') != device.device_kind:
       return None, (f'built for {self.manifest.get("device_kind")!r}, '
                     f'running on {device.device_kind!r}')
-    return data, ''
+    return raw, ''
 
   def load(self, name: str, device: Any = None) -> Tuple[Any, str]:
     """(executable, '') for program `name`, or (None, why it cannot load).
@@ -177,7 +232,7 @@ class Store:
     if data is None:
       return None, why
     try:
-      payload, in_tree, out_tree = pickle.loads(zlib.decompress(data))
+      payload, in_tree, out_tree = pickle.loads(data)
       return serialize_executable.deserialize_and_load(
           payload, in_tree, out_tree, execution_devices=[device]), ''
     except Exception as e:  # pylint: disable=broad-except

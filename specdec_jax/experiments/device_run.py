@@ -1072,8 +1072,12 @@ class Runner:
             config).read_text() if config else (
                 f"specdec_jax.compiled's config of {self.args.aot_build}"))
     limit, left_out = int(self.args.aot_max_mib * 2 ** 20), []
-    for i in range(0, len(keys), self.pool.workers):  # batches of threads
-      chunk = keys[i:i + self.pool.workers]
+    # A rerun builds only what the folder lacks (an interrupted build goes
+    # on); every PACK programs go into one xz pack as they come.
+    todo = [k for k in keys if not self.store.built(aot.program_name(k))]
+    self.store.pack()
+    for i in range(0, len(todo), self.pool.workers):  # batches of threads
+      chunk = todo[i:i + self.pool.workers]
       if self.store.total_bytes() >= limit:
         left_out += [aot.program_name(k) for k in chunk]
         continue
@@ -1086,7 +1090,9 @@ class Runner:
                                 priority=keys.index(k))
         print(f'  {aot.program_name(k)}: {entry["bytes"] / 2**20:.2f} MiB, '
               f'{seconds:.1f} s', flush=True)
+      self.store.pack()
       self.store.write()
+    self.store.pack(final=True)
     self.store.manifest['left_out_for_size'] = left_out
     self.store.write()
     return dict(aot.summary(self.store), left_out_for_size=left_out)
@@ -1237,10 +1243,13 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   header = report.header(f'-m {COMMAND} {spec.name}', argv,
                          max_minutes=args.max_minutes)
   out_dir = pathlib.Path(args.out_dir or f"results/{header['device_name']}")
-  if args.compilation_cache != '' and not args.aot_build:
-    # Never while building: an executable that jax took from its
-    # persistent cache serializes without all of its code (on a CPU it
-    # loads, then fails at its first call: "Function ... not found").
+  if args.aot_build:
+    # Never while building (not even a cache the environment names): an
+    # executable that jax took from its persistent cache serializes
+    # without all of its code (on a CPU it loads, then fails at its first
+    # call: "Function ... not found").
+    jax.config.update('jax_enable_compilation_cache', False)
+  elif args.compilation_cache != '':
     jax.config.update('jax_compilation_cache_dir', args.compilation_cache or
                       str(device_plan.ROOT / 'cache' / 'jax'))
   print(f"{header['command']}\n{header['machine']}", flush=True)

@@ -608,6 +608,18 @@ def tiny_decode_program():
   return base, params, x
 
 
+def compile_fresh(lowered):
+  """`lowered.compile()` past jax's persistent cache (the suite's): an
+  executable read from that cache serializes without its code, as an
+  ahead-of-time build never does (`--aot_build` turns the cache off)."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  try:
+    return lowered.compile()
+  finally:
+    jax.config.update('jax_enable_compilation_cache', before)
+
+
 def test_executable_round_trip_on_cpu(tmp_path):
   """The path a GPU run takes with executables built elsewhere, on a CPU:
   compile, serialize, write, load with the run's loader (a new `Store` on
@@ -616,7 +628,7 @@ def test_executable_round_trip_on_cpu(tmp_path):
   store = aot.Store(tmp_path, 'cpu')
   store.describe(jax.devices()[0])
   lowered = jax.jit(fn).lower(params, x, None)
-  entry = store.save('base', lowered.compile(), 1.0)
+  entry = store.save('base', compile_fresh(lowered), 1.0)
   store.write()
   assert entry['bytes'] > 0 and len(entry['sha256']) == 64
   manifest = json.loads((tmp_path / 'cpu' / aot.MANIFEST).read_text())
@@ -632,6 +644,39 @@ def test_executable_round_trip_on_cpu(tmp_path):
   np.testing.assert_array_equal(out.tokens, fn(params, x, None).tokens)
 
 
+def test_packed_executables_load_and_a_corrupt_pack_is_named(tmp_path):
+  """`Store.pack`: programs in one xz pack (their own files removed, the
+  folder's bytes the pack's), loaded by a new `Store` on the folder and
+  run; a damaged pack is named and its programs compiled instead."""
+  fn, params, x = tiny_decode_program()
+  x = x[:1]  # a program no other test compiles (none cached in-process)
+  store = aot.Store(tmp_path, 'cpu')
+  store.describe(jax.devices()[0])
+  lowered = jax.jit(fn).lower(params, x, None)
+  compiled = compile_fresh(lowered)
+  for i, name in enumerate(('a', 'b', 'c')):
+    store.save(name, compiled, priority=i)
+  alone = store.total_bytes()
+  store.pack()  # fewer than aot.PACK: nothing packed yet
+  assert all('pack' not in e for e in store.manifest['programs'].values())
+  store.pack(final=True)
+  files = sorted(p.name for p in (tmp_path / 'cpu').iterdir())
+  assert files == ['manifest.json', 'pack-0.xz']
+  assert store.total_bytes() == (tmp_path / 'cpu' / 'pack-0.xz').stat(
+      ).st_size < alone
+  again = aot.Store(tmp_path, 'cpu')
+  assert again.built('b')
+  for name in ('a', 'c'):
+    exe, why = again.load(name)
+    assert why == ''
+    np.testing.assert_array_equal(exe(params, x, None).tokens,
+                                  fn(params, x, None).tokens)
+  pack = tmp_path / 'cpu' / 'pack-0.xz'
+  pack.write_bytes(pack.read_bytes()[:-20] + bytes(20))
+  exe, why = aot.Store(tmp_path, 'cpu').load('b')
+  assert exe is None and 'pack-0.xz is corrupt' in why
+
+
 @pytest.mark.parametrize('damage, why', [
     ('corrupt', 'checksum mismatch'), ('versions', 'versions differ'),
     ('device', 'built for'), ('missing', 'missing file')])
@@ -642,7 +687,8 @@ def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
   store = aot.Store(tmp_path, 'cpu')
   store.describe(jax.devices()[0])
   lowered = jax.jit(fn).lower(params, x, None)
-  path = tmp_path / 'cpu' / store.save('base', lowered.compile())['file']
+  path = tmp_path / 'cpu' / store.save('base',
+                                       compile_fresh(lowered))['file']
   if damage == 'corrupt':
     path.write_bytes(path.read_bytes()[:-10] + b'0123456789')
   elif damage == 'versions':
