@@ -301,23 +301,40 @@ def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
   return out
 
 
-def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
-                    tasks):
-  """(task, drafter, temperature) -> the gamma the profile's rule picks on
-  a measured run's calibrated alphas and profile (rows it can say), and
-  (..., 'paper') -> the paper's rule's for the first drafter."""
-  profile = hardware.from_accelerator_run(prev, prev_path)
-  alphas = {(a['task'], a['drafter'], a['temperature']): a['alpha']
-            for a in prev.get('alpha_calibration', [])}
+def rule_gammas(spec: DeviceSpec, profile, alphas, s: Sizes, drafts, tasks):
+  """The gammas of a run's rows, from a profile and calibrated alphas
+  ((task, proxy, temperature) -> alpha), for the rows they can say:
+  (task, drafter, temperature) -> the profile's rule (`hardware.predict`
+  maximised), (..., 'paper') -> the paper's rule for the first drafter,
+  and (task, first drafter, 0.0, 'batch', b) -> the profile's rule at
+  batch b where the profile has b's cost curve and the drafter's c there.
+  """
+  alpha = lambda task, d, t: theory.clamp_alpha(alphas[task, d.proxy, t])
   known = [(task, d, t) for task in tasks for t in spec.temps for d in drafts
            if (task, d.proxy, t) in alphas and d.name in profile.drafters(1)]
   out = {(task, d.name, t): hardware.predict(
-      profile, alpha=theory.clamp_alpha(alphas[task, d.proxy, t]),
-      drafter=d.name, max_gamma=s.max_gamma).gamma for task, d, t in known}
+      profile, alpha=alpha(task, d, t), drafter=d.name,
+      max_gamma=s.max_gamma).gamma for task, d, t in known}
   out.update({(task, d.name, t, 'paper'): paper_gamma(
       alphas[task, d.proxy, t], profile.c_of(d.name)[0], s.max_gamma)
               for task, d, t in known if d is drafts[0]})
+  main = drafts[0]
+  for b in (b for b in s.batches if b > 1):
+    if b in profile.batches() and main.name in profile.drafters(b):
+      out.update({(task, main.name, 0.0, 'batch', b): hardware.predict(
+          profile, alpha=alpha(task, main, 0.0), drafter=main.name, batch=b,
+          max_gamma=s.max_gamma).gamma for task in tasks
+                  if (task, main.proxy, 0.0) in alphas})
   return out
+
+
+def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
+                    tasks):
+  """`rule_gammas` on a measured run's profile and calibrated alphas."""
+  return rule_gammas(
+      spec, hardware.from_accelerator_run(prev, prev_path),
+      {(a['task'], a['drafter'], a['temperature']): a['alpha']
+       for a in prev.get('alpha_calibration', [])}, s, drafts, tasks)
 
 
 def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,

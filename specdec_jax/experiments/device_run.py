@@ -894,25 +894,11 @@ class Runner:
         self.args.phases, self.act)[pid][0])
 
   def set_gammas(self) -> None:
-    """Each row's gamma by the profile's rule, the first drafter's also
-    by the paper's (`device_plan.paper_gamma`)."""
-    s, main = self.s, self.main
-    self.gamma = {(task, d.name, t): hardware.predict(
-        self.profile,
-        alpha=theory.clamp_alpha(self.alpha_cal[task, d.proxy, t]),
-        drafter=d.name, max_gamma=s.max_gamma).gamma
-                  for task in self.tasks for t in self.spec.temps
-                  for d in self.drafts}
-    self.gamma.update({(task, main.name, t, 'paper'): device_plan.paper_gamma(
-        self.alpha_cal[task, main.proxy, t],
-        self.profile.c_of(main.name)[0], s.max_gamma)
-                       for task in self.tasks for t in self.spec.temps})
-    for b in (b for b in s.batches if b > 1):  # P1 timed cost(k), c at b
-      if b in self.profile.batches() and main.name in self.profile.drafters(b):
-        self.gamma.update({(task, main.name, 0.0, 'batch', b): hardware.predict(
-            self.profile, batch=b, max_gamma=s.max_gamma,
-            alpha=theory.clamp_alpha(self.alpha_cal[task, main.proxy, 0.0]),
-            drafter=main.name).gamma for task in self.tasks})
+    """Each row's gamma from this run's profile and alphas
+    (`device_plan.rule_gammas`)."""
+    self.gamma = device_plan.rule_gammas(self.spec, self.profile,
+                                         self.alpha_cal, self.s, self.drafts,
+                                         self.tasks)
 
   def steps(self) -> Dict[str, Callable[[], None]]:
     """The body of each implemented phase, by phase id."""
