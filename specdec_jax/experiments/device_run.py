@@ -36,6 +36,7 @@ program is then run through its executable.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import os
@@ -525,20 +526,31 @@ class Runner:
   def alternate(self, task, keys, batch: int, examples: int, temp: float
                 ) -> Dict[Any, rows_lib.Decoded]:
     """Every example decoded by every program, in alternating order."""
-    results, seconds = {k: [] for k in keys}, dict.fromkeys(keys, 0.0)
-    for i in range(examples):
+    def calls_of(i):
       x, rng = self.x(task, batch, i * batch), (
           jax.random.key(1000 + i) if temp else None)
-      calls = {k: functools.partial(self.sample, k, task, x, rng)
-               for k in keys}
-      if i == 0:  # each program's first run, untimed
-        jax.block_until_ready([f() for f in calls.values()])
-      out, t = measure.time_alternating(calls, self.s.repeats, i % 2 == 1)
-      for k in keys:
-        results[k].append(out[k])
-        seconds[k] += t[k]
+      return {k: functools.partial(self.sample, k, task, x, rng)
+              for k in keys}
+    results, seconds = self.timed_examples(calls_of, examples)
     self.decode_s[batch] = seconds[keys[0]] / examples
     return {k: rows_lib.Decoded(results[k], seconds[k]) for k in keys}
+
+  def timed_examples(self, calls_of: Callable[[int], Dict[Any, Callable]],
+                     examples: int):
+    """({name: each example's output}, {name: seconds summed}) of the
+    calls `calls_of(i)` ({name: callable}) of examples i < `examples`,
+    timed in alternating order (`measure.time_alternating`), each one's
+    first run untimed."""
+    results, seconds = collections.defaultdict(list), collections.Counter()
+    for i in range(examples):
+      calls = calls_of(i)
+      if i == 0:
+        jax.block_until_ready([f() for f in calls.values()])
+      out, t = measure.time_alternating(calls, self.s.repeats, i % 2 == 1)
+      for k in calls:
+        results[k].append(out[k])
+        seconds[k] += t[k]
+    return results, seconds
 
   def estimate(self, batch: int, examples: int, programs: int) -> float:
     """Seconds of `examples` x `programs` decodes (at most a baseline's)."""
@@ -684,12 +696,10 @@ class Runner:
       start = time.perf_counter()
       methods = ('ours baseline', 'ours speculative', 'HF greedy',
                  'HF assisted')
-      seconds, tokens = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
-      differ = dict.fromkeys(methods, 0)
-      for i in range(s.examples):
+      def calls_of(i, task=task, keys=keys, gamma=gamma):
         x = self.x(task, 1, i)
         host = np.asarray(x)
-        calls = {
+        return {
             methods[0]: functools.partial(self.sample, keys[0], task, x, None),
             methods[1]: functools.partial(self.sample, keys[1], task, x, None),
             methods[2]: functools.partial(hf_lib.generate, hf_target, host,
@@ -697,13 +707,12 @@ class Runner:
             methods[3]: functools.partial(hf_lib.generate, hf_target, host,
                                           self.T, self.eos, drafts[task],
                                           gamma)}
-        if i == 0:  # each one's first run, untimed
-          jax.block_until_ready([f() for f in calls.values()])
-        out, t = measure.time_alternating(calls, s.repeats, i % 2 == 1)
-        rows = {m: np.asarray(out[m].tokens)[0] if m.startswith('ours') else
-                out[m] for m in methods}
+      outs, seconds = self.timed_examples(calls_of, s.examples)
+      tokens, differ = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
+      for i in range(s.examples):
+        rows = {m: np.asarray(outs[m][i].tokens)[0] if m.startswith('ours')
+                else outs[m][i] for m in methods}
         for m in methods:
-          seconds[m] += t[m]
           tokens[m] += int(decoding.output_lengths(rows[m][None],
                                                    self.eos)[0])
           differ[m] += int(not np.array_equal(rows[m], rows[methods[0]]))
