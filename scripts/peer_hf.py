@@ -27,7 +27,6 @@ import numpy as np
 
 from specdec_jax import data
 from specdec_jax import decoding
-from specdec_jax import drafters as drafters_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
 from specdec_jax import speculative
@@ -44,7 +43,7 @@ def main(argv=None):
   own, rest = parser.parse_known_args(argv)
   setup = loading.setup_from_flags(
       gin_utils.parse_flags(rest, 'python scripts/peer_hf.py'))
-  if not drafters_lib.get_kind(setup.drafter).needs_model:
+  if not setup.draft.drafter_kind.needs_model:
     raise SystemExit('peer_hf compares T5 drafters only (DRAFTER = "t5").')
   loaded = loading.build(setup)  # target widened if asked: bigger cost
   task, target, t_params = loaded.task, loaded.target, loaded.target_params

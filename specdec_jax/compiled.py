@@ -63,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import paper as paper_lib
@@ -74,7 +75,6 @@ from specdec_jax.bench import aot
 from specdec_jax.bench import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
-from specdec_jax.drafters import registry
 from specdec_jax.sampling import SamplingConfig
 
 ESTIMATED = "estimated from the compiler's counts, not measured"
@@ -313,24 +313,25 @@ def build_drafter(kind: str, target, target_params, draft_model,
   the vocabulary), the output cache is an empty store, 'pass' and 'heads'
   get untrained parameters of their default shapes.
   """
-  spec = drafters.get_kind(kind)
+  draft = loading.DrafterSpec(
+      kind, config=partitioning.unwrap(draft_model).config, tree=tree)
   made = {}
   store = output_cache.OutputCache.empty(
       partitioning.unwrap(target).config.emb_dim, output_length,
       target.vocab_size, 'compile-only')
 
   def build(tp, dp):
-    source = registry.DraftSource(
-        vocab_size=target.vocab_size, draft_model=draft_model,
-        draft_params=dp, target_model=target, target_params=tp,
-        train_targets=lambda: [[2, 3, 4, 1]], train_pairs=lambda: [],
-        output_cache=store, output_length=output_length, tree=tree)
-    made['drafter'], params = spec.build(source)
+    source = draft.source(
+        vocab_size=target.vocab_size, output_length=output_length,
+        draft_model=draft_model, draft_params=dp, target=target,
+        target_params=tp, train_targets=lambda: [[2, 3, 4, 1]],
+        train_pairs=lambda: [], store=store)
+    made['drafter'], params = draft.drafter_kind.build(source)
     return params
 
   shapes = jax.eval_shape(build, target_params, draft_params)
   # A draft model of the target's own config: its params are the draft's.
-  known = ((draft_params, target_params) if spec.needs_model else
+  known = ((draft_params, target_params) if draft.drafter_kind.needs_model else
            (target_params, draft_params))
   return made['drafter'], _like(shapes, known, part)
 

@@ -16,13 +16,13 @@ to time); `--dry_run` prints the setup. Flags follow T5X (gin_utils.py):
 For every batch the same inputs are decoded by the baseline and by
 speculative decoding, both compiled, timed side by side (the order alternates
 between batches). At batch > 1 both decode with continuous batching by
-default (`EvalSetup.batching = 'stream'`: `streaming.sample_stream` and
+default (`BatchSpec.mode = 'stream'`: `streaming.sample_stream` and
 `streaming.speculative_stream`, an ended row refilled with the next example
-inside the loop) over chunks of `EvalSetup.stream_chunk` batches' worth of
+inside the loop) over chunks of `BatchSpec.chunk` batches' worth of
 examples: the chunk is then the unit decoded, timed, written and resumed
 (below, read "chunk" for "batch"); `BATCHING = 'fixed'` decodes fixed
 batches. At batch > 1 gamma is chosen for the batch by default
-(`EvalSetup.batch_gamma = 'profile'`, `unit_loop.choose_gamma`): the first unit's
+(`BatchSpec.gamma_rule = 'profile'`, `unit_loop.choose_gamma`): the first unit's
 warm-up at GAMMA gives alpha, the target's cost(k) at this batch and the
 drafter's c are timed on this machine, and the gamma maximizing Theorem 3.8
 with the measured cost(gamma + 1) decodes every unit. Outputs in
@@ -168,12 +168,12 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   if count > 1:
     run_folder.read_records(own)  # Repairs a cut-off last line of our own.
   commit = None
-  if drafters.get_kind(setup.drafter).uses_cache:
+  if setup.draft.drafter_kind.uses_cache:
     # The output cache outlives each unit: it is committed with the
     # unit's records (`run_folder.CacheCommit`); without a file of its
     # own it is kept here, so a resumed run drafts from the same cache.
     suffix = '' if count == 1 else f'.process-{index:05d}-of-{count:05d}'
-    path = setup.output_cache or str(out / f'output_cache{suffix}.npz')
+    path = setup.draft.output_cache or str(out / f'output_cache{suffix}.npz')
     commit = run_folder.CacheCommit(out, path, suffix)
     commit.recover(done)
     setup = setup.replace(output_cache=path)

@@ -2,11 +2,12 @@
 
 `EvalSetup` is the eval job's configuration (gin configures it, as T5X
 configures `DatasetConfig` / `RestoreCheckpointConfig`): the target, the
-drafter, the task and how to decode. Building one checks everything that can
+task and how to decode, with the drafter grouped in a `DrafterSpec` and the
+batching in a `BatchSpec`. Building one checks everything that can
 be checked without loading (gamma, sampling, vocabularies, the drafter kind,
 widening), so a bad configuration fails before any work. `build(setup)`
 loads it: the task, the target (checkpoint, then widening), the drafter (by
-its kind in `drafters.KINDS`).
+its kind in `drafters.KINDS`, from the one `DraftSource` its spec gives).
 
 The eval job (eval.py), the reproduction code (experiments/) and the scripts
 all go through here, so a setup means the same thing everywhere.
@@ -31,6 +32,186 @@ BATCHINGS = ('stream', 'fixed')
 BATCH_GAMMAS = ('profile', 'config')
 
 
+def _kinds_that(has) -> list:
+  """The kinds for which `has(kind)` holds (named in errors)."""
+  return sorted(k for k, v in drafters_lib.KINDS.items() if has(v))
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+  """What drafts: a drafter kind and what it is built from.
+
+  Gin binds it from DRAFTER, DRAFT_MODEL, DRAFT_CHECKPOINT, DRAFT_CONFIDENCE,
+  TREE and OUTPUT_CACHE (gin_configs/runs/eval.gin). Building one checks the
+  fields against the kind (`drafters.DrafterKind`); `source` turns it into
+  the `drafters.DraftSource` a kind is built from.
+
+  Attributes:
+    kind: a kind in `drafters.KINDS` (`python -m specdec_jax.drafters` lists
+      them).
+    config: `T5Config` of the draft model (kinds that need one).
+    checkpoint: as `EvalSetup.target_checkpoint`, for the drafter (a draft
+      model's, or the weights of a kind that reads its own: PaSS's
+      embeddings, heads).
+    confidence: adaptive draft lengths: 0 drafts gamma tokens every
+      iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
+      likely token is below this probability and a copying drafter stop
+      where nothing matches (see `drafters.T5Drafter`); refused for a kind
+      that drafts no adaptive lengths (`DrafterKind.reads_confidence`).
+    tree: a token tree's shape, for kinds that draft trees (a
+      `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
+      'dynamic:...' shape of `drafters.tree.shape.best`); None: the kind's
+      default (`drafters.tree.DEFAULT_TREE`). The setup's gamma is the depth
+      of the tree used (at most the shape's).
+    output_cache: for kinds that draft from an output cache: its file
+      (`output_cache.OutputCache`), loaded (and checked against the target)
+      when it exists, else created, seeded with the task's train pairs when
+      it has a train split; the eval job appends every finished output to
+      it, committed with each unit's records. None: the eval job keeps the
+      run's cache in EVAL_OUTPUT_DIR (output_cache.npz, so a resumed run
+      drafts from the same cache); `build` alone makes an in-memory one.
+  """
+  kind: str = 't5'
+  config: Optional[network.T5Config] = None
+  checkpoint: Optional[str] = None
+  confidence: float = 0.0
+  tree: Optional[str] = None
+  output_cache: Optional[str] = None
+
+  def __post_init__(self):
+    kind = drafters_lib.get_kind(self.kind)
+    conf = self.confidence
+    if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
+        0 <= conf < 1):
+      raise ValueError(f'draft_confidence must be a number in [0, 1), got '
+                       f'{conf!r}.')
+    if conf and not kind.reads_confidence:
+      raise ValueError(
+          f'draft_confidence is set but drafter {self.kind!r} drafts no '
+          f"adaptive lengths (kinds that do: {_kinds_that(lambda k: k.reads_confidence)}).")
+    if self.tree is not None and not kind.reads_tree:
+      raise ValueError(f'tree is set but drafter {self.kind!r} does not '
+                       f"draft trees (kinds that do: {_kinds_that(lambda k: k.reads_tree)}).")
+    if kind.reads_tree:
+      self.tree_shape  # pylint: disable=pointless-statement  (validates)
+    if self.output_cache is not None and not kind.uses_cache:
+      raise ValueError(f'output_cache is set but drafter {self.kind!r} '
+                       'does not use one (kinds that do: '
+                       f"{_kinds_that(lambda k: k.uses_cache)}).")
+    if kind.needs_model and self.config is None:
+      raise ValueError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
+                       'T5Config).')
+
+  @property
+  def drafter_kind(self) -> drafters_lib.DrafterKind:
+    return drafters_lib.get_kind(self.kind)
+
+  @property
+  def tree_shape(self) -> tree_shape.TreeShape:
+    """The tree a tree-drafting kind grows (its default when unset)."""
+    return tree_shape.parse(self.tree or drafters_lib.tree.DEFAULT_TREE)
+
+  def replace(self, **changes) -> 'DrafterSpec':
+    return dataclasses.replace(self, **changes)
+
+  def source(self, *, vocab_size: int, output_length: int, draft_model=None,
+             draft_params=None, target=None, target_params=None,
+             train_targets=None, train_pairs=None,
+             store=None) -> drafters_lib.DraftSource:
+    """The `DraftSource` its kind is built from: this spec with what was
+    loaded for it (the draft model, the target, the task's train data, the
+    output cache)."""
+    return drafters_lib.DraftSource(
+        vocab_size=vocab_size, draft_model=draft_model,
+        draft_params=draft_params, train_targets=train_targets,
+        target_model=target, target_params=target_params,
+        train_pairs=train_pairs, output_cache=store,
+        output_length=output_length, confidence=float(self.confidence),
+        draft_checkpoint=(None if self.drafter_kind.needs_model else
+                          self.checkpoint),
+        tree=self.tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+  """How examples are batched, and gamma at batch > 1.
+
+  Gin binds `size` from BATCH_SIZE and `mode` from BATCHING
+  (gin_configs/runs/eval.gin); the rest as e.g.
+  `--gin.BatchSpec.chunk=2`.
+
+  Attributes:
+    size: examples per decode call.
+    mode: at size > 1, 'stream' (continuous batching: both decoders run
+      `streaming.sample_stream` / `speculative_stream`, an ended row
+      refilled with the next example inside the loop, over chunks of
+      `chunk` batches' worth of examples) or 'fixed' (each batch runs until
+      its slowest row ends: `decoding.temperature_sample` /
+      `speculative.speculative_sample`). Batch 1 always decodes fixed.
+    chunk: batches' worth of examples per streamed call (the unit that is
+      timed, recorded and resumed; a drafter's output cache learns after
+      each).
+    gamma_rule: at size > 1 (where the slowest row sets the pace and cost(k)
+      grows with the batch), 'profile' (default): the job chooses gamma for
+      the batch from a hardware profile it measures first on this machine:
+      cost(k) = t(k) / t(1) of the target at this batch for k = 1 ..
+      max_gamma + 1, the drafter's c, and alpha from the first unit decoded
+      (untimed, the compile warm-up) at the setup's gamma; gamma is the
+      argmax of Theorem 3.8 with the measured cost(gamma + 1)
+      (`bench.hardware.predict`), or 0 (no speculation: the batch decodes
+      with the baseline) where even the best is predicted slower than the
+      baseline; written to gamma_choice.json and reused when the run
+      resumes. Drafters with a merged loop (PaSS, heads, trees) keep the
+      setup's gamma (their drafting rides on the target call; the chain
+      formula does not price it). 'config': the setup's gamma at every
+      batch. Batch 1 always decodes with the setup's gamma (the paper's
+      rule).
+    max_gamma: the largest gamma 'profile' may choose.
+  """
+  size: int = 1
+  mode: str = 'stream'
+  chunk: int = 4
+  gamma_rule: str = 'profile'
+  max_gamma: int = 8
+
+  def __post_init__(self):
+    checks.check_int('batch_size', self.size)
+    if self.mode not in BATCHINGS:
+      raise ValueError(f'batching must be one of {BATCHINGS}, got '
+                       f'{self.mode!r}.')
+    if self.gamma_rule not in BATCH_GAMMAS:
+      raise ValueError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
+                       f'{self.gamma_rule!r}.')
+    checks.check_int('max_gamma', self.max_gamma)
+    checks.check_int('stream_chunk', self.chunk)
+
+  @property
+  def streamed(self) -> bool:
+    """Whether the job decodes with continuous batching (`mode`)."""
+    return self.mode == 'stream' and self.size > 1
+
+  @property
+  def profile_gamma(self) -> bool:
+    """Whether the job chooses gamma from a profile (`gamma_rule`)."""
+    return self.gamma_rule == 'profile' and self.size > 1
+
+  def replace(self, **changes) -> 'BatchSpec':
+    return dataclasses.replace(self, **changes)
+
+
+# The job's flat names of the groups' fields (gin macros, run.json, a
+# sweep cell's changes, a results row): name -> (group, field).
+GROUPED = {
+    'drafter': ('draft', 'kind'), 'draft_config': ('draft', 'config'),
+    'draft_checkpoint': ('draft', 'checkpoint'),
+    'draft_confidence': ('draft', 'confidence'), 'tree': ('draft', 'tree'),
+    'output_cache': ('draft', 'output_cache'),
+    'batch_size': ('batch', 'size'), 'batching': ('batch', 'mode'),
+    'stream_chunk': ('batch', 'chunk'), 'batch_gamma': ('batch', 'gamma_rule'),
+    'max_gamma': ('batch', 'max_gamma'),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSetup:
   """One evaluation: target, drafter, task, decoding.
@@ -45,15 +226,14 @@ class EvalSetup:
     task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
       length.
     gamma: drafts per iteration.
-    drafter: a kind in `drafters.KINDS` (`python -m specdec_jax.drafters`
-      lists them).
-    draft_config: `T5Config` of the drafter (kinds that need a model).
-    draft_checkpoint: as target_checkpoint, for the drafter.
+    draft: the `DrafterSpec` (kind, draft model, checkpoint, confidence,
+      tree, output cache).
+    batch: the `BatchSpec` (batch size, streamed or fixed, gamma at batch
+      > 1).
     split: the split to decode.
     temperature: 0 for greedy.
     topk: 0 = off.
     topp: 1.0 = off.
-    batch_size: examples per decode call.
     num_examples: first N examples of the split (None = all).
     seed: PRNG seed (random weights: target seed, drafter seed + 1; and
       sampling).
@@ -73,48 +253,9 @@ class EvalSetup:
       the speculative verification (`decoding.temperature_sample`
       block_size=gamma+1), so greedy outputs can be equal bit for bit in
       bfloat16 too; the baseline then pays cost(gamma+1) per token.
-    output_cache: for the 'cache' and 'combined' drafters: the file of the
-      output cache (`output_cache.OutputCache`): loaded (and checked against
-      the target) when it exists, else created, seeded with the task's
-      train pairs when it has a train split; the eval job appends every
-      finished output to it, committed with each unit's records. None:
-      the eval job keeps the run's cache in EVAL_OUTPUT_DIR
-      (output_cache.npz, so a resumed run drafts from the same cache);
-      `build` alone makes an in-memory one.
-    draft_confidence: adaptive draft lengths: 0 drafts gamma tokens every
-      iteration; > 0 (e.g. 0.4) makes a model drafter stop where its most
-      likely token is below this probability and a copying drafter stop
-      where nothing matches (see `drafters.T5Drafter`); refused for a kind
-      that drafts no adaptive lengths (`DrafterKind.reads_confidence`).
-    batching: at batch_size > 1, 'stream' (continuous batching: both
-      decoders run `streaming.sample_stream` / `speculative_stream`, an
-      ended row refilled with the next example inside the loop, over chunks
-      of `stream_chunk` batches' worth of examples) or 'fixed' (each batch
-      runs until its slowest row ends: `decoding.temperature_sample` /
-      `speculative.speculative_sample`). Batch 1 always decodes fixed.
-    stream_chunk: batches' worth of examples per streamed call (the unit
-      that is timed, recorded and resumed; a drafter's output cache learns
-      after each).
-    batch_gamma: at batch_size > 1 (where the slowest row sets the pace
-      and cost(k) grows with the batch), 'profile' (default): the job
-      chooses gamma for the batch from a hardware profile it measures
-      first on this machine: cost(k) = t(k) / t(1) of the target at this
-      batch for k = 1 .. max_gamma + 1, the drafter's c, and alpha from
-      the first unit decoded (untimed, the compile warm-up) at `gamma`;
-      gamma is the argmax of Theorem 3.8 with the measured cost(gamma + 1)
-      (`bench.hardware.predict`), or 0 (no speculation: the batch decodes
-      with the baseline) where even the best is predicted slower than the
-      baseline; written to gamma_choice.json and reused when the run
-      resumes. Drafters with a merged loop (PaSS, heads,
-      trees) keep `gamma` (their drafting rides on the target call; the
-      chain formula does not price it). 'config': `gamma` at every batch.
-      Batch 1 always decodes with `gamma` (the paper's rule).
-    max_gamma: the largest gamma 'profile' may choose.
-    tree: TREE, for drafter 'tree': the token tree's shape (a
-      `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
-      'dynamic:...' shape of `drafters.tree.shape.best`); None: the
-      kind's default (`drafters.tree.DEFAULT_TREE`). gamma is the depth of
-      the tree used (at most the shape's).
+
+  `replace` and `flat` also speak the job's flat names of the groups'
+  fields (`GROUPED`: drafter, tree, batch_size, batching, ...).
   """
 
   target_config: network.T5Config
@@ -122,14 +263,12 @@ class EvalSetup:
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
   gamma: int
-  drafter: str = 't5'
-  draft_config: Optional[network.T5Config] = None
-  draft_checkpoint: Optional[str] = None
+  draft: DrafterSpec
+  batch: BatchSpec = BatchSpec()
   split: str = 'validation'
   temperature: float = 0.0
   topk: int = 0
   topp: float = 1.0
-  batch_size: int = 1
   num_examples: Optional[int] = None
   seed: int = 0
   truncate_inputs: bool = False
@@ -138,13 +277,6 @@ class EvalSetup:
   target_widen_to: Optional[Union[str, Mapping[str, int]]] = None
   activation_dtype: Optional[str] = None
   same_shape_baseline: bool = False
-  output_cache: Optional[str] = None
-  draft_confidence: float = 0.0
-  batching: str = 'stream'
-  stream_chunk: int = 4
-  tree: Optional[str] = None
-  batch_gamma: str = 'profile'
-  max_gamma: int = 8
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -154,53 +286,22 @@ class EvalSetup:
       raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
                        f'got {dict(self.task_feature_lengths)}.')
     set_('task_feature_lengths', dict(self.task_feature_lengths))
-    checks.check_int('batch_size', self.batch_size)
     if self.num_examples is not None:
       checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
-    if self.batching not in BATCHINGS:
-      raise ValueError(f'batching must be one of {BATCHINGS}, got '
-                       f'{self.batching!r}.')
-    if self.batch_gamma not in BATCH_GAMMAS:
-      raise ValueError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
-                       f'{self.batch_gamma!r}.')
-    checks.check_int('max_gamma', self.max_gamma)
-    checks.check_int('stream_chunk', self.stream_chunk)
-    if self.same_shape_baseline and self.streamed:
+    if self.same_shape_baseline and self.batch.streamed:
       raise ValueError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "
           'streamed baseline steps one token per row.')
-    kind = drafters_lib.get_kind(self.drafter)
-    conf = self.draft_confidence
-    if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
-        0 <= conf < 1):
-      raise ValueError(f'draft_confidence must be a number in [0, 1), got '
-                       f'{conf!r}.')
-    if conf and not kind.reads_confidence:
-      raise ValueError(
-          f'draft_confidence is set but drafter {self.drafter!r} drafts no '
-          'adaptive lengths (kinds that do: '
-          f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.reads_confidence)}).')
-    if self.tree is not None and not kind.reads_tree:
-      raise ValueError(f'tree is set but drafter {self.drafter!r} does not '
-                       'draft trees (kinds that do: '
-                       f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.reads_tree)}).')
-    if kind.reads_tree:
-      shape = tree_shape.parse(self.tree or drafters_lib.tree.DEFAULT_TREE)
+    if self.draft.drafter_kind.reads_tree:
+      shape = self.draft.tree_shape
       if self.gamma > shape.depth:
         raise ValueError(f'gamma {self.gamma} is deeper than the tree '
                          f'{shape.spec!r} (depth {shape.depth}): set gamma '
                          f'<= {shape.depth} (the tree is cut to gamma '
                          'levels).')
-    if self.output_cache is not None and not kind.uses_cache:
-      raise ValueError(f'output_cache is set but drafter {self.drafter!r} '
-                       'does not use one (kinds that do: '
-                       f'{sorted(k for k, v in drafters_lib.KINDS.items() if v.uses_cache)}).')
-    if kind.needs_model:
-      if self.draft_config is None:
-        raise ValueError(f'drafter={self.drafter!r} needs DRAFT_MODEL (a '
-                         'T5Config).')
+    if self.draft.config is not None and self.draft.drafter_kind.needs_model:
       speculative.check_vocab(self.target_config.vocab_size,
-                              self.draft_config.vocab_size)
+                              self.draft.config.vocab_size)
     if self.activation_dtype is not None:
       import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
       try:
@@ -215,16 +316,6 @@ class EvalSetup:
       if not isinstance(self.target_widen_to, str):
         set_('target_widen_to', dict(self.target_widen_to))
       self.decoding_config  # pylint: disable=pointless-statement
-
-  @property
-  def profile_gamma(self) -> bool:
-    """Whether the job chooses gamma from a profile (`batch_gamma`)."""
-    return self.batch_gamma == 'profile' and self.batch_size > 1
-
-  @property
-  def streamed(self) -> bool:
-    """Whether the job decodes with continuous batching (`batching`)."""
-    return self.batching == 'stream' and self.batch_size > 1
 
   @property
   def sampling(self) -> SamplingConfig:
@@ -245,17 +336,40 @@ class EvalSetup:
     return widening.widened_config(self.loaded_config, self.target_widen_to)
 
   def replace(self, **changes) -> 'EvalSetup':
-    return dataclasses.replace(self, **changes)
+    """The setup with fields changed: its own, or the groups' by their
+    flat names (`GROUPED`, e.g. drafter='bigram', batch_size=8)."""
+    groups: Dict[str, Dict[str, Any]] = {}
+    own = {}
+    for name, value in changes.items():
+      if name in GROUPED:
+        group, field = GROUPED[name]
+        groups.setdefault(group, {})[field] = value
+      else:
+        own[name] = value
+    for group, fields in groups.items():
+      own[group] = dataclasses.replace(own.get(group, getattr(self, group)),
+                                       **fields)
+    return dataclasses.replace(self, **own)
+
+  def flat(self) -> Dict[str, Any]:
+    """Every field by its flat name: the setup's own (but the groups) and
+    the groups' (`GROUPED`)."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+              if f.name not in ('draft', 'batch')}
+    for name, (group, field) in GROUPED.items():
+      fields[name] = getattr(getattr(self, group), field)
+    return fields
 
   def settings(self) -> Dict[str, Any]:
     """The run's identity, as run.json holds it (a rerun must match it)."""
+    draft, batch = self.draft, self.batch
     settings = dict(
-        task=self.mixture_or_task_name, split=self.split, drafter=self.drafter,
+        task=self.mixture_or_task_name, split=self.split, drafter=draft.kind,
         gamma=self.gamma, temperature=float(self.temperature), topk=self.topk,
-        topp=float(self.topp), batch_size=self.batch_size,
+        topp=float(self.topp), batch_size=batch.size,
         num_examples=self.num_examples, seed=self.seed,
         target_checkpoint=str(self.target_checkpoint),
-        draft_checkpoint=str(self.draft_checkpoint),
+        draft_checkpoint=str(draft.checkpoint),
         target_widen_to=self.target_widen_to,
         task_feature_lengths=dict(self.task_feature_lengths))
     # Only when set, so that runs from before these options still resume.
@@ -263,22 +377,22 @@ class EvalSetup:
       settings['activation_dtype'] = self.activation_dtype
     if self.same_shape_baseline:
       settings['same_shape_baseline'] = True
-    if self.draft_confidence:
-      settings['draft_confidence'] = float(self.draft_confidence)
-    if self.tree is not None:
-      settings['tree'] = self.tree
-    if self.streamed:  # fixed batches: as before streaming existed
+    if draft.confidence:
+      settings['draft_confidence'] = float(draft.confidence)
+    if draft.tree is not None:
+      settings['tree'] = draft.tree
+    if batch.streamed:  # fixed batches: as before streaming existed
       settings['batching'] = 'stream'
-      settings['stream_chunk'] = self.stream_chunk
-    if self.profile_gamma:
+      settings['stream_chunk'] = batch.chunk
+    if batch.profile_gamma:
       settings['batch_gamma'] = 'profile'
-      settings['max_gamma'] = self.max_gamma
+      settings['max_gamma'] = batch.max_gamma
     return settings
 
   def describe(self) -> str:
-    """One `name = value` line per field (the eval job's --dry_run)."""
-    return '\n'.join(f'{f.name} = {getattr(self, f.name)!r}'
-                     for f in dataclasses.fields(self))
+    """One `name = value` line per field, the groups' by their flat names
+    (the eval job's --dry_run)."""
+    return '\n'.join(f'{k} = {v!r}' for k, v in self.flat().items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +512,7 @@ def load_store(setup: EvalSetup, task, target, target_params,
                max_train_examples: int = 20000):
   """The output cache of a setup whose drafter reads one (else None).
 
-  `setup.output_cache` is loaded when the file exists (checked against the
+  `setup.draft.output_cache` is loaded when the file exists (checked against the
   target and the task's output length); otherwise a new cache is seeded
   with the task's train pairs (when the task has a train split) and, with
   a path, saved.
@@ -406,10 +520,10 @@ def load_store(setup: EvalSetup, task, target, target_params,
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
   from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
 
-  if not drafters_lib.get_kind(setup.drafter).uses_cache:
+  if not setup.draft.drafter_kind.uses_cache:
     return None
   length = setup.task_feature_lengths['targets']
-  store = output_cache.OutputCache.open(setup.output_cache, target,
+  store = output_cache.OutputCache.open(setup.draft.output_cache, target,
                                         target_params, length)
   if len(store) or task is None:
     return store
@@ -444,26 +558,22 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
   """
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
 
-  kind = drafters_lib.get_kind(setup.drafter)
+  spec = setup.draft
+  kind = spec.drafter_kind
   draft_model = draft_params = None
   if kind.needs_model:
     draft_model, draft_params = load_model(
-        setup.draft_config, setup.draft_checkpoint, setup.seed + 1, 'draft')
-  train = None
+        spec.config, spec.checkpoint, setup.seed + 1, 'draft')
+  train = pairs = None
   if task is not None:
     train = lambda: data.train_targets(task, max_train_examples)
-  pairs = None
-  if task is not None:
     pairs = lambda: data.train_pairs(task, max_train_examples)
-  source = drafters_lib.DraftSource(
-      vocab_size=setup.target_config.vocab_size, draft_model=draft_model,
-      draft_params=draft_params, train_targets=train, target_model=target,
-      target_params=target_params, train_pairs=pairs, output_cache=store,
+  source = spec.source(
+      vocab_size=setup.target_config.vocab_size,
       output_length=setup.task_feature_lengths['targets'],
-      confidence=float(setup.draft_confidence),
-      draft_checkpoint=(None if kind.needs_model else
-                        setup.draft_checkpoint),
-      tree=setup.tree)
+      draft_model=draft_model, draft_params=draft_params, target=target,
+      target_params=target_params, train_targets=train, train_pairs=pairs,
+      store=store)
   if not kind.data_only or task is None:
     return kind.build(source)
   key = (kind.name, task.name, setup.target_config.vocab_size,

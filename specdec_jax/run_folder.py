@@ -154,7 +154,9 @@ def identity(setup: loading.EvalSetup, partitioner=None,
              shard_drafter: bool = False) -> Dict[str, Any]:
   """Every setting that can change a record of the run, as JSON.
 
-  Every field of `setup` but `FREE_FIELDS`, by its name; the content of
+  Every field of `setup` but `FREE_FIELDS`, by its flat name
+  (`EvalSetup.flat`: a run from before the drafter and batching were
+  grouped resumes); the content of
   both checkpoints (`checkpoints.manifest.fingerprint`: the manifest's
   checksums where one covers the folder, else the files' names and sizes
   and their small files' content); the mesh; the device the decodes are
@@ -162,13 +164,12 @@ def identity(setup: loading.EvalSetup, partitioner=None,
   decoded is checked per record (`example_fingerprint`).
   """
   import jax  # pylint: disable=g-import-not-at-top
-  settings = {f.name: _jsonable(getattr(setup, f.name))
-              for f in dataclasses.fields(setup)
-              if f.name not in FREE_FIELDS}
+  settings = {name: _jsonable(value) for name, value in setup.flat().items()
+              if name not in FREE_FIELDS}
   settings['target_checkpoint_content'] = _checkpoint_content(
       setup.target_checkpoint)
   settings['draft_checkpoint_content'] = _checkpoint_content(
-      setup.draft_checkpoint)
+      setup.draft.checkpoint)
   settings['mesh'] = _mesh(partitioner, shard_drafter)
   device = jax.devices()[0]
   settings['device'] = {'platform': device.platform,

@@ -41,7 +41,7 @@ def summarize(records, settings) -> Dict[str, Any]:
       'timed_calls': len(batch_times),
       # Records of runs from before streaming say nothing: fixed.
       'batching': records[0].get('batching', 'fixed'),
-      # examples per gamma decoded with (`EvalSetup.batch_gamma`); records
+      # examples per gamma decoded with (`BatchSpec.gamma_rule`); records
       # from before that option: the configured gamma.
       'gamma_used': {str(g): n for g, n in sorted(collections.Counter(
           r.get('gamma', settings['gamma']) for r in records).items())},

@@ -1,7 +1,7 @@
 """The eval job's unit loop: every unit decoded both ways, timed, recorded.
 
 A unit is what the job decodes, times, records and resumes in one piece: a
-batch, or streamed (`EvalSetup.streamed`) a chunk of `stream_chunk`
+batch, or streamed (`BatchSpec.streamed`) a chunk of `stream_chunk`
 batches' worth of examples. `decode_units` decodes each unfinished unit
 with the baseline and with speculative decoding on the same inputs and
 rng, both compiled outside the timings, timed alternately
@@ -44,16 +44,16 @@ def units(setup: EvalSetup, all_inputs: np.ndarray
   """The timed decode calls: `(unit, start, rows used, inputs)`.
 
   Fixed batches: unit b is batch b (`data.batches`, a short last one
-  filled). Streamed (`setup.streamed`): unit c is chunk c, the examples
-  [c K B, (c + 1) K B) with K = `setup.stream_chunk` and B the batch, a
+  filled). Streamed (`setup.batch.streamed`): unit c is chunk c, the examples
+  [c K B, (c + 1) K B) with K = `setup.batch.chunk` and B the batch, a
   short last chunk filled (repeating its first row) to a multiple of B.
   """
-  b = setup.batch_size
-  if not setup.streamed:
+  b = setup.batch.size
+  if not setup.batch.streamed:
     for start, n, inputs in data.batches(all_inputs, b):
       yield start // b, start, n, inputs
     return
-  size = setup.stream_chunk * b
+  size = setup.batch.chunk * b
   for start in range(0, len(all_inputs), size):
     rows = all_inputs[start:start + size]
     n = len(rows)
@@ -75,10 +75,10 @@ def call_times(loaded: loading.Loaded, inputs
     ({k: seconds}, drafter seconds per token, the context).
   """
   setup = loaded.setup
-  rows = inputs[:setup.batch_size]
+  rows = inputs[:setup.batch.size]
   context = max(setup.task_feature_lengths['targets'] // 2, 1)
   seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
-                               range(1, setup.max_gamma + 2),
+                               range(1, setup.batch.max_gamma + 2),
                                context=context, jit_setup=True)
   t_draft = measure.drafter_token_time(
       loaded.drafter, loaded.draft_params, rows, setup.gamma,
@@ -88,7 +88,7 @@ def call_times(loaded: loading.Loaded, inputs
 
 def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   """gamma for the setup's batch from a profile measured now, on this
-  machine (`EvalSetup.batch_gamma` 'profile').
+  machine (`BatchSpec.gamma_rule` 'profile').
 
   Args:
     loaded: the built setup.
@@ -104,16 +104,16 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   """
 
   setup = loaded.setup
-  b, top = setup.batch_size, setup.max_gamma
+  b, top = setup.batch.size, setup.batch.max_gamma
   seconds, t_draft, _ = call_times(loaded, inputs)
   t1 = seconds[1]
   profile = hardware.HardwareProfile.of_run(
       f'this run, batch {b}', b, t1,
-      {k: t / t1 for k, t in seconds.items()}, {setup.drafter: t_draft / t1},
+      {k: t / t1 for k, t in seconds.items()}, {setup.draft.kind: t_draft / t1},
       device=measure.machine())
   alpha = spec_stats.summarize(first.stats)['alpha']
   chosen = hardware.predict(profile, alpha=theory.clamp_alpha(alpha),
-                            drafter=setup.drafter, batch=b, max_gamma=top)
+                            drafter=setup.draft.kind, batch=b, max_gamma=top)
   choice = {'gamma': int(chosen.gamma), 'rule': 'profile',
             'configured_gamma': setup.gamma, 'alpha': alpha,
             'prediction': chosen.to_json(), 'profile': profile.to_json()}
@@ -143,7 +143,7 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
                     ) -> Iterator[List[Dict[str, Any]]]:
   """Decodes every unfinished unit both ways; yields each unit's records.
 
-  A unit is a batch, or streamed (`EvalSetup.streamed`) a chunk of
+  A unit is a batch, or streamed (`BatchSpec.streamed`) a chunk of
   `stream_chunk` batches' worth of examples decoded by the streaming loops
   (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
   an ended row refilled inside the loop). Rows already in `done` (a unit
@@ -162,7 +162,7 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
   `run_folder.CacheCommit`) the grown cache is staged before the unit's
   records are yielded; the caller appends them, then finishes the commit.
 
-  With `setup.profile_gamma` the first unit decoded sets gamma for the
+  With `setup.batch.profile_gamma` the first unit decoded sets gamma for the
   rest (`choose_gamma`, after its untimed warm-up at `setup.gamma`),
   kept in `choice_file` (read back when the run resumes); every record
   says the gamma it was decoded with.
@@ -174,29 +174,29 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
   lengths = setup.task_feature_lengths
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              lengths['inputs'])
-  mode = 'stream' if setup.streamed else 'fixed'
-  refill_sizes = None if partitioner is None else (setup.batch_size,)
+  mode = 'stream' if setup.batch.streamed else 'fixed'
+  refill_sizes = None if partitioner is None else (setup.batch.size,)
   warmed = set()  # (input shape, drafter param shapes, gamma) compiled
   draft_params = loaded.draft_params
   gamma, choice = setup.gamma, None
-  if setup.profile_gamma:
+  if setup.batch.profile_gamma:
     if speculative.decodes_merged(loaded.drafter):
       choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
-                'why': f'drafter {setup.drafter!r} drafts in its merged loop '
+                'why': f'drafter {setup.draft.kind!r} drafts in its merged loop '
                        '(its drafting rides on the target call; the chain '
                        'formula does not price it): gamma as configured'}
       if choice_file is not None:
         run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
     elif choice_file is not None and choice_file.exists():
       choice = json.loads(choice_file.read_text())
-      print(f"gamma {choice['gamma']} for batch {setup.batch_size}, chosen "
+      print(f"gamma {choice['gamma']} for batch {setup.batch.size}, chosen "
             f'by the profile of the run being resumed ({choice_file})',
             flush=True)
     if choice is not None:
       gamma = choice['gamma']
   for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
-                                  setup.streamed else 'batch'):
+                                  setup.batch.streamed else 'batch'):
     batch = examples[start:start + n]
     if u % share[1] != share[0] or all(i in done for i, *_ in batch):
       continue
@@ -211,8 +211,8 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
         base = calls_at(setup.gamma)['baseline']
         return {'baseline': base,
                 'speculative': lambda: _baseline_as_speculative(base())}
-      if setup.streamed:
-        stream = dict(batch_size=setup.batch_size, refill_sizes=refill_sizes)
+      if setup.batch.streamed:
+        stream = dict(batch_size=setup.batch.size, refill_sizes=refill_sizes)
         return {
             'baseline': lambda: streaming.sample_stream(
                 target, target_params, inputs, **stream, **common),
@@ -236,12 +236,12 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
     if (shapes, gamma) not in warmed:  # compile both outside the timings
       first, _ = measure.time_alternating(calls)
       warmed.add((shapes, gamma))
-      if setup.profile_gamma and choice is None:
+      if setup.batch.profile_gamma and choice is None:
         choice = choose_gamma(loaded, inputs, first['speculative'])
         if choice_file is not None:
           run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
         pred = choice['prediction']
-        print(f"gamma {choice['gamma']} for batch {setup.batch_size} "
+        print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
               f"(configured {setup.gamma}): chosen by the profile measured "
               f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
               f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
@@ -274,7 +274,7 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
         continue
       b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
       record = dict(
-          index=i, batch=i // setup.batch_size,
+          index=i, batch=i // setup.batch.size,
           example=run_folder.example_fingerprint(ids, in_text, tgt_text),
           input=in_text,
           target=tgt_text, baseline=text(base, row, b_len),
@@ -289,7 +289,7 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
           baseline_batch_s=times['baseline'],
           speculative_batch_s=times['speculative'],
           divergence=divergences.get(row))
-      if setup.streamed:
+      if setup.batch.streamed:
         record['chunk'] = u
       records.append(record)
     if loaded.store is not None and records:

@@ -23,16 +23,16 @@ DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
 # batches of 2 (4 examples, 2 slots refilled). `args` decodes fixed batches
 # unless given these (tests/test_diagnostics.py spies on the fixed-batch
 # decoders through it).
-STREAM = {'BATCHING': "'stream'", 'EvalSetup.stream_chunk': '2'}
+STREAM = {'BATCHING': "'stream'", 'BatchSpec.chunk': '2'}
 # gamma chosen for the batch by a profile the job measures (the default at
 # batch > 1); `args` keeps GAMMA unless given this.
-PROFILE = {'EvalSetup.batch_gamma': "'profile'", 'EvalSetup.max_gamma': '2'}
+PROFILE = {'BatchSpec.gamma_rule': "'profile'", 'BatchSpec.max_gamma': '2'}
 
 
 def args(out, **overrides):
   bindings = {
       'BATCHING': "'fixed'",
-      'EvalSetup.batch_gamma': "'config'",
+      'BatchSpec.gamma_rule': "'config'",
       'TARGET_MODEL': '%T5_1_1_TINY',
       'DRAFT_MODEL': '%T5_1_1_TINY',
       'TARGET_CHECKPOINT': 'None',
@@ -203,15 +203,15 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'DRAFTER': "'trigram'"}, ValueError,
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
-    ({'EvalSetup.batch_gamma': "'auto'"}, ValueError,
+    ({'BatchSpec.gamma_rule': "'auto'"}, ValueError,
      "batch_gamma must be one of .'profile', 'config'.*got 'auto'"),
-    ({'EvalSetup.max_gamma': '0'}, ValueError, 'max_gamma must be an int'),
+    ({'BatchSpec.max_gamma': '0'}, ValueError, 'max_gamma must be an int'),
     ({'DRAFTER': "'pass'", 'GAMMA': '5'}, ValueError,
      'gamma=5 > 4: the PassDrafter drafts at most 4'),
     ({'evaluate.timing_repeats': '0'}, ValueError, 'timing_repeats'),
     ({'BATCHING': "'streamed'"}, ValueError,
      "batching must be one of \\('stream', 'fixed'\\)"),
-    ({'EvalSetup.stream_chunk': '0'}, ValueError,
+    ({'BatchSpec.chunk': '0'}, ValueError,
      'stream_chunk must be an int >= 1'),
     ({'BATCHING': "'stream'", 'EvalSetup.same_shape_baseline': 'True'},
      ValueError, "same_shape_baseline needs batching='fixed'"),

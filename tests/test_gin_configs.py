@@ -92,7 +92,7 @@ def test_paper_file_binds_every_argument(path):
   assert bindings.target_checkpoint == '/ckpt/target'
   assert output_dir == '/tmp/out'
   sizes = {'small': 512, 'base': 768, 'large': 1024}
-  assert bindings.draft_config.emb_dim == sizes[drafter]
+  assert bindings.draft.config.emb_dim == sizes[drafter]
   assert bindings.target_config.emb_dim == 4096  # T5 1.1 XXL
   assert bindings.target_config.mlp_dim == 10240
 
@@ -112,7 +112,7 @@ def test_example_files_are_complete_runs(path):
   gin.clear_config(clear_constants=True)
   assert isinstance(resolved.target_config, network.T5Config)
   assert resolved.target_config.vocab_size == (
-      resolved.draft_config.vocab_size)
+      resolved.draft.config.vocab_size)
 
 
 def test_a_folder_named_like_a_gin_folder_does_not_break_includes(

@@ -181,52 +181,6 @@ def test_adaptive_t5_sampled_sequences_follow_target_distribution(
   assert_matches(np.asarray(out.tokens), dist)
 
 
-def test_combined_skips_its_model_where_every_row_copies(v11):
-  """A target that copies its input (tests/drafters/test_lookup.py): the combined
-  drafter's output is the exact copy, and its model (a T5 that counts its
-  calls) runs only in iterations where some row has nothing to copy: the
-  first (BOS alone) and those at a row's end, not the copying ones."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from specdec_jax import network  # pylint: disable=g-import-not-at-top
-  import test_lookup  # pylint: disable=g-import-not-at-top
-
-  calls = []
-
-  @dataclasses.dataclass(frozen=True)
-  class Counting(network.T5Model):
-
-    def extend(self, params, tokens, cache):
-      jax.debug.callback(lambda: calls.append(1))
-      return super().extend(params, tokens, cache)
-
-  model, params = v11
-  vocab, eos = test_lookup.VOCAB, test_lookup.EOS
-  assert model.vocab_size == vocab
-  rng = np.random.default_rng(0)
-  source = np.zeros((2, 20), np.int32)
-  for b, n in enumerate((18, 14)):
-    source[b, :n] = rng.permutation(np.arange(2, vocab))[:n]
-    source[b, n] = eos
-  drafter = drafters.CombinedDrafter(
-      drafters.LookupDrafter(vocab, eos_id=eos),
-      drafters.T5Drafter(Counting(model.config)))
-  gamma = 4
-  out = speculative.speculative_sample(
-      test_lookup.CopyModel(), (), drafter, {'reference': (), 'model': params},
-      source, gamma=gamma, max_decode_len=20, eos_id=eos)
-  jax.effects_barrier()
-  lengths = np.asarray(out.lengths)
-  for b, n in enumerate((18, 14)):
-    assert lengths[b] == n + 1
-    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n + 1],
-                                  source[b, :n + 1])
-  iterations = int(out.stats.iterations)
-  # A T5 drafter alone makes gamma calls per iteration; here the model runs
-  # in at most 3 iterations (BOS, each row's end), one catch-up each.
-  assert iterations >= 5
-  assert 0 < len(calls) <= 3 * (gamma + 2) < gamma * iterations
-
-
 def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path):
   """DRAFTER='combined' with OUTPUT_CACHE: the file is created from the
   task's 100 train pairs, every finished output is appended (4, then 2

@@ -28,13 +28,13 @@ def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
   assert base.mixture_or_task_name == 'debian_synopsis'
   assert base.target_config.emb_dim == 256
   assert base.target_config.num_decoder_layers == 4
-  assert base.draft_config.emb_dim == 128
+  assert base.draft.config.emb_dim == 128
   assert base.target_checkpoint.endswith('synopsis_mini_xxl/checkpoint_1000')
-  assert base.draft_checkpoint.endswith(
+  assert base.draft.checkpoint.endswith(
       'synopsis_mini_base/checkpoint_1000')
   assert base.split == 'test' and base.truncate_inputs
   bigram = reproduce.eval_setup(setup, 'en_de', 'bigram', temperature=1.0)
-  assert bigram.drafter == 'bigram' and bigram.draft_checkpoint is None
+  assert bigram.draft.kind == 'bigram' and bigram.draft.checkpoint is None
   assert bigram.temperature == 1.0
   assert bigram.task_feature_lengths == {'inputs': 64, 'targets': 64}
 
@@ -55,8 +55,8 @@ def test_paper_setup_uses_the_paper_gin_files():
   assert r.gamma == 3
   assert r.mixture_or_task_name == 'wmt_t2t_ende_v003'
   assert r.target_config.emb_dim == 4096  # T5 1.1 XXL
-  assert r.draft_config.emb_dim == 1024  # T5 1.1 large
-  assert (r.target_checkpoint, r.draft_checkpoint) == (
+  assert r.draft.config.emb_dim == 1024  # T5 1.1 large
+  assert (r.target_checkpoint, r.draft.checkpoint) == (
       '/ckpt/xxl', '/ckpt/large')
   with pytest.raises(ValueError, match="'en_de_small'"):
     reproduce.eval_flags(setup, 'en_de', 'small')

@@ -42,8 +42,7 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
                   'config_str', 'if_settings_differ'}
   setup = eval_lib.configured(args(tmp_path / 'x'))[1]
   settings = run_folder.identity(setup)
-  fields = {f.name for f in dataclasses.fields(setup)}
-  assert fields - set(settings) == {'num_examples'}
+  assert set(setup.flat()) - set(settings) == {'num_examples'}
   assert {'target_checkpoint_content', 'draft_checkpoint_content', 'mesh',
           'device'} <= set(settings)
 
@@ -51,7 +50,8 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
   class Grown(loading.EvalSetup):
     new_knob: int = 0
 
-  grown = Grown(**{f: getattr(setup, f) for f in fields})
+  grown = Grown(**{f.name: getattr(setup, f.name)
+                   for f in dataclasses.fields(setup)})
   out = tmp_path / 'grown'
   run_folder.claim(out, run_folder.identity(grown), '', {})
   run_folder.claim(out, run_folder.identity(grown), '', {})  # same: resumes

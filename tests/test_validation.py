@@ -245,14 +245,13 @@ def test_a_confidence_for_a_kind_that_ignores_it_is_refused():
   """DRAFT_CONFIDENCE changes only the kinds that draft adaptive lengths;
   set for any other kind it would change nothing: a named error."""
   from specdec_jax import loading  # pylint: disable=g-import-not-at-top
-  common = dict(target_config=TINY_V11, target_checkpoint=None,
-                mixture_or_task_name='t', draft_config=TINY_V11,
-                task_feature_lengths={'inputs': 8, 'targets': 8}, gamma=3)
   readers = sorted(k for k, v in drafters.KINDS.items() if v.reads_confidence)
   assert readers == ['cache', 'lookup', 't5']
-  assert loading.EvalSetup(draft_confidence=0.4, **common).draft_confidence
+  spec = loading.DrafterSpec(config=TINY_V11, confidence=0.4)
+  assert spec.confidence == 0.4 and spec.source(
+      vocab_size=6, output_length=8).confidence == 0.4
   for kind in ('combined', 'bigram', 'pass'):
     with pytest.raises(ValueError, match=(
         f"draft_confidence is set but drafter '{kind}' drafts no adaptive "
         r"lengths \(kinds that do: \['cache', 'lookup', 't5'\]\)")):
-      loading.EvalSetup(drafter=kind, draft_confidence=0.4, **common)
+      spec.replace(kind=kind)

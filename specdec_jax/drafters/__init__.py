@@ -22,7 +22,7 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
   tree/          token trees: a T5 drafter's tree verified in one call
                  ('tree', its shape DraftSource.tree, gin TREE)
 
-`KINDS` below is the one list of the kinds a job may name (`EvalSetup.drafter`,
+`KINDS` below is the one list of the kinds a job may name (`DrafterSpec.kind`,
 gin `DRAFTER`); `python -m specdec_jax.drafters` prints it. A new kind is a
 module (or folder) exporting a `registry.DrafterKind` and one line here;
 tests/drafters/test_drafters.py then runs it through the per-kind suite.

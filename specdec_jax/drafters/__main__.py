@@ -3,5 +3,5 @@
 from specdec_jax import drafters
 
 if __name__ == '__main__':
-  print('Drafter kinds (EvalSetup.drafter, gin DRAFTER):')
+  print('Drafter kinds (DrafterSpec.kind, gin DRAFTER):')
   print(drafters.KINDS.describe())

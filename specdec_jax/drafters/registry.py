@@ -1,6 +1,6 @@
 """The drafter registry's types: what a kind is and what it is built from.
 
-A *kind* is a drafter a job may name (`EvalSetup.drafter`, gin `DRAFTER`):
+A *kind* is a drafter a job may name (`DrafterSpec.kind`, gin `DRAFTER`):
 its name, what it needs (`DrafterKind`) and how it is built from what the
 job has at hand (`DraftSource`). The kinds themselves are listed once, in
 `specdec_jax.drafters.KINDS` (a `KindTable`); this module imports only the
@@ -67,7 +67,7 @@ class DraftSource:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterKind:
-  """A kind of drafter a job may name (`EvalSetup.drafter`).
+  """A kind of drafter a job may name (`DrafterSpec.kind`).
 
   Attributes:
     name: the name ('t5', 'bigram', ...).

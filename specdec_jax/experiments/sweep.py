@@ -152,7 +152,7 @@ def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
   the job's gamma choice times them (`unit_loop.call_times`)."""
   seconds, t_draft, context = unit_loop.call_times(loaded, inputs)
   t1 = seconds[1]
-  return {'batch': loaded.setup.batch_size, 'context': context,
+  return {'batch': loaded.setup.batch.size, 'context': context,
           't1_ms': t1 * 1e3,
           'cost': {str(k): t / t1 for k, t in sorted(seconds.items())},
           'c': t_draft / t1}
@@ -172,7 +172,8 @@ MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
 
 def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
   _, fields = known[name]
-  text = json.dumps({f: repr(getattr(setup, f)) for f in fields},
+  flat = setup.flat()
+  text = json.dumps({f: repr(flat[f]) for f in fields},
                     sort_keys=True)
   return f'{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}'
 
@@ -201,7 +202,7 @@ def built(setup: loading.EvalSetup) -> Tuple[loading.Loaded, np.ndarray]:
   loaded = loading.build(setup)
   examples = list(data.task_examples(loaded.task, setup.split,
                                      setup.task_feature_lengths,
-                                     setup.batch_size, setup.truncate_inputs))
+                                     setup.batch.size, setup.truncate_inputs))
   inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                          setup.task_feature_lengths['inputs'])
   return loaded, inputs

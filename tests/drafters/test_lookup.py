@@ -202,3 +202,48 @@ def test_lookup_beats_a_fixed_token_drafter_on_a_copy_task():
               == 1 + np.ceil((lengths - 1) / 5)).all()
   assert tokens_per_iteration['lookup'] > 2 * tokens_per_iteration['unigram']
   assert tokens_per_iteration['unigram'] == pytest.approx(1.0)
+
+
+def test_combined_skips_its_model_where_every_row_copies(v11):
+  """A target that copies its input (`CopyModel`): the combined
+  drafter's output is the exact copy, and its model (a T5 that counts its
+  calls) runs only in iterations where some row has nothing to copy: the
+  first (BOS alone) and those at a row's end, not the copying ones."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+
+  calls = []
+
+  @dataclasses.dataclass(frozen=True)
+  class Counting(network.T5Model):
+
+    def extend(self, params, tokens, cache):
+      jax.debug.callback(lambda: calls.append(1))
+      return super().extend(params, tokens, cache)
+
+  model, params = v11
+  vocab, eos = VOCAB, EOS
+  assert model.vocab_size == vocab
+  rng = np.random.default_rng(0)
+  source = np.zeros((2, 20), np.int32)
+  for b, n in enumerate((18, 14)):
+    source[b, :n] = rng.permutation(np.arange(2, vocab))[:n]
+    source[b, n] = eos
+  drafter = drafters.CombinedDrafter(
+      drafters.LookupDrafter(vocab, eos_id=eos),
+      drafters.T5Drafter(Counting(model.config)))
+  gamma = 4
+  out = speculative.speculative_sample(
+      CopyModel(), (), drafter, {'reference': (), 'model': params},
+      source, gamma=gamma, max_decode_len=20, eos_id=eos)
+  jax.effects_barrier()
+  lengths = np.asarray(out.lengths)
+  for b, n in enumerate((18, 14)):
+    assert lengths[b] == n + 1
+    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n + 1],
+                                  source[b, :n + 1])
+  iterations = int(out.stats.iterations)
+  # A T5 drafter alone makes gamma calls per iteration; here the model runs
+  # in at most 3 iterations (BOS, each row's end), one catch-up each.
+  assert iterations >= 5
+  assert 0 < len(calls) <= 3 * (gamma + 2) < gamma * iterations

@@ -600,17 +600,19 @@ def test_tree_with_more_children_than_tokens_is_refused(tiny_target):
 def test_eval_setup_checks_the_tree_option():
   config = TINY_V11
   common = dict(target_config=config, target_checkpoint=None,
-                mixture_or_task_name='t', draft_config=config,
+                mixture_or_task_name='t',
                 task_feature_lengths={'inputs': 8, 'targets': 8})
-  setup = loading.EvalSetup(gamma=3, drafter='tree', tree='beam:2,2,3',
-                            **common)
+  tree = loading.DrafterSpec('tree', config=config, tree='beam:2,2,3')
+  setup = loading.EvalSetup(gamma=3, draft=tree, **common)
   assert setup.settings()['tree'] == 'beam:2,2,3'
+  assert setup.replace(tree='beam:2,2,4').draft.tree_shape == (
+      shape_lib.parse('beam:2,2,4'))
   with pytest.raises(ValueError, match="drafter 't5' does not draft trees"):
-    loading.EvalSetup(gamma=3, tree='beam:2,2,3', **common)
+    loading.DrafterSpec(config=config, tree='beam:2,2,3')
   with pytest.raises(ValueError, match='gamma 4 is deeper than the tree'):
-    loading.EvalSetup(gamma=4, drafter='tree', tree='beam:2,2,3', **common)
+    loading.EvalSetup(gamma=4, draft=tree, **common)
   with pytest.raises(ValueError, match="Unknown tree spec 'bush'"):
-    loading.EvalSetup(gamma=3, drafter='tree', tree='bush', **common)
+    tree.replace(tree='bush')
 
 
 def test_best_nodes_verifies_an_ancestor_closed_top_set():

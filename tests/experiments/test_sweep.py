@@ -82,7 +82,7 @@ def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
   options = sweep.options_of(spec, options)
   [cell] = sweep.plan(spec, options)
   setup = sweep.cell_setup(reproduce.make_setup('shipped'), cell, options)
-  assert (setup.gamma, setup.num_examples, setup.drafter) == (2, 1, 't5')
+  assert (setup.gamma, setup.num_examples, setup.draft.kind) == (2, 1, 't5')
   job = root / 'job'
   summary = eval_lib.evaluate(setup, str(job), timing_repeats=1)
   cell_dir = sweep.work_folder(spec, options) / 'cells' / cell.name

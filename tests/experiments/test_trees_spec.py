@@ -83,7 +83,7 @@ def test_every_cell_of_the_full_spec_is_an_eval_setup():
     assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
     setup = sweep.cell_setup(models, cell, options)
     assert setup.num_examples == spec.num_examples
-    if setup.drafter in TREE_KINDS:
-      assert setup.gamma == shape_lib.parse(setup.tree).depth
+    if setup.draft.kind in TREE_KINDS:
+      assert setup.gamma == shape_lib.parse(setup.draft.tree).depth
     else:
-      assert setup.drafter in ('t5', 'heads') and setup.tree is None
+      assert setup.draft.kind in ('t5', 'heads') and setup.draft.tree is None

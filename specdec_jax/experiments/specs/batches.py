@@ -5,7 +5,7 @@ batching (streaming.py) refills an ended row inside the loop. Each cell is
 the eval job at one (task, temperature, batch, batching) with gamma fixed;
 at `COMPARE_AT` two more streamed cells: adaptive draft lengths (the T5
 drafter's confidence) and the gamma the job chooses from the profile it
-measures (`EvalSetup.batch_gamma = 'profile'`: possibly 0, no
+measures (`BatchSpec.gamma_rule = 'profile'`: possibly 0, no
 speculation). Every cell also measures t(1), cost(k) and c at its batch,
 the inputs of its prediction.
 """
