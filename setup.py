@@ -13,7 +13,7 @@ setuptools.setup(
     # The shipped mini models and test slices (specdec_jax/shipped.py).
     package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*',
                                   'bench/chips.json',
-                                  'bench/profiles/*.json']},
+                                  'profiles/*.json']},
     include_package_data=True,
     python_requires='>=3.10',
     install_requires=[

@@ -28,8 +28,8 @@ Medians of `--repeats` runs; baseline and speculative runs interleaved
 (`measure.time_alternating`: the order flips after every repeat).
 Writes results/costs.md and results/costs.json, and this machine's hardware
 profile (`bench.costs.write_results`, through
-`bench.hardware.from_costs_run`: t(k), c of the drafter, the floor) into
-specdec_jax/bench/profiles/<name>.json (`--profile_dir`).
+`hardware.from_costs_run`: t(k), c of the drafter, the floor) into
+specdec_jax/profiles/<name>.json (`--profile_dir`).
 """
 
 import argparse
@@ -138,7 +138,7 @@ def main(argv=None):
   parser.add_argument('--out_dir', default='results')
   parser.add_argument('--profile_dir', default=None,
                       help='where the profile goes (default: '
-                      'specdec_jax/bench/profiles)')
+                      'specdec_jax/profiles)')
   args = parser.parse_args(argv)
 
   target = network.T5Model(costs.TARGET)

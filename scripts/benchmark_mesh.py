@@ -25,7 +25,7 @@ its drafters and the alpha its run measured): the target call's measured
 time split over the chips plus its all-reduces at an interconnect bandwidth
 and latency that no profile measured (`--link_gb_s`,
 `--allreduce_latency_us`: assumptions, labelled as such), and the speed-up
-on 1 vs 8 chips through `bench.hardware.predict`.
+on 1 vs 8 chips through `hardware.predict`.
 
 Writes OUT.json and OUT.md. `--repredict OUT.json` recomputes the on-paper
 sections of a results file (the measured compile facts are kept) and
@@ -55,7 +55,7 @@ from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax.bench import flags
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
 from specdec_jax.bench import tensor_parallel
@@ -219,8 +219,8 @@ def markdown(result):
       '## On paper (predicted, not measured): one target call on '
       f'{tensor_parallel.CHIPS} chips, batch 1',
       '',
-      f"Predicted on profile {result['profile']} (specdec_jax/bench/"
-      'profiles) through bench.hardware.predict: the profile\'s measured '
+      f"Predicted on profile {result['profile']} (specdec_jax/"
+      'profiles) through hardware.predict: the profile\'s measured '
       't(k) of its target on one chip, split evenly over the chips (the call '
       'reads the weights, which the chips split), plus ring all-reduces of '
       f"[tokens, {XXL.emb_dim}] bfloat16 activations at "
@@ -253,7 +253,7 @@ def markdown(result):
       f'{tensor_parallel.CHIPS}-chip tensor-parallel form above (the target '
       'call = weights per chip + assumed all-reduces; the drafter '
       'replicated, so its step time, measured on one chip, is unchanged) '
-      'through bench.hardware.predict: Theorem 3.8 with that cost curve and '
+      'through hardware.predict: Theorem 3.8 with that cost curve and '
       'the best gamma within the '
       f"profile's measured k; alpha: {sp['alpha']}.",
       '',

@@ -72,7 +72,7 @@ from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax.bench import aot
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
 from specdec_jax.sampling import SamplingConfig
@@ -112,7 +112,7 @@ class Chip:
 
 
 # Published per-chip figures and the GPUs' XLA target configs: one data
-# file (bench/chips.json), beside the measured profiles (bench/profiles/).
+# file (bench/chips.json), beside the measured profiles (profiles/).
 _CHIP_FILE = pathlib.Path(__file__).resolve().parent / 'bench' / 'chips.json'
 _CHIP_DATA = json.loads(_CHIP_FILE.read_text())
 CHIPS: Dict[str, Chip] = {key: Chip(**fields) for key, fields in
@@ -1105,7 +1105,7 @@ def markdown(r: Mapping[str, Any]) -> str:
       continue
     lines += ['', f"## The paper's Table 2 on this profile: {title}", '',
               f'{ESTIMATED.capitalize()}: Theorem 3.8 with cost(gamma + 1) '
-              '(`bench.hardware.predict`), the paper\'s alpha and gamma, our '
+              '(`hardware.predict`), the paper\'s alpha and gamma, our '
               "c beside the paper's c (Table 4), against the paper's "
               'measured TPU v4 speed-up. Goal: within 10% (small, base), '
               '15% (large).', '']

@@ -12,7 +12,7 @@ timed side by side. Prints a few source / reference / output lines, BLEU or
 ROUGE, alpha, the mean accepted length, target calls per token, whether the
 greedy outputs are identical and three speed lines: measured here, PREDICTED
 on the measured H100 profile from this run's counters
-(`bench.hardware.predict`), and what our H100 run measured for the same
+(`hardware.predict`), and what our H100 run measured for the same
 drafter. Each run decodes into a fresh OUTPUT_DIR/run_<time>/<task> and
 leaves the eval job's files there (examples.jsonl, summary.json, summary.md,
 config.gin); `--resume` continues the latest run. `--random` runs the old installation check instead: a
@@ -33,7 +33,7 @@ from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 
 DEMO_CONFIG = network.T5Config(
     vocab_size=512, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
@@ -127,7 +127,7 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
   """Three speed lines: measured here, predicted on the measured profile
   from this run's counters, and what the profile's own run measured.
 
-  The prediction is `bench.hardware.predict` on tokens per target call
+  The prediction is `hardware.predict` on tokens per target call
   (1 / target calls per token) with the drafter's measured c: what the same
   acceptance gives with a T5 1.1-XXL-cost target on that device.
   """
@@ -144,7 +144,7 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
     lines.append(f'predicted on {profile.name} at T5 1.1-XXL target cost: '
                  f'{p.speedup:.2f}x ({p.label}: this run\'s tokens per target '
                  f'call / (cost({p.width}) + {gamma} x c {p.c:.3f}); '
-                 'bench.hardware.predict)')
+                 'hardware.predict)')
   except KeyError as e:
     lines.append(f'predicted on {profile.name}: none ({e.args[0]})')
   run = hardware.measured_run(profile)

@@ -107,7 +107,6 @@ class MismatchError(RuntimeError):
 def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
              config_str: str = '', partitioner=None,
              shard_drafter: bool = False,
-             barrier_timeout_s: float = 24 * 3600,
              if_settings_differ: str = 'refuse') -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
 
@@ -129,8 +128,6 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       rules, each batch over 'data' (batch_size must be a multiple of it).
     shard_drafter: with a partitioner, shard a model drafter by the same
       rules (default: replicated on every device, batch over 'data').
-    barrier_timeout_s: how long processes wait for each other (start and
-      end of the job).
     if_settings_differ: when output_dir holds a run with other settings (or
       records of other examples under the same indices): 'refuse' (a
       ValueError naming each changed setting) or 'restart' (the old run's
@@ -150,7 +147,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   wanted = {i for i, *_ in examples}
   out = pathlib.Path(output_dir)
   if index != 0:
-    run_folder.barrier('claimed', barrier_timeout_s)  # Process 0 claims.
+    run_folder.barrier('claimed')  # Process 0 claims.
   records = run_folder.claim(
       out, run_folder.identity(setup, partitioner, shard_drafter),
       config_str, {i: run_folder.example_fingerprint(*e)
@@ -158,8 +155,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       main_process=index == 0, num_examples=setup.num_examples,
       if_settings_differ=if_settings_differ)
   if index == 0:
-    run_folder.barrier('claimed', barrier_timeout_s)
-  run_folder.barrier('read', barrier_timeout_s)  # Nobody appends before.
+    run_folder.barrier('claimed')
+  run_folder.barrier('read')  # Nobody appends before.
   done = {r['index'] for r in records}
   reused = len(done & wanted)
   if index == 0:
@@ -196,7 +193,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
             commit.finish()
           records.extend(batch)
           run_folder.check_interrupted()
-      run_folder.barrier('done', barrier_timeout_s)
+      run_folder.barrier('done')
       if index == 0 and (count > 1 or any(out.glob(
           'examples.process-*.jsonl'))):
         records = run_folder.merge(out)

@@ -19,10 +19,18 @@ import dataclasses
 import pathlib
 from typing import Any, Dict, Mapping, Optional, Union
 
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import checkpoints
 from specdec_jax import checks
+from specdec_jax import data
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import network
+from specdec_jax import output_cache
+from specdec_jax import shipped
 from specdec_jax import speculative
+from specdec_jax import tasks
 from specdec_jax import widening
 from specdec_jax.drafters.tree import shape as tree_shape
 from specdec_jax.sampling import SamplingConfig
@@ -158,7 +166,7 @@ class BatchSpec:
       max_gamma + 1, the drafter's c, and alpha from the first unit decoded
       (untimed, the compile warm-up) at the setup's gamma; gamma is the
       argmax of Theorem 3.8 with the measured cost(gamma + 1)
-      (`bench.hardware.predict`), or 0 (no speculation: the batch decodes
+      (`hardware.predict`), or 0 (no speculation: the batch decodes
       with the baseline) where even the best is predicted slower than the
       baseline; written to gamma_choice.json and reused when the run
       resumes. Drafters with a merged loop (PaSS, heads, trees) keep the
@@ -303,7 +311,6 @@ class EvalSetup:
       speculative.check_vocab(self.target_config.vocab_size,
                               self.draft.config.vocab_size)
     if self.activation_dtype is not None:
-      import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
       try:
         name = jnp.dtype(self.activation_dtype).name
       except TypeError:
@@ -441,14 +448,11 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
       (`checkpoints.load_t5x_params`); other sources load whole (the caller
       places them).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
 
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))
   if str(checkpoint).startswith('shipped:'):  # the package's own models
-    from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
     checkpoint = shipped.resolve(str(checkpoint))
   path = pathlib.Path(str(checkpoint))
   if not str(checkpoint).startswith('gs://') and not path.exists():
@@ -467,7 +471,6 @@ def load_task(setup: EvalSetup):
   seqio or TensorFlow; any other is the seqio task (registered from
   data_dir).
   """
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
 
   task = None
   if setup.data_dir is not None:
@@ -517,8 +520,6 @@ def load_store(setup: EvalSetup, task, target, target_params,
   with the task's train pairs (when the task has a train split) and, with
   a path, saved.
   """
-  from specdec_jax import data  # pylint: disable=g-import-not-at-top
-  from specdec_jax import output_cache  # pylint: disable=g-import-not-at-top
 
   if not setup.draft.drafter_kind.uses_cache:
     return None
@@ -556,7 +557,6 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     store: the output cache of a kind that reads one (`load_store`), or
       None (such a kind then builds a new one from the task's train pairs).
   """
-  from specdec_jax import data  # pylint: disable=g-import-not-at-top
 
   spec = setup.draft
   kind = spec.drafter_kind

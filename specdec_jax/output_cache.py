@@ -41,6 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checkpoints
+from specdec_jax import network
+
 FORMAT = 'specdec_jax.output_cache/1'
 
 
@@ -62,9 +65,8 @@ def fingerprint(config, params) -> str:
 
 
 def _encode(model, params, tokens):
-  from specdec_jax.network import Transformer  # pylint: disable=g-import-not-at-top
   return model.module.apply({'params': params}, tokens,
-                            method=Transformer.encode)
+                            method=network.Transformer.encode)
 
 
 def embed(model, params, encoder_input_tokens) -> jax.Array:
@@ -206,7 +208,6 @@ class OutputCache:
   def save(self, path: Optional[str] = None) -> str:
     """Writes the cache to `path` (default `self.path`) atomically; the
     same content gives the same bytes."""
-    from specdec_jax.checkpoints import write_bytes  # pylint: disable=g-import-not-at-top
     path = path or self.path
     if not path:
       raise ValueError('OutputCache.save needs a path.')
@@ -227,7 +228,7 @@ class OutputCache:
                                   allow_pickle=False)
         z.writestr(zipfile.ZipInfo(name + '.npy', (1980, 1, 1, 0, 0, 0)),
                    member.getvalue())
-    write_bytes(path, buf.getvalue())
+    checkpoints.write_bytes(path, buf.getvalue())
     return path
 
   @classmethod

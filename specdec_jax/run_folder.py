@@ -39,10 +39,13 @@ import signal
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import loading
+from specdec_jax import shipped
 
 RECORDS = 'examples.jsonl'
 RUN = 'run.json'
@@ -63,7 +66,6 @@ EVALUATE_PARAMETERS = {
     'shard_drafter': 'identity (how the drafter is placed on the mesh)',
     'timing_repeats': 'free: timing only (how many timed decodes a median '
                       'takes)',
-    'barrier_timeout_s': 'free: how long processes wait for each other',
     'output_dir': 'free: the folder itself',
     'config_str': 'free: the gin text saved as config.gin (the settings it '
                   'makes are the identity)',
@@ -131,7 +133,6 @@ def _checkpoint_content(checkpoint: Optional[str]) -> Optional[str]:
   random weights, or a path that does not exist: the loader says so)."""
   if checkpoint is None:
     return None
-  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
   path = str(checkpoint)
   if path.startswith(shipped.SCHEME):
     # The folder only: its files are checked once, when it loads.
@@ -163,7 +164,6 @@ def identity(setup: loading.EvalSetup, partitioner=None,
   timed on (a record's times are a setting's too). Which examples were
   decoded is checked per record (`example_fingerprint`).
   """
-  import jax  # pylint: disable=g-import-not-at-top
   settings = {name: _jsonable(value) for name, value in setup.flat().items()
               if name not in FREE_FIELDS}
   settings['target_checkpoint_content'] = _checkpoint_content(
@@ -442,22 +442,17 @@ class CacheCommit:
 # -- Signals and barriers -------------------------------------------------
 
 
-_BARRIERS = [0]
-
-
-def barrier(name: str, timeout_s: float) -> None:
+def barrier(name: str) -> None:
   """All processes of a `jax.distributed` run wait here (no-op alone).
 
-  The coordination service's barrier: no device collective, so it works on
-  any backend.
+  `multihost_utils.sync_global_devices`, as T5X syncs its hosts: a tiny
+  collective over every device. A process that dies before it does not
+  leave the others waiting for ever: jax.distributed's coordination service
+  misses its heartbeats and ends the run.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  _BARRIERS[0] += 1
-  distributed.global_state.client.wait_at_barrier(
-      f'specdec_eval_{name}_{_BARRIERS[0]}', int(timeout_s * 1000))
+  multihost_utils.sync_global_devices(f'specdec_eval_{name}')
 
 
 class Terminated(KeyboardInterrupt):

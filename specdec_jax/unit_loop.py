@@ -35,7 +35,7 @@ from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import theory
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.loading import EvalSetup
 
 
@@ -97,7 +97,7 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
 
   Returns:
     {'gamma', 'rule', 'configured_gamma', 'alpha', 'prediction' (the
-    `bench.hardware.Prediction` of the chosen gamma), 'profile'} (JSON).
+    `hardware.Prediction` of the chosen gamma), 'profile'} (JSON).
     Where even the best gamma is predicted slower than the baseline,
     'gamma' is 0 (no speculation: the job decodes with the baseline) and
     'why' says so.

@@ -22,7 +22,7 @@ import pytest
 from specdec_jax import compiled
 from specdec_jax import network
 from specdec_jax import partitioning
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 
 # Every sharded dimension a multiple of 128 after the split, so the TPU's
 # tiled layouts add no padding to the parameters' bytes.

@@ -313,11 +313,11 @@ def test_readme_headline_figures_are_the_results_files():
   """Each figure of the README's H100 table is its results file's value.
 
   Measured values come from the run's json; every predicted value is
-  recomputed through `bench.hardware.predict` on the profile read from the
+  recomputed through `hardware.predict` on the profile read from the
   same run, so the README cannot keep a figure the files no longer give.
   """
   import json  # pylint: disable=g-import-not-at-top
-  from specdec_jax.bench import hardware  # pylint: disable=g-import-not-at-top
+  from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
 
   profile = hardware.load(hardware.H100)
   run = json.loads((ROOT / profile.source).read_text())

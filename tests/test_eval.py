@@ -63,7 +63,7 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   """Streamed with gamma chosen by the measured profile (the defaults at
   batch > 1); then fixed batches at GAMMA on the same examples give the
   same greedy records; a resumed run reuses the gamma chosen."""
-  from specdec_jax.bench import hardware  # pylint: disable=g-import-not-at-top
+  from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
   out = tmp_path / 'run'
   summary = eval_lib.main(args(out, **STREAM, **PROFILE))
   console = capsys.readouterr().out

@@ -33,20 +33,24 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _run_two_processes(out, **overrides):
-  """The eval job as processes 0 and 1 of a jax.distributed run."""
+def _run_processes(out, count=2, **overrides):
+  """The eval job on the 1 x 2 mesh, as processes 0 .. count - 1 of a
+  jax.distributed run (count 1: one process, no coordinator)."""
   port = _free_port()
   env = dict(os.environ)
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
                       ' --xla_force_host_platform_device_count=2').strip()
   env['JAX_PLATFORMS'] = 'cpu'
   argv = args(out, **overrides) + [
-      '--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2',
-      f'--coordinator_address=localhost:{port}', '--num_processes=2']
+      '--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2']
+  if count > 1:
+    argv += [f'--coordinator_address=localhost:{port}',
+             f'--num_processes={count}']
   procs = [subprocess.Popen(
       [sys.executable, '-m', 'specdec_jax.eval'] + argv +
-      [f'--process_id={i}'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+      ([f'--process_id={i}'] if count > 1 else []), cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(count)]
   logs = [p.communicate(timeout=600)[0] for p in procs]
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-4000:]
@@ -62,11 +66,12 @@ def _without_timings(records):
 def test_two_processes_equal_one_process(tmp_path):
   """Data parallel over processes, model parallel within: same records."""
   single = tmp_path / 'single'
-  eval_lib.main(args(single))
-  expected = _without_timings(read_jsonl(single / 'examples.jsonl'))
+  eval_lib.main(args(single, NUM_EXAMPLES='6'))
+  alone = read_jsonl(single / 'examples.jsonl')
+  expected = _without_timings(alone)[:4]
 
   multi = tmp_path / 'multi'
-  _run_two_processes(multi)
+  _run_processes(multi)
   records = read_jsonl(multi / 'examples.jsonl')
   assert sorted(r['index'] for r in records) == list(range(4))  # once each
   assert _without_timings(records) == expected
@@ -82,10 +87,11 @@ def test_two_processes_equal_one_process(tmp_path):
   # leftover file (one record already merged, one new) is read, nothing is
   # decoded twice or lost, and the merge leaves one examples.jsonl.
   leftover = multi / 'examples.process-00001-of-00002.jsonl'
-  extra = dict(records[0], index=4)
+  # Example 4 as process 1 of a crashed run recorded it (not merged yet).
+  [extra] = [r for r in alone if r['index'] == 4]
   leftover.write_text(json.dumps(records[0]) + '\n' + json.dumps(extra) +
                       '\n')
-  eval_lib.main(args(multi, NUM_EXAMPLES='6'))
+  _run_processes(multi, 1, NUM_EXAMPLES='6')  # the same mesh, one process
   records = read_jsonl(multi / 'examples.jsonl')
   assert sorted(r['index'] for r in records) == list(range(6))
   assert [r for r in records if r['index'] == 4] == [extra]  # not redone

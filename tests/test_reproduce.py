@@ -8,7 +8,7 @@ named T5X drafter, and a missing model or checkpoint must be named clearly.
 
 import pytest
 
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 
@@ -110,4 +110,4 @@ def test_xxl_cost_prediction_is_predict_on_the_measured_profile():
   assert reproduce.xxl_cost_cell(None) == '-'
   note = reproduce.xxl_cost_note(profile)
   assert f'predicted on profile {profile.name}' in note
-  assert 'through bench.hardware.predict' in note
+  assert 'through hardware.predict' in note

@@ -1,6 +1,6 @@
 """The benchmark scripts' predicted figures, profile and shipping.
 
-Every committed predicted column must be what `bench.hardware.predict`
+Every committed predicted column must be what `hardware.predict`
 gives from the file's own measured values (each script's `--repredict`,
 run as a command, reproduces it), the CPU costs run must write the profile
 its json gives (`bench.costs`), the mesh's on-paper figures must come from
@@ -21,7 +21,7 @@ from command_line import run_script
 from specdec_jax import arrays
 from specdec_jax import shipped
 from specdec_jax.bench import costs
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import tensor_parallel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_committed_predictions_are_what_predict_gives(tmp_path, script, stem):
   assert _without(json.loads(copy.read_text()), keys) == want
   assert _md_lines(copy.with_suffix('.md').read_text()) == _md_lines(
       committed.with_suffix('.md').read_text())
-  assert ('through bench.hardware.predict' in
+  assert ('through hardware.predict' in
           committed.with_suffix('.md').read_text())
 
 

@@ -38,7 +38,7 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
       inspect.signature(eval_lib.evaluate).parameters)
   free = {k for k, v in run_folder.EVALUATE_PARAMETERS.items()
           if v.startswith('free')}
-  assert free == {'timing_repeats', 'barrier_timeout_s', 'output_dir',
+  assert free == {'timing_repeats', 'output_dir',
                   'config_str', 'if_settings_differ'}
   setup = eval_lib.configured(args(tmp_path / 'x'))[1]
   settings = run_folder.identity(setup)

@@ -1,8 +1,5 @@
 """The benchmark harness: what every script under scripts/ measures with.
 
-- `hardware`: `HardwareProfile`, READ from a measured run's JSON (the
-  profiles in `bench/profiles/`, each naming the run it came from), and
-  `predict`, the one formula behind every "predicted" figure.
 - `models`: the T5 1.1 / 1.0 / Flan-T5 configs as Python values (the twin of
   gin_configs/models/) and `load(spec)` for `shipped:<name>` or a real
   checkpoint with a config name.
@@ -21,5 +18,8 @@
   paper (assumed all-reduces), and its predicted speed-ups.
 
 The harness sits between `loading` and the jobs: it imports the core and
-`loading`, and the jobs, the experiments and the scripts import it.
+`loading`, and the jobs, the experiments and the scripts import it. The
+hardware profiles and the one prediction are no benchmark's: they are a
+service of the core (`specdec_jax.hardware`) that the job's gamma choice
+reads too.
 """

@@ -13,7 +13,7 @@ import os
 import pathlib
 from typing import Any, Dict, Tuple
 
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import report
 
@@ -39,7 +39,7 @@ def write_results(out_dir, result: Dict[str, Any], markdown: str,
   """costs.json, costs.md and the profile the json gives.
 
   The profile (`hardware.from_costs_run` of the json as written) names the
-  json as its source and goes to `profile_dir` (default: bench/profiles)
+  json as its source and goes to `profile_dir` (default: profiles)
   as <name>.json.
 
   Returns:

@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import shipped
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 
 
@@ -104,7 +104,7 @@ def add_prediction_flags(parser: argparse.ArgumentParser, *,
   parser.add_argument(
       '--profile', default=hardware.H100,
       help='the measured hardware profile of the predicted figures '
-      '(bench.hardware.names())' +
+      '(hardware.names())' +
       (f"; '{NO_PROFILE}': leave them out" if optional else ''))
   if repredict:
     parser.add_argument(

@@ -6,7 +6,7 @@ untimed, then medians of alternating repeats, `measure.time_alternating`);
 derives every rate through `spec_stats.rates` (so a batch's figures are
 ratios of sums over rows, as the eval job's); `compare` gives the measured
 speed-up (tokens per second, speculative over baseline) and how many greedy
-rows are identical. The predicted half is `bench.hardware.predict`.
+rows are identical. The predicted half is `hardware.predict`.
 """
 
 from __future__ import annotations

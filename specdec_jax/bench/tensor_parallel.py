@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from specdec_jax import network
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 
 CHIPS = 8

@@ -32,7 +32,7 @@ from typing import (Any, Collection, Dict, List, Mapping, Optional, Sequence,
 from specdec_jax import theory
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.drafters.tree import shape as shape_lib
 

@@ -62,7 +62,7 @@ from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.bench import rows as rows_lib
 from specdec_jax.checkpoints import hf as hf_lib
@@ -1312,7 +1312,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     start = time.perf_counter()
     runner.write(plots=True)
     clock.note('plots, md, json', time.perf_counter() - start, kind='write')
-    if runner.profile is not None:  # bench/profiles/: complete shipped runs
+    if runner.profile is not None:  # profiles/: complete shipped runs
       shared = not args.smoke and args.source == 'shipped' and (
           runner.result['status'] == 'complete')
       path = hardware.write(runner.profile, None if shared else (

@@ -10,7 +10,7 @@ names the eval job's flags for a (task, drafter) pair (`flags`: also the
 command that reruns a cell, `eval_flags` / `shell_command`); `eval_setup`
 turns them into the job's typed `loading.EvalSetup`. This module also
 holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target
-cost on a measured hardware profile, through `bench.hardware.predict`.
+cost on a measured hardware profile, through `hardware.predict`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import task_table
 
@@ -69,7 +69,7 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
 
 
 # Predicted speed-ups at T5-XXL target cost on a measured hardware profile
-# (`bench.hardware`: the H100 run's by default). Each drafter of the setups
+# (`hardware`: the H100 run's by default). Each drafter of the setups
 # is taken at the cost the accelerator run timed it under (the paper's
 # T5 1.1-small drafter for 'small': the shipped small widened to T5
 # 1.1-small cost), or, for one the run did not time, a shipped model whose
@@ -144,7 +144,7 @@ def predict_at_xxl_cost(profile, alpha: float, drafter: str,
                         ) -> Optional[Dict[str, Any]]:
   """The PREDICTED speed-up of `drafter` at T5-XXL target cost on `profile`.
 
-  `bench.hardware.predict` with alpha, the best gamma within the measured
+  `hardware.predict` with alpha, the best gamma within the measured
   cost(k) (or `gamma`), the profile's measured cost(gamma + 1) and the c
   it measured for the drafter's stand-in (`XXL_COST_DRAFTERS`), or the
   bytes / launches model of `MODELLED_DRAFTERS`.
@@ -190,8 +190,8 @@ def xxl_cost_note(profile) -> str:
       for k, (m, c) in MODELLED_DRAFTERS.items())
   return (
       f'"predicted {profile.name}" is PREDICTED, not measured: predicted on '
-      f'profile {profile.name} (specdec_jax/bench/profiles, read from '
-      f'{profile.source}) through bench.hardware.predict: Theorem 3.8 with '
+      f'profile {profile.name} (specdec_jax/profiles, read from '
+      f'{profile.source}) through hardware.predict: Theorem 3.8 with '
       "the row's alpha, the profile's measured cost(gamma + 1) of its "
       f'target ({profile.target}) and the best gamma within the measured '
       f'k (in brackets). c: measured for {stand_in}; marked † the bytes / '

@@ -119,7 +119,7 @@ class Spec:
     timing_repeats: timed repeats of each unit (medians).
     shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run).
     predict: extra predicted figures of a row: `predict(row, profile)`
-      sets fields on it (through `bench.hardware.predict` only).
+      sets fields on it (through `hardware.predict` only).
     plot: draws the results' png: `plot(result, path)`, or None.
     measurements: the spec's own named measurements, beside
       `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
@@ -292,7 +292,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     spec: the benchmark.
     options: the command line's options (`options_of` fills the spec's
       defaults in).
-    profile: a `bench.hardware.HardwareProfile` for the rows' "predicted
+    profile: a `hardware.HardwareProfile` for the rows' "predicted
       <profile>" figures, or None.
     command: the command that reruns it (the results' header).
     out: the results' path without suffix (default

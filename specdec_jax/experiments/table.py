@@ -3,7 +3,7 @@
 A row is a cell's identifying fields (`sweep.Cell.fields`), the eval job's
 summary figures under the job's own names (`SUMMARY_FIELDS`), the cell's
 extra measurements (`measured`), and predicted figures, recomputed from
-those measured values alone by `repredict` through `bench.hardware.predict`:
+those measured values alone by `repredict` through `hardware.predict`:
 
 - `predicted_speedup`: on the row's own measured costs (`measured.costs`:
   t(1), cost(k) and c at the cell's batch on this machine), Theorem 3.8 with
@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional
 
 from specdec_jax import measure
 from specdec_jax import theory
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 
@@ -251,7 +251,7 @@ def markdown(spec, result: Dict[str, Any]) -> str:
             f"{result['num_examples']} examples, timed as the job times "
             f"({result['timing_repeats']} alternating repeats of each unit, "
             'medians). Predicted figures are PREDICTED, not measured, '
-            'through bench.hardware.predict.']
+            'through hardware.predict.']
   if result.get('profile_note'):
     lines += ['', result['profile_note']]
   columns = [(h.replace('{profile}', result['profile'] or ''), c)

@@ -19,7 +19,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 from specdec_jax.bench import rows
 

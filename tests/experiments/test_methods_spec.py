@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from specdec_jax import shipped
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.drafters import heads as heads_lib
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.experiments import reproduce

@@ -16,7 +16,7 @@ import pytest
 from specdec_jax import eval as eval_lib
 from specdec_jax import gin_utils
 from specdec_jax import run_folder
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs

@@ -6,7 +6,7 @@ import pytest
 
 from specdec_jax import paper as published
 from specdec_jax import theory
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep

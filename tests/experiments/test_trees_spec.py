@@ -9,7 +9,7 @@ full plan is eval job setups whose cell folders fit a file name.
 import json
 import shutil
 
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce

@@ -30,7 +30,7 @@ from specdec_jax import layers
 from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import widening
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.drafters.tree.shape import TreeShape

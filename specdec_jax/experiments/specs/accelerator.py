@@ -21,11 +21,11 @@ shipped target its smallest model), nothing widened, every phase: about a
 minute and a half on two CPU cores, seconds with a warm compilation cache.
 
 Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
-every step; the hardware profile of a full shipped run to bench/profiles/,
+every step; the hardware profile of a full shipped run to profiles/,
 of any other run beside its results): costs (t(k) for k <= max_gamma + 1,
 the floor, c of every drafter, alpha calibrated on the unwidened models);
 Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
-the paper's rule (`bench.hardware.predict` maximised), measured against
+the paper's rule (`hardware.predict` maximised), measured against
 `predict` on the profile of this run's own measurements, greedy rows
 compared and every differing one diagnosed; the gamma sweep of the first
 drafter (t = 0, first task); numerics (bfloat16 / float32 activations
@@ -36,7 +36,7 @@ cost curve (t(k) at `curve_ks` at batch 1, up to k = 16 at larger batches).
 import numpy as np
 
 from specdec_jax import widening
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.bench import models
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import device_plan
@@ -95,7 +95,7 @@ SPREAD = ('accepted length per row (min / median / max)', lambda x: ' / '.join(
 # of its rows, or (header, function)).
 SECTIONS = (
     ('table2', 'Table 2: speculative vs baseline, T5 1.1-XXL-cost target',
-     "gamma by the paper's rule; predicted: `bench.hardware.predict` with "
+     "gamma by the paper's rule; predicted: `hardware.predict` with "
      "the row's alpha on this run's profile; measured: speculative over "
      "baseline tokens / s; identical: greedy rows equal to the baseline's, "
      'every differing one diagnosed (near tie: rounding; mismatch: a bug).',
@@ -121,7 +121,7 @@ SECTIONS = (
       'measured', 'ratio', SPREAD, 'iterations', 'mean_row_iterations',
       'identical', 'rows', 'near_ties', 'mismatches')),
     ('trees', 'Token trees vs the best chain (the first drafter, t = 0, '
-     'batch 1)', "predicted: `bench.hardware.predict` from the row's "
+     'batch 1)', "predicted: `hardware.predict` from the row's "
      'tokens per target call / (cost(nodes + 1) + depth x c), c the first '
      "drafter's per token (a level's call on many nodes costs more: a lower "
      'bound); vs chain: measured over the best greedy Table 2 row of the '

@@ -140,7 +140,7 @@ SPEC = sweep.Spec(
         'calls / call: counted in an untimed replay of the cell\'s decodes '
         '(`draft_calls`). Measured speed-up: tokens/s over the baseline\'s '
         'on this machine. Predicted (counters) is PREDICTED through '
-        'bench.hardware.predict: tokens / call / (cost(gamma + 1) + '
+        'hardware.predict: tokens / call / (cost(gamma + 1) + '
         "draft-model calls / call x c) on the profile's measured cost(k) "
         "and its measured c of the T5 drafter; copying is taken as free. "
         'Not here: the earlier agentic request stream (repeats and near '

@@ -106,7 +106,7 @@ SPEC = sweep.Spec(
         'iteration, with no drafts yet, included). Measured speed-up: '
         "tokens/s over the baseline's on this machine (on a CPU a call on "
         'k tokens costs about k times one). Predicted (counters) is '
-        'PREDICTED through bench.hardware.predict: tokens / call / '
+        'PREDICTED through hardware.predict: tokens / call / '
         "(cost(width) + depth x c) on the profile's measured cost(k), "
         'width = the verified nodes + 1, c in brackets: the T5 drafter\'s '
         "as the profile measured it; † a head step's from the profile's "

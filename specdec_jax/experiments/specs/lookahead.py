@@ -60,7 +60,7 @@ SPEC = sweep.Spec(
         'it counts the recovery calls after a rejection). Measured speed-up: '
         "tokens/s over the baseline's on this machine (on a CPU a call on k "
         'tokens costs about k times one). Predicted (counters) is PREDICTED '
-        'through bench.hardware.predict: tokens / call / cost(call width) '
+        'through hardware.predict: tokens / call / cost(call width) '
         "on the profile's measured cost(k), c = 0; ‡: the width is beyond "
         "the profile's largest measured k, taken at that k's cost (the "
         "json's label says so)."),

@@ -8,7 +8,7 @@ share two measurements: the target's t(1), cost(k) = t(k) / t(1) for k =
 calibration alpha ('calibration': `measure.alpha` on the examples that
 follow the decoded ones, so the two never overlap). The chosen gamma
 (marked) is the argmax of Theorem 3.8 with the calibration alpha on those
-costs (`bench.hardware.predict`); its row gives the measured speed-up at
+costs (`hardware.predict`); its row gives the measured speed-up at
 that gamma, the others show how the speed-up moves around it (the plot:
 measured and predicted speed-up over gamma).
 """
@@ -23,7 +23,7 @@ from specdec_jax import data
 from specdec_jax import measure
 from specdec_jax import paper as published
 from specdec_jax import theory
-from specdec_jax.bench import hardware
+from specdec_jax import hardware
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table

@@ -94,7 +94,7 @@ SPEC = sweep.Spec(
         'token included). Measured speed-up: tokens/s over the baseline\'s '
         'on this machine (on a CPU a call on k tokens costs about k times '
         'one: trees are for accelerators). Predicted (counters) = PREDICTED '
-        'through bench.hardware.predict: tokens / call / (cost(width) + '
+        'through hardware.predict: tokens / call / (cost(width) + '
         'depth x c) on the profile, width = the verified nodes + 1, depth '
         "drafter calls per target call (the heads: one head step per level, "
         "c the profile's bytes / launches model); the json's label says "

@@ -11,7 +11,7 @@ run's JSON, never typed by hand:
   GPU / TPU);
 - `from_costs_run`: scripts/benchmark_costs.py's json (this CPU).
 
-Both write their profile into `bench/profiles/<name>.json` next to
+Both write their profile into `profiles/<name>.json` next to
 their results; `load(name)` reads it, and the profile's `source` names the
 run file and its command.
 
@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specdec_jax import theory
@@ -281,7 +282,7 @@ def measured_run(profile: HardwareProfile) -> Optional[Dict[str, Any]]:
   `profile.source` is relative to the repository root; an installed package
   without results/ has no run.
   """
-  path = PROFILES_DIR.parents[2] / profile.source
+  path = PROFILES_DIR.parents[1] / profile.source
   if not path.is_file():
     return None
   return json.loads(path.read_text())
@@ -390,8 +391,7 @@ def predict(profile: HardwareProfile, *, alpha: Optional[float] = None,
 
 def main(argv=None) -> None:
   """Writes a profile from a measured run's json: `python -m
-  specdec_jax.bench.hardware <run.json>` (either kind of run)."""
-  import sys  # pylint: disable=g-import-not-at-top
+  specdec_jax.hardware <run.json>` (either kind of run)."""
   argv = sys.argv[1:] if argv is None else argv
   if not argv:
     for name in names():
