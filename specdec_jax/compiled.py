@@ -63,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import interfaces
 from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax import output_cache
@@ -450,8 +451,8 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
       abstract_params(draft, part, setup.param_dtype), part,
       output_length=setup.max_decode_len, tree=setup.tree)
   merged = speculative.decodes_merged(drafter, None)
-  top = (drafter.max_gamma(merged) if hasattr(drafter, 'max_gamma')
-         else None)
+  top = (drafter.max_gamma(merged)
+         if isinstance(drafter, interfaces.MergedDrafter) else None)
   gamma = setup.gamma if not top else min(setup.gamma, top)
   used = {'gamma': gamma, 'loop': type(drafter).__name__ + (
       ' (merged)' if merged else ''), 'target_model': type(target).__name__}

@@ -20,6 +20,7 @@ import numpy as np
 
 # The training features, defined beside the pre-tokenized arrays (which do
 # not import this module) and re-exported here.
+from specdec_jax import tasks
 from specdec_jax.arrays import FEATURES
 
 EOS_ID = 1
@@ -31,11 +32,10 @@ def split_examples(task, split: str) -> Iterator[Mapping[str, Any]]:
   (EOS-terminated) and their '*_pretokenized' texts (str or bytes).
 
   Args:
-    task: a seqio task, or a task with its own `examples(split)` (e.g.
-      `tasks.ArrayTask`, which needs no seqio).
+    task: a seqio task, or a `tasks.ArrayTask` (read without seqio).
     split: e.g. 'validation'.
   """
-  if hasattr(task, 'examples'):
+  if isinstance(task, tasks.ArrayTask):
     return iter(task.examples(split))
   ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
                         trim_output_features=False)
@@ -174,7 +174,6 @@ def get_dataset(mixture_or_task_name: str,
     A tf.data.Dataset of FEATURES, `[N]` or `[M]` int32 each.
   """
   import seqio  # pylint: disable=g-import-not-at-top
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
 
   lengths = {k: int(task_feature_lengths[k]) for k in ('inputs', 'targets')}
   task = tasks.get_task(mixture_or_task_name)

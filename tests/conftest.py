@@ -31,6 +31,34 @@ TINY_V10 = TINY_V11.replace(mlp_activations=('relu',),
                             logits_via_embedding=True)
 
 
+def numpy_params(config, seed: int, emb_scale: float):
+  """numpy-random parameters in `T5Model(config)`'s tree, at no compile
+  cost (T5X's initializers run eagerly: ~10 s a model on CPU).
+
+  Norm scales are random (not T5X's ones) so that a wrong norm rescaling or a
+  misplaced scale entry shows up in the logits; embeddings have standard
+  deviation `emb_scale`, kernels 1 / sqrt(fan-in) (the query's over
+  sqrt(head_dim) too: T5 folds it in).
+  """
+  shapes = network.T5Model(config).param_shapes()
+  rng = np.random.default_rng(seed)
+
+  def fill(path, x):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['scale']"):
+      return rng.uniform(0.5, 1.5, x.shape).astype(np.float32)
+    if name.endswith("['rel_embedding']"):
+      return rng.normal(0, 0.5, x.shape).astype(np.float32)
+    if name.endswith("['embedding']"):
+      return rng.normal(0, emb_scale, x.shape).astype(np.float32)
+    std = 1 / np.sqrt(x.shape[0])
+    if "['query']" in name:  # T5 folds 1/sqrt(head_dim) into the query.
+      std /= np.sqrt(config.head_dim)
+    return rng.normal(0, std, x.shape).astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
 # XLA's CPU backend set to compile fast: the suite's programs are tiny and
 # run a few steps, so compiling is most of their cost. Two flags, each kept if
 # the caller set it in XLA_FLAGS:

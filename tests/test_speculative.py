@@ -235,6 +235,23 @@ def test_tiny_target_law_is_not_flat(tiny_target):
   assert noise < MAX_NOISE_TV
 
 
+def assert_sampled_law(tiny_target, config, drafter, dparams, key: str,
+                       gamma: int, dist=None, **kwargs):
+  """N_SAMPLES rows that `drafter` drafts for the target follow the target's
+  exact law of SEQ_LEN tokens (`assert_matches`); `key` seeds the rng.
+  Returns the decode (`kwargs`: more `speculative_sample` arguments)."""
+  model, params, enc = tiny_target
+  if dist is None:
+    dist = exact_sequence_distribution(model, params, enc, config)
+  out = sample_optimized(
+      speculative.speculative_sample,
+      model, params, drafter, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
+      gamma=gamma, max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
+      rng=jax.random.key(zlib.crc32(key.encode())), **kwargs)
+  assert_matches(np.asarray(out.tokens), dist)
+  return out
+
+
 def adversarial_unigram(support):
   """A unigram drafter with q = 0 outside `support` (and uniform on it)."""
   logq = np.full(VOCAB, -np.inf, np.float32)
@@ -269,12 +286,8 @@ def test_sampled_sequences_follow_target_distribution(tiny_target, case,
     first = np.array([sum(v for k, v in dist.items() if k[0] == t)
                       for t in range(VOCAB)])
     dr, dparams = adversarial_unigram(np.argsort(first)[:2])
-  out = sample_optimized(
-      speculative.speculative_sample,
-      model, params, dr, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
-      gamma=3, max_decode_len=SEQ_LEN, sampling=config, eos_id=SMALL_EOS,
-      rng=jax.random.key(zlib.crc32(f'{case}/{drafter_kind}'.encode())))
-  assert_matches(np.asarray(out.tokens), dist)
+  assert_sampled_law(tiny_target, config, dr, dparams,
+                     f'{case}/{drafter_kind}', 3, dist)
 
 
 # ---------------------------------------------------------------------------

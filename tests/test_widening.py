@@ -23,6 +23,7 @@ import pytest
 from specdec_jax import decoding
 from specdec_jax import network
 from specdec_jax import widening
+from conftest import numpy_params
 from conftest import TINY_V10
 from conftest import TINY_V11
 from test_network import T5_1_1
@@ -42,42 +43,16 @@ ALONE = dict(emb_dim=24, num_heads=3, head_dim=6, mlp_dim=48,
              num_encoder_layers=2, num_decoder_layers=3)
 
 
-def _random_params(config, seed, emb_scale):
-  """numpy-random parameters with the model's tree (init is slow on CPU).
-
-  Norm scales are random (not T5X's ones) so that a wrong norm rescaling or a
-  misplaced scale entry shows up in the logits.
-  """
-  shapes = jax.eval_shape(network.T5Model(config).init_params,
-                          jax.random.key(0))
-  rng = np.random.default_rng(seed)
-
-  def fill(path, x):
-    name = jax.tree_util.keystr(path)
-    if name.endswith("['scale']"):
-      return rng.uniform(0.5, 1.5, x.shape).astype(np.float32)
-    if name.endswith("['rel_embedding']"):
-      return rng.normal(0, 0.5, x.shape).astype(np.float32)
-    if name.endswith("['embedding']"):
-      return rng.normal(0, emb_scale, x.shape).astype(np.float32)
-    std = 1 / np.sqrt(x.shape[0])
-    if "['query']" in name:  # T5 folds 1/sqrt(head_dim) into the query.
-      std /= np.sqrt(config.head_dim)
-    return rng.normal(0, std, x.shape).astype(np.float32)
-
-  return jax.tree_util.tree_map_with_path(fill, shapes)
-
-
 @pytest.fixture(scope='module')
 def v11():
   """T5 1.1: gated gelu, separate logits."""
-  return network.T5Model(TINY_V11), _random_params(TINY_V11, 0, 1.0)
+  return network.T5Model(TINY_V11), numpy_params(TINY_V11, 0, 1.0)
 
 
 @pytest.fixture(scope='module')
 def v10():
   """T5 1.0: relu, tied logits (small embedding so the layers matter)."""
-  return network.T5Model(TINY_V10), _random_params(TINY_V10, 1, 0.1)
+  return network.T5Model(TINY_V10), numpy_params(TINY_V10, 1, 0.1)
 
 
 # The original and the widened model are compiled alike (at the suite's
@@ -205,7 +180,7 @@ def test_tree_has_the_big_models_shapes(which, request):
 
 @pytest.fixture(scope='module')
 def mini():
-  return network.T5Model(MINI), _random_params(MINI, 2, 1.0)
+  return network.T5Model(MINI), numpy_params(MINI, 2, 1.0)
 
 
 @pytest.mark.parametrize('field', widening.GROWABLE)

@@ -27,6 +27,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import network
 
+from conftest import numpy_params  # pylint: disable=g-bad-import-order
 from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
 
 # The model in test_t5_tiny.checkpoint_0 (T5X's t5x/testdata).
@@ -68,36 +69,16 @@ def _tokens(vocab, seed=0):
   return enc, dec
 
 
-def _random_params(config, seed, emb_scale):
-  """Random params of `config` in numpy, at no compile cost.
-
-  conftest's v11/v10 fixtures run T5X's initializers eagerly (~10 s each
-  when this file runs alone); checkpoint tests only need distinct, plausibly
-  scaled values in exactly T5Model's tree.
-  """
-  rng = np.random.default_rng(seed)
-  flat = {}
-  for name, shape in checkpoints.expected_shapes(config).items():
-    if name.endswith('scale'):
-      value = 1.0 + 0.1 * rng.standard_normal(shape)
-    elif name.endswith('embedding') and 'relpos' not in name:
-      value = emb_scale * rng.standard_normal(shape)
-    else:  # kernels [in, out] and relative position tables
-      value = rng.standard_normal(shape) / np.sqrt(shape[0])
-    flat[name] = jnp.asarray(value, jnp.float32)
-  return traverse_util.unflatten_dict(flat, sep='/')
-
-
 @pytest.fixture(scope='module')
 def np_v11():
   """Tiny T5 1.1 (gated gelu, separate logits), numpy-random weights."""
-  return network.T5Model(TINY_V11), _random_params(TINY_V11, 1, 1.0)
+  return network.T5Model(TINY_V11), numpy_params(TINY_V11, 1, 1.0)
 
 
 @pytest.fixture(scope='module')
 def np_v10():
   """Tiny T5 1.0 (relu, tied logits; embeddings x0.1 as in conftest)."""
-  return network.T5Model(TINY_V10), _random_params(TINY_V10, 2, 0.1)
+  return network.T5Model(TINY_V10), numpy_params(TINY_V10, 2, 0.1)
 
 
 class _CountTsOpen:

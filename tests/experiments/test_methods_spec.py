@@ -67,12 +67,10 @@ def test_draft_free_spec_counts_the_draft_model_in_the_jobs_decodes(
     tmp_path):
   _, rows, predicted, profile = _run('draft_free', tmp_path)
   assert [(r['kind'], r['drafting']) for r in rows] == [
-      ('lookup', 'lookup'), ('cache', 'cache'),
-      ('combined', 'combined')]
-  lookup, cache, combined = predicted
-  for r in (lookup, cache):  # copying: no draft model, c = 0
-    assert r['measured'] == {}
-    _check_prediction(r, profile, r['gamma'] + 1, 0, 0.0)
+      ('lookup', 'lookup'), ('combined', 'combined')]
+  lookup, combined = predicted
+  assert lookup['measured'] == {}  # copying: no draft model, c = 0
+  _check_prediction(lookup, profile, lookup['gamma'] + 1, 0, 0.0)
   counted = combined['measured']['draft_calls']
   # The replay is the job's decode: the same target calls.
   assert counted['target_calls'] == round(

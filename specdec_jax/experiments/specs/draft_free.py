@@ -38,7 +38,7 @@ TEMPERATURES = (0.0, 1.0)
 DRAFTINGS = (('t5', 't5', 0.0), ('lookup', 'lookup', 0.0),
              ('cache', 'cache', 0.0), ('combined', 'combined', 0.0),
              ('t5 adaptive', 't5', CONFIDENCE))
-SHRUNK = ('lookup', 'cache', 'combined')
+SHRUNK = ('lookup', 'combined')  # copying alone; a cache and a model
 
 
 def cells(options, tasks):
