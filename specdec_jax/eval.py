@@ -218,8 +218,10 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
   The target is wrapped (`partitioning.ShardedModel`) and its params placed
   by the rules; a `drafters.T5Drafter`'s model is wrapped with the same
   rules (`shard_drafter`) or data-parallel ones (replicated weights); any
-  other drafter's params are replicated (those of the kinds that draft with
-  the target hold the target's own params: replicated too).
+  other drafter's params are replicated, but the target's own params that
+  the kinds drafting with the target hold: those are the target's sharded
+  arrays (`Partitioner.replicate_sharing`), not a copy of the target on
+  every device.
   """
   target = partitioner.sharded_model(loaded.target)
   target_params = partitioner.shard_params(loaded.target_params, target)
@@ -230,7 +232,8 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
         drafter, model=partitioner.sharded_model(drafter.model, rules))
     draft_params = partitioner.shard_params(draft_params, drafter.model)
   else:
-    draft_params = partitioner.replicate(draft_params)
+    draft_params = partitioner.replicate_sharing(
+        draft_params, loaded.target_params, target_params)
   return dataclasses.replace(loaded, target=target,
                              target_params=target_params, drafter=drafter,
                              draft_params=draft_params)

@@ -543,6 +543,11 @@ class T5Model:
         method=Transformer.init_cache,
     )
 
+  def encode(self, params, encoder_input_tokens):
+    """The encoder's output `[batch, length, emb_dim]`."""
+    return self.module.apply({'params': params}, encoder_input_tokens,
+                             method=Transformer.encode)
+
   def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False,
              tree: Any = None):

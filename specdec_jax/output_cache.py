@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import network
 
 FORMAT = 'specdec_jax.output_cache/1'
 
@@ -64,11 +63,6 @@ def fingerprint(config, params) -> str:
   return h.hexdigest()[:16]
 
 
-def _encode(model, params, tokens):
-  return model.module.apply({'params': params}, tokens,
-                            method=network.Transformer.encode)
-
-
 def embed(model, params, encoder_input_tokens) -> jax.Array:
   """`[batch, d]` float32: mean-pooled encoder output, L2-normalized.
 
@@ -79,7 +73,7 @@ def embed(model, params, encoder_input_tokens) -> jax.Array:
   """
   tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   mask = (tokens > 0).astype(jnp.float32)[..., None]
-  encoded = _encode(model, params, tokens).astype(jnp.float32)
+  encoded = model.encode(params, tokens).astype(jnp.float32)
   pooled = jnp.sum(encoded * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1.0)
   norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
   return pooled / jnp.maximum(norm, 1e-6)

@@ -351,6 +351,17 @@ class Partitioner:
   def replicate(self, tree):
     return replicate(tree, self.mesh)
 
+  def replicate_sharing(self, tree, loaded, placed):
+    """`tree` replicated on the mesh, but for the leaves that ARE leaves of
+    `loaded` (the same arrays: the kinds that draft with the target hold
+    its own params): those become `placed`'s leaves at the same positions
+    (`loaded` as this mesh placed it), not a whole copy on every device."""
+    shared = {id(x): y for x, y in zip(jax.tree.leaves(loaded),
+                                       jax.tree.leaves(placed))}
+    return jax.tree.map(
+        lambda x: shared[id(x)] if id(x) in shared else self.replicate(x),
+        tree)
+
   def __repr__(self):
     return (f'Partitioner(mesh={dict(self.mesh.shape)}, '
             f'rules={self.rules!r})')

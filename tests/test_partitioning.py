@@ -191,3 +191,30 @@ def test_tensorstore_leaves_read_shard_by_shard(mesh):
   assert {tuple(s) for s in res['shards']['kernel']} == {(5, 5)}
   assert {tuple(s) for s in res['shards']['bias']} == {(5,)}
   assert len(res['shards']['kernel']) == 8
+
+
+def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
+  """The kinds that draft with the target (cache, combined, PaSS, heads,
+  trees) hold the target's own params: on the job's mesh they are the
+  target's placed arrays, not a copy replicated on every device (an XXL
+  target does not fit twice). In-process, on this one device's mesh."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
+  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
+
+  model, params = v11
+  part = partitioning.Partitioner(num_partitions=1)
+  keys = jnp.ones((4, model.config.emb_dim))
+  loaded = loading.Loaded(setup=None, task=None, target=model,
+                          target_params=params, drafter=object(),
+                          draft_params={'embedder': params, 'keys': keys})
+  placed = eval_lib.shard_loaded(loaded, part, shard_drafter=False)
+  target = jax.tree.leaves(placed.target_params)
+  embedder = jax.tree.leaves(placed.draft_params['embedder'])
+  assert len(embedder) == len(target) > 0
+  assert all(a is b for a, b in zip(embedder, target))
+  assert placed.draft_params['keys'].sharding == NamedSharding(part.mesh, P())
