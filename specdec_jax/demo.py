@@ -29,6 +29,7 @@ import numpy as np
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import eval as eval_lib
 from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
@@ -71,7 +72,6 @@ def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
   Returns:
     {task: the eval job's summary dict}.
   """
-  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
 
   summaries = {}
   output_dir = run_dir(output_dir, resume)

@@ -33,6 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import arrays
+from specdec_jax import data as data_lib
+from specdec_jax import decoding
+from specdec_jax.sampling import SamplingConfig
+
 KD_LOSSES = ('none', 'fkl', 'tvd')
 Array = Any
 
@@ -149,10 +154,6 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
   Returns:
     The shard paths. Shards already present are not decoded again.
   """
-  from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
-  from specdec_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-  from specdec_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
 
   inputs = np.asarray(data['inputs'], np.int32)
   if num_examples is not None:

@@ -52,7 +52,12 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+import jax.numpy as jnp
 import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import network
+from specdec_jax.checkpoints import manifest
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           'assets', 'mini')
@@ -79,20 +84,17 @@ def available() -> bool:
 
 def manifest_entries(root: str) -> Dict[str, Dict[str, Any]]:
   """`{relative path: {'sha256', 'bytes'}}` of every file under `root`."""
-  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   return manifest.file_entries(root)
 
 
 def write_manifest(root: str) -> str:
   """Writes `root/MANIFEST.json` for the files under `root`."""
-  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   return manifest.write_json(os.path.join(root, MANIFEST),
                              manifest_entries(root))
 
 
 def _manifest(root: Optional[str] = None):
   """The parsed shipped manifest (`checkpoints.manifest.Manifest`)."""
-  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   path = os.path.join(root or asset_dir(), MANIFEST)
   if not os.path.isfile(path):
     raise ShippedAssetError(f'{path} is missing: the shipped models '
@@ -116,7 +118,6 @@ def verify(prefix: str = '', root: Optional[str] = None) -> int:
   Raises:
     ShippedAssetError: naming every missing, truncated or corrupt file.
   """
-  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   found = _manifest(root)
   problems = manifest.check_files(found.root, found.files, prefix)
   if problems:
@@ -144,7 +145,6 @@ def verify_file(rel: str, root: Optional[str] = None) -> str:
     ShippedAssetError: naming the file when the manifest does not list it
       or it is missing, truncated or corrupt.
   """
-  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
   found = _manifest(root)
   path = os.path.join(found.root, rel)
   entry = found.files.get(rel)
@@ -200,7 +200,6 @@ def _known() -> str:
 
 def t5_config(fields: Dict[str, Any], dtype: Any = 'float32'):
   """A `network.T5Config` from a models.json `config` entry (no dtype)."""
-  from specdec_jax import network  # pylint: disable=g-import-not-at-top
 
   fields = dict(fields)
   fields['mlp_activations'] = tuple(fields['mlp_activations'])
@@ -246,9 +245,6 @@ def load_model(name: str, dtype: Any = None,
     ShippedAssetError: models.json or a file of the model is missing /
       truncated / corrupt (named), checked before anything is loaded.
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  from specdec_jax import network  # pylint: disable=g-import-not-at-top
 
   dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
   cfg = config(name, dtype='bfloat16' if dtype == jnp.bfloat16 else

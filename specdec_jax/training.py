@@ -66,11 +66,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import data
+from specdec_jax import distill
 from specdec_jax import gin_utils
 from specdec_jax import network
+from specdec_jax import tasks
 
 Array = jax.Array
 PyTree = Any
@@ -256,7 +259,6 @@ def make_train_step(model: network.T5Model, learning_rate: float,
     `weighted_metrics` sums of the batch (before the update), 'lr' (the rate
     applied) and, when distilling, 'kd' and 'beta' sums.
   """
-  from specdec_jax import distill  # pylint: disable=g-import-not-at-top
 
   lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
   distilling = kd_loss != 'none'
@@ -483,13 +485,11 @@ def train(
     raise ValueError(f'kd_loss={kd_loss!r} needs teacher_config and '
                      'teacher_checkpoint.')
   if array_dir is not None:
-    from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
     train_arrays = arrays.load(array_dir, 'train')
     vocab_size = int(max(train_arrays['inputs'].max(),
                          train_arrays['targets'].max())) + 1
     source = f'array data set {array_dir}'
   else:
-    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
 
     if data_dir is not None:
       tasks.register_tasks(data_dir=data_dir)
@@ -520,7 +520,6 @@ def train(
     if teacher is None:
       raise ValueError('init_from_teacher needs teacher_config and '
                        'teacher_checkpoint.')
-    from specdec_jax import distill  # pylint: disable=g-import-not-at-top
     params = distill.init_from_teacher(teacher_params, teacher_config,
                                        model_config)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
