@@ -219,9 +219,10 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
   by the rules; a `drafters.T5Drafter`'s model is wrapped with the same
   rules (`shard_drafter`) or data-parallel ones (replicated weights); any
   other drafter's params are replicated, but the target's own params that
-  the kinds drafting with the target hold: those are the target's sharded
-  arrays (`Partitioner.replicate_sharing`), not a copy of the target on
-  every device.
+  the merged kinds hold (PaSS, heads, trees): those are the target's
+  sharded arrays (`Partitioner.replicate_sharing`), not a copy of the
+  target on every device (the output cache's kinds hold none: the loop
+  hands them the target's, `interfaces.TargetReader`).
   """
   target = partitioner.sharded_model(loaded.target)
   target_params = partitioner.shard_params(loaded.target_params, target)

@@ -252,3 +252,20 @@ class StoreDrafter(Drafter, Protocol):
 
   def with_store(self, params: Params, store: Any) -> Params:
     """`params` after `store` (an `output_cache.OutputCache`) changed."""
+
+
+@runtime_checkable
+class TargetReader(Drafter, Protocol):
+  """A drafter that reads the target's own parameters (the output cache
+  embeds each request with the target's encoder).
+
+  Its params hold none of the target's: the loops hand them in inside the
+  compiled program (`with_target`), so the target's weights are one
+  argument of the program, not two. (A compiler counts two arguments twice
+  even when they are the same arrays: T5 1.1-XXL's encoder a second time
+  does not fit one TPU v4 chip.) A caller that runs the drafter's methods
+  itself (`score`, a timing) gives them `speculative.with_target`'s params.
+  """
+
+  def with_target(self, params: Params, target_params: Params) -> Params:
+    """The params the drafter's methods read: `params` with the target's."""

@@ -35,6 +35,7 @@ import numpy as np
 from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import speculative
 
 Array = jax.Array
 
@@ -476,6 +477,7 @@ def _betas(target, drafter, target_params, draft_params, encoder_input_tokens,
   p = sampling_lib.probabilities(
       target.logits(target_params, encoder_input_tokens, decoder_inputs),
       sampling)
+  draft_params = speculative.with_target(drafter, draft_params, target_params)
   q = sampling_lib.probabilities(
       drafter.score(draft_params, encoder_input_tokens, decoder_inputs),
       sampling)

@@ -251,6 +251,12 @@ class VerifyLoop:
     """The drafter's state of rows that start (`draft_inputs` `[rows, n]`)."""
     raise NotImplementedError
 
+  def with_target(self, draft_params, target_params):
+    """The draft params the loop's drafter reads (`with_target`): applied
+    once, inside the compiled program, before anything else."""
+    del target_params
+    return draft_params
+
   def body_fn(self, target_params, draft_params,
               state: SpecState) -> SpecState:
     raise NotImplementedError
@@ -274,6 +280,7 @@ class VerifyLoop:
 
   def __call__(self, target_params, draft_params, inputs, draft_inputs,
                rng) -> SpecResult:
+    draft_params = self.with_target(draft_params, target_params)
     state = self.start(target_params, draft_params, inputs, draft_inputs, rng)
     state = jax.lax.while_loop(
         self.cond_fn,
@@ -289,6 +296,9 @@ class SpecLoop(VerifyLoop):
 
   def init_draft(self, draft_params, draft_inputs):
     return self.drafter.init(draft_params, draft_inputs, self.cache_length)
+
+  def with_target(self, draft_params, target_params):
+    return with_target(self.drafter, draft_params, target_params)
 
   def body_fn(self, target_params, draft_params, state: SpecState):
     g = self.gamma
@@ -367,6 +377,16 @@ def check_vocab(target_vocab_size: int, draft_vocab_size: int) -> None:
         f'Draft and target vocabularies differ: drafter has '
         f'{draft_vocab_size} tokens, target {target_vocab_size}. Speculative '
         'decoding needs the same vocabulary (the same SentencePiece model).')
+
+
+def with_target(drafter, draft_params, target_params):
+  """The params `drafter`'s methods read: an `interfaces.TargetReader`'s
+  with the target's own params handed in, any other's as they are. The
+  loops apply it inside their compiled program; a caller that runs a
+  drafter's methods itself (scores, timings) applies it first."""
+  if isinstance(drafter, interfaces.TargetReader):
+    return drafter.with_target(draft_params, target_params)
+  return draft_params
 
 
 def check_drafter_gamma(drafter, gamma: int,

@@ -310,6 +310,7 @@ class SpecStreamLoop:
                      counts)
 
   def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
+    draft_params = self.loop.with_target(draft_params, target_params)
     # Once per compilation (at trace time), before any row is indexed.
     self.check_rows(target_params, draft_params, inputs, draft_inputs)
     n_examples = inputs.shape[0]

@@ -81,7 +81,9 @@ def call_times(loaded: loading.Loaded, inputs
                                range(1, setup.batch.max_gamma + 2),
                                context=context, jit_setup=True)
   t_draft = measure.drafter_token_time(
-      loaded.drafter, loaded.draft_params, rows, setup.gamma,
+      loaded.drafter, speculative.with_target(
+          loaded.drafter, loaded.draft_params, loaded.target_params),
+      rows, setup.gamma,
       context=context, jit_setup=True)
   return seconds, t_draft, context
 

@@ -108,8 +108,12 @@ def test_near_repeat_retrieves_the_planted_entry_and_drafts_its_output(
   assert ok.all() and list(np.asarray(index[:, 0])) == [5, 9]
   drafter = drafters.CacheDrafter(model.vocab_size, eos_id=EOS,
                                   embedder=model)
-  dparams = dict({'embedder': params}, **store.device_params())
+  dparams = store.device_params()  # the target's params: the loop's to give
   drafter.check_params(dparams)
+  with pytest.raises(ValueError, match="embeds requests with the target's"):
+    drafter.init(dparams, jnp.asarray(near), MAX_LEN)
+  dparams = speculative.with_target(drafter, dparams, params)
+  assert dparams['embedder'] is params
   state = drafter.init(dparams, jnp.asarray(near), MAX_LEN)
   sequences = jnp.zeros((2, MAX_LEN), jnp.int32)  # BOS only
   drafts, q, _ = drafter.propose(dparams, state, sequences,

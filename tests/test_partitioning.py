@@ -194,8 +194,8 @@ def test_tensorstore_leaves_read_shard_by_shard(mesh):
 
 
 def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
-  """The kinds that draft with the target (cache, combined, PaSS, heads,
-  trees) hold the target's own params: on the job's mesh they are the
+  """The merged kinds that draft with the target (PaSS, heads, trees)
+  hold the target's own params: on the job's mesh they are the
   target's placed arrays, not a copy replicated on every device (an XXL
   target does not fit twice). In-process, on this one device's mesh."""
   import jax  # pylint: disable=g-import-not-at-top

@@ -38,9 +38,11 @@ class CacheDrafter(LookupDrafter):
   of BOS alone matches the start of every neighbour's output, so the first
   token is drafted too. One-hot q: exact in every sampling mode.
 
-  params: `{'embedder': the target's params, 'keys', 'outputs', 'valid'}`
-  (`output_cache.OutputCache.device_params`; `with_store` refreshes them
-  after the cache grew).
+  params: `{'keys', 'outputs', 'valid'}` (`output_cache.OutputCache.
+  device_params`; `with_store` refreshes them after the cache grew). The
+  target's params it embeds with are not among them: the loop hands them in
+  (`with_target`: an `interfaces.TargetReader`), so a compiled loop takes
+  the target's weights once.
   """
 
   embedder: Any = None  # the target's T5Model: embeds the requests
@@ -54,14 +56,15 @@ class CacheDrafter(LookupDrafter):
     checks.check_int('neighbours', self.neighbours)
 
   def check_params(self, params) -> None:
-    """Raises unless params hold the embedder's params and a cache."""
+    """Raises unless params hold a cache (and the embedder's params, if
+    `with_target` gave them)."""
     if not isinstance(params, Mapping) or not {
-        'embedder', 'keys', 'outputs', 'valid'} <= set(params):
-      raise ValueError("the cache drafter's params are {'embedder': target "
-                       "params, 'keys', 'outputs', 'valid'} "
-                       '(OutputCache.device_params), got '
+        'keys', 'outputs', 'valid'} <= set(params):
+      raise ValueError("the cache drafter's params are {'keys', 'outputs', "
+                       "'valid'} (OutputCache.device_params), got "
                        f'{type(params).__name__}.')
-    t5.check_model_params(self.embedder, params['embedder'])
+    if 'embedder' in params:
+      t5.check_model_params(self.embedder, params['embedder'])
     c, d = np.shape(params['keys'])
     if d != self.embedder.config.emb_dim:
       raise ValueError(f"cache keys have dim {d}; the embedder's emb_dim is "
@@ -81,9 +84,18 @@ class CacheDrafter(LookupDrafter):
     """`params` after `store` (an `output_cache.OutputCache`) changed."""
     return dict(params, **store.device_params())
 
+  def with_target(self, params, target_params):
+    """`params` with the target's, which `init` embeds the requests with."""
+    return dict(params, embedder=target_params)
+
   def init(self, params, encoder_input_tokens, max_length: int):
     """The stream `source, neighbours (least similar first)` `[batch, s]`."""
     del max_length
+    if 'embedder' not in params:
+      raise ValueError(
+          "the cache drafter embeds requests with the target's params: give "
+          'it speculative.with_target(drafter, params, target_params) (the '
+          'loops do).')
     queries = output_cache.embed(self.embedder, params['embedder'],
                                  encoder_input_tokens)
     index, ok = output_cache.retrieve(params, queries, self.neighbours)
@@ -113,8 +125,7 @@ def build(source: registry.DraftSource):
   store = open_cache(source)
   drafter = CacheDrafter(source.vocab_size, adaptive=source.confidence > 0,
                          embedder=source.target_model)
-  return drafter, dict({'embedder': source.target_params},
-                       **store.device_params())
+  return drafter, store.device_params()
 
 
 # The 'combined' kind's rule: copy where the draft model's top token is less

@@ -96,6 +96,14 @@ class CombinedDrafter:
           params['reference'], store))
     return params
 
+  def with_target(self, params, target_params):
+    """`params` with the target's, where the reference reads them (a
+    `CacheDrafter`)."""
+    if isinstance(self.reference, CacheDrafter):
+      return dict(params, reference=self.reference.with_target(
+          params['reference'], target_params))
+    return params
+
   def score(self, params, encoder_input_tokens, decoder_input_tokens):
     """The reference's one-hot logits where it matches, the model's
     elsewhere (per position, as `propose`)."""

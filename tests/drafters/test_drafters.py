@@ -218,8 +218,10 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   teacher-forced through `score`, whose standardized distribution at each
   draft's position must be the q that `propose` returned.
   """
-  _, _, enc, base, built, _ = greedy
+  _, params, enc, base, built, _ = greedy
   drafter, dparams = built[kind]
+  # Outside a loop the caller hands a TargetReader the target's params.
+  dparams = speculative.with_target(drafter, dparams, params)
   # A MergedDrafter may draw q_2.. from the target's own states (PaSS's
   # slots, a head): then its contract binds q_1 only (tests/drafters/test_pass.py and
   # tests/drafters/test_draft_heads.py check the later drafts against the target).
