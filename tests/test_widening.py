@@ -24,7 +24,6 @@ from specdec_jax import decoding
 from specdec_jax import network
 from specdec_jax import widening
 from conftest import numpy_params
-from conftest import TINY_V10
 from conftest import TINY_V11
 from test_network import T5_1_1
 from test_network import flat
@@ -41,18 +40,6 @@ MINI = TINY_V11.replace(emb_dim=16, num_heads=2, head_dim=4, mlp_dim=32,
                         num_encoder_layers=1, num_decoder_layers=1)
 ALONE = dict(emb_dim=24, num_heads=3, head_dim=6, mlp_dim=48,
              num_encoder_layers=2, num_decoder_layers=3)
-
-
-@pytest.fixture(scope='module')
-def v11():
-  """T5 1.1: gated gelu, separate logits."""
-  return network.T5Model(TINY_V11), numpy_params(TINY_V11, 0, 1.0)
-
-
-@pytest.fixture(scope='module')
-def v10():
-  """T5 1.0: relu, tied logits (small embedding so the layers matter)."""
-  return network.T5Model(TINY_V10), numpy_params(TINY_V10, 1, 0.1)
 
 
 # The original and the widened model are compiled alike (at the suite's
@@ -98,7 +85,7 @@ def _shapes(tree):
 
 
 @pytest.mark.parametrize('which,noise', [
-    ('v11', 0.0), ('v11', 0.5), ('v10', 0.0)])
+    ('np_v11', 0.0), ('np_v11', 0.5), ('np_v10', 0.0)])
 def test_teacher_forced_logits_equal(which, noise, request):
   """The core promise, for T5 1.1 (gated gelu, separate logits) and T5 1.0
   (relu, tied logits, which need the sqrt(emb_dim) divisor to cancel); noise
@@ -119,12 +106,12 @@ def test_teacher_forced_logits_equal(which, noise, request):
                              rtol=0)
 
 
-def test_norm_epsilon_cancels_for_small_activations(v11):
+def test_norm_epsilon_cancels_for_small_activations(np_v11):
   """With activations near RMS-norm epsilon (mean square ~1e-6), merely
   rescaling the norm scales by sqrt(E / E') would be off by O(1) (it turns
   eps into (E'/E) eps; 0.8 max logit error measured); the rescaled residual
   stream keeps mean(x^2) and so eps exactly."""
-  model, params = v11
+  model, params = np_v11
   params = dict(params, token_embedder={
       'embedding': params['token_embedder']['embedding'] * 1e-3})
   enc, dec = _data(model.vocab_size, seed=1)
@@ -134,11 +121,11 @@ def test_norm_epsilon_cancels_for_small_activations(v11):
   np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-def test_greedy_decode_tokens_equal(v11):
+def test_greedy_decode_tokens_equal(np_v11):
   """Decoding goes through init_cache/extend, not the teacher-forced path;
   greedy tokens must be identical, row for row (T5 1.1 here, T5 1.0 in the
   cached-extend test)."""
-  model, params = v11
+  model, params = np_v11
   enc, _ = _data(model.vocab_size, seed=2)
   new_params, new_config = widening.widen_to(params, model.config, BIG,
                                              noise=0.1)
@@ -150,11 +137,11 @@ def test_greedy_decode_tokens_equal(v11):
   np.testing.assert_array_equal(got.lengths, ref.lengths)
 
 
-def test_cached_multi_token_extend_equal(v10):
+def test_cached_multi_token_extend_equal(np_v10):
   """Speculative decoding scores gamma+1 tokens per cached call; the widened
   cache (zero key dims, extra layers' caches) must give the old logits (T5
   1.0 here: tied logits through the cached path)."""
-  model, params = v10
+  model, params = np_v10
   enc, dec = _data(model.vocab_size, seed=3)
   new_params, new_config = widening.widen_to(params, model.config, BIG)
   ref = _logits(model, params, enc, dec)
@@ -164,7 +151,7 @@ def test_cached_multi_token_extend_equal(v10):
   np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize('which', ['v11', 'v10'])
+@pytest.mark.parametrize('which', ['np_v11', 'np_v10'])
 def test_tree_has_the_big_models_shapes(which, request):
   """The widened tree must be exactly what the big model's init produces
   (names, nesting, shapes, dtypes), or it costs something else or fails to
@@ -199,10 +186,10 @@ def test_each_dimension_grows_alone(field, mini):
   np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-def test_noise_fills_dead_weights_only(v11):
+def test_noise_fills_dead_weights_only(np_v11):
   """noise > 0 must make the new weights non-zero (not an all-zero model)
   while pinned zeros stay zero (the logits tests check the output)."""
-  model, params = v11
+  model, params = np_v11
   zero, _ = widening.widen_to(params, model.config, BIG)
   noisy, _ = widening.widen_to(params, model.config, BIG, noise=0.1)
   count = lambda t, f: sum(int(np.sum(f(np.asarray(x))))
@@ -235,18 +222,18 @@ def test_shrinking_raises(field):
     dict(mlp_activations=('relu',)),
     dict(logits_via_embedding=True),
 ])
-def test_fixed_fields_must_match(change, v11):
+def test_fixed_fields_must_match(change, np_v11):
   """Vocabulary, activations and logits tying change the function."""
-  model, params = v11
+  model, params = np_v11
   (field,) = change
   with pytest.raises(ValueError, match=field):
     widening.widen(params, model.config, model.config.replace(**change))
 
 
-def test_params_not_matching_config_raise(v11):
+def test_params_not_matching_config_raise(np_v11):
   """Widening parameters under the wrong config would silently produce a
   broken model; it must fail loudly instead."""
-  model, params = v11
+  model, params = np_v11
   wrong = model.config.replace(emb_dim=24)
   with pytest.raises(ValueError, match='embedding'):
     widening.widen(params, wrong, wrong.replace(emb_dim=48))
@@ -255,11 +242,11 @@ def test_params_not_matching_config_raise(v11):
     widening.widen(params, wrong, model.config)
 
 
-def test_presets_have_t5_1_1_shapes_and_cost(v11):
+def test_presets_have_t5_1_1_shapes_and_cost(np_v11):
   """The presets reach T5 1.1 base/large/XXL shapes -- compared with the T5X
   tree written independently in test_network, at no cost via eval_shape --
   and the parameter count, a proxy for cost, grows with size."""
-  model, params = v11
+  model, params = np_v11
   counts = [widening.param_count(params)]
   for size in ('base', 'large', 'xxl'):
     assert widening.PRESETS[f't5_1_1_{size}_cost'] == T5_1_1[size]

@@ -27,7 +27,6 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import network
 
-from conftest import numpy_params  # pylint: disable=g-bad-import-order
 from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
 
 # The model in test_t5_tiny.checkpoint_0 (T5X's t5x/testdata).
@@ -67,18 +66,6 @@ def _tokens(vocab, seed=0):
   dec = rng.integers(2, vocab, (2, 5))
   dec[:, 0] = 0
   return enc, dec
-
-
-@pytest.fixture(scope='module')
-def np_v11():
-  """Tiny T5 1.1 (gated gelu, separate logits), numpy-random weights."""
-  return network.T5Model(TINY_V11), numpy_params(TINY_V11, 1, 1.0)
-
-
-@pytest.fixture(scope='module')
-def np_v10():
-  """Tiny T5 1.0 (relu, tied logits; embeddings x0.1 as in conftest)."""
-  return network.T5Model(TINY_V10), numpy_params(TINY_V10, 2, 0.1)
 
 
 class _CountTsOpen:
