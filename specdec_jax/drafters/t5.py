@@ -12,13 +12,13 @@ References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and 4.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
@@ -219,23 +219,18 @@ def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
           tuple(np.shape(leaf)) for path, leaf in leaves}
 
 
-@functools.lru_cache(maxsize=None)
-def _model_shapes(model) -> Dict[str, Tuple[int, ...]]:
-  return _shapes(model.param_shapes())
-
-
 def check_model_params(model, params) -> None:
   """Raises ValueError unless params have `model`'s tree and shapes.
 
-  The reference is `jax.eval_shape` of the model's `init_params`, traced
-  once per model: a `network.T5Model` (or a `partitioning.ShardedModel` of
+  The reference is the model's parameter shapes
+  (`checkpoints.expected_shapes`, traced once per config): a `network.T5Model` (or a `partitioning.ShardedModel` of
   one); any other `interfaces.DecodingModel` is not checked. Leaves may be
   arrays or `jax.ShapeDtypeStruct`s.
   """
   model = partitioning.unwrap(model)
   if not isinstance(model, T5Model):
     return
-  want, got = _model_shapes(model), _shapes(params)
+  want, got = checkpoints.expected_shapes(model.config), _shapes(params)
   problems = [f'{k}: missing, want {want[k]}' for k in want if k not in got]
   problems += [f'{k}: not a parameter of the model' for k in got
                if k not in want]
