@@ -257,6 +257,11 @@ class VerifyLoop:
     del target_params
     return draft_params
 
+  @property
+  def draft_init_name(self) -> str:
+    """What `init_draft` calls, as errors name it."""
+    return f'{type(self).__name__}.init_draft'
+
   def body_fn(self, target_params, draft_params,
               state: SpecState) -> SpecState:
     raise NotImplementedError
@@ -299,6 +304,10 @@ class SpecLoop(VerifyLoop):
 
   def with_target(self, draft_params, target_params):
     return with_target(self.drafter, draft_params, target_params)
+
+  @property
+  def draft_init_name(self) -> str:
+    return f'{type(self.drafter).__name__}.init'
 
   def body_fn(self, target_params, draft_params, state: SpecState):
     g = self.gamma

@@ -302,12 +302,10 @@ class SpecStreamLoop:
                                                  self.loop.cache_length),
         target_params, inputs, "the target's cache (`target.init_cache`)",
         counts)
-    drafter = getattr(self.loop, 'drafter', None)
-    source = (f'{type(drafter).__name__}.init' if drafter is not None else
-              f'{type(self.loop).__name__}.init_draft')
-    check_row_leaves(self.loop.init_draft, draft_params, draft_inputs,
-                     f"the drafter's state (`{source}` of draft_params)",
-                     counts)
+    check_row_leaves(
+        self.loop.init_draft, draft_params, draft_inputs,
+        f"the drafter's state (`{self.loop.draft_init_name}` of "
+        'draft_params)', counts)
 
   def __call__(self, target_params, draft_params, inputs, draft_inputs, rng):
     draft_params = self.loop.with_target(draft_params, target_params)

@@ -44,6 +44,10 @@ class TreeLoop(speculative.VerifyLoop):
   def init_draft(self, draft_params, draft_inputs):
     return self.drafter.init(draft_params, draft_inputs, self.cache_length)
 
+  @property
+  def draft_init_name(self) -> str:
+    return f'{type(self.drafter).__name__}.init'
+
   def body_fn(self, target_params, draft_params, state):
     rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
     tree, draft_state = self.drafter.propose_tree(
