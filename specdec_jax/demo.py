@@ -72,7 +72,6 @@ def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
   Returns:
     {task: the eval job's summary dict}.
   """
-
   summaries = {}
   output_dir = run_dir(output_dir, resume)
   print(('resuming the latest run in ' if resume and os.path.isdir(output_dir)

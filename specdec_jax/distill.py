@@ -154,7 +154,6 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
   Returns:
     The shard paths. Shards already present are not decoded again.
   """
-
   inputs = np.asarray(data['inputs'], np.int32)
   if num_examples is not None:
     inputs = inputs[:num_examples]

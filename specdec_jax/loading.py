@@ -87,7 +87,7 @@ class DrafterSpec:
   output_cache: Optional[str] = None
 
   def __post_init__(self):
-    kind = drafters_lib.get_kind(self.kind)
+    kind = self.drafter_kind
     conf = self.confidence
     if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
         0 <= conf < 1):
@@ -96,10 +96,12 @@ class DrafterSpec:
     if conf and not kind.reads_confidence:
       raise ValueError(
           f'draft_confidence is set but drafter {self.kind!r} drafts no '
-          f"adaptive lengths (kinds that do: {_kinds_that(lambda k: k.reads_confidence)}).")
+          'adaptive lengths (kinds that do: '
+          f'{_kinds_that(lambda k: k.reads_confidence)}).')
     if self.tree is not None and not kind.reads_tree:
       raise ValueError(f'tree is set but drafter {self.kind!r} does not '
-                       f"draft trees (kinds that do: {_kinds_that(lambda k: k.reads_tree)}).")
+                       'draft trees (kinds that do: '
+                       f'{_kinds_that(lambda k: k.reads_tree)}).')
     if kind.reads_tree:
       self.tree_shape  # pylint: disable=pointless-statement  (validates)
     if self.output_cache is not None and not kind.uses_cache:
@@ -218,6 +220,8 @@ GROUPED = {
     'stream_chunk': ('batch', 'chunk'), 'batch_gamma': ('batch', 'gamma_rule'),
     'max_gamma': ('batch', 'max_gamma'),
 }
+# The `EvalSetup` fields that are groups.
+_GROUPS = frozenset(group for group, _ in GROUPED.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +311,7 @@ class EvalSetup:
                          f'{shape.spec!r} (depth {shape.depth}): set gamma '
                          f'<= {shape.depth} (the tree is cut to gamma '
                          'levels).')
-    if self.draft.config is not None and self.draft.drafter_kind.needs_model:
+    if self.draft.drafter_kind.needs_model:  # its config is set (DrafterSpec)
       speculative.check_vocab(self.target_config.vocab_size,
                               self.draft.config.vocab_size)
     if self.activation_dtype is not None:
@@ -362,7 +366,7 @@ class EvalSetup:
     """Every field by its flat name: the setup's own (but the groups) and
     the groups' (`GROUPED`)."""
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-              if f.name not in ('draft', 'batch')}
+              if f.name not in _GROUPS}
     for name, (group, field) in GROUPED.items():
       fields[name] = getattr(getattr(self, group), field)
     return fields
@@ -448,7 +452,6 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
       (`checkpoints.load_t5x_params`); other sources load whole (the caller
       places them).
   """
-
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))
@@ -471,7 +474,6 @@ def load_task(setup: EvalSetup):
   seqio or TensorFlow; any other is the seqio task (registered from
   data_dir).
   """
-
   task = None
   if setup.data_dir is not None:
     task = tasks.array_task(setup.mixture_or_task_name, setup.data_dir,
@@ -515,12 +517,11 @@ def load_store(setup: EvalSetup, task, target, target_params,
                max_train_examples: int = 20000):
   """The output cache of a setup whose drafter reads one (else None).
 
-  `setup.draft.output_cache` is loaded when the file exists (checked against the
-  target and the task's output length); otherwise a new cache is seeded
-  with the task's train pairs (when the task has a train split) and, with
-  a path, saved.
+  `setup.draft.output_cache` is loaded when the file exists (checked
+  against the target and the task's output length); otherwise a new cache
+  is seeded with the task's train pairs (when the task has a train split)
+  and, with a path, saved.
   """
-
   if not setup.draft.drafter_kind.uses_cache:
     return None
   length = setup.task_feature_lengths['targets']
@@ -557,7 +558,6 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     store: the output cache of a kind that reads one (`load_store`), or
       None (such a kind then builds a new one from the task's train pairs).
   """
-
   spec = setup.draft
   kind = spec.drafter_kind
   draft_model = draft_params = None

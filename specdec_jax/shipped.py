@@ -200,7 +200,6 @@ def _known() -> str:
 
 def t5_config(fields: Dict[str, Any], dtype: Any = 'float32'):
   """A `network.T5Config` from a models.json `config` entry (no dtype)."""
-
   fields = dict(fields)
   fields['mlp_activations'] = tuple(fields['mlp_activations'])
   return network.T5Config(dtype=dtype, **fields)
@@ -245,7 +244,6 @@ def load_model(name: str, dtype: Any = None,
     ShippedAssetError: models.json or a file of the model is missing /
       truncated / corrupt (named), checked before anything is loaded.
   """
-
   dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
   cfg = config(name, dtype='bfloat16' if dtype == jnp.bfloat16 else
                'float32')

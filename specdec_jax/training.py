@@ -259,7 +259,6 @@ def make_train_step(model: network.T5Model, learning_rate: float,
     `weighted_metrics` sums of the batch (before the update), 'lr' (the rate
     applied) and, when distilling, 'kd' and 'beta' sums.
   """
-
   lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
   distilling = kd_loss != 'none'
   if kd_loss not in distill.KD_LOSSES:

@@ -184,8 +184,8 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
   if setup.batch.profile_gamma:
     if speculative.decodes_merged(loaded.drafter):
       choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
-                'why': f'drafter {setup.draft.kind!r} drafts in its merged loop '
-                       '(its drafting rides on the target call; the chain '
+                'why': f'drafter {setup.draft.kind!r} drafts in its merged '
+                       'loop (its drafting rides on the target call; the chain '
                        'formula does not price it): gamma as configured'}
       if choice_file is not None:
         run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))

@@ -33,9 +33,11 @@ folder names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
+import types
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from flax import traverse_util
@@ -541,11 +543,14 @@ def _verify(folder: str, location: str,
 # ----------------------------------------------------------------------------
 
 
-def expected_shapes(config: network.T5Config) -> Dict[str, Tuple[int, ...]]:
-  """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape)."""
+@functools.lru_cache(maxsize=None)
+def expected_shapes(config: network.T5Config) -> Mapping[str, Tuple[int, ...]]:
+  """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape),
+  computed once per config (read-only: every check shares it; a drafter's
+  params are checked on every decode call)."""
   shapes = network.T5Model(config).param_shapes()
   flat = traverse_util.flatten_dict(shapes, sep='/')
-  return {k: tuple(v.shape) for k, v in flat.items()}
+  return types.MappingProxyType({k: tuple(v.shape) for k, v in flat.items()})
 
 
 def check_params(params: PyTree, config: network.T5Config,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import speculative
 from specdec_jax.drafters import cache as cache_kind
 from specdec_jax.drafters import registry
 from specdec_jax.drafters import t5
@@ -97,12 +98,10 @@ class CombinedDrafter:
     return params
 
   def with_target(self, params, target_params):
-    """`params` with the target's, where the reference reads them (a
-    `CacheDrafter`)."""
-    if isinstance(self.reference, CacheDrafter):
-      return dict(params, reference=self.reference.with_target(
-          params['reference'], target_params))
-    return params
+    """`params` with the target's, where the reference reads them (an
+    `interfaces.TargetReader`: a `CacheDrafter`)."""
+    return dict(params, reference=speculative.with_target(
+        self.reference, params['reference'], target_params))
 
   def score(self, params, encoder_input_tokens, decoder_input_tokens):
     """The reference's one-hot logits where it matches, the model's

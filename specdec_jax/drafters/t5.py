@@ -223,9 +223,10 @@ def check_model_params(model, params) -> None:
   """Raises ValueError unless params have `model`'s tree and shapes.
 
   The reference is the model's parameter shapes
-  (`checkpoints.expected_shapes`, traced once per config): a `network.T5Model` (or a `partitioning.ShardedModel` of
-  one); any other `interfaces.DecodingModel` is not checked. Leaves may be
-  arrays or `jax.ShapeDtypeStruct`s.
+  (`checkpoints.expected_shapes`, computed once per config): a
+  `network.T5Model` (or a `partitioning.ShardedModel` of one); any other
+  `interfaces.DecodingModel` is not checked. Leaves may be arrays or
+  `jax.ShapeDtypeStruct`s.
   """
   model = partitioning.unwrap(model)
   if not isinstance(model, T5Model):
