@@ -12,7 +12,15 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import pytest
+
+from specdec_jax import eval as eval_lib
+from specdec_jax import loading
+from specdec_jax import partitioning
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # 8 devices (XLA's optimization level 0 comes with the suite's XLA_FLAGS,
@@ -198,14 +206,6 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   hold the target's own params: on the job's mesh they are the
   target's placed arrays, not a copy replicated on every device (an XXL
   target does not fit twice). In-process, on this one device's mesh."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
-  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
-  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
-
   model, params = v11
   part = partitioning.Partitioner(num_partitions=1)
   keys = jnp.ones((4, model.config.emb_dim))
