@@ -1,7 +1,9 @@
 """Tests of the tasks (seqio and array), the Debian data build and metrics.
 
-This file imports seqio and so TensorFlow (~10 s); specdec_jax.tasks itself
-does not (checked in a subprocess). The committed slice of real Debian data
+Reading seqio tasks imports TensorFlow (~7 s): the tests that need it take
+the `seqio` fixture or import it in their body, so that collecting this file
+(every xdist worker collects every file) costs no TensorFlow import;
+specdec_jax.tasks itself imports neither (checked in a subprocess). The committed slice of real Debian data
 in tests/testdata/debian is made by the build script (command in its
 README.md).
 """
@@ -20,7 +22,6 @@ import sys
 
 import numpy as np
 import pytest
-import seqio
 
 from command_line import run_script
 from specdec_jax import debian
@@ -109,6 +110,13 @@ def sample_lists(tmp_path_factory):
   return lists
 
 
+@pytest.fixture(scope='module')
+def seqio():
+  """The seqio module, imported when a test first reads a task."""
+  import seqio as seqio_lib  # pylint: disable=g-import-not-at-top
+  return seqio_lib
+
+
 @pytest.fixture
 def restore_registry():
   """Re-registers the tasks with the defaults after a test changed them."""
@@ -134,7 +142,7 @@ def read_jsonl(path):
 
 
 def test_register_tasks_offline_and_idempotent(monkeypatch, tmp_path,
-                                               restore_registry):
+                                               restore_registry, seqio):
   """Registering (and re-importing) must not touch the network or any file.
 
   The T5 vocabulary lives on GCS and the TFDS data is absent here: if
@@ -165,7 +173,7 @@ def test_register_tasks_offline_and_idempotent(monkeypatch, tmp_path,
   assert [f.__name__ for f in wmt.metric_fns] == ['bleu']
 
 
-def test_vocab_env_override(monkeypatch, restore_registry):
+def test_vocab_env_override(monkeypatch, restore_registry, seqio):
   """SPECDEC_VOCAB replaces T5's unreachable GCS vocabulary path."""
   monkeypatch.setenv(tasks.VOCAB_ENV, '/models/cc_all.32000.model')
   tasks.register_tasks()

@@ -9,15 +9,19 @@ logit scaling of tied T5 1.0 models, cross-attention masking).
 import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    'torch', reason='install the test extra: pip install -e ".[test]"')
-pytest.importorskip('transformers')
-
-from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-# pylint: disable-next=g-import-not-at-top
+from specdec_jax import decoding
 from specdec_jax.checkpoints import hf as hf_lib
 
 from conftest import teacher_forced_logits  # pylint: disable=g-bad-import-order
+
+
+@pytest.fixture(scope='module')
+def torch():
+  """torch (with transformers), imported by the tests that run HF's model:
+  not at collection, which every xdist worker does for every file."""
+  pytest.importorskip('transformers')
+  return pytest.importorskip(
+      'torch', reason='install the test extra: pip install -e ".[test]"')
 
 
 def _inputs(vocab, seed=0):
@@ -31,7 +35,7 @@ def _inputs(vocab, seed=0):
 
 
 @pytest.mark.parametrize('which', ['v11', 'v10'])
-def test_logits_equal_hf(which, request):
+def test_logits_equal_hf(which, request, torch):
   model, params = request.getfixturevalue(which)
   hf = hf_lib.to_hf_model(params, model.config)
   enc, dec = _inputs(model.vocab_size)
@@ -45,7 +49,7 @@ def test_logits_equal_hf(which, request):
 
 
 @pytest.mark.parametrize('which', ['v11', 'v10'])
-def test_greedy_tokens_equal_hf_generate(which, request):
+def test_greedy_tokens_equal_hf_generate(which, request, torch):
   model, params = request.getfixturevalue(which)
   hf = hf_lib.to_hf_model(params, model.config)
   enc, _ = _inputs(model.vocab_size, seed=3)

@@ -137,11 +137,14 @@ def test_streamed_greedy_equals_baseline(greedy, kind):
 # The token-tree kinds' sequence laws are tested in tests/drafters/test_trees.py
 # (`test_sampled_tree_follows_target_distribution`: a tree drafter at static
 # top-k, top-p and against an adversarial drafter, the heads' tree), each a
-# 30,000-row tree decode; not once more here at top-k 3.
-TREE_KINDS = ('tree', 'heads_tree')
+# 30,000-row tree decode; not once more here at top-k 3. Nor is 't5': its
+# law at top-k 3 (the same chain loop at the same gamma) is
+# tests/test_speculative.py's `test_sampled_sequences_follow_target_distribution`
+# [t5-topk3], beside t = 1, t = 0.7 and top-p.
+LAW_ELSEWHERE = ('tree', 'heads_tree', 't5')
 
 
-@pytest.mark.parametrize('kind', [k for k in KINDS if k not in TREE_KINDS])
+@pytest.mark.parametrize('kind', [k for k in KINDS if k not in LAW_ELSEWHERE])
 def test_sampled_sequences_follow_target_distribution(sampled, kind):
   """N_SAMPLES speculative samples of whole sequences fit the target's law.
 
