@@ -14,12 +14,12 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import interfaces
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative
 from specdec_jax.drafters import cache as cache_kind
 from specdec_jax.drafters import registry
 from specdec_jax.drafters import t5
-from specdec_jax.drafters.cache import CacheDrafter
 from specdec_jax.drafters.lookup import LookupDrafter
 from specdec_jax.drafters.lookup import lookup_next
 from specdec_jax.drafters.lookup import one_hot_logits
@@ -90,9 +90,10 @@ class CombinedDrafter:
                                          sequences, lengths))
 
   def with_store(self, params, store):
-    """`params` after `store` changed (the reference's, when it is a
-    `CacheDrafter`; a `LookupDrafter` reads no store)."""
-    if isinstance(self.reference, CacheDrafter):
+    """`params` after `store` changed (the reference's, when it is an
+    `interfaces.StoreDrafter`: a `CacheDrafter`; a `LookupDrafter` reads no
+    store)."""
+    if isinstance(self.reference, interfaces.StoreDrafter):
       return dict(params, reference=self.reference.with_store(
           params['reference'], store))
     return params
