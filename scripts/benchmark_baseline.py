@@ -30,7 +30,7 @@ import transformers
 from specdec_jax import decoding
 from specdec_jax import measure
 from specdec_jax import network
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.checkpoints import hf as hf_lib
 
 

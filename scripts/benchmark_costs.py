@@ -44,7 +44,7 @@ from specdec_jax import network
 from specdec_jax import speculative
 from specdec_jax import measure
 from specdec_jax.bench import costs
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.measure import median_time
 

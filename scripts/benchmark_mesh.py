@@ -56,7 +56,7 @@ from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax.bench import flags
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.bench import tensor_parallel
 

@@ -23,7 +23,7 @@ and rewrite the manifest (`shipped.write_manifest(shipped.ASSETS_DIR)`);
 the eval job then loads it as `shipped:heads/<task>`.
 
 The target: --target `shipped:<name>` (default shipped:target) or a T5X
-checkpoint with --target_config (a `bench.models.config` spec, e.g.
+checkpoint with --target_config (a `specdec_jax.models.config` spec, e.g.
 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32').
 
 Data: --arrays DIR, a folder of task folders in the `specdec_jax.arrays`
@@ -57,7 +57,7 @@ from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import shipped
 from specdec_jax.bench import flags
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
 

@@ -10,7 +10,7 @@ Only the L x emb_dim embeddings train (optax Adam on them alone; the target
 is an argument under stop_gradient and is never updated).
 
 The target: --target `shipped:<name>` (default shipped:target) or a T5X
-checkpoint with --target_config (a `bench.models.config` spec, e.g.
+checkpoint with --target_config (a `specdec_jax.models.config` spec, e.g.
 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'). The inputs:
 with --arrays DIR (a folder of task folders in the `specdec_jax.arrays`
 format, what scripts/export_arrays.py --out_dir writes; needed for a
@@ -46,7 +46,7 @@ from specdec_jax import checkpoints
 from specdec_jax import distill
 from specdec_jax import shipped
 from specdec_jax.bench import flags
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
 

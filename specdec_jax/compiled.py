@@ -21,8 +21,8 @@ read. What the compiler says is reported per program:
   from the step programs (`step_facts`: `T5Model.extend` with k tokens).
 
   target = compiled.get_target('tpu:v4:2x2x1')
-  setup = compiled.Setup(target=bench.models.config('t5_1_1_xxl'),
-                         draft=bench.models.config('t5_1_1_small'), batch=8)
+  setup = compiled.Setup(target=models.config('t5_1_1_xxl'),
+                         draft=models.config('t5_1_1_small'), batch=8)
   facts = compiled.compile_program('t5', setup, target)  # speculative, t5
   facts['memory']['peak_bytes'], facts['fits'], facts['cost']
 
@@ -74,7 +74,7 @@ from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax.bench import aot
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.sampling import SamplingConfig
 
@@ -783,7 +783,7 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'estimates (profiles, Table 2) from the compiler '
                       'counts it holds, compiling nothing, and rewrite it')
   parser.add_argument('--model', default='t5_1_1_xxl',
-                      help="the target's bench.models.config spec")
+                      help="the target's specdec_jax.models.config spec")
   parser.add_argument('--drafts', default=','.join(
       f't5_1_1_{d}' for d in DRAFTS),
                       help='draft model config specs, comma separated (the '

@@ -69,7 +69,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.network import T5Config
 
 Array = jax.Array
@@ -82,7 +82,7 @@ GROWABLE = ('emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
 FIXED = ('vocab_size', 'mlp_activations', 'logits_via_embedding')
 
 # T5X's t5x/examples/t5/t5_1_1/{base,large,xxl}.gin dimensions.
-# '<size>_cost': the dimensions of a T5 size (bench.models, the twin of
+# '<size>_cost': the dimensions of a T5 size (specdec_jax.models, the twin of
 # gin_configs/models/), e.g. 't5_1_1_xxl_cost'.
 PRESETS: Dict[str, Dict[str, int]] = {
     f'{size}_cost': {k: models.DIMS[size][k] for k in GROWABLE}

@@ -16,7 +16,7 @@ import pytest
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import network
-from specdec_jax.bench import models
+from specdec_jax import models
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / 'gin_configs'
 MODEL_FILES = sorted(GIN_DIR.glob('models/*/*.gin'))
@@ -60,7 +60,7 @@ def test_model_file_builds(path):
     assert n == EXPECTED_PARAMS[key]
   assert ('logits_dense' in variables['decoder']) == (
       not config.logits_via_embedding)
-  # The Python twin (bench.models) binds the same config.
+  # The Python twin (specdec_jax.models) binds the same config.
   assert models.CONFIGS[f'{path.parent.name}_{path.stem}'] == config
 
 

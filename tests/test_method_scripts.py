@@ -17,7 +17,7 @@ from command_line import run_script
 from specdec_jax import arrays
 from specdec_jax import network
 from specdec_jax import training
-from specdec_jax.bench import models
+from specdec_jax import models
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPEC = 't5_1_1_tiny,vocab_size=32,dtype=float32'

@@ -14,7 +14,7 @@ import pathlib
 from typing import Any, Dict, Tuple
 
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import report
 
 # T5 1.1 small dimensions, float32 (random weights).

@@ -2,7 +2,7 @@
 
 `add_model_flags(parser, target=..., draft=...)` adds `--<name>` (a
 `shipped:<name>` model or a T5X `checkpoint_<step>` folder) and
-`--<name>_config` (its `bench.models.config` spec) per model, and
+`--<name>_config` (its `specdec_jax.models.config` spec) per model, and
 `--arrays` (a folder of `<task>/{train,test}` arrays in the
 `specdec_jax.arrays` format, what scripts/export_arrays.py writes);
 `check_model_flags` stops with a clear message when a checkpoint comes
@@ -24,7 +24,7 @@ from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import shipped
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 
 
 def add_model_flags(parser: argparse.ArgumentParser, **defaults: str
@@ -35,7 +35,7 @@ def add_model_flags(parser: argparse.ArgumentParser, **defaults: str
                         help="'shipped:<name>' or a T5X checkpoint_<step> "
                         'folder')
     parser.add_argument(f'--{name}_config', default=None,
-                        help=f'bench.models.config spec of a checkpoint '
+                        help=f'specdec_jax.models.config spec of a checkpoint '
                         f"--{name}, e.g. 't5_1_1_small' or "
                         "'t5_1_1_tiny,vocab_size=256,dtype=float32'")
   parser.add_argument('--arrays', default=None,

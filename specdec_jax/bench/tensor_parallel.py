@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from specdec_jax import network
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 
 CHIPS = 8
 # The profile's drafters of the on-paper speed-ups: its dec2 (a 2-layer

@@ -20,7 +20,7 @@ from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import rows
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

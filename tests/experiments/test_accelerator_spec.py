@@ -34,7 +34,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import device_plan

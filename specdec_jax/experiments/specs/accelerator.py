@@ -37,7 +37,7 @@ import numpy as np
 
 from specdec_jax import widening
 from specdec_jax import hardware
-from specdec_jax.bench import models
+from specdec_jax import models
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import device_plan
 
