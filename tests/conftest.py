@@ -293,19 +293,20 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
 # Files not listed (new ones: their cost is unknown) go first, then these;
 # the order of the tests within a file is kept.
 _SLOWEST_FILES = (
-    'test_drafters.py', 'test_eval.py', 'test_run_folder.py',
-    'test_trees.py', 'test_speculative.py',
-    'test_accelerator_spec.py', 'test_diagnostics.py', 'test_notebook.py',
-    'test_output_cache.py', 'test_draft_heads.py', 'test_fused.py',
-    'test_shipped.py', 'test_gin_configs.py', 'test_pass.py',
-    'test_partitioning.py', 'test_method_scripts.py', 'test_widening.py',
-    'test_distill.py', 'test_measure.py', 'test_training.py',
-    'test_streaming.py', 'test_checkpoints.py', 'test_numerics.py',
-    'test_network.py', 'test_decoding.py', 'test_tasks.py', 'test_cache.py',
-    'test_lookup.py', 'test_hf_reference.py', 'test_runner.py',
-    'test_results_scripts.py', 'test_bench.py', 'test_layering.py',
-    'test_validation.py', 'test_theory.py', 'test_reproduce.py',
-    'test_docs.py',
+    'test_drafters.py', 'test_trees.py', 'test_eval.py', 'test_speculative.py',
+    'test_accelerator_spec.py', 'test_diagnostics.py', 'test_methods_spec.py',
+    'test_tables_spec.py', 'test_draft_heads.py', 'test_notebook.py',
+    'test_batches_spec.py', 'test_run_folder.py', 'test_pass.py',
+    'test_output_cache.py', 'test_fused.py', 'test_shipped.py',
+    'test_partitioning.py', 'test_training.py', 'test_widening.py',
+    'test_measure.py', 'test_gin_configs.py', 'test_distill.py',
+    'test_method_scripts.py', 'test_sweep.py', 'test_streaming.py',
+    'test_decoding.py', 'test_trees_spec.py', 'test_numerics.py',
+    'test_network.py', 'test_checkpoints.py', 'test_lookup.py',
+    'test_cache.py', 'test_tasks.py', 'test_compile_only.py',
+    'test_hf_reference.py', 'test_runner.py', 'test_bench.py',
+    'test_results_scripts.py', 'test_reproduce.py', 'test_layering.py',
+    'test_validation.py', 'test_theory.py', 'test_docs.py',
 )
 
 
