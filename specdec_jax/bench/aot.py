@@ -19,9 +19,14 @@ each gamma), so a pack of them takes about half their zlib bytes, and
 twice as many programs fit the bytes a device command carries.
 
 `Store.load` hands back the executable, or None and why (not built, file
-missing, checksum, other jax / jaxlib / plugin versions, built for another
-device, the runtime's refusal), so that a caller compiles that program on
-the device instead and says so. An executable is called with the dynamic
+missing, checksum, other jax / jaxlib / plugin versions, built from other
+code, built for another device, the runtime's refusal), so that a caller
+compiles that program on the device instead and says so. A program is
+named by what it decodes, not by its code, so the manifest also holds the
+package's code fingerprint (`code_fingerprint`): an executable built
+before any change to the package's code is not loaded (lest a run time the
+old code under the new name), and a build that finds such programs in its
+folder builds them again. An executable is called with the dynamic
 arguments of the program it was lowered from (static ones are part of it).
 `device_facts` is what jax says of the device a run has, written with its
 results, so that the next build can target exactly that device.
@@ -29,6 +34,7 @@ results, so that the next build can target exactly that device.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -68,6 +74,19 @@ def runtime_versions(platform: str) -> Dict[str, str]:
   plugin = {'gpu': 'cuda', 'cuda': 'cuda', 'tpu': 'libtpu'}.get(platform)
   return {k: v for k, v in versions().items() if k in ('jax', 'jaxlib') or (
       plugin and plugin in k)}
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+  """sha256 over the package's Python files (their paths and bytes): what
+  an executable's behaviour depends on besides the versions and the
+  device. Any change to the package's code changes it."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  digest = hashlib.sha256()
+  for path in sorted(root.rglob('*.py')):
+    digest.update(path.relative_to(root).as_posix().encode() + b'\0')
+    digest.update(path.read_bytes() + b'\0')
+  return digest.hexdigest()
 
 
 def program_name(key: Sequence[Any]) -> str:
@@ -112,7 +131,7 @@ class Store:
   Attributes:
     dir: `<root>/<target>`.
     manifest: {'format', 'target', 'device_kind', 'platform', 'versions',
-      'target_config', 'programs': {name: {file, sha256, bytes,
+      'code', 'target_config', 'programs': {name: {file, sha256, bytes,
       compile_s, priority}}}.
   """
 
@@ -127,11 +146,29 @@ class Store:
 
   def describe(self, device: Any, target_config: Optional[str] = None,
                **extra) -> None:
-    """Records the target (its compile-only device) and these versions."""
-    self.manifest.update(
-        device_kind=device.device_kind, platform=device.platform,
-        versions=runtime_versions(device.platform),
-        target_config=target_config, **extra)
+    """Records the target (its compile-only device), these versions and
+    the package's code fingerprint. Programs built for another device
+    kind, with other versions or from other code are dropped (their files
+    too): they could not load, and a build builds them again."""
+    header = dict(device_kind=device.device_kind, platform=device.platform,
+                  versions=runtime_versions(device.platform),
+                  code=code_fingerprint())
+    if any(self.manifest.get(k) != v for k, v in header.items()):
+      for entry in self.manifest['programs'].values():
+        (self.dir / entry['file']).unlink(missing_ok=True)
+      for file in self.manifest['packs']:
+        (self.dir / file).unlink(missing_ok=True)
+      self.manifest.update(programs={}, packs={})
+      self._unpacked.clear()
+    self.manifest.update(header, target_config=target_config, **extra)
+
+  def usable(self) -> Dict[str, Any]:
+    """The programs built from this code (`manifest['programs']`, or none
+    if the package's code changed since): what a projection may count as
+    loads. Versions and device are checked when one loads."""
+    if self.manifest.get('code') != code_fingerprint():
+      return {}
+    return self.manifest['programs']
 
   def save(self, name: str, compiled, compile_s: float = 0.0,
            priority: int = 0) -> Dict[str, Any]:
@@ -215,6 +252,11 @@ class Store:
         device.platform)
     if built != here:
       return None, f'versions differ: built with {built}, running {here}'
+    code = code_fingerprint()
+    if self.manifest.get('code') != code:
+      return None, (f'built from other code: package fingerprint '
+                    f'{str(self.manifest.get("code"))[:12]}, running '
+                    f'{code[:12]}')
     if self.manifest.get('device_kind') != device.device_kind:
       return None, (f'built for {self.manifest.get("device_kind")!r}, '
                     f'running on {device.device_kind!r}')

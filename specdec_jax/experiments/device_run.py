@@ -885,7 +885,7 @@ class Runner:
             self.args.phases, self.act)
     keys = device_plan.phase_keys(*plan)[pid][0]
     units = device_plan.plan_units(*plan)[pid]
-    built = () if self.store is None else self.store.manifest['programs']
+    built = () if self.store is None else self.store.usable()
     todo = {self.ident(k): aot.program_name(k) in built for k in keys
             if self.ident(k) not in self.pool.compiled}
     units.update(compile=sum(not x for x in todo.values()),
@@ -1260,7 +1260,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
         device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
         f'the full {args.source} run',
-        () if store is None or args.aot_build else store.manifest['programs'])
+        () if store is None or args.aot_build else store.usable())
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
     print(projection['error'], flush=True)

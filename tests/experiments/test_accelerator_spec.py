@@ -679,10 +679,12 @@ def test_packed_executables_load_and_a_corrupt_pack_is_named(tmp_path):
 
 @pytest.mark.parametrize('damage, why', [
     ('corrupt', 'checksum mismatch'), ('versions', 'versions differ'),
-    ('device', 'built for'), ('missing', 'missing file')])
+    ('code', 'built from other code'), ('device', 'built for'),
+    ('missing', 'missing file')])
 def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
-  """A corrupt, version-mismatched, other-device or missing executable is
-  compiled here instead, and the run's record says which and why."""
+  """A corrupt, version-mismatched, other-code, other-device or missing
+  executable is compiled here instead, and the run's record says which and
+  why."""
   fn, params, x = tiny_decode_program()
   store = aot.Store(tmp_path, 'cpu')
   store.describe(jax.devices()[0])
@@ -693,6 +695,8 @@ def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
     path.write_bytes(path.read_bytes()[:-10] + b'0123456789')
   elif damage == 'versions':
     store.manifest['versions']['jaxlib'] = '0.0.1'
+  elif damage == 'code':  # built before the package's code changed
+    store.manifest['code'] = aot.sha256(b'the code as it was')
   elif damage == 'device':
     store.manifest['device_kind'] = 'NVIDIA H100 80GB HBM3'
   else:
@@ -705,3 +709,10 @@ def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
   assert pool.sources['base'].startswith('compiled (' + why)
   out = pool.executables['base'](params, x, None)
   np.testing.assert_array_equal(out.tokens, fn(params, x, None).tokens)
+  if damage in ('code', 'versions', 'device'):
+    # A build into this folder now starts afresh: the stale program (and
+    # its file) is dropped, so it is built again, not skipped as built.
+    assert again.built('base') and again.usable() == (
+        {} if damage == 'code' else again.manifest['programs'])
+    again.describe(jax.devices()[0])
+    assert not again.built('base') and not path.exists()
