@@ -293,11 +293,11 @@ class VerifyLoop:
     return result_of(state, self.max_decode_len)
 
 
-@dataclasses.dataclass(frozen=True)
-class SpecLoop(VerifyLoop):
-  """Algorithm 1 with an ordinary drafter (`interfaces.Drafter.propose`)."""
-
-  drafter: Any
+class DrafterLoop(VerifyLoop):
+  """A loop whose drafts come from a drafter of its own (`self.drafter`,
+  a field of the subclass): its `init` starts rows, and it reads the
+  target's params where it is an `interfaces.TargetReader`. `SpecLoop`
+  (a chain) and the token trees' `TreeLoop`."""
 
   def init_draft(self, draft_params, draft_inputs):
     return self.drafter.init(draft_params, draft_inputs, self.cache_length)
@@ -308,6 +308,13 @@ class SpecLoop(VerifyLoop):
   @property
   def draft_init_name(self) -> str:
     return f'{type(self.drafter).__name__}.init'
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLoop(DrafterLoop):
+  """Algorithm 1 with an ordinary drafter (`interfaces.Drafter.propose`)."""
+
+  drafter: Any
 
   def body_fn(self, target_params, draft_params, state: SpecState):
     g = self.gamma

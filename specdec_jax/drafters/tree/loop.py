@@ -24,7 +24,7 @@ from specdec_jax.spec_stats import SpecStats
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeLoop(speculative.VerifyLoop):
+class TreeLoop(speculative.DrafterLoop):
   """Speculative decoding with a token tree (module docstring).
 
   `accept_rejected` plants a bug for the tests' power checks only.
@@ -40,13 +40,6 @@ class TreeLoop(speculative.VerifyLoop):
   @property
   def cache_length(self) -> int:
     return self.max_decode_len + self.shape.width
-
-  def init_draft(self, draft_params, draft_inputs):
-    return self.drafter.init(draft_params, draft_inputs, self.cache_length)
-
-  @property
-  def draft_init_name(self) -> str:
-    return f'{type(self.drafter).__name__}.init'
 
   def body_fn(self, target_params, draft_params, state):
     rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
