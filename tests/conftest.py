@@ -59,7 +59,6 @@ def numpy_params(config, seed: int, emb_scale: float):
   return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
-
 @pytest.fixture(scope='session')
 def np_v11():
   """Tiny T5 1.1 (gated gelu, separate logits), numpy-random weights
@@ -72,6 +71,7 @@ def np_v10():
   """Tiny T5 1.0 (relu, tied logits; a small embedding so that the layers
   matter), numpy-random weights."""
   return network.T5Model(TINY_V10), numpy_params(TINY_V10, 1, 0.1)
+
 
 # XLA's CPU backend set to compile fast: the suite's programs are tiny and
 # run a few steps, so compiling is most of their cost. Two flags, each kept if

@@ -23,7 +23,6 @@ cores).
 """
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +40,8 @@ from specdec_jax.sampling import probabilities
 
 from test_speculative import EOS
 from test_speculative import MAX_LEN
-from test_speculative import N_SAMPLES
-from test_speculative import sample_optimized
 from test_speculative import SAMPLING_CASES
-from test_speculative import SEQ_LEN
-from test_speculative import SMALL_EOS
-from test_speculative import assert_matches
+from test_speculative import assert_sampled_law
 from test_speculative import exact_sequence_distribution
 from test_speculative import perturbed
 from test_speculative import tiny_target  # pylint: disable=unused-import
@@ -154,12 +149,8 @@ def test_sampled_sequences_follow_target_distribution(sampled, kind):
   """
   model, params, enc, config, dist, built = sampled
   drafter, dparams = built[kind]
-  out = sample_optimized(
-      speculative.speculative_sample,
-      model, params, drafter, dparams, jnp.tile(enc, (N_SAMPLES, 1)),
-      gamma=GAMMA, max_decode_len=SEQ_LEN, sampling=config,
-      eos_id=SMALL_EOS, rng=jax.random.key(zlib.crc32(kind.encode())))
-  assert_matches(np.asarray(out.tokens), dist)
+  assert_sampled_law((model, params, enc), config, drafter, dparams, kind,
+                     GAMMA, dist)
 
 
 @pytest.mark.parametrize('kind', KINDS)
