@@ -1,9 +1,10 @@
 """T5 building blocks with T5X's parameter names, shapes and logical axes.
 
-Every parameter is created with `flax.linen.partitioning.param_with_axes`, as in
-t5x/examples/t5/layers.py, so `init` returns the same `params` tree as T5X and
-a `params_axes` collection with the same logical axis names
-(embed, mlp, joined_kv, heads, vocab, relpos_buckets).
+Every parameter is created through `flax.linen.partitioning.param_with_axes`,
+as in t5x/examples/t5/layers.py, so `init` returns the same `params` tree as
+T5X and a `params_axes` collection with the same logical axis names
+(embed, mlp, joined_kv, heads, vocab, relpos_buckets); `param_with_axes` below
+reads an existing parameter without tracing its initializer.
 
 Projections keep T5X's 2-D kernels ([embed, heads * head_dim] for
 query/key/value, [heads * head_dim, embed] for the output) and reshape them at
@@ -28,13 +29,14 @@ import functools
 import operator
 from typing import Any, Callable, Sequence, Tuple
 
+from flax import errors as flax_errors
 import flax.linen as nn
+from flax.core import meta as flax_meta
 from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-param_with_axes = nn_partitioning.param_with_axes
 Array = jax.Array
 DType = Any
 Initializer = Callable[..., Array]
@@ -45,6 +47,33 @@ ATTENTION_NEG_INF = -1e10
 default_kernel_init = nn.initializers.variance_scaling(
     1.0, 'fan_in', 'truncated_normal'
 )
+
+
+def param_with_axes(module: nn.Module, name: str, init_fn: Initializer,
+                    shape: Tuple[int, ...], dtype: DType,
+                    axes: Tuple[str, ...]) -> Array:
+  """`flax.linen.partitioning.param_with_axes(name, init_fn, shape, dtype,
+  axes=axes)` of `module`, without tracing `init_fn` when the parameter
+  exists.
+
+  When applied, flax checks an existing parameter's shape against
+  `jax.eval_shape` of its initializer: a trace of the initializer per
+  parameter per trace of the model, a third of the time it takes to trace
+  a decode loop. The shape is known here, so it is checked directly (same
+  error); initializing goes through flax as before.
+  """
+  if module.is_initializing() or not module.has_variable('params', name):
+    return nn_partitioning.param_with_axes(name, init_fn, shape, dtype,
+                                           axes=axes, module=module)
+  value = flax_meta.unbox(module.get_variable('params', name))
+  if np.shape(value) != tuple(shape):
+    raise flax_errors.ScopeParamShapeError(name, module.scope.path_text,
+                                           np.shape(value), tuple(shape))
+  # The axes, as flax sows them (kept where the collection is mutable).
+  module.sow('params_axes', f'{name}_axes', nn_partitioning.AxisMetadata(axes),
+             reduce_fn=lambda _, new: new)
+  return nn_partitioning.with_sharding_constraint(
+      value, jax.sharding.PartitionSpec(*axes))
 
 
 def as_weight(param: Array, weight_dtype: DType | None, dtype: DType) -> Array:
@@ -88,6 +117,7 @@ class DenseGeneral(nn.Module):
     inputs = jnp.asarray(inputs, self.dtype)
     in_shape = tuple(inputs.shape[a] for a in axis)
     kernel = param_with_axes(
+        self,
         'kernel',
         self.kernel_init,
         (int(np.prod(in_shape)), int(np.prod(features))),
@@ -120,6 +150,7 @@ class Embed(nn.Module):
 
   def setup(self):
     self.embedding = param_with_axes(
+        self,
         'embedding',
         self.embedding_init,
         (self.num_embeddings, self.features),
@@ -151,6 +182,7 @@ class LayerNorm(nn.Module):
     mean2 = jnp.mean(jax.lax.square(x), axis=-1, keepdims=True)
     y = jnp.asarray(x * jax.lax.rsqrt(mean2 + self.epsilon), self.dtype)
     scale = param_with_axes(
+        self,
         'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
         axes=('embed',),
     )
@@ -259,6 +291,7 @@ class RelativePositionBiases(nn.Module):
       `[..., heads, q_len, k_len]` biases.
     """
     table = param_with_axes(
+        self,
         'rel_embedding',
         self.embedding_init,
         (self.num_heads, self.num_buckets),

@@ -152,3 +152,24 @@ def test_t5x_written_checkpoint_loads_without_renaming(fixtures_dir):
   other = teacher_forced_logits(
       model, jax.jit(model.init_params)(jax.random.key(5)), enc, dec)
   assert not np.allclose(logits, other)
+
+
+@pytest.mark.parametrize('path', [
+    ('decoder', 'layers_1', 'mlp', 'wo', 'kernel'),  # DenseGeneral
+    ('token_embedder', 'embedding'),  # Embed (set up in `setup`)
+    ('encoder', 'encoder_norm', 'scale'),  # LayerNorm
+    ('decoder', 'relpos_bias', 'rel_embedding'),  # RelativePositionBiases
+])
+def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
+  """Applying the model checks each parameter's shape (as flax does, but
+  without tracing its initializer): a wrong one is an error naming it."""
+  model, params = np_v11
+  params = jax.tree_util.tree_map(lambda x: x, params)
+  leaf = params
+  for key in path[:-1]:
+    leaf = leaf[key]
+  leaf[path[-1]] = np.zeros(leaf[path[-1]].shape[:-1] + (3,), np.float32)
+  enc = jnp.array([[5, 6, 7, 1]])
+  with pytest.raises(flax.errors.ScopeParamShapeError,
+                     match=path[-1] + '.*' + path[-2]):
+    model.logits(params, enc, jnp.array([[0, 5]]))
