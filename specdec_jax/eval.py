@@ -84,7 +84,6 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from specdec_jax import checks
-from specdec_jax import data
 from specdec_jax import drafters
 from specdec_jax import gin_utils
 from specdec_jax import loading
@@ -107,7 +106,8 @@ class MismatchError(RuntimeError):
 def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
              config_str: str = '', partitioner=None,
              shard_drafter: bool = False,
-             if_settings_differ: str = 'refuse') -> Dict[str, Any]:
+             if_settings_differ: str = 'refuse',
+             cache: Optional[loading.LoadCache] = None) -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
 
   Across processes (`jax.distributed`, see `main`): process p of P decodes
@@ -132,6 +132,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       records of other examples under the same indices): 'refuse' (a
       ValueError naming each changed setting) or 'restart' (the old run's
       files are moved into output_dir/replaced-<time>/, then a fresh run).
+    cache: a `loading.LoadCache` (a sweep's, kept across its cells): the
+      models and examples it holds are not loaded again.
 
   Returns:
     The summary dict (also written to summary.json); on a process other
@@ -139,10 +141,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   """
   checks.check_int('timing_repeats', timing_repeats)
   task = loading.load_task(setup)
-  examples = list(data.task_examples(task, setup.split,
-                                     setup.task_feature_lengths,
-                                     setup.num_examples,
-                                     setup.truncate_inputs))
+  examples = loading.read_examples(setup, task, setup.num_examples, cache)
   index, count = jax.process_index(), jax.process_count()
   wanted = {i for i, *_ in examples}
   out = pathlib.Path(output_dir)
@@ -181,7 +180,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       if partitioner is not None:  # Restore the target straight into them.
         shardings = partitioner.param_shardings(
             network.T5Model(setup.loaded_config))
-      loaded = loading.build(setup, task=task, target_shardings=shardings)
+      loaded = loading.build(setup, task=task, target_shardings=shardings,
+                             cache=cache)
       if partitioner is not None:
         loaded = shard_loaded(loaded, partitioner, shard_drafter)
       with own.open('a') as sink:

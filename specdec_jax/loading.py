@@ -8,6 +8,8 @@ be checked without loading (gamma, sampling, vocabularies, the drafter kind,
 widening), so a bad configuration fails before any work. `build(setup)`
 loads it: the task, the target (checkpoint, then widening), the drafter (by
 its kind in `drafters.KINDS`, from the one `DraftSource` its spec gives).
+A `LoadCache` keeps what was loaded for the next setup of the same process
+(a sweep's cells share a target, its drafters and a task split).
 
 The eval job (eval.py), the reproduction code (experiments/) and the scripts
 all go through here, so a setup means the same thing everywhere.
@@ -15,9 +17,11 @@ all go through here, so a setup means the same thing everywhere.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pathlib
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
+from typing import Union
 
 import jax
 import jax.numpy as jnp
@@ -437,8 +441,55 @@ def setup_from_flags(args) -> EvalSetup:
   return gin.get_configurable(EvalSetup)()
 
 
+class LoadCache:
+  """What was loaded, kept for the next setup loaded in this process.
+
+  The cells of a sweep are eval jobs on setups that share a target
+  checkpoint, a few drafters and a task split; each job would load them
+  again (a T5 1.1-XXL checkpoint, a tokenized split). A cache passed to
+  `build` / `read_examples` (the sweep runner keeps one per run) loads each
+  once:
+  - models (with their params) by what loads them: config, checkpoint
+    (seed for random weights) and, for the target, its widening; at most
+    `max_models`, the least recently used dropped first, so that the
+    models of a sweep over several targets are not all held in memory;
+  - the examples of a task split by task, split, feature lengths, count and
+    truncation.
+  Models placed by shardings (a job on a mesh) are not kept, nor is an
+  output cache: each job grows its own. Params are returned in fresh
+  containers (the arrays are shared; nothing here writes into them).
+  """
+
+  def __init__(self, max_models: int = 3):
+    checks.check_int('max_models', max_models)
+    self.max_models = max_models
+    self._models: collections.OrderedDict = collections.OrderedDict()
+    self._examples: Dict[Hashable, List[Any]] = {}
+    self.loads = collections.Counter()  # key kind -> loads (not hits)
+
+  def model(self, key: Hashable, load: Callable[[], Any]):
+    """`(model, params)` kept under `key`, or `load()`-ed and kept."""
+    if key in self._models:
+      self._models.move_to_end(key)
+    else:
+      self.loads[key[0]] += 1
+      self._models[key] = load()
+      while len(self._models) > self.max_models:
+        self._models.popitem(last=False)
+    model, params = self._models[key]
+    return model, jax.tree.map(lambda x: x, params)
+
+  def examples(self, key: Hashable, read: Callable[[], List[Any]]):
+    """The examples kept under `key`, or `read()` and kept (a list)."""
+    if key not in self._examples:
+      self.loads['examples'] += 1
+      self._examples[key] = read()
+    return list(self._examples[key])
+
+
 def load_model(config: network.T5Config, checkpoint: Optional[str],
-               seed: int = 0, what: str = 'model', shardings=None):
+               seed: int = 0, what: str = 'model', shardings=None,
+               cache: Optional[LoadCache] = None):
   """(T5Model, params) of a checkpoint, or random weights when it is None.
 
   Args:
@@ -451,7 +502,12 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
       checkpoint is then restored straight into them
       (`checkpoints.load_t5x_params`); other sources load whole (the caller
       places them).
+    cache: a `LoadCache` that keeps the model (not with shardings), or None.
   """
+  if cache is not None and shardings is None:
+    key = ('model', config, None if checkpoint is None else str(checkpoint),
+           seed if checkpoint is None else None)
+    return cache.model(key, lambda: load_model(config, checkpoint, seed, what))
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))
@@ -491,14 +547,39 @@ def load_task(setup: EvalSetup):
   return task
 
 
-def load_target(setup: EvalSetup, shardings=None):
+def read_examples(setup: EvalSetup, task, num_examples: Optional[int],
+                  cache: Optional[LoadCache] = None) -> List[Any]:
+  """The first `num_examples` (None: all) of the setup's split of `task`:
+  `data.task_examples` tuples, checked against its feature lengths (and
+  kept in `cache`, when given)."""
+  def read():
+    return list(data.task_examples(task, setup.split,
+                                   setup.task_feature_lengths, num_examples,
+                                   setup.truncate_inputs))
+  if cache is None:
+    return read()
+  key = (task.name, setup.data_dir, setup.split,
+         tuple(sorted(setup.task_feature_lengths.items())), num_examples,
+         setup.truncate_inputs)
+  return cache.examples(key, read)
+
+
+def load_target(setup: EvalSetup, shardings=None,
+                cache: Optional[LoadCache] = None):
   """(T5Model, params) the decoders run: loaded, then widened if asked.
 
   `shardings` (a params tree of Shardings of the loaded model): a T5X
   checkpoint is restored straight into them, unless it is widened after.
+  `cache`: a `LoadCache` that keeps the target (widened), or None.
   """
   if setup.target_widen_to is not None:
     shardings = None  # Widening needs the whole tree; place it afterwards.
+  if cache is not None and shardings is None:
+    checkpoint = setup.target_checkpoint
+    key = ('target', setup.loaded_config, setup.decoding_config,
+           None if checkpoint is None else str(checkpoint),
+           setup.seed if checkpoint is None else None)
+    return cache.model(key, lambda: load_target(setup))
   target, params = load_model(setup.loaded_config, setup.target_checkpoint,
                               setup.seed, 'target', shardings)
   if setup.target_widen_to is not None:
@@ -546,7 +627,7 @@ def load_store(setup: EvalSetup, task, target, target_params,
 
 def load_drafter(setup: EvalSetup, task=None, target=None,
                  target_params=None, max_train_examples: int = 20000,
-                 store=None):
+                 store=None, cache: Optional[LoadCache] = None):
   """(drafter, params) of the setup's drafter kind (`drafters.KINDS`).
 
   Args:
@@ -557,13 +638,14 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     max_train_examples: train examples a data-built drafter reads.
     store: the output cache of a kind that reads one (`load_store`), or
       None (such a kind then builds a new one from the task's train pairs).
+    cache: a `LoadCache` that keeps the draft model, or None.
   """
   spec = setup.draft
   kind = spec.drafter_kind
   draft_model = draft_params = None
   if kind.needs_model:
     draft_model, draft_params = load_model(
-        spec.config, spec.checkpoint, setup.seed + 1, 'draft')
+        spec.config, spec.checkpoint, setup.seed + 1, 'draft', cache=cache)
   train = pairs = None
   if task is not None:
     train = lambda: data.train_targets(task, max_train_examples)
@@ -583,16 +665,18 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
   return _BUILT[key]
 
 
-def build(setup: EvalSetup, task=None, target_shardings=None) -> Loaded:
+def build(setup: EvalSetup, task=None, target_shardings=None,
+          cache: Optional[LoadCache] = None) -> Loaded:
   """Loads a setup: task (unless given), target (widened if asked), drafter.
 
   `target_shardings`: see `load_target` (the eval job on a mesh).
+  `cache`: a `LoadCache` whose models are used and kept, or None.
   """
   task = load_task(setup) if task is None else task
-  target, target_params = load_target(setup, target_shardings)
+  target, target_params = load_target(setup, target_shardings, cache)
   store = load_store(setup, task, target, target_params)
   drafter, draft_params = load_drafter(setup, task, target, target_params,
-                                       store=store)
+                                       store=store, cache=cache)
   # The loop the job decodes with (the drafter's own: merged for a
   # MergedDrafter) must take the setup's gamma.
   speculative.check_drafter_gamma(drafter, setup.gamma)

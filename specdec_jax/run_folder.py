@@ -71,6 +71,8 @@ EVALUATE_PARAMETERS = {
                   'makes are the identity)',
     'if_settings_differ': 'free: what a rerun does when the identity '
                           'differs',
+    'cache': 'free: where the setup\'s models and examples come from (the '
+             'same ones, loaded by an earlier job of the process)',
 }
 
 # What a rerun with another identity does (`claim`).

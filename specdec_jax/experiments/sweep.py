@@ -197,12 +197,13 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
   return value
 
 
-def built(setup: loading.EvalSetup) -> Tuple[loading.Loaded, np.ndarray]:
-  """The setup built (`loading.build`) and its first batch's inputs."""
-  loaded = loading.build(setup)
-  examples = list(data.task_examples(loaded.task, setup.split,
-                                     setup.task_feature_lengths,
-                                     setup.batch.size, setup.truncate_inputs))
+def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None
+          ) -> Tuple[loading.Loaded, np.ndarray]:
+  """The setup built (`loading.build`, from `cache` when given) and its
+  first batch's inputs."""
+  loaded = loading.build(setup, cache=cache)
+  examples = loading.read_examples(setup, loaded.task, setup.batch.size,
+                                   cache)
   inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                          setup.task_feature_lengths['inputs'])
   return loaded, inputs
@@ -265,9 +266,12 @@ def work_folder(spec: Spec, options: Options) -> pathlib.Path:
 
 
 def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
-             spec_measurements=None
+             spec_measurements=None, cache: Optional[loading.LoadCache] = None
              ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   """Decodes one cell with the eval job (resuming its folder).
+
+  `cache`: the run's `loading.LoadCache` (models and examples loaded by an
+  earlier cell are not loaded again), or None.
 
   Returns:
     (the job's summary, {measurement name: value}).
@@ -276,8 +280,8 @@ def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
   out = folder / 'cells' / cell.name
   summary = eval_lib.evaluate(setup, str(out),
                               timing_repeats=options.timing_repeats,
-                              config_str=setup.describe())
-  load = functools.cache(functools.partial(built, setup))  # once a cell
+                              config_str=setup.describe(), cache=cache)
+  load = functools.cache(functools.partial(built, setup, cache))  # once
   values = {name: measured(name, setup, folder / 'measurements',
                           spec_measurements, load)
             for name in cell.measure}
@@ -311,6 +315,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     out = str(folder / 'results' if options.shrink else
               table.RESULTS / spec.name / options.models)
   clock = budget.Clock(options.max_minutes)
+  cache = loading.LoadCache()  # the cells share their models and examples
   result = table.new_result(spec, options, command)
   for i, cell in enumerate(cells):
     if clock.left() <= 0:
@@ -320,7 +325,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     start = time.perf_counter()
     try:
       summary, values = run_cell(models, cell, options, folder,
-                                 spec.measurements)
+                                 spec.measurements, cache)
     except Exception as e:  # pylint: disable=broad-except
       # Recorded with its error; the other cells still run (the job wrote
       # what the cell finished into its folder: a rerun resumes it).

@@ -15,6 +15,7 @@ import pytest
 
 from specdec_jax import eval as eval_lib
 from specdec_jax import gin_utils
+from specdec_jax import loading
 from specdec_jax import run_folder
 from specdec_jax import hardware
 from specdec_jax.experiments import __main__ as cli
@@ -47,13 +48,14 @@ def test_the_task_table_is_what_the_gin_files_configure(models):
     task_table.check_model_set('big')
 
 
-def _tiny(changes=None):
-  """A one-cell spec on the shipped models: 1 example, gamma 2."""
+def _tiny(changes=None, variants=('tiny',)):
+  """A spec on the shipped models, one cell per variant (the same setup):
+  1 example, gamma 2."""
   def cells(options, tasks):
     del options
     return [sweep.Cell(tasks[0], 'dec2', dict(gamma=2, max_gamma=2,
                                               **(changes or {})),
-                       {'variant': 'tiny'}, ('costs',))]
+                       {'variant': v}, ('costs',)) for v in variants]
   return sweep.Spec(name='tiny', title='tiny', about='A test spec.',
                     cells=cells, columns=(('task', 'task'),
                                           ('alpha', 'alpha'),
@@ -63,12 +65,46 @@ def _tiny(changes=None):
 
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
+  """Two cells of one setup, run as a sweep, counting checkpoint loads."""
   root = tmp_path_factory.mktemp('sweep')
-  spec = _tiny()
+  spec = _tiny(variants=('a', 'b'))
   options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'))
-  result = sweep.run(spec, options, profile=hardware.load(hardware.H100),
-                     command='test', out=str(root / 'out' / 'shipped'))
-  return spec, options, root, result
+  loads = []
+  with pytest.MonkeyPatch.context() as patch:
+    load = loading.checkpoints.load_t5x_params
+    patch.setattr(loading.checkpoints, 'load_t5x_params',
+                  lambda path, **kw: loads.append(path) or load(path, **kw))
+    result = sweep.run(spec, options, profile=hardware.load(hardware.H100),
+                       command='test', out=str(root / 'out' / 'shipped'))
+  return spec, options, root, result, loads
+
+
+def test_a_sweep_loads_each_checkpoint_once(tiny_run):
+  """The cells (two jobs and a measurement) share the run's `LoadCache`:
+  the target and the drafter are each read once, not once per cell."""
+  *_, result, loads = tiny_run
+  assert len(result['rows']) == 2
+  assert len(loads) == len(set(loads)) == 2, loads
+
+
+def test_the_load_cache_keeps_its_most_recent_models():
+  cache = loading.LoadCache(max_models=2)
+  made = []
+  get = lambda k: cache.model(('model', k), lambda: made.append(k) or (
+      k, {'w': [k]}))
+  get('x'), get('y'), get('x'), get('z')  # 'y' is the least recent
+  assert made == ['x', 'y', 'z'] and cache.loads['model'] == 3
+  model, params = get('x')
+  assert made == ['x', 'y', 'z'] and model == 'x'
+  params['w'] = None  # fresh containers: the kept tree is untouched
+  assert get('x')[1] == {'w': ['x']}
+  get('y')
+  assert made == ['x', 'y', 'z', 'y']
+  rows = cache.examples('k', lambda: [1, 2])
+  rows.append(3)
+  assert cache.examples('k', lambda: []) == [1, 2]
+  with pytest.raises(ValueError, match='max_models'):
+    loading.LoadCache(max_models=0)
 
 
 def _records(folder):
@@ -78,16 +114,18 @@ def _records(folder):
 
 
 def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
-  spec, options, root, result = tiny_run
+  """The second cell decoded with the models the first loaded: its records
+  are those of the job run alone on its setup."""
+  spec, options, root, result, _ = tiny_run
   options = sweep.options_of(spec, options)
-  [cell] = sweep.plan(spec, options)
+  _, cell = sweep.plan(spec, options)
   setup = sweep.cell_setup(reproduce.make_setup('shipped'), cell, options)
   assert (setup.gamma, setup.num_examples, setup.draft.kind) == (2, 1, 't5')
   job = root / 'job'
   summary = eval_lib.evaluate(setup, str(job), timing_repeats=1)
   cell_dir = sweep.work_folder(spec, options) / 'cells' / cell.name
   assert _records(cell_dir) == _records(job)
-  [row] = result['rows']
+  _, row = result['rows']
   for field in table.SUMMARY_FIELDS:
     if field not in table.TIMING_FIELDS:
       assert row[field] == summary[field], field
@@ -103,7 +141,7 @@ def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
 
 
 def test_a_rerun_resumes_every_cell(tiny_run, capsys):
-  spec, options, root, result = tiny_run
+  spec, options, root, result, _ = tiny_run
   again = sweep.run(spec, options, profile=hardware.load(hardware.H100),
                     command='test', out=str(root / 'again' / 'shipped'))
   assert 'found in' in capsys.readouterr().out  # the job reused its records
@@ -114,7 +152,7 @@ def test_a_rerun_resumes_every_cell(tiny_run, capsys):
 
 def test_repredict_reproduces_the_written_file(tiny_run, tmp_path,
                                               monkeypatch):
-  spec, _, root, _ = tiny_run
+  spec, _, root, *_ = tiny_run
   monkeypatch.setitem(specs.SPECS, spec.name, spec)
   written = root / 'out' / 'shipped.json'
   copy = tmp_path / 'shipped.json'
