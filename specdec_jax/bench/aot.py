@@ -162,13 +162,16 @@ class Store:
       self._unpacked.clear()
     self.manifest.update(header, target_config=target_config, **extra)
 
+  def from_this_code(self) -> bool:
+    """Whether the store was built from the package's code as it is now
+    (`code_fingerprint`)."""
+    return self.manifest.get('code') == code_fingerprint()
+
   def usable(self) -> Dict[str, Any]:
     """The programs built from this code (`manifest['programs']`, or none
     if the package's code changed since): what a projection may count as
     loads. Versions and device are checked when one loads."""
-    if self.manifest.get('code') != code_fingerprint():
-      return {}
-    return self.manifest['programs']
+    return self.manifest['programs'] if self.from_this_code() else {}
 
   def save(self, name: str, compiled, compile_s: float = 0.0,
            priority: int = 0) -> Dict[str, Any]:
@@ -252,11 +255,10 @@ class Store:
         device.platform)
     if built != here:
       return None, f'versions differ: built with {built}, running {here}'
-    code = code_fingerprint()
-    if self.manifest.get('code') != code:
+    if not self.from_this_code():
       return None, (f'built from other code: package fingerprint '
                     f'{str(self.manifest.get("code"))[:12]}, running '
-                    f'{code[:12]}')
+                    f'{code_fingerprint()[:12]}')
     if self.manifest.get('device_kind') != device.device_kind:
       return None, (f'built for {self.manifest.get("device_kind")!r}, '
                     f'running on {device.device_kind!r}')
