@@ -310,8 +310,9 @@ def exact_twins(monkeypatch):
   """The eval job's target gets exact twin tokens (equal kernel columns)."""
   real = loading.load_model
 
-  def load(config, checkpoint, seed=0, what='model', shardings=None):
-    model, params = real(config, checkpoint, seed, what, shardings)
+  def load(config, checkpoint, seed=0, what='model', shardings=None,
+           cache=None):
+    model, params = real(config, checkpoint, seed, what, shardings, cache)
     if what == 'target':
       kernel = np.array(params['decoder']['logits_dense']['kernel'])
       kernel[:, 1::2] = kernel[:, 0::2]
