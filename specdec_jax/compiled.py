@@ -47,11 +47,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
+import logging
 import math
 import os
 import pathlib
 import re
+import shlex
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -238,7 +241,6 @@ def devices(name: str, target_config: Optional[str] = None
 
 def _cuda_version() -> Tuple[int, int]:
   """(major, minor) of the installed CUDA plugin's CUDA; 12.8 / 13.0."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
   for name, version in (('jax_cuda13_plugin', (13, 0)),
                         ('jax_cuda12_plugin', (12, 8))):
     if importlib.util.find_spec(name) is not None:
@@ -1154,7 +1156,6 @@ def reestimate(path: str):
   batch, profiles, Table 2) from the compiler's counts it holds (with its
   own command's flags and this module's chip figures), compiling nothing,
   and rewrites its .json and .md."""
-  import shlex  # pylint: disable=g-import-not-at-top
   r = report.read_json(path)
   args = parse_flags(shlex.split(r['command'])[3:])
   target = get_target(args.target)
@@ -1180,7 +1181,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   """`python -m specdec_jax.compiled --target=tpu:v4:1x1x1 [flags]`: writes
   OUT_DIR/<target>.json and .md (every program, memory per chip, per-step
   estimates; with --paper_table the paper's Table 2 on them)."""
-  import logging  # pylint: disable=g-import-not-at-top
   logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   argv = sys.argv[1:] if argv is None else list(argv)

@@ -49,6 +49,16 @@ default_kernel_init = nn.initializers.variance_scaling(
 )
 
 
+def _same_axes(sown, new):
+  """The sow reduction of flax's `param_with_axes`: a parameter's axes sown
+  again in one apply (`sown`: () before the first) must be the ones sown
+  first."""
+  if isinstance(sown, nn_partitioning.AxisMetadata) and sown != new:
+    raise ValueError('If axis names are sown twice, expected them to match. '
+                     f'Got {sown} and {new}.')
+  return new
+
+
 def param_with_axes(module: nn.Module, name: str, init_fn: Initializer,
                     shape: Tuple[int, ...], dtype: DType,
                     axes: Tuple[str, ...]) -> Array:
@@ -71,7 +81,7 @@ def param_with_axes(module: nn.Module, name: str, init_fn: Initializer,
                                            np.shape(value), tuple(shape))
   # The axes, as flax sows them (kept where the collection is mutable).
   module.sow('params_axes', f'{name}_axes', nn_partitioning.AxisMetadata(axes),
-             reduce_fn=lambda _, new: new)
+             reduce_fn=_same_axes)
   return nn_partitioning.with_sharding_constraint(
       value, jax.sharding.PartitionSpec(*axes))
 

@@ -1,11 +1,14 @@
 """The network has T5X's parameter tree and loads a real T5X checkpoint."""
 
 import flax.serialization
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import layers
 from specdec_jax import network
 
 from conftest import teacher_forced_logits  # pylint: disable=g-bad-import-order
@@ -173,3 +176,35 @@ def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
   with pytest.raises(flax.errors.ScopeParamShapeError,
                      match=path[-1] + '.*' + path[-2]):
     model.logits(params, enc, jnp.array([[0, 5]]))
+
+
+def test_axes_sown_twice_in_one_apply_must_match():
+  """A parameter read twice in one apply with `params_axes` mutable sows
+  its logical axes twice: as flax's own `param_with_axes`, the second must
+  name the same axes (a module that names them two ways is an error, not
+  the last one silently kept)."""
+
+  class Inner(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, axes):
+      return x @ layers.param_with_axes(self, 'w', nn.initializers.ones,
+                                        (2, 3), jnp.float32, axes)
+
+  class Twice(nn.Module):  # one Inner, called twice
+    second: tuple
+
+    @nn.compact
+    def __call__(self, x):
+      inner = Inner()
+      return inner(x, ('embed', 'mlp')) + inner(x, self.second)
+
+  x = jnp.ones((1, 2))
+  params = Twice(('embed', 'mlp')).init(jax.random.key(0), x)['params']
+  _, sown = Twice(('embed', 'mlp')).apply({'params': params}, x,
+                                          mutable=['params_axes'])
+  assert sown['params_axes']['Inner_0']['w_axes'] == (
+      nn_partitioning.AxisMetadata(('embed', 'mlp')))
+  with pytest.raises(ValueError, match='sown twice'):
+    Twice(('mlp', 'embed')).apply({'params': params}, x,
+                                  mutable=['params_axes'])
