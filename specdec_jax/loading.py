@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import pathlib
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
-from typing import Union
+from typing import Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -453,8 +453,10 @@ class LoadCache:
     (seed for random weights) and, for the target, its widening; at most
     `max_models`, the least recently used dropped first, so that the
     models of a sweep over several targets are not all held in memory;
-  - the examples of a task split by task, split, feature lengths, count and
-    truncation.
+  - the examples of a task split by task, data folder, split, feature
+    lengths, count and truncation;
+  - the drafters built from a task's train split alone (n-gram tables) by
+    kind, task, data folder, vocabulary and train examples read.
   Models placed by shardings (a job on a mesh) are not kept, nor is an
   output cache: each job grows its own. Params are returned in fresh
   containers (the arrays are shared; nothing here writes into them).
@@ -465,6 +467,7 @@ class LoadCache:
     self.max_models = max_models
     self._models: collections.OrderedDict = collections.OrderedDict()
     self._examples: Dict[Hashable, List[Any]] = {}
+    self._drafters: Dict[Hashable, Any] = {}
     self.loads = collections.Counter()  # key kind -> loads (not hits)
 
   def model(self, key: Hashable, load: Callable[[], Any]):
@@ -486,6 +489,22 @@ class LoadCache:
       self._examples[key] = read()
     return list(self._examples[key])
 
+  def drafter(self, key: Hashable, build: Callable[[], Any]):
+    """`(drafter, params)` kept under `key`, or `build()`-ed and kept."""
+    if key not in self._drafters:
+      self.loads['drafter'] += 1
+      self._drafters[key] = build()
+    drafter, params = self._drafters[key]
+    return drafter, jax.tree.map(lambda x: x, params)
+
+
+def _weights_key(checkpoint: Optional[str], seed: int) -> Tuple[Any, Any]:
+  """What a model's weights are read from: the checkpoint, or the seed of
+  random weights."""
+  if checkpoint is None:
+    return None, seed
+  return str(checkpoint), None
+
 
 def load_model(config: network.T5Config, checkpoint: Optional[str],
                seed: int = 0, what: str = 'model', shardings=None,
@@ -505,8 +524,7 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
     cache: a `LoadCache` that keeps the model (not with shardings), or None.
   """
   if cache is not None and shardings is None:
-    key = ('model', config, None if checkpoint is None else str(checkpoint),
-           seed if checkpoint is None else None)
+    key = ('model', config) + _weights_key(checkpoint, seed)
     return cache.model(key, lambda: load_model(config, checkpoint, seed, what))
   model = network.T5Model(config)
   if checkpoint is None:
@@ -575,10 +593,8 @@ def load_target(setup: EvalSetup, shardings=None,
   if setup.target_widen_to is not None:
     shardings = None  # Widening needs the whole tree; place it afterwards.
   if cache is not None and shardings is None:
-    checkpoint = setup.target_checkpoint
-    key = ('target', setup.loaded_config, setup.decoding_config,
-           None if checkpoint is None else str(checkpoint),
-           setup.seed if checkpoint is None else None)
+    key = ('target', setup.loaded_config, setup.decoding_config
+           ) + _weights_key(setup.target_checkpoint, setup.seed)
     return cache.model(key, lambda: load_target(setup))
   target, params = load_model(setup.loaded_config, setup.target_checkpoint,
                               setup.seed, 'target', shardings)
@@ -587,11 +603,6 @@ def load_target(setup: EvalSetup, shardings=None,
     params = widening.widen(params, setup.loaded_config, config)
     target = network.T5Model(config)
   return target, params
-
-
-# Drafters built from task data only (`DrafterKind.data_only`: n-gram
-# tables), once per task and process.
-_BUILT: Dict[Any, Any] = {}
 
 
 def load_store(setup: EvalSetup, task, target, target_params,
@@ -638,7 +649,8 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     max_train_examples: train examples a data-built drafter reads.
     store: the output cache of a kind that reads one (`load_store`), or
       None (such a kind then builds a new one from the task's train pairs).
-    cache: a `LoadCache` that keeps the draft model, or None.
+    cache: a `LoadCache` that keeps the draft model, or a drafter built from
+      the task's train split alone; or None.
   """
   spec = setup.draft
   kind = spec.drafter_kind
@@ -656,13 +668,11 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
       draft_model=draft_model, draft_params=draft_params, target=target,
       target_params=target_params, train_targets=train, train_pairs=pairs,
       store=store)
-  if not kind.data_only or task is None:
+  if not kind.data_only or task is None or cache is None:
     return kind.build(source)
-  key = (kind.name, task.name, setup.target_config.vocab_size,
-         max_train_examples)
-  if key not in _BUILT:
-    _BUILT[key] = kind.build(source)
-  return _BUILT[key]
+  key = ('drafter', kind.name, task.name, setup.data_dir,
+         setup.target_config.vocab_size, max_train_examples)
+  return cache.drafter(key, lambda: kind.build(source))
 
 
 def build(setup: EvalSetup, task=None, target_shardings=None,

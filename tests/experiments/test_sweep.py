@@ -107,6 +107,37 @@ def test_the_load_cache_keeps_its_most_recent_models():
     loading.LoadCache(max_models=0)
 
 
+def test_the_load_cache_keeps_a_data_built_drafter_per_data_folder(
+    monkeypatch):
+  """A bigram's table is built once per task split it counts: again for the
+  same task name read from another data folder (other train targets), not
+  the first folder's table."""
+  train = {'/a': [[5, 6, 1]] * 3, '/b': [[7, 8, 1]] * 3}
+  setup = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
+                               'bigram')
+  task = setup.mixture_or_task_name
+  read = []
+
+  class Task:  # what load_drafter reads of a task: its name, its train split
+    name = task
+
+  def train_targets(task_, n):
+    del task_, n
+    read.append(folder)
+    return iter(train[folder])
+
+  monkeypatch.setattr(loading.data, 'train_targets', train_targets)
+  cache = loading.LoadCache()
+  tables = {}
+  for folder in ('/a', '/b', '/a'):
+    _, params = loading.load_drafter(setup.replace(data_dir=folder), Task(),
+                                     cache=cache)
+    tables.setdefault(folder, []).append(params['next_tokens'])
+  assert read == ['/a', '/b'] and cache.loads['drafter'] == 2
+  assert (tables['/a'][0] == tables['/a'][1]).all()
+  assert not (tables['/a'][0] == tables['/b'][0]).all()
+
+
 def _records(folder):
   return [{k: v for k, v in r.items() if k not in TIMED}
           for r in run_folder.read_records(pathlib.Path(folder) /
