@@ -479,8 +479,7 @@ class LoadCache:
       self._models[key] = load()
       while len(self._models) > self.max_models:
         self._models.popitem(last=False)
-    model, params = self._models[key]
-    return model, jax.tree.map(lambda x: x, params)
+    return _fresh_params(self._models[key])
 
   def examples(self, key: Hashable, read: Callable[[], List[Any]]):
     """The examples kept under `key`, or `read()` and kept (a list)."""
@@ -494,8 +493,14 @@ class LoadCache:
     if key not in self._drafters:
       self.loads['drafter'] += 1
       self._drafters[key] = build()
-    drafter, params = self._drafters[key]
-    return drafter, jax.tree.map(lambda x: x, params)
+    return _fresh_params(self._drafters[key])
+
+
+def _fresh_params(kept: Tuple[Any, Any]) -> Tuple[Any, Any]:
+  """`(model or drafter, params)` with the params in new containers (the
+  same arrays): a caller that edits its tree leaves the kept one as is."""
+  owner, params = kept
+  return owner, jax.tree.map(lambda x: x, params)
 
 
 def _weights_key(checkpoint: Optional[str], seed: int) -> Tuple[Any, Any]:
@@ -504,6 +509,12 @@ def _weights_key(checkpoint: Optional[str], seed: int) -> Tuple[Any, Any]:
   if checkpoint is None:
     return None, seed
   return str(checkpoint), None
+
+
+def _split_key(setup: EvalSetup, task) -> Tuple[Any, Any]:
+  """Where a task split is read from: the task's name and its data folder
+  (one name may be registered from several)."""
+  return task.name, setup.data_dir
 
 
 def load_model(config: network.T5Config, checkpoint: Optional[str],
@@ -576,9 +587,9 @@ def read_examples(setup: EvalSetup, task, num_examples: Optional[int],
                                    setup.truncate_inputs))
   if cache is None:
     return read()
-  key = (task.name, setup.data_dir, setup.split,
-         tuple(sorted(setup.task_feature_lengths.items())), num_examples,
-         setup.truncate_inputs)
+  key = _split_key(setup, task) + (
+      setup.split, tuple(sorted(setup.task_feature_lengths.items())),
+      num_examples, setup.truncate_inputs)
   return cache.examples(key, read)
 
 
@@ -670,8 +681,8 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
       store=store)
   if not kind.data_only or task is None or cache is None:
     return kind.build(source)
-  key = ('drafter', kind.name, task.name, setup.data_dir,
-         setup.target_config.vocab_size, max_train_examples)
+  key = ('drafter', kind.name) + _split_key(setup, task) + (
+      setup.target_config.vocab_size, max_train_examples)
   return cache.drafter(key, lambda: kind.build(source))
 
 
