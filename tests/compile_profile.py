@@ -1,12 +1,14 @@
-"""Prints where a test run spent its XLA compile time, slowest first.
+"""Prints where a test run spent its time tracing, lowering and compiling.
 
   SPECDEC_TEST_COMPILE_PROFILE=/tmp/prof pytest
   python tests/compile_profile.py /tmp/prof [--tests 40]
 
 Per file, per test and per program name (the jitted function's; `jit_add`
-and the like are eager ops compiled one by one): compile seconds and number
-of programs compiled (tests/conftest.py records them from jax's compile
-events).
+and the like are eager ops compiled one by one), slowest first: seconds of
+jax's three stages of a jitted program (tracing, lowering, XLA compiling)
+and the number of programs XLA compiled (tests/conftest.py records them
+from jax's compile events; a program loaded from the run's persistent cache
+is traced and lowered, not compiled).
 """
 
 import argparse
@@ -14,19 +16,33 @@ import collections
 import json
 import pathlib
 
+STAGES = ('trace', 'lower', 'compile')
+
 
 def load(folder):
-  tests = collections.Counter()
-  counts = collections.Counter()
-  programs = collections.defaultdict(lambda: [0.0, 0])
+  """({test: {stage: seconds, 'programs': compiles}},
+  {program: {stage: seconds, 'programs': compiles}})."""
+  tests = collections.defaultdict(collections.Counter)
+  programs = collections.defaultdict(collections.Counter)
   for path in pathlib.Path(folder).glob('compile-*.json'):
     for test, entry in json.loads(path.read_text()).items():
-      tests[test] += entry['seconds']
-      counts[test] += entry['compiles']
-      for name, (seconds, n) in entry.get('programs', {}).items():
-        programs[name][0] += seconds
-        programs[name][1] += n
-  return tests, counts, programs
+      for row, stages in [(tests[test], entry)] + [
+          (programs[name], by_stage)
+          for name, by_stage in entry['programs'].items()]:
+        for stage in STAGES:
+          seconds, n = stages.get(stage, (0.0, 0))
+          row[stage] += seconds
+          if stage == 'compile':
+            row['programs'] += n
+  return tests, programs
+
+
+def _table(title, rows, limit=None):
+  print(f'\n  trace   lower compile  total programs  {title}')
+  ranked = sorted(rows.items(), key=lambda kv: -sum(kv[1][s] for s in STAGES))
+  for name, row in ranked[:limit]:
+    print(''.join(f'{row[s]:7.1f} ' for s in STAGES) +
+          f'{sum(row[s] for s in STAGES):6.1f} {row["programs"]:8d}  {name}')
 
 
 def main(argv=None):
@@ -35,24 +51,16 @@ def main(argv=None):
   parser.add_argument('--tests', type=int, default=40)
   parser.add_argument('--programs', type=int, default=30)
   args = parser.parse_args(argv)
-  tests, counts, programs = load(args.folder)
-  files, file_counts = collections.Counter(), collections.Counter()
-  for test, seconds in tests.items():
-    files[test.split('::')[0]] += seconds
-    file_counts[test.split('::')[0]] += counts[test]
-  print(f'compile seconds in all: {sum(tests.values()):.0f} '
-        f'({sum(counts.values())} programs)\n')
-  print(' seconds  programs  file')
-  for name, seconds in files.most_common():
-    print(f'{seconds:8.1f}  {file_counts[name]:8d}  {name}')
-  print('\n seconds  programs  test')
-  for name, seconds in tests.most_common(args.tests):
-    print(f'{seconds:8.1f}  {counts[name]:8d}  {name}')
-  print('\n seconds  compiles  program')
-  for name, (seconds, n) in sorted(programs.items(),
-                                   key=lambda item: -item[1][0]
-                                   )[:args.programs]:
-    print(f'{seconds:8.1f}  {n:8d}  {name}')
+  tests, programs = load(args.folder)
+  files = collections.defaultdict(collections.Counter)
+  for test, row in tests.items():
+    files[test.split('::')[0]].update(row)
+  total = sum(tests.values(), collections.Counter())
+  print('seconds in all: ' + ', '.join(f'{s} {total[s]:.0f}' for s in STAGES)
+        + f' ({total["programs"]} programs compiled)')
+  _table('file', files)
+  _table('test', tests, args.tests)
+  _table('program', programs, args.programs)
 
 
 if __name__ == '__main__':

@@ -190,27 +190,35 @@ _atomic_cache_writes()
 
 
 # SPECDEC_TEST_COMPILE_PROFILE=<folder>: each process of the run writes
-# <folder>/compile-<pid>.json, the XLA compile seconds and count of each test
-# and of each program name within it (jax's compile events; a program loaded
-# from the cache above is not one).
-# Compiling is most of the suite's time on CPU: this says which tests pay it.
+# <folder>/compile-<pid>.json: per test, and per program name within it, the
+# seconds and count of jax's three stages of a jitted program (its compile
+# events): tracing to a jaxpr, lowering to StableHLO, XLA compiling (a
+# program loaded from the cache above is traced and lowered, not compiled).
+# They are most of the suite's time on CPU: this says which tests pay them.
 # `python tests/compile_profile.py <folder>` prints the table.
 _PROFILE_DIR = os.environ.get('SPECDEC_TEST_COMPILE_PROFILE')
 _PROFILE = {}
 _CURRENT = ['(collection)']
+_STAGES = {'/jax/core/compile/jaxpr_trace_duration': 'trace',
+           '/jax/core/compile/jaxpr_to_mlir_module_duration': 'lower',
+           '/jax/core/compile/backend_compile_duration': 'compile'}
 if _PROFILE_DIR:
 
-  def _on_compile(event, seconds, fun_name='?', **kwargs):
+  def _on_stage(event, seconds, fun_name='?', **kwargs):
     del kwargs
-    if event == '/jax/core/compile/backend_compile_duration':
-      entry = _PROFILE.setdefault(_CURRENT[0], [0.0, 0, {}])
+    stage = _STAGES.get(event)
+    if stage is None:
+      return
+    # The trace event names the function, the other two `jit(<name>)`.
+    name = f'jit({fun_name})' if stage == 'trace' else str(fun_name)
+    test = _PROFILE.setdefault(_CURRENT[0], {'programs': {}})
+    program = test['programs'].setdefault(name, {})
+    for entry in (test.setdefault(stage, [0.0, 0]),
+                  program.setdefault(stage, [0.0, 0])):
       entry[0] += seconds
       entry[1] += 1
-      program = entry[2].setdefault(str(fun_name), [0.0, 0])
-      program[0] += seconds
-      program[1] += 1
 
-  jax.monitoring.register_event_duration_secs_listener(_on_compile)
+  jax.monitoring.register_event_duration_secs_listener(_on_stage)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -226,9 +234,7 @@ def pytest_sessionfinish(session):
     folder = pathlib.Path(_PROFILE_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f'compile-{os.getpid()}.json').write_text(json.dumps(
-        {k: {'seconds': v[0], 'compiles': v[1], 'programs': v[2]}
-         for k, v in _PROFILE.items()},
-        indent=0))
+        _PROFILE, indent=0))
 
 
 def pytest_unconfigure(config):
