@@ -20,8 +20,8 @@ STAGES = ('trace', 'lower', 'compile')
 
 
 def load(folder):
-  """({test: {stage: seconds, 'programs': compiles}},
-  {program: {stage: seconds, 'programs': compiles}})."""
+  """({test: {stage: seconds, 'compiled': programs compiled}},
+  {program name: the same})."""
   tests = collections.defaultdict(collections.Counter)
   programs = collections.defaultdict(collections.Counter)
   for path in pathlib.Path(folder).glob('compile-*.json'):
@@ -33,16 +33,16 @@ def load(folder):
           seconds, n = stages.get(stage, (0.0, 0))
           row[stage] += seconds
           if stage == 'compile':
-            row['programs'] += n
+            row['compiled'] += n
   return tests, programs
 
 
 def _table(title, rows, limit=None):
-  print(f'\n  trace   lower compile  total programs  {title}')
+  print(f'\n  trace   lower compile  total compiled  {title}')
   ranked = sorted(rows.items(), key=lambda kv: -sum(kv[1][s] for s in STAGES))
   for name, row in ranked[:limit]:
     print(''.join(f'{row[s]:7.1f} ' for s in STAGES) +
-          f'{sum(row[s] for s in STAGES):6.1f} {row["programs"]:8d}  {name}')
+          f'{sum(row[s] for s in STAGES):6.1f} {row["compiled"]:8d}  {name}')
 
 
 def main(argv=None):
@@ -57,7 +57,7 @@ def main(argv=None):
     files[test.split('::')[0]].update(row)
   total = sum(tests.values(), collections.Counter())
   print('seconds in all: ' + ', '.join(f'{s} {total[s]:.0f}' for s in STAGES)
-        + f' ({total["programs"]} programs compiled)')
+        + f' ({total["compiled"]} programs compiled)')
   _table('file', files)
   _table('test', tests, args.tests)
   _table('program', programs, args.programs)
