@@ -43,7 +43,7 @@ import pathlib
 import pickle
 import re
 import zlib
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 from jax.experimental import serialize_executable
@@ -198,6 +198,16 @@ class Store:
         e['bytes'] for e in self.manifest['programs'].values()
         if 'pack' not in e)
 
+  def packed_bytes(self) -> int:
+    """`total_bytes` once every program is packed, estimated: the unpacked
+    programs' zlib bytes at the ratio the packs so far came to (their xz
+    bytes over their programs' zlib bytes), or as they are before any."""
+    programs = self.manifest['programs'].values()
+    packed = sum(e['bytes'] for e in programs if 'pack' in e)
+    ratio = sum(self.manifest['packs'].values()) / packed if packed else 1.0
+    return sum(self.manifest['packs'].values()) + round(ratio * sum(
+        e['bytes'] for e in programs if 'pack' not in e))
+
   def built(self, name: str) -> bool:
     """Whether program `name` is in the folder (packed or alone)."""
     entry = self.manifest['programs'].get(name)
@@ -214,17 +224,64 @@ class Store:
       names, todo = [n for _, n in todo[:PACK]], todo[PACK:]
       raws = [zlib.decompress((self.dir / programs[n]['file']).read_bytes())
               for n in names]
-      file = f'pack-{len(self.manifest["packs"])}.xz'
-      data = lzma.compress(b''.join(raws), preset=6)
-      (self.dir / file).write_bytes(data)
-      self.manifest['packs'][file] = len(data)
-      offset = 0
-      for n, raw in zip(names, raws):
-        programs[n].update(pack=file, offset=offset, length=len(raw),
-                           raw_sha256=sha256(raw))
-        offset += len(raw)
+      number = len(self.manifest['packs'])
+      while f'pack-{number}.xz' in self.manifest['packs']:
+        number += 1
+      self._write_pack(f'pack-{number}.xz', names, raws,
+                       lzma.compress(b''.join(raws), preset=6))
+      for n in names:
         (self.dir / programs[n]['file']).unlink()
-      self.write()
+
+  def _write_pack(self, file: str, names: Sequence[str],
+                  raws: Sequence[bytes], data: bytes) -> None:
+    """Writes pack `file` (`data`: the xz of `raws` joined) of programs
+    `names` and records where each one is in it."""
+    (self.dir / file).write_bytes(data)
+    self.manifest['packs'][file] = len(data)
+    offset = 0
+    for n, raw in zip(names, raws):
+      self.manifest['programs'][n].update(
+          pack=file, offset=offset, length=len(raw), raw_sha256=sha256(raw))
+      offset += len(raw)
+    self.write()
+
+  def fit(self, limit: int) -> List[str]:
+    """Drops the programs of lowest priority until the folder's files
+    weigh at most `limit` bytes (what a device command may carry: see
+    `device_plan.aot_budget`); the pack the limit falls in is packed again
+    with as many of its programs as fit. Returns the names dropped, in
+    priority order."""
+    self.pack(final=True)
+    programs, packs = self.manifest['programs'], self.manifest['packs']
+    dropped = []
+    while packs and self.total_bytes() > limit:
+      members = {f: sorted((n for n, e in programs.items()
+                            if e.get('pack') == f),
+                           key=lambda n: programs[n]['priority'])
+                 for f in packs}
+      file = max(packs, key=lambda f: max(
+          [programs[n]['priority'] for n in members[f]], default=float('inf')))
+      names, rest = members[file], self.total_bytes() - packs[file]
+      data = lzma.decompress((self.dir / file).read_bytes())
+      raws = [data[programs[n]['offset']:
+                   programs[n]['offset'] + programs[n]['length']]
+              for n in names]
+      keep, packed = len(names), b''
+      while keep:
+        keep -= 1
+        packed = lzma.compress(b''.join(raws[:keep]), preset=6)
+        if rest + len(packed) <= limit:
+          break
+      (self.dir / file).unlink()
+      del packs[file]
+      self._unpacked.pop(file, None)
+      dropped = names[keep:] + dropped
+      for n in names[keep:]:
+        del programs[n]
+      if keep:
+        self._write_pack(file, names[:keep], raws[:keep], packed)
+    self.write()
+    return dropped
 
   def check(self, name: str, device: Any) -> Tuple[Optional[bytes], str]:
     """(the program's pickle, '') if program `name` may load on `device`,

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import pathlib
+import subprocess
 from typing import (Any, Collection, Dict, List, Mapping, Optional, Sequence,
                     Tuple)
 
@@ -39,6 +41,33 @@ from specdec_jax.drafters.tree import shape as shape_lib
 # The repository (a run reads the measured run it projects from there, and
 # keeps jax's compilation cache in its cache/).
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# What one command to a lent device machine carries in all: the working tree
+# (the files git tracks and the untracked ones it does not ignore, the
+# shipped models among them) and the ignored paths it names (aot/).
+TRAVEL_LIMIT = 64 * 2 ** 20
+# Left free of executables for files committed between a build and the run.
+TRAVEL_MARGIN = 2 * 2 ** 20
+
+
+def working_tree_bytes(root: pathlib.Path = ROOT) -> int:
+  """The bytes of the files a device command sends besides the paths it
+  carries: those git tracks in `root` and the untracked ones it does not
+  ignore, as they are now. An OSError or CalledProcessError where `root`
+  is not a git checkout."""
+  names = subprocess.run(
+      ['git', '-C', str(root), 'ls-files', '-z', '--cached', '--others',
+       '--exclude-standard'], capture_output=True, check=True).stdout
+  paths = {root / os.fsdecode(n) for n in names.split(b'\0') if n}
+  return sum(p.lstat().st_size for p in paths if p.is_file())
+
+
+def aot_budget(root: pathlib.Path = ROOT) -> int:
+  """The bytes left for the executables a device command carries beside
+  the working tree of `root` (`TRAVEL_LIMIT` less the tree and
+  `TRAVEL_MARGIN`)."""
+  return TRAVEL_LIMIT - TRAVEL_MARGIN - working_tree_bytes(root)
+
 
 # What differs between a full run and --smoke. costs: cost name -> the
 # dimensions models are widened to, or None (nothing widened); target: the

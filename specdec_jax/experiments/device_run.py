@@ -41,6 +41,7 @@ import functools
 import json
 import os
 import pathlib
+import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -1066,14 +1067,15 @@ class Runner:
         smoke=bool(self.args.smoke), target_config=pathlib.Path(
             config).read_text() if config else (
                 f"specdec_jax.compiled's config of {self.args.aot_build}"))
-    limit, left_out = int(self.args.aot_max_mib * 2 ** 20), []
+    limit, left_out = aot_limit(self.args), []
     # A rerun builds only what the folder lacks (an interrupted build goes
-    # on); every PACK programs go into one xz pack as they come.
+    # on); every PACK programs go into one xz pack as they come, and the
+    # last ones are dropped if the packs weigh more than the limit.
     todo = [k for k in keys if not self.store.built(aot.program_name(k))]
     self.store.pack()
     for i in range(0, len(todo), self.pool.workers):  # batches of threads
       chunk = todo[i:i + self.pool.workers]
-      if self.store.total_bytes() >= limit:
+      if self.store.packed_bytes() >= limit:
         left_out += [aot.program_name(k) for k in chunk]
         continue
       done = self.pool.run(f'build {len(chunk)} programs', {
@@ -1087,7 +1089,7 @@ class Runner:
               f'{seconds:.1f} s', flush=True)
       self.store.pack()
       self.store.write()
-    self.store.pack(final=True)
+    left_out = self.store.fit(limit) + left_out
     self.store.manifest['left_out_for_size'] = left_out
     self.store.write()
     return dict(aot.summary(self.store), left_out_for_size=left_out)
@@ -1140,6 +1142,37 @@ def build_device(target: str, config_file: Optional[str]):
                           pathlib.Path(config_file).read_text())[0]
 
 
+def aot_limit(args) -> int:
+  """The bytes a build's executables may weigh: `--aot_max_mib`, or what
+  a device command carries beside this checkout's working tree
+  (`device_plan.aot_budget`)."""
+  if args.aot_max_mib is not None:
+    return int(args.aot_max_mib * 2 ** 20)
+  try:
+    return device_plan.aot_budget()
+  except (OSError, subprocess.CalledProcessError) as e:
+    raise SystemExit(
+        f'--aot_max_mib is needed: the working tree a device command '
+        f'carries beside the executables is unknown ({e!r})') from e
+
+
+def travel_line(store: aot.Store) -> str:
+  """What a device command would carry: the working tree and the store's
+  folder, against `device_plan.TRAVEL_LIMIT`."""
+  try:
+    tree = device_plan.working_tree_bytes()
+  except (OSError, subprocess.CalledProcessError) as e:
+    return f'  a device command carries: working tree unknown ({e!r})'
+  total, mib = tree + store.total_bytes(), 2 ** 20
+  return (f'  a device command carries {total / mib:.1f} MiB: the working '
+          f'tree {tree / mib:.1f} MiB and {store.dir} '
+          f'{store.total_bytes() / mib:.1f} MiB, of '
+          f'{device_plan.TRAVEL_LIMIT / mib:.0f} MiB' + (
+              '' if total <= device_plan.TRAVEL_LIMIT else
+              ': OVER the limit, the command would be refused (rebuild '
+              'with the default --aot_max_mib)'))
+
+
 def parse_flags(spec: device_plan.DeviceSpec, argv):
   parser = argparse.ArgumentParser(
       prog=f'python -m {COMMAND} {spec.name}',
@@ -1177,8 +1210,9 @@ def parse_flags(spec: device_plan.DeviceSpec, argv):
   add('--aot_build', default=None, help='compile the run for this target '
       "(specdec_jax.compiled's, e.g. gpu:h100, or cpu) into --aot_dir, and "
       'exit; with the device image\'s jax, jaxlib and plugin versions')
-  add('--aot_max_mib', type=float, default=60.0,
-      help='stop building once the executables weigh this much')
+  add('--aot_max_mib', type=float, default=None,
+      help='the most the executables may weigh (default: what a device '
+      'command carries, 64 MiB, less the working tree and 2 MiB)')
   add('--target_config', default=None, help='a GpuTargetConfigProto (text) '
       "file to build for, e.g. from a run's device_facts (default: "
       "specdec_jax.compiled's for the target)")
@@ -1264,6 +1298,8 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
     print(projection['error'], flush=True)
+  if store is not None and not args.aot_build and not args.smoke:
+    print(travel_line(store), flush=True)
   if args.project:
     return 0 if 'seconds' in projection else 1
   pool = budget.Pool(args.workers, clock, 4.0 if args.smoke else 40.0)

@@ -16,6 +16,7 @@ phases an earlier run completed and starts none it cannot finish; its
 projection, per phase, comes from the measured H100 run's time log.
 """
 
+import argparse
 import json
 import os
 import pathlib
@@ -675,6 +676,69 @@ def test_packed_executables_load_and_a_corrupt_pack_is_named(tmp_path):
   pack.write_bytes(pack.read_bytes()[:-20] + bytes(20))
   exe, why = aot.Store(tmp_path, 'cpu').load('b')
   assert exe is None and 'pack-0.xz is corrupt' in why
+
+
+def test_a_store_fits_a_limit_by_dropping_its_last_programs(tmp_path):
+  """`Store.fit`: the programs of lowest priority go until the folder
+  weighs at most the limit (what a device command carries beside the
+  working tree); the pack the limit falls in is packed again with those
+  that fit, and they load and run; a limit below any program empties it.
+  `packed_bytes` estimates unpacked programs at the packs' ratio."""
+  fn, params, x = tiny_decode_program()
+  x = x[:1, :4]  # a program no other test compiles (none cached in-process)
+  compiled = compile_fresh(jax.jit(fn).lower(params, x, None))
+  store = aot.Store(tmp_path, 'cpu')
+  store.describe(jax.devices()[0])
+  names = [f'p{i}' for i in range(aot.PACK + 2)]  # two packs
+  for i, name in enumerate(names):
+    store.save(name, compiled, priority=i)
+  store.pack()  # the first PACK packed, two alone
+  assert store.manifest['packs'] and store.packed_bytes() < store.total_bytes()
+  store.pack(final=True)
+  full = store.total_bytes()
+  assert store.fit(full) == [] and store.total_bytes() == full
+  dropped = store.fit(full - 1)
+  kept = names[:len(names) - len(dropped)]
+  assert dropped == names[len(kept):] and kept
+  assert store.total_bytes() <= full - 1
+  again = aot.Store(tmp_path, 'cpu')
+  assert sorted(again.manifest['programs']) == sorted(kept)
+  assert sorted(p.name for p in (tmp_path / 'cpu').iterdir()) == sorted(
+      ['manifest.json', *again.manifest['packs']])
+  assert again.total_bytes() == sum(
+      (tmp_path / 'cpu' / f).stat().st_size for f in again.manifest['packs'])
+  exe, why = again.load(kept[-1])
+  assert why == ''
+  np.testing.assert_array_equal(exe(params, x, None).tokens,
+                                fn(params, x, None).tokens)
+  assert again.fit(0) == kept
+  assert [p.name for p in (tmp_path / 'cpu').iterdir()] == ['manifest.json']
+
+
+def test_the_executables_get_what_a_device_command_leaves(tmp_path):
+  """A device command carries 64 MiB in all: the files git tracks and the
+  untracked ones it does not ignore, and the carried executables. The
+  build's default limit is what the working tree leaves (less a margin);
+  `--aot_max_mib` sets it."""
+  subprocess.run(['git', 'init', '-q', str(tmp_path)], check=True)
+  (tmp_path / 'tracked').write_bytes(bytes(100))
+  subprocess.run(['git', '-C', str(tmp_path), 'add', 'tracked'], check=True)
+  (tmp_path / 'untracked').write_bytes(bytes(50))
+  (tmp_path / '.gitignore').write_text('/aot/\n')
+  (tmp_path / 'aot').mkdir()
+  (tmp_path / 'aot' / 'pack-0.xz').write_bytes(bytes(1000))
+  tree = 100 + 50 + len('/aot/\n')
+  assert device_plan.working_tree_bytes(tmp_path) == tree
+  assert device_plan.aot_budget(tmp_path) == (
+      device_plan.TRAVEL_LIMIT - device_plan.TRAVEL_MARGIN - tree)
+  (tmp_path / 'tracked').unlink()  # deleted: not sent
+  assert device_plan.working_tree_bytes(tmp_path) == tree - 100
+  with pytest.raises(subprocess.CalledProcessError):
+    device_plan.working_tree_bytes(tmp_path / 'aot' / 'none')
+  flags = lambda mib: argparse.Namespace(aot_max_mib=mib)
+  assert device_run.aot_limit(flags(1.5)) == int(1.5 * 2 ** 20)
+  assert device_run.aot_limit(flags(None)) == device_plan.aot_budget()
+  assert device_plan.aot_budget() < device_plan.TRAVEL_LIMIT
 
 
 @pytest.mark.parametrize('damage, why', [
