@@ -212,9 +212,12 @@ def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
       '?', task, n, t, *rule)
   g0 = g(tasks[0], main, 0.0)
   k0 = g0 + 1 if isinstance(g0, int) else ('?', g0)
-  out = {'costs': ([('copy',), ('reference',), ('cache', act, 1)] + [
-      ('call', act, 1, k) for k in range(1, s.max_gamma + 2)] + [
-          ('draft', d.name, 1) for d in drafts], [])}
+  out = {'costs': ([('copy',), ('reference',)] + [
+      x for b in s.batches if needed_ks(s, b, phases) for x in (
+          [('cache', act, b)] + [('call', act, b, k)
+                                 for k in needed_ks(s, b, phases)] + [
+              ('draft', d.name, b) for d in (drafts if b == 1 else drafts[:1])
+          ])], [])}
   for t in spec.temps if 'table2' in phases else ():
     out[f'table2@{t:g}'] = ([('base', act, 1, t, 1)], [
         ('spec', act, d.name, 1, g(task, d.name, t), t)
@@ -246,9 +249,29 @@ def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
                 ('sspec', act, main, b, gb[b], stream_rows(b)))])
   if 'cost_curve' in phases:
     out['cost_curve'] = ([('cache', act, b) for b in s.batches] + [
-        ('call', act, b, k) for b in s.batches for k in curve(spec, s, b)] +
-                         [('draft', main, b) for b in big], [])
+        ('call', act, b, k) for b in s.batches for k in curve(spec, s, b)
+        if k not in needed_ks(s, b, phases)] + [('draft', main, b)
+                                               for b in big], [])
   return out
+
+
+def needed_ks(s: Sizes, b: int, phases: Collection[str]) -> Tuple[int, ...]:
+  """The k whose t(k) the first phase times at batch b ('costs'): what the
+  later phases' rows need, no more. At batch 1: 1..max_gamma + 1 (the
+  gamma rules, every chain's cost(gamma + 1)) and, with the token trees,
+  each tree's greedy verified width (its cost in P3's prediction). At a
+  larger batch, with the batches run: 1..max_gamma + 1 (the rule at that
+  batch in P4); else none. The rest of the curve (`curve`) is the part
+  'cost_curve', in the last phase: its t(k) are each a program of their
+  own, which the device compiles when the executables carried cannot
+  hold them all (P1 with the whole curve: 467 s of the 480 projected for
+  the shipped run on an H100, 333 s for P1-P4 without it)."""
+  if b != 1 and 'batches' not in phases:
+    return ()
+  ks = set(range(1, s.max_gamma + 2))
+  if b == 1 and 'trees' in phases:
+    ks |= {shape_lib.parse(t).verified_width(True) for t in s.trees}
+  return tuple(sorted(ks))
 
 
 def curve(spec: DeviceSpec, s: Sizes, b: int) -> tuple:

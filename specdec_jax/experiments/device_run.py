@@ -223,7 +223,9 @@ class Runner:
         device_plan.peer_name(self.main.proxy), 'own', self.main.proxy, None,
         5, f'{self.main.proxy} as trained', peer, dict(peer_params))
     self.by_name[self.peer.name] = self.peer
-    self.max_len = s.context + max(s.max_gamma + 1, s.profile_ks[0]) + 8
+    self.max_len = s.context + max(
+        [s.max_gamma + 1, s.profile_ks[0]] + [
+            shape_lib.parse(t).verified_width(True) for t in s.trees]) + 8
     self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
         target_config=report.config_dict(model.config),
@@ -820,10 +822,15 @@ class Runner:
       self.write()
 
   def cost_curve(self) -> None:
+    """The rest of the cost curve (`device_plan.curve`: P1 timed the k the
+    rows need, `device_plan.needed_ks`), and c at each larger batch; a
+    batch whose t(k) do not fit the time left (~1 s each) is skipped."""
     for b in self.s.batches:
       ks = device_plan.curve(self.spec, self.s, b)
-      if self.clock.fits(len(ks) - 1, f'cost curve, batch {b}'):
+      if self.clock.fits(len(ks), f'cost curve, batch {b}'):
         self.measure_calls(self.act, b, list(ks))
+        if b > 1:
+          self.measure_drafters([self.main], b)
 
   # -- the run ---------------------------------------------------------------
 
@@ -939,14 +946,13 @@ class Runner:
                     time.perf_counter() - start, kind='bandwidth')
     checks = self.pool.collect('compile the t(1) program here (check)',
                                checks, 'compile')
-    curve_on = 'cost_curve' in self.args.phases
-    self.measure_calls(act, 1, sorted(set(range(1, s.max_gamma + 2)) | set(
-        device_plan.curve(self.spec, s, 1) if curve_on else ())))
+    ks = lambda b: device_plan.needed_ks(s, b, self.args.phases)
+    self.measure_calls(act, 1, ks(1))
     if check:
       self.aot_check(check, checks[check][0])
     self.measure_drafters(self.drafts, 1)
-    for b in (b for b in s.batches if b > 1 and curve_on):
-      self.measure_calls(act, b, list(device_plan.curve(self.spec, s, b)))
+    for b in (b for b in s.batches if b > 1 and ks(b)):
+      self.measure_calls(act, b, ks(b))
       self.measure_drafters([self.main], b)  # c at batch b
     self.set_gammas()
     self.result['phases']['p1']['not_measured'] = list(
@@ -979,6 +985,8 @@ class Runner:
 
   def p6(self) -> None:
     self.phase_programs('p6')
+    if 'cost_curve' in self.args.phases:
+      self.cost_curve()
     if 'sweep' in self.args.phases:
       self.sweep()
     if 'numerics' in self.args.phases:

@@ -169,8 +169,11 @@ def test_smoke_costs_floor_and_drafters(smoke):
   _, _, result = smoke
   costs = result['costs']['bfloat16']
   assert sorted(costs) == ['1', '2']  # batches 1 and 2
-  for by_k in costs.values():
-    assert sorted(by_k['t_ms'], key=int) == ['1', '2']  # k = 1..max_k
+  # k = 1..max_gamma + 1 (and the curve's 1..2); at batch 1 also the smoke
+  # tree's greedy verified width, timed in P1 for P3's prediction.
+  widths = {'1': ['1', '2', '5'], '2': ['1', '2']}
+  for b, by_k in costs.items():
+    assert sorted(by_k['t_ms'], key=int) == widths[b]
     assert by_k['cost']['1'] == 1.0
     assert all(t > 0 for t in by_k['t_ms'].values())
   assert set(result['costs']['float32']['1']['t_ms']) >= {'1'}
@@ -297,11 +300,19 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   assert projection['gammas_from_previous_run'] == 20  # every row's gamma
   plan, by_phase = projection['plan'], projection['phases']
   assert plan['calibration'] == 4
-  # P1: t(k) for k = 1..17 and the sparse k up to 65 at batch 1 (the
-  # token trees' widths), 1..17 at batches 8 and 32.
+  # P1: the t(k) the later rows need: k = 1..max_gamma + 1 and the token
+  # trees' greedy widths at batch 1, 1..max_gamma + 1 at batches 8 and 32.
+  # P6: the rest of the curve (1..17 and the sparse k up to 65 at batch 1,
+  # 1..17 at 8 and 32), beside the numerics' float32 t(1) and t(gamma + 1).
+  phases, gammas = set(SPEC.phases), range(1, full.max_gamma + 2)
+  assert device_plan.needed_ks(full, 1, phases) == (*gammas, 61, 65)
+  assert device_plan.needed_ks(full, 8, phases) == tuple(gammas)
+  assert device_plan.needed_ks(full, 8, phases - {'batches'}) == ()
+  assert by_phase['p1']['units']['calls'] == 11 + 2 * len(gammas)
   assert device_plan.curve(SPEC, full, 1)[-1] == 65
-  assert by_phase['p1']['units']['calls'] == (
-      17 + len(SPEC.sparse_ks) + 2 * 17)
+  assert by_phase['p6']['units']['calls'] == 2 + sum(
+      len(set(device_plan.curve(SPEC, full, b)) -
+          set(device_plan.needed_ks(full, b, phases))) for b in full.batches)
   # P2 fits a command beside P1's measurements.
   assert 0 < by_phase['p2']['seconds'] < 240
   # >= 16 examples per row: the table's decode calls of both temperatures.

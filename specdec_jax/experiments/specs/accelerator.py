@@ -22,15 +22,20 @@ minute and a half on two CPU cores, seconds with a warm compilation cache.
 
 Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
 every step; the hardware profile of a full shipped run to profiles/,
-of any other run beside its results): costs (t(k) for k <= max_gamma + 1,
-the floor, c of every drafter, alpha calibrated on the unwidened models);
+of any other run beside its results): costs (what the later rows need:
+t(k) for k <= max_gamma + 1 and at the token trees' widths at batch 1, for
+k <= max_gamma + 1 at batches 8 and 32, `device_plan.needed_ks`; the
+floor, c of every drafter, alpha calibrated on the unwidened models);
 Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
 the paper's rule (`hardware.predict` maximised), measured against
 `predict` on the profile of this run's own measurements, greedy rows
 compared and every differing one diagnosed; the gamma sweep of the first
 drafter (t = 0, first task); numerics (bfloat16 / float32 activations
 against the 1-token and the same-shape baseline); batches 8 and 32; the
-cost curve (t(k) at `curve_ks` at batch 1, up to k = 16 at larger batches).
+rest of the cost curve, in the last phase (t(k) for k = 1..17 and
+`SPARSE_KS` at batch 1, 1..17 at larger batches: each k a program of its
+own, which the device compiles when the executables a command carries
+cannot hold them).
 """
 
 import numpy as np
@@ -51,12 +56,13 @@ PHASES = ('table2', 'numerics', 'batches', 'sweep', 'cost_curve', 'trees',
           'hf')
 # The run's phases in priority order: (id, title, the parts it runs).
 PHASE_PLAN = (
-    ('p1', 'hardware profile', ('costs', 'cost_curve')),
+    ('p1', 'hardware profile', ('costs',)),
     ('p2', 'Table 2', ('table2',)),
     ('p3', 'token trees vs the best chain', ('trees',)),
     ('p4', 'batches 8 and 32', ('batches',)),
     ('p5', 'ours vs HF transformers', ('hf',)),
-    ('p6', 'the rest: gamma sweep, numerics', ('sweep', 'numerics')))
+    ('p6', 'the rest: cost curve, gamma sweep, numerics',
+     ('cost_curve', 'sweep', 'numerics')))
 # Phases written down but not measured yet: what each would measure.
 NOT_IMPLEMENTED = {}
 # What the hardware profile does not measure yet.
