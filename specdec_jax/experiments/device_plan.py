@@ -263,9 +263,9 @@ def needed_ks(s: Sizes, b: int, phases: Collection[str]) -> Tuple[int, ...]:
   larger batch, with the batches run: 1..max_gamma + 1 (the rule at that
   batch in P4); else none. The rest of the curve (`curve`) is the part
   'cost_curve', in the last phase: its t(k) are each a program of their
-  own, which the device compiles when the executables carried cannot
-  hold them all (P1 with the whole curve: 467 s of the 480 projected for
-  the shipped run on an H100, 333 s for P1-P4 without it)."""
+  own, which the device compiles when the executables a command carries
+  cannot hold them all (the shipped run on an H100: P1 with the whole
+  curve projected 467 of the run's 480 seconds; docs/accelerator.md)."""
   if b != 1 and 'batches' not in phases:
     return ()
   ks = set(range(1, s.max_gamma + 2))
