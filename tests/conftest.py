@@ -228,6 +228,15 @@ def pytest_runtest_protocol(item, nextitem):
   yield
 
 
+def pytest_configure(config):
+  """A profiled run starts its folder afresh: the files an earlier run
+  left there would be summed with this one's (xdist's controller, or the
+  one process of `-n0`, clears them before any worker starts)."""
+  if _PROFILE_DIR and not hasattr(config, 'workerinput'):
+    for path in pathlib.Path(_PROFILE_DIR).glob('compile-*.json'):
+      path.unlink()
+
+
 def pytest_sessionfinish(session):
   del session
   if _PROFILE_DIR and _PROFILE:
