@@ -270,8 +270,13 @@ def needed_ks(s: Sizes, b: int, phases: Collection[str]) -> Tuple[int, ...]:
     return ()
   ks = set(range(1, s.max_gamma + 2))
   if b == 1 and 'trees' in phases:
-    ks |= {shape_lib.parse(t).verified_width(True) for t in s.trees}
+    ks |= set(tree_widths(s))
   return tuple(sorted(ks))
+
+
+def tree_widths(s: Sizes) -> Tuple[int, ...]:
+  """Each token tree's greedy verified width: the k of its target call."""
+  return tuple(shape_lib.parse(t).verified_width(True) for t in s.trees)
 
 
 def curve(spec: DeviceSpec, s: Sizes, b: int) -> tuple:

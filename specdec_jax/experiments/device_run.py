@@ -224,8 +224,7 @@ class Runner:
         5, f'{self.main.proxy} as trained', peer, dict(peer_params))
     self.by_name[self.peer.name] = self.peer
     self.max_len = s.context + max(
-        [s.max_gamma + 1, s.profile_ks[0]] + [
-            shape_lib.parse(t).verified_width(True) for t in s.trees]) + 8
+        s.max_gamma + 1, s.profile_ks[0], *device_plan.tree_widths(s)) + 8
     self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
         target_config=report.config_dict(model.config),
