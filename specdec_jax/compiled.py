@@ -133,6 +133,51 @@ def gpu_target_config(chip: str, cuda: Tuple[int, int] = (13, 0)) -> str:
       cuda=cuda[0], cuda_minor=cuda[1], name=spec.name)
 
 
+# XLA's key for a device in autotune results (`AutotuneCacheKey`), e.g.
+# "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s,
+# L2 cache: 52 MB, DNN version: 9.14.0".
+_AUTOTUNE_DEVICE = re.compile(
+    r'CUDA: (?P<cc_major>\d+)\.(?P<cc_minor>\d+), Cores: (?P<cores>\d+), '
+    r'GPU clock: (?P<clock>[\d.]+) GHz, Memory bandwidth: (?P<gbs>\d+) GB/s, '
+    r'L2 cache: (?P<l2_mb>\d+) MB(?:, DNN version: (?P<dnn>[\d.]+))?')
+
+
+def match_autotune_device(config: str, device: str) -> str:
+  """`config` (a `GpuTargetConfigProto` text) with the fields XLA keys
+  autotune results by set to those of `device` (the device string of a
+  results file a GPU wrote, `bench.aot.autotune_device`): a compile-only
+  device described otherwise finds none of them and takes its defaults.
+
+  Raises:
+    ValueError: `device` is not in XLA's form.
+  """
+  m = _AUTOTUNE_DEVICE.fullmatch(device.strip())
+  if m is None:
+    raise ValueError(f'not an XLA autotune device key: {device!r}')
+  l2 = re.search(r'l2_cache_size: (\d+)', config)
+  l2_bytes = int(l2.group(1)) if l2 else 0
+  if l2_bytes // 10**6 != int(m['l2_mb']):  # keep an exact size that fits
+    l2_bytes = int(m['l2_mb']) * 10**6
+  dnn = [int(x) for x in (m['dnn'] or '0.0.0').split('.')] + [0, 0]
+  fields = {
+      r'core_count: \d+': f"core_count: {m['cores']}",
+      r'clock_rate_ghz: [\d.]+': f"clock_rate_ghz: {m['clock']}",
+      r'memory_bandwidth: \d+': f"memory_bandwidth: {int(m['gbs']) * 10**9}",
+      r'l2_cache_size: \d+': f'l2_cache_size: {l2_bytes}',
+      r'cuda_compute_capability \{[^}]*\}': (
+          f"cuda_compute_capability {{ major: {m['cc_major']} minor: "
+          f"{m['cc_minor']} }}"),
+      r'dnn_version_info \{[^}]*\}': (
+          f'dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} patch: '
+          f'{dnn[2]} }}'),
+  }
+  for pattern, value in fields.items():
+    config, n = re.subn(pattern, value, config)
+    if n != 1:
+      raise ValueError(f'the target config has no single {pattern!r}')
+  return config
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
   """A named compile-only target: a TPU slice or GPUs.
@@ -237,6 +282,12 @@ def devices(name: str, target_config: Optional[str] = None
                          f'{target.spec.cores} cores, the topology has '
                          f'{len(out)} devices')
   return out
+
+
+def target_config(name: str) -> str:
+  """The `GpuTargetConfigProto` text GPU target `name` compiles for by
+  default: its chip's, for the installed CUDA plugin's CUDA version."""
+  return gpu_target_config(get_target(name).chip, _cuda_version())
 
 
 def _cuda_version() -> Tuple[int, int]:

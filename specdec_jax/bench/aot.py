@@ -56,6 +56,48 @@ PACK = 8  # programs per xz pack
 PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
             'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
 
+# XLA picks a GPU's GEMM kernels by timing candidates on the device
+# (autotuning); a compile-only device cannot, and takes XLA's defaults. For
+# the T5 1.1-XXL-cost decoder step those are Triton GEMM fusions at one small
+# tile (8 x 16, 2 warps, 1 stage): loaded on an H100, that build ran t(1)
+# in 12.98 ms where the same program compiled there took 5.20. So a GPU
+# build takes the device's own autotune results when it has them
+# (`AUTOTUNE_FILE`, which every GPU run writes with its results), keyed by
+# the device they were timed on (`autotune_device`; the build's target
+# config is matched to it); without them it leaves the GEMMs to cuBLAS,
+# whose own heuristic picks each kernel when it runs (`UNTUNED_GPU_FLAGS`).
+# A run checks a loaded t(1) against the same program compiled on the
+# device before it times anything (`device_plan.AOT_SLOWER`).
+AUTOTUNE_FILE = 'autotune.textproto'
+UNTUNED_GPU_FLAGS = ('--xla_gpu_enable_triton_gemm=false',)
+
+
+def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
+                ) -> List[str]:
+  """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
+  autotune results `autotune` (a file a run on that GPU wrote), or without
+  them `UNTUNED_GPU_FLAGS`; none for the others."""
+  if platform != 'gpu':
+    return []
+  if autotune is not None:
+    return [f'--xla_gpu_load_autotune_results_from={autotune}']
+  return list(UNTUNED_GPU_FLAGS)
+
+
+def dump_flags(path: pathlib.Path) -> List[str]:
+  """The XLA flags with which a GPU run writes the autotune results of the
+  programs it compiles to `path` (the results of all, after each compile);
+  a CPU or TPU ignores them."""
+  return [f'--xla_gpu_dump_autotune_results_to={path}']
+
+
+def autotune_device(text: str) -> Optional[str]:
+  """The device XLA keyed the results of an autotune results file (text)
+  by: the first `device: "..."`, or None when it holds no result."""
+  m = re.search(r'device:\s*"([^"]*)"', text)
+  return m.group(1) if m else None
+
+
 
 def versions() -> Dict[str, str]:
   """{distribution: version} of `PACKAGES` installed here."""
@@ -131,8 +173,8 @@ class Store:
   Attributes:
     dir: `<root>/<target>`.
     manifest: {'format', 'target', 'device_kind', 'platform', 'versions',
-      'code', 'target_config', 'programs': {name: {file, sha256, bytes,
-      compile_s, priority}}}.
+      'code', 'target_config', 'xla_flags', 'autotune', 'programs': {name:
+      {file, sha256, bytes, compile_s, priority}}}.
   """
 
   def __init__(self, root: pathlib.Path, target: str):
@@ -145,14 +187,21 @@ class Store:
     self._unpacked: Dict[str, bytes] = {}  # pack file -> its bytes
 
   def describe(self, device: Any, target_config: Optional[str] = None,
+               xla_flags: Sequence[str] = (),
+               autotune: Optional[Mapping[str, Any]] = None,
                **extra) -> None:
-    """Records the target (its compile-only device), these versions and
-    the package's code fingerprint. Programs built for another device
-    kind, with other versions or from other code are dropped (their files
-    too): they could not load, and a build builds them again."""
+    """Records the target (its compile-only device and config), these
+    versions, the package's code fingerprint and how XLA was told to build
+    (`build_flags`, and the autotune results file's name, sha256 and
+    device). Programs built for another device kind or config, with other
+    versions, flags or autotune results, or from other code are dropped
+    (their files too): they could not load or would not be the same
+    programs, and a build builds them again."""
     header = dict(device_kind=device.device_kind, platform=device.platform,
                   versions=runtime_versions(device.platform),
-                  code=code_fingerprint())
+                  code=code_fingerprint(), target_config=target_config,
+                  xla_flags=list(xla_flags),
+                  autotune=None if autotune is None else dict(autotune))
     if any(self.manifest.get(k) != v for k, v in header.items()):
       for entry in self.manifest['programs'].values():
         (self.dir / entry['file']).unlink(missing_ok=True)
@@ -160,7 +209,7 @@ class Store:
         (self.dir / file).unlink(missing_ok=True)
       self.manifest.update(programs={}, packs={})
       self._unpacked.clear()
-    self.manifest.update(header, target_config=target_config, **extra)
+    self.manifest.update(header, **extra)
 
   def from_this_code(self) -> bool:
     """Whether the store was built from the package's code as it is now

@@ -211,6 +211,20 @@ class Pool:
     self.compiled |= set(new)
     return len(new)
 
+  def forget_loaded(self) -> List[Any]:
+    """Drops the executables loaded (not compiled here): the next
+    `compile` of their keys compiles them. Returns their keys."""
+    keys = [k for k, v in self.sources.items() if v == 'loaded']
+    for k in keys:
+      del self.executables[k], self.sources[k]
+      self.compiled.discard(k)
+    return keys
+
+  def adopt(self, key, executable, source: str) -> None:
+    """`executable`, compiled elsewhere in the run, as the program `key`."""
+    self.executables[key], self.sources[key] = executable, source
+    self.compiled.add(key)
+
   def estimate(self, keys) -> float:
     """Seconds to compile the programs not compiled yet: their number x
     the mean thread-seconds of a compile so far / the threads (the

@@ -125,7 +125,9 @@ def programs_md(r: Dict[str, Any]) -> List[str]:
               f'- {k}: {v}' for k, v in sources.items() if v != 'loaded'] + (
                   ['', f"t(1) check: loaded {check['loaded_ms']:.3f} ms, "
                    f"compiled here {check['compiled_here_ms']:.3f} ms "
-                   f"({check['program']})."] if check else []) + [
+                   f"({check['program']})" + (
+                       f": {check['verdict']} (limit {check['limit']:g}x)."
+                       if 'verdict' in check else '.')] if check else []) + [
                        '', 'Device: ' + ', '.join(
                            f'{k} {v}' for k, v in facts.items()) + '.']
 

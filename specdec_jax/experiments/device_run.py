@@ -41,7 +41,9 @@ import functools
 import json
 import os
 import pathlib
+import shutil
 import subprocess
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -160,6 +162,8 @@ class Runner:
     self.gamma: Dict[Any, int] = {}  # (task, name, temp) -> gamma
     self.caches, self.decode_s, self.profile = {}, {}, None
     self.device, self.store = None, store
+    # Why the ahead-of-time build is not used (`aot_check`), once it is not.
+    self.refused: Optional[str] = None
     self.rates_from = None  # a measured run (json) for `phase_estimate`
     self.result = dict(
         **header, source=args.source, synthetic=self.synthetic,
@@ -428,10 +432,14 @@ class Runner:
     names = {}
     for k in keys:
       names.setdefault(self.ident(k), aot.program_name(k))
-    load = None if self.store is None else (
+    load = None if self.store is None or self.refused else (
         lambda ident: self.store.load(names[ident]))
     n = self.pool.compile(what, {self.ident(k): self.lowering(k)
                                  for k in keys}, load)
+    if self.refused:
+      for i in names:
+        if self.pool.sources.get(i) == 'compiled':
+          self.pool.sources[i] = f'compiled ({self.refused})'
     self.result['programs'].update(
         {names[i]: self.pool.sources[i] for i in names
          if i in self.pool.sources})
@@ -442,14 +450,10 @@ class Runner:
   def measure_calls(self, act: str, batch: int, ks) -> None:
     times = self.t_ms.setdefault((act, batch), {})
     ks, (_, params) = sorted(set(ks) - set(times)), self.targets[act]
-    x, start = self.x(self.tasks[0], batch), time.perf_counter()
+    start = time.perf_counter()
     if not ks:
       return
-    exe = self.pool.executables.get
-    if (act, batch) not in self.caches:
-      self.caches[act, batch] = exe(self.ident(('cache', act, batch)))(
-          params, x)
-    cache = self.caches[act, batch]
+    exe, cache = self.pool.executables.get, self.cache(act, batch)
     for k in ks:  # measure.call_time's timing of its loop's executable
       run, block = exe(self.ident(('call', act, batch, k))), jnp.full(
           (batch, k), 7, jnp.int32)
@@ -459,6 +463,15 @@ class Runner:
     self.clock.note(f'time t(k), {act} activations, batch {batch}, k = {ks}',
                     time.perf_counter() - start, kind='calls', units=len(ks))
     self.record()
+
+  def cache(self, act: str, batch: int):
+    """The target's cache of the first task's inputs at `batch`, built by
+    its compiled program (what t(k) is timed on)."""
+    if (act, batch) not in self.caches:
+      self.caches[act, batch] = self.pool.executables[self.ident(
+          ('cache', act, batch))](self.targets[act][1],
+                                  self.x(self.tasks[0], batch))
+    return self.caches[act, batch]
 
   def measure_drafters(self, drafts, batch: int) -> None:
     todo = [d for d in drafts if (d.name, batch) not in self.t_draft_ms]
@@ -473,18 +486,33 @@ class Runner:
 
   def aot_check(self, key, here) -> None:
     """t(1) by the executable compiled ahead of time and by `here`, the
-    same program compiled on this device (XLA autotunes only here)."""
+    same program compiled on this device (XLA autotunes only here), before
+    anything is timed. A loaded one slower than `device_plan.AOT_SLOWER`
+    allows is not trusted: the programs loaded so far are compiled here
+    again, and the later ones are compiled here too (`refused`), so that
+    no table sets loaded programs beside programs compiled here."""
     params, batch = self.targets[key[1]][1], key[2]
     block = jnp.full((batch, key[3]), 7, jnp.int32)
-    cache = self.caches[key[1], batch]
-    ms = 1e3 * measure.loop_time(lambda n: here(params, block, cache, n), 20,
-                                 self.s.cost_repeats)
-    loaded = self.t_ms[key[1], batch][key[3]]
+    cache = self.cache(key[1], batch)
+    time_ms = lambda run: 1e3 * measure.loop_time(
+        lambda n: run(params, block, cache, n), 20, self.s.cost_repeats)
+    loaded = time_ms(self.pool.executables[self.ident(key)])
+    ms = time_ms(here)
+    trusted = loaded <= device_plan.AOT_SLOWER * ms
     self.result['aot_check'] = dict(
         program=aot.program_name(key), loaded_ms=loaded, compiled_here_ms=ms,
-        loaded_over_compiled_here=loaded / ms)
+        loaded_over_compiled_here=loaded / ms, limit=device_plan.AOT_SLOWER,
+        verdict='loaded programs used' if trusted else
+        'every program compiled here')
     print(f'ahead-of-time check, {aot.program_name(key)}: loaded {loaded:.3f}'
-          f' ms, compiled here {ms:.3f} ms', flush=True)
+          f' ms, compiled here {ms:.3f} ms: '
+          f"{self.result['aot_check']['verdict']}", flush=True)
+    if not trusted:
+      self.refused = (f'the ahead-of-time build ran t(1) {loaded / ms:.2f}x '
+                      f'slower than this device\'s compile')
+      self.pool.forget_loaded()
+      self.pool.adopt(self.ident(key), here, f'compiled ({self.refused})')
+      self.phase_programs('p1')
 
   def record(self) -> None:
     """costs, drafters and floor from the timings; the profile they make."""
@@ -892,7 +920,8 @@ class Runner:
             self.args.phases, self.act)
     keys = device_plan.phase_keys(*plan)[pid][0]
     units = device_plan.plan_units(*plan)[pid]
-    built = () if self.store is None else self.store.usable()
+    built = () if self.store is None or self.refused else (
+        self.store.usable())
     todo = {self.ident(k): aot.program_name(k) in built for k in keys
             if self.ident(k) not in self.pool.compiled}
     units.update(compile=sum(not x for x in todo.values()),
@@ -945,10 +974,10 @@ class Runner:
                     time.perf_counter() - start, kind='bandwidth')
     checks = self.pool.collect('compile the t(1) program here (check)',
                                checks, 'compile')
-    ks = lambda b: device_plan.needed_ks(s, b, self.args.phases)
-    self.measure_calls(act, 1, ks(1))
     if check:
       self.aot_check(check, checks[check][0])
+    ks = lambda b: device_plan.needed_ks(s, b, self.args.phases)
+    self.measure_calls(act, 1, ks(1))
     self.measure_drafters(self.drafts, 1)
     for b in (b for b in s.batches if b > 1 and ks(b)):
       self.measure_calls(act, b, ks(b))
@@ -1041,7 +1070,8 @@ class Runner:
 
   # -- ahead of time --------------------------------------------------------
 
-  def build(self, device, gammas) -> Dict[str, Any]:
+  def build(self, device, gammas, config: Optional[str] = None,
+            autotune: Optional[pathlib.Path] = None) -> Dict[str, Any]:
     """Compiles the run's device programs for `device` (compile-only: the
     parameters are shapes on it) into `self.store`, in priority order.
 
@@ -1050,6 +1080,8 @@ class Runner:
       gammas: (task, drafter, temperature) -> the gamma the run is expected
         to pick (`device_plan.previous_gammas`); a run that picks another
         compiles that program on the device.
+      config: the target config `device` is for (None: its default).
+      autotune: the autotune results the build's backend started with.
 
     Returns:
       `aot.summary` of the store, plus what was left out for its size.
@@ -1068,12 +1100,17 @@ class Runner:
         if k[0] in AOT_KINDS and all(not isinstance(x, tuple) for x in k):
           names.setdefault(self.ident(k), (len(names), k))
     keys = [k for _, k in sorted(names.values())]
-    config = self.args.target_config
     self.store.describe(
-        device, target=self.args.aot_build, source=self.args.source,
-        smoke=bool(self.args.smoke), target_config=pathlib.Path(
-            config).read_text() if config else (
-                f"specdec_jax.compiled's config of {self.args.aot_build}"))
+        device, config or (
+            f"specdec_jax.compiled's config of {self.args.aot_build}"),
+        aot.build_flags(device.platform, autotune and pathlib.Path(
+            report.portable(str(autotune)))), autotune=None if (
+                autotune is None) else dict(
+                file=report.portable(str(autotune)),
+                sha256=aot.sha256(autotune.read_bytes()),
+                device=aot.autotune_device(autotune.read_text())),
+        target=self.args.aot_build, source=self.args.source,
+        smoke=bool(self.args.smoke))
     limit, left_out = aot_limit(self.args), []
     # A rerun builds only what the folder lacks (an interrupted build goes
     # on); every PACK programs go into one xz pack as they come, and the
@@ -1139,14 +1176,58 @@ def aot_target(device) -> str:
   return device.device_kind
 
 
-def build_device(target: str, config_file: Optional[str]):
+def build_platform(target: str) -> str:
+  """'cpu', 'gpu' or 'tpu': the platform of a build's target."""
+  return 'cpu' if target == 'cpu' else compiled.get_target(target).platform
+
+
+def autotune_file(args) -> Optional[pathlib.Path]:
+  """The autotune results the backend starts with: a GPU build's
+  (`--autotune_results`; by default the file a run on the target's GPU
+  left in results/<device>/, if any), or a run's: those an earlier run
+  left in its `--out_dir`, so that the programs they cover compile without
+  timing kernels again and the results it writes hold both."""
+  has_results = lambda path: path.is_file() and bool(
+      aot.autotune_device(path.read_text()))
+  if args.aot_build:
+    if build_platform(args.aot_build) != 'gpu' or args.autotune_results == '':
+      return None
+    if args.autotune_results:
+      path = pathlib.Path(args.autotune_results)
+      if not has_results(path):
+        raise SystemExit(f'--autotune_results {path}: no file of XLA '
+                         'autotune results there')
+      return path
+    path = (device_plan.ROOT / 'results' / report.device_name(
+        compiled.get_target(args.aot_build).spec.name) / aot.AUTOTUNE_FILE)
+    return path if has_results(path) else None
+  path = pathlib.Path(args.out_dir or '.') / aot.AUTOTUNE_FILE
+  return path if args.out_dir and not args.smoke and has_results(path) else (
+      None)
+
+
+def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
+  """The `GpuTargetConfigProto` text a GPU build compiles for: the chip's
+  (`compiled.target_config`) or `--target_config`'s, matched to the device
+  its autotune results were timed on; None: the target's own."""
+  if build_platform(args.aot_build) != 'gpu':
+    return None
+  config = (pathlib.Path(args.target_config).read_text()
+            if args.target_config else None)
+  device = autotune and aot.autotune_device(autotune.read_text())
+  if device:
+    config = compiled.match_autotune_device(
+        config or compiled.target_config(args.aot_build), device)
+  return config
+
+
+def build_device(target: str, config: Optional[str]):
   """The device to build executables for: this CPU ('cpu'), or `target`'s
-  compile-only device (with the target config of `config_file`, if given:
-  a `GpuTargetConfigProto` in text form)."""
+  compile-only device (for `config`, a `GpuTargetConfigProto` in text
+  form, if given)."""
   if target == 'cpu':
     return jax.devices('cpu')[0]
-  return compiled.devices(target, None if config_file is None else
-                          pathlib.Path(config_file).read_text())[0]
+  return compiled.devices(target, config)[0]
 
 
 def aot_limit(args) -> int:
@@ -1220,6 +1301,9 @@ def parse_flags(spec: device_plan.DeviceSpec, argv):
   add('--aot_max_mib', type=float, default=None,
       help='the most the executables may weigh (default: what a device '
       'command carries, 64 MiB, less the working tree and 2 MiB)')
+  add('--autotune_results', default=None, help='a GPU build: the autotune '
+      f'results a run on that GPU wrote ({aot.AUTOTUNE_FILE}; default the '
+      "one in results/<its device>/ if there is one, '' for none)")
   add('--target_config', default=None, help='a GpuTargetConfigProto (text) '
       "file to build for, e.g. from a run's device_facts (default: "
       "specdec_jax.compiled's for the target)")
@@ -1273,7 +1357,18 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   if args.smoke and 'optimization_level' not in flags:
     # Tiny programs: LLVM's optimisations cost more than they save (read
     # when the backend starts, in `report.header`).
-    os.environ['XLA_FLAGS'] = f'{flags} --xla_backend_optimization_level=0'
+    flags = f'{flags} --xla_backend_optimization_level=0'
+  # Read when the backend starts too: a GPU build's autotune results (or
+  # its flags without them); a run's autotune results written for the next
+  # build, after those an earlier run left in --out_dir.
+  autotune = autotune_file(args)
+  dump = None if args.aot_build or args.project else pathlib.Path(
+      tempfile.mkdtemp(prefix='specdec-autotune-')) / aot.AUTOTUNE_FILE
+  os.environ['XLA_FLAGS'] = ' '.join([flags] + (
+      aot.build_flags(build_platform(args.aot_build), autotune)
+      if args.aot_build else (aot.build_flags('gpu', autotune) if autotune
+                              else []) + ([] if dump is None else
+                                          aot.dump_flags(dump)))).strip()
   sizes = {k: getattr(args, k) for k in ('examples', 'repeats')
            if getattr(args, k) is not None}
   header = report.header(f'-m {COMMAND} {spec.name}', argv,
@@ -1325,8 +1420,9 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
       print(f'no gammas from {args.project_from} ({e!r}): building the '
             'programs that need none', flush=True)
       gammas = {}
-    built = runner.build(build_device(args.aot_build, args.target_config),
-                         gammas)
+    config = build_config(args, autotune)
+    built = runner.build(build_device(args.aot_build, config), gammas,
+                         config, autotune)
     pool.shutdown()
     print(f"built {built['programs']} programs for {args.aot_build}: "
           f"{built['bytes'] / 2**20:.1f} MiB, {built['compile_s']:.0f} s of "
@@ -1362,6 +1458,11 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
           out_dir / f'{runner.profile.name}.json'))
       print(f'hardware profile: {report.portable(str(path))}')
     runner.write()
+    if dump is not None and dump.is_file() and aot.autotune_device(
+        dump.read_text()):  # for the next build (only a GPU writes them)
+      shutil.copyfile(dump, out_dir / aot.AUTOTUNE_FILE)
+      print(f'autotune results: {report.portable(str(out_dir))}/'
+            f'{aot.AUTOTUNE_FILE}', flush=True)
     pool.shutdown()
     print(f"{runner.result['status']}; wrote {runner.stem}.{{md,json}} in "
           f"{clock.elapsed():.1f} s (projected for the full run: "

@@ -23,6 +23,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ import numpy as np
 import pytest
 
 import specdec_jax
+from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
@@ -754,6 +756,109 @@ def test_the_executables_get_what_a_device_command_leaves(tmp_path,
   assert device_run.aot_limit(flags(1.5)) == int(1.5 * 2 ** 20)
   monkeypatch.setattr(device_plan, 'aot_budget', lambda: 12345)
   assert device_run.aot_limit(flags(None)) == 12345
+
+
+# XLA's autotune results in text form as a GPU run writes them (one result;
+# the HLO shortened): what a GPU build reads its device from.
+AUTOTUNE_TEXT = """version: 3
+results {
+  device: "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s, L2 cache: 52 MB, DNN version: 9.14.0"
+  hlo: "(bf16[1,4096]{1,0}, bf16[4096,4096]{1,0}) -> bf16[1,4096]{1,0}"
+  result {
+    run_time { nanos: 5120 }
+    gemm { algorithm: -1 }
+  }
+}
+"""
+
+
+def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
+  """Without the device's autotune results a GPU build leaves GEMMs to
+  cuBLAS; with them it loads them and compiles for the device they were
+  timed on (XLA keys them by it); other flags, results or configs make a
+  build start afresh; a run writes its results beside its own."""
+  assert aot.build_flags('gpu') == list(aot.UNTUNED_GPU_FLAGS)
+  assert aot.build_flags('tpu') == aot.build_flags('cpu') == []
+  results = tmp_path / aot.AUTOTUNE_FILE
+  results.write_text(AUTOTUNE_TEXT)
+  assert aot.build_flags('gpu', results) == [
+      f'--xla_gpu_load_autotune_results_from={results}']
+  device = aot.autotune_device(AUTOTUNE_TEXT)
+  assert device.startswith('CUDA: 9.0, Cores: 132,') and aot.autotune_device(
+      'version: 3\n') is None
+  config = compiled.match_autotune_device(
+      compiled.gpu_target_config('h100'), device)
+  assert 'memory_bandwidth: 3352000000000 ' in config  # the chip: 3.35e12
+  assert 'dnn_version_info { major: 9 minor: 14 patch: 0 }' in config
+  assert 'l2_cache_size: 52428800 ' in config  # 50 MiB: "52 MB" kept
+  assert 'cuda_compute_capability { major: 9 minor: 0 }' in config
+  with pytest.raises(ValueError, match='not an XLA autotune device key'):
+    compiled.match_autotune_device(config, 'H100')
+  # Which results a build or a run starts with.
+  flags = lambda **kw: argparse.Namespace(**{
+      **dict(aot_build=None, autotune_results=None, out_dir=None,
+             smoke=False, target_config=None), **kw})
+  assert device_run.autotune_file(flags(aot_build='gpu:h100',
+                                        autotune_results=str(results))) == (
+                                            results)
+  with pytest.raises(SystemExit, match='no file of XLA autotune results'):
+    device_run.autotune_file(flags(aot_build='gpu:h100',
+                                   autotune_results=str(tmp_path / 'no')))
+  assert device_run.autotune_file(flags(aot_build='gpu:h100',
+                                        autotune_results='')) is None
+  assert device_run.autotune_file(flags(aot_build='cpu')) is None
+  assert device_run.autotune_file(flags(out_dir=str(tmp_path))) == results
+  assert device_run.autotune_file(flags(out_dir=str(tmp_path),
+                                        smoke=True)) is None
+  assert device_run.build_config(flags(aot_build='cpu'), results) is None
+  # A store built otherwise is dropped by the next build's describe.
+  store = aot.Store(tmp_path, 'cpu')
+  cpu = jax.devices()[0]
+  store.describe(cpu)
+  store.dir.mkdir(parents=True)
+  (store.dir / 'p.xla.zz').write_bytes(b'x')
+  store.manifest['programs']['p'] = dict(file='p.xla.zz')
+  store.describe(cpu)
+  assert store.built('p')
+  store.describe(cpu, xla_flags=aot.build_flags('gpu'))
+  assert not store.built('p') and not (store.dir / 'p.xla.zz').exists()
+
+
+def test_a_slower_ahead_of_time_build_is_not_used():
+  """Before anything is timed, a loaded t(1) is timed against the same
+  program compiled on the device: within `AOT_SLOWER` the loaded programs
+  stay; slower, every loaded one is dropped and compiled again, the check's
+  own compile serves t(1), and later phases compile (saying why)."""
+  key = ('call', 'bfloat16', 1, 1)
+
+  def runner(loaded_s, here_s):
+    r = device_run.Runner.__new__(device_run.Runner)
+    r.targets, r.caches = {'bfloat16': (None, 'params')}, {
+        ('bfloat16', 1): 'cache'}
+    r.s, r.result, r.refused = accelerator.SPEC.smoke._replace(
+        cost_repeats=3), {}, None
+    r.pool, r.phases_compiled = budget.Pool(1, budget.Clock(5)), []
+    r.phase_programs = r.phases_compiled.append
+    r.pool.adopt(key, lambda p, b, c, n: time.sleep(n * loaded_s), 'loaded')
+    r.pool.adopt(('cache', 'bfloat16', 1), None, 'loaded')
+    r.pool.adopt(('draft', 'dec2', 1), None, 'compiled (not built)')
+    here = lambda p, b, c, n: time.sleep(n * here_s)
+    r.aot_check(key, here)
+    return r, here
+
+  r, _ = runner(1e-4, 1e-4)
+  assert r.refused is None and r.phases_compiled == []
+  assert r.result['aot_check']['verdict'] == 'loaded programs used'
+  assert set(r.pool.sources.values()) == {'loaded', 'compiled (not built)'}
+  r, here = runner(3e-4, 1e-4)
+  check = r.result['aot_check']
+  assert check['loaded_over_compiled_here'] > device_plan.AOT_SLOWER
+  assert check['verdict'] == 'every program compiled here'
+  assert r.refused.startswith('the ahead-of-time build ran t(1)')
+  assert r.phases_compiled == ['p1'] and r.pool.executables[key] is here
+  assert r.pool.sources == {key: f'compiled ({r.refused})',
+                            ('draft', 'dec2', 1): 'compiled (not built)'}
+  assert ('cache', 'bfloat16', 1) not in r.pool.compiled
 
 
 @pytest.mark.parametrize('damage, why', [
