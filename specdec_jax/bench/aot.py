@@ -65,23 +65,23 @@ PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
 # (`AUTOTUNE_FILE`, which every GPU run writes with its results), keyed by
 # the device they were timed on (`autotune_device`; the build's target
 # config is matched to it); without them it leaves the GEMMs to cuBLAS,
-# whose own heuristic picks each kernel when it runs (`UNTUNED_GPU_FLAGS`).
+# whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`).
 # A run checks a loaded t(1) against the same program compiled on the
 # device before it times anything (`device_plan.AOT_SLOWER`).
 AUTOTUNE_FILE = 'autotune.textproto'
-UNTUNED_GPU_FLAGS = ('--xla_gpu_enable_triton_gemm=false',)
+UNTUNED_FLAGS = ('--xla_gpu_enable_triton_gemm=false',)
 
 
 def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
                 ) -> List[str]:
   """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
   autotune results `autotune` (a file a run on that GPU wrote), or without
-  them `UNTUNED_GPU_FLAGS`; none for the others."""
+  them `UNTUNED_FLAGS`; none for the others."""
   if platform != 'gpu':
     return []
   if autotune is not None:
     return [f'--xla_gpu_load_autotune_results_from={autotune}']
-  return list(UNTUNED_GPU_FLAGS)
+  return list(UNTUNED_FLAGS)
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
@@ -89,6 +89,15 @@ def dump_flags(path: pathlib.Path) -> List[str]:
   programs it compiles to `path` (the results of all, after each compile);
   a CPU or TPU ignores them."""
   return [f'--xla_gpu_dump_autotune_results_to={path}']
+
+
+def rewrite_autotune_results() -> None:
+  """Compiles one small matmul on the default device, so that XLA writes
+  the autotune results file (`dump_flags`) once more with no other compile
+  beside it: the run's compile threads write it each time one of them
+  finishes, and two at once could leave it garbled."""
+  x = jax.numpy.ones((16, 16), jax.numpy.float32)
+  jax.jit(lambda a, b: a @ b + 1.0).lower(x, x).compile()
 
 
 def autotune_device(text: str) -> Optional[str]:

@@ -1458,8 +1458,10 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
           out_dir / f'{runner.profile.name}.json'))
       print(f'hardware profile: {report.portable(str(path))}')
     runner.write()
+    if dump is not None and dump.is_file():  # only a GPU writes them
+      aot.rewrite_autotune_results()
     if dump is not None and dump.is_file() and aot.autotune_device(
-        dump.read_text()):  # for the next build (only a GPU writes them)
+        dump.read_text()):  # for the next build
       shutil.copyfile(dump, out_dir / aot.AUTOTUNE_FILE)
       print(f'autotune results: {report.portable(str(out_dir))}/'
             f'{aot.AUTOTUNE_FILE}', flush=True)

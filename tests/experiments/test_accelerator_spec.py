@@ -777,7 +777,7 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   cuBLAS; with them it loads them and compiles for the device they were
   timed on (XLA keys them by it); other flags, results or configs make a
   build start afresh; a run writes its results beside its own."""
-  assert aot.build_flags('gpu') == list(aot.UNTUNED_GPU_FLAGS)
+  assert aot.build_flags('gpu') == list(aot.UNTUNED_FLAGS)
   assert aot.build_flags('tpu') == aot.build_flags('cpu') == []
   results = tmp_path / aot.AUTOTUNE_FILE
   results.write_text(AUTOTUNE_TEXT)
