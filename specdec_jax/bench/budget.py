@@ -20,11 +20,14 @@ compiling. Here:
   at those rates.
 
 The projection (`projected_seconds`): work in the pool (compiles,
-calibration jobs) costs the measured thread-seconds per unit (an entry's
-seconds x its busy threads / its units), divided by the threads of the plan,
-at most as many as the measured run had (more threads are not assumed to
-help: they may share the same cores); every other kind costs its measured
-seconds per unit, sequentially. Kinds the measured run never timed are
+calibration jobs, loads) runs in waves of as many jobs as the plan has
+threads, at most as many as the measured run had (more threads are not
+assumed to help: they may share the same cores), each wave as long as one
+job's measured thread-seconds (an entry's busy thread-seconds / its units):
+3 compiles on 8 threads take one compile's time, not 3/8 of it (the H100's
+three token-tree compiles took 60 s, where 3/8 of the mean compile
+projected 17). Every other kind costs its measured seconds per unit,
+sequentially. Kinds the measured run never timed are
 listed in `unmeasured` and cost nothing; kinds of the run the plan does not
 name are left out.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import math
 import re
 import threading
 import time
@@ -142,6 +146,7 @@ class Pool:
     self.sources: Dict[Any, str] = {}
     self.prior_s = prior_s  # seconds of one compile until one is observed
     self.compile_seconds: List[float] = []
+    self.program_seconds: Dict[Any, float] = {}  # key -> its compile's
 
   def submit(self, jobs: Mapping[Any, Callable[[], Any]]):
     """Starts `jobs` (key -> call); `collect` waits for them."""
@@ -187,7 +192,8 @@ class Pool:
         others compiled here.
 
     `self.executables`: key -> the executable; `self.sources`: key ->
-    'loaded' or 'compiled' (with why it was not loaded).
+    'loaded' or 'compiled' (with why it was not loaded);
+    `self.program_seconds`: key -> the thread-seconds of its compile.
     """
     new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
     why = {}
@@ -205,6 +211,7 @@ class Pool:
         {k: (lambda lower=fn: lower().compile()) for k, fn in new.items()}),
                         'compile')
     self.compile_seconds += self.seconds.values()
+    self.program_seconds.update(self.seconds)
     for k, exe in done.items():
       self.executables[k] = exe
       self.sources[k] = 'compiled' + (f' ({why[k]})' if why.get(k) else '')
@@ -307,9 +314,9 @@ def projected_seconds(run: Mapping[str, Any], plan: Mapping[str, float],
                       ) -> Dict[str, Any]:
   """The wall time of `plan` (kind -> units) at a measured run's rates.
 
-  Pooled kinds (`POOLED`) cost their thread-seconds per unit / min(workers,
-  the run's workers) (`workers` None: the run's); the others their seconds
-  per unit (see the module docstring).
+  Pooled kinds (`POOLED`) cost ceil(units / min(workers, the run's
+  workers)) waves (`workers` None: the run's) of their thread-seconds per
+  unit; the others their seconds per unit (see the module docstring).
 
   Returns:
     {'seconds', 'by_kind': {kind: {units, unit_s, seconds}}, 'unmeasured',
@@ -327,11 +334,12 @@ def projected_seconds(run: Mapping[str, Any], plan: Mapping[str, float],
     if kind in POOLED:
       threads = max(1, rate['workers'] if workers is None else min(
           workers, rate['workers']))
-      unit_s = rate['thread_seconds'] / rate['units'] / threads
+      seconds = math.ceil(units / threads) * (
+          rate['thread_seconds'] / rate['units'])
     else:
-      unit_s = rate['seconds'] / rate['units']
-    by_kind[kind] = dict(units=units, unit_s=round(unit_s, 3),
-                         seconds=round(units * unit_s, 1))
+      seconds = units * rate['seconds'] / rate['units']
+    by_kind[kind] = dict(units=units, unit_s=round(seconds / units, 3),
+                         seconds=round(seconds, 1))
   return dict(seconds=round(sum(v['seconds'] for v in by_kind.values()), 1),
               by_kind=by_kind, unmeasured=unmeasured,
               device=run.get('device'), source=source, workers=workers)

@@ -421,6 +421,10 @@ def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
                     seconds=budget.projected_seconds(prev, u, workers)[
                         'seconds'] if u else 0.0)
           for pid, u in units.items()})
+  # Each phase compiles in waves of its own: the run is its phases, not one
+  # pool of all their programs.
+  out['seconds'] = round(budget.projected_seconds(prev, {'setup': 1})[
+      'seconds'] + sum(v['seconds'] for v in out['phases'].values()), 1)
   print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
         f' s (from {prev_path}: ' + ', '.join(
             f"{k} {v['units']} x {v['unit_s']:g} s"

@@ -174,7 +174,8 @@ class Runner:
         sweep=[], trees=[], hf=[], skipped=clock.skipped, time_log=clock.log,
         phases={pid: dict(title=title, parts=list(parts), status='pending')
                 for pid, title, parts in spec.phase_plan},
-        compile_misses=[], programs={}, device_facts=aot.device_facts(),
+        compile_misses=[], programs={}, compile_s={},
+        device_facts=aot.device_facts(),
         aot_dir=None if store is None else report.portable(str(store.dir)))
 
   # -- models ----------------------------------------------------------------
@@ -443,6 +444,9 @@ class Runner:
     self.result['programs'].update(
         {names[i]: self.pool.sources[i] for i in names
          if i in self.pool.sources})
+    self.result['compile_s'].update(
+        {names[i]: round(self.pool.program_seconds[i], 2) for i in names
+         if i in self.pool.program_seconds})
     return n
 
   # -- measurements ----------------------------------------------------------

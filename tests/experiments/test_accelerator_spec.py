@@ -269,6 +269,11 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
   for phase in ('table2', 'numerics', 'batches', 'sweep'):
     assert result[phase], phase
   assert set(result['costs']['bfloat16']['2']['t_ms']) >= {'1', '2'}  # curve
+  # Each program compiled here, with its compile's thread-seconds.
+  compiled_here = {k for k, v in result['programs'].items()
+                   if v.startswith('compiled')}
+  assert compiled_here and set(result['compile_s']) == compiled_here
+  assert all(s > 0 for s in result['compile_s'].values())
   kinds = {e['kind'] for e in result['time_log']}
   assert kinds >= {'setup', 'compile', 'calibration', 'bandwidth', 'calls',
                    'drafters', 'decode', 'numerics', 'batch_decode'}
