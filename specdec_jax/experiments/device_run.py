@@ -488,13 +488,14 @@ class Runner:
                     start, kind='drafters', units=len(todo))
     self.record()
 
-  def aot_check(self, key, here) -> None:
+  def aot_check(self, key, here, again: Sequence[str] = ('p1',)) -> None:
     """t(1) by the executable compiled ahead of time and by `here`, the
     same program compiled on this device (XLA autotunes only here), before
     anything is timed. A loaded one slower than `device_plan.AOT_SLOWER`
-    allows is not trusted: the programs loaded so far are compiled here
-    again, and the later ones are compiled here too (`refused`), so that
-    no table sets loaded programs beside programs compiled here."""
+    allows is not trusted: the programs loaded so far are dropped (those
+    of the phases `again` compiled here at once), and the later ones are
+    compiled here too (`refused`), so that no table sets loaded programs
+    beside programs compiled here."""
     params, batch = self.targets[key[1]][1], key[2]
     block = jnp.full((batch, key[3]), 7, jnp.int32)
     cache = self.cache(key[1], batch)
@@ -512,11 +513,34 @@ class Runner:
           f' ms, compiled here {ms:.3f} ms: '
           f"{self.result['aot_check']['verdict']}", flush=True)
     if not trusted:
-      self.refused = (f'the ahead-of-time build ran t(1) {loaded / ms:.2f}x '
-                      f'slower than this device\'s compile')
+      self.refuse_store(loaded / ms)
       self.pool.forget_loaded()
       self.pool.adopt(self.ident(key), here, f'compiled ({self.refused})')
-      self.phase_programs('p1')
+      for pid in again:
+        self.phase_programs(pid)
+
+  def refuse_store(self, ratio: float) -> None:
+    self.refused = (f'the ahead-of-time build ran t(1) {ratio:.2f}x slower '
+                    "than this device's compile")
+
+  def check_store(self) -> None:
+    """The check of a resumed run that takes P1 as an earlier run left it
+    (`aot_check` runs in P1): that run's verdict, or else the check here,
+    of the t(1) program and its cache loaded from the store."""
+    earlier = self.result.get('aot_check') or {}
+    if self.store is None or 'verdict' in earlier:
+      if earlier.get('verdict') == 'every program compiled here':
+        self.refuse_store(earlier['loaded_over_compiled_here'])
+      return
+    key = ('call', self.act, 1, 1)
+    if aot.program_name(key) not in self.store.usable():
+      return  # nothing to check: the phases left compile here
+    self.compile('store check: load', [('cache', self.act, 1), key])
+    if self.pool.sources.get(self.ident(key)) == 'loaded':
+      here = self.pool.run('compile the t(1) program here (check)', {
+          key: functools.partial(timed_compile, self.lowering(key))},
+                           'compile')[key][0]
+      self.aot_check(key, here, again=())
 
   def record(self) -> None:
     """costs, drafters and floor from the timings; the profile they make."""
@@ -869,6 +893,8 @@ class Runner:
     """Setup, then the phases in priority order (the spec's `phase_plan`)."""
     self.setup()
     self.resume()
+    if self.result['phases']['p1'].get('earlier_run'):
+      self.check_store()
     self.write()
     for pid, _, parts in self.spec.phase_plan:
       self.phase(pid, parts)
@@ -1055,6 +1081,8 @@ class Runner:
                       for a in prev['alpha_calibration']}
     self.result['alpha_calibration'] = prev['alpha_calibration']
     self.result['programs'].update(prev.get('programs') or {})
+    if prev.get('aot_check'):
+      self.result['aot_check'] = dict(prev['aot_check'], earlier_run=True)
     for act, by_b in prev['costs'].items():
       for b, v in by_b.items():
         self.t_ms[act, int(b)] = {int(k): t for k, t in v['t_ms'].items()}

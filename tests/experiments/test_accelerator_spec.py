@@ -864,6 +864,17 @@ def test_a_slower_ahead_of_time_build_is_not_used():
   assert r.pool.sources == {key: f'compiled ({r.refused})',
                             ('draft', 'dec2', 1): 'compiled (not built)'}
   assert ('cache', 'bfloat16', 1) not in r.pool.compiled
+  # A resumed run (P1 from an earlier one) takes that run's verdict.
+  for verdict, refused in (('loaded programs used', False),
+                           ('every program compiled here', True)):
+    r = device_run.Runner.__new__(device_run.Runner)
+    r.store, r.refused = object(), None
+    r.result = {'aot_check': dict(verdict=verdict,
+                                  loaded_over_compiled_here=2.5)}
+    r.check_store()
+    assert (r.refused is not None) == refused
+    assert not refused or r.refused.startswith(
+        'the ahead-of-time build ran t(1) 2.50x slower')
 
 
 @pytest.mark.parametrize('damage, why', [
