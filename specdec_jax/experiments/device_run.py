@@ -1241,15 +1241,21 @@ def autotune_file(args) -> Optional[pathlib.Path]:
 def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
   """The `GpuTargetConfigProto` text a GPU build compiles for: the chip's
   (`compiled.target_config`) or `--target_config`'s, matched to the device
-  its autotune results were timed on; None: the target's own."""
+  its autotune results were timed on where their key is XLA's "CUDA: ..."
+  form; None: the target's own."""
   if build_platform(args.aot_build) != 'gpu':
     return None
   config = (pathlib.Path(args.target_config).read_text()
             if args.target_config else None)
   device = autotune and aot.autotune_device(autotune.read_text())
   if device:
-    config = compiled.match_autotune_device(
-        config or compiled.target_config(args.aot_build), device)
+    try:
+      config = compiled.match_autotune_device(
+          config or compiled.target_config(args.aot_build), device)
+    except ValueError as e:  # XLA's newer cache may key devices otherwise
+      print(f'{autotune}: {e}; the target config is left as it was (the '
+            'results may match none of its programs: the run checks)',
+            flush=True)
   return config
 
 

@@ -816,6 +816,13 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   assert device_run.autotune_file(flags(out_dir=str(tmp_path),
                                         smoke=True)) is None
   assert device_run.build_config(flags(aot_build='cpu'), results) is None
+  chip = tmp_path / 'h100.textproto'
+  chip.write_text(compiled.gpu_target_config('h100'))
+  gpu = flags(aot_build='gpu:h100', target_config=str(chip))
+  assert device_run.build_config(gpu, results) == config
+  other = tmp_path / 'other.textproto'  # a key in no form it knows: kept
+  other.write_text(AUTOTUNE_TEXT.replace(device, 'sm_90'))
+  assert device_run.build_config(gpu, other) == chip.read_text()
   # A store built otherwise is dropped by the next build's describe.
   store = aot.Store(tmp_path, 'cpu')
   cpu = jax.devices()[0]
