@@ -1503,6 +1503,8 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
       shutil.copyfile(dump, out_dir / aot.AUTOTUNE_FILE)
       print(f'autotune results: {report.portable(str(out_dir))}/'
             f'{aot.AUTOTUNE_FILE}', flush=True)
+    if dump is not None:
+      shutil.rmtree(dump.parent, ignore_errors=True)
     pool.shutdown()
     print(f"{runner.result['status']}; wrote {runner.stem}.{{md,json}} in "
           f"{clock.elapsed():.1f} s (projected for the full run: "
