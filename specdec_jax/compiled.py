@@ -262,8 +262,7 @@ def devices(name: str, target_config: Optional[str] = None
       topo = topologies.get_topology_desc(
           platform='tpu', topology_name=target.topology, **kw)
     else:
-      config = target_config or gpu_target_config(target.chip,
-                                                  _cuda_version())
+      config = target_config or default_target_config(name)
       topo = topologies.get_topology_desc(
           'compile-only', 'cuda', target_config=config,
           topology=target.topology)
@@ -284,7 +283,7 @@ def devices(name: str, target_config: Optional[str] = None
   return out
 
 
-def target_config(name: str) -> str:
+def default_target_config(name: str) -> str:
   """The `GpuTargetConfigProto` text GPU target `name` compiles for by
   default: its chip's, for the installed CUDA plugin's CUDA version."""
   return gpu_target_config(get_target(name).chip, _cuda_version())

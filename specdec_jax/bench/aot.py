@@ -79,9 +79,14 @@ def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
   them `UNTUNED_FLAGS`; none for the others."""
   if platform != 'gpu':
     return []
-  if autotune is not None:
-    return [f'--xla_gpu_load_autotune_results_from={autotune}']
-  return list(UNTUNED_FLAGS)
+  return load_flags(autotune) if autotune is not None else list(
+      UNTUNED_FLAGS)
+
+
+def load_flags(path: pathlib.Path) -> List[str]:
+  """The XLA flags with which a GPU compiles with the autotune results in
+  `path` (a file a run on that GPU wrote: `dump_flags`)."""
+  return [f'--xla_gpu_load_autotune_results_from={path}']
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
@@ -105,7 +110,6 @@ def autotune_device(text: str) -> Optional[str]:
   by: the first `device: "..."`, or None when it holds no result."""
   m = re.search(r'device:\s*"([^"]*)"', text)
   return m.group(1) if m else None
-
 
 
 def versions() -> Dict[str, str]:
