@@ -144,6 +144,10 @@ def load_shipped():
   return shipped
 
 
+# The verdicts of the check of executables built ahead of time (`aot_check`).
+TRUSTED, REFUSED = 'loaded programs used', 'every program compiled here'
+
+
 class Runner:
   """Builds the models, compiles, runs the phases in order, writes results."""
 
@@ -507,8 +511,7 @@ class Runner:
     self.result['aot_check'] = dict(
         program=aot.program_name(key), loaded_ms=loaded, compiled_here_ms=ms,
         loaded_over_compiled_here=loaded / ms, limit=device_plan.AOT_SLOWER,
-        verdict='loaded programs used' if trusted else
-        'every program compiled here')
+        verdict=TRUSTED if trusted else REFUSED)
     print(f'ahead-of-time check, {aot.program_name(key)}: loaded {loaded:.3f}'
           f' ms, compiled here {ms:.3f} ms: '
           f"{self.result['aot_check']['verdict']}", flush=True)
@@ -529,7 +532,7 @@ class Runner:
     of the t(1) program and its cache loaded from the store."""
     earlier = self.result.get('aot_check') or {}
     if self.store is None or 'verdict' in earlier:
-      if earlier.get('verdict') == 'every program compiled here':
+      if earlier.get('verdict') == REFUSED:
         self.refuse_store(earlier['loaded_over_compiled_here'])
       return
     key = ('call', self.act, 1, 1)
@@ -1240,7 +1243,7 @@ def autotune_file(args) -> Optional[pathlib.Path]:
 
 def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
   """The `GpuTargetConfigProto` text a GPU build compiles for: the chip's
-  (`compiled.target_config`) or `--target_config`'s, matched to the device
+  (`compiled.default_target_config`) or `--target_config`'s, matched to the device
   its autotune results were timed on where their key is XLA's "CUDA: ..."
   form; None: the target's own."""
   if build_platform(args.aot_build) != 'gpu':
@@ -1251,7 +1254,7 @@ def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
   if device:
     try:
       config = compiled.match_autotune_device(
-          config or compiled.target_config(args.aot_build), device)
+          config or compiled.default_target_config(args.aot_build), device)
     except ValueError as e:  # XLA's newer cache may key devices otherwise
       print(f'{autotune}: {e}; the target config is left as it was (the '
             'results may match none of its programs: the run checks)',
@@ -1402,11 +1405,12 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   autotune = autotune_file(args)
   dump = None if args.aot_build or args.project else pathlib.Path(
       tempfile.mkdtemp(prefix='specdec-autotune-')) / aot.AUTOTUNE_FILE
-  os.environ['XLA_FLAGS'] = ' '.join([flags] + (
-      aot.build_flags(build_platform(args.aot_build), autotune)
-      if args.aot_build else (aot.build_flags('gpu', autotune) if autotune
-                              else []) + ([] if dump is None else
-                                          aot.dump_flags(dump)))).strip()
+  if args.aot_build:
+    xla = aot.build_flags(build_platform(args.aot_build), autotune)
+  else:
+    xla = (aot.load_flags(autotune) if autotune else []) + (
+        aot.dump_flags(dump) if dump else [])
+  os.environ['XLA_FLAGS'] = ' '.join([flags] + xla).strip()
   sizes = {k: getattr(args, k) for k in ('examples', 'repeats')
            if getattr(args, k) is not None}
   header = report.header(f'-m {COMMAND} {spec.name}', argv,
@@ -1442,7 +1446,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     print(travel_line(store), flush=True)
   if args.project:
     return 0 if 'seconds' in projection else 1
-  pool = budget.Pool(args.workers, clock, 4.0 if args.smoke else 40.0)
+  pool = budget.Pool(args.workers, clock)
   runner = Runner(spec, args, (spec.smoke if args.smoke else spec.full
                                )._replace(**sizes),
                   clock, pool, out_dir, header, store)
@@ -1498,11 +1502,10 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     runner.write()
     if dump is not None and dump.is_file():  # only a GPU writes them
       aot.rewrite_autotune_results()
-    if dump is not None and dump.is_file() and aot.autotune_device(
-        dump.read_text()):  # for the next build
-      shutil.copyfile(dump, out_dir / aot.AUTOTUNE_FILE)
-      print(f'autotune results: {report.portable(str(out_dir))}/'
-            f'{aot.AUTOTUNE_FILE}', flush=True)
+      if aot.autotune_device(dump.read_text()):  # for the next build
+        shutil.copyfile(dump, out_dir / aot.AUTOTUNE_FILE)
+        print(f'autotune results: {report.portable(str(out_dir))}/'
+              f'{aot.AUTOTUNE_FILE}', flush=True)
     if dump is not None:
       shutil.rmtree(dump.parent, ignore_errors=True)
     pool.shutdown()
