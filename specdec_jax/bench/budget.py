@@ -136,7 +136,7 @@ class Pool:
 
   THREADS = 'compile'
 
-  def __init__(self, workers: int, clock: Clock, prior_s: float = 40.0):
+  def __init__(self, workers: int, clock: Clock):
     self.workers = workers
     self.clock = clock
     self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -144,8 +144,6 @@ class Pool:
     self.compiled = set()
     self.executables: Dict[Any, Any] = {}
     self.sources: Dict[Any, str] = {}
-    self.prior_s = prior_s  # seconds of one compile until one is observed
-    self.compile_seconds: List[float] = []
     self.program_seconds: Dict[Any, float] = {}  # key -> its compile's
 
   def submit(self, jobs: Mapping[Any, Callable[[], Any]]):
@@ -210,7 +208,6 @@ class Pool:
     done = self.collect(f'{what}: compile', self.submit(
         {k: (lambda lower=fn: lower().compile()) for k, fn in new.items()}),
                         'compile')
-    self.compile_seconds += self.seconds.values()
     self.program_seconds.update(self.seconds)
     for k, exe in done.items():
       self.executables[k] = exe
@@ -231,15 +228,6 @@ class Pool:
     """`executable`, compiled elsewhere in the run, as the program `key`."""
     self.executables[key], self.sources[key] = executable, source
     self.compiled.add(key)
-
-  def estimate(self, keys) -> float:
-    """Seconds to compile the programs not compiled yet: their number x
-    the mean thread-seconds of a compile so far / the threads (the
-    projection's rate)."""
-    new = sum(k not in self.compiled for k in keys)
-    seen = self.compile_seconds
-    return new * (sum(seen) / len(seen) if seen else self.prior_s) / (
-        self.workers)
 
   def shutdown(self) -> None:
     self.executor.shutdown(wait=False, cancel_futures=True)
