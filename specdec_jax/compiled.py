@@ -235,16 +235,19 @@ class BackendMissing(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def devices(name: str, target_config: Optional[str] = None
-            ) -> Tuple[Any, ...]:
+def devices(name: str, target_config: Optional[str] = None,
+            topology: Optional[bytes] = None) -> Tuple[Any, ...]:
   """The compile-only devices of target `name` (`Chip.cores` per chip).
 
   A GPU target compiles for `gpu_target_config` of its chip, or for
-  `target_config` (a `GpuTargetConfigProto` in text form) when given: e.g.
-  one read from the device a run will use (`bench.aot.device_facts`).
+  `target_config` (a `GpuTargetConfigProto` in text form) when given.
+  `topology`, the serialized topology of the devices a run had
+  (`bench.aot.device_topology`), gives the compile-only twins of those
+  very devices instead (XLA's own description of them, every field).
 
   Raises:
-    ValueError: an unknown target.
+    ValueError: an unknown target, or a `topology` that this jax cannot
+      read or that is not the target's.
     BackendMissing: libtpu / the CUDA plugin is not installed.
   """
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
@@ -256,6 +259,8 @@ def devices(name: str, target_config: Optional[str] = None
   # leave the plugin unregistered (read when jax first looks for backends,
   # so `main` sets it before anything else).
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  if topology is not None:
+    return _recorded_devices(target, topology)
   try:
     if target.platform == 'tpu':
       kw = ({'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {})
@@ -281,6 +286,34 @@ def devices(name: str, target_config: Optional[str] = None
                          f'{target.spec.cores} cores, the topology has '
                          f'{len(out)} devices')
   return out
+
+
+def _recorded_devices(target: Target, topology: bytes) -> Tuple[Any, ...]:
+  """`devices` from a serialized topology, checked against `target`."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # as `devices`
+  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  try:
+    jax.devices()  # starts the plugins, whose API reads the topology
+    out = tuple(topologies.TopologyDescription.deserialize(topology).devices)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'target {target.name!r}: jax {jax.__version__} cannot '
+                     f'read the recorded device topology ({e!r:.200})') from e
+  platform = {'cuda': 'gpu'}.get(out[0].platform, out[0].platform) if (
+      out) else None
+  if platform != target.platform or len(out) != target.devices:
+    raise ValueError(f'target {target.name!r} ({target.devices} '
+                     f'{target.platform} devices): the recorded topology has '
+                     f'{len(out)} {platform} devices')
+  return out
+
+
+def check_compiles(device) -> None:
+  """Compiles a tiny program for `device`: raises what the compiler says
+  if it cannot compile for it at all."""
+  x = jax.ShapeDtypeStruct((8,), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+  jax.jit(lambda a: a + 1.0).lower(x).compile()
 
 
 def default_target_config(name: str) -> str:

@@ -29,11 +29,16 @@ old code under the new name), and a build that finds such programs in its
 folder builds them again. An executable is called with the dynamic
 arguments of the program it was lowered from (static ones are part of it).
 `device_facts` is what jax says of the device a run has, written with its
-results, so that the next build can target exactly that device.
+results, so that the next build can target exactly that device: with the
+device's topology as XLA serializes it (`device_topology`), which holds
+XLA's own description of the chip (compute capability, cores, clocks,
+memory, caches), a build compiles for a compile-only twin of that very
+device, and XLA's autotune results, keyed by that description, match.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import importlib.metadata
@@ -47,6 +52,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 from jax.experimental import serialize_executable
+from jax.experimental import topologies
 
 FORMAT = 1
 MANIFEST = 'manifest.json'
@@ -152,7 +158,9 @@ def program_name(key: Sequence[Any]) -> str:
 
 def device_facts(device: Any = None) -> Dict[str, Any]:
   """What jax exposes of `device` (default: the first): kind, platform,
-  memory, compute capability, cores, and the versions of this process.
+  memory, compute capability, cores, the versions of this process, and
+  for a GPU or TPU the topology of this process's devices of its platform
+  as XLA serializes it (base64; `device_topology`).
 
   A GPU's facts hold what a `GpuTargetConfigProto` needs beyond the
   published figures (`compiled.CHIPS`), so a later build can match it.
@@ -173,7 +181,21 @@ def device_facts(device: Any = None) -> Dict[str, Any]:
     out['platform_version'] = device.client.platform_version
   except Exception:  # pylint: disable=broad-except
     pass
+  if device.platform in ('gpu', 'tpu'):
+    try:
+      out['topology'] = base64.b64encode(topologies.get_attached_topology(
+          device.platform).serialize()).decode('ascii')
+    except Exception as e:  # pylint: disable=broad-except
+      out['topology_error'] = repr(e)[:300]  # an older jax, or a backend
   return out
+
+
+def device_topology(facts: Mapping[str, Any]) -> Optional[bytes]:
+  """The serialized topology of the devices a run had (`device_facts`),
+  which `compiled.devices` builds a compile-only twin of; None when the
+  run recorded none."""
+  text = facts.get('topology')
+  return base64.b64decode(text) if text else None
 
 
 def sha256(data: bytes) -> str:

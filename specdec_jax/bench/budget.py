@@ -178,8 +178,8 @@ class Pool:
     return self.collect(what, self.submit(jobs), kind)
 
   def compile(self, what: str, lowerings: Mapping[Any, Callable[[], Any]],
-              load: Optional[Callable[[Any], Tuple[Any, str]]] = None
-              ) -> int:
+              load: Optional[Callable[[Any], Tuple[Any, str]]] = None,
+              unloaded: str = '') -> int:
     """Compiles the programs not compiled yet; returns how many.
 
     Args:
@@ -188,13 +188,15 @@ class Pool:
       load: key -> (an executable compiled ahead of time, or None and why
         not); the programs it gives are loaded (time-log kind 'load'), the
         others compiled here.
+      unloaded: without `load`, why nothing is loaded (said of each
+        program compiled).
 
     `self.executables`: key -> the executable; `self.sources`: key ->
     'loaded' or 'compiled' (with why it was not loaded);
     `self.program_seconds`: key -> the thread-seconds of its compile.
     """
     new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
-    why = {}
+    why = {} if load is not None else dict.fromkeys(new, unloaded)
     if load is not None and new:
       loaded = self.collect(f'{what}: load', self.submit(
           {k: functools.partial(load, k) for k in new}), 'load')

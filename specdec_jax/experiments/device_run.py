@@ -45,7 +45,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -440,11 +440,7 @@ class Runner:
     load = None if self.store is None or self.refused else (
         lambda ident: self.store.load(names[ident]))
     n = self.pool.compile(what, {self.ident(k): self.lowering(k)
-                                 for k in keys}, load)
-    if self.refused:
-      for i in names:
-        if self.pool.sources.get(i) == 'compiled':
-          self.pool.sources[i] = f'compiled ({self.refused})'
+                                 for k in keys}, load, self.refused or '')
     self.result['programs'].update(
         {names[i]: self.pool.sources[i] for i in names
          if i in self.pool.sources})
@@ -1233,12 +1229,69 @@ def autotune_file(args) -> Optional[pathlib.Path]:
         raise SystemExit(f'--autotune_results {path}: no file of XLA '
                          'autotune results there')
       return path
-    path = (device_plan.ROOT / 'results' / report.device_name(
-        compiled.get_target(args.aot_build).spec.name) / aot.AUTOTUNE_FILE)
+    path = target_results(args.aot_build) / aot.AUTOTUNE_FILE
     return path if has_results(path) else None
   path = pathlib.Path(args.out_dir or '.') / aot.AUTOTUNE_FILE
   return path if args.out_dir and not args.smoke and has_results(path) else (
       None)
+
+
+def target_results(target: str) -> pathlib.Path:
+  """results/<device>/ of compile-only target `target`: where runs on its
+  device write, and a build for it looks for what they recorded."""
+  return device_plan.ROOT / 'results' / report.device_name(
+      compiled.get_target(target).spec.name)
+
+
+def recorded_topology(args, stem: str
+                      ) -> Optional[Tuple[pathlib.Path, bytes]]:
+  """(run json, topology) of the device a GPU or TPU build compiles for:
+  the topology a run on it recorded in its `device_facts`
+  (`aot.device_topology`), from `--device_topology` or by default from
+  results/<device>/<stem>.json; None without one (or for a CPU build)."""
+  if build_platform(args.aot_build) == 'cpu' or args.device_topology == '' or (
+      args.target_config and not args.device_topology):
+    return None
+  given = bool(args.device_topology)
+  path = pathlib.Path(args.device_topology) if given else (
+      target_results(args.aot_build) / f'{stem}.json')
+  try:
+    topology = aot.device_topology(
+        report.read_json(path).get('device_facts') or {})
+  except (OSError, ValueError) as e:
+    if given:
+      raise SystemExit(f'--device_topology {path}: {e}') from e
+    return None
+  if topology is None and given:
+    raise SystemExit(f'--device_topology {path}: its device_facts hold no '
+                     'topology (a run with jax >= 0.11 on the device '
+                     'records one)')
+  return (path, topology) if topology is not None else None
+
+
+def build_target(args, autotune: Optional[pathlib.Path], stem: str
+                 ) -> Tuple[Any, Optional[str]]:
+  """(device, config) a build compiles for: the compile-only twin of the
+  device a run recorded (`recorded_topology`; config: what names it in the
+  store's manifest), which XLA describes exactly as it did there (and its
+  autotune results, keyed by that description, match), else the
+  compile-only device of `build_config`; this CPU for 'cpu'."""
+  if args.aot_build == 'cpu':
+    return jax.devices('cpu')[0], None
+  recorded = recorded_topology(args, stem)
+  if recorded is not None:
+    path, topology = recorded
+    try:
+      device = compiled.devices(args.aot_build, topology=topology)[0]
+      compiled.check_compiles(device)
+      return device, (f'the device topology in {report.portable(str(path))} '
+                      f'(sha256 {aot.sha256(topology)[:16]})')
+    except Exception as e:  # pylint: disable=broad-except
+      print(f'{report.portable(str(path))}: its device topology builds '
+            f'nothing here ({e!r:.300}); building for the target config',
+            flush=True)
+  config = build_config(args, autotune)
+  return compiled.devices(args.aot_build, config)[0], config
 
 
 def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
@@ -1260,15 +1313,6 @@ def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
             'results may match none of its programs: the run checks)',
             flush=True)
   return config
-
-
-def build_device(target: str, config: Optional[str]):
-  """The device to build executables for: this CPU ('cpu'), or `target`'s
-  compile-only device (for `config`, a `GpuTargetConfigProto` in text
-  form, if given)."""
-  if target == 'cpu':
-    return jax.devices('cpu')[0]
-  return compiled.devices(target, config)[0]
 
 
 def aot_limit(args) -> int:
@@ -1345,12 +1389,20 @@ def parse_flags(spec: device_plan.DeviceSpec, argv):
   add('--autotune_results', default=None, help='a GPU build: the autotune '
       f'results a run on that GPU wrote ({aot.AUTOTUNE_FILE}; default the '
       "one in results/<its device>/ if there is one, '' for none)")
+  add('--device_topology', default=None, help='a GPU or TPU build: the '
+      "json of a run on the device, whose device_facts hold its topology as "
+      'XLA serializes it, to build for exactly that device (default: '
+      "results/<its device>/<spec>_<source>.json if it holds one; '' for "
+      'none)')
   add('--target_config', default=None, help='a GpuTargetConfigProto (text) '
-      "file to build for, e.g. from a run's device_facts (default: "
+      'file to build for without a recorded topology (default: '
       "specdec_jax.compiled's for the target)")
   add('--sigma', default='', help='synthetic noise, e.g. small=0.02,base=0.016')
   add('--seed', type=int, default=0)
   args = parser.parse_args(argv)
+  if args.device_topology and args.target_config:
+    parser.error('--device_topology and --target_config each name the '
+                 'device to build for: give one')
   if args.smoke and not args.out_dir:
     parser.error('--smoke needs --out_dir (smoke results never go to '
                  'results/)')
@@ -1462,9 +1514,8 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
       print(f'no gammas from {args.project_from} ({e!r}): building the '
             'programs that need none', flush=True)
       gammas = {}
-    config = build_config(args, autotune)
-    built = runner.build(build_device(args.aot_build, config), gammas,
-                         config, autotune)
+    device, config = build_target(args, autotune, runner.stem.name)
+    built = runner.build(device, gammas, config, autotune)
     pool.shutdown()
     print(f"built {built['programs']} programs for {args.aot_build}: "
           f"{built['bytes'] / 2**20:.1f} MiB, {built['compile_s']:.0f} s of "

@@ -17,6 +17,7 @@ projection, per phase, comes from the measured H100 run's time log.
 """
 
 import argparse
+import base64
 import json
 import os
 import pathlib
@@ -836,6 +837,86 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   assert not store.built('p') and not (store.dir / 'p.xla.zz').exists()
 
 
+def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
+                                                          monkeypatch):
+  """A run on a GPU or TPU records its devices' topology as XLA serializes
+  it; a build for that device compiles for the compile-only twin of it
+  (from the default results json or --device_topology), names it by its
+  sha in the store's manifest, and falls back to the target config when
+  the topology builds nothing here."""
+  gpu = argparse.Namespace(platform='gpu', device_kind='NVIDIA H100',
+                           client=None, memory_stats=dict)
+  served = []
+
+  class Topology:
+    def serialize(self):
+      served.append(1)
+      return b'\x08\x01topology'
+
+  monkeypatch.setattr(aot.topologies, 'get_attached_topology',
+                      lambda platform: Topology() if platform == 'gpu' else
+                      None)
+  facts = aot.device_facts(gpu)
+  assert served and aot.device_topology(facts) == b'\x08\x01topology'
+  assert 'topology' not in aot.device_facts(jax.devices('cpu')[0])
+  monkeypatch.setattr(aot.topologies, 'get_attached_topology',
+                      lambda platform: 1 / 0)
+  failed = aot.device_facts(gpu)
+  assert aot.device_topology(failed) is None
+  assert 'ZeroDivisionError' in failed['topology_error']
+  # Which run's topology a build takes.
+  run = tmp_path / 'run.json'
+  run.write_text(json.dumps(dict(device_facts=facts)))
+  bare = tmp_path / 'bare.json'
+  bare.write_text(json.dumps(dict(device_facts=failed)))
+  flags = lambda **kw: argparse.Namespace(**{
+      **dict(aot_build='gpu:h100', device_topology=None, target_config=None,
+             autotune_results=''), **kw})
+  assert device_run.recorded_topology(flags(device_topology=str(run)),
+                                      'x') == (run, b'\x08\x01topology')
+  with pytest.raises(SystemExit, match='hold no topology'):
+    device_run.recorded_topology(flags(device_topology=str(bare)), 'x')
+  with pytest.raises(SystemExit, match='--device_topology'):
+    device_run.recorded_topology(flags(device_topology=str(tmp_path / 'no')),
+                                 'x')
+  assert device_run.recorded_topology(flags(device_topology=''), 'x') is None
+  assert device_run.recorded_topology(flags(aot_build='cpu'), 'x') is None
+  assert device_run.recorded_topology(flags(target_config='c.txt'),
+                                      'x') is None
+  monkeypatch.setattr(device_run, 'target_results', lambda target: tmp_path)
+  assert device_run.recorded_topology(flags(), 'run')[1] == (
+      b'\x08\x01topology')
+  assert device_run.recorded_topology(flags(), 'bare') is None
+  assert device_run.recorded_topology(flags(), 'absent') is None
+  # The device built for: the recorded one, else the target config's.
+  asked = []
+
+  def devices(name, target_config=None, topology=None):
+    asked.append((name, target_config, topology))
+    if topology == b'\x08\x01topology':
+      return ('twin',)
+    if topology is not None:
+      raise ValueError('cannot read the recorded device topology')
+    return ('configured',)
+
+  monkeypatch.setattr(compiled, 'devices', devices)
+  monkeypatch.setattr(compiled, 'check_compiles', lambda device: None)
+  device, config = device_run.build_target(flags(), None, 'run')
+  assert device == 'twin' and asked == [('gpu:h100', None,
+                                         b'\x08\x01topology')]
+  assert 'sha256 ' + aot.sha256(b'\x08\x01topology')[:16] in config
+  odd = tmp_path / 'odd.json'
+  odd.write_text(json.dumps(dict(device_facts=dict(
+      topology=base64.b64encode(b'odd').decode()))))
+  asked.clear()
+  assert device_run.build_target(flags(), None, 'odd') == ('configured', None)
+  assert asked[-1] == ('gpu:h100', None, None)
+  with pytest.raises(SystemExit):  # one of the two names the device
+    device_run.parse_flags(accelerator.SPEC, [
+        '--aot_build', 'gpu:h100', '--device_topology', str(run),
+        '--target_config', 'c.txt'])
+
+
 def test_a_slower_ahead_of_time_build_is_not_used():
   """Before anything is timed, a loaded t(1) is timed against the same
   program compiled on the device: within `AOT_SLOWER` the loaded programs
@@ -914,6 +995,10 @@ def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
   pool = budget.Pool(1, budget.Clock(5))
   pool.compile('fallback', {'base': lambda: lowered}, again.load)
   assert pool.sources['base'].startswith('compiled (' + why)
+  if damage == 'missing':  # a refused build: nothing loads, each says why
+    refused = budget.Pool(1, budget.Clock(5))
+    refused.compile('refused', {'base': lambda: lowered}, None, 'slower')
+    assert refused.sources['base'] == 'compiled (slower)'
   out = pool.executables['base'](params, x, None)
   np.testing.assert_array_equal(out.tokens, fn(params, x, None).tokens)
   if damage in ('code', 'versions', 'device'):
