@@ -291,9 +291,7 @@ def devices(name: str, target_config: Optional[str] = None,
 def _recorded_devices(target: Target, topology: bytes) -> Tuple[Any, ...]:
   """`devices` from a serialized topology, checked against `target`."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # as `devices`
-  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-  try:
+  try:  # (`devices` has set the environment the plugins start in)
     jax.devices()  # starts the plugins, whose API reads the topology
     out = tuple(topologies.TopologyDescription.deserialize(topology).devices)
   except Exception as e:  # pylint: disable=broad-except
