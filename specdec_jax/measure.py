@@ -329,7 +329,8 @@ def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
 
 def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        *, repeats: int = 5, n_calls: int = 10,
-                       context: int = 32, jit_setup: bool = False) -> float:
+                       context: int = 32, jit_setup: bool = False,
+                       executable=None) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens
@@ -338,15 +339,19 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
   `jit_setup` builds that state in one compiled call instead of op by op
   (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a
-  CPU); the timed loop is the same.
+  CPU); the timed loop is the same. `executable`: that loop compiled
+  already (`lower_drafter_token_time(...).compile()`, or an executable
+  built ahead of time from it), run instead of compiling it here.
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   state, sequences, lengths, rng = _proposal_inputs(
       drafter, params, encoder_input_tokens, gamma, context, jit_setup)
-  per_call = loop_time(
-      lambda n: _repeated_proposals(drafter, params, state, sequences, gamma,
-                                    n, lengths, rng), n_calls, repeats)
-  return per_call / gamma
+  if executable is None:
+    run = lambda n: _repeated_proposals(drafter, params, state, sequences,
+                                        gamma, n, lengths, rng)
+  else:  # its dynamic arguments: the static drafter and gamma are in it
+    run = lambda n: executable(params, state, sequences, n, lengths, rng)
+  return loop_time(run, n_calls, repeats) / gamma
 
 
 def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
@@ -374,18 +379,21 @@ def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
 
 
 def lower_drafter_token_time(drafter, params, encoder_input_tokens,
-                             gamma: int = 4, *, context: int = 32):
+                             gamma: int = 4, *, context: int = 32,
+                             place: Callable[[Any], Any] = lambda tree: tree):
   """The compiled loop `drafter_token_time` runs, lowered but not run.
 
-  See `lower_call_time`; params may be `jax.ShapeDtypeStruct`s.
+  See `lower_call_time`; params may be `jax.ShapeDtypeStruct`s. `place`
+  maps the loop's other arguments (shapes) to where they will be: e.g. a
+  compile-only device's sharding, as params have.
 
   Returns:
     A `jax.stages.Lowered`.
   """
   shape = (encoder_input_tokens.shape[0], encoder_input_tokens.shape[1])
-  state, sequences, lengths, rng = _proposal_inputs(
+  state, sequences, lengths, rng = place(_proposal_inputs(
       drafter, jax.tree_util.tree_map(_struct, params),
-      jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context)
+      jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
   return _repeated_proposals.lower(drafter, params, state, sequences, gamma,
                                    1, lengths, rng)
 

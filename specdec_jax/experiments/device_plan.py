@@ -327,11 +327,12 @@ def phase_keys(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
 
 
 def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
-               act: str, built: Collection[str] = ()):
+               act: str, built: Collection[str] = (),
+               calibrated: bool = False):
   """{phase id: its units per kind of step} (`budget.unit_seconds`'
   kinds; the run's setup belongs to no phase). `built`: the program names
   (`aot.program_name`) compiled ahead of time: each a 'load', not a
-  'compile'."""
+  'compile'; `calibrated`: the build computed the alpha calibration."""
   keys = phase_keys(spec, s, drafts, tasks, gammas, phases, act)
   main = drafts[0].name
   calls = lambda n, decoders: (n * s.repeats + 1) * decoders
@@ -342,7 +343,8 @@ def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
     units = dict(compile=len(new) - loads, load=loads, calls=count('call'),
                  drafters=count('draft'))
     if pid == 'p1':
-      units.update(calibration=len(tasks) * len(spec.temps), bandwidth=1)
+      units.update(bandwidth=1, calibration=0 if calibrated else len(
+          tasks) * len(spec.temps))
     if pid == 'p2' and 'table2' in phases:
       units['decode'] = sum(calls(s.examples, 1 + len(
           {(d.name, gammas.get((task, d.name, t), d.name)) for d in drafts} |
@@ -404,13 +406,16 @@ def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
 
 def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
             phases, act: str, workers: Optional[int],
-            of: str, built: Collection[str] = ()) -> Dict[str, Any]:
+            of: str, built: Collection[str] = (),
+            calibrated: bool = False) -> Dict[str, Any]:
   """The projected wall time of a plan, per phase (the module docstring);
   `built`: the programs compiled ahead of time (loaded, not compiled: a
-  load's seconds are unmeasured until a run has loaded some)."""
+  load's seconds are unmeasured until a run has loaded some);
+  `calibrated`: the build computed the alpha calibration."""
   prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
   gammas = previous_gammas(spec, prev, prev_path, s, drafts, tasks)
-  units = plan_units(spec, s, drafts, tasks, gammas, phases, act, built)
+  units = plan_units(spec, s, drafts, tasks, gammas, phases, act, built,
+                     calibrated)
   total = collections.Counter(setup=1)
   for u in units.values():
     total.update(u)

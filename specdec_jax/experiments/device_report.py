@@ -129,7 +129,13 @@ def programs_md(r: Dict[str, Any]) -> List[str]:
                        f": {check['verdict']} (limit {check['limit']:g}x)."
                        if 'verdict' in check else '.')] if check else []) + [
                        '', 'Device: ' + ', '.join(
-                           f'{k} {v}' for k, v in facts.items()) + '.']
+                           f'{k} {v}' for k, v in facts.items()
+                           if k != 'topology') + (
+                               ', its topology recorded for the next build'
+                               if facts.get('topology') else '') + '.'] + (
+                       ['', 'Alpha calibration: computed by '
+                        f"{r['alpha_calibration_from']}."]
+                       if r.get('alpha_calibration_from') else [])
 
 
 def batch_rows(r):

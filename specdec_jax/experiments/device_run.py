@@ -86,12 +86,13 @@ CACHE = jax.jit(measure.context_cache, static_argnums=(0, 3, 4))
 CALLS = measure.repeated_calls
 # The programs built ahead of time (`Runner.build`), and the order of the
 # parts they are built in (what comes first survives a size limit). The
-# others (the bandwidth copy, the drafters' timing loops, the diagnoses'
-# teacher-forced pass) are compiled on the device.
+# others (the bandwidth copy, the diagnoses' teacher-forced pass) are
+# compiled on the device. A drafter's timing loop ('draft') is small for its
+# compile (about 20 thread-seconds each on the H100, like a loop's).
 # The decode loops come before the cost curve beyond gamma + 1: a t(k)
 # program is small and quick to compile on the device, a loop is not (the
 # shipped run's 48 t(k) and cache programs alone weigh 60 MiB for an H100).
-AOT_KINDS = ('cache', 'call', 'base', 'spec', 'sbase', 'sspec')
+AOT_KINDS = ('cache', 'call', 'draft', 'base', 'spec', 'sbase', 'sspec')
 PRIORITY = ('costs', 'table2@0', 'table2@1', 'trees', 'batches', 'hf',
             'cost_curve', 'sweep', 'numerics')
 
@@ -418,7 +419,8 @@ class Runner:
     if kind == 'draft':
       d = self.by_name[key[1]]
       return lambda: measure.lower_drafter_token_time(
-          d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx)
+          d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx,
+          place=self.place)
     fn, head = self.decode_fn(key, task)
     temp = {'base': key[-2], 'spec': key[-1]}.get(kind, 0.0)
     rng = self.place(jax.eval_shape(lambda: jax.random.key(0))) if temp else (
@@ -483,7 +485,9 @@ class Runner:
     for d in todo:
       self.t_draft_ms[d.name, batch] = 1e3 * measure.drafter_token_time(
           d.drafter, d.params[self.tasks[0]], x, 4, jit_setup=True,
-          repeats=self.s.cost_repeats, context=self.s.context)
+          repeats=self.s.cost_repeats, context=self.s.context,
+          executable=self.pool.executables.get(self.ident(
+              ('draft', d.name, batch))))
     self.clock.note(f'time drafters, batch {batch}', time.perf_counter() -
                     start, kind='drafters', units=len(todo))
     self.record()
@@ -577,6 +581,33 @@ class Runner:
               for key, (drafter, p) in self.proxies.items()}
     return {(task, t): functools.partial(job, task, t)
             for task in self.tasks for t in self.spec.temps}
+
+  def calibration_key(self) -> Dict[str, Any]:
+    """What the alpha calibration depends on: the package's code, the
+    models (the shipped manifest's sha256, or the synthetic seed and
+    noise) and the run's sizes, tasks and lengths."""
+    setup = self.result['setup']
+    if self.synthetic:
+      models = dict(seed=self.args.seed, sigmas=setup.get('sigmas'))
+    else:
+      shipped = load_shipped()
+      models = aot.sha256(pathlib.Path(shipped.asset_dir(),
+                                       shipped.MANIFEST).read_bytes())
+    return json.loads(json.dumps(dict(
+        code=aot.code_fingerprint(), source=self.args.source,
+        smoke=bool(self.args.smoke), models=models,
+        **{k: setup[k] for k in ('sizes', 'tasks', 'input_length',
+                                 'output_length')})))
+
+  def carried_calibration(self) -> Optional[Dict[str, Any]]:
+    """The alpha calibration the ahead-of-time build computed
+    (`build`), if it was computed for this run (`calibration_key`): alpha
+    is a property of the models and examples, not of the device, so the
+    device need not compile its decodes."""
+    carried = None if self.store is None else (
+        self.store.manifest.get('alpha_calibration'))
+    return carried if carried and carried.get(
+        'key') == self.calibration_key() else None
 
   # -- decoding --------------------------------------------------------------
 
@@ -948,7 +979,8 @@ class Runner:
     plan = (self.spec, self.s, self.drafts, self.tasks, self.gamma,
             self.args.phases, self.act)
     keys = device_plan.phase_keys(*plan)[pid][0]
-    units = device_plan.plan_units(*plan)[pid]
+    units = device_plan.plan_units(
+        *plan, calibrated=self.carried_calibration() is not None)[pid]
     built = () if self.store is None or self.refused else (
         self.store.usable())
     todo = {self.ident(k): aot.program_name(k) in built for k in keys
@@ -983,17 +1015,26 @@ class Runner:
     """The hardware profile: the floor, t(k) and cost(k), c of every
     drafter at batch 1, the alpha calibration (beside the compiles)."""
     s, act = self.s, self.act
-    jobs = self.pool.submit(self.calibration())
+    carried = self.carried_calibration()
+    jobs = self.pool.submit({} if carried else self.calibration())
+    # t(1), loaded and compiled here (`aot_check`): that compile runs beside
+    # the loads and P1's other compiles when the build holds t(1).
+    check = ('call', act, 1, 1)
+    checks = self.pool.submit({check: functools.partial(
+        timed_compile, self.lowering(check))} if (
+            self.store is not None and not self.refused and
+            aot.program_name(check) in self.store.usable()) else {})
     self.phase_programs('p1')
-    check = ('call', act, 1, 1)  # t(1): loaded vs compiled here
     check = check if self.pool.sources.get(self.ident(check)) == (
         'loaded') else None
-    checks = self.pool.submit({check: functools.partial(timed_compile,
-                                                        self.lowering(check))}
-                              if check else {})
     for (task, t), alphas in self.pool.collect(
         'alpha calibration (untimed)', jobs, 'calibration').items():
       self.alpha_cal.update({(task, key, t): a for key, a in alphas.items()})
+    if carried:
+      self.alpha_cal.update({(a['task'], a['drafter'], a['temperature']):
+                             a['alpha'] for a in carried['rows']})
+      self.result['alpha_calibration_from'] = (
+          f"the ahead-of-time build, on {carried['machine']}")
     self.result['alpha_calibration'] = [
         dict(task=t, drafter=k, temperature=temp, alpha=a)
         for (t, k, temp), a in self.alpha_cal.items()]
@@ -1119,6 +1160,12 @@ class Runner:
     """
     self.device = device
     self.setup()
+    # The alpha calibration decodes here, before the parameters become
+    # shapes on `device`; the run takes it (`carried_calibration`).
+    calibration = [dict(task=task, drafter=key, temperature=t, alpha=a)
+                   for (task, t), alphas in self.pool.run(
+                       'alpha calibration, for the run', self.calibration(),
+                       'calibration').items() for key, a in alphas.items()]
     self.targets = {a: (m, self.place(p)) for a, (m, p) in
                     self.targets.items()}
     for d in self.drafts + self.trees + [self.peer]:
@@ -1142,6 +1189,9 @@ class Runner:
                 device=aot.autotune_device(autotune.read_text())),
         target=self.args.aot_build, source=self.args.source,
         smoke=bool(self.args.smoke))
+    self.store.manifest['alpha_calibration'] = dict(
+        key=self.calibration_key(), rows=calibration,
+        machine=self.result['machine'])
     limit, left_out = aot_limit(self.args), []
     # A rerun builds only what the folder lacks (an interrupted build goes
     # on); every PACK programs go into one xz pack as they come, and the
@@ -1490,7 +1540,11 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
         device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
         f'the full {args.source} run',
-        () if store is None or args.aot_build else store.usable())
+        () if store is None or args.aot_build else store.usable(),
+        # a build of this code for this source computed the calibration
+        store is not None and not args.aot_build and bool(store.usable())
+        and store.manifest.get('source') == args.source and
+        'alpha_calibration' in store.manifest)
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
     print(projection['error'], flush=True)

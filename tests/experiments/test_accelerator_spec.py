@@ -917,6 +917,36 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
         '--target_config', 'c.txt'])
 
 
+def test_the_run_takes_the_alpha_calibration_its_build_computed(tmp_path):
+  """The build decodes the alpha calibration (a property of the models and
+  examples, not of the device) and the run takes it instead of compiling
+  its decodes on the device, only when it was computed for this run: the
+  same code, models, sizes and lengths."""
+  r = device_run.Runner.__new__(device_run.Runner)
+  r.args = argparse.Namespace(source='synthetic', smoke=True, seed=0)
+  r.synthetic, r.refused = True, None
+  r.result = {'setup': dict(sigmas={'small': 0.02}, sizes={'examples': 2},
+                            tasks=['synthetic'], input_length=8,
+                            output_length=10)}
+  r.store = aot.Store(tmp_path, 'cpu')
+  assert r.carried_calibration() is None  # the build computed none
+  rows = [dict(task='synthetic', drafter='small', temperature=0.0,
+               alpha=0.75)]
+  r.store.manifest['alpha_calibration'] = dict(
+      key=r.calibration_key(), rows=rows, machine='here')
+  assert r.carried_calibration()['rows'] == rows
+  r.args.seed = 1  # other models
+  assert r.carried_calibration() is None
+  r.args.seed = 0
+  r.result['setup']['output_length'] = 11
+  assert r.carried_calibration() is None
+  r.result['setup']['output_length'] = 10
+  r.refused = 'slower'  # a slow build's alphas are as good
+  assert r.carried_calibration()['rows'] == rows
+  r.store = None
+  assert r.carried_calibration() is None
+
+
 def test_a_slower_ahead_of_time_build_is_not_used():
   """Before anything is timed, a loaded t(1) is timed against the same
   program compiled on the device: within `AOT_SLOWER` the loaded programs
