@@ -1120,6 +1120,8 @@ class Runner:
     self.alpha_cal = {(a['task'], a['drafter'], a['temperature']): a['alpha']
                       for a in prev['alpha_calibration']}
     self.result['alpha_calibration'] = prev['alpha_calibration']
+    if prev.get('alpha_calibration_from'):
+      self.result['alpha_calibration_from'] = prev['alpha_calibration_from']
     self.result['programs'].update(prev.get('programs') or {})
     if prev.get('aot_check'):
       self.result['aot_check'] = dict(prev['aot_check'], earlier_run=True)
