@@ -118,6 +118,14 @@ def autotune_device(text: str) -> Optional[str]:
   return m.group(1) if m else None
 
 
+def autotune_record(path: pathlib.Path, name: str) -> Dict[str, Any]:
+  """What a store's manifest says of the autotune results file at `path`
+  (read once): its `name`, sha256 and device (`autotune_device`)."""
+  data = path.read_bytes()
+  return dict(file=name, sha256=sha256(data),
+              device=autotune_device(data.decode()))
+
+
 def versions() -> Dict[str, str]:
   """{distribution: version} of `PACKAGES` installed here."""
   out = {}

@@ -522,6 +522,12 @@ class Runner:
       for pid in again:
         self.phase_programs(pid)
 
+  def loadable(self) -> Dict[str, Any]:
+    """The programs this run may load: those built ahead of time from this
+    code (`aot.Store.usable`), none without a build or once its check
+    refused it (`refused`)."""
+    return {} if self.store is None or self.refused else self.store.usable()
+
   def refuse_store(self, ratio: float) -> None:
     self.refused = (f'the ahead-of-time build ran t(1) {ratio:.2f}x slower '
                     "than this device's compile")
@@ -536,7 +542,7 @@ class Runner:
         self.refuse_store(earlier['loaded_over_compiled_here'])
       return
     key = ('call', self.act, 1, 1)
-    if aot.program_name(key) not in self.store.usable():
+    if aot.program_name(key) not in self.loadable():
       return  # nothing to check: the phases left compile here
     self.compile('store check: load', [('cache', self.act, 1), key])
     if self.pool.sources.get(self.ident(key)) == 'loaded':
@@ -981,8 +987,7 @@ class Runner:
     keys = device_plan.phase_keys(*plan)[pid][0]
     units = device_plan.plan_units(
         *plan, calibrated=self.carried_calibration() is not None)[pid]
-    built = () if self.store is None or self.refused else (
-        self.store.usable())
+    built = self.loadable()
     todo = {self.ident(k): aot.program_name(k) in built for k in keys
             if self.ident(k) not in self.pool.compiled}
     units.update(compile=sum(not x for x in todo.values()),
@@ -1021,9 +1026,8 @@ class Runner:
     # the loads and P1's other compiles when the build holds t(1).
     check = ('call', act, 1, 1)
     checks = self.pool.submit({check: functools.partial(
-        timed_compile, self.lowering(check))} if (
-            self.store is not None and not self.refused and
-            aot.program_name(check) in self.store.usable()) else {})
+        timed_compile, self.lowering(check))} if aot.program_name(check) in (
+            self.loadable()) else {})
     self.phase_programs('p1')
     check = check if self.pool.sources.get(self.ident(check)) == (
         'loaded') else None
@@ -1184,11 +1188,9 @@ class Runner:
         device, config or (
             f"specdec_jax.compiled's config of {self.args.aot_build}"),
         aot.build_flags(device.platform, autotune and pathlib.Path(
-            report.portable(str(autotune)))), autotune=None if (
-                autotune is None) else dict(
-                file=report.portable(str(autotune)),
-                sha256=aot.sha256(autotune.read_bytes()),
-                device=aot.autotune_device(autotune.read_text())),
+            report.portable(str(autotune)))),
+        autotune=autotune and aot.autotune_record(
+            autotune, report.portable(str(autotune))),
         target=self.args.aot_build, source=self.args.source,
         smoke=bool(self.args.smoke))
     self.store.manifest['alpha_calibration'] = dict(
@@ -1534,6 +1536,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   store = None if not args.aot_dir else aot.Store(
       pathlib.Path(args.aot_dir), args.aot_build or args.aot_target or
       aot_target(jax.devices()[0]))
+  usable = {} if store is None or args.aot_build else store.usable()
   try:
     projection = device_plan.project(
         spec, args.project_from, full, device_plan.roster(
@@ -1542,10 +1545,9 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
         device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
         f'the full {args.source} run',
-        () if store is None or args.aot_build else store.usable(),
+        usable,
         # a build of this code for this source computed the calibration
-        store is not None and not args.aot_build and bool(store.usable())
-        and store.manifest.get('source') == args.source and
+        bool(usable) and store.manifest.get('source') == args.source and
         'alpha_calibration' in store.manifest)
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
