@@ -118,24 +118,27 @@ def programs_md(r: Dict[str, Any]) -> List[str]:
   if not sources:
     return []
   loaded = sum(v == 'loaded' for v in sources.values())
-  check, facts = r.get('aot_check'), r.get('device_facts') or {}
-  return ['', '## Programs: loaded or compiled here', '',
-          f'{loaded} of {len(sources)} loaded from `{r.get("aot_dir")}`; '
-          'compiled here:', ''] + [
-              f'- {k}: {v}' for k, v in sources.items() if v != 'loaded'] + (
-                  ['', f"t(1) check: loaded {check['loaded_ms']:.3f} ms, "
-                   f"compiled here {check['compiled_here_ms']:.3f} ms "
-                   f"({check['program']})" + (
-                       f": {check['verdict']} (limit {check['limit']:g}x)."
-                       if 'verdict' in check else '.')] if check else []) + [
-                       '', 'Device: ' + ', '.join(
-                           f'{k} {v}' for k, v in facts.items()
-                           if k != 'topology') + (
-                               ', its topology recorded for the next build'
-                               if facts.get('topology') else '') + '.'] + (
-                       ['', 'Alpha calibration: computed by '
-                        f"{r['alpha_calibration_from']}."]
-                       if r.get('alpha_calibration_from') else [])
+  lines = ['', '## Programs: loaded or compiled here', '',
+           f'{loaded} of {len(sources)} loaded from `{r.get("aot_dir")}`; '
+           'compiled here:', '']
+  lines += [f'- {k}: {v}' for k, v in sources.items() if v != 'loaded']
+  check = r.get('aot_check')
+  if check:
+    verdict = (f": {check['verdict']} (limit {check['limit']:g}x)."
+               if 'verdict' in check else '.')
+    lines += ['', f"t(1) check: loaded {check['loaded_ms']:.3f} ms, "
+              f"compiled here {check['compiled_here_ms']:.3f} ms "
+              f"({check['program']})" + verdict]
+  facts = r.get('device_facts') or {}
+  topology = (', its topology recorded for the next build'
+              if facts.get('topology') else '')
+  lines += ['', 'Device: ' + ', '.join(
+      f'{k} {v}' for k, v in facts.items() if k != 'topology') +
+            topology + '.']
+  if r.get('alpha_calibration_from'):
+    lines += ['', 'Alpha calibration: computed by '
+              f"{r['alpha_calibration_from']}."]
+  return lines
 
 
 def batch_rows(r):
