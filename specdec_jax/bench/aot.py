@@ -75,7 +75,10 @@ PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
 # A run checks a loaded t(1) against the same program compiled on the
 # device before it times anything (`device_plan.AOT_SLOWER`).
 AUTOTUNE_FILE = 'autotune.textproto'
-UNTUNED_FLAGS = ('--xla_gpu_enable_triton_gemm=false',)
+UNTUNED_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
+UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
+                      for k, v in UNTUNED_OPTIONS.items())
+LOAD_AUTOTUNE_FLAG = '--xla_gpu_load_autotune_results_from'
 
 
 def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
@@ -92,7 +95,26 @@ def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
 def load_flags(path: pathlib.Path) -> List[str]:
   """The XLA flags with which a GPU compiles with the autotune results in
   `path` (a file a run on that GPU wrote: `dump_flags`)."""
-  return [f'--xla_gpu_load_autotune_results_from={path}']
+  return [f'{LOAD_AUTOTUNE_FLAG}={path}']
+
+
+def deviceless_options(platform: str, flags: Sequence[str]
+                       ) -> Dict[str, Any]:
+  """The compiler options of a program compiled on an attached device
+  while the run times others on it (`budget.Pool.ahead`): the program a
+  build with `flags` (its `build_flags`) makes, with no kernel run on the
+  device to make it. On a GPU, XLA times candidate kernels while it
+  compiles (autotuning) unless told not to: with the build's autotune
+  results, each choice is taken from the results this process has loaded
+  or made (a program they do not cover fails to compile this way, and is
+  compiled when its phase starts); without them, cuBLAS's own heuristic
+  picks each GEMM's kernel when it runs (`UNTUNED_OPTIONS`), as in the
+  build. Elsewhere: none."""
+  if platform != 'gpu':
+    return {}
+  if any(f.startswith(LOAD_AUTOTUNE_FLAG) for f in flags):
+    return {'xla_gpu_require_complete_aot_autotune_results': True}
+  return dict(UNTUNED_OPTIONS, xla_gpu_autotune_level=0)
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
@@ -266,8 +288,11 @@ class Store:
     return self.manifest['programs'] if self.from_this_code() else {}
 
   def save(self, name: str, compiled, compile_s: float = 0.0,
-           priority: int = 0) -> Dict[str, Any]:
-    """Serializes `compiled` as program `name`; returns its entry."""
+           priority: int = 0, lower_s: Optional[float] = None
+           ) -> Dict[str, Any]:
+    """Serializes `compiled` as program `name`; returns its entry
+    (`compile_s`: the seconds of its lowering and compile; `lower_s`: of
+    the lowering alone)."""
     payload, in_tree, out_tree = serialize_executable.serialize(compiled)
     data = zlib.compress(pickle.dumps((payload, in_tree, out_tree)), 6)
     self.dir.mkdir(parents=True, exist_ok=True)
@@ -276,7 +301,17 @@ class Store:
         file=name + SUFFIX, sha256=sha256(data), bytes=len(data),
         serialized_bytes=len(payload), compile_s=round(compile_s, 2),
         priority=priority)
+    if lower_s is not None:
+      entry['lower_s'] = round(lower_s, 2)
     return entry
+
+  def lower_seconds(self) -> Optional[float]:
+    """The mean seconds the build's programs took to lower (to trace to
+    HLO, which holds Python's lock: one at a time), or None when it did
+    not time them apart."""
+    timed = [e['lower_s'] for e in self.manifest['programs'].values()
+             if 'lower_s' in e]
+    return sum(timed) / len(timed) if timed else None
 
   def write(self) -> pathlib.Path:
     self.dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,9 @@ compiling. Here:
 - `Pool`: compiles lowered programs several at once in threads (and runs
   untimed jobs there), or loads them from executables compiled ahead of
   time elsewhere (`bench.aot`), and keeps each executable and where it
-  came from;
+  came from; it also compiles a later step's programs in threads of their
+  own while the run times something else (`ahead`), and `compile` takes
+  them when that step comes;
 - `unit_seconds` / `projected_seconds`: the seconds of each kind of step in
   a measured run's time log, per unit, and the wall time of a plan of units
   at those rates.
@@ -27,7 +29,10 @@ job's measured thread-seconds (an entry's busy thread-seconds / its units):
 3 compiles on 8 threads take one compile's time, not 3/8 of it (the H100's
 three token-tree compiles took 60 s, where 3/8 of the mean compile
 projected 17). Every other kind costs its measured seconds per unit,
-sequentially. Kinds the measured run never timed are
+sequentially ('lower': the programs a step compiles ahead, lowered while
+nothing is timed; 'ahead': the wait for them when their step comes, which
+their compile beside the earlier steps' timing has shortened). Kinds the
+measured run never timed are
 listed in `unmeasured` and cost nothing; kinds of the run the plan does not
 name are left out.
 """
@@ -141,18 +146,39 @@ class Pool:
     self.clock = clock
     self.executor = concurrent.futures.ThreadPoolExecutor(
         workers, thread_name_prefix=self.THREADS)
+    # The compiles of later steps (`ahead`): threads of their own, so that
+    # a step's loads and compiles never queue behind them.
+    self.ahead_executor = concurrent.futures.ThreadPoolExecutor(
+        workers, thread_name_prefix=f'{self.THREADS}-ahead')
+    self.pending: Dict[Any, Tuple[concurrent.futures.Future, str]] = {}
     self.compiled = set()
     self.executables: Dict[Any, Any] = {}
     self.sources: Dict[Any, str] = {}
     self.program_seconds: Dict[Any, float] = {}  # key -> its compile's
 
+  @staticmethod
+  def _timed(fn):
+    start = time.perf_counter()
+    return fn(), time.perf_counter() - start
+
   def submit(self, jobs: Mapping[Any, Callable[[], Any]]):
     """Starts `jobs` (key -> call); `collect` waits for them."""
-    def timed(fn):
-      start = time.perf_counter()
-      return fn(), time.perf_counter() - start
-    return time.perf_counter(), {key: self.executor.submit(timed, fn)
+    return time.perf_counter(), {key: self.executor.submit(self._timed, fn)
                                  for key, fn in jobs.items()}
+
+  def ahead(self, compiles: Mapping[Any, Callable[[], Any]],
+            source: str) -> List[Any]:
+    """Starts compiling programs a later step needs (key -> a call that
+    returns the executable), in order, in the ahead threads; the step's
+    `compile` takes them (`source`: what its record says of each). Keys
+    compiled or started already are left alone; returns the keys started.
+    """
+    new = [k for k in compiles if k not in self.compiled and
+           k not in self.pending]
+    for k in new:
+      self.pending[k] = (self.ahead_executor.submit(self._timed, compiles[k]),
+                         source)
+    return new
 
   def collect(self, what: str, submitted, kind: str = 'untimed',
               units: Optional[float] = None) -> Dict[Any, Any]:
@@ -191,15 +217,34 @@ class Pool:
       unloaded: without `load`, why nothing is loaded (said of each
         program compiled).
 
-    `self.executables`: key -> the executable; `self.sources`: key ->
-    'loaded' or 'compiled' (with why it was not loaded);
+    A program `ahead` started is waited for (time-log kind 'ahead'), not
+    loaded or compiled again. `self.executables`: key -> the executable;
+    `self.sources`: key -> 'loaded', the source `ahead` was given, or
+    'compiled' (with why it was not loaded);
     `self.program_seconds`: key -> the thread-seconds of its compile.
     """
     new = {k: fn for k, fn in lowerings.items() if k not in self.compiled}
     why = {} if load is not None else dict.fromkeys(new, unloaded)
-    if load is not None and new:
+    ahead = {k: self.pending.pop(k) for k in list(new) if k in self.pending}
+    if ahead:  # compiled beside earlier steps; one that failed is compiled
+      start = time.perf_counter()  # below, saying why
+      for k, (future, source) in ahead.items():
+        try:
+          exe, seconds = future.result()
+        except Exception as e:  # pylint: disable=broad-except
+          why[k] = f'its compile ahead failed: {e!r}'[:300]
+          continue
+        self.executables[k], self.sources[k] = exe, source
+        self.program_seconds[k] = seconds
+        self.compiled.add(k)
+        del new[k]
+      self.clock.note(f'{what}: wait for the {len(ahead)} compiled ahead',
+                      time.perf_counter() - start, kind='ahead',
+                      units=len(ahead))
+    if load is not None and set(new) - set(why):
       loaded = self.collect(f'{what}: load', self.submit(
-          {k: functools.partial(load, k) for k in new}), 'load')
+          {k: functools.partial(load, k) for k in new if k not in why}),
+                            'load')
       for k, (exe, reason) in loaded.items():
         if exe is not None:
           self.executables[k], self.sources[k] = exe, 'loaded'
@@ -233,6 +278,7 @@ class Pool:
 
   def shutdown(self) -> None:
     self.executor.shutdown(wait=False, cancel_futures=True)
+    self.ahead_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _legacy(entry: Mapping[str, Any], run: Mapping[str, Any]

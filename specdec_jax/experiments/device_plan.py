@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import pathlib
 import subprocess
@@ -404,28 +405,109 @@ def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
        for a in prev.get('alpha_calibration', [])}, s, drafts, tasks)
 
 
+# The kinds of a phase's steps that load or compile its programs (the rest
+# is its timing, beside which programs of later phases compile).
+PROGRAM_KINDS = ('compile', 'load', 'lower', 'ahead')
+
+
+def ahead_count(timing_s: float, workers: int, compile_s: float,
+                outstanding: int) -> int:
+  """How many programs of later phases a phase lowers before it times, to
+  compile beside its `timing_s` seconds: as many as keep `workers` threads
+  busy that long at `compile_s` thread-seconds each, rounded up (a program
+  still compiling when the next phase starts has saved it part of its
+  compile), less the `outstanding` ones still compiling."""
+  return max(0, math.ceil(timing_s * workers / compile_s) - outstanding)
+
+
+def ahead_plan(prev, units, workers: Optional[int],
+               lower_s: Optional[float]):
+  """(units, extra) of a run that compiles ahead (`Runner.compile_ahead`),
+  at the rates of the measured run `prev`: from the second phase on, each
+  lowers `ahead_count` programs of the phases after it (one at a time at
+  `lower_s` seconds, or `prev`'s own 'lower' seconds; tracing holds
+  Python's lock), taken from their 'compile' units as 'lower' units of its
+  own and 'ahead' units of theirs; they compile in order on the run's
+  threads at `prev`'s thread-seconds per compile, and a phase waits for
+  its last one ('ahead') before its own loads and compiles. `extra`:
+  {phase id: its seconds lowering and waiting}. `units` unchanged and
+  `extra` empty where `prev` timed no compile or no lowering seconds are
+  known."""
+  rates = budget.unit_seconds(prev)
+  rate, measured = rates.get('compile'), rates.get('lower')
+  if measured and measured['units']:
+    lower_s = measured['seconds'] / measured['units']
+  if not rate or not rate['units'] or lower_s is None:
+    return units, {}
+  job = rate['thread_seconds'] / rate['units']
+  threads = max(1, min(workers or rate['workers'], rate['workers']))
+  seconds = lambda u, kinds: budget.projected_seconds(
+      prev, {k: v for k, v in u.items() if k in kinds}, workers)['seconds']
+  out = {pid: dict(u) for pid, u in units.items()}
+  pids, free, done_at = list(out), [0.0] * threads, []
+  ready, extra, now = {}, {}, 0.0
+  for i, pid in enumerate(pids):
+    u = out[pid]
+    wait = max(0.0, ready.get(pid, 0.0) - now)
+    now += wait + seconds(u, ('compile', 'load'))
+    timing = seconds(u, set(u) - set(PROGRAM_KINDS))
+    n = ahead_count(timing, threads, job, sum(t > now for t in done_at)
+                    ) if i else 0
+    taken = []
+    for q in pids[i + 1:]:
+      take = min(n - len(taken), out[q].get('compile', 0))
+      out[q]['compile'] = out[q].get('compile', 0) - take
+      out[q]['ahead'] = out[q].get('ahead', 0) + take
+      taken += [q] * take
+    lower = len(taken) * lower_s
+    for q in taken:  # compiled in order, each on the first free thread
+      j = free.index(min(free))
+      free[j] = max(free[j], now + lower) + job
+      done_at.append(free[j])
+      ready[q] = max(ready.get(q, 0.0), free[j])
+    if taken:
+      u['lower'] = len(taken)
+    now += lower + timing
+    if wait + lower:
+      extra[pid] = wait + lower
+  return {pid: {k: v for k, v in u.items() if v} for pid, u in out.items()
+          }, extra
+
+
 def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
             phases, act: str, workers: Optional[int],
             of: str, built: Collection[str] = (),
-            calibrated: bool = False) -> Dict[str, Any]:
+            calibrated: bool = False, ahead: bool = False,
+            lower_s: Optional[float] = None) -> Dict[str, Any]:
   """The projected wall time of a plan, per phase (the module docstring);
   `built`: the programs compiled ahead of time (loaded, not compiled: a
   load's seconds are unmeasured until a run has loaded some);
-  `calibrated`: the build computed the alpha calibration."""
+  `calibrated`: the build computed the alpha calibration; `ahead`: the
+  run compiles the later phases' other programs beside the earlier ones'
+  timing (`ahead_plan`, with `lower_s` a build's seconds to lower a
+  program)."""
   prev = report.read_json(ROOT / prev_path)  # an absolute path stays itself
   gammas = previous_gammas(spec, prev, prev_path, s, drafts, tasks)
   units = plan_units(spec, s, drafts, tasks, gammas, phases, act, built,
                      calibrated)
+  planned, extra = ahead_plan(prev, units, workers, lower_s) if ahead else (
+      units, {})
+  modelled, units = planned is not units, planned
   total = collections.Counter(setup=1)
   for u in units.values():
     total.update(u)
   out = budget.projected_seconds(prev, dict(total), workers, source=prev_path)
+  # A phase's lowering and waits for programs compiled ahead: `extra`.
+  steps = lambda u: {k: v for k, v in u.items() if not modelled or k not in (
+      'lower', 'ahead')}
   out.update(of=of, gammas_from_previous_run=sum(
       len(k) == 3 for k in gammas), plan=dict(total), phases={
-          pid: dict(title=spec.titles[pid], units=u,
-                    seconds=budget.projected_seconds(prev, u, workers)[
-                        'seconds'] if u else 0.0)
+          pid: dict(title=spec.titles[pid], units=u, seconds=round(
+              budget.projected_seconds(prev, steps(u), workers)['seconds'] +
+              extra.get(pid, 0.0), 1) if u else 0.0)
           for pid, u in units.items()})
+  for pid, s_ in extra.items():
+    out['phases'][pid]['ahead_s'] = round(s_, 1)
   # Each phase compiles in waves of its own: the run is its phases, not one
   # pool of all their programs.
   out['seconds'] = round(budget.projected_seconds(prev, {'setup': 1})[
@@ -434,11 +516,15 @@ def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
         f' s (from {prev_path}: ' + ', '.join(
             f"{k} {v['units']} x {v['unit_s']:g} s"
             for k, v in out['by_kind'].items()) + ')', flush=True)
-  if total.get('load'):
+  if total.get('load') or total.get('ahead'):
+    unmeasured = [k for k in ('load', 'lower', 'ahead') if k in out[
+        'unmeasured'] and not (modelled and k in ('lower', 'ahead'))]
     print(f"  {total['load']} programs loaded from the ahead-of-time build, "
-          f"{total['compile']} compiled on the device" + (
-              ' (load seconds unmeasured: not counted)' if 'load' in out[
-                  'unmeasured'] else ''), flush=True)
+          f"{total['compile']} compiled on the device as their phase starts"
+          + (f", {total['ahead']} beside the earlier phases' timing" if
+             total.get('ahead') else '') + (
+                 f" ({', '.join(unmeasured)} seconds unmeasured: not "
+                 'counted)' if unmeasured else ''), flush=True)
   for pid, v in out['phases'].items():
     print(f"  {pid.upper()} {v['title']}: {v['seconds']:.0f} s" + (
         f' ({spec.not_implemented[pid]})' if pid in spec.not_implemented

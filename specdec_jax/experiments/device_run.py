@@ -30,7 +30,12 @@ a compile-only H100 (with the device image's jax, jaxlib and plugin) into
 `--aot_dir`/<target>/ with a manifest; a run loads each program from there
 or, when it cannot (missing, corrupt, other versions or device, refused),
 compiles it on the device and says why (`programs` in the json). Every
-program is then run through its executable.
+program is then run through its executable. The programs no build holds
+compile beside the timing (`--compile_ahead`, `Runner.compile_ahead`):
+once P1 has fixed the gammas, each phase from P2 on lowers as many of the
+later phases' programs as its timing lets compile, and they compile in
+threads of their own, the way the build compiles (no kernel timed on the
+device), while it times; each phase waits only for what is not done yet.
 """
 
 from __future__ import annotations
@@ -102,10 +107,26 @@ class Unavailable(Exception):
 
 
 def timed_compile(lower):
-  """(lower().compile(), its seconds)."""
+  """(lower().compile(), its seconds, the seconds of lower() alone)."""
   start = time.perf_counter()
   lowered = lower()
-  return lowered.compile(), time.perf_counter() - start
+  lowered_at = time.perf_counter()
+  return lowered.compile(), time.perf_counter() - start, lowered_at - start
+
+
+def lower_or_error(lower):
+  """lower(), or the exception it raised."""
+  try:
+    return lower()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+
+
+def lowered_or_raise(lowered):
+  """`lower_or_error`'s result, raised if an exception."""
+  if isinstance(lowered, Exception):
+    raise lowered
+  return lowered
 
 
 def bf16(params):
@@ -948,7 +969,7 @@ class Runner:
       state.update(status='not implemented',
                    note=self.spec.not_implemented[pid])
       return
-    if not set(parts) & (self.args.phases | {'costs'}):
+    if not self.requested(pid):
       state['status'] = 'not requested (--phases)'
       return
     if pid != 'p1' and self.result['phases']['p1']['status'] != 'complete':
@@ -977,21 +998,30 @@ class Runner:
                  'complete')
     self.write()
 
+  def requested(self, pid: str) -> bool:
+    """Whether phase `pid` measures a part --phases asks for (P1's
+    profile always)."""
+    return bool(set(self.result['phases'][pid]['parts']) & (
+        self.args.phases | {'costs'}))
+
   def phase_estimate(self, pid: str) -> float:
     """Seconds of phase `pid`: its units at this run's rates so far, the
     kinds it has not timed yet at those of `rates_from` (the measured run
     of the projection; none in a smoke run). Programs compiled already
-    cost nothing, those built ahead of time a load."""
-    plan = (self.spec, self.s, self.drafts, self.tasks, self.gamma,
-            self.args.phases, self.act)
-    keys = device_plan.phase_keys(*plan)[pid][0]
+    cost nothing, those built ahead of time a load, those compiling beside
+    the earlier phases (`compile_ahead`) the wait for them."""
+    keys = self.phase_keys()[pid][0]
     units = device_plan.plan_units(
-        *plan, calibrated=self.carried_calibration() is not None)[pid]
-    built = self.loadable()
-    todo = {self.ident(k): aot.program_name(k) in built for k in keys
-            if self.ident(k) not in self.pool.compiled}
-    units.update(compile=sum(not x for x in todo.values()),
-                 load=sum(todo.values()))
+        self.spec, self.s, self.drafts, self.tasks, self.gamma,
+        self.args.phases, self.act,
+        calibrated=self.carried_calibration() is not None)[pid]
+    built, pending = self.loadable(), set(self.pool.pending)
+    todo = collections.Counter(
+        'ahead' if self.ident(k) in pending else
+        'load' if aot.program_name(k) in built else 'compile'
+        for k in {self.ident(k): k for k in keys
+                  if self.ident(k) not in self.pool.compiled}.values())
+    units.update({kind: todo[kind] for kind in ('compile', 'load', 'ahead')})
     own = budget.projected_seconds(self.result, units, self.pool.workers)
     rest = {k: units[k] for k in own['unmeasured']}
     more = budget.projected_seconds(self.rates_from, rest, self.pool.workers)[
@@ -999,10 +1029,80 @@ class Runner:
     return own['seconds'] + more
 
   def phase_programs(self, pid: str) -> int:
-    """Loads or compiles the programs of phase `pid`."""
-    return self.compile(f'{pid.upper()} programs', device_plan.phase_keys(
-        self.spec, self.s, self.drafts, self.tasks, self.gamma,
-        self.args.phases, self.act)[pid][0])
+    """Loads or compiles the programs of phase `pid`; then starts the
+    later phases' compiles (`compile_ahead`)."""
+    n = self.compile(f'{pid.upper()} programs', self.phase_keys()[pid][0])
+    self.compile_ahead(pid)
+    return n
+
+  def phase_keys(self):
+    return device_plan.phase_keys(self.spec, self.s, self.drafts, self.tasks,
+                                  self.gamma, self.args.phases, self.act)
+
+  def ahead_options(self) -> Optional[Dict[str, Any]]:
+    """The compiler options of the programs compiled ahead
+    (`aot.deviceless_options`: on a GPU, no kernel timed on it while the
+    run times its own), or None: each phase compiles its programs when it
+    starts. --compile_ahead auto: on a GPU or TPU whose build this run
+    trusts (`loadable`: the check found the build's programs as fast as
+    the device's own, so programs compiled the build's way are too); never
+    on a CPU, where compiles take the cores that are timed."""
+    mode, platform = self.args.compile_ahead, jax.devices()[0].platform
+    if mode == 'off' or mode == 'auto' and (
+        platform == 'cpu' or not self.loadable()):
+      return None
+    return aot.deviceless_options(platform, [] if self.store is None else (
+        self.store.manifest.get('xla_flags') or []))
+
+  def compile_ahead(self, pid: str) -> None:
+    """Starts compiling, beside phase `pid`'s timing, programs of the later
+    phases the budget reaches that no build holds, in phase order, as many
+    as the compile threads can take in that timing
+    (`device_plan.ahead_count`, at this run's seconds per compile, else
+    the projection's run's): lowered now in the pool's threads (nothing is
+    timed meanwhile, so no timing waits for Python's lock), compiled in its
+    ahead threads with `ahead_options`, each as soon as it is lowered;
+    each phase takes its own when it starts. Not in P1: the later phases'
+    gammas come from P1's profile."""
+    options = self.ahead_options()
+    plan = [p for p, _, _ in self.spec.phase_plan]
+    if options is None or pid == plan[0]:
+      return
+    timing = self.phase_estimate(pid)  # its programs are ready
+    rate = next((r for r in (budget.unit_seconds(x).get('compile') for x in (
+        self.result, self.rates_from) if x) if r and r['units']), None)
+    n = float('inf') if rate is None else (  # no compile timed: all
+        device_plan.ahead_count(
+            timing, self.pool.workers, rate['thread_seconds'] / rate['units'],
+            sum(not f.done() for f, _ in self.pool.pending.values())))
+    keys, built, todo = self.phase_keys(), self.loadable(), {}
+    left = self.clock.left() - timing
+    for q in plan[plan.index(pid) + 1:]:
+      if (self.result['phases'][q]['status'] == 'complete' or
+          q in self.spec.not_implemented or not self.requested(q)):
+        continue
+      left -= self.phase_estimate(q)
+      if left < 0:
+        break
+      for k in keys[q][0]:
+        ident = self.ident(k)
+        if len(todo) < n and aot.program_name(k) not in built and (
+            ident not in self.pool.compiled | set(self.pool.pending)):
+          todo.setdefault(ident, k)
+    if not todo:
+      return
+    # Each compiles as soon as it is lowered; the phase's timing starts once
+    # all are. A program that fails to lower or compile here is compiled
+    # when its phase starts (and fails there, if it must).
+    lowering = self.pool.submit({i: functools.partial(
+        lower_or_error, self.lowering(k)) for i, k in todo.items()})
+    self.pool.ahead({i: (lambda f=f: lowered_or_raise(f.result()[0]).compile(
+        compiler_options=options or None)) for i, f in lowering[1].items()},
+                    f'compiled ahead, beside {pid.upper()}' + (
+                        f' ({", ".join(f"{k}={v}" for k, v in options.items())})'
+                        if options else ''))
+    self.pool.collect(f'{pid.upper()}: lower {len(todo)} programs of later '
+                      'phases to compile beside it', lowering, 'lower')
 
   def set_gammas(self) -> None:
     """Each row's gamma from this run's profile and alphas
@@ -1211,9 +1311,9 @@ class Runner:
           k: (lambda k=k: timed_compile(self.lowering(k)))
           for k in chunk}, kind='compile')
       for k in chunk:
-        exe, seconds = done[k]
+        exe, seconds, lower_s = done[k]
         entry = self.store.save(aot.program_name(k), exe, seconds,
-                                priority=keys.index(k))
+                                priority=keys.index(k), lower_s=lower_s)
         print(f'  {aot.program_name(k)}: {entry["bytes"] / 2**20:.2f} MiB, '
               f'{seconds:.1f} s', flush=True)
       self.store.pack()
@@ -1425,6 +1525,10 @@ def parse_flags(spec: device_plan.DeviceSpec, argv):
   add('--compile_workers', type=int, default=None,
       help='compile threads (default min(8, cores); the projection: those '
       'of the measured run)')
+  add('--compile_ahead', choices=('auto', 'on', 'off'), default='auto',
+      help="compile each phase's programs that no build holds beside the "
+      "earlier phases' timing ('auto': on a GPU or TPU that loads a build "
+      'it trusts; never on a CPU, whose cores are the ones timed)')
   add('--compilation_cache', default=None, help="jax's persistent "
       "compilation cache ('' for none; default cache/jax, ignored by git; "
       'never with --aot_build)')
@@ -1548,7 +1652,11 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
         usable,
         # a build of this code for this source computed the calibration
         bool(usable) and store.manifest.get('source') == args.source and
-        'alpha_calibration' in store.manifest)
+        'alpha_calibration' in store.manifest,
+        # `Runner.ahead_options`, its build taken as trusted
+        args.compile_ahead == 'on' or args.compile_ahead == 'auto' and bool(
+            usable) and store.manifest.get('platform') != 'cpu',
+        None if store is None else store.lower_seconds())
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
     print(projection['error'], flush=True)

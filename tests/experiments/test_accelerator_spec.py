@@ -18,12 +18,14 @@ projection, per phase, comes from the measured H100 run's time log.
 
 import argparse
 import base64
+import collections
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -111,7 +113,9 @@ def run_smoke(tmp, out, *flags):
 def smoke(tmp_path_factory):
   tmp = tmp_path_factory.mktemp('accelerator')
   out = tmp / 'out'
-  proc = run_smoke(tmp, out)
+  # As a GPU run with a trusted build: programs of later phases compile
+  # beside the earlier phases' timing ('auto' does not on a CPU).
+  proc = run_smoke(tmp, out, '--compile_ahead', 'on')
   result = None
   if (out / 'accelerator_synthetic.json').exists():
     result = json.loads((out / 'accelerator_synthetic.json').read_text())
@@ -146,7 +150,8 @@ def test_smoke_runs_without_seqio_tensorflow_gin(smoke):
   # No executables built for it (its cwd has no aot/): each program says
   # it was compiled here, and why; the device is described for a build.
   assert result['programs'] and all(
-      v == 'compiled (not built)' for v in result['programs'].values())
+      v == 'compiled (not built)' or v.startswith('compiled ahead, beside P')
+      for v in result['programs'].values())
   assert result['device_facts']['device_kind'] == jax.devices()[0].device_kind
   for name in ('accelerator_synthetic.md', 'accelerator_synthetic.json',
                'accelerator_synthetic_costs.png',
@@ -277,7 +282,21 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
   assert all(s > 0 for s in result['compile_s'].values())
   kinds = {e['kind'] for e in result['time_log']}
   assert kinds >= {'setup', 'compile', 'calibration', 'bandwidth', 'calls',
-                   'drafters', 'decode', 'numerics', 'batch_decode'}
+                   'drafters', 'decode', 'numerics', 'batch_decode', 'lower',
+                   'ahead'}
+  # From P2 on, a phase lowers programs of later phases to compile beside
+  # its timing (here, where P2-P4 time next to nothing, P5 one of P6's);
+  # each is waited for by its phase, none compiled again, none outside the
+  # pool.
+  sources = collections.Counter(v.split(' (')[0]
+                                for v in result['programs'].values())
+  ahead = {k: v for k, v in sources.items() if k != 'compiled'}
+  assert sources['compiled'] and ahead and all(
+      k in [f'compiled ahead, beside P{i}' for i in range(2, 6)] for k in ahead)
+  assert sum(ahead.values()) == sum(
+      e['units'] for e in result['time_log'] if e['kind'] == 'ahead') == sum(
+          e['units'] for e in result['time_log'] if e['kind'] == 'lower')
+  assert not result['compile_misses']
   # The smoke run projects the full run from the measured H100 run.
   projection = result['projection']
   assert projection['of'] == 'the full synthetic run'
@@ -344,6 +363,48 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   assert again['phases']['p2']['seconds'] < by_phase['p2']['seconds']
   assert 'programs loaded from the ahead-of-time build' in (
       capsys.readouterr().out)
+  # Compiled ahead: from P2 on, a phase lowers as many of the later
+  # phases' programs as its timing lets compile beside it; fewer compile
+  # as their phase starts, none twice.
+  ahead = device_plan.project(
+      SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
+      set(SPEC.phases), 'bfloat16', None, 'the full shipped run',
+      built={aot.program_name(k) for k in p2}, ahead=True, lower_s=1.0)
+  phases, plan = ahead['phases'], ahead['plan']
+  assert 'lower' not in phases['p1']['units'] and phases['p2']['units'][
+      'lower'] > 0
+  assert plan['ahead'] == plan['lower'] > 0
+  assert plan['compile'] + plan['ahead'] == again['plan']['compile']
+  assert phases['p2']['ahead_s'] >= phases['p2']['units']['lower'] * 1.0
+  assert ahead['seconds'] < again['seconds']
+  assert "beside the earlier phases' timing" in capsys.readouterr().out
+
+
+def test_the_wait_for_programs_compiled_ahead_is_projected():
+  """From the second phase on, a phase lowers (one at a time) as many of
+  the later phases' programs as keep the compile threads busy through its
+  timing; they compile in order on the run's threads, and a phase waits
+  for its last one beyond the phases before it."""
+  prev = dict(time_log=[
+      dict(what='compile (4 jobs, 2 threads)', seconds=20.0, at_s=20.0,
+           kind='compile', units=4, jobs=4, workers=2, thread_seconds=40.0),
+      dict(what='decode', seconds=30.0, at_s=50.0, kind='decode',
+           units=10)])  # a compile 10 thread-seconds, a decode 3 s
+  units = {'p1': {'decode': 1}, 'p2': {'decode': 5},
+           'p3': {'compile': 3, 'decode': 1},
+           'p4': {'compile': 2, 'decode': 1}}
+  # P2 starts at 3 s, its 15 s keep 2 threads busy for 3 compiles: it
+  # lowers P3's three (1.5 s); they compile on two threads from 4.5 s,
+  # ready at 14.5, 14.5 and 24.5 s. P2 ends at 19.5 s; P3 waits 5 s,
+  # lowers one of P4's (ceil(3 s x 2 / 10 s)), ready at 35 s, and ends at
+  # 28 s; P4 waits 7 s, then compiles its other one as it starts.
+  planned, extra = device_plan.ahead_plan(prev, units, None, 0.5)
+  assert planned == {
+      'p1': {'decode': 1}, 'p2': {'decode': 5, 'lower': 3},
+      'p3': {'decode': 1, 'ahead': 3, 'lower': 1},
+      'p4': {'compile': 1, 'decode': 1, 'ahead': 1}}
+  assert extra == pytest.approx({'p2': 1.5, 'p3': 5.5, 'p4': 7.0})
+  assert device_plan.ahead_plan(prev, units, None, None) == (units, {})
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
@@ -993,6 +1054,72 @@ def test_a_slower_ahead_of_time_build_is_not_used():
     assert (r.refused is not None) == refused
     assert not refused or r.refused.startswith(
         'the ahead-of-time build ran t(1) 2.50x slower')
+
+
+def test_programs_compiled_ahead_are_taken_when_their_step_comes():
+  """`Pool.ahead` compiles in threads of its own (the pool's jobs never
+  queue behind them); the step that needs a program waits for it instead
+  of compiling it again, and compiles one whose compile ahead failed,
+  saying why."""
+  fn, params, x = tiny_decode_program()
+  lowered = jax.jit(fn).lower(params, x, None)
+  pool, gate, threads = budget.Pool(1, budget.Clock(5)), threading.Event(), []
+
+  def compile_after_the_gate():
+    threads.append(threading.current_thread().name)
+    assert gate.wait(30)
+    return lowered.compile()
+
+  def fails():
+    raise RuntimeError('no autotune result for a fusion')
+
+  # As the run hands them over: a lowering that raised raises in the
+  # compile ahead, not in the phase that lowered it.
+  failed = device_run.lower_or_error(fails)
+  assert pool.ahead({'base': compile_after_the_gate,
+                     'bad': lambda: device_run.lowered_or_raise(failed)},
+                    'compiled ahead, beside P2') == ['base', 'bad']
+  assert pool.ahead({'base': lowered.compile}, 'again') == []
+  start = time.perf_counter()  # the pool's one thread is free meanwhile
+  assert pool.run('untimed', {'job': lambda: 7}) == {'job': 7}
+  assert time.perf_counter() - start < 10 and not gate.is_set()
+  gate.set()
+  twice = lambda: pytest.fail('compiled again')
+  pool.compile('P3 programs', {'base': twice, 'bad': lambda: lowered},
+               None, 'not built')
+  assert threads[0].startswith(f'{budget.Pool.THREADS}-ahead')
+  assert pool.sources == {
+      'base': 'compiled ahead, beside P2',
+      'bad': "compiled (its compile ahead failed: RuntimeError('no autotune "
+             "result for a fusion'))"}
+  assert pool.program_seconds['base'] > 0 and not pool.pending
+  assert [(e['kind'], e['units']) for e in pool.clock.log] == [
+      ('untimed', 1), ('ahead', 2), ('compile', 1)]
+  np.testing.assert_array_equal(
+      pool.executables['base'](params, x, None).tokens,
+      fn(params, x, None).tokens)
+
+
+def test_programs_compiled_beside_the_timing_run_no_kernel():
+  """On a GPU a compile beside the timing times no kernel (autotuning):
+  without autotune results, cuBLAS's heuristics as in an untuned build;
+  with them, every choice from them. Each option is one XLA knows (a
+  misspelt one is refused by name)."""
+  untuned = aot.deviceless_options('gpu', aot.build_flags('gpu'))
+  assert untuned['xla_gpu_autotune_level'] == 0
+  assert aot.build_flags('gpu') == [
+      f'--{k}={str(v).lower()}' for k, v in untuned.items()
+      if k != 'xla_gpu_autotune_level']
+  tuned = aot.deviceless_options('gpu', aot.build_flags(
+      'gpu', pathlib.Path('autotune.textproto')))
+  assert tuned == {'xla_gpu_require_complete_aot_autotune_results': True}
+  assert aot.deviceless_options('tpu', []) == aot.deviceless_options(
+      'cpu', []) == {}
+  lowered = jax.jit(lambda a: a @ a).lower(jnp.ones((4, 4)))
+  for options in (untuned, tuned):
+    lowered.compile(compiler_options=options)
+  with pytest.raises(Exception, match='No such compile option'):
+    lowered.compile(compiler_options={'xla_gpu_autotune_levle': 0})
 
 
 @pytest.mark.parametrize('damage, why', [
