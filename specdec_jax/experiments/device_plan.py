@@ -410,6 +410,14 @@ def previous_gammas(spec: DeviceSpec, prev, prev_path: str, s: Sizes, drafts,
 PROGRAM_KINDS = ('compile', 'load', 'lower', 'ahead')
 
 
+def compile_seconds(run) -> Optional[float]:
+  """The thread-seconds of one compile in a run's time log, or None where
+  it timed none."""
+  rate = budget.unit_seconds(run).get('compile')
+  return rate['thread_seconds'] / rate['units'] if rate and rate[
+      'units'] and rate['thread_seconds'] else None
+
+
 def ahead_count(timing_s: float, workers: int, compile_s: float,
                 outstanding: int) -> int:
   """How many programs of later phases a phase lowers before it times, to
@@ -433,14 +441,14 @@ def ahead_plan(prev, units, workers: Optional[int],
   {phase id: its seconds lowering and waiting}. `units` unchanged and
   `extra` empty where `prev` timed no compile or no lowering seconds are
   known."""
-  rates = budget.unit_seconds(prev)
-  rate, measured = rates.get('compile'), rates.get('lower')
+  rates, job = budget.unit_seconds(prev), compile_seconds(prev)
+  measured = rates.get('lower')
   if measured and measured['units']:
     lower_s = measured['seconds'] / measured['units']
-  if not rate or not rate['units'] or lower_s is None:
+  if job is None or lower_s is None:
     return units, {}
-  job = rate['thread_seconds'] / rate['units']
-  threads = max(1, min(workers or rate['workers'], rate['workers']))
+  workers_then = rates['compile']['workers']
+  threads = max(1, min(workers or workers_then, workers_then))
   seconds = lambda u, kinds: budget.projected_seconds(
       prev, {k: v for k, v in u.items() if k in kinds}, workers)['seconds']
   out = {pid: dict(u) for pid, u in units.items()}

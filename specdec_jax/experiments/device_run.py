@@ -114,6 +114,15 @@ def timed_compile(lower):
   return lowered.compile(), time.perf_counter() - start, lowered_at - start
 
 
+def compiles_ahead(mode: str, platform: Optional[str], trusted: bool
+                   ) -> bool:
+  """Whether a run compiles programs beside the timing (--compile_ahead
+  `mode`; `Runner.ahead_options`): 'auto' on a GPU or TPU whose build it
+  trusts (`trusted`: it loads programs from one), never on a CPU."""
+  return mode == 'on' or mode == 'auto' and trusted and platform not in (
+      None, 'cpu')
+
+
 def lower_or_error(lower):
   """lower(), or the exception it raised."""
   try:
@@ -1047,9 +1056,9 @@ class Runner:
     trusts (`loadable`: the check found the build's programs as fast as
     the device's own, so programs compiled the build's way are too); never
     on a CPU, where compiles take the cores that are timed."""
-    mode, platform = self.args.compile_ahead, jax.devices()[0].platform
-    if mode == 'off' or mode == 'auto' and (
-        platform == 'cpu' or not self.loadable()):
+    platform = jax.devices()[0].platform
+    if not compiles_ahead(self.args.compile_ahead, platform,
+                          bool(self.loadable())):
       return None
     return aot.deviceless_options(platform, [] if self.store is None else (
         self.store.manifest.get('xla_flags') or []))
@@ -1069,13 +1078,14 @@ class Runner:
     if options is None or pid == plan[0]:
       return
     timing = self.phase_estimate(pid)  # its programs are ready
-    rate = next((r for r in (budget.unit_seconds(x).get('compile') for x in (
-        self.result, self.rates_from) if x) if r and r['units']), None)
-    n = float('inf') if rate is None else (  # no compile timed: all
+    job = next((x for x in (device_plan.compile_seconds(run) for run in (
+        self.result, self.rates_from) if run) if x), None)
+    n = float('inf') if job is None else (  # no compile timed: all
         device_plan.ahead_count(
-            timing, self.pool.workers, rate['thread_seconds'] / rate['units'],
+            timing, self.pool.workers, job,
             sum(not f.done() for f, _ in self.pool.pending.values())))
     keys, built, todo = self.phase_keys(), self.loadable(), {}
+    started = self.pool.compiled | set(self.pool.pending)
     left = self.clock.left() - timing
     for q in plan[plan.index(pid) + 1:]:
       if (self.result['phases'][q]['status'] == 'complete' or
@@ -1087,7 +1097,7 @@ class Runner:
       for k in keys[q][0]:
         ident = self.ident(k)
         if len(todo) < n and aot.program_name(k) not in built and (
-            ident not in self.pool.compiled | set(self.pool.pending)):
+            ident not in started):
           todo.setdefault(ident, k)
     if not todo:
       return
@@ -1653,9 +1663,9 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
         # a build of this code for this source computed the calibration
         bool(usable) and store.manifest.get('source') == args.source and
         'alpha_calibration' in store.manifest,
-        # `Runner.ahead_options`, its build taken as trusted
-        args.compile_ahead == 'on' or args.compile_ahead == 'auto' and bool(
-            usable) and store.manifest.get('platform') != 'cpu',
+        # as `Runner.ahead_options` will, its build taken as trusted
+        compiles_ahead(args.compile_ahead, store and store.manifest.get(
+            'platform'), bool(usable)),
         None if store is None else store.lower_seconds())
   except (OSError, ValueError, KeyError) as e:  # no measured run to scale
     projection = dict(error=f'no projection from {args.project_from}: {e!r}')
