@@ -422,10 +422,12 @@ def ahead_count(timing_s: float, workers: int, compile_s: float,
                 outstanding: int) -> int:
   """How many programs of later phases a phase lowers before it times, to
   compile beside its `timing_s` seconds: as many as keep `workers` threads
-  busy that long at `compile_s` thread-seconds each, rounded up (a program
-  still compiling when the next phase starts has saved it part of its
-  compile), less the `outstanding` ones still compiling."""
-  return max(0, math.ceil(timing_s * workers / compile_s) - outstanding)
+  busy that long at `compile_s` thread-seconds each, rounded up and at
+  least one (a program still compiling when the next phase starts has
+  saved it part of its compile, and its lowering is spent either way),
+  less the `outstanding` ones still compiling."""
+  return max(0, max(1, math.ceil(timing_s * workers / compile_s)) -
+             outstanding)
 
 
 def ahead_plan(prev, units, workers: Optional[int],

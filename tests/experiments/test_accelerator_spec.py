@@ -285,9 +285,9 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
                    'drafters', 'decode', 'numerics', 'batch_decode', 'lower',
                    'ahead'}
   # From P2 on, a phase lowers programs of later phases to compile beside
-  # its timing (here, where P2-P4 time next to nothing, P5 one of P6's);
-  # each is waited for by its phase, none compiled again, none outside the
-  # pool.
+  # its timing (here, where the phases time next to nothing, at least one
+  # at a time); each is waited for by its phase, none compiled again, none
+  # outside the pool.
   sources = collections.Counter(v.split(' (')[0]
                                 for v in result['programs'].values())
   ahead = {k: v for k, v in sources.items() if k != 'compiled'}
@@ -405,6 +405,11 @@ def test_the_wait_for_programs_compiled_ahead_is_projected():
       'p4': {'compile': 1, 'decode': 1, 'ahead': 1}}
   assert extra == pytest.approx({'p2': 1.5, 'p3': 5.5, 'p4': 7.0})
   assert device_plan.ahead_plan(prev, units, None, None) == (units, {})
+  # 90 s keep 8 threads busy for 16 compiles of 45 s, 3 already running;
+  # a phase that times (next to) nothing still keeps one in flight.
+  assert device_plan.ahead_count(90.0, 8, 45.0, 3) == 13
+  assert device_plan.ahead_count(0.0, 8, 45.0, 0) == 1
+  assert device_plan.ahead_count(0.0, 8, 45.0, 1) == 0
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
