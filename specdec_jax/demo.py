@@ -101,9 +101,11 @@ def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
                         summary['speculative_metrics'].items())
     print(f"  quality: {metrics} (baseline: " + ', '.join(
         f'{k} {v:.1f}' for k, v in summary['baseline_metrics'].items()) + ')')
-    print(f"  alpha {summary['alpha']:.3f}, mean accepted length "
-          f"{summary['mean_accepted_length']:.2f} tokens per target call "
-          f"(gamma {summary['gamma']}), target calls per token "
+    alpha = summary['alpha']
+    print(f"  alpha {'-' if alpha is None else f'{alpha:.3f}'}, mean "
+          f"accepted length {summary['mean_accepted_length']:.2f} tokens per "
+          f"target call (gamma {summary['gamma_label']}), target calls per "
+          "token "
           f"{summary['target_calls_per_token']:.3f}")
     for line in speed_lines(task, summary):
       print('  ' + line)
@@ -136,6 +138,9 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
            f"{summary['speculative_s']:.2f} s)"]
   profile = hardware.load(profile_name)
   name, gamma = _drafter_name(summary), summary['gamma']
+  if not gamma:  # gamma 0 or several: no one speculative decode to price
+    return lines + [f"predicted on {profile.name}: none (gamma "
+                    f"{summary['gamma_label']})"]
   try:
     p = hardware.predict(
         profile, tokens_per_call=1.0 / summary['target_calls_per_token'],

@@ -88,6 +88,7 @@ from specdec_jax import drafters
 from specdec_jax import gin_utils
 from specdec_jax import loading
 from specdec_jax import network
+from specdec_jax import output_cache
 from specdec_jax import partitioning
 from specdec_jax import run_folder
 from specdec_jax import summary as summary_lib
@@ -148,7 +149,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   if index != 0:
     run_folder.barrier('claimed')  # Process 0 claims.
   records = run_folder.claim(
-      out, run_folder.identity(setup, partitioner, shard_drafter),
+      out, run_folder.identity(setup, partitioner, shard_drafter, task),
       config_str, {i: run_folder.example_fingerprint(*e)
                    for i, *e in examples},
       main_process=index == 0, num_examples=setup.num_examples,
@@ -324,5 +325,16 @@ def main(argv: Optional[Sequence[str]] = None):
   return run(setup=setup, config_str=gin.config_str())
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  """`main` as the command line runs it: a run folder that cannot be
+  resumed as it is (other settings, other examples, a damaged file) or a
+  damaged output cache ends the job with its one-line error (exit status
+  1), not a traceback. Everything else propagates."""
+  try:
+    return main(argv)
+  except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
+    raise SystemExit(f'error: {e.message}') from None
+
+
 if __name__ == '__main__':
-  main()
+  cli()

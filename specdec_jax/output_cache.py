@@ -47,7 +47,22 @@ FORMAT = 'specdec_jax.output_cache/1'
 
 
 class OutputCacheError(ValueError):
-  """A cache file is missing, corrupt, or does not fit the model / task."""
+  """A cache file is missing, corrupt, or does not fit the model / task.
+
+  Attributes:
+    problem: what is wrong with the file (the message without the file's
+      name and the advice).
+    message: the whole message, one line (before anything a caller
+      appends to the exception's text: gin's "In call to configurable").
+  """
+
+  def __init__(self, path: str, problem: str):
+    self.problem = problem
+    self.message = (
+        f'Output cache {path!r} {problem}. Delete it (a new cache is '
+        'built, seeded with the task\'s train pairs) or name another file '
+        '(OUTPUT_CACHE).')
+    super().__init__(self.message)
 
 
 def fingerprint(config, params) -> str:
@@ -237,7 +252,7 @@ class OutputCache:
         vocabulary / embedder / output length.
     """
     if not os.path.isfile(path):
-      raise OutputCacheError(f'No output cache file at {path!r}.')
+      raise OutputCacheError(path, 'does not exist')
     try:
       with np.load(path, allow_pickle=False) as f:
         meta = json.loads(bytes(f['meta']).decode())
@@ -245,19 +260,20 @@ class OutputCache:
         outputs = np.asarray(f['outputs'], np.int32)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
             UnicodeDecodeError) as e:
-      raise OutputCacheError(f'Output cache {path!r} is corrupt or not a '
-                             f'cache file ({type(e).__name__}: {e}).') from e
-    if meta.get('format') != FORMAT:
-      raise OutputCacheError(f'Output cache {path!r} has format '
-                             f'{meta.get("format")!r}, expected {FORMAT!r}.')
+      raise OutputCacheError(path, f'is corrupt or not a cache file '
+                             f'({type(e).__name__}: {e})') from e
+    if not isinstance(meta, dict) or meta.get('format') != FORMAT:
+      found = meta.get('format') if isinstance(meta, dict) else meta
+      raise OutputCacheError(path, f'has format {found!r}, expected '
+                             f'{FORMAT!r}')
     n = meta.get('entries')
     if (keys.ndim != 2 or outputs.ndim != 2 or len(keys) != n or
         len(outputs) != n or keys.shape[1] != meta.get('dim') or
         outputs.shape[1] != meta.get('output_length')):
       raise OutputCacheError(
-          f'Output cache {path!r} is inconsistent: meta says {n} entries of '
-          f'dim {meta.get("dim")}, output_length {meta.get("output_length")}'
-          f'; arrays are {keys.shape} and {outputs.shape}.')
+          path, f'is inconsistent: meta says {n} entries of dim '
+          f'{meta.get("dim")}, output_length {meta.get("output_length")}; '
+          f'arrays are {keys.shape} and {outputs.shape}')
     problems = []
     if vocab_size is not None and meta['vocab_size'] != vocab_size:
       problems.append(f'vocab_size {meta["vocab_size"]}, the target has '
@@ -272,8 +288,7 @@ class OutputCache:
                          outputs.max() >= meta['vocab_size']):
       problems.append('output ids outside the vocabulary')
     if problems:
-      raise OutputCacheError(f'Output cache {path!r} does not fit: ' +
-                             '; '.join(problems) + '.')
+      raise OutputCacheError(path, 'does not fit: ' + '; '.join(problems))
     return cls(keys, outputs, meta['vocab_size'], meta['embedder'], path)
 
   @classmethod

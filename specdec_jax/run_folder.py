@@ -45,7 +45,9 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import loading
+from specdec_jax import output_cache
 from specdec_jax import shipped
+from specdec_jax import tasks
 
 RECORDS = 'examples.jsonl'
 RUN = 'run.json'
@@ -77,6 +79,63 @@ EVALUATE_PARAMETERS = {
 
 # What a rerun with another identity does (`claim`).
 IF_SETTINGS_DIFFER = ('refuse', 'restart')
+
+# What to do about a damaged file of the run folder: the advice every
+# `RunFolderError` about one ends with.
+RESTART = ('--gin.evaluate.if_settings_differ="\'restart\'" (the old run '
+           'moved aside)')
+
+
+class RunFolderError(ValueError):
+  """The run folder cannot be resumed as it is: a run with other settings,
+  records of other examples, or a damaged file.
+
+  Attributes:
+    message: one line that names the folder or file, what is wrong and
+      what to do (also the exception's text, before anything a caller
+      appends to it: gin's "In call to configurable ...").
+  """
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.message = message
+
+
+def damaged(path, problem: str, remedy: str) -> RunFolderError:
+  """The one-line error about a damaged file of the run folder."""
+  return RunFolderError(f'{path}: {problem}. {remedy}')
+
+
+def read_json(path: pathlib.Path, what: str, remedy: str,
+              kind: type = dict) -> Any:
+  """A JSON file the job reads back, or the one-line error naming it.
+
+  Args:
+    path: the file.
+    what: what it should hold ('the run's identity', ...), for the error.
+    remedy: what to do when it is damaged (a sentence).
+    kind: the JSON type it must hold (dict: an object).
+
+  Raises:
+    RunFolderError: the file is empty, cut off, not JSON, or not a `kind`.
+  """
+  try:
+    text = pathlib.Path(path).read_text()
+  except (OSError, UnicodeDecodeError) as e:
+    raise damaged(path, f'unreadable ({type(e).__name__}: {e})',
+                  remedy) from None
+  if not text.strip():
+    raise damaged(path, f'empty, where {what} should be', remedy)
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise damaged(path, f'not JSON ({e}; cut off or overwritten?), where '
+                  f'{what} should be', remedy) from None
+  if not isinstance(value, kind):
+    raise damaged(path, f'holds a JSON {type(value).__name__}, not the '
+                  f'{"object" if kind is dict else kind.__name__} of {what}',
+                  remedy)
+  return value
 
 
 # -- Writes ---------------------------------------------------------------
@@ -153,8 +212,21 @@ def _mesh(partitioner, shard_drafter: bool) -> Optional[Dict[str, Any]]:
           'shard_drafter': bool(shard_drafter)}
 
 
+def data_content(setup: loading.EvalSetup, task) -> Dict[str, Any]:
+  """The content of the files of `task` that decide a record's tokens
+  (`tasks.source_files`), by label: its vocabulary, and the train split
+  where the drafter is built from it or seeds its output cache from it.
+  The examples decoded are checked one by one (`example_fingerprint`)."""
+  kind = setup.draft.drafter_kind
+  reads_train = kind.data_only or kind.uses_cache
+  files = tasks.source_files(task, setup.data_dir,
+                             ['train'] if reads_train else [])
+  return {label: checkpoints.manifest.file_fingerprint(path)
+          for label, path in sorted(files.items())}
+
+
 def identity(setup: loading.EvalSetup, partitioner=None,
-             shard_drafter: bool = False) -> Dict[str, Any]:
+             shard_drafter: bool = False, task=None) -> Dict[str, Any]:
   """Every setting that can change a record of the run, as JSON.
 
   Every field of `setup` but `FREE_FIELDS`, by its flat name
@@ -163,8 +235,10 @@ def identity(setup: loading.EvalSetup, partitioner=None,
   both checkpoints (`checkpoints.manifest.fingerprint`: the manifest's
   checksums where one covers the folder, else the files' names and sizes
   and their small files' content); the mesh; the device the decodes are
-  timed on (a record's times are a setting's too). Which examples were
-  decoded is checked per record (`example_fingerprint`).
+  timed on (a record's times are a setting's too); with `task`, the
+  content of its files that decide the tokens (`data_content`: the
+  vocabulary, a train split a drafter reads). Which examples were decoded
+  is checked per record (`example_fingerprint`).
   """
   settings = {name: _jsonable(value) for name, value in setup.flat().items()
               if name not in FREE_FIELDS}
@@ -172,6 +246,8 @@ def identity(setup: loading.EvalSetup, partitioner=None,
       setup.target_checkpoint)
   settings['draft_checkpoint_content'] = _checkpoint_content(
       setup.draft.checkpoint)
+  if task is not None:
+    settings['data_content'] = data_content(setup, task)
   settings['mesh'] = _mesh(partitioner, shard_drafter)
   device = jax.devices()[0]
   settings['device'] = {'platform': device.platform,
@@ -238,10 +314,10 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   and the per-process files of an unmerged multi-process run, read-only).
 
   Raises:
-    ValueError: the folder holds a run with another identity (naming each
-      changed setting, old -> new), records of other examples under the
-      indices of `examples`, or a run written before run.json held the
-      whole identity; unless `if_settings_differ` is 'restart': then
+    RunFolderError: the folder holds a run with another identity (naming
+      each changed setting, old -> new), records of other examples under
+      the indices of `examples`, a damaged run.json, or a run written
+      before run.json held the whole identity; unless `if_settings_differ` is 'restart': then
       the old run's files are moved into out/replaced-<time>/ and the
       run starts afresh.
   """
@@ -252,8 +328,14 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   now = json.loads(json.dumps(settings))
   run_file = out / RUN
   if run_file.exists():
-    previous = json.loads(run_file.read_text())
-    if previous.get('format') != FORMAT:
+    try:
+      previous = read_json(run_file, 'the run\'s identity', '')
+    except RunFolderError as e:
+      previous = {'damaged': str(e).rstrip('. ')}
+    if 'damaged' in previous:
+      problem = (f'{previous["damaged"]}, so the records in {out} cannot '
+                 'be checked against these settings')
+    elif previous.get('format') != FORMAT:
       problem = (f'{out} holds a run written before {RUN} recorded every '
                  'setting that shapes a record, so its records cannot be '
                  'checked against these settings')
@@ -275,7 +357,7 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
       print(f'{problem}: its files moved to {aside}; starting afresh.',
             flush=True)
     elif problem:
-      raise ValueError(
+      raise RunFolderError(
           f'{problem}. Use another EVAL_OUTPUT_DIR, delete it, or pass '
           '--gin.evaluate.if_settings_differ="\'restart\'" to move the old '
           'run aside and start afresh.')
@@ -304,6 +386,25 @@ def choice_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
   if count == 1:
     return out / 'gamma_choice.json'
   return out / f'gamma_choice.process-{index:05d}-of-{count:05d}.json'
+
+
+def read_choice(path: pathlib.Path) -> Dict[str, Any]:
+  """A gamma choice written by `unit_loop.choose_gamma` (`choice_file`).
+
+  Raises:
+    RunFolderError: the file is damaged (naming it and what to do).
+  """
+  remedy = ('Delete it (gamma is chosen again from a profile measured '
+            'anew; each record keeps the gamma it was decoded with), or '
+            f'pass {RESTART}.')
+  choice = read_json(path, 'a gamma choice', remedy)
+  gamma = choice.get('gamma')
+  if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+    raise damaged(path, f'a gamma choice whose gamma is {gamma!r}, not an '
+                  'integer >= 0', remedy)
+  if not isinstance(choice.get('rule'), str):
+    raise damaged(path, 'a gamma choice without its rule', remedy)
+  return choice
 
 
 def all_records(out: pathlib.Path, own: Optional[pathlib.Path]
@@ -337,6 +438,28 @@ def merge(out: pathlib.Path) -> List[Dict[str, Any]]:
   return records
 
 
+# The fields every record has (`unit_loop.decode_units` writes them; the
+# summary reads them): a line without them is not a record of this job.
+RECORD_FIELDS = frozenset({
+    'index', 'batch', 'example', 'input', 'target', 'baseline',
+    'speculative', 'baseline_length', 'speculative_length', 'identical',
+    'iterations', 'drafted', 'accepted', 'beta_sum', 'beta_count',
+    'baseline_batch_s', 'speculative_batch_s'})
+
+
+def _record_problem(record: Any) -> Optional[str]:
+  """Why a parsed line is not a record of this job (None: it is one)."""
+  if not isinstance(record, dict):
+    return f'a JSON {type(record).__name__}, not a record object'
+  missing = sorted(RECORD_FIELDS - set(record))
+  if missing:
+    return 'a record without ' + ', '.join(missing)
+  if not isinstance(record['index'], int) or isinstance(record['index'],
+                                                        bool):
+    return f'a record whose index is {record["index"]!r}, not an integer'
+  return None
+
+
 def read_records(path: pathlib.Path, repair: bool = True
                  ) -> List[Dict[str, Any]]:
   """The records of examples.jsonl, repaired for resuming.
@@ -347,12 +470,22 @@ def read_records(path: pathlib.Path, repair: bool = True
   A last line cut off by a crash mid-write is dropped (its example is
   decoded again); a record whose index is already there is dropped (the
   first one counts). If anything was dropped the file is rewritten, so the
-  next append starts on a clean line. A bad line before the last is not a
-  torn write: that is an error naming the line.
+  next append starts on a clean line. Anything else is damage, not a torn
+  write: a line before the last that is not JSON, any line that is JSON but
+  not a record (`RECORD_FIELDS`), a file that is not text.
+
+  Raises:
+    RunFolderError: naming the file, the line and what to do.
   """
   if not path.exists():
     return []
-  lines = path.read_text().split('\n')
+  remedy = ('Delete that line (its example is decoded again) or the file, '
+            f'or pass {RESTART}.')
+  try:
+    lines = path.read_text().split('\n')
+  except (OSError, UnicodeDecodeError) as e:
+    raise damaged(path, f'not a text file of records ({type(e).__name__})',
+                  f'Delete it, or pass {RESTART}.') from None
   records, seen, repaired = [], set(), False
   for number, line in enumerate(lines, 1):
     if not line.strip():
@@ -361,15 +494,17 @@ def read_records(path: pathlib.Path, repair: bool = True
       record = json.loads(line)
     except ValueError:
       if any(l.strip() for l in lines[number:]):
-        raise ValueError(
-            f'{path}, line {number}: not a JSON record (and not the last '
-            'line, so not a write cut off by a crash). Fix or delete the '
-            'file.') from None
+        raise damaged(f'{path}, line {number}', 'not a JSON record (and not '
+                      'the last line, so not a write cut off by a crash)',
+                      remedy) from None
       if repair:
         logging.warning('%s: dropped a cut-off last line (%d characters); '
                         'its example is decoded again.', path, len(line))
       repaired = True
       continue
+    problem = _record_problem(record)
+    if problem:
+      raise damaged(f'{path}, line {number}', problem, remedy)
     if record['index'] in seen:
       repaired = True
       continue
@@ -428,9 +563,25 @@ class CacheCommit:
         os.remove(self.staged)
         return 'discarded'
       return None
-    intent = json.loads(self.intent.read_text())
-    if set(intent['indices']) <= recorded:
+    remedy = (f'Delete it and {self.staged} (the cache then misses the '
+              f'outputs of the unit it was committing), or pass {RESTART}.')
+    intent = read_json(self.intent, 'the intent of an output cache commit',
+                       remedy)
+    indices = intent.get('indices')
+    if not isinstance(indices, list) or not all(
+        isinstance(i, int) for i in indices):
+      raise damaged(self.intent, 'an output cache commit without the '
+                    'indices of its unit', remedy)
+    if set(indices) <= recorded:
       if os.path.exists(self.staged):
+        try:  # Only a whole cache replaces the committed one.
+          output_cache.OutputCache.load(self.staged)
+        except output_cache.OutputCacheError as e:
+          raise damaged(self.staged, 'a staged output cache that '
+                        + e.problem,
+                        f'Delete it and {self.intent} (the cache then '
+                        'misses the outputs of the unit it was committing), '
+                        f'or pass {RESTART}.') from None
         os.replace(self.staged, self.cache_path)
       done = 'rolled forward'
     else:

@@ -21,8 +21,44 @@ from specdec_jax import run_folder
 from specdec_jax import spec_stats
 
 
-def summarize(records, settings) -> Dict[str, Any]:
-  """Totals of the records: times, speed-ups, alpha, rates, differences."""
+def gamma_label(used: Dict[str, int], choices=()) -> str:
+  """What gamma the records decoded with, in words.
+
+  Args:
+    used: examples per gamma (`summarize`'s `gamma_used`).
+    choices: the run's gamma choices (`unit_loop.choose_gamma`): a gamma 0
+      says the speed-up its choice predicted for the best gamma.
+
+  Returns:
+    '4'; '0: no speculation (predicted 0.72x < 1 at gamma 1, on this run,
+    batch 8)'; '1 (8 examples), 2 (8 examples)' where units differ.
+  """
+  def one(g: int) -> str:
+    if g:
+      return str(g)
+    why = [c['prediction'] for c in choices
+           if c.get('gamma') == 0 and 'prediction' in c]
+    if not why:
+      return '0: no speculation'
+    p = why[0]
+    return (f"0: no speculation (predicted {p['speedup']:.2f}x < 1 at gamma "
+            f"{p['gamma']}, on {p['profile']}, batch {p['batch']})")
+  if len(used) == 1:
+    return one(int(next(iter(used))))
+  return ', '.join(f'{one(int(g))} ({n} example{"s" * (n != 1)})'
+                   for g, n in used.items())
+
+
+def summarize(records, settings, choices=()) -> Dict[str, Any]:
+  """Totals of the records: times, speed-ups, alpha, rates, differences.
+
+  Every figure is of the records alone, but `configured_gamma` and the
+  other settings, and the predicted speed-up a gamma 0 says it was chosen
+  for (`choices`, the run's gamma choices). gamma is what the records
+  decoded with (`gamma_used` per gamma; `gamma` the one gamma of every
+  record, else None); alpha and the acceptance rate are None where no
+  draft was verified (every record at gamma 0).
+  """
   if not records:
     return {'examples': 0}
   sum_ = lambda k: float(sum(r[k] for r in records))
@@ -35,23 +71,29 @@ def summarize(records, settings) -> Dict[str, Any]:
   tokens = sum_('speculative_length')
   base_tokens = sum_('baseline_length')
   greedy = settings['temperature'] == 0
+  # examples per gamma decoded with (`BatchSpec.gamma_rule`); records
+  # from before that option: the configured gamma.
+  used = {str(g): n for g, n in sorted(collections.Counter(
+      r.get('gamma', settings['gamma']) for r in records).items())}
+  rates = spec_stats.rates(
+      iterations=sum_('iterations'), drafted=sum_('drafted'),
+      accepted=sum_('accepted'), beta_sum=sum_('beta_sum'),
+      beta_count=sum_('beta_count'), tokens=tokens)
+  if not sum_('drafted'):  # nothing verified: no alpha was measured
+    rates.update(alpha=None, acceptance_rate=None)
   summary = {
       'examples': len(records),
       'batches': len({r['batch'] for r in records}),
       'timed_calls': len(batch_times),
       # Records of runs from before streaming say nothing: fixed.
       'batching': records[0].get('batching', 'fixed'),
-      # examples per gamma decoded with (`BatchSpec.gamma_rule`); records
-      # from before that option: the configured gamma.
-      'gamma_used': {str(g): n for g, n in sorted(collections.Counter(
-          r.get('gamma', settings['gamma']) for r in records).items())},
+      'gamma': int(next(iter(used))) if len(used) == 1 else None,
+      'gamma_used': used,
+      'gamma_label': gamma_label(used, choices),
       'baseline_s': base_s,
       'speculative_s': spec_s,
       'walltime_speedup': base_s / spec_s if spec_s else None,
-      **spec_stats.rates(
-          iterations=sum_('iterations'), drafted=sum_('drafted'),
-          accepted=sum_('accepted'), beta_sum=sum_('beta_sum'),
-          beta_count=sum_('beta_count'), tokens=tokens),
+      **rates,
       'baseline_tokens': base_tokens,
       'speculative_tokens': tokens,
       # Sampled outputs differ in length between the two decoders; tokens/s
@@ -71,21 +113,31 @@ def summarize(records, settings) -> Dict[str, Any]:
     summary['mismatches'] = kinds.count('mismatch')
     # Rows from a run before diagnostics existed.
     summary['undiagnosed'] = kinds.count(None)
-  summary.update(settings)
+  # The settings, but gamma: the configured one is `configured_gamma`
+  # (run.json's), the decoded one is the records'.
+  summary.update({('configured_gamma' if k == 'gamma' else k): v
+                  for k, v in settings.items()})
   return summary
 
 
+MARKDOWN_COLUMNS = (
+    'task', 'drafter', 'temperature', 'gamma_label', 'examples', 'alpha',
+    'walltime_speedup', 'mean_accepted_length', 'target_calls_per_token',
+    'differing_examples', 'near_ties', 'mismatches')
+
+
 def markdown(summary, base_metrics, spec_metrics) -> str:
-  cols = ['task', 'drafter', 'temperature', 'gamma', 'examples', 'alpha',
-          'walltime_speedup', 'mean_accepted_length', 'target_calls_per_token',
-          'differing_examples', 'near_ties', 'mismatches']
+  """summary.md: one table row of `MARKDOWN_COLUMNS` and both outputs'
+  metrics (None: '-')."""
   cells = []
-  for c in cols:
+  for c in MARKDOWN_COLUMNS:
     v = summary.get(c)
-    cells.append(f'{v:.3f}' if isinstance(v, float) else str(v))
+    cells.append(f'{v:.3f}' if isinstance(v, float) else
+                 '-' if v is None else str(v))
   metric_names = sorted(base_metrics)
-  header = cols + [f'baseline {m}' for m in metric_names] + [
-      f'speculative {m}' for m in metric_names]
+  header = ['gamma' if c == 'gamma_label' else c for c in MARKDOWN_COLUMNS
+            ] + [f'baseline {m}' for m in metric_names] + [
+                f'speculative {m}' for m in metric_names]
   cells += [f'{base_metrics[m]:.2f}' for m in metric_names]
   cells += [f'{spec_metrics.get(m, float("nan")):.2f}' for m in metric_names]
   return ('| ' + ' | '.join(header) + ' |\n|' + '---|' * len(header) +
@@ -120,16 +172,32 @@ def start_line(out: pathlib.Path, wanted: int, reused: int) -> str:
           'them again')
 
 
+def _choice(path: pathlib.Path) -> Dict[str, Any]:
+  """A gamma choice file; a damaged one as what is wrong with it (the
+  summary of what finished is written all the same)."""
+  try:
+    return run_folder.read_choice(path)
+  except run_folder.RunFolderError as e:
+    return {'file': path.name, 'damaged': str(e)}
+
+
 def write(out: pathlib.Path, task, records, settings, wanted: set,
                    error: Optional[BaseException], reused: int = 0
                    ) -> Dict[str, Any]:
   """summary.json and summary.md of the finished records (and the error).
 
-  `reused`: how many of the wanted examples had records of an earlier run
-  when this one started (summary.json's `reused_records`).
+  The summary is of the `wanted` examples (the first `num_examples`);
+  records of others in the folder (an earlier run asked for more) are
+  kept for a later run and only counted (`other_records`). `reused`: how
+  many of the wanted examples had records of an earlier run when this one
+  started (summary.json's `reused_records`).
   """
   records.sort(key=lambda r: r['index'])
-  summary = summarize(records, settings)
+  kept = len(records)
+  records = [r for r in records if r['index'] in wanted]
+  # How gamma was chosen (`unit_loop.choose_gamma`), one entry per process.
+  choices = [_choice(f) for f in sorted(out.glob('gamma_choice*.json'))]
+  summary = summarize(records, settings, choices)
   base_m = spec_m = {}
   if records:
     targets = [r['target'] for r in records]
@@ -141,9 +209,8 @@ def write(out: pathlib.Path, task, records, settings, wanted: set,
   summary['speculative_metrics'] = spec_m
   summary['status'] = status(records, wanted, error)
   summary['reused_records'] = reused
-  # How gamma was chosen (`unit_loop.choose_gamma`), one entry per process.
-  summary['gamma_choices'] = [json.loads(f.read_text()) for f in
-                              sorted(out.glob('gamma_choice*.json'))]
+  summary['other_records'] = kept - len(records)
+  summary['gamma_choices'] = choices
   if summary['status'] == 'complete' and summary.get('mismatches'):
     summary['status'] = (
         f"failed: {summary['mismatches']} of "

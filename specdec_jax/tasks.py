@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import sys
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
@@ -237,6 +238,44 @@ def debian_vocabulary(data_dir: Optional[str] = None):
   """The Debian data's SentencePiece model as a seqio vocabulary (lazy; no
   extra ids). `PlainVocabulary` is the same without seqio."""
   return _debian_vocabulary_class()(resolve_data_dir(data_dir))
+
+
+def source_files(task, data_dir: Optional[str] = None,
+                 splits: Sequence[str] = ()) -> Dict[str, str]:
+  """The files a task reads that decide its tokens: {label: path}.
+
+  Its vocabularies' SentencePiece models ('vocabulary', or '<feature>
+  vocabulary' where the features' differ), and for a Debian task the files
+  of each of `splits` (the records, '<split> split', and the token ids a
+  data dir stores, '<split> ids'), where they exist. A task read from
+  elsewhere (TFDS) has no split files here: its name carries its version.
+
+  Args:
+    task: a seqio task or an `ArrayTask`.
+    data_dir: the Debian data dir it was registered from (an `ArrayTask`
+      knows its own); None: `resolve_data_dir`'s default.
+    splits: the splits whose files to list.
+  """
+  seqio = sys.modules.get('seqio')  # a seqio task has imported it
+  kinds = (PlainVocabulary,) + ((seqio.SentencePieceVocabulary,)
+                                if seqio is not None else ())
+  vocabs = {name: feature.vocabulary.sentencepiece_model_file
+            for name, feature in task.output_features.items()
+            if isinstance(feature.vocabulary, kinds)}
+  files = ({'vocabulary': next(iter(vocabs.values()))}
+           if len(set(vocabs.values())) == 1 else
+           {f'{name} vocabulary': path for name, path in vocabs.items()})
+  if task.name not in DEBIAN_FORMATS:
+    return files
+  root = (task.data_dir if isinstance(task, ArrayTask)
+          else resolve_data_dir(data_dir))
+  for split in splits:
+    for label, path in ((f'{split} split', os.path.join(
+        root, task.name, f'{split}.jsonl')), (f'{split} ids', array_path(
+            root, task.name, split))):
+      if os.path.isfile(path):
+        files[label] = path
+  return files
 
 
 def read_debian_split(data_dir: str, task: str, split: str

@@ -110,7 +110,7 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   seconds, t_draft, _ = call_times(loaded, inputs)
   t1 = seconds[1]
   profile = hardware.HardwareProfile.of_run(
-      f'this run, batch {b}', b, t1,
+      'this run', b, t1,
       {k: t / t1 for k, t in seconds.items()}, {setup.draft.kind: t_draft / t1},
       device=measure.machine())
   alpha = spec_stats.summarize(first.stats)['alpha']
@@ -190,7 +190,7 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
       if choice_file is not None:
         run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
     elif choice_file is not None and choice_file.exists():
-      choice = json.loads(choice_file.read_text())
+      choice = run_folder.read_choice(choice_file)
       print(f"gamma {choice['gamma']} for batch {setup.batch.size}, chosen "
             f'by the profile of the run being resumed ({choice_file})',
             flush=True)

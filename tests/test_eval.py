@@ -59,6 +59,60 @@ def read_jsonl(path):
 TIMING = ('baseline_batch_s', 'speculative_batch_s')
 
 
+def check_summary_is_the_records(out, num_examples):
+  """summary.json and summary.md say what the records say: every figure
+  recomputed here from examples.jsonl (the first `num_examples` indices),
+  independently of the job's summary code. Returns the summary."""
+  summary = json.loads((out / 'summary.json').read_text())
+  every = read_jsonl(out / 'examples.jsonl')
+  records = [r for r in every if r['index'] < num_examples]
+  total = lambda key: sum(r[key] for r in records)
+  units = {(r.get('chunk'), r['batch'] if 'chunk' not in r else None):
+           (r['baseline_batch_s'], r['speculative_batch_s'])
+           for r in records}
+  base_s = sum(b for b, _ in units.values())
+  spec_s = sum(s for _, s in units.values())
+  gammas = sorted({r['gamma'] for r in records})
+  drafted = total('drafted')
+  expected = {
+      'examples': len(records), 'other_records': len(every) - len(records),
+      'batches': len({r['batch'] for r in records}),
+      'timed_calls': len(units),
+      'gamma_used': {str(g): sum(r['gamma'] == g for r in records)
+                     for g in gammas},
+      'gamma': gammas[0] if len(gammas) == 1 else None,
+      'alpha': total('beta_sum') / total('beta_count') if drafted else None,
+      'acceptance_rate': total('accepted') / drafted if drafted else None,
+      'mean_accepted_length': 1 + total('accepted') / total('iterations'),
+      'target_calls_per_token': (total('iterations') /
+                                 total('speculative_length')),
+      'baseline_tokens': total('baseline_length'),
+      'speculative_tokens': total('speculative_length'),
+      'walltime_speedup': base_s / spec_s,
+      'differing_examples': sum(not r['identical'] for r in records),
+  }
+  for key, value in expected.items():
+    assert summary[key] == (pytest.approx(value) if isinstance(value, float)
+                            else value), (key, summary[key], value)
+  run = json.loads((out / 'run.json').read_text())
+  assert summary['configured_gamma'] == run['identity']['gamma']
+  # The gamma column says what decoded: one gamma, or examples per gamma;
+  # 0 is no speculation (with the speed-up its choice predicted, when the
+  # choice is there); '-' where nothing was verified.
+  header, _, row = (out / 'summary.md').read_text().splitlines()
+  cells = dict(zip(header.strip('| ').split(' | '),
+                   row.strip('| ').split(' | ')))
+  assert cells['gamma'] == summary['gamma_label']
+  for g in gammas:
+    assert (('no speculation' if g == 0 else str(g)) in cells['gamma'])
+    if len(gammas) > 1:
+      assert f"({expected['gamma_used'][str(g)]} examples)" in cells['gamma']
+  assert cells['alpha'] == ('-' if not drafted else
+                            f"{expected['alpha']:.3f}")
+  assert cells['examples'] == str(len(records))
+  return summary
+
+
 def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   """Streamed with gamma chosen by the measured profile (the defaults at
   batch > 1); then fixed batches at GAMMA on the same examples give the
@@ -82,6 +136,7 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   assert summary['gamma_choices'] == [choice]
   assert summary['gamma_used'] == {str(choice['gamma']): 4}
   assert summary['reused_records'] == 0
+  check_summary_is_the_records(out, 4)
   for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin',
                'run.json'):
     assert (out / name).exists(), name
@@ -96,7 +151,9 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   # Greedy: identical outputs, so tokens/s and walltime ratios agree.
   assert summary['throughput_speedup'] == pytest.approx(
       summary['walltime_speedup'])
-  assert 0.0 <= summary['alpha'] <= 1.0
+  # alpha where drafts were verified (gamma 0: none, so no alpha).
+  assert (summary['alpha'] is None if choice['gamma'] == 0 else
+          0.0 <= summary['alpha'] <= 1.0)
   assert summary['target_calls_per_token'] > 0
   assert 'bleu' in summary['baseline_metrics']
   assert json.loads((out / 'summary.json').read_text())['examples'] == 4
@@ -152,6 +209,7 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   assert summary['reused_records'] == 4
   assert json.loads((out / 'summary.json').read_text())[
       'reused_records'] == 4
+  check_summary_is_the_records(out, 6)
 
 
 @pytest.mark.parametrize('batching', ['fixed', 'stream'])
@@ -436,7 +494,34 @@ def test_batch_decodes_without_speculation_where_the_profile_says_slower(
   assert 'no speculation' in choice['why']
   assert choice['why'] in capsys.readouterr().out
   assert summary['gamma_used'] == {'0': 4}
-  records = read_jsonl(tmp_path / 'off' / 'examples.jsonl')
+  out = tmp_path / 'off'
+  records = read_jsonl(out / 'examples.jsonl')
   assert all(r['speculative'] == r['baseline'] and r['drafted'] == 0
              for r in records)
   assert summary['target_calls_per_token'] == pytest.approx(1.0)
+  # No draft was verified: no alpha; the gamma says why none was drafted.
+  check_summary_is_the_records(out, 4)
+  assert summary['alpha'] is None and summary['gamma'] == 0
+  assert summary['configured_gamma'] == 3
+  prediction = choice['prediction']
+  assert summary['gamma_label'] == (
+      f"0: no speculation (predicted {prediction['speedup']:.2f}x < 1 at "
+      f"gamma {prediction['gamma']}, on this run, batch 2)")
+  assert prediction['label'].count('batch') == 1
+  # Its choice deleted, a rerun for more examples chooses again (here
+  # gamma 3, the warm-up's, so nothing new compiles): units that differ
+  # in gamma, each counted.
+  (out / 'gamma_choice.json').unlink()
+  monkeypatch.setattr(unit_loop, 'choose_gamma', lambda *_: {
+      'gamma': 3, 'rule': 'profile', 'configured_gamma': 3, 'alpha': 0.5,
+      'prediction': dict(prediction, gamma=3, speedup=1.5)})
+  mixed = eval_lib.main(args(out, NUM_EXAMPLES='8', **STREAM, **PROFILE))
+  assert mixed['gamma_used'] == {'0': 4, '3': 4} and mixed['gamma'] is None
+  assert check_summary_is_the_records(out, 8)['alpha'] is not None
+  # Fewer examples than the folder holds: the summary is of the examples
+  # asked for; the other records stay for a later run and are counted.
+  fewer = eval_lib.main(args(out, NUM_EXAMPLES='3', **STREAM, **PROFILE))
+  assert fewer['examples'] == 3 and fewer['other_records'] == 5
+  assert fewer['status'] == 'complete' and fewer['num_examples'] == 3
+  check_summary_is_the_records(out, 3)
+  assert len(read_jsonl(out / 'examples.jsonl')) == 8

@@ -76,7 +76,7 @@ def test_store_saves_reloads_and_appends(store_setup, tmp_path):
 def test_bad_cache_files_are_named(store_setup, tmp_path):
   model, params, _, _, store = store_setup
   path = str(tmp_path / 'cache.npz')
-  with pytest.raises(output_cache.OutputCacheError, match='No output cache'):
+  with pytest.raises(output_cache.OutputCacheError, match='does not exist'):
     output_cache.OutputCache.load(path)
   store.save(path)
   data = open(path, 'rb').read()

@@ -18,6 +18,7 @@ from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
 from specdec_jax import run_folder
 from test_eval import args
+from test_eval import check_summary_is_the_records
 from test_eval import comparable
 from test_eval import DATA
 
@@ -65,8 +66,9 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
 
 def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
   """The dtype, the EOS id, the data folder, the examples in it, the
-  checkpoint's content: each changed is refused before anything is decoded,
-  with the setting named; 'restart' moves the old run aside instead."""
+  vocabulary's content at the same path, the checkpoint's content: each
+  changed is refused before anything is decoded, with the setting named;
+  'restart' moves the old run aside instead."""
   import shutil  # pylint: disable=g-import-not-at-top
   data = tmp_path / 'data'
   shutil.copytree(DATA, data)
@@ -84,6 +86,19 @@ def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
       ({'EvalSetup.seed': '1'}, 'seed: 0 -> 1')]:
     with pytest.raises(ValueError, match=named):
       eval_lib.main(args(out, **dict(base, NUM_EXAMPLES='4', **change)))
+  # Another vocabulary at the same path (a piece's score changed: it
+  # tokenizes, and decodes outputs, otherwise): the records were decoded
+  # with the old one.
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  vocab = data / 'sentencepiece.model'
+  model = sentencepiece_model_pb2.ModelProto()
+  model.ParseFromString(vocab.read_bytes())
+  model.pieces[10].score += 1.0
+  original = vocab.read_bytes()
+  vocab.write_bytes(model.SerializeToString())
+  with pytest.raises(ValueError, match=r'data_content.vocabulary: "sha256:'):
+    eval_lib.main(args(out, **dict(base, NUM_EXAMPLES='4')))
+  vocab.write_bytes(original)
   # Other examples under the same indices (the same data_dir).
   path = data / 'debian_desc_en_de' / 'validation.jsonl'
   rows = path.read_text().splitlines()
@@ -189,6 +204,7 @@ def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
   eval_lib.main(args(reference, **flags))
   expected = _state(reference)
   assert len(expected[0]) == 2
+  check_summary_is_the_records(reference, 2)  # batch 1
   if drafters.get_kind(kind).uses_cache:
     assert expected[2] is not None
   # The first unit's writes: after run.json and config.gin, up to its
@@ -245,3 +261,105 @@ def test_a_failure_after_the_gamma_choice_resumes_with_it(tmp_path,
     assert summary['status'] == 'complete'
     assert not made  # read back, not chosen again
     assert _state(out) == expected, writes[at]
+
+
+# -- Damaged files: one line naming the file, never a traceback ---------------
+
+
+def _truncated(data):
+  return data[:len(data) // 2]
+
+
+DAMAGES = {
+    'truncated': _truncated,
+    'empty': lambda data: b'',
+    'wrong type': None,  # per file: valid JSON / npz of something else
+    'garbage': lambda data: b'\x00\xff\xfe garbage \x01\n' * 4,
+}
+# A JSON file of another type, an .npz of other arrays, a line that is JSON
+# but not a record.
+WRONG_TYPE = {'.json': b'[]', '.npz': None, '.jsonl': b'[]\n'}
+# The files the job reads back; a damaged one stops it with one line naming
+# it. summary.json is never read (rewritten from the records): any damage
+# is repaired. A records file cut off or empty is a crash's torn write
+# (resumed by decoding again: tests/test_eval.py), not damage.
+READ_BACK = ['run.json', 'examples.jsonl', 'gamma_choice.json',
+             'output_cache.npz', 'output_cache.npz.pending',
+             'output_cache.pending.json', 'summary.json']
+RESUMED = {('examples.jsonl', 'truncated'), ('examples.jsonl', 'empty')}
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  """A finished run of the 'cache' drafter at batch 2 (gamma chosen for the
+  batch: gamma_choice.json; its output cache in the folder)."""
+  from specdec_jax import unit_loop  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  out = tmp_path_factory.mktemp('finished') / 'run'
+  flags = dict(DRAFTER="'cache'", DRAFT_MODEL='None', NUM_EXAMPLES='2',
+               GAMMA='2', **SHORT, **{'BatchSpec.gamma_rule': "'profile'"})
+  real = unit_loop.choose_gamma
+  unit_loop.choose_gamma = lambda *_: {
+      'gamma': 2, 'rule': 'profile', 'alpha': 0.5,
+      'prediction': {'cost': 1.0, 'c': 0.1, 'speedup': 1.5}}
+  try:
+    eval_lib.main(args(out, **flags))
+  finally:
+    unit_loop.choose_gamma = real
+  return out, flags
+
+
+def _stage_commit(out):
+  """A commit of the output cache staged, as a crash right after the
+  unit's records leaves it: rolled forward on resume."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copy(out / 'output_cache.npz', out / 'output_cache.npz.pending')
+  (out / 'output_cache.pending.json').write_text(json.dumps(
+      {'cache': str(out / 'output_cache.npz'),
+       'staged': str(out / 'output_cache.npz.pending'), 'indices': [0, 1]}))
+
+
+@pytest.mark.parametrize('name', READ_BACK)
+def test_a_damaged_file_is_named_in_one_line(finished_run, tmp_path, name):
+  """Each file the job reads back, cut off, emptied, holding JSON (or
+  arrays) of another type, or garbage: the job ends with one line naming
+  the file, what is wrong and what to do (exit status 1), before
+  decoding anything; never a JSONDecodeError or AttributeError from deep
+  inside. Before, a damaged run.json or gamma choice gave a bare
+  traceback naming no file."""
+  import io  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  pristine, flags = finished_run
+  for damage, make in DAMAGES.items():
+    out = tmp_path / damage.replace(' ', '_')
+    shutil.copytree(pristine, out)
+    if '.pending' in name:
+      _stage_commit(out)
+    path = out / name
+    suffix = path.suffix if path.suffix != '.pending' else '.npz'
+    if make is not None:
+      path.write_bytes(make(path.read_bytes()))
+    elif WRONG_TYPE[suffix] is not None:
+      path.write_bytes(WRONG_TYPE[suffix])
+    else:
+      buffer = io.BytesIO()
+      np.savez(buffer, weights=np.zeros(3))
+      path.write_bytes(buffer.getvalue())
+    if name == 'summary.json' or (name, damage) in RESUMED:
+      if (name, damage) in RESUMED:
+        continue  # decodes again: tests/test_eval.py
+      summary = eval_lib.cli(args(out, **flags))
+      assert summary['status'] == 'complete' and summary['examples'] == 2
+      continue
+    with pytest.raises(SystemExit) as stop:
+      eval_lib.cli(args(out, **flags))
+    message = str(stop.value.code)
+    assert message.startswith('error: ') and '\n' not in message, message
+    assert str(path) in message, (damage, message)
+    assert 'delete' in message.lower(), (damage, message)
+  if name == 'run.json':  # what the line says works: the run moved aside
+    assert run_folder.claim(out, {}, '', {},
+                            if_settings_differ='restart') == []
+    assert (next(out.glob('replaced-*')) / name).read_bytes() == (
+        DAMAGES['garbage'](b''))

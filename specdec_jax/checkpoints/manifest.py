@@ -264,6 +264,13 @@ def differing_arrays(arrays: Mapping[str, Mapping[str, Any]],
 FINGERPRINT_WHOLE_BYTES = 1 << 20
 
 
+def file_fingerprint(path: str) -> Optional[str]:
+  """'sha256:<hex>' of one file's whole content (local or gs://); None
+  when there is no such file."""
+  found = _size_and_sha256(os.fspath(path))
+  return None if found is None else f'sha256:{found[1][:32]}'
+
+
 def fingerprint(folder: str) -> Optional[str]:
   """A cheap content id of a checkpoint folder, for telling runs apart.
 
