@@ -165,14 +165,14 @@ def test_decode_time_draft_matches_training_chain(setup):
     if k == 0:
       root_state = s
   # A tree's rank-0 path is that chain (`Head.draft_tree` steps each node
-  # from its parent's state): 'static-beam:2,1,3' holds it at tree indices
-  # 1, 3, 5; the root's rank-1 child (index 2) is stepped from the root's
-  # state too.
+  # that gets children from its parent's state): 'static-beam:2,2,3' holds
+  # it at tree indices 1, 3, 7; the root's rank-1 child (index 2) is
+  # stepped from the root's state too.
   tree = jax.jit(head.draft_tree, static_argnums=(5, 6))(
       hp, params, h[:, t], out[:, t], cache,
-      tree_shape.parse('static-beam:2,1,3'), speculative.SamplingConfig(),
+      tree_shape.parse('static-beam:2,2,3'), speculative.SamplingConfig(),
       jax.random.key(0))
-  np.testing.assert_array_equal(tree.tokens[:, [1, 3, 5]], drafts)
+  np.testing.assert_array_equal(tree.tokens[:, [1, 3, 7]], drafts)
   # Greedy q is one-hot: the tree keeps its argmax (`Tree.top`).
   np.testing.assert_array_equal(tree.top[:, [0, 1, 3]], np.argmax(q, -1))
   assert (tree.tokens[:, 2] != tree.tokens[:, 1]).all()

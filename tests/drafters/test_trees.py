@@ -23,6 +23,7 @@
 
 import dataclasses
 import functools
+import itertools
 import zlib
 
 import jax
@@ -32,6 +33,7 @@ import pytest
 
 from specdec_jax import loading
 from specdec_jax import drafters
+from specdec_jax import hardware
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
@@ -91,7 +93,6 @@ def test_tree_call_equals_chain_call_on_every_path(v11):
   tokens[:, 0] = prefix[:, committed]
   tree = tree_lib.verify.empty(batch, shape, model.vocab_size).replace(
       tokens=jnp.asarray(tokens), parent=jnp.asarray(parent))
-  tree = tree.replace(visible=tree_lib.verify.ancestors(tree.parent, depth))
   # Every node's path from the root, right-padded: one chain call per row
   # of (batch x width) paths; causal, so the padding changes nothing
   # before it.
@@ -159,6 +160,13 @@ def test_greedy_tree_equals_baseline(greedy_setup, spec):
   model, params, enc, base = greedy_setup
   drafter = tree_drafter(model, spec)
   depth = drafter.shape.depth
+  # The caches hold what a call writes past the committed prefix: the
+  # target the verified width (root + 6 of the 21 nodes 'beam:3,2,4/6'
+  # drafts), the drafter the nodes that get children (root, then 2 a
+  # level).
+  loop = drafter.merged_loop(model, depth, SamplingConfig(), EOS, MAX_LEN)
+  assert loop.cache_length == MAX_LEN + (7 if '/' in spec else 22)
+  assert loop.draft_cache_length == MAX_LEN + 1 + 2 + 2 + 2
   calls = {}
   for name, dparams in (('self', params),
                         ('good', perturbed(params, 0.3, 0))):
@@ -404,7 +412,7 @@ def _law_tree(layout, p_root, q_root, p2, q2, n, seed, siblings):
       parent=jnp.asarray(np.broadcast_to(LAW_PARENT, tokens.shape),
                          jnp.int32),
       depth=jnp.asarray(np.broadcast_to(depth, tokens.shape), jnp.int32),
-      visible=jnp.zeros((1, 1, 1), bool),  # not read by the walk
+      levels=LAW_SHAPE.depth,
       q=jnp.asarray(q, jnp.float32), top=jnp.zeros((n, 1), jnp.int32),
       verified=jnp.zeros((n, 1), jnp.int32),
       siblings=siblings)
@@ -532,7 +540,7 @@ def test_greedy_walk_takes_the_first_of_repeated_siblings():
       parent=jnp.asarray(np.broadcast_to(LAW_PARENT, tokens.shape),
                          jnp.int32),
       depth=jnp.zeros(tokens.shape, jnp.int32),
-      visible=jnp.zeros((1, 1, 1), bool),
+      levels=LAW_SHAPE.depth,
       q=jnp.zeros(tokens.shape + (0,), jnp.float32),
       top=jnp.zeros(tokens.shape, jnp.int32),
       verified=jnp.zeros(tokens.shape, jnp.int32))
@@ -569,11 +577,79 @@ def test_best_tree_beats_chain_and_round_trips():
 
 def test_choose_spends_width_where_calls_are_free():
   probs = [0.75, 0.1, 0.05, 0.03]
-  flat, _ = shape_lib.choose(probs, lambda k: 1.0, 0.02, max_nodes=40,
-                             max_depth=8)
-  steep, _ = shape_lib.choose(probs, lambda k: 1.0 + 0.25 * (k - 1), 0.02,
-                              max_nodes=40, max_depth=8)
+  flat, _ = shape_lib.choose(probs, shape_lib.TreeCosts(lambda k: 1.0, 0.02),
+                             max_nodes=40, max_depth=8)
+  steep, _ = shape_lib.choose(
+      probs, shape_lib.TreeCosts(lambda k: 1.0 + 0.25 * (k - 1), 0.02),
+      max_nodes=40, max_depth=8)
   assert flat.nodes > steep.nodes
+
+
+def test_choose_goes_shallower_where_levels_cost_more():
+  """The GPU's measured case: a level of drafting cost ~0.32 ms where a
+  1-token drafter step was assumed (0.09 ms), so a deep tree lost to the
+  chain. On one hand-made profile (flat cost(k), t(1) 5 ms), a choice
+  that ignored the level's time, or counted levels wrong, would pick the
+  same depth for both; the one that prices them picks a shallower tree
+  where levels cost more, and a depth-1 tree where only the root's
+  children are ever accepted (per-depth rates)."""
+  probs = [0.75, 0.1, 0.05, 0.03]
+  profile = hardware.HardwareProfile.of_run(
+      'flat', 1, 5e-3, {1: 1.0, 2: 1.0, 8: 1.0}, {})
+  picked = {}
+  for level_ms in (0.05, 0.32, 2.0):
+    costs = shape_lib.TreeCosts.of_profile(profile, level_ms=level_ms)
+    picked[level_ms], rate = shape_lib.choose(probs, costs, max_nodes=40,
+                                              max_depth=10)
+    shape = picked[level_ms]
+    assert rate == pytest.approx(1e3 * shape.expected_tokens(probs) / (
+        5.0 + shape.depth * level_ms))
+  depths = [picked[x].depth for x in (0.05, 0.32, 2.0)]
+  assert depths[0] > depths[1] > depths[2], depths
+  only_root = [[0.9, 0.5, 0.2], [0.0]]
+  shape, _ = shape_lib.choose(only_root, shape_lib.TreeCosts.of_profile(
+      profile, level_ms=0.05), max_nodes=8, max_depth=4)
+  assert shape.depth == 1 and shape.nodes == 3
+  with pytest.raises(ValueError, match='level_ms, or level_launches'):
+    shape_lib.TreeCosts.of_profile(profile, level_launches=42)
+
+
+def _every_tree(max_nodes, max_depth):
+  """Every `TreeShape` (static) with <= max_nodes nodes and depth <=
+  max_depth: each node's children ranks 0..c-1, any c."""
+  found = []
+
+  def extend(levels, previous, used):
+    if levels:
+      found.append(shape_lib.TreeShape(tuple(levels)))
+    if len(levels) == max_depth:
+      return
+    for counts in itertools.product(range(max_nodes - used + 1),
+                                    repeat=previous):
+      total = sum(counts)
+      if 0 < total <= max_nodes - used:
+        level = tuple((p, r) for p, c in enumerate(counts) for r in range(c))
+        extend(levels + [level], total, used + total)
+
+  extend([], 1, 0)
+  return found
+
+
+def test_choose_is_the_best_of_every_small_tree():
+  """Where the answer is known by exhaustion: per-depth rates, a target
+  whose cost jumps past 4 tokens and a level of 0.8 ms; the rate
+  `choose` predicts is the best over every tree of <= 5 nodes and depth
+  <= 3 (a search that missed a (nodes, depth) pair, priced the drafted
+  width or a non-optimal `best` would fall short)."""
+  probs = [[0.7, 0.2, 0.1], [0.5, 0.3], [0.4]]
+  costs = shape_lib.TreeCosts(lambda k: 5.0 if k <= 4 else 7.0, 0.8)
+  shape, rate = shape_lib.choose(probs, costs, max_nodes=5, max_depth=3,
+                                 dynamic=False)
+  rates = [1e3 * t.expected_tokens(probs) / costs.iteration_ms(t)
+           for t in _every_tree(5, 3)]
+  assert len(rates) > 50
+  assert rate == pytest.approx(max(rates))
+  assert shape.width <= 4  # the jump in cost(k) is not worth it here
 
 
 @pytest.mark.parametrize('spec, message', [
@@ -637,8 +713,7 @@ def test_best_nodes_verifies_an_ancestor_closed_top_set():
       score[:, lo + j] = score[:, prev + pj] - rng.exponential(1.0, 2)
   tree = tree.replace(
       tokens=jnp.asarray(rng.integers(1, 8, (2, shape.width)), jnp.int32),
-      valid=jnp.ones((2, shape.width), bool), parent=jnp.asarray(parent),
-      visible=tree_lib.verify.ancestors(jnp.asarray(parent), shape.depth))
+      valid=jnp.ones((2, shape.width), bool), parent=jnp.asarray(parent))
   pruned = grow_lib.best_nodes(tree, jnp.asarray(score), 6)
   chosen = np.asarray(pruned.verified)
   for row in range(2):
@@ -650,6 +725,7 @@ def test_best_nodes_verifies_an_ancestor_closed_top_set():
   assert tokens.shape == (2, 6)
   np.testing.assert_array_equal(
       tokens, np.take_along_axis(np.asarray(tree.tokens), chosen, 1))
+  every = np.asarray(tree_lib.verify.ancestors(tree.parent, shape.depth))
   np.testing.assert_array_equal(  # ancestors among the verified tokens
-      mask.visible, np.asarray(tree.visible)[
-          np.arange(2)[:, None, None], chosen[:, :, None], chosen[:, None]])
+      mask.visible, every[np.arange(2)[:, None, None], chosen[:, :, None],
+                          chosen[:, None]])

@@ -8,7 +8,9 @@ an encoder-decoder T5 in one jitted loop:
 
   shape.py    `TreeShape`: slots per level, static or dynamic (EAGLE-2:
               parents ranked by the drafter's cumulative probability);
-              `best` / `choose`: the shape for a device's cost curve
+              `best` / `choose`: the shape with the most tokens per
+              second on a device (`TreeCosts`: its target and level
+              times)
   verify.py   exact verification: greedy argmax walk; sampled: multi-step
               speculative sampling by the drafter's sibling rule, without
               replacement (Sequoia; `grow.py`'s trees) or with (SpecInfer)

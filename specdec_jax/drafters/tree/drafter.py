@@ -2,14 +2,18 @@
 
 `TreeDrafter(T5Drafter, shape)`: per iteration one drafter call on the
 root (the catch-up of `T5Drafter`) and one call per level 1..D-1 on that
-level's nodes, each node seeing its ancestors only (`network.TreeMask`);
-the children each node gets, and which parents a dynamic shape expands,
-follow `grow.grow`'s rules (the heads' trees follow the same ones).
+level's nodes that get children (`TreeShape.fed`), each node seeing its
+ancestors only (`network.TreeMask`); the children each node gets, and
+which parents a dynamic shape expands, follow `grow.grow`'s rules (the
+heads' trees follow the same ones). Its cache holds the called nodes,
+`TreeShape.fed_width` slots past the root, not the whole tree.
 
-The drafter keeps the tree it drafted in its state; the next `propose`
-finds the committed tokens' path in it and moves those nodes' keys and
-values into the chain slots of its cache (`DecoderCache.move_slots`), as
-the loop does for the target, so nothing is fed twice.
+The drafter keeps the nodes it was called on in its state; the next
+`propose` finds the committed tokens' path among them and moves those
+nodes' keys and values into the chain slots of its cache
+(`DecoderCache.move_slots`), as the loop does for the target, so nothing
+is fed twice (the last accepted node, when it got no children, and the
+next token are the catch-up's two tokens).
 
 It is a `interfaces.MergedDrafter`: `merged_loop` is the tree loop
 (`loop.TreeLoop`, gamma = the depth used, at most the shape's); in the
@@ -43,12 +47,13 @@ Array = jax.Array
 
 @struct.dataclass
 class TreeState:
-  """The drafter's cache and the tree it last drafted (base -1: none)."""
+  """The drafter's cache and the nodes it was last called on (`grow.Fed`;
+  base -1: none)."""
 
   cache: object
-  tokens: Array  # [batch, T]
-  valid: Array  # [batch, T]
-  parent: Array  # [batch, T]
+  tokens: Array  # [batch, F]
+  valid: Array  # [batch, F]
+  parent: Array  # [batch, F] index among the F nodes
   base: Array  # [batch] the root's slot
 
 
@@ -98,7 +103,7 @@ class TreeDrafter:
   def init(self, params, encoder_input_tokens, max_length: int):
     return self._state(
         self.base.init(params, encoder_input_tokens, max_length),
-        self.shape.width)
+        self.shape.fed_width)
 
   def prefill(self, params, state: TreeState, sequences, lengths):
     cache = self.base.prefill(params, state.cache, sequences, lengths)
@@ -107,32 +112,37 @@ class TreeDrafter:
   def commit(self, state: TreeState, sequences, lengths, depth: int):
     """The cache with the committed path of the last tree moved into the
     chain slots (rows without a tree, or whose tokens left it, keep what
-    they hold: the catch-up feeds the rest). Nodes of the deepest level
-    were never fed to the drafter (their slots hold nothing): the path is
-    moved down to depth `depth` - 1."""
-    batch, width = state.tokens.shape
+    they hold: the catch-up feeds the rest). Only the nodes that got
+    children were fed to the drafter (`TreeShape.fed`; never the deepest
+    level): the path is moved down to its last fed node, at most depth
+    `depth` - 1, and the catch-up feeds the two tokens after it (the
+    last accepted node and the next token)."""
+    batch = state.tokens.shape[0]
     rows = jnp.arange(batch)
     base = state.base
     has = base >= 0
     u = jnp.zeros((batch,), jnp.int32)
     m = jnp.zeros((batch,), jnp.int32)
-    # Tree index of the node that goes to chain slot start + 1 + i: the
+    # Index of the node that goes to chain slot start + 1 + i: the
     # path where it was found; elsewhere the slot itself (nothing moves).
     steps = max(depth - 1, 1)
     path = jnp.broadcast_to(jnp.arange(1, steps + 1, dtype=jnp.int32),
                             (batch, steps))
     walking = has
+    offsets = self.shape.truncate(depth).fed_offsets + (
+        state.tokens.shape[1],)
     for d in range(1, depth):
       # Committed token at depth d, if the row committed past it (the last
       # committed token is fed by the catch-up, never moved).
       index = jnp.clip(base + d, 0, sequences.shape[1] - 1)
       token = sequences[rows, index]
       here = walking & (base + d <= lengths - 2)
-      match = ((state.parent == u[:, None]) & state.valid &
-               (state.tokens == token[:, None]) &
-               (jnp.arange(width)[None, :] > 0))
+      level = slice(offsets[d], offsets[d + 1])  # level d's fed nodes
+      match = ((state.parent[:, level] == u[:, None]) &
+               state.valid[:, level] &
+               (state.tokens[:, level] == token[:, None]))
       found = here & jnp.any(match, axis=1)
-      child = jnp.argmax(match, axis=1).astype(jnp.int32)
+      child = offsets[d] + jnp.argmax(match, axis=1).astype(jnp.int32)
       path = path.at[:, d - 1].set(jnp.where(found, child, d))
       m = m + found.astype(jnp.int32)
       u = jnp.where(found, child, u)
@@ -164,17 +174,18 @@ class TreeDrafter:
     base = lengths - 1
     root = sequences[jnp.arange(lengths.shape[0]), base]
 
-    def expand(cache, tokens, parent, tree):
+    def expand(cache, tokens, parent, mask_of):
       del parent  # the tree mask says who sees whom
       return self.base.model.extend(params, tokens, cache,
-                                    tree=tree.mask(base))
+                                    tree=mask_of(base))
 
-    drafted, tree, cache = grow_lib.grow(shape, sampling, root, logits,
-                                         expand, cache, rng)
-    # The drafter's state keeps every drafted node (its cache holds them
-    # all); the target verifies the best `shape.top` under greedy.
-    state = TreeState(cache=cache, tokens=drafted.tokens,
-                      valid=drafted.valid, parent=drafted.parent, base=base)
+    fed, tree, cache = grow_lib.grow(shape, sampling, root, logits, expand,
+                                     cache, rng)
+    # The drafter's state keeps the nodes it was called on (its cache
+    # holds them); the target verifies the tree (under greedy, with
+    # `shape.top`, its best nodes).
+    state = TreeState(cache=cache, tokens=fed.tokens, valid=fed.valid,
+                      parent=fed.parent, base=base)
     return tree, state
 
 

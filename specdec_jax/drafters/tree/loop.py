@@ -39,7 +39,22 @@ class TreeLoop(speculative.DrafterLoop):
 
   @property
   def cache_length(self) -> int:
-    return self.max_decode_len + self.shape.width
+    """Slots of the target's cache: what a call writes, the verified
+    width (not the drafted one: a `/N` shape verifies N + 1 of its nodes)
+    from the last committed token, at most max_decode_len."""
+    return self.max_decode_len + self.shape.verified_width(
+        self.sampling.greedy)
+
+  @property
+  def draft_cache_length(self) -> int:
+    """Slots of the drafter's cache: its level calls write the nodes that
+    get children (`TreeShape.fed_width` with the root), its catch-up two
+    tokens ending at the last committed one."""
+    return self.max_decode_len + self.shape.fed_width
+
+  def init_draft(self, draft_params, draft_inputs):
+    return self.drafter.init(draft_params, draft_inputs,
+                             self.draft_cache_length)
 
   def body_fn(self, target_params, draft_params, state):
     rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)

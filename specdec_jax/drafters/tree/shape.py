@@ -18,10 +18,13 @@ is the root, then level 1's slots, level 2's, ...: `offsets[d]`.
 
 `best(rank_probs, nodes, depth)` builds the tree of `nodes` nodes with
 the most expected accepted tokens when the target takes the drafter's
-rank-r candidate with probability rank_probs[r] at every node (Sequoia /
-Medusa's construction: greedy on path products, which is optimal here as
-products only shrink along a path). `choose(...)` picks its size and depth
-for a device from the hardware profile's cost(k) (Sequoia's idea).
+rank-r candidate with probability rank_probs[r] at every node, or
+rank_probs[d - 1][r] at depth d (Sequoia / Medusa's construction: greedy
+on path products, which is optimal here as products only shrink along a
+path). `choose(rank_probs, costs)` picks its size and depth for a device:
+the most predicted tokens per second, expected tokens over one target
+call at the verified width plus a drafter call per level
+(`TreeCosts`, from a hardware profile; Sequoia's idea).
 
 References: Miao et al. 2024 (SpecInfer), Chen et al. 2024 (Sequoia),
 Li et al. 2024 (EAGLE-2), Cai et al. 2024 (Medusa).
@@ -31,9 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
 
 from specdec_jax import checks
+from specdec_jax import hardware
 
 Level = Tuple[Tuple[int, int], ...]  # (parent, rank) per slot
 
@@ -120,9 +126,35 @@ class TreeShape:
     """Candidates drawn per node (the largest rank + 1)."""
     return 1 + max(r for level in self.levels for _, r in level)
 
+  @property
+  def fed(self) -> Tuple[Tuple[int, ...], ...]:
+    """Per level 1..D-1, the positions (in the level's parent order: slot
+    order, or a dynamic tree's run-time ranking) of the nodes that get
+    children: the nodes a drafter is called on. A node without children
+    needs no logits, so a level's call is on these alone (beam:16,4,16:
+    4 tokens, not 64)."""
+    return tuple(tuple(sorted({p for p, _ in level}))
+                 for level in self.levels[1:])
+
+  @property
+  def fed_offsets(self) -> Tuple[int, ...]:
+    """Index of each level's first fed node among the nodes the drafter
+    was called on (root: 0), levels 0..D-1."""
+    out = [0, 1]
+    for fed in self.fed[:-1]:
+      out.append(out[-1] + len(fed))
+    return tuple(out[:self.depth])
+
+  @property
+  def fed_width(self) -> int:
+    """Nodes the drafter is called on per tree: the root and `fed`; the
+    cache slots its level calls write past the root."""
+    return 1 + sum(len(fed) for fed in self.fed)
+
   def drafter_widths(self) -> Tuple[int, ...]:
-    """Tokens of each drafter call: the root's, then levels 1..D-1."""
-    return (1,) + self.sizes[:-1]
+    """Tokens of each drafter call: the root's, then levels 1..D-1's fed
+    nodes."""
+    return (1,) + tuple(len(fed) for fed in self.fed)
 
   def truncate(self, depth: int) -> 'TreeShape':
     """The first `depth` levels (e.g. gamma < D)."""
@@ -130,15 +162,14 @@ class TreeShape:
       raise ValueError(f'depth {depth} outside 1..{self.depth}.')
     return dataclasses.replace(self, levels=self.levels[:depth])
 
-  def expected_tokens(self, rank_probs: Sequence[float]) -> float:
-    """Tokens per target call if the target takes rank r w.p. rank_probs[r]
-    at every node, independently (a static tree's figure; the bonus token
-    included)."""
+  def expected_tokens(self, rank_probs) -> float:
+    """Tokens per target call if the target takes, at a node of depth
+    d - 1, the drafter's rank-r candidate w.p. `rate(rank_probs, d, r)`,
+    independently (a static tree's figure; the bonus token included)."""
     value = [1.0]
     total = 1.0
-    for level in self.levels:
-      value = [value[p] * (rank_probs[r] if r < len(rank_probs) else 0.0)
-               for p, r in level]
+    for d, level in enumerate(self.levels, 1):
+      value = [value[p] * rate(rank_probs, d, r) for p, r in level]
       total += sum(value)
     return total
 
@@ -168,41 +199,69 @@ def beam(children: int, expand: int, depth: int,
   return TreeShape(tuple(levels), dynamic)
 
 
-def best(rank_probs: Sequence[float], nodes: int, depth: int,
+def rate(rank_probs, depth: int, rank: int) -> float:
+  """P(the target takes the drafter's rank-`rank` candidate at `depth`).
+
+  `rank_probs`: one sequence over ranks (every depth alike), or one per
+  depth 1, 2, ... (Sequoia's acceptance table; the last row holds
+  deeper); a rank beyond a row is never taken."""
+  rows = rank_probs if _per_depth(rank_probs) else [rank_probs]
+  row = rows[min(depth, len(rows)) - 1]
+  return float(row[rank]) if rank < len(row) else 0.0
+
+
+def _per_depth(rank_probs) -> bool:
+  return len(rank_probs) > 0 and np.ndim(rank_probs[0]) > 0
+
+
+def _check_rates(rank_probs) -> None:
+  rows = rank_probs if _per_depth(rank_probs) else [rank_probs]
+  for row in rows:
+    probs = [float(a) for a in row]
+    if (not probs or any(not 0 <= a <= 1 for a in probs) or
+        any(b > a for a, b in zip(probs, probs[1:]))):
+      raise ValueError(f'rank_probs must be in [0, 1] and non-increasing '
+                       f'over ranks, got {probs}.')
+
+
+def best(rank_probs, nodes: int, depth: int,
          dynamic: bool = False) -> TreeShape:
   """The tree of `nodes` nodes and depth <= `depth` with the most
   `expected_tokens(rank_probs)`; each level in decreasing path value (so a
   dynamic tree's run-time order has the same meaning).
 
+  Greedy on path values (a node's value is the product of the rates
+  along its path): optimal, as a child's value is at most its parent's
+  and a later sibling's at most an earlier one's, so the `nodes` most
+  valuable nodes form a tree.
+
   Args:
     rank_probs: probability that the target takes the drafter's rank-r
-      candidate (non-increasing; `measure_rank_probs`).
+      candidate (non-increasing; `measure_rank_probs`), one sequence or
+      one per depth (`rate`).
     nodes: node budget (>= 1).
     depth: largest depth (>= 1).
     dynamic: the result's `dynamic`.
   """
   if nodes < 1 or depth < 1:
     raise ValueError(f'nodes and depth must be >= 1, got {nodes}, {depth}.')
-  probs = [float(a) for a in rank_probs]
-  if (not probs or any(a < 0 for a in probs) or
-      any(b > a for a, b in zip(probs, probs[1:]))):
-    raise ValueError(f'rank_probs must be >= 0 and non-increasing, got '
-                     f'{probs}.')
+  _check_rates(rank_probs)
+  at = lambda d, r: rate(rank_probs, d, r)
   # (-value, tie, node); node = (parent node id, rank, depth).
   chosen: List[Tuple[float, int, int, int]] = []  # value, parent id, rank, d
-  heap = [(-probs[0], 0, -1, 0, 1)]
+  heap = [(-at(1, 0), 0, -1, 0, 1)]
   tie = 1
   while heap and len(chosen) < nodes:
     neg, _, parent, rank, d = heapq.heappop(heap)
     me = len(chosen)
     chosen.append((-neg, parent, rank, d))
     parent_value = 1.0 if parent < 0 else chosen[parent][0]
-    if rank + 1 < len(probs) and probs[rank + 1] > 0:  # next sibling
-      heapq.heappush(heap, (-parent_value * probs[rank + 1], tie, parent,
+    if at(d, rank + 1) > 0:  # next sibling
+      heapq.heappush(heap, (-parent_value * at(d, rank + 1), tie, parent,
                             rank + 1, d))
       tie += 1
     if d < depth:  # first child
-      heapq.heappush(heap, (neg * probs[0], tie, me, 0, d + 1))
+      heapq.heappush(heap, (neg * at(d + 1, 0), tie, me, 0, d + 1))
       tie += 1
   levels: List[Level] = []
   index = {-1: 0}  # node id -> index within its level (root: 0)
@@ -261,34 +320,86 @@ def parse(spec: str) -> TreeShape:
   raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
 
 
-def choose(rank_probs: Sequence[float], cost: Callable[[int], float],
-           c: float, max_nodes: int = 64, max_depth: int = 12,
-           dynamic: bool = True) -> Tuple[TreeShape, float]:
-  """The `best` tree with the most predicted speed-up on a device.
+@dataclasses.dataclass(frozen=True)
+class TreeCosts:
+  """What one tree iteration costs on a device, in milliseconds.
 
-  Predicted speed-up of a shape = expected_tokens / (cost(width) + D c):
-  one target call on `width` tokens, D drafter calls (Sequoia's
-  hardware-aware choice, with the profile's measured cost curve).
+  An iteration is one target call on the verified width, the drafter's
+  calls (the root's catch-up and levels 1..D-1: D calls, each about a
+  fixed time at batch 1, where a call is bound by its kernel launches,
+  not its width) and a fixed rest.
+
+  Attributes:
+    target_ms: `k -> ms` of a k-token target call.
+    level_ms: one drafter call (the root's, or a level's).
+    fixed_ms: the rest of an iteration (the walk, commits, the loop).
+  """
+
+  target_ms: Callable[[int], float]
+  level_ms: float
+  fixed_ms: float = 0.0
+
+  @classmethod
+  def of_profile(cls, profile: hardware.HardwareProfile, *,
+                 level_ms: Optional[float] = None,
+                 level_launches: Optional[int] = None, batch: int = 1,
+                 fixed_ms: float = 0.0) -> 'TreeCosts':
+    """A profile's costs: t(1) x cost(k) for the target (`cost_at`: its
+    measured curve, interpolated, held beyond the largest k measured);
+    a level as `level_ms`, else `level_launches` x the profile's launch
+    time (the bytes / launches model's, e.g. 42 launches of a 2-layer
+    drafter's level on the H100: ../shared/GPU.md).
+
+    Raises:
+      ValueError: neither `level_ms` nor a launch count the profile can
+        price.
+    """
+    if level_ms is None:
+      if level_launches is None or profile.launch_ms is None:
+        raise ValueError(
+            f'profile {profile.name!r}: a level needs level_ms, or '
+            f'level_launches and a profile with a launch time (launch_ms '
+            f'{profile.launch_ms}).')
+      level_ms = level_launches * profile.launch_ms
+    t1 = profile.t1_ms
+    return cls(target_ms=lambda k: t1 * profile.cost_at(k, batch)[0],
+               level_ms=float(level_ms), fixed_ms=float(fixed_ms))
+
+  def iteration_ms(self, shape: TreeShape, greedy: bool = True) -> float:
+    """Predicted ms of one iteration with `shape`."""
+    return (self.target_ms(shape.verified_width(greedy)) +
+            shape.depth * self.level_ms + self.fixed_ms)
+
+
+def choose(rank_probs, costs: TreeCosts, max_nodes: int = 64,
+           max_depth: int = 12,
+           dynamic: bool = True) -> Tuple[TreeShape, float]:
+  """The tree with the most predicted tokens per second on a device.
+
+  Sequoia's hardware-aware choice: for every depth bound D and node
+  budget n, `best(rank_probs, n, D)` is the tree with the most expected
+  tokens per call; its predicted rate is expected_tokens /
+  `costs.iteration_ms` (the target at the verified width n + 1, D drafter
+  calls). Levels that cost more favour shallower trees, a target whose
+  cost grows with k narrower ones.
 
   Args:
-    rank_probs: as `best`.
-    cost: `k -> cost(k)`, the target call on k tokens over one token
-      (e.g. `lambda k: hardware.cost_at(profile, 1, k)[0]`).
-    c: a drafter call over a target call.
+    rank_probs: as `best` (one row, or one per depth).
+    costs: the device's `TreeCosts` (e.g. `TreeCosts.of_profile`).
     max_nodes, max_depth: the search's bounds.
     dynamic: the result's `dynamic`.
 
   Returns:
-    `(shape, predicted speed-up)`.
+    `(shape, predicted tokens per second)`.
   """
   top = None
   for depth in range(1, max_depth + 1):
     for nodes in range(depth, max_nodes + 1):
       shape = best(rank_probs, nodes, depth, dynamic)
-      if shape.depth < depth:
-        continue
-      speed = shape.expected_tokens(rank_probs) / (
-          cost(shape.width) + shape.depth * c)
-      if top is None or speed > top[1]:
-        top = (shape, speed)
+      if shape.depth < depth or shape.nodes < nodes:
+        continue  # found at a smaller bound
+      rate_per_s = 1e3 * shape.expected_tokens(rank_probs) / (
+          costs.iteration_ms(shape))
+      if top is None or rate_per_s > top[1]:
+        top = (shape, rate_per_s)
   return top

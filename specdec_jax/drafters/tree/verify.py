@@ -85,7 +85,6 @@ class Tree:
     valid: `[batch, T]` bool, the node was drafted (the root: True).
     parent: `[batch, T]` int32 tree index of each node's parent (root: 0).
     depth: `[batch, T]` int32.
-    visible: `[batch, T, T]` bool, ancestor-or-self (`network.TreeMask`).
     q: `[batch, T, vocab]` float32, the drafter's standardized distribution
       each node's children were drawn from (0 for leaves); greedy trees
       keep `[batch, T, 0]` (the one-hot q is `top`).
@@ -94,24 +93,31 @@ class Tree:
     verified: `[batch, M]` int32, the tree indices the target's call
       verifies, increasing (root first; parents before children): all T,
       or the best nodes of a `TreeShape.top` tree (the others invalid).
+    levels: static, the tree's depth D (the rounds `visibility` takes).
     siblings: static, how each node's children were drawn from its q:
       `WITHOUT` or `WITH` replacement (the sampled walk's rule, module
       docstring); the drafter that fills the tree says which.
+
+  Who sees whom is not stored: the target's call builds it once, among
+  the verified nodes only, from `parent` (`verified_call`).
   """
 
   tokens: Array
   valid: Array
   parent: Array
   depth: Array
-  visible: Array
   q: Array
   top: Array
   verified: Array
+  levels: int = struct.field(pytree_node=False)
   siblings: str = struct.field(pytree_node=False, default=WITHOUT)
 
   def mask(self, base: Array) -> TreeMask:
-    """The `network.TreeMask` of the tree with its root at slot `base`."""
-    return TreeMask(base=base, depth=self.depth, visible=self.visible)
+    """The `network.TreeMask` of every node, the root at slot `base`."""
+    every = jnp.broadcast_to(
+        jnp.arange(self.tokens.shape[1], dtype=jnp.int32), self.tokens.shape)
+    return TreeMask(base=base, depth=self.depth,
+                    visible=visibility(self.parent, every, self.levels))
 
   def verified_call(self, base: Array) -> Tuple[Array, TreeMask]:
     """(tokens [batch, M], mask) of the target's call on `verified`."""
@@ -119,11 +125,9 @@ class Tree:
     if idx.shape[1] == self.tokens.shape[1]:  # every node: as drafted
       return self.tokens, self.mask(base)
     take = lambda x: jnp.take_along_axis(x, idx, axis=1)
-    visible = jnp.take_along_axis(
-        jnp.take_along_axis(self.visible, idx[:, :, None], 1),
-        idx[:, None, :], 2)
-    return take(self.tokens), TreeMask(base=base, depth=take(self.depth),
-                                       visible=visible)
+    return take(self.tokens), TreeMask(
+        base=base, depth=take(self.depth),
+        visible=visibility(self.parent, idx, self.levels))
 
   def slot_of(self) -> Array:
     """`[batch, T]` each node's index in the verified call (0 if none)."""
@@ -302,16 +306,35 @@ def path_tokens(tree: Tree, path: Array) -> Array:
   return jnp.take_along_axis(tree.tokens, path, axis=1)
 
 
+def visibility(parent: Array, nodes: Array, depth: int) -> Array:
+  """`[batch, M, M]` ancestor-or-self among `nodes`: [b, i, j] is True iff
+  node j is node i or one of its ancestors.
+
+  Once per target call, on the M nodes it verifies (an ancestor-closed
+  set), never per level on all T drafted nodes: `depth` rounds of one
+  `[batch, M]` parent gather and an `[batch, M, M]` compare, which XLA
+  fuses.
+
+  Args:
+    parent: `[batch, T]` int32 tree index of each node's parent (the
+      root's: itself, 0).
+    nodes: `[batch, M]` int32 tree indices.
+    depth: the tree's depth (rounds up to the root).
+  """
+  up = nodes
+  seen = up[:, :, None] == nodes[:, None, :]
+  for _ in range(depth):
+    up = jnp.take_along_axis(parent, up, axis=1)  # [batch, M]
+    seen = seen | (up[:, :, None] == nodes[:, None, :])
+  return seen
+
+
 def ancestors(parent: Array, depth: int) -> Array:
   """`[batch, T, T]` ancestor-or-self of a parent array `[batch, T]`
-  (root's parent itself), by `depth` rounds of visible[i] |= visible[p(i)]."""
-  width = parent.shape[1]
-  visible = jnp.broadcast_to(jnp.eye(width, dtype=bool),
-                             parent.shape + (width,))
-  for _ in range(depth):
-    visible = visible | jnp.take_along_axis(visible, parent[..., None],
-                                            axis=1)
-  return visible
+  (root's parent itself): `visibility` on every node."""
+  every = jnp.broadcast_to(jnp.arange(parent.shape[1], dtype=jnp.int32),
+                           parent.shape)
+  return visibility(parent, every, depth)
 
 
 def empty(batch: int, shape: TreeShape, vocab: int, greedy: bool = False,
@@ -326,13 +349,11 @@ def empty(batch: int, shape: TreeShape, vocab: int, greedy: bool = False,
       valid=jnp.zeros((batch, width), bool).at[:, 0].set(True),
       parent=jnp.zeros((batch, width), jnp.int32),
       depth=jnp.broadcast_to(depth, (batch, width)),
-      visible=jnp.broadcast_to(jnp.eye(width, dtype=bool),
-                               (batch, width, width)),
       q=jnp.zeros((batch, width, 0 if greedy else vocab), jnp.float32),
       top=jnp.zeros((batch, width), jnp.int32),
       verified=jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
                                 (batch, width)),
-      siblings=siblings)
+      siblings=siblings, levels=shape.depth)
 
 
 def children_of(shape: TreeShape, d: int) -> Tuple[Array, Array]:
