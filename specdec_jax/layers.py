@@ -12,8 +12,10 @@ call time.
 
 Fused projections (`MultiHeadAttention(fused='qkv' | 'kv')`,
 `MlpBlock(fused=True)`) are a decoding-time layout, never a checkpoint's:
-one kernel that is the column-wise concatenation of T5X's kernels, so one
-matmul does the work of two or three (network.fuse_params builds it).
+one kernel holding T5X's kernels' columns interleaved per head (per MLP
+unit), so one matmul does the work of two or three and a mesh that shards
+heads (MLP units) gives each device whole heads (network.fuse_params
+builds it).
 
 Two dtypes per layer: `dtype`, the dtype of the activations and of the
 arithmetic (as in T5X), and `weight_dtype`, the dtype every weight is rounded
@@ -86,6 +88,31 @@ def param_with_axes(module: nn.Module, name: str, init_fn: Initializer,
       value, jax.sharding.PartitionSpec(*axes))
 
 
+def float32_dot(x: Array, kernel: Array, contract: int = 0) -> Array:
+  """`x @ kernel` accumulated and returned in float32, the kernel unconverted.
+
+  The product runs in the wider of the two dtypes: only the narrower operand
+  is converted, so a bfloat16 kernel times bfloat16 activations is a
+  bfloat16 matmul with float32 accumulation (the products of two bfloat16
+  values are exact in float32: the same numbers as converting both first),
+  and a decode loop never rewrites the kernel in float32 on every call.
+
+  Args:
+    x: `[..., n]`.
+    kernel: 2-D, contracted on axis `contract` (of size n).
+    contract: 0 (`[n, m]`, a dense kernel) or 1 (`[m, n]`, an embedding
+      table used as the logits layer).
+
+  Returns:
+    `[..., m]` float32.
+  """
+  dtype = jnp.promote_types(x.dtype, kernel.dtype)
+  return jax.lax.dot_general(
+      x.astype(dtype), kernel.astype(dtype),
+      (((x.ndim - 1,), (contract,)), ((), ())),
+      preferred_element_type=jnp.float32)
+
+
 def as_weight(param: Array, weight_dtype: DType | None, dtype: DType) -> Array:
   """A parameter rounded to `weight_dtype` (if given), then cast to `dtype`.
 
@@ -111,6 +138,9 @@ class DenseGeneral(nn.Module):
     kernel_axes: logical axis names of the 2-D kernel.
     dtype: dtype of the inputs, the product and the output.
     weight_dtype: the kernel is rounded to it first (None: not rounded).
+    float32_output: T5X's float32 logits layer (`dtype` float32) without
+      converting the kernel: `float32_dot` of the inputs as they come and
+      the kernel as stored (a 1-D `features` and the last axis only).
   """
 
   features: int | Tuple[int, ...]
@@ -119,12 +149,14 @@ class DenseGeneral(nn.Module):
   weight_dtype: DType | None = None
   kernel_init: Initializer = default_kernel_init
   kernel_axes: Tuple[str, ...] = ()
+  float32_output: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     features = _tuple(self.features)
     axis = tuple(a % inputs.ndim for a in _tuple(self.axis))
-    inputs = jnp.asarray(inputs, self.dtype)
+    if not self.float32_output:
+      inputs = jnp.asarray(inputs, self.dtype)
     in_shape = tuple(inputs.shape[a] for a in axis)
     kernel = param_with_axes(
         self,
@@ -134,6 +166,11 @@ class DenseGeneral(nn.Module):
         jnp.float32,
         axes=self.kernel_axes,
     )
+    if self.float32_output:
+      if self.weight_dtype is not None:
+        kernel = jnp.asarray(kernel, self.weight_dtype)
+      # [..., embed] x [embed, features] -> [..., features] float32
+      return float32_dot(inputs, kernel)
     kernel = as_weight(kernel, self.weight_dtype, self.dtype)
     kernel = kernel.reshape(in_shape + features)
     contract = tuple(range(len(axis)))
@@ -175,7 +212,9 @@ class Embed(nn.Module):
     return as_weight(rows, self.weight_dtype, self.dtype)
 
   def attend(self, query: Array) -> Array:
-    # [batch, length, embed] -> [batch, length, vocab]
+    # [batch, length, embed] x [vocab, embed] -> [batch, length, vocab]
+    if jnp.dtype(self.attend_dtype) == jnp.float32:
+      return float32_dot(query, self.embedding, contract=1)
     return jnp.dot(query, jnp.asarray(self.embedding, self.attend_dtype).T)
 
 
@@ -203,7 +242,9 @@ class MlpBlock(nn.Module):
   """T5 MLP: `wi` (one activation) or `wi_0, wi_1, ...` (gated), then `wo`.
 
   With `fused` and several activations, `wi_0, wi_1, ...` are one kernel
-  `wi_fused` `[embed, n * mlp]` (their concatenation, in order): one matmul.
+  `wi_fused` `[embed, mlp * n]`: column `u * n + i` is `wi_i`'s column u
+  (units interleaved, so a mesh sharding 'mlp' keeps each unit's gates on
+  one device): one matmul.
   """
 
   intermediate_dim: int
@@ -220,9 +261,11 @@ class MlpBlock(nn.Module):
     )
     n = len(self.activations)
     if self.fused and n > 1:
-      # [batch, length, embed] -> [batch, length, n, mlp] -> n x [..., mlp]
-      x = dense((n, self.intermediate_dim), name='wi_fused')(inputs)
-      xs = [x[..., i, :] for i in range(n)]
+      # [batch, length, embed] -> [batch, length, mlp, n] -> n x [..., mlp]
+      x = dense((self.intermediate_dim, n), name='wi_fused',
+                kernel_init=interleaved_init(
+                    *[default_kernel_init] * n))(inputs)
+      xs = [x[..., i] for i in range(n)]
     else:
       # [batch, length, embed] -> n x [batch, length, mlp]
       xs = [dense(self.intermediate_dim, name='wi' if n == 1 else f'wi_{i}')(
@@ -374,14 +417,37 @@ def write_rows(buffer: Array, update: Array, start: Array) -> Array:
   return jax.vmap(write)(buffer, update.astype(buffer.dtype), start)
 
 
-def _stacked_init(*inits: Initializer) -> Initializer:
-  """Initializer of a fused 2-D kernel: `inits[i]` for column block i."""
+def interleave(kernels: Sequence[Array], groups: int) -> Array:
+  """n 2-D kernels `[rows, groups * d]` -> one `[rows, groups * n * d]`.
+
+  Column `(g * n + i) * d + j` of the result is column `g * d + j` of
+  `kernels[i]`: per group (a head, an MLP unit) the n kernels' columns side
+  by side, the fused projections' layout. Works on numpy and jax arrays.
+  """
+  xp = np if all(isinstance(k, np.ndarray) for k in kernels) else jnp
+  rows, cols = kernels[0].shape
+  # n x [rows, groups, 1, d] -> [rows, groups, n, d] -> [rows, groups * n * d]
+  parts = [k.reshape(rows, groups, 1, cols // groups) for k in kernels]
+  return xp.concatenate(parts, axis=2).reshape(rows, cols * len(kernels))
+
+
+def deinterleave(kernel: Array, n: int, groups: int) -> Tuple[Array, ...]:
+  """The inverse of `interleave`: n kernels `[rows, groups * d]`."""
+  rows, cols = kernel.shape
+  # [rows, groups * n * d] -> [rows, groups, n, d] -> n x [rows, groups * d]
+  split = kernel.reshape(rows, groups, n, cols // (groups * n))
+  return tuple(split[:, :, i].reshape(rows, cols // n) for i in range(n))
+
+
+def interleaved_init(*inits: Initializer, groups: int = 0) -> Initializer:
+  """Initializer of a fused 2-D kernel: `inits[i]` for the i-th kernel of
+  `interleave` (groups 0: one column per group, an MLP's units)."""
   def init(key, shape, dtype=jnp.float32):
     rows, cols = shape
     keys = jax.random.split(key, len(inits))
-    return jnp.concatenate(
-        [f(k, (rows, cols // len(inits)), dtype) for f, k in zip(inits, keys)],
-        axis=1)
+    parts = [f(k, (rows, cols // len(inits)), dtype)
+             for f, k in zip(inits, keys)]
+    return interleave(parts, groups or cols // len(inits))
   return init
 
 
@@ -394,9 +460,11 @@ class MultiHeadAttention(nn.Module):
 
   Attributes:
     fused: None (T5X's `query`, `key`, `value` kernels), 'qkv' (self-
-      attention: one `qkv` kernel `[embed, 3 * heads * head_dim]`, the
-      concatenation of query, key and value's) or 'kv' (cross-attention:
-      `query` and one `kv` kernel `[embed, 2 * heads * head_dim]`).
+      attention: one `qkv` kernel `[embed, heads * 3 * head_dim]`, query,
+      key and value's columns interleaved per head: `interleave`) or 'kv'
+      (cross-attention in the fused layout: `query` and `out` only; its
+      keys and values come projected, by the decoder's one kernel for all
+      layers: network.Decoder.project_cross_kv).
   """
 
   num_heads: int
@@ -421,13 +489,13 @@ class MultiHeadAttention(nn.Module):
     depth_scaling = np.sqrt(self.head_dim).astype(np.float32)
     query_init = lambda *a: default_kernel_init(*a) / depth_scaling
     if self.fused == 'qkv':
-      self.qkv = proj(features=(3,) + heads, kernel_init=_stacked_init(
-          query_init, default_kernel_init, default_kernel_init))
+      self.qkv = proj(features=(self.num_heads, 3, self.head_dim),
+                      kernel_init=interleaved_init(
+                          query_init, default_kernel_init,
+                          default_kernel_init, groups=self.num_heads))
     else:
       self.query = proj(features=heads, kernel_init=query_init)
-    if self.fused == 'kv':
-      self.kv = proj(features=(2,) + heads)
-    elif self.fused is None:
+    if self.fused is None:
       self.key = proj(features=heads)
       self.value = proj(features=heads)
     self.out = DenseGeneral(
@@ -439,23 +507,21 @@ class MultiHeadAttention(nn.Module):
     )
 
   def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:
-    """Key and value of `inputs_kv` (not for a fused 'qkv' attention)."""
-    if self.fused == 'qkv':
-      raise ValueError("A fused 'qkv' attention projects query, key and "
-                       'value together: call project_qkv.')
-    if self.fused == 'kv':
-      # [batch, len, embed] -> [batch, len, 2, heads, head_dim]
-      kv = self.kv(inputs_kv)
-      return kv[:, :, 0], kv[:, :, 1]
+    """Key and value of `inputs_kv` (unfused attention only)."""
+    if self.fused is not None:
+      raise ValueError(f'A fused {self.fused!r} attention projects no key '
+                       'and value alone: qkv projects them with the query '
+                       '(project_qkv), kv reads them projected '
+                       '(network.Decoder.project_cross_kv).')
     # [batch, len, embed] -> 2 x [batch, len, heads, head_dim]
     return self.key(inputs_kv), self.value(inputs_kv)
 
   def project_qkv(self, inputs: Array) -> Tuple[Array, Array, Array]:
     """Query, key and value of the same `inputs` (self-attention)."""
     if self.fused == 'qkv':
-      # [batch, len, embed] -> [batch, len, 3, heads, head_dim]
+      # [batch, len, embed] -> [batch, len, heads, 3, head_dim]
       qkv = self.qkv(inputs)
-      return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      return qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
     # [batch, len, embed] -> 3 x [batch, len, heads, head_dim]
     return (self.query(inputs),) + self.project_kv(inputs)
 

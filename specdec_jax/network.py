@@ -8,10 +8,18 @@ rewinding a row is setting its position back.
 
 Fused projections (`T5Config.fused_projections`, `for_decoding`) are a
 decoding-time layout of the same weights: self-attention's query/key/value
-kernels as one `qkv` kernel, cross-attention's key/value as one `kv`, a gated
-MLP's `wi_0`/`wi_1` as one `wi_fused` (fewer matmuls per step; on a GPU, fewer
-kernel launches). Checkpoints, widening, training and diagnostics only ever
+kernels as one `qkv` kernel, every decoder layer's cross-attention key/value
+as one `decoder/cross_kv` kernel, a gated MLP's `wi_0`/`wi_1` as one
+`wi_fused` (fewer matmuls per step; on a GPU, fewer kernel launches). Checkpoints, widening, training and diagnostics only ever
 see T5X's unfused tree: `fuse_params` / `unfuse_params` convert.
+
+A `T5Model` reads either layout: the params' tree says which
+(`T5Model.module_for`). Every decode loop runs on the fused layout,
+laid out once before its `lax.while_loop` (`decoding_layout`, applied by
+`scaffold.run` to every T5 params tree among the loop's arguments; a
+no-op on params laid out at load): inside a loop no weight is joined,
+split or converted (a compiler that merges two matmuls sharing an input
+would otherwise concatenate their weights on every iteration).
 """
 
 from __future__ import annotations
@@ -208,6 +216,9 @@ class DecoderLayer(nn.Module):
     self.mlp = _mlp(cfg)
 
   def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
+    """This layer's cross-attention key and value (T5X's layout only; the
+    fused layout projects every layer's at once:
+    `Decoder.project_cross_kv`)."""
     # [batch, input_length, embed] -> 2 x [batch, input_length, heads, dim]
     return self.encoder_decoder_attention.project_kv(encoded)
 
@@ -310,10 +321,19 @@ class Decoder(nn.Module):
     self.relpos_bias = _relpos(cfg)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = _norm(cfg)
+    if cfg.fused_projections:
+      # Every layer's cross-attention key / value kernel in one:
+      # [embed, heads * layers * 2 * head_dim] (per head, per layer, k | v).
+      n = cfg.num_decoder_layers
+      self.cross_kv = layers.DenseGeneral(
+          (cfg.num_heads, n, 2, cfg.head_dim), dtype=cfg.compute_dtype,
+          weight_dtype=cfg.dtype, kernel_axes=('embed', 'joined_kv'),
+          kernel_init=layers.interleaved_init(
+              *[layers.default_kernel_init] * (2 * n), groups=cfg.num_heads))
     if not cfg.logits_via_embedding:
       self.logits_dense = layers.DenseGeneral(
-          cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
-      )
+          cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab'),
+          float32_output=True)
 
   def output_logits(self, y: Array, return_hidden: bool = False):
     """The final norm and the logits layer (`[batch, k, embed]` -> float32
@@ -326,9 +346,23 @@ class Decoder(nn.Module):
       logits = self.logits_dense(y)
     return (logits, y) if return_hidden else logits
 
-  def cross_kv(self, encoded: Array):
-    kv = [layer.cross_kv(encoded) for layer in self.layers]
-    return tuple(k for k, _ in kv), tuple(v for _, v in kv)
+  def project_cross_kv(self, encoded: Array):
+    """Every layer's cross-attention keys and values of `encoded`.
+
+    `[batch, input_length, embed]` -> `(keys, values)`, one
+    `[batch, input_length, heads, head_dim]` per layer each: in the fused
+    layout one matmul for all layers (a compiler merging the layers' matmuls
+    itself would join their kernels on every call, e.g. in a streaming
+    loop's refill).
+    """
+    if not self.config.fused_projections:
+      kv = [layer.cross_kv(encoded) for layer in self.layers]
+      return tuple(k for k, _ in kv), tuple(v for _, v in kv)
+    # [batch, len, embed] -> [batch, len, heads, layers, 2, head_dim]
+    kv = self.cross_kv(encoded)
+    n = len(self.layers)
+    return (tuple(kv[:, :, :, i, 0] for i in range(n)),
+            tuple(kv[:, :, :, i, 1] for i in range(n)))
 
   def __call__(self, encoded, encoder_mask, decoder_input_tokens,
                decoder_mask=None, return_hidden=False):
@@ -348,8 +382,9 @@ class Decoder(nn.Module):
     cross_bias = layers.mask_to_bias(encoder_mask[:, None, None, :])
     y = self.shared_embedding(decoder_input_tokens).astype(
         self.config.compute_dtype)
-    for layer in self.layers:
-      y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
+    keys, values = self.project_cross_kv(encoded)
+    for layer, kv in zip(self.layers, zip(keys, values)):
+      y, _ = layer(y, self_bias, kv, cross_bias)
     return self.output_logits(y, return_hidden)
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
@@ -468,7 +503,7 @@ class Transformer(nn.Module):
     """Encodes the inputs once and returns an empty decoder cache."""
     cfg = self.config
     encoded = self.encode(encoder_input_tokens)
-    cross_key, cross_value = self.decoder.cross_kv(encoded)
+    cross_key, cross_value = self.decoder.project_cross_kv(encoded)
     batch = encoder_input_tokens.shape[0]
     empty = jnp.zeros(
         (batch, max_length, cfg.num_heads, cfg.head_dim), cfg.compute_dtype
@@ -512,6 +547,14 @@ class T5Model:
   def module(self) -> Transformer:
     return Transformer(self.config)
 
+  def module_for(self, params) -> Transformer:
+    """The network that reads `params`: T5X's tree or the fused decoding
+    layout (`is_fused`), whichever `config.fused_projections` says."""
+    fused = is_fused(params)
+    if fused == self.config.fused_projections:
+      return self.module
+    return Transformer(self.config.replace(fused_projections=fused))
+
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
@@ -538,22 +581,22 @@ class T5Model:
                         _abstract_variables(self)['params_axes'])
 
   def init_cache(self, params, encoder_input_tokens, max_length: int):
-    return self.module.apply(
+    return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, max_length,
         method=Transformer.init_cache,
     )
 
   def encode(self, params, encoder_input_tokens):
     """The encoder's output `[batch, length, emb_dim]`."""
-    return self.module.apply({'params': params}, encoder_input_tokens,
-                             method=Transformer.encode)
+    return self.module_for(params).apply(
+        {'params': params}, encoder_input_tokens, method=Transformer.encode)
 
   def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False,
              tree: Any = None):
     """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None;
     `return_hidden`: `((logits, hidden), cache)`; `tree`: a `TreeMask`."""
-    return self.module.apply(
+    return self.module_for(params).apply(
         {'params': params}, tokens, cache, lookahead, lookahead_start,
         return_hidden, tree, method=Transformer.extend
     )
@@ -561,7 +604,7 @@ class T5Model:
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None):
     """Teacher-forced logits, the reference the cached path must match."""
-    return self.module.apply(
+    return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         decoder_target_tokens,
     )
@@ -573,31 +616,38 @@ class T5Model:
     hidden is the normalized final decoder state: logits = hidden @ W with W
     the logits kernel (or the embedding / sqrt(embed) when tied).
     """
-    return self.module.apply(
+    return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         None, True,
     )
 
 
 # Fused projections: a decoding-time layout of T5X's tree (see T5Config).
-FUSED_NAMES = ('qkv', 'kv', 'wi_fused')
+FUSED_NAMES = ('qkv', 'cross_kv', 'wi_fused')
 _QKV = ('query', 'key', 'value')
 
 
-def _fusions(config: T5Config):
-  """(module path, fused name, T5X kernel names in column order), per kernel."""
-  gated = len(config.mlp_activations) > 1
-  wi = tuple(f'wi_{i}' for i in range(len(config.mlp_activations)))
+def _fusions(encoder_layers: int, decoder_layers: int, activations: int):
+  """(module path, fused name, the T5X kernels' paths under the module in
+  interleaved order, per_head: columns interleaved per head, else per MLP
+  unit), per fused kernel of a model with these layers and activations."""
+  wi = tuple((f'wi_{i}',) for i in range(activations))
   for stack, n, attention in (
-      ('encoder', config.num_encoder_layers, 'attention'),
-      ('decoder', config.num_decoder_layers, 'self_attention')):
+      ('encoder', encoder_layers, 'attention'),
+      ('decoder', decoder_layers, 'self_attention')):
     for i in range(n):
       layer = (stack, f'layers_{i}')
-      yield layer + (attention,), 'qkv', _QKV
-      if stack == 'decoder':
-        yield layer + ('encoder_decoder_attention',), 'kv', ('key', 'value')
-      if gated:
-        yield layer + ('mlp',), 'wi_fused', wi
+      yield layer + (attention,), 'qkv', tuple((k,) for k in _QKV), True
+      if activations > 1:
+        yield layer + ('mlp',), 'wi_fused', wi, False
+  yield ('decoder',), 'cross_kv', tuple(
+      (f'layers_{i}', 'encoder_decoder_attention', k)
+      for i in range(decoder_layers) for k in ('key', 'value')), True
+
+
+def _config_fusions(config: T5Config):
+  return _fusions(config.num_encoder_layers, config.num_decoder_layers,
+                  len(config.mlp_activations))
 
 
 def is_fused(params) -> bool:
@@ -607,28 +657,41 @@ def is_fused(params) -> bool:
   return any(k in FUSED_NAMES or is_fused(v) for k, v in params.items())
 
 
-def _regroup(params, config: T5Config, fuse: bool):
-  """A copy of `params` with each group of `_fusions` joined or split."""
+def _regroup(params, fusions, num_heads: int, fuse: bool):
+  """A copy of `params` with each group of `fusions` joined or split."""
   params = _copy_dicts(params)
-  for path, fused, parts in _fusions(config):
+  for path, fused, parts, per_head in fusions:
     module = params
     for key in path:
       module = module[key]
-    have = parts[0] if fuse else fused
-    if have not in module:
+    have = parts[0] if fuse else (fused,)
+    holder = module
+    for key in have[:-1]:
+      holder = holder.get(key, {})
+    if have[-1] not in holder:
       state = 'already fused' if fuse else 'not fused'
-      raise ValueError(f"{'/'.join(path)} has no {have!r} kernel (keys: "
-                       f'{sorted(module)}): is the tree {state}?')
+      raise ValueError(f"{'/'.join(path + have[:-1])} has no {have[-1]!r} "
+                       f'kernel (keys: {sorted(holder)}): is the tree '
+                       f'{state}?')
     if fuse:
-      kernels = [module.pop(name)['kernel'] for name in parts]
-      xp = np if all(isinstance(k, np.ndarray) for k in kernels) else jnp
-      module[fused] = {'kernel': xp.concatenate(kernels, axis=1)}
+      kernels = [_parent(module, part).pop(part[-1])['kernel']
+                 for part in parts]
+      groups = num_heads if per_head else kernels[0].shape[1]
+      module[fused] = {'kernel': layers.interleave(kernels, groups)}
     else:
       kernel = module.pop(fused)['kernel']
-      xp = np if isinstance(kernel, np.ndarray) else jnp
-      for name, part in zip(parts, xp.split(kernel, len(parts), axis=1)):
-        module[name] = {'kernel': part}
+      groups = num_heads if per_head else kernel.shape[1] // len(parts)
+      for part, k in zip(parts, layers.deinterleave(kernel, len(parts),
+                                                    groups)):
+        _parent(module, part)[part[-1]] = {'kernel': k}
   return params
+
+
+def _parent(module, path):
+  """The dict holding `path[-1]` under `module` (made where missing)."""
+  for key in path[:-1]:
+    module = module.setdefault(key, {})
+  return module
 
 
 def _copy_dicts(tree):
@@ -641,13 +704,16 @@ def _copy_dicts(tree):
 def fuse_params(params, config: T5Config):
   """T5X's params tree -> the fused decoding layout of the same weights.
 
-  Per layer, column-wise concatenations of T5X's 2-D kernels:
-  `attention` / `self_attention`: query, key, value `[embed, H * D]` ->
-  `qkv/kernel` `[embed, 3 * H * D]`; `encoder_decoder_attention`: key, value
-  -> `kv/kernel` `[embed, 2 * H * D]` (query stays); gated `mlp`: wi_0, wi_1
-  `[embed, mlp]` -> `wi_fused/kernel` `[embed, 2 * mlp]` (a one-activation
-  `wi` stays). The parameter count is unchanged. Never save the result as a
-  checkpoint: `unfuse_params` first.
+  T5X's 2-D kernels joined column-wise, interleaved per head (per MLP unit:
+  `layers.interleave`, so a mesh that shards heads or MLP units keeps each
+  device's columns together): per layer, `attention` / `self_attention`:
+  query, key, value `[embed, H * D]` -> `qkv/kernel` `[embed, H * 3 * D]`;
+  gated `mlp`: wi_0, wi_1 `[embed, mlp]` -> `wi_fused/kernel`
+  `[embed, mlp * 2]` (a one-activation `wi` stays); and every decoder
+  layer's `encoder_decoder_attention` key, value -> one
+  `decoder/cross_kv/kernel` `[embed, H * L * 2 * D]` (the layers' queries
+  stay). The parameter count is unchanged. Never save
+  the result as a checkpoint: `unfuse_params` first.
 
   Args:
     params: an unfused tree of a model with `config`'s layers and
@@ -661,12 +727,54 @@ def fuse_params(params, config: T5Config):
   Raises:
     ValueError: a kernel to fuse is missing (e.g. the tree is fused already).
   """
-  return _regroup(params, config, fuse=True)
+  return _regroup(params, _config_fusions(config), config.num_heads,
+                  fuse=True)
 
 
 def unfuse_params(params, config: T5Config):
   """The inverse of `fuse_params`: T5X's tree, e.g. to save or widen it."""
-  return _regroup(params, config, fuse=False)
+  return _regroup(params, _config_fusions(config), config.num_heads,
+                  fuse=False)
+
+
+def is_params_tree(tree) -> bool:
+  """Whether `tree` is a T5 params tree (T5X's or fused): a mapping with
+  `token_embedder`, `encoder` and `decoder`."""
+  return isinstance(tree, Mapping) and all(
+      k in tree for k in ('token_embedder', 'encoder', 'decoder'))
+
+
+def _layers(stack) -> int:
+  return sum(1 for k in stack if k.startswith('layers_'))
+
+
+def decoding_layout(tree):
+  """`tree` with every T5 params tree in it in the fused decoding layout.
+
+  The one place decoding lays out weights: `scaffold.run` applies it to a
+  loop's arguments, inside the compiled program and before the loop, so
+  the loop reads each fused kernel as it is and never joins weights itself
+  (params already fused, e.g. at load with `for_decoding`, come back as
+  they are). Anything else in `tree` (token ids, a drafter's tables, a
+  head's params) is returned unchanged.
+
+  Args:
+    tree: any pytree (e.g. a loop's `(target_params, draft_params, ...)`).
+
+  Returns:
+    The same structure with each `is_params_tree` subtree fused; layers,
+    heads and MLP activations are read from the tree itself.
+  """
+  def lay_out(params):
+    if not is_params_tree(params) or is_fused(params):
+      return params
+    mlp = params['decoder']['layers_0']['mlp']
+    activations = sum(1 for k in mlp if k.startswith('wi_'))
+    heads = params['decoder']['relpos_bias']['rel_embedding'].shape[0]
+    fusions = _fusions(_layers(params['encoder']), _layers(params['decoder']),
+                       activations)
+    return _regroup(params, fusions, heads, fuse=True)
+  return jax.tree.map(lay_out, tree, is_leaf=is_params_tree)
 
 
 def for_decoding(model: T5Model, params) -> Tuple[T5Model, Any]:

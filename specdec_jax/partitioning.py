@@ -444,16 +444,7 @@ def loop_collectives(hlo_text: str) -> Dict[str, int]:
   `count_collectives` of the whole program also counts what runs once
   (e.g. the encoder); this counts one iteration of every loop.
   """
-  computations, name = {}, None
-  for line in hlo_text.splitlines():
-    m = _COMPUTATION.match(line)
-    if m:
-      name = m.group(1)
-      computations[name] = []
-    elif line.startswith('}'):
-      name = None
-    elif name is not None:
-      computations[name].append(line)
+  computations = _computation_lines(hlo_text)
   def called(lines, key=None):
     out = []
     for line in lines:
@@ -480,3 +471,190 @@ def shard_shapes(tree) -> Dict[str, Tuple[Tuple[int, ...], ...]]:
   flat = traverse_util.flatten_dict(tree, sep='/')
   return {k: tuple(tuple(s.data.shape) for s in v.addressable_shards)
           for k, v in flat.items()}
+
+
+# What a while body must not do to a weight it only reads.
+REWRITES = ('concatenate', 'convert', 'copy', 'transpose', 'slice')
+_INSTRUCTION = re.compile(
+    r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$')
+_ARRAY = re.compile(r'\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]')
+_BITS = {'pred': 8, 's4': 4, 'u4': 4}
+
+
+def _array_bytes(hlo_type: str) -> int:
+  """Bytes of an HLO type's arrays (a tuple's summed): 'bf16[4,8]{1,0}'."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(hlo_type):
+    bits = _BITS.get(dtype) or int(re.sub(r'\D.*', '', re.sub(
+        r'^[a-z]+', '', dtype)) or 8)
+    total += math.prod(int(d) for d in dims.split(',') if d) * bits // 8
+  return total
+
+
+def _computation_lines(hlo_text: str) -> Dict[str, List[str]]:
+  """{computation name: its lines} of an HLO module's text."""
+  computations, name = {}, None
+  for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      name = m.group(1)
+      computations[name] = []
+    elif line.startswith('}'):
+      name = None
+    elif name is not None:
+      computations[name].append(line)
+  return computations
+
+
+def _instructions(hlo_text: str) -> Dict[str, List[Dict[str, Any]]]:
+  """{computation: [{'name', 'type', 'op', 'operands', 'args', 'attrs'}]} of an
+  HLO module's text, each computation's instructions in text order (an
+  order in which every operand comes first)."""
+  out = {}
+  for name, lines in _computation_lines(hlo_text).items():
+    out[name] = []
+    for line in lines:
+      m = _INSTRUCTION.match(line)
+      if not m:
+        continue
+      rest, depth = m.group(4), 1
+      for end, ch in enumerate(rest):
+        depth += {'(': 1, ')': -1}.get(ch, 0)
+        if depth == 0:
+          break
+      out[name].append({
+          'name': m.group(1), 'type': m.group(2), 'op': m.group(3),
+          'operands': re.findall(r'%([\w.\-]+)', rest[:end]),
+          'args': rest[:end], 'attrs': rest[end + 1:]})
+  return out
+
+
+def _called(attrs: str, key: str) -> List[str]:
+  """The computations an instruction's attribute `key` names."""
+  m = re.search(rf'\b{key}=(?:\{{([^}}]*)\}}|%?([\w.\-]+))', attrs)
+  if not m:
+    return []
+  names = m.group(1) if m.group(1) is not None else m.group(2)
+  return [c.strip().lstrip('%') for c in names.split(',') if c.strip()]
+
+
+def loop_weight_rewrites(hlo_text: str, min_bytes: int = 1
+                         ) -> List[Dict[str, Any]]:
+  """Weights a while loop rewrites on every iteration, in a compiled HLO.
+
+  A value a loop only reads (a tuple element its body returns as it got
+  it: the weights, and whatever else is loop-invariant) costs its bytes
+  once per read. Rewriting it inside the body, a `REWRITES` op (or a
+  fusion holding one) whose operands all derive from such values and
+  constants, costs a write and a read more on every iteration: e.g. a
+  compiler joining two weights of matmuls that share an input, or a
+  weight converted to float32 for each call. Those are what this lists:
+  work the program could have done once, before the loop. Nested loops,
+  conditionals and calls inside a body are followed, with what is
+  invariant in the outer loop still invariant inside them.
+
+  Args:
+    hlo_text: `compiled.as_text()` (an optimized HLO module).
+    min_bytes: smallest output to report (e.g. to skip scalar copies).
+
+  Returns:
+    [{'op': opcode (a fusion's: 'fusion:<rewrites inside>'), 'name',
+    'type', 'bytes', 'computation', 'op_name': the jax op it came from,
+    if recorded}], each instruction once.
+  """
+  comps = _instructions(hlo_text)
+  inside: Dict[str, set] = {}
+
+  def ops_of(name):  # opcodes of a computation and what it calls
+    if name not in inside:
+      inside[name] = set()
+      for ins in comps.get(name, []):
+        inside[name].add(ins['op'])
+        for key in ('calls', 'to_apply'):
+          for c in _called(ins['attrs'], key):
+            inside[name] |= ops_of(c)
+    return inside[name]
+
+  found: Dict[Tuple[str, str], Dict[str, Any]] = {}
+
+  def body_params(body):
+    """What the body's parameter holds: 'w' (invariant) where the body
+    returns the element unchanged, else None (varying)."""
+    lines = comps.get(body, [])
+    param = next((i['name'] for i in lines if i['op'] == 'parameter'), None)
+    gte = {i['name']: int(re.search(r'index=(\d+)', i['attrs']).group(1))
+           for i in lines if i['op'] == 'get-tuple-element'
+           and i['operands'] == [param]}
+    root = lines[-1] if lines else None
+    if root is None or root['op'] != 'tuple':
+      return None
+    return ['w' if gte.get(o) == i else None
+            for i, o in enumerate(root['operands'])]
+
+  def run(name, params, in_loop, seen=()):
+    """Propagates invariance through computation `name`; returns its
+    root's value ('w': from invariants, 'c': constants only, None:
+    varying; a list for a tuple)."""
+    if name in seen:
+      return None
+    seen = seen + (name,)
+    value: Dict[str, Any] = {}
+    last = None
+    for ins in comps.get(name, []):
+      op, args = ins['op'], [value.get(o) for o in ins['operands']]
+      if op == 'parameter':
+        k = int(ins['args'])
+        v = params[k] if params and k < len(params) else None
+      elif op in ('constant', 'iota'):
+        v = 'c'
+      elif op == 'get-tuple-element':
+        i = int(re.search(r'index=(\d+)', ins['attrs']).group(1))
+        v = args[0][i] if isinstance(args[0], list) and i < len(
+            args[0]) else (args[0] if not isinstance(args[0], list) else None)
+      elif op == 'tuple':
+        v = args
+      elif op == 'while':
+        for b in _called(ins['attrs'], 'body'):
+          run(b, [body_params(b)], True, seen)
+        v = None
+      elif op == 'conditional':
+        branches = (_called(ins['attrs'], 'branch_computations') or
+                    _called(ins['attrs'], 'true_computation') +
+                    _called(ins['attrs'], 'false_computation'))
+        for b, arg in zip(branches, args[1:]):
+          run(b, [arg], in_loop, seen)
+        v = None
+      elif op == 'call':
+        v = None
+        for c in _called(ins['attrs'], 'to_apply'):
+          v = run(c, args, in_loop, seen)
+      elif op.startswith('rng') or any(
+          a is None or isinstance(a, list) for a in args):
+        v = None
+      else:
+        v = 'w' if 'w' in args else 'c'
+      value[ins['name']] = v
+      last = v
+      if in_loop and v == 'w':
+        hits = ([op] if op in REWRITES else sorted(
+            set(REWRITES) & set().union(*[ops_of(c) for c in _called(
+                ins['attrs'], 'calls')])) if op == 'fusion' else [])
+        nbytes = _array_bytes(ins['type'])
+        if hits and nbytes >= min_bytes:
+          where = re.search(r'op_name="([^"]*)"', ins['attrs'])
+          found[(name, ins['name'])] = {
+              'op': op if op in REWRITES else 'fusion:' + ','.join(hits),
+              'name': ins['name'], 'type': ins['type'], 'bytes': nbytes,
+              'computation': name,
+              'op_name': where.group(1) if where else None}
+    return last
+
+  callees = {c for lines in comps.values() for ins in lines
+             for key in ('body', 'condition', 'calls', 'to_apply',
+                         'branch_computations', 'true_computation',
+                         'false_computation')
+             for c in _called(ins['attrs'], key)}
+  for name in comps:
+    if name not in callees:  # the entry (and anything nothing calls)
+      run(name, None, False)
+  return list(found.values())

@@ -19,7 +19,10 @@ function:
     temperature_sample.prepare(...)  # `(loop, args)`, e.g. to wrap the loop
 
 So a new loop writes its body and its prepare; the compiled entry, the
-ahead-of-time lowering and the cache of compiled programs are shared.
+ahead-of-time lowering and the cache of compiled programs are shared, and
+so is the weights' layout: `run` lays out every T5 params tree among the
+loop's arguments for decoding (`network.decoding_layout`) before the loop
+starts, once per call, so no loop body joins or converts a weight.
 """
 
 from __future__ import annotations
@@ -29,17 +32,24 @@ from typing import Any, Callable, Tuple
 
 import jax
 
+from specdec_jax import network
+
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def run(loop, *args):
   """`loop(*args)` compiled once per loop configuration and argument shapes.
+
+  The loop runs on `network.decoding_layout(args)`: T5 params in the fused
+  decoding layout, joined here, outside the loop (nothing to do for params
+  laid out at load), so the loop's target and drafter calls read each
+  weight as it is.
 
   Args:
     loop: a hashable loop object (a frozen dataclass): a static argument,
       so two equal loops share one compiled program.
     *args: its array arguments (pytrees).
   """
-  return loop(*args)
+  return loop(*network.decoding_layout(args))
 
 
 def lower(loop, *args) -> jax.stages.Lowered:

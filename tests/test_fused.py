@@ -61,8 +61,8 @@ def test_fuse_layout_and_unfuse_is_identity(both):
   got = {k: v.shape for k, v in _flat(fused).items()}
   dec = 'decoder/layers_1/'
   assert got[dec + 'self_attention/qkv/kernel'] == (cfg.emb_dim, 3 * joined)
-  assert got[dec + 'encoder_decoder_attention/kv/kernel'] == (cfg.emb_dim,
-                                                              2 * joined)
+  assert got['decoder/cross_kv/kernel'] == (
+      cfg.emb_dim, cfg.num_decoder_layers * 2 * joined)
   assert got[dec + 'encoder_decoder_attention/query/kernel'] == (cfg.emb_dim,
                                                                  joined)
   assert got['encoder/layers_0/attention/qkv/kernel'] == (cfg.emb_dim,
@@ -173,8 +173,8 @@ def test_fused_step_has_fewer_dots(activations, saved):
 
   Per decoder layer, unfused: q, k, v, q.k, p.v, out (self-attention); q,
   q.k, p.v, out (cross); wi_0, wi_1, wo — plus one logits dot per step. In
-  init_cache, the encoder saves as much per layer and cross-attention's k, v
-  become one dot per decoder layer.
+  init_cache, the encoder saves as much per layer and every decoder layer's
+  cross-attention k, v become one dot.
   """
   config = network.T5Config(vocab_size=32128, mlp_activations=activations,
                             logits_via_embedding=False, **T5_1_1['small'])
@@ -185,7 +185,8 @@ def test_fused_step_has_fewer_dots(activations, saved):
   assert extend == (10 + saved) * layers + 1
   assert fused_extend == 10 * layers + 1
   assert extend - fused_extend == saved * layers  # 24 (gated), 16 (relu)
-  assert init - fused_init == saved * config.num_encoder_layers + layers
+  assert init - fused_init == (saved * config.num_encoder_layers +
+                                2 * layers - 1)
 
 
 def test_a_fused_tree_is_not_saved_as_a_checkpoint(both, tmp_path):

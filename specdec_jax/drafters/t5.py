@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
@@ -226,12 +227,14 @@ def check_model_params(model, params) -> None:
   (`checkpoints.expected_shapes`, computed once per config): a
   `network.T5Model` (or a `partitioning.ShardedModel` of one); any other
   `interfaces.DecodingModel` is not checked. Leaves may be arrays or
-  `jax.ShapeDtypeStruct`s.
+  `jax.ShapeDtypeStruct`s; the tree T5X's or the fused decoding layout
+  (`network.is_fused`: a model reads either).
   """
   model = partitioning.unwrap(model)
   if not isinstance(model, T5Model):
     return
-  want, got = checkpoints.expected_shapes(model.config), _shapes(params)
+  config = model.config.replace(fused_projections=network.is_fused(params))
+  want, got = checkpoints.expected_shapes(config), _shapes(params)
   problems = [f'{k}: missing, want {want[k]}' for k in want if k not in got]
   problems += [f'{k}: not a parameter of the model' for k in got
                if k not in want]

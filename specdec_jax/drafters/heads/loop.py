@@ -16,6 +16,12 @@ from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.drafters.tree.loop import TreeLoop
 
 
+def _head_laid_out(head: Head, draft_params):
+  """The kind's params with the head rounded once to the weights' dtype
+  (`Head.decoding_params`), before the loop."""
+  return {**draft_params, 'head': head.decoding_params(draft_params['head'])}
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadLoop(speculative.MergedLoop):
   """One (gamma + 1)-token target call per iteration returns logits and
@@ -24,6 +30,10 @@ class HeadLoop(speculative.MergedLoop):
   'heads' kind's (`head_params`): only the head is read from them."""
 
   head: Head
+
+  def with_target(self, draft_params, target_params):
+    return _head_laid_out(self.head, super().with_target(draft_params,
+                                                         target_params))
 
   def body_fn(self, target_params, draft_params,
               state: speculative.SpecState) -> speculative.SpecState:
@@ -71,6 +81,10 @@ class HeadTreeLoop(TreeLoop):
                             self.sampling.greedy)
     m = self.shape.verified_width(self.sampling.greedy)
     return tree.replace(verified=tree.verified[:, :m])
+
+  def with_target(self, draft_params, target_params):
+    return _head_laid_out(self.drafter.heads, super().with_target(
+        draft_params, target_params))
 
   def body_fn(self, target_params, draft_params,
               state: speculative.SpecState) -> speculative.SpecState:

@@ -187,14 +187,14 @@ def embed(target_params, config: network.T5Config, tokens: Array) -> Array:
 
 
 def project(target_params, config: network.T5Config, state: Array) -> Array:
-  """The target's logits of a normalized final state (float32)."""
-  state = jnp.asarray(state, jnp.float32)
+  """The target's logits of a normalized final state (float32; the
+  target's weights read as stored, never converted: `layers.float32_dot`)."""
   if config.logits_via_embedding:
-    table = jnp.asarray(target_params['token_embedder']['embedding'],
-                        jnp.float32)
-    return state @ table.T / jnp.sqrt(state.shape[-1])
+    table = target_params['token_embedder']['embedding']
+    return layers.float32_dot(state, table, contract=1) / jnp.sqrt(
+        jnp.float32(state.shape[-1]))
   kernel = target_params['decoder']['logits_dense']['kernel']
-  return state @ jnp.asarray(kernel, jnp.float32)
+  return layers.float32_dot(state, kernel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +207,13 @@ class Head:
   @property
   def module(self) -> DraftHead:
     return DraftHead(self.config, self.head)
+
+  def decoding_params(self, head_params):
+    """`head_params` rounded once to the weights' dtype (`config.dtype`),
+    as every step's `layers.as_weight` rounds them: the same values, which
+    a decode loop then reads as stored instead of converting per step."""
+    return jax.tree.map(lambda w: jnp.asarray(w, self.config.dtype),
+                        head_params)
 
   def step(self, head_params, target_params, state, tokens, cross_kv,
            cross_bias):

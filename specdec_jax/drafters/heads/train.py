@@ -43,8 +43,9 @@ def target_features(model: network.T5Model, target_params,
     give y_{t+1} (`decoder_target_tokens[:, t]`).
   """
   dec_in = jnp.pad(decoder_target_tokens[:, :-1], ((0, 0), (1, 0)))
-  return model.module.apply({'params': target_params}, encoder_input_tokens,
-                            dec_in, method=_features)
+  return model.module_for(target_params).apply(
+      {'params': target_params}, encoder_input_tokens, dec_in,
+      method=_features)
 
 
 def chain_loss(head: Head, head_params, target_params, hidden, cross_kv,

@@ -159,8 +159,8 @@ def lookahead_forward(module, encoder_input_tokens, decoder_input_tokens,
   slots = jnp.broadcast_to(lookahead.astype(cfg.compute_dtype)[None, None],
                            (b, k, big_l, lookahead.shape[1]))
   y = jnp.concatenate([real, slots.reshape(b, k * big_l, -1)], axis=1)
-  for layer in dec.layers:
-    y, _ = layer(y, self_bias, layer.cross_kv(encoded), cross_bias)
+  for layer, kv in zip(dec.layers, zip(*dec.project_cross_kv(encoded))):
+    y, _ = layer(y, self_bias, kv, cross_bias)
   logits = dec.output_logits(y)
   return logits[:, :n], logits[:, n:].reshape(b, k, big_l, -1)
 
@@ -171,7 +171,7 @@ def lookahead_logits(model: network.T5Model, target_params, lookahead_params,
 
   Args:
     model: the target.
-    target_params: its params (unfused T5X tree).
+    target_params: its params (T5X's tree or the fused layout).
     lookahead_params: `{'lookahead_embedder': {'embedding': [L, emb]}}`.
     encoder_input_tokens: `[batch, input_length]`.
     decoder_input_tokens: `[batch, n]`, BOS first.
@@ -186,7 +186,7 @@ def lookahead_logits(model: network.T5Model, target_params, lookahead_params,
   """
   if owners is None:
     owners = jnp.arange(decoder_input_tokens.shape[1])
-  return model.module.apply(
+  return model.module_for(target_params).apply(
       {'params': target_params}, encoder_input_tokens, decoder_input_tokens,
       embeddings(lookahead_params), jnp.asarray(owners, jnp.int32),
       method=lookahead_forward)

@@ -1,0 +1,169 @@
+"""No decode loop rewrites a weight on every iteration.
+
+A loop's weights are loop-invariant: each iteration should read them as they
+are. A compiler that merges two matmuls sharing an input (a GPU build with
+cuBLAS GEMMs merges T5X's query/key/value projections) joins their weights
+with a concatenate INSIDE the loop, every iteration, and a float32 logits
+layer on bfloat16 weights converts the kernel on every call: at T5 1.1-XXL
+cost about 3.7 GB more per target call than the 11 GB of weights it reads.
+So `scaffold.run` lays the weights out once, before the loop
+(`network.decoding_layout`: fused projections), and the logits read the
+kernel as stored (`layers.float32_dot`).
+
+`partitioning.loop_weight_rewrites` reads a compiled program's optimized HLO
+and lists each concatenate / convert / copy / transpose / slice (or fusion
+holding one) in a while body whose operands derive only from loop-invariant
+values. The finder is shown to bite on the CPU (a weight joined inside a
+loop's conditional, which XLA cannot hoist) and on a compile-only H100 with
+cuBLAS GEMMs (T5X's unfused layout, the loop run without
+`decoding_layout`): the latter needs the CUDA plugin at jax's version
+(docs/decoding.md: a Python 3.12 venv with jax[cuda13]) and is skipped
+without it. Every decode program, compiled for a TPU v5e and for the CPU,
+must have none.
+"""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specdec_jax import compiled
+from specdec_jax import decoding
+from specdec_jax import network
+from specdec_jax import partitioning
+from specdec_jax.sampling import SamplingConfig
+
+# bfloat16 weights and activations (a bf16 checkpoint decoded as T5X does);
+# every kernel >= 2 KiB, so `MIN_BYTES` skips scalars and masks.
+TINY = network.T5Config(
+    vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+    num_encoder_layers=1, num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
+    dtype=jnp.bfloat16)
+MIN_BYTES = 1024
+# Where the CUDA plugin is installed: it registers without a GPU only if
+# told before jax first looks for backends (as `compiled.devices` does).
+os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+SETUP = compiled.Setup(target=TINY, draft=TINY.replace(num_decoder_layers=1),
+                       batch=2, input_length=8, max_decode_len=6, gamma=2,
+                       param_dtype='bfloat16')
+# Every loop kind: the baseline, the chain, the token tree, the merged
+# loops (PaSS look-ahead, heads) and a streaming loop (its refill encodes
+# inside the loop).
+PROGRAMS = ('baseline', 't5', 'tree', 'pass', 'heads', 'stream:t5')
+
+
+def _setup(name):
+  return dataclasses.replace(SETUP, tree='beam:2,1,2') if name == 'tree' else (
+      SETUP)
+
+
+def _rewrites(lowered, **options):
+  return partitioning.loop_weight_rewrites(
+      lowered.compile(**options).as_text(), MIN_BYTES)
+
+
+def _planted(wk, wv, x, join_before: bool):
+  """A loop whose conditional multiplies by [wk | wv] (joined in the body,
+  or once before the loop)."""
+  joined = jnp.concatenate([wk, wv], 1) if join_before else None
+
+  def body(carry):
+    i, y = carry
+
+    def project(y):
+      w = joined if join_before else jnp.concatenate([wk, wv], 1)
+      z = y @ w
+      # A concatenate of loop-varying values: not a weight's rewrite.
+      return jnp.concatenate([z[:, :32], z[:, 32:]], 0)[:8]
+    return i + 1, jax.lax.cond(i % 2 == 0, project, lambda y: 2 * y, y)
+
+  return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+
+
+@pytest.mark.parametrize('join_before', [False, True])
+def test_finder_flags_a_weight_joined_inside_a_loop(join_before):
+  """The finder bites: a concatenate of two weights inside a loop (in a
+  conditional, where XLA's loop-invariant code motion leaves it) is
+  reported, with its shape and the jax op it came from; joined before the
+  loop, nothing is, and neither is the concatenate of loop-varying values."""
+  w = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+  x = jax.ShapeDtypeStruct((8, 32), jnp.float32)
+  lowered = jax.jit(_planted, static_argnums=3).lower(w, w, x, join_before)
+  found = _rewrites(lowered)
+  if join_before:
+    assert found == []
+  else:
+    assert [(r['op'], r['bytes']) for r in found] == [
+        ('concatenate', 32 * 64 * 4)], found
+    assert 'while/body' in found[0]['op_name'], found
+
+
+def _partitioner(target: str):
+  """One compile-only device of `target`, or the test skipped (no plugin)."""
+  try:
+    return compiled.partitioner(compiled.get_target(target))
+  except compiled.BackendMissing as e:
+    pytest.skip(str(e))
+
+
+@pytest.fixture(scope='module')
+def tpu_part():
+  return _partitioner('tpu:v5e:1x1')
+
+
+@pytest.mark.parametrize('name', PROGRAMS)
+def test_decode_loops_rewrite_no_weight_on_tpu(tpu_part, name):
+  """Every decode program, compiled for a TPU v5e from bf16 T5X params,
+  reads its weights in the loop as laid out before it."""
+  lowered, _ = compiled.lower_program(name, _setup(name), tpu_part)
+  assert _rewrites(lowered) == []
+
+
+def test_decode_loop_rewrites_no_weight_on_cpu():
+  """The baseline compiled for this CPU from bf16 T5X params (one program:
+  the CPU compiler hoists what the TPU's does)."""
+  model = network.T5Model(TINY)
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, TINY.dtype),
+                        model.param_shapes())
+  lowered = decoding.temperature_sample.lower(
+      model, params, jax.ShapeDtypeStruct((2, 8), jnp.int32),
+      max_decode_len=6)
+  assert _rewrites(lowered) == []
+
+
+@pytest.fixture(scope='module')
+def gpu_part():
+  return _partitioner('gpu:h100')
+
+
+CUBLAS = {'compiler_options': {'xla_gpu_enable_triton_gemm': False}}
+
+
+def test_unfused_layout_is_caught_on_a_gpu(gpu_part):
+  """The bite on the real network: the baseline's loop run on T5X's unfused
+  params (not through `scaffold.run`, so not laid out) compiled for an H100
+  with cuBLAS GEMMs joins each decoder layer's query/key/value kernels in
+  the loop; through `scaffold.run` (fused, before the loop) it joins none."""
+  model = gpu_part.sharded_model(network.T5Model(TINY))
+  params = compiled.abstract_params(model, gpu_part, 'bfloat16')
+  inputs = compiled._tokens(gpu_part, 2, 8)  # pylint: disable=protected-access
+  loop, args = decoding.temperature_sample.prepare(
+      model, params, inputs, max_decode_len=6, sampling=SamplingConfig())
+  unfused = jax.jit(lambda *a: loop(*a)).lower(*args)
+  joined = [r for r in _rewrites(unfused, **CUBLAS)
+            if 'concatenate' in r['op']]
+  assert len(joined) >= TINY.num_decoder_layers, joined
+  assert any('self_attention' in (r['op_name'] or '') for r in joined)
+  assert _rewrites(decoding.temperature_sample.lower(
+      model, params, inputs, max_decode_len=6), **CUBLAS) == []
+
+
+@pytest.mark.parametrize('name', PROGRAMS)
+def test_decode_loops_rewrite_no_weight_on_a_gpu(gpu_part, name):
+  """Every decode program compiled for an H100 with cuBLAS GEMMs (the
+  build that joined weights in the loop) reads its weights as laid out."""
+  lowered, _ = compiled.lower_program(name, _setup(name), gpu_part)
+  assert _rewrites(lowered, **CUBLAS) == []
