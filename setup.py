@@ -13,7 +13,8 @@ setuptools.setup(
     # The shipped mini models and test slices (specdec_jax/shipped.py).
     package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*',
                                   'bench/chips.json',
-                                  'profiles/*.json']},
+                                  'profiles/*.json',
+                                  'profiles/iterations/*.json']},
     include_package_data=True,
     python_requires='>=3.10',
     install_requires=[

@@ -900,6 +900,12 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       help="our shipped drafters' measured alpha (a "
                       'results json with tasks/<task>/alpha)')
   parser.add_argument('--out_dir', default='results/compiled')
+  parser.add_argument('--iterations', nargs='?', const='programs',
+                      choices=('programs', 'reference'),
+                      help='counts, GB, ESTIMATED ms per loop iteration of '
+                      "--programs (program_cost), or 'reference': those "
+                      'the device model was fitted to, with measured ms')
+  parser.add_argument('--tree', default=None, help="the tree kinds' shape")
   args = parser.parse_args(argv)
   if args.reestimate:
     return args
@@ -1258,6 +1264,30 @@ def reestimate(path: str):
   return out
 
 
+def iterations(args: argparse.Namespace) -> str:
+  """`--iterations`: `program_cost.report_iterations` of the programs."""
+  from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
+  target, (model, drafts) = get_target(args.target), _configs(args)
+  base = Setup(target=model, draft=next(iter(drafts.values())),
+               batch=args.batches[0], input_length=args.input_length,
+               max_decode_len=args.max_decode_len, gamma=args.gamma,
+               temperature=args.temperature, tree=args.tree)
+
+  def lower(name, model=None, draft=None, **fields):
+    fields.update({k: models.config(v) for k, v in (
+        ('target', model), ('draft', draft)) if v}, **(
+            {} if 'tree' in name else {'tree': None}))
+    return lower_program(name, dataclasses.replace(base, **fields),
+                         partitioner(target, args.num_partitions))[0]
+  names = None if args.iterations == 'reference' else program_names() if (
+      args.programs == 'all') else [p.strip() for p in args.programs.split(',')]
+  try:
+    return program_cost.report_iterations(lower, target.platform, names,
+                                          target.spec.name)
+  except BackendMissing as e:
+    raise SystemExit(str(e)) from e
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
   """`python -m specdec_jax.compiled --target=tpu:v4:1x1x1 [flags]`: writes
   OUT_DIR/<target>.json and .md (every program, memory per chip, per-step
@@ -1268,6 +1298,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   args = parse_flags(argv)
   if args.reestimate:
     print(reestimate(args.reestimate))
+    return
+  if args.iterations:
+    print(iterations(args))
     return
   result = run(args, argv)
   stem = args.target.replace(':', '_') + (

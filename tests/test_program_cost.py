@@ -1,0 +1,227 @@
+"""Tests of specdec_jax.program_cost: counts per loop iteration, parts, fit.
+
+The GPU counts are checked on a committed fixture (tests/testdata/compiled:
+a tiny loop compiled for a compile-only H100 by make_fixture.py there,
+which needs the CUDA plugin the suite's python lacks), counted by hand.
+"""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from specdec_jax import compiled
+from specdec_jax import program_cost as pc
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / 'testdata' / 'compiled'
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  texts = pc.read_dump(FIXTURE)
+  return pc.gpu_iteration(texts['thunks'], texts['hlo'], texts['metadata'])
+
+
+def test_fixture_launches_kernels_command_buffers(tiny):
+  """The launches of one iteration, counted by hand from the thunk dump:
+  6 direct thunks (the counter copy, the row-store predicate, two
+  cuBLAS-Lt GEMMs, the tanh, a copy), the nested 3-trip loop's 2 kernels
+  x 3 (a known trip count runs no condition), one command buffer of 6
+  kernels (5 row stores, the counter add) and the loop's condition: 14
+  host launches, 19 kernels. A walk that missed nesting, trip counts or
+  command buffers would count otherwise."""
+  assert (tiny.total.launches, tiny.total.kernels) == (14, 19)
+  assert (tiny.total.command_buffers, tiny.total.captured) == (1, 6)
+  assert tiny.notes == []
+
+
+def test_fixture_bytes(tiny):
+  """Bytes by hand (bf16 [8, 256] = 4096 B): each GEMM reads x and a
+  [256, 256] weight and writes [8, 256], its cuBLAS workspace excluded
+  (139,264); the tanh and the copy 8,192 each; the nested loop 3 x
+  (8 + 8,192); each in-place row store writes one [1, 256] row and reads
+  a row of y and of its buffer (+ a pred and an index: 1,541), not its
+  [10, 256] buffer; the scalars 8 + 13 + 8 + 5. An estimate that counted
+  whole operands of slices or in-place buffers would be larger."""
+  expected = (2 * 139264 + 8192 + 8192 + 3 * (8 + 8192) + 5 * 1541 +
+              8 + 13 + 8 + 5)
+  assert tiny.total.bytes == expected == 327251
+
+
+def test_fixture_parts(tiny):
+  """Parts: the GEMM reading the first argument's weight is the target
+  call, the one reading the second's a drafter call; the tanh under
+  'select_tokens' is selection, the row stores under 'cache' cache copies
+  (with their command buffer's launch), the nested loop the draft steps.
+  Attributing by op_name alone would put both GEMMs in one call."""
+  parts = tiny.parts
+  assert parts[pc.TARGET].bytes == parts[f'{pc.DRAFTER} 1'].bytes == 139264
+  assert (parts['selection'].kernels, parts['selection'].bytes) == (1, 8192)
+  cache = parts['cache copies']
+  assert (cache.launches, cache.kernels, cache.command_buffers) == (2, 6, 1)
+  assert (parts['draft steps'].launches, parts['loop condition'].launches
+          ) == (6, 1)
+  assert sorted(parts) == sorted([
+      pc.TARGET, f'{pc.DRAFTER} 1', 'selection', 'cache copies',
+      'draft steps', 'verify bookkeeping', 'loop condition'])
+
+
+def test_hlo_iteration_counts_ops_not_launches():
+  """The TPU path (HLO alone) counts the same ops and bytes as the thunk
+  walk on the same program, and no launches: those are a GPU notion."""
+  texts = pc.read_dump(FIXTURE)
+  it = pc.hlo_iteration(texts['hlo'], 'tpu', program_bytes=1e6)
+  assert (it.total.kernels, it.total.bytes, it.total.launches) == (
+      19, 327251, 0)
+  assert it.program_bytes == 1e6
+
+
+CONDITIONAL = """\
+001: kCopy  [source       | next=002 (1)] kCopy
+002: kWhile [prev=001 (1) | sink        ]
+condition:
+    003: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1]
+  body:
+    004: kCustomKernel [source       | next=009 (1)] loop_compare_fusion_1
+    009: kConditional  [prev=004 (1) | sink        ]
+      false_branch:
+        005: kCublasLtMatmul [source       | next=006 (1)] kCublasLtMatmul
+        006: kCopy           [prev=005 (1) | next=007 (1)] kCopy
+        007: kCustomKernel   [prev=006 (1) | sink        ] sort_6_1
+      true_branch:
+        008: kCustomKernel [source | sink] loop_convert_fusion
+"""
+
+
+def test_parse_thunks_nesting_and_conditional():
+  """A conditional (as XLA prints one) holds its branches; an iteration
+  counts its largest branch (3 launches, not 1 + 3) and says so."""
+  (copy, loop) = pc.parse_thunks(CONDITIONAL)
+  assert (copy.kind, loop.kind) == ('kCopy', 'kWhile')
+  assert [t.id for t in loop.groups['condition']] == [3]
+  cond = loop.groups['body'][1]
+  assert sorted(cond.groups) == ['false_branch', 'true_branch']
+  assert [t.id for t in cond.groups['false_branch']] == [5, 6, 7]
+  it = pc.gpu_iteration(CONDITIONAL, '')
+  assert (it.total.launches, it.total.kernels) == (1 + 3 + 1, 5)
+  assert any('largest of 2 branches' in n for n in it.notes)
+
+
+@pytest.mark.parametrize('description, part', [
+    ('jit(run)/while/body/while/body/eval_jaxpr/add | T5Drafter.step',
+     'draft steps'),
+    ('jit(run)/while/cond/lt | VerifyLoop.cond_fn', 'loop condition'),
+    ('jit(run)/while/body/select_n | DecoderCache.move_slots', 'cache copies'),
+    ('jit(run)/while/body/jit(take_along_axis)/gather | grow', 'selection'),
+    ('jit(run)/while/body/argmax | body', 'selection'),
+    ('jit(run)/while/body/sub | _walk_greedy', 'verify bookkeeping'),
+])
+def test_part_of(description, part):
+  """Bookkeeping ops go to the part their op_name and functions name; a
+  rule that matched too broadly would move them."""
+  assert pc.part_of(description, 'jit(run)/while') == part
+
+
+def test_model_call_is_in_the_body_not_a_nested_loop():
+  """A model call in the loop body is one; in a nested loop it is the
+  draft steps' (the chain's drafter loop), not a call of its own."""
+  loop = 'jit(run)/while'
+  assert pc.is_model_call(
+      'jit(run)/while/body/Transformer.extend/decoder.extend/layers_0/mlp',
+      loop)
+  assert not pc.is_model_call(
+      'jit(run)/while/body/while/body/eval_jaxpr/Transformer.extend/x', loop)
+  assert not pc.is_model_call('jit(run)/while/body/sub', loop)
+
+
+def _program(gb, launches, captured, big=14.0):
+  return {pc.TARGET: pc.Counts(launches=800, kernels=800, bytes=big * 1e9),
+          'drafter call 1': pc.Counts(launches=launches, kernels=launches +
+                                      captured, captured=captured,
+                                      bytes=gb * 1e9)}
+
+
+def test_fit_recovers_known_parameters():
+  """Times made by a known model (2.5 TB/s, 7 us a launch, 2 us a
+  captured kernel; the target call bound by its bytes, the drafter's by
+  its launches) give those parameters back."""
+  true = pc.DeviceModel('t', 2.5e12, 7.0, 2.0)
+  programs = [_program(0.01, 50, 300), _program(0.02, 400, 100, 15.0),
+              _program(0.01, 700, 500, 16.0), _program(0.03, 100, 900, 17.0)]
+  model = pc.fit([(p, true.ms(p)) for p in programs], 't')
+  assert model.bandwidth == pytest.approx(2.5e12, rel=1e-6)
+  assert model.launch_us == pytest.approx(7.0, rel=1e-6)
+  assert model.captured_us == pytest.approx(2.0, rel=1e-6)
+
+
+def test_fit_leaves_out_a_negative_term():
+  """A term the data would fit negative (here captured kernels that come
+  with faster times) is left out, never negative."""
+  rows = [(_program(0.01, 100, 0), 6.3), (_program(0.01, 100, 500), 6.0),
+          (_program(0.01, 300, 0), 7.6)]
+  model = pc.fit(rows, 't')
+  assert model.captured_us == 0 and model.launch_us > 0
+
+
+def test_stored_h100_model_reproduces_the_measured_iterations():
+  """The stored H100 model is the fit of its stored programs and
+  estimates each measured per-iteration time within 10% (the model's
+  goal); a change of counts, times or the fit that broke either fails."""
+  data = pc.load_model('nvidia-h100-80gb-hbm3')
+  model = data['model']
+  refit = pc.refit(data)
+  assert refit.bandwidth == pytest.approx(model.bandwidth, rel=1e-6)
+  assert refit.launch_us == pytest.approx(model.launch_us, abs=1e-3)
+  assert refit.captured_us == pytest.approx(model.captured_us, abs=1e-3)
+  labels = [p['label'] for p in data['programs']]
+  assert labels == ['baseline', 'chain dec2 gamma 6', 'tree beam:4,2,8',
+                    'tree beam:8,4,12/64', 'tree beam:16,4,16/64']
+  for p in data['programs']:
+    ratio = model.ms(pc.parts_of(p['parts'])) / pc.measured_ms(p)
+    assert 0.9 <= ratio <= 1.1, (p['label'], ratio)
+
+
+def test_stored_times_are_the_runs_own():
+  """Each stored program's time is its run's (the files named in it): a
+  figure typed or rounded differently from the run fails."""
+  data = pc.load_model('nvidia-h100-80gb-hbm3')
+  for p in data['programs']:
+    run = json.loads((ROOT / p['source']).read_text())
+    if 't_ms' in p:
+      assert p['t_ms'] == run['costs']['bfloat16']['1']['t_ms']['1']
+      continue
+    rows = run['trees'] if p['program'] == 'tree' else run['table2']
+    (row,) = [r for r in rows if r['task'] == 'en_de' and r['gamma'] == p[
+        'setup']['gamma'] and r['temperature'] == 0 and r.get('tree') == p[
+            'setup'].get('tree') and r['drafter'].startswith('dec2')]
+    assert (p['seconds'], p['target_calls'], p['rows']) == (
+        row['speculative_s'], row['target_calls'], row['rows'])
+    assert pc.measured_ms(p) == pytest.approx(p['measured_ms'], abs=1e-3)
+
+
+def test_table_labels_estimates(tiny):
+  """Every table with times says they are estimates, and the ratio column
+  is estimated / measured."""
+  model = pc.DeviceModel('t', 1e9, 10.0, 1.0)
+  rows = pc.rows([('tiny', tiny, 1.0)], model)
+  assert rows[0]['part'] == 'all'
+  assert rows[0]['estimated_ms'] == pytest.approx(model.ms(tiny.parts))
+  assert rows[0]['ratio'] == pytest.approx(rows[0]['estimated_ms'])
+  text = pc.markdown(rows, 'gpu', model)
+  assert 'ESTIMATE' in text and 'not measured' in text
+  assert 'GPU notion' in pc.markdown(rows, 'tpu')
+
+
+def test_iterations_flag_without_cuda_plugin():
+  """`--iterations` for a GPU target says the CUDA plugin is missing where
+  it is (the suite's python), instead of a traceback."""
+  args = compiled.parse_flags(['--target=gpu:h100', '--iterations',
+                               '--programs=baseline'])
+  assert args.iterations == 'programs'
+  if any(importlib.util.find_spec(p) for p in ('jax_cuda13_plugin',
+                                               'jax_cuda12_plugin')):
+    pytest.skip('the CUDA plugin is installed here')
+  with pytest.raises(SystemExit, match='CUDA plugin'):
+    compiled.iterations(args)
