@@ -103,14 +103,26 @@ def float32_dot(x: Array, kernel: Array, contract: int = 0) -> Array:
     contract: 0 (`[n, m]`, a dense kernel) or 1 (`[m, n]`, an embedding
       table used as the logits layer).
 
+  A one-row product in a narrower dtype (a batch-1 step's logits) runs on
+  two copies of the row: XLA's GPU compiler (cuBLAS GEMMs) makes a one-row
+  bfloat16 x bfloat16 -> float32 product a float32 one, converting the
+  whole kernel on every call; with two rows it stays bfloat16.
+
   Returns:
     `[..., m]` float32.
   """
   dtype = jnp.promote_types(x.dtype, kernel.dtype)
-  return jax.lax.dot_general(
-      x.astype(dtype), kernel.astype(dtype),
-      (((x.ndim - 1,), (contract,)), ((), ())),
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1]).astype(dtype)
+  one_row = rows.shape[0] == 1 and dtype != jnp.float32
+  if one_row:
+    rows = jnp.concatenate([rows, rows], axis=0)
+  # [rows, n] x kernel -> [rows, m]
+  out = jax.lax.dot_general(
+      rows, kernel.astype(dtype), (((1,), (contract,)), ((), ())),
       preferred_element_type=jnp.float32)
+  return out[:1].reshape(lead + out.shape[-1:]) if one_row else out.reshape(
+      lead + out.shape[-1:])
 
 
 def as_weight(param: Array, weight_dtype: DType | None, dtype: DType) -> Array:

@@ -16,10 +16,11 @@ holding one) in a while body whose operands derive only from loop-invariant
 values. The finder is shown to bite on the CPU (a weight joined inside a
 loop's conditional, which XLA cannot hoist) and on a compile-only H100 with
 cuBLAS GEMMs (T5X's unfused layout, the loop run without
-`decoding_layout`): the latter needs the CUDA plugin at jax's version
-(docs/decoding.md: a Python 3.12 venv with jax[cuda13]) and is skipped
-without it. Every decode program, compiled for a TPU v5e and for the CPU,
-must have none.
+`decoding_layout`; and a batch-1 logits product at T5 1.1-XXL size, which
+that build runs as a float32 GEMM unless it has two rows): the latter need
+the CUDA plugin at jax's version (docs/decoding.md: a Python 3.12 venv with
+jax[cuda13]) and are skipped without it. Every decode program, compiled for
+a TPU v5e (and for an H100 where it can), must have none.
 """
 
 import dataclasses
@@ -27,10 +28,12 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specdec_jax import compiled
 from specdec_jax import decoding
+from specdec_jax import layers
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax.sampling import SamplingConfig
@@ -167,3 +170,44 @@ def test_decode_loops_rewrite_no_weight_on_a_gpu(gpu_part, name):
   build that joined weights in the loop) reads its weights as laid out."""
   lowered, _ = compiled.lower_program(name, _setup(name), gpu_part)
   assert _rewrites(lowered, **CUBLAS) == []
+
+
+@pytest.mark.parametrize('rows', [1, 3])
+def test_float32_dot_is_the_float32_product(rows):
+  """The logits' product: bf16 x bf16 accumulated in float32 (one row run
+  as two) gives the float32 product of the same values (products of two
+  bf16 are exact in float32); a float32 kernel is not rounded."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(1, rows, 64)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(64, 96)), jnp.bfloat16)
+  want = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+  got = layers.float32_dot(x, w)
+  assert got.dtype == jnp.float32 and got.shape == (1, rows, 96)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  table = jnp.asarray(rng.normal(size=(96, 64)), jnp.float32)
+  np.testing.assert_allclose(layers.float32_dot(x, table, contract=1),
+                             np.asarray(x, np.float32) @ np.asarray(table).T,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_logits_keep_the_kernel_on_a_gpu(gpu_part):
+  """At T5 1.1-XXL's logits size (4096 x 32128) XLA's cuBLAS build makes a
+  one-row bf16 x bf16 -> f32 product an f32 GEMM, converting the kernel
+  every call (a batch-1 step's logits): a bare `dot_general` is caught;
+  `layers.float32_dot` (two rows) keeps the kernel as stored."""
+  sharding = jax.sharding.SingleDeviceSharding(gpu_part.mesh.devices.flat[0])
+  w = jax.ShapeDtypeStruct((4096, 32128), jnp.bfloat16, sharding=sharding)
+  y = jax.ShapeDtypeStruct((1, 1, 4096), jnp.float32, sharding=sharding)
+
+  def loop(product):
+    def run(w, y):
+      def body(carry):
+        i, y = carry
+        return i + 1, y + product(y.astype(jnp.bfloat16), w)[..., :4096]
+      return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, y))[1]
+    return _rewrites(jax.jit(run).lower(w, y), **CUBLAS)
+
+  bare = loop(lambda x, k: jax.lax.dot_general(
+      x, k, (((2,), (0,)), ((), ())), preferred_element_type=jnp.float32))
+  assert [r['op'] for r in bare] == ['fusion:convert'], bare
+  assert loop(layers.float32_dot) == []
