@@ -54,7 +54,8 @@ class DrafterSpec:
   """What drafts: a drafter kind and what it is built from.
 
   Gin binds it from DRAFTER, DRAFT_MODEL, DRAFT_CHECKPOINT, DRAFT_CONFIDENCE,
-  TREE and OUTPUT_CACHE (gin_configs/runs/eval.gin). Building one checks the
+  TREE and OUTPUT_CACHE (gin_configs/runs/eval.gin), `widen_to` as
+  `--gin.DrafterSpec.widen_to=...`. Building one checks the
   fields against the kind (`drafters.DrafterKind`); `source` turns it into
   the `drafters.DraftSource` a kind is built from.
 
@@ -82,6 +83,12 @@ class DrafterSpec:
       it, committed with each unit's records. None: the eval job keeps the
       run's cache in EVAL_OUTPUT_DIR (output_cache.npz, so a resumed run
       drafts from the same cache); `build` alone makes an in-memory one.
+    widen_to: None, or, for kinds that need a draft model, a
+      `widening.PRESETS` name (e.g. 't5_1_1_small_cost') or a dict of
+      dimensions: the loaded draft model is widened function-preservingly
+      to that size before drafting (`load_drafter`, as
+      `EvalSetup.target_widen_to` widens the target): the same drafts at
+      the cost of the bigger model.
   """
   kind: str = 't5'
   config: Optional[network.T5Config] = None
@@ -89,6 +96,7 @@ class DrafterSpec:
   confidence: float = 0.0
   tree: Optional[str] = None
   output_cache: Optional[str] = None
+  widen_to: Optional[Union[str, Mapping[str, int]]] = None
 
   def __post_init__(self):
     kind = self.drafter_kind
@@ -115,10 +123,25 @@ class DrafterSpec:
     if kind.needs_model and self.config is None:
       raise ValueError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
                        'T5Config).')
+    if self.widen_to is not None:
+      if not kind.needs_model:
+        raise ValueError(f'widen_to is set but drafter {self.kind!r} has no '
+                         'draft model to widen (kinds that do: '
+                         f'{_kinds_that(lambda k: k.needs_model)}).')
+      if not isinstance(self.widen_to, str):
+        object.__setattr__(self, 'widen_to', dict(self.widen_to))
+      self.decoding_config  # pylint: disable=pointless-statement  (validates)
 
   @property
   def drafter_kind(self) -> drafters_lib.DrafterKind:
     return drafters_lib.get_kind(self.kind)
+
+  @property
+  def decoding_config(self) -> network.T5Config:
+    """The draft model's config as it drafts (widened if asked)."""
+    if self.widen_to is None:
+      return self.config
+    return widening.widened_config(self.config, self.widen_to)
 
   @property
   def tree_shape(self) -> tree_shape.TreeShape:
@@ -220,6 +243,7 @@ GROUPED = {
     'draft_checkpoint': ('draft', 'checkpoint'),
     'draft_confidence': ('draft', 'confidence'), 'tree': ('draft', 'tree'),
     'output_cache': ('draft', 'output_cache'),
+    'draft_widen_to': ('draft', 'widen_to'),
     'batch_size': ('batch', 'size'), 'batching': ('batch', 'mode'),
     'stream_chunk': ('batch', 'chunk'), 'batch_gamma': ('batch', 'gamma_rule'),
     'max_gamma': ('batch', 'max_gamma'),
@@ -396,6 +420,8 @@ class EvalSetup:
       settings['draft_confidence'] = float(draft.confidence)
     if draft.tree is not None:
       settings['tree'] = draft.tree
+    if draft.widen_to is not None:
+      settings['draft_widen_to'] = draft.widen_to
     if batch.streamed:  # fixed batches: as before streaming existed
       settings['batching'] = 'stream'
       settings['stream_chunk'] = batch.chunk
@@ -647,6 +673,26 @@ def load_store(setup: EvalSetup, task, target, target_params,
   return store
 
 
+def load_draft_model(spec: DrafterSpec, seed: int,
+                     cache: Optional[LoadCache] = None):
+  """(T5Model, params) a model drafter drafts with: loaded, then widened if
+  asked (`spec.widen_to`), as `load_target` widens the target.
+
+  `seed`: of random weights (no checkpoint). `cache`: a `LoadCache` that
+  keeps the model (widened), or None.
+  """
+  if spec.widen_to is None:
+    return load_model(spec.config, spec.checkpoint, seed, 'draft',
+                      cache=cache)
+  if cache is not None:
+    key = ('draft', spec.config, spec.decoding_config) + _weights_key(
+        spec.checkpoint, seed)
+    return cache.model(key, lambda: load_draft_model(spec, seed))
+  _, params = load_model(spec.config, spec.checkpoint, seed, 'draft')
+  config = spec.decoding_config
+  return network.T5Model(config), widening.widen(params, spec.config, config)
+
+
 def load_drafter(setup: EvalSetup, task=None, target=None,
                  target_params=None, max_train_examples: int = 20000,
                  store=None, cache: Optional[LoadCache] = None):
@@ -667,8 +713,7 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
   kind = spec.drafter_kind
   draft_model = draft_params = None
   if kind.needs_model:
-    draft_model, draft_params = load_model(
-        spec.config, spec.checkpoint, setup.seed + 1, 'draft', cache=cache)
+    draft_model, draft_params = load_draft_model(spec, setup.seed + 1, cache)
   train = pairs = None
   if task is not None:
     train = lambda: data.train_targets(task, max_train_examples)

@@ -6,9 +6,15 @@ configs and latest checkpoints, the paper setup the T5 1.1 XXL target with the
 named T5X drafter, and a missing model or checkpoint must be named clearly.
 """
 
+import jax
+import numpy as np
 import pytest
 
+from specdec_jax import decoding
 from specdec_jax import hardware
+from specdec_jax import loading
+from specdec_jax import models
+from specdec_jax import widening
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 
@@ -19,6 +25,32 @@ def make_models(root, steps=(500, 1000)):
       for step in steps:
         (root / f'{task}_mini_{size}' / f'checkpoint_{step}').mkdir(
             parents=True)
+
+
+def test_a_widened_drafter_drafts_what_it_drafted_before():
+  """`DrafterSpec.widen_to` widens the loaded draft model as the target's
+  widening does, function-preservingly: its greedy outputs are the same
+  tokens (so alpha and the speculative outputs are too), at the cost of
+  the bigger model; a kind with no draft model refuses it."""
+  tiny = models.config('t5_1_1_tiny', vocab_size=64, dtype='float32',
+                       num_encoder_layers=1, num_decoder_layers=1)
+  grown = dict(emb_dim=12, mlp_dim=24, num_decoder_layers=2)
+  spec = loading.DrafterSpec(config=tiny, widen_to=grown)
+  model, params = loading.load_draft_model(spec, seed=3)
+  assert model.config == widening.widened_config(tiny, grown)
+  assert widening.param_count(params) > widening.param_count(
+      loading.load_draft_model(spec.replace(widen_to=None), seed=3)[1])
+  inputs = np.asarray(jax.random.randint(jax.random.key(0), (2, 6), 2, 64))
+  outputs = [decoding.temperature_sample(
+      *loading.load_draft_model(s, seed=3), inputs, max_decode_len=8,
+      eos_id=1).tokens for s in (spec.replace(widen_to=None), spec)]
+  np.testing.assert_array_equal(*outputs)
+  cache = loading.LoadCache()
+  kept = loading.load_draft_model(spec, 3, cache)
+  assert loading.load_draft_model(spec, 3, cache)[0] == kept[0]
+  assert cache.loads['draft'] == 1
+  with pytest.raises(ValueError, match='no draft model to widen'):
+    loading.DrafterSpec(kind='bigram', widen_to=grown)
 
 
 def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
