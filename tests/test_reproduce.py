@@ -1,22 +1,34 @@
-"""The reproduction scripts' setups resolve to the intended eval runs.
+"""The model sets' setups are the intended eval runs, built without gin.
 
-Every setup goes through the eval job's own gin files into its EvalSetup, so these
-checks need no weights: the mini setup must pick the trained mini models'
-configs and latest checkpoints, the paper setup the T5 1.1 XXL target with the
-named T5X drafter, and a missing model or checkpoint must be named clearly.
+`reproduce.eval_setup` builds each setup as a value (configs, checkpoints,
+the task table); the eval job's command line gives it through the gin
+files (`flags`). These checks need no weights: the two must be equal for
+every model set, task and drafter; the value path must run where gin and
+seqio are not installed (the device image); the mini setup must pick the
+trained mini models' latest checkpoints, the paper setup the T5 1.1 XXL
+target with the named T5X drafter, xxl_cost the shipped models widened to
+the paper's costs (a widened drafter drafting what it drafted before), and
+a missing model or checkpoint must be named clearly.
 """
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 import jax
 import numpy as np
-import pytest
 
 from specdec_jax import decoding
+from specdec_jax import gin_utils
 from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import models
 from specdec_jax import widening
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import task_table
 
 
 def make_models(root, steps=(500, 1000)):
@@ -25,6 +37,104 @@ def make_models(root, steps=(500, 1000)):
       for step in steps:
         (root / f'{task}_mini_{size}' / f'checkpoint_{step}').mkdir(
             parents=True)
+
+
+def make_exports(root):
+  """The shipped drafters trained but not shipped (`<name>_fkl` runs)."""
+  for name, where in reproduce.SHIPPED_T5_DRAFTERS.items():
+    if where == 'export':
+      (root / f'{name}_fkl' / 'checkpoint_5').mkdir(parents=True)
+
+
+PAPER_CHECKPOINTS = ','.join(f'{task}_{size}=/ckpt/{task}_{size}'
+                             for task in task_table.names()
+                             for size in ('xxl',) + reproduce.T5_SIZES)
+
+
+def every_model_set(root):
+  """A setup of each model set (both xxl_cost sizes), every drafter found."""
+  make_models(root)
+  make_exports(root)
+  for name in task_table.MODEL_SETS:
+    for shrink in (False, True) if name == 'xxl_cost' else (False,):
+      yield reproduce.make_setup(name, str(root), PAPER_CHECKPOINTS,
+                                 shrink=shrink)
+
+
+def gin_setup(setup, task, drafter):
+  """What the eval job's gin files give for the setup's flags (gamma 1)."""
+  args = gin_utils.parse_flags(setup.flags(task, drafter) + [
+      '--gin.GAMMA=1', "--gin.EVAL_OUTPUT_DIR='-'"], 'test')
+  return loading.setup_from_flags(args)
+
+
+def test_every_setup_value_is_what_its_gin_files_give(tmp_path):
+  """The setups are built without gin, but the command that reruns a cell
+  runs the gin files: for every model set, task and drafter offered, the
+  two must be the same `EvalSetup`, so neither can drift from the other
+  (a config, a task's lengths, a model set's split or data folder, a
+  widening)."""
+  checked = set()
+  for setup in every_model_set(tmp_path):
+    assert set(setup.t5_drafters()) >= set(reproduce.T5_SIZES), setup
+    for task in setup.tasks:
+      for drafter in setup.drafters:
+        value = reproduce.eval_setup(setup, task, drafter)
+        assert value == gin_setup(setup, task, drafter), (
+            setup.models, task, drafter)
+        checked.add(setup.models)
+  assert checked == set(task_table.MODEL_SETS)
+
+
+def test_setups_are_built_where_gin_and_seqio_are_missing(tmp_path):
+  """The device image has neither gin nor seqio: every model set's setup
+  must be built there (the shipped ones, which read no seqio task either,
+  checked field by field)."""
+  make_models(tmp_path)
+  script = textwrap.dedent(f'''
+      import sys
+      sys.modules['gin'] = sys.modules['seqio'] = None  # import raises
+      from specdec_jax.experiments import reproduce, sweep
+      from specdec_jax.experiments.specs import table2
+      for name in ('mini', 'shipped', 'paper', 'xxl_cost'):
+        models = reproduce.make_setup(name, {str(tmp_path)!r},
+                                      {PAPER_CHECKPOINTS!r})
+        for task in models.tasks:
+          for drafter in models.drafters:
+            setup = reproduce.eval_setup(models, task, drafter, gamma=3)
+      shipped = reproduce.eval_setup(reproduce.make_setup('shipped'),
+                                     'en_de', 'dec2', gamma=3)
+      assert shipped.target_checkpoint == 'shipped:target'
+      assert shipped.draft.checkpoint == 'shipped:dec2'
+      assert shipped.data_dir == 'shipped' and shipped.gamma == 3
+      options = sweep.Options(models='xxl_cost', shrink=True)
+      assert sweep.plan(table2.SPEC, sweep.options_of(table2.SPEC, options))
+      print('built')
+      ''')
+  done = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip().endswith('built')
+
+
+def test_xxl_cost_widens_the_shipped_models_to_the_paper_costs():
+  """'xxl_cost' is the accelerator run's Table 2 setting as eval setups:
+  the shipped target at T5 1.1-XXL cost, small at T5 1.1-small cost, dec2
+  as trained; `--shrink` grows the drafters only a little."""
+  setup = reproduce.make_setup('xxl_cost')
+  small = reproduce.eval_setup(setup, 'en_de', 'small')
+  assert small.target_widen_to == 't5_1_1_xxl_cost'
+  assert small.decoding_config.emb_dim == models.CONFIGS['t5_1_1_xxl'].emb_dim
+  assert small.draft.widen_to == 't5_1_1_small_cost'
+  assert small.draft.decoding_config.replace(
+      vocab_size=32128, dtype='bfloat16') == models.CONFIGS['t5_1_1_small']
+  assert small.draft.config == reproduce.MINI['small']  # as it loads
+  dec2 = reproduce.eval_setup(setup, 'en_de', 'dec2')
+  assert dec2.draft.widen_to is None and dec2.target_widen_to is not None
+  tiny = reproduce.eval_setup(reproduce.make_setup('xxl_cost', shrink=True),
+                              'en_de', 'small')
+  assert tiny.target_widen_to is None
+  assert tiny.draft.widen_to == reproduce.XXL_COST_SHRUNK['small']
 
 
 def test_a_widened_drafter_drafts_what_it_drafted_before():

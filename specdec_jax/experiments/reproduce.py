@@ -1,14 +1,20 @@
 """The model sets a spec runs on, as the eval job's setups.
 
-Three model sets: `MiniSetup` ('mini'), the mini models trained here
+Four model sets: `MiniSetup` ('mini'), the mini models trained here
 (gin_configs/train/, `scripts/train.py`) in
 `<models_dir>/<task>_mini_<size>/checkpoint_<step>`; `ShippedSetup`
 ('shipped'), the package's own models; `PaperSetup` ('paper'), real T5X
 checkpoints of T5 1.1 XXL / small / base / large through the paper's gin
-files, for a TPU / GPU. Each task's gin file is `task_table`'s. A setup
-names the eval job's flags for a (task, drafter) pair (`flags`: also the
-command that reruns a cell, `eval_flags` / `shell_command`); `eval_setup`
-turns them into the job's typed `loading.EvalSetup`. This module also
+files, for a TPU / GPU; `XxlCostSetup` ('xxl_cost'), the shipped models
+widened function-preservingly to the paper's costs. `eval_setup` builds
+the job's typed `loading.EvalSetup` for a (task, drafter) pair as a value,
+from the configs (`MINI`, `models.CONFIGS`) and `task_table` (each task's
+gin file, seqio task, lengths and the model set's fields), with no gin:
+it runs where gin and seqio are not installed. A setup also names the
+eval job's flags that give the same setup through the gin files (`flags`:
+the command that reruns a cell, `eval_flags` / `shell_command`); the
+suite checks the two agree for every model set, task and drafter. This
+module also
 holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target
 cost on a measured hardware profile, through `hardware.predict`.
 """
@@ -23,9 +29,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from specdec_jax import checkpoints
 from specdec_jax import drafters as drafters_lib
-from specdec_jax import gin_utils
 from specdec_jax import loading
 from specdec_jax import measure
+from specdec_jax import models as models_lib
 from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import theory
@@ -34,8 +40,7 @@ from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.experiments import task_table
 
-T5_DRAFTERS = {'small': '%MINI_SMALL', 'base': '%MINI_BASE',
-               'large': '%MINI_LARGE'}
+T5_SIZES = ('small', 'base', 'large')  # the paper's T5 drafters
 
 
 def model_free_drafters() -> Tuple[str, ...]:
@@ -209,15 +214,41 @@ def _bindings(**bindings) -> list:
   return flags
 
 
-class _Setup:
-  """What the three setups share: a (task, drafter) pair -> eval job flags.
+def _mini(emb: int, heads: int, encoder: int, decoder: int, head_dim: int,
+          mlp: int) -> network.T5Config:
+  return network.T5Config(
+      vocab_size=8064, dtype='float32', emb_dim=emb, num_heads=heads,
+      num_encoder_layers=encoder, num_decoder_layers=decoder,
+      head_dim=head_dim, mlp_dim=mlp, mlp_activations=('gelu', 'linear'),
+      dropout_rate=0.0, logits_via_embedding=False)
 
-  A setup says which gin file runs a task (`gin_file`), where the target's
-  checkpoint is (`target_checkpoint`) and, for each of its T5 drafters
-  (`t5_drafters`), the gin model macro and checkpoint (`draft`). Every
-  registered drafter kind that needs no model is offered too.
+
+# The mini models' configs: name -> the `network.T5Config` that
+# gin_configs/train/mini_<name>.gin binds to MINI_<NAME> (the target 'xxl'
+# and the drafters of the mini and shipped model sets; the suite checks
+# every setup built from them against the gin files).
+MINI = {'xxl': _mini(256, 4, 4, 4, 64, 640),
+        'large': _mini(192, 3, 3, 3, 64, 512),
+        'base': _mini(128, 2, 2, 2, 64, 320),
+        'small': _mini(64, 2, 1, 1, 32, 160),
+        'dec2': _mini(256, 4, 2, 2, 64, 640),
+        'dec1': _mini(256, 4, 2, 1, 64, 640)}
+
+
+class _Setup:
+  """What the setups share: a (task, drafter) pair -> the eval job's setup.
+
+  A setup says which gin file runs a task (`gin_file`), the target's config
+  and checkpoint, and, for each of its T5 drafters (`t5_drafters`), the
+  config, gin model macro and checkpoint; every registered drafter kind
+  that needs no model is offered too. From these `setup` builds the job's
+  `loading.EvalSetup` as a value (no gin), and `flags` writes the job's
+  command line that gives the same setup through the gin files (the
+  command that reruns a cell; the suite checks that both agree).
   """
   models = ''  # the model set: a `task_table.MODEL_SETS` name
+  default_draft = 'small'  # the gin file's DRAFT_MODEL (a T5 drafter name)
+  file_target: Optional[str] = None  # the gin file's TARGET_CHECKPOINT
 
   @property
   def tasks(self) -> Tuple[str, ...]:
@@ -230,38 +261,82 @@ class _Setup:
     del drafter
     return task_table.get(task).gin_file(self.models)
 
+  def target_config(self) -> network.T5Config:
+    return MINI['xxl']
+
+  def draft_config(self, drafter: str) -> network.T5Config:
+    """The config of a T5 drafter (or of the file's default drafter)."""
+    return MINI[drafter]
+
+  def draft_macro(self, drafter: str) -> Optional[str]:
+    """The gin macro of a T5 drafter's config; None keeps the file's."""
+    return f'%MINI_{drafter.upper()}'
+
   def target_checkpoint(self, task: str) -> Optional[str]:
     raise NotImplementedError
 
-  def draft(self, task: str, drafter: str) -> Tuple[Optional[str], str]:
-    """(gin model macro or None to keep the file's, checkpoint) of a T5."""
+  def draft_checkpoint(self, task: str, drafter: str) -> str:
     raise NotImplementedError
 
-  def extra_flags(self) -> list:
-    return []
+  def draft_widen_to(self, drafter: str) -> Any:
+    """`DrafterSpec.widen_to` of a T5 drafter (None: as trained)."""
+    del drafter
+    return None
+
+  def overrides(self) -> Dict[str, Any]:
+    """`EvalSetup` fields the setup sets beyond its gin files'."""
+    return {}
 
   @property
   def drafters(self) -> Tuple[str, ...]:
     return all_drafters(self.t5_drafters())
 
-  def flags(self, task: str, drafter: str) -> list:
-    """The eval job's flags for one (task, drafter): the setup's gin file,
-    checkpoints and drafter (the command that reruns it)."""
+  def _t5_checked(self, task: str, drafter: str) -> Sequence[str]:
+    """The T5 drafters, after checking that the task and drafter exist."""
     task_table.get(task)  # a clear error for an unknown task
     t5 = self.t5_drafters()  # (ShippedSetup looks for checkpoints)
     if drafter not in all_drafters(t5):
       raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
                        f'{list(all_drafters(t5))}.')
+    return t5
+
+  def setup(self, task: str, drafter: str) -> loading.EvalSetup:
+    """The eval job's setup of one (task, drafter) at gamma 1, built as a
+    value: what `flags` gives through the gin files."""
+    if drafter in self._t5_checked(task, drafter):
+      draft = loading.DrafterSpec(
+          config=self.draft_config(drafter),
+          checkpoint=self.draft_checkpoint(task, drafter),
+          widen_to=self.draft_widen_to(drafter))
+    else:
+      draft = loading.DrafterSpec(
+          kind=drafter, config=self.draft_config(self.default_draft))
+    fields = {**task_table.get(task).fields(self.models), **self.overrides()}
+    target = self.target_checkpoint(task)
+    return loading.EvalSetup(
+        target_config=self.target_config(),
+        target_checkpoint=self.file_target if target is None else target,
+        gamma=1, draft=draft, **fields)
+
+  def flags(self, task: str, drafter: str) -> list:
+    """The eval job's flags for one (task, drafter): the setup's gin file,
+    checkpoints and drafter (the command that reruns it)."""
+    t5 = self._t5_checked(task, drafter)
     flags = [f'--gin_file={self.gin_file(task, drafter)}']
     target = self.target_checkpoint(task)
     if target is not None:
       flags.append(f"--gin.TARGET_CHECKPOINT='{target}'")
-    flags += self.extra_flags()
+    flags += _bindings(**{f'EvalSetup.{name}': value
+                          for name, value in self.overrides().items()})
     if drafter in t5:
-      macro, checkpoint = self.draft(task, drafter)
+      macro = self.draft_macro(drafter)
       if macro is not None:
         flags.append(f'--gin.DRAFT_MODEL={macro}')
-      flags.append(f"--gin.DRAFT_CHECKPOINT='{checkpoint}'")
+      flags.append(
+          f"--gin.DRAFT_CHECKPOINT='{self.draft_checkpoint(task, drafter)}'")
+      widen_to = self.draft_widen_to(drafter)
+      if widen_to is not None:
+        flags += _bindings(**{'DrafterSpec.widen_to': widen_to})
     else:
       flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
     return flags
@@ -276,14 +351,13 @@ class MiniSetup(_Setup):
               'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
 
   def t5_drafters(self) -> Sequence[str]:
-    return tuple(T5_DRAFTERS)
+    return T5_SIZES
 
   def target_checkpoint(self, task: str) -> str:
     return model_checkpoint(self.models_dir, task, 'xxl')
 
-  def draft(self, task: str, drafter: str) -> Tuple[str, str]:
-    return (T5_DRAFTERS[drafter],
-            model_checkpoint(self.models_dir, task, drafter))
+  def draft_checkpoint(self, task: str, drafter: str) -> str:
+    return model_checkpoint(self.models_dir, task, drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,26 +382,33 @@ class PaperSetup(_Setup):
     return known[key]
 
   def t5_drafters(self) -> Sequence[str]:
-    return tuple(T5_DRAFTERS)
+    return T5_SIZES
 
   def gin_file(self, task: str, drafter: str) -> str:
-    size = drafter if drafter in T5_DRAFTERS else 'small'
+    size = drafter if drafter in T5_SIZES else self.default_draft
     return task_table.get(task).gin_file(self.models, size)
+
+  def target_config(self) -> network.T5Config:
+    return models_lib.CONFIGS['t5_1_1_xxl']
+
+  def draft_config(self, drafter: str) -> network.T5Config:
+    return models_lib.CONFIGS[f't5_1_1_{drafter}']
+
+  def draft_macro(self, drafter: str) -> None:
+    return None  # each size's gin file names its drafter
 
   def target_checkpoint(self, task: str) -> str:
     return self._checkpoint(task + '_xxl')
 
-  def draft(self, task: str, drafter: str) -> Tuple[None, str]:
-    return None, self._checkpoint(f'{task}_{drafter}')
+  def draft_checkpoint(self, task: str, drafter: str) -> str:
+    return self._checkpoint(f'{task}_{drafter}')
 
 
-# name -> (gin model macro, where the checkpoint is): shipped ones, or the
-# `<name>_fkl` runs of scripts/train_shipped_models.py in `models_dir`.
-SHIPPED_T5_DRAFTERS = {
-    'dec2': ('%MINI_DEC2', 'shipped'), 'small': ('%MINI_SMALL', 'shipped'),
-    'dec1': ('%MINI_DEC1', 'export'), 'base': ('%MINI_BASE', 'export'),
-    'large': ('%MINI_LARGE', 'export'),
-}
+# The T5 drafters of the shipped models: name -> where the checkpoint is
+# ('shipped' ones, or the `<name>_fkl` runs of
+# scripts/train_shipped_models.py in `models_dir`, 'export').
+SHIPPED_T5_DRAFTERS = {'dec2': 'shipped', 'small': 'shipped',
+                       'dec1': 'export', 'base': 'export', 'large': 'export'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +424,8 @@ class ShippedSetup(_Setup):
   models_dir: Optional[str] = None
   data_dir: Optional[str] = None
   models = 'shipped'
+  default_draft = 'dec2'
+  file_target = 'shipped:target'
   describe = ('shipped multi-task mini-XXL target (emb 256, 4+4 layers, '
               'trained on a GPU); drafters distilled on it (forward KL on '
               'its outputs): dec2 / dec1 (cut from the target: emb 256, 2 '
@@ -351,7 +434,7 @@ class ShippedSetup(_Setup):
 
   def t5_drafters(self) -> Sequence[str]:
     return tuple(
-        n for n, (_, where) in SHIPPED_T5_DRAFTERS.items()
+        n for n, where in SHIPPED_T5_DRAFTERS.items()
         if where == 'shipped' or (self.models_dir and
                                   checkpoints.latest_checkpoint(
                                       os.path.join(os.path.expanduser(
@@ -360,25 +443,74 @@ class ShippedSetup(_Setup):
   def target_checkpoint(self, task: str) -> None:
     return None  # the gin file's: 'shipped:target'
 
-  def extra_flags(self) -> list:
-    return ([f"--gin.EvalSetup.data_dir='{self.data_dir}'"]
-            if self.data_dir else [])
+  def overrides(self) -> Dict[str, Any]:
+    return {} if self.data_dir is None else {'data_dir': self.data_dir}
 
-  def draft(self, task: str, drafter: str) -> Tuple[str, str]:
-    macro, where = SHIPPED_T5_DRAFTERS[drafter]
-    return macro, (f'shipped:{drafter}' if where == 'shipped' else
-                   model_checkpoint(self.models_dir, '', drafter + '_fkl'))
+  def draft_checkpoint(self, task: str, drafter: str) -> str:
+    return (f'shipped:{drafter}' if SHIPPED_T5_DRAFTERS[drafter] == 'shipped'
+            else model_checkpoint(self.models_dir, '', drafter + '_fkl'))
+
+
+# What the xxl_cost set widens each shipped model to: the costs the
+# accelerator run times them at (the target at T5 1.1-XXL cost, a drafter
+# named after a T5 1.1 size at that size's; dec2 / dec1 keep their own).
+XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
+            'base': 't5_1_1_base_cost', 'large': 't5_1_1_large_cost'}
+# The same shrunk (`--shrink`: a CPU run in seconds): the drafters grown a
+# little, function-preservingly all the same; the target as it is, so that
+# its programs are the shipped set's (compiled once; `EvalSetup.
+# target_widen_to` has tests of its own).
+XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
+                   'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
+
+
+@dataclasses.dataclass(frozen=True)
+class XxlCostSetup(ShippedSetup):
+  """The shipped models at the paper's costs (no gin file of its own).
+
+  The shipped setup with its target widened function-preservingly to T5
+  1.1-XXL cost (`EvalSetup.target_widen_to`) and the drafters small / base
+  / large to their T5 1.1 size's (`DrafterSpec.widen_to`), `XXL_COST`: the
+  shipped models' outputs and alpha at the costs of the paper's models,
+  as the accelerator run times them. `shrunk`: `XXL_COST_SHRUNK` instead.
+  """
+  shrunk: bool = False
+  models = 'xxl_cost'
+  describe = ('the shipped models widened function-preservingly (same '
+              'outputs and alpha): target at T5 1.1-XXL cost, drafters '
+              'small / base / large at their T5 1.1 size\'s, dec2 / dec1 '
+              'at their own')
+
+  def _widening(self) -> Dict[str, Any]:
+    return XXL_COST_SHRUNK if self.shrunk else XXL_COST
+
+  def overrides(self) -> Dict[str, Any]:
+    target = self._widening()['target']
+    return dict(super().overrides(), **(
+        {} if target is None else {'target_widen_to': target}))
+
+  def draft_widen_to(self, drafter: str) -> Any:
+    return self._widening().get(drafter)
+
+
+SETUPS = {'mini': MiniSetup, 'shipped': ShippedSetup, 'paper': PaperSetup,
+          'xxl_cost': XxlCostSetup}
 
 
 def make_setup(kind: str, models_dir: str = '~/models',
-               checkpoint_list: str = '', data_dir: Optional[str] = None):
-  """'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from 'k=v,...';
-  'shipped' -> ShippedSetup(models_dir or None, data_dir)."""
+               checkpoint_list: str = '', data_dir: Optional[str] = None,
+               shrink: bool = False):
+  """A model set's setup (`task_table.MODEL_SETS`, `SETUPS`).
+
+  'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from
+  `checkpoint_list` ('en_de_xxl=PATH,...'); 'shipped' ->
+  ShippedSetup(models_dir or None, data_dir); 'xxl_cost' -> the same as
+  XxlCostSetup, its widenings `shrink`-ed if asked (the other sets take
+  their models as they are).
+  """
+  task_table.check_model_set(kind)
   if kind == 'mini':
     return MiniSetup(models_dir)
-  if kind == 'shipped':
-    return ShippedSetup(models_dir if models_dir != '~/models' else None,
-                        data_dir)
   if kind == 'paper':
     pairs = []
     for item in filter(None, checkpoint_list.split(',')):
@@ -388,15 +520,17 @@ def make_setup(kind: str, models_dir: str = '~/models',
       key, path = item.split('=', 1)
       pairs.append((key.strip(), path.strip()))
     return PaperSetup(tuple(pairs))
-  raise ValueError(f"setup must be 'mini', 'shipped' or 'paper', got "
-                   f'{kind!r}.')
+  models_dir = models_dir if models_dir != '~/models' else None
+  if kind == 'xxl_cost':
+    return XxlCostSetup(models_dir, data_dir, shrink)
+  return ShippedSetup(models_dir, data_dir)
 
 
 def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
   """T5X-style flags of one eval run.
 
   Args:
-    setup: `MiniSetup` or `PaperSetup` (models and gin files).
+    setup: a model set's setup (`make_setup`: models and gin files).
     task: a key of `setup.tasks`.
     drafter: a name in `setup.drafters`.
     **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
@@ -412,19 +546,16 @@ def shell_command(flags: Sequence[str]) -> str:
 
 def eval_setup(setup, task: str, drafter: str, /,
                **changes) -> loading.EvalSetup:
-  """The eval job's `EvalSetup` for a (task, drafter) of a setup.
+  """The eval job's `EvalSetup` for a (task, drafter) of a setup, as a
+  value: no gin (the device image has none).
 
   Args:
-    setup: `MiniSetup`, `ShippedSetup` or `PaperSetup`.
+    setup: a model set's setup (`make_setup`).
     task: a key of `setup.tasks`.
     drafter: a name in `setup.drafters`.
-    **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0);
-      gamma defaults to 1 where the gin files leave it unset.
+    **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0),
+      by their flat names too (`loading.GROUPED`); gamma defaults to 1
+      where the gin files leave it unset. Set together: a setup checks its
+      fields at once (a deep gamma with its tree, say).
   """
-  # gamma 1 in gin, then every change at once: a setup checks its fields
-  # together (a deep gamma with its tree, say), not the gin file's first.
-  flags = setup.flags(task, drafter) + ['--gin.GAMMA=1',
-                                        "--gin.EVAL_OUTPUT_DIR='-'"]
-  args = gin_utils.parse_flags(flags, 'experiments.reproduce')
-  changes.setdefault('gamma', 1)
-  return loading.setup_from_flags(args).replace(**changes)
+  return setup.setup(task, drafter).replace(**changes)

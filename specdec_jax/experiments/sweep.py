@@ -2,8 +2,8 @@
 
 A benchmark is a `Spec`: data naming its cells. A `Cell` is the eval job's
 `loading.EvalSetup` for a (task, drafter) of a model set
-(`reproduce.eval_setup`: the gin files of `task_table`, the model set's
-checkpoints) with changes (gamma, temperature, batch, batching, ...), plus
+(`reproduce.eval_setup`: built as a value from the model set's configs
+and checkpoints and `task_table`, as its gin files give it) with changes (gamma, temperature, batch, batching, ...), plus
 named extra measurements (`MEASUREMENTS`). `run` decodes every cell with
 `eval.evaluate` into its own folder under the work folder: the same unit
 loop, timing (both ways, interleaved, medians), records, resumption and
@@ -166,7 +166,7 @@ MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
                       'split', 'data_dir', 'target_widen_to',
                       'activation_dtype', 'batch_size', 'max_gamma',
                       'drafter', 'draft_config', 'draft_checkpoint', 'tree',
-                      'draft_confidence')),
+                      'draft_confidence', 'draft_widen_to')),
 }
 
 
@@ -241,6 +241,14 @@ def plan(spec: Spec, options: Options) -> List[Cell]:
   return cells
 
 
+def model_set(options: Options):
+  """The setup of the options' model set (`reproduce.make_setup`; its
+  widenings shrunk with `--shrink`)."""
+  return reproduce.make_setup(options.models, options.models_dir,
+                              options.checkpoints, options.data_dir,
+                              shrink=options.shrink)
+
+
 def cell_setup(models, cell: Cell, options: Options) -> loading.EvalSetup:
   """The eval job's setup of a cell."""
   changes = dict(cell.changes)
@@ -308,8 +316,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
   """
   options = options_of(spec, options)
   cells = plan(spec, options)
-  models = reproduce.make_setup(options.models, options.models_dir,
-                                options.checkpoints, options.data_dir)
+  models = model_set(options)
   folder = work_folder(spec, options)
   if out is None:
     out = str(folder / 'results' if options.shrink else

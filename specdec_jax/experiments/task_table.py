@@ -6,17 +6,33 @@ A task has a short name (what specs, flags and results say: 'en_de',
 column of the paper it stands in for. The model sets: 'mini' (per-task
 models trained here, gin_configs/mini/), 'shipped' (the package's models on
 its test slices, gin_configs/shipped/), 'paper' (T5 1.1 checkpoints of the
-paper's sizes, gin_configs/paper/; '{size}' is the drafter's size).
-tests/experiments/test_task_table.py checks every entry against its gin
-file, so the table cannot drift from what the job runs.
+paper's sizes, gin_configs/paper/; '{size}' is the drafter's size),
+'xxl_cost' (the shipped models widened to T5 1.1 cost: the shipped gin
+files, `FILES_OF`). `TaskEntry.fields` gives the `loading.EvalSetup`
+fields those files set (task, lengths and the model set's `SET_FIELDS`),
+so a setup is built as a value without gin. tests/experiments/test_sweep.py
+checks every entry against its gin file, so the table cannot drift from
+what the job runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
-MODEL_SETS = ('mini', 'shipped', 'paper')
+MODEL_SETS = ('mini', 'shipped', 'paper', 'xxl_cost')
+# A model set that runs the gin files (and tasks) of another, with bindings
+# of its own (`reproduce`).
+FILES_OF = {'xxl_cost': 'shipped'}
+# The `loading.EvalSetup` fields a model set's gin files set beside a
+# task's name and lengths (the others are gin_configs/runs/eval.gin's
+# defaults, the dataclass's own; gamma is the setups' own).
+SET_FIELDS: Dict[str, Dict[str, Any]] = {
+    'mini': dict(split='test', truncate_inputs=True),
+    'shipped': dict(split='test', truncate_inputs=True, data_dir='shipped',
+                    num_examples=16),
+    'paper': {},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +53,16 @@ class TaskEntry:
   lengths: Mapping[str, Mapping[str, int]]
 
   def gin_file(self, models: str, size: str = 'small') -> str:
-    check_model_set(models)
-    return self.gin[models].format(size=size)
+    return self.gin[files_of(models)].format(size=size)
+
+  def fields(self, models: str) -> Dict[str, Any]:
+    """The `loading.EvalSetup` fields a model set's gin file of this task
+    sets, but the models and gamma: the seqio task, its feature lengths
+    and the model set's `SET_FIELDS`."""
+    files = files_of(models)
+    return dict(mixture_or_task_name=self.task[files],
+                task_feature_lengths=dict(self.lengths[files]),
+                **SET_FIELDS[files])
 
 
 def _lengths(inputs: int, targets: int) -> Dict[str, int]:
@@ -69,6 +93,12 @@ def check_model_set(models: str) -> None:
   if models not in MODEL_SETS:
     raise ValueError(f'Unknown model set {models!r}; expected one of '
                      f'{list(MODEL_SETS)}.')
+
+
+def files_of(models: str) -> str:
+  """The model set whose gin files (and tasks) `models` runs."""
+  check_model_set(models)
+  return FILES_OF.get(models, models)
 
 
 def get(name: str) -> TaskEntry:

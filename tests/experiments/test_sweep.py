@@ -38,9 +38,11 @@ def test_the_task_table_is_what_the_gin_files_configure(models):
     gin.parse_config_files_and_bindings([entry.gin_file(models)], [
         "TARGET_CHECKPOINT = '/t'", "DRAFT_CHECKPOINT = '/d'",
         "EVAL_OUTPUT_DIR = '/o'", "GAMMA = 1"])
-    assert gin.query_parameter('%MIXTURE_OR_TASK_NAME') == entry.task[models]
-    assert dict(gin.query_parameter('%TASK_FEATURE_LENGTHS')) == dict(
-        entry.lengths[models])
+    fields = entry.fields(models)
+    assert gin.query_parameter('%MIXTURE_OR_TASK_NAME') == (
+        fields['mixture_or_task_name'])
+    assert dict(gin.query_parameter('%TASK_FEATURE_LENGTHS')) == (
+        fields['task_feature_lengths'])
   gin.clear_config(clear_constants=True)
   with pytest.raises(ValueError, match="Unknown task 'fr_en'"):
     task_table.get('fr_en')

@@ -1,4 +1,5 @@
-"""The Table 2 and Table 3 specs, shrunk to tiny rows, end to end."""
+"""The Table 2 and Table 3 specs, shrunk to tiny rows, end to end (Table 2
+on the shipped models and on them widened to the paper's costs)."""
 
 import json
 
@@ -8,6 +9,7 @@ from specdec_jax import paper as published
 from specdec_jax import theory
 from specdec_jax import hardware
 from specdec_jax.bench import report
+from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
@@ -83,8 +85,15 @@ def test_table3_spec_alpha_next_to_the_paper(tmp_path):
   _check_repredict(table3.SPEC, out, profile)
 
 
-def test_table2_spec_chooses_gamma_by_theorem_3_8(tmp_path):
-  result, out, profile = _run(table2.SPEC, tmp_path)
+@pytest.fixture(scope='module')
+def table2_run(tmp_path_factory):
+  """Table 2 shrunk on the shipped models: (result, out, profile, work)."""
+  work = tmp_path_factory.mktemp('table2')
+  return _run(table2.SPEC, work) + (work,)
+
+
+def test_table2_spec_chooses_gamma_by_theorem_3_8(table2_run):
+  result, out, profile, tmp_path = table2_run
   rows = result['rows']
   assert [(r['drafter'], r['temperature'], r['gamma']) for r in rows] == [
       ('small', 0.0, 2), ('small', 0.0, 1)]
@@ -116,3 +125,29 @@ def test_table2_spec_chooses_gamma_by_theorem_3_8(tmp_path):
   assert out.with_suffix('.png').stat().st_size > 0
   assert json.loads(out.with_suffix('.json').read_text())['rows'] == rows
   _check_repredict(table2.SPEC, out, profile)
+
+
+def test_table2_runs_on_the_shipped_models_at_xxl_cost(table2_run, tmp_path):
+  """`run table2 --models xxl_cost --shrink` plans and decodes on the CPU
+  (the GPU owner's headline command, shrunk): its drafter is widened
+  function-preservingly when it loads, so the row's alpha and outputs are
+  the shipped run's, while the job's identity names the widening."""
+  shipped = table2_run[0]['rows'][0]
+  options = sweep.Options(models='xxl_cost', shrink=True)
+  cells = sweep.plan(table2.SPEC, sweep.options_of(table2.SPEC, options))
+  assert [c.name for c in cells] == [r['cell'] for r in table2_run[0]['rows']]
+  out = tmp_path / 'out'
+  result = cli.main(['run', 'table2', '--models', 'xxl_cost', '--shrink',
+                     '--only', shipped['cell'], '--work_dir', str(tmp_path),
+                     '--out', str(out)])
+  [row] = result['rows']
+  assert row['status'] == 'complete' and row['differing_examples'] == 0
+  assert row['speculative_tokens'] == shipped['speculative_tokens']
+  assert row['alpha'] == pytest.approx(shipped['alpha'], abs=1e-6)
+  assert row['measured']['calibration']['alpha'] == pytest.approx(
+      shipped['measured']['calibration']['alpha'], abs=1e-6)
+  run = json.loads((tmp_path / 'table2' / 'xxl_cost' / 'cells' /
+                    row['cell'] / 'run.json').read_text())
+  assert run['identity']['draft_widen_to'] == (
+      reproduce.XXL_COST_SHRUNK['small'])
+  _check_repredict(table2.SPEC, out, hardware.load(hardware.H100))

@@ -24,7 +24,6 @@ from specdec_jax import measure
 from specdec_jax import paper as published
 from specdec_jax import theory
 from specdec_jax import hardware
-from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 from specdec_jax.experiments import task_table
@@ -38,9 +37,8 @@ def cells(options, tasks):
   """Per group the gammas from the largest down: the group's first cell
   times c, so c is the drafter's per-token time at gamma MAX_GAMMA (its
   catch-up call spread over the draft), shared by the group."""
-  models = reproduce.make_setup(options.models, options.models_dir,
-                                options.checkpoints, options.data_dir)
-  names, temperatures, top = models.t5_drafters(), TEMPERATURES, MAX_GAMMA
+  names = sweep.model_set(options).t5_drafters()
+  temperatures, top = TEMPERATURES, MAX_GAMMA
   if options.shrink:
     names = [n for n in names if n in SHRUNK['drafters']]
     temperatures, top = SHRUNK['temperatures'], SHRUNK['max_gamma']

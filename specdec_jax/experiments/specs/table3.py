@@ -29,9 +29,9 @@ SHRUNK_DRAFTERS = ('small', 'lookup')
 
 def drafters(options):
   """The model-free kinds this model set can build, then its T5s."""
-  models = reproduce.make_setup(options.models, options.models_dir,
-                                options.checkpoints, options.data_dir)
-  has_train = options.models != 'shipped' or options.data_dir is not None
+  models = sweep.model_set(options)
+  has_train = (task_table.files_of(options.models) != 'shipped'
+               or options.data_dir is not None)
   free = [k for k in reproduce.model_free_drafters()
           if not drafters_lib.KINDS[k].needs_target and (
               has_train or not drafters_lib.KINDS[k].data_only)]
