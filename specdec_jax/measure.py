@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import decoding
+from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative
 
@@ -205,7 +206,13 @@ def step_bytes(model, params, batch: int, cache_length: int,
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def repeated_calls(model, params, tokens, cache, n_calls):
-  """n_calls decoder calls on `tokens`, each from the same position."""
+  """n_calls decoder calls on `tokens`, each from the same position.
+
+  The params are laid out for decoding before the loop, as every decode
+  loop's are (`scaffold.run`): the calls timed read the weights as the
+  decoders' calls do, with nothing joined inside the loop.
+  """
+  params = network.decoding_layout(params)
   position = cache.position
 
   def body(_, carry):
@@ -313,8 +320,10 @@ def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
 
   Each call's first draft is written back as the last committed token and the
   drafter state is carried, so no call is loop-invariant (XLA would hoist a
-  greedy proposal out of the loop otherwise).
+  greedy proposal out of the loop otherwise). The params are laid out for
+  decoding before the loop, as the decode loops' are (`scaffold.run`).
   """
+  params = network.decoding_layout(params)
   rows = jnp.arange(sequences.shape[0])
 
   def body(i, carry):
