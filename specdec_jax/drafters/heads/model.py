@@ -249,9 +249,10 @@ class Head:
     after).
 
     The root's head step gives the root's state and its children's
-    logits; each node of level d < D is stepped from its parent's state
-    and its own token, all of a level's nodes at once; the children and
-    parents follow `drafters.tree.grow`'s rules.
+    logits; each node of level d < D that gets children is stepped from
+    its parent's state and its own token, all of a level's such nodes at
+    once (`TreeShape.fed`); the children and parents follow
+    `drafters.tree.grow`'s rules.
 
     Returns:
       the tree the target verifies (`grow.grow`'s `verified`).
