@@ -21,7 +21,7 @@ import numpy as np
 import tqdm
 
 from specdec_jax import arrays
-from specdec_jax.experiments import task_table
+from specdec_jax import task_table
 
 # seqio task -> feature lengths: the mini model set's (the one task table).
 TASKS = {entry.task['mini']: dict(entry.lengths['mini'])

@@ -31,11 +31,16 @@ import time
 import numpy as np
 
 from specdec_jax import data
+from specdec_jax import task_table
 from specdec_jax.bench import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
-DECODE_LEN = {'en_de': 64, 'synopsis': 32}
+# short name -> its data folder, and the output length the per-task mini
+# models are trained and evaluated at (the task table's).
+TASK_DIRS = {name: entry.task['mini']
+             for name, entry in task_table.TASKS.items()}
+DECODE_LEN = {name: entry.lengths['mini']['targets']
+              for name, entry in task_table.TASKS.items()}
 ROLES = {'xxl': 'target (mini T5-XXL role, multi-task)',
          'small': 'drafter, T5-small role (emb 64, 1+1 layers)',
          'base': 'drafter, T5-base role (emb 128, 2+2 layers)',

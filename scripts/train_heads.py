@@ -61,7 +61,7 @@ from specdec_jax import models
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
 
-TASK_DIRS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
+TASK_DIRS = shipped.TASKS  # short name -> its data folder (the task table)
 CACHE = '~/.cache/specdec_jax/arrays'
 
 

@@ -33,6 +33,7 @@ from specdec_jax import eval as eval_lib
 from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
+from specdec_jax import task_table
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax import hardware
 
@@ -42,8 +43,9 @@ DEMO_CONFIG = network.T5Config(
     mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
 )
 
-
-TASK_GIN = {'en_de': 'shipped/en_de.gin', 'synopsis': 'shipped/synopsis.gin'}
+# short task name -> its gin file on the shipped models (the task table's)
+TASK_GIN = {name: entry.gin_file('shipped')
+            for name, entry in task_table.TASKS.items()}
 
 
 def run_dir(output_dir: str, resume: bool) -> str:
@@ -64,7 +66,7 @@ def run_dir(output_dir: str, resume: bool) -> str:
   return path
 
 
-def main_job(tasks=('en_de', 'synopsis'), num_examples=16,
+def main_job(tasks=task_table.names(), num_examples=16,
              output_dir='/tmp/specdec_jax_main', show=3, extra_gin=(),
              resume=False):
   """Runs the shipped-model eval job per task and prints what it found.
@@ -169,7 +171,7 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--tasks', default='en_de,synopsis')
+  parser.add_argument('--tasks', default=','.join(task_table.names()))
   parser.add_argument('--num_examples', type=int, default=16)
   parser.add_argument('--output_dir', default='/tmp/specdec_jax_main',
                       help='each run decodes into a fresh run_<time> folder '

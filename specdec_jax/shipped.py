@@ -57,13 +57,16 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import network
+from specdec_jax import task_table
 from specdec_jax.checkpoints import manifest
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           'assets', 'mini')
 MANIFEST = 'MANIFEST.json'  # == checkpoints.manifest.MANIFEST
 MODELS = 'models.json'
-TASKS = {'en_de': 'debian_desc_en_de', 'synopsis': 'debian_synopsis'}
+# short task name -> the seqio task (and data folder) of its test slice
+TASKS = {name: entry.task['shipped']
+         for name, entry in task_table.TASKS.items()}
 SCHEME = 'shipped:'
 
 

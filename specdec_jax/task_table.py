@@ -12,7 +12,9 @@ files, `FILES_OF`). `TaskEntry.fields` gives the `loading.EvalSetup`
 fields those files set (task, lengths and the model set's `SET_FIELDS`),
 so a setup is built as a value without gin. tests/experiments/test_sweep.py
 checks every entry against its gin file, so the table cannot drift from
-what the job runs.
+what the job runs. It imports nothing of the package (the lowest layer):
+the shipped assets (`shipped.TASKS`), the demo, the device run and the
+scripts read their tasks here too.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ from specdec_jax import gin_utils
 from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import models
+from specdec_jax import task_table
 from specdec_jax import widening
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
-from specdec_jax.experiments import task_table
 
 
 def make_models(root, steps=(500, 1000)):

@@ -7,6 +7,7 @@ r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
       [--max_minutes M] [--profile nvidia-h100-80gb-hbm3 | none]
   python -m specdec_jax.experiments run table2 --models paper \
       --checkpoints en_de_xxl=gs://...,en_de_small=gs://...
+  python -m specdec_jax.experiments run table2 --models xxl_cost [--shrink]
   python -m specdec_jax.experiments repredict results/batches/shipped.json
   python -m specdec_jax.experiments run accelerator [--source shipped]
       [--smoke --out_dir DIR] [--project] [--aot_build gpu:h100] ...
@@ -29,13 +30,13 @@ import pathlib
 import sys
 from typing import Optional, Sequence
 
+from specdec_jax import task_table
 from specdec_jax.bench import flags
 from specdec_jax.bench import report
 from specdec_jax.experiments import device_run
 from specdec_jax.experiments import specs
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
-from specdec_jax.experiments import task_table
 
 PROG = 'python -m specdec_jax.experiments'
 
@@ -53,7 +54,8 @@ def parse_args(argv: Sequence[str]):
                  choices=list(task_table.MODEL_SETS),
                  help="'shipped': the package's models; 'mini': models "
                  "trained here (--models_dir); 'paper': T5X checkpoints "
-                 '(--checkpoints)')
+                 "(--checkpoints); 'xxl_cost': the shipped models widened "
+                 "to the paper's costs (target T5 1.1-XXL)")
   r.add_argument('--models_dir', default='~/models')
   r.add_argument('--checkpoints', default='',
                  help='--models paper: en_de_xxl=PATH,en_de_small=PATH,...')

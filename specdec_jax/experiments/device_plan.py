@@ -32,6 +32,7 @@ import subprocess
 from typing import (Any, Collection, Dict, List, Mapping, Optional, Sequence,
                     Tuple)
 
+from specdec_jax import task_table
 from specdec_jax import theory
 from specdec_jax.bench import aot
 from specdec_jax.bench import budget
@@ -200,7 +201,8 @@ def roster(spec: DeviceSpec, source: str, names: Sequence[str],
 
 
 def tasks_of(source: str) -> List[str]:
-  return ['synthetic'] if source == 'synthetic' else ['en_de', 'synopsis']
+  """The tasks a run decodes: 'synthetic' inputs, or the task table's."""
+  return ['synthetic'] if source == 'synthetic' else list(task_table.names())
 
 
 def programs(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,

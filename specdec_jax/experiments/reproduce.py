@@ -34,11 +34,11 @@ from specdec_jax import measure
 from specdec_jax import models as models_lib
 from specdec_jax import network
 from specdec_jax import shipped
+from specdec_jax import task_table
 from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax import hardware
 from specdec_jax.bench import report
-from specdec_jax.experiments import task_table
 
 T5_SIZES = ('small', 'base', 'large')  # the paper's T5 drafters
 

@@ -32,11 +32,11 @@ from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import run_folder
+from specdec_jax import task_table
 from specdec_jax import unit_loop
 from specdec_jax.bench import budget
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import table
-from specdec_jax.experiments import task_table
 
 
 MAX_NAME = 160  # bytes of a cell's folder name

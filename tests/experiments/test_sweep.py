@@ -18,12 +18,12 @@ from specdec_jax import gin_utils
 from specdec_jax import loading
 from specdec_jax import run_folder
 from specdec_jax import hardware
+from specdec_jax import task_table
 from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
-from specdec_jax.experiments import task_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Record fields that are timings (or say where a run was).

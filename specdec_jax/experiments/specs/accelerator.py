@@ -43,12 +43,14 @@ import numpy as np
 from specdec_jax import widening
 from specdec_jax import hardware
 from specdec_jax import models
+from specdec_jax import task_table
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import device_plan
 
 # sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
 SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
-PAPER_TASK = {'synthetic': 'EnDe', 'en_de': 'EnDe', 'synopsis': 'CNNDM'}
+PAPER_TASK = {'synthetic': 'EnDe', **{
+    name: entry.paper for name, entry in task_table.TASKS.items()}}
 T5_SIZES, TEMPS, ACTS = ('small', 'base', 'large'), (0.0, 1.0), (
     'bfloat16', 'float32')
 # The parts `--phases` names (costs always run).

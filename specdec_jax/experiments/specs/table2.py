@@ -22,11 +22,11 @@ import numpy as np
 from specdec_jax import data
 from specdec_jax import measure
 from specdec_jax import paper as published
+from specdec_jax import task_table
 from specdec_jax import theory
 from specdec_jax import hardware
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
-from specdec_jax.experiments import task_table
 
 MAX_GAMMA = 8
 TEMPERATURES = (0.0, 1.0)

@@ -17,10 +17,10 @@ draft noise) and the output cache (its alpha depends on what it has seen).
 
 from specdec_jax import paper as published
 from specdec_jax import drafters as drafters_lib
+from specdec_jax import task_table
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
-from specdec_jax.experiments import task_table
 
 GAMMA = 4
 TEMPERATURES = (0.0, 1.0)
