@@ -50,6 +50,26 @@ def test_the_task_table_is_what_the_gin_files_configure(models):
     task_table.check_model_set('big')
 
 
+def test_no_module_holds_a_copy_of_the_task_table():
+  """The shipped assets, the demo, the device run and the scripts read their
+  tasks from task_table; a copy of a task's seqio name or gin file written
+  elsewhere would drift from it (tasks.py registers the seqio tasks under
+  those names: the one place they are defined)."""
+  written = {f"'{name}'" for entry in task_table.TASKS.values()
+             for name in entry.task.values()}
+  written |= {f"'{entry.gin_file(models)}'"
+              for entry in task_table.TASKS.values()
+              for models in ('mini', 'shipped')}
+  homes = {ROOT / 'specdec_jax' / 'task_table.py',
+           ROOT / 'specdec_jax' / 'tasks.py'}
+  copies = [f'{path.relative_to(ROOT)}: {text}'
+            for folder in ('specdec_jax', 'scripts')
+            for path in sorted((ROOT / folder).rglob('*.py'))
+            if path not in homes
+            for text in written if text in path.read_text(encoding='utf-8')]
+  assert not copies, copies
+
+
 def _tiny(changes=None, variants=('tiny',)):
   """A spec on the shipped models, one cell per variant (the same setup):
   1 example, gamma 2."""
