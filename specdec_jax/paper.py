@@ -4,7 +4,7 @@ One home for what the reproduction compares against: Table 2 (gamma,
 alpha, walltime speed-up of T5-XXL with T5 small / base / large drafters,
 TPU-v4, batch 1), Table 3 (alpha of every drafter) and Table 4's c (a
 drafter's step over the target's). Keyed by the paper's task column
-('EnDe', 'CNNDM'; experiments.task_table maps our tasks to it) and
+('EnDe', 'CNNDM'; task_table maps our tasks to it) and
 temperature (0, 1).
 """
 
