@@ -28,28 +28,72 @@ starts, once per call, so no loop body joins or converts a weight.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import jax
 
 from specdec_jax import network
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
+def _call(loop, *args):
+  return loop(*network.decoding_layout(args))
+
+
+# XLA's default `xla_gpu_gemm_rewrite_size_threshold`: below it XLA emits a
+# dot itself whatever `compiler_options` says.
+_XLA_SMALL_DOT_DEFAULT = 100
+
+
+def compiler_options(args) -> Tuple[Tuple[str, Any], ...]:
+  """The XLA options a loop's program compiles with, as sorted pairs.
+
+  On a GPU, the dots smaller than the target's weight matmuls (a drafter's,
+  the attention's) are emitted by XLA as fusions, which command buffers
+  capture, instead of cuBLAS calls launched one by one
+  (`network.small_dot_threshold`). Other backends ignore the option.
+
+  Args:
+    args: the loop's arguments (arrays or shape structs).
+  """
+  threshold = network.small_dot_threshold(args)
+  if threshold <= _XLA_SMALL_DOT_DEFAULT:
+    return ()
+  return (('xla_gpu_gemm_rewrite_size_threshold', threshold),)
+
+
+# compiler options -> the jitted entry compiled with them.
+_ENTRIES: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
+
+
+def _compiled_entry(options: Tuple[Tuple[str, Any], ...]):
+  """The jitted entry for one set of compiler options."""
+  if options not in _ENTRIES:
+    _ENTRIES[options] = jax.jit(_call, static_argnums=(0,),
+                                compiler_options=dict(options) or None)
+  return _ENTRIES[options]
+
+
 def run(loop, *args):
   """`loop(*args)` compiled once per loop configuration and argument shapes.
 
   The loop runs on `network.decoding_layout(args)`: T5 params in the fused
   decoding layout, joined here, outside the loop (nothing to do for params
   laid out at load), so the loop's target and drafter calls read each
-  weight as it is.
+  weight as it is. It compiles with `compiler_options(args)`.
 
   Args:
     loop: a hashable loop object (a frozen dataclass): a static argument,
       so two equal loops share one compiled program.
     *args: its array arguments (pytrees).
   """
-  return loop(*network.decoding_layout(args))
+  return _compiled_entry(compiler_options(args))(loop, *args)
+
+
+def cache_size() -> int:
+  """Programs `run` holds compiled, over every set of options (what a
+  no-recompilation check counts)."""
+  return sum(entry._cache_size()  # pylint: disable=protected-access
+             for entry in _ENTRIES.values())
 
 
 def lower(loop, *args) -> jax.stages.Lowered:
@@ -60,7 +104,7 @@ def lower(loop, *args) -> jax.stages.Lowered:
   arguments' shapes runs without compiling. Arguments may be
   `jax.ShapeDtypeStruct`s.
   """
-  return run.lower(loop, *args)
+  return _compiled_entry(compiler_options(args)).lower(loop, *args)
 
 
 Prepare = Callable[..., Tuple[Any, tuple]]

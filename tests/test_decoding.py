@@ -144,7 +144,7 @@ def test_no_recompile_for_new_inputs_and_weights(v11):
   model, params = v11
   enc = np.random.default_rng(0).integers(2, 100, (2, 6))
   decoding.temperature_sample(model, params, enc, max_decode_len=5)
-  size = scaffold.run._cache_size()
+  size = scaffold.cache_size()
   other = jax.tree_util.tree_map(lambda x: x * 1.01, params)
   decoding.temperature_sample(model, other, enc[::-1] + 1, max_decode_len=5)
-  assert scaffold.run._cache_size() == size
+  assert scaffold.cache_size() == size

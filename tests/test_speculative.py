@@ -332,12 +332,12 @@ def test_target_calls_equal_iterations_and_no_recompile(greedy_setup):
   jax.effects_barrier()
   assert TARGET_CALLS == [4] * int(out.stats.iterations)
   assert int(out.stats.iterations) < MAX_LEN  # speculation saved calls
-  size = scaffold.run._cache_size()
+  size = scaffold.cache_size()
   other = perturbed(dparams, 0.1, 5)
   speculative.speculative_sample(
       target, params, dr, other, enc[::-1], gamma=3, max_decode_len=MAX_LEN,
       eos_id=EOS)
-  assert scaffold.run._cache_size() == size
+  assert scaffold.cache_size() == size
 
 
 class Untouchable:

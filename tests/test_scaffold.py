@@ -1,0 +1,71 @@
+"""The one entry of every decode loop (`scaffold`): the XLA options its
+programs compile with.
+
+On a GPU every cuBLAS GEMM is a launch of its own that command buffers do
+not capture, so a token tree's level of tiny drafter matmuls cost ~60
+launches (~0.38 ms on an H100) where its bytes take ~0.01 ms. A decode
+program therefore hands the dots smaller than the target's weight matmuls
+to XLA's own fused kernels (`network.small_dot_threshold`).
+"""
+
+import os
+
+import jax
+import pytest
+
+from specdec_jax import compiled
+from specdec_jax import models
+from specdec_jax import network
+from specdec_jax import scaffold
+
+# A compile-only GPU needs no driver (tests/test_weight_layout.py).
+os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+
+
+def _params(name, **changes):
+  """Shape structs of a model's T5X params (no memory)."""
+  return network.T5Model(models.config(name, **changes)).param_shapes()
+
+
+def test_small_dots_are_below_the_targets_smallest_weight_matmul():
+  """The threshold sits between the drafter's and the target's matmuls:
+  the largest params tree is the target (whatever the argument order), its
+  smallest 2-D kernel bounds the threshold, capped where cuBLAS's gain
+  outweighs a launch; tiny models keep XLA's default (no option)."""
+  xxl, small = _params('t5_1_1_xxl'), _params('t5_1_1_small')
+  base = _params('t5_1_1_base')
+  assert network.small_dot_threshold((small, {'x': 1}, xxl)) == (
+      network.SMALL_DOT_CAP)
+  assert network.small_dot_threshold((base, small)) == 768 * 768
+  assert network.small_dot_threshold(({'tokens': 3},)) == 0
+  assert scaffold.compiler_options((base, small)) == (
+      ('xla_gpu_gemm_rewrite_size_threshold', 768 * 768),)
+  assert scaffold.compiler_options((_params('t5_1_1_tiny'),)) == ()
+  # The fused decoding layout gives the same threshold.
+  assert network.small_dot_threshold(jax.eval_shape(
+      network.decoding_layout, (base, small))) == 768 * 768
+
+
+def test_a_tree_level_is_captured_on_a_gpu():
+  """A token tree's level on an H100 (cuBLAS GEMMs, the builds' way) at
+  T5 1.1-XXL target cost: its drafter call launches no cuBLAS GEMM and
+  at most 8 host launches; the target's weight matmuls stay cuBLAS calls
+  (needs the CUDA plugin: skipped without it)."""
+  from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
+  try:
+    part = compiled.partitioner(compiled.get_target('gpu:h100'))
+  except compiled.BackendMissing as e:
+    pytest.skip(str(e))
+  draft = models.config('t5_1_1_small', vocab_size=8064, emb_dim=256,
+                        num_heads=4, num_encoder_layers=2,
+                        num_decoder_layers=2, mlp_dim=640)
+  setup = compiled.Setup(target=models.config('t5_1_1_xxl', vocab_size=8064),
+                         draft=draft, batch=1, input_length=64,
+                         max_decode_len=128, gamma=8, tree='beam:4,2,8')
+  lowered = compiled.lower_program('tree', setup, part)[0]
+  parts = program_cost.compile_iteration(lowered, 'gpu').parts
+  levels = {k: v for k, v in parts.items() if k.startswith('drafter call')}
+  assert len(levels) == 8, sorted(parts)
+  for name, counts in levels.items():
+    assert counts.launches <= 8, (name, counts)
+  assert parts['target call'].launches >= 24 * 4, parts['target call']
