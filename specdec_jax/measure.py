@@ -36,6 +36,7 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import scaffold
 from specdec_jax import speculative
 
 Array = jax.Array
@@ -204,8 +205,7 @@ def step_bytes(model, params, batch: int, cache_length: int,
   return tree_bytes(params['decoder']) + cache
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def repeated_calls(model, params, tokens, cache, n_calls):
+def _repeated_calls(model, params, tokens, cache, n_calls):
   """n_calls decoder calls on `tokens`, each from the same position.
 
   The params are laid out for decoding before the loop, as every decode
@@ -223,6 +223,11 @@ def repeated_calls(model, params, tokens, cache, n_calls):
   _, acc = jax.lax.fori_loop(0, n_calls, body,
                              (cache, jnp.zeros(tokens.shape[:1])))
   return acc
+
+
+# Compiled as a decode loop's target call is (`scaffold.compiler_options`
+# of the target's params: the same small dots left to XLA on a GPU).
+repeated_calls = scaffold.OptionedJit(_repeated_calls, static_argnums=(0,))
 
 
 def context_cache(model, params, encoder_input_tokens, context: int,

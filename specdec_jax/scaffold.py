@@ -61,39 +61,61 @@ def compiler_options(args) -> Tuple[Tuple[str, Any], ...]:
   return (('xla_gpu_gemm_rewrite_size_threshold', threshold),)
 
 
-# compiler options -> the jitted entry compiled with them.
-_ENTRIES: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
+def _traced(args) -> bool:
+  """Whether `args` are being traced by an outer transformation (a decode
+  called inside the caller's own `jax.jit`)."""
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
 
 
-def _compiled_entry(options: Tuple[Tuple[str, Any], ...]):
-  """The jitted entry for one set of compiler options."""
-  if options not in _ENTRIES:
-    _ENTRIES[options] = jax.jit(_call, static_argnums=(0,),
-                                compiler_options=dict(options) or None)
-  return _ENTRIES[options]
+class OptionedJit:
+  """`jax.jit(fun, static_argnums)` compiled with `compiler_options` of
+  its arguments: one jitted entry per set of options.
 
-
-def run(loop, *args):
-  """`loop(*args)` compiled once per loop configuration and argument shapes.
-
-  The loop runs on `network.decoding_layout(args)`: T5 params in the fused
-  decoding layout, joined here, outside the loop (nothing to do for params
-  laid out at load), so the loop's target and drafter calls read each
-  weight as it is. It compiles with `compiler_options(args)`.
-
-  Args:
-    loop: a hashable loop object (a frozen dataclass): a static argument,
-      so two equal loops share one compiled program.
-    *args: its array arguments (pytrees).
+  Called inside an outer trace (a caller's own `jax.jit`), it is a nested
+  jit without options: only a top-level jit takes them, so the outer
+  program's compile decides (`compiler_options` gives them for it).
   """
-  return _compiled_entry(compiler_options(args))(loop, *args)
+
+  def __init__(self, fun: Callable[..., Any], static_argnums=()):
+    self.fun = fun
+    self.static_argnums = static_argnums
+    self._entries: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
+
+  def entry(self, args):
+    """The jitted entry for `args` (arrays or shape structs)."""
+    options = () if _traced(args) else compiler_options(args)
+    if options not in self._entries:
+      self._entries[options] = jax.jit(
+          self.fun, static_argnums=self.static_argnums,
+          compiler_options=dict(options) or None)
+    return self._entries[options]
+
+  def __call__(self, *args):
+    return self.entry(args)(*args)
+
+  def lower(self, *args) -> jax.stages.Lowered:
+    return self.entry(args).lower(*args)
+
+  def cache_size(self) -> int:
+    """Programs compiled so far, over every set of options."""
+    return sum(e._cache_size()  # pylint: disable=protected-access
+               for e in self._entries.values())
+
+
+run = OptionedJit(_call, static_argnums=(0,))
+run.__doc__ = """`run(loop, *args)`: `loop(*args)` compiled once per loop
+configuration and argument shapes (and `compiler_options(args)`).
+
+The loop runs on `network.decoding_layout(args)`: T5 params in the fused
+decoding layout, joined inside the program, outside the loop (nothing to do
+for params laid out at load), so the loop's target and drafter calls read
+each weight as it is. `loop` is a hashable loop object (a frozen
+dataclass): a static argument, so two equal loops share one program."""
 
 
 def cache_size() -> int:
-  """Programs `run` holds compiled, over every set of options (what a
-  no-recompilation check counts)."""
-  return sum(entry._cache_size()  # pylint: disable=protected-access
-             for entry in _ENTRIES.values())
+  """Programs `run` holds compiled (what a no-recompilation check counts)."""
+  return run.cache_size()
 
 
 def lower(loop, *args) -> jax.stages.Lowered:
@@ -104,7 +126,7 @@ def lower(loop, *args) -> jax.stages.Lowered:
   arguments' shapes runs without compiling. Arguments may be
   `jax.ShapeDtypeStruct`s.
   """
-  return _compiled_entry(compiler_options(args)).lower(loop, *args)
+  return run.lower(loop, *args)
 
 
 Prepare = Callable[..., Tuple[Any, tuple]]

@@ -69,3 +69,24 @@ def test_a_tree_level_is_captured_on_a_gpu():
   for name, counts in levels.items():
     assert counts.launches <= 8, (name, counts)
   assert parts['target call'].launches >= 24 * 4, parts['target call']
+
+
+def test_a_decode_inside_the_callers_jit_compiles():
+  """A decode called inside a caller's own `jax.jit` (the accelerator run
+  wraps its decoders so) is a nested jit, which takes no compiler options:
+  it compiles without them, and the caller passes `compiler_options` to
+  its own jit. Before, a model with options raised a ValueError there."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  model = network.T5Model(models.config(
+      't5_1_1_tiny', emb_dim=16, head_dim=8, vocab_size=64, dtype='float32'))
+  params = model.param_shapes()
+  tokens = jax.ShapeDtypeStruct((1, 5), jnp.int32)
+  options = scaffold.compiler_options((params,))
+  assert options  # this model's kernels are above XLA's default
+  decode = lambda p, x: decoding.temperature_sample(model, p, x,
+                                                    max_decode_len=3)
+  jax.jit(decode, compiler_options=dict(options)).lower(
+      params, tokens).compile()
+  assert decoding.temperature_sample.lower(
+      model, params, tokens, max_decode_len=3).compile() is not None

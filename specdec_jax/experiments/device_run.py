@@ -65,6 +65,7 @@ from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import paper
 from specdec_jax import speculative
+from specdec_jax import scaffold
 from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax import widening
@@ -456,7 +457,12 @@ class Runner:
     rng = self.place(jax.eval_shape(lambda: jax.random.key(0))) if temp else (
         None)
     rows = {'base': key[2], 'spec': key[3]}.get(kind, key[-1])  # streams: N
-    return lambda: jax.jit(fn).lower(*head, self.shape(rows), rng)
+    # The decoders' own options (a decode's entry takes none when traced
+    # inside this jit): the dots smaller than the target's matmuls are
+    # XLA's fusions on a GPU, as the eval job compiles them.
+    options = dict(scaffold.compiler_options(head)) or None
+    return lambda: jax.jit(fn, compiler_options=options).lower(
+        *head, self.shape(rows), rng)
 
   def ident(self, key):
     """The program of `key`: names as their drafters (equal ones share)."""

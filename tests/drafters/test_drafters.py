@@ -220,8 +220,8 @@ def test_prefill_then_propose_drafts_from_score(greedy, kind):
   # Outside a loop the caller hands a TargetReader the target's params.
   dparams = speculative.with_target(drafter, dparams, params)
   # A MergedDrafter may draw q_2.. from the target's own states (PaSS's
-  # slots, a head): then its contract binds q_1 only (tests/drafters/test_pass.py and
-  # tests/drafters/test_draft_heads.py check the later drafts against the target).
+  # slots, a head): then its contract binds q_1 only (tests/drafters/test_lookahead.py and
+  # tests/drafters/test_heads.py check the later drafts against the target).
   checked = GAMMA
   if isinstance(drafter, interfaces.MergedDrafter) and not (
       drafter.drafts_from_score):

@@ -11,7 +11,7 @@
    candidates the target likes least; a random head drafting the trees,
    kind 'heads_tree'), and a planted bug (a rejected sibling's subtree
    stays reachable) fails the same test. The heads' greedy trees are
-   tests/drafters/test_draft_heads.py's.
+   tests/drafters/test_heads.py's.
 4. The verifier alone, on hand-built trees (no model: cheap): the law of
    the first two committed tokens is the target's by chi-square under
    both sibling rules (siblings drawn by the rule: i.i.d. from q, or
@@ -49,7 +49,7 @@ from specdec_jax.sampling import SamplingConfig
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
-from test_draft_heads import random_head
+from test_heads import random_head
 from test_speculative import (MAX_NOISE_TV, N_SAMPLES, SEQ_LEN, SMALL_EOS,
                               assert_matches, exact_sequence_distribution,
                               perturbed, run_optimized, total_variation,

@@ -61,7 +61,7 @@ def make_train_step(model: network.T5Model, optimizer):
 
   Gradients are taken with respect to the look-ahead params alone; the
   target's params are an argument under `stop_gradient` and come back
-  untouched (tests/drafters/test_pass.py checks them bit for bit).
+  untouched (tests/drafters/test_lookahead.py checks them bit for bit).
   """
 
   @jax.jit

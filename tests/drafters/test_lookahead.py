@@ -12,7 +12,7 @@
 - Training: target params bit-identical after steps, loss falls; save /
   load beside a checkpoint, and a clear error for another emb_dim.
 
-Run alone: `python -m pytest -q tests/drafters/test_pass.py`.
+Run alone: `python -m pytest -q tests/drafters/test_lookahead.py`.
 """
 
 import functools

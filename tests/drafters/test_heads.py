@@ -17,7 +17,7 @@
   folder that is not a head checkpoint; the kind builds, refuses, and
   `speculative.speculative_sample` decodes with the merged loop by default.
 
-Run alone: `python -m pytest -q tests/drafters/test_draft_heads.py`.
+Run alone: `python -m pytest -q tests/drafters/test_heads.py`.
 """
 
 import functools
