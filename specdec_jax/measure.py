@@ -318,7 +318,6 @@ def _struct(x):
   return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
 def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
                         lengths, rng):
   """n_calls proposals from the same position.
@@ -341,10 +340,13 @@ def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
   return jax.lax.fori_loop(0, n_calls, body, (state, sequences))[1]
 
 
+_PROPOSALS = scaffold.OptionedJit(_repeated_proposals, static_argnums=(0, 4))
+
+
 def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        *, repeats: int = 5, n_calls: int = 10,
                        context: int = 32, jit_setup: bool = False,
-                       executable=None) -> float:
+                       executable=None, target_params=None) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens
@@ -356,13 +358,18 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
   CPU); the timed loop is the same. `executable`: that loop compiled
   already (`lower_drafter_token_time(...).compile()`, or an executable
   built ahead of time from it), run instead of compiling it here.
+  `target_params` (arrays or shapes): the target the drafter drafts for;
+  the loop then compiles with a decode loop's options
+  (`scaffold.compiler_options` of both: on a GPU the drafter's matmuls
+  are XLA's fusions, as in the loop), else with the drafter's alone.
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   state, sequences, lengths, rng = _proposal_inputs(
       drafter, params, encoder_input_tokens, gamma, context, jit_setup)
   if executable is None:
-    run = lambda n: _repeated_proposals(drafter, params, state, sequences,
-                                        gamma, n, lengths, rng)
+    entry = _PROPOSALS.entry((params, target_params))
+    run = lambda n: entry(drafter, params, state, sequences, gamma, n,
+                          lengths, rng)
   else:  # its dynamic arguments: the static drafter and gamma are in it
     run = lambda n: executable(params, state, sequences, n, lengths, rng)
   return loop_time(run, n_calls, repeats) / gamma
@@ -394,12 +401,14 @@ def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
 
 def lower_drafter_token_time(drafter, params, encoder_input_tokens,
                              gamma: int = 4, *, context: int = 32,
-                             place: Callable[[Any], Any] = lambda tree: tree):
+                             place: Callable[[Any], Any] = lambda tree: tree,
+                             target_params=None):
   """The compiled loop `drafter_token_time` runs, lowered but not run.
 
   See `lower_call_time`; params may be `jax.ShapeDtypeStruct`s. `place`
   maps the loop's other arguments (shapes) to where they will be: e.g. a
-  compile-only device's sharding, as params have.
+  compile-only device's sharding, as params have. `target_params`: as
+  `drafter_token_time`'s.
 
   Returns:
     A `jax.stages.Lowered`.
@@ -408,8 +417,8 @@ def lower_drafter_token_time(drafter, params, encoder_input_tokens,
   state, sequences, lengths, rng = place(_proposal_inputs(
       drafter, jax.tree_util.tree_map(_struct, params),
       jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
-  return _repeated_proposals.lower(drafter, params, state, sequences, gamma,
-                                   1, lengths, rng)
+  return _PROPOSALS.entry((params, target_params)).lower(
+      drafter, params, state, sequences, gamma, 1, lengths, rng)
 
 
 def cost_curve(model, params, encoder_input_tokens, ks: Iterable[int], *,

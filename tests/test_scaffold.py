@@ -90,3 +90,25 @@ def test_a_decode_inside_the_callers_jit_compiles():
       params, tokens).compile()
   assert decoding.temperature_sample.lower(
       model, params, tokens, max_decode_len=3).compile() is not None
+
+
+def test_the_drafters_timing_loop_compiles_as_in_a_decode_loop():
+  """c is timed on the drafter alone; given the target it drafts for, its
+  loop compiles with the decode loop's options (the target's threshold),
+  not the drafter's own (where its matmuls would stay cuBLAS calls)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+  small = models.config('t5_1_1_tiny', emb_dim=16, head_dim=8,
+                        vocab_size=64, dtype='float32')
+  drafter = drafters.T5Drafter(network.T5Model(small))
+  draft = network.T5Model(small).param_shapes()
+  target = network.T5Model(small.replace(emb_dim=64, mlp_dim=128)
+                           ).param_shapes()
+  tokens = jax.ShapeDtypeStruct((1, 5), jnp.int32)
+  want = scaffold.compiler_options((target,))
+  assert want and want != scaffold.compiler_options((draft,))
+  lowered = measure.lower_drafter_token_time(drafter, draft, tokens, 2,
+                                             context=2, target_params=target)
+  assert lowered is not None
+  assert want in measure._PROPOSALS._entries  # pylint: disable=protected-access
