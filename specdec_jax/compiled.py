@@ -64,7 +64,6 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import loading
@@ -72,8 +71,8 @@ from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import paper as paper_lib
 from specdec_jax import partitioning
+from specdec_jax import programs
 from specdec_jax import speculative
-from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax.bench import aot
 from specdec_jax import hardware
@@ -512,20 +511,19 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
   _check_program(name)
   target, draft = _models(setup, part)
   params = abstract_params(target, part, setup.param_dtype)
-  rows = 2 * setup.batch if name.startswith('stream') else setup.batch
-  inputs = _tokens(part, rows, setup.input_length)
-  common = dict(max_decode_len=setup.max_decode_len, eos_id=1,
-                sampling=setup.sampling, rng=_rng(part))
-  if name == 'baseline':
-    return decoding.temperature_sample.lower(target, params, inputs,
-                                             **common), {}
+  stream = name.startswith('stream')
+  inputs = _tokens(part, 2 * setup.batch if stream else setup.batch,
+                   setup.input_length)
   # On a mesh the eval job refills the whole slot batch (a sub-batch of one
   # row does not divide the 'data' axis).
-  refill = (setup.batch,) if part.data_size > 1 else None
-  if name == 'stream_baseline':
-    return streaming.sample_stream.lower(
-        target, params, inputs, batch_size=setup.batch, refill_sizes=refill,
-        **common), {}
+  spec = programs.ProgramSpec(
+      'baseline', 'stream' if stream else 'fixed',
+      max_decode_len=setup.max_decode_len, sampling=setup.sampling, eos_id=1,
+      batch_size=setup.batch if stream else 0,
+      refill_sizes=(setup.batch,) if stream and part.data_size > 1 else None)
+  if name in ('baseline', 'stream_baseline'):
+    return programs.Program(spec, target).lower(params, inputs,
+                                                _rng(part)), {}
   kind = name.split(':', 1)[1] if name.startswith('stream:') else name
   if kind in SELF_DRAFTING:
     target = partitioning.unwrap(target)
@@ -539,14 +537,10 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
   gamma = setup.gamma if not top else min(setup.gamma, top)
   used = {'gamma': gamma, 'loop': type(drafter).__name__ + (
       ' (merged)' if merged else ''), 'target_model': type(target).__name__}
-  if name.startswith('stream:'):
-    return streaming.speculative_stream.lower(
-        target, params, drafter, draft_params, inputs,
-        batch_size=setup.batch, gamma=gamma, refill_sizes=refill,
-        **common), used
-  return speculative.speculative_sample.lower(
-      target, params, drafter, draft_params, inputs, gamma=gamma,
-      **common), used
+  program = programs.Program(
+      dataclasses.replace(spec, kind='speculative', gamma=gamma), target,
+      drafter)
+  return program.lower(params, draft_params, inputs, _rng(part)), used
 
 
 # ---------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 A unit is what the job decodes, times, records and resumes in one piece: a
 batch, or streamed (`BatchSpec.streamed`) a chunk of `stream_chunk`
 batches' worth of examples. `decode_units` decodes each unfinished unit
-with the baseline and with speculative decoding on the same inputs and
-rng, both compiled outside the timings, timed alternately
+with the baseline and with speculative decoding (their `programs`) on the
+same inputs and rng, both compiled outside the timings, timed alternately
 (`measure.time_alternating`), diagnoses a greedy row that differs
 (`diagnostics.diagnose`), and yields the unit's records (the fields of
 examples.jsonl); the job (`eval.evaluate`) writes them. At batch > 1 it
@@ -16,24 +16,24 @@ learns each unit's outputs here and is committed with its records
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 from tqdm import tqdm
 import numpy as np
 
 from specdec_jax import data
-from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import interfaces
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import partitioning
+from specdec_jax import programs
 from specdec_jax import run_folder
 from specdec_jax import spec_stats
 from specdec_jax import speculative
-from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax import hardware
 from specdec_jax.loading import EvalSetup
@@ -129,14 +129,142 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   return choice
 
 
-def _baseline_as_speculative(result) -> spec_stats.SpecResult:
-  """A baseline decode as the result of a speculative one that drafted
-  nothing: one target call per token, no drafts (the job's choice of no
-  speculation, gamma 0)."""
-  lengths = jax.numpy.asarray(result.lengths, jax.numpy.int32)
-  stats = spec_stats.SpecStats.zeros(lengths.shape[0], 1).replace(
-      iterations=jax.numpy.max(lengths), row_iterations=lengths)
-  return spec_stats.SpecResult(result.tokens, result.lengths, stats)
+def _programs(loaded: loading.Loaded, gamma: int, refill_sizes
+              ) -> Tuple[programs.Program, Optional[programs.Program]]:
+  """The setup's baseline and speculative programs at `gamma`.
+
+  At gamma 0 (no speculation, `choose_gamma`) there is no speculative
+  program, and the baseline is that of the configured gamma.
+  """
+  setup = loaded.setup
+  streamed = setup.batch.streamed
+  block = (gamma or setup.gamma) + 1 if setup.same_shape_baseline else 1
+  base = programs.ProgramSpec(
+      'baseline', 'stream' if streamed else 'fixed',
+      max_decode_len=setup.task_feature_lengths['targets'],
+      sampling=setup.sampling, eos_id=setup.eos_id, block_size=block,
+      batch_size=setup.batch.size if streamed else 0,
+      refill_sizes=refill_sizes if streamed else None)
+  spec = None
+  if gamma:
+    spec = programs.Program(dataclasses.replace(
+        base, kind='speculative', gamma=gamma, block_size=1), loaded.target,
+                            loaded.drafter)
+  return programs.Program(base, loaded.target), spec
+
+
+def _configured_choice(loaded: loading.Loaded, choice_file
+                       ) -> Optional[Dict[str, Any]]:
+  """gamma as configured for a merged drafter, or as chosen by the run
+  being resumed (`choice_file`); None: to be chosen on the first unit."""
+  setup, gamma, choice = loaded.setup, loaded.setup.gamma, None
+  if speculative.decodes_merged(loaded.drafter):
+    choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
+              'why': f'drafter {setup.draft.kind!r} drafts in its merged '
+                     'loop (its drafting rides on the target call; the chain '
+                     'formula does not price it): gamma as configured'}
+    if choice_file is not None:
+      run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  elif choice_file is not None and choice_file.exists():
+    choice = run_folder.read_choice(choice_file)
+    print(f"gamma {choice['gamma']} for batch {setup.batch.size}, chosen "
+          f'by the profile of the run being resumed ({choice_file})',
+          flush=True)
+  return choice
+
+
+def _profile_choice(loaded: loading.Loaded, inputs, first, choice_file
+                    ) -> Dict[str, Any]:
+  """`choose_gamma` on the first unit, kept in `choice_file` and said."""
+  setup = loaded.setup
+  choice = choose_gamma(loaded, inputs, first)
+  if choice_file is not None:
+    run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  pred = choice['prediction']
+  print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
+        f"(configured {setup.gamma}): chosen by the profile measured "
+        f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
+        f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
+        f"{pred['speedup']:.2f}x" + (f"; {choice['why']}" if
+                                     choice['gamma'] == 0 else ''),
+        flush=True)
+  return choice
+
+
+def _records(loaded: loading.Loaded, u: int, batch, done: set, inputs,
+             base, spec, times: Dict[str, float], gamma: int
+             ) -> List[Dict[str, Any]]:
+  """The records of a unit's rows not in `done` (examples.jsonl's fields).
+
+  Args:
+    loaded: the built setup.
+    u: the unit.
+    batch: its examples, `(index, ids, input text, target text)`.
+    done: indices already recorded.
+    inputs: its inputs (the first `len(batch)` rows are its examples).
+    base: its baseline decode.
+    spec: its speculative decode.
+    times: seconds per decode, {'baseline', 'speculative'}.
+    gamma: the gamma it was decoded with.
+  """
+  setup, n = loaded.setup, len(batch)
+  st = spec.stats
+  divergences = {}
+  if setup.sampling.greedy:  # why a greedy row differs: rounding or a bug
+    divergences = {d.row: d.to_dict() for d in diagnostics.diagnose(
+        partitioning.unwrap(loaded.target), loaded.target_params, inputs[:n],
+        np.asarray(base.tokens)[:n], np.asarray(spec.tokens)[:n])}
+  text = lambda out, row, length: data.decode_text(
+      loaded.vocabulary, out.tokens[row], length, setup.eos_id)
+  records = []
+  for row, (i, ids, in_text, tgt_text) in enumerate(batch):
+    if i in done:
+      continue
+    b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
+    record = dict(
+        index=i, batch=i // setup.batch.size,
+        example=run_folder.example_fingerprint(ids, in_text, tgt_text),
+        input=in_text,
+        target=tgt_text, baseline=text(base, row, b_len),
+        speculative=text(spec, row, s_len),
+        baseline_length=b_len, speculative_length=s_len,
+        identical=bool(np.array_equal(base.tokens[row], spec.tokens[row])),
+        iterations=int(st.row_iterations[row]),
+        drafted=int(st.drafted[row]), accepted=int(st.accepted[row]),
+        beta_sum=float(st.beta_sum[row]),
+        beta_count=int(st.beta_count[row]),
+        batching='stream' if setup.batch.streamed else 'fixed', gamma=gamma,
+        baseline_batch_s=times['baseline'],
+        speculative_batch_s=times['speculative'],
+        divergence=divergences.get(row))
+    if setup.batch.streamed:
+      record['chunk'] = u
+    records.append(record)
+  return records
+
+
+def _learn(loaded: loading.Loaded, batch, inputs, spec, draft_params,
+           commit):
+  """The output cache grown by a unit's outputs; the drafter's new params.
+
+  The cache learns every output of the unit (all its rows: a unit decoded
+  again after a crash starts from the cache as it was before the unit); the
+  next unit drafts from it. A grown capacity is a new compiled shape:
+  warmed up again outside the timings. With `commit` the grown cache is
+  staged with the unit's examples.
+  """
+  n = len(batch)
+  loaded.store.add_requests(
+      loaded.target, loaded.target_params, inputs[:n],
+      [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
+       for row in range(n)])
+  if commit is not None:
+    commit.stage(loaded.store, [i for i, *_ in batch])
+  if not isinstance(loaded.drafter, interfaces.StoreDrafter):
+    raise TypeError(f'{type(loaded.drafter).__name__} reads an output '
+                    'cache but is no interfaces.StoreDrafter (it has '
+                    'no with_store).')
+  return loaded.drafter.with_store(draft_params, loaded.store)
 
 
 def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
@@ -170,32 +298,15 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
   says the gamma it was decoded with.
   """
 
-  setup, target, target_params = (loaded.setup, loaded.target,
-                                  loaded.target_params)
-  sampling = setup.sampling
-  lengths = setup.task_feature_lengths
+  setup, target_params = loaded.setup, loaded.target_params
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
-                             lengths['inputs'])
-  mode = 'stream' if setup.batch.streamed else 'fixed'
+                             setup.task_feature_lengths['inputs'])
   refill_sizes = None if partitioner is None else (setup.batch.size,)
   warmed = set()  # (input shape, drafter param shapes, gamma) compiled
   draft_params = loaded.draft_params
-  gamma, choice = setup.gamma, None
-  if setup.batch.profile_gamma:
-    if speculative.decodes_merged(loaded.drafter):
-      choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
-                'why': f'drafter {setup.draft.kind!r} drafts in its merged '
-                       'loop (its drafting rides on the target call; the chain '
-                       'formula does not price it): gamma as configured'}
-      if choice_file is not None:
-        run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
-    elif choice_file is not None and choice_file.exists():
-      choice = run_folder.read_choice(choice_file)
-      print(f"gamma {choice['gamma']} for batch {setup.batch.size}, chosen "
-            f'by the profile of the run being resumed ({choice_file})',
-            flush=True)
-    if choice is not None:
-      gamma = choice['gamma']
+  choice = (_configured_choice(loaded, choice_file)
+            if setup.batch.profile_gamma else None)
+  gamma = setup.gamma if choice is None else choice['gamma']
   for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
                                   setup.batch.streamed else 'batch'):
@@ -205,32 +316,10 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
     if partitioner is not None:
       inputs = partitioner.shard_batch(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
-    common = dict(max_decode_len=lengths['targets'], sampling=sampling,
-                  eos_id=setup.eos_id, rng=rng)
 
-    def calls_at(g, inputs=inputs, common=common, draft_params=draft_params):
-      if g == 0:  # no speculation (`choose_gamma`): the baseline both ways
-        base = calls_at(setup.gamma)['baseline']
-        return {'baseline': base,
-                'speculative': lambda: _baseline_as_speculative(base())}
-      if setup.batch.streamed:
-        stream = dict(batch_size=setup.batch.size, refill_sizes=refill_sizes)
-        return {
-            'baseline': lambda: streaming.sample_stream(
-                target, target_params, inputs, **stream, **common),
-            'speculative': lambda: streaming.speculative_stream(
-                target, target_params, loaded.drafter, draft_params, inputs,
-                gamma=g, **stream, **common),
-        }
-      return {
-          'baseline': lambda: decoding.temperature_sample(
-              target, target_params, inputs,
-              block_size=g + 1 if setup.same_shape_baseline else 1,
-              **common),
-          'speculative': lambda: speculative.speculative_sample(
-              target, target_params, loaded.drafter, draft_params, inputs,
-              gamma=g, **common),
-      }
+    def calls_at(g, inputs=inputs, rng=rng, draft_params=draft_params):
+      return programs.calls(*_programs(loaded, g, refill_sizes),
+                            target_params, draft_params, inputs, rng)
 
     calls = calls_at(gamma)
     shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
@@ -239,17 +328,8 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
       first, _ = measure.time_alternating(calls)
       warmed.add((shapes, gamma))
       if setup.batch.profile_gamma and choice is None:
-        choice = choose_gamma(loaded, inputs, first['speculative'])
-        if choice_file is not None:
-          run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
-        pred = choice['prediction']
-        print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
-              f"(configured {setup.gamma}): chosen by the profile measured "
-              f"now, alpha {choice['alpha']:.2f}, cost(gamma + 1) "
-              f"{pred['cost']:.2f}, c {pred['c']:.3f}, predicted speed-up "
-              f"{pred['speedup']:.2f}x" + (f"; {choice['why']}" if
-                                           choice['gamma'] == 0 else ''),
-              flush=True)
+        choice = _profile_choice(loaded, inputs, first['speculative'],
+                                 choice_file)
         if choice['gamma'] != gamma:
           gamma = choice['gamma']
           calls = calls_at(gamma)
@@ -261,53 +341,9 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
           warmed.add((shapes, gamma))
     res, times = measure.time_alternating(calls, timing_repeats,
                                           reverse=u % 2 == 1)
-    base, spec = res['baseline'], res['speculative']
-    st = spec.stats
-    divergences = {}
-    if sampling.greedy:  # why a greedy row differs: rounding or a bug
-      divergences = {d.row: d.to_dict() for d in diagnostics.diagnose(
-          partitioning.unwrap(target), target_params, inputs[:n],
-          np.asarray(base.tokens)[:n], np.asarray(spec.tokens)[:n])}
-    text = lambda out, row, length: data.decode_text(
-        loaded.vocabulary, out.tokens[row], length, setup.eos_id)
-    records = []
-    for row, (i, ids, in_text, tgt_text) in enumerate(batch):
-      if i in done:
-        continue
-      b_len, s_len = int(base.lengths[row]), int(spec.lengths[row])
-      record = dict(
-          index=i, batch=i // setup.batch.size,
-          example=run_folder.example_fingerprint(ids, in_text, tgt_text),
-          input=in_text,
-          target=tgt_text, baseline=text(base, row, b_len),
-          speculative=text(spec, row, s_len),
-          baseline_length=b_len, speculative_length=s_len,
-          identical=bool(np.array_equal(base.tokens[row], spec.tokens[row])),
-          iterations=int(st.row_iterations[row]),
-          drafted=int(st.drafted[row]), accepted=int(st.accepted[row]),
-          beta_sum=float(st.beta_sum[row]),
-          beta_count=int(st.beta_count[row]),
-          batching=mode, gamma=gamma,
-          baseline_batch_s=times['baseline'],
-          speculative_batch_s=times['speculative'],
-          divergence=divergences.get(row))
-      if setup.batch.streamed:
-        record['chunk'] = u
-      records.append(record)
+    spec = res['speculative']
+    records = _records(loaded, u, batch, done, inputs, res['baseline'], spec,
+                       times, gamma)
     if loaded.store is not None and records:
-      # The output cache learns every output of the unit (all its rows: a
-      # unit decoded again after a crash starts from the cache as it was
-      # before the unit); the next unit drafts from it. A grown capacity
-      # is a new compiled shape: warmed up again outside the timings.
-      loaded.store.add_requests(
-          target, target_params, inputs[:n],
-          [np.asarray(spec.tokens[row])[:int(spec.lengths[row])]
-           for row in range(n)])
-      if commit is not None:
-        commit.stage(loaded.store, [i for i, *_ in batch])
-      if not isinstance(loaded.drafter, interfaces.StoreDrafter):
-        raise TypeError(f'{type(loaded.drafter).__name__} reads an output '
-                        'cache but is no interfaces.StoreDrafter (it has '
-                        'no with_store).')
-      draft_params = loaded.drafter.with_store(draft_params, loaded.store)
+      draft_params = _learn(loaded, batch, inputs, spec, draft_params, commit)
     yield records

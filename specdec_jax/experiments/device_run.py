@@ -64,9 +64,8 @@ from specdec_jax import drafters as drafters_lib
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import paper
-from specdec_jax import speculative
+from specdec_jax import programs
 from specdec_jax import scaffold
-from specdec_jax import streaming
 from specdec_jax import theory
 from specdec_jax import widening
 from specdec_jax.bench import aot
@@ -398,29 +397,20 @@ class Runner:
     kind, act, *rest = key
     model, params = self.targets[act]
     temp = {'base': rest[-2], 'spec': rest[-1]}.get(kind, 0.0)
-    common = dict(max_decode_len=self.T, sampling=SamplingConfig(temp),
-                  eos_id=self.eos)
-    if kind == 'base':
-      def base(params, x, rng):
-        return decoding.temperature_sample(model, params, x, rng=rng,
-                                           block_size=rest[-1], **common)
-      return base, (params,)
-    if kind == 'sbase':
-      def sbase(params, x, rng):
-        return streaming.sample_stream(model, params, x, rng=rng,
-                                       batch_size=rest[0], **common)
-      return sbase, (params,)
+    if kind in ('base', 'sbase'):  # (block), or streamed (slots, ...)
+      fields = (dict(block_size=rest[-1]) if kind == 'base' else
+                dict(batch_size=rest[0]))
+    else:  # (drafter, batch or slots, gamma, ...)
+      fields = dict(gamma=rest[2], batch_size=rest[1] if kind == 'sspec' else 0)
+    spec = programs.ProgramSpec(
+        'baseline' if kind in ('base', 'sbase') else 'speculative',
+        'stream' if kind in ('sbase', 'sspec') else 'fixed',
+        max_decode_len=self.T, sampling=SamplingConfig(temp), eos_id=self.eos,
+        **fields)
+    if spec.kind == 'baseline':
+      return programs.Program(spec, model), (params,)
     d = self.by_name[rest[0]]
-
-    def spec(params, draft_params, x, rng):
-      if kind == 'sspec':
-        return streaming.speculative_stream(
-            model, params, d.drafter, draft_params, x, rng=rng,
-            batch_size=rest[1], gamma=rest[2], **common)
-      return speculative.speculative_sample(
-          model, params, d.drafter, draft_params, x, rng=rng, gamma=rest[2],
-          **common)
-    return spec, (params, d.params[task])
+    return programs.Program(spec, model, d.drafter), (params, d.params[task])
 
   def sample(self, key, task, x, rng):
     """Runs the decoding program `key` (its executable)."""
