@@ -83,8 +83,8 @@ def call_times(loaded: loading.Loaded, inputs
   t_draft = measure.drafter_token_time(
       loaded.drafter, speculative.with_target(
           loaded.drafter, loaded.draft_params, loaded.target_params),
-      rows, setup.gamma,
-      context=context, jit_setup=True)
+      rows, setup.gamma, context=context, jit_setup=True,
+      target_params=loaded.target_params)
   return seconds, t_draft, context
 
 

@@ -441,7 +441,7 @@ class Runner:
       d = self.by_name[key[1]]
       return lambda: measure.lower_drafter_token_time(
           d.drafter, d.params[task], self.shape(key[2]), 4, context=ctx,
-          place=self.place)
+          place=self.place, target_params=params)
     fn, head = self.decode_fn(key, task)
     temp = {'base': key[-2], 'spec': key[-1]}.get(kind, 0.0)
     rng = self.place(jax.eval_shape(lambda: jax.random.key(0))) if temp else (
@@ -513,7 +513,8 @@ class Runner:
           d.drafter, d.params[self.tasks[0]], x, 4, jit_setup=True,
           repeats=self.s.cost_repeats, context=self.s.context,
           executable=self.pool.executables.get(self.ident(
-              ('draft', d.name, batch))))
+              ('draft', d.name, batch))),
+          target_params=self.targets[self.act][1])
     self.clock.note(f'time drafters, batch {batch}', time.perf_counter() -
                     start, kind='drafters', units=len(todo))
     self.record()
