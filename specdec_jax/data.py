@@ -145,12 +145,30 @@ def decode_text(vocab, tokens: Iterable[int], length: int,
   return vocab.decode(ids)
 
 
-def task_metrics(task, targets: Sequence[str], predictions: Sequence[str]
+def task_metrics(task, targets: Sequence[str], predictions: Sequence[str],
+                 not_computed: Optional[Dict[str, str]] = None
                  ) -> Dict[str, float]:
-  """The task's metric functions (BLEU, ROUGE, ...) as plain floats."""
+  """The task's metric functions (BLEU, ROUGE, ...) as plain floats.
+
+  Args:
+    task: a seqio task or `tasks.ArrayTask` (its `predict_metric_fns`).
+    targets: one reference string per example.
+    predictions: one decoded string per example.
+    not_computed: where given, a metric whose package is not installed
+      (rouge-score on a machine without it) is left out and named here
+      (function name -> why) instead of failing the caller: the eval job's
+      summary of decoded records is written all the same.
+  """
   out: Dict[str, Any] = {}
   for fn in task.predict_metric_fns:
-    for k, v in fn(targets, predictions).items():
+    try:
+      scores = fn(targets, predictions)
+    except ImportError as e:
+      if not_computed is None:
+        raise
+      not_computed[fn.__name__] = f'{e.name or e} is not installed'
+      continue
+    for k, v in scores.items():
       out[k] = float(getattr(v, 'value', v))
   return out
 

@@ -19,11 +19,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 
 from command_line import run_script
+from specdec_jax import data
 from specdec_jax import debian
 from specdec_jax import tasks
 
@@ -373,6 +375,7 @@ def test_shipped_eval_task_reads_without_tensorflow():
   TensorFlow never imported, and no CUDA / oneDNN line reaches stderr."""
   code = """
 import sys
+import types
 from specdec_jax import data, gin_utils, loading, tasks
 for gin_file in ('shipped/en_de.gin', 'shipped/synopsis.gin'):
   args = gin_utils.parse_flags(
@@ -465,3 +468,35 @@ def test_array_task_rows_cut_to_their_width(tmp_path):
   arrays.save(path, {k: v[:-1] for k, v in stored.items()})
   with pytest.raises(ValueError, match='validation.jsonl holds 100 records'):
     list(task.examples('validation'))
+
+
+def test_a_metric_whose_package_is_missing_is_named_not_fatal(tmp_path):
+  """On a machine without rouge-score (the GPU image) the eval job's
+  summary of what it decoded is still written: the metric is left out and
+  named (`metrics_not_computed`), the others computed; a caller that does
+  not ask for the names gets the ImportError."""
+  from specdec_jax import summary as summary_lib  # pylint: disable=g-import-not-at-top
+
+  def rouge(targets, predictions):
+    del targets, predictions
+    raise ModuleNotFoundError("No module named 'rouge_score'",
+                              name='rouge_score')
+
+  task = types.SimpleNamespace(predict_metric_fns=[tasks.bleu, rouge])
+  missing = {}
+  text = 'the quick brown fox jumps over the lazy dog'
+  scores = data.task_metrics(task, [text], [text], missing)
+  assert scores == {'bleu': pytest.approx(100.0)}
+  assert missing == {'rouge': 'rouge_score is not installed'}
+  with pytest.raises(ImportError):
+    data.task_metrics(task, ['a'], ['a'])
+  record = dict(index=0, batch=0, example='x', input='i', target=text,
+                baseline=text, speculative=text, baseline_length=3,
+                speculative_length=3, identical=True, iterations=2,
+                drafted=2, accepted=1, beta_sum=1.0, beta_count=2,
+                baseline_batch_s=1.0, speculative_batch_s=0.5, gamma=1)
+  summary = summary_lib.write(tmp_path, task, [record],
+                              {'temperature': 0.0, 'gamma': 1}, {0}, None)
+  assert summary['status'] == 'complete'
+  assert summary['metrics_not_computed'] == missing
+  assert summary['speculative_metrics'] == {'bleu': pytest.approx(100.0)}
