@@ -277,7 +277,7 @@ def write_examples(examples: Dict[str, Dict[str, List[dict]]], out_dir: str,
     counts[task] = {}
     for split, records in splits.items():
       records = records[:max_examples] if max_examples else records
-      with open(os.path.join(out_dir, task, f'{split}.jsonl'), 'w',
+      with open(tasks.split_path(out_dir, task, split), 'w',
                 encoding='utf-8') as f:
         for r in records:
           f.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + '\n')

@@ -37,7 +37,8 @@ import os
 import pathlib
 import signal
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import jax
 from jax.experimental import multihost_utils
@@ -106,6 +107,27 @@ def damaged(path, problem: str, remedy: str) -> RunFolderError:
   return RunFolderError(f'{path}: {problem}. {remedy}')
 
 
+def _json_problem(path: pathlib.Path, what: str, kind: type = dict
+                  ) -> Tuple[Any, Optional[str]]:
+  """(the JSON value of a file the job reads back, None), or (None, what
+  is wrong with it: empty, cut off, not JSON, or not a `kind`)."""
+  try:
+    text = pathlib.Path(path).read_text()
+  except (OSError, UnicodeDecodeError) as e:
+    return None, f'unreadable ({type(e).__name__}: {e})'
+  if not text.strip():
+    return None, f'empty, where {what} should be'
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    return None, (f'not JSON ({e}; cut off or overwritten?), where {what} '
+                  'should be')
+  if not isinstance(value, kind):
+    return None, (f'holds a JSON {type(value).__name__}, not the '
+                  f'{"object" if kind is dict else kind.__name__} of {what}')
+  return value, None
+
+
 def read_json(path: pathlib.Path, what: str, remedy: str,
               kind: type = dict) -> Any:
   """A JSON file the job reads back, or the one-line error naming it.
@@ -119,22 +141,9 @@ def read_json(path: pathlib.Path, what: str, remedy: str,
   Raises:
     RunFolderError: the file is empty, cut off, not JSON, or not a `kind`.
   """
-  try:
-    text = pathlib.Path(path).read_text()
-  except (OSError, UnicodeDecodeError) as e:
-    raise damaged(path, f'unreadable ({type(e).__name__}: {e})',
-                  remedy) from None
-  if not text.strip():
-    raise damaged(path, f'empty, where {what} should be', remedy)
-  try:
-    value = json.loads(text)
-  except ValueError as e:
-    raise damaged(path, f'not JSON ({e}; cut off or overwritten?), where '
-                  f'{what} should be', remedy) from None
-  if not isinstance(value, kind):
-    raise damaged(path, f'holds a JSON {type(value).__name__}, not the '
-                  f'{"object" if kind is dict else kind.__name__} of {what}',
-                  remedy)
+  value, problem = _json_problem(path, what, kind)
+  if problem:
+    raise damaged(path, problem, remedy)
   return value
 
 
@@ -328,13 +337,10 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   now = json.loads(json.dumps(settings))
   run_file = out / RUN
   if run_file.exists():
-    try:
-      previous = read_json(run_file, 'the run\'s identity', '')
-    except RunFolderError as e:
-      previous = {'damaged': str(e).rstrip('. ')}
-    if 'damaged' in previous:
-      problem = (f'{previous["damaged"]}, so the records in {out} cannot '
-                 'be checked against these settings')
+    previous, damage = _json_problem(run_file, 'the run\'s identity')
+    if damage:
+      problem = (f'{run_file}: {damage}, so the records in {out} cannot be '
+                 'checked against these settings')
     elif previous.get('format') != FORMAT:
       problem = (f'{out} holds a run written before {RUN} recorded every '
                  'setting that shapes a record, so its records cannot be '
@@ -556,6 +562,13 @@ class CacheCommit:
     self.intent.unlink()
     _wrote('output cache intent removed')
 
+  @staticmethod
+  def _remedy(other) -> str:
+    """What to do when a file of a commit cut short is damaged: delete it
+    and `other`, the commit's other file."""
+    return (f'Delete it and {other} (the cache then misses the outputs of '
+            f'the unit it was committing), or pass {RESTART}.')
+
   def recover(self, recorded: set) -> Optional[str]:
     """Completes or undoes a commit cut short; says which (None: none)."""
     if not self.intent.exists():
@@ -563,8 +576,7 @@ class CacheCommit:
         os.remove(self.staged)
         return 'discarded'
       return None
-    remedy = (f'Delete it and {self.staged} (the cache then misses the '
-              f'outputs of the unit it was committing), or pass {RESTART}.')
+    remedy = self._remedy(self.staged)
     intent = read_json(self.intent, 'the intent of an output cache commit',
                        remedy)
     indices = intent.get('indices')
@@ -578,10 +590,7 @@ class CacheCommit:
           output_cache.OutputCache.load(self.staged)
         except output_cache.OutputCacheError as e:
           raise damaged(self.staged, 'a staged output cache that '
-                        + e.problem,
-                        f'Delete it and {self.intent} (the cache then '
-                        'misses the outputs of the unit it was committing), '
-                        f'or pass {RESTART}.') from None
+                        + e.problem, self._remedy(self.intent)) from None
         os.replace(self.staged, self.cache_path)
       done = 'rolled forward'
     else:

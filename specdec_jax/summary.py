@@ -178,7 +178,7 @@ def _choice(path: pathlib.Path) -> Dict[str, Any]:
   try:
     return run_folder.read_choice(path)
   except run_folder.RunFolderError as e:
-    return {'file': path.name, 'damaged': str(e)}
+    return {'file': path.name, 'damaged': e.message}
 
 
 def write(out: pathlib.Path, task, records, settings, wanted: set,

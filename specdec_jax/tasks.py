@@ -240,6 +240,11 @@ def debian_vocabulary(data_dir: Optional[str] = None):
   return _debian_vocabulary_class()(resolve_data_dir(data_dir))
 
 
+def split_path(data_dir: str, task: str, split: str) -> str:
+  """Where a Debian data dir stores a task's split: its records."""
+  return os.path.join(data_dir, task, f'{split}.jsonl')
+
+
 def source_files(task, data_dir: Optional[str] = None,
                  splits: Sequence[str] = ()) -> Dict[str, str]:
   """The files a task reads that decide its tokens: {label: path}.
@@ -270,9 +275,8 @@ def source_files(task, data_dir: Optional[str] = None,
   root = (task.data_dir if isinstance(task, ArrayTask)
           else resolve_data_dir(data_dir))
   for split in splits:
-    for label, path in ((f'{split} split', os.path.join(
-        root, task.name, f'{split}.jsonl')), (f'{split} ids', array_path(
-            root, task.name, split))):
+    for label, path in ((f'{split} split', split_path(root, task.name, split)),
+                        (f'{split} ids', array_path(root, task.name, split))):
       if os.path.isfile(path):
         files[label] = path
   return files
@@ -294,7 +298,7 @@ def read_debian_split(data_dir: str, task: str, split: str
     FileNotFoundError: naming the directory and the build command, when the
       split's file is missing.
   """
-  path = os.path.join(data_dir, task, f'{split}.jsonl')
+  path = split_path(data_dir, task, split)
   if not os.path.isfile(path):
     raise _missing_data_error(data_dir, path)
   columns: Dict[str, list] = {}
@@ -436,7 +440,7 @@ class ArrayTask:
       if len(rows) != len(texts):
         raise ValueError(
             f'{path} holds {len(rows)} rows of {key} but '
-            f'{os.path.join(self.data_dir, self.name, split + ".jsonl")} '
+            f'{split_path(self.data_dir, self.name, split)} '
             f'holds {len(texts)} records.')
     for i, text in enumerate(texts):
       example = {}
@@ -463,7 +467,7 @@ class ArrayTask:
 
   def _seqio_examples(self, split: str) -> Iterator[Dict[str, Any]]:
     """A split without stored ids, read through the seqio task."""
-    path = os.path.join(self.data_dir, self.name, f'{split}.jsonl')
+    path = split_path(self.data_dir, self.name, split)
     if not os.path.isfile(path):  # Say so without importing TensorFlow.
       raise _missing_data_error(self.data_dir, path)
     task = make_task(self.name, data_dir=self.data_dir)
