@@ -562,25 +562,48 @@ def loop_weight_rewrites(hlo_text: str, min_bytes: int = 1
     'type', 'bytes', 'computation', 'op_name': the jax op it came from,
     if recorded}], each instruction once.
   """
-  comps = _instructions(hlo_text)
-  inside: Dict[str, set] = {}
+  return _InvarianceWalk(hlo_text, min_bytes).rewrites()
 
-  def ops_of(name):  # opcodes of a computation and what it calls
-    if name not in inside:
-      inside[name] = set()
-      for ins in comps.get(name, []):
-        inside[name].add(ins['op'])
+
+class _InvarianceWalk:
+  """`loop_weight_rewrites`' walk: which values of each computation derive
+  from loop invariants ('w'), from constants only ('c') or vary (None)."""
+
+  # Attributes naming the computations an instruction calls.
+  CALLEE_KEYS = ('body', 'condition', 'calls', 'to_apply',
+                 'branch_computations', 'true_computation',
+                 'false_computation')
+
+  def __init__(self, hlo_text: str, min_bytes: int):
+    self.comps = _instructions(hlo_text)
+    self.min_bytes = min_bytes
+    self.inside: Dict[str, set] = {}
+    self.found: Dict[Tuple[str, str], Dict[str, Any]] = {}
+
+  def rewrites(self) -> List[Dict[str, Any]]:
+    callees = {c for lines in self.comps.values() for ins in lines
+               for key in self.CALLEE_KEYS
+               for c in _called(ins['attrs'], key)}
+    for name in self.comps:
+      if name not in callees:  # the entry (and anything nothing calls)
+        self.run(name, None, False)
+    return list(self.found.values())
+
+  def ops_of(self, name):
+    """Opcodes of a computation and of what it calls."""
+    if name not in self.inside:
+      self.inside[name] = set()
+      for ins in self.comps.get(name, []):
+        self.inside[name].add(ins['op'])
         for key in ('calls', 'to_apply'):
           for c in _called(ins['attrs'], key):
-            inside[name] |= ops_of(c)
-    return inside[name]
+            self.inside[name] |= self.ops_of(c)
+    return self.inside[name]
 
-  found: Dict[Tuple[str, str], Dict[str, Any]] = {}
-
-  def body_params(body):
+  def body_params(self, body):
     """What the body's parameter holds: 'w' (invariant) where the body
     returns the element unchanged, else None (varying)."""
-    lines = comps.get(body, [])
+    lines = self.comps.get(body, [])
     param = next((i['name'] for i in lines if i['op'] == 'parameter'), None)
     gte = {i['name']: int(re.search(r'index=(\d+)', i['attrs']).group(1))
            for i in lines if i['op'] == 'get-tuple-element'
@@ -591,7 +614,7 @@ def loop_weight_rewrites(hlo_text: str, min_bytes: int = 1
     return ['w' if gte.get(o) == i else None
             for i, o in enumerate(root['operands'])]
 
-  def run(name, params, in_loop, seen=()):
+  def run(self, name, params, in_loop, seen=()):
     """Propagates invariance through computation `name`; returns its
     root's value ('w': from invariants, 'c': constants only, None:
     varying; a list for a tuple)."""
@@ -600,61 +623,62 @@ def loop_weight_rewrites(hlo_text: str, min_bytes: int = 1
     seen = seen + (name,)
     value: Dict[str, Any] = {}
     last = None
-    for ins in comps.get(name, []):
-      op, args = ins['op'], [value.get(o) for o in ins['operands']]
-      if op == 'parameter':
-        k = int(ins['args'])
-        v = params[k] if params and k < len(params) else None
-      elif op in ('constant', 'iota'):
-        v = 'c'
-      elif op == 'get-tuple-element':
-        i = int(re.search(r'index=(\d+)', ins['attrs']).group(1))
-        v = args[0][i] if isinstance(args[0], list) and i < len(
-            args[0]) else (args[0] if not isinstance(args[0], list) else None)
-      elif op == 'tuple':
-        v = args
-      elif op == 'while':
-        for b in _called(ins['attrs'], 'body'):
-          run(b, [body_params(b)], True, seen)
-        v = None
-      elif op == 'conditional':
-        branches = (_called(ins['attrs'], 'branch_computations') or
-                    _called(ins['attrs'], 'true_computation') +
-                    _called(ins['attrs'], 'false_computation'))
-        for b, arg in zip(branches, args[1:]):
-          run(b, [arg], in_loop, seen)
-        v = None
-      elif op == 'call':
-        v = None
-        for c in _called(ins['attrs'], 'to_apply'):
-          v = run(c, args, in_loop, seen)
-      elif op.startswith('rng') or any(
-          a is None or isinstance(a, list) for a in args):
-        v = None
-      else:
-        v = 'w' if 'w' in args else 'c'
-      value[ins['name']] = v
-      last = v
+    for ins in self.comps.get(name, []):
+      v = self.value(ins, [value.get(o) for o in ins['operands']], params,
+                     in_loop, seen)
+      value[ins['name']] = last = v
       if in_loop and v == 'w':
-        hits = ([op] if op in REWRITES else sorted(
-            set(REWRITES) & set().union(*[ops_of(c) for c in _called(
-                ins['attrs'], 'calls')])) if op == 'fusion' else [])
-        nbytes = _array_bytes(ins['type'])
-        if hits and nbytes >= min_bytes:
-          where = re.search(r'op_name="([^"]*)"', ins['attrs'])
-          found[(name, ins['name'])] = {
-              'op': op if op in REWRITES else 'fusion:' + ','.join(hits),
-              'name': ins['name'], 'type': ins['type'], 'bytes': nbytes,
-              'computation': name,
-              'op_name': where.group(1) if where else None}
+        self.note(name, ins)
     return last
 
-  callees = {c for lines in comps.values() for ins in lines
-             for key in ('body', 'condition', 'calls', 'to_apply',
-                         'branch_computations', 'true_computation',
-                         'false_computation')
-             for c in _called(ins['attrs'], key)}
-  for name in comps:
-    if name not in callees:  # the entry (and anything nothing calls)
-      run(name, None, False)
-  return list(found.values())
+  def value(self, ins, args, params, in_loop, seen):
+    """One instruction's value from its operands' (following the
+    computations it runs)."""
+    op = ins['op']
+    if op == 'parameter':
+      k = int(ins['args'])
+      return params[k] if params and k < len(params) else None
+    if op in ('constant', 'iota'):
+      return 'c'
+    if op == 'get-tuple-element':
+      i = int(re.search(r'index=(\d+)', ins['attrs']).group(1))
+      return args[0][i] if isinstance(args[0], list) and i < len(
+          args[0]) else (args[0] if not isinstance(args[0], list) else None)
+    if op == 'tuple':
+      return args
+    if op == 'while':
+      for b in _called(ins['attrs'], 'body'):
+        self.run(b, [self.body_params(b)], True, seen)
+      return None
+    if op == 'conditional':
+      branches = (_called(ins['attrs'], 'branch_computations') or
+                  _called(ins['attrs'], 'true_computation') +
+                  _called(ins['attrs'], 'false_computation'))
+      for b, arg in zip(branches, args[1:]):
+        self.run(b, [arg], in_loop, seen)
+      return None
+    if op == 'call':
+      v = None
+      for c in _called(ins['attrs'], 'to_apply'):
+        v = self.run(c, args, in_loop, seen)
+      return v
+    if op.startswith('rng') or any(
+        a is None or isinstance(a, list) for a in args):
+      return None
+    return 'w' if 'w' in args else 'c'
+
+  def note(self, name, ins):
+    """Records `ins` (of computation `name`, in a loop, from invariants)
+    where it rewrites: a `REWRITES` op, or a fusion holding one."""
+    op = ins['op']
+    hits = ([op] if op in REWRITES else sorted(
+        set(REWRITES) & set().union(*[self.ops_of(c) for c in _called(
+            ins['attrs'], 'calls')])) if op == 'fusion' else [])
+    nbytes = _array_bytes(ins['type'])
+    if hits and nbytes >= self.min_bytes:
+      where = re.search(r'op_name="([^"]*)"', ins['attrs'])
+      self.found[(name, ins['name'])] = {
+          'op': op if op in REWRITES else 'fusion:' + ','.join(hits),
+          'name': ins['name'], 'type': ins['type'], 'bytes': nbytes,
+          'computation': name,
+          'op_name': where.group(1) if where else None}
