@@ -140,6 +140,13 @@ class Program:
     positional, kwargs = self._bound(args)
     return self.decoder.lower(*positional, **kwargs)
 
+  def identity(self, *args) -> str:
+    """The program's fingerprint on `(params, [draft_params,] inputs,
+    rng)`: what a provider of stored programs is asked for
+    (`scaffold.programs_from`)."""
+    positional, kwargs = self._bound(args)
+    return self.decoder.identity(*positional, **kwargs)
+
 
 def baseline_as_speculative(result) -> spec_stats.SpecResult:
   """A baseline decode as the result of a speculative one that drafted

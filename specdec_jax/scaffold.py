@@ -27,8 +27,10 @@ starts, once per call, so no loop body joins or converts a weight.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Dict, Tuple
+import hashlib
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import jax
 
@@ -67,6 +69,51 @@ def _traced(args) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
 
 
+# Gives a program's executable from its lowering and `fingerprint`: see
+# `programs_from`.
+Provider = Callable[[jax.stages.Lowered, str], jax.stages.Compiled]
+_PROVIDER: Dict[str, Optional[Provider]] = {'now': None}
+
+
+@contextlib.contextmanager
+def programs_from(provider: Provider) -> Iterator[None]:
+  """Within the block, each program `run` (every decode loop) needs is
+  taken from `provider` instead of jax's own compile.
+
+  `provider(lowered, fingerprint)` returns the executable of a lowered
+  program: e.g. one deserialized from a store of programs compiled ahead
+  of time for this device, found by its fingerprint (`fingerprint`), or
+  `lowered.compile()`. It is asked once per program and argument signature;
+  the executable is kept and called with the loop's dynamic arguments. A
+  decode traced inside a caller's own jit is part of the caller's program
+  and asks nothing.
+  """
+  before, _PROVIDER['now'] = _PROVIDER['now'], provider
+  try:
+    yield
+  finally:
+    _PROVIDER['now'] = before
+
+
+def fingerprint(lowered: jax.stages.Lowered,
+                options: Tuple[Tuple[str, Any], ...]) -> str:
+  """A lowered program's identity across processes and machines: the
+  sha256 of its StableHLO text (the loop, its shapes and shardings) and
+  of the XLA options it compiles with (`compiler_options` of its
+  arguments; `identity` gives both)."""
+  digest = hashlib.sha256(lowered.as_text().encode())
+  digest.update(repr(tuple(sorted(options))).encode())
+  return 'sha256:' + digest.hexdigest()
+
+
+def _signature(x) -> Tuple[Any, ...]:
+  """What an executable's argument is compiled for: shape, dtype, weak
+  type, and an array's sharding."""
+  aval = jax.typeof(x)
+  return (aval.shape, str(aval.dtype), aval.weak_type,
+          x.sharding if isinstance(x, jax.Array) else None)
+
+
 class OptionedJit:
   """`jax.jit(fun, static_argnums)` compiled with `compiler_options` of
   its arguments: one jitted entry per set of options.
@@ -80,6 +127,7 @@ class OptionedJit:
     self.fun = fun
     self.static_argnums = static_argnums
     self._entries: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
+    self._provided: Dict[Tuple[Any, ...], jax.stages.Compiled] = {}
 
   def entry(self, args):
     """The jitted entry for `args` (arrays or shape structs)."""
@@ -91,15 +139,27 @@ class OptionedJit:
     return self._entries[options]
 
   def __call__(self, *args):
-    return self.entry(args)(*args)
+    provider = _PROVIDER['now']
+    if provider is None or _traced(args):
+      return self.entry(args)(*args)
+    static = tuple(args[i] for i in self.static_argnums)
+    dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
+    leaves, tree = jax.tree.flatten(dynamic)
+    key = (provider, static, tree, tuple(map(_signature, leaves)))
+    if key not in self._provided:
+      lowered = self.lower(*args)
+      self._provided[key] = provider(
+          lowered, fingerprint(lowered, compiler_options(args)))
+    return self._provided[key](*dynamic)
 
   def lower(self, *args) -> jax.stages.Lowered:
     return self.entry(args).lower(*args)
 
   def cache_size(self) -> int:
     """Programs compiled so far, over every set of options."""
-    return sum(e._cache_size()  # pylint: disable=protected-access
-               for e in self._entries.values())
+    return len(self._provided) + sum(
+        e._cache_size()  # pylint: disable=protected-access
+        for e in self._entries.values())
 
 
 run = OptionedJit(_call, static_argnums=(0,))
@@ -129,6 +189,12 @@ def lower(loop, *args) -> jax.stages.Lowered:
   return run.lower(loop, *args)
 
 
+def identity(loop, *args) -> str:
+  """The fingerprint `run`'s program for `(loop, *args)` is asked for
+  (`programs_from`); arguments may be `jax.ShapeDtypeStruct`s."""
+  return fingerprint(lower(loop, *args), compiler_options(args))
+
+
 Prepare = Callable[..., Tuple[Any, tuple]]
 
 
@@ -141,7 +207,8 @@ def decoder(prepare: Prepare):
 
   Returns:
     A function running `run(loop, *loop_args)`, with attributes `lower`
-    (same arguments -> `jax.stages.Lowered`) and `prepare` (the body).
+    (same arguments -> `jax.stages.Lowered`), `identity` (same arguments
+    -> the program's fingerprint) and `prepare` (the body).
   """
 
   @functools.wraps(prepare)
@@ -155,6 +222,13 @@ def decoder(prepare: Prepare):
 
   lower_decode.__doc__ = (f'`{prepare.__name__}`\'s compiled program, '
                           'lowered but not run (`scaffold.lower`).')
+  def identity_decode(*args, **kwargs) -> str:
+    loop, loop_args = prepare(*args, **kwargs)
+    return identity(loop, *loop_args)
+
+  identity_decode.__doc__ = (f'`{prepare.__name__}`\'s program identity '
+                             '(`scaffold.identity`).')
   decode.lower = lower_decode
+  decode.identity = identity_decode
   decode.prepare = prepare
   return decode

@@ -11,11 +11,15 @@ to XLA's own fused kernels (`network.small_dot_threshold`).
 import os
 
 import jax
+from jax.experimental import serialize_executable
+import numpy as np
 import pytest
 
 from specdec_jax import compiled
+from specdec_jax import drafters
 from specdec_jax import models
 from specdec_jax import network
+from specdec_jax import programs
 from specdec_jax import scaffold
 
 # A compile-only GPU needs no driver (tests/test_weight_layout.py).
@@ -112,3 +116,39 @@ def test_the_drafters_timing_loop_compiles_as_in_a_decode_loop():
                                              context=2, target_params=target)
   assert lowered is not None
   assert want in measure._PROPOSALS._entries  # pylint: disable=protected-access
+
+
+def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
+  """Within `programs_from`, each decode program comes from the provider
+  (here: compiled, serialized as a store would keep it, and loaded back),
+  asked once per program and signature, keyed by a fingerprint that tells
+  programs apart; the tokens are those of jax's own compile. A decode
+  traced inside a caller's jit asks nothing."""
+  model, params = v11
+  enc, _ = ragged_greedy
+  asked = []
+
+  def provider(lowered, fingerprint):
+    asked.append(fingerprint)
+
+    return serialize_executable.deserialize_and_load(
+        *serialize_executable.serialize(lowered.compile()))
+
+  def program(gamma):
+    return programs.Program(programs.ProgramSpec(
+        'speculative', 'fixed', max_decode_len=8, eos_id=-1, gamma=gamma),
+                            model, drafters.T5Drafter(model))
+
+  rng = jax.random.key(0)
+  ref = program(2)(params, params, enc, rng)
+  with scaffold.programs_from(provider):
+    out = program(2)(params, params, enc, rng)
+    again = program(2)(params, params, enc, rng)
+    other = program(3)(params, params, enc, rng)
+    jax.jit(lambda e: program(2)(params, params, e, rng).tokens)(enc)
+  assert len(asked) == 2 and asked[0] != asked[1]
+  assert all(f.startswith('sha256:') for f in asked)
+  for res in (out, again, other):
+    np.testing.assert_array_equal(res.tokens, ref.tokens)
+  # The program's identity, built anew, is the one the provider was asked.
+  assert program(2).identity(params, params, enc, rng) == asked[0]
