@@ -42,6 +42,8 @@ from specdec_jax.sampling import SamplingConfig
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
 BATCHINGS = ('stream', 'fixed')
 BATCH_GAMMAS = ('profile', 'config')
+_CHOOSE = 'choose:'  # DrafterSpec.tree: the job chooses the tree
+_MOST_NODES = 256  # the largest tree 'choose:N' searches
 
 
 def _kinds_that(has) -> list:
@@ -75,7 +77,12 @@ class DrafterSpec:
       `drafters.tree.shape.parse` spec, e.g. 'beam:4,2,8' or a
       'dynamic:...' shape of `drafters.tree.shape.best`); None: the kind's
       default (`drafters.tree.DEFAULT_TREE`). The setup's gamma is the depth
-      of the tree used (at most the shape's).
+      of the tree used (at most the shape's). 'choose:N' (greedy only): the
+      eval job chooses the tree of at most N nodes and gamma levels with
+      the most tokens per second predicted on this machine, from the
+      drafter's rank probabilities and the call costs it measures on the
+      first unit (`unit_loop.choose_tree`, Sequoia's way); its choice is
+      kept in gamma_choice.json.
     output_cache: for kinds that draft from an output cache: its file
       (`output_cache.OutputCache`), loaded (and checked against the target)
       when it exists, else created, seeded with the task's train pairs when
@@ -144,9 +151,34 @@ class DrafterSpec:
     return widening.widened_config(self.config, self.widen_to)
 
   @property
+  def chooses_tree(self) -> bool:
+    """Whether the job chooses the tree (tree 'choose:N')."""
+    return self.tree is not None and self.tree.startswith(_CHOOSE)
+
+  @property
+  def tree_budget(self) -> int:
+    """N of tree 'choose:N': the most nodes a chosen tree has."""
+    text = self.tree[len(_CHOOSE):]
+    if not text.isdigit() or not 1 <= int(text) <= _MOST_NODES:
+      raise ValueError(f"tree {self.tree!r}: 'choose:N' takes N, the most "
+                       f'nodes of the tree to choose, 1 <= N <= '
+                       f'{_MOST_NODES}.')
+    return int(text)
+
+  @property
+  def built_tree(self) -> Optional[str]:
+    """The tree the drafter is built with: one chosen later by the job
+    (tree 'choose:N') is a chain of one draft until then."""
+    if self.chooses_tree:
+      self.tree_budget  # pylint: disable=pointless-statement  (validates)
+      return 'chain:1'
+    return self.tree
+
+  @property
   def tree_shape(self) -> tree_shape.TreeShape:
     """The tree a tree-drafting kind grows (its default when unset)."""
-    return tree_shape.parse(self.tree or drafters_lib.tree.DEFAULT_TREE)
+    return tree_shape.parse(self.built_tree or
+                            drafters_lib.tree.DEFAULT_TREE)
 
   def replace(self, **changes) -> 'DrafterSpec':
     return dataclasses.replace(self, **changes)
@@ -166,7 +198,7 @@ class DrafterSpec:
         output_length=output_length, confidence=float(self.confidence),
         draft_checkpoint=(None if self.drafter_kind.needs_model else
                           self.checkpoint),
-        tree=self.tree)
+        tree=self.built_tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +364,12 @@ class EvalSetup:
       raise ValueError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "
           'streamed baseline steps one token per row.')
-    if self.draft.drafter_kind.reads_tree:
+    if self.draft.chooses_tree and not self.sampling.greedy:
+      raise ValueError(
+          f'tree {self.draft.tree!r} chooses a tree from the rank '
+          'probabilities of greedy outputs: set temperature 0, or name a '
+          'tree (e.g. beam:4,2,8).')
+    if self.draft.drafter_kind.reads_tree and not self.draft.chooses_tree:
       shape = self.draft.tree_shape
       if self.gamma > shape.depth:
         raise ValueError(f'gamma {self.gamma} is deeper than the tree '
@@ -744,7 +781,9 @@ def build(setup: EvalSetup, task=None, target_shardings=None,
   drafter, draft_params = load_drafter(setup, task, target, target_params,
                                        store=store, cache=cache)
   # The loop the job decodes with (the drafter's own: merged for a
-  # MergedDrafter) must take the setup's gamma.
-  speculative.check_drafter_gamma(drafter, setup.gamma)
+  # MergedDrafter) must take the setup's gamma; a tree the job chooses
+  # has at most gamma levels by its choice.
+  if not setup.draft.chooses_tree:
+    speculative.check_drafter_gamma(drafter, setup.gamma)
   return Loaded(setup, task, target, target_params, drafter, draft_params,
                 store)

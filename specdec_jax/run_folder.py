@@ -49,6 +49,7 @@ from specdec_jax import loading
 from specdec_jax import output_cache
 from specdec_jax import shipped
 from specdec_jax import tasks
+from specdec_jax.drafters.tree import shape as tree_shape
 
 RECORDS = 'examples.jsonl'
 RUN = 'run.json'
@@ -410,6 +411,12 @@ def read_choice(path: pathlib.Path) -> Dict[str, Any]:
                   'integer >= 0', remedy)
   if not isinstance(choice.get('rule'), str):
     raise damaged(path, 'a gamma choice without its rule', remedy)
+  if 'tree' in choice:  # a tree chosen (`unit_loop.choose_tree`)
+    try:
+      tree_shape.parse(choice['tree'])
+    except ValueError as e:
+      raise damaged(path, f'a tree choice whose tree is no tree ({e})',
+                    remedy) from e
   return choice
 
 

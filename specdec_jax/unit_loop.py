@@ -36,6 +36,7 @@ from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import theory
 from specdec_jax import hardware
+from specdec_jax.drafters.tree import shape as tree_shape
 from specdec_jax.loading import EvalSetup
 
 
@@ -62,14 +63,14 @@ def units(setup: EvalSetup, all_inputs: np.ndarray
     yield start // size, start, n, inputs
 
 
-def call_times(loaded: loading.Loaded, inputs
+def call_times(loaded: loading.Loaded, inputs, ks=None, gamma=None
                ) -> Tuple[Dict[int, float], float, int]:
   """What a profile of the setup's batch rests on, timed on this machine.
 
   On the first `batch_size` rows of `inputs`, after half the output length
   decoded (the mean context of a decode): seconds per k-token target call
-  for k = 1 .. max_gamma + 1 and seconds per token the drafter drafts at
-  `gamma`.
+  for k in `ks` (default 1 .. max_gamma + 1) and seconds per token the
+  drafter drafts at `gamma` (default the setup's).
 
   Returns:
     ({k: seconds}, drafter seconds per token, the context).
@@ -77,13 +78,14 @@ def call_times(loaded: loading.Loaded, inputs
   setup = loaded.setup
   rows = inputs[:setup.batch.size]
   context = max(setup.task_feature_lengths['targets'] // 2, 1)
-  seconds = measure.cost_curve(loaded.target, loaded.target_params, rows,
-                               range(1, setup.batch.max_gamma + 2),
-                               context=context, jit_setup=True)
+  seconds = measure.cost_curve(
+      loaded.target, loaded.target_params, rows,
+      range(1, setup.batch.max_gamma + 2) if ks is None else ks,
+      context=context, jit_setup=True)
   t_draft = measure.drafter_token_time(
       loaded.drafter, speculative.with_target(
           loaded.drafter, loaded.draft_params, loaded.target_params),
-      rows, setup.gamma, context=context, jit_setup=True,
+      rows, gamma or setup.gamma, context=context, jit_setup=True,
       target_params=loaded.target_params)
   return seconds, t_draft, context
 
@@ -129,6 +131,87 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   return choice
 
 
+def _tree_widths(budget: int) -> List[int]:
+  """The call widths timed for a tree choice: powers of two plus one up
+  to the largest a tree of `budget` nodes verifies (cost(k) interpolated
+  between them)."""
+  return sorted({1, budget + 1} | {2 ** i + 1 for i in range(
+      budget.bit_length()) if 2 ** i + 1 <= budget + 1})
+
+
+def choose_tree(loaded: loading.Loaded, inputs, base) -> Dict[str, Any]:
+  """The token tree for a setup whose tree is 'choose:N'
+  (`DrafterSpec.chooses_tree`), chosen on this machine.
+
+  Sequoia's way (`drafters.tree.shape.choose`): among the trees of at most
+  N nodes and gamma levels, the one with the most predicted tokens per
+  second, expected tokens per call (from the drafter's rank probabilities
+  on `base`'s greedy outputs, `measure.rank_probs`) over an iteration's
+  time (the target's call at the verified width, timed now at the widths
+  of `_tree_widths` and interpolated, plus one drafter call per level).
+
+  Args:
+    loaded: the built setup.
+    inputs: a unit's inputs (its first `batch_size` rows are timed).
+    base: the baseline decode of that unit.
+
+  Returns:
+    {'gamma' (the tree's depth), 'tree' (its `shape.parse` spec), 'rule',
+    'configured_gamma', 'configured_tree', 'rank_probs', 'expected_tokens',
+    'iteration_ms', 'predicted_tokens_per_s', 'profile'} (JSON).
+  """
+  setup = loaded.setup
+  budget, b = setup.draft.tree_budget, setup.batch.size
+  draft_params = speculative.with_target(
+      loaded.drafter, loaded.draft_params, loaded.target_params)
+  probs = measure.rank_probs(loaded.drafter, draft_params, inputs,
+                             np.asarray(base.tokens), np.asarray(base.lengths))
+  seconds, t_draft, _ = call_times(loaded, inputs, _tree_widths(budget),
+                                   gamma=1)
+  t1 = seconds[1]
+  profile = hardware.HardwareProfile.of_run(
+      'this run', b, t1, {k: t / t1 for k, t in seconds.items()},
+      {setup.draft.kind: t_draft / t1}, device=measure.machine())
+  costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_draft * 1e3,
+                                          batch=b)
+  shape, rate = tree_shape.choose(probs, costs, max_nodes=budget,
+                                  max_depth=setup.gamma)
+  return {'gamma': shape.depth, 'tree': shape.spec, 'rule': 'profile',
+          'configured_gamma': setup.gamma, 'configured_tree': setup.draft.tree,
+          'rank_probs': [float(p) for p in probs],
+          'expected_tokens': shape.expected_tokens(probs),
+          'iteration_ms': costs.iteration_ms(shape),
+          'predicted_tokens_per_s': rate, 'profile': profile.to_json()}
+
+
+def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
+  """`loaded` drafting trees of `spec` (a `drafters.tree.shape.parse`
+  spec): its tree drafter (a kind that reads trees: a dataclass whose
+  `shape` is the tree) with that shape."""
+  if not (loaded.setup.draft.drafter_kind.reads_tree and
+          dataclasses.is_dataclass(loaded.drafter)):
+    raise TypeError(f'{type(loaded.drafter).__name__} drafts no tree of a '
+                    'shape (kinds that read trees build a dataclass with a '
+                    '`shape`).')
+  return dataclasses.replace(loaded, drafter=dataclasses.replace(
+      loaded.drafter, shape=tree_shape.parse(spec)))
+
+
+def _tree_choice(loaded: loading.Loaded, inputs, base, choice_file
+                 ) -> Dict[str, Any]:
+  """`choose_tree` on the first unit, kept in `choice_file` and said."""
+  choice = choose_tree(loaded, inputs, base)
+  if choice_file is not None:
+    run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  print(f"tree {choice['tree']} ({choice['gamma']} levels; configured "
+        f"{choice['configured_tree']}): chosen by the profile measured now, "
+        f"{choice['expected_tokens']:.2f} tokens per call expected, "
+        f"{choice['iteration_ms']:.3f} ms an iteration, "
+        f"{choice['predicted_tokens_per_s']:.0f} tokens/s predicted",
+        flush=True)
+  return choice
+
+
 def _programs(loaded: loading.Loaded, gamma: int, refill_sizes
               ) -> Tuple[programs.Program, Optional[programs.Program]]:
   """The setup's baseline and speculative programs at `gamma`.
@@ -158,7 +241,12 @@ def _configured_choice(loaded: loading.Loaded, choice_file
   """gamma as configured for a merged drafter, or as chosen by the run
   being resumed (`choice_file`); None: to be chosen on the first unit."""
   setup, gamma, choice = loaded.setup, loaded.setup.gamma, None
-  if speculative.decodes_merged(loaded.drafter):
+  if setup.draft.chooses_tree:  # chosen on the first unit, or resumed
+    if choice_file is not None and choice_file.exists():
+      choice = run_folder.read_choice(choice_file)
+      print(f"tree {choice['tree']}, chosen by the profile of the run being "
+            f'resumed ({choice_file})', flush=True)
+  elif speculative.decodes_merged(loaded.drafter):
     choice = {'gamma': gamma, 'rule': 'config', 'configured_gamma': gamma,
               'why': f'drafter {setup.draft.kind!r} drafts in its merged '
                      'loop (its drafting rides on the target call; the chain '
@@ -304,9 +392,11 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
   refill_sizes = None if partitioner is None else (setup.batch.size,)
   warmed = set()  # (input shape, drafter param shapes, gamma) compiled
   draft_params = loaded.draft_params
-  choice = (_configured_choice(loaded, choice_file)
-            if setup.batch.profile_gamma else None)
+  choosing = setup.batch.profile_gamma or setup.draft.chooses_tree
+  choice = _configured_choice(loaded, choice_file) if choosing else None
   gamma = setup.gamma if choice is None else choice['gamma']
+  if choice is not None and 'tree' in choice:
+    loaded = with_tree(loaded, choice['tree'])
   for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
                                   setup.batch.streamed else 'batch'):
@@ -321,13 +411,17 @@ def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
       return programs.calls(*_programs(loaded, g, refill_sizes),
                             target_params, draft_params, inputs, rng)
 
+    if setup.draft.chooses_tree and choice is None:  # on a baseline decode
+      choice = _tree_choice(loaded, inputs, calls_at(gamma)['baseline'](),
+                            choice_file)
+      loaded, gamma = with_tree(loaded, choice['tree']), choice['gamma']
     calls = calls_at(gamma)
     shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
                                                            draft_params)))
     if (shapes, gamma) not in warmed:  # compile both outside the timings
       first, _ = measure.time_alternating(calls)
       warmed.add((shapes, gamma))
-      if setup.batch.profile_gamma and choice is None:
+      if choice is None and setup.batch.profile_gamma:
         choice = _profile_choice(loaded, inputs, first['speculative'],
                                  choice_file)
         if choice['gamma'] != gamma:

@@ -273,6 +273,10 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
      'stream_chunk must be an int >= 1'),
     ({'BATCHING': "'stream'", 'EvalSetup.same_shape_baseline': 'True'},
      ValueError, "same_shape_baseline needs batching='fixed'"),
+    ({'DRAFTER': "'tree'", 'TREE': "'choose:0'"}, ValueError,
+     "'choose:N' takes N, the most nodes"),
+    ({'DRAFTER': "'tree'", 'TREE': "'choose:8'", 'TEMPERATURE': '1.0'},
+     ValueError, 'rank probabilities of greedy outputs: set temperature 0'),
 ])
 def test_clear_errors(tmp_path, override, error, message):
   argv = args(tmp_path / 'err', **override)
@@ -525,3 +529,58 @@ def test_batch_decodes_without_speculation_where_the_profile_says_slower(
   assert fewer['status'] == 'complete' and fewer['num_examples'] == 3
   check_summary_is_the_records(out, 3)
   assert len(read_jsonl(out / 'examples.jsonl')) == 8
+
+
+def test_the_job_chooses_the_tree_this_machines_costs_favour(
+    tmp_path, capsys, monkeypatch):
+  """TREE='choose:N': the job chooses the tree on its first unit,
+  `drafters.tree.shape.choose` on the rank probabilities and call costs
+  it records (both stubbed here: a drafter with these ranks, a target
+  whose calls cost the same at any width, as on an accelerator, or k
+  times one at width k, as on a CPU), then decodes with that tree,
+  exactly; wider calls that cost nothing more give a bigger tree. A
+  rerun for more examples decodes with the tree chosen before."""
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+  from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
+  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
+  from specdec_jax.drafters.tree import shape as shape_lib  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  probs = [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0]
+  monkeypatch.setattr(measure, 'rank_probs', lambda *a, **k: np.array(probs))
+  real_curve, real_loop = measure.cost_curve, drafters.TreeDrafter.merged_loop
+  decoded = []
+
+  def spied(self, *a, **k):
+    decoded.append(self.shape)
+    return real_loop(self, *a, **k)
+
+  monkeypatch.setattr(drafters.TreeDrafter, 'merged_loop', spied)
+  tree = dict(DRAFTER="'tree'", TREE="'choose:6'", NUM_EXAMPLES='2')
+  chosen = {}
+  for name, slope in (('flat', 0.0), ('linear', 1.0)):
+    monkeypatch.setattr(measure, 'cost_curve', lambda *a, slope=slope, **k: {
+        n: t1 * (1 + slope * (n - 1)) for t1 in [real_curve(*a, **k)[1]]
+        for n in real_curve(*a, **k)})
+    decoded.clear()
+    summary = eval_lib.main(args(tmp_path / name, **tree))
+    choice, = summary['gamma_choices']
+    profile = hardware.HardwareProfile.from_json(choice['profile'])
+    want, rate = shape_lib.choose(
+        choice['rank_probs'], shape_lib.TreeCosts.of_profile(
+            profile, level_ms=profile.c[2]['tree'] * profile.t1_ms,
+            batch=2), max_nodes=6, max_depth=3)
+    assert choice['tree'] == want.spec and choice['rank_probs'] == probs
+    assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
+    assert decoded and all(s == want for s in decoded)
+    assert summary['gamma_used'] == {str(want.depth): 2}
+    assert summary['differing_examples'] == 0
+    chosen[name] = want
+  assert chosen['flat'].nodes > chosen['linear'].nodes, chosen
+  capsys.readouterr()
+  decoded.clear()
+  summary = eval_lib.main(args(tmp_path / 'linear', **dict(tree,
+                                                           NUM_EXAMPLES='4')))
+  assert 'chosen by the profile of the run being resumed' in (
+      capsys.readouterr().out)
+  assert summary['gamma_used'] == {str(chosen['linear'].depth): 4}
+  assert decoded and all(s == chosen['linear'] for s in decoded)
