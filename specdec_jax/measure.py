@@ -12,7 +12,10 @@ needs three numbers, all measured here on the models and inputs at hand:
   (any drafter: T5, n-gram, ...) per drafted token, `call_time` one target
   decoder call;
 - cost(k) = t_target(k) / t_target(1), the cost of verifying gamma + 1 = k
-  tokens in one call (about 1 on a TPU/GPU, more on a CPU): `call_time`.
+  tokens in one call (about 1 on a TPU/GPU, more on a CPU): `call_time`;
+- a token tree's level (`drafters.tree`: the drafter's call on a level's
+  nodes and the draw of their children), what a tree costs beside its one
+  target call: `tree_level_time`.
 
 Timings are of compiled code inside a compiled loop of n calls (no Python
 dispatch; n grows until a loop takes >= 50 ms, so the one launch per loop is
@@ -205,6 +208,22 @@ def step_bytes(model, params, batch: int, cache_length: int,
   return tree_bytes(params['decoder']) + cache
 
 
+def _rewound_calls(call, cache, n_calls: int, batch: int):
+  """n_calls of `call(cache) -> (value [batch], cache)`, each from the
+  cache's position (rewound after every call), their values summed (so no
+  call is dead code); the timing loop of `call_time` and
+  `tree_level_time`."""
+  position = cache.position
+
+  def body(_, carry):
+    cache, acc = carry
+    value, cache = call(cache.rewind(position))
+    return cache, acc + value
+
+  return jax.lax.fori_loop(0, n_calls, body,
+                           (cache, jnp.zeros((batch,))))[1]
+
+
 def _repeated_calls(model, params, tokens, cache, n_calls):
   """n_calls decoder calls on `tokens`, each from the same position.
 
@@ -213,21 +232,41 @@ def _repeated_calls(model, params, tokens, cache, n_calls):
   decoders' calls do, with nothing joined inside the loop.
   """
   params = network.decoding_layout(params)
-  position = cache.position
 
-  def body(_, carry):
-    cache, acc = carry
-    logits, cache = model.extend(params, tokens, cache.rewind(position))
-    return cache, acc + logits[:, -1].sum(-1)  # all of the logits
+  def call(cache):
+    logits, cache = model.extend(params, tokens, cache)
+    return logits[:, -1].sum(-1), cache  # all of the logits
 
-  _, acc = jax.lax.fori_loop(0, n_calls, body,
-                             (cache, jnp.zeros(tokens.shape[:1])))
-  return acc
+  return _rewound_calls(call, cache, n_calls, tokens.shape[0])
 
 
 # Compiled as a decode loop's target call is (`scaffold.compiler_options`
 # of the target's params: the same small dots left to XLA on a GPU).
 repeated_calls = scaffold.OptionedJit(_repeated_calls, static_argnums=(0,))
+
+
+def _repeated_levels(model, params, tokens, cache, tree, k, n_calls):
+  """n_calls of one token-tree level, each from the same position: the
+  drafter's call on the level's fed nodes `tokens` `[batch, n]` under the
+  tree mask `tree` (`grow.grow`'s expand) and the greedy draw of their
+  children (the top k of each node's logits and their log-softmax there,
+  as `grow.grow` draws them). Params laid out as in `_repeated_calls`."""
+  params = network.decoding_layout(params)
+
+  def call(cache):
+    logits, cache = model.extend(params, tokens, cache, tree=tree)
+    x = logits.astype(jnp.float32)  # [batch, n, vocab]
+    values, _ = jax.lax.top_k(x, k)  # [batch, n, k]
+    logp = values - jax.nn.logsumexp(x, -1, keepdims=True)
+    return logp.sum((1, 2)), cache
+
+  return _rewound_calls(call, cache, n_calls, tokens.shape[0])
+
+
+# Compiled with the options of the drafter's and the target's params, as
+# the tree loop compiles its levels (`scaffold.compiler_options`).
+repeated_levels = scaffold.OptionedJit(_repeated_levels,
+                                       static_argnums=(0, 5))
 
 
 def context_cache(model, params, encoder_input_tokens, context: int,
@@ -420,6 +459,122 @@ def lower_drafter_token_time(drafter, params, encoder_input_tokens,
       jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
   return _PROPOSALS.entry((params, target_params)).lower(
       drafter, params, state, sequences, gamma, 1, lengths, rng)
+
+
+def fed_tree(shape) -> Tuple[np.ndarray, np.ndarray]:
+  """Depth `[F]` and visibility `[F, F]` of the nodes a tree drafter is
+  called on (`TreeShape.fed` in `grow.Fed`'s order: the root, then each
+  level's fed nodes), each node seeing itself and its ancestors, as
+  `grow.grow` builds them. A dynamic shape's parents are taken in slot
+  order: its run-time ranking gives other nodes, the same shapes."""
+  depth, parent = [0], [0]
+  for d, feeds in enumerate(shape.fed, 1):
+    above = (0,) if d == 1 else shape.fed[d - 2]  # level d - 1's fed nodes
+    for p in feeds:
+      depth.append(d)
+      parent.append(shape.fed_offsets[d - 1] +
+                    above.index(shape.levels[d - 1][p][0]))
+  visible = np.eye(len(depth), dtype=bool)
+  for i in range(1, len(depth)):
+    visible[i] |= visible[parent[i]]
+  return np.asarray(depth, np.int32), visible
+
+
+def tree_level_call(drafter, params, encoder_input_tokens, level: int, *,
+                    context: int = 32, jit_setup: bool = False, cache=None):
+  """The arguments of one tree level's call (`repeated_levels`).
+
+  Level d (1 .. depth - 1) is the call `grow.grow` makes once level d is
+  drawn: the drafter on level d's fed nodes (`TreeShape.fed[d - 1]`, the
+  nodes that get children), under the mask of every node called so far.
+  The tree's root sits at cache slot `context`, and level d's nodes after
+  the root's and the earlier levels' (`TreeShape.fed_offsets`), as in the
+  tree loop.
+
+  Args:
+    drafter: a `drafters.TreeDrafter`: its T5 drafter (`base`) and `shape`.
+    params: the T5 drafter's params (arrays, or `jax.ShapeDtypeStruct`s).
+    encoder_input_tokens: `[batch, input_length]` (or its shape struct).
+    level: 1 .. depth - 1.
+    context: committed tokens before the root.
+    jit_setup: build the cache in one compiled call.
+    cache: the drafter's cache with the root's and every fed node's slot
+      written (`context + fed_width` tokens; one for every level), or None
+      (built here).
+
+  Returns:
+    `(tokens [batch, n], cache, mask)`: the level's n fed nodes, the cache
+    at their first slot, the called nodes' `network.TreeMask`.
+  """
+  shape = drafter.shape
+  if not 1 <= level < shape.depth:
+    raise ValueError(f'tree {shape.spec!r}: level {level} outside 1..'
+                     f'{shape.depth - 1} (the levels with a drafter call)')
+  batch = encoder_input_tokens.shape[0]
+  depth, visible = fed_tree(shape)
+  width, n = len(depth), len(shape.fed[level - 1])
+  # The rows of nodes not called yet: themselves only, as in `grow.grow`.
+  end = shape.fed_offsets[level] + n
+  visible = np.where(np.arange(width)[:, None] < end, visible,
+                     np.eye(width, dtype=bool))
+  if cache is None:
+    cache = context_cache(drafter.base.model, params, encoder_input_tokens,
+                          context + width, context + width + 8, jit_setup)
+  cache = cache.rewind(jnp.full((batch,), context + shape.fed_offsets[level],
+                                jnp.int32))
+  mask = network.TreeMask(
+      base=jnp.full((batch,), context, jnp.int32),
+      depth=jnp.broadcast_to(jnp.asarray(depth), (batch, width)),
+      visible=jnp.broadcast_to(jnp.asarray(visible), (batch, width, width)))
+  return jnp.full((batch, n), 7, jnp.int32), cache, mask
+
+
+def tree_level_time(drafter, params, encoder_input_tokens,
+                    level: Optional[int] = None, *, repeats: int = 5,
+                    n_calls: int = 10, context: int = 32,
+                    jit_setup: bool = False, target_params=None) -> float:
+  """Seconds of one level of a token tree drafted by `drafter` (greedy).
+
+  A level is the drafter's call on the level's fed nodes under the tree
+  mask and the draw of their children (`repeated_levels`; the arguments:
+  `tree_level_call`), timed alone in a compiled loop as
+  `drafter_token_time` times a drafter step: what `shape.TreeCosts`
+  calls `level_ms`. The root's call (the catch-up of two tokens) is no
+  level: `drafter_token_time` times it.
+
+  Args:
+    drafter: a `drafters.TreeDrafter` of the tree's shape, e.g.
+      `TreeDrafter(t5_drafter, shape.parse('beam:8,4,12/64'))`.
+    params: the T5 drafter's params.
+    encoder_input_tokens: `[batch, input_length]`.
+    level: 1 .. depth - 1, or None: the mean over those levels (each timed).
+    repeats, n_calls, context, jit_setup: as `drafter_token_time`'s.
+    target_params: the target the drafter drafts for: the loop then
+      compiles with a decode loop's options (`scaffold.compiler_options`
+      of both), else with the drafter's alone.
+
+  Raises:
+    ValueError: a tree of one level (no level call), a level outside it.
+  """
+  shape = drafter.shape
+  levels = range(1, shape.depth) if level is None else (level,)
+  if not levels:
+    raise ValueError(f'tree {shape.spec!r} has one level: its only drafter '
+                     'call is the root\'s (drafter_token_time)')
+  encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  width = shape.fed_width
+  cache = context_cache(drafter.base.model, params, encoder_input_tokens,
+                        context + width, context + width + 8, jit_setup)
+  model, k = drafter.base.model, shape.max_children
+  entry = repeated_levels.entry((params, target_params))
+  seconds = []
+  for d in levels:
+    tokens, at, mask = tree_level_call(drafter, params, encoder_input_tokens,
+                                       d, context=context, cache=cache)
+    seconds.append(loop_time(
+        lambda n, tokens=tokens, at=at, mask=mask: entry(
+            model, params, tokens, at, mask, k, n), n_calls, repeats))
+  return float(np.mean(seconds))
 
 
 def cost_curve(model, params, encoder_input_tokens, ks: Iterable[int], *,

@@ -7,6 +7,8 @@ every drafter kind, that `score` is what `propose` drafts from) and with the
 acceptance the speculative loop itself observes.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,8 @@ from specdec_jax import drafters
 from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import speculative
+from specdec_jax.drafters.tree import grow
+from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.sampling import SamplingConfig
 
 from test_speculative import perturbed
@@ -189,3 +193,82 @@ def test_drafter_token_time_runs_the_executable_it_is_given(setup):
                                        n_calls=2, context=4,
                                        executable=counted)
   assert seconds > 0 and counts and set(counts) >= {2}
+
+
+# Level 1: 3 nodes, 2 of them get children (fed); level 2: 3 nodes, 1 fed;
+# level 3: 1 node. Fed counts differ per level, so a level timed with
+# another level's (or the tree's) width is a different program.
+UNEVEN_TREE = 'static:0.0,0.1,0.2;0.0,0.1,1.0;2.0'
+
+
+def test_a_tree_level_is_the_call_grow_makes_at_that_level(setup):
+  """`tree_level_call` gives the drafter call `grow.grow` makes once a
+  level is drawn: that level's fed nodes (not the tree's width), under
+  the mask grow builds of the nodes called so far, the root at slot
+  `context` and the level after the nodes before it."""
+  model, params, enc, _ = setup
+  tree = drafters.TreeDrafter(drafters.T5Drafter(model),
+                              shape_lib.parse(UNEVEN_TREE))
+  context, vocab = 4, model.vocab_size
+  root = jnp.full((1,), 5, jnp.int32)
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, vocab)))
+  calls = []
+
+  def expand(carry, tokens, parent, mask_of):
+    del parent
+    calls.append((tokens.shape, mask_of(jnp.full((1,), context))))
+    return jnp.asarray(np.random.default_rng(len(calls)).normal(
+        size=tokens.shape + (vocab,))), carry
+
+  grow.grow(tree.shape, SamplingConfig(), root, logits, expand, None,
+            jax.random.key(0))
+  assert [shape for shape, _ in calls] == [(1, 2), (1, 1)]
+  for level, (shape, mask) in enumerate(calls, 1):
+    tokens, cache, ours = measure.tree_level_call(
+        tree, params, enc[:1], level, context=context)
+    assert tokens.shape == shape
+    assert int(cache.position[0]) == context + tree.shape.fed_offsets[level]
+    for field in ('base', 'depth', 'visible'):
+      np.testing.assert_array_equal(getattr(ours, field),
+                                    getattr(mask, field), err_msg=field)
+  with pytest.raises(ValueError, match='level 3 outside 1..2'):
+    measure.tree_level_call(tree, params, enc[:1], 3)
+
+
+def test_tree_level_time_times_each_level_as_requested(setup, monkeypatch):
+  """The mean over levels times every level's own call (its width and
+  slot), one level only that level's; compiled with the target's params'
+  options as the tree loop is. Timings are only sane here, never claims."""
+  model, params, enc, _ = setup
+  tree = drafters.TreeDrafter(drafters.T5Drafter(model),
+                              shape_lib.parse(UNEVEN_TREE))
+  real, entries, runs = measure.repeated_levels, [], []
+
+  class Spy:
+
+    def entry(self, args):
+      entries.append(args)
+      fn = real.entry(args)
+
+      def run(model, params, tokens, cache, mask, k, n):
+        runs.append((tokens.shape, int(cache.position[0]), mask.size, k))
+        return fn(model, params, tokens, cache, mask, k, n)
+      return run
+
+  monkeypatch.setattr(measure, 'repeated_levels', Spy())
+  target = {'stand-in': 'target params'}
+  seconds = measure.tree_level_time(tree, params, enc[:1], repeats=1,
+                                    n_calls=2, context=4, jit_setup=True,
+                                    target_params=target)
+  assert math.isfinite(seconds) and 0 < seconds < 1
+  assert entries == [(params, target)]
+  # (nodes, the level's first slot: context + fed offset, fed width, k).
+  assert set(runs) == {((1, 2), 5, 4, 3), ((1, 1), 7, 4, 3)}
+  runs.clear()
+  measure.tree_level_time(tree, params, enc[:1], 2, repeats=1, n_calls=2,
+                          context=4, jit_setup=True)
+  assert set(runs) == {((1, 1), 7, 4, 3)}
+  with pytest.raises(ValueError, match='has one level'):
+    measure.tree_level_time(drafters.TreeDrafter(
+        drafters.T5Drafter(model), shape_lib.parse('chain:1')), params,
+                            enc[:1])
