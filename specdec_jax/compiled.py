@@ -3,22 +3,14 @@ r"""Every decode program compiled for a TPU or GPU this machine does not have.
 XLA compiles for *compile-only* devices: libtpu (`pip install
 "jax[tpu]==<jax version>"`) describes any Cloud TPU slice and the CUDA plugin
 any GPU, without the chips (`jax.experimental.topologies`). The decode
-programs of the package are compiled from model configs alone: the
-parameters are `jax.eval_shape` of the init, placed by T5X's partitioning
-rules as the eval job places them (`partitioning.Partitioner`:
-`param_shardings`, `sharded_model`, batch over 'data'), so no weight is
-read. What the compiler says is reported per program:
-
-- compiled, or the compiler's error, named with the program;
-- bytes per device (`memory_analysis()`: arguments = parameters and inputs,
-  outputs, temporaries = caches and activations) against the chip's HBM;
-- flops and bytes accessed per call (`cost_analysis()`; TPU only: the CUDA
-  compiler reports none), and from them a roofline time with the chip's
-  published peak flops and HBM bandwidth, plus `ops x overhead_s` when an
-  overhead per executed op is given. ESTIMATED from the compiler's counts,
-  never measured. The compiler counts a while loop's body once, so a whole
-  decode loop's counts are one pass, not one decode: per-step figures come
-  from the step programs (`step_facts`: `T5Model.extend` with k tokens).
+programs are compiled from model configs alone: the parameters are
+`jax.eval_shape` of the init, placed by T5X's partitioning rules as the eval
+job places them (`partitioning.Partitioner`), so no weight is read. Per
+program the compiler says: compiled or its error; bytes per device
+(`memory_analysis()`) against what a device may use; flops and bytes
+accessed per call (`cost_analysis()`; the CUDA compiler reports none); the
+HLO's while loops, host transfers and collectives. It counts a while loop's
+body once: per-step figures come from step programs (`T5Model.extend`).
 
   target = compiled.get_target('tpu:v4:2x2x1')
   setup = compiled.Setup(target=models.config('t5_1_1_xxl'),
@@ -26,20 +18,17 @@ read. What the compiler says is reported per program:
   facts = compiled.compile_program('t5', setup, target)  # speculative, t5
   facts['memory']['peak_bytes'], facts['fits'], facts['cost']
 
-Programs (`program_names()`): 'baseline' (`decoding.temperature_sample`),
-one per drafter kind of `drafters.KINDS` (`speculative.speculative_sample`:
-the chain loop, or the kind's merged loop: 'pass', 'heads'; token trees:
-'tree', 'heads_tree'), 'stream_baseline' (`streaming.sample_stream`) and
-'stream:<kind>' (`streaming.speculative_stream`).
+Programs (`program_names()`): 'baseline', one per drafter kind of
+`drafters.KINDS` (the chain loop, or the kind's merged or tree loop),
+'stream_baseline' and 'stream:<kind>' (`streaming`). A TPU v4 chip's two
+TensorCores are two compile-only devices (a TPU VM runs them as one), so a
+program spans both ('model' axis) and is held against one core's HBM.
 
-A TPU v4 or v5p chip has two TensorCores, which a TPU VM's jax runs as one
-device (megacore); the compile-only topology lists each core as a device
-with half the chip's HBM (the compiler allows 15.25 GiB of a v4 core), so
-a program is compiled over both cores of each chip (the 'model' axis spans
-them) and its bytes per device are compared with half the chip's HBM; the
-roofline uses half the chip's peak and bandwidth per device. The command
-(`python -m specdec_jax.compiled`, `main`) writes
-results/compiled/<target>.{json,md}; docs/tpu.md explains it.
+`python -m specdec_jax.compiled --target=<target> [flags]` prints each
+program's bytes per device and fit; `--iterations`, the per-iteration cost
+model (`program_cost`). The estimates built on these counts (roofline,
+hardware profile, the paper's Table 2) are in
+`specdec_jax.experiments.estimates`; docs/tpu.md explains both.
 """
 
 from __future__ import annotations
@@ -54,7 +43,6 @@ import math
 import os
 import pathlib
 import re
-import shlex
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -67,20 +55,15 @@ from jax.sharding import PartitionSpec as P
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import loading
+from specdec_jax import models
 from specdec_jax import network
 from specdec_jax import output_cache
-from specdec_jax import paper as paper_lib
 from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import speculative
-from specdec_jax import theory
-from specdec_jax.bench import aot
-from specdec_jax import hardware
-from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.sampling import SamplingConfig
 
-ESTIMATED = "estimated from the compiler's counts, not measured"
 GIB = 2 ** 30
 
 
@@ -93,10 +76,8 @@ class Chip:
     peak_flops: dense bfloat16 flops / s per chip.
     hbm_bandwidth: HBM bytes / s per chip.
     hbm_bytes: HBM per chip.
-    cores: devices per chip in a compile-only topology: a TPU v4 chip's
-      two TensorCores are two devices of half the chip's HBM to the
-      compiler (15.25 GiB usable of a core's 16); the others (v5p too:
-      one megacore device per chip) one.
+    cores: devices per chip in a compile-only topology: 2 for a TPU v4
+      chip's TensorCores (15.25 GiB usable of a core's 16); 1 elsewhere.
     usable_bytes: HBM a program may use on one device, as the compiler's
       out-of-memory error states it (None: not seen; the HBM's share).
   """
@@ -130,51 +111,6 @@ def gpu_target_config(chip: str, cuda: Tuple[int, int] = (13, 0)) -> str:
   return _CHIP_DATA['gpu_target_config'].format(
       bandwidth=int(spec.hbm_bandwidth), memory=spec.hbm_bytes,
       cuda=cuda[0], cuda_minor=cuda[1], name=spec.name)
-
-
-# XLA's key for a device in autotune results (`AutotuneCacheKey`), e.g.
-# "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s,
-# L2 cache: 52 MB, DNN version: 9.14.0".
-_AUTOTUNE_DEVICE = re.compile(
-    r'CUDA: (?P<cc_major>\d+)\.(?P<cc_minor>\d+), Cores: (?P<cores>\d+), '
-    r'GPU clock: (?P<clock>[\d.]+) GHz, Memory bandwidth: (?P<gbs>\d+) GB/s, '
-    r'L2 cache: (?P<l2_mb>\d+) MB(?:, DNN version: (?P<dnn>[\d.]+))?')
-
-
-def match_autotune_device(config: str, device: str) -> str:
-  """`config` (a `GpuTargetConfigProto` text) with the fields XLA keys
-  autotune results by set to those of `device` (the device string of a
-  results file a GPU wrote, `bench.aot.autotune_device`): a compile-only
-  device described otherwise finds none of them and takes its defaults.
-
-  Raises:
-    ValueError: `device` is not in XLA's form.
-  """
-  m = _AUTOTUNE_DEVICE.fullmatch(device.strip())
-  if m is None:
-    raise ValueError(f'not an XLA autotune device key: {device!r}')
-  l2 = re.search(r'l2_cache_size: (\d+)', config)
-  l2_bytes = int(l2.group(1)) if l2 else 0
-  if l2_bytes // 10**6 != int(m['l2_mb']):  # keep an exact size that fits
-    l2_bytes = int(m['l2_mb']) * 10**6
-  dnn = [int(x) for x in (m['dnn'] or '0.0.0').split('.')] + [0, 0]
-  fields = {
-      r'core_count: \d+': f"core_count: {m['cores']}",
-      r'clock_rate_ghz: [\d.]+': f"clock_rate_ghz: {m['clock']}",
-      r'memory_bandwidth: \d+': f"memory_bandwidth: {int(m['gbs']) * 10**9}",
-      r'l2_cache_size: \d+': f'l2_cache_size: {l2_bytes}',
-      r'cuda_compute_capability \{[^}]*\}': (
-          f"cuda_compute_capability {{ major: {m['cc_major']} minor: "
-          f"{m['cc_minor']} }}"),
-      r'dnn_version_info \{[^}]*\}': (
-          f'dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} patch: '
-          f'{dnn[2]} }}'),
-  }
-  for pattern, value in fields.items():
-    config, n = re.subn(pattern, value, config)
-    if n != 1:
-      raise ValueError(f'the target config has no single {pattern!r}')
-  return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,32 +170,25 @@ class BackendMissing(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def devices(name: str, target_config: Optional[str] = None,
-            topology: Optional[bytes] = None) -> Tuple[Any, ...]:
+def devices(name: str, target_config: Optional[str] = None
+            ) -> Tuple[Any, ...]:
   """The compile-only devices of target `name` (`Chip.cores` per chip).
 
   A GPU target compiles for `gpu_target_config` of its chip, or for
   `target_config` (a `GpuTargetConfigProto` in text form) when given.
-  `topology`, the serialized topology of the devices a run had
-  (`bench.aot.device_topology`), gives the compile-only twins of those
-  very devices instead (XLA's own description of them, every field).
 
   Raises:
-    ValueError: an unknown target, or a `topology` that this jax cannot
-      read or that is not the target's.
+    ValueError: an unknown target.
     BackendMissing: libtpu / the CUDA plugin is not installed.
   """
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   target = get_target(name)
-  # Compile-only use never owns a chip: let several processes (the suite's
-  # workers, parallel compiles) load libtpu without its lock file.
+  # Compile-only use owns no chip: several processes may load libtpu (no
+  # lock file), and the CUDA plugin must skip its check of the driver (else
+  # it stays unregistered; read when jax first looks for backends, so
+  # `main` sets it before anything else).
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
-  # Nor a GPU: the CUDA plugin's start-up check of the driver would fail and
-  # leave the plugin unregistered (read when jax first looks for backends,
-  # so `main` sets it before anything else).
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-  if topology is not None:
-    return _recorded_devices(target, topology)
   try:
     if target.platform == 'tpu':
       kw = ({'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {})
@@ -285,32 +214,6 @@ def devices(name: str, target_config: Optional[str] = None,
                          f'{target.spec.cores} cores, the topology has '
                          f'{len(out)} devices')
   return out
-
-
-def _recorded_devices(target: Target, topology: bytes) -> Tuple[Any, ...]:
-  """`devices` from a serialized topology, checked against `target`."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:  # (`devices` has set the environment the plugins start in)
-    jax.devices()  # starts the plugins, whose API reads the topology
-    out = tuple(topologies.TopologyDescription.deserialize(topology).devices)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'target {target.name!r}: jax {jax.__version__} cannot '
-                     f'read the recorded device topology ({e!r:.200})') from e
-  platform = {'cuda': 'gpu'}.get(out[0].platform, out[0].platform) if (
-      out) else None
-  if platform != target.platform or len(out) != target.devices:
-    raise ValueError(f'target {target.name!r} ({target.devices} '
-                     f'{target.platform} devices): the recorded topology has '
-                     f'{len(out)} {platform} devices')
-  return out
-
-
-def check_compiles(device) -> None:
-  """Compiles a tiny program for `device`: raises what the compiler says
-  if it cannot compile for it at all."""
-  x = jax.ShapeDtypeStruct((8,), jnp.float32,
-                           sharding=jax.sharding.SingleDeviceSharding(device))
-  jax.jit(lambda a: a + 1.0).lower(x).compile()
 
 
 def default_target_config(name: str) -> str:
@@ -340,9 +243,7 @@ def partitioner(target: Target, num_partitions: Optional[int] = None,
   return partitioning.Partitioner(num_partitions=n, devices=devs)
 
 
-# ---------------------------------------------------------------------------
-# Abstract arguments.
-# ---------------------------------------------------------------------------
+# --- Abstract arguments. ---------------------------------------------------
 
 
 def abstract(tree, shardings):
@@ -419,9 +320,7 @@ def build_drafter(kind: str, target, target_params, draft_model,
   return made['drafter'], _like(shapes, known, part)
 
 
-# ---------------------------------------------------------------------------
-# Programs.
-# ---------------------------------------------------------------------------
+# --- Programs. -------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -489,7 +388,8 @@ def _models(setup: Setup, part):
   return target, draft
 
 
-def _tokens(part, rows: int, length: int):
+def tokens(part, rows: int, length: int):
+  """Abstract int32 tokens [rows, length], the batch over 'data'."""
   return jax.ShapeDtypeStruct(
       (rows, length), jnp.int32,
       sharding=partitioning.batch_sharding(part.mesh, part.rules))
@@ -512,7 +412,7 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
   target, draft = _models(setup, part)
   params = abstract_params(target, part, setup.param_dtype)
   stream = name.startswith('stream')
-  inputs = _tokens(part, 2 * setup.batch if stream else setup.batch,
+  inputs = tokens(part, 2 * setup.batch if stream else setup.batch,
                    setup.input_length)
   # On a mesh the eval job refills the whole slot batch (a sub-batch of one
   # row does not divide the 'data' axis).
@@ -543,9 +443,7 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
   return program.lower(params, draft_params, inputs, _rng(part)), used
 
 
-# ---------------------------------------------------------------------------
-# What the compiler says.
-# ---------------------------------------------------------------------------
+# --- What the compiler says. -----------------------------------------------
 
 _HOST = (' outfeed(', ' infeed(', ' send(', ' recv(', 'callback',
          'host_compute')
@@ -609,21 +507,6 @@ def cost_facts(compiled) -> Dict[str, float]:
           if key in cost}
 
 
-def roofline_s(flops: float, bytes_accessed: float, chip: Chip,
-               ops: int = 0, overhead_s: float = 0.0,
-               whole_chip: bool = False) -> float:
-  """max(flops / peak, bytes / bandwidth) + ops x overhead: ESTIMATED.
-
-  `flops` and `bytes_accessed` are one device's: a TensorCore's (the chip's
-  figures divided by `chip.cores`), or with `whole_chip` the chip's (a
-  program a TPU VM runs on one megacore device, e.g. a replicated drafter).
-  """
-  share = 1 if whole_chip else chip.cores
-  return max(flops * share / chip.peak_flops,
-             bytes_accessed * share / chip.hbm_bandwidth
-             ) + ops * overhead_s
-
-
 def compile_lowered(lowered, target: Target, what: str) -> Dict[str, Any]:
   """Compile facts of one lowered program (the compiler's error, named)."""
   t0 = time.perf_counter()
@@ -664,208 +547,29 @@ def compile_program(name: str, setup: Setup, target: Target,
   return dict(compile_lowered(lowered, target, what), **used)
 
 
-def step_facts(config: network.T5Config, target: Target, *, batch: int,
-               tokens: int, input_length: int, cache_length: int,
-               num_partitions: Optional[int] = None,
-               replicated: bool = False,
-               param_dtype: str = 'bfloat16',
-               one_device: bool = False) -> Dict[str, Any]:
-  """Compile facts of one decoder step: `T5Model.extend` of `tokens` tokens
-  on a cache of `cache_length` slots, batch `batch` (the step of every
-  loop; a drafter: `replicated`, data-parallel rules as the loops use;
-  `one_device`: on one device, e.g. a TPU v4 core standing for the
-  megacore device of a TPU VM)."""
-  part = partitioner(target, num_partitions, one_device)
-  model = part.sharded_model(network.T5Model(config), (
-      partitioning.data_parallel_rules() if replicated else None))
-  params = abstract_params(model, part, param_dtype)
-  inputs = _tokens(part, batch, input_length)
-  cache = jax.eval_shape(lambda p, t: model.init_cache(p, t, cache_length),
-                         params, inputs)
-  cache = abstract(cache, model.cache_shardings(cache))
-  block = _tokens(part, batch, tokens)
-  return compile_lowered(jax.jit(model.extend).lower(params, block, cache),
-                         target, f'extend({tokens} tokens) batch {batch}')
+# --- The command. -----------------------------------------------------------
+
+DRAFTS = ('small', 'base', 'large')  # T5 1.1 sizes: --drafts' default
+PROGRAM_COLUMNS = ['program', 'batch', 'gamma', 'compiled', 'args GiB',
+                   'temp GiB', 'peak GiB', 'fits', 'while loops / host ops',
+                   'compile s']
 
 
-# ---------------------------------------------------------------------------
-# Estimated hardware profile and Table 2.
-# ---------------------------------------------------------------------------
-
-
-def step_seconds(facts: Mapping[str, Any], chip: Chip,
-                 overhead_s: float = 0.0, whole_chip: bool = False) -> float:
-  """The roofline time of a step program's facts (ESTIMATED)."""
-  return roofline_s(facts['cost']['flops'], facts['cost']['bytes_accessed'],
-                    chip, facts['hlo']['entry_ops'], overhead_s, whole_chip)
-
-
-def draft_seconds(facts: Mapping[str, Any], chip: Chip,
-                  overhead_s: float = 0.0) -> float:
-  """A replicated drafter's step: every core computes the whole step here,
-  where a TPU VM runs it on one device per chip, both cores (megacore), so
-  it is timed with the whole chip's figures (ESTIMATED)."""
-  return step_seconds(facts, chip, overhead_s, whole_chip=True)
-
-
-def estimated_profile(target: Target, steps: Mapping[int, Mapping[int, Any]],
-                      draft_steps: Mapping[int, Mapping[str, Any]], *,
-                      overhead_s: float = 0.0, label: str = '',
-                      megacore: bool = False) -> hardware.HardwareProfile:
-  """A `hardware.HardwareProfile` built from the compiler's counts.
-
-  Args:
-    target: the compile-only target.
-    steps: batch -> k -> `step_facts` of the target's k-token step.
-    draft_steps: batch -> drafter name -> `step_facts` of its 1-token step.
-    overhead_s: seconds per executed op (0: a pure roofline).
-    megacore: the target's steps were compiled on one device and stand for
-      a whole chip (`one_device` steps): timed with the chip's figures.
-    label: what the target is (dimensions).
-
-  Returns:
-    The profile; its name says ESTIMATED, its source the compiler.
-  """
-  chip = target.spec
-  t = {b: {k: step_seconds(f, chip, overhead_s, megacore)
-           for k, f in curve.items()}
-       for b, curve in steps.items()}
-  t1 = t[min(t)][1]
-  c = {b: {name: draft_seconds(f, chip, overhead_s) / t[b][1]
-           for name, f in ds.items()}
-       for b, ds in draft_steps.items() if 1 in t.get(b, {})}
-  return hardware.HardwareProfile(
-      name=(f'{target.name} ({ESTIMATED}; overhead '
-            f'{overhead_s * 1e6:g} us per op)'),
-      device=chip.name, target=label, t1_ms=t1 * 1e3,
-      floor_ms=None, bandwidth=chip.hbm_bandwidth,
-      launch_ms=overhead_s * 1e3,
-      cost={b: {k: v / curve[1] for k, v in curve.items()}
-            for b, curve in t.items()},
-      c=c, source='the XLA compiler for ' + target.name, command='', date='')
-
-
-GOAL = {'small': 0.10, 'base': 0.10, 'large': 0.15}
-
-
-def table2(profile: hardware.HardwareProfile) -> List[Dict[str, Any]]:
-  """The paper's Table 2 rows predicted on `profile` (`hardware.predict`,
-  Theorem 3.8 with cost(gamma + 1)) from the paper's alpha and gamma, with
-  the profile's c and with the paper's c, beside the paper's measured
-  speed-up: the ratio per row; `bound_c0`, the expected tokens per
-  iteration (Theorem 3.8 with c = 0 and cost 1), bounds every profile's
-  prediction from the paper's alpha."""
-  rows = []
-  cells = [(column, temp, size, values)
-           for (column, temp), row in paper_lib.TABLE2.items()
-           for size, values in row.items()]
-  for column, temp, size, (gamma, alpha, paper) in cells:
-    ours = hardware.predict(profile, alpha=alpha, gamma=gamma, drafter=size)
-    paper_c = paper_lib.TABLE4_C[size]
-    with_paper_c = hardware.predict(profile, alpha=alpha, gamma=gamma,
-                                    c=paper_c)
-    rows.append({
-        'task': {'EnDe': 'ende', 'CNNDM': 'cnndm'}[column],
-        'temperature': temp, 'drafter': size, 'gamma': gamma,
-        'alpha': alpha, 'c_estimated': round(ours.c, 4),
-        'c_paper': paper_c, 'cost_gamma_plus_1': round(ours.cost, 3),
-        'speedup_estimated': round(ours.speedup, 2),
-        'speedup_with_paper_c': round(with_paper_c.speedup, 2),
-        'speedup_paper_measured': paper,
-        # Free drafts and a free wider call: no profile predicts more.
-        'bound_c0': round(theory.expected_tokens_per_iteration(alpha, gamma),
-                          2),
-        'ratio': round(ours.speedup / paper, 3),
-        'within_goal': abs(ours.speedup / paper - 1) <= GOAL[size]})
-  return rows
-
-
-def fit_overhead(target: Target, steps, draft_steps,
-                 grid_us: Sequence[float] = tuple(
-                     x / 10 for x in range(0, 201)),
-                 megacore: bool = False) -> float:
-  """The ONE per-op overhead (seconds) whose profile's Table 2 is closest to
-  the paper's measured speed-ups (least squares of log ratios, on a grid)."""
-  def loss(us):
-    prof = estimated_profile(target, steps, draft_steps,
-                             overhead_s=us * 1e-6, megacore=megacore)
-    return sum(math.log(r['ratio']) ** 2 for r in table2(prof))
-  return min(grid_us, key=loss) * 1e-6
-
-
-def shipped_alpha_rows(profile: hardware.HardwareProfile,
-                       alphas: Mapping[str, Mapping[str, float]]
-                       ) -> List[Dict[str, Any]]:
-  """Predicted speed-ups (`hardware.predict`, the best gamma within the
-  profile's k) of our shipped drafters' measured alpha, with the c of the
-  T5 1.1 size of their role ('small_fkl' -> small)."""
-  rows = []
-  for task, per in alphas.items():
-    for name, temps in per.items():
-      size = name.split('_')[0]
-      if size not in profile.drafters(1):
-        continue
-      for temp, alpha in temps.items():
-        p = hardware.predict(profile, alpha=alpha, drafter=size)
-        rows.append({'task': task, 'drafter': name, 'temperature': temp,
-                     'alpha': round(alpha, 3), 'c_estimated': round(p.c, 4),
-                     'gamma': p.gamma, 'speedup_estimated':
-                         round(p.speedup, 2)})
-  return rows
-
-
-def largest_batch(bytes_at: Mapping[int, int], capacity: int,
-                  multiple: int = 1) -> Optional[int]:
-  """The largest batch (a multiple of `multiple`) whose peak bytes fit in
-  `capacity`, by the line through the two largest compiled batches (bytes
-  grow linearly with the batch: caches, activations); None if none fits or
-  fewer than two batches were compiled."""
-  bs = sorted(bytes_at)
-  if len(bs) < 2:
-    return None
-  b0, b1 = bs[-2], bs[-1]
-  slope = (bytes_at[b1] - bytes_at[b0]) / (b1 - b0)
-  base = bytes_at[b1] - slope * b1
-  if base > capacity:
-    return None
-  if slope <= 0:
-    return None
-  best = int((capacity - base) // slope)
-  best -= best % multiple
-  return best if best >= 1 else None
-
-
-# ---------------------------------------------------------------------------
-# The command: python -m specdec_jax.compiled --target=tpu:v4:1x1x1 ...
-# ---------------------------------------------------------------------------
-
-DRAFTS = ('small', 'base', 'large')
-FULL_KS = tuple(range(1, 17)) + (24, 32, 64)
-BATCH_KS = (1, 2, 4, 8, 16)
-
-
-def _ints(text: str) -> Tuple[int, ...]:
+def parse_ints(text: str) -> Tuple[int, ...]:
   return tuple(int(x) for x in text.split(',') if x.strip())
 
 
-def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
-  """The command's flags (see `main`)."""
-  parser = argparse.ArgumentParser(
-      prog='python -m specdec_jax.compiled',
-      description=__doc__.split('\n')[0])
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  """The flags of what a command compiles (`setup`, `plan`)."""
   parser.add_argument('--target',
                       help=f'compile-only target: {", ".join(TARGETS)}')
-  parser.add_argument('--reestimate', default=None,
-                      help='a results json of this command: recompute its '
-                      'estimates (profiles, Table 2) from the compiler '
-                      'counts it holds, compiling nothing, and rewrite it')
   parser.add_argument('--model', default='t5_1_1_xxl',
                       help="the target's specdec_jax.models.config spec")
   parser.add_argument('--drafts', default=','.join(
       f't5_1_1_{d}' for d in DRAFTS),
                       help='draft model config specs, comma separated (the '
                       "first is the 't5' kinds' drafter)")
-  parser.add_argument('--batches', default='1,8,32', type=_ints)
+  parser.add_argument('--batches', default='1,8,32', type=parse_ints)
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--max_decode_len', type=int, default=256)
   parser.add_argument('--gamma', type=int, default=7)
@@ -876,33 +580,13 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'and t5 at every batch')
   parser.add_argument('--num_partitions', type=int, default=None,
                       help="size of the 'model' axis (default: every chip)")
-  parser.add_argument('--ks', default=','.join(map(str, FULL_KS)),
-                      type=_ints, help='k of the target steps at batch 1 '
-                      '(empty: compile the programs only)')
-  parser.add_argument('--batch_ks', default=','.join(map(str, BATCH_KS)),
-                      type=_ints, help='k of the target steps at the '
-                      'other batches')
-  parser.add_argument('--megacore_steps', action='store_true',
-                      help='compile the step programs on one device (a v4 '
-                      "/ v5p core) and time them with the whole chip's "
-                      'figures: the megacore device a TPU VM runs (the '
-                      "paper's one TPU v4)")
-  parser.add_argument('--paper_table', action='store_true',
-                      help="the paper's Table 2 on the estimated profile "
-                      '(the paper ran on one TPU v4 chip)')
-  parser.add_argument('--alphas', default='results/drafters_alpha.json',
-                      help="our shipped drafters' measured alpha (a "
-                      'results json with tasks/<task>/alpha)')
-  parser.add_argument('--out_dir', default='results/compiled')
-  parser.add_argument('--iterations', nargs='?', const='programs',
-                      choices=('programs', 'reference'),
-                      help='counts, GB, ESTIMATED ms per loop iteration of '
-                      "--programs (program_cost), or 'reference': those "
-                      'the device model was fitted to, with measured ms')
   parser.add_argument('--tree', default=None, help="the tree kinds' shape")
-  args = parser.parse_args(argv)
-  if args.reestimate:
-    return args
+
+
+def check_flags(parser: argparse.ArgumentParser,
+                args: argparse.Namespace) -> argparse.Namespace:
+  """`args`, with a known --target and known --programs (else the
+  parser's error, which lists the targets or programs)."""
   try:
     if not args.target:
       raise ValueError('--target is required; known targets: '
@@ -916,356 +600,65 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   return args
 
 
-def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
+def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
+  """The command's flags (see `main`)."""
+  parser = argparse.ArgumentParser(
+      prog='python -m specdec_jax.compiled',
+      description=__doc__.split('\n')[0])
+  add_flags(parser)
+  parser.add_argument('--iterations', nargs='?', const='programs',
+                      choices=('programs', 'reference'),
+                      help='counts, GB, ESTIMATED ms per loop iteration of '
+                      "--programs (program_cost), or 'reference': those "
+                      'the device model was fitted to, with measured ms')
+  return check_flags(parser, parser.parse_args(argv))
 
 
-def _configs(args):
-  model = models.config(args.model)
-  drafts = {}
-  for spec in args.drafts.split(','):
-    cfg = models.config(spec.strip())
-    name = spec.strip().split(',')[0].replace('t5_1_1_', '')
-    drafts[name] = cfg
-  return model, drafts
+def configs(args: argparse.Namespace
+            ) -> Tuple[network.T5Config, Dict[str, network.T5Config]]:
+  """(the target's config, {drafter name: config}) of --model, --drafts."""
+  drafts = {spec.strip().replace('t5_1_1_', ''): models.config(spec.strip())
+            for spec in args.drafts.split(',')}
+  return models.config(args.model), drafts
 
 
-def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
-  """Everything the command reports for one target (see `main`)."""
-  target = get_target(args.target)
-  model, drafts = _configs(args)
-  first = next(iter(drafts.values()))
-  setup = Setup(target=model, draft=first, batch=args.batches[0],
-                input_length=args.input_length,
-                max_decode_len=args.max_decode_len, gamma=args.gamma,
-                temperature=args.temperature)
-  out = {
-      'command': report.portable(' '.join(
-          ['python -m specdec_jax.compiled'] + list(argv))),
-      'date': time.strftime('%Y-%m-%d'), 'versions': aot.versions(),
-      'target': dataclasses.asdict(target),
-      'chip': dataclasses.asdict(target.spec),
-      'label': ESTIMATED,
-      'setup': {'target': report.config_dict(model),
-                'drafts': {n: report.config_dict(c)
-                           for n, c in drafts.items()},
-                'input_length': args.input_length,
-                'max_decode_len': args.max_decode_len, 'gamma': args.gamma,
-                'temperature': args.temperature,
-                'devices': target.devices,
-                'num_partitions': args.num_partitions or target.devices},
-      'programs': []}
+def setup(args: argparse.Namespace) -> Setup:
+  """The `Setup` of the flags at the first batch (the first drafter's)."""
+  model, drafts = configs(args)
+  return Setup(target=model, draft=next(iter(drafts.values())),
+               batch=args.batches[0], input_length=args.input_length,
+               max_decode_len=args.max_decode_len, gamma=args.gamma,
+               temperature=args.temperature, tree=args.tree)
+
+
+def plan(args: argparse.Namespace) -> List[Tuple[int, str]]:
+  """(batch, program) of every program --programs names at each batch."""
   names = (program_names() if args.programs == 'all' else () if (
       args.programs == 'none') else tuple(
           p.strip() for p in args.programs.split(',')))
-  for batch in args.batches:
-    todo = names if (batch == args.batches[0] or args.programs != 'all'
-                     ) else ('baseline', 't5')
-    for name in todo:
-      facts = compile_program(name, dataclasses.replace(setup, batch=batch),
-                              target, args.num_partitions)
-      facts.update(name=name, batch=batch)
-      out['programs'].append(facts)
-      _log(f"{facts['program']}: " + (
-          f"{facts['memory']['peak_bytes'] / GIB:.2f} GiB, "
-          f"{facts['compile_s']} s" if facts['compiled'] else
-          facts['error'][:300]))
-  out['memory'] = memory_summary(out['programs'], target, args)
-  if not args.ks:  # --ks=: the programs only.
-    return out
-  cache_length = args.max_decode_len + max(args.ks) + 1
-  steps, draft_steps = {}, {}
-  for batch in args.batches:
-    ks = args.ks if batch == args.batches[0] else args.batch_ks
-    for k in ks:
-      f = step_facts(model, target, batch=batch, tokens=k,
-                     input_length=args.input_length,
-                     cache_length=cache_length,
-                     num_partitions=args.num_partitions,
-                     one_device=args.megacore_steps)
-      _log(f"{target.name} {f['program']}: {f.get('cost')}")
-      if f['compiled']:
-        steps.setdefault(batch, {})[k] = f
-    for name, cfg in drafts.items():
-      f = step_facts(cfg, target, batch=batch, tokens=1,
-                     input_length=args.input_length,
-                     cache_length=cache_length,
-                     num_partitions=args.num_partitions, replicated=True,
-                     one_device=args.megacore_steps)
-      _log(f"{target.name} draft {name} {f['program']}: {f.get('cost')}")
-      if f['compiled']:
-        draft_steps.setdefault(batch, {})[name] = f
-  out['steps'] = {str(b): {str(k): _slim(f) for k, f in curve.items()}
-                  for b, curve in steps.items()}
-  out['draft_steps'] = {str(b): {n: _slim(f) for n, f in ds.items()}
-                        for b, ds in draft_steps.items()}
-  # A batch whose 1-token step did not compile (e.g. does not fit) has no
-  # t(1) to divide by: its steps stay in the results, out of the estimates.
-  steps = {b: c for b, c in steps.items() if 1 in c}
-  if all(f['cost'] for c in steps.values() for f in c.values()) and steps:
-    try:
-      out.update(estimates(target, steps, draft_steps, model, args))
-    except (KeyError, ValueError, ZeroDivisionError) as e:
-      out['estimates_error'] = f'{type(e).__name__}: {e}'
-  return out
+  return [(batch, name) for batch in args.batches for name in (
+      names if batch == args.batches[0] or args.programs != 'all' else
+      ('baseline', 't5'))]
 
 
-def _slim(f: Mapping[str, Any]) -> Dict[str, Any]:
-  return {k: f[k] for k in ('compiled', 'compile_s', 'memory', 'cost',
-                            'hlo', 'error') if k in f}
-
-
-def memory_summary(programs, target: Target, args) -> Dict[str, Any]:
-  """Per program: peak bytes per device at each compiled batch, fits
-  (False also where the compiler refused the program for want of HBM),
-  and the largest batch that fits (`largest_batch`, a multiple of the data
-  axis, below the smallest batch the compiler refused)."""
-  n = target.devices
-  data = n // (args.num_partitions or n)
-  out = {}
-  for f in programs:
-    if 'fits' not in f:
-      continue
-    row = out.setdefault(f['name'], {'peak_bytes': {}, 'fits': {}})
-    row['fits'][str(f['batch'])] = f['fits']
-    if f['compiled']:
-      row['peak_bytes'][str(f['batch'])] = f['memory']['peak_bytes']
-  for row in out.values():
-    bytes_at = {int(b): v for b, v in row['peak_bytes'].items()}
-    refused = [int(b) for b, ok in row['fits'].items() if not ok]
-    best = largest_batch(bytes_at, target.spec.device_hbm_bytes, data)
-    if best is not None and refused:
-      best = min(best, min(refused) - data)
-    row['largest_batch'] = best if best and best >= 1 else None
-    row['largest_batch_how'] = (
-        'linear in the batch through the two largest compiled batches'
-        if len(bytes_at) > 1 else 'one batch compiled: not estimated')
-  return out
-
-
-def estimates(target: Target, steps, draft_steps, model, args
-              ) -> Dict[str, Any]:
-  """t(1), cost(k), c per batch from the compiler's counts (ESTIMATED), the
-  hardware profiles (pure roofline; with the one fitted per-op overhead)
-  and, with --paper_table, Table 2 on them."""
-  label = (f"T5 1.1 {args.model}: emb {model.emb_dim}, "
-           f"{model.num_encoder_layers}+{model.num_decoder_layers} layers, "
-           f"bf16, input {args.input_length}, cache "
-           f"{args.max_decode_len + max(args.ks) + 1}")
-  chip = target.spec
-  mega = bool(getattr(args, 'megacore_steps', False))
-  out = {'per_step': {}, 'megacore_steps': mega}
-  for b, curve in steps.items():
-    t1 = step_seconds(curve[1], chip, whole_chip=mega)
-    out['per_step'][str(b)] = {
-        't1_ms': round(t1 * 1e3, 4),
-        'bytes_bound_ms': round(roofline_s(
-            0, curve[1]['cost']['bytes_accessed'], chip,
-            whole_chip=mega) * 1e3, 4),
-        'cost': {str(k): round(step_seconds(f, chip, whole_chip=mega) / t1,
-                               4)
-                 for k, f in curve.items()},
-        'c': {n: round(draft_seconds(f, chip) / t1, 4)
-              for n, f in draft_steps.get(b, {}).items()},
-        'ops_per_step': curve[1]['hlo']['entry_ops'],
-        'draft_ops_per_step': {n: f['hlo']['entry_ops'] for n, f in
-                               draft_steps.get(b, {}).items()}}
-  pure = estimated_profile(target, steps, draft_steps, label=label,
-                           megacore=mega)
-  out['profile'] = pure.to_json()
-  if args.paper_table and not set(DRAFTS) <= set(draft_steps.get(1, {})):
-    out['table2_error'] = ('--paper_table needs batch 1 and the drafters '
-                           f'{", ".join(DRAFTS)} (T5 1.1 configs)')
-  elif args.paper_table:
-    out['table2'] = table2(pure)
-    overhead = fit_overhead(target, steps, draft_steps, megacore=mega)
-    fitted = estimated_profile(target, steps, draft_steps, megacore=mega,
-                               overhead_s=overhead, label=label)
-    out['overhead_us_per_op'] = round(overhead * 1e6, 2)
-    out['profile_fitted'] = fitted.to_json()
-    out['table2_fitted'] = table2(fitted)
-    try:
-      alphas = {task: v['alpha'] for task, v in report.read_json(
-          args.alphas)['tasks'].items()}
-      alphas = {t: {n: {k: x['alpha'] for k, x in temps.items()}
-                    for n, temps in a.items()} for t, a in alphas.items()}
-      out['shipped_alpha'] = {
-          'source': args.alphas,
-          'rows': shipped_alpha_rows(pure, alphas),
-          'rows_fitted': shipped_alpha_rows(fitted, alphas)}
-    except (OSError, KeyError, ValueError) as e:
-      out['shipped_alpha'] = {'source': args.alphas, 'error': str(e)}
-  return out
-
-
-def markdown(r: Mapping[str, Any]) -> str:
-  """The results .md of one target."""
-  t, chip = r['target'], r['chip']
-  versions = ', '.join(f'{k} {v}' for k, v in r['versions'].items())
-  usable = (f" ({chip['usable_bytes'] / GIB:.2f} GiB usable per device, as "
-            'the compiler says)' if chip.get('usable_bytes') else '')
-  lines = [f"# Compiled for {t['name']} without one ({ESTIMATED})", '',
-           f"Command: `{r['command']}`  ", f"Date: {r['date']}; {versions}",
-           '',
-           f"{t['chips']} x {chip['name']}, {chip.get('cores', 1)} "
-           f"device(s) per chip: {chip['hbm_bytes'] / GIB:.1f} GiB HBM "
-           f'per chip{usable}, '
-           f"{chip['hbm_bandwidth'] / 1e9:.0f} GB/s, "
-           f"{chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16 (published). "
-           f"Target {r['setup']['target']['emb_dim']}-wide "
-           f"({r['setup']['target']['num_decoder_layers']} decoder layers), "
-           f"drafters {', '.join(r['setup']['drafts'])}; bf16; input "
-           f"{r['setup']['input_length']}, output "
-           f"{r['setup']['max_decode_len']}, gamma {r['setup']['gamma']}, "
-           f"temperature {r['setup']['temperature']}; 'model' axis "
-           f"{r['setup']['num_partitions']}.", '',
-           '## Every decode program', '',
-           'Bytes per device from `memory_analysis()` (parameters + inputs, '
-           'outputs, temporaries); one while loop, no host transfer: read '
-           'from the compiled HLO.', '']
-  rows = []
-  for f in r['programs']:
-    if f['compiled']:
-      m = f['memory']
-      rows.append([f['name'], f['batch'], f.get('gamma', '-'), 'yes',
-                   f"{m['argument_bytes'] / GIB:.2f}",
-                   f"{m['temp_bytes'] / GIB:.2f}",
-                   f"{m['peak_bytes'] / GIB:.2f}",
-                   'yes' if f['fits'] else '**no**',
-                   f"{f['hlo']['entry_while_loops']} / "
-                   f"{f['hlo']['host_transfers']}", f['compile_s']])
-    else:
-      rows.append([f['name'], f['batch'], f.get('gamma', '-'),
-                   '**no**: ' + f['error'][:200].replace('|', '/'),
-                   None, None, None, None, None, None])
-  lines.append(report.table(
-      ['program', 'batch', 'gamma', 'compiled', 'args GiB', 'temp GiB',
-       'peak GiB', 'fits', 'while loops / host ops', 'compile s'], rows))
-  lines += ['', 'Notes: the merged self-drafting loops (' +
-            ', '.join(SELF_DRAFTING) + ') take the plain `network.T5Model` '
-            'target with its sharded parameters (they refuse a '
-            '`partitioning.ShardedModel`). The parameters of the kinds that '
-            "draft or embed with the target ('cache', 'combined', 'pass', "
-            "'heads', 'heads_tree') hold the target's parameters again: the "
-            'same arrays when run, but counted again in the argument bytes '
-            '(of what the program reads: e.g. the encoder for an output '
-            'cache\'s embedder), so their peak bytes are an upper bound.']
-  lines += ['', '## Largest batch that fits (per device)', '']
-  lines.append(report.table(
-      ['program', 'peak GiB per compiled batch', 'largest batch', 'how'],
-      [[n, ', '.join(f'{b}: {v / GIB:.2f}' for b, v in
-                     m['peak_bytes'].items()), m['largest_batch'],
-        m['largest_batch_how']] for n, m in r['memory'].items()]))
-  if 'per_step' in r:
-    how = ('compiled on one device standing for the whole chip (the '
-           "megacore device of a TPU VM), timed with the chip's figures"
-           if r.get('megacore_steps') else
-           "compiled on every device, timed with one device's share of the "
-           "chip's figures; a replicated drafter with the whole chip's "
-           '(one megacore device per chip on a TPU VM)')
-    lines += ['', f'## Per step ({ESTIMATED})', '',
-              "A roofline of one `T5Model.extend` call: max(flops / peak, "
-              "bytes accessed / HBM bandwidth), from the compiler's "
-              'counts. cost(k) = t(k) / t(1); c = drafter step / target '
-              f'step. Steps {how}.', '']
-    rows = []
-    for b, s in r['per_step'].items():
-      costs = ', '.join(f'{k}: {v:.3f}' for k, v in s['cost'].items())
-      cs = ', '.join(f'{n} {v:.3f}' for n, v in s['c'].items())
-      rows.append([b, s['t1_ms'], costs, cs, s['ops_per_step']])
-    lines.append(report.table(['batch', 't(1) ms', 'cost(k)', 'c',
-                               'ops per target step'], rows))
-  for key, title in (('table2', 'pure roofline'),
-                     ('table2_fitted', 'roofline + '
-                      f"{r.get('overhead_us_per_op')} us per op (fitted)")):
-    if key not in r:
-      continue
-    if key == 'table2_fitted' and not r.get('overhead_us_per_op'):
-      lines += ['', '## One fitted per-op overhead', '',
-                'Fitted (least squares of the log ratios over the 12 rows, '
-                'grid 0-20 us per executed op): 0 us. Any overhead raises '
-                'every c and lowers every estimate, and the rows are '
-                'mostly below the paper already: the pure roofline stands.']
-      continue
-    lines += ['', f"## The paper's Table 2 on this profile: {title}", '',
-              f'{ESTIMATED.capitalize()}: Theorem 3.8 with cost(gamma + 1) '
-              '(`hardware.predict`), the paper\'s alpha and gamma, our '
-              "c beside the paper's c (Table 4), against the paper's "
-              'measured TPU v4 speed-up. Goal: within 10% (small, base), '
-              '15% (large).', '']
-    lines.append(report.table(
-        ['task', 't', 'drafter', 'gamma', 'alpha', 'c est.', 'c paper',
-         'cost(g+1)', 'est.', 'with paper c', 'bound (c = 0)',
-         'paper measured', 'ratio', 'in goal'],
-        [[x['task'], x['temperature'], x['drafter'], x['gamma'], x['alpha'],
-          x['c_estimated'], x['c_paper'], x['cost_gamma_plus_1'],
-          f"{x['speedup_estimated']}x", f"{x['speedup_with_paper_c']}x",
-          f"{x.get('bound_c0', '-')}x", f"{x['speedup_paper_measured']}x",
-          x['ratio'], 'yes' if x['within_goal'] else 'no']
-         for x in r[key]]))
-    if key == 'table2':
-      lines += ['', "'bound (c = 0)': the expected tokens per iteration, "
-                'Theorem 3.8 with free drafts and cost(gamma + 1) = 1: no '
-                "hardware profile predicts more from the paper's alpha and "
-                'gamma; where the paper measured more, the i.i.d. '
-                'acceptance of Theorem 3.8 underestimates it.']
-  if 'shipped_alpha' in r and 'rows' in r['shipped_alpha']:
-    lines += ['', "## Our shipped drafters' measured alpha on this profile",
-              '', f"alpha from `{r['shipped_alpha']['source']}`; c of the "
-              'T5 1.1 size of the role; best gamma. '
-              f'{ESTIMATED.capitalize()}.', '']
-    key = lambda x: (x['task'], x['drafter'], x['temperature'])
-    fitted = {key(x): x for x in r['shipped_alpha']['rows_fitted']}
-    columns = ['task', 'drafter', 't', 'alpha', 'c est.', 'gamma',
-               'estimated']
-    if r.get('overhead_us_per_op'):
-      columns += ['gamma / est. (fitted overhead)']
-    rows = []
-    for x in r['shipped_alpha']['rows']:
-      row = [x['task'], x['drafter'], x['temperature'], x['alpha'],
-             x['c_estimated'], x['gamma'], f"{x['speedup_estimated']}x"]
-      if r.get('overhead_us_per_op'):
-        y = fitted[key(x)]
-        row.append(f"{y['gamma']} / {y['speedup_estimated']}x")
-      rows.append(row)
-    lines.append(report.table(columns, rows))
-  return '\n'.join(lines) + '\n'
-
-
-def reestimate(path: str):
-  """Recomputes a results json's verdicts and estimates (fits, largest
-  batch, profiles, Table 2) from the compiler's counts it holds (with its
-  own command's flags and this module's chip figures), compiling nothing,
-  and rewrites its .json and .md."""
-  r = report.read_json(path)
-  args = parse_flags(shlex.split(r['command'])[3:])
-  target = get_target(args.target)
-  steps = {int(b): {int(k): f for k, f in curve.items()}
-           for b, curve in r.get('steps', {}).items() if '1' in curve}
-  draft_steps = {int(b): ds for b, ds in r.get('draft_steps', {}).items()}
-  model, _ = _configs(args)
-  r['chip'] = dataclasses.asdict(target.spec)
-  r['reestimated_by'] = report.portable(
-      f'python -m specdec_jax.compiled --reestimate={path}')
-  for f in r['programs']:
-    if f['compiled']:
-      f['fits'] = f['memory']['peak_bytes'] <= target.spec.device_hbm_bytes
-  r['memory'] = memory_summary(r['programs'], target, args)
-  if steps:
-    r.update(estimates(target, steps, draft_steps, model, args))
-  out = report.write_json(path, r)
-  report.write_md(out.with_suffix('.md'), markdown(r))
-  return out
+def program_row(f: Mapping[str, Any]) -> List[Any]:
+  """One program's facts (named, with its batch) as a `PROGRAM_COLUMNS`
+  row: bytes per device, fits, the HLO's loops, or the compiler's error."""
+  if not f['compiled']:
+    return [f['name'], f['batch'], f.get('gamma', '-'),
+            '**no**: ' + f['error'][:200].replace('|', '/')] + [None] * 6
+  m = f['memory']
+  return [f['name'], f['batch'], f.get('gamma', '-'), 'yes',
+          f"{m['argument_bytes'] / GIB:.2f}", f"{m['temp_bytes'] / GIB:.2f}",
+          f"{m['peak_bytes'] / GIB:.2f}", 'yes' if f['fits'] else '**no**',
+          f"{f['hlo']['entry_while_loops']} / "
+          f"{f['hlo']['host_transfers']}", f['compile_s']]
 
 
 def iterations(args: argparse.Namespace) -> str:
   """`--iterations`: `program_cost.report_iterations` of the programs."""
   from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
-  target, (model, drafts) = get_target(args.target), _configs(args)
-  base = Setup(target=model, draft=next(iter(drafts.values())),
-               batch=args.batches[0], input_length=args.input_length,
-               max_decode_len=args.max_decode_len, gamma=args.gamma,
-               temperature=args.temperature, tree=args.tree)
+  target, base = get_target(args.target), setup(args)
 
   def lower(name, model=None, draft=None, **fields):
     fields.update({k: models.config(v) for k, v in (
@@ -1283,25 +676,24 @@ def iterations(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  """`python -m specdec_jax.compiled --target=tpu:v4:1x1x1 [flags]`: writes
-  OUT_DIR/<target>.json and .md (every program, memory per chip, per-step
-  estimates; with --paper_table the paper's Table 2 on them)."""
+  """`python -m specdec_jax.compiled --target=tpu:v4:2x2x1 [flags]`: prints
+  every program of `plan` compiled for the target (`PROGRAM_COLUMNS`: bytes
+  per device against what a device may use); with --iterations the
+  per-iteration cost model of the programs instead."""
   logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-  argv = sys.argv[1:] if argv is None else list(argv)
-  args = parse_flags(argv)
-  if args.reestimate:
-    print(reestimate(args.reestimate))
-    return
+  args = parse_flags(sys.argv[1:] if argv is None else list(argv))
   if args.iterations:
     print(iterations(args))
     return
-  result = run(args, argv)
-  stem = args.target.replace(':', '_') + (
-      '_megacore' if args.megacore_steps else '')
-  path = report.write_json(f'{args.out_dir}/{stem}.json', result)
-  report.write_md(path.with_suffix('.md'), markdown(result))
-  print(path)
+  target, base, rows = get_target(args.target), setup(args), []
+  print(f'{target.name}: {target.chips} x {target.spec.name}, '
+        f'{target.spec.device_hbm_bytes / GIB:.2f} GiB per device')
+  for batch, name in plan(args):
+    facts = compile_program(name, dataclasses.replace(base, batch=batch),
+                            target, args.num_partitions)
+    rows.append(program_row(dict(facts, name=name, batch=batch)))
+  print(report.table(PROGRAM_COLUMNS, rows))
 
 
 if __name__ == '__main__':

@@ -22,7 +22,6 @@ import pytest
 from specdec_jax import compiled
 from specdec_jax import network
 from specdec_jax import partitioning
-from specdec_jax import hardware
 
 # Every sharded dimension a multiple of 128 after the split, so the TPU's
 # tiled layouts add no padding to the parameters' bytes.
@@ -111,42 +110,43 @@ def test_unknown_target_is_a_named_error():
     compiled.lower_program('nope', SETUP, None)
 
 
-def test_roofline_and_largest_batch():
-  """The estimate is the larger of the flops and bytes bounds (plus the
-  per-op overhead), and the largest batch follows the bytes' line."""
-  chip = compiled.CHIPS['v5e']
-  assert compiled.roofline_s(197e12, 819e9, chip) == pytest.approx(1.0)
-  assert compiled.roofline_s(0, 409.5e9, chip, ops=10, overhead_s=0.01) == (
-      pytest.approx(0.6))
-  # A v4 device is one of the chip's two TensorCores: half its figures.
-  assert compiled.roofline_s(0, 600e9, compiled.CHIPS['v4']) == (
-      pytest.approx(1.0))
+def test_the_command_compiles_what_its_flags_name():
+  """--programs=all is every program at the first batch and the baseline
+  and t5 loops at the others; a named list is those at every batch; a
+  program or target that does not exist is the parser's error, naming the
+  known ones."""
+  args = compiled.parse_flags(['--target=tpu:v5e:2x2', '--batches=1,8'])
+  plan = compiled.plan(args)
+  assert plan[:len(compiled.program_names())] == [
+      (1, name) for name in compiled.program_names()]
+  assert plan[len(compiled.program_names()):] == [(8, 'baseline'), (8, 't5')]
+  args = compiled.parse_flags(['--target=gpu:h100', '--batches=2,4',
+                               '--programs=tree, stream:t5'])
+  assert compiled.plan(args) == [(2, 'tree'), (2, 'stream:t5'), (4, 'tree'),
+                                 (4, 'stream:t5')]
+  assert compiled.setup(args).draft == compiled.configs(args)[1]['small']
+  for bad in (['--target=tpu:v9'], ['--target=gpu:h100', '--programs=nope'],
+              []):
+    with pytest.raises(SystemExit):
+      compiled.parse_flags(bad)
+
+
+def test_a_programs_row_says_whether_it_fits_or_why_not():
+  """The command's table: bytes per device in GiB and the fit, or the
+  compiler's error in the 'compiled' column (a '|' cannot break the table)."""
   gib = compiled.GIB
-  assert compiled.largest_batch({8: 10 * gib, 32: 22 * gib}, 32 * gib) == 52
-  assert compiled.largest_batch({8: 10 * gib, 32: 22 * gib}, 32 * gib,
-                                multiple=8) == 48
-  assert compiled.largest_batch({1: 40 * gib, 8: 41 * gib}, 32 * gib) is None
-  assert compiled.largest_batch({1: gib}, 32 * gib) is None  # One point.
-
-
-def test_estimated_profile_goes_through_the_one_predict():
-  """The compiler's step counts become a `hardware.HardwareProfile` whose
-  prediction is Theorem 3.8 (t(k) bytes-bound: cost 1; c = byte ratio)."""
-  step = lambda b: {'cost': {'flops': 1.0, 'bytes_accessed': b},
-                    'hlo': {'entry_ops': 100}}
-  steps = {1: {k: step(819e9) for k in range(1, 9)}}
-  # Batch 32's target step did not compile (too big): its drafter's c has
-  # no t(1) and is left out, not an error.
-  profile = compiled.estimated_profile(
-      compiled.get_target('tpu:v5e:1x1'), steps,
-      {1: {'small': step(16.38e9)}, 32: {'small': step(16.38e9)}})
-  assert profile.batches() == (1,)
-  assert profile.t1_ms == pytest.approx(1000.0)
-  assert profile.c[1]['small'] == pytest.approx(0.02)
-  p = hardware.predict(profile, alpha=0.75, gamma=7, drafter='small')
-  assert p.speedup == pytest.approx(
-      (1 - 0.75 ** 8) / (0.25 * (7 * 0.02 + 1)))
-  assert compiled.ESTIMATED in profile.name
+  facts = {'name': 't5', 'batch': 8, 'gamma': 7, 'compiled': True,
+           'fits': False, 'compile_s': 3.0,
+           'memory': {'argument_bytes': gib, 'temp_bytes': gib // 2,
+                      'peak_bytes': 3 * gib // 2},
+           'hlo': {'entry_while_loops': 1, 'host_transfers': 0}}
+  row = compiled.program_row(facts)
+  assert len(row) == len(compiled.PROGRAM_COLUMNS)
+  assert row == ['t5', 8, 7, 'yes', '1.00', '0.50', '1.50', '**no**',
+                 '1 / 0', 3.0]
+  row = compiled.program_row({'name': 'baseline', 'batch': 1,
+                              'compiled': False, 'error': 'a | b'})
+  assert row[:4] == ['baseline', 1, '-', '**no**: a / b'] and len(row) == 10
 
 
 def test_cpu_stays_the_default_backend_with_libtpu_installed():

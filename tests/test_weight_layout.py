@@ -152,7 +152,7 @@ def test_unfused_layout_is_caught_on_a_gpu(gpu_part):
   the loop; through `scaffold.run` (fused, before the loop) it joins none."""
   model = gpu_part.sharded_model(network.T5Model(TINY))
   params = compiled.abstract_params(model, gpu_part, 'bfloat16')
-  inputs = compiled._tokens(gpu_part, 2, 8)  # pylint: disable=protected-access
+  inputs = compiled.tokens(gpu_part, 2, 8)
   loop, args = decoding.temperature_sample.prepare(
       model, params, inputs, max_decode_len=6, sampling=SamplingConfig())
   unfused = jax.jit(lambda *a: loop(*a)).lower(*args)

@@ -33,7 +33,9 @@ results, so that the next build can target exactly that device: with the
 device's topology as XLA serializes it (`device_topology`), which holds
 XLA's own description of the chip (compute capability, cores, clocks,
 memory, caches), a build compiles for a compile-only twin of that very
-device, and XLA's autotune results, keyed by that description, match.
+device (`twin_devices`), and XLA's autotune results, keyed by that
+description, match; without it, the build's target config is matched to
+the device its autotune results name (`match_autotune_device`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import hashlib
 import importlib.metadata
 import json
 import lzma
+import os
 import pathlib
 import pickle
 import re
@@ -51,6 +54,7 @@ import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import serialize_executable
 from jax.experimental import topologies
 
@@ -140,6 +144,51 @@ def autotune_device(text: str) -> Optional[str]:
   return m.group(1) if m else None
 
 
+# XLA's key for a device in autotune results (`AutotuneCacheKey`), e.g.
+# "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s,
+# L2 cache: 52 MB, DNN version: 9.14.0".
+_AUTOTUNE_DEVICE = re.compile(
+    r'CUDA: (?P<cc_major>\d+)\.(?P<cc_minor>\d+), Cores: (?P<cores>\d+), '
+    r'GPU clock: (?P<clock>[\d.]+) GHz, Memory bandwidth: (?P<gbs>\d+) GB/s, '
+    r'L2 cache: (?P<l2_mb>\d+) MB(?:, DNN version: (?P<dnn>[\d.]+))?')
+
+
+def match_autotune_device(config: str, device: str) -> str:
+  """`config` (a `GpuTargetConfigProto` text) with the fields XLA keys
+  autotune results by set to those of `device` (the device string of a
+  results file a GPU wrote, `autotune_device`): a compile-only
+  device described otherwise finds none of them and takes its defaults.
+
+  Raises:
+    ValueError: `device` is not in XLA's form.
+  """
+  m = _AUTOTUNE_DEVICE.fullmatch(device.strip())
+  if m is None:
+    raise ValueError(f'not an XLA autotune device key: {device!r}')
+  l2 = re.search(r'l2_cache_size: (\d+)', config)
+  l2_bytes = int(l2.group(1)) if l2 else 0
+  if l2_bytes // 10**6 != int(m['l2_mb']):  # keep an exact size that fits
+    l2_bytes = int(m['l2_mb']) * 10**6
+  dnn = [int(x) for x in (m['dnn'] or '0.0.0').split('.')] + [0, 0]
+  fields = {
+      r'core_count: \d+': f"core_count: {m['cores']}",
+      r'clock_rate_ghz: [\d.]+': f"clock_rate_ghz: {m['clock']}",
+      r'memory_bandwidth: \d+': f"memory_bandwidth: {int(m['gbs']) * 10**9}",
+      r'l2_cache_size: \d+': f'l2_cache_size: {l2_bytes}',
+      r'cuda_compute_capability \{[^}]*\}': (
+          f"cuda_compute_capability {{ major: {m['cc_major']} minor: "
+          f"{m['cc_minor']} }}"),
+      r'dnn_version_info \{[^}]*\}': (
+          f'dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} patch: '
+          f'{dnn[2]} }}'),
+  }
+  for pattern, value in fields.items():
+    config, n = re.subn(pattern, value, config)
+    if n != 1:
+      raise ValueError(f'the target config has no single {pattern!r}')
+  return config
+
+
 def autotune_record(path: pathlib.Path, name: str) -> Dict[str, Any]:
   """What a store's manifest says of the autotune results file at `path`
   (read once): its `name`, sha256 and device (`autotune_device`)."""
@@ -222,10 +271,46 @@ def device_facts(device: Any = None) -> Dict[str, Any]:
 
 def device_topology(facts: Mapping[str, Any]) -> Optional[bytes]:
   """The serialized topology of the devices a run had (`device_facts`),
-  which `compiled.devices` builds a compile-only twin of; None when the
+  which `twin_devices` builds the compile-only twins of; None when the
   run recorded none."""
   text = facts.get('topology')
   return base64.b64decode(text) if text else None
+
+
+@functools.lru_cache(maxsize=None)
+def twin_devices(target: Any, topology: bytes) -> Tuple[Any, ...]:
+  """The compile-only twins of the devices a run had, from their topology
+  as XLA serialized it (`device_topology`): XLA's own description of them,
+  every field. `target`: the `compiled.Target` a build is for (`name`,
+  `platform`, `devices`), which the topology must match.
+
+  Raises:
+    ValueError: this jax cannot read `topology`, or it is not `target`'s.
+  """
+  # As `compiled.devices`: no libtpu lock file, no CUDA driver check.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  try:
+    jax.devices()  # starts the plugins, whose API reads the topology
+    out = tuple(topologies.TopologyDescription.deserialize(topology).devices)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'target {target.name!r}: jax {jax.__version__} cannot '
+                     f'read the recorded device topology ({e!r:.200})') from e
+  platform = {'cuda': 'gpu'}.get(out[0].platform, out[0].platform) if (
+      out) else None
+  if platform != target.platform or len(out) != target.devices:
+    raise ValueError(f'target {target.name!r} ({target.devices} '
+                     f'{target.platform} devices): the recorded topology has '
+                     f'{len(out)} {platform} devices')
+  return out
+
+
+def check_compiles(device) -> None:
+  """Compiles a tiny program for `device`: raises what the compiler says
+  if it cannot compile for it at all (e.g. a twin this jax misreads)."""
+  x = jax.ShapeDtypeStruct((8,), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+  jax.jit(lambda a: a + 1.0).lower(x).compile()
 
 
 def sha256(data: bytes) -> str:

@@ -1443,8 +1443,8 @@ def build_target(args, autotune: Optional[pathlib.Path], stem: str
   if recorded is not None:
     path, topology = recorded
     try:
-      device = compiled.devices(args.aot_build, topology=topology)[0]
-      compiled.check_compiles(device)
+      device = aot.twin_devices(compiled.TARGETS[args.aot_build], topology)[0]
+      aot.check_compiles(device)
       return device, (f'the device topology in {report.portable(str(path))} '
                       f'(sha256 {aot.sha256(topology)[:16]})')
     except Exception as e:  # pylint: disable=broad-except
@@ -1467,7 +1467,7 @@ def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
   device = autotune and aot.autotune_device(autotune.read_text())
   if device:
     try:
-      config = compiled.match_autotune_device(
+      config = aot.match_autotune_device(
           config or compiled.default_target_config(args.aot_build), device)
     except ValueError as e:  # XLA's newer cache may key devices otherwise
       print(f'{autotune}: {e}; the target config is left as it was (the '

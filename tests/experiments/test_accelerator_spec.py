@@ -858,14 +858,14 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   device = aot.autotune_device(AUTOTUNE_TEXT)
   assert device.startswith('CUDA: 9.0, Cores: 132,') and aot.autotune_device(
       'version: 3\n') is None
-  config = compiled.match_autotune_device(
+  config = aot.match_autotune_device(
       compiled.gpu_target_config('h100'), device)
   assert 'memory_bandwidth: 3352000000000 ' in config  # the chip: 3.35e12
   assert 'dnn_version_info { major: 9 minor: 14 patch: 0 }' in config
   assert 'l2_cache_size: 52428800 ' in config  # 50 MiB: "52 MB" kept
   assert 'cuda_compute_capability { major: 9 minor: 0 }' in config
   with pytest.raises(ValueError, match='not an XLA autotune device key'):
-    compiled.match_autotune_device(config, 'H100')
+    aot.match_autotune_device(config, 'H100')
   # Which results a build or a run starts with.
   flags = lambda **kw: argparse.Namespace(**{
       **dict(aot_build=None, autotune_results=None, out_dir=None,
@@ -966,7 +966,9 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
     return ('configured',)
 
   monkeypatch.setattr(compiled, 'devices', devices)
-  monkeypatch.setattr(compiled, 'check_compiles', lambda device: None)
+  monkeypatch.setattr(aot, 'twin_devices', lambda target, topology: devices(
+      target.name, topology=topology))
+  monkeypatch.setattr(aot, 'check_compiles', lambda device: None)
   device, config = device_run.build_target(flags(), None, 'run')
   assert device == 'twin' and asked == [('gpu:h100', None,
                                          b'\x08\x01topology')]
@@ -981,6 +983,32 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
     device_run.parse_flags(accelerator.SPEC, [
         '--aot_build', 'gpu:h100', '--device_topology', str(run),
         '--target_config', 'c.txt'])
+
+
+def test_a_recorded_topology_must_be_the_targets(monkeypatch):
+  """The twins of a run's devices are only those of the build's target:
+  a topology this jax cannot read, or of another platform or size, is a
+  named error (the build then compiles for the target config instead)."""
+  twins = aot.twin_devices.__wrapped__  # uncached: the class is patched
+  gpu = argparse.Namespace(platform='cuda')
+
+  class Description:
+    devices = (gpu,)
+
+    @staticmethod
+    def deserialize(data):
+      if data != b'one gpu':
+        raise RuntimeError('unreadable')
+      return Description
+
+  monkeypatch.setattr(aot.topologies, 'TopologyDescription', Description)
+  assert twins(compiled.get_target('gpu:h100'), b'one gpu') == (gpu,)
+  with pytest.raises(ValueError, match="'gpu:h100x8' .*has 1 gpu devices"):
+    twins(compiled.get_target('gpu:h100x8'), b'one gpu')
+  with pytest.raises(ValueError, match="'tpu:v5e:1x1' .*has 1 gpu devices"):
+    twins(compiled.get_target('tpu:v5e:1x1'), b'one gpu')
+  with pytest.raises(ValueError, match='cannot read the recorded device'):
+    twins(compiled.get_target('gpu:h100'), b'odd')
 
 
 def test_the_run_takes_the_alpha_calibration_its_build_computed(tmp_path):

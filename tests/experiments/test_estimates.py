@@ -1,0 +1,83 @@
+"""The estimates report: the compiler's counts as a roofline and a profile.
+
+`specdec_jax.experiments.estimates` turns what `specdec_jax.compiled` says
+of each program and step into the largest batch, roofline times, a
+`hardware.HardwareProfile` and the paper's Table 2 on it. These tests check
+the roofline and the batch line, that the profile goes through the one
+`hardware.predict`, and that every committed results/compiled/ page is what
+the command writes again from its json's counts.
+"""
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from specdec_jax import compiled
+from specdec_jax import hardware
+from specdec_jax.experiments import estimates
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = sorted(p.stem for p in (ROOT / 'results' / 'compiled').glob('*.json'))
+
+
+def test_roofline_and_largest_batch():
+  """The estimate is the larger of the flops and bytes bounds (plus the
+  per-op overhead), and the largest batch follows the bytes' line."""
+  chip = compiled.CHIPS['v5e']
+  assert estimates.roofline_s(197e12, 819e9, chip) == pytest.approx(1.0)
+  assert estimates.roofline_s(0, 409.5e9, chip, ops=10, overhead_s=0.01) == (
+      pytest.approx(0.6))
+  # A v4 device is one of the chip's two TensorCores: half its figures.
+  assert estimates.roofline_s(0, 600e9, compiled.CHIPS['v4']) == (
+      pytest.approx(1.0))
+  gib = compiled.GIB
+  assert estimates.largest_batch({8: 10 * gib, 32: 22 * gib}, 32 * gib) == 52
+  assert estimates.largest_batch({8: 10 * gib, 32: 22 * gib}, 32 * gib,
+                                multiple=8) == 48
+  assert estimates.largest_batch({1: 40 * gib, 8: 41 * gib}, 32 * gib) is None
+  assert estimates.largest_batch({1: gib}, 32 * gib) is None  # One point.
+
+
+def test_estimated_profile_goes_through_the_one_predict():
+  """The compiler's step counts become a `hardware.HardwareProfile` whose
+  prediction is Theorem 3.8 (t(k) bytes-bound: cost 1; c = byte ratio)."""
+  step = lambda b: {'cost': {'flops': 1.0, 'bytes_accessed': b},
+                    'hlo': {'entry_ops': 100}}
+  steps = {1: {k: step(819e9) for k in range(1, 9)}}
+  # Batch 32's target step did not compile (too big): its drafter's c has
+  # no t(1) and is left out, not an error.
+  profile = estimates.estimated_profile(
+      compiled.get_target('tpu:v5e:1x1'), steps,
+      {1: {'small': step(16.38e9)}, 32: {'small': step(16.38e9)}})
+  assert profile.batches() == (1,)
+  assert profile.t1_ms == pytest.approx(1000.0)
+  assert profile.c[1]['small'] == pytest.approx(0.02)
+  p = hardware.predict(profile, alpha=0.75, gamma=7, drafter='small')
+  assert p.speedup == pytest.approx(
+      (1 - 0.75 ** 8) / (0.25 * (7 * 0.02 + 1)))
+  assert estimates.ESTIMATED in profile.name
+
+
+@pytest.mark.parametrize('stem', PAGES)
+def test_committed_pages_are_what_reestimate_writes(tmp_path, monkeypatch,
+                                                    stem):
+  """Each committed results/compiled/ page and json is what
+  `--reestimate` writes again from the compiler's counts the json holds
+  (with this code's chip figures, Table 2 and drafters' alpha): a change
+  to the estimates shows as a changed page, never as a stale one. The
+  json's command is the estimates command, whose flags it parses again."""
+  committed = ROOT / 'results' / 'compiled' / f'{stem}.json'
+  copy = tmp_path / committed.name
+  shutil.copy(committed, copy)
+  monkeypatch.chdir(ROOT)  # --alphas is relative to the repository
+  estimates.reestimate(str(copy))
+  want = json.loads(committed.read_text())
+  assert want['command'].startswith(estimates.COMMAND + ' ')
+  got = json.loads(copy.read_text())
+  for r in (want, got):
+    r.pop('reestimated_by', None)
+  assert got == want
+  assert copy.with_suffix('.md').read_text() == (
+      committed.with_suffix('.md').read_text())
