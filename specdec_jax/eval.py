@@ -74,12 +74,13 @@ examples.jsonl (each index once) and writes the summary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import pathlib
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
@@ -140,76 +141,164 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     The summary dict (also written to summary.json); on a process other
     than 0, `{'process_index', 'examples'}` of its own share.
   """
+  return evaluate_together(
+      [(setup, output_dir, config_str)], timing_repeats=timing_repeats,
+      partitioner=partitioner, shard_drafter=shard_drafter,
+      if_settings_differ=if_settings_differ, cache=cache)[0]
+
+
+class _Run:
+  """One setup's run folder in a job: claimed, its records appended as
+  units finish, its summary written (`evaluate_together`)."""
+
+  def __init__(self, setup: EvalSetup, output_dir: str, config_str: str,
+               task, examples, partitioner, shard_drafter,
+               if_settings_differ: str):
+    self.setup, self.task, self.out = setup, task, pathlib.Path(output_dir)
+    self.index, self.count = jax.process_index(), jax.process_count()
+    self.wanted = {i for i, *_ in examples}
+    self.records = run_folder.claim(
+        self.out, run_folder.identity(setup, partitioner, shard_drafter,
+                                      task),
+        config_str, {i: run_folder.example_fingerprint(*e)
+                     for i, *e in examples},
+        main_process=self.index == 0, num_examples=setup.num_examples,
+        if_settings_differ=if_settings_differ)
+
+  def open(self) -> unit_loop.Lane:
+    """Says what it decodes; readies its record file and output cache;
+    its lane, to be given its loaded setup."""
+    done = {r['index'] for r in self.records}
+    self.reused = len(done & self.wanted)
+    if self.index == 0:
+      print(summary_lib.start_line(self.out, len(self.wanted), self.reused),
+            flush=True)
+    self.own = run_folder.process_file(self.out, self.index, self.count)
+    if self.count > 1:
+      run_folder.read_records(self.own)  # Repairs a cut-off last line.
+    commit = None
+    if self.setup.draft.drafter_kind.uses_cache:
+      # The output cache outlives each unit: it is committed with the
+      # unit's records (`run_folder.CacheCommit`); without a file of its
+      # own it is kept here, so a resumed run drafts from the same cache.
+      suffix = ('' if self.count == 1 else
+                f'.process-{self.index:05d}-of-{self.count:05d}')
+      path = self.setup.draft.output_cache or str(
+          self.out / f'output_cache{suffix}.npz')
+      commit = run_folder.CacheCommit(self.out, path, suffix)
+      commit.recover(done)
+      self.setup = self.setup.replace(output_cache=path)
+    return unit_loop.Lane(None, done, run_folder.choice_file(
+        self.out, self.index, self.count), commit)
+
+  def append(self, sink, batch, lane: unit_loop.Lane) -> None:
+    """A unit's records, written (and its output cache committed)."""
+    run_folder.append(sink, batch)
+    if lane.commit is not None:
+      lane.commit.finish()
+    self.records.extend(batch)
+
+  def finish(self, error) -> Dict[str, Any]:
+    """Merges the processes' records (once all are done) and, on process
+    0, writes the summary of what finished."""
+    if error is None and self.index == 0 and (self.count > 1 or any(
+        self.out.glob('examples.process-*.jsonl'))):
+      self.records = run_folder.merge(self.out)
+    if self.index != 0:
+      return {'process_index': self.index,
+              'examples': len(self.records) - self.reused}
+    return summary_lib.write(self.out, self.task, self.records,
+                             self.setup.settings(), self.wanted, error,
+                             self.reused)
+
+
+def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
+                      timing_repeats: int = 1, partitioner=None,
+                      shard_drafter: bool = False,
+                      if_settings_differ: str = 'refuse',
+                      cache: Optional[loading.LoadCache] = None
+                      ) -> List[Dict[str, Any]]:
+  """`evaluate` for setups that share a baseline: each unit's baseline
+  decoded once, timed alternately with every setup's speculative decode
+  (`unit_loop.Lane`: N drafters cost N + 1 decodes a unit).
+
+  Args:
+    runs: (setup, output_dir, config_str) per setup; every setup has the
+      same `EvalSetup.baseline_fields` (they differ in their drafting).
+      Several runs share the target's arrays (a `loading.LoadCache`) and
+      one device (no partitioner).
+    timing_repeats, partitioner, shard_drafter, if_settings_differ, cache:
+      as `evaluate`'s, for every run.
+
+  Returns:
+    The summaries (`evaluate`'s), one per run.
+
+  Raises:
+    ValueError: the setups do not share a baseline.
+  """
   checks.check_int('timing_repeats', timing_repeats)
+  setup = runs[0][0]
+  if len(runs) > 1:
+    if partitioner is not None:
+      raise ValueError('setups sharing a baseline decode on one device: a '
+                       'target on a mesh is not kept for a second setup '
+                       '(`loading.LoadCache`); run each on the mesh alone.')
+    cache = loading.LoadCache() if cache is None else cache  # one target
+  for other, out, _ in runs[1:]:
+    theirs, ours = other.baseline_fields(), setup.baseline_fields()
+    if theirs != ours:
+      raise ValueError(f'{out}: its setup does not share the baseline of '
+                       f'{runs[0][1]} (' + ', '.join(
+                           f'{k}: {ours.get(k)!r} vs {theirs.get(k)!r}'
+                           for k in sorted(set(ours) | set(theirs))
+                           if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.num_examples, cache)
   index, count = jax.process_index(), jax.process_count()
-  wanted = {i for i, *_ in examples}
-  out = pathlib.Path(output_dir)
   if index != 0:
     run_folder.barrier('claimed')  # Process 0 claims.
-  records = run_folder.claim(
-      out, run_folder.identity(setup, partitioner, shard_drafter, task),
-      config_str, {i: run_folder.example_fingerprint(*e)
-                   for i, *e in examples},
-      main_process=index == 0, num_examples=setup.num_examples,
-      if_settings_differ=if_settings_differ)
+  folders = [_Run(*run, task, examples, partitioner, shard_drafter,
+                  if_settings_differ) for run in runs]
   if index == 0:
     run_folder.barrier('claimed')
   run_folder.barrier('read')  # Nobody appends before.
-  done = {r['index'] for r in records}
-  reused = len(done & wanted)
-  if index == 0:
-    print(summary_lib.start_line(out, len(wanted), reused), flush=True)
-  own = run_folder.process_file(out, index, count)
-  if count > 1:
-    run_folder.read_records(own)  # Repairs a cut-off last line of our own.
-  commit = None
-  if setup.draft.drafter_kind.uses_cache:
-    # The output cache outlives each unit: it is committed with the
-    # unit's records (`run_folder.CacheCommit`); without a file of its
-    # own it is kept here, so a resumed run drafts from the same cache.
-    suffix = '' if count == 1 else f'.process-{index:05d}-of-{count:05d}'
-    path = setup.draft.output_cache or str(out / f'output_cache{suffix}.npz')
-    commit = run_folder.CacheCommit(out, path, suffix)
-    commit.recover(done)
-    setup = setup.replace(output_cache=path)
+  lanes = [folder.open() for folder in folders]
   error = None
   try:
-    with run_folder.sigterm_interrupts():
-      shardings = None
-      if partitioner is not None:  # Restore the target straight into them.
-        shardings = partitioner.param_shardings(
-            network.T5Model(setup.loaded_config))
-      loaded = loading.build(setup, task=task, target_shardings=shardings,
-                             cache=cache)
-      if partitioner is not None:
-        loaded = shard_loaded(loaded, partitioner, shard_drafter)
-      with own.open('a') as sink:
-        for batch in unit_loop.decode_units(
-            loaded, examples, done, timing_repeats, (index, count),
-            partitioner, run_folder.choice_file(out, index, count), commit):
-          run_folder.append(sink, batch)
-          if commit is not None:
-            commit.finish()
-          records.extend(batch)
-          run_folder.check_interrupted()
+    with run_folder.sigterm_interrupts(), contextlib.ExitStack() as files:
+      for folder, lane in zip(folders, lanes):
+        lane.loaded = _load(folder.setup, task, partitioner, shard_drafter,
+                            cache)
+      sinks = [files.enter_context(f.own.open('a')) for f in folders]
+      for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
+                                         (index, count), partitioner):
+        for folder, lane, sink, batch in zip(folders, lanes, sinks, unit):
+          folder.append(sink, batch, lane)
+        run_folder.check_interrupted()
       run_folder.barrier('done')
-      if index == 0 and (count > 1 or any(out.glob(
-          'examples.process-*.jsonl'))):
-        records = run_folder.merge(out)
   except BaseException as e:  # keep what finished, say why, re-raise
     error = e
     raise
   finally:
-    if index == 0:
-      summary = summary_lib.write(out, task, records, setup.settings(),
-                                  wanted, error, reused)
-  if index != 0:
-    return {'process_index': index, 'examples': len(records) - len(done)}
-  if summary.get('mismatches'):
-    raise MismatchError(summary['status'])
-  return summary
+    summaries = [folder.finish(error) for folder in folders]
+  for summary in summaries:
+    if summary.get('mismatches'):
+      raise MismatchError(summary['status'])
+  return summaries
+
+
+def _load(setup: EvalSetup, task, partitioner, shard_drafter,
+          cache) -> loading.Loaded:
+  """The setup built (on the partitioner's mesh, if any)."""
+  shardings = None
+  if partitioner is not None:  # Restore the target straight into them.
+    shardings = partitioner.param_shardings(
+        network.T5Model(setup.loaded_config))
+  loaded = loading.build(setup, task=task, target_shardings=shardings,
+                         cache=cache)
+  if partitioner is not None:
+    loaded = shard_loaded(loaded, partitioner, shard_drafter)
+  return loaded
 
 
 def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool

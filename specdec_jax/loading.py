@@ -436,6 +436,18 @@ class EvalSetup:
       fields[name] = getattr(getattr(self, group), field)
     return fields
 
+  def baseline_fields(self) -> Dict[str, Any]:
+    """What shapes its baseline decode: every field (`flat`) but the
+    drafter's, and but gamma unless the baseline steps with gamma + 1
+    tokens (`same_shape_baseline`). Setups with equal `baseline_fields`
+    share one baseline decode in a job (`unit_loop.Lane`)."""
+    fields = {name: value for name, value in self.flat().items()
+              if GROUPED.get(name, ('',))[0] != 'draft'}
+    if not self.same_shape_baseline:
+      for name in ('gamma', 'batch_gamma', 'max_gamma'):
+        fields.pop(name)
+    return fields
+
   def settings(self) -> Dict[str, Any]:
     """The run's identity, as run.json holds it (a rerun must match it)."""
     draft, batch = self.draft, self.batch

@@ -355,89 +355,177 @@ def _learn(loaded: loading.Loaded, batch, inputs, spec, draft_params,
   return loaded.drafter.with_store(draft_params, loaded.store)
 
 
-def decode_units(loaded: loading.Loaded, examples: Sequence[Any],
-                    done: set, timing_repeats: int, share=(0, 1),
-                    partitioner=None, choice_file=None, commit=None
-                    ) -> Iterator[List[Dict[str, Any]]]:
-  """Decodes every unfinished unit both ways; yields each unit's records.
+@dataclasses.dataclass
+class Lane:
+  """One setup decoded against a baseline that other lanes may share.
+
+  Lanes whose baselines are one program (the same target, task, sampling,
+  lengths, batches and seed; only the drafting differs) share each unit's
+  baseline decode: one baseline per unit, timed alternately with every
+  lane's speculative decode (`decode_units`), so N drafters cost N + 1
+  decodes a unit, not 2N, and every ratio is measured side by side.
+
+  Attributes:
+    loaded: the built setup.
+    done: indices its run folder already has records of.
+    choice_file: where its gamma (or tree) choice is kept; None: not kept.
+    commit: its output cache's `run_folder.CacheCommit`, or None.
+  """
+
+  loaded: loading.Loaded
+  done: set = dataclasses.field(default_factory=set)
+  choice_file: Any = None
+  commit: Any = None
+  choice: Optional[Dict[str, Any]] = dataclasses.field(default=None,
+                                                       init=False)
+  gamma: int = dataclasses.field(default=0, init=False)
+  draft_params: Any = dataclasses.field(default=None, init=False)
+
+  def start(self) -> None:
+    """The gamma (tree) it decodes with: configured, or the resumed run's
+    choice; else chosen on the first unit (`choosing`)."""
+    setup = self.loaded.setup
+    if setup.batch.profile_gamma or setup.draft.chooses_tree:
+      self.choice = _configured_choice(self.loaded, self.choice_file)
+    self.gamma = setup.gamma if self.choice is None else self.choice['gamma']
+    if self.choice is not None and 'tree' in self.choice:
+      self.loaded = with_tree(self.loaded, self.choice['tree'])
+    self.draft_params = self.loaded.draft_params
+
+  def choosing(self, what: str) -> bool:
+    """Whether its 'tree' or 'gamma' is still to be chosen."""
+    setup = self.loaded.setup
+    return self.choice is None and (
+        setup.draft.chooses_tree if what == 'tree' else
+        setup.batch.profile_gamma and not setup.draft.chooses_tree)
+
+  def programs(self, refill_sizes):
+    """Its (baseline, speculative or None) programs at its gamma."""
+    return _programs(self.loaded, self.gamma, refill_sizes)
+
+
+def _shared_baseline(lanes: Sequence[Lane], refill_sizes) -> programs.Program:
+  """The lanes' one baseline program (ValueError where they differ)."""
+  base = lanes[0].programs(refill_sizes)[0]
+  for lane in lanes[1:]:
+    other = lane.programs(refill_sizes)[0]
+    mine, ours = (jax.tree.leaves(x.loaded.target_params)
+                  for x in (lane, lanes[0]))
+    same = len(mine) == len(ours) and all(
+        a is b for a, b in zip(mine, ours))  # the very arrays
+    if other.spec != base.spec or other.target != base.target or not same:
+      raise ValueError(
+          f'lanes {lanes[0].loaded.setup.draft.kind!r} and '
+          f'{lane.loaded.setup.draft.kind!r} do not share a baseline '
+          f'({base.spec} vs {other.spec}, or another target): decode them '
+          'in runs of their own.')
+  return base
+
+
+def _unit_calls(lanes: Sequence[Lane], base: programs.Program, inputs, rng,
+                refill_sizes) -> Dict[Any, Any]:
+  """A unit's decodes: {'baseline': call, lane index: call}; a lane
+  without speculation (gamma 0) decodes the baseline again, as a
+  speculative result that drafted nothing."""
+  params = lanes[0].loaded.target_params
+  calls = {'baseline': lambda: base(params, inputs, rng)}
+  for i, lane in enumerate(lanes):
+    spec = lane.programs(refill_sizes)[1]
+    calls[i] = programs.calls(base, spec, params, lane.draft_params, inputs,
+                              rng)['speculative']
+  return calls
+
+
+def _warm(calls, keys, warmed: set) -> Dict[Any, Any]:
+  """Runs once (compiles, outside the timings) each call whose key is not
+  in `warmed`; their results."""
+  cold = {name: call for name, call in calls.items()
+          if keys[name] not in warmed}
+  warmed.update(keys[name] for name in cold)
+  return measure.time_alternating(cold)[0] if cold else {}
+
+
+def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
+                 timing_repeats: int, share=(0, 1), partitioner=None
+                 ) -> Iterator[List[List[Dict[str, Any]]]]:
+  """Decodes every unfinished unit with the baseline and each lane's
+  speculative decoding; yields each unit's records, a list per lane.
 
   A unit is a batch, or streamed (`BatchSpec.streamed`) a chunk of
   `stream_chunk` batches' worth of examples decoded by the streaming loops
   (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
-  an ended row refilled inside the loop). Rows already in `done` (a unit
-  cut short by a crash) are decoded with their unit but not recorded again.
-  With `share` (index, count) only units u with u % count == index are
-  decoded (a process's share); with a `partitioner` each unit's inputs are
-  placed on its mesh (batch over 'data'; a stream's refills then encode a
-  full slot batch, which the mesh divides).
+  an ended row refilled inside the loop). A unit is decoded where a lane
+  lacks records of it; rows a lane has (`Lane.done`: a unit cut short by a
+  crash) are not recorded again. With `share` (index, count) only units u
+  with u % count == index are decoded (a process's share); with a
+  `partitioner` each unit's inputs are placed on its mesh (batch over
+  'data'; a stream's refills then encode a full slot batch, which the mesh
+  divides).
 
-  The two decoders run on the same inputs and rng, compiled (each new
-  input / drafter shape is decoded once untimed), timed alternately
+  The lanes' one baseline (`_shared_baseline`) and their speculative
+  decodes run on the same inputs and rng, compiled (each new input /
+  drafter shape is decoded once untimed), timed alternately
   (`measure.time_alternating`, the first one alternating between units).
   An output cache (kinds 'cache', 'combined') learns the finished outputs
   after each unit: streamed, the examples of a chunk draft from the outputs
-  of earlier chunks (fixed: of earlier batches). With `commit` (a
-  `run_folder.CacheCommit`) the grown cache is staged before the unit's
+  of earlier chunks (fixed: of earlier batches). With a lane's `commit` (a
+  `run_folder.CacheCommit`) its grown cache is staged before the unit's
   records are yielded; the caller appends them, then finishes the commit.
 
-  With `setup.batch.profile_gamma` the first unit decoded sets gamma for the
-  rest (`choose_gamma`, after its untimed warm-up at `setup.gamma`),
-  kept in `choice_file` (read back when the run resumes); every record
-  says the gamma it was decoded with.
+  A lane with `setup.batch.profile_gamma` sets gamma for the rest on the
+  first unit decoded (`choose_gamma`, after its untimed warm-up at
+  `setup.gamma`); one with a tree 'choose:N' its tree (`choose_tree`, on
+  the unit's baseline decode); each kept in its `choice_file` (read back
+  when the run resumes). Every record says the gamma it was decoded with.
   """
-
-  setup, target_params = loaded.setup, loaded.target_params
+  setup = lanes[0].loaded.setup
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              setup.task_feature_lengths['inputs'])
   refill_sizes = None if partitioner is None else (setup.batch.size,)
-  warmed = set()  # (input shape, drafter param shapes, gamma) compiled
-  draft_params = loaded.draft_params
-  choosing = setup.batch.profile_gamma or setup.draft.chooses_tree
-  choice = _configured_choice(loaded, choice_file) if choosing else None
-  gamma = setup.gamma if choice is None else choice['gamma']
-  if choice is not None and 'tree' in choice:
-    loaded = with_tree(loaded, choice['tree'])
+  warmed = set()  # what is compiled: (input shape, program) keys
+  for lane in lanes:
+    lane.start()
   for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
                                   setup.batch.streamed else 'batch'):
     batch = examples[start:start + n]
-    if u % share[1] != share[0] or all(i in done for i, *_ in batch):
+    if u % share[1] != share[0] or all(
+        i in lane.done for lane in lanes for i, *_ in batch):
       continue
     if partitioner is not None:
       inputs = partitioner.shard_batch(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
-
-    def calls_at(g, inputs=inputs, rng=rng, draft_params=draft_params):
-      return programs.calls(*_programs(loaded, g, refill_sizes),
-                            target_params, draft_params, inputs, rng)
-
-    if setup.draft.chooses_tree and choice is None:  # on a baseline decode
-      choice = _tree_choice(loaded, inputs, calls_at(gamma)['baseline'](),
-                            choice_file)
-      loaded, gamma = with_tree(loaded, choice['tree']), choice['gamma']
-    calls = calls_at(gamma)
-    shapes = (np.shape(inputs), str(jax.tree_util.tree_map(np.shape,
-                                                           draft_params)))
-    if (shapes, gamma) not in warmed:  # compile both outside the timings
-      first, _ = measure.time_alternating(calls)
-      warmed.add((shapes, gamma))
-      if choice is None and setup.batch.profile_gamma:
-        choice = _profile_choice(loaded, inputs, first['speculative'],
-                                 choice_file)
-        if choice['gamma'] != gamma:
-          gamma = choice['gamma']
-          calls = calls_at(gamma)
-          # Compile what gamma changes outside the timings: the speculative
-          # decode (and a same-shape baseline, whose block is gamma + 1).
-          measure.time_alternating({
-              name: call for name, call in calls.items()
-              if name == 'speculative' or setup.same_shape_baseline})
-          warmed.add((shapes, gamma))
+    base = _shared_baseline(lanes, refill_sizes)
+    for lane in lanes:
+      if lane.choosing('tree'):  # on the unit's baseline decode
+        lane.choice = _tree_choice(lane.loaded, inputs, base(
+            lane.loaded.target_params, inputs, rng), lane.choice_file)
+        lane.loaded = with_tree(lane.loaded, lane.choice['tree'])
+        lane.gamma = lane.choice['gamma']
+    shapes = np.shape(inputs)
+    keys = lambda: {'baseline': (shapes, base.spec), **{
+        i: (shapes, i, lane.gamma, str(jax.tree_util.tree_map(
+            np.shape, lane.draft_params))) for i, lane in enumerate(lanes)}}
+    calls = _unit_calls(lanes, base, inputs, rng, refill_sizes)
+    first = _warm(calls, keys(), warmed)
+    for i, lane in enumerate(lanes):
+      if lane.choosing('gamma'):  # on the warm-up's decode
+        lane.choice = _profile_choice(lane.loaded, inputs, first[i],
+                                      lane.choice_file)
+        lane.gamma = lane.choice['gamma']
+    base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
+    calls = _unit_calls(lanes, base, inputs, rng, refill_sizes)
+    _warm(calls, keys(), warmed)  # what the choices changed
     res, times = measure.time_alternating(calls, timing_repeats,
                                           reverse=u % 2 == 1)
-    spec = res['speculative']
-    records = _records(loaded, u, batch, done, inputs, res['baseline'], spec,
-                       times, gamma)
-    if loaded.store is not None and records:
-      draft_params = _learn(loaded, batch, inputs, spec, draft_params, commit)
-    yield records
+    out = []
+    for i, lane in enumerate(lanes):
+      records = _records(lane.loaded, u, batch, lane.done, inputs,
+                         res['baseline'], res[i], {
+                             'baseline': times['baseline'],
+                             'speculative': times[i]}, lane.gamma)
+      if lane.loaded.store is not None and records:
+        lane.draft_params = _learn(lane.loaded, batch, inputs, res[i],
+                                   lane.draft_params, lane.commit)
+      out.append(records)
+    yield out

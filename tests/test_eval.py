@@ -584,3 +584,41 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
       capsys.readouterr().out)
   assert summary['gamma_used'] == {str(chosen['linear'].depth): 4}
   assert decoded and all(s == chosen['linear'] for s in decoded)
+
+
+def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
+  """`evaluate_together`: two drafters against one baseline decode a
+  unit, timed alternately with both speculative decodes: each folder is
+  the complete run `evaluate` writes (exact outputs), with the very same
+  baseline outputs and times, and the baseline decoded N + 1 times where
+  two runs decode it 2N; a setup with another baseline is refused."""
+  from specdec_jax import programs  # pylint: disable=g-import-not-at-top
+  setup = lambda **o: eval_lib.main(args(tmp_path / 'x', **o) + ['--dry_run'])
+  t5, bigram = setup(), setup(DRAFTER="'bigram'", DRAFT_MODEL='None')
+  real, decodes = programs.Program.__call__, []
+
+  def counted(self, *a):
+    decodes.append(self.spec.kind)
+    return real(self, *a)
+
+  monkeypatch.setattr(programs.Program, '__call__', counted)
+  outs = [tmp_path / 't5', tmp_path / 'bigram']
+  summaries = eval_lib.evaluate_together(
+      [(t5, str(outs[0]), ''), (bigram, str(outs[1]), '')], timing_repeats=2)
+  # 2 units (4 examples, batch 2): a warm-up, then 2 timed repeats each.
+  assert decodes.count('baseline') == 1 + 2 * 2
+  assert decodes.count('speculative') == 2 * (1 + 2 * 2)
+  records = [read_jsonl(out / 'examples.jsonl') for out in outs]
+  for summary, out in zip(summaries, outs):
+    assert summary['status'] == 'complete' and summary['examples'] == 4
+    assert summary['differing_examples'] == 0
+    check_summary_is_the_records(out, 4)
+  assert summaries[1]['drafter'] == 'bigram'
+  for a, b in zip(*records):
+    assert a['baseline'] == b['baseline'] and a['index'] == b['index']
+    assert a['baseline_batch_s'] == b['baseline_batch_s']
+  hot = setup(TEMPERATURE='1.0')
+  with pytest.raises(ValueError, match='does not share the baseline.*'
+                     'temperature: 0.0 vs 1.0'):
+    eval_lib.evaluate_together([(t5, str(outs[0]), ''),
+                                (hot, str(tmp_path / 'hot'), '')])
