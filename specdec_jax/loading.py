@@ -80,9 +80,9 @@ class DrafterSpec:
       of the tree used (at most the shape's). 'choose:N' (greedy only): the
       eval job chooses the tree of at most N nodes and gamma levels with
       the most tokens per second predicted on this machine, from the
-      drafter's rank probabilities and the call costs it measures on the
-      first unit (`unit_loop.choose_tree`, Sequoia's way); its choice is
-      kept in gamma_choice.json.
+      drafter's rank probabilities on the baseline's outputs of the first
+      examples and the call costs it measures (`unit_loop.choose_tree`,
+      Sequoia's way); its choice is kept in gamma_choice.json.
     output_cache: for kinds that draft from an output cache: its file
       (`output_cache.OutputCache`), loaded (and checked against the target)
       when it exists, else created, seeded with the task's train pairs when

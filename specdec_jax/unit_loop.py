@@ -26,6 +26,7 @@ import numpy as np
 
 from specdec_jax import data
 from specdec_jax import diagnostics
+from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import loading
 from specdec_jax import measure
@@ -139,49 +140,83 @@ def _tree_widths(budget: int) -> List[int]:
       budget.bit_length()) if 2 ** i + 1 <= budget + 1})
 
 
-def choose_tree(loaded: loading.Loaded, inputs, base) -> Dict[str, Any]:
+# Examples whose baseline outputs the drafter's rank probabilities are
+# measured on, for a tree choice (`choose_tree`).
+CHOICE_EXAMPLES = 16
+
+
+def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
   """The token tree for a setup whose tree is 'choose:N'
   (`DrafterSpec.chooses_tree`), chosen on this machine.
 
   Sequoia's way (`drafters.tree.shape.choose`): among the trees of at most
   N nodes and gamma levels, the one with the most predicted tokens per
   second, expected tokens per call (from the drafter's rank probabilities
-  on `base`'s greedy outputs, `measure.rank_probs`) over an iteration's
-  time (the target's call at the verified width, timed now at the widths
-  of `_tree_widths` and interpolated, plus one drafter call per level).
+  on the baseline's greedy outputs, `measure.rank_probs`) over an
+  iteration's time (the target's call at the verified width, timed now at
+  the widths of `_tree_widths` and interpolated, plus one drafter call per
+  level: a level of `drafters.tree.DEFAULT_TREE` timed alone,
+  `measure.tree_level_time`, for a `TreeDrafter`; else the drafter's step).
 
   Args:
     loaded: the built setup.
-    inputs: a unit's inputs (its first `batch_size` rows are timed).
-    base: the baseline decode of that unit.
+    inputs: `[n, input length]` examples' inputs (the first `batch_size`
+      rows are timed).
+    outputs: `(tokens, lengths)`, the baseline's outputs of those rows.
 
   Returns:
     {'gamma' (the tree's depth), 'tree' (its `shape.parse` spec), 'rule',
-    'configured_gamma', 'configured_tree', 'rank_probs', 'expected_tokens',
-    'iteration_ms', 'predicted_tokens_per_s', 'profile'} (JSON).
+    'configured_gamma', 'configured_tree', 'rank_probs' (as measured,
+    'rank_probs_measured', made non-increasing), 'examples' (n),
+    'expected_tokens', 'iteration_ms', 'predicted_tokens_per_s',
+    'level_ms', 'profile'} (JSON).
   """
   setup = loaded.setup
   budget, b = setup.draft.tree_budget, setup.batch.size
   draft_params = speculative.with_target(
       loaded.drafter, loaded.draft_params, loaded.target_params)
-  probs = measure.rank_probs(loaded.drafter, draft_params, inputs,
-                             np.asarray(base.tokens), np.asarray(base.lengths))
-  seconds, t_draft, _ = call_times(loaded, inputs, _tree_widths(budget),
-                                   gamma=1)
+  measured = measure.rank_probs(loaded.drafter, draft_params, inputs,
+                                *outputs)
+  probs = tree_shape.nonincreasing(measured)
+  seconds, t_draft, context = call_times(
+      loaded, inputs, _tree_widths(budget), gamma=1)
+  t_level = t_draft
+  if isinstance(loaded.drafter, drafters.TreeDrafter):  # a level, timed
+    t_level = measure.tree_level_time(
+        dataclasses.replace(loaded.drafter, shape=tree_shape.parse(
+            drafters.tree.DEFAULT_TREE)), loaded.draft_params, inputs[:b],
+        context=context, jit_setup=True, target_params=loaded.target_params)
   t1 = seconds[1]
   profile = hardware.HardwareProfile.of_run(
       'this run', b, t1, {k: t / t1 for k, t in seconds.items()},
       {setup.draft.kind: t_draft / t1}, device=measure.machine())
-  costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_draft * 1e3,
+  costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
                                           batch=b)
   shape, rate = tree_shape.choose(probs, costs, max_nodes=budget,
                                   max_depth=setup.gamma)
   return {'gamma': shape.depth, 'tree': shape.spec, 'rule': 'profile',
           'configured_gamma': setup.gamma, 'configured_tree': setup.draft.tree,
-          'rank_probs': [float(p) for p in probs],
+          'rank_probs': probs, 'examples': len(inputs),
+          'rank_probs_measured': [float(p) for p in measured],
           'expected_tokens': shape.expected_tokens(probs),
           'iteration_ms': costs.iteration_ms(shape),
-          'predicted_tokens_per_s': rate, 'profile': profile.to_json()}
+          'predicted_tokens_per_s': rate, 'level_ms': t_level * 1e3,
+          'profile': profile.to_json()}
+
+
+def _baseline_outputs(setup: EvalSetup, base: programs.Program, params,
+                      all_inputs, place, rng):
+  """The first `CHOICE_EXAMPLES` examples' inputs and the baseline's
+  outputs of them `(tokens, lengths)`, decoded unit by unit (the units'
+  shapes: nothing new compiles but a short last one's)."""
+  rows, tokens, lengths = [], [], []
+  for _, _, n, inputs in units(setup, all_inputs[:CHOICE_EXAMPLES]):
+    out = base(params, place(inputs), rng)
+    rows.append(np.asarray(inputs)[:n])
+    tokens.append(np.asarray(out.tokens)[:n])
+    lengths.append(np.asarray(out.lengths)[:n])
+  return np.concatenate(rows), (np.concatenate(tokens),
+                                np.concatenate(lengths))
 
 
 def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
@@ -197,14 +232,15 @@ def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
       loaded.drafter, shape=tree_shape.parse(spec)))
 
 
-def _tree_choice(loaded: loading.Loaded, inputs, base, choice_file
+def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
                  ) -> Dict[str, Any]:
-  """`choose_tree` on the first unit, kept in `choice_file` and said."""
-  choice = choose_tree(loaded, inputs, base)
+  """`choose_tree`, kept in `choice_file` and said."""
+  choice = choose_tree(loaded, inputs, outputs)
   if choice_file is not None:
     run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
   print(f"tree {choice['tree']} ({choice['gamma']} levels; configured "
-        f"{choice['configured_tree']}): chosen by the profile measured now, "
+        f"{choice['configured_tree']}): chosen by the profile measured now "
+        f"and the drafter's ranks on {choice['examples']} examples, "
         f"{choice['expected_tokens']:.2f} tokens per call expected, "
         f"{choice['iteration_ms']:.3f} ms an iteration, "
         f"{choice['predicted_tokens_per_s']:.0f} tokens/s predicted",
@@ -482,6 +518,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              setup.task_feature_lengths['inputs'])
   refill_sizes = None if partitioner is None else (setup.batch.size,)
+  place = lambda x: x if partitioner is None else partitioner.shard_batch(x)
   warmed = set()  # what is compiled: (input shape, program) keys
   for lane in lanes:
     lane.start()
@@ -492,14 +529,14 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
     if u % share[1] != share[0] or all(
         i in lane.done for lane in lanes for i, *_ in batch):
       continue
-    if partitioner is not None:
-      inputs = partitioner.shard_batch(inputs)
+    inputs = place(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
     base = _shared_baseline(lanes, refill_sizes)
     for lane in lanes:
-      if lane.choosing('tree'):  # on the unit's baseline decode
-        lane.choice = _tree_choice(lane.loaded, inputs, base(
-            lane.loaded.target_params, inputs, rng), lane.choice_file)
+      if lane.choosing('tree'):  # on the first examples' baseline outputs
+        lane.choice = _tree_choice(lane.loaded, *_baseline_outputs(
+            setup, base, lane.loaded.target_params, all_inputs, place, rng),
+                                   lane.choice_file)
         lane.loaded = with_tree(lane.loaded, lane.choice['tree'])
         lane.gamma = lane.choice['gamma']
     shapes = np.shape(inputs)

@@ -547,6 +547,9 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   import numpy as np  # pylint: disable=g-import-not-at-top
   probs = [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0]
   monkeypatch.setattr(measure, 'rank_probs', lambda *a, **k: np.array(probs))
+  levels = []  # a tree level is timed alone, as the drafter's call on it
+  monkeypatch.setattr(measure, 'tree_level_time',
+                      lambda drafter, *a, **k: levels.append(drafter) or 2e-4)
   real_curve, real_loop = measure.cost_curve, drafters.TreeDrafter.merged_loop
   decoded = []
 
@@ -567,9 +570,12 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
     profile = hardware.HardwareProfile.from_json(choice['profile'])
     want, rate = shape_lib.choose(
         choice['rank_probs'], shape_lib.TreeCosts.of_profile(
-            profile, level_ms=profile.c[2]['tree'] * profile.t1_ms,
-            batch=2), max_nodes=6, max_depth=3)
+            profile, level_ms=choice['level_ms'], batch=2), max_nodes=6,
+        max_depth=3)
     assert choice['tree'] == want.spec and choice['rank_probs'] == probs
+    assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
+    assert choice['level_ms'] == pytest.approx(0.2)
+    assert isinstance(levels[-1], drafters.TreeDrafter)
     assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
     assert decoded and all(s == want for s in decoded)
     assert summary['gamma_used'] == {str(want.depth): 2}

@@ -12,7 +12,9 @@ A rerun resumes: finished cells are read back (nothing decoded again), a
 cut-off cell continues where it stopped, measurements are kept in files.
 After each cell the spec's results file is rewritten (`table.write`), so an
 interrupted sweep keeps what finished; under a time budget (`max_minutes`)
-the cells that no longer fit are listed as skipped.
+the cells that no longer fit are listed as skipped. A spec of
+measurements alone (`Spec.decode` False, e.g. the hardware profile) has
+cells that are measured on their setup, not decoded.
 """
 
 from __future__ import annotations
@@ -124,6 +126,12 @@ class Spec:
     measurements: the spec's own named measurements, beside
       `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
       setup fields it depends on)).
+    decode: False: a cell is its measurements alone (`Cell.measure` on the
+      cell's setup, built as the job builds it), no eval job decode; its
+      row has no summary figures (e.g. the hardware profile).
+    finish: `finish(result, out)` once every cell ran, before the results'
+      last write: what the spec makes of all its rows beside them (`out`
+      the results' path without suffix; e.g. a hardware profile), or None.
   """
   name: str
   title: str
@@ -139,6 +147,8 @@ class Spec:
   measurements: Mapping[str, Tuple[Callable[..., Dict[str, Any]],
                                    Tuple[str, ...]]] = dataclasses.field(
                                        default_factory=dict)
+  decode: bool = True
+  finish: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
 
 
 # ---------------------------------------------------------------------------
@@ -274,21 +284,24 @@ def work_folder(spec: Spec, options: Options) -> pathlib.Path:
 
 
 def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
-             spec_measurements=None, cache: Optional[loading.LoadCache] = None
-             ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+             spec_measurements=None, cache: Optional[loading.LoadCache] = None,
+             decode: bool = True
+             ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
   """Decodes one cell with the eval job (resuming its folder).
 
   `cache`: the run's `loading.LoadCache` (models and examples loaded by an
-  earlier cell are not loaded again), or None.
+  earlier cell are not loaded again), or None. `decode` False: the cell's
+  measurements only (`Spec.decode`).
 
   Returns:
-    (the job's summary, {measurement name: value}).
+    (the job's summary, or None without a decode; {measurement name:
+    value}).
   """
   setup = cell_setup(models, cell, options)
   out = folder / 'cells' / cell.name
-  summary = eval_lib.evaluate(setup, str(out),
-                              timing_repeats=options.timing_repeats,
-                              config_str=setup.describe(), cache=cache)
+  summary = None if not decode else eval_lib.evaluate(
+      setup, str(out), timing_repeats=options.timing_repeats,
+      config_str=setup.describe(), cache=cache)
   load = functools.cache(functools.partial(built, setup, cache))  # once
   values = {name: measured(name, setup, folder / 'measurements',
                           spec_measurements, load)
@@ -332,7 +345,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     start = time.perf_counter()
     try:
       summary, values = run_cell(models, cell, options, folder,
-                                 spec.measurements, cache)
+                                 spec.measurements, cache, spec.decode)
     except Exception as e:  # pylint: disable=broad-except
       # Recorded with its error; the other cells still run (the job wrote
       # what the cell finished into its folder: a rerun resumes it).
@@ -344,6 +357,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       result['rows'].append(table.row_of(cell, summary, values))
     table.write(spec, table.repredict(spec, result, profile), out)
   result['time_log'] = clock.log
+  if spec.finish is not None:
+    spec.finish(result, pathlib.Path(out))
   table.write(spec, table.repredict(spec, result, profile), out)
   if result['failed']:
     raise CellsFailed(

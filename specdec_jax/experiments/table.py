@@ -63,12 +63,16 @@ def new_result(spec, options, command: str) -> Dict[str, Any]:
       rows=[], skipped=[], failed=[])
 
 
-def row_of(cell, summary: Dict[str, Any], values: Dict[str, Any]
+def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
            ) -> Dict[str, Any]:
-  """A cell's row: its fields, the job's summary figures, measurements."""
-  row = {'cell': cell.name, 'kind': summary.get('drafter')}
+  """A cell's row: its fields, the job's summary figures (none for a cell
+  that is not decoded: `summary` None), measurements."""
+  row = {'cell': cell.name}
+  if summary is not None:
+    row['kind'] = summary.get('drafter')
   row.update(cell.fields())
-  row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
+  if summary is not None:
+    row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
   row['measured'] = values
   return row
 
@@ -174,9 +178,11 @@ def counters_cell(row: Dict[str, Any]) -> str:
 def repredict(spec, result: Dict[str, Any],
               profile: Optional[hardware.HardwareProfile],
               command: Optional[str] = None) -> Dict[str, Any]:
-  """Every predicted figure of a results dict from its measured values."""
+  """Every predicted figure of a results dict from its measured values
+  (a spec that decodes nothing has only its own, `Spec.predict`)."""
   for row in result['rows']:
-    predict_row(row, result, profile)
+    if spec.decode:
+      predict_row(row, result, profile)
     if spec.predict is not None:
       spec.predict(row, profile)
   result['profile'] = None if profile is None else profile.name
@@ -251,8 +257,11 @@ def markdown(spec, result: Dict[str, Any]) -> str:
             f"{result['num_examples']} examples, timed as the job times "
             f"({result['timing_repeats']} alternating repeats of each unit, "
             'medians). Predicted figures are PREDICTED, not measured, '
-            'through hardware.predict.']
-  if result.get('profile_note'):
+            'through hardware.predict.' if spec.decode else
+            'Every cell is measured on its setup as the eval job builds it '
+            '(nothing decoded).']
+  if result.get('profile_note') and any('{profile}' in h
+                                       for h, _ in spec.columns):
     lines += ['', result['profile_note']]
   columns = [(h.replace('{profile}', result['profile'] or ''), c)
              for h, c in spec.columns

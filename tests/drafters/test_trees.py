@@ -575,6 +575,21 @@ def test_best_tree_beats_chain_and_round_trips():
   assert shape_lib.parse(dynamic.spec) == dynamic and dynamic.dynamic
 
 
+def test_measured_rank_probs_made_nonincreasing_by_pooling():
+  """Sampling noise puts a rare rank above the one before it; `best`
+  takes non-increasing rates: the out-of-order ranks are pooled to their
+  mean (the least-squares fit), the total kept, ordered rates untouched."""
+  measured = [0.66, 0.12, 0.044, 0.041, 0.018, 0.012, 0.014, 0.008]
+  fit = shape_lib.nonincreasing(measured)
+  assert fit[:5] == measured[:5] and fit[7] == measured[7]
+  assert fit[5] == fit[6] == pytest.approx(0.013)
+  assert sum(fit) == pytest.approx(sum(measured))
+  assert shape_lib.nonincreasing([0.2, 0.3, 0.4]) == pytest.approx([0.3] * 3)
+  with pytest.raises(ValueError, match='non-increasing'):
+    shape_lib.best(measured, 8, 3)
+  assert shape_lib.best(fit, 8, 3).nodes == 8
+
+
 def test_choose_spends_width_where_calls_are_free():
   probs = [0.75, 0.1, 0.05, 0.03]
   flat, _ = shape_lib.choose(probs, shape_lib.TreeCosts(lambda k: 1.0, 0.02),

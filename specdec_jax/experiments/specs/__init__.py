@@ -16,6 +16,8 @@ from specdec_jax.experiments.specs import batches
 from specdec_jax.experiments.specs import draft_free
 from specdec_jax.experiments.specs import heads
 from specdec_jax.experiments.specs import lookahead
+from specdec_jax.experiments.specs import numerics
+from specdec_jax.experiments.specs import profile
 from specdec_jax.experiments.specs import table2
 from specdec_jax.experiments.specs import table3
 from specdec_jax.experiments.specs import trees
@@ -23,7 +25,8 @@ from specdec_jax.experiments.specs import trees
 SPECS: Dict[str, sweep.Spec] = {
     spec.name: spec for spec in (batches.SPEC, trees.SPEC, table2.SPEC,
                                  table3.SPEC, draft_free.SPEC,
-                                 lookahead.SPEC, heads.SPEC)
+                                 lookahead.SPEC, heads.SPEC, profile.SPEC,
+                                 numerics.SPEC)
 }
 DEVICE_SPECS: Dict[str, device_plan.DeviceSpec] = {
     accelerator.SPEC.name: accelerator.SPEC}
