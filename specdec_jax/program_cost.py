@@ -18,10 +18,16 @@ an ESTIMATED time:
   dynamic-update-slice its update). A nested loop counts its body times its
   known trip count; a conditional its largest branch (an upper bound).
 - TPU: launches are a GPU notion, so none are counted: per iteration, the
-  HLO ops of the loop body (fusions, copies, custom calls) and their bytes,
-  estimated the same way from the while body's HLO; beside them the
+  HLO ops of the loop body (fusions, copies, custom calls) and the bytes
+  they move to or from HBM (`Module.hbm_traffic`: memory spaces read from
+  the layouts; operands in VMEM stay on chip, memory space assignment's
+  async copies into VMEM move their bytes once), the floor-relevant figure;
+  beside them what XLA's TPU cost analysis counts for the same ops
+  (`Module.counted_bytes`: VMEM operands and each async copy's start and
+  done too, 4-5x a prefetched weight) and the difference, labelled a
+  counting artefact (`EXCESS`), by cause and by op kind; and the
   compiler's `cost_analysis()` bytes accessed of the whole program (which
-  counts a loop body once).
+  counts a loop body once) beside the same count rebuilt op by op.
 
 Every op is attributed to a part of the iteration from its instruction's
 `metadata={op_name=...}` (the path of JAX functions and Flax modules that
@@ -79,6 +85,17 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _FREE = ('parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast',
          'after-all', 'partition-id', 'replica-id', 'opt-barrier')
 _SLICING = ('dynamic-slice', 'slice', 'gather')
+# What an op moves to or from HBM (`Module.hbm_traffic`): reads of loop
+# invariants, of loop state, of values made in the iteration, and writes.
+HBM_KINDS = ('invariant', 'state', 'temporary', 'written')
+# Why XLA's TPU cost analysis counts more than moves to or from HBM
+# (`Module.counted_bytes` less `Module.hbm_traffic`): an asynchronous copy
+# or slice between HBM and VMEM (memory space assignment's prefetch or
+# eviction) counted as a read and a write at its start and its result again
+# at its done; other ops' operands and results in VMEM (on chip: chiefly
+# the GEMMs' reads of weights prefetched there).
+_ASYNC, _ON_CHIP = 'excess: async copies HBM<->VMEM', 'excess: VMEM operands'
+EXCESS = (_ASYNC, _ON_CHIP)
 # An entry parameter of these is a weight (a model's), not tokens or a key.
 _FLOATS = ('bf16', 'f16', 'f32', 'f64', 'f8e4m3fn', 'f8e5m2')
 
@@ -88,9 +105,12 @@ _FLOATS = ('bf16', 'f16', 'f32', 'f64', 'f8e4m3fn', 'f8e5m2')
 # ---------------------------------------------------------------------------
 
 
-def _parse_shape(text: str, i: int = 0) -> Tuple[Any, int]:
+def _parse_shape(text: str, i: int = 0, spaces: bool = False
+                 ) -> Tuple[Any, int]:
   """(shape, end) of the shape at `text[i:]`: ('bf16', (8, 256)) for an
-  array, a list of shapes for a tuple."""
+  array, a list of shapes for a tuple; with `spaces`, each array's memory
+  space instead (its layout's `S(n)`: 0, HBM, where none is written; on a
+  TPU 1 is VMEM, 2 SMEM)."""
   while text[i] == ' ':
     i += 1
   if text[i] == '(':
@@ -101,13 +121,24 @@ def _parse_shape(text: str, i: int = 0) -> Tuple[Any, int]:
         i += 1
       if text[i] == ')':
         return items, i + 1
-      item, i = _parse_shape(text, i)
+      item, i = _parse_shape(text, i, spaces)
       items.append(item)
   m = _ARRAY.match(text, i)
   if m is None:
     raise ValueError(f'no HLO shape at {text[i:i + 40]!r}')
+  if spaces:
+    space = re.search(r'S\((\d+)\)', m.group(3) or '')
+    return int(space.group(1)) if space else 0, m.end()
   dims = tuple(int(d.lstrip('<=')) for d in m.group(2).split(',') if d)
   return (m.group(1), dims), m.end()
+
+
+def _hbm_bytes(shape, spaces) -> float:
+  """Bytes of the arrays of `shape` whose memory space (`spaces`,
+  `_parse_shape`'s) is HBM's, 0."""
+  if isinstance(shape, list):
+    return sum(_hbm_bytes(s, p) for s, p in zip(shape, spaces))
+  return shape_bytes(shape) if spaces == 0 else 0.0
 
 
 def shape_bytes(shape) -> float:
@@ -130,6 +161,7 @@ class Instruction:
     attrs: the rest of the line (called computations, metadata, config).
     computation: the computation it is in.
     args: the text between its parentheses (a parameter's number).
+    spaces: its output's memory spaces (`_parse_shape` with `spaces`).
   """
   name: str
   shape: Any
@@ -138,6 +170,7 @@ class Instruction:
   attrs: str
   computation: str
   args: str = ''
+  spaces: Any = 0
 
   @property
   def op_name(self) -> str:
@@ -176,6 +209,8 @@ class Module:
     self.entry = ''
     self._frames = _stack_frames(text)
     self._caller_map: Optional[Dict[str, Instruction]] = None
+    self._branch_map: Optional[Dict[str, Tuple[Instruction, int]]] = None
+    self._users: Dict[str, Dict[str, List[Instruction]]] = {}
     current = None
     for line in text.splitlines():
       m = _INSTRUCTION.match(line)
@@ -202,8 +237,13 @@ class Module:
     return shape[index] if index is not None else shape
 
   def users(self, computation: str, name: str) -> List[Instruction]:
-    return [i for i in self.computations[computation]
-            if any(o[0] == name for o in i.operands)]
+    if computation not in self._users:
+      users: Dict[str, List[Instruction]] = {}
+      for i in self.computations[computation]:
+        for o in dict.fromkeys(o[0] for o in i.operands):
+          users.setdefault(o, []).append(i)
+      self._users[computation] = users
+    return self._users[computation].get(name, [])
 
   def root(self, computation: str) -> Instruction:
     return self.instructions[self.roots[computation]]
@@ -245,32 +285,24 @@ class Module:
   def weights(self, instr: Instruction) -> List[Tuple[int, str]]:
     """(argument, entry parameter) of each weight `instr` reads directly
     (through loop state, copies and bitcasts): the argument is N of an
-    entry parameter named 'args_N_...' (jax's name for the N-th argument of
-    a jitted function), else that parameter's number. A weight is a
+    entry parameter named 'args_N_...' or whose op_name starts 'args[N]'
+    (jax's names for the N-th argument of a jitted function), else that
+    parameter's number. A weight is a
     floating-point entry parameter (not tokens, lengths or keys)."""
     out = []
     for operand in instr.operands:
       param = self._source(operand, 0)
       if param is not None and not isinstance(param.shape, list) and (
           param.shape[0] in _FLOATS):
-        m = re.match(r'args_(\d+)_', param.name)
+        m = re.match(r'args_(\d+)_', param.name) or re.match(
+            r'args\[(\d+)\]', param.op_name)
         out.append((int(m.group(1)) if m else int(param.args), param.name))
     return out
 
   def _source(self, operand: Tuple[str, Optional[int]], depth: int
               ) -> Optional[Instruction]:
-    name, index = operand
-    instr = self.instructions.get(name)
-    if instr is None or depth > 64:
-      return None
-    if instr.opcode in ('bitcast', 'copy', 'reshape') and instr.operands:
-      return self._source(instr.operands[0], depth + 1)
-    if instr.opcode == 'get-tuple-element' and instr.operands:
-      k = int(re.search(r'index=(\d+)', instr.attrs).group(1))
-      return self._source((instr.operands[0][0], k), depth + 1)
-    if instr.opcode == 'tuple' and index is not None:
-      return self._source(instr.operands[index], depth + 1)
-    if instr.opcode != 'parameter':
+    instr, index = self._follow(operand, ('bitcast', 'copy', 'reshape'))
+    if instr is None or depth > 64 or instr.opcode != 'parameter':
       return None
     if instr.computation == self.entry:
       return instr
@@ -279,6 +311,27 @@ class Module:
         self._invariant(loop, index)):
       return None
     return self._source((loop.operands[0][0], index), depth + 1)
+
+  def _follow(self, operand: Tuple[str, Optional[int]],
+              passing: Tuple[str, ...]
+              ) -> Tuple[Optional[Instruction], Optional[int]]:
+    """(instruction, tuple index) that `operand` is, through the ops of
+    `passing` (their first operand), tuples and their elements."""
+    name, index = operand
+    for _ in range(256):
+      instr = self.instructions.get(name)
+      if instr is None:
+        break
+      if instr.opcode in passing and instr.operands:
+        name, index = instr.operands[0]
+      elif instr.opcode == 'get-tuple-element' and instr.operands:
+        name, index = instr.operands[0][0], int(
+            re.search(r'index=(\d+)', instr.attrs).group(1))
+      elif instr.opcode == 'tuple' and index is not None:
+        name, index = instr.operands[index]
+      else:
+        return instr, index
+    return None, None
 
   def _invariant(self, loop: Instruction, index: int) -> bool:
     """Whether element `index` of `loop`'s state is passed on unchanged
@@ -368,6 +421,143 @@ class Module:
         return full
     return min(total, full)
 
+  # What an op moves to or from HBM (a TPU's layouts name memory spaces).
+
+  def hbm_traffic(self, instr: Instruction) -> Dict[str, float]:
+    """Bytes one execution of `instr` moves to or from HBM (memory space
+    0; a TPU op's operands and results in VMEM, space 1, stay on chip), by
+    kind (`HBM_KINDS`): reads of a loop invariant (the weights, the
+    cross-attention K/V: what every iteration reads alike, or anything made
+    before the loop), of loop state (the K/V caches, tokens), of a value
+    made in the iteration (spilled, evicted), and writes. Reads of an
+    operand it only slices count the slices (`bytes`' rules). An
+    asynchronous copy or slice (memory space assignment's prefetch into
+    VMEM, or eviction to HBM) moves its bytes once, at its start; its done,
+    and a ConcatBitcast (VMEM slices seen as one array), move none."""
+    out = dict.fromkeys(HBM_KINDS, 0.0)
+    op = instr.opcode
+    collective = op.startswith(('all-', 'collective-'))
+    if (op.endswith('-done') and not collective) or (
+        op == 'custom-call' and 'custom_call_target="ConcatBitcast"' in
+        instr.attrs):
+      return out
+    if op.endswith('-start') and not collective:
+      # copy-start: (destination, source, context); async-start, or its
+      # short form '<op>-start': ((operands), result, context).
+      result = 0 if op == 'copy-start' else 1
+      size = shape_bytes(instr.shape[result])
+      sliced = op == 'copy-start' or (
+          self.root(instr.called[0]).opcode if op == 'async-start' else
+          op[:-len('-start')]) in _SLICING
+      for o in instr.operands:
+        self._hbm_read(out, o, size if sliced else self._hbm_size(o))
+      out['written'] += size * (instr.spaces[result] == 0)
+      return out
+    if op == 'fusion' and instr.called:
+      comp = instr.called[0]
+      params = {int(i.args): i for i in self.computations[comp]
+                if i.opcode == 'parameter'}
+      root = self.root(comp)
+      _, in_place = self._written(comp, root)
+      outputs = list(zip(root.operands, instr.spaces)) if (
+          root.opcode == 'tuple' and isinstance(instr.spaces, list)) else [
+              ((root.name, None), instr.spaces)]
+      out['written'] = sum(self._written(comp, self.instructions[o[0]])[0]
+                           for o, space in outputs if space == 0)
+      for k, o in enumerate(instr.operands):
+        full = self._hbm_size(o)
+        self._hbm_read(out, o, self._read(
+            comp, params[k].name, full, in_place) if k in params and full
+                       else full)
+      return out
+    operands = instr.operands
+    if op == 'dynamic-update-slice':  # in place: only the update moves
+      operands = operands[1:2]
+      out['written'] = self._hbm_size(operands[0]) * (instr.spaces == 0)
+    else:
+      shape, spaces = instr.shape, instr.spaces
+      if op == 'custom-call' and isinstance(shape, list):  # no workspace
+        kept = [k for k, x in enumerate(shape) if isinstance(x, list) or
+                x[0] not in ('s8', 'u8')]
+        shape, spaces = [shape[k] for k in kept], [spaces[k] for k in kept]
+      out['written'] = _hbm_bytes(shape, spaces)
+    for o in operands:
+      self._hbm_read(out, o, self._hbm_size(o))
+    return out
+
+  def counted_bytes(self, instr: Instruction) -> float:
+    """Bytes XLA's TPU cost analysis (`cost_analysis()`) counts for one
+    execution of `instr`, as read off small programs compiled for a TPU
+    v5e: every operand and result in whatever memory space (VMEM too),
+    `bytes`' rules; an asynchronous copy's start its operand and its
+    (destination, source) result, its done its result; an asynchronous
+    slice's start its slice read and written, its done its result; a
+    ConcatBitcast nothing. A weight prefetched into VMEM and then read
+    from there is counted 5 times (copy) or 4 times (slices), read once
+    from HBM."""
+    op = instr.opcode
+    if op == 'custom-call' and 'custom_call_target="ConcatBitcast"' in (
+        instr.attrs):
+      return 0.0
+    if op.startswith(('all-', 'collective-')) or op == 'copy-start':
+      return self.bytes(instr)
+    if op.endswith('-done'):
+      return shape_bytes(instr.shape)
+    if op.endswith('-start'):
+      return 2 * shape_bytes(instr.shape[1]) + shape_bytes(instr.shape[2:])
+    return self.bytes(instr)
+
+  def _hbm_size(self, operand: Tuple[str, Optional[int]]) -> float:
+    """Bytes of `operand` that live in HBM."""
+    name, index = operand
+    if name not in self.instructions:
+      return 0.0
+    instr = self.instructions[name]
+    shape, spaces = instr.shape, instr.spaces
+    if index is not None and isinstance(shape, list):
+      shape, spaces = shape[index], spaces[index]
+    return _hbm_bytes(shape, spaces)
+
+  def _hbm_read(self, out: Dict[str, float],
+                operand: Tuple[str, Optional[int]], size: float) -> None:
+    if size:
+      out[self.origin(operand)] += size
+
+  def origin(self, operand: Tuple[str, Optional[int]], depth: int = 0
+             ) -> str:
+    """What a value read in a loop is ('invariant', 'state' or
+    'temporary', `hbm_traffic`'s kinds): followed through bitcasts,
+    copies, tuples and loop state to an entry parameter or a value made
+    before the loop (invariant), an element of a loop's state that its
+    body changes (state), or a value made in the loop (temporary)."""
+    instr, index = self._follow(operand, ('bitcast', 'copy', 'reshape',
+                                          'copy-done', 'copy-start'))
+    if instr is None or depth > 64:
+      return 'temporary'
+    if instr.computation == self.entry:
+      return 'invariant'
+    if instr.opcode != 'parameter':
+      return 'temporary'
+    loop = self._callers().get(instr.computation)
+    if loop is not None and index is not None and loop.operands:
+      if not self._invariant(loop, index):
+        return 'state'
+      return self.origin((loop.operands[0][0], index), depth + 1)
+    caller = self._branch_callers().get(instr.computation)
+    if caller is not None:
+      instr_, k = caller
+      return self.origin(instr_.operands[k], depth + 1)
+    return 'temporary'
+
+  def _branch_callers(self) -> Dict[str, Tuple[Instruction, int]]:
+    """A conditional's branch -> (the conditional, the operand its
+    parameter is)."""
+    if self._branch_map is None:
+      self._branch_map = {
+          comp: (i, b + 1) for i in self.instructions.values()
+          if i.opcode == 'conditional' for b, comp in enumerate(i.called)}
+    return self._branch_map
+
 
 def _stack_frames(text: str) -> Dict[int, List[str]]:
   """Stack frame id -> function names (outermost first) from an HLO
@@ -414,7 +604,8 @@ def _instruction(name: str, rest: str, computation: str
   operands = tuple((n, int(k) if k else None)
                    for n, k in _OPERAND.findall(rest[m.end():j - 1]))
   return Instruction(name, shape, m.group(1), operands, rest[j:],
-                     computation, rest[m.end():j - 1])
+                     computation, rest[m.end():j - 1],
+                     _parse_shape(rest, spaces=True)[0])
 
 
 # ---------------------------------------------------------------------------
@@ -535,17 +726,31 @@ class Iteration:
     notes: what the counts assumed (unknown trip counts, branches).
     program_bytes: TPU: `cost_analysis()` bytes accessed of the whole
       program (a loop body counted once); None on a GPU (it reports none).
+    counted: TPU: part -> the bytes XLA's cost analysis counts for its ops
+      (`Module.counted_bytes`), where `total` and `parts` count only what
+      moves to or from HBM (`Module.hbm_traffic`).
+    breakdown: TPU: per iteration, the HBM bytes by kind (`HBM_KINDS`) and
+      the counted excess over them by cause (`EXCESS`).
+    program_counted: TPU: `program_counted`, beside `program_bytes`.
+    kinds: TPU: op kind (`op_kind`) -> [ops, HBM bytes, counted bytes] per
+      iteration.
   """
   platform: str
   total: Counts
   parts: Dict[str, Counts]
   notes: List[str] = dataclasses.field(default_factory=list)
   program_bytes: Optional[float] = None
+  counted: Optional[Dict[str, float]] = None
+  breakdown: Optional[Dict[str, float]] = None
+  program_counted: Optional[float] = None
+  kinds: Optional[Dict[str, List[float]]] = None
 
   def to_json(self) -> Dict[str, Any]:
     return dict(platform=self.platform, total=dataclasses.asdict(self.total),
                 parts={k: dataclasses.asdict(v) for k, v in self.parts.items()},
-                notes=self.notes, program_bytes=self.program_bytes)
+                notes=self.notes, program_bytes=self.program_bytes,
+                counted=self.counted, breakdown=self.breakdown,
+                program_counted=self.program_counted, kinds=self.kinds)
 
 
 _MODEL_CALL = re.compile(r'(^|/)(Transformer|T5Model|ShardedModel)\.|'
@@ -713,6 +918,10 @@ class _Walk:
           current = f'{DRAFTER} {calls}'
         read |= names
       leaf.part = current
+    return self.parts_counts()
+
+  def parts_counts(self) -> Dict[str, Counts]:
+    """The counts per part of the leaves as `parts` left them."""
     out: Dict[str, Counts] = {}
     kernels: Dict[int, Dict[str, float]] = {}
     for leaf in self.leaves:
@@ -785,8 +994,23 @@ def hlo_iteration(hlo_text: str, platform: str = 'tpu',
         for c in i.called[:1] if i.opcode == 'call' else i.called:
           run(c, times)
       else:
-        walk.leaves.append(_Leaf(i, times, 0, module.bytes(i)))
+        traffic = module.hbm_traffic(i)
+        hbm = sum(traffic.values())
+        walk.leaves.append(_Leaf(i, times, 0, hbm))
+        counted[i.name] = module.counted_bytes(i)
+        for kind, size in traffic.items():
+          breakdown[kind] += times * size
+        excess = _ASYNC if i.opcode.endswith(('-start', '-done')) and not (
+            i.opcode.startswith(('all-', 'collective-'))) else _ON_CHIP
+        breakdown[excess] += times * (counted[i.name] - hbm)
+        row = kinds.setdefault(op_kind(i), [0.0, 0.0, 0.0])
+        row[0] += times
+        row[1] += times * hbm
+        row[2] += times * counted[i.name]
 
+  counted: Dict[str, float] = {}
+  kinds: Dict[str, List[float]] = {}
+  breakdown = dict.fromkeys(HBM_KINDS + (_ASYNC, _ON_CHIP), 0.0)
   loops = [i for i in module.computations.get(module.entry, [])
            if i.opcode == 'while' and len(i.called) > 1]
   if not loops:
@@ -798,10 +1022,60 @@ def hlo_iteration(hlo_text: str, platform: str = 'tpu',
     run(main.called[1], 1)
     run(main.called[0], 1)
     loop = main.op_name
-  parts = walk.parts(loop)
+  walk.parts(loop)
+  _to_consumers(module, walk.leaves)
+  parts = walk.parts_counts()
   for c in parts.values():
     c.launches = c.captured = c.command_buffers = 0
-  return Iteration(platform, _total(parts), parts, walk.notes, program_bytes)
+  by_part: Dict[str, float] = {}
+  for leaf in walk.leaves:
+    by_part[leaf.part] = by_part.get(leaf.part, 0.0) + leaf.times * counted[
+        leaf.instr.name]
+  return Iteration(platform, _total(parts), parts, walk.notes, program_bytes,
+                   by_part, breakdown, program_counted(module), kinds)
+
+
+def op_kind(instr: Instruction) -> str:
+  """An op's kind for the per-kind table: its opcode, a fusion's kind
+  (kLoop, kOutput...), a custom call's target."""
+  m = re.search(r'kind=(\w+)|custom_call_target="([^"]+)"', instr.attrs)
+  return instr.opcode + (':' + (m.group(1) or m.group(2)) if m and (
+      instr.opcode in ('fusion', 'custom-call')) else '')
+
+
+def _to_consumers(module: Module, leaves: Sequence[_Leaf]) -> None:
+  """An op that memory space assignment made (an async copy or slice, its
+  done, a ConcatBitcast: no op_name) joins the part of the op that uses
+  what it moved (a prefetched weight: the call whose GEMM reads it)."""
+  part = {leaf.instr.name: leaf.part for leaf in leaves if leaf.instr}
+
+  def consumer(instr: Instruction, depth: int) -> Optional[str]:
+    for user in module.users(instr.computation, instr.name):
+      if module.op_name(user) and user.name in part:
+        return part[user.name]
+      found = depth < 4 and consumer(user, depth + 1)
+      if found:
+        return found
+    return None
+
+  for leaf in leaves:
+    if leaf.instr is not None and not module.op_name(leaf.instr):
+      leaf.part = consumer(leaf.instr, 0) or leaf.part
+
+
+def program_counted(module: Module) -> float:
+  """`Module.counted_bytes` of every op of the program, each loop's body
+  and condition once and every branch of a conditional: what XLA's
+  `cost_analysis()` reports as its bytes accessed, rebuilt op by op."""
+  def run(comp: str) -> float:
+    total = 0.0
+    for i in module.computations[comp]:
+      if i.opcode in ('while', 'conditional', 'call'):
+        total += sum(run(c) for c in i.called)
+      elif i.opcode not in _FREE:
+        total += module.counted_bytes(i)
+    return total
+  return run(module.entry)
 
 
 def read_dump(folder) -> Dict[str, str]:
@@ -1001,9 +1275,13 @@ def rows(iterations: Sequence[Tuple[str, Iteration, Optional[float]]],
         it.parts.items(), key=lambda kv: _part_key(kv[0])):
       est = None if model is None or it.platform != 'gpu' else (
           model.ms(it.parts) if part == 'all' else model.part_ms(c))
+      counted = None if it.counted is None else (
+          sum(it.counted.values()) if part == 'all' else it.counted.get(
+              part, 0.0)) / 1e9
       row = dict(program=label, part=part, launches=c.launches,
                  kernels=c.kernels, command_buffers=c.command_buffers,
-                 captured=c.captured, gb=c.bytes / 1e9, estimated_ms=est,
+                 captured=c.captured, gb=c.bytes / 1e9, counted_gb=counted,
+                 estimated_ms=est,
                  measured_ms=measured if part == 'all' else None)
       row['ratio'] = (est / measured if est is not None and
                       row['measured_ms'] else None)
@@ -1017,22 +1295,34 @@ def markdown(table: Sequence[Mapping[str, Any]], platform: str,
   gpu = platform == 'gpu'
   columns = ['program', 'part'] + (
       ['host launches', 'kernels', 'command buffers'] if gpu else
-      ['HLO ops']) + ['GB'] + (['estimated ms', 'measured ms',
-                                'estimated / measured'] if gpu else [])
+      ['HLO ops']) + (['GB'] if gpu else [
+          'HBM GB', 'counted GB', 'counted excess GB']) + (
+              ['estimated ms', 'measured ms', 'estimated / measured']
+              if gpu else [])
   body = []
   for r in table:
     cells = [r['program'], r['part']] + ([
         _n(r['launches']), _n(r['kernels']), _n(r['command_buffers'])] if gpu
         else [_n(r['kernels'])]) + [f"{r['gb']:.2f}"]
+    if not gpu:
+      counted = r.get('counted_gb')
+      cells += ['-', '-'] if counted is None else [
+          f'{counted:.2f}', f"{counted - r['gb']:.2f}"]
     if gpu:
       cells += [report.fmt(r['estimated_ms']), report.fmt(r['measured_ms']),
                 report.fmt(r['ratio'])]
     body.append(cells)
   if not gpu:
-    note = ("Per iteration of each program's main while loop. TPU: host "
-            'launches, kernels and command buffers are a GPU notion and are '
-            'not counted; HLO ops and GB are estimated from the loop body\'s '
-            'optimized HLO.')
+    note = ("Per iteration of each program's main while loop, per device, "
+            "estimated from the loop body's optimized HLO (host launches, "
+            'kernels and command buffers are a GPU notion and are not '
+            'counted). HBM GB: what moves to or from HBM, the figure to set '
+            'against a floor of weights + K/V read (operands and results in '
+            'VMEM stay on chip; an async copy between HBM and VMEM moves its '
+            "bytes once). Counted GB: what XLA's TPU cost analysis counts "
+            'for the same ops (every operand and result, VMEM too; an async '
+            'copy at its start and its done); counted excess: the '
+            'difference, a counting artefact, not HBM traffic.')
   elif model is None:
     note = ("Per iteration of each program's main while loop; no device "
             'model is fitted for this GPU, so no time is estimated.')
@@ -1086,7 +1376,57 @@ def report_iterations(lower: Callable[..., Any], platform: str,
                   for n in it.notes} | {
                       f'{label}: the whole program accesses '
                       f'{it.program_bytes / 1e9:.2f} GB (cost_analysis, a '
-                      'loop body counted once)' for label, it, _ in found
-                      if it.program_bytes})
+                      'loop body counted once)' + (
+                          f'; its ops counted as in the table: '
+                          f'{it.program_counted / 1e9:.2f} GB'
+                          if it.program_counted else '')
+                      for label, it, _ in found if it.program_bytes})
+  found_breakdown = [(label, it) for label, it, _ in found if it.breakdown]
   return markdown(rows(found, model), platform, model) + ''.join(
-      f'\n- {n}' for n in notes) + ('\n' if notes else '')
+      f'\n- {n}' for n in notes) + ('\n' if notes else '') + (
+          '\n' + breakdown_markdown(found_breakdown)
+          if found_breakdown else '')
+
+
+_KIND_LABELS = {
+    'invariant': 'HBM: loop invariants read (weights, cross-attention K/V)',
+    'state': 'HBM: loop state read (K/V caches, tokens)',
+    'temporary': 'HBM: values made in the iteration read',
+    'written': 'HBM: written'}
+
+
+def breakdown_markdown(found: Sequence[Tuple[str, Iteration]]) -> str:
+  """Per iteration of each program (label, its TPU `Iteration`): the HBM
+  GB by kind, their sum (floor-relevant), and the cost analysis's counted
+  excess by cause (labelled: not HBM traffic)."""
+  labels = [_KIND_LABELS[k] for k in HBM_KINDS] + [
+      'HBM: all (floor-relevant)'] + list(EXCESS) + [
+          'counted by the cost analysis']
+  body = []
+  for label in labels:
+    cells = [label]
+    for _, it in found:
+      b = it.breakdown
+      hbm = sum(b[k] for k in HBM_KINDS)
+      value = {'HBM: all (floor-relevant)': hbm,
+               'counted by the cost analysis': hbm + sum(
+                   b[k] for k in EXCESS)}.get(label)
+      if value is None:
+        value = b[next((k for k, v in _KIND_LABELS.items() if v == label),
+                       label)]
+      cells.append(f'{value / 1e9:.3f}')
+    body.append(cells)
+  kinds = []
+  for label, it in found:
+    for kind, (n, hbm, counted) in sorted(it.kinds.items(),
+                                          key=lambda kv: -kv[1][2]):
+      if max(counted, hbm) >= 5e5:  # the kinds that move 1 MB or more
+        kinds.append([label, kind, _n(n), f'{hbm / 1e9:.3f}',
+                      f'{counted / 1e9:.3f}', f'{(counted - hbm) / 1e9:.3f}'])
+  return ('GB per iteration and device: what moves to or from HBM, by '
+          "kind, and the excess XLA's cost analysis counts over it, by "
+          'cause (a counting artefact, not HBM traffic).\n\n' +
+          report.table(['bytes'] + [label for label, _ in found], body) +
+          '\n\nBy op kind (GB per iteration and device):\n\n' +
+          report.table(['program', 'op kind', 'ops', 'HBM GB', 'counted GB',
+                        'counted excess GB'], kinds) + '\n')

@@ -225,3 +225,87 @@ def test_iterations_flag_without_cuda_plugin():
     pytest.skip('the CUDA plugin is installed here')
   with pytest.raises(SystemExit, match='CUDA plugin'):
     compiled.iterations(args)
+
+
+# A loop body as XLA's TPU compiler writes one (memory spaces in the
+# layouts: S(1) VMEM, S(2) SMEM, none HBM): w1 prefetched into VMEM by an
+# async copy, w2 by two async slices joined by a ConcatBitcast, w3 read
+# from HBM by its GEMM; x is loop state, y1 and y2 values of the iteration.
+TPU_LOOP = """HloModule tiny_tpu, is_scheduled=true
+
+%fdot (p0: bf16[1,64], p1: bf16[64,64]) -> bf16[1,64] {
+  %p0 = bf16[1,64]{1,0:T(2,128)(2,1)} parameter(0)
+  %p1 = bf16[64,64]{1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %d = bf16[1,64]{1,0:T(2,128)(2,1)} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (s: (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64])) -> (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) {
+  %s = (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%s), index=0
+  %x = bf16[1,64]{1,0:T(2,128)(2,1)} get-tuple-element(%s), index=1
+  %w1 = bf16[64,64]{1,0:T(8,128)(2,1)} get-tuple-element(%s), index=2
+  %w2 = bf16[64,64]{1,0:T(8,128)(2,1)} get-tuple-element(%s), index=3
+  %w3 = bf16[64,64]{1,0:T(8,128)(2,1)} get-tuple-element(%s), index=4
+  %cs = (bf16[64,64]{1,0:T(8,128)(2,1)S(1)}, bf16[64,64]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%w1)
+  %cd = bf16[64,64]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
+  %y1 = bf16[1,64]{1,0:T(2,128)(2,1)} fusion(%x, %cd), kind=kOutput, calls=%fdot
+  %ss0 = ((bf16[64,64]{1,0:T(8,128)(2,1)}), bf16[32,64]{1,0:T(8,128)(2,1)S(1)}, s32[]{:S(2)}) slice-start(%w2), slice={[0:32], [0:64]}
+  %ss1 = ((bf16[64,64]{1,0:T(8,128)(2,1)}), bf16[32,64]{1,0:T(8,128)(2,1)S(1)}, s32[]{:S(2)}) slice-start(%w2), slice={[32:64], [0:64]}
+  %sd0 = bf16[32,64]{1,0:T(8,128)(2,1)S(1)} slice-done(%ss0)
+  %sd1 = bf16[32,64]{1,0:T(8,128)(2,1)S(1)} slice-done(%ss1)
+  %cat = bf16[64,64]{1,0:T(8,128)(2,1)S(1)} custom-call(%sd0, %sd1), custom_call_target="ConcatBitcast"
+  %y2 = bf16[1,64]{1,0:T(2,128)(2,1)} fusion(%y1, %cat), kind=kOutput, calls=%fdot
+  %y3 = bf16[1,64]{1,0:T(2,128)(2,1)} fusion(%y2, %w3), kind=kOutput, calls=%fdot
+  %i1 = s32[]{:T(128)} add(%i, %i)
+  ROOT %out = (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) tuple(%i1, %y3, %w1, %w2, %w3)
+}
+
+%cond (c: (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64])) -> pred[] {
+  %c = (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) parameter(0)
+  %ci = s32[]{:T(128)} get-tuple-element(%c), index=0
+  %k = s32[]{:T(128)} constant(10)
+  ROOT %lt = pred[]{:T(1024)} compare(%ci, %k), direction=LT
+}
+
+ENTRY %main (a: bf16[1,64], b: bf16[64,64], e: bf16[64,64], f: bf16[64,64]) -> bf16[1,64] {
+  %a = bf16[1,64]{1,0:T(2,128)(2,1)} parameter(0)
+  %b = bf16[64,64]{1,0:T(8,128)(2,1)} parameter(1)
+  %e = bf16[64,64]{1,0:T(8,128)(2,1)} parameter(2)
+  %f = bf16[64,64]{1,0:T(8,128)(2,1)} parameter(3)
+  %zero = s32[]{:T(128)} constant(0)
+  %init = (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) tuple(%zero, %a, %b, %e, %f)
+  %loop = (s32[], bf16[1,64], bf16[64,64], bf16[64,64], bf16[64,64]) while(%init), condition=%cond, body=%body
+  ROOT %r = bf16[1,64]{1,0:T(2,128)(2,1)} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_tpu_hbm_bytes_and_counted_excess():
+  """By hand (a [64, 64] bf16 weight: 8,192 B; a [1, 64] row: 128 B).
+  HBM: each weight read once, 24,576 (the copy and the two slices read
+  from HBM into VMEM, y3's GEMM from HBM); loop state x and the counter
+  read by y1, the add and the compare, 140; y1 and y2 read back, and the
+  condition's constant, 260; three rows, the counter and the predicate
+  written, 389: 25,365. XLA's cost analysis counts 82,721 for the same
+  ops: the copy's start 24,580 (its operand, destination and source) and
+  done 8,192; each slice's start 8,196 (read and written) and done 4,096;
+  the ConcatBitcast nothing; each GEMM its weight, VMEM or not. An
+  attribution that counted VMEM as HBM, or a copy at both its start and
+  its done, would not give these."""
+  it = pc.hlo_iteration(TPU_LOOP, 'tpu')
+  b = it.breakdown
+  assert {k: b[k] for k in pc.HBM_KINDS} == dict(
+      invariant=24576, state=140, temporary=260, written=389)
+  assert it.total.bytes == 25365
+  assert sum(it.counted.values()) == pc.program_counted(
+      pc.Module(TPU_LOOP)) == 82721
+  assert b['excess: async copies HBM<->VMEM'] == (
+      24580 - 8192) + 8192 + 2 * (8196 - 4096) + 2 * 4096 == 40972
+  assert b['excess: VMEM operands'] == 2 * 8192
+  text = pc.breakdown_markdown([('tiny', it)])
+  assert '| HBM: all (floor-relevant) | 0.000 |' in text
+  kinds = it.kinds
+  assert kinds['copy-start'] == [1, 8192, 24580]
+  assert kinds['slice-done'] == [2, 0, 8192]
+  assert kinds['custom-call:ConcatBitcast'] == [1, 0, 0]
+  assert kinds['fusion:kOutput'] == [3, 256 + 256 + 8448, 3 * 8448]
