@@ -1163,9 +1163,95 @@ class Runner:
     for b in (b for b in s.batches if b > 1 and ks(b)):
       self.measure_calls(act, b, ks(b))
       self.measure_drafters([self.main], b)  # c at batch b
+    self.tree_levels()
     self.set_gammas()
+    self.dump_programs()
     self.result['phases']['p1']['not_measured'] = list(
         self.spec.profile_gaps)
+
+  def tree_levels(self) -> None:
+    """One level of the first drafter's token trees beam:8,4,12/64 and
+    beam:4,2,8 at batch 1 (`measure.tree_level_time`: the mean over each
+    tree's levels, compiled here), and over t(1): P1's `tree_levels`."""
+    d, task, start = self.main, self.tasks[0], time.perf_counter()
+    out = self.result['phases']['p1'].setdefault('tree_levels', {})
+    if not isinstance(d.drafter, drafters_lib.T5Drafter):
+      out['not_measured'] = f'the first drafter {d.name} is no T5 drafter'
+      return
+    t1 = self.t_ms[self.act, 1][1]
+    for spec in ('beam:8,4,12/64', 'beam:4,2,8'):
+      tree = drafters_lib.TreeDrafter(d.drafter, shape_lib.parse(spec))
+      ms = 1e3 * measure.tree_level_time(
+          tree, d.params[task], self.x(task, 1), repeats=self.s.cost_repeats,
+          context=self.s.context, jit_setup=True,
+          target_params=self.targets[self.act][1])
+      out[spec] = dict(drafter=d.name, level_ms=ms, over_t1=ms / t1,
+                       levels=tree.shape.depth - 1,
+                       fed=[len(f) for f in tree.shape.fed])
+    self.clock.note('time tree levels, batch 1', time.perf_counter() - start,
+                    kind='tree_levels', units=2)
+
+  def dump_programs(self) -> None:
+    """XLA's dump of t(1), the chain (the first drafter at its greedy
+    gamma) and a token tree (beam:8,4,12/64, or the run's first), each
+    compiled again here with `--xla_dump_to`: per program the thunk
+    sequence (`*thunk_sequence_after_thunk_passes.txt`, what the runtime
+    launches; a GPU's only) and the optimized HLO, in one
+    `<stem>_xla_dump.tar.xz` in the output folder (P1's `xla_dump` says
+    what it holds, or why there is none)."""
+    task, d, act = self.tasks[0], self.main, self.act
+    keys = {'t1': ('call', act, 1, 1)}
+    if self.gamma.get((task, d.name, 0.0)):
+      keys['chain'] = ('spec', act, d.name, 1, self.gamma[task, d.name, 0.0],
+                       0.0)
+    trees = device_plan.tree_keys(self.s, d.name, act)
+    if trees:
+      keys['tree'] = next((k for k in trees if k[2].endswith(
+          'beam:8,4,12/64')), trees[0])
+    record = self.result['phases']['p1']['xla_dump'] = dict(
+        programs={n: aot.program_name(k) for n, k in keys.items()},
+        file=None)
+    per = max((x for x in (device_plan.compile_seconds(r) for r in (
+        self.result, self.rates_from) if r) if x), default=30.0)
+    if not self.clock.fits(2 * per, 'XLA dump of t(1), the chain, a tree'):
+      record['why_none'] = 'the time budget'
+      return
+    platform = jax.devices()[0].platform
+    with tempfile.TemporaryDirectory() as tmp:
+      tmp = pathlib.Path(tmp)
+
+      def dump(name, key):
+        # An option in jax's cache key (its dump options are not), so that
+        # its persistent cache cannot serve a compile that dumps nothing;
+        # it changes only how MLIR would be dumped.
+        try:
+          self.lowering(key)().compile(compiler_options=dict(
+              xla_dump_to=str(tmp / 'xla' / name), xla_dump_hlo_as_text=True,
+              xla_dump_enable_mlir_pretty_form=True))
+        except Exception as e:  # pylint: disable=broad-except
+          return f'{type(e).__name__}: {e}'
+        return None
+
+      errors = self.pool.run('XLA dump: compile t(1), the chain, a tree', {
+          n: functools.partial(dump, n, k) for n, k in keys.items()}, 'dump')
+      kept = tmp / 'kept'
+      for name in keys:
+        for f in sorted((tmp / 'xla' / name).glob('*.jit_*')):
+          if f.name.endswith(('thunk_sequence_after_thunk_passes.txt',
+                              'after_optimizations.txt')):
+            (kept / name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, kept / name / f.name)
+      record['files'] = {n: sorted(p.name for p in (kept / n).glob('*'))
+                         for n in keys if (kept / n).is_dir()}
+      record['errors'] = {n: e for n, e in errors.items() if e}
+      if not any('thunk_sequence' in f for fs in record['files'].values()
+                 for f in fs):
+        record['note'] = (f'no thunk sequence: XLA writes one on a GPU; '
+                          f'this run is on {platform}')
+      if record['files']:
+        archive = shutil.make_archive(
+            str(self.out_dir / f'{self.stem.name}_xla_dump'), 'xztar', kept)
+        record['file'] = pathlib.Path(archive).name
 
   def p2(self) -> None:
     """Table 2 at batch 1: both temperatures, every task and drafter."""

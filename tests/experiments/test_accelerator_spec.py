@@ -25,6 +25,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -193,6 +194,38 @@ def test_smoke_costs_floor_and_drafters(smoke):
   assert set(result['drafters']) == names
   for d in result['drafters'].values():
     assert d['c']['1'] >= 0 and d['t_draft_ms']['1'] >= 0
+
+
+def test_smoke_p1_times_tree_levels_and_keeps_the_xla_dump(smoke):
+  """P1 times one level of two token trees (`measure.tree_level_time`,
+  the mean over their levels) and keeps XLA's dump of t(1), the chain and
+  a tree as compiled here, in one file; a CPU writes no thunk sequence,
+  and the record says so."""
+  _, out, result = smoke
+  p1 = result['phases']['p1']
+  t1 = result['costs']['bfloat16']['1']['t_ms']['1']
+  levels = p1['tree_levels']
+  assert sorted(levels) == ['beam:4,2,8', 'beam:8,4,12/64']
+  for spec, n, fed in (('beam:8,4,12/64', 11, 4), ('beam:4,2,8', 7, 2)):
+    x = levels[spec]
+    assert x['drafter'] == result['main_drafter'] and x['levels'] == n
+    assert x['fed'] == [fed] * n and x['level_ms'] > 0
+    assert x['over_t1'] == pytest.approx(x['level_ms'] / t1)
+  dump = p1['xla_dump']
+  assert dump['errors'] == {}
+  assert dump['programs']['t1'] == aot.program_name(('call', 'bfloat16', 1, 1))
+  assert dump['programs']['tree'] == aot.program_name(device_plan.tree_keys(
+      accelerator.SMOKE, result['main_drafter'], 'bfloat16')[0])
+  assert sorted(dump['files']) == ['chain', 't1', 'tree']
+  assert all(len(files) == 1 and files[0].endswith('after_optimizations.txt')
+             for files in dump['files'].values())
+  assert dump['note'].startswith('no thunk sequence')  # on a CPU
+  with tarfile.open(out / dump['file']) as tar:
+    assert sorted(os.path.normpath(n) for n in tar.getnames()) == sorted(
+        ['.'] + list(dump['files']) + [f'{n}/{f}' for n, files in
+                                       dump['files'].items() for f in files])
+  # What a lent device machine sends back: at most 8 files.
+  assert len(list(out.iterdir())) <= 8
 
 
 def test_smoke_table2_rows(smoke):
