@@ -120,10 +120,12 @@ def loop_time(run: Callable[[int], object], n: int, repeats: int,
   return median_time(lambda: run(n), repeats) / n
 
 
-@jax.jit
-def copy_passes(x, n_copies):
+def _copy_passes(x, n_copies):
   """n_copies passes over x, each reading and writing every byte once."""
   return jax.lax.fori_loop(0, n_copies, lambda _, y: y + 1.0, x)
+
+
+copy_passes = scaffold.OptionedJit(_copy_passes)
 
 
 def bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
@@ -146,13 +148,15 @@ def bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
               '(each pass reads and writes it once)')
 
 
-@jax.jit
-def _streamed_products(w, v, n_products):
+def _products(w, v, n_products):
   """n_products vector-matrix products `(v + i) @ w`: each reads all of w."""
   def body(i, acc):
     return acc + (v + i.astype(v.dtype)) @ w  # depends on i: not hoisted
   return jax.lax.fori_loop(0, n_products, body,
                            jnp.zeros((1, w.shape[1]), v.dtype))
+
+
+_streamed_products = scaffold.OptionedJit(_products)
 
 
 def read_bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
@@ -286,15 +290,26 @@ def context_cache(model, params, encoder_input_tokens, context: int,
     The model's cache after `context` tokens (its `ShapeDtypeStruct`s when
     given shapes).
   """
-  def build(params, encoder_input_tokens):
-    batch = encoder_input_tokens.shape[0]
-    cache = model.init_cache(params, encoder_input_tokens, max_length)
-    return model.extend(params, jnp.full((batch, context), 5, jnp.int32),
-                        cache)[1]
   if _abstract(params, encoder_input_tokens):
-    return jax.eval_shape(build, params, encoder_input_tokens)
-  return (jax.jit(build) if jit_setup else build)(
-      params, jnp.asarray(encoder_input_tokens, jnp.int32))
+    return jax.eval_shape(
+        lambda p, e: _context_cache(model, p, e, context, max_length), params,
+        encoder_input_tokens)
+  return (_CONTEXT_CACHE if jit_setup else _context_cache)(
+      model, params, jnp.asarray(encoder_input_tokens, jnp.int32), context,
+      max_length)
+
+
+def _context_cache(model, params, encoder_input_tokens, context: int,
+                   max_length: int):
+  """`context_cache`'s body."""
+  batch = encoder_input_tokens.shape[0]
+  cache = model.init_cache(params, encoder_input_tokens, max_length)
+  return model.extend(params, jnp.full((batch, context), 5, jnp.int32),
+                      cache)[1]
+
+
+_CONTEXT_CACHE = scaffold.OptionedJit(_context_cache,
+                                      static_argnums=(0, 3, 4))
 
 
 def _abstract(*trees) -> bool:
@@ -420,23 +435,32 @@ def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
   """(state, sequences, lengths, rng) of `drafter_token_time`."""
   batch = encoder_input_tokens.shape[0]
   buffer = context + gamma + 8
-
-  def build(params, encoder_input_tokens):
-    state = drafter.init(params, encoder_input_tokens, buffer)
-    sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
-    # All but the last committed token consumed, like after an iteration
-    # with a rejection; propose then feeds the last one.
-    state = drafter.prefill(params, state, sequences[:, :context],
-                            jnp.full((batch,), context, jnp.int32))
-    return state, sequences
-
   if _abstract(params, encoder_input_tokens):
-    state, sequences = jax.eval_shape(build, params, encoder_input_tokens)
+    state, sequences = jax.eval_shape(
+        lambda p, e: _proposal_state(drafter, p, e, context, buffer), params,
+        encoder_input_tokens)
   else:
-    state, sequences = (jax.jit(build) if jit_setup else build)(
-        params, encoder_input_tokens)
+    state, sequences = (_PROPOSAL_STATE if jit_setup else _proposal_state)(
+        drafter, params, encoder_input_tokens, context, buffer)
   lengths = jnp.full((batch,), context, jnp.int32)
   return state, sequences, lengths, jax.random.key(0)
+
+
+def _proposal_state(drafter, params, encoder_input_tokens, context: int,
+                    buffer: int):
+  """The drafter's state after `context` committed tokens, all but the
+  last consumed (as after an iteration with a rejection: propose then
+  feeds the last one), and the sequences."""
+  batch = encoder_input_tokens.shape[0]
+  state = drafter.init(params, encoder_input_tokens, buffer)
+  sequences = jnp.zeros((batch, buffer), jnp.int32).at[:, 1:context].set(5)
+  state = drafter.prefill(params, state, sequences[:, :context],
+                          jnp.full((batch,), context, jnp.int32))
+  return state, sequences
+
+
+_PROPOSAL_STATE = scaffold.OptionedJit(_proposal_state,
+                                       static_argnums=(0, 3, 4))
 
 
 def lower_drafter_token_time(drafter, params, encoder_input_tokens,
@@ -457,7 +481,7 @@ def lower_drafter_token_time(drafter, params, encoder_input_tokens,
   state, sequences, lengths, rng = place(_proposal_inputs(
       drafter, jax.tree_util.tree_map(_struct, params),
       jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
-  return _PROPOSALS.entry((params, target_params)).lower(
+  return _PROPOSALS.entry_jit((), (params, target_params)).lower(
       drafter, params, state, sequences, gamma, 1, lengths, rng)
 
 

@@ -33,6 +33,7 @@ import hashlib
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import jax
+import numpy as np
 
 from specdec_jax import network
 
@@ -69,24 +70,25 @@ def _traced(args) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
 
 
-# Gives a program's executable from its lowering and `fingerprint`: see
+# Gives a program's executable from its trace and `fingerprint`: see
 # `programs_from`.
-Provider = Callable[[jax.stages.Lowered, str], jax.stages.Compiled]
+Provider = Callable[[jax.stages.Traced, str], jax.stages.Compiled]
 _PROVIDER: Dict[str, Optional[Provider]] = {'now': None}
 
 
 @contextlib.contextmanager
 def programs_from(provider: Provider) -> Iterator[None]:
-  """Within the block, each program `run` (every decode loop) needs is
-  taken from `provider` instead of jax's own compile.
+  """Within the block, each program `run` (every decode loop, and the
+  timing loops built on `OptionedJit`) needs is taken from `provider`
+  instead of jax's own compile.
 
-  `provider(lowered, fingerprint)` returns the executable of a lowered
-  program: e.g. one deserialized from a store of programs compiled ahead
-  of time for this device, found by its fingerprint (`fingerprint`), or
-  `lowered.compile()`. It is asked once per program and argument signature;
-  the executable is kept and called with the loop's dynamic arguments. A
-  decode traced inside a caller's own jit is part of the caller's program
-  and asks nothing.
+  `provider(traced, fingerprint)` returns the executable of a traced
+  program (`jax.stages.Traced`: `.lower().compile()` compiles it here):
+  e.g. one deserialized from a store of programs compiled ahead of time for
+  this device, found by `fingerprint`. It is asked once per program and
+  argument signature; the executable is kept and called with the
+  program's dynamic arguments. A decode traced inside a caller's own jit
+  is part of the caller's program and asks nothing.
   """
   before, _PROVIDER['now'] = _PROVIDER['now'], provider
   try:
@@ -95,13 +97,18 @@ def programs_from(provider: Provider) -> Iterator[None]:
     _PROVIDER['now'] = before
 
 
-def fingerprint(lowered: jax.stages.Lowered,
+def fingerprint(traced: jax.stages.Traced,
                 options: Tuple[Tuple[str, Any], ...]) -> str:
-  """A lowered program's identity across processes and machines: the
-  sha256 of its StableHLO text (the loop, its shapes and shardings) and
-  of the XLA options it compiles with (`compiler_options` of its
-  arguments; `identity` gives both)."""
-  digest = hashlib.sha256(lowered.as_text().encode())
+  """A traced program's identity across processes and machines: the
+  sha256 of its jaxpr (the computation and its argument types, not where
+  the arguments live: the same for a program traced on a device's arrays
+  and on shape structs of a compile-only device), its constants and the
+  XLA options it compiles with (`compiler_options` of its arguments;
+  `identity` gives all)."""
+  digest = hashlib.sha256(str(traced.jaxpr).encode())
+  for const in traced.jaxpr.consts:
+    value = np.asarray(const)
+    digest.update(f'{value.dtype}{value.shape}'.encode() + value.tobytes())
   digest.update(repr(tuple(sorted(options))).encode())
   return 'sha256:' + digest.hexdigest()
 
@@ -129,31 +136,55 @@ class OptionedJit:
     self._entries: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
     self._provided: Dict[Tuple[Any, ...], jax.stages.Compiled] = {}
 
-  def entry(self, args):
-    """The jitted entry for `args` (arrays or shape structs)."""
-    options = () if _traced(args) else compiler_options(args)
+  def jitted(self, options: Tuple[Tuple[str, Any], ...]):
+    """The `jax.jit` of the function compiled with `options`."""
     if options not in self._entries:
       self._entries[options] = jax.jit(
           self.fun, static_argnums=self.static_argnums,
           compiler_options=dict(options) or None)
     return self._entries[options]
 
+  def entry(self, args):
+    """What runs calls whose compiler options `args` give (arrays or shape
+    structs; a timing loop picks it once, outside the timed calls): the
+    jitted function, or within `programs_from` the provider's programs."""
+    options = () if _traced(args) else compiler_options(args)
+    if _PROVIDER['now'] is None or _traced(args):
+      return self.jitted(options)
+    return functools.partial(self._provided_call, options)
+
   def __call__(self, *args):
+    return self.entry(args)(*args)
+
+  def _provided_call(self, options, *args):
+    """A call through the provider's executable of its program."""
     provider = _PROVIDER['now']
     if provider is None or _traced(args):
-      return self.entry(args)(*args)
+      return self.jitted(options)(*args)
     static = tuple(args[i] for i in self.static_argnums)
     dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
     leaves, tree = jax.tree.flatten(dynamic)
-    key = (provider, static, tree, tuple(map(_signature, leaves)))
+    key = (provider, options, static, tree, tuple(map(_signature, leaves)))
     if key not in self._provided:
-      lowered = self.lower(*args)
-      self._provided[key] = provider(
-          lowered, fingerprint(lowered, compiler_options(args)))
+      traced = self.jitted(options).trace(*args)
+      self._provided[key] = provider(traced, fingerprint(traced, options))
     return self._provided[key](*dynamic)
 
   def lower(self, *args) -> jax.stages.Lowered:
-    return self.entry(args).lower(*args)
+    return self.entry_jit(args).lower(*args)
+
+  def entry_jit(self, args, options_of=None):
+    """The jitted function for `args` (options: of `options_of`, default
+    of `args`, as `entry(options_of)` runs them)."""
+    source = args if options_of is None else options_of
+    return self.jitted(() if _traced(source) else compiler_options(source))
+
+  def identity(self, *args, options_of=None) -> str:
+    """The fingerprint a provider is asked for this call's program
+    (`options_of`: what the caller's `entry` was given, default `args`)."""
+    source = args if options_of is None else options_of
+    options = () if _traced(source) else compiler_options(source)
+    return fingerprint(self.jitted(options).trace(*args), options)
 
   def cache_size(self) -> int:
     """Programs compiled so far, over every set of options."""
@@ -192,7 +223,7 @@ def lower(loop, *args) -> jax.stages.Lowered:
 def identity(loop, *args) -> str:
   """The fingerprint `run`'s program for `(loop, *args)` is asked for
   (`programs_from`); arguments may be `jax.ShapeDtypeStruct`s."""
-  return fingerprint(lower(loop, *args), compiler_options(args))
+  return run.identity(loop, *args)
 
 
 Prepare = Callable[..., Tuple[Any, tuple]]

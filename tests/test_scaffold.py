@@ -17,6 +17,7 @@ import pytest
 
 from specdec_jax import compiled
 from specdec_jax import drafters
+from specdec_jax import measure
 from specdec_jax import models
 from specdec_jax import network
 from specdec_jax import programs
@@ -128,11 +129,10 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
   enc, _ = ragged_greedy
   asked = []
 
-  def provider(lowered, fingerprint):
+  def provider(traced, fingerprint):
     asked.append(fingerprint)
-
     return serialize_executable.deserialize_and_load(
-        *serialize_executable.serialize(lowered.compile()))
+        *serialize_executable.serialize(traced.lower().compile()))
 
   def program(gamma):
     return programs.Program(programs.ProgramSpec(
@@ -150,5 +150,19 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
   assert all(f.startswith('sha256:') for f in asked)
   for res in (out, again, other):
     np.testing.assert_array_equal(res.tokens, ref.tokens)
-  # The program's identity, built anew, is the one the provider was asked.
+  # The program's identity, built anew, is the one the provider was asked,
+  # also from shape structs placed on a device (a compile-only one's, for
+  # a build ahead of time), whose lowering differs in its annotations.
   assert program(2).identity(params, params, enc, rng) == asked[0]
+  placed = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      np.shape(x), x.dtype, sharding=placed), (params, params, enc, rng))
+  assert program(2).identity(*shapes) == asked[0]
+  # The timing loops of a profile are programs of the same seam: the
+  # context cache and each k's loop of calls, asked once each.
+  asked.clear()
+  with scaffold.programs_from(provider):
+    for _ in range(2):
+      measure.cost_curve(model, params, enc[:1], [2], repeats=1, n_calls=2,
+                         context=4, jit_setup=True)
+  assert len(asked) == len(set(asked)) == 3
