@@ -458,14 +458,16 @@ def _shared_baseline(lanes: Sequence[Lane], refill_sizes) -> programs.Program:
   return base
 
 
-def _unit_calls(lanes: Sequence[Lane], base: programs.Program, inputs, rng,
-                refill_sizes) -> Dict[Any, Any]:
-  """A unit's decodes: {'baseline': call, lane index: call}; a lane
-  without speculation (gamma 0) decodes the baseline again, as a
-  speculative result that drafted nothing."""
+def _unit_calls(lanes: Sequence[Lane], active: Sequence[int],
+                base: programs.Program, inputs, rng, refill_sizes
+                ) -> Dict[Any, Any]:
+  """A unit's decodes: {'baseline': call, lane index: call} for the
+  `active` lanes; a lane without speculation (gamma 0) decodes the
+  baseline again, as a speculative result that drafted nothing."""
   params = lanes[0].loaded.target_params
   calls = {'baseline': lambda: base(params, inputs, rng)}
-  for i, lane in enumerate(lanes):
+  for i in active:
+    lane = lanes[i]
     spec = lane.programs(refill_sizes)[1]
     calls[i] = programs.calls(base, spec, params, lane.draft_params, inputs,
                               rng)['speculative']
@@ -490,9 +492,9 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   A unit is a batch, or streamed (`BatchSpec.streamed`) a chunk of
   `stream_chunk` batches' worth of examples decoded by the streaming loops
   (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
-  an ended row refilled inside the loop). A unit is decoded where a lane
-  lacks records of it; rows a lane has (`Lane.done`: a unit cut short by a
-  crash) are not recorded again. With `share` (index, count) only units u
+  an ended row refilled inside the loop). A unit is decoded by the lanes
+  that lack records of it (with the baseline); rows a lane has
+  (`Lane.done`: a unit cut short by a crash) are not recorded again. With `share` (index, count) only units u
   with u % count == index are decoded (a process's share); with a
   `partitioner` each unit's inputs are placed on its mesh (batch over
   'data'; a stream's refills then encode a full slot batch, which the mesh
@@ -526,13 +528,14 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
                                   desc='eval', unit='chunk' if
                                   setup.batch.streamed else 'batch'):
     batch = examples[start:start + n]
-    if u % share[1] != share[0] or all(
-        i in lane.done for lane in lanes for i, *_ in batch):
+    active = [i for i, lane in enumerate(lanes)  # lanes lacking a record
+              if any(j not in lane.done for j, *_ in batch)]
+    if u % share[1] != share[0] or not active:
       continue
     inputs = place(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
     base = _shared_baseline(lanes, refill_sizes)
-    for lane in lanes:
+    for lane in (lanes[i] for i in active):
       if lane.choosing('tree'):  # on the first examples' baseline outputs
         lane.choice = _tree_choice(lane.loaded, *_baseline_outputs(
             setup, base, lane.loaded.target_params, all_inputs, place, rng),
@@ -541,22 +544,22 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
         lane.gamma = lane.choice['gamma']
     shapes = np.shape(inputs)
     keys = lambda: {'baseline': (shapes, base.spec), **{
-        i: (shapes, i, lane.gamma, str(jax.tree_util.tree_map(
-            np.shape, lane.draft_params))) for i, lane in enumerate(lanes)}}
-    calls = _unit_calls(lanes, base, inputs, rng, refill_sizes)
+        i: (shapes, i, lanes[i].gamma, str(jax.tree_util.tree_map(
+            np.shape, lanes[i].draft_params))) for i in active}}
+    calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
     first = _warm(calls, keys(), warmed)
-    for i, lane in enumerate(lanes):
+    for i, lane in ((i, lanes[i]) for i in active):
       if lane.choosing('gamma'):  # on the warm-up's decode
         lane.choice = _profile_choice(lane.loaded, inputs, first[i],
                                       lane.choice_file)
         lane.gamma = lane.choice['gamma']
     base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
-    calls = _unit_calls(lanes, base, inputs, rng, refill_sizes)
+    calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
     _warm(calls, keys(), warmed)  # what the choices changed
     res, times = measure.time_alternating(calls, timing_repeats,
                                           reverse=u % 2 == 1)
-    out = []
-    for i, lane in enumerate(lanes):
+    out = [[] for _ in lanes]
+    for i, lane in ((i, lanes[i]) for i in active):
       records = _records(lane.loaded, u, batch, lane.done, inputs,
                          res['baseline'], res[i], {
                              'baseline': times['baseline'],
@@ -564,5 +567,5 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
       if lane.loaded.store is not None and records:
         lane.draft_params = _learn(lane.loaded, batch, inputs, res[i],
                                    lane.draft_params, lane.commit)
-      out.append(records)
+      out[i] = records
     yield out

@@ -5,9 +5,12 @@ A benchmark is a `Spec`: data naming its cells. A `Cell` is the eval job's
 (`reproduce.eval_setup`: built as a value from the model set's configs
 and checkpoints and `task_table`, as its gin files give it) with changes (gamma, temperature, batch, batching, ...), plus
 named extra measurements (`MEASUREMENTS`). `run` decodes every cell with
-`eval.evaluate` into its own folder under the work folder: the same unit
+the eval job into its own folder under the work folder: the same unit
 loop, timing (both ways, interleaved, medians), records, resumption and
 summary as the job, so a cell's figure IS the job's figure for that setup.
+Cells whose setups share a baseline (`groups`: they differ in their
+drafting) are decoded together (`eval.evaluate_together`): one baseline
+decode a unit, timed alternately with every cell's speculative decode.
 A rerun resumes: finished cells are read back (nothing decoded again), a
 cut-off cell continues where it stopped, measurements are kept in files.
 After each cell the spec's results file is rewritten (`table.write`), so an
@@ -283,30 +286,52 @@ def work_folder(spec: Spec, options: Options) -> pathlib.Path:
       options.models)
 
 
-def run_cell(models, cell: Cell, options: Options, folder: pathlib.Path,
-             spec_measurements=None, cache: Optional[loading.LoadCache] = None,
-             decode: bool = True
-             ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-  """Decodes one cell with the eval job (resuming its folder).
+def groups(models, cells: Sequence[Cell], options: Options
+           ) -> List[List[Cell]]:
+  """The cells decoded together: those whose setups share one baseline
+  (`EvalSetup.baseline_fields`), in the order of each group's first
+  cell."""
+  out: Dict[str, List[Cell]] = {}
+  for cell in cells:
+    try:
+      key = json.dumps(cell_setup(models, cell, options).baseline_fields(),
+                       sort_keys=True, default=str)
+    except ValueError:  # fails alone, when it runs (`run` records why)
+      key = f'cell {cell.name}'
+    out.setdefault(key, []).append(cell)
+  return list(out.values())
+
+
+def run_cells(models, group: Sequence[Cell], options: Options,
+              folder: pathlib.Path, spec_measurements=None,
+              cache: Optional[loading.LoadCache] = None, decode: bool = True
+              ) -> List[Tuple[Optional[Dict[str, Any]], Dict[str, Any]]]:
+  """Decodes cells that share a baseline with the eval job, each into its
+  own folder (resuming it): one baseline decode a unit, timed alternately
+  with every cell's speculative decode (`eval.evaluate_together`).
 
   `cache`: the run's `loading.LoadCache` (models and examples loaded by an
-  earlier cell are not loaded again), or None. `decode` False: the cell's
+  earlier cell are not loaded again), or None. `decode` False: the cells'
   measurements only (`Spec.decode`).
 
   Returns:
-    (the job's summary, or None without a decode; {measurement name:
-    value}).
+    Per cell: (the job's summary, or None without a decode; {measurement
+    name: value}).
   """
-  setup = cell_setup(models, cell, options)
-  out = folder / 'cells' / cell.name
-  summary = None if not decode else eval_lib.evaluate(
-      setup, str(out), timing_repeats=options.timing_repeats,
-      config_str=setup.describe(), cache=cache)
-  load = functools.cache(functools.partial(built, setup, cache))  # once
-  values = {name: measured(name, setup, folder / 'measurements',
-                          spec_measurements, load)
-            for name in cell.measure}
-  return summary, values
+  setups = [cell_setup(models, cell, options) for cell in group]
+  summaries = [None] * len(group)
+  if decode:
+    summaries = eval_lib.evaluate_together(
+        [(setup, str(folder / 'cells' / cell.name), setup.describe())
+         for cell, setup in zip(group, setups)],
+        timing_repeats=options.timing_repeats, cache=cache)
+  out = []
+  for cell, setup, summary in zip(group, setups, summaries):
+    load = functools.cache(functools.partial(built, setup, cache))  # once
+    out.append((summary, {name: measured(name, setup, folder / 'measurements',
+                                         spec_measurements, load)
+                          for name in cell.measure}))
+  return out
 
 
 def run(spec: Spec, options: Options, *, profile=None, command: str = '',
@@ -337,24 +362,32 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
   clock = budget.Clock(options.max_minutes)
   cache = loading.LoadCache()  # the cells share their models and examples
   result = table.new_result(spec, options, command)
-  for i, cell in enumerate(cells):
+  order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
+  plan_groups = groups(models, cells, options)
+  for i, group in enumerate(plan_groups):
     if clock.left() <= 0:
-      result['skipped'] += [c.name for c in cells[i:]]
-      print(f'time budget spent: {len(cells) - i} cells skipped', flush=True)
+      skipped = [c.name for g in plan_groups[i:] for c in g]
+      result['skipped'] += skipped
+      print(f'time budget spent: {len(skipped)} cells skipped', flush=True)
       break
     start = time.perf_counter()
     try:
-      summary, values = run_cell(models, cell, options, folder,
-                                 spec.measurements, cache, spec.decode)
+      done = run_cells(models, group, options, folder, spec.measurements,
+                       cache, spec.decode)
     except Exception as e:  # pylint: disable=broad-except
       # Recorded with its error; the other cells still run (the job wrote
-      # what the cell finished into its folder: a rerun resumes it).
-      result['failed'].append({'cell': cell.name, **cell.fields(),
-                               'error': f'{type(e).__name__}: {e}'})
-      print(f'cell {cell.name} failed: {e!r}', flush=True)
+      # what the cells finished into their folders: a rerun resumes them).
+      result['failed'] += [{'cell': cell.name, **cell.fields(),
+                            'error': f'{type(e).__name__}: {e}'}
+                           for cell in group]
+      print(f"cells {', '.join(c.name for c in group)} failed: {e!r}",
+            flush=True)
     else:
-      clock.note(cell.name, time.perf_counter() - start, kind='cell')
-      result['rows'].append(table.row_of(cell, summary, values))
+      clock.note(', '.join(c.name for c in group),
+                 time.perf_counter() - start, kind='cell', units=len(group))
+      result['rows'] += [table.row_of(cell, summary, values)
+                         for cell, (summary, values) in zip(group, done)]
+      result['rows'].sort(key=lambda row: order[row['cell']])
     table.write(spec, table.repredict(spec, result, profile), out)
   result['time_log'] = clock.log
   if spec.finish is not None:

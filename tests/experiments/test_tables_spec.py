@@ -75,6 +75,11 @@ def test_table3_spec_alpha_next_to_the_paper(tmp_path):
         '-' if ref is None else f"{ref[int(r['temperature'])]:.2f}")
     if r['temperature'] == 1:
       assert table.cell(r, on_profile) == '-'
+  # The drafters of a temperature share one baseline decode (the sweep's
+  # groups): the same baseline figure in both rows, cells listed in order.
+  for t in (0.0, 1.0):
+    lookup, t5 = [r for r in rows if r['temperature'] == t]
+    assert lookup['baseline_tokens_per_s'] == t5['baseline_tokens_per_s']
   small = rows[2]
   assert table.cell(small, paper) == '0.75'
   if profile is not None:
