@@ -9,6 +9,8 @@ setuptools.setup(
         'Exact speculative decoding (Leviathan et al. 2023) for T5X T5 '
         'checkpoints in JAX/Flax.'
     ),
+    # Not tools/ (a budgeted run on a borrowed accelerator): it runs from
+    # the repository root, `python -m tools.accelerator`.
     packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*']),
     # The shipped mini models and test slices (specdec_jax/shipped.py).
     package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*',

@@ -7,7 +7,7 @@ and c = t_draft / t(1) of each drafter it timed. It is READ from a measured
 run's JSON, never typed by hand:
 
 - `from_accelerator_run`: the accelerator run's json (`python -m
-  specdec_jax.experiments run accelerator`: a T5 1.1-XXL-cost target on a
+  tools.accelerator`, beside the package: a T5 1.1-XXL-cost target on a
   GPU / TPU);
 - `from_costs_run`: scripts/benchmark_costs.py's json (this CPU).
 
@@ -180,7 +180,7 @@ class HardwareProfile:
 
 def from_accelerator_run(run: Mapping[str, Any],
                          source: str) -> HardwareProfile:
-  """The profile of an accelerator run (experiments.device_run: its json).
+  """The profile of an accelerator run (tools/accelerator: its json).
 
   cost(k) per batch from the run's bfloat16 costs (the activations the
   table ran with); c per batch of every drafter it timed; launch_ms the

@@ -61,10 +61,16 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional,
 
 import numpy as np
 
-from specdec_jax.bench import aot
 from specdec_jax.bench import report
 
 ESTIMATE = 'ESTIMATE (device model fitted to measured iterations)'
+# XLA picks a GPU's GEMM kernels by timing candidates on the device
+# (autotuning); a compile-only device cannot, and takes XLA's defaults: for
+# the T5 1.1-XXL-cost decoder step Triton GEMM fusions at one small tile,
+# which ran t(1) 2.5x slower on an H100 than the program compiled there.
+# So a GPU program compiled without the device's autotune results leaves
+# its GEMMs to cuBLAS, whose own heuristic picks each kernel when it runs.
+UNTUNED_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / 'profiles' / (
     'iterations')
 
@@ -1104,7 +1110,7 @@ def compile_iteration(lowered, platform: str,
   """Compiles `lowered` (a `jax.stages.Lowered` for a compile-only target)
   and counts one iteration of its main loop. A GPU program is compiled as
   the project's builds compile without autotune results (cuBLAS GEMMs,
-  `bench.aot.UNTUNED_OPTIONS`) unless `options` says otherwise."""
+  `UNTUNED_OPTIONS`) unless `options` says otherwise."""
   if platform != 'gpu':
     compiled = lowered.compile(dict(options or {}))
     cost = compiled.cost_analysis()
@@ -1113,7 +1119,7 @@ def compile_iteration(lowered, platform: str,
     return hlo_iteration(compiled.as_text(), platform,
                          (cost or {}).get('bytes accessed'))
   with tempfile.TemporaryDirectory() as folder:
-    opts = dict(aot.UNTUNED_OPTIONS, **(options or {}))
+    opts = dict(UNTUNED_OPTIONS, **(options or {}))
     opts.update(xla_dump_to=folder, xla_dump_hlo_as_text=True)
     lowered.compile(opts)
     texts = read_dump(folder)

@@ -4,7 +4,7 @@ README.md is the entry page and docs/ holds the rest; both name scripts, gin
 files, modules, notebooks and results that move as the code is restructured.
 A newcomer who copies a command from them must find the file it names, and a
 link must lead somewhere. So, for README.md, every docs/*.md and the READMEs
-of gin_configs/ and notebooks/:
+of gin_configs/, notebooks/ and tools/accelerator/:
 
 - every relative markdown link resolves to a file or folder of the
   repository, and a `#anchor` into a markdown page names one of its headings
@@ -13,7 +13,7 @@ of gin_configs/ and notebooks/:
   `gin_configs/<...>.gin`, `--gin_file=<...>.gin` (resolved against
   gin_configs/ as the jobs resolve it), a relative `<dir>/<name>.gin` in
   inline code, `notebooks/<...>.ipynb`, `specdec_jax/<...>` (modules,
-  folders, assets), `tests/...`, `results/...`, `docs/...`,
+  folders, assets), `tests/...`, `results/...`, `docs/...`, `tools/...`,
   `drafters/...` (package-relative), `python -m <module>`, and
   `shipped:<name>` (a folder of `specdec_jax/assets/mini/`). Brace groups
   (`{en_de,synopsis}`) are expanded; a part with a placeholder (`<task>`,
@@ -44,7 +44,8 @@ def doc_files():
   """The markdown pages this test reads (README.md first)."""
   files = [ROOT / 'README.md']
   files += sorted(DOCS_DIR.glob('*.md'))
-  files += [ROOT / 'gin_configs' / 'README.md', ROOT / 'notebooks' / 'README.md']
+  files += [ROOT / 'gin_configs' / 'README.md', ROOT / 'notebooks' / 'README.md',
+            ROOT / 'tools' / 'accelerator' / 'README.md']
   return [f for f in files if f.exists()]
 
 
@@ -112,7 +113,7 @@ def link_problems(text: str, where: pathlib.Path):
 
 
 ROOTED = ('scripts', 'specdec_jax', 'gin_configs', 'notebooks', 'tests',
-          'results', 'docs')
+          'results', 'docs', 'tools')
 PACKAGE_RELATIVE = ('drafters', 'checkpoints', 'experiments')
 OUTPUT_FLAGS = re.compile(r'--(?:out|out_dir|export_dir|work_dir)(?:=|\s+)\S+')
 TOKEN = re.compile(r'[^\s`\'"()\[\]|]+')
@@ -124,7 +125,7 @@ PACKAGE_PATH = re.compile(
     rf'(?<![\w./~-])((?:{"|".join(PACKAGE_RELATIVE)})/{PATH_CHARS}*)')
 GIN_FILE = re.compile(rf'--gin_file=({PATH_CHARS}+\.gin)$')
 INLINE_GIN = re.compile(rf'`({PATH_CHARS}+/{PATH_CHARS}+\.gin)`')
-PYTHON_M = re.compile(r"python3?\s+-m\s+(specdec_jax[\w.]*)")
+PYTHON_M = re.compile(r"python3?\s+-m\s+((?:specdec_jax|tools)\b[\w.]*)")
 SHIPPED = re.compile(r'shipped:([\w][\w/.-]*)')
 
 

@@ -2,7 +2,8 @@
 
 `.importlinter` states the layers (contracts -> core -> drafters -> loading /
 data -> jobs -> experiments), the order inside `specdec_jax.drafters` and
-inside a method folder, and that no package has an import cycle. This test
+inside a method folder, that no package has an import cycle, and that the
+package never imports the box beside it (tools/). This test
 runs `lint-imports` on the tree, so the next upward import or cycle fails CI
 instead of waiting for a review; and it plants an upward import and a cycle
 in a copy of the package to show that the contracts do catch them.
@@ -31,11 +32,13 @@ def lint(root: pathlib.Path) -> subprocess.CompletedProcess:
 
 
 def copy_package(tmp_path: pathlib.Path) -> pathlib.Path:
-  """The package's .py files and the contracts, under tmp_path."""
-  for path in (ROOT / 'specdec_jax').rglob('*.py'):
-    dest = tmp_path / path.relative_to(ROOT)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(path, dest)
+  """The .py files of the package and of the box beside it (tools/), and
+  the contracts, under tmp_path."""
+  for root in ('specdec_jax', 'tools'):
+    for path in (ROOT / root).rglob('*.py'):
+      dest = tmp_path / path.relative_to(ROOT)
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy(path, dest)
   shutil.copy(ROOT / '.importlinter', tmp_path / '.importlinter')
   return tmp_path
 
@@ -56,6 +59,9 @@ def test_the_tree_keeps_every_contract():
     # A cycle inside one layer: spec_stats <-> speculative.
     ('spec_stats.py', 'from specdec_jax import speculative as _cycle',
      'No import cycles'),
+    # The package reaching into the loan's box beside it.
+    ('hardware.py', 'from tools.accelerator import pool as _box',
+     'The package does not import the box'),
 ])
 def test_a_planted_violation_is_caught(tmp_path, module, planted, contract):
   root = copy_package(tmp_path)

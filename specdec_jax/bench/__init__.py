@@ -6,9 +6,7 @@
 - `rows`: decode rows with the baseline and a speculative decoder, the
   measured speed-up, identical counts; statistics only through
   `spec_stats`.
-- `budget`: a wall-clock budget, a compile watch, an ahead-of-time compile
-  pool and the projected wall time of a full run from a measured time log,
-  for runs that must fit a device lease.
+- `budget`: a wall-clock budget and its time log (`Clock`).
 - `report`: one results header, and the json / md / png writers.
 - `flags`: the model / data flags of the scripts (`--target`, `--draft`
   with a config spec for a checkpoint, `--arrays`).

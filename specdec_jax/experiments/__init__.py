@@ -2,8 +2,8 @@
 
 `task_table` (the one task table), `reproduce` (the model sets as the eval
 job's setups), `sweep` (a spec's cells, each decoded by `eval.evaluate`),
-`table` (the rows, the one repredict, the writers), `device_run` (a device
-spec's phases on one accelerator, planned by `device_plan`, written by
-`device_report`), `specs/` (one file per benchmark) and `python -m
-specdec_jax.experiments`. Nothing below the jobs imports this package.
+`table` (the rows, the one repredict, the writers), `specs/` (one file per
+benchmark) and `python -m specdec_jax.experiments`. Nothing below the jobs
+imports this package. A budgeted run on a borrowed accelerator is no part
+of it: tools/accelerator/ at the repository root.
 """

@@ -9,8 +9,6 @@ r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
       --checkpoints en_de_xxl=gs://...,en_de_small=gs://...
   python -m specdec_jax.experiments run table2 --models xxl_cost [--shrink]
   python -m specdec_jax.experiments repredict results/batches/shipped.json
-  python -m specdec_jax.experiments run accelerator [--source shipped]
-      [--smoke --out_dir DIR] [--project] [--aot_build gpu:h100] ...
 
 Every cell of a spec is the eval job on its setup (`sweep`); a rerun
 resumes (the cells' folders are in --work_dir). `--shrink` runs the spec on
@@ -18,9 +16,6 @@ tiny rows (the tests' run; its results go into the work folder unless
 --out is given). `--only CELL` decodes one cell (its name as the results list it).
 `repredict` recomputes every predicted figure of a results file from its
 measured values (nothing is measured) and rewrites its .json / .md.
-A device spec (`specs.DEVICE_SPECS`: accelerator) is no sweep: `run
-accelerator ...` hands every flag after its name to `device_run.main`
-(`run accelerator --help` lists them) and exits with its status.
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ from typing import Optional, Sequence
 from specdec_jax import task_table
 from specdec_jax.bench import flags
 from specdec_jax.bench import report
-from specdec_jax.experiments import device_run
 from specdec_jax.experiments import specs
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
@@ -46,10 +40,7 @@ def parse_args(argv: Sequence[str]):
   sub = p.add_subparsers(dest='command', required=True)
   sub.add_parser('list', help='the specs and their cells')
   r = sub.add_parser('run', help='run (or resume) a spec')
-  r.add_argument(
-      'spec', choices=sorted(specs.SPECS) + sorted(specs.DEVICE_SPECS),
-      help='a sweep spec, or a device spec with flags of its own (run '
-      'accelerator --help)')
+  r.add_argument('spec', choices=sorted(specs.SPECS), help='a spec')
   r.add_argument('--models', default='shipped',
                  choices=list(task_table.MODEL_SETS),
                  help="'shipped': the package's models; 'mini': models "
@@ -87,9 +78,6 @@ def parse_args(argv: Sequence[str]):
 
 def main(argv: Optional[Sequence[str]] = None):
   argv = list(sys.argv[1:] if argv is None else argv)
-  if len(argv) > 1 and argv[0] == 'run' and argv[1] in specs.DEVICE_SPECS:
-    # Before the sweep's flags: a device run parses its own.
-    sys.exit(device_run.main(specs.DEVICE_SPECS[argv[1]], argv[2:]))
   args = parse_args(argv)
   command = ' '.join([PROG] + argv)
   if args.command == 'list':
@@ -97,9 +85,6 @@ def main(argv: Optional[Sequence[str]] = None):
       cells = sweep.plan(spec, sweep.options_of(spec, sweep.Options()))
       print(f'{name}: {spec.title} ({len(cells)} cells on the shipped '
             'models)')
-    for name, spec in sorted(specs.DEVICE_SPECS.items()):
-      print(f'{name}: {spec.title} on one accelerator (a device run: '
-            f'{len(spec.phase_plan)} phases in a time budget)')
     return None
   profile = flags.profile_of(args, optional=True)
   if args.command == 'repredict':

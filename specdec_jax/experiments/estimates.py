@@ -43,7 +43,6 @@ from specdec_jax import network
 from specdec_jax import paper as paper_lib
 from specdec_jax import partitioning
 from specdec_jax import theory
-from specdec_jax.bench import aot
 from specdec_jax.bench import report
 
 COMMAND = 'python -m specdec_jax.experiments.estimates'
@@ -365,7 +364,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
   setup = compiled.setup(args)
   out = {
       'command': report.portable(' '.join([COMMAND] + list(argv))),
-      'date': time.strftime('%Y-%m-%d'), 'versions': aot.versions(),
+      'date': time.strftime('%Y-%m-%d'), 'versions': compiled.versions(),
       'target': dataclasses.asdict(target),
       'chip': dataclasses.asdict(target.spec),
       'label': ESTIMATED,

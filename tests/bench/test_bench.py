@@ -21,7 +21,6 @@ from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import hardware
 from specdec_jax import models
-from specdec_jax.bench import budget
 from specdec_jax.bench import rows
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -106,23 +105,6 @@ def test_profile_errors_name_the_file(tmp_path):
   bad.write_text('{"name": "x"}')
   with pytest.raises(ValueError, match='bad.json.*needs'):
     hardware.load(str(bad))
-
-
-def test_pooled_work_is_projected_in_waves_of_the_threads():
-  """8 compiles of 10 thread-seconds each on 8 threads: 3 more take one
-  more compile's time (a wave), 9 take two; a sequential kind its seconds
-  per unit; fewer threads than the measured run, more waves."""
-  run = dict(time_log=[
-      dict(what='compile (8 jobs, 8 threads)', at_s=12.0, seconds=12.0,
-           kind='compile', units=8, jobs=8, workers=8, thread_seconds=80.0),
-      dict(what='decode', at_s=13.0, seconds=1.0, kind='decode', units=2)])
-  seconds = lambda plan, workers=None: budget.projected_seconds(
-      run, plan, workers)['seconds']
-  assert seconds({'compile': 3}) == 10.0
-  assert seconds({'compile': 9}) == 20.0
-  assert seconds({'compile': 9}, workers=16) == 20.0  # at most the run's 8
-  assert seconds({'compile': 3}, workers=2) == 20.0
-  assert seconds({'decode': 3, 'compile': 1}) == 1.5 + 10.0
 
 
 _CONSTANT = re.compile(

@@ -2,16 +2,12 @@
 
 A spec is a `sweep.Spec` (its cells, columns, prediction, plot); SPECS
 names every one (`python -m specdec_jax.experiments list`). Adding a
-benchmark is adding a file here and its name below. DEVICE_SPECS names the
-device runs (`device_plan.DeviceSpec`, run by `device_run`: programs
-compiled ahead of time, phases in a device budget).
+benchmark is adding a file here and its name below.
 """
 
 from typing import Dict
 
-from specdec_jax.experiments import device_plan
 from specdec_jax.experiments import sweep
-from specdec_jax.experiments.specs import accelerator
 from specdec_jax.experiments.specs import batches
 from specdec_jax.experiments.specs import draft_free
 from specdec_jax.experiments.specs import heads
@@ -28,8 +24,6 @@ SPECS: Dict[str, sweep.Spec] = {
                                  lookahead.SPEC, heads.SPEC, profile.SPEC,
                                  numerics.SPEC)
 }
-DEVICE_SPECS: Dict[str, device_plan.DeviceSpec] = {
-    accelerator.SPEC.name: accelerator.SPEC}
 
 
 def get(name: str) -> sweep.Spec:

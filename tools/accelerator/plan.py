@@ -1,7 +1,7 @@
 """A device run's plan: its spec, drafters, programs, phases and projection.
 
-A device run (`device_run`: `python -m specdec_jax.experiments run
-accelerator`) is described by a `DeviceSpec` (specs/accelerator.py): its
+A device run (`run`: `python -m tools.accelerator`) is described by a
+`DeviceSpec` (`spec`): its
 phases in priority order, its sizes, temperatures, activations and result
 sections. This module turns a spec and a run's flags into what the run
 will do, before any model is loaded: the drafters (`roster`), every
@@ -13,7 +13,7 @@ Projection (`project`; `projection` in the json; printed first;
 compiled, calibration decodes, t(k) and drafter timings, decode calls of
 the table and sweep, of the numerics, of the batches) times that kind's
 seconds per unit in a measured run's time log (`--project_from`: the spec's
-H100 run in results/), `bench.budget.projected_seconds`: compiles and
+H100 run in results/), `pool.projected_seconds`: compiles and
 calibration as measured thread-seconds over the threads (no more than the
 run had), the rest in sequence. The number of speculative programs follows
 from the gammas the rule picks on that run's calibrated alphas, c and costs
@@ -32,13 +32,13 @@ import subprocess
 from typing import (Any, Collection, Dict, List, Mapping, Optional, Sequence,
                     Tuple)
 
+from specdec_jax import hardware
 from specdec_jax import task_table
 from specdec_jax import theory
-from specdec_jax.bench import aot
-from specdec_jax.bench import budget
-from specdec_jax import hardware
 from specdec_jax.bench import report
 from specdec_jax.drafters.tree import shape as shape_lib
+from tools.accelerator import aot
+from tools.accelerator import pool
 
 # The repository (a run reads the measured run it projects from there, and
 # keeps jax's compilation cache in its cache/).
@@ -52,7 +52,7 @@ TRAVEL_LIMIT = 64 * 2 ** 20
 TRAVEL_MARGIN = 2 * 2 ** 20
 # How much slower than the same program compiled on the device a loaded
 # executable's t(1) may run before a run stops trusting its ahead-of-time
-# build: over it, every program is compiled on the device (`bench.aot`: a
+# build: over it, every program is compiled on the device (`aot`: a
 # build without the device's autotune results ran 2.5x slower), so that no
 # table sets loaded programs beside compiled ones. Within it, a table may
 # mix them: a ratio of speeds is then off by at most this (t(1) on a GPU
@@ -93,7 +93,7 @@ class DeviceSpec:
   """A device run as data.
 
   Attributes:
-    name: the spec's name (`python -m specdec_jax.experiments run <name>`;
+    name: the spec's name (`python -m tools.accelerator` runs 'accelerator';
       its results are <out_dir>/<name>_<source>.{md,json,png}).
     title: the results' title (`<title> on <device>`).
     about: what the run measures (the command's help).
@@ -332,7 +332,7 @@ def phase_keys(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
 def plan_units(spec: DeviceSpec, s: Sizes, drafts, tasks, gammas, phases,
                act: str, built: Collection[str] = (),
                calibrated: bool = False):
-  """{phase id: its units per kind of step} (`budget.unit_seconds`'
+  """{phase id: its units per kind of step} (`pool.unit_seconds`'
   kinds; the run's setup belongs to no phase). `built`: the program names
   (`aot.program_name`) compiled ahead of time: each a 'load', not a
   'compile'; `calibrated`: the build computed the alpha calibration."""
@@ -415,7 +415,7 @@ PROGRAM_KINDS = ('compile', 'load', 'lower', 'ahead')
 def compile_seconds(run) -> Optional[float]:
   """The thread-seconds of one compile in a run's time log, or None where
   it timed none."""
-  rate = budget.unit_seconds(run).get('compile')
+  rate = pool.unit_seconds(run).get('compile')
   return rate['thread_seconds'] / rate['units'] if rate and rate[
       'units'] and rate['thread_seconds'] else None
 
@@ -445,7 +445,7 @@ def ahead_plan(prev, units, workers: Optional[int],
   {phase id: its seconds lowering and waiting}. `units` unchanged and
   `extra` empty where `prev` timed no compile or no lowering seconds are
   known."""
-  rates, job = budget.unit_seconds(prev), compile_seconds(prev)
+  rates, job = pool.unit_seconds(prev), compile_seconds(prev)
   measured = rates.get('lower')
   if measured and measured['units']:
     lower_s = measured['seconds'] / measured['units']
@@ -453,7 +453,7 @@ def ahead_plan(prev, units, workers: Optional[int],
     return units, {}
   workers_then = rates['compile']['workers']
   threads = max(1, min(workers or workers_then, workers_then))
-  seconds = lambda u, kinds: budget.projected_seconds(
+  seconds = lambda u, kinds: pool.projected_seconds(
       prev, {k: v for k, v in u.items() if k in kinds}, workers)['seconds']
   out = {pid: dict(u) for pid, u in units.items()}
   pids, free, done_at = list(out), [0.0] * threads, []
@@ -508,21 +508,21 @@ def project(spec: DeviceSpec, prev_path: str, s: Sizes, drafts, tasks,
   total = collections.Counter(setup=1)
   for u in units.values():
     total.update(u)
-  out = budget.projected_seconds(prev, dict(total), workers, source=prev_path)
+  out = pool.projected_seconds(prev, dict(total), workers, source=prev_path)
   # A phase's lowering and waits for programs compiled ahead: `extra`.
   steps = lambda u: {k: v for k, v in u.items() if not modelled or k not in (
       'lower', 'ahead')}
   out.update(of=of, gammas_from_previous_run=sum(
       len(k) == 3 for k in gammas), plan=dict(total), phases={
           pid: dict(title=spec.titles[pid], units=u, seconds=round(
-              budget.projected_seconds(prev, steps(u), workers)['seconds'] +
+              pool.projected_seconds(prev, steps(u), workers)['seconds'] +
               extra.get(pid, 0.0), 1) if u else 0.0)
           for pid, u in units.items()})
   for pid, s_ in extra.items():
     out['phases'][pid]['ahead_s'] = round(s_, 1)
   # Each phase compiles in waves of its own: the run is its phases, not one
   # pool of all their programs.
-  out['seconds'] = round(budget.projected_seconds(prev, {'setup': 1})[
+  out['seconds'] = round(pool.projected_seconds(prev, {'setup': 1})[
       'seconds'] + sum(v['seconds'] for v in out['phases'].values()), 1)
   print(f"projected wall time of {of} on {out['device']}: {out['seconds']:.0f}"
         f' s (from {prev_path}: ' + ', '.join(

@@ -1,21 +1,18 @@
 r"""A device run: a `DeviceSpec`'s phases on one accelerator, in a budget.
 
-  python -m specdec_jax.experiments run accelerator --source shipped
-  python -m specdec_jax.experiments run accelerator          # SYNTHETIC
-  python -m specdec_jax.experiments run accelerator --source shipped \
-      --project
-  python -m specdec_jax.experiments run accelerator --smoke \
-      --out_dir /tmp/acc                                     # CPU
+  python -m tools.accelerator --source shipped
+  python -m tools.accelerator                                # SYNTHETIC
+  python -m tools.accelerator --source shipped --project
+  python -m tools.accelerator --smoke --out_dir /tmp/acc     # CPU
 
 Needs jax, flax, numpy, matplotlib and this package importable (installed,
 or the repository on PYTHONPATH); nothing on its path imports seqio,
 TensorFlow, gin or rouge-score. What is measured is the spec's
-(specs/accelerator.py: its phases, sizes and result sections); how the
-plan is projected is `device_plan`'s; the page and plots are
-`device_report`'s.
+(`spec`: its phases, sizes and result sections); how the plan is
+projected is `plan`'s; the page and plots are `report`'s.
 
 Fitting 9 minutes: every program is compiled ahead of time, once, in
-`bench.budget.Pool` threads: first all that need no gamma (beside the alpha
+`pool.Pool` threads: first all that need no gamma (beside the alpha
 calibration), then, once c and the gammas are known, the speculative ones.
 One program per (drafter, gamma, temperature, batch), shared by the tasks;
 per example the baseline and every drafter of a temperature are timed in
@@ -24,7 +21,7 @@ every row and the sweep; caches are built by compiled programs.
 `--compilation_cache` (jax's persistent cache, which also shares XLA's
 autotuning results between programs) lets a second run read them from disk.
 
-Executables compiled ahead of time (`bench.aot`): `--aot_build gpu:h100`
+Executables compiled ahead of time (`aot`): `--aot_build gpu:h100`
 compiles the run's cache, t(k), baseline and speculative programs here for
 a compile-only H100 (with the device image's jax, jaxlib and plugin) into
 `--aot_dir`/<target>/ with a manifest; a run loads each program from there
@@ -68,19 +65,20 @@ from specdec_jax import programs
 from specdec_jax import scaffold
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax.bench import aot
-from specdec_jax.bench import budget
 from specdec_jax import hardware
+from specdec_jax.bench import budget
 from specdec_jax.bench import report
 from specdec_jax.bench import rows as rows_lib
 from specdec_jax.checkpoints import hf as hf_lib
 from specdec_jax.drafters.tree import shape as shape_lib
-from specdec_jax.experiments import device_plan
-from specdec_jax.experiments import device_report
 from specdec_jax.sampling import SamplingConfig
+from tools.accelerator import aot
+from tools.accelerator import plan as plan_lib
+from tools.accelerator import pool as pool_lib
+from tools.accelerator import report as run_report
 
 # The command of a device run, before the spec's name (`main`'s header).
-COMMAND = 'specdec_jax.experiments run'
+COMMAND = 'tools.accelerator'
 SYNTHETIC_LABEL = (
     'SYNTHETIC: random T5 1.1-small widened to T5 1.1-XXL cost as the target, '
     'noisy copies of it as drafters (alpha set by the noise), not trained '
@@ -182,9 +180,9 @@ TRUSTED, REFUSED = 'loaded programs used', 'every program compiled here'
 class Runner:
   """Builds the models, compiles, runs the phases in order, writes results."""
 
-  def __init__(self, spec: device_plan.DeviceSpec, args,
-               sizes: device_plan.Sizes, clock: budget.Clock,
-               pool: budget.Pool, out_dir: pathlib.Path, header,
+  def __init__(self, spec: plan_lib.DeviceSpec, args,
+               sizes: plan_lib.Sizes, clock: budget.Clock,
+               pool: pool_lib.Pool, out_dir: pathlib.Path, header,
                store: Optional[aot.Store] = None):
     self.spec, self.args, self.s = spec, args, sizes
     self.clock, self.pool = clock, pool
@@ -229,8 +227,8 @@ class Runner:
   def setup(self) -> None:
     start, s = time.perf_counter(), self.s
     self.drafts = self.drafts_before_setup()
-    self.tasks = device_plan.tasks_of(self.args.source)
-    n = max(device_plan.stream_rows(max(s.batches)), s.examples,
+    self.tasks = plan_lib.tasks_of(self.args.source)
+    n = max(plan_lib.stream_rows(max(s.batches)), s.examples,
             s.numerics_examples)
     self.proxies = {}
     (self._synthetic if self.synthetic else self._shipped)(n)
@@ -250,21 +248,21 @@ class Runner:
           d.drafter = drafters_lib.T5Drafter(network.T5Model(
               cfg.replace(fused_projections=True)))
     self.main, (model, params) = self.drafts[0], self.targets[self.act]
-    self.trees = [device_plan.Draft(
-        device_plan.tree_name(self.main.name, t), self.main.cost,
+    self.trees = [plan_lib.Draft(
+        plan_lib.tree_name(self.main.name, t), self.main.cost,
         self.main.proxy, None, 4, f'{self.main.label}, tree {t}',
         drafters_lib.TreeDrafter(self.main.drafter, shape_lib.parse(t)),
         self.main.params, tree=t) for t in s.trees]
     self.by_name.update({d.name: d for d in self.trees})
     # P5: the target and the first drafter as trained (HF holds the same).
-    self.targets[device_plan.AS_TRAINED] = self.small
+    self.targets[plan_lib.AS_TRAINED] = self.small
     peer, peer_params = self.proxies[self.main.proxy]
-    self.peer = device_plan.Draft(
-        device_plan.peer_name(self.main.proxy), 'own', self.main.proxy, None,
+    self.peer = plan_lib.Draft(
+        plan_lib.peer_name(self.main.proxy), 'own', self.main.proxy, None,
         5, f'{self.main.proxy} as trained', peer, dict(peer_params))
     self.by_name[self.peer.name] = self.peer
     self.max_len = s.context + max(
-        s.max_gamma + 1, s.profile_ks[0], *device_plan.tree_widths(s)) + 8
+        s.max_gamma + 1, s.profile_ks[0], *plan_lib.tree_widths(s)) + 8
     self.result['main_drafter'] = self.main.name
     self.result['setup'].update(
         target_config=report.config_dict(model.config),
@@ -281,8 +279,8 @@ class Runner:
     self.clock.note('setup: models, widening, inputs',
                     time.perf_counter() - start, kind='setup')
 
-  def drafts_before_setup(self) -> List[device_plan.Draft]:
-    return device_plan.roster(
+  def drafts_before_setup(self) -> List[plan_lib.Draft]:
+    return plan_lib.roster(
         self.spec, self.args.source, [] if self.synthetic else
         load_shipped().model_names(), self.s)
 
@@ -522,7 +520,7 @@ class Runner:
   def aot_check(self, key, here, again: Sequence[str] = ('p1',)) -> None:
     """t(1) by the executable compiled ahead of time and by `here`, the
     same program compiled on this device (XLA autotunes only here), before
-    anything is timed. A loaded one slower than `device_plan.AOT_SLOWER`
+    anything is timed. A loaded one slower than `plan_lib.AOT_SLOWER`
     allows is not trusted: the programs loaded so far are dropped (those
     of the phases `again` compiled here at once), and the later ones are
     compiled here too (`refused`), so that no table sets loaded programs
@@ -534,10 +532,10 @@ class Runner:
         lambda n: run(params, block, cache, n), 20, self.s.cost_repeats)
     loaded = time_ms(self.pool.executables[self.ident(key)])
     ms = time_ms(here)
-    trusted = loaded <= device_plan.AOT_SLOWER * ms
+    trusted = loaded <= plan_lib.AOT_SLOWER * ms
     self.result['aot_check'] = dict(
         program=aot.program_name(key), loaded_ms=loaded, compiled_here_ms=ms,
-        loaded_over_compiled_here=loaded / ms, limit=device_plan.AOT_SLOWER,
+        loaded_over_compiled_here=loaded / ms, limit=plan_lib.AOT_SLOWER,
         verdict=TRUSTED if trusted else REFUSED)
     print(f'ahead-of-time check, {aot.program_name(key)}: loaded {loaded:.3f}'
           f' ms, compiled here {ms:.3f} ms: '
@@ -686,7 +684,7 @@ class Runner:
                 *self.targets[act], np.asarray(self.x(task, batch, i * batch)),
                 np.asarray(b.tokens), np.asarray(o.tokens))]
 
-  def row(self, task, d: device_plan.Draft, temp, gamma, base, spec, batch=1,
+  def row(self, task, d: plan_lib.Draft, temp, gamma, base, spec, batch=1,
           slots=None):
     """A Table 2 / sweep / batch / tree row: measured, and `predict`ed
     (a chain's from its alpha; a tree's from its tokens per target call,
@@ -721,7 +719,7 @@ class Runner:
         mismatches=None if temp else kinds.count(diagnostics.MISMATCH),
         divergences=divs, activation_dtype=self.act)
 
-  def paper(self, task: str, d: device_plan.Draft, temp: float):
+  def paper(self, task: str, d: plan_lib.Draft, temp: float):
     task = self.spec.paper_task[task]
     if d.paper in self.spec.t5_sizes:
       g, a, s = paper.TABLE2[task, int(temp)][d.paper]
@@ -761,7 +759,7 @@ class Runner:
     task's best greedy chain of Table 2 (t = 0, batch 1)."""
     s, act = self.s, self.act
     for task in self.tasks:
-      keys = [('base', act, 1, 0.0, 1)] + device_plan.tree_keys(
+      keys = [('base', act, 1, 0.0, 1)] + plan_lib.tree_keys(
           s, self.main.name, act)
       what = f'token trees: {task}'
       if not self.clock.fits(self.estimate(1, s.examples, len(keys)), what):
@@ -797,7 +795,7 @@ class Runner:
         lambda x: np.asarray(x, np.float32), p)
     convert = lambda p, cfg: hf_lib.to_hf_model(f32(p), cfg).to(
         device=dev, dtype=torch.bfloat16)
-    model, params = self.targets[device_plan.AS_TRAINED]
+    model, params = self.targets[plan_lib.AS_TRAINED]
     hf_target, copies, drafts = convert(params, model.config), {}, {}
     for task in self.tasks:  # tasks that share the drafter share its copy
       p = self.peer.params[task]
@@ -806,7 +804,7 @@ class Runner:
       drafts[task] = copies[id(p)]
     self.clock.note('P5: the models as HF transformers, on ' + dev,
                     time.perf_counter() - start, kind='setup')
-    as_trained = device_plan.AS_TRAINED
+    as_trained = plan_lib.AS_TRAINED
     for task in self.tasks:
       gamma = self.gamma[task, self.main.name, 0.0]
       keys = [('base', as_trained, 1, 0.0, 1),
@@ -928,7 +926,7 @@ class Runner:
         row = self.row(task, d, 0.0, g, timed[fixed[0]], timed[key], batch=b)
         row.update(batching='fixed', gamma_rule=rule)
         self.result['batches'].append(row)
-      n = device_plan.stream_rows(b)
+      n = plan_lib.stream_rows(b)
       stream = [('sbase', act, b, n), ('sspec', act, d.name, b, own, n)]
       base, spec = self.alternate(task, stream, n, 1, 0.0).values()
       row = self.row(task, d, 0.0, own, base, spec, batch=n, slots=b)
@@ -940,11 +938,11 @@ class Runner:
       self.write()
 
   def cost_curve(self) -> None:
-    """The rest of the cost curve (`device_plan.curve`: P1 timed the k the
-    rows need, `device_plan.needed_ks`), and c at each larger batch; a
+    """The rest of the cost curve (`plan_lib.curve`: P1 timed the k the
+    rows need, `plan_lib.needed_ks`), and c at each larger batch; a
     batch whose t(k) do not fit the time left (~1 s each) is skipped."""
     for b in self.s.batches:
-      ks = device_plan.curve(self.spec, self.s, b)
+      ks = plan_lib.curve(self.spec, self.s, b)
       if self.clock.fits(len(ks), f'cost curve, batch {b}'):
         self.measure_calls(self.act, b, list(ks))
         if b > 1:
@@ -952,7 +950,7 @@ class Runner:
 
   # -- the run ---------------------------------------------------------------
 
-  def run(self, watch: budget.CompileWatch) -> None:
+  def run(self, watch: pool_lib.CompileWatch) -> None:
     """Setup, then the phases in priority order (the spec's `phase_plan`)."""
     self.setup()
     self.resume()
@@ -1017,7 +1015,7 @@ class Runner:
     cost nothing, those built ahead of time a load, those compiling beside
     the earlier phases (`compile_ahead`) the wait for them."""
     keys = self.phase_keys()[pid][0]
-    units = device_plan.plan_units(
+    units = plan_lib.plan_units(
         self.spec, self.s, self.drafts, self.tasks, self.gamma,
         self.args.phases, self.act,
         calibrated=self.carried_calibration() is not None)[pid]
@@ -1028,9 +1026,9 @@ class Runner:
         for k in {self.ident(k): k for k in keys
                   if self.ident(k) not in self.pool.compiled}.values())
     units.update({kind: todo[kind] for kind in ('compile', 'load', 'ahead')})
-    own = budget.projected_seconds(self.result, units, self.pool.workers)
+    own = pool_lib.projected_seconds(self.result, units, self.pool.workers)
     rest = {k: units[k] for k in own['unmeasured']}
-    more = budget.projected_seconds(self.rates_from, rest, self.pool.workers)[
+    more = pool_lib.projected_seconds(self.rates_from, rest, self.pool.workers)[
         'seconds'] if rest and self.rates_from else 0.0
     return own['seconds'] + more
 
@@ -1042,7 +1040,7 @@ class Runner:
     return n
 
   def phase_keys(self):
-    return device_plan.phase_keys(self.spec, self.s, self.drafts, self.tasks,
+    return plan_lib.phase_keys(self.spec, self.s, self.drafts, self.tasks,
                                   self.gamma, self.args.phases, self.act)
 
   def ahead_options(self) -> Optional[Dict[str, Any]]:
@@ -1064,7 +1062,7 @@ class Runner:
     """Starts compiling, beside phase `pid`'s timing, programs of the later
     phases the budget reaches that no build holds, in phase order, as many
     as the compile threads can take in that timing
-    (`device_plan.ahead_count`, at this run's seconds per compile, else
+    (`plan_lib.ahead_count`, at this run's seconds per compile, else
     the projection's run's): lowered now in the pool's threads (nothing is
     timed meanwhile, so no timing waits for Python's lock), compiled in its
     ahead threads with `ahead_options`, each as soon as it is lowered;
@@ -1075,10 +1073,10 @@ class Runner:
     if options is None or pid == plan[0]:
       return
     timing = self.phase_estimate(pid)  # its programs are ready
-    job = next((x for x in (device_plan.compile_seconds(run) for run in (
+    job = next((x for x in (plan_lib.compile_seconds(run) for run in (
         self.result, self.rates_from) if run) if x), None)
     n = float('inf') if job is None else (  # no compile timed: all
-        device_plan.ahead_count(
+        plan_lib.ahead_count(
             timing, self.pool.workers, job,
             sum(not f.done() for f, _ in self.pool.pending.values())))
     keys, built, todo = self.phase_keys(), self.loadable(), {}
@@ -1113,8 +1111,8 @@ class Runner:
 
   def set_gammas(self) -> None:
     """Each row's gamma from this run's profile and alphas
-    (`device_plan.rule_gammas`)."""
-    self.gamma = device_plan.rule_gammas(self.spec, self.profile,
+    (`plan_lib.rule_gammas`)."""
+    self.gamma = plan_lib.rule_gammas(self.spec, self.profile,
                                          self.alpha_cal, self.s, self.drafts,
                                          self.tasks)
 
@@ -1157,7 +1155,7 @@ class Runner:
                                checks, 'compile')
     if check:
       self.aot_check(check, checks[check][0])
-    ks = lambda b: device_plan.needed_ks(s, b, self.args.phases)
+    ks = lambda b: plan_lib.needed_ks(s, b, self.args.phases)
     self.measure_calls(act, 1, ks(1))
     self.measure_drafters(self.drafts, 1)
     for b in (b for b in s.batches if b > 1 and ks(b)):
@@ -1204,14 +1202,14 @@ class Runner:
     if self.gamma.get((task, d.name, 0.0)):
       keys['chain'] = ('spec', act, d.name, 1, self.gamma[task, d.name, 0.0],
                        0.0)
-    trees = device_plan.tree_keys(self.s, d.name, act)
+    trees = plan_lib.tree_keys(self.s, d.name, act)
     if trees:
       keys['tree'] = next((k for k in trees if k[2].endswith(
           'beam:8,4,12/64')), trees[0])
     record = self.result['phases']['p1']['xla_dump'] = dict(
         programs={n: aot.program_name(k) for n, k in keys.items()},
         file=None)
-    per = max((x for x in (device_plan.compile_seconds(r) for r in (
+    per = max((x for x in (plan_lib.compile_seconds(r) for r in (
         self.result, self.rates_from) if r) if x), default=30.0)
     if not self.clock.fits(2 * per, 'XLA dump of t(1), the chain, a tree'):
       record['why_none'] = 'the time budget'
@@ -1349,7 +1347,7 @@ class Runner:
     Args:
       device: the device the executables are for.
       gammas: (task, drafter, temperature) -> the gamma the run is expected
-        to pick (`device_plan.previous_gammas`); a run that picks another
+        to pick (`plan_lib.previous_gammas`); a run that picks another
         compiles that program on the device.
       config: the target config `device` is for (None: its default).
       autotune: the autotune results the build's backend started with.
@@ -1369,7 +1367,7 @@ class Runner:
                     self.targets.items()}
     for d in self.drafts + self.trees + [self.peer]:
       d.params = {t: self.place(p) for t, p in d.params.items()}
-    parts = device_plan.programs(self.spec, self.s, self.drafts, self.tasks,
+    parts = plan_lib.programs(self.spec, self.s, self.drafts, self.tasks,
                                  gammas, self.args.phases, self.act)
     names = {}
     for part in PRIORITY:
@@ -1429,13 +1427,13 @@ class Runner:
     self.result['wall_s'] = round(self.clock.elapsed(), 1)
     try:
       if plots:
-        self.result['plots'] = device_report.write_plots(
+        self.result['plots'] = run_report.write_plots(
             self.result, self.out_dir, self.stem.name)
     except Exception as e:  # pylint: disable=broad-except
       self.result['plot_error'] = repr(e)  # the results are written anyway
     report.write_json(self.stem.with_suffix('.json'), self.result)
     report.write_md(self.stem.with_suffix('.md'),
-                    device_report.markdown(self.spec, self.result))
+                    run_report.markdown(self.spec, self.result))
 
 
 # ---------------------------------------------------------------------------
@@ -1486,7 +1484,7 @@ def autotune_file(args) -> Optional[pathlib.Path]:
 def target_results(target: str) -> pathlib.Path:
   """results/<device>/ of compile-only target `target`: where runs on its
   device write, and a build for it looks for what they recorded."""
-  return device_plan.ROOT / 'results' / report.device_name(
+  return plan_lib.ROOT / 'results' / report.device_name(
       compiled.get_target(target).spec.name)
 
 
@@ -1565,11 +1563,11 @@ def build_config(args, autotune: Optional[pathlib.Path]) -> Optional[str]:
 def aot_limit(args) -> int:
   """The bytes a build's executables may weigh: `--aot_max_mib`, or what
   a device command carries beside this checkout's working tree
-  (`device_plan.aot_budget`)."""
+  (`plan_lib.aot_budget`)."""
   if args.aot_max_mib is not None:
     return int(args.aot_max_mib * 2 ** 20)
   try:
-    return device_plan.aot_budget()
+    return plan_lib.aot_budget()
   except (OSError, subprocess.CalledProcessError) as e:
     raise SystemExit(
         f'--aot_max_mib is needed: the working tree a device command '
@@ -1578,24 +1576,24 @@ def aot_limit(args) -> int:
 
 def travel_line(store: aot.Store) -> str:
   """What a device command would carry: the working tree and the store's
-  folder, against `device_plan.TRAVEL_LIMIT`."""
+  folder, against `plan_lib.TRAVEL_LIMIT`."""
   try:
-    tree = device_plan.working_tree_bytes()
+    tree = plan_lib.working_tree_bytes()
   except (OSError, subprocess.CalledProcessError) as e:
     return f'  a device command carries: working tree unknown ({e!r})'
   total, mib = tree + store.total_bytes(), 2 ** 20
   return (f'  a device command carries {total / mib:.1f} MiB: the working '
           f'tree {tree / mib:.1f} MiB and {store.dir} '
           f'{store.total_bytes() / mib:.1f} MiB, of '
-          f'{device_plan.TRAVEL_LIMIT / mib:.0f} MiB' + (
-              '' if total <= device_plan.TRAVEL_LIMIT else
+          f'{plan_lib.TRAVEL_LIMIT / mib:.0f} MiB' + (
+              '' if total <= plan_lib.TRAVEL_LIMIT else
               ': OVER the limit, the command would be refused (rebuild '
               'with the default --aot_max_mib)'))
 
 
-def parse_flags(spec: device_plan.DeviceSpec, argv):
+def parse_flags(spec: plan_lib.DeviceSpec, argv):
   parser = argparse.ArgumentParser(
-      prog=f'python -m {COMMAND} {spec.name}',
+      prog=f'python -m {COMMAND}',
       description=spec.about.splitlines()[0])
   add = parser.add_argument
   add('--source', default='synthetic', choices=['synthetic', 'shipped'])
@@ -1686,7 +1684,7 @@ def run_status(phases: Dict[str, Dict[str, Any]]) -> str:
   return 'partial: ' + '; '.join(open_) if open_ else 'complete'
 
 
-def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
+def main(spec: plan_lib.DeviceSpec, argv: Sequence[str]) -> int:
   """Runs (or projects, or builds the programs of) the device run `spec`
   with the command-line flags `argv`; the exit status: 1 when greedy rows
   differ from the baseline beyond rounding."""
@@ -1716,7 +1714,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
   os.environ['XLA_FLAGS'] = ' '.join([flags] + xla).strip()
   sizes = {k: getattr(args, k) for k in ('examples', 'repeats')
            if getattr(args, k) is not None}
-  header = report.header(f'-m {COMMAND} {spec.name}', argv,
+  header = report.header(f'-m {COMMAND}', argv,
                          max_minutes=args.max_minutes)
   out_dir = pathlib.Path(args.out_dir or f"results/{header['device_name']}")
   if args.aot_build:
@@ -1727,7 +1725,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     jax.config.update('jax_enable_compilation_cache', False)
   elif args.compilation_cache != '':
     jax.config.update('jax_compilation_cache_dir', args.compilation_cache or
-                      str(device_plan.ROOT / 'cache' / 'jax'))
+                      str(plan_lib.ROOT / 'cache' / 'jax'))
   print(f"{header['command']}\n{header['machine']}", flush=True)
   full = spec.full._replace(**sizes)
   store = None if not args.aot_dir else aot.Store(
@@ -1735,11 +1733,11 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
       aot_target(jax.devices()[0]))
   usable = {} if store is None or args.aot_build else store.usable()
   try:
-    projection = device_plan.project(
-        spec, args.project_from, full, device_plan.roster(
+    projection = plan_lib.project(
+        spec, args.project_from, full, plan_lib.roster(
             spec, args.source, [] if args.source == 'synthetic' else
             load_shipped().model_names(), full),
-        device_plan.tasks_of(args.source), args.phases, args.activation_dtype,
+        plan_lib.tasks_of(args.source), args.phases, args.activation_dtype,
         None if args.smoke else args.compile_workers,
         f'the full {args.source} run',
         usable,
@@ -1757,7 +1755,7 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     print(travel_line(store), flush=True)
   if args.project:
     return 0 if 'seconds' in projection else 1
-  pool = budget.Pool(args.workers, clock)
+  pool = pool_lib.Pool(args.workers, clock)
   runner = Runner(spec, args, (spec.smoke if args.smoke else spec.full
                                )._replace(**sizes),
                   clock, pool, out_dir, header, store)
@@ -1765,10 +1763,10 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     if store is None:
       raise SystemExit('--aot_build needs --aot_dir')
     try:
-      prev = report.read_json(device_plan.ROOT / args.project_from)
-      gammas = device_plan.previous_gammas(
+      prev = report.read_json(plan_lib.ROOT / args.project_from)
+      gammas = plan_lib.previous_gammas(
           spec, prev, args.project_from, runner.s,
-          runner.drafts_before_setup(), device_plan.tasks_of(args.source))
+          runner.drafts_before_setup(), plan_lib.tasks_of(args.source))
     except (OSError, ValueError, KeyError) as e:
       print(f'no gammas from {args.project_from} ({e!r}): building the '
             'programs that need none', flush=True)
@@ -1784,8 +1782,8 @@ def main(spec: device_plan.DeviceSpec, argv: Sequence[str]) -> int:
     return 0
   runner.result['projection'] = projection
   if not args.smoke and 'seconds' in projection:  # rates for the phases
-    runner.rates_from = report.read_json(device_plan.ROOT / args.project_from)
-  watch = budget.CompileWatch()
+    runner.rates_from = report.read_json(plan_lib.ROOT / args.project_from)
+  watch = pool_lib.CompileWatch()
   try:
     runner.run(watch)
     runner.result['status'] = run_status(runner.result['phases'])

@@ -1,16 +1,17 @@
-"""The accelerator device spec runs with only what an accelerator host has.
+"""The accelerator run (tools/accelerator) runs with only what an
+accelerator host has.
 
 The GPU machine has jax, flax, numpy, matplotlib and this package, but no
-seqio, TensorFlow, gin or rouge-score. `python -m specdec_jax.experiments run
-accelerator --smoke` runs here in a subprocess where those cannot be
+seqio, TensorFlow, gin or rouge-score. `python -m tools.accelerator
+--smoke` runs here in a subprocess where those cannot be
 imported (a sitecustomize meta-path finder raises ImportError for them), so
 an import of any of them anywhere on its path (the command line, the specs,
 the device runner) fails this test; its outputs must hold every table of a
 full run. The shipped-models source is checked against a stand-in
 `specdec_jax.shipped` (its setup only: the phases are the synthetic ones).
 
-The full measurement is `python -m specdec_jax.experiments run accelerator`
-(docs/accelerator.md): one command of at most 8 minutes that runs its
+The full measurement is `python -m tools.accelerator`
+(tools/accelerator/README.md): one command of at most 8 minutes that runs its
 phases in priority order, writes each phase's rows when it ends, skips the
 phases an earlier run completed and starts none it cannot finish; its
 projection, per phase, comes from the measured H100 run's time log.
@@ -22,6 +23,7 @@ import collections
 import json
 import os
 import pathlib
+import runpy
 import shutil
 import subprocess
 import sys
@@ -39,17 +41,18 @@ from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
-from specdec_jax.bench import aot
 from specdec_jax.bench import budget
 from specdec_jax import models
 from specdec_jax.bench import report
 from specdec_jax.experiments import __main__ as cli
-from specdec_jax.experiments import device_plan
-from specdec_jax.experiments import device_run
-from specdec_jax.experiments.specs import accelerator
+from tools.accelerator import aot
+from tools.accelerator import plan as plan_lib
+from tools.accelerator import pool as pool_lib
+from tools.accelerator import run as run_lib
+from tools.accelerator import spec as spec_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SPEC = accelerator.SPEC
+SPEC = spec_lib.SPEC
 BLOCKED = ('seqio', 'tensorflow', 'tensorflow_datasets', 'tensorflow_text',
            'gin', 'rouge_score')
 SITECUSTOMIZE = f'''
@@ -104,8 +107,7 @@ def blocked_env(tmp_path):
 def run_smoke(tmp, out, *flags):
   """The command line's device run, in a folder without aot/."""
   return subprocess.run(
-      [sys.executable, '-m', 'specdec_jax.experiments', 'run', 'accelerator',
-       '--smoke', '--out_dir', str(out), '--compile_workers', '2', *flags],
+      [sys.executable, '-m', 'tools.accelerator', '--smoke', '--out_dir', str(out), '--compile_workers', '2', *flags],
       env=blocked_env(tmp), cwd=str(tmp), capture_output=True, text=True,
       timeout=1200)
 
@@ -170,7 +172,7 @@ def test_smoke_is_labelled_synthetic(smoke):
   assert md.startswith('# ') and 'SYNTHETIC' in md.splitlines()[0]
   assert '--smoke' in result['command'] and result['jax_version']
   assert result['command'].startswith(
-      'python -m specdec_jax.experiments run accelerator --smoke')
+      'python -m tools.accelerator --smoke')
   assert result['device'] == jax.devices()[0].device_kind
 
 
@@ -214,8 +216,8 @@ def test_smoke_p1_times_tree_levels_and_keeps_the_xla_dump(smoke):
   dump = p1['xla_dump']
   assert dump['errors'] == {}
   assert dump['programs']['t1'] == aot.program_name(('call', 'bfloat16', 1, 1))
-  assert dump['programs']['tree'] == aot.program_name(device_plan.tree_keys(
-      accelerator.SMOKE, result['main_drafter'], 'bfloat16')[0])
+  assert dump['programs']['tree'] == aot.program_name(plan_lib.tree_keys(
+      spec_lib.SMOKE, result['main_drafter'], 'bfloat16')[0])
   assert sorted(dump['files']) == ['chain', 't1', 'tree']
   assert all(len(files) == 1 and files[0].endswith('after_optimizations.txt')
              for files in dump['files'].values())
@@ -345,16 +347,16 @@ def test_smoke_every_phase_has_rows_and_the_projection(smoke):
   assert projection['by_kind']['compile']['units'] == projection['plan'][
       'compile'] > 40
   # The smoke run's own time log projects too (its kinds and units).
-  own = budget.projected_seconds(result, projection['plan'])
+  own = pool_lib.projected_seconds(result, projection['plan'])
   assert own['seconds'] > 0 and not own['unmeasured']
 
 
 def test_full_shipped_run_is_projected_by_phase(capsys):
   """The plan of the full shipped run, at the H100 run's measured rates."""
   full = SPEC.full
-  drafts = device_plan.roster(SPEC, 'shipped', ['target', 'dec2', 'small'],
+  drafts = plan_lib.roster(SPEC, 'shipped', ['target', 'dec2', 'small'],
                               full)
-  projection = device_plan.project(
+  projection = plan_lib.project(
       SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
       set(SPEC.phases), 'bfloat16', None, 'the full shipped run')
   assert projection['gammas_from_previous_run'] == 20  # every row's gamma
@@ -365,14 +367,14 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   # P6: the rest of the curve (1..17 and the sparse k up to 65 at batch 1,
   # 1..17 at 8 and 32), beside the numerics' float32 t(1) and t(gamma + 1).
   phases, gammas = set(SPEC.phases), range(1, full.max_gamma + 2)
-  assert device_plan.needed_ks(full, 1, phases) == (*gammas, 61, 65)
-  assert device_plan.needed_ks(full, 8, phases) == tuple(gammas)
-  assert device_plan.needed_ks(full, 8, phases - {'batches'}) == ()
+  assert plan_lib.needed_ks(full, 1, phases) == (*gammas, 61, 65)
+  assert plan_lib.needed_ks(full, 8, phases) == tuple(gammas)
+  assert plan_lib.needed_ks(full, 8, phases - {'batches'}) == ()
   assert by_phase['p1']['units']['calls'] == 11 + 2 * len(gammas)
-  assert device_plan.curve(SPEC, full, 1)[-1] == 65
+  assert plan_lib.curve(SPEC, full, 1)[-1] == 65
   assert by_phase['p6']['units']['calls'] == 2 + sum(
-      len(set(device_plan.curve(SPEC, full, b)) -
-          set(device_plan.needed_ks(full, b, phases))) for b in full.batches)
+      len(set(plan_lib.curve(SPEC, full, b)) -
+          set(plan_lib.needed_ks(full, b, phases))) for b in full.batches)
   # P2 fits a command beside P1's measurements.
   assert 0 < by_phase['p2']['seconds'] < 240
   # >= 16 examples per row: the table's decode calls of both temperatures.
@@ -381,12 +383,12 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   assert 'projected wall time' in out and 'P2 Table 2: ' in out
   # Programs compiled ahead of time are loads, not compiles: with P2's
   # built, P2 compiles nothing on the device and P1 is unchanged.
-  gammas = device_plan.previous_gammas(
-      SPEC, report.read_json(device_plan.ROOT / SPEC.project_from),
+  gammas = plan_lib.previous_gammas(
+      SPEC, report.read_json(plan_lib.ROOT / SPEC.project_from),
       SPEC.project_from, full, drafts, ['en_de', 'synopsis'])
-  p2 = device_plan.phase_keys(SPEC, full, drafts, ['en_de', 'synopsis'],
+  p2 = plan_lib.phase_keys(SPEC, full, drafts, ['en_de', 'synopsis'],
                               gammas, set(SPEC.phases), 'bfloat16')['p2'][1]
-  again = device_plan.project(
+  again = plan_lib.project(
       SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
       set(SPEC.phases), 'bfloat16', None, 'the full shipped run',
       built={aot.program_name(k) for k in p2})
@@ -399,7 +401,7 @@ def test_full_shipped_run_is_projected_by_phase(capsys):
   # Compiled ahead: from P2 on, a phase lowers as many of the later
   # phases' programs as its timing lets compile beside it; fewer compile
   # as their phase starts, none twice.
-  ahead = device_plan.project(
+  ahead = plan_lib.project(
       SPEC, SPEC.project_from, full, drafts, ['en_de', 'synopsis'],
       set(SPEC.phases), 'bfloat16', None, 'the full shipped run',
       built={aot.program_name(k) for k in p2}, ahead=True, lower_s=1.0)
@@ -431,32 +433,50 @@ def test_the_wait_for_programs_compiled_ahead_is_projected():
   # ready at 14.5, 14.5 and 24.5 s. P2 ends at 19.5 s; P3 waits 5 s,
   # lowers one of P4's (ceil(3 s x 2 / 10 s)), ready at 35 s, and ends at
   # 28 s; P4 waits 7 s, then compiles its other one as it starts.
-  planned, extra = device_plan.ahead_plan(prev, units, None, 0.5)
+  planned, extra = plan_lib.ahead_plan(prev, units, None, 0.5)
   assert planned == {
       'p1': {'decode': 1}, 'p2': {'decode': 5, 'lower': 3},
       'p3': {'decode': 1, 'ahead': 3, 'lower': 1},
       'p4': {'compile': 1, 'decode': 1, 'ahead': 1}}
   assert extra == pytest.approx({'p2': 1.5, 'p3': 5.5, 'p4': 7.0})
-  assert device_plan.ahead_plan(prev, units, None, None) == (units, {})
+  assert plan_lib.ahead_plan(prev, units, None, None) == (units, {})
   # 90 s keep 8 threads busy for 16 compiles of 45 s, 3 already running;
   # a phase that times (next to) nothing still keeps one in flight.
-  assert device_plan.ahead_count(90.0, 8, 45.0, 3) == 13
-  assert device_plan.ahead_count(0.0, 8, 45.0, 0) == 1
-  assert device_plan.ahead_count(0.0, 8, 45.0, 1) == 0
+  assert plan_lib.ahead_count(90.0, 8, 45.0, 3) == 13
+  assert plan_lib.ahead_count(0.0, 8, 45.0, 0) == 1
+  assert plan_lib.ahead_count(0.0, 8, 45.0, 1) == 0
+
+
+def test_pooled_work_is_projected_in_waves_of_the_threads():
+  """8 compiles of 10 thread-seconds each on 8 threads: 3 more take one
+  more compile's time (a wave), 9 take two; a sequential kind its seconds
+  per unit; fewer threads than the measured run, more waves."""
+  run = dict(time_log=[
+      dict(what='compile (8 jobs, 8 threads)', at_s=12.0, seconds=12.0,
+           kind='compile', units=8, jobs=8, workers=8, thread_seconds=80.0),
+      dict(what='decode', at_s=13.0, seconds=1.0, kind='decode', units=2)])
+  seconds = lambda plan, workers=None: pool_lib.projected_seconds(
+      run, plan, workers)['seconds']
+  assert seconds({'compile': 3}) == 10.0
+  assert seconds({'compile': 9}) == 20.0
+  assert seconds({'compile': 9}, workers=16) == 20.0  # at most the run's 8
+  assert seconds({'compile': 3}, workers=2) == 20.0
+  assert seconds({'decode': 3, 'compile': 1}) == 1.5 + 10.0
+
 
 
 def test_projection_reads_a_time_log_before_kinds_were_logged():
   run = json.loads((ROOT / SPEC.project_from).read_text())
-  rates = budget.unit_seconds(run)
+  rates = pool_lib.unit_seconds(run)
   assert rates['compile']['units'] == 37 and rates['compile']['workers'] == 8
   assert rates['calls']['units'] == 15 and rates['drafters']['units'] == 7
   assert rates['decode']['units'] == 4 * (2 * 2 * 3 + 2)
-  one = budget.projected_seconds(run, {'compile': 8, 'bandwidth': 1}, 8)
+  one = pool_lib.projected_seconds(run, {'compile': 8, 'bandwidth': 1}, 8)
   assert one['seconds'] == pytest.approx(
       rates['compile']['thread_seconds'] / 37 + 0.77, abs=0.1)
-  slow = budget.projected_seconds(run, {'compile': 8}, 2)  # fewer threads
+  slow = pool_lib.projected_seconds(run, {'compile': 8}, 2)  # fewer threads
   assert slow['seconds'] == pytest.approx(4 * (one['seconds'] - 0.77), 0.01)
-  assert budget.projected_seconds(run, {'nothing': 1})['unmeasured'] == [
+  assert pool_lib.projected_seconds(run, {'nothing': 1})['unmeasured'] == [
       'nothing']
 
 
@@ -545,8 +565,8 @@ def test_shipped_models_load_without_tensorflow(tmp_path):
   assert shipped.available(), shipped.asset_dir()
   code = (
       'import sys\n'
-      'from specdec_jax.experiments import device_run\n'
-      'shipped = device_run.load_shipped()\n'
+      'from tools.accelerator import run as run_lib\n'
+      'shipped = run_lib.load_shipped()\n'
       'for name in shipped.model_names():\n'
       '  model, params = shipped.load_model(name, dtype="bfloat16")\n'
       'for task in ("en_de", "synopsis"):\n'
@@ -627,12 +647,12 @@ def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
   """Drafters at own cost and widened to T5 1.1 cost; n-grams per task."""
   use_fake(monkeypatch, FakeShipped())
   argv = ['--smoke', '--source', 'shipped', '--out_dir', str(tmp_path)]
-  args = device_run.parse_flags(SPEC, argv)
+  args = run_lib.parse_flags(SPEC, argv)
   clock = budget.Clock(5)
-  runner = device_run.Runner(
+  runner = run_lib.Runner(
       SPEC, args, SPEC.smoke._replace(costs=COSTS, target='target'), clock,
-      budget.Pool(1, clock), tmp_path,
-      report.header(f'-m {device_run.COMMAND} {SPEC.name}', argv,
+      pool_lib.Pool(1, clock), tmp_path,
+      report.header(f'-m {run_lib.COMMAND}', argv,
                     max_minutes=5))
   runner.setup()
   assert runner.tasks == ['en_de', 'synopsis'] and runner.eos == 1
@@ -677,7 +697,7 @@ def test_shipped_setup_with_a_stand_in_module(tmp_path, monkeypatch):
 def test_shipped_source_fails_clearly(monkeypatch, fake, message):
   use_fake(monkeypatch, fake)
   with pytest.raises(SystemExit, match=message):
-    device_run.load_shipped()
+    run_lib.load_shipped()
 
 
 @pytest.mark.parametrize('argv,message', [
@@ -689,19 +709,24 @@ def test_shipped_source_fails_clearly(monkeypatch, fake, message):
 ])
 def test_bad_flags_are_named(argv, message, capsys):
   with pytest.raises(SystemExit):
-    device_run.parse_flags(SPEC, argv)
+    run_lib.parse_flags(SPEC, argv)
   assert message in capsys.readouterr().err
 
 
-def test_the_command_line_lists_and_runs_the_device_spec(capsys):
-  """`list` names it; `run accelerator` takes the device run's flags."""
-  cli.main(['list'])
-  assert f'accelerator: {SPEC.title} on one accelerator' in (
-      capsys.readouterr().out)
+def test_the_command_line_runs_the_device_spec(monkeypatch, capsys):
+  """`python -m tools.accelerator` takes the device run's flags; the
+  package's own command line knows no device spec."""
+  monkeypatch.setattr(sys, 'argv', ['tools.accelerator', '--phases',
+                                    'tabel3'])
   with pytest.raises(SystemExit) as exit_:
-    cli.main(['run', 'accelerator', '--phases', 'tabel3'])
+    runpy.run_module('tools.accelerator', run_name='__main__',
+                     alter_sys=True)
   assert exit_.value.code == 2
   assert "--phases: unknown ['tabel3']" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['run', 'accelerator'])
+  assert exit_.value.code == 2
+  assert "invalid choice: 'accelerator'" in capsys.readouterr().err
 
 
 def test_device_names_are_folder_names():
@@ -713,7 +738,7 @@ def test_device_names_are_folder_names():
 
 def tiny_decode_program():
   """A tiny T5's greedy decode as a function of its dynamic arguments (as
-  `device_run.Runner.decode_fn` builds them), its params and inputs."""
+  `run_lib.Runner.decode_fn` builds them), its params and inputs."""
   model = network.T5Model(models.config(
       't5_1_1_tiny', vocab_size=64, num_encoder_layers=1,
       num_decoder_layers=1))
@@ -754,7 +779,7 @@ def test_executable_round_trip_on_cpu(tmp_path):
   assert manifest['versions']['jax'] == jax.__version__
   assert manifest['device_kind'] == jax.devices()[0].device_kind
   clock = budget.Clock(5)
-  pool = budget.Pool(1, clock)
+  pool = pool_lib.Pool(1, clock)
   again = aot.Store(tmp_path, 'cpu')
   pool.compile('round trip', {'base': lambda: lowered},
                lambda key: again.load(key))
@@ -847,20 +872,20 @@ def test_the_executables_get_what_a_device_command_leaves(tmp_path,
   (tmp_path / 'aot').mkdir()
   (tmp_path / 'aot' / 'pack-0.xz').write_bytes(bytes(1000))
   tree = 100 + 50 + len('/aot/\n')
-  assert device_plan.working_tree_bytes(tmp_path) == tree
-  assert device_plan.aot_budget(tmp_path) == (
-      device_plan.TRAVEL_LIMIT - device_plan.TRAVEL_MARGIN - tree)
+  assert plan_lib.working_tree_bytes(tmp_path) == tree
+  assert plan_lib.aot_budget(tmp_path) == (
+      plan_lib.TRAVEL_LIMIT - plan_lib.TRAVEL_MARGIN - tree)
   (tmp_path / 'tracked').unlink()  # deleted: not sent
-  assert device_plan.working_tree_bytes(tmp_path) == tree - 100
+  assert plan_lib.working_tree_bytes(tmp_path) == tree - 100
   with pytest.raises(subprocess.CalledProcessError):
-    device_plan.working_tree_bytes(tmp_path / 'aot' / 'none')
+    plan_lib.working_tree_bytes(tmp_path / 'aot' / 'none')
   # This repository leaves room for executables beside its tree.
-  assert 0 < device_plan.aot_budget() < (
-      device_plan.TRAVEL_LIMIT - device_plan.TRAVEL_MARGIN)
+  assert 0 < plan_lib.aot_budget() < (
+      plan_lib.TRAVEL_LIMIT - plan_lib.TRAVEL_MARGIN)
   flags = lambda mib: argparse.Namespace(aot_max_mib=mib)
-  assert device_run.aot_limit(flags(1.5)) == int(1.5 * 2 ** 20)
-  monkeypatch.setattr(device_plan, 'aot_budget', lambda: 12345)
-  assert device_run.aot_limit(flags(None)) == 12345
+  assert run_lib.aot_limit(flags(1.5)) == int(1.5 * 2 ** 20)
+  monkeypatch.setattr(plan_lib, 'aot_budget', lambda: 12345)
+  assert run_lib.aot_limit(flags(None)) == 12345
 
 
 # XLA's autotune results in text form as a GPU run writes them (one result;
@@ -903,26 +928,26 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   flags = lambda **kw: argparse.Namespace(**{
       **dict(aot_build=None, autotune_results=None, out_dir=None,
              smoke=False, target_config=None), **kw})
-  assert device_run.autotune_file(flags(aot_build='gpu:h100',
+  assert run_lib.autotune_file(flags(aot_build='gpu:h100',
                                         autotune_results=str(results))) == (
                                             results)
   with pytest.raises(SystemExit, match='no file of XLA autotune results'):
-    device_run.autotune_file(flags(aot_build='gpu:h100',
+    run_lib.autotune_file(flags(aot_build='gpu:h100',
                                    autotune_results=str(tmp_path / 'no')))
-  assert device_run.autotune_file(flags(aot_build='gpu:h100',
+  assert run_lib.autotune_file(flags(aot_build='gpu:h100',
                                         autotune_results='')) is None
-  assert device_run.autotune_file(flags(aot_build='cpu')) is None
-  assert device_run.autotune_file(flags(out_dir=str(tmp_path))) == results
-  assert device_run.autotune_file(flags(out_dir=str(tmp_path),
+  assert run_lib.autotune_file(flags(aot_build='cpu')) is None
+  assert run_lib.autotune_file(flags(out_dir=str(tmp_path))) == results
+  assert run_lib.autotune_file(flags(out_dir=str(tmp_path),
                                         smoke=True)) is None
-  assert device_run.build_config(flags(aot_build='cpu'), results) is None
+  assert run_lib.build_config(flags(aot_build='cpu'), results) is None
   chip = tmp_path / 'h100.textproto'
   chip.write_text(compiled.gpu_target_config('h100'))
   gpu = flags(aot_build='gpu:h100', target_config=str(chip))
-  assert device_run.build_config(gpu, results) == config
+  assert run_lib.build_config(gpu, results) == config
   other = tmp_path / 'other.textproto'  # a key in no form it knows: kept
   other.write_text(AUTOTUNE_TEXT.replace(device, 'sm_90'))
-  assert device_run.build_config(gpu, other) == chip.read_text()
+  assert run_lib.build_config(gpu, other) == chip.read_text()
   # A store built otherwise is dropped by the next build's describe.
   store = aot.Store(tmp_path, 'cpu')
   cpu = jax.devices()[0]
@@ -971,22 +996,22 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
   flags = lambda **kw: argparse.Namespace(**{
       **dict(aot_build='gpu:h100', device_topology=None, target_config=None,
              autotune_results=''), **kw})
-  assert device_run.recorded_topology(flags(device_topology=str(run)),
+  assert run_lib.recorded_topology(flags(device_topology=str(run)),
                                       'x') == (run, b'\x08\x01topology')
   with pytest.raises(SystemExit, match='hold no topology'):
-    device_run.recorded_topology(flags(device_topology=str(bare)), 'x')
+    run_lib.recorded_topology(flags(device_topology=str(bare)), 'x')
   with pytest.raises(SystemExit, match='--device_topology'):
-    device_run.recorded_topology(flags(device_topology=str(tmp_path / 'no')),
+    run_lib.recorded_topology(flags(device_topology=str(tmp_path / 'no')),
                                  'x')
-  assert device_run.recorded_topology(flags(device_topology=''), 'x') is None
-  assert device_run.recorded_topology(flags(aot_build='cpu'), 'x') is None
-  assert device_run.recorded_topology(flags(target_config='c.txt'),
+  assert run_lib.recorded_topology(flags(device_topology=''), 'x') is None
+  assert run_lib.recorded_topology(flags(aot_build='cpu'), 'x') is None
+  assert run_lib.recorded_topology(flags(target_config='c.txt'),
                                       'x') is None
-  monkeypatch.setattr(device_run, 'target_results', lambda target: tmp_path)
-  assert device_run.recorded_topology(flags(), 'run')[1] == (
+  monkeypatch.setattr(run_lib, 'target_results', lambda target: tmp_path)
+  assert run_lib.recorded_topology(flags(), 'run')[1] == (
       b'\x08\x01topology')
-  assert device_run.recorded_topology(flags(), 'bare') is None
-  assert device_run.recorded_topology(flags(), 'absent') is None
+  assert run_lib.recorded_topology(flags(), 'bare') is None
+  assert run_lib.recorded_topology(flags(), 'absent') is None
   # The device built for: the recorded one, else the target config's.
   asked = []
 
@@ -1002,7 +1027,7 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
   monkeypatch.setattr(aot, 'twin_devices', lambda target, topology: devices(
       target.name, topology=topology))
   monkeypatch.setattr(aot, 'check_compiles', lambda device: None)
-  device, config = device_run.build_target(flags(), None, 'run')
+  device, config = run_lib.build_target(flags(), None, 'run')
   assert device == 'twin' and asked == [('gpu:h100', None,
                                          b'\x08\x01topology')]
   assert 'sha256 ' + aot.sha256(b'\x08\x01topology')[:16] in config
@@ -1010,10 +1035,10 @@ def test_a_build_compiles_for_the_topology_a_run_recorded(tmp_path,
   odd.write_text(json.dumps(dict(device_facts=dict(
       topology=base64.b64encode(b'odd').decode()))))
   asked.clear()
-  assert device_run.build_target(flags(), None, 'odd') == ('configured', None)
+  assert run_lib.build_target(flags(), None, 'odd') == ('configured', None)
   assert asked[-1] == ('gpu:h100', None, None)
   with pytest.raises(SystemExit):  # one of the two names the device
-    device_run.parse_flags(accelerator.SPEC, [
+    run_lib.parse_flags(spec_lib.SPEC, [
         '--aot_build', 'gpu:h100', '--device_topology', str(run),
         '--target_config', 'c.txt'])
 
@@ -1049,7 +1074,7 @@ def test_the_run_takes_the_alpha_calibration_its_build_computed(tmp_path):
   examples, not of the device) and the run takes it instead of compiling
   its decodes on the device, only when it was computed for this run: the
   same code, models, sizes and lengths."""
-  r = device_run.Runner.__new__(device_run.Runner)
+  r = run_lib.Runner.__new__(run_lib.Runner)
   r.args = argparse.Namespace(source='synthetic', smoke=True, seed=0)
   r.synthetic, r.refused = True, None
   r.result = {'setup': dict(sigmas={'small': 0.02}, sizes={'examples': 2},
@@ -1082,12 +1107,12 @@ def test_a_slower_ahead_of_time_build_is_not_used():
   key = ('call', 'bfloat16', 1, 1)
 
   def runner(loaded_s, here_s):
-    r = device_run.Runner.__new__(device_run.Runner)
+    r = run_lib.Runner.__new__(run_lib.Runner)
     r.targets, r.caches = {'bfloat16': (None, 'params')}, {
         ('bfloat16', 1): 'cache'}
-    r.s, r.result, r.refused = accelerator.SPEC.smoke._replace(
+    r.s, r.result, r.refused = spec_lib.SPEC.smoke._replace(
         cost_repeats=3), {}, None
-    r.pool, r.phases_compiled = budget.Pool(1, budget.Clock(5)), []
+    r.pool, r.phases_compiled = pool_lib.Pool(1, budget.Clock(5)), []
     r.phase_programs = r.phases_compiled.append
     r.pool.adopt(key, lambda p, b, c, n: time.sleep(n * loaded_s), 'loaded')
     r.pool.adopt(('cache', 'bfloat16', 1), None, 'loaded')
@@ -1102,7 +1127,7 @@ def test_a_slower_ahead_of_time_build_is_not_used():
   assert set(r.pool.sources.values()) == {'loaded', 'compiled (not built)'}
   r, here = runner(3e-4, 1e-4)
   check = r.result['aot_check']
-  assert check['loaded_over_compiled_here'] > device_plan.AOT_SLOWER
+  assert check['loaded_over_compiled_here'] > plan_lib.AOT_SLOWER
   assert check['verdict'] == 'every program compiled here'
   assert r.refused.startswith('the ahead-of-time build ran t(1)')
   assert r.phases_compiled == ['p1'] and r.pool.executables[key] is here
@@ -1112,7 +1137,7 @@ def test_a_slower_ahead_of_time_build_is_not_used():
   # A resumed run (P1 from an earlier one) takes that run's verdict.
   for verdict, refused in (('loaded programs used', False),
                            ('every program compiled here', True)):
-    r = device_run.Runner.__new__(device_run.Runner)
+    r = run_lib.Runner.__new__(run_lib.Runner)
     r.store, r.refused = object(), None
     r.result = {'aot_check': dict(verdict=verdict,
                                   loaded_over_compiled_here=2.5)}
@@ -1129,7 +1154,7 @@ def test_programs_compiled_ahead_are_taken_when_their_step_comes():
   saying why."""
   fn, params, x = tiny_decode_program()
   lowered = jax.jit(fn).lower(params, x, None)
-  pool, gate, threads = budget.Pool(1, budget.Clock(5)), threading.Event(), []
+  pool, gate, threads = pool_lib.Pool(1, budget.Clock(5)), threading.Event(), []
 
   def compile_after_the_gate():
     threads.append(threading.current_thread().name)
@@ -1141,9 +1166,9 @@ def test_programs_compiled_ahead_are_taken_when_their_step_comes():
 
   # As the run hands them over: a lowering that raised raises in the
   # compile ahead, not in the phase that lowered it.
-  failed = device_run.lower_or_error(fails)
+  failed = run_lib.lower_or_error(fails)
   assert pool.ahead({'base': compile_after_the_gate,
-                     'bad': lambda: device_run.lowered_or_raise(failed)},
+                     'bad': lambda: run_lib.lowered_or_raise(failed)},
                     'compiled ahead, beside P2') == ['base', 'bad']
   assert pool.ahead({'base': lowered.compile}, 'again') == []
   start = time.perf_counter()  # the pool's one thread is free meanwhile
@@ -1153,7 +1178,7 @@ def test_programs_compiled_ahead_are_taken_when_their_step_comes():
   twice = lambda: pytest.fail('compiled again')
   pool.compile('P3 programs', {'base': twice, 'bad': lambda: lowered},
                None, 'not built')
-  assert threads[0].startswith(f'{budget.Pool.THREADS}-ahead')
+  assert threads[0].startswith(f'{pool_lib.Pool.THREADS}-ahead')
   assert pool.sources == {
       'base': 'compiled ahead, beside P2',
       'bad': "compiled (its compile ahead failed: RuntimeError('no autotune "
@@ -1215,11 +1240,11 @@ def test_unloadable_executable_is_compiled_instead(tmp_path, damage, why):
   store.write()
   again = aot.Store(tmp_path, 'cpu')
   assert again.load('base')[0] is None and why in again.load('base')[1]
-  pool = budget.Pool(1, budget.Clock(5))
+  pool = pool_lib.Pool(1, budget.Clock(5))
   pool.compile('fallback', {'base': lambda: lowered}, again.load)
   assert pool.sources['base'].startswith('compiled (' + why)
   if damage == 'missing':  # a refused build: nothing loads, each says why
-    refused = budget.Pool(1, budget.Clock(5))
+    refused = pool_lib.Pool(1, budget.Clock(5))
     refused.compile('refused', {'base': lambda: lowered}, None, 'slower')
     assert refused.sources['base'] == 'compiled (slower)'
   out = pool.executables['base'](params, x, None)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from specdec_jax.bench import report
-from specdec_jax.experiments import device_plan
+from tools.accelerator import plan
 
 
 def cell(value) -> str:
@@ -27,7 +27,7 @@ def cell(value) -> str:
   return '-' if value is None else str(value)
 
 
-def markdown(spec: device_plan.DeviceSpec, r: Dict[str, Any]) -> str:
+def markdown(spec: plan.DeviceSpec, r: Dict[str, Any]) -> str:
   """The results page: every table of the json (`spec`'s sections)."""
   setup, fl, bw, p = r['setup'], r['floor'], r['bandwidth'], r.get(
       'projection') or {}

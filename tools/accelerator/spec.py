@@ -1,9 +1,10 @@
 """Table 2 at T5-XXL cost on one accelerator, with bf16 numerics made explicit.
 
-A device run (`device_run`), not a sweep of the eval job: one process in a
-time budget (`--max_minutes`, 8) runs the phases of `PHASE_PLAN` in
-priority order (P1 the hardware profile, P2 Table 2, P3 token trees of
-the first drafter against the best chain, P4 batches, P5 against HF
+A device run (`run`: `python -m tools.accelerator`), not a sweep of the
+eval job: one process in a time budget (`--max_minutes`, 8) runs the
+phases of `PHASE_PLAN` in priority order (P1 the hardware profile, P2
+Table 2, P3 token trees of the first drafter against the best chain, P4
+batches, P5 against HF
 transformers on the unwidened models (torch on the same device), P6 the
 sweep and numerics); it starts no phase whose projected seconds do not
 fit the time left, and lists it. Each phase's status is in the json's
@@ -24,7 +25,7 @@ Phases (`results/<device>/accelerator_<source>.{md,json}`, written after
 every step; the hardware profile of a full shipped run to profiles/,
 of any other run beside its results): costs (what the later rows need:
 t(k) for k <= max_gamma + 1 and at the token trees' widths at batch 1, for
-k <= max_gamma + 1 at batches 8 and 32, `device_plan.needed_ks`; the
+k <= max_gamma + 1 at batches 8 and 32, `plan.needed_ks`; the
 floor, c of every drafter, alpha calibrated on the unwidened models);
 Table 2 at batch 1 for both tasks and temperatures, every drafter, gamma by
 the paper's rule (`hardware.predict` maximised), measured against
@@ -45,7 +46,7 @@ from specdec_jax import hardware
 from specdec_jax import models
 from specdec_jax import task_table
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
-from specdec_jax.experiments import device_plan
+from tools.accelerator import plan
 
 # sigma -> greedy alpha: 0.01 -> 0.90, 0.02 -> 0.76, 0.04 -> 0.57.
 SIGMAS = {'small': 0.02, 'base': 0.016, 'large': 0.013}
@@ -71,13 +72,13 @@ NOT_IMPLEMENTED = {}
 PROFILE_GAPS = ['the heads drafters (specdec_jax.drafters.heads): not in '
                 "the run's roster, not measured"]
 # Beyond k = 17 the batch-1 curve is timed at these k only (the token
-# trees' widths and points between; `device_plan.curve`).
+# trees' widths and points between; `plan.curve`).
 SPARSE_KS = (24, 32, 48, 64, 65)
 # P3's token trees of the first drafter (`shape.parse`: EAGLE-2 beams,
 # '/N' verifies the N most probable nodes; the default tree), greedy, each
 # against the best chain of Table 2.
 TREES = ('beam:16,4,16/64', 'beam:8,4,12/64', DEFAULT_TREE)
-FULL = device_plan.Sizes(
+FULL = plan.Sizes(
     s0=models.CONFIGS['t5_1_1_small'], costs=widening.PRESETS,
     target='target', input_length=64, output_length=128, batches=(1, 8, 32),
     profile_ks=(65, 17), sweep=tuple(range(1, 9)), max_gamma=8,
@@ -153,7 +154,7 @@ SECTIONS = (
      '', ('gamma', 'alpha', 'cost_gamma_plus_1', 'predicted', 'measured',
           'ratio', 'identical', 'rows')))
 
-SPEC = device_plan.DeviceSpec(
+SPEC = plan.DeviceSpec(
     name='accelerator',
     title='Table 2 at T5 1.1-XXL cost',
     about=__doc__,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import importlib.metadata
 import json
 import lzma
 import os
@@ -58,13 +57,13 @@ import jax.numpy as jnp
 from jax.experimental import serialize_executable
 from jax.experimental import topologies
 
+from specdec_jax import compiled
+from specdec_jax import program_cost
+
 FORMAT = 1
 MANIFEST = 'manifest.json'
 SUFFIX = '.xla.zz'
 PACK = 8  # programs per xz pack
-# Distributions whose versions an executable depends on (those installed).
-PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
-            'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
 
 # XLA picks a GPU's GEMM kernels by timing candidates on the device
 # (autotuning); a compile-only device cannot, and takes XLA's defaults. For
@@ -75,11 +74,12 @@ PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
 # (`AUTOTUNE_FILE`, which every GPU run writes with its results), keyed by
 # the device they were timed on (`autotune_device`; the build's target
 # config is matched to it); without them it leaves the GEMMs to cuBLAS,
-# whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`).
-# A run checks a loaded t(1) against the same program compiled on the
-# device before it times anything (`device_plan.AOT_SLOWER`).
+# whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`: the
+# package's `program_cost.UNTUNED_OPTIONS`). A run checks a loaded t(1)
+# against the same program compiled on the device before it times anything
+# (`plan.AOT_SLOWER`).
 AUTOTUNE_FILE = 'autotune.textproto'
-UNTUNED_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
+UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
                       for k, v in UNTUNED_OPTIONS.items())
 LOAD_AUTOTUNE_FLAG = '--xla_gpu_load_autotune_results_from'
@@ -105,7 +105,7 @@ def load_flags(path: pathlib.Path) -> List[str]:
 def deviceless_options(platform: str, flags: Sequence[str]
                        ) -> Dict[str, Any]:
   """The compiler options of a program compiled on an attached device
-  while the run times others on it (`budget.Pool.ahead`): the program a
+  while the run times others on it (`pool.Pool.ahead`): the program a
   build with `flags` (its `build_flags`) makes, with no kernel run on the
   device to make it. On a GPU, XLA times candidate kernels while it
   compiles (autotuning) unless told not to: with the build's autotune
@@ -197,35 +197,28 @@ def autotune_record(path: pathlib.Path, name: str) -> Dict[str, Any]:
               device=autotune_device(data.decode()))
 
 
-def versions() -> Dict[str, str]:
-  """{distribution: version} of `PACKAGES` installed here."""
-  out = {}
-  for name in PACKAGES:
-    try:
-      out[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      pass
-  return out
-
-
 def runtime_versions(platform: str) -> Dict[str, str]:
   """The versions an executable for `platform` must match: jax, jaxlib
   and that platform's plugin (a CPU executable needs no plugin)."""
   plugin = {'gpu': 'cuda', 'cuda': 'cuda', 'tpu': 'libtpu'}.get(platform)
-  return {k: v for k, v in versions().items() if k in ('jax', 'jaxlib') or (
-      plugin and plugin in k)}
+  return {k: v for k, v in compiled.versions().items()
+          if k in ('jax', 'jaxlib') or (plugin and plugin in k)}
 
 
 @functools.lru_cache(maxsize=None)
 def code_fingerprint() -> str:
-  """sha256 over the package's Python files (their paths and bytes): what
-  an executable's behaviour depends on besides the versions and the
-  device. Any change to the package's code changes it."""
-  root = pathlib.Path(__file__).resolve().parents[1]
+  """sha256 over the Python files of the package and of this box (their
+  paths and bytes; the box builds programs too): what an executable's
+  behaviour depends on besides the versions and the device. Any change to
+  either's code changes it."""
+  roots = (pathlib.Path(compiled.__file__).resolve().parent,
+           pathlib.Path(__file__).resolve().parent)
   digest = hashlib.sha256()
-  for path in sorted(root.rglob('*.py')):
-    digest.update(path.relative_to(root).as_posix().encode() + b'\0')
-    digest.update(path.read_bytes() + b'\0')
+  for root in roots:
+    for path in sorted(root.rglob('*.py')):
+      digest.update(path.relative_to(root.parent).as_posix().encode() +
+                    b'\0')
+      digest.update(path.read_bytes() + b'\0')
   return digest.hexdigest()
 
 
@@ -246,7 +239,7 @@ def device_facts(device: Any = None) -> Dict[str, Any]:
   """
   device = device or jax.devices()[0]
   out = dict(platform=device.platform, device_kind=device.device_kind,
-             versions=versions())
+             versions=compiled.versions())
   for name in ('compute_capability', 'core_count', 'num_cores'):
     value = getattr(device, name, None)
     if value is not None:
@@ -460,7 +453,7 @@ class Store:
   def fit(self, limit: int) -> List[str]:
     """Drops the programs of lowest priority until the folder's files
     weigh at most `limit` bytes (what a device command may carry: see
-    `device_plan.aot_budget`); the pack the limit falls in is packed again
+    `plan.aot_budget`); the pack the limit falls in is packed again
     with as many of its programs as fit. Returns the names dropped, in
     priority order."""
     self.pack(final=True)
