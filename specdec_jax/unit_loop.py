@@ -248,7 +248,7 @@ def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
   return choice
 
 
-def _programs(loaded: loading.Loaded, gamma: int, refill_sizes
+def programs_at(loaded: loading.Loaded, gamma: int, refill_sizes=None
               ) -> Tuple[programs.Program, Optional[programs.Program]]:
   """The setup's baseline and speculative programs at `gamma`.
 
@@ -437,7 +437,7 @@ class Lane:
 
   def programs(self, refill_sizes):
     """Its (baseline, speculative or None) programs at its gamma."""
-    return _programs(self.loaded, self.gamma, refill_sizes)
+    return programs_at(self.loaded, self.gamma, refill_sizes)
 
 
 def _shared_baseline(lanes: Sequence[Lane], refill_sizes) -> programs.Program:

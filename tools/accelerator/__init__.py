@@ -13,5 +13,7 @@ repository root with `python -m tools.accelerator` (README.md here):
   plan from a measured run's time log;
 - `aot`: executables compiled ahead of time on a machine without the
   device, stored, checked and loaded;
-- `report`: the run's results page and plots.
+- `report`: the run's results page and plots;
+- `stored`: the package's own specs run on programs built ahead of time
+  (the eval job's programs found by their fingerprints).
 """
