@@ -157,11 +157,10 @@ def test_smoke_runs_without_seqio_tensorflow_gin(smoke):
       for v in result['programs'].values())
   assert result['device_facts']['device_kind'] == jax.devices()[0].device_kind
   for name in ('accelerator_synthetic.md', 'accelerator_synthetic.json',
-               'accelerator_synthetic_costs.png',
-               'accelerator_synthetic_table2.png',
-               'accelerator_synthetic_sweep.png',
-               'accelerator_synthetic_batches.png'):
+               'accelerator_synthetic_plots.png'):
     assert (out / name).is_file(), name
+  # What a lent device machine sends back: at most 8 files.
+  assert len([f for f in out.iterdir() if f.is_file()]) <= 8
 
 
 def test_smoke_is_labelled_synthetic(smoke):

@@ -149,22 +149,25 @@ def batch_rows(r):
 
 def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
                 ) -> List[str]:
-  """Cost curves, Table 2, the gamma sweep and the batches; file names."""
+  """Cost curves, Table 2, the gamma sweep and the batches, as the panels
+  of ONE figure (a lent device sends back at most 8 files); its file name
+  (none without any rows)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  names, t2 = [], r['table2']
-  for name, rows, title, xlabel, ylabel, size in [
+  t2 = r['table2']
+  panels = [p for p in [
       ('costs', r['costs'], f"Target call cost on {r['device']}",
-       'k (tokens per call)', 'cost(k) = t(k) / t(1)', (6, 4)),
-      ('table2', t2, 'Table 2 at T5-XXL cost', '', 'speed-up',
-       (max(6, len(t2) / 2), 4)),
-      ('sweep', r['sweep'], 'gamma sweep', 'gamma', 'speed-up', (5, 3.6)),
+       'k (tokens per call)', 'cost(k) = t(k) / t(1)'),
+      ('table2', t2, 'Table 2 at T5-XXL cost', '', 'speed-up'),
+      ('sweep', r['sweep'], 'gamma sweep', 'gamma', 'speed-up'),
       ('batches', r['batches'], 'Per-row acceptance by batch', '',
-       'mean accepted length per row', (5, 3.6))]:
-    if not rows:
-      continue
-    fig, ax = plt.subplots(figsize=size)
+       'mean accepted length per row')] if p[1]]
+  if not panels:
+    return []
+  fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(
+      max(6, len(t2) / 2), 4 * len(panels)))
+  for ax, (name, rows, title, xlabel, ylabel) in zip(axes[:, 0], panels):
     if name == 'costs':
       for act, by_b in rows.items():
         for b, v in by_b.items():
@@ -192,6 +195,6 @@ def write_plots(r: Dict[str, Any], out_dir: pathlib.Path, stem: str
     ax.set(xlabel=xlabel, ylabel=ylabel)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
-    report.save_plot(fig, out_dir / f'{stem}_{name}.png')
-    names.append(f'{stem}_{name}.png')
-  return names
+  fig.tight_layout()
+  report.save_plot(fig, out_dir / f'{stem}_plots.png')
+  return [f'{stem}_plots.png']
