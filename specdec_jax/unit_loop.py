@@ -169,7 +169,9 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
     'configured_gamma', 'configured_tree', 'rank_probs' (as measured,
     'rank_probs_measured', made non-increasing), 'examples' (n),
     'expected_tokens', 'iteration_ms', 'predicted_tokens_per_s',
-    'level_ms', 'profile'} (JSON).
+    'level_ms', 'predicted_speedup', 'profile'} (JSON). Where even the best
+    tree is predicted slower than the baseline (a token per t(1)), 'gamma'
+    is 0 (no speculation) and 'why' says so.
   """
   setup = loaded.setup
   budget, b = setup.draft.tree_budget, setup.batch.size
@@ -194,14 +196,21 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
                                           batch=b)
   shape, rate = tree_shape.choose(probs, costs, max_nodes=budget,
                                   max_depth=setup.gamma)
-  return {'gamma': shape.depth, 'tree': shape.spec, 'rule': 'profile',
+  choice = {'gamma': shape.depth, 'tree': shape.spec, 'rule': 'profile',
           'configured_gamma': setup.gamma, 'configured_tree': setup.draft.tree,
           'rank_probs': probs, 'examples': len(inputs),
           'rank_probs_measured': [float(p) for p in measured],
           'expected_tokens': shape.expected_tokens(probs),
           'iteration_ms': costs.iteration_ms(shape),
           'predicted_tokens_per_s': rate, 'level_ms': t_level * 1e3,
-          'profile': profile.to_json()}
+          'predicted_speedup': rate * t1, 'profile': profile.to_json()}
+  if rate * t1 < 1.0:  # the baseline's rate: a token per t(1)
+    choice['gamma'] = 0
+    choice['why'] = (
+        f'no speculation: the best tree ({shape.spec}) is predicted at '
+        f'{rate * t1:.2f}x of the baseline on the profile measured now, so '
+        'the job decodes with the baseline')
+  return choice
 
 
 def _baseline_outputs(setup: EvalSetup, base: programs.Program, params,
@@ -238,6 +247,9 @@ def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
   choice = choose_tree(loaded, inputs, outputs)
   if choice_file is not None:
     run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  if choice['gamma'] == 0:
+    print(f"tree choice: {choice['why']}", flush=True)
+    return choice
   print(f"tree {choice['tree']} ({choice['gamma']} levels; configured "
         f"{choice['configured_tree']}): chosen by the profile measured now "
         f"and the drafter's ranks on {choice['examples']} examples, "

@@ -536,10 +536,11 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   """TREE='choose:N': the job chooses the tree on its first unit,
   `drafters.tree.shape.choose` on the rank probabilities and call costs
   it records (both stubbed here: a drafter with these ranks, a target
-  whose calls cost the same at any width, as on an accelerator, or k
-  times one at width k, as on a CPU), then decodes with that tree,
-  exactly; wider calls that cost nothing more give a bigger tree. A
-  rerun for more examples decodes with the tree chosen before."""
+  whose calls cost the same at any width, as on an accelerator, or more
+  with each token, as on a CPU), then decodes with that tree,
+  exactly; wider calls that cost nothing more give a bigger tree, levels
+  dearer than the baseline's token no speculation. A rerun for more
+  examples decodes with the tree chosen before."""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
@@ -547,9 +548,9 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   import numpy as np  # pylint: disable=g-import-not-at-top
   probs = [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0]
   monkeypatch.setattr(measure, 'rank_probs', lambda *a, **k: np.array(probs))
-  levels = []  # a tree level is timed alone, as the drafter's call on it
-  monkeypatch.setattr(measure, 'tree_level_time',
-                      lambda drafter, *a, **k: levels.append(drafter) or 2e-4)
+  levels, level_s = [], [1e-6]  # a level timed alone: the drafter's call
+  monkeypatch.setattr(measure, 'tree_level_time', lambda drafter, *a, **k: (
+      levels.append(drafter) or level_s[0]))
   real_curve, real_loop = measure.cost_curve, drafters.TreeDrafter.merged_loop
   decoded = []
 
@@ -560,7 +561,7 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   monkeypatch.setattr(drafters.TreeDrafter, 'merged_loop', spied)
   tree = dict(DRAFTER="'tree'", TREE="'choose:6'", NUM_EXAMPLES='2')
   chosen = {}
-  for name, slope in (('flat', 0.0), ('linear', 1.0)):
+  for name, slope in (('flat', 0.0), ('linear', 0.25)):
     monkeypatch.setattr(measure, 'cost_curve', lambda *a, slope=slope, **k: {
         n: t1 * (1 + slope * (n - 1)) for t1 in [real_curve(*a, **k)[1]]
         for n in real_curve(*a, **k)})
@@ -574,7 +575,7 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
         max_depth=3)
     assert choice['tree'] == want.spec and choice['rank_probs'] == probs
     assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
-    assert choice['level_ms'] == pytest.approx(0.2)
+    assert choice['level_ms'] == pytest.approx(1e-3)
     assert isinstance(levels[-1], drafters.TreeDrafter)
     assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
     assert decoded and all(s == want for s in decoded)
@@ -582,6 +583,14 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
     assert summary['differing_examples'] == 0
     chosen[name] = want
   assert chosen['flat'].nodes > chosen['linear'].nodes, chosen
+  # Levels so dear that every tree is slower than the baseline: no
+  # speculation, and the choice says why.
+  level_s[0], decoded[:] = 10.0, []
+  summary = eval_lib.main(args(tmp_path / 'dear', **tree))
+  choice, = summary['gamma_choices']
+  assert choice['gamma'] == 0 and choice['predicted_speedup'] < 1
+  assert 'no speculation' in choice['why']
+  assert summary['gamma_used'] == {'0': 2} and not decoded
   capsys.readouterr()
   decoded.clear()
   summary = eval_lib.main(args(tmp_path / 'linear', **dict(tree,
