@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -112,23 +111,6 @@ def gpu_target_config(chip: str, cuda: Tuple[int, int] = (13, 0)) -> str:
   return _CHIP_DATA['gpu_target_config'].format(
       bandwidth=int(spec.hbm_bandwidth), memory=spec.hbm_bytes,
       cuda=cuda[0], cuda_minor=cuda[1], name=spec.name)
-
-
-# Distributions whose versions a compiled program depends on (those
-# installed).
-PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
-            'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
-
-
-def versions() -> Dict[str, str]:
-  """{distribution: version} of `PACKAGES` installed here."""
-  out = {}
-  for name in PACKAGES:
-    try:
-      out[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      pass
-  return out
 
 
 @dataclasses.dataclass(frozen=True)

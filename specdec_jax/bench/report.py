@@ -10,6 +10,7 @@ plain JSON.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -23,6 +24,23 @@ import numpy as np
 
 from specdec_jax import measure
 from specdec_jax import network
+
+
+# Distributions whose versions a compiled program depends on (those
+# installed).
+PACKAGES = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
+            'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'libtpu')
+
+
+def versions() -> Dict[str, str]:
+  """{distribution: version} of `PACKAGES` installed here."""
+  out = {}
+  for name in PACKAGES:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return out
 
 
 def portable(text: str) -> str:

@@ -364,7 +364,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
   setup = compiled.setup(args)
   out = {
       'command': report.portable(' '.join([COMMAND] + list(argv))),
-      'date': time.strftime('%Y-%m-%d'), 'versions': compiled.versions(),
+      'date': time.strftime('%Y-%m-%d'), 'versions': report.versions(),
       'target': dataclasses.asdict(target),
       'chip': dataclasses.asdict(target.spec),
       'label': ESTIMATED,

@@ -59,6 +59,7 @@ from jax.experimental import topologies
 
 from specdec_jax import compiled
 from specdec_jax import program_cost
+from specdec_jax.bench import report
 
 FORMAT = 1
 MANIFEST = 'manifest.json'
@@ -201,7 +202,7 @@ def runtime_versions(platform: str) -> Dict[str, str]:
   """The versions an executable for `platform` must match: jax, jaxlib
   and that platform's plugin (a CPU executable needs no plugin)."""
   plugin = {'gpu': 'cuda', 'cuda': 'cuda', 'tpu': 'libtpu'}.get(platform)
-  return {k: v for k, v in compiled.versions().items()
+  return {k: v for k, v in report.versions().items()
           if k in ('jax', 'jaxlib') or (plugin and plugin in k)}
 
 
@@ -239,7 +240,7 @@ def device_facts(device: Any = None) -> Dict[str, Any]:
   """
   device = device or jax.devices()[0]
   out = dict(platform=device.platform, device_kind=device.device_kind,
-             versions=compiled.versions())
+             versions=report.versions())
   for name in ('compute_capability', 'core_count', 'num_cores'):
     value = getattr(device, name, None)
     if value is not None:
