@@ -70,9 +70,10 @@ def _traced(args) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
 
 
-# Gives a program's executable from its trace and `fingerprint`: see
-# `programs_from`.
-Provider = Callable[[jax.stages.Traced, str], jax.stages.Compiled]
+# Gives a program's executable from its trace, `fingerprint` and a function
+# lowering it for another device: see `programs_from`.
+Provider = Callable[[jax.stages.Traced, str, Callable[[Any], Any]],
+                    jax.stages.Compiled]
 _PROVIDER: Dict[str, Optional[Provider]] = {'now': None}
 
 
@@ -82,10 +83,12 @@ def programs_from(provider: Provider) -> Iterator[None]:
   timing loops built on `OptionedJit`) needs is taken from `provider`
   instead of jax's own compile.
 
-  `provider(traced, fingerprint)` returns the executable of a traced
-  program (`jax.stages.Traced`: `.lower().compile()` compiles it here):
-  e.g. one deserialized from a store of programs compiled ahead of time for
-  this device, found by `fingerprint`. It is asked once per program and
+  `provider(traced, fingerprint, lower_on)` returns the executable of a
+  traced program (`jax.stages.Traced`: `.lower().compile()` compiles it
+  here): e.g. one deserialized from a store of programs compiled ahead of
+  time for this device, found by `fingerprint`. `lower_on(device)` lowers
+  the same program for another device (its arguments as shape structs
+  placed there): what a build for a compile-only twin compiles. It is asked once per program and
   argument signature; the executable is kept and called with the
   program's dynamic arguments. A decode traced inside a caller's own jit
   is part of the caller's program and asks nothing.
@@ -113,10 +116,15 @@ def fingerprint(traced: jax.stages.Traced,
   return 'sha256:' + digest.hexdigest()
 
 
+def _aval(x):
+  """An argument's abstract value (a shape struct is its own)."""
+  return x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+
+
 def _signature(x) -> Tuple[Any, ...]:
   """What an executable's argument is compiled for: shape, dtype, weak
   type, and an array's sharding."""
-  aval = jax.typeof(x)
+  aval = _aval(x)
   return (aval.shape, str(aval.dtype), aval.weak_type,
           x.sharding if isinstance(x, jax.Array) else None)
 
@@ -167,8 +175,22 @@ class OptionedJit:
     key = (provider, options, static, tree, tuple(map(_signature, leaves)))
     if key not in self._provided:
       traced = self.jitted(options).trace(*args)
-      self._provided[key] = provider(traced, fingerprint(traced, options))
+      self._provided[key] = provider(
+          traced, fingerprint(traced, options),
+          functools.partial(self._lower_on, options, args))
     return self._provided[key](*dynamic)
+
+  def _lower_on(self, options, args, device) -> jax.stages.Lowered:
+    """The program of a call on `args`, lowered for `device` (e.g. a
+    compile-only twin of the device it will run on): its dynamic
+    arguments as shape structs placed there."""
+    placed = jax.sharding.SingleDeviceSharding(device)
+    shaped = lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), _aval(x).dtype, weak_type=_aval(x).weak_type,
+        sharding=placed)
+    return self.jitted(options).lower(*(
+        a if i in self.static_argnums else jax.tree.map(shaped, a)
+        for i, a in enumerate(args)))
 
   def lower(self, *args) -> jax.stages.Lowered:
     return self.entry_jit(args).lower(*args)

@@ -129,10 +129,12 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
   enc, _ = ragged_greedy
   asked = []
 
-  def provider(traced, fingerprint):
+  def provider(traced, fingerprint, lower_on):
     asked.append(fingerprint)
+    # Compiled as a build would, for a device named apart from the trace.
+    compiled_ = lower_on(jax.devices()[0]).compile()
     return serialize_executable.deserialize_and_load(
-        *serialize_executable.serialize(traced.lower().compile()))
+        *serialize_executable.serialize(compiled_))
 
   def program(gamma):
     return programs.Program(programs.ProgramSpec(
