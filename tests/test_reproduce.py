@@ -2,7 +2,8 @@
 
 `reproduce.eval_setup` builds each setup as a value (configs, checkpoints,
 the task table); the eval job's command line gives it through the gin
-files (`flags`). These checks need no weights: the two must be equal for
+files (`gin_flags`, built here from the model set's gin file, macros and
+checkpoints). These checks need no weights: the two must be equal for
 every model set, task and drafter; the value path must run where gin and
 seqio are not installed (the device image); the mini setup must pick the
 trained mini models' latest checkpoints, the paper setup the T5 1.1 XXL
@@ -52,25 +53,63 @@ PAPER_CHECKPOINTS = ','.join(f'{task}_{size}=/ckpt/{task}_{size}'
 
 
 def every_model_set(root):
-  """A setup of each model set (both xxl_cost sizes), every drafter found."""
+  """A setup of each model set (both xxl_cost sizes, shipped with a data
+  folder too), every drafter found."""
   make_models(root)
   make_exports(root)
+  variants = {'xxl_cost': ((False, None), (True, None)),
+              'shipped': ((False, None), (False, '/data'))}
   for name in task_table.MODEL_SETS:
-    for shrink in (False, True) if name == 'xxl_cost' else (False,):
+    for shrink, data_dir in variants.get(name, ((False, None),)):
       yield reproduce.make_setup(name, str(root), PAPER_CHECKPOINTS,
-                                 shrink=shrink)
+                                 data_dir=data_dir, shrink=shrink)
 
 
-def gin_setup(setup, task, drafter):
-  """What the eval job's gin files give for the setup's flags (gamma 1)."""
-  args = gin_utils.parse_flags(setup.flags(task, drafter) + [
-      '--gin.GAMMA=1', "--gin.EVAL_OUTPUT_DIR='-'"], 'test')
+def _binding(name, value):
+  quoted = isinstance(value, str) and not value.startswith('%')
+  return f'--gin.{name}={value!r}' if quoted else f'--gin.{name}={value}'
+
+
+def gin_flags(models, task, drafter):
+  """The eval job's flags that give a (task, drafter) of a model set
+  through its gin files: the task's file (paper: the drafter size's), the
+  checkpoints, a T5 drafter's config macro (mini models: MINI_<NAME>;
+  a paper file names its own), a model-free kind on the file's
+  DRAFT_MODEL, the widenings and data folder (no file has them)."""
+  files = task_table.files_of(models.models)
+  t5 = drafter in models.t5_drafters()
+  gin_file = task_table.get(task).gin_file(models.models,
+                                           drafter if t5 else 'small')
+  flags = [f'--gin_file={gin_file}', '--gin.GAMMA=1',
+           "--gin.EVAL_OUTPUT_DIR='-'"]
+  if files != 'shipped':  # the shipped files name the shipped target
+    flags.append(_binding('TARGET_CHECKPOINT', models.checkpoint(task, 'xxl')))
+  if 'target' in models.widening:
+    flags.append(_binding('EvalSetup.target_widen_to',
+                          models.widening['target']))
+  if models.data_dir is not None:
+    flags.append(_binding('EvalSetup.data_dir', models.data_dir))
+  if not t5:
+    return flags + ['--gin.DRAFT_CHECKPOINT=None',
+                    _binding('DRAFTER', drafter)]
+  if files != 'paper':
+    flags.append(f'--gin.DRAFT_MODEL=%MINI_{drafter.upper()}')
+  flags.append(_binding('DRAFT_CHECKPOINT', models.checkpoint(task, drafter)))
+  if models.widening.get(drafter) is not None:
+    flags.append(_binding('DrafterSpec.widen_to', models.widening[drafter]))
+  return flags
+
+
+def gin_setup(models, task, drafter):
+  """What the eval job's gin files give for a (task, drafter) (gamma 1)."""
+  args = gin_utils.parse_flags(gin_flags(models, task, drafter), 'test')
   return loading.setup_from_flags(args)
 
 
 def test_every_setup_value_is_what_its_gin_files_give(tmp_path):
-  """The setups are built without gin, but the command that reruns a cell
-  runs the gin files: for every model set, task and drafter offered, the
+  """The setups are built without gin, but the eval job run by hand
+  (`python -m specdec_jax.eval` with `gin_flags`) reads the gin files: for
+  every model set, task and drafter offered, the
   two must be the same `EvalSetup`, so neither can drift from the other
   (a config, a task's lengths, a model set's split or data folder, a
   widening)."""
@@ -165,7 +204,7 @@ def test_a_widened_drafter_drafts_what_it_drafted_before():
 
 def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
   make_models(tmp_path)
-  setup = reproduce.MiniSetup(str(tmp_path))
+  setup = reproduce.make_setup('mini', str(tmp_path))
   base = reproduce.eval_setup(setup, 'synopsis', 'base')
   assert base.mixture_or_task_name == 'debian_synopsis'
   assert base.target_config.emb_dim == 256
@@ -182,12 +221,12 @@ def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
 
 
 def test_mini_setup_names_the_missing_model(tmp_path):
-  setup = reproduce.MiniSetup(str(tmp_path))
+  setup = reproduce.make_setup('mini', str(tmp_path))
   with pytest.raises(FileNotFoundError,
                      match='train/en_de_mini_xxl.gin'):
-    reproduce.eval_flags(setup, 'en_de', 'small')
+    reproduce.eval_setup(setup, 'en_de', 'small')
   with pytest.raises(ValueError, match="Unknown drafter 'trigram'"):
-    reproduce.eval_flags(setup, 'en_de', 'trigram')
+    reproduce.eval_setup(setup, 'en_de', 'trigram')
 
 
 def test_paper_setup_uses_the_paper_gin_files():
@@ -201,19 +240,13 @@ def test_paper_setup_uses_the_paper_gin_files():
   assert (r.target_checkpoint, r.draft.checkpoint) == (
       '/ckpt/xxl', '/ckpt/large')
   with pytest.raises(ValueError, match="'en_de_small'"):
-    reproduce.eval_flags(setup, 'en_de', 'small')
+    reproduce.eval_setup(setup, 'en_de', 'small')
   with pytest.raises(ValueError, match='look like en_de_xxl=PATH'):
     reproduce.make_setup('paper', checkpoint_list='en_de_xxl')
 
 
 def test_results_name_no_home_directory(tmp_path, monkeypatch):
   monkeypatch.setenv('HOME', str(tmp_path))
-  make_models(tmp_path / 'models')
-  setup = reproduce.MiniSetup(str(tmp_path / 'models'))
-  command = reproduce.shell_command(
-      reproduce.eval_flags(setup, 'en_de', 'small'))
-  assert str(tmp_path) not in command
-  assert "'~/models/en_de_mini_xxl/checkpoint_1000'" in command
   header = report.header('scripts/x.py', ['--models_dir',
                                           f'{tmp_path}/models'])
   assert header['command'] == 'python scripts/x.py --models_dir ~/models'

@@ -1,22 +1,17 @@
 """The model sets a spec runs on, as the eval job's setups.
 
-Four model sets: `MiniSetup` ('mini'), the mini models trained here
-(gin_configs/train/, `scripts/train.py`) in
-`<models_dir>/<task>_mini_<size>/checkpoint_<step>`; `ShippedSetup`
-('shipped'), the package's own models; `PaperSetup` ('paper'), real T5X
-checkpoints of T5 1.1 XXL / small / base / large through the paper's gin
-files, for a TPU / GPU; `XxlCostSetup` ('xxl_cost'), the shipped models
-widened function-preservingly to the paper's costs. `eval_setup` builds
-the job's typed `loading.EvalSetup` for a (task, drafter) pair as a value,
-from the configs (`MINI`, `models.CONFIGS`) and `task_table` (each task's
-gin file, seqio task, lengths and the model set's fields), with no gin:
-it runs where gin and seqio are not installed. A setup also names the
-eval job's flags that give the same setup through the gin files (`flags`:
-the command that reruns a cell, `eval_flags` / `shell_command`); the
-suite checks the two agree for every model set, task and drafter. This
-module also
-holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at T5-XXL target
-cost on a measured hardware profile, through `hardware.predict`.
+A `ModelSet` ('mini', 'shipped', 'paper', 'xxl_cost': `task_table.
+MODEL_SETS`) builds the job's typed `loading.EvalSetup` for a (task,
+drafter) as a value (`eval_setup`), with no gin, so it runs where gin and
+seqio are not installed. Its data: the configs (`MINI`, whose gin twins
+are gin_configs/train/mini_<name>.gin; `models.CONFIGS` for 'paper'), the
+drafter a model-free kind carries (`DEFAULT_DRAFT`: its gin files'
+DRAFT_MODEL), where each model's checkpoint is (`ModelSet.checkpoint`),
+the widenings of 'xxl_cost' (`XXL_COST`) and `task_table` (each task's
+seqio task, lengths and the set's fields). tests/test_reproduce.py checks
+every model set, task and drafter against what the gin files give. This
+module also holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at
+T5-XXL target cost on a measured hardware profile (`hardware.predict`).
 """
 
 from __future__ import annotations
@@ -24,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any, Dict, Optional, Sequence, Tuple
-
+from typing import Any, Dict, Optional, Tuple
 
 from specdec_jax import checkpoints
 from specdec_jax import drafters as drafters_lib
+from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import models as models_lib
@@ -37,31 +32,21 @@ from specdec_jax import shipped
 from specdec_jax import task_table
 from specdec_jax import theory
 from specdec_jax import widening
-from specdec_jax import hardware
 from specdec_jax.bench import report
 
 T5_SIZES = ('small', 'base', 'large')  # the paper's T5 drafters
 
 
 def model_free_drafters() -> Tuple[str, ...]:
-  """The registered drafter kinds that need no draft model (n-grams, ...).
-
-  Every setup offers them next to its T5 drafters, so a kind registered in
-  `drafters.KINDS` is reproduced without touching this module.
-  """
+  """The registered drafter kinds that need no draft model (n-grams, ...):
+  every model set offers them next to its T5 drafters."""
   return tuple(name for name, kind in drafters_lib.KINDS.items()
                if not kind.needs_model)
 
 
-def all_drafters(t5_names: Sequence[str]) -> Tuple[str, ...]:
-  return tuple(t5_names) + model_free_drafters()
-
 def model_checkpoint(models_dir: str, task: str, size: str) -> str:
-  """Latest checkpoint of a trained mini model; a clear error if missing.
-
-  `<models_dir>/<task>_mini_<size>`, or `<models_dir>/<size>` when task is
-  ''.
-  """
+  """Latest checkpoint in `<models_dir>/<task>_mini_<size>` (or
+  `<models_dir>/<size>` when task is ''); a clear error if missing."""
   directory = os.path.join(os.path.expanduser(models_dir),
                            f'{task}_mini_{size}' if task else size)
   path = checkpoints.latest_checkpoint(directory)
@@ -73,64 +58,221 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
   return path
 
 
-# Predicted speed-ups at T5-XXL target cost on a measured hardware profile
-# (`hardware`: the H100 run's by default). Each drafter of the setups
-# is taken at the cost the accelerator run timed it under (the paper's
-# T5 1.1-small drafter for 'small': the shipped small widened to T5
-# 1.1-small cost), or, for one the run did not time, a shipped model whose
-# decoder step sets the profile's bytes / launches model (labelled).
+def _mini(emb: int, heads: int, encoder: int, decoder: int, head_dim: int,
+          mlp: int) -> network.T5Config:
+  return network.T5Config(
+      vocab_size=8064, dtype='float32', emb_dim=emb, num_heads=heads,
+      num_encoder_layers=encoder, num_decoder_layers=decoder,
+      head_dim=head_dim, mlp_dim=mlp, mlp_activations=('gelu', 'linear'),
+      dropout_rate=0.0, logits_via_embedding=False)
+
+
+# The mini models' configs (the 'mini' and 'shipped' sets): name -> what
+# gin_configs/train/mini_<name>.gin binds to MINI_<NAME>; 'xxl' the target.
+MINI = {'xxl': _mini(256, 4, 4, 4, 64, 640),
+        'large': _mini(192, 3, 3, 3, 64, 512),
+        'base': _mini(128, 2, 2, 2, 64, 320),
+        'small': _mini(64, 2, 1, 1, 32, 160),
+        'dec2': _mini(256, 4, 2, 2, 64, 640),
+        'dec1': _mini(256, 4, 2, 1, 64, 640)}
+# The config a model-free drafter carries: its gin files' DRAFT_MODEL.
+DEFAULT_DRAFT = {'mini': 'small', 'shipped': 'dec2', 'paper': 'small'}
+# The T5 drafters of the shipped models: name -> where the checkpoint is
+# ('shipped' ones, or the `<name>_fkl` runs of
+# scripts/train_shipped_models.py in `models_dir`, 'export').
+SHIPPED_T5_DRAFTERS = {'dec2': 'shipped', 'small': 'shipped',
+                       'dec1': 'export', 'base': 'export', 'large': 'export'}
+# What 'xxl_cost' widens the shipped models to, function-preservingly (the
+# same outputs and alpha): the costs the accelerator run times them at
+# (the target at T5 1.1-XXL cost, a drafter named after a T5 1.1 size at
+# that size's; dec2 / dec1 keep their own).
+XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
+            'base': 't5_1_1_base_cost', 'large': 't5_1_1_large_cost'}
+# The same shrunk (`--shrink`: a CPU run in seconds): the drafters grown a
+# little; the target as it is, so that its programs are the shipped set's.
+XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
+                   'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSet:
+  """A model set: its models' configs and checkpoints (`eval_setup`).
+
+  'mini': the mini-XXL target and mini small / base / large drafters
+  trained here (scripts/train.py) in `<models_dir>/<task>_mini_<size>`.
+  'shipped': the package's multi-task mini-XXL target and the drafters
+  distilled on it (`SHIPPED_T5_DRAFTERS`). 'paper': T5 1.1 XXL / small /
+  base / large T5X checkpoints. 'xxl_cost': the shipped models widened to
+  the paper's costs (`XXL_COST`; no gin file of its own).
+
+  Attributes:
+    models: the set's `task_table.MODEL_SETS` name.
+    models_dir: 'mini': the trained models; 'shipped' / 'xxl_cost': None,
+      or the `export` folder of scripts/train_shipped_models.py holding the
+      drafters trained with the shipped ones but not shipped.
+    checkpoints: 'paper': ('<task>_<size>', T5X path) pairs, size 'xxl'
+      the target's (e.g. ('en_de_xxl', 'gs://...')).
+    data_dir: the Debian data every setup reads (None: the gin files').
+    shrink: 'xxl_cost' widens as `XXL_COST_SHRUNK`.
+  """
+  models: str
+  models_dir: Optional[str] = None
+  checkpoints: Tuple[Tuple[str, str], ...] = ()
+  data_dir: Optional[str] = None
+  shrink: bool = False
+
+  @property
+  def tasks(self) -> Tuple[str, ...]:
+    return task_table.names()
+
+  @property
+  def widening(self) -> Dict[str, Any]:
+    if self.models != 'xxl_cost':
+      return {}
+    return XXL_COST_SHRUNK if self.shrink else XXL_COST
+
+  def t5_drafters(self) -> Tuple[str, ...]:
+    """The T5 drafters: the paper's sizes, or the shipped ones found."""
+    if task_table.files_of(self.models) != 'shipped':
+      return T5_SIZES
+    def found(name):
+      return self.models_dir and checkpoints.latest_checkpoint(os.path.join(
+          os.path.expanduser(self.models_dir), name + '_fkl'))
+    return tuple(n for n, where in SHIPPED_T5_DRAFTERS.items()
+                 if where == 'shipped' or found(n))
+
+  @property
+  def drafters(self) -> Tuple[str, ...]:
+    return self.t5_drafters() + model_free_drafters()
+
+  def config(self, size: str) -> network.T5Config:
+    """The config of the target ('xxl') or of a T5 drafter."""
+    if self.models == 'paper':
+      return models_lib.CONFIGS[f't5_1_1_{size}']
+    return MINI[size]
+
+  def checkpoint(self, task: str, size: str) -> str:
+    """The checkpoint of the target ('xxl') or of a T5 drafter for a task."""
+    if self.models == 'mini':
+      return model_checkpoint(self.models_dir, task, size)
+    if self.models == 'paper':
+      known, key = dict(self.checkpoints), f'{task}_{size}'
+      if key not in known:
+        raise ValueError(f'No checkpoint given for {key!r} (--checkpoints '
+                         f'{key}=PATH); given: {sorted(known)}.')
+      return known[key]
+    if size == 'xxl':
+      return 'shipped:target'
+    if SHIPPED_T5_DRAFTERS[size] == 'shipped':
+      return f'shipped:{size}'
+    return model_checkpoint(self.models_dir, '', size + '_fkl')
+
+
+def make_setup(kind: str, models_dir: str = '~/models',
+               checkpoint_list: str = '', data_dir: Optional[str] = None,
+               shrink: bool = False) -> ModelSet:
+  """A model set from the command line's flags: `checkpoint_list`
+  ('en_de_xxl=PATH,...') for 'paper'; the default `models_dir` only for
+  'mini' (the shipped sets look there only when it is given)."""
+  task_table.check_model_set(kind)
+  pairs = []
+  for item in filter(None, checkpoint_list.split(',') if kind == 'paper'
+                     else []):
+    if '=' not in item:
+      raise ValueError(f'--checkpoints entries look like en_de_xxl=PATH, got '
+                       f'{item!r}.')
+    key, path = item.split('=', 1)
+    pairs.append((key.strip(), path.strip()))
+  if kind != 'mini' and models_dir == '~/models':
+    models_dir = None
+  return ModelSet(kind, models_dir, tuple(pairs), data_dir, shrink)
+
+
+def eval_setup(models: ModelSet, task: str, drafter: str, /,
+               **changes) -> loading.EvalSetup:
+  """The eval job's `EvalSetup` for a (task, drafter) of a model set.
+
+  Args:
+    models: a model set (`make_setup`).
+    task: a key of `models.tasks`.
+    drafter: a name in `models.drafters`.
+    **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0),
+      by their flat names too (`loading.GROUPED`); gamma defaults to 1.
+      Set together: a setup checks its fields at once.
+  """
+  fields = task_table.get(task).fields(models.models)
+  t5, widen = models.t5_drafters(), models.widening
+  if drafter not in t5 + model_free_drafters():
+    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
+                     f'{list(models.drafters)}.')
+  target = models.checkpoint(task, 'xxl')
+  if drafter in t5:
+    draft = loading.DrafterSpec(
+        config=models.config(drafter), widen_to=widen.get(drafter),
+        checkpoint=models.checkpoint(task, drafter))
+  else:
+    draft = loading.DrafterSpec(kind=drafter, config=models.config(
+        DEFAULT_DRAFT[task_table.files_of(models.models)]))
+  if models.data_dir is not None:
+    fields['data_dir'] = models.data_dir
+  return loading.EvalSetup(
+      target_config=models.config('xxl'), target_checkpoint=target, gamma=1,
+      draft=draft, target_widen_to=widen.get('target'),
+      **fields).replace(**changes)
+
+
+# Predicted speed-ups at T5-XXL target cost on a measured hardware profile.
+# A drafter is taken at the cost the accelerator run timed it under (the
+# paper's T5 1.1-small for 'small': the shipped small widened to its cost),
+# or, one the run did not time, as a shipped model whose decoder step sets
+# the profile's bytes / launches model (`MODELLED_DRAFTERS`: name ->
+# (shipped model, widening preset or config changes)).
 XXL_COST_DRAFTERS = {'small': 'small@t5_1_1_small_cost', 'dec2': 'dec2',
                      'unigram': 'unigram', 'bigram': 'bigram'}
-# name -> (shipped model, widening preset or config changes): the step of a
-# drafter the profile did not time.
 MODELLED_DRAFTERS = {
     'base': ('small', 't5_1_1_base_cost'),
     'large': ('small', 't5_1_1_large_cost'),
     'dec1': ('dec2', {'num_decoder_layers': 1}),
 }
-# The timed T5 drafter whose step fits the launches per decoder layer of
-# the bytes / launches model: (profile name, shipped model, preset).
+# The timed drafter whose step fits the launches per decoder layer:
+# (profile name, shipped model, preset).
 LAUNCH_FIT = ('small@t5_1_1_small_cost', 'small', 't5_1_1_small_cost')
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _CACHE: Dict[Any, Any] = {}
 
 
-def _source_setup(profile) -> Dict[str, Any]:
-  """The `setup` of the run a profile was read from ({} if not here)."""
-  path = ROOT / profile.source
-  return report.read_json(path).get('setup', {}) if path.is_file() else {}
+def _how(change) -> str:
+  return f'at {change}' if isinstance(change, str) else f'with {change}'
 
 
 def _step(profile, model: str, change) -> Tuple[int, int, str]:
   """(bytes one decoder step reads, decoder layers, what) of a shipped
   model at a preset / with config changes, bfloat16, at the profile run's
   input length and half its output length decoded."""
-  key = ('step', profile.name, model, str(change))
+  key = (profile.name, model, str(change))
   if key not in _CACHE:
     cfg = shipped.config(model, dtype='bfloat16')
     cfg = (widening.preset_config(cfg, change) if isinstance(change, str)
            else cfg.replace(**change))
     net = network.T5Model(cfg)
-    shapes = net.param_shapes()
-    setup = _source_setup(profile)
+    source = ROOT / profile.source
+    setup = report.read_json(source).get('setup', {}) if (
+        source.is_file()) else {}
     length_in = int(setup.get('input_length', 0))
     context = int(setup.get('output_length', 0)) // 2
-    what = (f'shipped {model} ' + (f'at {change}' if isinstance(change, str)
-                                   else f'with {change}') +
-            f', bfloat16, {cfg.num_decoder_layers} decoder layers, caches at '
-            f'input {length_in}, {context} decoded tokens')
-    _CACHE[key] = (measure.step_bytes(net, shapes, 1, context, length_in),
+    what = (f'shipped {model} {_how(change)}, bfloat16, '
+            f'{cfg.num_decoder_layers} decoder layers, caches at input '
+            f'{length_in}, {context} decoded tokens')
+    _CACHE[key] = (measure.step_bytes(net, net.param_shapes(), 1, context,
+                                      length_in),
                    cfg.num_decoder_layers, what)
   return _CACHE[key]
 
 
 def launches_per_layer(profile) -> Tuple[float, str]:
-  """(kernel launches per decoder layer, how): fitted to `LAUNCH_FIT`.
-
-  The timed drafter's step time less its bytes / bandwidth, in units of
-  the profile's launch time, per decoder layer; 0 (said) where the profile
-  has no launch time, bandwidth or that drafter.
-  """
+  """(kernel launches per decoder layer, how), fitted to `LAUNCH_FIT`: its
+  step time less bytes / bandwidth, in launch times, per decoder layer; 0
+  (said) where the profile lacks the launch time, bandwidth or drafter."""
   name, model, preset = LAUNCH_FIT
   if (profile.launch_ms is None or profile.bandwidth is None
       or name not in profile.c.get(1, {})):
@@ -147,12 +289,10 @@ def launches_per_layer(profile) -> Tuple[float, str]:
 def predict_at_xxl_cost(profile, alpha: float, drafter: str,
                         gamma: Optional[int] = None
                         ) -> Optional[Dict[str, Any]]:
-  """The PREDICTED speed-up of `drafter` at T5-XXL target cost on `profile`.
-
-  `hardware.predict` with alpha, the best gamma within the measured
-  cost(k) (or `gamma`), the profile's measured cost(gamma + 1) and the c
-  it measured for the drafter's stand-in (`XXL_COST_DRAFTERS`), or the
-  bytes / launches model of `MODELLED_DRAFTERS`.
+  """The PREDICTED speed-up of `drafter` at T5-XXL target cost on `profile`:
+  `hardware.predict` with alpha, the best gamma within the measured cost(k)
+  (or `gamma`) and the c measured for the drafter's stand-in
+  (`XXL_COST_DRAFTERS`) or modelled (`MODELLED_DRAFTERS`).
 
   Returns:
     `Prediction.to_json()` plus `drafter_as` (what the drafter is taken
@@ -187,12 +327,9 @@ def xxl_cost_cell(pred: Optional[Dict[str, Any]]) -> str:
 
 def xxl_cost_note(profile) -> str:
   """What a 'predicted <profile>' column is, for a results .md."""
-  fitted = launches_per_layer(profile)[1]
   stand_in = ', '.join(f'{k} as {v}' for k, v in XXL_COST_DRAFTERS.items())
-  modelled = ', '.join(
-      f'{k} as shipped {m} ' + (f'at {c}' if isinstance(c, str) else
-                                f'with {c}')
-      for k, (m, c) in MODELLED_DRAFTERS.items())
+  modelled = ', '.join(f'{k} as shipped {m} {_how(c)}'
+                       for k, (m, c) in MODELLED_DRAFTERS.items())
   return (
       f'"predicted {profile.name}" is PREDICTED, not measured: predicted on '
       f'profile {profile.name} (specdec_jax/profiles, read from '
@@ -201,361 +338,6 @@ def xxl_cost_note(profile) -> str:
       f'target ({profile.target}) and the best gamma within the measured '
       f'k (in brackets). c: measured for {stand_in}; marked † the bytes / '
       f'launches model of the profile (step bytes / its bandwidth + '
-      f'launches x its launch time, over its t(1); {fitted}) for '
-      f'{modelled}: the profile did not time them.')
-
-
-def _bindings(**bindings) -> list:
-  flags = []
-  for name, value in bindings.items():
-    quoted = isinstance(value, str) and not value.startswith('%')
-    flags.append(f'--gin.{name}={value!r}' if quoted else
-                 f'--gin.{name}={value}')
-  return flags
-
-
-def _mini(emb: int, heads: int, encoder: int, decoder: int, head_dim: int,
-          mlp: int) -> network.T5Config:
-  return network.T5Config(
-      vocab_size=8064, dtype='float32', emb_dim=emb, num_heads=heads,
-      num_encoder_layers=encoder, num_decoder_layers=decoder,
-      head_dim=head_dim, mlp_dim=mlp, mlp_activations=('gelu', 'linear'),
-      dropout_rate=0.0, logits_via_embedding=False)
-
-
-# The mini models' configs: name -> the `network.T5Config` that
-# gin_configs/train/mini_<name>.gin binds to MINI_<NAME> (the target 'xxl'
-# and the drafters of the mini and shipped model sets; the suite checks
-# every setup built from them against the gin files).
-MINI = {'xxl': _mini(256, 4, 4, 4, 64, 640),
-        'large': _mini(192, 3, 3, 3, 64, 512),
-        'base': _mini(128, 2, 2, 2, 64, 320),
-        'small': _mini(64, 2, 1, 1, 32, 160),
-        'dec2': _mini(256, 4, 2, 2, 64, 640),
-        'dec1': _mini(256, 4, 2, 1, 64, 640)}
-
-
-class _Setup:
-  """What the setups share: a (task, drafter) pair -> the eval job's setup.
-
-  A setup says which gin file runs a task (`gin_file`), the target's config
-  and checkpoint, and, for each of its T5 drafters (`t5_drafters`), the
-  config, gin model macro and checkpoint; every registered drafter kind
-  that needs no model is offered too. From these `setup` builds the job's
-  `loading.EvalSetup` as a value (no gin), and `flags` writes the job's
-  command line that gives the same setup through the gin files (the
-  command that reruns a cell; the suite checks that both agree).
-  """
-  models = ''  # the model set: a `task_table.MODEL_SETS` name
-  default_draft = 'small'  # the gin file's DRAFT_MODEL (a T5 drafter name)
-  file_target: Optional[str] = None  # the gin file's TARGET_CHECKPOINT
-
-  @property
-  def tasks(self) -> Tuple[str, ...]:
-    return task_table.names()
-
-  def t5_drafters(self) -> Sequence[str]:
-    raise NotImplementedError
-
-  def gin_file(self, task: str, drafter: str) -> str:
-    del drafter
-    return task_table.get(task).gin_file(self.models)
-
-  def target_config(self) -> network.T5Config:
-    return MINI['xxl']
-
-  def draft_config(self, drafter: str) -> network.T5Config:
-    """The config of a T5 drafter (or of the file's default drafter)."""
-    return MINI[drafter]
-
-  def draft_macro(self, drafter: str) -> Optional[str]:
-    """The gin macro of a T5 drafter's config; None keeps the file's."""
-    return f'%MINI_{drafter.upper()}'
-
-  def target_checkpoint(self, task: str) -> Optional[str]:
-    raise NotImplementedError
-
-  def draft_checkpoint(self, task: str, drafter: str) -> str:
-    raise NotImplementedError
-
-  def draft_widen_to(self, drafter: str) -> Any:
-    """`DrafterSpec.widen_to` of a T5 drafter (None: as trained)."""
-    del drafter
-    return None
-
-  def overrides(self) -> Dict[str, Any]:
-    """`EvalSetup` fields the setup sets beyond its gin files'."""
-    return {}
-
-  @property
-  def drafters(self) -> Tuple[str, ...]:
-    return all_drafters(self.t5_drafters())
-
-  def _t5_checked(self, task: str, drafter: str) -> Sequence[str]:
-    """The T5 drafters, after checking that the task and drafter exist."""
-    task_table.get(task)  # a clear error for an unknown task
-    t5 = self.t5_drafters()  # (ShippedSetup looks for checkpoints)
-    if drafter not in all_drafters(t5):
-      raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                       f'{list(all_drafters(t5))}.')
-    return t5
-
-  def setup(self, task: str, drafter: str) -> loading.EvalSetup:
-    """The eval job's setup of one (task, drafter) at gamma 1, built as a
-    value: what `flags` gives through the gin files."""
-    if drafter in self._t5_checked(task, drafter):
-      draft = loading.DrafterSpec(
-          config=self.draft_config(drafter),
-          checkpoint=self.draft_checkpoint(task, drafter),
-          widen_to=self.draft_widen_to(drafter))
-    else:
-      draft = loading.DrafterSpec(
-          kind=drafter, config=self.draft_config(self.default_draft))
-    fields = {**task_table.get(task).fields(self.models), **self.overrides()}
-    target = self.target_checkpoint(task)
-    return loading.EvalSetup(
-        target_config=self.target_config(),
-        target_checkpoint=self.file_target if target is None else target,
-        gamma=1, draft=draft, **fields)
-
-  def flags(self, task: str, drafter: str) -> list:
-    """The eval job's flags for one (task, drafter): the setup's gin file,
-    checkpoints and drafter (the command that reruns it)."""
-    t5 = self._t5_checked(task, drafter)
-    flags = [f'--gin_file={self.gin_file(task, drafter)}']
-    target = self.target_checkpoint(task)
-    if target is not None:
-      flags.append(f"--gin.TARGET_CHECKPOINT='{target}'")
-    flags += _bindings(**{f'EvalSetup.{name}': value
-                          for name, value in self.overrides().items()})
-    if drafter in t5:
-      macro = self.draft_macro(drafter)
-      if macro is not None:
-        flags.append(f'--gin.DRAFT_MODEL={macro}')
-      flags.append(
-          f"--gin.DRAFT_CHECKPOINT='{self.draft_checkpoint(task, drafter)}'")
-      widen_to = self.draft_widen_to(drafter)
-      if widen_to is not None:
-        flags += _bindings(**{'DrafterSpec.widen_to': widen_to})
-    else:
-      flags += ['--gin.DRAFT_CHECKPOINT=None', f"--gin.DRAFTER='{drafter}'"]
-    return flags
-
-
-@dataclasses.dataclass(frozen=True)
-class MiniSetup(_Setup):
-  """The mini models trained here: gin_configs/mini/<task>.gin."""
-  models_dir: str = '~/models'
-  models = 'mini'
-  describe = ('mini-XXL target trained here (emb 256, 4+4 layers); drafters '
-              'mini small (emb 64, 1+1), base (128, 2+2), large (192, 3+3)')
-
-  def t5_drafters(self) -> Sequence[str]:
-    return T5_SIZES
-
-  def target_checkpoint(self, task: str) -> str:
-    return model_checkpoint(self.models_dir, task, 'xxl')
-
-  def draft_checkpoint(self, task: str, drafter: str) -> str:
-    return model_checkpoint(self.models_dir, task, drafter)
-
-
-@dataclasses.dataclass(frozen=True)
-class PaperSetup(_Setup):
-  """Real T5X checkpoints through the paper's gin files (gin_configs/paper).
-
-  `checkpoints` maps '<task>_<size>' (a `task_table` name; size 'xxl'
-  for the target, 'small' / 'base' / 'large' for drafters) to T5X checkpoint
-  paths (local or gs://), e.g. {'en_de_xxl': ..., 'en_de_small': ...}.
-  n-gram drafters are estimated from the task's train split (TFDS data).
-  """
-  checkpoints: Tuple[Tuple[str, str], ...] = ()
-  models = 'paper'
-  describe = ('T5 1.1 XXL target and T5 1.1 small / base / large drafters '
-              'from T5X checkpoints (gin_configs/paper)')
-
-  def _checkpoint(self, key: str) -> str:
-    known = dict(self.checkpoints)
-    if key not in known:
-      raise ValueError(f'No checkpoint given for {key!r} (--checkpoints '
-                       f'{key}=PATH); given: {sorted(known)}.')
-    return known[key]
-
-  def t5_drafters(self) -> Sequence[str]:
-    return T5_SIZES
-
-  def gin_file(self, task: str, drafter: str) -> str:
-    size = drafter if drafter in T5_SIZES else self.default_draft
-    return task_table.get(task).gin_file(self.models, size)
-
-  def target_config(self) -> network.T5Config:
-    return models_lib.CONFIGS['t5_1_1_xxl']
-
-  def draft_config(self, drafter: str) -> network.T5Config:
-    return models_lib.CONFIGS[f't5_1_1_{drafter}']
-
-  def draft_macro(self, drafter: str) -> None:
-    return None  # each size's gin file names its drafter
-
-  def target_checkpoint(self, task: str) -> str:
-    return self._checkpoint(task + '_xxl')
-
-  def draft_checkpoint(self, task: str, drafter: str) -> str:
-    return self._checkpoint(f'{task}_{drafter}')
-
-
-# The T5 drafters of the shipped models: name -> where the checkpoint is
-# ('shipped' ones, or the `<name>_fkl` runs of
-# scripts/train_shipped_models.py in `models_dir`, 'export').
-SHIPPED_T5_DRAFTERS = {'dec2': 'shipped', 'small': 'shipped',
-                       'dec1': 'export', 'base': 'export', 'large': 'export'}
-
-
-@dataclasses.dataclass(frozen=True)
-class ShippedSetup(_Setup):
-  """The shipped models (specdec_jax/assets/mini, gin_configs/shipped).
-
-  The target and the dec2 / small drafters are the shipped ones. `models_dir`
-  may name the `export` folder of scripts/train_shipped_models.py for the
-  drafters trained with them but not shipped (dec1, base, large: the
-  `<name>_fkl` runs). `data_dir` is the full Debian data (the shipped
-  folder holds only test slices; n-gram drafters need the train split).
-  """
-  models_dir: Optional[str] = None
-  data_dir: Optional[str] = None
-  models = 'shipped'
-  default_draft = 'dec2'
-  file_target = 'shipped:target'
-  describe = ('shipped multi-task mini-XXL target (emb 256, 4+4 layers, '
-              'trained on a GPU); drafters distilled on it (forward KL on '
-              'its outputs): dec2 / dec1 (cut from the target: emb 256, 2 '
-              'encoder + 2 / 1 decoder layers), small (emb 64, 1+1), base '
-              '(128, 2+2), large (192, 3+3)')
-
-  def t5_drafters(self) -> Sequence[str]:
-    return tuple(
-        n for n, where in SHIPPED_T5_DRAFTERS.items()
-        if where == 'shipped' or (self.models_dir and
-                                  checkpoints.latest_checkpoint(
-                                      os.path.join(os.path.expanduser(
-                                          self.models_dir), n + '_fkl'))))
-
-  def target_checkpoint(self, task: str) -> None:
-    return None  # the gin file's: 'shipped:target'
-
-  def overrides(self) -> Dict[str, Any]:
-    return {} if self.data_dir is None else {'data_dir': self.data_dir}
-
-  def draft_checkpoint(self, task: str, drafter: str) -> str:
-    return (f'shipped:{drafter}' if SHIPPED_T5_DRAFTERS[drafter] == 'shipped'
-            else model_checkpoint(self.models_dir, '', drafter + '_fkl'))
-
-
-# What the xxl_cost set widens each shipped model to: the costs the
-# accelerator run times them at (the target at T5 1.1-XXL cost, a drafter
-# named after a T5 1.1 size at that size's; dec2 / dec1 keep their own).
-XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
-            'base': 't5_1_1_base_cost', 'large': 't5_1_1_large_cost'}
-# The same shrunk (`--shrink`: a CPU run in seconds): the drafters grown a
-# little, function-preservingly all the same; the target as it is, so that
-# its programs are the shipped set's (compiled once; `EvalSetup.
-# target_widen_to` has tests of its own).
-XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
-                   'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
-
-
-@dataclasses.dataclass(frozen=True)
-class XxlCostSetup(ShippedSetup):
-  """The shipped models at the paper's costs (no gin file of its own).
-
-  The shipped setup with its target widened function-preservingly to T5
-  1.1-XXL cost (`EvalSetup.target_widen_to`) and the drafters small / base
-  / large to their T5 1.1 size's (`DrafterSpec.widen_to`), `XXL_COST`: the
-  shipped models' outputs and alpha at the costs of the paper's models,
-  as the accelerator run times them. `shrunk`: `XXL_COST_SHRUNK` instead.
-  """
-  shrunk: bool = False
-  models = 'xxl_cost'
-  describe = ('the shipped models widened function-preservingly (same '
-              'outputs and alpha): target at T5 1.1-XXL cost, drafters '
-              'small / base / large at their T5 1.1 size\'s, dec2 / dec1 '
-              'at their own')
-
-  def _widening(self) -> Dict[str, Any]:
-    return XXL_COST_SHRUNK if self.shrunk else XXL_COST
-
-  def overrides(self) -> Dict[str, Any]:
-    target = self._widening()['target']
-    return dict(super().overrides(), **(
-        {} if target is None else {'target_widen_to': target}))
-
-  def draft_widen_to(self, drafter: str) -> Any:
-    return self._widening().get(drafter)
-
-
-SETUPS = {'mini': MiniSetup, 'shipped': ShippedSetup, 'paper': PaperSetup,
-          'xxl_cost': XxlCostSetup}
-
-
-def make_setup(kind: str, models_dir: str = '~/models',
-               checkpoint_list: str = '', data_dir: Optional[str] = None,
-               shrink: bool = False):
-  """A model set's setup (`task_table.MODEL_SETS`, `SETUPS`).
-
-  'mini' -> MiniSetup(models_dir); 'paper' -> PaperSetup from
-  `checkpoint_list` ('en_de_xxl=PATH,...'); 'shipped' ->
-  ShippedSetup(models_dir or None, data_dir); 'xxl_cost' -> the same as
-  XxlCostSetup, its widenings `shrink`-ed if asked (the other sets take
-  their models as they are).
-  """
-  task_table.check_model_set(kind)
-  if kind == 'mini':
-    return MiniSetup(models_dir)
-  if kind == 'paper':
-    pairs = []
-    for item in filter(None, checkpoint_list.split(',')):
-      if '=' not in item:
-        raise ValueError(f'--checkpoints entries look like en_de_xxl=PATH, got '
-                         f'{item!r}.')
-      key, path = item.split('=', 1)
-      pairs.append((key.strip(), path.strip()))
-    return PaperSetup(tuple(pairs))
-  models_dir = models_dir if models_dir != '~/models' else None
-  if kind == 'xxl_cost':
-    return XxlCostSetup(models_dir, data_dir, shrink)
-  return ShippedSetup(models_dir, data_dir)
-
-
-def eval_flags(setup, task: str, drafter: str, **bindings) -> list:
-  """T5X-style flags of one eval run.
-
-  Args:
-    setup: a model set's setup (`make_setup`: models and gin files).
-    task: a key of `setup.tasks`.
-    drafter: a name in `setup.drafters`.
-    **bindings: more gin bindings, e.g. GAMMA=4; strings are quoted unless
-      they are macro references ('%...').
-  """
-  return setup.flags(task, drafter) + _bindings(**bindings)
-
-
-def shell_command(flags: Sequence[str]) -> str:
-  return report.portable('python -m specdec_jax.eval ' + ' '.join(
-      f'"{f}"' if ' ' in f else f for f in flags))
-
-
-def eval_setup(setup, task: str, drafter: str, /,
-               **changes) -> loading.EvalSetup:
-  """The eval job's `EvalSetup` for a (task, drafter) of a setup, as a
-  value: no gin (the device image has none).
-
-  Args:
-    setup: a model set's setup (`make_setup`).
-    task: a key of `setup.tasks`.
-    drafter: a name in `setup.drafters`.
-    **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0),
-      by their flat names too (`loading.GROUPED`); gamma defaults to 1
-      where the gin files leave it unset. Set together: a setup checks its
-      fields at once (a deep gamma with its tree, say).
-  """
-  return setup.setup(task, drafter).replace(**changes)
+      f'launches x its launch time, over its t(1); '
+      f'{launches_per_layer(profile)[1]}) for {modelled}: the profile did '
+      'not time them.')

@@ -77,12 +77,6 @@ def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
   return row
 
 
-def gamma_of(row: Dict[str, Any]) -> Optional[int]:
-  """The one gamma a row decoded with (None: several, or none)."""
-  used = row.get('gamma_used') or {}
-  return int(next(iter(used))) if len(used) == 1 else None
-
-
 def run_profile(row: Dict[str, Any],
                 result: Optional[Dict[str, Any]] = None
                 ) -> Optional[hardware.HardwareProfile]:
@@ -107,13 +101,13 @@ def run_profile(row: Dict[str, Any],
 def predict_row(row: Dict[str, Any], result: Dict[str, Any],
                 profile: Optional[hardware.HardwareProfile]) -> None:
   """Sets a row's predicted figures from its measured values."""
-  gamma = gamma_of(row)
+  used = row.get('gamma_used') or {}  # the one gamma it decoded with
+  gamma = int(next(iter(used))) if len(used) == 1 else None
   batch = int(row.get('batch_size', 1))
-  row['predicted_speedup'] = row['predicted_label'] = None
-  row['measured_over_predicted'] = None
+  row.update(predicted_speedup=None, predicted_label=None,
+             measured_over_predicted=None, predicted_on_profile=None)
   own = run_profile(row, result)
   if row.get('alpha') is None:
-    row['predicted_on_profile'] = None
     return
   alpha = theory.clamp_alpha(row['alpha'])
   if own is not None and gamma:
@@ -124,7 +118,6 @@ def predict_row(row: Dict[str, Any], result: Dict[str, Any],
                measured_over_predicted=(
                    measured_speedup / p.speedup if measured_speedup
                    else None))
-  row['predicted_on_profile'] = None
   if profile is None:
     return
   if batch == 1:
