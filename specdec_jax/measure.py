@@ -290,7 +290,8 @@ def context_cache(model, params, encoder_input_tokens, context: int,
     The model's cache after `context` tokens (its `ShapeDtypeStruct`s when
     given shapes).
   """
-  if _abstract(params, encoder_input_tokens):
+  if _abstract(params, encoder_input_tokens) and not (
+      jit_setup and scaffold.providing()):
     return jax.eval_shape(
         lambda p, e: _context_cache(model, p, e, context, max_length), params,
         encoder_input_tokens)
@@ -435,7 +436,8 @@ def _proposal_inputs(drafter, params, encoder_input_tokens, gamma, context,
   """(state, sequences, lengths, rng) of `drafter_token_time`."""
   batch = encoder_input_tokens.shape[0]
   buffer = context + gamma + 8
-  if _abstract(params, encoder_input_tokens):
+  if _abstract(params, encoder_input_tokens) and not (
+      jit_setup and scaffold.providing()):
     state, sequences = jax.eval_shape(
         lambda p, e: _proposal_state(drafter, p, e, context, buffer), params,
         encoder_input_tokens)

@@ -100,6 +100,12 @@ def programs_from(provider: Provider) -> Iterator[None]:
     _PROVIDER['now'] = before
 
 
+def providing() -> bool:
+  """Whether programs now come from a provider (`programs_from`): then a
+  program may be called on shape structs (a build recording what runs)."""
+  return _PROVIDER['now'] is not None
+
+
 def fingerprint(traced: jax.stages.Traced,
                 options: Tuple[Tuple[str, Any], ...]) -> str:
   """A traced program's identity across processes and machines: the

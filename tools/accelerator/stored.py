@@ -9,16 +9,18 @@ accelerator can spend its minutes timing instead of compiling:
 
   build   on a machine without the device: every cell of every spec in
           the plan built as the job builds it, its weights as shapes only
-          (`abstract_loaded`: widening is traced, never run), its decode
-          programs (`decode_programs`: the baseline and speculative loop
-          of each gamma the job may use, at each unit's input shape)
-          lowered for the device's compile-only twin, compiled and kept in
-          an executable store under their fingerprints;
+          (`abstract_loaded`: widening is traced, never run), and run on
+          those shapes within a `Recorder` (`record_cell`: its decode
+          programs at each gamma the job may use and each unit's input
+          shape, the job's gamma profile, the spec's measurements), which
+          keeps every program asked for; each is lowered for the device's
+          compile-only twin, compiled and kept in an executable store
+          under its fingerprint;
   run     on the device: the plan's specs, one after another under one
           clock, within `scaffold.programs_from(Provider(store))`. A
-          program the store holds is loaded; any other (a measurement's
-          timing loop, a tree the job chooses there) is compiled on the
-          device, and the provider's log says which and how long.
+          program the store holds is loaded; any other (a tree the job
+          chooses there) is compiled on the device, and the provider's
+          log says which and how long.
 
   python -m tools.accelerator.stored build --plan table2:xxl_cost \
       --target gpu:h100 --store aot
@@ -39,6 +41,7 @@ import jax
 import numpy as np
 
 from specdec_jax import compiled
+from specdec_jax import data
 from specdec_jax import loading
 from specdec_jax import programs
 from specdec_jax import scaffold
@@ -122,53 +125,111 @@ def decode_programs(loaded: loading.Loaded
           yield program, args
 
 
-def _placed(tree, device):
-  """Shape structs placed on `device` (a compile-only twin's)."""
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=sharding), tree)
+# A stand-in's seconds a call: past `measure.loop_time`'s shortest loop,
+# so that a timing loop on a stand-in ends at its first try.
+STAND_IN_S = 0.06
+
+
+def _zeros(info):
+  """Zeros of an output's shape and dtype (a PRNG key's: key data 0)."""
+  if jax.dtypes.issubdtype(info.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(np.zeros(info.shape + (2,), np.uint32))
+  return np.zeros(info.shape, info.dtype)
+
+
+class Recorder:
+  """A provider that runs nothing: it keeps every program it is asked for
+  (fingerprint -> its function's name and `lower_on`) and answers with a
+  stand-in returning zeros of the program's outputs after `STAND_IN_S`.
+  Within it a cell's decodes and measurements run on shape structs, and
+  so name every program they compile, as the job and the specs build them
+  (one home for what a cell runs: their own code)."""
+
+  def __init__(self):
+    self.programs: Dict[str, Tuple[str, Any]] = {}
+
+  def __call__(self, traced, fingerprint: str, lower_on):
+    self.programs.setdefault(fingerprint, (traced.fun_name, lower_on))
+    outputs = jax.tree.map(_zeros, traced.out_info)
+
+    def stand_in(*args):
+      del args
+      time.sleep(STAND_IN_S)
+      return outputs
+    return stand_in
+
+
+def _inputs(setup: loading.EvalSetup, task, cache) -> np.ndarray:
+  """The first batch's inputs (`sweep.built`'s), read, not decoded."""
+  examples = loading.read_examples(setup, task, setup.batch.size, cache)
+  return data.pad_rows([ids for _, ids, _, _ in examples],
+                       setup.task_feature_lengths['inputs'])
+
+
+def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
+                recorder: Recorder, cache=None, log=print) -> None:
+  """Runs a cell on shape structs within `recorder`: its decode programs
+  (`decode_programs`), the profile the job measures for a gamma
+  (`unit_loop.call_times`), and the cell's measurements (the spec's own
+  functions). A measurement that cannot run on shapes (it computes on a
+  weight outside a program) is named and left to the device."""
+  loaded = abstract_loaded(setup, cache)
+  inputs = _inputs(setup, loaded.task, cache)
+  known = {**sweep.MEASUREMENTS, **spec.measurements}
+  steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
+  if spec.decode:
+    steps.insert(0, ('decode', lambda: [program(*args) for program, args in
+                                        decode_programs(loaded)]))
+    if setup.batch.profile_gamma and not setup.draft.chooses_tree:
+      steps.insert(1, ('gamma profile',
+                       lambda: unit_loop.call_times(loaded, inputs)))
+  with scaffold.programs_from(recorder):
+    for what, step in steps:
+      try:
+        step()
+      except Exception as e:  # pylint: disable=broad-except
+        log(f'{spec.name} {cell.name}: {what} not built ({e!r:.200})')
 
 
 def build(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
           device: Any, log=print) -> Dict[str, Any]:
-  """Compiles the decode programs of every cell of `plan` for `device`
-  (a compile-only twin, or this machine's own) into `store`, each under
-  its fingerprint; programs already there are kept.
+  """Compiles every program the cells of `plan` run (`record_cell`) for
+  `device` (a compile-only twin, or this machine's own) into `store`, each
+  under its fingerprint, in the plan's order; programs already there are
+  kept.
 
   Returns:
-    {'programs': the fingerprints, 'built', 'kept', 'compile_s'}.
+    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes'}.
   """
   cache = loading.LoadCache()
-  done: Dict[str, None] = {}
+  recorder = Recorder()
   built = kept = 0
   seconds = 0.0
   for priority, (name, options) in enumerate(plan):
     spec = specs_lib.get(name)
     options = sweep.options_of(spec, options)
     models = sweep.model_set(options)
-    for cell in sweep.plan(spec, options) if spec.decode else ():
-      loaded = abstract_loaded(sweep.cell_setup(models, cell, options), cache)
-      for program, args in decode_programs(loaded):
-        args = _placed(args, device)
-        fingerprint = program.identity(*args)
+    for cell in sweep.plan(spec, options):
+      before = set(recorder.programs)
+      record_cell(spec, cell, sweep.cell_setup(models, cell, options),
+                  recorder, cache, log)
+      for fingerprint in [f for f in recorder.programs if f not in before]:
+        function, lower_on = recorder.programs[fingerprint]
         key = aot.program_name([fingerprint])
-        if fingerprint in done:
-          continue
-        done[fingerprint] = None
         if store.built(key):
           kept += 1
           continue
         start = time.perf_counter()
-        store.save(key, program.lower(*args).compile(),
-                   time.perf_counter() - start, priority)
+        store.save(key, lower_on(device).compile(), 0.0, priority)
+        took = time.perf_counter() - start
+        store.manifest['programs'][key].update(compile_s=round(took, 2),
+                                               function=function)
         store.write()
-        seconds += time.perf_counter() - start
+        seconds += took
         built += 1
-        log(f'{name} {cell.name}: {program.spec.kind} gamma '
-            f'{program.spec.gamma} built in {time.perf_counter() - start:.1f}'
-            ' s')
+        log(f'{name} {cell.name}: {function} built in {took:.1f} s')
   store.pack(final=True)  # xz packs: about half the bytes to carry
-  return dict(programs=list(done), built=built, kept=kept,
+  return dict(programs=list(recorder.programs), built=built, kept=kept,
               compile_s=round(seconds, 1), bytes=store.total_bytes())
 
 
