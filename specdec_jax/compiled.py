@@ -28,7 +28,7 @@ program spans both ('model' axis) and is held against one core's HBM.
 program's bytes per device and fit; `--iterations`, the per-iteration cost
 model (`program_cost`). The estimates built on these counts (roofline,
 hardware profile, the paper's Table 2) are in
-`specdec_jax.experiments.estimates`; docs/tpu.md explains both.
+`specdec_jax.estimates`; docs/tpu.md explains both.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ counts, never measured. A TPU v4 device is one TensorCore: the roofline
 uses half the chip's figures per device, the whole chip's for a program of
 one megacore device (`--megacore_steps`, a replicated drafter).
 
-  python -m specdec_jax.experiments.estimates --target=tpu:v4:1x1x1 [flags]
-  python -m specdec_jax.experiments.estimates --reestimate=<results json>
+  python -m specdec_jax.estimates --target=tpu:v4:1x1x1 [flags]
+  python -m specdec_jax.estimates --reestimate=<results json>
 
 write results/compiled/<target>.{json,md} (`main`); `--reestimate`
 recomputes a results json's estimates from the counts it holds, compiling
@@ -45,7 +45,7 @@ from specdec_jax import partitioning
 from specdec_jax import theory
 from specdec_jax.bench import report
 
-COMMAND = 'python -m specdec_jax.experiments.estimates'
+COMMAND = 'python -m specdec_jax.estimates'
 ESTIMATED = "estimated from the compiler's counts, not measured"
 GIB = compiled.GIB
 FULL_KS = tuple(range(1, 17)) + (24, 32, 64)
@@ -613,7 +613,7 @@ def reestimate(path: str):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  """`python -m specdec_jax.experiments.estimates --target=tpu:v4:1x1x1
+  """`python -m specdec_jax.estimates --target=tpu:v4:1x1x1
   [flags]`: writes OUT_DIR/<target>.json and .md (every program, memory
   per device, per-step estimates; with --paper_table the paper's Table 2
   on them); `--reestimate=<json>` rewrites one from its counts."""

@@ -1,6 +1,6 @@
 """The estimates report: the compiler's counts as a roofline and a profile.
 
-`specdec_jax.experiments.estimates` turns what `specdec_jax.compiled` says
+`specdec_jax.estimates` turns what `specdec_jax.compiled` says
 of each program and step into the largest batch, roofline times, a
 `hardware.HardwareProfile` and the paper's Table 2 on it. These tests check
 the roofline and the batch line, that the profile goes through the one
@@ -16,7 +16,7 @@ import pytest
 
 from specdec_jax import compiled
 from specdec_jax import hardware
-from specdec_jax.experiments import estimates
+from specdec_jax import estimates
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = sorted(p.stem for p in (ROOT / 'results' / 'compiled').glob('*.json'))
