@@ -50,6 +50,7 @@ arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -57,7 +58,8 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
+                    Sequence)
 
 from flax import serialization
 from flax import struct
@@ -401,6 +403,255 @@ def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
     checks.check_int(name, value)
 
 
+def _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss):
+  """A teacher comes with its checkpoint, and a KD loss needs a teacher."""
+  if (teacher_config is None) != (teacher_checkpoint is None):
+    raise ValueError('teacher_config and teacher_checkpoint go together; got '
+                     f'{teacher_config!r} and {teacher_checkpoint!r}.')
+  if kd_loss != 'none' and teacher_config is None:
+    raise ValueError(f'kd_loss={kd_loss!r} needs teacher_config and '
+                     'teacher_checkpoint.')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+  """A run's examples at `lengths` (`train`'s task_feature_lengths): the
+  seqio task `name`, or the pre-tokenized array data set at `array_dir`
+  (`train_arrays`: its train split, fit to `lengths`)."""
+
+  name: str
+  lengths: Dict[str, int]
+  array_dir: Optional[str] = None
+  train_arrays: Optional[arrays.Arrays] = None
+
+  def batches(self, batch_size: int, seed: int, start: int,
+              eval_examples: Optional[int]
+              ) -> tuple[List[Batch], Iterator[Batch]]:
+    """The validation batches (none if `eval_examples` is 0) and the train
+    batches from step `start + 1` on."""
+    if self.array_dir is not None:
+      eval_data = [] if eval_examples == 0 else arrays.array_eval_batches(
+          _fit(arrays.load(self.array_dir, 'validation'), self.lengths),
+          batch_size, eval_examples)
+      batches = arrays.array_train_batches(self.train_arrays, batch_size,
+                                           seed, start_step=start)
+    else:
+      eval_data = (data.task_eval_batches(self.name, self.lengths,
+                                          batch_size, eval_examples)
+                   if eval_examples != 0 else [])
+      batches = data.task_train_batches(self.name, self.lengths, batch_size,
+                                        seed, start_step=start)
+    return eval_data, batches
+
+
+def _fit(examples: arrays.Arrays, lengths: Mapping[str, int]
+         ) -> arrays.Arrays:
+  """Array examples trimmed or padded to `lengths` (`arrays.fit`)."""
+  return dict(inputs=arrays.fit(examples['inputs'], lengths['inputs']),
+              targets=arrays.fit(examples['targets'], lengths['targets']))
+
+
+def _open_data(model_config: network.T5Config, mixture_or_task_name: str,
+               task_feature_lengths: Mapping[str, int],
+               data_dir: Optional[str], array_dir: Optional[str]) -> _Data:
+  """A run's examples (`train`'s arguments of the same names), once their
+  vocabulary is checked to fit MODEL's; the task registered from `data_dir`
+  if given."""
+  train_arrays = None
+  if array_dir is not None:
+    train_arrays = arrays.load(array_dir, 'train')
+    vocab_size = int(max(train_arrays['inputs'].max(),
+                         train_arrays['targets'].max())) + 1
+    source = f'array data set {array_dir}'
+  else:
+    if data_dir is not None:
+      tasks.register_tasks(data_dir=data_dir)
+    vocab_size = tasks.get_task(mixture_or_task_name).output_features[
+        'targets'].vocabulary.vocab_size
+    source = f'Task {mixture_or_task_name}'
+  if vocab_size > model_config.vocab_size:
+    raise ValueError(
+        f'{source} has a vocabulary of {vocab_size} tokens but MODEL has '
+        f'vocab_size {model_config.vocab_size}.')
+  lengths = dict(task_feature_lengths)
+  return _Data(mixture_or_task_name, lengths, array_dir,
+               None if train_arrays is None else _fit(train_arrays, lengths))
+
+
+def _load_teacher(model_config: network.T5Config,
+                  teacher_config: Optional[network.T5Config],
+                  teacher_checkpoint: Optional[str]
+                  ) -> tuple[Optional[network.T5Model], Optional[PyTree]]:
+  """The distillation target and its params ((None, None) without one)."""
+  if teacher_config is None:
+    return None, None
+  if teacher_config.vocab_size != model_config.vocab_size:
+    raise ValueError(
+        f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
+        f'has {model_config.vocab_size}: distillation needs one vocabulary.')
+  return network.T5Model(teacher_config), checkpoints.load_t5x_params(
+      teacher_checkpoint, config=teacher_config, dtype=jnp.float32)
+
+
+def _write_config(model_dir: str, config_str: str):
+  """Makes `model_dir`; writes `config_str` to its config.gin if not empty."""
+  os.makedirs(model_dir, exist_ok=True)
+  if config_str:
+    with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+      f.write(config_str)
+
+
+def _initial_state(model: network.T5Model, model_config: network.T5Config,
+                   model_dir: str, seed: int, init_from_teacher: bool,
+                   teacher_config: Optional[network.T5Config],
+                   teacher_params: Optional[PyTree]) -> TrainState:
+  """The state a run starts from: `model_dir`'s latest checkpoint, else a
+  fresh one (random parameters, or with `init_from_teacher` the teacher's
+  cut to MODEL's depth)."""
+  latest = checkpoints.latest_checkpoint(model_dir)
+  if latest is None and init_from_teacher:
+    if teacher_config is None:
+      raise ValueError('init_from_teacher needs teacher_config and '
+                       'teacher_checkpoint.')
+    params = distill.init_from_teacher(teacher_params, teacher_config,
+                                       model_config)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=make_optimizer(0.0).init(params))
+  if latest is None:
+    return init_state(model, seed)
+  state = restore_checkpoint(model, latest)
+  logging.info('Resuming from %s.', latest)
+  return state
+
+
+def _step_fn(model: network.T5Model, teacher: Optional[network.T5Model],
+             teacher_params: Optional[PyTree], learning_rate: float,
+             schedule: str, warmup_steps: int, z_loss: float, kd_loss: str,
+             kd_weight: float
+             ) -> Callable[[TrainState, Batch], tuple[TrainState, Any]]:
+  """`make_train_step`'s step as `(state, batch) -> (state, metrics)`, the
+  teacher's params (if any) bound."""
+  train_step = make_train_step(model, float(learning_rate), schedule,
+                               int(warmup_steps), float(z_loss), teacher,
+                               kd_loss, float(kd_weight))
+  extra = () if teacher is None else (teacher_params,)
+  return lambda state, batch: train_step(state, batch, *extra)
+
+
+class _ModelDir:
+  """What a run resumed at step `start` writes to `model_dir`: log.jsonl
+  (the records up to `start` kept, as those after come from a run that
+  stopped before saving; each record's 'seconds' summed over the runs) and
+  the `keep_checkpoints` newest checkpoints."""
+
+  def __init__(self, model_dir: str, start: int, keep_checkpoints: int):
+    self.path, self.start = model_dir, start
+    self._keep = keep_checkpoints
+    self._log = os.path.join(model_dir, LOG_FILE)
+    self.records = [r for r in read_log(self._log) if r['step'] <= start]
+    with open(self._log, 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in self.records)
+    self._elapsed = self.records[-1]['seconds'] if self.records else 0.0
+    self._t0 = None
+
+  def start_clock(self):
+    """This run's seconds count from now."""
+    self._t0 = time.perf_counter()
+
+  def write(self, record: Dict[str, Any]):
+    """Appends `record` to the log, with its 'seconds'."""
+    record['seconds'] = round(
+        self._elapsed + time.perf_counter() - self._t0, 3)
+    self.records.append(record)
+    with open(self._log, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+  def save(self, state: TrainState):
+    """Checkpoints `state`, pruning the older checkpoints."""
+    save_checkpoint(state, self.path, self._keep)
+
+  def summary(self, state: TrainState) -> Dict[str, Any]:
+    """`train`'s summary of the run, ended at `state`."""
+    last = lambda split: next(
+        (r for r in reversed(self.records) if r['split'] == split), None)
+    return dict(model_dir=self.path, start_step=self.start,
+                step=int(state.step),
+                checkpoint=checkpoints.latest_checkpoint(self.path),
+                train=last('train'), validation=last('validation'),
+                seconds=self.records[-1]['seconds'] if self.records else 0.0)
+
+
+class _Window:
+  """The train metrics summed over the steps since the last train record."""
+
+  def __init__(self):
+    self._restart()
+
+  def _restart(self):
+    self._sums, self._steps, self._seconds = None, 0, 0.0
+
+  def add(self, metrics: Dict[str, Any], seconds: float):
+    """Adds a step's metric sums and its seconds (data + train step)."""
+    self._seconds += seconds
+    self._steps += 1
+    self._sums = metrics if self._sums is None else jax.tree.map(
+        np.add, self._sums, metrics)
+
+  def record(self, step: int, lr: float) -> Dict[str, Any]:
+    """The window's train record (per-token means); the window restarts."""
+    # steps_per_sec: data + train step only (no eval, no checkpointing).
+    record = dict(step=step, split='train', **normalize(self._sums),
+                  lr=float(f'{lr:.6g}'),
+                  steps_per_sec=round(self._steps / self._seconds, 4))
+    self._restart()
+    return record
+
+
+def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
+               state: TrainState, batches: Iterator[Batch],
+               eval_data: List[Batch], model: network.T5Model,
+               out: _ModelDir, *, train_steps: int, z_loss: float,
+               max_seconds: Optional[float],
+               progress: Optional[Callable[[int, int, Dict[str, float]], None]],
+               log_period: int, eval_period: int, checkpoint_period: int
+               ) -> TrainState:
+  """`train`'s loop: the steps after `out.start` up to `train_steps` (or
+  until `max_seconds` have passed after the first), with their train
+  records, evaluations and checkpoints (each also at the last step).
+
+  Returns:
+    The last step's state.
+  """
+  out.start_clock()
+  window = _Window()
+  t_first = None  # the clock of max_seconds starts after the compile
+  for step in range(out.start + 1, train_steps + 1):
+    out_of_time = (max_seconds is not None and t_first is not None
+                   and time.perf_counter() - t_first > max_seconds)
+    last = step == train_steps or out_of_time
+    tic = time.perf_counter()
+    state, metrics = step_fn(state, next(batches))
+    metrics = jax.device_get(metrics)  # waits for the step
+    t_first = time.perf_counter() if t_first is None else t_first
+    seconds = time.perf_counter() - tic
+    lr = float(metrics.pop('lr'))
+    window.add(metrics, seconds)
+    if step % log_period == 0 or last:
+      out.write(window.record(step, lr))
+    if eval_data and (step % eval_period == 0 or last):
+      out.write(dict(step=step, split='validation',
+                     **eval_loss(model, state.params, eval_data, z_loss)))
+    if step % checkpoint_period == 0 or last:
+      out.save(state)
+    if progress is not None:
+      progress(step, train_steps, normalize(metrics))
+    if out_of_time:
+      logging.warning('Stopped at step %d of %d after max_seconds=%s.', step,
+                      train_steps, max_seconds)
+      break
+  return state
+
+
 def train(
     *,
     model_config: network.T5Config,
@@ -473,139 +724,31 @@ def train(
     A summary: model_dir, start_step, step, checkpoint (latest folder),
     train and validation (the last records of each in the log), seconds.
   """
+  periods = dict(log_period=log_period, eval_period=eval_period,
+                 checkpoint_period=checkpoint_period)
   _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-              dict(log_period=log_period, eval_period=eval_period,
-                   checkpoint_period=checkpoint_period))
+              periods)
   learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
-  if (teacher_config is None) != (teacher_checkpoint is None):
-    raise ValueError('teacher_config and teacher_checkpoint go together; got '
-                     f'{teacher_config!r} and {teacher_checkpoint!r}.')
-  if kd_loss != 'none' and teacher_config is None:
-    raise ValueError(f'kd_loss={kd_loss!r} needs teacher_config and '
-                     'teacher_checkpoint.')
-  if array_dir is not None:
-    train_arrays = arrays.load(array_dir, 'train')
-    vocab_size = int(max(train_arrays['inputs'].max(),
-                         train_arrays['targets'].max())) + 1
-    source = f'array data set {array_dir}'
-  else:
-
-    if data_dir is not None:
-      tasks.register_tasks(data_dir=data_dir)
-    vocab_size = tasks.get_task(mixture_or_task_name).output_features[
-        'targets'].vocabulary.vocab_size
-    source = f'Task {mixture_or_task_name}'
-  if vocab_size > model_config.vocab_size:
-    raise ValueError(
-        f'{source} has a vocabulary of {vocab_size} tokens but MODEL has '
-        f'vocab_size {model_config.vocab_size}.')
-  teacher, teacher_params = None, None
-  if teacher_config is not None:
-    if teacher_config.vocab_size != model_config.vocab_size:
-      raise ValueError(
-          f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
-          f'has {model_config.vocab_size}: distillation needs one vocabulary.')
-    teacher = network.T5Model(teacher_config)
-    teacher_params = checkpoints.load_t5x_params(
-        teacher_checkpoint, config=teacher_config, dtype=jnp.float32)
-  os.makedirs(model_dir, exist_ok=True)
-  if config_str:
-    with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
-      f.write(config_str)
-
+  _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
+  examples = _open_data(model_config, mixture_or_task_name,
+                        task_feature_lengths, data_dir, array_dir)
+  teacher, teacher_params = _load_teacher(model_config, teacher_config,
+                                          teacher_checkpoint)
+  _write_config(model_dir, config_str)
   model = network.T5Model(model_config)
-  latest = checkpoints.latest_checkpoint(model_dir)
-  if latest is None and init_from_teacher:
-    if teacher is None:
-      raise ValueError('init_from_teacher needs teacher_config and '
-                       'teacher_checkpoint.')
-    params = distill.init_from_teacher(teacher_params, teacher_config,
-                                       model_config)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                       opt_state=make_optimizer(0.0).init(params))
-  elif latest is None:
-    state = init_state(model, seed)
-  else:
-    state = restore_checkpoint(model, latest)
-    logging.info('Resuming from %s.', latest)
-  start = int(state.step)
-  # Records after the checkpoint come from a run that stopped before saving.
-  log_path = os.path.join(model_dir, LOG_FILE)
-  records = [r for r in read_log(log_path) if r['step'] <= start]
-  with open(log_path, 'w') as f:
-    f.writelines(json.dumps(r) + '\n' for r in records)
-  elapsed = records[-1]['seconds'] if records else 0.0
-
-  def summary():
-    last = lambda split: next(
-        (r for r in reversed(records) if r['split'] == split), None)
-    return dict(model_dir=model_dir, start_step=start, step=int(state.step),
-                checkpoint=checkpoints.latest_checkpoint(model_dir),
-                train=last('train'), validation=last('validation'),
-                seconds=records[-1]['seconds'] if records else 0.0)
-
-  if start >= train_steps:
-    return summary()
-  train_step = make_train_step(model, float(learning_rate), schedule,
-                               int(warmup_steps), float(z_loss), teacher,
-                               kd_loss, float(kd_weight))
-  lengths = dict(task_feature_lengths)
-  if array_dir is not None:
-    fit = lambda a: dict(inputs=arrays.fit(a['inputs'], lengths['inputs']),
-                         targets=arrays.fit(a['targets'], lengths['targets']))
-    train_arrays = fit(train_arrays)
-    eval_data = [] if eval_examples == 0 else arrays.array_eval_batches(
-        fit(arrays.load(array_dir, 'validation')), batch_size, eval_examples)
-    batches = arrays.array_train_batches(train_arrays, batch_size, seed,
-                                         start_step=start)
-  else:
-    eval_data = (data.task_eval_batches(mixture_or_task_name, lengths,
-                                        batch_size, eval_examples)
-                 if eval_examples != 0 else [])
-    batches = data.task_train_batches(mixture_or_task_name, lengths,
-                                      batch_size, seed, start_step=start)
-  extra = () if teacher is None else (teacher_params,)
-  t0 = time.perf_counter()
-  window, window_steps, window_seconds = None, 0, 0.0
-
-  def log(record):
-    record['seconds'] = round(elapsed + time.perf_counter() - t0, 3)
-    records.append(record)
-    with open(log_path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
-
-  t_first = None  # the clock of max_seconds starts after the compile
-  for step in range(start + 1, train_steps + 1):
-    out_of_time = (max_seconds is not None and t_first is not None
-                   and time.perf_counter() - t_first > max_seconds)
-    last = step == train_steps or out_of_time
-    tic = time.perf_counter()
-    state, metrics = train_step(state, next(batches), *extra)
-    metrics = jax.device_get(metrics)  # waits for the step
-    t_first = time.perf_counter() if t_first is None else t_first
-    window_seconds += time.perf_counter() - tic
-    window_steps += 1
-    lr = float(metrics.pop('lr'))
-    window = metrics if window is None else jax.tree.map(np.add, window,
-                                                         metrics)
-    if step % log_period == 0 or last:
-      # steps_per_sec: data + train step only (no eval, no checkpointing).
-      log(dict(step=step, split='train', **normalize(window),
-               lr=float(f'{lr:.6g}'),
-               steps_per_sec=round(window_steps / window_seconds, 4)))
-      window, window_steps, window_seconds = None, 0, 0.0
-    if eval_data and (step % eval_period == 0 or last):
-      log(dict(step=step, split='validation',
-               **eval_loss(model, state.params, eval_data, z_loss)))
-    if step % checkpoint_period == 0 or last:
-      save_checkpoint(state, model_dir, keep_checkpoints)
-    if progress is not None:
-      progress(step, train_steps, normalize(metrics))
-    if out_of_time:
-      logging.warning('Stopped at step %d of %d after max_seconds=%s.', step,
-                      train_steps, max_seconds)
-      break
-  return summary()
+  state = _initial_state(model, model_config, model_dir, seed,
+                         init_from_teacher, teacher_config, teacher_params)
+  out = _ModelDir(model_dir, int(state.step), keep_checkpoints)
+  if out.start >= train_steps:
+    return out.summary(state)
+  step_fn = _step_fn(model, teacher, teacher_params, learning_rate, schedule,
+                     warmup_steps, z_loss, kd_loss, kd_weight)
+  eval_data, batches = examples.batches(batch_size, seed, out.start,
+                                        eval_examples)
+  state = _run_steps(step_fn, state, batches, eval_data, model, out,
+                     train_steps=train_steps, z_loss=z_loss,
+                     max_seconds=max_seconds, progress=progress, **periods)
+  return out.summary(state)
 
 
 # --------------------------------------------------------------- the job ---
