@@ -10,6 +10,7 @@ sweep compiling its own.
 """
 
 import json
+import tarfile
 
 from tools.accelerator import aot
 from tools.accelerator import stored
@@ -49,6 +50,13 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
           '_repeated_levels'} <= functions, functions
   assert result['specs']['table3']['rows'] == 4
   assert result['specs']['profile']['rows'] >= 3
+  # Two files back, whatever the plan: the results packed, the run's log.
+  out = tmp_path / 'out'
+  assert sorted(p.name for p in out.iterdir()) == ['results.tar.xz',
+                                                   'stored_run.json']
+  with tarfile.open(out / 'results.tar.xz') as tar:
+    names = tar.getnames()
+  assert {'profile_shipped.json', 'table3_shipped.md'} <= set(names), names
   # The same rows as the sweep compiling its own programs.
   reference = stored.parse_plan(['table3:shipped:shrink'],
                                 work_dir=str(tmp_path / 'reference'))[:1]

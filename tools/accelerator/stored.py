@@ -17,7 +17,9 @@ accelerator can spend its minutes timing instead of compiling:
           compile-only twin, compiled and kept in an executable store
           under its fingerprint;
   run     on the device: the plan's specs, one after another under one
-          clock, within `scaffold.programs_from(Provider(store))`. A
+          clock, within `scaffold.programs_from(Provider(store))`, their
+          results packed in one file after each (a lent device machine
+          sends back 8 files). A
           program the store holds is loaded; any other (a tree the job
           chooses there) is compiled on the device, and the provider's
           log says which and how long.
@@ -25,7 +27,7 @@ accelerator can spend its minutes timing instead of compiling:
   python -m tools.accelerator.stored build --plan table2:xxl_cost \
       --target gpu:h100 --store aot
   python -m tools.accelerator.stored run --plan table2:xxl_cost \
-      --store aot --out results/<device>
+      --store aot --out $OUT
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
+import shutil
+import tarfile
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -266,21 +271,50 @@ class Provider:
     return out
 
 
+# What `run` leaves in its output folder: a lent device machine sends back
+# at most 8 files.
+PACKED = 'results.tar.xz'
+RUN_LOG = 'stored_run.json'
+
+
+def _pack(results: pathlib.Path, out: pathlib.Path) -> None:
+  """Every results file so far, as one xz tar in `out` (replaced whole)."""
+  pending = out / (PACKED + '.pending')
+  with tarfile.open(pending, 'w:xz') as tar:
+    for path in sorted(results.iterdir()):
+      tar.add(path, arcname=path.name)
+  os.replace(pending, out / PACKED)
+
+
 def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
         out: pathlib.Path, max_minutes: Optional[float] = None,
-        log=print) -> Dict[str, Any]:
+        results: Optional[pathlib.Path] = None, log=print) -> Dict[str, Any]:
   """Runs the plan's specs in order within one clock, on the store's
-  programs (`Provider`); each spec's results in `out/<spec>_<models>`.
-  A spec that no longer fits the clock is left out (named).
+  programs (`Provider`). Each spec's results (json, md, plot) go to
+  `results/<spec>_<models>.*` (default: beside the first spec's work
+  folder; a hardware profile the profile spec writes elsewhere is copied
+  there); after each spec, `out` holds them all in one xz tar (`PACKED`)
+  and the run's log (`RUN_LOG`): two files, whatever the plan. A spec that
+  no longer fits the clock is left out (named).
 
   Returns:
     {'specs': {name: {'rows', 'failed', 'skipped'}}, 'left_out',
-    'programs': `Provider.counts`, 'time_log'}.
+    'programs': `Provider.counts`, 'program_log', 'time_log'}.
   """
   clock = budget.Clock(float('inf') if max_minutes is None else max_minutes)
   provider = Provider(store)
   result = dict(specs={}, left_out=[])
   out.mkdir(parents=True, exist_ok=True)
+  if results is None:
+    results = pathlib.Path(plan[0][1].work_dir).expanduser() / 'stored_results'
+  results.mkdir(parents=True, exist_ok=True)
+
+  def write():
+    result.update(programs=provider.counts(), program_log=provider.log,
+                  time_log=clock.log)
+    (out / RUN_LOG).write_text(json.dumps(result, indent=1))
+    _pack(results, out)
+
   with scaffold.programs_from(provider):
     for name, options in plan:
       left = clock.left()
@@ -292,7 +326,7 @@ def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
       start = time.perf_counter()
       try:
         spec_result = sweep.run(specs_lib.get(name), options,
-                                out=str(out / f'{name}_{options.models}'))
+                                out=str(results / f'{name}_{options.models}'))
       except sweep.CellsFailed as e:
         log(f'{name}: {e}')
         spec_result = None
@@ -300,10 +334,11 @@ def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
       if spec_result is not None:
         result['specs'][name] = {k: len(spec_result[k]) for k in
                                  ('rows', 'failed', 'skipped')}
-  result['programs'] = provider.counts()
-  result['program_log'] = provider.log
-  result['time_log'] = clock.log
-  (out / 'stored_run.json').write_text(json.dumps(result, indent=1))
+        written = spec_result.get('hardware_profile')  # the profile spec's
+        if written and pathlib.Path(written).parent != results:
+          shutil.copy(written, results / pathlib.Path(written).name)
+      write()
+  write()
   return result
 
 
@@ -319,10 +354,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--target', default=None,
                       help='build: a compiled.TARGETS name (default: this '
                       "machine's own device)")
-  parser.add_argument('--out', default='results/stored_run')
+  parser.add_argument('--out', default='results/stored_run',
+                      help='run: where results.tar.xz and the run log go')
+  parser.add_argument('--work_dir', default=None,
+                      help="the sweep's work folder (default: the sweep's)")
   parser.add_argument('--max_minutes', type=float, default=None)
   args = parser.parse_args(argv)
-  plan = parse_plan(args.plan or DEFAULT_PLAN)
+  plan = parse_plan(args.plan or DEFAULT_PLAN, **(
+      {} if args.work_dir is None else {'work_dir': args.work_dir}))
   if args.what == 'build':
     if args.target is None:
       device, target = jax.devices()[0], jax.devices()[0].platform
