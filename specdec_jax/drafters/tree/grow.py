@@ -33,7 +33,7 @@ matrix of every drafted node (the target's call builds its own once,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from flax import struct
 import jax
@@ -99,19 +99,7 @@ def grow(shape: TreeShape, sampling: sampling_lib.SamplingConfig,
     drafted node, or a greedy shape's `top` best), and `expand`'s last
     carry.
   """
-  batch = root.shape[0]
-  offsets, fed_offsets = shape.offsets, shape.fed_offsets
-  k, width = shape.max_children, shape.fed_width
-  # Level by level, each level's own arrays (concatenated once at the
-  # end): tokens, drafted, parent (tree index) and path score.
-  tokens, valid = [root[:, None]], [jnp.ones((batch, 1), bool)]
-  parents, scores = [jnp.zeros((batch, 1), jnp.int32)], [
-      jnp.zeros((batch, 1), jnp.float32)]
-  # The called nodes (tree index) and their q / top, level by level.
-  called, dists = [jnp.zeros((batch, 1), jnp.int32)], []
-  fed_parents = [jnp.zeros((batch, 1), jnp.int32)]
-  fed_visible = jnp.broadcast_to(jnp.eye(width, dtype=bool),
-                                 (batch, width, width))
+  levels = _Levels(root, shape)
   fed_depth = jnp.asarray(np.concatenate(
       [np.full((len(f),), d, np.int32) for d, f in
        enumerate(((0,),) + shape.fed)]))
@@ -120,88 +108,187 @@ def grow(shape: TreeShape, sampling: sampling_lib.SamplingConfig,
   order = None  # the last level's parent order (None: slot order)
   rngs = None if sampling.greedy else jax.random.split(rng, shape.depth)
   for d in range(1, shape.depth + 1):
+    cand, cand_logp, cand_ok = levels.draw(level_logits, sampling,
+                                           shape.max_children, rngs, d)
+    call_row = levels.add(shape, d, row_of, order, cand, cand_logp, cand_ok)
+    if d == shape.depth:
+      break
+    order, level_tokens, prev = levels.feed(shape, d, call_row)
+    level_logits, carry = expand(carry, level_tokens, prev,
+                                 _mask_of(fed_depth, levels.fed_visible))
+    row_of = {p: i for i, p in enumerate(shape.fed[d - 1])}
+  fed, verified = levels.assemble(shape, sampling, logits.shape[-1])
+  return fed, verified, carry
+
+
+class _Levels:
+  """The tree `grow` has drafted so far, one array per level of each field
+  (concatenated once, by `assemble`), and who sees whom among the nodes
+  the drafter was called on. Python bookkeeping of traced arrays inside
+  one trace of `grow` (no pytree).
+
+  Attributes:
+    tokens, valid, parents, scores: each level's `[batch, n]` tokens,
+      drafted, parent (tree index) and path score (log probability).
+    called, dists: each call's nodes (tree index) and their q / top.
+    fed_parents: each call's nodes' parent (index into the last call's).
+    fed_visible: `[batch, F, F]` bool, the called nodes' visibility.
+  """
+
+  def __init__(self, root: Array, shape: TreeShape):
+    batch, width = root.shape[0], shape.fed_width
+    self.tokens, self.valid = [root[:, None]], [jnp.ones((batch, 1), bool)]
+    self.parents, self.scores = [jnp.zeros((batch, 1), jnp.int32)], [
+        jnp.zeros((batch, 1), jnp.float32)]
+    self.called, self.dists = [jnp.zeros((batch, 1), jnp.int32)], []
+    self.fed_parents = [jnp.zeros((batch, 1), jnp.int32)]
+    self.fed_visible = jnp.broadcast_to(jnp.eye(width, dtype=bool),
+                                        (batch, width, width))
+
+  def draw(self, logits: Array, sampling: sampling_lib.SamplingConfig,
+           k: int, rngs: Optional[Array], d: int
+           ) -> Tuple[Array, Array, Optional[Array]]:
+    """Each called node's `k` candidate children for level `d`; records
+    the nodes' q (sampled) or top (greedy) in `dists`.
+
+    Args:
+      logits: `[batch, n, vocab]` the drafter's logits after the nodes.
+      sampling: greedy (the top-k of the logits) or sampled (a draw of k
+        without replacement from q, Gumbel-top-k with key `rngs[d - 1]`).
+      k: candidates per node.
+      rngs: `[depth]` PRNG keys (None under greedy).
+      d: the level drawn, 1 to depth.
+
+    Returns:
+      `(cand, cand_logp, cand_ok)`: `[batch, n, k]` the candidates (best
+      first), their log probability, and whether q gives them mass (None
+      under greedy: every candidate may be drafted).
+    """
     if sampling.greedy:  # q is the one-hot of `top` (kept alone)
-      x = level_logits.astype(jnp.float32)
+      x = logits.astype(jnp.float32)
       # [batch, n, k] best first (lower index first on ties, as argmax).
       values, cand = jax.lax.top_k(x, k)
-      dists.append(cand[..., 0])
+      self.dists.append(cand[..., 0])
       # log_softmax at the candidates: (x - max) - log sum exp(x - max).
       cand_logp = (values - values[..., :1]) - jnp.log(
           jnp.sum(jnp.exp(x - values[..., :1]), -1, keepdims=True))
-      cand_ok = None
-    else:
-      adjusted = sampling_lib.adjusted_logits(level_logits, sampling)
-      q = jax.nn.softmax(adjusted, axis=-1)
-      dists.append(q)
-      logp = jnp.log(q)
-      keys = logp + jax.random.gumbel(rngs[d - 1], logp.shape)
-      _, cand = jax.lax.top_k(keys, k)
-      cand_ok = jnp.take_along_axis(q, cand, -1) > 0
-      cand_logp = jnp.take_along_axis(logp, cand, -1)
+      return cand, cand_logp, None
+    adjusted = sampling_lib.adjusted_logits(logits, sampling)
+    q = jax.nn.softmax(adjusted, axis=-1)
+    self.dists.append(q)
+    logp = jnp.log(q)
+    keys = logp + jax.random.gumbel(rngs[d - 1], logp.shape)
+    _, cand = jax.lax.top_k(keys, k)
+    cand_ok = jnp.take_along_axis(q, cand, -1) > 0
+    cand_logp = jnp.take_along_axis(logp, cand, -1)
+    return cand, cand_logp, cand_ok
+
+  def add(self, shape: TreeShape, d: int, row_of: Dict[int, int],
+          order: Optional[Array], cand: Array, cand_logp: Array,
+          cand_ok: Optional[Array]) -> np.ndarray:
+    """Adds level `d`: slot i takes candidate `rank` of the parent `pick`
+    (`shape.levels[d - 1][i]`, the parent's position in the last level's
+    `order`), drafted if its parent is and q gives it mass.
+
+    Args:
+      shape: the tree's shape.
+      d: the level, 1 to depth.
+      row_of: `{position in order: row of the last call}`.
+      order: `[batch, >= max(pick) + 1]` the last level's parent order
+        (None: slot order).
+      cand, cand_logp, cand_ok: `draw`'s, for the last call's nodes.
+
+    Returns:
+      `[n_d]` each slot's parent's row in the last call.
+    """
     pick, rank = (np.array(x) for x in zip(*shape.levels[d - 1]))
     call_row = np.array([row_of[p] for p in pick])
     # Each slot's parent, a slot of level d - 1 (static: `pick` itself).
     under = _taker(pick, order)
-    ok = under(valid[-1])
+    ok = under(self.valid[-1])
     if cand_ok is not None:
       ok = ok & cand_ok[:, call_row, rank]
-    tokens.append(jnp.where(ok, cand[:, call_row, rank], 0))
-    valid.append(ok)
-    parents.append(offsets[d - 1] + under(jnp.broadcast_to(
-        jnp.arange(valid[-2].shape[1], dtype=jnp.int32), valid[-2].shape)))
-    scores.append(under(scores[-1]) + cand_logp[:, call_row, rank])
-    if d == shape.depth:
-      break
-    feeds = shape.fed[d - 1]
+    self.tokens.append(jnp.where(ok, cand[:, call_row, rank], 0))
+    self.valid.append(ok)
+    self.parents.append(shape.offsets[d - 1] + under(jnp.broadcast_to(
+        jnp.arange(self.valid[-2].shape[1], dtype=jnp.int32),
+        self.valid[-2].shape)))
+    self.scores.append(under(self.scores[-1]) + cand_logp[:, call_row, rank])
+    return call_row
+
+  def feed(self, shape: TreeShape, d: int, call_row: np.ndarray
+           ) -> Tuple[Optional[Array], Array, Array]:
+    """Records the nodes of level `d` that get children (`shape.fed`; a
+    dynamic shape's most probable first, drafted before not drafted) as
+    the next call's: their tree index, parent and visibility.
+
+    Args:
+      shape: the tree's shape.
+      d: the level, 1 to depth - 1, just `add`ed.
+      call_row: `add`'s.
+
+    Returns:
+      `(order, tokens, parent)`: the level's parent order `[batch,
+      max(fed) + 1]` (None: slot order), the called nodes' tokens
+      `[batch, n]` and each one's parent's row in the last call
+      `[batch, n]`.
+    """
+    batch, feeds = self.tokens[0].shape[0], shape.fed[d - 1]
     if shape.dynamic:  # most probable first, drafted before not drafted
       # The first max(feeds) + 1 of a stable descending sort.
-      _, order = jax.lax.top_k(jnp.where(ok, scores[-1], -jnp.inf),
-                               max(feeds) + 1)
+      _, order = jax.lax.top_k(
+          jnp.where(self.valid[-1], self.scores[-1], -jnp.inf), max(feeds) + 1)
       order = order.astype(jnp.int32)
     else:
       order = None
     # The called nodes: their slot in level d, their parent's row in the
     # last call.
     chosen = _taker(np.array(feeds), order)
-    slot = jnp.broadcast_to(jnp.arange(len(pick), dtype=jnp.int32),
-                            (batch, len(pick)))
-    called.append(offsets[d] + chosen(slot))
+    slot = jnp.broadcast_to(jnp.arange(len(call_row), dtype=jnp.int32),
+                            (batch, len(call_row)))
+    self.called.append(shape.offsets[d] + chosen(slot))
     prev = chosen(jnp.broadcast_to(jnp.asarray(call_row, jnp.int32),
-                                   (batch, len(pick))))
-    fed_parents.append(fed_offsets[d - 1] + prev)
-    at = np.arange(fed_offsets[d], fed_offsets[d] + len(feeds))
+                                   (batch, len(call_row))))
+    self.fed_parents.append(shape.fed_offsets[d - 1] + prev)
+    at = np.arange(shape.fed_offsets[d], shape.fed_offsets[d] + len(feeds))
     # The called nodes' rows: their parent's, and themselves.
-    fed_visible = fed_visible.at[:, at].set(
-        jnp.take_along_axis(fed_visible, fed_parents[-1][..., None], 1) |
-        jnp.asarray(np.eye(width, dtype=bool)[at])[None])
-    level_tokens = chosen(tokens[-1])
+    self.fed_visible = self.fed_visible.at[:, at].set(
+        jnp.take_along_axis(self.fed_visible, self.fed_parents[-1][..., None],
+                            1) |
+        jnp.asarray(np.eye(shape.fed_width, dtype=bool)[at])[None])
+    return order, chosen(self.tokens[-1]), prev
 
-    def mask_of(base, visible=fed_visible):
-      return TreeMask(base=base, depth=jnp.broadcast_to(
-          fed_depth, (batch, width)), visible=visible)
+  def assemble(self, shape: TreeShape, sampling: sampling_lib.SamplingConfig,
+               vocab: int) -> Tuple[Fed, verify_lib.Tree]:
+    """`grow`'s `(fed, verified)`: the levels concatenated, each called
+    node's q / top at its index."""
+    cat = lambda xs: jnp.concatenate(xs, axis=1)
+    batch = self.tokens[0].shape[0]
+    tree = verify_lib.empty(batch, shape, vocab, sampling.greedy,
+                            siblings=verify_lib.WITHOUT)
+    tree = tree.replace(tokens=cat(self.tokens), valid=cat(self.valid),
+                        parent=cat(self.parents))
+    rows = jnp.arange(batch)[:, None]
+    at = cat(self.called)  # [batch, F]
+    if sampling.greedy:
+      tree = tree.replace(top=tree.top.at[rows, at].set(cat(self.dists)))
+    else:
+      tree = tree.replace(q=tree.q.at[rows, at].set(cat(self.dists)))
+    fed = Fed(tokens=jnp.take_along_axis(tree.tokens, at, 1),
+              valid=jnp.take_along_axis(tree.valid, at, 1),
+              parent=cat(self.fed_parents))
+    m = shape.verified_width(sampling.greedy)
+    verified = (best_nodes(tree, cat(self.scores), m) if m < shape.width else
+                tree)
+    return fed, verified
 
-    level_logits, carry = expand(carry, level_tokens,
-                                 prev, mask_of)
-    row_of = {p: i for i, p in enumerate(feeds)}
-  # Assembled once: the tree, each called node's q / top at its index.
-  cat = lambda xs: jnp.concatenate(xs, axis=1)
-  tree = verify_lib.empty(batch, shape, logits.shape[-1], sampling.greedy,
-                          siblings=verify_lib.WITHOUT)
-  tree = tree.replace(tokens=cat(tokens), valid=cat(valid),
-                      parent=cat(parents))
-  rows = jnp.arange(batch)[:, None]
-  at = cat(called)  # [batch, F]
-  if sampling.greedy:
-    tree = tree.replace(top=tree.top.at[rows, at].set(cat(dists)))
-  else:
-    tree = tree.replace(q=tree.q.at[rows, at].set(cat(dists)))
-  fed = Fed(tokens=jnp.take_along_axis(tree.tokens, at, 1),
-            valid=jnp.take_along_axis(tree.valid, at, 1),
-            parent=cat(fed_parents))
-  m = shape.verified_width(sampling.greedy)
-  verified = (best_nodes(tree, cat(scores), m) if m < shape.width else
-              tree)
-  return fed, verified, carry
+
+def _mask_of(depth: Array, visible: Array) -> MaskOf:
+  """`base -> network.TreeMask` of the called nodes: `depth` `[F]` each
+  one's depth, `visible` `[batch, F, F]` who sees whom."""
+  batch, width = visible.shape[:2]
+  return lambda base: TreeMask(base=base, depth=jnp.broadcast_to(
+      depth, (batch, width)), visible=visible)
 
 
 def _taker(index: np.ndarray, order: Optional[Array]):
