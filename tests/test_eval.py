@@ -536,11 +536,11 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   """TREE='choose:N': the job chooses the tree on its first unit,
   `drafters.tree.shape.choose` on the rank probabilities and call costs
   it records (both stubbed here: a drafter with these ranks, a target
-  whose calls cost the same at any width, as on an accelerator, or more
-  with each token, as on a CPU), then decodes with that tree,
-  exactly; wider calls that cost nothing more give a bigger tree, levels
-  dearer than the baseline's token no speculation. A rerun for more
-  examples decodes with the tree chosen before."""
+  whose calls cost the same at any width, as on an accelerator), then
+  decodes with that tree, exactly; levels dearer than the baseline's
+  token give no speculation. A rerun for more examples decodes with the
+  tree chosen before. (How costs shape the tree: tests/drafters/
+  test_trees.py's `choose` tests.)"""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
@@ -560,29 +560,25 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
 
   monkeypatch.setattr(drafters.TreeDrafter, 'merged_loop', spied)
   tree = dict(DRAFTER="'tree'", TREE="'choose:6'", NUM_EXAMPLES='2')
-  chosen = {}
-  for name, slope in (('flat', 0.0), ('linear', 0.25)):
-    monkeypatch.setattr(measure, 'cost_curve', lambda *a, slope=slope, **k: {
-        n: t1 * (1 + slope * (n - 1)) for t1 in [real_curve(*a, **k)[1]]
-        for n in real_curve(*a, **k)})
-    decoded.clear()
-    summary = eval_lib.main(args(tmp_path / name, **tree))
-    choice, = summary['gamma_choices']
-    profile = hardware.HardwareProfile.from_json(choice['profile'])
-    want, rate = shape_lib.choose(
-        choice['rank_probs'], shape_lib.TreeCosts.of_profile(
-            profile, level_ms=choice['level_ms'], batch=2), max_nodes=6,
-        max_depth=3)
-    assert choice['tree'] == want.spec and choice['rank_probs'] == probs
-    assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
-    assert choice['level_ms'] == pytest.approx(1e-3)
-    assert isinstance(levels[-1], drafters.TreeDrafter)
-    assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
-    assert decoded and all(s == want for s in decoded)
-    assert summary['gamma_used'] == {str(want.depth): 2}
-    assert summary['differing_examples'] == 0
-    chosen[name] = want
-  assert chosen['flat'].nodes > chosen['linear'].nodes, chosen
+  # A target whose calls cost t(1) at any width, as on an accelerator.
+  monkeypatch.setattr(measure, 'cost_curve', lambda *a, **k: {
+      n: t[1] for t in [real_curve(*a, **k)] for n in t})
+  summary = eval_lib.main(args(tmp_path / 'flat', **tree))
+  choice, = summary['gamma_choices']
+  profile = hardware.HardwareProfile.from_json(choice['profile'])
+  want, rate = shape_lib.choose(
+      choice['rank_probs'], shape_lib.TreeCosts.of_profile(
+          profile, level_ms=choice['level_ms'], batch=2), max_nodes=6,
+      max_depth=3)
+  assert choice['tree'] == want.spec and choice['rank_probs'] == probs
+  assert want.nodes > 1  # a tree, not a chain
+  assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
+  assert choice['level_ms'] == pytest.approx(1e-3)
+  assert isinstance(levels[-1], drafters.TreeDrafter)
+  assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
+  assert decoded and all(s == want for s in decoded)
+  assert summary['gamma_used'] == {str(want.depth): 2}
+  assert summary['differing_examples'] == 0
   # Levels so dear that every tree is slower than the baseline: no
   # speculation, and the choice says why.
   level_s[0], decoded[:] = 10.0, []
@@ -593,12 +589,12 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   assert summary['gamma_used'] == {'0': 2} and not decoded
   capsys.readouterr()
   decoded.clear()
-  summary = eval_lib.main(args(tmp_path / 'linear', **dict(tree,
-                                                           NUM_EXAMPLES='4')))
+  summary = eval_lib.main(args(tmp_path / 'flat', **dict(tree,
+                                                         NUM_EXAMPLES='4')))
   assert 'chosen by the profile of the run being resumed' in (
       capsys.readouterr().out)
-  assert summary['gamma_used'] == {str(chosen['linear'].depth): 4}
-  assert decoded and all(s == chosen['linear'] for s in decoded)
+  assert summary['gamma_used'] == {str(want.depth): 4}
+  assert decoded and all(s == want for s in decoded)
 
 
 def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
