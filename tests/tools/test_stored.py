@@ -1,19 +1,34 @@
 """The box's stored programs: a plan of specs built ahead of time into an
 executable store, then run on it.
 
-On the CPU the "device" is this machine: the build compiles every decode
-program of every cell of the plan from shape structs (the weights never
-loaded as arrays: `abstract_loaded`), the run takes each program the job
-asks for from the store by its fingerprint. What the device run needs of
-it: no decode program compiled during the run, and the same rows as the
-sweep compiling its own.
+On the CPU the "device" is this machine: the build compiles every program
+the plan's cells run, recorded from the cells' own code on shape structs
+(the weights never loaded as arrays: `abstract_loaded`), and the run takes
+each program the job and the measurements ask for from the store by its
+fingerprint. What the device run needs of it: no program compiled during
+the run, and the same rows as the sweep compiling its own.
 """
 
+import dataclasses
 import json
 import tarfile
 
+import jax
+import pytest
+
+from specdec_jax.experiments import sweep
+from specdec_jax.experiments.specs import profile
+from specdec_jax.experiments.specs import table3
 from tools.accelerator import aot
 from tools.accelerator import stored
+
+# Shrunk further: the profile's t(k), a model-free drafter's c and a tree
+# level; one Table 3 cell (greedy, the model-free drafter).
+PROFILE = dataclasses.replace(profile.SPEC, cells=lambda o, t: [
+    c for c in profile.cells(o, t) if c.drafter != 'small'])
+TABLE3 = dataclasses.replace(table3.SPEC, cells=lambda o, t: [
+    c for c in table3.cells(o, t)
+    if c.drafter == 'lookup' and c.changes['temperature'] == 0])
 
 
 def _outputs(folder):
@@ -30,10 +45,9 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   """Every program the run asks for, the profile's timing loops and the
   decodes alike, comes from the store (none compiled on the "device");
   the decodes give the rows of the sweep compiling its own."""
-  plan = stored.parse_plan(['profile:shipped:shrink', 'table3:shipped:shrink'],
-                           work_dir=str(tmp_path / 'work'))
+  options = sweep.Options(shrink=True, work_dir=str(tmp_path / 'work'))
+  plan = [(PROFILE, options), (TABLE3, options)]
   store = aot.Store(tmp_path / 'store', 'cpu')
-  import jax  # pylint: disable=g-import-not-at-top
   store.describe(jax.devices()[0])
   built = stored.build(plan, store, jax.devices()[0], log=lambda _: None)
   assert built['built'] == len(built['programs']) > 0
@@ -46,7 +60,7 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   functions = {e['function'] for e in log}
   assert {'_call', '_repeated_calls', '_repeated_proposals',
           '_repeated_levels'} <= functions, functions
-  assert result['specs']['table3']['rows'] == 4
+  assert result['specs']['table3']['rows'] == 1
   assert result['specs']['profile']['rows'] >= 3
   # Two files back, whatever the plan: the results packed, the run's log.
   out = tmp_path / 'out'
@@ -56,11 +70,15 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
     names = tar.getnames()
   assert {'profile_shipped.json', 'table3_shipped.md'} <= set(names), names
   # The same rows as the sweep compiling its own programs.
-  reference = stored.parse_plan(['table3:shipped:shrink'],
-                                work_dir=str(tmp_path / 'reference'))[:1]
-  from specdec_jax.experiments import specs  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import sweep  # pylint: disable=g-import-not-at-top
-  (name, options), = reference
-  sweep.run(specs.get(name), options, out=str(tmp_path / 'reference_out'))
+  sweep.run(TABLE3, dataclasses.replace(options, work_dir=str(
+      tmp_path / 'reference')), out=str(tmp_path / 'reference_out'))
   ours, theirs = _outputs(tmp_path / 'work'), _outputs(tmp_path / 'reference')
   assert ours and ours == theirs
+
+
+def test_a_plan_names_specs_and_model_sets():
+  (spec, options), = stored.parse_plan(['trees:xxl_cost:shrink'])
+  assert spec.name == 'trees' and options.models == 'xxl_cost'
+  assert options.shrink
+  with pytest.raises(ValueError, match='Unknown spec'):
+    stored.parse_plan(['tables:shipped'])

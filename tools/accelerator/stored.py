@@ -62,19 +62,21 @@ DEFAULT_PLAN = ('profile:xxl_cost', 'table2:xxl_cost', 'trees:xxl_cost',
                 'batches:xxl_cost')
 
 
+Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]
+
+
 def parse_plan(items: Sequence[str], **common
-               ) -> List[Tuple[str, sweep.Options]]:
-  """`spec:models[:shrink]` items, in priority order, as (spec name,
-  options; `common`: other `sweep.Options` fields of every item)."""
+               ) -> List[Tuple[sweep.Spec, sweep.Options]]:
+  """`spec:models[:shrink]` items, in priority order, as (spec, options;
+  `common`: other `sweep.Options` fields of every item)."""
   plan = []
   for item in items:
     name, _, rest = item.partition(':')
     models, _, shrink = rest.partition(':')
-    specs_lib.get(name)  # a clear error for an unknown spec
     if shrink not in ('', 'shrink'):
       raise ValueError(f'plan item {item!r}: spec:models[:shrink]')
-    plan.append((name, sweep.Options(models=models or 'shipped',
-                                     shrink=shrink == 'shrink', **common)))
+    plan.append((specs_lib.get(name), sweep.Options(
+        models=models or 'shipped', shrink=shrink == 'shrink', **common)))
   return plan
 
 
@@ -196,7 +198,7 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
         log(f'{spec.name} {cell.name}: {what} not built ({e!r:.200})')
 
 
-def build(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
+def build(plan: Plan, store: aot.Store,
           device: Any, log=print) -> Dict[str, Any]:
   """Compiles every program the cells of `plan` run (`record_cell`) for
   `device` (a compile-only twin, or this machine's own) into `store`, each
@@ -210,8 +212,7 @@ def build(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
   recorder = Recorder()
   built = kept = 0
   seconds = 0.0
-  for priority, (name, options) in enumerate(plan):
-    spec = specs_lib.get(name)
+  for priority, (spec, options) in enumerate(plan):
     options = sweep.options_of(spec, options)
     models = sweep.model_set(options)
     for cell in sweep.plan(spec, options):
@@ -232,7 +233,7 @@ def build(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
         store.write()
         seconds += took
         built += 1
-        log(f'{name} {cell.name}: {function} built in {took:.1f} s')
+        log(f'{spec.name} {cell.name}: {function} built in {took:.1f} s')
   store.pack(final=True)  # xz packs: about half the bytes to carry
   return dict(programs=list(recorder.programs), built=built, kept=kept,
               compile_s=round(seconds, 1), bytes=store.total_bytes())
@@ -286,7 +287,7 @@ def _pack(results: pathlib.Path, out: pathlib.Path) -> None:
   os.replace(pending, out / PACKED)
 
 
-def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
+def run(plan: Plan, store: aot.Store,
         out: pathlib.Path, max_minutes: Optional[float] = None,
         results: Optional[pathlib.Path] = None, log=print) -> Dict[str, Any]:
   """Runs the plan's specs in order within one clock, on the store's
@@ -316,7 +317,8 @@ def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
     _pack(results, out)
 
   with scaffold.programs_from(provider):
-    for name, options in plan:
+    for spec, options in plan:
+      name = spec.name
       left = clock.left()
       if left <= 0:
         result['left_out'].append(name)
@@ -325,7 +327,7 @@ def run(plan: Sequence[Tuple[str, sweep.Options]], store: aot.Store,
           options.max_minutes, left / 60))
       start = time.perf_counter()
       try:
-        spec_result = sweep.run(specs_lib.get(name), options,
+        spec_result = sweep.run(spec, options,
                                 out=str(results / f'{name}_{options.models}'))
       except sweep.CellsFailed as e:
         log(f'{name}: {e}')
