@@ -52,6 +52,7 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   built = stored.build(plan, store, jax.devices()[0], log=lambda _: None)
   assert built['built'] == len(built['programs']) > 0
   assert all(store.built(aot.program_name([f])) for f in built['programs'])
+  assert built['dropped'] == []
   result = stored.run(plan, store, tmp_path / 'out')
   log = result['program_log']
   assert all(e['source'] == 'loaded' for e in log), [

@@ -199,23 +199,30 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
 
 
 def build(plan: Plan, store: aot.Store,
-          device: Any, log=print) -> Dict[str, Any]:
+          device: Any, log=print, limit_bytes: Optional[int] = None
+          ) -> Dict[str, Any]:
   """Compiles every program the cells of `plan` run (`record_cell`) for
   `device` (a compile-only twin, or this machine's own) into `store`, each
   under its fingerprint, in the plan's order; programs already there are
-  kept.
+  kept. With `limit_bytes` (what a device command may carry beside the
+  working tree) the programs of the plan's last specs and cells are
+  dropped until the store fits (`aot.Store.fit`): those compile on the
+  device.
 
   Returns:
-    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes'}.
+    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
+    'dropped'}.
   """
   cache = loading.LoadCache()
   recorder = Recorder()
   built = kept = 0
   seconds = 0.0
-  for priority, (spec, options) in enumerate(plan):
+  order = 0  # a program's priority: its first cell's place in the plan
+  for spec, options in plan:
     options = sweep.options_of(spec, options)
     models = sweep.model_set(options)
     for cell in sweep.plan(spec, options):
+      order += 1
       before = set(recorder.programs)
       record_cell(spec, cell, sweep.cell_setup(models, cell, options),
                   recorder, cache, log)
@@ -226,7 +233,7 @@ def build(plan: Plan, store: aot.Store,
           kept += 1
           continue
         start = time.perf_counter()
-        store.save(key, lower_on(device).compile(), 0.0, priority)
+        store.save(key, lower_on(device).compile(), 0.0, order)
         took = time.perf_counter() - start
         store.manifest['programs'][key].update(compile_s=round(took, 2),
                                                function=function)
@@ -235,8 +242,10 @@ def build(plan: Plan, store: aot.Store,
         built += 1
         log(f'{spec.name} {cell.name}: {function} built in {took:.1f} s')
   store.pack(final=True)  # xz packs: about half the bytes to carry
+  dropped = [] if limit_bytes is None else store.fit(limit_bytes)
   return dict(programs=list(recorder.programs), built=built, kept=kept,
-              compile_s=round(seconds, 1), bytes=store.total_bytes())
+              compile_s=round(seconds, 1), bytes=store.total_bytes(),
+              dropped=dropped)
 
 
 class Provider:
@@ -361,6 +370,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--work_dir', default=None,
                       help="the sweep's work folder (default: the sweep's)")
   parser.add_argument('--max_minutes', type=float, default=None)
+  parser.add_argument('--limit_mib', type=float, default=None,
+                      help='build: the most the store may weigh (a device '
+                      'command carries 64 MiB with the working tree); the '
+                      "plan's last programs are dropped to fit")
   args = parser.parse_args(argv)
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
@@ -371,7 +384,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       device, target = compiled.devices(args.target)[0], args.target
     store = aot.Store(pathlib.Path(args.store), target)
     store.describe(device)
-    result = build(plan, store, device)
+    result = build(plan, store, device, limit_bytes=None if (
+        args.limit_mib is None) else int(args.limit_mib * 2**20))
     store.write()
   else:
     device = jax.devices()[0]
