@@ -228,6 +228,54 @@ def _baseline_outputs(setup: EvalSetup, base: programs.Program, params,
                                 np.concatenate(lengths))
 
 
+def refine_tree(loaded: loading.Loaded, choice: Dict[str, Any], decoded,
+                seconds: float) -> Dict[str, Any]:
+  """`choice` (`choose_tree`'s) chosen again with the iteration's fixed
+  work priced: what one iteration of the chosen tree took in a timed decode
+  (`seconds` over its loop iterations) beyond the target's call and the
+  levels the choice priced, as `TreeCosts.fixed_ms` (the walk, the cache
+  moves, a GPU's launches; and the decode's own start, spread over its
+  iterations: an overestimate that favours no speculation).
+
+  Args:
+    loaded: the built setup.
+    choice: its tree choice.
+    decoded: the speculative decode with that tree (`spec_stats.SpecResult`).
+    seconds: its time.
+
+  Returns:
+    The choice with 'fixed_ms', 'measured_iteration_ms', 'first_tree' (the
+    tree chosen first) and the tree (or no speculation, 'why') chosen now.
+  """
+  setup = loaded.setup
+  first = tree_shape.parse(choice['tree'])
+  profile = hardware.HardwareProfile.from_json(choice['profile'])
+  costs = tree_shape.TreeCosts.of_profile(
+      profile, level_ms=choice['level_ms'], batch=setup.batch.size)
+  iteration_ms = 1e3 * seconds / max(int(decoded.stats.iterations), 1)
+  fixed_ms = max(iteration_ms - costs.iteration_ms(first), 0.0)
+  costs = dataclasses.replace(costs, fixed_ms=fixed_ms)
+  shape, rate = tree_shape.choose(choice['rank_probs'], costs,
+                                  max_nodes=setup.draft.tree_budget,
+                                  max_depth=setup.gamma)
+  t1_s = profile.t1_ms / 1e3
+  refined = dict(choice, first_tree=choice['tree'], fixed_ms=fixed_ms,
+                 measured_iteration_ms=iteration_ms, tree=shape.spec,
+                 gamma=shape.depth, expected_tokens=shape.expected_tokens(
+                     choice['rank_probs']),
+                 iteration_ms=costs.iteration_ms(shape),
+                 predicted_tokens_per_s=rate, predicted_speedup=rate * t1_s)
+  refined.pop('why', None)
+  if rate * t1_s < 1.0:
+    refined['gamma'] = 0
+    refined['why'] = (
+        f'no speculation: with the iteration\'s fixed work measured '
+        f'({fixed_ms:.3f} ms), the best tree ({shape.spec}) is predicted at '
+        f'{rate * t1_s:.2f}x of the baseline, so the job decodes with the '
+        'baseline')
+  return refined
+
+
 def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
   """`loaded` drafting trees of `spec` (a `drafters.tree.shape.parse`
   spec): its tree drafter (a kind that reads trees: a dataclass whose
@@ -258,6 +306,21 @@ def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
         f"{choice['predicted_tokens_per_s']:.0f} tokens/s predicted",
         flush=True)
   return choice
+
+
+def _tree_refinement(loaded: loading.Loaded, choice, decoded, seconds,
+                     choice_file) -> Dict[str, Any]:
+  """`refine_tree`, kept in `choice_file` and said."""
+  refined = refine_tree(loaded, choice, decoded, seconds)
+  if choice_file is not None:
+    run_folder.write_atomic(choice_file, json.dumps(refined, indent=1))
+  said = (refined['why'] if refined['gamma'] == 0 else
+          f"tree {refined['tree']} from now on "
+          f"({refined['predicted_tokens_per_s']:.0f} tokens/s predicted)")
+  print(f"tree {refined['first_tree']}: an iteration took "
+        f"{refined['measured_iteration_ms']:.3f} ms, "
+        f"{refined['fixed_ms']:.3f} ms more than priced; {said}", flush=True)
+  return refined
 
 
 def programs_at(loaded: loading.Loaded, gamma: int, refill_sizes=None
@@ -447,6 +510,12 @@ class Lane:
         setup.draft.chooses_tree if what == 'tree' else
         setup.batch.profile_gamma and not setup.draft.chooses_tree)
 
+  def refining(self) -> bool:
+    """Whether its tree, chosen, awaits its first timed decode (whose
+    iteration time `refine_tree` prices)."""
+    return (self.loaded.setup.draft.chooses_tree and self.gamma > 0 and
+            self.choice is not None and 'fixed_ms' not in self.choice)
+
   def programs(self, refill_sizes):
     """Its (baseline, speculative or None) programs at its gamma."""
     return programs_at(self.loaded, self.gamma, refill_sizes)
@@ -556,8 +625,9 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
         lane.gamma = lane.choice['gamma']
     shapes = np.shape(inputs)
     keys = lambda: {'baseline': (shapes, base.spec), **{
-        i: (shapes, i, lanes[i].gamma, str(jax.tree_util.tree_map(
-            np.shape, lanes[i].draft_params))) for i in active}}
+        i: (shapes, i, lanes[i].gamma, lanes[i].loaded.drafter,
+            str(jax.tree_util.tree_map(np.shape, lanes[i].draft_params)))
+        for i in active}}
     calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
     first = _warm(calls, keys(), warmed)
     for i, lane in ((i, lanes[i]) for i in active):
@@ -579,5 +649,10 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
       if lane.loaded.store is not None and records:
         lane.draft_params = _learn(lane.loaded, batch, inputs, res[i],
                                    lane.draft_params, lane.commit)
+      if lane.refining():  # the chosen tree's iterations, timed: again
+        lane.choice = _tree_refinement(lane.loaded, lane.choice, res[i],
+                                       times[i], lane.choice_file)
+        lane.loaded = with_tree(lane.loaded, lane.choice['tree'])
+        lane.gamma = lane.choice['gamma']
       out[i] = records
     yield out

@@ -533,18 +533,22 @@ def test_batch_decodes_without_speculation_where_the_profile_says_slower(
 
 def test_the_job_chooses_the_tree_this_machines_costs_favour(
     tmp_path, capsys, monkeypatch):
-  """TREE='choose:N': the job chooses the tree on its first unit,
+  """TREE='choose:N': the job chooses the tree before its first unit,
   `drafters.tree.shape.choose` on the rank probabilities and call costs
-  it records (both stubbed here: a drafter with these ranks, a target
-  whose calls cost the same at any width, as on an accelerator), then
-  decodes with that tree, exactly; levels dearer than the baseline's
+  it records (stubbed here: a drafter with these ranks, a target whose
+  calls cost the same at any width, as on an accelerator), decodes the
+  unit with that tree, exactly, then chooses again with the iteration's
+  fixed work priced from that decode's time (`refine_tree`: here the
+  CPU's, far above the stubbed costs); levels dearer than the baseline's
   token give no speculation. A rerun for more examples decodes with the
-  tree chosen before. (How costs shape the tree: tests/drafters/
-  test_trees.py's `choose` tests.)"""
+  choice kept. (How costs shape the tree: tests/drafters/test_trees.py's
+  `choose` tests.)"""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
   from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   from specdec_jax.drafters.tree import shape as shape_lib  # pylint: disable=g-import-not-at-top
+  import collections  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   probs = [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0]
   monkeypatch.setattr(measure, 'rank_probs', lambda *a, **k: np.array(probs))
@@ -569,26 +573,33 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   summary = eval_lib.main(args(tmp_path / 'flat', **tree))
   choice, = summary['gamma_choices']
   profile = hardware.HardwareProfile.from_json(choice['profile'])
-  want, rate = shape_lib.choose(
-      choice['rank_probs'], shape_lib.TreeCosts.of_profile(
-          profile, level_ms=choice['level_ms'], batch=2), max_nodes=6,
-      max_depth=3)
-  assert choice['tree'] == want.spec and choice['rank_probs'] == probs
+  costs = shape_lib.TreeCosts.of_profile(profile, level_ms=choice['level_ms'],
+                                         batch=2)
+  want, _ = shape_lib.choose(choice['rank_probs'], costs, max_nodes=6,
+                             max_depth=3)
+  assert choice['first_tree'] == want.spec and choice['rank_probs'] == probs
   assert want.nodes > 1  # a tree, not a chain
   assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
   assert choice['level_ms'] == pytest.approx(1e-3)
   assert isinstance(levels[-1], drafters.TreeDrafter)
-  assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
   assert decoded and all(s == want for s in decoded)
   assert summary['gamma_used'] == {str(want.depth): 2}
   assert summary['differing_examples'] == 0
+  # Chosen again with the fixed work an iteration of that decode took.
+  assert choice['fixed_ms'] == pytest.approx(
+      choice['measured_iteration_ms'] - costs.iteration_ms(want))
+  assert choice['fixed_ms'] > 0
+  again, rate = shape_lib.choose(choice['rank_probs'], dataclasses.replace(
+      costs, fixed_ms=choice['fixed_ms']), max_nodes=6, max_depth=3)
+  assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
+  assert choice['gamma'] == (again.depth if rate * 1e-3 >= 1 else 0)
   # Levels so dear that every tree is slower than the baseline: no
   # speculation, and the choice says why.
   level_s[0], decoded[:] = 10.0, []
   summary = eval_lib.main(args(tmp_path / 'dear', **tree))
-  choice, = summary['gamma_choices']
-  assert choice['gamma'] == 0 and choice['predicted_speedup'] < 1
-  assert 'no speculation' in choice['why']
+  dear, = summary['gamma_choices']
+  assert dear['gamma'] == 0 and dear['predicted_speedup'] < 1
+  assert 'no speculation' in dear['why'] and 'fixed_ms' not in dear
   assert summary['gamma_used'] == {'0': 2} and not decoded
   capsys.readouterr()
   decoded.clear()
@@ -596,8 +607,11 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
                                                          NUM_EXAMPLES='4')))
   assert 'chosen by the profile of the run being resumed' in (
       capsys.readouterr().out)
-  assert summary['gamma_used'] == {str(want.depth): 4}
-  assert decoded and all(s == want for s in decoded)
+  used = collections.Counter({str(want.depth): 2})
+  used[str(choice['gamma'])] += 2  # the second unit: the choice kept
+  assert summary['gamma_used'] == dict(used)
+  assert all(s == again for s in decoded) and bool(decoded) == bool(
+      choice['gamma'])
 
 
 def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
