@@ -500,7 +500,7 @@ class Lane:
       self.choice = _configured_choice(self.loaded, self.choice_file)
     self.gamma = setup.gamma if self.choice is None else self.choice['gamma']
     if self.choice is not None and 'tree' in self.choice:
-      self.loaded = with_tree(self.loaded, self.choice['tree'])
+      self.take_tree(self.choice)
     self.draft_params = self.loaded.draft_params
 
   def choosing(self, what: str) -> bool:
@@ -509,6 +509,13 @@ class Lane:
     return self.choice is None and (
         setup.draft.chooses_tree if what == 'tree' else
         setup.batch.profile_gamma and not setup.draft.chooses_tree)
+
+  def take_tree(self, choice: Dict[str, Any]) -> None:
+    """Decodes with a tree choice from now on (its tree; its gamma: the
+    tree's depth, or 0: no speculation)."""
+    self.choice = choice
+    self.loaded = with_tree(self.loaded, choice['tree'])
+    self.gamma = choice['gamma']
 
   def refining(self) -> bool:
     """Whether its tree, chosen, awaits its first timed decode (whose
@@ -618,11 +625,9 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
     base = _shared_baseline(lanes, refill_sizes)
     for lane in (lanes[i] for i in active):
       if lane.choosing('tree'):  # on the first examples' baseline outputs
-        lane.choice = _tree_choice(lane.loaded, *_baseline_outputs(
+        lane.take_tree(_tree_choice(lane.loaded, *_baseline_outputs(
             setup, base, lane.loaded.target_params, all_inputs, place, rng),
-                                   lane.choice_file)
-        lane.loaded = with_tree(lane.loaded, lane.choice['tree'])
-        lane.gamma = lane.choice['gamma']
+                                    lane.choice_file))
     shapes = np.shape(inputs)
     keys = lambda: {'baseline': (shapes, base.spec), **{
         i: (shapes, i, lanes[i].gamma, lanes[i].loaded.drafter,
@@ -650,9 +655,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
         lane.draft_params = _learn(lane.loaded, batch, inputs, res[i],
                                    lane.draft_params, lane.commit)
       if lane.refining():  # the chosen tree's iterations, timed: again
-        lane.choice = _tree_refinement(lane.loaded, lane.choice, res[i],
-                                       times[i], lane.choice_file)
-        lane.loaded = with_tree(lane.loaded, lane.choice['tree'])
-        lane.gamma = lane.choice['gamma']
+        lane.take_tree(_tree_refinement(lane.loaded, lane.choice, res[i],
+                                        times[i], lane.choice_file))
       out[i] = records
     yield out
