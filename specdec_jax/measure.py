@@ -483,8 +483,8 @@ def lower_drafter_token_time(drafter, params, encoder_input_tokens,
   state, sequences, lengths, rng = place(_proposal_inputs(
       drafter, jax.tree_util.tree_map(_struct, params),
       jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
-  return _PROPOSALS.entry_jit((), (params, target_params)).lower(
-      drafter, params, state, sequences, gamma, 1, lengths, rng)
+  loop = _PROPOSALS.jitted(scaffold.compiler_options((params, target_params)))
+  return loop.lower(drafter, params, state, sequences, gamma, 1, lengths, rng)
 
 
 def fed_tree(shape) -> Tuple[np.ndarray, np.ndarray]:

@@ -395,6 +395,14 @@ def choice_file(out: pathlib.Path, index: int, count: int) -> pathlib.Path:
   return out / f'gamma_choice.process-{index:05d}-of-{count:05d}.json'
 
 
+def write_choice(path: Optional[pathlib.Path], choice: Dict[str, Any]
+                 ) -> None:
+  """Keeps a gamma (or tree) choice in `path` (`choice_file`; None: not
+  kept), whole or not at all (`read_choice` reads it back)."""
+  if path is not None:
+    write_atomic(path, json.dumps(choice, indent=1))
+
+
 def read_choice(path: pathlib.Path) -> Dict[str, Any]:
   """A gamma choice written by `unit_loop.choose_gamma` (`choice_file`).
 

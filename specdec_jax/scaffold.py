@@ -64,6 +64,12 @@ def compiler_options(args) -> Tuple[Tuple[str, Any], ...]:
   return (('xla_gpu_gemm_rewrite_size_threshold', threshold),)
 
 
+def _options(args) -> Tuple[Tuple[str, Any], ...]:
+  """`compiler_options(args)`, or none for a call inside an outer trace
+  (only a top-level jit takes options: `OptionedJit`)."""
+  return () if _traced(args) else compiler_options(args)
+
+
 def _traced(args) -> bool:
   """Whether `args` are being traced by an outer transformation (a decode
   called inside the caller's own `jax.jit`)."""
@@ -162,7 +168,7 @@ class OptionedJit:
     """What runs calls whose compiler options `args` give (arrays or shape
     structs; a timing loop picks it once, outside the timed calls): the
     jitted function, or within `programs_from` the provider's programs."""
-    options = () if _traced(args) else compiler_options(args)
+    options = _options(args)
     if _PROVIDER['now'] is None or _traced(args):
       return self.jitted(options)
     return functools.partial(self._provided_call, options)
@@ -199,19 +205,11 @@ class OptionedJit:
         for i, a in enumerate(args)))
 
   def lower(self, *args) -> jax.stages.Lowered:
-    return self.entry_jit(args).lower(*args)
+    return self.jitted(_options(args)).lower(*args)
 
-  def entry_jit(self, args, options_of=None):
-    """The jitted function for `args` (options: of `options_of`, default
-    of `args`, as `entry(options_of)` runs them)."""
-    source = args if options_of is None else options_of
-    return self.jitted(() if _traced(source) else compiler_options(source))
-
-  def identity(self, *args, options_of=None) -> str:
-    """The fingerprint a provider is asked for this call's program
-    (`options_of`: what the caller's `entry` was given, default `args`)."""
-    source = args if options_of is None else options_of
-    options = () if _traced(source) else compiler_options(source)
+  def identity(self, *args) -> str:
+    """The fingerprint a provider is asked for this call's program."""
+    options = _options(args)
     return fingerprint(self.jitted(options).trace(*args), options)
 
   def cache_size(self) -> int:

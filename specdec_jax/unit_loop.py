@@ -17,7 +17,6 @@ learns each unit's outputs here and is committed with its records
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
@@ -91,6 +90,17 @@ def call_times(loaded: loading.Loaded, inputs, ks=None, gamma=None
   return seconds, t_draft, context
 
 
+def _measured_profile(setup: EvalSetup, seconds: Dict[int, float],
+                      t_draft: float) -> hardware.HardwareProfile:
+  """The profile of what `call_times` measured at the setup's batch:
+  t(1), cost(k) = t(k) / t(1), the drafter's c = t_draft / t(1)."""
+  t1 = seconds[1]
+  return hardware.HardwareProfile.of_run(
+      'this run', setup.batch.size, t1,
+      {k: t / t1 for k, t in seconds.items()},
+      {setup.draft.kind: t_draft / t1}, device=measure.machine())
+
+
 def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   """gamma for the setup's batch from a profile measured now, on this
   machine (`BatchSpec.gamma_rule` 'profile').
@@ -111,11 +121,7 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   setup = loaded.setup
   b, top = setup.batch.size, setup.batch.max_gamma
   seconds, t_draft, _ = call_times(loaded, inputs)
-  t1 = seconds[1]
-  profile = hardware.HardwareProfile.of_run(
-      'this run', b, t1,
-      {k: t / t1 for k, t in seconds.items()}, {setup.draft.kind: t_draft / t1},
-      device=measure.machine())
+  profile = _measured_profile(setup, seconds, t_draft)
   alpha = spec_stats.summarize(first.stats)['alpha']
   chosen = hardware.predict(profile, alpha=theory.clamp_alpha(alpha),
                             drafter=setup.draft.kind, batch=b, max_gamma=top)
@@ -189,9 +195,7 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
             drafters.tree.DEFAULT_TREE)), loaded.draft_params, inputs[:b],
         context=context, jit_setup=True, target_params=loaded.target_params)
   t1 = seconds[1]
-  profile = hardware.HardwareProfile.of_run(
-      'this run', b, t1, {k: t / t1 for k, t in seconds.items()},
-      {setup.draft.kind: t_draft / t1}, device=measure.machine())
+  profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
                                           batch=b)
   shape, rate = tree_shape.choose(probs, costs, max_nodes=budget,
@@ -293,8 +297,7 @@ def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
                  ) -> Dict[str, Any]:
   """`choose_tree`, kept in `choice_file` and said."""
   choice = choose_tree(loaded, inputs, outputs)
-  if choice_file is not None:
-    run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  run_folder.write_choice(choice_file, choice)
   if choice['gamma'] == 0:
     print(f"tree choice: {choice['why']}", flush=True)
     return choice
@@ -312,8 +315,7 @@ def _tree_refinement(loaded: loading.Loaded, choice, decoded, seconds,
                      choice_file) -> Dict[str, Any]:
   """`refine_tree`, kept in `choice_file` and said."""
   refined = refine_tree(loaded, choice, decoded, seconds)
-  if choice_file is not None:
-    run_folder.write_atomic(choice_file, json.dumps(refined, indent=1))
+  run_folder.write_choice(choice_file, refined)
   said = (refined['why'] if refined['gamma'] == 0 else
           f"tree {refined['tree']} from now on "
           f"({refined['predicted_tokens_per_s']:.0f} tokens/s predicted)")
@@ -362,8 +364,7 @@ def _configured_choice(loaded: loading.Loaded, choice_file
               'why': f'drafter {setup.draft.kind!r} drafts in its merged '
                      'loop (its drafting rides on the target call; the chain '
                      'formula does not price it): gamma as configured'}
-    if choice_file is not None:
-      run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+    run_folder.write_choice(choice_file, choice)
   elif choice_file is not None and choice_file.exists():
     choice = run_folder.read_choice(choice_file)
     print(f"gamma {choice['gamma']} for batch {setup.batch.size}, chosen "
@@ -377,8 +378,7 @@ def _profile_choice(loaded: loading.Loaded, inputs, first, choice_file
   """`choose_gamma` on the first unit, kept in `choice_file` and said."""
   setup = loaded.setup
   choice = choose_gamma(loaded, inputs, first)
-  if choice_file is not None:
-    run_folder.write_atomic(choice_file, json.dumps(choice, indent=1))
+  run_folder.write_choice(choice_file, choice)
   pred = choice['prediction']
   print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
         f"(configured {setup.gamma}): chosen by the profile measured "

@@ -215,11 +215,15 @@ def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None
   """The setup built (`loading.build`, from `cache` when given) and its
   first batch's inputs."""
   loaded = loading.build(setup, cache=cache)
-  examples = loading.read_examples(setup, loaded.task, setup.batch.size,
-                                   cache)
-  inputs = data.pad_rows([ids for _, ids, _, _ in examples],
-                         setup.task_feature_lengths['inputs'])
-  return loaded, inputs
+  return loaded, first_inputs(setup, loaded.task, cache)
+
+
+def first_inputs(setup: loading.EvalSetup, task,
+                 cache: Optional[loading.LoadCache] = None) -> np.ndarray:
+  """The setup's first batch's inputs, padded as the job pads them."""
+  examples = loading.read_examples(setup, task, setup.batch.size, cache)
+  return data.pad_rows([ids for _, ids, _, _ in examples],
+                       setup.task_feature_lengths['inputs'])
 
 
 # ---------------------------------------------------------------------------

@@ -46,7 +46,6 @@ import jax
 import numpy as np
 
 from specdec_jax import compiled
-from specdec_jax import data
 from specdec_jax import loading
 from specdec_jax import programs
 from specdec_jax import scaffold
@@ -166,13 +165,6 @@ class Recorder:
     return stand_in
 
 
-def _inputs(setup: loading.EvalSetup, task, cache) -> np.ndarray:
-  """The first batch's inputs (`sweep.built`'s), read, not decoded."""
-  examples = loading.read_examples(setup, task, setup.batch.size, cache)
-  return data.pad_rows([ids for _, ids, _, _ in examples],
-                       setup.task_feature_lengths['inputs'])
-
-
 def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
                 recorder: Recorder, cache=None, log=print) -> None:
   """Runs a cell on shape structs within `recorder`: its decode programs
@@ -181,7 +173,7 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   functions). A measurement that cannot run on shapes (it computes on a
   weight outside a program) is named and left to the device."""
   loaded = abstract_loaded(setup, cache)
-  inputs = _inputs(setup, loaded.task, cache)
+  inputs = sweep.first_inputs(setup, loaded.task, cache)
   known = {**sweep.MEASUREMENTS, **spec.measurements}
   steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
   if spec.decode:
