@@ -76,9 +76,9 @@ def _traced(args) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
 
 
-# Gives a program's executable from its trace, `fingerprint` and a function
-# lowering it for another device: see `programs_from`.
-Provider = Callable[[jax.stages.Traced, str, Callable[[Any], Any]],
+# Gives a program's executable from its trace, `fingerprint`, a function
+# lowering it for another device and its name: see `programs_from`.
+Provider = Callable[[jax.stages.Traced, str, Callable[[Any], Any], str],
                     jax.stages.Compiled]
 _PROVIDER: Dict[str, Optional[Provider]] = {'now': None}
 
@@ -89,12 +89,15 @@ def programs_from(provider: Provider) -> Iterator[None]:
   timing loops built on `OptionedJit`) needs is taken from `provider`
   instead of jax's own compile.
 
-  `provider(traced, fingerprint, lower_on)` returns the executable of a
+  `provider(traced, fingerprint, lower_on, name)` returns the executable of a
   traced program (`jax.stages.Traced`: `.lower().compile()` compiles it
   here): e.g. one deserialized from a store of programs compiled ahead of
   time for this device, found by `fingerprint`. `lower_on(device)` lowers
   the same program for another device (its arguments as shape structs
-  placed there): what a build for a compile-only twin compiles. It is asked once per program and
+  placed there): what a build for a compile-only twin compiles. `name`
+  says what the program is: its function's name, and its static
+  arguments' types but numbers' and strings' (`_call[TreeLoop]`: a decode
+  loop of token trees). It is asked once per program and
   argument signature; the executable is kept and called with the
   program's dynamic arguments. A decode traced inside a caller's own jit
   is part of the caller's program and asks nothing.
@@ -187,9 +190,12 @@ class OptionedJit:
     key = (provider, options, static, tree, tuple(map(_signature, leaves)))
     if key not in self._provided:
       traced = self.jitted(options).trace(*args)
+      name = traced.fun_name + ''.join(
+          f'[{type(s).__name__}]' for s in static
+          if not isinstance(s, (int, float, str, type(None))))
       self._provided[key] = provider(
           traced, fingerprint(traced, options),
-          functools.partial(self._lower_on, options, args))
+          functools.partial(self._lower_on, options, args), name)
     return self._provided[key](*dynamic)
 
   def _lower_on(self, options, args, device) -> jax.stages.Lowered:

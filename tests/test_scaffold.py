@@ -127,10 +127,11 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
   traced inside a caller's jit asks nothing."""
   model, params = v11
   enc, _ = ragged_greedy
-  asked = []
+  asked, names = [], []
 
-  def provider(traced, fingerprint, lower_on):
+  def provider(traced, fingerprint, lower_on, name):
     asked.append(fingerprint)
+    names.append(name)
     # Compiled as a build would, for a device named apart from the trace.
     compiled_ = lower_on(jax.devices()[0]).compile()
     return serialize_executable.deserialize_and_load(
@@ -150,6 +151,7 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
     jax.jit(lambda e: program(2)(params, params, e, rng).tokens)(enc)
   assert len(asked) == 2 and asked[0] != asked[1]
   assert all(f.startswith('sha256:') for f in asked)
+  assert names == ['_call[SpecLoop]'] * 2  # what each is: a chain's loop
   for res in (out, again, other):
     np.testing.assert_array_equal(res.tokens, ref.tokens)
   # The program's identity, built anew, is the one the provider was asked,

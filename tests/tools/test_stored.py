@@ -53,26 +53,47 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   assert built['built'] == len(built['programs']) > 0
   assert all(store.built(aot.program_name([f])) for f in built['programs'])
   assert built['dropped'] == []
-  result = stored.run(plan, store, tmp_path / 'out')
+  # The check of the first target-call loop loaded, against the same
+  # program compiled here (a CPU's timings: trusted whatever they say).
+  result = stored.run(plan, store, tmp_path / 'out', provider=stored.Provider(
+      store, slower=float('inf')))
+  check = result['check']
+  assert check['function'] == stored.CHECKED
+  assert check['verdict'] == 'trusted' and check['loaded_ms'] > 0
   log = result['program_log']
   assert all(e['source'] == 'loaded' for e in log), [
       (e['function'], e['why']) for e in log if e['source'] != 'loaded']
   assert {e['program'] for e in log} <= set(built['programs'])
   functions = {e['function'] for e in log}
-  assert {'_call', '_repeated_calls', '_repeated_proposals',
-          '_repeated_levels'} <= functions, functions
+  assert {'_call[SampleLoop]', '_call[SpecLoop]', stored.CHECKED,
+          '_repeated_proposals[LookupDrafter]', '_repeated_levels[T5Model]'
+          } <= functions, functions
   assert result['specs']['table3']['rows'] == 1
   assert result['specs']['profile']['rows'] >= 3
-  # Two files back, whatever the plan: the results packed, the run's log.
+  assert result['device_facts']['platform'] == 'cpu'
+  # Three files back, whatever the plan: the results packed, the run's
+  # log, XLA's dump of t(1)'s loop and the chain (no tree in this plan).
   out = tmp_path / 'out'
-  assert sorted(p.name for p in out.iterdir()) == ['results.tar.xz',
-                                                   'stored_run.json']
+  assert sorted(p.name for p in out.iterdir()) == [
+      'results.tar.xz', 'stored_run.json', 'xla_dump.tar.xz']
   with tarfile.open(out / 'results.tar.xz') as tar:
     names = tar.getnames()
   assert {'profile_shipped.json', 'table3_shipped.md'} <= set(names), names
-  # The same rows as the sweep compiling its own programs.
-  sweep.run(TABLE3, dataclasses.replace(options, work_dir=str(
-      tmp_path / 'reference')), out=str(tmp_path / 'reference_out'))
+  dumped = result['xla_dump']['files']
+  assert sorted(dumped) == ['chain', 't(k)'] and all(
+      any(f.endswith('after_optimizations.txt') for f in fs)
+      for fs in dumped.values()), dumped
+  # A check the loaded program fails (no slowdown allowed): that program and
+  # every later one compiled here, giving the rows of the sweep compiling
+  # its own programs.
+  refusing = stored.Provider(store, check='_call[SampleLoop]', slower=0.0)
+  reference = dataclasses.replace(options, work_dir=str(
+      tmp_path / 'reference'))
+  again = stored.run([(TABLE3, reference)], store, tmp_path / 'out2',
+                     provider=refusing)
+  assert again['check']['verdict'] == 'refused' and again['refused']
+  assert [e['source'] for e in again['program_log']] == (
+      ['loaded'] + ['compiled'] * (len(again['program_log']) - 1))
   ours, theirs = _outputs(tmp_path / 'work'), _outputs(tmp_path / 'reference')
   assert ours and ours == theirs
 

@@ -229,6 +229,18 @@ def program_name(key: Sequence[Any]) -> str:
   return re.sub(r'[^A-Za-z0-9_.@=+-]', '_', text)
 
 
+def target_of(device) -> str:
+  """The store folder's target for `device`: its compile-only target's
+  name (`specdec_jax.compiled.TARGETS`: what a build for it is named),
+  'cpu', or its kind."""
+  if device.platform == 'cpu':
+    return 'cpu'
+  for name, target in compiled.TARGETS.items():
+    if target.chips == 1 and target.spec.name == device.device_kind:
+      return name
+  return device.device_kind
+
+
 def device_facts(device: Any = None) -> Dict[str, Any]:
   """What jax exposes of `device` (default: the first): kind, platform,
   memory, compute capability, cores, the versions of this process, and

@@ -39,14 +39,17 @@ import os
 import pathlib
 import shutil
 import tarfile
+import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import jax
 import numpy as np
 
 from specdec_jax import compiled
 from specdec_jax import loading
+from specdec_jax import measure
 from specdec_jax import programs
 from specdec_jax import scaffold
 from specdec_jax import unit_loop
@@ -154,8 +157,8 @@ class Recorder:
   def __init__(self):
     self.programs: Dict[str, Tuple[str, Any]] = {}
 
-  def __call__(self, traced, fingerprint: str, lower_on):
-    self.programs.setdefault(fingerprint, (traced.fun_name, lower_on))
+  def __call__(self, traced, fingerprint: str, lower_on, name: str):
+    self.programs.setdefault(fingerprint, (name, lower_on))
     outputs = jax.tree.map(_zeros, traced.out_info)
 
     def stand_in(*args):
@@ -240,28 +243,89 @@ def build(plan: Plan, store: aot.Store,
               dropped=dropped)
 
 
+# A GPU build without the device's autotune results runs cuBLAS's own
+# choice of GEMM kernels, which may be slower than what XLA picks on the
+# device: the run times the first target-call loop it loads (`CHECKED`)
+# against the same program compiled there, and trusts the store only if
+# the loaded one is at most `AOT_SLOWER` slower.
+CHECKED = '_repeated_calls[T5Model]'
+AOT_SLOWER = 1.03
+# The programs whose XLA dump a run keeps (the first of each name asked
+# for): t(1)'s loop, a chain's and a token tree's decode loop.
+DUMPED = {'t(k)': CHECKED, 'chain': '_call[SpecLoop]',
+          'tree': '_call[TreeLoop]'}
+
+
 class Provider:
   """`scaffold.programs_from`'s provider over an executable store: a
   program the store holds (by fingerprint) is loaded, any other compiled
-  here; `log` says which, and the seconds each took."""
+  here; `log` says which, and the seconds each took.
 
-  def __init__(self, store: aot.Store, device: Any = None):
+  The first program named `check` that is loaded is checked at its first
+  call (`check` holds the verdict): it is timed, and the same program
+  compiled here, on the same arguments (`measure.median_time`). Slower
+  than `slower` allows (`AOT_SLOWER`), the store is refused (`refused` says why):
+  that program and every later one are compiled here, so that no figure
+  sets a loaded program beside one compiled here. The first program of
+  each name in `dump` is kept (`traced`) for `dump_programs`.
+  """
+
+  def __init__(self, store: aot.Store, device: Any = None,
+               check: Optional[str] = CHECKED,
+               dump: Mapping[str, str] = DUMPED, slower: float = AOT_SLOWER):
     self.store = store
     self.device = device or jax.devices()[0]
     self.log: List[Dict[str, Any]] = []
+    self.check_name, self.dump, self.slower = check, dump, slower
+    self.check: Optional[Dict[str, Any]] = None
+    self.refused: Optional[str] = None
+    self.traced: Dict[str, Any] = {}
 
-  def __call__(self, traced, fingerprint: str, lower_on):
+  def __call__(self, traced, fingerprint: str, lower_on, name: str):
     del lower_on  # the store's programs were lowered for this device's twin
+    for label, wanted in self.dump.items():
+      if name == wanted:
+        self.traced.setdefault(label, traced)
     start = time.perf_counter()
-    executable, why = self.store.load(aot.program_name([fingerprint]),
-                                      self.device)
+    executable, why = (None, self.refused) if self.refused else (
+        self.store.load(aot.program_name([fingerprint]), self.device))
     if executable is None:
       executable = traced.lower().compile()
     self.log.append(dict(
-        program=fingerprint, function=traced.fun_name,
+        program=fingerprint, function=name,
         source='compiled' if why else 'loaded',
         why=why or None, seconds=round(time.perf_counter() - start, 3)))
+    if not why and self.check is None and name == self.check_name:
+      self.check = dict(function=name, program=fingerprint,
+                        verdict='not run yet')
+      return self._checked(traced, executable)
     return executable
+
+  def _checked(self, traced, loaded):
+    """`loaded`, checked at its first call against `traced` compiled
+    here (see the class); what the verdict keeps runs from then on."""
+    chosen = []
+
+    def run(*args):
+      if not chosen:
+        start = time.perf_counter()
+        here = traced.lower().compile()
+        compile_s = time.perf_counter() - start
+        ms = lambda exe: 1e3 * measure.median_time(lambda: exe(*args), 3)
+        loaded_ms, here_ms = ms(loaded), ms(here)
+        ratio = loaded_ms / here_ms
+        trusted = ratio <= self.slower
+        self.check.update(
+            loaded_ms=loaded_ms, compiled_here_ms=here_ms,
+            loaded_over_compiled_here=ratio, limit=self.slower,
+            compile_here_s=round(compile_s, 2),
+            verdict='trusted' if trusted else 'refused')
+        if not trusted:
+          self.refused = (f'refused by the check: a loaded program ran '
+                          f'{ratio:.2f}x the time of the one compiled here')
+        chosen.append(loaded if trusted else here)
+      return chosen[0](*args)
+    return run
 
   def counts(self) -> Dict[str, Any]:
     """Programs loaded and compiled here, and the seconds of each kind."""
@@ -271,6 +335,50 @@ class Provider:
       out[source] = len(entries)
       out[f'{source}_s'] = round(sum(e['seconds'] for e in entries), 2)
     return out
+
+
+XLA_DUMP = 'xla_dump.tar.xz'
+# What a dump keeps of each program: the thunks a GPU's runtime launches
+# (`program_cost` reads them) and the optimized HLO.
+DUMP_FILES = ('thunk_sequence_after_thunk_passes.txt',
+              'after_optimizations.txt')
+
+
+def dump_programs(provider: Provider, out: pathlib.Path
+                  ) -> Dict[str, Any]:
+  """XLA's dump of the programs `provider` kept (`Provider.traced`), each
+  compiled again here with `xla_dump_to`, the files of `DUMP_FILES` in one
+  `XLA_DUMP` in `out`: what checks the compiled-program cost model
+  against the device's own build.
+
+  Returns:
+    {'file': its name or None, 'files': {label: names}, 'errors', 'note'}.
+  """
+  record = dict(file=None, files={}, errors={})
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    for label, traced in provider.traced.items():
+      try:
+        traced.lower().compile(compiler_options=dict(
+            xla_dump_to=str(tmp / 'xla' / label), xla_dump_hlo_as_text=True))
+      except Exception as e:  # pylint: disable=broad-except
+        record['errors'][label] = f'{type(e).__name__}: {e}'[:500]
+        continue
+      kept = sorted(f for f in (tmp / 'xla' / label).glob('*.jit_*')
+                    if f.name.endswith(DUMP_FILES))
+      for f in kept:
+        (tmp / 'kept' / label).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, tmp / 'kept' / label / f.name)
+      record['files'][label] = [f.name for f in kept]
+    if not any('thunk_sequence' in f for fs in record['files'].values()
+               for f in fs):
+      record['note'] = ('no thunk sequence: XLA writes one for a GPU; '
+                        f'this run is on {jax.devices()[0].platform}')
+    if (tmp / 'kept').is_dir():
+      with tarfile.open(out / XLA_DUMP, 'w:xz') as tar:
+        tar.add(tmp / 'kept', arcname='xla_dump')
+      record['file'] = XLA_DUMP
+  return record
 
 
 # What `run` leaves in its output folder: a lent device machine sends back
@@ -288,31 +396,41 @@ def _pack(results: pathlib.Path, out: pathlib.Path) -> None:
   os.replace(pending, out / PACKED)
 
 
+# Seconds a dump's compiles may take at most: left out when fewer remain.
+DUMP_S = 120.0
+
+
 def run(plan: Plan, store: aot.Store,
         out: pathlib.Path, max_minutes: Optional[float] = None,
-        results: Optional[pathlib.Path] = None, log=print) -> Dict[str, Any]:
+        results: Optional[pathlib.Path] = None, log=print,
+        provider: Optional[Provider] = None) -> Dict[str, Any]:
   """Runs the plan's specs in order within one clock, on the store's
-  programs (`Provider`). Each spec's results (json, md, plot) go to
-  `results/<spec>_<models>.*` (default: beside the first spec's work
-  folder; a hardware profile the profile spec writes elsewhere is copied
-  there); after each spec, `out` holds them all in one xz tar (`PACKED`)
-  and the run's log (`RUN_LOG`): two files, whatever the plan. A spec that
-  no longer fits the clock is left out (named).
+  programs (`Provider`: its check of the first target-call loop it loads
+  decides whether the store is used). Each spec's results (json, md,
+  plot) go to `results/<spec>_<models>.*` (default: beside the first
+  spec's work folder; a hardware profile the profile spec writes elsewhere
+  is copied there); after each spec, `out` holds them all in one xz tar
+  (`PACKED`) and the run's log (`RUN_LOG`: the device's facts, the check,
+  every program loaded or compiled); last, where the clock leaves
+  `DUMP_S`, XLA's dump of the programs `Provider.dump` names (`XLA_DUMP`).
+  A spec that no longer fits the clock is left out (named).
 
   Returns:
-    {'specs': {name: {'rows', 'failed', 'skipped'}}, 'left_out',
-    'programs': `Provider.counts`, 'program_log', 'time_log'}.
+    {'device_facts', 'check', 'specs': {name: {'rows', 'failed',
+    'skipped'}}, 'left_out', 'xla_dump', 'programs': `Provider.counts`,
+    'program_log', 'time_log'}.
   """
   clock = budget.Clock(float('inf') if max_minutes is None else max_minutes)
-  provider = Provider(store)
-  result = dict(specs={}, left_out=[])
+  provider = provider or Provider(store)
+  result = dict(device_facts=aot.device_facts(), specs={}, left_out=[])
   out.mkdir(parents=True, exist_ok=True)
   if results is None:
     results = pathlib.Path(plan[0][1].work_dir).expanduser() / 'stored_results'
   results.mkdir(parents=True, exist_ok=True)
 
   def write():
-    result.update(programs=provider.counts(), program_log=provider.log,
+    result.update(check=provider.check, refused=provider.refused,
+                  programs=provider.counts(), program_log=provider.log,
                   time_log=clock.log)
     (out / RUN_LOG).write_text(json.dumps(result, indent=1))
     _pack(results, out)
@@ -341,8 +459,41 @@ def run(plan: Plan, store: aot.Store,
         if written and pathlib.Path(written).parent != results:
           shutil.copy(written, results / pathlib.Path(written).name)
       write()
+  if clock.fits(DUMP_S, 'XLA dump'):
+    start = time.perf_counter()
+    result['xla_dump'] = dump_programs(provider, out)
+    clock.note('XLA dump', time.perf_counter() - start, kind='dump')
+  else:
+    result['xla_dump'] = dict(file=None, note='left out: the clock')
   write()
   return result
+
+
+def build_device(target: str, autotune: Optional[pathlib.Path],
+                 facts_file: Optional[pathlib.Path]
+                 ) -> Tuple[Any, Optional[str]]:
+  """(device, config) a build compiles for: the compile-only twin of the
+  device a run on it recorded (`facts_file`: a run log with its
+  `device_facts`; XLA then describes the twin exactly as it did the
+  device, and the device's autotune results match it), else `target`'s
+  compile-only device, on a GPU with its config matched to the device
+  `autotune` was timed on (`aot.match_autotune_device`); config: what the
+  store's manifest says of it."""
+  if facts_file is not None:
+    facts = json.loads(facts_file.read_text()).get('device_facts') or {}
+    topology = aot.device_topology(facts)
+    if topology is None:
+      raise SystemExit(f'{facts_file}: its device_facts hold no topology')
+    device = aot.twin_devices(compiled.TARGETS[target], topology)[0]
+    aot.check_compiles(device)
+    return device, (f'the device topology in {facts_file.name} (sha256 '
+                    f'{aot.sha256(topology)[:16]})')
+  config = None
+  device_kind = autotune and aot.autotune_device(autotune.read_text())
+  if device_kind:
+    config = aot.match_autotune_device(
+        compiled.default_target_config(target), device_kind)
+  return compiled.devices(target, config)[0], config
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -357,8 +508,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--target', default=None,
                       help='build: a compiled.TARGETS name (default: this '
                       "machine's own device)")
+  parser.add_argument('--autotune_results', default=None,
+                      help='build for a GPU: the autotune results a run on '
+                      f'it left ({aot.AUTOTUNE_FILE}); without them the '
+                      "GEMMs are left to cuBLAS's own choice")
+  parser.add_argument('--device_facts', default=None,
+                      help=f'build: a run log ({RUN_LOG}) whose device_facts'
+                      ' hold the topology of the device to build for')
   parser.add_argument('--out', default='results/stored_run',
-                      help='run: where results.tar.xz and the run log go')
+                      help='run: where results.tar.xz, the run log, the XLA '
+                      'dump and the autotune results go')
   parser.add_argument('--work_dir', default=None,
                       help="the sweep's work folder (default: the sweep's)")
   parser.add_argument('--max_minutes', type=float, default=None)
@@ -369,23 +528,51 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = parser.parse_args(argv)
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
+  path = lambda x: None if x is None else pathlib.Path(x)
+  autotune, flags = path(args.autotune_results), []
+  if args.what == 'build':
+    # An executable jax took from its persistent cache serializes without
+    # all of its code: never while building.
+    jax.config.update('jax_enable_compilation_cache', False)
+    if args.target is not None:
+      # No GPU here: the CUDA plugin's check of the driver would leave it
+      # unregistered; its XLA flags are read when the backend starts.
+      os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+      flags = aot.build_flags(compiled.get_target(args.target).platform,
+                              autotune)
+  else:  # a GPU writes the autotune results of what it compiles
+    dumped = pathlib.Path(tempfile.mkdtemp()) / aot.AUTOTUNE_FILE
+    flags = aot.dump_flags(dumped)
+  os.environ['XLA_FLAGS'] = ' '.join(
+      [os.environ.get('XLA_FLAGS', '')] + flags).strip()
   if args.what == 'build':
     if args.target is None:
-      device, target = jax.devices()[0], jax.devices()[0].platform
+      device, target, config = jax.devices()[0], jax.devices()[0].platform, (
+          None)
     else:
-      device, target = compiled.devices(args.target)[0], args.target
+      target = args.target
+      device, config = build_device(target, autotune, path(args.device_facts))
     store = aot.Store(pathlib.Path(args.store), target)
-    store.describe(device)
+    store.describe(device, target_config=config, xla_flags=flags,
+                   autotune=autotune and aot.autotune_record(
+                       autotune, autotune.name))
     result = build(plan, store, device, limit_bytes=None if (
         args.limit_mib is None) else int(args.limit_mib * 2**20))
     store.write()
   else:
     device = jax.devices()[0]
     store = aot.Store(pathlib.Path(args.store), args.target or
-                      device.platform)
-    result = run(plan, store, pathlib.Path(args.out), args.max_minutes)
+                      aot.target_of(device))
+    out = pathlib.Path(args.out)
+    result = run(plan, store, out, args.max_minutes)
+    if dumped.is_file():  # for the next build
+      aot.rewrite_autotune_results()
+      if aot.autotune_device(dumped.read_text()):
+        shutil.copyfile(dumped, out / aot.AUTOTUNE_FILE)
+    shutil.rmtree(dumped.parent, ignore_errors=True)
   print(json.dumps({k: v for k, v in result.items()
-                    if k not in ('program_log', 'time_log')}, indent=1))
+                    if k not in ('program_log', 'time_log', 'device_facts')},
+                   indent=1))
   return result
 
 
