@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 import json
 import os
 import pathlib
@@ -128,7 +129,9 @@ class Spec:
     plot: draws the results' png: `plot(result, path)`, or None.
     measurements: the spec's own named measurements, beside
       `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
-      setup fields it depends on)).
+      setup fields it depends on)); a fn that names a keyword `records`
+      or `timing_repeats` is given the decoded cell's records and the
+      run's timing repeats (`measured`).
     decode: False: a cell is its measurements alone (`Cell.measure` on the
       cell's setup, built as the job builds it), no eval job decode; its
       row has no summary figures (e.g. the hardware profile).
@@ -192,10 +195,13 @@ def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
 
 
 def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
-             spec_measurements=None, load=None) -> Dict[str, Any]:
+             spec_measurements=None, load=None,
+             context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """A named measurement of a setup (`MEASUREMENTS` or a spec's own),
   from its file or measured now on `load()` (the built setup and its first
-  batch's inputs; default: `built`)."""
+  batch's inputs; default: `built`). `context`: what a measurement may read
+  beside them, given to the keywords its fn names (`run_cells`: 'records',
+  the decoded cell's records in index order; 'timing_repeats')."""
   known = {**MEASUREMENTS, **(spec_measurements or {})}
   if name not in known:
     raise ValueError(f'Unknown measurement {name!r}; expected one of '
@@ -204,7 +210,9 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
   if path.is_file():
     return json.loads(path.read_text())
   fn, _ = known[name]
-  value = fn(*(load or functools.partial(built, setup))())
+  wants = inspect.signature(fn).parameters
+  value = fn(*(load or functools.partial(built, setup))(), **{
+      k: v for k, v in (context or {}).items() if k in wants})
   folder.mkdir(parents=True, exist_ok=True)
   run_folder.write_atomic(path, json.dumps(value, indent=1))
   return value
@@ -332,8 +340,13 @@ def run_cells(models, group: Sequence[Cell], options: Options,
   out = []
   for cell, setup, summary in zip(group, setups, summaries):
     load = functools.cache(functools.partial(built, setup, cache))  # once
+    context = {'timing_repeats': options.timing_repeats}
+    if decode and cell.measure:
+      context['records'] = sorted(
+          run_folder.all_records(folder / 'cells' / cell.name, own=None),
+          key=lambda r: r['index'])
     out.append((summary, {name: measured(name, setup, folder / 'measurements',
-                                         spec_measurements, load)
+                                         spec_measurements, load, context)
                           for name in cell.measure}))
   return out
 

@@ -11,6 +11,7 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import batches
 from specdec_jax.experiments.specs import draft_free
 from specdec_jax.experiments.specs import heads
+from specdec_jax.experiments.specs import hf
 from specdec_jax.experiments.specs import lookahead
 from specdec_jax.experiments.specs import numerics
 from specdec_jax.experiments.specs import profile
@@ -22,7 +23,7 @@ SPECS: Dict[str, sweep.Spec] = {
     spec.name: spec for spec in (batches.SPEC, trees.SPEC, table2.SPEC,
                                  table3.SPEC, draft_free.SPEC,
                                  lookahead.SPEC, heads.SPEC, profile.SPEC,
-                                 numerics.SPEC)
+                                 numerics.SPEC, hf.SPEC)
 }
 
 
