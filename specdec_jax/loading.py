@@ -41,7 +41,7 @@ from specdec_jax.sampling import SamplingConfig
 
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
 BATCHINGS = ('stream', 'fixed')
-BATCH_GAMMAS = ('profile', 'config')
+BATCH_GAMMAS = ('profile', 'always', 'config')
 _CHOOSE = 'choose:'  # DrafterSpec.tree: the job chooses the tree
 _MOST_NODES = 256  # the largest tree 'choose:N' searches
 
@@ -232,9 +232,11 @@ class BatchSpec:
       baseline; written to gamma_choice.json and reused when the run
       resumes. Drafters with a merged loop (PaSS, heads, trees) keep the
       setup's gamma (their drafting rides on the target call; the chain
-      formula does not price it). 'config': the setup's gamma at every
-      batch. Batch 1 always decodes with the setup's gamma (the paper's
-      rule).
+      formula does not price it). 'always': the same at every batch,
+      batch 1 included (the paper's rule, gamma from alpha and the costs,
+      on costs measured on this machine: a Table 2 row decoded at the gamma
+      the rule picks). 'config': the setup's gamma at every batch. With
+      'profile', batch 1 decodes with the setup's gamma.
     max_gamma: the largest gamma 'profile' may choose.
   """
   size: int = 1
@@ -262,7 +264,8 @@ class BatchSpec:
   @property
   def profile_gamma(self) -> bool:
     """Whether the job chooses gamma from a profile (`gamma_rule`)."""
-    return self.gamma_rule == 'profile' and self.size > 1
+    return self.gamma_rule == 'always' or (
+        self.gamma_rule == 'profile' and self.size > 1)
 
   def replace(self, **changes) -> 'BatchSpec':
     return dataclasses.replace(self, **changes)
@@ -475,7 +478,7 @@ class EvalSetup:
       settings['batching'] = 'stream'
       settings['stream_chunk'] = batch.chunk
     if batch.profile_gamma:
-      settings['batch_gamma'] = 'profile'
+      settings['batch_gamma'] = batch.gamma_rule
       settings['max_gamma'] = batch.max_gamma
     return settings
 

@@ -262,7 +262,7 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
     ({'BatchSpec.gamma_rule': "'auto'"}, ValueError,
-     "batch_gamma must be one of .'profile', 'config'.*got 'auto'"),
+     "batch_gamma must be one of .'profile', 'always', 'config'.*got 'auto'"),
     ({'BatchSpec.max_gamma': '0'}, ValueError, 'max_gamma must be an int'),
     ({'DRAFTER': "'pass'", 'GAMMA': '5'}, ValueError,
      'gamma=5 > 4: the PassDrafter drafts at most 4'),

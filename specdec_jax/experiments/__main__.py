@@ -3,17 +3,22 @@ r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
   python -m specdec_jax.experiments list
   python -m specdec_jax.experiments run batches [--models shipped]
       [--tasks en_de] [--num_examples N] [--repeats R] [--shrink]
-      [--only CELL] [--work_dir DIR] [--out results/batches/shipped]
+      [--only CELL] [--where FIELD=VALUE] [--work_dir DIR]
+      [--out results/batches/shipped]
       [--max_minutes M] [--profile nvidia-h100-80gb-hbm3 | none]
   python -m specdec_jax.experiments run table2 --models paper \
       --checkpoints en_de_xxl=gs://...,en_de_small=gs://...
   python -m specdec_jax.experiments run table2 --models xxl_cost [--shrink]
+  python -m specdec_jax.experiments run table2 --models xxl_cost \
+      --where batch_gamma=always     # a row per drafter: the rule's gamma
   python -m specdec_jax.experiments repredict results/batches/shipped.json
 
 Every cell of a spec is the eval job on its setup (`sweep`); a rerun
 resumes (the cells' folders are in --work_dir). `--shrink` runs the spec on
 tiny rows (the tests' run; its results go into the work folder unless
---out is given). `--only CELL` decodes one cell (its name as the results list it).
+--out is given). `--only CELL` decodes one cell (its name as the results
+list it); `--where FIELD=VALUE` (repeatable; 'a|b' for either) the cells
+whose field (a column of the results) has that value.
 `repredict` recomputes every predicted figure of a results file from its
 measured values (nothing is measured) and rewrites its .json / .md.
 """
@@ -61,6 +66,10 @@ def parse_args(argv: Sequence[str]):
                  help='tiny rows: the spec end to end in seconds')
   r.add_argument('--only', default=None, metavar='CELL',
                  help='decode only this cell')
+  r.add_argument('--where', action='append', default=[],
+                 metavar='FIELD=VALUE',
+                 help="only the cells whose field has this value (one of "
+                 "'a|b'), e.g. batch_gamma=always; repeatable")
   r.add_argument('--work_dir', default='~/.cache/specdec_jax/experiments',
                  help="the cells' eval job folders (a rerun resumes them)")
   r.add_argument('--out', default=None,
@@ -98,7 +107,8 @@ def main(argv: Optional[Sequence[str]] = None):
       models=args.models,
       tasks=tuple(args.tasks.split(',')) if args.tasks else None,
       num_examples=args.num_examples, timing_repeats=args.repeats,
-      shrink=args.shrink, only=args.only, work_dir=args.work_dir,
+      shrink=args.shrink, only=args.only, where=tuple(args.where),
+      work_dir=args.work_dir,
       models_dir=args.models_dir, checkpoints=args.checkpoints,
       data_dir=args.data_dir, max_minutes=args.max_minutes)
   return sweep.run(spec, options, profile=profile, command=command,

@@ -103,6 +103,7 @@ class Options:
   timing_repeats: Optional[int] = None
   shrink: bool = False
   only: Optional[str] = None
+  where: Tuple[str, ...] = ()
   work_dir: str = '~/.cache/specdec_jax/experiments'
   models_dir: str = '~/models'
   checkpoints: str = ''
@@ -248,8 +249,32 @@ def options_of(spec: Spec, options: Options) -> Options:
       k: v for k, v in defaults.items() if getattr(options, k) is None})
 
 
+def matches(cell: Cell, where: Sequence[str]) -> bool:
+  """Whether each `field=value` of `where` holds of the cell's fields
+  (`Cell.fields`; `value`: one value, or several joined by '|')."""
+  fields = cell.fields()
+  for condition in where:
+    key, sep, wanted = condition.partition('=')
+    if not sep:
+      raise ValueError(f'--where {condition!r}: field=value[|value...]')
+    if key not in fields or not any(
+        str(fields[key]) == w or _number(fields[key]) == _number(w)
+        for w in wanted.split('|')):
+      return False
+  return True
+
+
+def _number(value) -> Optional[float]:
+  """A number's value (None for anything else): '0' matches 0.0."""
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return None
+
+
 def plan(spec: Spec, options: Options) -> List[Cell]:
-  """The cells a run decodes (all, or the one `options.only` names)."""
+  """The cells a run decodes: all, those whose fields `options.where`
+  matches (`matches`), or the one `options.only` names."""
   task_table.check_model_set(options.models)
   tasks = options.tasks or task_table.names()
   for t in tasks:
@@ -258,6 +283,11 @@ def plan(spec: Spec, options: Options) -> List[Cell]:
   names = [c.name for c in cells]
   if len(set(names)) != len(names):
     raise ValueError(f'spec {spec.name!r} names a cell twice: {names}')
+  if options.where:
+    cells = [c for c in cells if matches(c, options.where)]
+    if not cells:
+      raise ValueError(f'spec {spec.name!r} has no cell where '
+                       f'{" and ".join(options.where)}; its cells: {names}')
   if options.only is not None:
     cells = [c for c in cells if c.name == options.only]
     if not cells:

@@ -73,6 +73,10 @@ def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
   row.update(cell.fields())
   if summary is not None:
     row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
+    if summary.get('gamma_choices') and summary.get('gamma') is not None:
+      # What it decoded with, where the job chose (the cell's: a warm-up's)
+      row['configured_gamma'], row['gamma'] = row.get('gamma'), summary[
+          'gamma']
   row['measured'] = values
   return row
 

@@ -50,10 +50,12 @@ def test_cells_offer_ngrams_only_with_train_data():
   assert {d for d, _ in names(models='mini')} == {
       'unigram', 'bigram', 'lookup', 'small', 'base', 'large'}
   # Table 2: every gamma of the sweep per (task, T5 drafter, temperature).
+  # And one cell per group at the gamma the job's rule picks.
   cells = table2.cells(sweep.Options(), ('en_de', 'synopsis'))
-  assert len(cells) == 2 * 2 * 2 * table2.MAX_GAMMA
+  assert len(cells) == 2 * 2 * 2 * (table2.MAX_GAMMA + 1)
   assert [c.changes['gamma'] for c in cells[:table2.MAX_GAMMA]] == list(
       range(table2.MAX_GAMMA, 0, -1))
+  assert [c.changes.get('batch_gamma') for c in cells].count('always') == 8
   assert all(c.measure == ('costs', 'calibration') for c in cells)
 
 
@@ -99,9 +101,23 @@ def table2_run(tmp_path_factory):
 
 def test_table2_spec_chooses_gamma_by_theorem_3_8(table2_run):
   result, out, profile, tmp_path = table2_run
-  rows = result['rows']
+  *rows, rule = result['rows']
   assert [(r['drafter'], r['temperature'], r['gamma']) for r in rows] == [
       ('small', 0.0, 2), ('small', 0.0, 1)]
+  # The rule's row: decoded at the argmax of Theorem 3.8 on the costs and
+  # alpha the job measured (0: no speculation where even the best is
+  # predicted slower), recomputed here from what the choice recorded.
+  [choice] = rule['gamma_choices']
+  got = choice['profile']
+  cost, [c] = got['cost']['1'], got['c']['1'].values()
+  at = {g: theory.walltime_improvement(
+      theory.clamp_alpha(choice['alpha']), g, c,
+      target_cost_ratio=cost[str(g + 1)]) for g in (1, 2)}
+  best = max(at, key=at.get)
+  assert rule['gamma'] == (best if at[best] >= 1 else 0)
+  assert rule['configured_gamma'] == 2 and rule['batch_gamma'] == 'always'
+  assert rule['gamma_used'] == {str(rule['gamma']): 2}
+  assert rule['status'] == 'complete' and rule['differing_examples'] == 0
   # One group: one costs and one calibration measurement, shared.
   measured = rows[0]['measured']
   assert set(measured) == {'costs', 'calibration'}
@@ -128,7 +144,8 @@ def test_table2_spec_chooses_gamma_by_theorem_3_8(table2_run):
   assert {r['chosen_gamma'] for r in rows} == {chosen['gamma']}
   assert '**<- chosen**' in out.with_suffix('.md').read_text()
   assert out.with_suffix('.png').stat().st_size > 0
-  assert json.loads(out.with_suffix('.json').read_text())['rows'] == rows
+  assert json.loads(out.with_suffix('.json').read_text())['rows'] == (
+      rows + [rule])
   _check_repredict(table2.SPEC, out, profile)
 
 

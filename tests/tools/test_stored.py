@@ -99,8 +99,30 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
 
 
 def test_a_plan_names_specs_and_model_sets():
-  (spec, options), = stored.parse_plan(['trees:xxl_cost:shrink'])
+  (spec, options), = stored.parse_plan(['trees:xxl_cost;shrink'])
   assert spec.name == 'trees' and options.models == 'xxl_cost'
   assert options.shrink
   with pytest.raises(ValueError, match='Unknown spec'):
     stored.parse_plan(['tables:shipped'])
+  # Conditions on the cells' fields: Table 2 at the rule's gamma alone, a
+  # row per (task, drafter, temperature); batches 8 and 16 at t = 0.
+  (spec, options), (batches, at) = stored.parse_plan([
+      'table2:xxl_cost;batch_gamma=always',
+      'batches:xxl_cost;temperature=0;batch_size=8|16;num_examples=16'])
+  assert at.num_examples == 16 and at.where == ('temperature=0',
+                                                'batch_size=8|16')
+  cells = sweep.plan(spec, options)
+  everything = sweep.plan(spec, dataclasses.replace(options, where=()))
+  assert cells == [c for c in everything
+                   if c.changes.get('batch_gamma') == 'always']
+  assert len({(c.task, c.drafter, c.changes['temperature'])
+              for c in everything}) == len(cells) > 0
+  assert {(c.changes['temperature'], c.changes['batch_size'])
+          for c in sweep.plan(batches, at)} == {(0.0, 8), (0.0, 16)}
+  with pytest.raises(ValueError, match='no cell where'):
+    sweep.plan(spec, dataclasses.replace(options, where=('gamma=99',)))
+  with pytest.raises(ValueError, match='field=value'):
+    stored.parse_plan(['table2:xxl_cost;fast'])
+  # The default plan: every item names cells.
+  assert all(sweep.plan(*item) for item in stored.parse_plan(
+      stored.DEFAULT_PLAN))

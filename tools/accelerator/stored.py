@@ -24,10 +24,8 @@ accelerator can spend its minutes timing instead of compiling:
           chooses there) is compiled on the device, and the provider's
           log says which and how long.
 
-  python -m tools.accelerator.stored build --plan table2:xxl_cost \
-      --target gpu:h100 --store aot
-  python -m tools.accelerator.stored run --plan table2:xxl_cost \
-      --store aot --out $OUT
+  python -m tools.accelerator.stored build --target gpu:h100 --store aot
+  python -m tools.accelerator.stored run --store aot --out $OUT
 """
 
 from __future__ import annotations
@@ -58,27 +56,47 @@ from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from tools.accelerator import aot
 
-# The plan a run takes by default: the profile first (every later
-# prediction rests on it), then the headline table, trees, batches.
-DEFAULT_PLAN = ('profile:xxl_cost', 'table2:xxl_cost', 'trees:xxl_cost',
-                'batches:xxl_cost')
+# The plan a run takes by default, the next GPU's table in priority
+# order: the profile (every later prediction rests on it); Table 2 at the
+# gamma the paper's rule picks on this device, both temperatures; the best
+# chain and three token trees at t = 0; batches 8 and 16, fixed and
+# streamed, at t = 0. 16 examples a row, each timed once after its warm-up.
+ONCE = ';num_examples=16;timing_repeats=1'
+DEFAULT_PLAN = (
+    'profile:xxl_cost',
+    'table2:xxl_cost;batch_gamma=always' + ONCE,
+    'trees:xxl_cost;temperature=0;drafting=chain 7|default|beam:8,4,12/64|'
+    'beam:16,4,16/64' + ONCE,
+    'batches:xxl_cost;temperature=0;batch_size=8|16' + ONCE)
 
 
 Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]
 
 
+# What a plan item may set of its options (the rest of its `field=value`s
+# are conditions on the cells).
+ITEM_OPTIONS = {'num_examples': int, 'timing_repeats': int}
+
+
 def parse_plan(items: Sequence[str], **common
                ) -> List[Tuple[sweep.Spec, sweep.Options]]:
-  """`spec:models[:shrink]` items, in priority order, as (spec, options;
-  `common`: other `sweep.Options` fields of every item)."""
+  """`spec:models[;shrink][;field=value...]` items, in priority order, as
+  (spec, options; `common`: other `sweep.Options` fields of every item).
+  A `field=value` sets an option of `ITEM_OPTIONS`, or keeps the cells it
+  matches (`sweep.matches`: 'a|b' for either value)."""
   plan = []
   for item in items:
     name, _, rest = item.partition(':')
-    models, _, shrink = rest.partition(':')
-    if shrink not in ('', 'shrink'):
-      raise ValueError(f'plan item {item!r}: spec:models[:shrink]')
+    models, *parts = rest.split(';')
+    pairs = [p.partition('=')[::2] for p in parts if '=' in p]
+    if any(p != 'shrink' for p in parts if '=' not in p):
+      raise ValueError(f'plan item {item!r}: '
+                       'spec:models[;shrink][;field=value...]')
+    set_ = {k: ITEM_OPTIONS[k](v) for k, v in pairs if k in ITEM_OPTIONS}
     plan.append((specs_lib.get(name), sweep.Options(
-        models=models or 'shipped', shrink=shrink == 'shrink', **common)))
+        models=models or 'shipped', shrink='shrink' in parts,
+        where=tuple(f'{k}={v}' for k, v in pairs if k not in ITEM_OPTIONS),
+        **set_, **common)))
   return plan
 
 
@@ -502,7 +520,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
           '\n\n')[0])
   parser.add_argument('what', choices=('build', 'run'))
   parser.add_argument('--plan', action='append', default=None,
-                      help='spec:models[:shrink], in priority order '
+                      help='spec:models[;shrink][;field=value...], in '
+                      'priority order '
                       f'(default: {", ".join(DEFAULT_PLAN)})')
   parser.add_argument('--store', required=True, help='the store folder')
   parser.add_argument('--target', default=None,

@@ -10,7 +10,13 @@ follow the decoded ones, so the two never overlap). The chosen gamma
 (marked) is the argmax of Theorem 3.8 with the calibration alpha on those
 costs (`hardware.predict`); its row gives the measured speed-up at
 that gamma, the others show how the speed-up moves around it (the plot:
-measured and predicted speed-up over gamma).
+measured and predicted speed-up over gamma). Each group has one more
+cell, the paper's way (`batch_gamma=always`, gamma 'rule'): the job
+measures t(k), c and alpha itself on the first unit (decoded at gamma
+`RULE_WARMUP`, untimed) and decodes the rest at the gamma Theorem 3.8
+picks on them (`BatchSpec.gamma_rule`, `unit_loop.choose_gamma`), or
+without speculation where even the best is predicted slower; alone
+(`--where batch_gamma=always`), it is the table in one cell per row.
 """
 
 import itertools
@@ -29,6 +35,7 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
 MAX_GAMMA = 8
+RULE_WARMUP = 4  # the rule cell's first-unit gamma (its alpha)
 TEMPERATURES = (0.0, 1.0)
 SHRUNK = dict(max_gamma=2, drafters=('small',), temperatures=(0.0,))
 
@@ -42,11 +49,12 @@ def cells(options, tasks):
   if options.shrink:
     names = [n for n in names if n in SHRUNK['drafters']]
     temperatures, top = SHRUNK['temperatures'], SHRUNK['max_gamma']
-  return [sweep.Cell(task, drafter,
-                     dict(gamma=g, temperature=t, max_gamma=top),
-                     measure=('costs', 'calibration'))
+  rule = lambda t: dict(gamma=min(RULE_WARMUP, top), temperature=t,
+                       max_gamma=top, batch_gamma='always')
+  return [sweep.Cell(task, drafter, changes, measure=('costs', 'calibration'))
           for task in tasks for drafter in names for t in temperatures
-          for g in range(top, 0, -1)]
+          for changes in [dict(gamma=g, temperature=t, max_gamma=top)
+                          for g in range(top, 0, -1)] + [rule(t)]]
 
 
 def calibration(loaded, inputs) -> Dict[str, Any]:
@@ -81,7 +89,7 @@ def predict(row, profile) -> None:
   row.update(calibrated_speedup=None, chosen_gamma=None, chosen=False)
   own = table.run_profile(row)
   cal = (row.get('measured') or {}).get('calibration')
-  if own is None or cal is None:
+  if own is None or cal is None or not row['gamma']:
     return
   at = dict(alpha=theory.clamp_alpha(cal['alpha']), drafter=row['drafter'])
   row['calibrated_speedup'] = hardware.predict(
@@ -113,8 +121,13 @@ def plot(result, path) -> None:
                                              enumerate(temps)):
     ax = axes[i][j]
     rows = sorted((r for r in result['rows']
-                   if rows_of(r) == pair and r['temperature'] == t),
+                   if rows_of(r) == pair and r['temperature'] == t and
+                   'configured_gamma' not in r and 'batch_gamma' not in r),
                   key=lambda r: r['gamma'])
+    for r in (r for r in result['rows'] if rows_of(r) == pair and
+              r['temperature'] == t and r.get('batch_gamma') == 'always'):
+      ax.plot([r['gamma']], [r['throughput_speedup']], 'k*', ms=10,
+              label="the rule's row (gamma chosen by the job)")
     g = [r['gamma'] for r in rows]
     for field, style, label in (
         ('throughput_speedup', 'o-', 'measured'),
@@ -155,7 +168,9 @@ SPEC = sweep.Spec(
     columns=(
         ('task', 'task'), ('t', table.temperature),
         ('drafter', 'drafter'), ('gamma', 'gamma'),
-        ('chosen', lambda r: '**<- chosen**' if r['chosen'] else ''),
+        ('chosen', lambda r: 'rule: chosen by the job' if r.get(
+            'batch_gamma') == 'always' else '**<- chosen**' if r['chosen']
+         else ''),
         ('alpha (calibration)', 'measured.calibration.alpha'),
         ('alpha (run)', 'alpha'), ('c', 'measured.costs.c'),
         ('cost(gamma+1)', _cost),
