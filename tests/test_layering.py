@@ -102,3 +102,73 @@ def test_streaming_and_the_jobs_use_public_names_only():
     assert private_uses(probe) == ['speculative._run']
   finally:
     probe.unlink()
+
+
+# Every function outside the timing primitives that reads a clock, and why
+# it is no second timing loop: a figure of decoding speed comes from
+# `measure.time_alternating` (decodes, the eval job's units) or
+# `measure.loop_time` (a call repeated in a compiled loop) alone.
+CLOCKS = {
+    'specdec_jax/measure.py:time_alternating': 'the timing loop of decodes',
+    'specdec_jax/measure.py:loop_time': 'the timing loop of calls',
+    'specdec_jax/bench/budget.py:__init__': 'a run\'s budget clock',
+    'specdec_jax/bench/budget.py:elapsed': 'a run\'s budget clock',
+    'specdec_jax/bench/budget.py:left': 'a run\'s budget clock',
+    'specdec_jax/experiments/sweep.py:run': 'seconds per cell, the time log',
+    'specdec_jax/compiled.py:compile_lowered': 'compile seconds',
+    'specdec_jax/debian.py:build': 'seconds to build a dataset',
+    'specdec_jax/training.py:_run_steps': 'training steps per second',
+    'specdec_jax/training.py:start_clock': 'training wall time',
+    'specdec_jax/training.py:write': 'training wall time',
+    'specdec_jax/demo.py:random_demo': (
+        "the install check's console line on random weights (first call, "
+        'compile included, and second): no figure in README or results'),
+    'tools/accelerator/stored.py:build': 'compile seconds',
+    'tools/accelerator/stored.py:run': 'seconds per spec, the time log',
+    'tools/accelerator/stored.py:__call__': 'load / compile seconds',
+    'tools/accelerator/stored.py:_checked': (
+        'the store check: compile seconds; its timings are '
+        'measure.median_time'),
+    'scripts/benchmark_mesh.py:compiled_facts': 'compile seconds',
+    'scripts/ship_models.py:cmd_measure': 'seconds of an alpha measurement',
+    'scripts/train_heads.py:main': 'training wall time',
+    'scripts/train_pass.py:main': 'training wall time',
+    'scripts/train_shipped_models.py:main': 'training wall time',
+    # Second engines that go: the older device run, once the stored run
+    # (the specs on the eval job) has met a GPU; the HF script, once the hf
+    # spec's results replace results/peer_hf.
+    'tools/accelerator/run.py:*': 'the older device run (goes)',
+    'tools/accelerator/pool.py:*': 'the older device run (goes)',
+    'scripts/peer_hf.py:main': 'ours vs HF before the hf spec (goes)',
+}
+
+
+def _clock_readers():
+  """'path:function' of every function that reads a clock."""
+  found = set()
+  for root in ('specdec_jax', 'tools', 'scripts'):
+    for path in sorted((ROOT / root).rglob('*.py')):
+      for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+          continue
+        if any(isinstance(sub, ast.Attribute) and (
+            sub.attr in ('perf_counter', 'monotonic', 'process_time') or (
+                sub.attr == 'time' and isinstance(sub.value, ast.Name) and
+                sub.value.id == 'time')) for sub in ast.walk(node)):
+          found.add(f'{path.relative_to(ROOT)}:{node.name}')
+  return found
+
+
+def test_one_timing_loop_behind_every_figure():
+  """A function that reads a clock is a timing primitive or says why it
+  is none (`CLOCKS`): a new timing loop beside the eval job's fails
+  here."""
+  readers = _clock_readers()
+  allowed = lambda name: name in CLOCKS or (
+      name.split(':')[0] + ':*') in CLOCKS
+  assert sorted(n for n in readers if not allowed(n)) == []
+  # The primitives are found (the scan works), and no entry is stale.
+  assert {'specdec_jax/measure.py:time_alternating',
+          'specdec_jax/measure.py:loop_time'} <= readers
+  stale = [n for n in CLOCKS if not n.endswith(':*') and n not in readers]
+  assert stale == []
