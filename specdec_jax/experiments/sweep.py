@@ -257,8 +257,9 @@ def matches(cell: Cell, where: Sequence[str]) -> bool:
     key, sep, wanted = condition.partition('=')
     if not sep:
       raise ValueError(f'--where {condition!r}: field=value[|value...]')
+    number = _number(fields.get(key))
     if key not in fields or not any(
-        str(fields[key]) == w or _number(fields[key]) == _number(w)
+        str(fields[key]) == w or (number is not None and number == _number(w))
         for w in wanted.split('|')):
       return False
   return True

@@ -16,6 +16,9 @@ import tarfile
 import jax
 import pytest
 
+from specdec_jax import hardware
+
+from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
 from specdec_jax.experiments.specs import table3
@@ -123,6 +126,44 @@ def test_a_plan_names_specs_and_model_sets():
     sweep.plan(spec, dataclasses.replace(options, where=('gamma=99',)))
   with pytest.raises(ValueError, match='field=value'):
     stored.parse_plan(['table2:xxl_cost;fast'])
-  # The default plan: every item names cells.
+  # The default plan: every item names cells; its trees: the best chain
+  # and three trees a task.
+  [trees] = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)
+             if spec.name == 'trees']
+  assert sorted({c.labels['drafting'] for c in sweep.plan(
+      specs_lib.get('trees'), trees)}) == [
+          'beam:16,4,16/64', 'beam:8,4,12/64', 'chain 7', 'default']
   assert all(sweep.plan(*item) for item in stored.parse_plan(
       stored.DEFAULT_PLAN))
+
+
+def test_the_build_prices_the_gammas_and_the_run_is_projected():
+  """A cell whose job chooses gamma gets the programs of the gammas the
+  device's profile makes likely (each the argmax of Theorem 3.8 at one of
+  `LIKELY_ALPHAS`, and the warm-up's), all of them without a profile; the
+  projection counts a spec's decodes in proportion to its examples."""
+  profile = hardware.load(hardware.H100)
+  plan = stored.parse_plan(stored.DEFAULT_PLAN)
+  (spec, options), = [p for p in plan if p[0].name == 'table2']
+  options = sweep.options_of(spec, options)
+  models = sweep.model_set(options)
+  cell = sweep.plan(spec, options)[0]
+  setup = sweep.cell_setup(models, cell, options)
+  name = stored._profile_name(cell, options)  # pylint: disable=protected-access
+  assert name in profile.c[1]
+  likely = stored._gammas(setup, profile, name)  # pylint: disable=protected-access
+  want = {setup.gamma} | {hardware.predict(
+      profile, alpha=a, drafter=name, max_gamma=setup.batch.max_gamma).gamma
+                          for a in stored.LIKELY_ALPHAS}
+  assert set(likely) == want and len(likely) < setup.batch.max_gamma
+  assert stored._gammas(setup) == tuple(range(  # pylint: disable=protected-access
+      1, setup.batch.max_gamma + 1))
+  projected = stored.project(plan, profile)
+  assert set(projected['specs']) == {s.name for s, _ in plan}
+  assert projected['seconds'] == sum(
+      v['seconds'] for v in projected['specs'].values())
+  (trees, at), = [p for p in plan if p[0].name == 'trees']
+  twice = stored.project([(trees, dataclasses.replace(
+      at, num_examples=2 * at.num_examples))], profile)
+  assert twice['specs']['trees']['seconds'] == pytest.approx(
+      2 * projected['specs']['trees']['seconds'], abs=1)

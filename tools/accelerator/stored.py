@@ -46,12 +46,14 @@ import jax
 import numpy as np
 
 from specdec_jax import compiled
+from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import programs
 from specdec_jax import scaffold
 from specdec_jax import unit_loop
 from specdec_jax.bench import budget
+from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from tools.accelerator import aot
@@ -118,20 +120,39 @@ def abstract_loaded(setup: loading.EvalSetup,
                              draft_params=draft_params)
 
 
-def _gammas(setup: loading.EvalSetup) -> Tuple[int, ...]:
+# The alphas a build prices the gammas a job may choose at (its drafters'
+# alphas are measured on the device; the choice's best gammas over these).
+LIKELY_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def _gammas(setup: loading.EvalSetup, profile=None,
+            drafter: Optional[str] = None) -> Tuple[int, ...]:
   """The gammas the job may decode a setup with: the configured one, and
-  every one a profile may choose (0, no speculation, needs no program)."""
-  if setup.batch.profile_gamma and not setup.draft.chooses_tree:
+  where a profile chooses, every one (0, no speculation, needs no
+  program), or with the device's `profile` the ones it would choose at
+  `LIKELY_ALPHAS` for `drafter` (the profile's name of its c; another
+  choice compiles on the device)."""
+  if not setup.batch.profile_gamma or setup.draft.chooses_tree:
+    return (setup.gamma,)
+  if profile is None:
     return tuple(range(1, setup.batch.max_gamma + 1))
-  return (setup.gamma,)
+  return tuple(sorted({setup.gamma} | {_speedup(
+      profile, setup, drafter, alpha)[1] for alpha in LIKELY_ALPHAS} - {0}))
 
 
-def decode_programs(loaded: loading.Loaded
+def _profile_name(cell: sweep.Cell, options: sweep.Options) -> str:
+  """The name of a cell's drafter in a hardware profile's c."""
+  return (reproduce.XXL_COST_DRAFTERS.get(cell.drafter, cell.drafter)
+          if options.models == 'xxl_cost' else cell.drafter)
+
+
+def decode_programs(loaded: loading.Loaded,
+                    gammas: Optional[Sequence[int]] = None
                     ) -> Iterator[Tuple[programs.Program, tuple]]:
   """The decode programs the eval job runs on `loaded`'s setup, each with
   its arguments as shape structs: the baseline and the speculative loop of
-  each gamma (`_gammas`) at the input shape of each unit (`unit_loop
-  .units`; a short last one has its own)."""
+  each gamma (`gammas`, default `_gammas`) at the input shape of each unit
+  (`unit_loop.units`; a short last one has its own)."""
   setup = loaded.setup
   rows = setup.num_examples or setup.batch.size
   dummy = np.zeros((rows, setup.task_feature_lengths['inputs']), np.int32)
@@ -140,7 +161,7 @@ def decode_programs(loaded: loading.Loaded
   seen = set()
   for shape in shapes:
     inputs = jax.ShapeDtypeStruct(shape, np.int32)
-    for gamma in _gammas(setup):
+    for gamma in gammas or _gammas(setup):
       for program in unit_loop.programs_at(loaded, gamma):
         if program is None:
           continue
@@ -187,7 +208,8 @@ class Recorder:
 
 
 def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
-                recorder: Recorder, cache=None, log=print) -> None:
+                recorder: Recorder, cache=None, log=print,
+                gammas: Optional[Sequence[int]] = None) -> None:
   """Runs a cell on shape structs within `recorder`: its decode programs
   (`decode_programs`), the profile the job measures for a gamma
   (`unit_loop.call_times`), and the cell's measurements (the spec's own
@@ -199,7 +221,7 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
   if spec.decode:
     steps.insert(0, ('decode', lambda: [program(*args) for program, args in
-                                        decode_programs(loaded)]))
+                                        decode_programs(loaded, gammas)]))
     if setup.batch.profile_gamma and not setup.draft.chooses_tree:
       steps.insert(1, ('gamma profile',
                        lambda: unit_loop.call_times(loaded, inputs)))
@@ -212,15 +234,16 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
 
 
 def build(plan: Plan, store: aot.Store,
-          device: Any, log=print, limit_bytes: Optional[int] = None
-          ) -> Dict[str, Any]:
+          device: Any, log=print, limit_bytes: Optional[int] = None,
+          profile=None) -> Dict[str, Any]:
   """Compiles every program the cells of `plan` run (`record_cell`) for
   `device` (a compile-only twin, or this machine's own) into `store`, each
   under its fingerprint, in the plan's order; programs already there are
   kept. With `limit_bytes` (what a device command may carry beside the
   working tree) the programs of the plan's last specs and cells are
   dropped until the store fits (`aot.Store.fit`): those compile on the
-  device.
+  device. With the device's `profile` a cell whose job chooses gamma gets
+  the programs of the gammas it is likely to choose (`_gammas`).
 
   Returns:
     {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
@@ -237,8 +260,9 @@ def build(plan: Plan, store: aot.Store,
     for cell in sweep.plan(spec, options):
       order += 1
       before = set(recorder.programs)
-      record_cell(spec, cell, sweep.cell_setup(models, cell, options),
-                  recorder, cache, log)
+      setup = sweep.cell_setup(models, cell, options)
+      record_cell(spec, cell, setup, recorder, cache, log, _gammas(
+          setup, profile, _profile_name(cell, options)))
       for fingerprint in [f for f in recorder.programs if f not in before]:
         function, lower_on = recorder.programs[fingerprint]
         key = aot.program_name([fingerprint])
@@ -254,6 +278,9 @@ def build(plan: Plan, store: aot.Store,
         seconds += took
         built += 1
         log(f'{spec.name} {cell.name}: {function} built in {took:.1f} s')
+  # Every program the plan runs, built or not: what a projection counts.
+  store.manifest['plan_programs'] = {f: recorder.programs[f][0]
+                                     for f in recorder.programs}
   store.pack(final=True)  # xz packs: about half the bytes to carry
   dropped = [] if limit_bytes is None else store.fit(limit_bytes)
   return dict(programs=list(recorder.programs), built=built, kept=kept,
@@ -487,6 +514,89 @@ def run(plan: Plan, store: aot.Store,
   return result
 
 
+# What a projection takes where nothing has measured it yet (its output
+# names them): alpha of every drafter; a timing loop's calls per k (20
+# calls, a warm-up, one check and 5 repeats: `measure.loop_time`); the
+# seconds of a program compiled on the device; a store's load rate.
+ASSUMED = dict(alpha=0.7, loop_calls=160, compile_s=30.0,
+               load_mib_per_s=100.0)
+
+
+def _speedup(profile, setup: loading.EvalSetup, drafter: str,
+             alpha: float = ASSUMED['alpha']) -> Tuple[float, int]:
+  """A speculative decode's predicted (speed-up, gamma): Theorem 3.8 at
+  `alpha` with `drafter`'s c (where the job chooses gamma: the best one;
+  0 where even that is slower); (2, its gamma) where the profile cannot
+  price the drafter (a tree, no c for it)."""
+  if setup.draft.tree is not None:
+    return 2.0, setup.gamma
+  try:
+    best = hardware.predict(
+        profile, alpha=alpha, drafter=drafter,
+        gamma=None if setup.batch.profile_gamma else setup.gamma,
+        batch=min(profile.batches(), key=lambda m: abs(m - setup.batch.size)),
+        max_gamma=setup.batch.max_gamma)
+  except (KeyError, ValueError):
+    return 2.0, setup.gamma
+  return max(1.0, best.speedup), int(best.gamma if best.speedup >= 1 else 0)
+
+
+def project(plan: Plan, profile, store: Optional[aot.Store] = None
+            ) -> Dict[str, Any]:
+  """The seconds a run of `plan` would take on `profile`'s device
+  (PROJECTED, from its t(1) and cost(k) and `ASSUMED`): per spec, its
+  decodes (a unit: the output length's steps at t(1), the baseline and
+  each cell's speculative decode at its predicted speed-up, a warm-up and
+  the timed repeats; cells that share a baseline decode together) and
+  timing loops (a profile's cells, a job's gamma choice, a cell's 'costs'
+  measurement: `ASSUMED['loop_calls']` calls per k); and the programs:
+  loaded from `store`, or compiled on the device (those the build recorded
+  but left out).
+  """
+  t1 = profile.t1_ms / 1e3
+  near = lambda b: min(profile.batches(), key=lambda m: (abs(m - b), m))
+  loops = lambda ks, b=1: sum(ASSUMED['loop_calls'] * t1 * profile.cost_at(
+      k, near(b))[0] for k in ks)  # a batch it lacks: the nearest's
+  out = dict(specs={}, assumed=ASSUMED, profile=profile.name)
+  for spec, options in plan:
+    options = sweep.options_of(spec, options)
+    models = sweep.model_set(options)
+    cells = sweep.plan(spec, options)
+    seconds = 0.0
+    for group in sweep.groups(models, cells, options):
+      setups = [sweep.cell_setup(models, c, options) for c in group]
+      named = [_profile_name(c, options) for c in group]
+      first = setups[0]
+      top, b = first.batch.max_gamma, first.batch.size
+      names = {m for c in group for m in c.measure}
+      seconds += loops(range(1, top + 2), b) * (
+          ('costs' in names) + sum(s.batch.profile_gamma for s in setups))
+      if not spec.decode:  # one measurement a cell
+        seconds += sum(loops(range(1, top + 2) if c.labels.get(
+            'measurement') == 't(k)' else [1]) for c in group)
+        continue
+      base = first.task_feature_lengths['targets'] * t1
+      units = -(-first.num_examples // b)
+      seconds += units * (1 + options.timing_repeats) * (
+          base + sum(base / _speedup(profile, s, n)[0]
+                     for s, n in zip(setups, named)))
+      seconds += first.num_examples * base * ('calibration' in names)
+    out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
+  recorded = (store.manifest.get('plan_programs') or {}) if store else {}
+  stored_ = [f for f in recorded if store.built(aot.program_name([f]))]
+  out['programs'] = dict(
+      recorded=len(recorded), stored=len(stored_),
+      compiled_on_device=len(recorded) - len(stored_),
+      load_s=round(store.total_bytes() / 2**20 / ASSUMED['load_mib_per_s'])
+      if store else 0,
+      compile_s=round((len(recorded) - len(stored_)) *
+                      ASSUMED['compile_s']))
+  out['seconds'] = round(sum(v['seconds'] for v in out['specs'].values()) +
+                         out['programs']['load_s'] +
+                         out['programs']['compile_s'])
+  return out
+
+
 def build_device(target: str, autotune: Optional[pathlib.Path],
                  facts_file: Optional[pathlib.Path]
                  ) -> Tuple[Any, Optional[str]]:
@@ -518,7 +628,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser = argparse.ArgumentParser(
       prog='python -m tools.accelerator.stored', description=__doc__.split(
           '\n\n')[0])
-  parser.add_argument('what', choices=('build', 'run'))
+  parser.add_argument('what', choices=('build', 'run', 'project'))
   parser.add_argument('--plan', action='append', default=None,
                       help='spec:models[;shrink][;field=value...], in '
                       'priority order '
@@ -540,6 +650,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--work_dir', default=None,
                       help="the sweep's work folder (default: the sweep's)")
   parser.add_argument('--max_minutes', type=float, default=None)
+  parser.add_argument('--profile', default=hardware.H100,
+                      help='build, project: the hardware profile of the '
+                      'device (a name in specdec_jax/profiles/, or a file): '
+                      'the gammas a job is likely to choose there, the '
+                      "run's seconds")
   parser.add_argument('--limit_mib', type=float, default=None,
                       help='build: the most the store may weigh (a device '
                       'command carries 64 MiB with the working tree); the '
@@ -548,6 +663,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
   path = lambda x: None if x is None else pathlib.Path(x)
+  if args.what == 'project':
+    result = project(plan, hardware.load(args.profile), aot.Store(
+        pathlib.Path(args.store), args.target or 'gpu:h100'))
+    print(json.dumps(result, indent=1))
+    return result
   autotune, flags = path(args.autotune_results), []
   if args.what == 'build':
     # An executable jax took from its persistent cache serializes without
@@ -576,7 +696,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                    autotune=autotune and aot.autotune_record(
                        autotune, autotune.name))
     result = build(plan, store, device, limit_bytes=None if (
-        args.limit_mib is None) else int(args.limit_mib * 2**20))
+        args.limit_mib is None) else int(args.limit_mib * 2**20),
+                   profile=hardware.load(args.profile))
     store.write()
   else:
     device = jax.devices()[0]
