@@ -10,7 +10,7 @@ setuptools.setup(
         'checkpoints in JAX/Flax.'
     ),
     # Not tools/ (a budgeted run on a borrowed accelerator): it runs from
-    # the repository root, `python -m tools.accelerator`.
+    # the repository root, `python -m tools.accelerator.stored`.
     packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*']),
     # The shipped mini models and test slices (specdec_jax/shipped.py).
     package_data={'specdec_jax': ['assets/mini/*', 'assets/mini/**/*',

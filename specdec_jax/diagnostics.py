@@ -240,16 +240,6 @@ def reference_logits(model, params, encoder_input_tokens, decoder_tokens,
   return np.asarray(z), np.asarray(s)
 
 
-def lower_reference(model, params, encoder_input_tokens, decoder_tokens):
-  """`reference_logits`' program, lowered (compile it ahead of time)."""
-  ref = reference_model(model)
-  shape = lambda x, dt=jnp.int32: jax.ShapeDtypeStruct(np.shape(x), dt)
-  with jax.default_matmul_precision('highest'):
-    return _reference.lower(
-        ref, params, shape(encoder_input_tokens), shape(decoder_tokens),
-        jax.ShapeDtypeStruct((np.shape(decoder_tokens)[0],), jnp.int32))
-
-
 def classify(z: np.ndarray, s: np.ndarray, baseline_token: int,
              speculative_token: int, relative: float) -> Dict[str, Any]:
   """Classifies one differing position from its reference logits.

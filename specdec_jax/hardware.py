@@ -6,14 +6,15 @@ cost curve cost(k) = t(k) / t(1) of a k-token target call per batch size,
 and c = t_draft / t(1) of each drafter it timed. It is READ from a measured
 run's JSON, never typed by hand:
 
-- `from_accelerator_run`: the accelerator run's json (`python -m
-  tools.accelerator`, beside the package: a T5 1.1-XXL-cost target on a
-  GPU / TPU);
-- `from_costs_run`: scripts/benchmark_costs.py's json (this CPU).
+- `from_accelerator_run`: the json of the older device run (deleted from
+  tools/accelerator/; a T5 1.1-XXL-cost target on a GPU), the source of the
+  committed H100 profile;
+- `from_costs_run`: scripts/benchmark_costs.py's json (this CPU);
+- the `profile` spec (`specdec_jax.experiments.specs.profile`) writes one
+  from its own measurements, which is how a device's profile is made now.
 
-Both write their profile into `profiles/<name>.json` next to
-their results; `load(name)` reads it, and the profile's `source` names the
-run file and its command.
+Each is written into `profiles/<name>.json`; `load(name)` reads it, and
+the profile's `source` names the run file and its command.
 
 `predict` is the ONE formula every "predicted" figure uses: Theorem 3.8 of
 the paper (Leviathan et al. 2023) with the profile's measured
@@ -180,7 +181,8 @@ class HardwareProfile:
 
 def from_accelerator_run(run: Mapping[str, Any],
                          source: str) -> HardwareProfile:
-  """The profile of an accelerator run (tools/accelerator: its json).
+  """The profile of an older device run (its json; the H100 profile's
+  source).
 
   cost(k) per batch from the run's bfloat16 costs (the activations the
   table ran with); c per batch of every drafter it timed; launch_ms the
@@ -236,7 +238,8 @@ def from_costs_run(run: Mapping[str, Any], source: str,
 
 
 def from_run(run: Mapping[str, Any], source: str) -> HardwareProfile:
-  """The profile of either kind of run: an accelerator run has a `setup`."""
+  """The profile of either kind of run: an older device run's json has a
+  `setup`."""
   if 'setup' in run:
     return from_accelerator_run(run, source)
   return from_costs_run(run, source)

@@ -349,31 +349,6 @@ def call_time(model, params, encoder_input_tokens, k: int, *,
                    repeats)
 
 
-def lower_call_time(model, params, encoder_input_tokens, k: int, *,
-                    context: int = 32, max_length: Optional[int] = None):
-  """The compiled loop `call_time` runs, lowered but not run.
-
-  `.compile()` on the result puts it in jax's cache (e.g. compiling several
-  at once in threads), so that `call_time` with the same shapes (and a
-  cache of `max_length`) runs without compiling. params may be
-  `jax.ShapeDtypeStruct`s.
-
-  Returns:
-    A `jax.stages.Lowered`.
-  """
-  batch = encoder_input_tokens.shape[0]
-  cache = context_cache(
-      model, jax.tree_util.tree_map(_struct, params),
-      jax.ShapeDtypeStruct((batch, encoder_input_tokens.shape[1]), jnp.int32),
-      context, max_length or context + k + 8)
-  block = jax.ShapeDtypeStruct((batch, k), jnp.int32)
-  return repeated_calls.lower(model, params, block, cache, 1)
-
-
-def _struct(x):
-  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-
-
 def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
                         lengths, rng):
   """n_calls proposals from the same position.
@@ -402,7 +377,7 @@ _PROPOSALS = scaffold.OptionedJit(_repeated_proposals, static_argnums=(0, 4))
 def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        *, repeats: int = 5, n_calls: int = 10,
                        context: int = 32, jit_setup: bool = False,
-                       executable=None, target_params=None) -> float:
+                       target_params=None) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens
@@ -411,23 +386,18 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
   `jit_setup` builds that state in one compiled call instead of op by op
   (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a
-  CPU); the timed loop is the same. `executable`: that loop compiled
-  already (`lower_drafter_token_time(...).compile()`, or an executable
-  built ahead of time from it), run instead of compiling it here.
-  `target_params` (arrays or shapes): the target the drafter drafts for;
-  the loop then compiles with a decode loop's options
-  (`scaffold.compiler_options` of both: on a GPU the drafter's matmuls
-  are XLA's fusions, as in the loop), else with the drafter's alone.
+  CPU); the timed loop is the same. `target_params` (arrays or shapes):
+  the target the drafter drafts for; the loop then compiles with a decode
+  loop's options (`scaffold.compiler_options` of both: on a GPU the
+  drafter's matmuls are XLA's fusions, as in the loop), else with the
+  drafter's alone.
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   state, sequences, lengths, rng = _proposal_inputs(
       drafter, params, encoder_input_tokens, gamma, context, jit_setup)
-  if executable is None:
-    entry = _PROPOSALS.entry((params, target_params))
-    run = lambda n: entry(drafter, params, state, sequences, gamma, n,
-                          lengths, rng)
-  else:  # its dynamic arguments: the static drafter and gamma are in it
-    run = lambda n: executable(params, state, sequences, n, lengths, rng)
+  entry = _PROPOSALS.entry((params, target_params))
+  run = lambda n: entry(drafter, params, state, sequences, gamma, n,
+                        lengths, rng)
   return loop_time(run, n_calls, repeats) / gamma
 
 
@@ -463,28 +433,6 @@ def _proposal_state(drafter, params, encoder_input_tokens, context: int,
 
 _PROPOSAL_STATE = scaffold.OptionedJit(_proposal_state,
                                        static_argnums=(0, 3, 4))
-
-
-def lower_drafter_token_time(drafter, params, encoder_input_tokens,
-                             gamma: int = 4, *, context: int = 32,
-                             place: Callable[[Any], Any] = lambda tree: tree,
-                             target_params=None):
-  """The compiled loop `drafter_token_time` runs, lowered but not run.
-
-  See `lower_call_time`; params may be `jax.ShapeDtypeStruct`s. `place`
-  maps the loop's other arguments (shapes) to where they will be: e.g. a
-  compile-only device's sharding, as params have. `target_params`: as
-  `drafter_token_time`'s.
-
-  Returns:
-    A `jax.stages.Lowered`.
-  """
-  shape = (encoder_input_tokens.shape[0], encoder_input_tokens.shape[1])
-  state, sequences, lengths, rng = place(_proposal_inputs(
-      drafter, jax.tree_util.tree_map(_struct, params),
-      jax.ShapeDtypeStruct(shape, jnp.int32), gamma, context))
-  loop = _PROPOSALS.jitted(scaffold.compiler_options((params, target_params)))
-  return loop.lower(drafter, params, state, sequences, gamma, 1, lengths, rng)
 
 
 def fed_tree(shape) -> Tuple[np.ndarray, np.ndarray]:

@@ -323,7 +323,7 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
 # the order of the tests within a file is kept.
 _SLOWEST_FILES = (
     'test_drafters.py', 'test_trees.py', 'test_eval.py', 'test_speculative.py',
-    'test_accelerator.py', 'test_diagnostics.py', 'test_methods_spec.py',
+    'test_diagnostics.py', 'test_methods_spec.py',
     'test_tables_spec.py', 'test_heads.py', 'test_notebook.py',
     'test_batches_spec.py', 'test_run_folder.py', 'test_lookahead.py',
     'test_output_cache.py', 'test_fused.py', 'test_shipped.py',

@@ -60,7 +60,7 @@ def test_the_tree_keeps_every_contract():
     ('spec_stats.py', 'from specdec_jax import speculative as _cycle',
      'No import cycles'),
     # The package reaching into the loan's box beside it.
-    ('hardware.py', 'from tools.accelerator import pool as _box',
+    ('hardware.py', 'from tools.accelerator import aot as _box',
      'The package does not import the box'),
 ])
 def test_a_planted_violation_is_caught(tmp_path, module, planted, contract):
@@ -134,11 +134,8 @@ CLOCKS = {
     'scripts/train_heads.py:main': 'training wall time',
     'scripts/train_pass.py:main': 'training wall time',
     'scripts/train_shipped_models.py:main': 'training wall time',
-    # Second engines that go: the older device run, once the stored run
-    # (the specs on the eval job) has met a GPU; the HF script, once the hf
-    # spec's results replace results/peer_hf.
-    'tools/accelerator/run.py:*': 'the older device run (goes)',
-    'tools/accelerator/pool.py:*': 'the older device run (goes)',
+    # A second engine that goes: the HF script, once the hf spec's results
+    # replace results/peer_hf.
     'scripts/peer_hf.py:main': 'ours vs HF before the hf spec (goes)',
 }
 

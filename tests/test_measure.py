@@ -175,26 +175,6 @@ def test_step_bytes_is_the_decoder_weights_and_the_caches_it_reads():
   assert 'token_embedder' not in params['decoder']
 
 
-def test_drafter_token_time_runs_the_executable_it_is_given(setup):
-  """A drafter's timing loop compiled beforehand (an ahead-of-time build's
-  executable) is what `drafter_token_time` times: called with the loop's
-  dynamic arguments, no compile of its own."""
-  _, _, enc, drafts = setup
-  drafter, params = drafts['bigram']
-  exe = measure.lower_drafter_token_time(drafter, params, enc[:2], 3,
-                                         context=4).compile()
-  counts = []
-
-  def counted(*args):
-    counts.append(int(args[3]))  # the loop's count: a traced bound
-    return exe(*args)
-
-  seconds = measure.drafter_token_time(drafter, params, enc[:2], 3, repeats=1,
-                                       n_calls=2, context=4,
-                                       executable=counted)
-  assert seconds > 0 and counts and set(counts) >= {2}
-
-
 # Level 1: 3 nodes, 2 of them get children (fed); level 2: 3 nodes, 1 fed;
 # level 3: 1 node. Fed counts differ per level, so a level timed with
 # another level's (or the tree's) width is a different program.

@@ -157,7 +157,7 @@ def test_setups_are_built_where_gin_and_seqio_are_missing(tmp_path):
 
 
 def test_xxl_cost_widens_the_shipped_models_to_the_paper_costs():
-  """'xxl_cost' is the accelerator run's Table 2 setting as eval setups:
+  """'xxl_cost' is the H100 run's Table 2 setting as eval setups:
   the shipped target at T5 1.1-XXL cost, small at T5 1.1-small cost, dec2
   as trained; `--shrink` grows the drafters only a little."""
   setup = reproduce.make_setup('xxl_cost')

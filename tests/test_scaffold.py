@@ -77,8 +77,8 @@ def test_a_tree_level_is_captured_on_a_gpu():
 
 
 def test_a_decode_inside_the_callers_jit_compiles():
-  """A decode called inside a caller's own `jax.jit` (the accelerator run
-  wraps its decoders so) is a nested jit, which takes no compiler options:
+  """A decode called inside a caller's own `jax.jit` (a caller may wrap
+  its decoders so) is a nested jit, which takes no compiler options:
   it compiles without them, and the caller passes `compiler_options` to
   its own jit. Before, a model with options raised a ValueError there."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -100,23 +100,38 @@ def test_a_decode_inside_the_callers_jit_compiles():
 def test_the_drafters_timing_loop_compiles_as_in_a_decode_loop():
   """c is timed on the drafter alone; given the target it drafts for, its
   loop compiles with the decode loop's options (the target's threshold),
-  not the drafter's own (where its matmuls would stay cuBLAS calls)."""
+  not the drafter's own (where its matmuls would stay cuBLAS calls). Run
+  on shapes within a provider whose stand-in returns zeros (as a stored
+  build records a cell's programs): nothing is compiled."""
+  import time  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
-  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   small = models.config('t5_1_1_tiny', emb_dim=16, head_dim=8,
                         vocab_size=64, dtype='float32')
   drafter = drafters.T5Drafter(network.T5Model(small))
   draft = network.T5Model(small).param_shapes()
   target = network.T5Model(small.replace(emb_dim=64, mlp_dim=128)
                            ).param_shapes()
-  tokens = jax.ShapeDtypeStruct((1, 5), jnp.int32)
   want = scaffold.compiler_options((target,))
   assert want and want != scaffold.compiler_options((draft,))
-  lowered = measure.lower_drafter_token_time(drafter, draft, tokens, 2,
-                                             context=2, target_params=target)
-  assert lowered is not None
-  assert want in measure._PROPOSALS._entries  # pylint: disable=protected-access
+  asked = []
+
+  def provider(traced, fingerprint, lower_on, name):
+    del lower_on
+    asked.append((name, fingerprint == scaffold.fingerprint(traced, want)))
+    zeros = jax.tree.map(lambda i: np.zeros(i.shape, i.dtype),
+                         traced.out_info)
+
+    def stand_in(*args):
+      del args
+      time.sleep(0.06)  # past loop_time's shortest loop: one try
+      return zeros
+    return stand_in
+
+  with scaffold.programs_from(provider):
+    measure.drafter_token_time(drafter, draft, jnp.ones((1, 5), jnp.int32),
+                               2, repeats=1, n_calls=1, context=2,
+                               target_params=target)
+  assert asked == [('_repeated_proposals[T5Drafter]', True)]
 
 
 def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):

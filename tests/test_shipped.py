@@ -2,7 +2,7 @@
 the right (trained, distilled) drafter is shipped, and the main job works.
 
 The shipped folder is every new user's first contact with the project (the
-README's first command runs on it) and the input of the accelerator run.
+README's first command runs on it) and the input of the device runs.
 A corrupt or truncated file must give an error that names it, not different
 weights; an untrained or wrong drafter must fail a test, not just lower a
 speed-up nobody looks at.

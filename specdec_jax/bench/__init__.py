@@ -3,11 +3,8 @@
 - `models`: the T5 1.1 / 1.0 / Flan-T5 configs as Python values (the twin of
   gin_configs/models/) and `load(spec)` for `shipped:<name>` or a real
   checkpoint with a config name.
-- `rows`: decode rows with the baseline and a speculative decoder, the
-  measured speed-up, identical counts; statistics only through
-  `spec_stats`.
 - `budget`: a wall-clock budget and its time log (`Clock`).
-- `report`: one results header, and the json / md / png writers.
+- `report`: one results header, and the json / md writers.
 - `flags`: the model / data flags of the scripts (`--target`, `--draft`
   with a config spec for a checkpoint, `--arrays`).
 - `costs`: the CPU costs run's models, its profile's name and its files

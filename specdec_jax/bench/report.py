@@ -2,9 +2,8 @@
 
 Every results file under results/ starts from `header`: the command that
 reran it (home written as ~, so no machine path is committed), the device,
-jax version, machine and date. `write_json` / `write_md` / `save_plot` write
-the three forms a benchmark commits; `config_dict` turns a `T5Config` into
-plain JSON.
+jax version, machine and date. `write_json` / `write_md` write the forms a
+benchmark commits; `config_dict` turns a `T5Config` into plain JSON.
 """
 
 from __future__ import annotations
@@ -65,11 +64,6 @@ def header(script: str, argv: Optional[Sequence[str]] = None,
       device=kind, device_name=device_name(kind),
       backend=jax.default_backend(), jax_version=jax.__version__,
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'), **extra)
-
-
-def header_md(h: Dict[str, Any]) -> str:
-  """The two lines every results .md starts with after its title."""
-  return f"Command: `{h['command']}`  \nMachine: {h['machine']}, {h['date']}\n"
 
 
 def config_dict(cfg: network.T5Config) -> Dict[str, Any]:
@@ -134,13 +128,3 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def fmt(x, spec: str = '.2f') -> str:
   return '-' if x is None else format(x, spec)
 
-
-def save_plot(fig, path) -> pathlib.Path:
-  """Saves a matplotlib figure (png, 120 dpi) and closes it."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path

@@ -83,7 +83,7 @@ DEFAULT_DRAFT = {'mini': 'small', 'shipped': 'dec2', 'paper': 'small'}
 SHIPPED_T5_DRAFTERS = {'dec2': 'shipped', 'small': 'shipped',
                        'dec1': 'export', 'base': 'export', 'large': 'export'}
 # What 'xxl_cost' widens the shipped models to, function-preservingly (the
-# same outputs and alpha): the costs the accelerator run times them at
+# same outputs and alpha): the costs the H100 profile's run timed them at
 # (the target at T5 1.1-XXL cost, a drafter named after a T5 1.1 size at
 # that size's; dec2 / dec1 keep their own).
 XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
@@ -222,7 +222,7 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
 
 
 # Predicted speed-ups at T5-XXL target cost on a measured hardware profile.
-# A drafter is taken at the cost the accelerator run timed it under (the
+# A drafter is taken at the cost the H100 profile's run timed it under (the
 # paper's T5 1.1-small for 'small': the shipped small widened to its cost),
 # or, one the run did not time, as a shipped model whose decoder step sets
 # the profile's bytes / launches model (`MODELLED_DRAFTERS`: name ->

@@ -1,6 +1,6 @@
 """The profile spec, shrunk, end to end: a hardware profile measured here.
 
-The spec is the accelerator run's first phase as a sweep spec: its cells
+The spec is the older device run's first phase as a sweep spec: its cells
 are measured (nothing decoded) and its finish writes the profile that
 `hardware.load` reads and `hardware.predict` prices on. Timings are only
 checked to be the ones the profile holds, never for their values.

@@ -76,9 +76,9 @@ PACK = 8  # programs per xz pack
 # the device they were timed on (`autotune_device`; the build's target
 # config is matched to it); without them it leaves the GEMMs to cuBLAS,
 # whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`: the
-# package's `program_cost.UNTUNED_OPTIONS`). A run checks a loaded t(1)
-# against the same program compiled on the device before it times anything
-# (`plan.AOT_SLOWER`).
+# package's `program_cost.UNTUNED_OPTIONS`). A run checks the first
+# target-call loop it loads against the same program compiled on the device
+# (`stored.Provider`, `stored.AOT_SLOWER`).
 AUTOTUNE_FILE = 'autotune.textproto'
 UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
@@ -103,25 +103,6 @@ def load_flags(path: pathlib.Path) -> List[str]:
   return [f'{LOAD_AUTOTUNE_FLAG}={path}']
 
 
-def deviceless_options(platform: str, flags: Sequence[str]
-                       ) -> Dict[str, Any]:
-  """The compiler options of a program compiled on an attached device
-  while the run times others on it (`pool.Pool.ahead`): the program a
-  build with `flags` (its `build_flags`) makes, with no kernel run on the
-  device to make it. On a GPU, XLA times candidate kernels while it
-  compiles (autotuning) unless told not to: with the build's autotune
-  results, each choice is taken from the results this process has loaded
-  or made (a program they do not cover fails to compile this way, and is
-  compiled when its phase starts); without them, cuBLAS's own heuristic
-  picks each GEMM's kernel when it runs (`UNTUNED_OPTIONS`), as in the
-  build. Elsewhere: none."""
-  if platform != 'gpu':
-    return {}
-  if any(f.startswith(LOAD_AUTOTUNE_FLAG) for f in flags):
-    return {'xla_gpu_require_complete_aot_autotune_results': True}
-  return dict(UNTUNED_OPTIONS, xla_gpu_autotune_level=0)
-
-
 def dump_flags(path: pathlib.Path) -> List[str]:
   """The XLA flags with which a GPU run writes the autotune results of the
   programs it compiles to `path` (the results of all, after each compile);
@@ -132,8 +113,8 @@ def dump_flags(path: pathlib.Path) -> List[str]:
 def rewrite_autotune_results() -> None:
   """Compiles one small matmul on the default device, so that XLA writes
   the autotune results file (`dump_flags`) once more with no other compile
-  beside it: the run's compile threads write it each time one of them
-  finishes, and two at once could leave it garbled."""
+  beside it: XLA rewrites the file after each compile, and two compiles at
+  once could leave it garbled."""
   x = jax.numpy.ones((16, 16), jax.numpy.float32)
   jax.jit(lambda a, b: a @ b + 1.0).lower(x, x).compile()
 
@@ -372,18 +353,10 @@ class Store:
     (`code_fingerprint`)."""
     return self.manifest.get('code') == code_fingerprint()
 
-  def usable(self) -> Dict[str, Any]:
-    """The programs built from this code (`manifest['programs']`, or none
-    if the package's code changed since): what a projection may count as
-    loads. Versions and device are checked when one loads."""
-    return self.manifest['programs'] if self.from_this_code() else {}
-
   def save(self, name: str, compiled, compile_s: float = 0.0,
-           priority: int = 0, lower_s: Optional[float] = None
-           ) -> Dict[str, Any]:
+           priority: int = 0) -> Dict[str, Any]:
     """Serializes `compiled` as program `name`; returns its entry
-    (`compile_s`: the seconds of its lowering and compile; `lower_s`: of
-    the lowering alone)."""
+    (`compile_s`: the seconds of its lowering and compile)."""
     payload, in_tree, out_tree = serialize_executable.serialize(compiled)
     data = zlib.compress(pickle.dumps((payload, in_tree, out_tree)), 6)
     self.dir.mkdir(parents=True, exist_ok=True)
@@ -392,17 +365,7 @@ class Store:
         file=name + SUFFIX, sha256=sha256(data), bytes=len(data),
         serialized_bytes=len(payload), compile_s=round(compile_s, 2),
         priority=priority)
-    if lower_s is not None:
-      entry['lower_s'] = round(lower_s, 2)
     return entry
-
-  def lower_seconds(self) -> Optional[float]:
-    """The mean seconds the build's programs took to lower (to trace to
-    HLO, which holds Python's lock: one at a time), or None when it did
-    not time them apart."""
-    timed = [e['lower_s'] for e in self.manifest['programs'].values()
-             if 'lower_s' in e]
-    return sum(timed) / len(timed) if timed else None
 
   def write(self) -> pathlib.Path:
     self.dir.mkdir(parents=True, exist_ok=True)
@@ -415,16 +378,6 @@ class Store:
     return sum(self.manifest['packs'].values()) + sum(
         e['bytes'] for e in self.manifest['programs'].values()
         if 'pack' not in e)
-
-  def packed_bytes(self) -> int:
-    """`total_bytes` once every program is packed, estimated: the unpacked
-    programs' zlib bytes at the ratio the packs so far came to (their xz
-    bytes over their programs' zlib bytes), or as they are before any."""
-    programs = self.manifest['programs'].values()
-    packed = sum(e['bytes'] for e in programs if 'pack' in e)
-    ratio = sum(self.manifest['packs'].values()) / packed if packed else 1.0
-    return sum(self.manifest['packs'].values()) + round(ratio * sum(
-        e['bytes'] for e in programs if 'pack' not in e))
 
   def built(self, name: str) -> bool:
     """Whether program `name` is in the folder (packed or alone)."""
@@ -465,8 +418,8 @@ class Store:
 
   def fit(self, limit: int) -> List[str]:
     """Drops the programs of lowest priority until the folder's files
-    weigh at most `limit` bytes (what a device command may carry: see
-    `plan.aot_budget`); the pack the limit falls in is packed again
+    weigh at most `limit` bytes (what a device command may carry beside
+    the working tree); the pack the limit falls in is packed again
     with as many of its programs as fit. Returns the names dropped, in
     priority order."""
     self.pack(final=True)
@@ -556,11 +509,3 @@ class Store:
           payload, in_tree, out_tree, execution_devices=[device]), ''
     except Exception as e:  # pylint: disable=broad-except
       return None, f'the runtime refused it: {e!r}'[:500]
-
-
-def summary(store: Store) -> Dict[str, Any]:
-  """Count, bytes and compile seconds of a store's programs."""
-  programs: Mapping[str, Any] = store.manifest['programs']
-  return dict(programs=len(programs), bytes=store.total_bytes(),
-              compile_s=round(sum(e['compile_s'] for e in programs.values()),
-                              1), dir=str(store.dir))

@@ -1,7 +1,7 @@
 """Profile: this device's hardware profile for a model set, measured.
 
 What every prediction rests on (`hardware.HardwareProfile`), as the
-accelerator run's first phase measures it: t(1), a 1-token call of the
+older device run's first phase measured it: t(1), a 1-token call of the
 target at batch 1, and cost(k) = t(k) / t(1) for k in `KS` (a chain's
 gamma + 1 up to 9, token trees' widths beyond); the bandwidth floor, the
 decoder's step bytes over the bandwidth of a compiled copy loop (what
@@ -130,8 +130,8 @@ def details(row):
 
 def path_of(result, out):
   """Where the profile goes: beside shrunk results; a complete xxl_cost
-  run on an accelerator into specdec_jax/profiles/ (as the accelerator
-  run's complete runs); else results/<device>/profile_<models>.json."""
+  run on an accelerator into specdec_jax/profiles/ (as the older device
+  run's complete runs did); else results/<device>/profile_<models>.json."""
   name = report.device_name()
   if result['shrunk']:
     return out.parent / f'{out.name}.profile.json'
