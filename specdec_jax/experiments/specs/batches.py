@@ -14,7 +14,7 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
 GAMMA = 4
-BATCHES = (1, 4, 8, 16)
+BATCHES = (1, 4, 8, 16, 32)
 TEMPERATURES = (0.0, 1.0)
 COMPARE_AT = 8
 CONFIDENCE = 0.4
