@@ -120,10 +120,16 @@ def fingerprint(traced: jax.stages.Traced,
   """A traced program's identity across processes and machines: the
   sha256 of its jaxpr (the computation and its argument types, not where
   the arguments live: the same for a program traced on a device's arrays
-  and on shape structs of a compile-only device), its constants and the
-  XLA options it compiles with (`compiler_options` of its arguments;
-  `identity` gives all)."""
+  and on shape structs of a compile-only device), its arguments' and
+  results' pytree structures, its constants and the XLA options it
+  compiles with (`compiler_options` of its arguments; `identity` gives
+  all). A store's executable found by it is that program, whatever else
+  changed in the code."""
   digest = hashlib.sha256(str(traced.jaxpr).encode())
+  # The pytrees it takes and gives (a result's type and fields), which the
+  # jaxpr's flat values do not show.
+  digest.update(str(jax.tree.structure((traced.args_info,
+                                        traced.out_info))).encode())
   for const in traced.jaxpr.consts:
     value = np.asarray(const)
     digest.update(f'{value.dtype}{value.shape}'.encode() + value.tobytes())

@@ -19,14 +19,13 @@ each gamma), so a pack of them takes about half their zlib bytes, and
 twice as many programs fit the bytes a device command carries.
 
 `Store.load` hands back the executable, or None and why (not built, file
-missing, checksum, other jax / jaxlib / plugin versions, built from other
-code, built for another device, the runtime's refusal), so that a caller
-compiles that program on the device instead and says so. A program is
-named by what it decodes, not by its code, so the manifest also holds the
-package's code fingerprint (`code_fingerprint`): an executable built
-before any change to the package's code is not loaded (lest a run time the
-old code under the new name), and a build that finds such programs in its
-folder builds them again. An executable is called with the dynamic
+missing, checksum, other jax / jaxlib / plugin versions, built for
+another device, the runtime's refusal), so that a caller compiles that
+program on the device instead and says so. A program is named by its
+fingerprint (`scaffold.fingerprint`: its jaxpr, pytrees, constants and
+options), so an executable is that program whatever else changed in the
+code: a change that alters a program gives it a new name, which the store
+lacks. An executable is called with the dynamic
 arguments of the program it was lowered from (static ones are part of it).
 `device_facts` is what jax says of the device a run has, written with its
 results, so that the next build can target exactly that device: with the
@@ -83,24 +82,17 @@ AUTOTUNE_FILE = 'autotune.textproto'
 UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
                       for k, v in UNTUNED_OPTIONS.items())
-LOAD_AUTOTUNE_FLAG = '--xla_gpu_load_autotune_results_from'
 
 
 def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
                 ) -> List[str]:
   """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
-  autotune results `autotune` (a file a run on that GPU wrote), or without
-  them `UNTUNED_FLAGS`; none for the others."""
+  autotune results `autotune` (a file a run on that GPU wrote:
+  `dump_flags`), or without them `UNTUNED_FLAGS`; none for the others."""
   if platform != 'gpu':
     return []
-  return load_flags(autotune) if autotune is not None else list(
-      UNTUNED_FLAGS)
-
-
-def load_flags(path: pathlib.Path) -> List[str]:
-  """The XLA flags with which a GPU compiles with the autotune results in
-  `path` (a file a run on that GPU wrote: `dump_flags`)."""
-  return [f'{LOAD_AUTOTUNE_FLAG}={path}']
+  return [f'--xla_gpu_load_autotune_results_from={autotune}'] if (
+      autotune is not None) else list(UNTUNED_FLAGS)
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
@@ -185,23 +177,6 @@ def runtime_versions(platform: str) -> Dict[str, str]:
   plugin = {'gpu': 'cuda', 'cuda': 'cuda', 'tpu': 'libtpu'}.get(platform)
   return {k: v for k, v in report.versions().items()
           if k in ('jax', 'jaxlib') or (plugin and plugin in k)}
-
-
-@functools.lru_cache(maxsize=None)
-def code_fingerprint() -> str:
-  """sha256 over the Python files of the package and of this box (their
-  paths and bytes; the box builds programs too): what an executable's
-  behaviour depends on besides the versions and the device. Any change to
-  either's code changes it."""
-  roots = (pathlib.Path(compiled.__file__).resolve().parent,
-           pathlib.Path(__file__).resolve().parent)
-  digest = hashlib.sha256()
-  for root in roots:
-    for path in sorted(root.rglob('*.py')):
-      digest.update(path.relative_to(root.parent).as_posix().encode() +
-                    b'\0')
-      digest.update(path.read_bytes() + b'\0')
-  return digest.hexdigest()
 
 
 def program_name(key: Sequence[Any]) -> str:
@@ -310,7 +285,7 @@ class Store:
   Attributes:
     dir: `<root>/<target>`.
     manifest: {'format', 'target', 'device_kind', 'platform', 'versions',
-      'code', 'target_config', 'xla_flags', 'autotune', 'programs': {name:
+      'target_config', 'xla_flags', 'autotune', 'programs': {name:
       {file, sha256, bytes, compile_s, priority}}}.
   """
 
@@ -328,15 +303,15 @@ class Store:
                autotune: Optional[Mapping[str, Any]] = None,
                **extra) -> None:
     """Records the target (its compile-only device and config), these
-    versions, the package's code fingerprint and how XLA was told to build
-    (`build_flags`, and the autotune results file's name, sha256 and
-    device). Programs built for another device kind or config, with other
-    versions, flags or autotune results, or from other code are dropped
+    versions and how XLA was told to build (`build_flags`, and the
+    autotune results file's name, sha256 and device). Programs built for
+    another device kind or config, with other versions, flags or autotune
+    results are dropped
     (their files too): they could not load or would not be the same
     programs, and a build builds them again."""
     header = dict(device_kind=device.device_kind, platform=device.platform,
                   versions=runtime_versions(device.platform),
-                  code=code_fingerprint(), target_config=target_config,
+                  target_config=target_config,
                   xla_flags=list(xla_flags),
                   autotune=None if autotune is None else dict(autotune))
     if any(self.manifest.get(k) != v for k, v in header.items()):
@@ -347,11 +322,6 @@ class Store:
       self.manifest.update(programs={}, packs={})
       self._unpacked.clear()
     self.manifest.update(header, **extra)
-
-  def from_this_code(self) -> bool:
-    """Whether the store was built from the package's code as it is now
-    (`code_fingerprint`)."""
-    return self.manifest.get('code') == code_fingerprint()
 
   def save(self, name: str, compiled, compile_s: float = 0.0,
            priority: int = 0) -> Dict[str, Any]:
@@ -483,10 +453,6 @@ class Store:
         device.platform)
     if built != here:
       return None, f'versions differ: built with {built}, running {here}'
-    if not self.from_this_code():
-      return None, (f'built from other code: package fingerprint '
-                    f'{str(self.manifest.get("code"))[:12]}, running '
-                    f'{code_fingerprint()[:12]}')
     if self.manifest.get('device_kind') != device.device_kind:
       return None, (f'built for {self.manifest.get("device_kind")!r}, '
                     f'running on {device.device_kind!r}')

@@ -1,28 +1,18 @@
 """A plan of specs run on programs compiled ahead of time.
 
-The eval job, and so every sweep spec, compiles each decode program it
-runs through one seam (`scaffold.programs_from`), which asks a provider
-for the executable of a traced program by its fingerprint (its jaxpr and
-XLA options: the same for the program traced on the device's arrays and
-on shape structs of a compile-only twin). So a budgeted run on a rented
-accelerator can spend its minutes timing instead of compiling:
+The eval job, and so every sweep spec, compiles each program it runs
+through one seam (`scaffold.programs_from`), which asks a provider for a
+traced program's executable by its fingerprint (the same on the device's
+arrays and on shape structs of a compile-only twin). So a budgeted run on
+a rented accelerator spends its minutes timing, not compiling:
 
-  build   on a machine without the device: every cell of every spec in
-          the plan built as the job builds it, its weights as shapes only
-          (`abstract_loaded`: widening is traced, never run), and run on
-          those shapes within a `Recorder` (`record_cell`: its decode
-          programs at each gamma the job may use and each unit's input
-          shape, the job's gamma profile, the spec's measurements), which
-          keeps every program asked for; each is lowered for the device's
-          compile-only twin, compiled and kept in an executable store
-          under its fingerprint;
-  run     on the device: the plan's specs, one after another under one
-          clock, within `scaffold.programs_from(Provider(store))`, their
-          results packed in one file after each (a lent device machine
-          sends back 8 files). A
-          program the store holds is loaded; any other (a tree the job
-          chooses there) is compiled on the device, and the provider's
-          log says which and how long.
+  build    here: each cell of the plan run on shape structs within a
+           `Recorder` (`record_cell`), every program it asks for compiled
+           for the twin into an executable store under its fingerprint;
+  project  the run's seconds on the device's hardware profile;
+  run      there: the plan's specs under one clock within
+           `scaffold.programs_from(Provider(store))` (a program the store
+           lacks compiles there, and the run's log says so).
 
   python -m tools.accelerator.stored build --target gpu:h100 --store aot
   python -m tools.accelerator.stored run --store aot --out $OUT
@@ -376,12 +366,10 @@ class Provider:
 
   def counts(self) -> Dict[str, Any]:
     """Programs loaded and compiled here, and the seconds of each kind."""
-    out = {}
-    for source in ('loaded', 'compiled'):
-      entries = [e for e in self.log if e['source'] == source]
-      out[source] = len(entries)
-      out[f'{source}_s'] = round(sum(e['seconds'] for e in entries), 2)
-    return out
+    of = lambda source: [e['seconds'] for e in self.log
+                         if e['source'] == source]
+    return {k: v for s in ('loaded', 'compiled') for k, v in (
+        (s, len(of(s))), (f'{s}_s', round(sum(of(s)), 2)))}
 
 
 XLA_DUMP = 'xla_dump.tar.xz'
