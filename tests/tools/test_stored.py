@@ -167,3 +167,13 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected():
       at, num_examples=2 * at.num_examples))], profile)
   assert twice['specs']['trees']['seconds'] == pytest.approx(
       2 * projected['specs']['trees']['seconds'], abs=1)
+
+
+def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
+  """`build --device_facts` takes the topology a run's log recorded; a log
+  without one is named, before anything compiles."""
+  log = tmp_path / stored.RUN_LOG
+  log.write_text(json.dumps({'device_facts': {'platform': 'gpu'}}))
+  with pytest.raises(SystemExit, match='stored_run.json: its device_facts '
+                     'hold no topology'):
+    stored.build_device('gpu:h100', None, log)
