@@ -426,7 +426,12 @@ def write_rows(buffer: Array, update: Array, start: Array) -> Array:
   def write(row, new, s):
     # [n, ...] <- [k, ...] at (s, 0, ...)
     return jax.lax.dynamic_update_slice(row, new, (s,) + (0,) * (row.ndim - 1))
-  return jax.vmap(write)(buffer, update.astype(buffer.dtype), start)
+  update = update.astype(buffer.dtype)
+  if buffer.shape[0] == 1:
+    # One row: the update slice itself (a vmap makes it a scatter, which a
+    # GPU build lowers with a bounds check and a select, a kernel more).
+    return write(buffer[0], update[0], start[0])[None]
+  return jax.vmap(write)(buffer, update, start)
 
 
 def interleave(kernels: Sequence[Array], groups: int) -> Array:

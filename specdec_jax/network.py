@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from flax import struct
 import flax.linen as nn
@@ -79,6 +79,22 @@ class T5Config:
     """The activations' dtype: `activation_dtype`, else `dtype`."""
     return self.dtype if self.activation_dtype is None else (
         self.activation_dtype)
+
+
+# cuBLAS runs a bfloat16 GEMM on a multiple of 8 rows: a GPU build pads the
+# operand of each matmul of a call on k % 8 != 0 tokens and slices its
+# result (XLA's cublas_pad_for_gemms), about 9 more kernels a decoder layer.
+# `Decoder.extend` pads the call once instead, on a GPU: at T5 1.1-XXL cost
+# (compile-only H100, cuBLAS GEMMs) a 65-token tree call 678 -> 461 kernels
+# and 12.23 -> 11.99 GB, a 7-token chain call 677 -> 460 kernels
+# (results/compiled/tree_call_bytes_h100.md).
+GPU_ROWS = 8
+
+
+def padded_rows(k: int) -> int:
+  """The rows a call on k tokens runs on on a GPU: k rounded up to a
+  multiple of `GPU_ROWS` (k = 1, a matrix-vector product, stays 1)."""
+  return k if k == 1 else -(-k // GPU_ROWS) * GPU_ROWS
 
 
 @struct.dataclass
@@ -169,7 +185,8 @@ class TreeMask:
 
   def bias_inputs(self, q_slots: Array, max_length: int):
     """(relative position `[batch, k, max_length]`, attend mask, same shape)
-    for queries at cache slots `q_slots` `[batch, k]` (all in the tree)."""
+    for queries at cache slots `q_slots` `[batch, k]` (in the tree; a slot
+    after it, a row `Decoder.extend` pads, sees what the last slot sees)."""
     batch = q_slots.shape[0]
     k_slots = jnp.broadcast_to(jnp.arange(max_length, dtype=jnp.int32),
                                (batch, max_length))
@@ -223,7 +240,7 @@ class DecoderLayer(nn.Module):
     return self.encoder_decoder_attention.project_kv(encoded)
 
   def __call__(self, inputs, self_bias, cross_kv, cross_bias,
-               cache_kv=None, position=None):
+               cache_kv=None, position=None, written=None):
     """One decoder layer.
 
     Args:
@@ -234,6 +251,9 @@ class DecoderLayer(nn.Module):
       cache_kv: None (teacher forcing: attend to these k tokens only) or the
         cached `(key, value)` `[batch, max_length, heads, d]` to write into.
       position: `[batch]` write position in the cache.
+      written: how many of the k tokens write their key / value to the
+        cache (the first; None: all); the rest only attend (rows padded for
+        the GPU's matmuls, `Decoder.extend`).
 
     Returns:
       `([batch, k, embed], (key, value))`, the keys/values attended over.
@@ -241,8 +261,8 @@ class DecoderLayer(nn.Module):
     x = self.pre_self_attention_layer_norm(inputs)
     query, key, value = self.self_attention.project_qkv(x)
     if cache_kv is not None:
-      key = layers.write_rows(cache_kv[0], key, position)
-      value = layers.write_rows(cache_kv[1], value, position)
+      key = layers.write_rows(cache_kv[0], key[:, :written], position)
+      value = layers.write_rows(cache_kv[1], value[:, :written], position)
     x = self.self_attention.attend_projected(query, key, value,
                                              self_bias) + inputs
     y = self.pre_cross_attention_layer_norm(x)
@@ -389,8 +409,14 @@ class Decoder(nn.Module):
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False,
-             tree: Any = None):
+             tree: Any = None, rows: Optional[int] = None):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
+
+    On a CUDA GPU a call on k > 1 tokens runs its layers on k rounded up to
+    a multiple of `GPU_ROWS` rows (`jax.lax.platform_dependent`; other
+    platforms run k): the padded rows stand at the slots after the call's
+    (a tree's: see `TreeMask.bias_inputs`), write no key / value and are
+    dropped, so the outputs are those of the k tokens alone.
 
     Args:
       tokens: `[batch, k]` token ids.
@@ -411,33 +437,52 @@ class Decoder(nn.Module):
         `TreeMask` holding slots position .. position + k - 1: each token
         then sees the committed slots, its tree ancestors and itself, at
         its depth's position (specdec_jax/drafters/tree).
+      rows: the rows the layers run on, >= k, on every platform (None: as
+        said above).
 
     Returns:
       `(logits [batch, k, vocab], cache)` with position advanced by k;
       with `return_hidden`, `((logits, hidden [batch, k, embed]), cache)`.
     """
     k = tokens.shape[-1]
-    # [batch, k] query slots; [max_length] key slots.
-    q_pos = cache.position[:, None] + jnp.arange(k, dtype=jnp.int32)
+    if rows is None:
+      call = functools.partial(self.extend, tokens, cache, lookahead,
+                               lookahead_start, return_hidden, tree)
+      if padded_rows(k) == k:
+        return call(k)
+      return jax.lax.platform_dependent(
+          cuda=lambda: call(padded_rows(k)), default=lambda: call(k))
+    if rows < k:
+      raise ValueError(f'rows={rows}: fewer than the {k} tokens of the call')
+    # [batch, rows] query slots; [max_length] key slots.
+    q_pos = cache.position[:, None] + jnp.arange(rows, dtype=jnp.int32)
     if tree is None:
       k_pos = jnp.arange(cache.max_length, dtype=jnp.int32)
-      relative = k_pos[None, None, :] - q_pos[:, :, None]  # [batch, k, len]
+      relative = k_pos[None, None, :] - q_pos[:, :, None]  # [b, rows, len]
       mask = relative <= 0
     else:
       relative, mask = tree.bias_inputs(q_pos, cache.max_length)
-    # [batch, heads, k, max_len]: block-causal mask + relative position bias.
+    # [batch, heads, rows, max_len]: block-causal mask + relative position
+    # bias.
     self_bias = self.relpos_bias(relative, bidirectional=False)
     self_bias = self_bias + layers.mask_to_bias(mask)[:, None]
+    # Made once, in the dtype the logits add it in (the same values): left
+    # to itself XLA recomputes a tree's bias in every layer, in a kernel of
+    # its own (the gathers keep it out of the softmax's).
+    self_bias = jax.lax.optimization_barrier(
+        self_bias.astype(self._logits_dtype(cache)))
     cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
     y = self.shared_embedding(tokens).astype(self.config.compute_dtype)
     if lookahead is not None:
       y = _with_lookahead(y, lookahead, lookahead_start)
+    # [batch, k, embed] -> [batch, rows, embed]
+    y = jnp.pad(y, ((0, 0), (0, rows - k), (0, 0)))
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       y, (key, value) = layer(
           y, self_bias, (cache.cross_key[i], cache.cross_value[i]),
           cross_bias, (cache.self_key[i], cache.self_value[i]),
-          cache.position,
+          cache.position, k,
       )
       new_k.append(key)
       new_v.append(value)
@@ -445,7 +490,16 @@ class Decoder(nn.Module):
         self_key=tuple(new_k), self_value=tuple(new_v),
         position=cache.position + k,
     )
-    return self.output_logits(y, return_hidden), cache
+    out = self.output_logits(y, return_hidden)
+    return jax.tree.map(lambda x: x[:, :k], out), cache
+
+  def _logits_dtype(self, cache: DecoderCache) -> Any:
+    """The dtype of the self-attention's logits (`layers.
+    dot_product_attention`: float32, or the query's and cached key's)."""
+    cfg = self.config
+    if cfg.float32_attention_logits:
+      return jnp.float32
+    return jnp.result_type(cfg.compute_dtype, cache.self_key[0].dtype)
 
 
 def _with_lookahead(y: Array, lookahead, start) -> Array:
@@ -520,9 +574,9 @@ class Transformer(nn.Module):
 
   def extend(self, tokens: Array, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False,
-             tree: Any = None):
+             tree: Any = None, rows: Optional[int] = None):
     return self.decoder.extend(tokens, cache, lookahead, lookahead_start,
-                               return_hidden, tree)
+                               return_hidden, tree, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -593,12 +647,13 @@ class T5Model:
 
   def extend(self, params, tokens, cache: DecoderCache, lookahead=None,
              lookahead_start=None, return_hidden: bool = False,
-             tree: Any = None):
+             tree: Any = None, rows: Optional[int] = None):
     """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None;
-    `return_hidden`: `((logits, hidden), cache)`; `tree`: a `TreeMask`."""
+    `return_hidden`: `((logits, hidden), cache)`; `tree`: a `TreeMask`;
+    `rows`: the rows its layers run on (None: padded on a GPU only)."""
     return self.module_for(params).apply(
         {'params': params}, tokens, cache, lookahead, lookahead_start,
-        return_hidden, tree, method=Transformer.extend
+        return_hidden, tree, rows, method=Transformer.extend
     )
 
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,
