@@ -134,9 +134,6 @@ CLOCKS = {
     'scripts/train_heads.py:main': 'training wall time',
     'scripts/train_pass.py:main': 'training wall time',
     'scripts/train_shipped_models.py:main': 'training wall time',
-    # A second engine that goes: the HF script, once the hf spec's results
-    # replace results/peer_hf.
-    'scripts/peer_hf.py:main': 'ours vs HF before the hf spec (goes)',
 }
 
 
