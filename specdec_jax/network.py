@@ -81,20 +81,22 @@ class T5Config:
         self.activation_dtype)
 
 
-# cuBLAS runs a bfloat16 GEMM on a multiple of 8 rows: a GPU build pads the
+# cuBLAS runs a bfloat16 GEMM on a multiple of 8 rows (an alignment rule of
+# the library, as XLA's cublas_pad_for_gemms applies it; no measured figure
+# of a chip, which live in profiles and chips.json): a GPU build pads the
 # operand of each matmul of a call on k % 8 != 0 tokens and slices its
 # result (XLA's cublas_pad_for_gemms), about 9 more kernels a decoder layer.
 # `Decoder.extend` pads the call once instead, on a GPU: at T5 1.1-XXL cost
 # (compile-only H100, cuBLAS GEMMs) a 65-token tree call 678 -> 461 kernels
 # and 12.23 -> 11.99 GB, a 7-token chain call 677 -> 460 kernels
 # (results/compiled/tree_call_bytes_h100.md).
-GPU_ROWS = 8
+CUBLAS_ROWS = 8
 
 
 def padded_rows(k: int) -> int:
   """The rows a call on k tokens runs on on a GPU: k rounded up to a
-  multiple of `GPU_ROWS` (k = 1, a matrix-vector product, stays 1)."""
-  return k if k == 1 else -(-k // GPU_ROWS) * GPU_ROWS
+  multiple of `CUBLAS_ROWS` (k = 1, a matrix-vector product, stays 1)."""
+  return k if k == 1 else -(-k // CUBLAS_ROWS) * CUBLAS_ROWS
 
 
 @struct.dataclass
@@ -413,7 +415,7 @@ class Decoder(nn.Module):
     """Appends `tokens` `[batch, k]` at each row's position; returns logits.
 
     On a CUDA GPU a call on k > 1 tokens runs its layers on k rounded up to
-    a multiple of `GPU_ROWS` rows (`jax.lax.platform_dependent`; other
+    a multiple of `CUBLAS_ROWS` rows (`jax.lax.platform_dependent`; other
     platforms run k): the padded rows stand at the slots after the call's
     (a tree's: see `TreeMask.bias_inputs`), write no key / value and are
     dropped, so the outputs are those of the k tokens alone.
