@@ -128,7 +128,7 @@ CLOCKS = {
     'tools/accelerator/stored.py:__call__': 'load / compile seconds',
     'tools/accelerator/stored.py:_checked': (
         'the store check: compile seconds; its timings are '
-        'measure.median_time'),
+        'measure.time_alternating'),
     'scripts/benchmark_mesh.py:compiled_facts': 'compile seconds',
     'scripts/ship_models.py:cmd_measure': 'seconds of an alpha measurement',
     'scripts/train_heads.py:main': 'training wall time',

@@ -280,11 +280,9 @@ def build(plan: Plan, store: aot.Store,
               dropped=dropped)
 
 
-# A GPU build without the device's autotune results runs cuBLAS's own
-# choice of GEMM kernels, which may be slower than what XLA picks on the
-# device: the run times the first target-call loop it loads (`CHECKED`)
-# against the same program compiled there, and trusts the store only if
-# the loaded one is at most `AOT_SLOWER` slower.
+# A GPU build without the device's autotune results runs cuBLAS's choice
+# of GEMM kernels, maybe slower than XLA's on the device: the run checks
+# the first target-call loop it loads (`CHECKED`, `Provider`).
 CHECKED = '_repeated_calls[T5Model]'
 AOT_SLOWER = 1.03
 # The programs whose XLA dump a run keeps (the first of each name asked
@@ -299,12 +297,12 @@ class Provider:
   here; `log` says which, and the seconds each took.
 
   The first program named `check` that is loaded is checked at its first
-  call (`check` holds the verdict): it is timed, and the same program
-  compiled here, on the same arguments (`measure.median_time`). Slower
-  than `slower` allows (`AOT_SLOWER`), the store is refused (`refused` says why):
-  that program and every later one are compiled here, so that no figure
-  sets a loaded program beside one compiled here. The first program of
-  each name in `dump` is kept (`traced`) for `dump_programs`.
+  call (`check` holds the verdict) against the same program compiled here,
+  on the same arguments, alternately (`measure.time_alternating`, medians
+  of 5). Slower than `slower` allows, the store is refused (`refused` says
+  why): that program and every later one are compiled here, so that no
+  figure sets a loaded program beside one compiled here. The first program
+  of each name in `dump` is kept (`traced`) for `dump_programs`.
   """
 
   def __init__(self, store: aot.Store, device: Any = None,
@@ -348,8 +346,10 @@ class Provider:
         start = time.perf_counter()
         here = traced.lower().compile()
         compile_s = time.perf_counter() - start
-        ms = lambda exe: 1e3 * measure.median_time(lambda: exe(*args), 3)
-        loaded_ms, here_ms = ms(loaded), ms(here)
+        calls = {'loaded': lambda: loaded(*args), 'here': lambda: here(*args)}
+        measure.time_alternating(calls)  # warm-up
+        seconds = measure.time_alternating(calls, 5)[1]  # medians
+        loaded_ms, here_ms = 1e3 * seconds['loaded'], 1e3 * seconds['here']
         ratio = loaded_ms / here_ms
         trusted = ratio <= self.slower
         self.check.update(
