@@ -263,6 +263,44 @@ def fixtures_dir():
   return FIXTURES
 
 
+def _compile_only(target: str):
+  """A partitioner over one compile-only device of `target` (its backend's
+  plugin installed: the CUDA plugin, libtpu), or the test skipped with
+  what to install."""
+  from specdec_jax import compiled  # pylint: disable=g-import-not-at-top
+  try:
+    return compiled.partitioner(compiled.get_target(target))
+  except compiled.BackendMissing as e:
+    pytest.skip(str(e))
+
+
+@pytest.fixture(scope='session')
+def h100():
+  """A compile-only H100's partitioner (skipped without the CUDA plugin)."""
+  return _compile_only('gpu:h100')
+
+
+@pytest.fixture(scope='session')
+def tpu_v5e():
+  """A compile-only TPU v5e chip's partitioner (skipped without libtpu)."""
+  return _compile_only('tpu:v5e:1x1')
+
+
+@pytest.fixture(scope='session')
+def xxl_tree_setup():
+  """A `compiled.Setup` of the decode loops the GPU checks compile: a T5
+  1.1-XXL-width target (vocabulary 8064) and a dec2-shaped drafter, batch
+  1, 64 input and 128 output tokens."""
+  from specdec_jax import compiled  # pylint: disable=g-import-not-at-top
+  from specdec_jax import models  # pylint: disable=g-import-not-at-top
+  return compiled.Setup(
+      target=models.config('t5_1_1_xxl', vocab_size=8064),
+      draft=models.config('t5_1_1_small', vocab_size=8064, emb_dim=256,
+                          num_heads=4, num_encoder_layers=2,
+                          num_decoder_layers=2, mlp_dim=640),
+      batch=1, input_length=64, max_decode_len=128)
+
+
 @pytest.fixture(scope='session')
 def v11():
   model = network.T5Model(TINY_V11)

@@ -158,51 +158,38 @@ def _layer_kernels(model, part, k: int, tree: bool) -> int:
                  r'/layers_\d+/', module.op_name(i)))
 
 
-def test_a_call_s_layers_run_as_on_whole_rows_on_a_gpu():
+def test_a_call_s_layers_run_as_on_whole_rows_on_a_gpu(h100):
   """On a compile-only H100 a decoder layer of a 7-token call runs as many
   kernels as one of an 8-token call (no pad before, no slice after a
   matmul), and a token tree's layer as many as a chain's (its bias made
   once, not a kernel per layer)."""
-  try:
-    part = compiled.partitioner(compiled.get_target('gpu:h100'))
-  except compiled.BackendMissing as e:
-    pytest.skip(str(e))
   config = network.T5Config(
       vocab_size=256, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=256,
       num_encoder_layers=1, num_decoder_layers=2,
       mlp_activations=('gelu', 'linear'), dtype=jnp.bfloat16,
       fused_projections=True)
   model = network.T5Model(config)
-  chain = _layer_kernels(model, part, 8, tree=False)
-  assert _layer_kernels(model, part, 7, tree=False) == chain
-  assert _layer_kernels(model, part, 8, tree=True) == chain
-  assert _layer_kernels(model, part, 65, tree=True) == chain
+  chain = _layer_kernels(model, h100, 8, tree=False)
+  assert _layer_kernels(model, h100, 7, tree=False) == chain
+  assert _layer_kernels(model, h100, 8, tree=True) == chain
+  assert _layer_kernels(model, h100, 65, tree=True) == chain
 
 
-def test_a_tree_call_runs_as_many_kernels_as_a_chain_call_on_a_gpu():
+def test_a_tree_call_runs_as_many_kernels_as_a_chain_call_on_a_gpu(
+    h100, xxl_tree_setup):
   """The decode loops as compiled for a compile-only H100 (cuBLAS GEMMs;
   a 4-layer target of T5 1.1-XXL width, the dec2 drafter): the tree's
   target call on 65 positions runs at most one kernel more than the
   chain's on 7 (its bias; XLA made it in every layer before, one kernel
   a layer), and a tree level's drafter call at most 45 (59 before: the
   rows of its fed nodes padded and its cache written by scatters)."""
-  from specdec_jax import models  # pylint: disable=g-import-not-at-top
   from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
-  try:
-    part = compiled.partitioner(compiled.get_target('gpu:h100'))
-  except compiled.BackendMissing as e:
-    pytest.skip(str(e))
-  draft = models.config('t5_1_1_small', vocab_size=8064, emb_dim=256,
-                        num_heads=4, num_encoder_layers=2,
-                        num_decoder_layers=2, mlp_dim=640)
-  setup = compiled.Setup(
-      target=models.config('t5_1_1_xxl', vocab_size=8064,
-                           num_decoder_layers=4),
-      draft=draft, batch=1, input_length=64, max_decode_len=128)
+  setup = dataclasses.replace(xxl_tree_setup, target=(
+      xxl_tree_setup.target.replace(num_decoder_layers=4)))
   parts = {}
   for name, gamma, tree in (('t5', 6, None), ('tree', 12, 'beam:8,4,12/64')):
     lowered = compiled.lower_program(name, dataclasses.replace(
-        setup, gamma=gamma, tree=tree), part)[0]
+        setup, gamma=gamma, tree=tree), h100)[0]
     parts[name] = program_cost.compile_iteration(lowered, 'gpu').parts
   target = {name: p['target call'].kernels for name, p in parts.items()}
   assert target['tree'] <= target['t5'] + 1, target

@@ -8,12 +8,12 @@ program therefore hands the dots smaller than the target's weight matmuls
 to XLA's own fused kernels (`network.small_dot_threshold`).
 """
 
+import dataclasses
 import os
 
 import jax
 from jax.experimental import serialize_executable
 import numpy as np
-import pytest
 
 from specdec_jax import compiled
 from specdec_jax import drafters
@@ -51,23 +51,14 @@ def test_small_dots_are_below_the_targets_smallest_weight_matmul():
       network.decoding_layout, (base, small))) == 768 * 768
 
 
-def test_a_tree_level_is_captured_on_a_gpu():
+def test_a_tree_level_is_captured_on_a_gpu(h100, xxl_tree_setup):
   """A token tree's level on an H100 (cuBLAS GEMMs, the builds' way) at
   T5 1.1-XXL target cost: its drafter call launches no cuBLAS GEMM and
   at most 8 host launches; the target's weight matmuls stay cuBLAS calls
   (needs the CUDA plugin: skipped without it)."""
   from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
-  try:
-    part = compiled.partitioner(compiled.get_target('gpu:h100'))
-  except compiled.BackendMissing as e:
-    pytest.skip(str(e))
-  draft = models.config('t5_1_1_small', vocab_size=8064, emb_dim=256,
-                        num_heads=4, num_encoder_layers=2,
-                        num_decoder_layers=2, mlp_dim=640)
-  setup = compiled.Setup(target=models.config('t5_1_1_xxl', vocab_size=8064),
-                         draft=draft, batch=1, input_length=64,
-                         max_decode_len=128, gamma=8, tree='beam:4,2,8')
-  lowered = compiled.lower_program('tree', setup, part)[0]
+  setup = dataclasses.replace(xxl_tree_setup, gamma=8, tree='beam:4,2,8')
+  lowered = compiled.lower_program('tree', setup, h100)[0]
   parts = program_cost.compile_iteration(lowered, 'gpu').parts
   levels = {k: v for k, v in parts.items() if k.startswith('drafter call')}
   assert len(levels) == 8, sorted(parts)

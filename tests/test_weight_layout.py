@@ -104,24 +104,11 @@ def test_finder_flags_a_weight_joined_inside_a_loop(join_before):
     assert 'while/body' in found[0]['op_name'], found
 
 
-def _partitioner(target: str):
-  """One compile-only device of `target`, or the test skipped (no plugin)."""
-  try:
-    return compiled.partitioner(compiled.get_target(target))
-  except compiled.BackendMissing as e:
-    pytest.skip(str(e))
-
-
-@pytest.fixture(scope='module')
-def tpu_part():
-  return _partitioner('tpu:v5e:1x1')
-
-
 @pytest.mark.parametrize('name', PROGRAMS)
-def test_decode_loops_rewrite_no_weight_on_tpu(tpu_part, name):
+def test_decode_loops_rewrite_no_weight_on_tpu(tpu_v5e, name):
   """Every decode program, compiled for a TPU v5e from bf16 T5X params,
   reads its weights in the loop as laid out before it."""
-  lowered, _ = compiled.lower_program(name, _setup(name), tpu_part)
+  lowered, _ = compiled.lower_program(name, _setup(name), tpu_v5e)
   assert _rewrites(lowered) == []
 
 
@@ -137,22 +124,17 @@ def test_decode_loop_rewrites_no_weight_on_cpu():
   assert _rewrites(lowered) == []
 
 
-@pytest.fixture(scope='module')
-def gpu_part():
-  return _partitioner('gpu:h100')
-
-
 CUBLAS = {'compiler_options': {'xla_gpu_enable_triton_gemm': False}}
 
 
-def test_unfused_layout_is_caught_on_a_gpu(gpu_part):
+def test_unfused_layout_is_caught_on_a_gpu(h100):
   """The bite on the real network: the baseline's loop run on T5X's unfused
   params (not through `scaffold.run`, so not laid out) compiled for an H100
   with cuBLAS GEMMs joins each decoder layer's query/key/value kernels in
   the loop; through `scaffold.run` (fused, before the loop) it joins none."""
-  model = gpu_part.sharded_model(network.T5Model(TINY))
-  params = compiled.abstract_params(model, gpu_part, 'bfloat16')
-  inputs = compiled.tokens(gpu_part, 2, 8)
+  model = h100.sharded_model(network.T5Model(TINY))
+  params = compiled.abstract_params(model, h100, 'bfloat16')
+  inputs = compiled.tokens(h100, 2, 8)
   loop, args = decoding.temperature_sample.prepare(
       model, params, inputs, max_decode_len=6, sampling=SamplingConfig())
   unfused = jax.jit(lambda *a: loop(*a)).lower(*args)
@@ -165,10 +147,10 @@ def test_unfused_layout_is_caught_on_a_gpu(gpu_part):
 
 
 @pytest.mark.parametrize('name', PROGRAMS)
-def test_decode_loops_rewrite_no_weight_on_a_gpu(gpu_part, name):
+def test_decode_loops_rewrite_no_weight_on_a_gpu(h100, name):
   """Every decode program compiled for an H100 with cuBLAS GEMMs (the
   build that joined weights in the loop) reads its weights as laid out."""
-  lowered, _ = compiled.lower_program(name, _setup(name), gpu_part)
+  lowered, _ = compiled.lower_program(name, _setup(name), h100)
   assert _rewrites(lowered, **CUBLAS) == []
 
 
@@ -190,12 +172,12 @@ def test_float32_dot_is_the_float32_product(rows):
                              rtol=1e-5, atol=1e-5)
 
 
-def test_one_row_logits_keep_the_kernel_on_a_gpu(gpu_part):
+def test_one_row_logits_keep_the_kernel_on_a_gpu(h100):
   """At T5 1.1-XXL's logits size (4096 x 32128) XLA's cuBLAS build makes a
   one-row bf16 x bf16 -> f32 product an f32 GEMM, converting the kernel
   every call (a batch-1 step's logits): a bare `dot_general` is caught;
   `layers.float32_dot` (two rows) keeps the kernel as stored."""
-  sharding = jax.sharding.SingleDeviceSharding(gpu_part.mesh.devices.flat[0])
+  sharding = jax.sharding.SingleDeviceSharding(h100.mesh.devices.flat[0])
   w = jax.ShapeDtypeStruct((4096, 32128), jnp.bfloat16, sharding=sharding)
   y = jax.ShapeDtypeStruct((1, 1, 4096), jnp.float32, sharding=sharding)
 
