@@ -512,6 +512,11 @@ ASSUMED = dict(alpha=0.7, loop_calls=160, compile_s=30.0,
                load_mib_per_s=100.0)
 
 
+def _near(profile, batch: int) -> int:
+  """The profile's measured batch nearest `batch` (a batch it lacks)."""
+  return min(profile.batches(), key=lambda m: (abs(m - batch), m))
+
+
 def _speedup(profile, setup: loading.EvalSetup, drafter: str,
              alpha: float = ASSUMED['alpha']) -> Tuple[float, int]:
   """A speculative decode's predicted (speed-up, gamma): Theorem 3.8 at
@@ -524,7 +529,7 @@ def _speedup(profile, setup: loading.EvalSetup, drafter: str,
     best = hardware.predict(
         profile, alpha=alpha, drafter=drafter,
         gamma=None if setup.batch.profile_gamma else setup.gamma,
-        batch=min(profile.batches(), key=lambda m: abs(m - setup.batch.size)),
+        batch=_near(profile, setup.batch.size),
         max_gamma=setup.batch.max_gamma)
   except (KeyError, ValueError):
     return 2.0, setup.gamma
@@ -544,9 +549,8 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
   but left out).
   """
   t1 = profile.t1_ms / 1e3
-  near = lambda b: min(profile.batches(), key=lambda m: (abs(m - b), m))
   loops = lambda ks, b=1: sum(ASSUMED['loop_calls'] * t1 * profile.cost_at(
-      k, near(b))[0] for k in ks)  # a batch it lacks: the nearest's
+      k, _near(profile, b))[0] for k in ks)
   out = dict(specs={}, assumed=ASSUMED, profile=profile.name)
   for spec, options in plan:
     options = sweep.options_of(spec, options)
