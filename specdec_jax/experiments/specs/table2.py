@@ -105,6 +105,11 @@ def paper(row):
       row['temperature'])].get(row['drafter'])
 
 
+def _rule(row) -> bool:
+  """Whether a row is its group's rule row (gamma chosen by the job)."""
+  return row.get('batch_gamma') == 'always'
+
+
 def plot(result, path) -> None:
   """Measured and predicted speed-up over gamma: a panel per (task,
   drafter) and temperature, the chosen gamma dotted."""
@@ -120,12 +125,10 @@ def plot(result, path) -> None:
   for (i, pair), (j, t) in itertools.product(enumerate(pairs),
                                              enumerate(temps)):
     ax = axes[i][j]
-    rows = sorted((r for r in result['rows']
-                   if rows_of(r) == pair and r['temperature'] == t and
-                   'configured_gamma' not in r and 'batch_gamma' not in r),
-                  key=lambda r: r['gamma'])
-    for r in (r for r in result['rows'] if rows_of(r) == pair and
-              r['temperature'] == t and r.get('batch_gamma') == 'always'):
+    here = [r for r in result['rows']
+            if rows_of(r) == pair and r['temperature'] == t]
+    rows = sorted((r for r in here if not _rule(r)), key=lambda r: r['gamma'])
+    for r in filter(_rule, here):
       ax.plot([r['gamma']], [r['throughput_speedup']], 'k*', ms=10,
               label="the rule's row (gamma chosen by the job)")
     g = [r['gamma'] for r in rows]
@@ -168,9 +171,8 @@ SPEC = sweep.Spec(
     columns=(
         ('task', 'task'), ('t', table.temperature),
         ('drafter', 'drafter'), ('gamma', 'gamma'),
-        ('chosen', lambda r: 'rule: chosen by the job' if r.get(
-            'batch_gamma') == 'always' else '**<- chosen**' if r['chosen']
-         else ''),
+        ('chosen', lambda r: 'rule: chosen by the job' if _rule(r) else
+         '**<- chosen**' if r['chosen'] else ''),
         ('alpha (calibration)', 'measured.calibration.alpha'),
         ('alpha (run)', 'alpha'), ('c', 'measured.costs.c'),
         ('cost(gamma+1)', _cost),
