@@ -349,6 +349,15 @@ def programs_at(loaded: loading.Loaded, gamma: int, refill_sizes=None
   return programs.Program(base, loaded.target), spec
 
 
+def chooses_gamma(loaded: loading.Loaded) -> bool:
+  """Whether the job chooses the setup's gamma from a profile it measures
+  (`BatchSpec.gamma_rule`; not for a tree the job chooses, nor a drafter
+  with a merged loop, which keeps its configured gamma)."""
+  setup = loaded.setup
+  return (setup.batch.profile_gamma and not setup.draft.chooses_tree and
+          not speculative.decodes_merged(loaded.drafter))
+
+
 def _configured_choice(loaded: loading.Loaded, choice_file
                        ) -> Optional[Dict[str, Any]]:
   """gamma as configured for a merged drafter, or as chosen by the run
@@ -505,10 +514,9 @@ class Lane:
 
   def choosing(self, what: str) -> bool:
     """Whether its 'tree' or 'gamma' is still to be chosen."""
-    setup = self.loaded.setup
     return self.choice is None and (
-        setup.draft.chooses_tree if what == 'tree' else
-        setup.batch.profile_gamma and not setup.draft.chooses_tree)
+        self.loaded.setup.draft.chooses_tree if what == 'tree' else
+        chooses_gamma(self.loaded))
 
   def take_tree(self, choice: Dict[str, Any]) -> None:
     """Decodes with a tree choice from now on (its tree; its gamma: the

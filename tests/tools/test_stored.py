@@ -151,12 +151,13 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected():
   setup = sweep.cell_setup(models, cell, options)
   name = stored._profile_name(cell, options)  # pylint: disable=protected-access
   assert name in profile.c[1]
-  likely = stored._gammas(setup, profile, name)  # pylint: disable=protected-access
+  loaded = stored.abstract_loaded(setup)
+  likely = stored._gammas(loaded, profile, name)  # pylint: disable=protected-access
   want = {setup.gamma} | {hardware.predict(
       profile, alpha=a, drafter=name, max_gamma=setup.batch.max_gamma).gamma
                           for a in stored.LIKELY_ALPHAS}
   assert set(likely) == want and len(likely) < setup.batch.max_gamma
-  assert stored._gammas(setup) == tuple(range(  # pylint: disable=protected-access
+  assert stored._gammas(loaded) == tuple(range(  # pylint: disable=protected-access
       1, setup.batch.max_gamma + 1))
   projected = stored.project(plan, profile)
   assert set(projected['specs']) == {s.name for s, _ in plan}

@@ -117,14 +117,15 @@ def abstract_loaded(setup: loading.EvalSetup,
 LIKELY_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def _gammas(setup: loading.EvalSetup, profile=None,
+def _gammas(loaded: loading.Loaded, profile=None,
             drafter: Optional[str] = None) -> Tuple[int, ...]:
   """The gammas the job may decode a setup with: the configured one, and
-  where a profile chooses, every one (0, no speculation, needs no
-  program), or with the device's `profile` the ones it would choose at
-  `LIKELY_ALPHAS` for `drafter` (the profile's name of its c; another
-  choice compiles on the device)."""
-  if not setup.batch.profile_gamma or setup.draft.chooses_tree:
+  where it chooses (`unit_loop.chooses_gamma`), every one (0, no
+  speculation, needs no program), or with the device's `profile` the ones
+  it would choose at `LIKELY_ALPHAS` for `drafter` (the profile's name of
+  its c; another choice compiles on the device)."""
+  setup = loaded.setup
+  if not unit_loop.chooses_gamma(loaded):
     return (setup.gamma,)
   if profile is None:
     return tuple(range(1, setup.batch.max_gamma + 1))
@@ -138,12 +139,11 @@ def _profile_name(cell: sweep.Cell, options: sweep.Options) -> str:
           if options.models == 'xxl_cost' else cell.drafter)
 
 
-def decode_programs(loaded: loading.Loaded,
-                    gammas: Optional[Sequence[int]] = None
+def decode_programs(loaded: loading.Loaded, gammas: Sequence[int]
                     ) -> Iterator[Tuple[programs.Program, tuple]]:
   """The decode programs the eval job runs on `loaded`'s setup, each with
   its arguments as shape structs: the baseline and the speculative loop of
-  each gamma (`gammas`, default `_gammas`) at the input shape of each unit
+  each of `gammas` (`_gammas`) at the input shape of each unit
   (`unit_loop.units`; a short last one has its own)."""
   setup = loaded.setup
   rows = setup.num_examples or setup.batch.size
@@ -153,7 +153,7 @@ def decode_programs(loaded: loading.Loaded,
   seen = set()
   for shape in shapes:
     inputs = jax.ShapeDtypeStruct(shape, np.int32)
-    for gamma in gammas or _gammas(setup):
+    for gamma in gammas:
       for program in unit_loop.programs_at(loaded, gamma):
         if program is None:
           continue
@@ -200,8 +200,8 @@ class Recorder:
 
 
 def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
-                recorder: Recorder, cache=None, log=print,
-                gammas: Optional[Sequence[int]] = None) -> None:
+                recorder: Recorder, cache=None, log=print, profile=None,
+                drafter: Optional[str] = None) -> None:
   """Runs a cell on shape structs within `recorder`: its decode programs
   (`decode_programs`), the profile the job measures for a gamma
   (`unit_loop.call_times`), and the cell's measurements (the spec's own
@@ -212,9 +212,10 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   known = {**sweep.MEASUREMENTS, **spec.measurements}
   steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
   if spec.decode:
+    gammas = _gammas(loaded, profile, drafter)
     steps.insert(0, ('decode', lambda: [program(*args) for program, args in
                                         decode_programs(loaded, gammas)]))
-    if setup.batch.profile_gamma and not setup.draft.chooses_tree:
+    if unit_loop.chooses_gamma(loaded):
       steps.insert(1, ('gamma profile',
                        lambda: unit_loop.call_times(loaded, inputs)))
   with scaffold.programs_from(recorder):
@@ -252,9 +253,8 @@ def build(plan: Plan, store: aot.Store,
     for cell in sweep.plan(spec, options):
       order += 1
       before = set(recorder.programs)
-      setup = sweep.cell_setup(models, cell, options)
-      record_cell(spec, cell, setup, recorder, cache, log, _gammas(
-          setup, profile, _profile_name(cell, options)))
+      record_cell(spec, cell, sweep.cell_setup(models, cell, options),
+                  recorder, cache, log, profile, _profile_name(cell, options))
       for fingerprint in [f for f in recorder.programs if f not in before]:
         function, lower_on = recorder.programs[fingerprint]
         key = aot.program_name([fingerprint])
