@@ -657,11 +657,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
   path = lambda x: None if x is None else pathlib.Path(x)
-  if args.what == 'project':
-    result = project(plan, hardware.load(args.profile), aot.Store(
-        pathlib.Path(args.store), args.target or 'gpu:h100'))
-    print(json.dumps(result, indent=1))
-    return result
   autotune, flags = path(args.autotune_results), []
   if args.what == 'build':
     # An executable jax took from its persistent cache serializes without
@@ -673,18 +668,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
       flags = aot.build_flags(compiled.get_target(args.target).platform,
                               autotune)
-  else:  # a GPU writes the autotune results of what it compiles
+  elif args.what == 'run':  # a GPU writes the autotune results it makes
     dumped = pathlib.Path(tempfile.mkdtemp()) / aot.AUTOTUNE_FILE
     flags = aot.dump_flags(dumped)
   os.environ['XLA_FLAGS'] = ' '.join(
       [os.environ.get('XLA_FLAGS', '')] + flags).strip()
-  if args.what == 'build':
-    if args.target is None:
-      device, target, config = jax.devices()[0], jax.devices()[0].platform, (
-          None)
-    else:
-      target = args.target
-      device, config = build_device(target, autotune, path(args.device_facts))
+  if args.what == 'project':
+    result = project(plan, hardware.load(args.profile), aot.Store(
+        pathlib.Path(args.store), args.target or 'gpu:h100'))
+  elif args.what == 'build':
+    target = args.target or jax.devices()[0].platform
+    device, config = (jax.devices()[0], None) if args.target is None else (
+        build_device(target, autotune, path(args.device_facts)))
     store = aot.Store(pathlib.Path(args.store), target)
     store.describe(device, target_config=config, xla_flags=flags,
                    autotune=autotune and aot.autotune_record(
