@@ -73,10 +73,14 @@ def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
   row.update(cell.fields())
   if summary is not None:
     row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
-    if summary.get('gamma_choices') and summary.get('gamma') is not None:
-      # What it decoded with, where the job chose (the cell's: a warm-up's)
+    choices = summary.get('gamma_choices')
+    if choices and summary.get('gamma') is not None:
+      # What it decoded with, where the job chose (the cell's: a warm-up's
+      # gamma; a tree's 'choose:N')
       row['configured_gamma'], row['gamma'] = row.get('gamma'), summary[
           'gamma']
+      if row.get('tree') and choices[0].get('tree'):
+        row['configured_tree'], row['tree'] = row['tree'], choices[0]['tree']
   row['measured'] = values
   return row
 

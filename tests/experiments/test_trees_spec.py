@@ -15,6 +15,8 @@ from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs
 from specdec_jax.experiments import sweep
+from specdec_jax.experiments import table
+from specdec_jax.experiments.specs import trees
 
 TREE_KINDS = ('tree', 'heads_tree')
 
@@ -78,12 +80,41 @@ def test_every_cell_of_the_full_spec_is_an_eval_setup():
   options = sweep.options_of(spec, sweep.Options())
   models = reproduce.make_setup('shipped')
   cells = sweep.plan(spec, options)
-  assert len(cells) == 30
+  assert len(cells) == 32
   for cell in cells:
     assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
     setup = sweep.cell_setup(models, cell, options)
     assert setup.num_examples == spec.num_examples
-    if setup.draft.kind in TREE_KINDS:
+    if setup.draft.chooses_tree:  # "chosen 64": the job's choice
+      assert setup.draft.tree_budget == trees.CHOSEN
+      assert setup.gamma == trees.CHOSEN_DEPTH
+    elif setup.draft.kind in TREE_KINDS:
       assert setup.gamma == shape_lib.parse(setup.draft.tree).depth
     else:
       assert setup.draft.kind in ('t5', 'heads') and setup.draft.tree is None
+
+
+def test_a_chosen_trees_row_is_the_tree_the_job_decoded_with():
+  """A "chosen N" cell's row names the tree the job chose and decoded with
+  (its configured 'choose:N' beside it), so its nodes and prediction are
+  that tree's; a choice the record cannot resolve (its file damaged) leaves
+  them empty rather than failing the results."""
+  [cell] = [c for c in sweep.plan(specs.get('trees'), sweep.Options())
+            if c.labels['drafting'] == f'chosen {trees.CHOSEN}'][:1]
+  chosen = 'beam:4,2,3'  # 4 + 8 + 8 nodes, depth 3
+  summary = {'gamma': 3, 'temperature': 0.0, 'target_calls_per_token': 0.4,
+             'gamma_choices': [{'gamma': 3, 'tree': chosen}]}
+  row = table.row_of(cell, summary, {})
+  assert (row['tree'], row['configured_tree']) == (
+      chosen, f'choose:{trees.CHOSEN}')
+  assert (row['gamma'], row['configured_gamma']) == (3, trees.CHOSEN_DEPTH)
+  assert trees._nodes(row) == 20
+  trees.predict(row, hardware.load(hardware.H100))
+  assert row['predicted_counters']['width'] == 21
+
+  damaged = dict(summary, gamma_choices=[{'file': 'gamma_choice.json',
+                                          'damaged': 'not JSON'}])
+  row = table.row_of(cell, damaged, {})
+  assert row['tree'] == f'choose:{trees.CHOSEN}' and trees._nodes(row) == '-'
+  trees.predict(row, hardware.load(hardware.H100))
+  assert row['predicted_counters'] is None

@@ -67,7 +67,10 @@ MEASUREMENTS = {'head': (head, ('target_config', 'target_checkpoint',
 
 
 def shape_of(row):
-  return shape_lib.parse(row.get('tree') or f"chain:{row['gamma']}")
+  """The tree (or chain) a row decoded with; None for a 'choose:N' the
+  row's record does not resolve (its choice file damaged)."""
+  tree = row.get('tree') or f"chain:{row['gamma']}"
+  return None if tree.startswith('choose:') else shape_lib.parse(tree)
 
 
 def width(row):

@@ -7,9 +7,12 @@ is the eval job at batch 1 with the shipped dec2 drafter: chains (kind
 't5'); trees (kind 'tree', depth = gamma): "default" (DEFAULT_TREE),
 EAGLE-2 beams ('beam:K,B,D': the root's K best tokens, then the B most
 probable paths of each level get K children, D levels; '/N': verify the
-N most probable nodes, greedy only) and "dynamic N", the tree of N nodes
+N most probable nodes, greedy only), "dynamic N", the tree of N nodes
 `shape.best` built from dec2's rank probabilities (`measure.rank_probs`,
-64 test rows per task; fixed shapes here); and the shipped heads
+64 test rows per task; fixed shapes here), "chosen N": the tree the job
+chooses on this machine ('choose:N', Sequoia's way: the most tokens per
+second predicted from the rank probabilities and the call costs it
+measures; the row shows the tree it decoded with), and the shipped heads
 (`shipped:heads/<task>`): kinds 'heads' and 'heads_tree'. At t = 1 only
 the best chain and the default tree.
 """
@@ -40,14 +43,17 @@ DYNAMIC = {
                     '2.0,3.0,4.0;0.0;0.0;0.0;0.0;0.0'},
 }
 HEADS = ('chain:4', DEFAULT_TREE, 'beam:8,4,12/64')
+CHOSEN = 64  # "chosen N": 'choose:N', of at most `CHOSEN_DEPTH` levels
+CHOSEN_DEPTH = 12
 
 
 def cell(task, spec, t=0.0, head=False, name=None):
   """A chain ('chain:G') or tree (`shape.parse` spec) of dec2 or heads."""
-  chain = spec.startswith('chain:')
+  chain, chosen = spec.startswith('chain:'), spec.startswith('choose:')
   name = name or ('default' if spec == DEFAULT_TREE else
                   spec.replace(':', ' ') if chain else spec)
-  changes = dict(gamma=shape_lib.parse(spec).depth, temperature=t,
+  depth = CHOSEN_DEPTH if chosen else shape_lib.parse(spec).depth
+  changes = dict(gamma=depth, temperature=t,
                  **({} if chain else {'tree': spec}))
   if head:
     changes['draft_checkpoint'] = f'shipped:heads/{task}'
@@ -67,6 +73,7 @@ def cells(options, tasks):
     out += [cell(task, f'chain:{g}') for g in CHAINS]
     out += [cell(task, s) for s in (DEFAULT_TREE,) + BEAMS]
     out += [cell(task, s[task], name=n) for n, s in DYNAMIC.items()]
+    out.append(cell(task, f'choose:{CHOSEN}', name=f'chosen {CHOSEN}'))
     if options.models == 'shipped':  # the heads fit the shipped target
       out += [cell(task, s, head=True) for s in HEADS]
     out += [cell(task, f'chain:{BEST_CHAIN}', 1.0),
@@ -78,12 +85,21 @@ def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(width) + depth x c), width = the verified nodes + 1."""
   shape = heads_spec.shape_of(row)
+  if shape is None:
+    row['predicted_counters'] = None
+    return
   drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
   if profile is not None and 'head' in row['measured']:
     drafter = dict(drafter='heads', **heads_spec.head_step(row, profile))
   table.predict_counters(
       row, profile, width=shape.verified_width(row['temperature'] == 0),
       drafter_calls=shape.depth, **drafter)
+
+
+def _nodes(row):
+  shape = heads_spec.shape_of(row)
+  return '-' if shape is None else shape.verified_width(
+      row['temperature'] == 0) - 1
 
 
 SPEC = sweep.Spec(
@@ -102,8 +118,7 @@ SPEC = sweep.Spec(
     cells=cells,
     columns=(('task', 'task'), ('t', table.temperature),
              ('drafting', 'drafting'),
-             ('nodes', lambda r: heads_spec.shape_of(r).verified_width(
-                 r['temperature'] == 0) - 1),
+             ('nodes', _nodes),
              ('depth', 'gamma')) + table.COUNTER_COLUMNS,
     num_examples=32, timing_repeats=3,
     shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
