@@ -74,7 +74,7 @@ def np_v10():
 
 
 # XLA's CPU backend set to compile fast: the suite's programs are tiny and
-# run a few steps, so compiling is most of their cost. Two flags, each kept if
+# run a few steps, so compiling is most of their cost. Three flags, each kept if
 # the caller set it in XLA_FLAGS:
 # - `--xla_backend_optimization_level=0`: no LLVM optimizations (the
 #   optimized HLO is the same; only the machine code is less optimized): a
