@@ -34,6 +34,7 @@ from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import shipped
 from specdec_jax import speculative
+from specdec_jax import synthetic
 from specdec_jax import tasks
 from specdec_jax import widening
 from specdec_jax.drafters.tree import shape as tree_shape
@@ -603,7 +604,9 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
   Args:
     config: the model's `T5Config`.
     checkpoint: a T5X checkpoint (legacy or orbax, local or gs://), an HF T5
-      folder (with config.json), 'shipped:<name>', or None.
+      folder (with config.json), 'shipped:<name>', 'synthetic:seed=S' (the
+      random weights of seed S) or 'synthetic:seed=S,noise=SIGMA' (a noisy
+      copy of them: `synthetic`), or None.
     seed: PRNG seed of random weights.
     what: the model's role, named in errors ('target', 'draft').
     shardings: None, or a params tree of `jax.sharding.Sharding`s: a T5X
@@ -618,6 +621,8 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))
+  if str(checkpoint).startswith(synthetic.SCHEME):  # named random weights
+    return model, synthetic.params(config, str(checkpoint))
   if str(checkpoint).startswith('shipped:'):  # the package's own models
     checkpoint = shipped.resolve(str(checkpoint))
   path = pathlib.Path(str(checkpoint))

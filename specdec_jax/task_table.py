@@ -8,7 +8,9 @@ models trained here, gin_configs/mini/), 'shipped' (the package's models on
 its test slices, gin_configs/shipped/), 'paper' (T5 1.1 checkpoints of the
 paper's sizes, gin_configs/paper/; '{size}' is the drafter's size),
 'xxl_cost' (the shipped models widened to T5 1.1 cost: the shipped gin
-files, `FILES_OF`). `TaskEntry.fields` gives the `loading.EvalSetup`
+files, `FILES_OF`), 'synthetic' (a random target and noisy copies of it as
+drafters, at the same costs, on the shipped tasks and data: the shipped
+gin files too). `TaskEntry.fields` gives the `loading.EvalSetup`
 fields those files set (task, lengths and the model set's `SET_FIELDS`),
 so a setup is built as a value without gin. tests/experiments/test_sweep.py
 checks every entry against its gin file, so the table cannot drift from
@@ -22,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Tuple
 
-MODEL_SETS = ('mini', 'shipped', 'paper', 'xxl_cost')
+MODEL_SETS = ('mini', 'shipped', 'paper', 'xxl_cost', 'synthetic')
 # A model set that runs the gin files (and tasks) of another, with bindings
 # of its own (`reproduce`).
-FILES_OF = {'xxl_cost': 'shipped'}
+FILES_OF = {'xxl_cost': 'shipped', 'synthetic': 'shipped'}
 # The `loading.EvalSetup` fields a model set's gin files set beside a
 # task's name and lengths (the others are gin_configs/runs/eval.gin's
 # defaults, the dataclass's own; gamma is the setups' own).

@@ -8,8 +8,9 @@ every model set, task and drafter; the value path must run where gin and
 seqio are not installed (the device image); the mini setup must pick the
 trained mini models' latest checkpoints, the paper setup the T5 1.1 XXL
 target with the named T5X drafter, xxl_cost the shipped models widened to
-the paper's costs (a widened drafter drafting what it drafted before), and
-a missing model or checkpoint must be named clearly.
+the paper's costs (a widened drafter drafting what it drafted before),
+synthetic a random target and noisy copies of it at those costs, and a
+missing model or checkpoint must be named clearly.
 """
 
 import subprocess
@@ -26,6 +27,7 @@ from specdec_jax import gin_utils
 from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import models
+from specdec_jax import synthetic
 from specdec_jax import task_table
 from specdec_jax import widening
 from specdec_jax.bench import report
@@ -53,11 +55,12 @@ PAPER_CHECKPOINTS = ','.join(f'{task}_{size}=/ckpt/{task}_{size}'
 
 
 def every_model_set(root):
-  """A setup of each model set (both xxl_cost sizes, shipped with a data
-  folder too), every drafter found."""
+  """A setup of each model set (both xxl_cost and synthetic sizes, shipped
+  with a data folder too), every drafter found."""
   make_models(root)
   make_exports(root)
   variants = {'xxl_cost': ((False, None), (True, None)),
+              'synthetic': ((False, None), (True, None)),
               'shipped': ((False, None), (False, '/data'))}
   for name in task_table.MODEL_SETS:
     for shrink, data_dir in variants.get(name, ((False, None),)):
@@ -70,11 +73,17 @@ def _binding(name, value):
   return f'--gin.{name}={value!r}' if quoted else f'--gin.{name}={value}'
 
 
+def mini_macro(config):
+  """The gin macro of a mini config (MINI_<NAME>: gin_configs/train/)."""
+  return next(f'%MINI_{name.upper()}' for name, known in reproduce.MINI.items()
+              if known == config)
+
+
 def gin_flags(models, task, drafter):
   """The eval job's flags that give a (task, drafter) of a model set
   through its gin files: the task's file (paper: the drafter size's), the
-  checkpoints, a T5 drafter's config macro (mini models: MINI_<NAME>;
-  a paper file names its own), a model-free kind on the file's
+  checkpoints, a T5 drafter's config macro (mini models: MINI_<NAME> of
+  its config; a paper file names its own), a model-free kind on the file's
   DRAFT_MODEL, the widenings and data folder (no file has them)."""
   files = task_table.files_of(models.models)
   t5 = drafter in models.t5_drafters()
@@ -82,8 +91,9 @@ def gin_flags(models, task, drafter):
                                            drafter if t5 else 'small')
   flags = [f'--gin_file={gin_file}', '--gin.GAMMA=1',
            "--gin.EVAL_OUTPUT_DIR='-'"]
-  if files != 'shipped':  # the shipped files name the shipped target
-    flags.append(_binding('TARGET_CHECKPOINT', models.checkpoint(task, 'xxl')))
+  target = models.checkpoint(task, 'xxl')
+  if target != 'shipped:target':  # the shipped files name the shipped one
+    flags.append(_binding('TARGET_CHECKPOINT', target))
   if 'target' in models.widening:
     flags.append(_binding('EvalSetup.target_widen_to',
                           models.widening['target']))
@@ -93,7 +103,7 @@ def gin_flags(models, task, drafter):
     return flags + ['--gin.DRAFT_CHECKPOINT=None',
                     _binding('DRAFTER', drafter)]
   if files != 'paper':
-    flags.append(f'--gin.DRAFT_MODEL=%MINI_{drafter.upper()}')
+    flags.append(f'--gin.DRAFT_MODEL={mini_macro(models.config(drafter))}')
   flags.append(_binding('DRAFT_CHECKPOINT', models.checkpoint(task, drafter)))
   if models.widening.get(drafter) is not None:
     flags.append(_binding('DrafterSpec.widen_to', models.widening[drafter]))
@@ -133,9 +143,10 @@ def test_setups_are_built_where_gin_and_seqio_are_missing(tmp_path):
   script = textwrap.dedent(f'''
       import sys
       sys.modules['gin'] = sys.modules['seqio'] = None  # import raises
+      from specdec_jax import task_table
       from specdec_jax.experiments import reproduce, sweep
       from specdec_jax.experiments.specs import table2
-      for name in ('mini', 'shipped', 'paper', 'xxl_cost'):
+      for name in task_table.MODEL_SETS:
         models = reproduce.make_setup(name, {str(tmp_path)!r},
                                       {PAPER_CHECKPOINTS!r})
         for task in models.tasks:
@@ -174,6 +185,51 @@ def test_xxl_cost_widens_the_shipped_models_to_the_paper_costs():
                               'en_de', 'small')
   assert tiny.target_widen_to is None
   assert tiny.draft.widen_to == reproduce.XXL_COST_SHRUNK['small']
+
+
+def test_synthetic_is_a_random_target_and_noisy_copies_at_the_paper_costs(
+    tmp_path):
+  """'synthetic' runs the shipped tasks with no weights: the shipped
+  target's config at 'synthetic:seed=0' and, as the drafters small / base
+  / large, noisy copies of it (the noise giving the paper's alpha order),
+  widened as 'xxl_cost' widens (one table, `XXL_COST`); `--shrink` widens
+  nothing, so a CPU runs it in seconds; a models folder of exported
+  drafters adds none."""
+  make_exports(tmp_path)
+  setup = reproduce.make_setup('synthetic', str(tmp_path))
+  assert setup.t5_drafters() == reproduce.T5_SIZES
+  assert setup.drafters == (reproduce.T5_SIZES
+                            + reproduce.model_free_drafters())
+  noise = reproduce.SYNTHETIC_NOISE
+  assert 0 < noise['large'] < noise['base'] < noise['small']
+  xxl = models.CONFIGS['t5_1_1_xxl']
+  for size in reproduce.T5_SIZES:
+    value = reproduce.eval_setup(setup, 'en_de', size)
+    assert value.target_config == reproduce.MINI['xxl']
+    assert value.draft.config == reproduce.MINI['xxl']
+    assert value.target_checkpoint == 'synthetic:seed=0'
+    assert value.draft.checkpoint == f'synthetic:seed=0,noise={noise[size]}'
+    assert synthetic.parse(value.draft.checkpoint) == synthetic.Spec(
+        0, noise[size])
+    assert value.target_widen_to == reproduce.XXL_COST['target']
+    assert value.draft.widen_to == reproduce.XXL_COST[size]
+    assert value.decoding_config.replace(vocab_size=xxl.vocab_size,
+                                         dtype=xxl.dtype) == xxl
+    assert value.draft.decoding_config.replace(
+        vocab_size=xxl.vocab_size, dtype=xxl.dtype) == (
+            models.CONFIGS[f't5_1_1_{size}'])
+    assert value.data_dir == 'shipped' and value.num_examples == 16
+  bigram = reproduce.eval_setup(setup, 'synopsis', 'bigram')
+  assert bigram.draft.config == reproduce.MINI['dec2']  # as shipped
+  assert bigram.target_checkpoint == 'synthetic:seed=0'
+  tiny = reproduce.make_setup('synthetic', shrink=True)
+  assert tiny.widening == {}
+  for size in reproduce.T5_SIZES:
+    value = reproduce.eval_setup(tiny, 'en_de', size)
+    assert value.target_widen_to is None and value.draft.widen_to is None
+    assert value.decoding_config == reproduce.MINI['xxl']
+    assert value.draft.decoding_config == reproduce.MINI['xxl']
+    assert value.draft.checkpoint == f'synthetic:seed=0,noise={noise[size]}'
 
 
 def test_a_widened_drafter_drafts_what_it_drafted_before():

@@ -51,7 +51,9 @@ def parse_args(argv: Sequence[str]):
                  help="'shipped': the package's models; 'mini': models "
                  "trained here (--models_dir); 'paper': T5X checkpoints "
                  "(--checkpoints); 'xxl_cost': the shipped models widened "
-                 "to the paper's costs (target T5 1.1-XXL)")
+                 "to the paper's costs (target T5 1.1-XXL); 'synthetic': a "
+                 "random target and noisy copies of it as drafters, at "
+                 "the same costs (no weights)")
   r.add_argument('--models_dir', default='~/models')
   r.add_argument('--checkpoints', default='',
                  help='--models paper: en_de_xxl=PATH,en_de_small=PATH,...')

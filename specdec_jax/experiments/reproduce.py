@@ -1,13 +1,14 @@
 """The model sets a spec runs on, as the eval job's setups.
 
-A `ModelSet` ('mini', 'shipped', 'paper', 'xxl_cost': `task_table.
-MODEL_SETS`) builds the job's typed `loading.EvalSetup` for a (task,
-drafter) as a value (`eval_setup`), with no gin, so it runs where gin and
-seqio are not installed. Its data: the configs (`MINI`, whose gin twins
+A `ModelSet` ('mini', 'shipped', 'paper', 'xxl_cost', 'synthetic':
+`task_table.MODEL_SETS`) builds the job's typed `loading.EvalSetup` for a
+(task, drafter) as a value (`eval_setup`), with no gin, so it runs where gin
+and seqio are not installed. Its data: the configs (`MINI`, whose gin twins
 are gin_configs/train/mini_<name>.gin; `models.CONFIGS` for 'paper'), the
 drafter a model-free kind carries (`DEFAULT_DRAFT`: its gin files'
 DRAFT_MODEL), where each model's checkpoint is (`ModelSet.checkpoint`),
-the widenings of 'xxl_cost' (`XXL_COST`) and `task_table` (each task's
+the widenings of 'xxl_cost' and 'synthetic' (`XXL_COST`), the noise of
+the synthetic drafters (`SYNTHETIC_NOISE`) and `task_table` (each task's
 seqio task, lengths and the set's fields). tests/test_reproduce.py checks
 every model set, task and drafter against what the gin files give. This
 module also holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at
@@ -29,6 +30,7 @@ from specdec_jax import measure
 from specdec_jax import models as models_lib
 from specdec_jax import network
 from specdec_jax import shipped
+from specdec_jax import synthetic
 from specdec_jax import task_table
 from specdec_jax import theory
 from specdec_jax import widening
@@ -85,13 +87,29 @@ SHIPPED_T5_DRAFTERS = {'dec2': 'shipped', 'small': 'shipped',
 # What 'xxl_cost' widens the shipped models to, function-preservingly (the
 # same outputs and alpha): the costs the H100 profile's run timed them at
 # (the target at T5 1.1-XXL cost, a drafter named after a T5 1.1 size at
-# that size's; dec2 / dec1 keep their own).
+# that size's; dec2 / dec1 keep their own). 'synthetic' widens its models
+# to the same costs.
 XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
             'base': 't5_1_1_base_cost', 'large': 't5_1_1_large_cost'}
 # The same shrunk (`--shrink`: a CPU run in seconds): the drafters grown a
 # little; the target as it is, so that its programs are the shipped set's.
 XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
                    'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
+# 'synthetic': a random target (`MINI['xxl']` at seed `SYNTHETIC_SEED`)
+# and, as the T5 drafters, noisy copies of it (`synthetic`: each leaf plus
+# sigma x std(leaf) noise): name -> sigma. Greedy alpha on en_de
+# (`measure.alpha` at t = 0 on the target's outputs, 64 tokens each: a
+# random target writes no EOS; unwidened: widening keeps the outputs),
+# small / base / large: 0.758 / 0.812 / 0.821 on the 16 test examples a
+# run decodes, 0.751 / 0.801 / 0.826 on all 256; the paper's T5s on EnDe
+# at t = 0: 0.75 / 0.8 / 0.82. Each sigma draws noise of its own (alpha is
+# not smooth in sigma). Re-measure: `measure.alpha` on `loading.build(
+# eval_setup(make_setup('synthetic', shrink=True), 'en_de', name))` and its
+# first 16 inputs (`loading.read_examples`); or the job's alpha at gamma 4,
+# at the paper's costs (an accelerator's run): `python -m
+# specdec_jax.experiments run table3 --models synthetic --tasks en_de`.
+SYNTHETIC_SEED = 0
+SYNTHETIC_NOISE = {'small': 0.038, 'base': 0.029, 'large': 0.025}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,17 +121,22 @@ class ModelSet:
   'shipped': the package's multi-task mini-XXL target and the drafters
   distilled on it (`SHIPPED_T5_DRAFTERS`). 'paper': T5 1.1 XXL / small /
   base / large T5X checkpoints. 'xxl_cost': the shipped models widened to
-  the paper's costs (`XXL_COST`; no gin file of its own).
+  the paper's costs (`XXL_COST`; no gin file of its own). 'synthetic': a
+  random target of the shipped target's config and noisy copies of it as
+  the drafters small / base / large (`SYNTHETIC_NOISE`), widened as
+  'xxl_cost' widens (no weights, no gin file of its own).
 
   Attributes:
     models: the set's `task_table.MODEL_SETS` name.
     models_dir: 'mini': the trained models; 'shipped' / 'xxl_cost': None,
       or the `export` folder of scripts/train_shipped_models.py holding the
-      drafters trained with the shipped ones but not shipped.
+      drafters trained with the shipped ones but not shipped; 'synthetic':
+      unused.
     checkpoints: 'paper': ('<task>_<size>', T5X path) pairs, size 'xxl'
       the target's (e.g. ('en_de_xxl', 'gs://...')).
     data_dir: the Debian data every setup reads (None: the gin files').
-    shrink: 'xxl_cost' widens as `XXL_COST_SHRUNK`.
+    shrink: 'xxl_cost' widens as `XXL_COST_SHRUNK`; 'synthetic' widens
+      nothing.
   """
   models: str
   models_dir: Optional[str] = None
@@ -127,13 +150,16 @@ class ModelSet:
 
   @property
   def widening(self) -> Dict[str, Any]:
+    if self.models == 'synthetic' and not self.shrink:
+      return XXL_COST
     if self.models != 'xxl_cost':
       return {}
     return XXL_COST_SHRUNK if self.shrink else XXL_COST
 
   def t5_drafters(self) -> Tuple[str, ...]:
     """The T5 drafters: the paper's sizes, or the shipped ones found."""
-    if task_table.files_of(self.models) != 'shipped':
+    if (task_table.files_of(self.models) != 'shipped'
+        or self.models == 'synthetic'):
       return T5_SIZES
     def found(name):
       return self.models_dir and checkpoints.latest_checkpoint(os.path.join(
@@ -149,6 +175,8 @@ class ModelSet:
     """The config of the target ('xxl') or of a T5 drafter."""
     if self.models == 'paper':
       return models_lib.CONFIGS[f't5_1_1_{size}']
+    if self.models == 'synthetic' and size in T5_SIZES:
+      return MINI['xxl']  # noisy copies of the target
     return MINI[size]
 
   def checkpoint(self, task: str, size: str) -> str:
@@ -161,6 +189,9 @@ class ModelSet:
         raise ValueError(f'No checkpoint given for {key!r} (--checkpoints '
                          f'{key}=PATH); given: {sorted(known)}.')
       return known[key]
+    if self.models == 'synthetic':
+      return synthetic.Spec(SYNTHETIC_SEED, 0.0 if size == 'xxl' else
+                            SYNTHETIC_NOISE[size]).checkpoint
     if size == 'xxl':
       return 'shipped:target'
     if SHIPPED_T5_DRAFTERS[size] == 'shipped':
