@@ -22,8 +22,8 @@ inside the loop) over chunks of `BatchSpec.chunk` batches' worth of
 examples: the chunk is then the unit decoded, timed, written and resumed
 (below, read "chunk" for "batch"); `BATCHING = 'fixed'` decodes fixed
 batches. At batch > 1 gamma is chosen for the batch by default
-(`BatchSpec.gamma_rule = 'profile'`, `unit_loop.choose_gamma`): the first unit's
-warm-up at GAMMA gives alpha, the target's cost(k) at this batch and the
+(`BatchSpec.gamma_rule = 'profile'`, `unit_loop.choose_gamma`): untimed
+decodes of the first 16 examples at GAMMA give alpha, the target's cost(k) at this batch and the
 drafter's c are timed on this machine, and the gamma maximizing Theorem 3.8
 with the measured cost(gamma + 1) decodes every unit. Outputs in
 EVAL_OUTPUT_DIR:

@@ -7,9 +7,9 @@ with the baseline and with speculative decoding (their `programs`) on the
 same inputs and rng, both compiled outside the timings, timed alternately
 (`measure.time_alternating`), diagnoses a greedy row that differs
 (`diagnostics.diagnose`), and yields the unit's records (the fields of
-examples.jsonl); the job (`eval.evaluate`) writes them. At batch > 1 it
-may choose gamma from a profile measured on the first unit
-(`choose_gamma`). The output cache of the 'cache' / 'combined' drafters
+examples.jsonl); the job (`eval.evaluate`) writes them. It may choose
+gamma from a profile measured at the first unit, alpha on the first
+examples (`choose_gamma`, `warmup_alpha`). The output cache of the 'cache' / 'combined' drafters
 learns each unit's outputs here and is committed with its records
 (`run_folder.CacheCommit`).
 """
@@ -32,7 +32,6 @@ from specdec_jax import measure
 from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import run_folder
-from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import theory
 from specdec_jax import hardware
@@ -101,14 +100,16 @@ def _measured_profile(setup: EvalSetup, seconds: Dict[int, float],
       {setup.draft.kind: t_draft / t1}, device=measure.machine())
 
 
-def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
+def choose_gamma(loaded: loading.Loaded, inputs, alpha: float
+                 ) -> Dict[str, Any]:
   """gamma for the setup's batch from a profile measured now, on this
   machine (`BatchSpec.gamma_rule` 'profile').
 
   Args:
     loaded: the built setup.
     inputs: a unit's inputs (its first `batch_size` rows are timed).
-    first: the speculative decode of that unit at `setup.gamma` (its alpha).
+    alpha: the drafter's alpha, measured on this run's first examples
+      (`warmup_alpha`).
 
   Returns:
     {'gamma', 'rule', 'configured_gamma', 'alpha', 'prediction' (the
@@ -122,7 +123,6 @@ def choose_gamma(loaded: loading.Loaded, inputs, first) -> Dict[str, Any]:
   b, top = setup.batch.size, setup.batch.max_gamma
   seconds, t_draft, _ = call_times(loaded, inputs)
   profile = _measured_profile(setup, seconds, t_draft)
-  alpha = spec_stats.summarize(first.stats)['alpha']
   chosen = hardware.predict(profile, alpha=theory.clamp_alpha(alpha),
                             drafter=setup.draft.kind, batch=b, max_gamma=top)
   choice = {'gamma': int(chosen.gamma), 'rule': 'profile',
@@ -382,12 +382,33 @@ def _configured_choice(loaded: loading.Loaded, choice_file
   return choice
 
 
-def _profile_choice(loaded: loading.Loaded, inputs, first, choice_file
-                    ) -> Dict[str, Any]:
-  """`choose_gamma` on the first unit, kept in `choice_file` and said."""
-  setup = loaded.setup
-  choice = choose_gamma(loaded, inputs, first)
-  run_folder.write_choice(choice_file, choice)
+def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
+                 rng, refill_sizes) -> Tuple[float, int]:
+  """(alpha, examples) of the lane's speculative decodes, untimed, of
+  the first `CHOICE_EXAMPLES` examples at its configured gamma, unit by
+  unit (the units' shapes: nothing new compiles but a short last one's):
+  what its gamma choice measures alpha on. One unit alone is too few: at
+  batch 1 it is one example, whose alpha may be 1.0 on a short easy one."""
+  setup = lane.loaded.setup
+  spec = lane.programs(refill_sizes)[1]
+  beta = np.zeros(2)
+  for _, _, n, rows in units(setup, all_inputs[:CHOICE_EXAMPLES]):
+    stats = programs.calls(base, spec, lane.loaded.target_params,
+                           lane.draft_params, place(rows), rng)[
+                               'speculative']().stats
+    used = slice(None) if setup.batch.streamed else slice(0, n)
+    beta += [float(np.sum(np.asarray(stats.beta_sum)[used])),
+             float(np.sum(np.asarray(stats.beta_count)[used]))]
+  return beta[0] / max(beta[1], 1.0), min(len(all_inputs), CHOICE_EXAMPLES)
+
+
+def _profile_choice(lane: Lane, inputs, alpha_of) -> Dict[str, Any]:
+  """`choose_gamma` on alpha `alpha_of()` gives (`warmup_alpha`), kept
+  in the lane's `choice_file` and said."""
+  loaded, setup = lane.loaded, lane.loaded.setup
+  alpha, examples = alpha_of()
+  choice = dict(choose_gamma(loaded, inputs, alpha), alpha_examples=examples)
+  run_folder.write_choice(lane.choice_file, choice)
   pred = choice['prediction']
   print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
         f"(configured {setup.gamma}): chosen by the profile measured "
@@ -606,9 +627,9 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   `run_folder.CacheCommit`) its grown cache is staged before the unit's
   records are yielded; the caller appends them, then finishes the commit.
 
-  A lane with `setup.batch.profile_gamma` sets gamma for the rest on the
-  first unit decoded (`choose_gamma`, after its untimed warm-up at
-  `setup.gamma`); one with a tree 'choose:N' its tree (`choose_tree`, on
+  A lane with `setup.batch.profile_gamma` sets gamma for the rest at the
+  first unit (`choose_gamma`: costs timed now, alpha on its untimed
+  decodes of the first examples at `setup.gamma`, `warmup_alpha`); one with a tree 'choose:N' its tree (`choose_tree`, on
   the unit's baseline decode); each kept in its `choice_file` (read back
   when the run resumes). Every record says the gamma it was decoded with.
   """
@@ -642,11 +663,11 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
             str(jax.tree_util.tree_map(np.shape, lanes[i].draft_params)))
         for i in active}}
     calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
-    first = _warm(calls, keys(), warmed)
-    for i, lane in ((i, lanes[i]) for i in active):
-      if lane.choosing('gamma'):  # on the warm-up's decode
-        lane.choice = _profile_choice(lane.loaded, inputs, first[i],
-                                      lane.choice_file)
+    _warm(calls, keys(), warmed)
+    for lane in (lanes[i] for i in active):
+      if lane.choosing('gamma'):  # on the first examples' decodes
+        lane.choice = _profile_choice(lane, inputs, lambda: warmup_alpha(
+            lane, base, all_inputs, place, rng, refill_sizes))
         lane.gamma = lane.choice['gamma']
     base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
     calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)

@@ -650,3 +650,24 @@ def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
                      'temperature: 0.0 vs 1.0'):
     eval_lib.evaluate_together([(t5, str(outs[0]), ''),
                                 (hot, str(tmp_path / 'hot'), '')])
+
+
+def test_the_gamma_choice_measures_alpha_on_the_first_examples(tmp_path):
+  """A gamma choice's alpha is of the decodes at GAMMA of the first
+  `CHOICE_EXAMPLES` examples (here all 4), not of its first unit alone (a
+  batch of 2; at batch 1 one example, whose alpha may be 1.0): the records
+  of a run at GAMMA pool to it. The drafter is a noisy copy of the target
+  (`synthetic`), so that alpha differs between examples."""
+  noisy = {'TARGET_CHECKPOINT': "'synthetic:seed=0'",
+           'DRAFT_CHECKPOINT': "'synthetic:seed=0,noise=0.5'"}
+  eval_lib.main(args(tmp_path / 'fixed', **noisy))
+  records = sorted(read_jsonl(tmp_path / 'fixed' / 'examples.jsonl'),
+                   key=lambda r: r['index'])
+  pooled = lambda rs: sum(r['beta_sum'] for r in rs) / sum(
+      r['beta_count'] for r in rs)
+  assert pooled(records[:2]) != pytest.approx(pooled(records))
+  eval_lib.main(args(tmp_path / 'profile', **noisy, **PROFILE))
+  choice = json.loads((tmp_path / 'profile' / 'gamma_choice.json'
+                       ).read_text())
+  assert choice['alpha_examples'] == 4
+  assert choice['alpha'] == pytest.approx(pooled(records), rel=1e-5)

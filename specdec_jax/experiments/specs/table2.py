@@ -12,8 +12,9 @@ costs (`hardware.predict`); its row gives the measured speed-up at
 that gamma, the others show how the speed-up moves around it (the plot:
 measured and predicted speed-up over gamma). Each group has one more
 cell, the paper's way (`batch_gamma=always`, gamma 'rule'): the job
-measures t(k), c and alpha itself on the first unit (decoded at gamma
-`RULE_WARMUP`, untimed) and decodes the rest at the gamma Theorem 3.8
+measures t(k) and c itself at the first unit and alpha on the first 16
+examples (decoded at gamma `RULE_WARMUP`, untimed) and decodes every unit
+at the gamma Theorem 3.8
 picks on them (`BatchSpec.gamma_rule`, `unit_loop.choose_gamma`), or
 without speculation where even the best is predicted slower; alone
 (`--where batch_gamma=always`), it is the table in one cell per row.
