@@ -342,3 +342,17 @@ def test_xxl_cost_prediction_is_predict_on_the_measured_profile():
   note = reproduce.xxl_cost_note(profile)
   assert f'predicted on profile {profile.name}' in note
   assert 'through hardware.predict' in note
+
+
+def test_a_drafters_profile_name_is_its_stand_ins_at_the_papers_costs():
+  """At the paper's costs (xxl_cost, synthetic; not shrunk) a drafter's c
+  in a run's profile has the name the H100 profile's run gave it, so the
+  two profiles read alike; elsewhere, and for a drafter it never timed,
+  the drafter's own name."""
+  for models in reproduce.AT_XXL_COST:
+    assert reproduce.profile_name(models, 'small') == (
+        reproduce.XXL_COST_DRAFTERS['small'] == 'small@t5_1_1_small_cost'
+        and 'small@t5_1_1_small_cost')
+    assert reproduce.profile_name(models, 'small', shrink=True) == 'small'
+    assert reproduce.profile_name(models, 'base') == 'base'
+  assert reproduce.profile_name('shipped', 'small') == 'small'

@@ -260,6 +260,22 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
 # (shipped model, widening preset or config changes)).
 XXL_COST_DRAFTERS = {'small': 'small@t5_1_1_small_cost', 'dec2': 'dec2',
                      'unigram': 'unigram', 'bigram': 'bigram'}
+# The model sets whose models run at the paper's costs (widened, unless
+# shrunk), where a drafter's c is its stand-in's (`profile_name`).
+AT_XXL_COST = ('xxl_cost', 'synthetic')
+
+
+def profile_name(models: str, drafter: str, shrink: bool = False) -> str:
+  """The name of a drafter's c in the profile of a model set's run: at
+  the paper's costs (`AT_XXL_COST`, not shrunk) the name the H100
+  profile's run gave it (`XXL_COST_DRAFTERS`: 'small' is 'small@
+  t5_1_1_small_cost'), so that a profile measured there reads as that one;
+  elsewhere its own."""
+  if models in AT_XXL_COST and not shrink:
+    return XXL_COST_DRAFTERS.get(drafter, drafter)
+  return drafter
+
+
 MODELLED_DRAFTERS = {
     'base': ('small', 't5_1_1_base_cost'),
     'large': ('small', 't5_1_1_large_cost'),

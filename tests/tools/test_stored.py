@@ -18,6 +18,7 @@ import pytest
 
 from specdec_jax import hardware
 
+from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
@@ -149,7 +150,7 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected():
   models = sweep.model_set(options)
   cell = sweep.plan(spec, options)[0]
   setup = sweep.cell_setup(models, cell, options)
-  name = stored._profile_name(cell, options)  # pylint: disable=protected-access
+  name = reproduce.profile_name(options.models, cell.drafter)
   assert name in profile.c[1]
   loaded = stored.abstract_loaded(setup)
   likely = stored._gammas(loaded, profile, name)  # pylint: disable=protected-access

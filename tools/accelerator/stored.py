@@ -133,12 +133,6 @@ def _gammas(loaded: loading.Loaded, profile=None,
       profile, setup, drafter, alpha)[1] for alpha in LIKELY_ALPHAS} - {0}))
 
 
-def _profile_name(cell: sweep.Cell, options: sweep.Options) -> str:
-  """The name of a cell's drafter in a hardware profile's c."""
-  return (reproduce.XXL_COST_DRAFTERS.get(cell.drafter, cell.drafter)
-          if options.models == 'xxl_cost' else cell.drafter)
-
-
 def decode_programs(loaded: loading.Loaded, gammas: Sequence[int]
                     ) -> Iterator[Tuple[programs.Program, tuple]]:
   """The decode programs the eval job runs on `loaded`'s setup, each with
@@ -254,7 +248,8 @@ def build(plan: Plan, store: aot.Store,
       order += 1
       before = set(recorder.programs)
       record_cell(spec, cell, sweep.cell_setup(models, cell, options),
-                  recorder, cache, log, profile, _profile_name(cell, options))
+                  recorder, cache, log, profile,
+                  reproduce.profile_name(options.models, cell.drafter))
       for fingerprint in [f for f in recorder.programs if f not in before]:
         function, lower_on = recorder.programs[fingerprint]
         key = aot.program_name([fingerprint])
@@ -559,7 +554,8 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
     seconds = 0.0
     for group in sweep.groups(models, cells, options):
       setups = [sweep.cell_setup(models, c, options) for c in group]
-      named = [_profile_name(c, options) for c in group]
+      named = [reproduce.profile_name(options.models, c.drafter)
+               for c in group]
       first = setups[0]
       top, b = first.batch.max_gamma, first.batch.size
       names = {m for c in group for m in c.measure}

@@ -152,9 +152,8 @@ def finish(result, out):
   t1 = t['t_ms']['1']
   for r in rows:
     r['over_t1'] = _ms(r) / t1
-  xxl = result['models'] == 'xxl_cost' and not result['shrunk']
-  c = {(reproduce.XXL_COST_DRAFTERS.get(r['drafter'], r['drafter']) if xxl
-        else r['drafter']): r['over_t1']
+  c = {reproduce.profile_name(result['models'], r['drafter'],
+                              result['shrunk']): r['over_t1']
        for r in rows if 'drafter' in r['measured']}
   profile = hardware.HardwareProfile(
       name=report.device_name(), device=jax.devices()[0].device_kind,
