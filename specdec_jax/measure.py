@@ -631,9 +631,8 @@ def betas_on_outputs(target, target_params, drafter, draft_params,
   return betas[mask]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 6))
-def _betas(target, drafter, target_params, draft_params, encoder_input_tokens,
-           tokens, sampling):
+def _betas_of(target, drafter, target_params, draft_params,
+              encoder_input_tokens, tokens, sampling):
   decoder_inputs = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]  # BOS = 0
   p = sampling_lib.probabilities(
       target.logits(target_params, encoder_input_tokens, decoder_inputs),
@@ -643,6 +642,11 @@ def _betas(target, drafter, target_params, draft_params, encoder_input_tokens,
       drafter.score(draft_params, encoder_input_tokens, decoder_inputs),
       sampling)
   return jnp.minimum(p, q).sum(axis=-1)
+
+
+# A program of its own, through `scaffold` like the decode loops: a build
+# ahead of time records it (the shape structs a provider's stand-in takes).
+_betas = scaffold.OptionedJit(_betas_of, static_argnums=(0, 1, 6))
 
 
 def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
@@ -663,13 +667,15 @@ def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
                      max_rank=max_rank, batch_size=batch_size)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _score_ranks(drafter, params, enc, dec_out):
+def _score_ranks_of(drafter, params, enc, dec_out):
   """`rank_probs`' ranks, compiled once per drafter and shapes."""
   dec_in = jnp.pad(dec_out, ((0, 0), (1, 0)))[:, :-1]
   logits = drafter.score(params, enc, dec_in).astype(jnp.float32)
   mine = jnp.take_along_axis(logits, dec_out[..., None], -1)
   return jnp.sum(logits > mine, axis=-1)
+
+
+_score_ranks = scaffold.OptionedJit(_score_ranks_of, static_argnums=(0,))
 
 
 def rank_shares(ranks: Callable[..., Array], params, encoder_input_tokens,

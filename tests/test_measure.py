@@ -98,10 +98,10 @@ def test_rank_probs_count_the_ranks_of_the_output_tokens(setup):
   want = np.bincount(ranks, minlength=4)[:4] / ranks.size
   assert 0.05 < want[0] < 0.95 and want[1] > 0  # neither trivial case
   np.testing.assert_allclose(got, want, atol=1e-9)
-  size = measure._score_ranks._cache_size()  # pylint: disable=protected-access
+  size = measure._score_ranks.cache_size()  # pylint: disable=protected-access
   measure.rank_probs(drafter, dparams, enc[::-1], tokens[::-1],
                      lengths[::-1], max_rank=4, batch_size=4)
-  assert measure._score_ranks._cache_size() == size  # pylint: disable=protected-access
+  assert measure._score_ranks.cache_size() == size  # pylint: disable=protected-access
 
 
 def test_alpha_agrees_with_the_speculative_loop(setup):
