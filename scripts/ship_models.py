@@ -263,7 +263,7 @@ def cmd_report(args):
   training report (results/training_shipped.{md,png})."""
   from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import reproduce  # pylint: disable=g-import-not-at-top
+  from specdec_jax.bench import at_xxl_cost  # pylint: disable=g-import-not-at-top
   profile = flags.profile_of(args)
   with open(args.measured) as f:
     after = json.load(f)
@@ -294,15 +294,15 @@ def cmd_report(args):
       b1 = old['1'].get(kind, [None])[0]
       fmt = lambda v: '-' if v is None else f'{v:.3f}'
       a0, a1 = by_t['t0'], by_t['t1']
-      pred = reproduce.predict_at_xxl_cost(profile, a0['alpha'], kind)
+      pred = at_xxl_cost.predict(profile, a0['alpha'], kind)
       lines.append(
           f"| {task} | {name} | {fmt(b0)} | {fmt(b1)} | {a0['alpha']:.3f} "
           f"+- {a0['se']:.3f} | {a1['alpha']:.3f} +- {a1['se']:.3f} | "
           f"{PAPER_T0[task].get(kind, '-')} | "
-          f'{reproduce.xxl_cost_cell(pred)} |')
+          f'{at_xxl_cost.cell(pred)} |')
   lines += ['', 'The last column is the speed-up at t=0 with the after t=0 '
             'alpha (drafter <kind>_fkl taken as <kind>). '
-            + reproduce.xxl_cost_note(profile), '',
+            + at_xxl_cost.note(profile), '',
             '## The target, before and after', '',
             '| task | model | validation loss | validation accuracy | greedy '
             'quality (first 256 test inputs, results/retired/table3_*.json) |',

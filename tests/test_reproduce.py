@@ -24,12 +24,12 @@ import numpy as np
 
 from specdec_jax import decoding
 from specdec_jax import gin_utils
-from specdec_jax import hardware
 from specdec_jax import loading
 from specdec_jax import models
 from specdec_jax import synthetic
 from specdec_jax import task_table
 from specdec_jax import widening
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 
@@ -314,36 +314,6 @@ def test_no_hand_typed_h100_figures_or_restated_helpers():
     assert not hasattr(reproduce, name), name
 
 
-def test_xxl_cost_prediction_is_predict_on_the_measured_profile():
-  profile = hardware.load(hardware.H100)
-  for drafter, timed in (('dec2', 'dec2'),
-                         ('small', 'small@t5_1_1_small_cost'),
-                         ('bigram', 'bigram')):
-    got = reproduce.predict_at_xxl_cost(profile, 0.7, drafter)
-    want = hardware.predict(profile, alpha=0.7, drafter=timed)
-    assert got['speedup'] == want.speedup and got['gamma'] == want.gamma
-    assert got['c'] == profile.c[1][timed]
-    assert got['c_how'] == hardware.MEASURED
-    assert reproduce.xxl_cost_cell(got) == (
-        f'{want.speedup:.2f}x ({want.gamma})')
-  # Not timed: the profile's bytes / launches model, labelled and marked.
-  base = reproduce.predict_at_xxl_cost(profile, 0.7, 'base')
-  assert base['c_how'] == hardware.BYTES_MODEL
-  assert 'bytes / launches model' in base['label']
-  assert base['kernels'] > 0 and base['step_bytes'] > 0
-  c, _ = profile.c_of('base', step_bytes=base['step_bytes'],
-                      kernels=base['kernels'])
-  assert base['c'] == pytest.approx(c)
-  large = reproduce.predict_at_xxl_cost(profile, 0.7, 'large')
-  assert large['c'] > base['c']
-  assert reproduce.xxl_cost_cell(base).endswith('†')
-  assert reproduce.predict_at_xxl_cost(profile, 0.7, 'heads') is None
-  assert reproduce.xxl_cost_cell(None) == '-'
-  note = reproduce.xxl_cost_note(profile)
-  assert f'predicted on profile {profile.name}' in note
-  assert 'through hardware.predict' in note
-
-
 def test_a_drafters_profile_name_is_its_stand_ins_at_the_papers_costs():
   """At the paper's costs (xxl_cost, synthetic; not shrunk) a drafter's c
   in a run's profile has the name the H100 profile's run gave it, so the
@@ -351,7 +321,7 @@ def test_a_drafters_profile_name_is_its_stand_ins_at_the_papers_costs():
   the drafter's own name."""
   for models in reproduce.AT_XXL_COST:
     assert reproduce.profile_name(models, 'small') == (
-        reproduce.XXL_COST_DRAFTERS['small'] == 'small@t5_1_1_small_cost'
+        at_xxl_cost.STAND_INS['small'] == 'small@t5_1_1_small_cost'
         and 'small@t5_1_1_small_cost')
     assert reproduce.profile_name(models, 'small', shrink=True) == 'small'
     assert reproduce.profile_name(models, 'base') == 'base'

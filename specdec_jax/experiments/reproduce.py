@@ -10,31 +10,24 @@ DRAFT_MODEL), where each model's checkpoint is (`ModelSet.checkpoint`),
 the widenings of 'xxl_cost' and 'synthetic' (`XXL_COST`), the noise of
 the synthetic drafters (`SYNTHETIC_NOISE`) and `task_table` (each task's
 seqio task, lengths and the set's fields). tests/test_reproduce.py checks
-every model set, task and drafter against what the gin files give. This
-module also holds `predict_at_xxl_cost`: a row's PREDICTED speed-up at
-T5-XXL target cost on a measured hardware profile (`hardware.predict`).
+every model set, task and drafter against what the gin files give.
+`profile_name`: a drafter's name in the profile a model set's run writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 from typing import Any, Dict, Optional, Tuple
 
 from specdec_jax import checkpoints
 from specdec_jax import drafters as drafters_lib
-from specdec_jax import hardware
 from specdec_jax import loading
-from specdec_jax import measure
 from specdec_jax import models as models_lib
 from specdec_jax import network
-from specdec_jax import shipped
 from specdec_jax import synthetic
 from specdec_jax import task_table
-from specdec_jax import theory
-from specdec_jax import widening
-from specdec_jax.bench import report
+from specdec_jax.bench import at_xxl_cost
 
 T5_SIZES = ('small', 'base', 'large')  # the paper's T5 drafters
 
@@ -95,19 +88,12 @@ XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
 # little; the target as it is, so that its programs are the shipped set's.
 XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
                    'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
-# 'synthetic': a random target (`MINI['xxl']` at seed `SYNTHETIC_SEED`)
-# and, as the T5 drafters, noisy copies of it (`synthetic`: each leaf plus
-# sigma x std(leaf) noise): name -> sigma. Greedy alpha on en_de
-# (`measure.alpha` at t = 0 on the target's outputs, 64 tokens each: a
-# random target writes no EOS; unwidened: widening keeps the outputs),
-# small / base / large: 0.758 / 0.812 / 0.821 on the 16 test examples a
-# run decodes, 0.751 / 0.801 / 0.826 on all 256; the paper's T5s on EnDe
-# at t = 0: 0.75 / 0.8 / 0.82. Each sigma draws noise of its own (alpha is
-# not smooth in sigma). Re-measure: `measure.alpha` on `loading.build(
-# eval_setup(make_setup('synthetic', shrink=True), 'en_de', name))` and its
-# first 16 inputs (`loading.read_examples`); or the job's alpha at gamma 4,
-# at the paper's costs (an accelerator's run): `python -m
-# specdec_jax.experiments run table3 --models synthetic --tasks en_de`.
+# 'synthetic': a random target (`MINI['xxl']`, seed `SYNTHETIC_SEED`) and
+# noisy copies of it as the T5 drafters (`synthetic`): name -> sigma.
+# Greedy alpha on en_de's first 16 / all 256 test examples (`measure.alpha`,
+# t = 0), small / base / large: 0.758 / 0.812 / 0.821, 0.751 / 0.801 / 0.826;
+# the paper's T5s on EnDe: 0.75 / 0.8 / 0.82. Each sigma draws noise of its
+# own. Re-measured by `run table3 --models synthetic --tasks en_de`.
 SYNTHETIC_SEED = 0
 SYNTHETIC_NOISE = {'small': 0.038, 'base': 0.029, 'large': 0.025}
 
@@ -252,14 +238,6 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
       **fields).replace(**changes)
 
 
-# Predicted speed-ups at T5-XXL target cost on a measured hardware profile.
-# A drafter is taken at the cost the H100 profile's run timed it under (the
-# paper's T5 1.1-small for 'small': the shipped small widened to its cost),
-# or, one the run did not time, as a shipped model whose decoder step sets
-# the profile's bytes / launches model (`MODELLED_DRAFTERS`: name ->
-# (shipped model, widening preset or config changes)).
-XXL_COST_DRAFTERS = {'small': 'small@t5_1_1_small_cost', 'dec2': 'dec2',
-                     'unigram': 'unigram', 'bigram': 'bigram'}
 # The model sets whose models run at the paper's costs (widened, unless
 # shrunk), where a drafter's c is its stand-in's (`profile_name`).
 AT_XXL_COST = ('xxl_cost', 'synthetic')
@@ -268,123 +246,9 @@ AT_XXL_COST = ('xxl_cost', 'synthetic')
 def profile_name(models: str, drafter: str, shrink: bool = False) -> str:
   """The name of a drafter's c in the profile of a model set's run: at
   the paper's costs (`AT_XXL_COST`, not shrunk) the name the H100
-  profile's run gave it (`XXL_COST_DRAFTERS`: 'small' is 'small@
+  profile's run gave it (`at_xxl_cost.STAND_INS`: 'small' is 'small@
   t5_1_1_small_cost'), so that a profile measured there reads as that one;
   elsewhere its own."""
   if models in AT_XXL_COST and not shrink:
-    return XXL_COST_DRAFTERS.get(drafter, drafter)
+    return at_xxl_cost.STAND_INS.get(drafter, drafter)
   return drafter
-
-
-MODELLED_DRAFTERS = {
-    'base': ('small', 't5_1_1_base_cost'),
-    'large': ('small', 't5_1_1_large_cost'),
-    'dec1': ('dec2', {'num_decoder_layers': 1}),
-}
-# The timed drafter whose step fits the launches per decoder layer:
-# (profile name, shipped model, preset).
-LAUNCH_FIT = ('small@t5_1_1_small_cost', 'small', 't5_1_1_small_cost')
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_CACHE: Dict[Any, Any] = {}
-
-
-def _how(change) -> str:
-  return f'at {change}' if isinstance(change, str) else f'with {change}'
-
-
-def _step(profile, model: str, change) -> Tuple[int, int, str]:
-  """(bytes one decoder step reads, decoder layers, what) of a shipped
-  model at a preset / with config changes, bfloat16, at the profile run's
-  input length and half its output length decoded."""
-  key = (profile.name, model, str(change))
-  if key not in _CACHE:
-    cfg = shipped.config(model, dtype='bfloat16')
-    cfg = (widening.preset_config(cfg, change) if isinstance(change, str)
-           else cfg.replace(**change))
-    net = network.T5Model(cfg)
-    source = ROOT / profile.source
-    setup = report.read_json(source).get('setup', {}) if (
-        source.is_file()) else {}
-    length_in = int(setup.get('input_length', 0))
-    context = int(setup.get('output_length', 0)) // 2
-    what = (f'shipped {model} {_how(change)}, bfloat16, '
-            f'{cfg.num_decoder_layers} decoder layers, caches at input '
-            f'{length_in}, {context} decoded tokens')
-    _CACHE[key] = (measure.step_bytes(net, net.param_shapes(), 1, context,
-                                      length_in),
-                   cfg.num_decoder_layers, what)
-  return _CACHE[key]
-
-
-def launches_per_layer(profile) -> Tuple[float, str]:
-  """(kernel launches per decoder layer, how), fitted to `LAUNCH_FIT`: its
-  step time less bytes / bandwidth, in launch times, per decoder layer; 0
-  (said) where the profile lacks the launch time, bandwidth or drafter."""
-  name, model, preset = LAUNCH_FIT
-  if (profile.launch_ms is None or profile.bandwidth is None
-      or name not in profile.c.get(1, {})):
-    return 0.0, f'no launches (profile {profile.name} has no {name} or ' \
-        'launch time)'
-  nbytes, layers, _ = _step(profile, model, preset)
-  rest_s = profile.c[1][name] * profile.t1_ms * 1e-3 - (
-      nbytes / profile.bandwidth)
-  per_layer = max(rest_s, 0.0) / (profile.launch_ms * 1e-3) / layers
-  return per_layer, (f'{per_layer:.2f} launches per decoder layer, fitted '
-                     f'to the timed {name} ({layers} layers)')
-
-
-def predict_at_xxl_cost(profile, alpha: float, drafter: str,
-                        gamma: Optional[int] = None
-                        ) -> Optional[Dict[str, Any]]:
-  """The PREDICTED speed-up of `drafter` at T5-XXL target cost on `profile`:
-  `hardware.predict` with alpha, the best gamma within the measured cost(k)
-  (or `gamma`) and the c measured for the drafter's stand-in
-  (`XXL_COST_DRAFTERS`) or modelled (`MODELLED_DRAFTERS`).
-
-  Returns:
-    `Prediction.to_json()` plus `drafter_as` (what the drafter is taken
-    as), or None for a drafter neither timed nor modelled.
-  """
-  alpha = theory.clamp_alpha(alpha)
-  if drafter in XXL_COST_DRAFTERS:
-    name = XXL_COST_DRAFTERS[drafter]
-    if name not in profile.drafters(1):
-      return None
-    p = hardware.predict(profile, alpha=alpha, gamma=gamma, drafter=name)
-    return dict(p.to_json(), drafter_as=f'{name} (timed)')
-  if drafter not in MODELLED_DRAFTERS or profile.bandwidth is None:
-    return None
-  nbytes, layers, what = _step(profile, *MODELLED_DRAFTERS[drafter])
-  per_layer, how = launches_per_layer(profile)
-  kernels = round(per_layer * layers)
-  p = hardware.predict(profile, alpha=alpha, gamma=gamma,
-                       drafter=f'{drafter} (modelled)', step_bytes=nbytes,
-                       kernels=kernels)
-  return dict(p.to_json(), drafter_as=f'{what} (not timed)',
-              step_bytes=nbytes, kernels=kernels, kernels_how=how)
-
-
-def xxl_cost_cell(pred: Optional[Dict[str, Any]]) -> str:
-  """'2.05x (5)', a dagger for the bytes / launches model, '-' for None."""
-  if not pred:
-    return '-'
-  mark = '' if pred['c_how'].startswith('measured') else ' †'
-  return f"{pred['speedup']:.2f}x ({pred['gamma']}){mark}"
-
-
-def xxl_cost_note(profile) -> str:
-  """What a 'predicted <profile>' column is, for a results .md."""
-  stand_in = ', '.join(f'{k} as {v}' for k, v in XXL_COST_DRAFTERS.items())
-  modelled = ', '.join(f'{k} as shipped {m} {_how(c)}'
-                       for k, (m, c) in MODELLED_DRAFTERS.items())
-  return (
-      f'"predicted {profile.name}" is PREDICTED, not measured: predicted on '
-      f'profile {profile.name} (specdec_jax/profiles, read from '
-      f'{profile.source}) through hardware.predict: Theorem 3.8 with '
-      "the row's alpha, the profile's measured cost(gamma + 1) of its "
-      f'target ({profile.target}) and the best gamma within the measured '
-      f'k (in brackets). c: measured for {stand_in}; marked † the bytes / '
-      f'launches model of the profile (step bytes / its bandwidth + '
-      f'launches x its launch time, over its t(1); '
-      f'{launches_per_layer(profile)[1]}) for {modelled}: the profile did '
-      'not time them.')

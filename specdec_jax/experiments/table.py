@@ -10,7 +10,7 @@ those measured values alone by `repredict` through `hardware.predict`:
   the row's alpha and the gamma it decoded with;
 - `predicted_on_profile`: on a measured hardware profile (`--profile`, the
   H100 run's by default): at batch 1 the best gamma at T5-XXL target cost
-  (`reproduce.predict_at_xxl_cost`), at a batch the profile measured, the
+  (`at_xxl_cost.predict`), at a batch the profile measured, the
   row's gamma; None where the profile cannot price the drafter.
 
 A spec may add its own predicted figures (`Spec.predict`), through the same
@@ -27,8 +27,8 @@ from typing import Any, Dict, Optional
 from specdec_jax import measure
 from specdec_jax import theory
 from specdec_jax import hardware
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
-from specdec_jax.experiments import reproduce
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / 'results'
@@ -129,7 +129,7 @@ def predict_row(row: Dict[str, Any], result: Dict[str, Any],
   if profile is None:
     return
   if batch == 1:
-    row['predicted_on_profile'] = reproduce.predict_at_xxl_cost(
+    row['predicted_on_profile'] = at_xxl_cost.predict(
         profile, alpha, row['drafter'])
   elif (batch in profile.batches() and gamma and
         row['drafter'] in profile.drafters(1)):
@@ -146,8 +146,8 @@ def predict_counters(row: Dict[str, Any],
   the row's counters (`hardware.predict`: tokens per target call /
   (cost(width) + drafter calls per target call x c)).
 
-  c is the profile's measured c of `drafter` (a `reproduce.
-  XXL_COST_DRAFTERS` name), or with `step` (step_bytes, kernels) its
+  c is the profile's measured c of `drafter` (an `at_xxl_cost.
+  STAND_INS` name), or with `step` (step_bytes, kernels) its
   bytes / launches model; no drafter call (drafter_calls 0) costs nothing.
   None without a profile or counters, or where the profile did not time
   the drafter.
@@ -188,7 +188,7 @@ def repredict(spec, result: Dict[str, Any],
       spec.predict(row, profile)
   result['profile'] = None if profile is None else profile.name
   result['profile_note'] = (None if profile is None else
-                            reproduce.xxl_cost_note(profile))
+                            at_xxl_cost.note(profile))
   if command:
     result['predicted_by'] = report.portable(command)
   return result
@@ -230,7 +230,7 @@ def tokens_per_call(row: Dict[str, Any]) -> str:
 
 def on_profile(row: Dict[str, Any]) -> str:
   """The "predicted <profile>" cell: '2.05x (5)', † where c is modelled."""
-  return reproduce.xxl_cost_cell(row.get('predicted_on_profile'))
+  return at_xxl_cost.cell(row.get('predicted_on_profile'))
 
 
 # The columns of a spec that reads tokens per target call (the method

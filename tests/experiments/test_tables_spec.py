@@ -8,6 +8,7 @@ import pytest
 from specdec_jax import paper as published
 from specdec_jax import theory
 from specdec_jax import hardware
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
 from specdec_jax.experiments import __main__ as cli
 from specdec_jax.experiments import reproduce
@@ -85,9 +86,9 @@ def test_table3_spec_alpha_next_to_the_paper(tmp_path):
   small = rows[2]
   assert table.cell(small, paper) == '0.75'
   if profile is not None:
-    assert small['predicted_on_profile'] == reproduce.predict_at_xxl_cost(
+    assert small['predicted_on_profile'] == at_xxl_cost.predict(
         profile, small['alpha'], 'small')
-    assert table.cell(small, on_profile) == reproduce.xxl_cost_cell(
+    assert table.cell(small, on_profile) == at_xxl_cost.cell(
         small['predicted_on_profile'])
   _check_repredict(table3.SPEC, out, profile)
 

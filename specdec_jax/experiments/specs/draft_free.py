@@ -27,7 +27,7 @@ from specdec_jax import data
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
-from specdec_jax.experiments import reproduce
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
@@ -129,7 +129,7 @@ def predict(row, profile):
   table.predict_counters(
       row, profile, width=row['gamma'] + 1,
       drafter_calls=model_calls_per_call(row),
-      drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+      drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
 
 
 SPEC = sweep.Spec(

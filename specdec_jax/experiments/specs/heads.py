@@ -16,11 +16,11 @@ profile.
 """
 
 from specdec_jax import network
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
-from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
@@ -94,7 +94,7 @@ def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(width) + depth x c); c of a head step from the profile's bytes /
   launches model, of the T5 drafter the profile's measured c."""
-  drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+  drafter = dict(drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
   if profile is not None and 'head' in row['measured']:
     drafter = dict(drafter='heads', **head_step(row, profile))
   table.predict_counters(row, profile, width=width(row),

@@ -17,9 +17,9 @@ measures; the row shows the tree it decoded with), and the shipped heads
 the best chain and the default tree.
 """
 
+from specdec_jax.bench import at_xxl_cost
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
-from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 from specdec_jax.experiments.specs import heads as heads_spec
@@ -88,7 +88,7 @@ def predict(row, profile):
   if shape is None:
     row['predicted_counters'] = None
     return
-  drafter = dict(drafter=reproduce.XXL_COST_DRAFTERS.get(row['drafter']))
+  drafter = dict(drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
   if profile is not None and 'head' in row['measured']:
     drafter = dict(drafter='heads', **heads_spec.head_step(row, profile))
   table.predict_counters(
