@@ -571,6 +571,10 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
           base + sum(base / _speedup(profile, s, n)[0]
                      for s, n in zip(setups, named)))
       seconds += first.num_examples * base * ('calibration' in names)
+      seconds += sum(  # a gamma choice's alpha: the first examples decoded
+          -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b) * base
+          / _speedup(profile, s, n)[0] for s, n in zip(setups, named)
+          if s.batch.profile_gamma)
     out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
   recorded = (store.manifest.get('plan_programs') or {}) if store else {}
   stored_ = [f for f in recorded if store.built(aot.program_name([f]))]
