@@ -151,11 +151,6 @@ class TreeShape:
     cache slots its level calls write past the root."""
     return 1 + sum(len(fed) for fed in self.fed)
 
-  def drafter_widths(self) -> Tuple[int, ...]:
-    """Tokens of each drafter call: the root's, then levels 1..D-1's fed
-    nodes."""
-    return (1,) + tuple(len(fed) for fed in self.fed)
-
   def truncate(self, depth: int) -> 'TreeShape':
     """The first `depth` levels (e.g. gamma < D)."""
     if not 1 <= depth <= self.depth:
