@@ -112,6 +112,14 @@ def test_a_chosen_trees_row_is_the_tree_the_job_decoded_with():
   trees.predict(row, hardware.load(hardware.H100))
   assert row['predicted_counters']['width'] == 21
 
+  # No speculation chosen (gamma 0): no tree, no prediction.
+  none = dict(summary, gamma=0, target_calls_per_token=1.0, gamma_choices=[
+      {'gamma': 0, 'tree': 'dynamic:0.0', 'why': 'no speculation: ...'}])
+  row = table.row_of(cell, none, {})
+  assert row['gamma'] == 0 and trees._nodes(row) == '-'
+  trees.predict(row, hardware.load(hardware.H100))
+  assert row['predicted_counters'] is None
+
   damaged = dict(summary, gamma_choices=[{'file': 'gamma_choice.json',
                                           'damaged': 'not JSON'}])
   row = table.row_of(cell, damaged, {})

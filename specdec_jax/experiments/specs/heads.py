@@ -67,10 +67,13 @@ MEASUREMENTS = {'head': (head, ('target_config', 'target_checkpoint',
 
 
 def shape_of(row):
-  """The tree (or chain) a row decoded with; None for a 'choose:N' the
-  row's record does not resolve (its choice file damaged)."""
+  """The tree (or chain) a row decoded with; None where it decoded none
+  (gamma 0: the job chose no speculation) or its 'choose:N' is not
+  resolved (its choice file damaged)."""
   tree = row.get('tree') or f"chain:{row['gamma']}"
-  return None if tree.startswith('choose:') else shape_lib.parse(tree)
+  if row['gamma'] == 0 or tree.startswith('choose:'):
+    return None
+  return shape_lib.parse(tree)
 
 
 def width(row):
