@@ -9,9 +9,9 @@ same inputs and rng, both compiled outside the timings, timed alternately
 (`diagnostics.diagnose`), and yields the unit's records (the fields of
 examples.jsonl); the job (`eval.evaluate`) writes them. It may choose
 gamma from a profile measured at the first unit, alpha on the first
-examples (`choose_gamma`, `warmup_alpha`). The output cache of the 'cache' / 'combined' drafters
-learns each unit's outputs here and is committed with its records
-(`run_folder.CacheCommit`).
+examples (`choose_gamma`, `warmup_alpha`). The output cache of the
+'cache' / 'combined' drafters learns each unit's outputs here and is
+committed with its records (`run_folder.CacheCommit`).
 """
 
 from __future__ import annotations
@@ -402,11 +402,11 @@ def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
   return beta[0] / max(beta[1], 1.0), min(len(all_inputs), CHOICE_EXAMPLES)
 
 
-def _profile_choice(lane: Lane, inputs, alpha_of) -> Dict[str, Any]:
-  """`choose_gamma` on alpha `alpha_of()` gives (`warmup_alpha`), kept
-  in the lane's `choice_file` and said."""
+def _profile_choice(lane: Lane, inputs, alpha: float, examples: int
+                    ) -> Dict[str, Any]:
+  """`choose_gamma` on the alpha of the first `examples` examples
+  (`warmup_alpha`), kept in the lane's `choice_file` and said."""
   loaded, setup = lane.loaded, lane.loaded.setup
-  alpha, examples = alpha_of()
   choice = dict(choose_gamma(loaded, inputs, alpha), alpha_examples=examples)
   run_folder.write_choice(lane.choice_file, choice)
   pred = choice['prediction']
@@ -611,11 +611,11 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
   an ended row refilled inside the loop). A unit is decoded by the lanes
   that lack records of it (with the baseline); rows a lane has
-  (`Lane.done`: a unit cut short by a crash) are not recorded again. With `share` (index, count) only units u
-  with u % count == index are decoded (a process's share); with a
-  `partitioner` each unit's inputs are placed on its mesh (batch over
-  'data'; a stream's refills then encode a full slot batch, which the mesh
-  divides).
+  (`Lane.done`: a unit cut short by a crash) are not recorded again. With
+  `share` (index, count) only units u with u % count == index are decoded
+  (a process's share); with a `partitioner` each unit's inputs are placed
+  on its mesh (batch over 'data'; a stream's refills then encode a full
+  slot batch, which the mesh divides).
 
   The lanes' one baseline (`_shared_baseline`) and their speculative
   decodes run on the same inputs and rng, compiled (each new input /
@@ -629,8 +629,9 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
 
   A lane with `setup.batch.profile_gamma` sets gamma for the rest at the
   first unit (`choose_gamma`: costs timed now, alpha on its untimed
-  decodes of the first examples at `setup.gamma`, `warmup_alpha`); one with a tree 'choose:N' its tree (`choose_tree`, on
-  the unit's baseline decode); each kept in its `choice_file` (read back
+  decodes of the first examples at `setup.gamma`, `warmup_alpha`); one
+  with a tree 'choose:N' its tree (`choose_tree`, on the unit's baseline
+  decode); each kept in its `choice_file` (read back
   when the run resumes). Every record says the gamma it was decoded with.
   """
   setup = lanes[0].loaded.setup
@@ -666,7 +667,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
     _warm(calls, keys(), warmed)
     for lane in (lanes[i] for i in active):
       if lane.choosing('gamma'):  # on the first examples' decodes
-        lane.choice = _profile_choice(lane, inputs, lambda: warmup_alpha(
+        lane.choice = _profile_choice(lane, inputs, *warmup_alpha(
             lane, base, all_inputs, place, rng, refill_sizes))
         lane.gamma = lane.choice['gamma']
     base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
