@@ -77,8 +77,11 @@ def shape_of(row):
 
 
 def width(row):
-  """Tokens of one target call: the verified nodes + 1."""
-  return shape_of(row).verified_width(row['temperature'] == 0)
+  """Tokens of one target call: the verified nodes + 1 (None where the
+  row decoded no tree: `shape_of`)."""
+  shape = shape_of(row)
+  return None if shape is None else shape.verified_width(
+      row['temperature'] == 0)
 
 
 def head_step(row, profile):

@@ -91,15 +91,13 @@ def predict(row, profile):
   drafter = dict(drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
   if profile is not None and 'head' in row['measured']:
     drafter = dict(drafter='heads', **heads_spec.head_step(row, profile))
-  table.predict_counters(
-      row, profile, width=shape.verified_width(row['temperature'] == 0),
-      drafter_calls=shape.depth, **drafter)
+  table.predict_counters(row, profile, width=heads_spec.width(row),
+                         drafter_calls=shape.depth, **drafter)
 
 
 def _nodes(row):
-  shape = heads_spec.shape_of(row)
-  return '-' if shape is None else shape.verified_width(
-      row['temperature'] == 0) - 1
+  width = heads_spec.width(row)
+  return '-' if width is None else width - 1
 
 
 SPEC = sweep.Spec(
