@@ -32,6 +32,7 @@ from specdec_jax import measure
 from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import run_folder
+from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import theory
 from specdec_jax import hardware
@@ -391,15 +392,17 @@ def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
   batch 1 it is one example, whose alpha may be 1.0 on a short easy one."""
   setup = lane.loaded.setup
   spec = lane.programs(refill_sizes)[1]
-  beta = np.zeros(2)
+  sums = np.zeros(5)  # `spec_stats.rates`' counters, summed
   for _, _, n, rows in units(setup, all_inputs[:CHOICE_EXAMPLES]):
     stats = programs.calls(base, spec, lane.loaded.target_params,
                            lane.draft_params, place(rows), rng)[
                                'speculative']().stats
     used = slice(None) if setup.batch.streamed else slice(0, n)
-    beta += [float(np.sum(np.asarray(stats.beta_sum)[used])),
-             float(np.sum(np.asarray(stats.beta_count)[used]))]
-  return beta[0] / max(beta[1], 1.0), min(len(all_inputs), CHOICE_EXAMPLES)
+    sums += [np.sum(np.asarray(c)[used]) for c in (
+        stats.row_iterations, stats.drafted, stats.accepted, stats.beta_sum,
+        stats.beta_count)]
+  return (spec_stats.rates(*sums)['alpha'],
+          min(len(all_inputs), CHOICE_EXAMPLES))
 
 
 def _profile_choice(lane: Lane, inputs, alpha: float, examples: int
