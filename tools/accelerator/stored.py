@@ -567,14 +567,14 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
         continue
       base = first.task_feature_lengths['targets'] * t1
       units = -(-first.num_examples // b)
-      seconds += units * (1 + options.timing_repeats) * (
-          base + sum(base / _speedup(profile, s, n)[0]
-                     for s, n in zip(setups, named)))
+      spec_s = [base / _speedup(profile, s, n)[0]
+                for s, n in zip(setups, named)]
+      seconds += units * (1 + options.timing_repeats) * (base + sum(spec_s))
       seconds += first.num_examples * base * ('calibration' in names)
-      seconds += sum(  # a gamma choice's alpha: the first examples decoded
-          -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b) * base
-          / _speedup(profile, s, n)[0] for s, n in zip(setups, named)
-          if s.batch.profile_gamma)
+      # A gamma choice's alpha: the first examples' units decoded once more.
+      seconds += -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b
+                   ) * sum(x for x, s in zip(spec_s, setups)
+                           if s.batch.profile_gamma)
     out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
   recorded = (store.manifest.get('plan_programs') or {}) if store else {}
   stored_ = [f for f in recorded if store.built(aot.program_name([f]))]
