@@ -41,11 +41,13 @@ from specdec_jax import speculative
 from specdec_jax.drafters import heads
 from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.drafters import tree as tree_lib
+from specdec_jax.drafters.tree import drafter as tree_drafter_lib
 from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.sampling import SamplingConfig
 
+import reference
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
@@ -554,6 +556,94 @@ def test_greedy_walk_takes_the_first_of_repeated_siblings():
   np.testing.assert_array_equal(next_token, [4, 5, 4, 5, 2])
   with pytest.raises(ValueError, match='siblings'):
     walk(tree.replace(siblings='both'), jnp.asarray(top))
+
+
+
+@pytest.mark.parametrize('spec', ['beam:3,2,4', 'static:0.0,0.1;0.0,0.1,1.0'])
+def test_greedy_walk_equals_a_level_by_level_reference(spec):
+  """The walk runs on every node at once; on random trees of a small
+  vocabulary (repeated siblings, undrafted nodes and their subtrees, a
+  drafter that agrees with the target half the time) it gives the level
+  by level walk's path, next token and beta counts (tests/reference.py)."""
+  shape = shape_lib.parse(spec)
+  rng = np.random.default_rng(0)
+  batch, width, vocab = 64, shape.width, 3
+  parent = np.zeros((batch, width), np.int32)
+  offsets = shape.offsets
+  for d, level in enumerate(shape.levels, 1):
+    for i, (p, _) in enumerate(level):
+      parent[:, offsets[d] + i] = offsets[d - 1] + p
+  valid = rng.random((batch, width)) < 0.85
+  valid[:, 0] = True
+  for s in range(1, width):  # a node under an undrafted one is undrafted
+    valid[:, s] &= valid[np.arange(batch), parent[:, s]]
+  tokens = rng.integers(0, vocab, (batch, width)) * valid
+  target_top = rng.integers(0, vocab, (batch, width))
+  top = np.where(rng.random((batch, width)) < 0.5, target_top,
+                 rng.integers(0, vocab, (batch, width)))
+  tree = verify_lib.empty(batch, shape, vocab, greedy=True).replace(
+      tokens=jnp.asarray(tokens, jnp.int32), valid=jnp.asarray(valid),
+      parent=jnp.asarray(parent), top=jnp.asarray(top, jnp.int32))
+  n, path, next_token, accepted_at, beta_sum, beta_count = map(
+      np.asarray, verify_lib.verify_tree(
+          jax.random.key(0), tree, jnp.asarray(target_top, jnp.int32),
+          shape, SamplingConfig(temperature=0.0)))
+  want = reference.reference_greedy_walk(tokens, valid, parent, top,
+                                         target_top, shape.sizes)
+  for got, expected in zip((n, path, next_token, beta_sum, beta_count),
+                           want):
+    np.testing.assert_array_equal(got, expected)
+  np.testing.assert_array_equal(
+      accepted_at, np.arange(shape.depth)[None] < want[0][:, None])
+  assert 0 < want[0].mean() < shape.depth and want[0].max() >= 2
+
+
+
+def test_drafter_finds_the_committed_path_among_its_fed_nodes(tiny_target):
+  """`TreeDrafter.committed_path` (all fed nodes at once) against the
+  level by level search it replaced: from the root, the first fed child
+  of the current node whose token is the next committed one, while the
+  row committed past that depth. Random fed trees over 2 tokens put the
+  committed token under nodes off the path and on repeated siblings;
+  rows without a tree (base -1) find nothing."""
+  drafter = tree_drafter(tiny_target[0], 'static-beam:3,2,5')
+  shape, depth = drafter.shape, drafter.shape.depth
+  offsets = shape.fed_offsets + (shape.fed_width,)
+  rng = np.random.default_rng(1)
+  batch, width, length = 128, shape.fed_width, 16
+  parent = np.zeros((batch, width), np.int32)
+  for d in range(2, depth):  # each fed node's parent: one of the level's
+    for i in range(offsets[d], offsets[d + 1]):
+      parent[:, i] = rng.integers(offsets[d - 1], offsets[d], batch)
+  tokens = rng.integers(0, 2, (batch, width))
+  valid = rng.random((batch, width)) < 0.9
+  sequences = rng.integers(0, 2, (batch, length))
+  base = rng.integers(-1, 6, batch)
+  lengths = np.maximum(base, 0) + rng.integers(1, 9, batch)
+  state = tree_drafter_lib.TreeState(
+      cache=None, tokens=jnp.asarray(tokens, jnp.int32),
+      valid=jnp.asarray(valid), parent=jnp.asarray(parent),
+      base=jnp.asarray(base, jnp.int32))
+  path, m = map(np.asarray, drafter.committed_path(
+      state, jnp.asarray(sequences, jnp.int32), jnp.asarray(lengths, jnp.int32),
+      depth))
+  want_path = np.broadcast_to(np.arange(1, depth), path.shape).copy()
+  want_m = np.zeros(batch, int)
+  for b in range(batch):
+    u = 0
+    for d in range(1, depth):
+      if base[b] < 0 or base[b] + d > lengths[b] - 2:
+        break
+      found = [i for i in range(offsets[d], offsets[d + 1])
+               if parent[b, i] == u and valid[b, i] and
+               tokens[b, i] == sequences[b, base[b] + d]]
+      if not found:
+        break
+      u = want_path[b, d - 1] = found[0]
+      want_m[b] += 1
+  np.testing.assert_array_equal(m, want_m)
+  np.testing.assert_array_equal(path, want_path)
+  assert want_m.max() >= 3 and (want_m == 0).any()
 
 
 # ---------------------------------------------------------------------------

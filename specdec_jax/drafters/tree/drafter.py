@@ -32,6 +32,7 @@ from typing import Optional
 from flax import struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
@@ -39,6 +40,7 @@ from specdec_jax.drafters import t5
 from specdec_jax.drafters.t5 import T5Drafter
 from specdec_jax.drafters.tree import grow as grow_lib
 from specdec_jax.drafters.tree import shape as shape_lib
+from specdec_jax.drafters.tree import verify as verify_lib
 from specdec_jax.drafters.tree.loop import TreeLoop
 from specdec_jax.drafters.tree.shape import TreeShape
 
@@ -109,6 +111,37 @@ class TreeDrafter:
     cache = self.base.prefill(params, state.cache, sequences, lengths)
     return self._state(cache, state.tokens.shape[1])
 
+  def committed_path(self, state: TreeState, sequences, lengths,
+                     depth: int):
+    """Where the committed tokens run through the fed nodes of the last
+    tree: `(path [batch, max(depth - 1, 1)], m [batch])`, the fed index of
+    the node that goes to chain slot base + 1 + i (the first m; after
+    them the slot itself, which moves nothing) and how many were found.
+
+    Every fed node at once (not a few ops per level, `first_path`):
+    a node matches if the row committed past its depth (the last committed
+    token is fed by the catch-up, never moved) and its token is the
+    committed one there; the path takes each node's first matching child
+    (`verify.first_path`).
+    """
+    width = state.tokens.shape[1]
+    offsets = self.shape.truncate(depth).fed_offsets + (width,)
+    level = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    index = jnp.arange(width, dtype=jnp.int32)
+    at = state.base[:, None] + jnp.asarray(level, jnp.int32)[None]
+    committed = jnp.take_along_axis(
+        sequences, jnp.clip(at, 0, sequences.shape[1] - 1), 1)
+    match = ((state.base >= 0)[:, None] & (index > 0) & state.valid &
+             (at <= lengths[:, None] - 2) & (state.tokens == committed))
+    on_path = verify_lib.first_path(match, state.parent, depth - 1)
+    steps = max(depth - 1, 1)
+    at_depth = on_path[:, None, :] & jnp.asarray(
+        level[None, :] == np.arange(1, steps + 1)[:, None])[None]
+    path = jnp.where(jnp.any(at_depth, -1),
+                     jnp.sum(jnp.where(at_depth, index, 0), -1),
+                     jnp.arange(1, steps + 1, dtype=jnp.int32)[None])
+    return path.astype(jnp.int32), jnp.sum(on_path, -1).astype(jnp.int32)
+
   def commit(self, state: TreeState, sequences, lengths, depth: int):
     """The cache with the committed path of the last tree moved into the
     chain slots (rows without a tree, or whose tokens left it, keep what
@@ -117,36 +150,9 @@ class TreeDrafter:
     level): the path is moved down to its last fed node, at most depth
     `depth` - 1, and the catch-up feeds the two tokens after it (the
     last accepted node and the next token)."""
-    batch = state.tokens.shape[0]
-    rows = jnp.arange(batch)
+    path, m = self.committed_path(state, sequences, lengths, depth)
     base = state.base
     has = base >= 0
-    u = jnp.zeros((batch,), jnp.int32)
-    m = jnp.zeros((batch,), jnp.int32)
-    # Index of the node that goes to chain slot start + 1 + i: the
-    # path where it was found; elsewhere the slot itself (nothing moves).
-    steps = max(depth - 1, 1)
-    path = jnp.broadcast_to(jnp.arange(1, steps + 1, dtype=jnp.int32),
-                            (batch, steps))
-    walking = has
-    offsets = self.shape.truncate(depth).fed_offsets + (
-        state.tokens.shape[1],)
-    for d in range(1, depth):
-      # Committed token at depth d, if the row committed past it (the last
-      # committed token is fed by the catch-up, never moved).
-      index = jnp.clip(base + d, 0, sequences.shape[1] - 1)
-      token = sequences[rows, index]
-      here = walking & (base + d <= lengths - 2)
-      level = slice(offsets[d], offsets[d + 1])  # level d's fed nodes
-      match = ((state.parent[:, level] == u[:, None]) &
-               state.valid[:, level] &
-               (state.tokens[:, level] == token[:, None]))
-      found = here & jnp.any(match, axis=1)
-      child = offsets[d] + jnp.argmax(match, axis=1).astype(jnp.int32)
-      path = path.at[:, d - 1].set(jnp.where(found, child, d))
-      m = m + found.astype(jnp.int32)
-      u = jnp.where(found, child, u)
-      walking = found
     cache = state.cache
     start = jnp.maximum(base, 0)
     moved = cache.move_slots(start[:, None] + path, start + 1)

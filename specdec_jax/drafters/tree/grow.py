@@ -213,6 +213,8 @@ class _Levels:
     self.parents.append(shape.offsets[d - 1] + under(jnp.broadcast_to(
         jnp.arange(self.valid[-2].shape[1], dtype=jnp.int32),
         self.valid[-2].shape)))
+    # An undrafted node's score is -inf, made here where the score is (a
+    # dynamic level's ranking then reads it as it is).
     self.scores.append(under(self.scores[-1]) + cand_logp[:, call_row, rank])
     return call_row
 
@@ -250,8 +252,9 @@ class _Levels:
     prev = chosen(jnp.broadcast_to(jnp.asarray(call_row, jnp.int32),
                                    (batch, len(call_row))))
     self.fed_parents.append(shape.fed_offsets[d - 1] + prev)
-    at = np.arange(shape.fed_offsets[d], shape.fed_offsets[d] + len(feeds))
-    # The called nodes' rows: their parent's, and themselves.
+    at = slice(shape.fed_offsets[d], shape.fed_offsets[d] + len(feeds))
+    # The called nodes' rows: their parent's, and themselves (one slice
+    # of rows written, the gather fused into it).
     self.fed_visible = self.fed_visible.at[:, at].set(
         jnp.take_along_axis(self.fed_visible, self.fed_parents[-1][..., None],
                             1) |

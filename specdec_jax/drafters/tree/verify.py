@@ -62,6 +62,7 @@ from typing import NamedTuple, Tuple
 from flax import struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.drafters.tree.shape import TreeShape
 from specdec_jax.network import TreeMask
@@ -278,27 +279,73 @@ def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
 def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
                  shape: TreeShape, accept_rejected: bool):
   """`verify_tree` under greedy, on argmaxes only: a child is accepted iff
-  it is the target's argmax at its parent (`target_top` `[batch, T]`);
-  the next token is the target's argmax where the walk stops."""
+  it is the target's argmax at its parent (`target_top` `[batch, T]`) and
+  its parent was; the next token is the target's argmax where the walk
+  stops.
+
+  Every node at once, not level by level: a node is a candidate if it was
+  drafted and its token is the target's argmax at its parent; the walk
+  takes each node's first candidate child (`first_path`; a repeat of it,
+  later in slot order, is never reached). Whole-tree ops instead of a
+  walk of a few ops per level: on an accelerator at batch 1 each op is a
+  kernel launch.
+  """
   batch, width = target_top.shape
-  rows = jnp.arange(batch)
-  walk = _Walk.start(batch, shape.depth)
-  offsets = shape.offsets
-  for d, size in enumerate(shape.sizes, 1):
-    slots = jnp.arange(offsets[d], offsets[d] + size)
-    want = target_top[rows, walk.u]
-    children, has = walk.children(tree, slots)
-    # The first child of u that is the target's argmax (a repeat of it,
-    # later in slot order, is never reached).
-    ok = children & walk.walking[:, None] & (tree.tokens[:, slots] ==
-                                              want[:, None])
-    if accept_rejected:  # planted bug: a rejected sibling is taken
-      r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
-      ok = ok | (children & walk.walking[:, None] & (r[:, slots] < 0.5))
-    agree = (tree.top[rows, walk.u] == want).astype(jnp.float32)
-    walk = walk.step(d, has, agree, jnp.any(ok, axis=1),
-                     slots[jnp.argmax(ok, axis=1)].astype(jnp.int32))
-  return walk.result(target_top[rows, walk.u])
+  rows = jnp.arange(batch)[:, None]
+  index = jnp.arange(width, dtype=jnp.int32)
+  level = np.repeat(np.arange(shape.depth + 1), (1,) + shape.sizes)
+  parent = tree.parent
+  drafted = tree.valid & (index > 0)
+  cand = drafted & (tree.tokens == jnp.take_along_axis(target_top, parent, 1))
+  if accept_rejected:  # planted bug: a rejected sibling is taken
+    r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
+    cand = cand | (drafted & (r < 0.5))
+  accepted = first_path(cand, parent, shape.depth)
+  # The path: the accepted node at each depth (0 where none).
+  at_depth = accepted[:, None, :] & jnp.asarray(
+      level[None, :] == np.arange(1, shape.depth + 1)[:, None])[None]
+  path = jnp.sum(jnp.where(at_depth, index, 0), -1).astype(jnp.int32)
+  n = jnp.sum(accepted, -1).astype(jnp.int32)
+  last = jnp.where(n > 0, jnp.take_along_axis(
+      path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
+  # beta at each node the walk verified children of: the root and the
+  # accepted nodes that have drafted children.
+  has = jnp.zeros((batch, width), bool).at[rows, parent].max(drafted)
+  counted = has & (accepted | (index == 0))
+  agree = counted & (tree.top == target_top)
+  accepted_at = jnp.arange(shape.depth)[None, :] < n[:, None]
+  return (n, path, target_top[rows[:, 0], last].astype(jnp.int32),
+          accepted_at, jnp.sum(agree, -1).astype(jnp.float32),
+          jnp.sum(counted, -1).astype(jnp.int32))
+
+
+def first_path(cand: Array, parent: Array, depth: int) -> Array:
+  """`[batch, T]` bool: the nodes on the path that takes, from the root,
+  each node's first candidate child (slot order), while there is one.
+
+  A node is on it iff it is the first candidate among its siblings and so
+  is each of its ancestors but the root: one scatter-min (each node's
+  first candidate child) and ceil(log2(depth)) rounds of pointer doubling
+  (after r rounds a node has checked its 2^r nearest ancestors-or-self),
+  not a walk of a few ops per level.
+
+  Args:
+    cand: `[batch, T]` bool, the candidates (the root is never one).
+    parent: `[batch, T]` int32 index of each node's parent (the root's:
+      itself, 0); parents before their children.
+    depth: the deepest node's depth.
+  """
+  batch, width = cand.shape
+  rows = jnp.arange(batch)[:, None]
+  index = jnp.arange(width, dtype=jnp.int32)
+  first = jnp.full((batch, width), width, jnp.int32).at[rows, parent].min(
+      jnp.where(cand, index, width))
+  on, up = (cand & (jnp.take_along_axis(first, parent, 1) == index)) | (
+      index == 0), parent
+  for _ in range(int(np.ceil(np.log2(max(depth, 1))))):
+    on = on & jnp.take_along_axis(on, up, 1)
+    up = jnp.take_along_axis(up, up, 1)
+  return on & (index > 0)
 
 
 def path_tokens(tree: Tree, path: Array) -> Array:
