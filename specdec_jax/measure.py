@@ -64,6 +64,59 @@ def machine() -> str:
           f'({jax.default_backend()}: {devices})')
 
 
+# The cores other processes may keep busy, on average, while a job times
+# before its summary warns (an idle machine's background is hundredths).
+BUSY_CORES = 0.25
+
+
+def _cpu_seconds() -> Optional[Tuple[float, float, float]]:
+  """(wall s, CPU s of every process, CPU s of this one) now, from
+  /proc/stat and `os.times`; None where /proc/stat is missing."""
+  try:
+    with open('/proc/stat') as f:
+      fields = f.readline().split()
+  except OSError:
+    return None
+  if len(fields) < 9 or fields[0] != 'cpu':
+    return None
+  # user nice system (idle iowait) irq softirq steal, in clock ticks
+  ticks = [int(x) for x in fields[1:9]]
+  busy = sum(ticks[:3]) + sum(ticks[5:8])
+  own = os.times()
+  return (time.perf_counter(), busy / os.sysconf('SC_CLK_TCK'),
+          own.user + own.system)
+
+
+class OtherLoad:
+  """What other processes ran while a block did: `with OtherLoad() as
+  load: <timing>`, then `load.seconds` (the block's wall seconds) and
+  `load.cpu_s` (CPU seconds every process used but this one; None where
+  /proc/stat is missing, e.g. not Linux).
+
+  A timing beside other work is slower by an amount no repeat removes
+  (the loop's host thread and XLA's threads share the cores), and the
+  baseline and the speculative decode lose different shares of it; the
+  job's summary says how busy the machine was (`summary.timing_load`).
+  Clock ticks are 10 ms: pool spans of seconds, not one short one.
+  """
+
+  def __init__(self):
+    self._start = None
+    self.seconds: Optional[float] = None
+    self.cpu_s: Optional[float] = None
+
+  def __enter__(self) -> 'OtherLoad':
+    self._start = _cpu_seconds()
+    return self
+
+  def __exit__(self, *exc) -> bool:
+    end = _cpu_seconds()
+    if self._start is not None and end is not None:
+      wall, every, own = (b - a for a, b in zip(self._start, end))
+      self.seconds, self.cpu_s = wall, max(0.0, every - own)
+    return False
+
+
 def time_alternating(calls: Mapping[str, Callable[[], Any]],
                      repeats: int = 1, reverse: bool = False
                      ) -> Tuple[Dict[str, Any], Dict[str, float]]:

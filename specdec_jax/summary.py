@@ -1,7 +1,8 @@
 """The eval job's summary: totals of the records, summary.json / .md.
 
 `summarize` turns the records (examples.jsonl) into the run's figures:
-times and speed-ups (walltime and tokens/s), alpha and the rates of
+times and speed-ups (walltime and tokens/s), how busy other processes
+kept the machine while it timed (`timing_load`), alpha and the rates of
 `spec_stats.rates`, differing greedy examples split into near-ties and
 mismatches (`diagnostics`), with the run's settings. `write` adds the
 task's metrics of both outputs, the status (`status`: 'complete' only when
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pathlib
 from typing import Any, Dict, Optional
 
 from specdec_jax import data
+from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import spec_stats
 
@@ -63,9 +66,11 @@ def summarize(records, settings, choices=()) -> Dict[str, Any]:
     return {'examples': 0}
   sum_ = lambda k: float(sum(r[k] for r in records))
   batch_times = {}  # per timed call: a batch, or streamed a chunk
+  loads = {}  # per timed call: [other processes' CPU s, wall s]
   for r in records:
     unit = ('chunk', r['chunk']) if 'chunk' in r else ('batch', r['batch'])
     batch_times[unit] = (r['baseline_batch_s'], r['speculative_batch_s'])
+    loads[unit] = r.get('other_load')
   base_s = sum(b for b, _ in batch_times.values())
   spec_s = sum(s for _, s in batch_times.values())
   tokens = sum_('speculative_length')
@@ -105,6 +110,7 @@ def summarize(records, settings, choices=()) -> Dict[str, Any]:
       # Only greedy outputs must be identical; sampled ones match in law.
       'differing_examples': int(sum(not r['identical'] for r in records))
                             if greedy else None,
+      **timing_load(loads.values()),
   }
   if greedy:
     kinds = [(r.get('divergence') or {}).get('kind') for r in records
@@ -118,6 +124,27 @@ def summarize(records, settings, choices=()) -> Dict[str, Any]:
   summary.update({('configured_gamma' if k == 'gamma' else k): v
                   for k, v in settings.items()})
   return summary
+
+
+def timing_load(loads) -> Dict[str, Any]:
+  """How busy other processes kept the machine while the job timed
+  (`measure.OtherLoad`, each timed unit's `[CPU s, wall s]`; None: not
+  known): `other_load_cores`, their CPU seconds over the wall seconds
+  pooled (None where no unit knows), and `timing_warning`, a sentence
+  where that is over `measure.BUSY_CORES` across at least a second."""
+  known = [x for x in loads if x]
+  wall = sum(w for _, w in known)
+  if not known or wall <= 0:
+    return {'other_load_cores': None, 'timing_warning': None}
+  cores = sum(c for c, _ in known) / wall
+  warning = None
+  if cores > measure.BUSY_CORES and wall >= 1.0:
+    warning = (f'timed beside other work: other processes kept {cores:.2f} '
+               f'of {os.cpu_count()} cores busy on average while this job '
+               'timed, so its times and speed-ups are not this machine\'s; '
+               'decode again on a quiet machine (into a fresh '
+               'EVAL_OUTPUT_DIR: a rerun reuses the records)')
+  return {'other_load_cores': cores, 'timing_warning': warning}
 
 
 MARKDOWN_COLUMNS = (
@@ -140,8 +167,10 @@ def markdown(summary, base_metrics, spec_metrics) -> str:
                 f'speculative {m}' for m in metric_names]
   cells += [f'{base_metrics[m]:.2f}' for m in metric_names]
   cells += [f'{spec_metrics.get(m, float("nan")):.2f}' for m in metric_names]
+  warning = summary.get('timing_warning')
   return ('| ' + ' | '.join(header) + ' |\n|' + '---|' * len(header) +
-          '\n| ' + ' | '.join(cells) + ' |\n')
+          '\n| ' + ' | '.join(cells) + ' |\n' +
+          (f'\n**Warning: {warning}.**\n' if warning else ''))
 
 
 def status(records, wanted: set, error: Optional[BaseException]) -> str:

@@ -424,7 +424,8 @@ def _profile_choice(lane: Lane, inputs, alpha: float, examples: int
 
 
 def _records(loaded: loading.Loaded, u: int, batch, done: set, inputs,
-             base, spec, times: Dict[str, float], gamma: int
+             base, spec, times: Dict[str, float], gamma: int,
+             load: Optional[measure.OtherLoad] = None
              ) -> List[Dict[str, Any]]:
   """The records of a unit's rows not in `done` (examples.jsonl's fields).
 
@@ -438,6 +439,8 @@ def _records(loaded: loading.Loaded, u: int, batch, done: set, inputs,
     spec: its speculative decode.
     times: seconds per decode, {'baseline', 'speculative'}.
     gamma: the gamma it was decoded with.
+    load: what else ran while the unit was timed (`other_load`: [CPU s
+      of other processes, wall s], the unit's; None: not known).
   """
   setup, n = loaded.setup, len(batch)
   st = spec.stats
@@ -469,6 +472,8 @@ def _records(loaded: loading.Loaded, u: int, batch, done: set, inputs,
         baseline_batch_s=times['baseline'],
         speculative_batch_s=times['speculative'],
         divergence=divergences.get(row))
+    if load is not None and load.cpu_s is not None:
+      record['other_load'] = [load.cpu_s, load.seconds]
     if setup.batch.streamed:
       record['chunk'] = u
     records.append(record)
@@ -676,14 +681,15 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
     base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
     calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
     _warm(calls, keys(), warmed)  # what the choices changed
-    res, times = measure.time_alternating(calls, timing_repeats,
-                                          reverse=u % 2 == 1)
+    with measure.OtherLoad() as load:  # what else ran while timing
+      res, times = measure.time_alternating(calls, timing_repeats,
+                                            reverse=u % 2 == 1)
     out = [[] for _ in lanes]
     for i, lane in ((i, lanes[i]) for i in active):
       records = _records(lane.loaded, u, batch, lane.done, inputs,
                          res['baseline'], res[i], {
                              'baseline': times['baseline'],
-                             'speculative': times[i]}, lane.gamma)
+                             'speculative': times[i]}, lane.gamma, load)
       if lane.loaded.store is not None and records:
         lane.draft_params = _learn(lane.loaded, batch, inputs, res[i],
                                    lane.draft_params, lane.commit)

@@ -56,7 +56,8 @@ def read_jsonl(path):
   return [json.loads(l) for l in path.read_text().splitlines() if l]
 
 
-TIMING = ('baseline_batch_s', 'speculative_batch_s')
+# A unit's times and what else ran while it was timed (never reproduced).
+TIMING = ('baseline_batch_s', 'speculative_batch_s', 'other_load')
 
 
 def check_summary_is_the_records(out, num_examples):
@@ -72,6 +73,10 @@ def check_summary_is_the_records(out, num_examples):
            for r in records}
   base_s = sum(b for b, _ in units.values())
   spec_s = sum(s for _, s in units.values())
+  # What else ran while each unit was timed ([CPU s, wall s], Linux).
+  loads = {(r.get('chunk'), r['batch'] if 'chunk' not in r else None):
+           r['other_load'] for r in records}
+  assert all(wall > 0 <= cpu for cpu, wall in loads.values()), loads
   gammas = sorted({r['gamma'] for r in records})
   drafted = total('drafted')
   expected = {
@@ -90,6 +95,8 @@ def check_summary_is_the_records(out, num_examples):
       'speculative_tokens': total('speculative_length'),
       'walltime_speedup': base_s / spec_s,
       'differing_examples': sum(not r['identical'] for r in records),
+      'other_load_cores': (sum(c for c, _ in loads.values()) /
+                           sum(w for _, w in loads.values())),
   }
   for key, value in expected.items():
     assert summary[key] == (pytest.approx(value) if isinstance(value, float)
@@ -99,7 +106,10 @@ def check_summary_is_the_records(out, num_examples):
   # The gamma column says what decoded: one gamma, or examples per gamma;
   # 0 is no speculation (with the speed-up its choice predicted, when the
   # choice is there); '-' where nothing was verified.
-  header, _, row = (out / 'summary.md').read_text().splitlines()
+  header, _, row, *warning = (out / 'summary.md').read_text().splitlines()
+  # A job timed beside other work says so (the suite's workers may be).
+  assert warning == ([] if summary['timing_warning'] is None else
+                     ['', f"**Warning: {summary['timing_warning']}.**"])
   cells = dict(zip(header.strip('| ').split(' | '),
                    row.strip('| ').split(' | ')))
   assert cells['gamma'] == summary['gamma_label']

@@ -111,6 +111,9 @@ def test_streaming_and_the_jobs_use_public_names_only():
 CLOCKS = {
     'specdec_jax/measure.py:time_alternating': 'the timing loop of decodes',
     'specdec_jax/measure.py:loop_time': 'the timing loop of calls',
+    'specdec_jax/measure.py:_cpu_seconds': (
+        'the wall span other processes\' CPU time is pooled over, not a '
+        'timing'),
     'specdec_jax/bench/budget.py:__init__': 'a run\'s budget clock',
     'specdec_jax/bench/budget.py:elapsed': 'a run\'s budget clock',
     'specdec_jax/bench/budget.py:left': 'a run\'s budget clock',

@@ -8,6 +8,8 @@ acceptance the speculative loop itself observes.
 """
 
 import math
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -252,3 +254,39 @@ def test_tree_level_time_times_each_level_as_requested(setup, monkeypatch):
     measure.tree_level_time(drafters.TreeDrafter(
         drafters.T5Drafter(model), shape_lib.parse('chain:1')), params,
                             enc[:1])
+
+
+def test_other_load_counts_other_processes_not_this_one(monkeypatch):
+  """`OtherLoad` reads what every process and this one used (here
+  scripted: 4 CPU s of all, 2 of them this process's, over 2 s): 2 CPU s
+  of others. A real busy process beside a waiting one: at least half a
+  core of its second counted (the suite's other workers only add)."""
+  readings = iter([(10.0, 100.0, 3.0), (12.0, 104.0, 5.0)])
+  monkeypatch.setattr(measure, '_cpu_seconds', lambda: next(readings))
+  with measure.OtherLoad() as load:
+    pass
+  assert (load.cpu_s, load.seconds) == (2.0, 2.0)
+  monkeypatch.undo()
+  if measure._cpu_seconds() is None:  # pylint: disable=protected-access
+    pytest.skip('no /proc/stat here')
+  with measure.OtherLoad() as load:
+    subprocess.run([sys.executable, '-c', 'import time\nt = time.time()\n'
+                    'while time.time() - t < 1.0: pass'], check=True)
+  assert load.seconds >= 1.0 and load.cpu_s >= 0.5, (load.cpu_s,
+                                                      load.seconds)
+
+
+def test_the_summary_says_how_busy_other_processes_kept_the_machine():
+  """Pooled over the timed units (CPU s over wall s), and a warning only
+  above `measure.BUSY_CORES` across at least a second; None where no unit
+  knows (records of a run before this, or not Linux)."""
+  from specdec_jax import summary  # pylint: disable=g-import-not-at-top
+  quiet = summary.timing_load([[0.1, 2.0], [0.1, 2.0]])
+  assert quiet['other_load_cores'] == pytest.approx(0.05)
+  assert quiet['timing_warning'] is None
+  busy = summary.timing_load([[0.1, 2.0], [3.9, 2.0], None])
+  assert busy['other_load_cores'] == pytest.approx(1.0)
+  assert 'other processes kept 1.00 of' in busy['timing_warning']
+  assert summary.timing_load([[0.5, 0.5]])['timing_warning'] is None
+  assert summary.timing_load([None, None]) == {
+      'other_load_cores': None, 'timing_warning': None}

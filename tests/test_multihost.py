@@ -24,7 +24,7 @@ from test_eval import args
 from test_eval import read_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TIMINGS = ('baseline_batch_s', 'speculative_batch_s')
+TIMINGS = ('baseline_batch_s', 'speculative_batch_s', 'other_load')
 
 
 def _free_port():

@@ -43,13 +43,13 @@ SUMMARY_FIELDS = (
     'speculative_tokens_per_s', 'alpha', 'acceptance_rate',
     'mean_accepted_length', 'target_calls_per_token', 'differing_examples',
     'near_ties', 'mismatches', 'baseline_metrics', 'speculative_metrics',
-    'gamma_choices')
+    'gamma_choices', 'other_load_cores')
 # Fields that are timings (a rerun reproduces every other field).
 TIMING_FIELDS = ('baseline_s', 'speculative_s', 'walltime_speedup',
                  'throughput_speedup', 'baseline_tokens_per_s',
                  'speculative_tokens_per_s', 'measured', 'gamma_choices',
                  'predicted_speedup', 'predicted_label',
-                 'measured_over_predicted')
+                 'measured_over_predicted', 'other_load_cores')
 
 
 def new_result(spec, options, command: str) -> Dict[str, Any]:
@@ -249,7 +249,16 @@ def markdown(spec, result: Dict[str, Any]) -> str:
   """The results' markdown: header, the spec's about, its table."""
   lines = [f"# {result['title']} ({result['models']} models)", '',
            f"Command: `{result['command']}`  ",
-           f"Machine: {result['machine']}  ", f"Date: {result['date']}"]
+           f"Machine: {result['machine']}  "]
+  loads = [r['other_load_cores'] for r in result['rows']
+           if r.get('other_load_cores') is not None]
+  if loads:  # how busy other processes kept the machine (the job's)
+    lines.append(f'Other processes while timing: {max(loads):.2f} cores busy '
+                 'on average in the busiest cell' + (
+                     ' (**timed beside other work: rerun on a quiet '
+                     'machine**)' if max(loads) > measure.BUSY_CORES else '')
+                 + '  ')
+  lines.append(f"Date: {result['date']}")
   if result.get('predicted_by'):
     lines.append('Predicted columns recomputed from the measured values by '
                  f"`{result['predicted_by']}`.")

@@ -27,7 +27,7 @@ from specdec_jax.experiments import table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Record fields that are timings (or say where a run was).
-TIMED = {'baseline_batch_s', 'speculative_batch_s'}
+TIMED = {'baseline_batch_s', 'speculative_batch_s', 'other_load'}
 
 
 @pytest.mark.parametrize('models', task_table.MODEL_SETS)
