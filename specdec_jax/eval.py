@@ -207,9 +207,12 @@ class _Run:
     if self.index != 0:
       return {'process_index': self.index,
               'examples': len(self.records) - self.reused}
-    return summary_lib.write(self.out, self.task, self.records,
-                             self.setup.settings(), self.wanted, error,
-                             self.reused)
+    summary = summary_lib.write(self.out, self.task, self.records,
+                                self.setup.settings(), self.wanted, error,
+                                self.reused)
+    if summary.get('timing_warning'):  # said where the run is watched
+      print(f"warning: {summary['timing_warning']}", file=sys.stderr)
+    return summary
 
 
 def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,

@@ -6,12 +6,14 @@ starting over, keep finished work when it crashes, and name the problem when
 the configuration is wrong.
 """
 
+import itertools
 import json
 import pathlib
 
 import pytest
 
 from specdec_jax import eval as eval_lib
+from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import speculative
 from specdec_jax import unit_loop
@@ -179,7 +181,19 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   # Fixed batches at GAMMA: the same greedy records but for the mode, the
   # timings, the gamma and the counters that depend on it (at one gamma a
   # stream counts as the fixed loop does: tests/test_streaming.py).
+  # Timed on a machine other processes keep busy (scripted: 2 cores a
+  # second of a unit): the summary, summary.md and stderr say so.
+  real, clock = measure._cpu_seconds, itertools.count()  # pylint: disable=protected-access
+  monkeypatch.setattr(measure, '_cpu_seconds', lambda: (lambda t: (
+      t, 3.0 * t, t))(float(next(clock))))
+  capsys.readouterr()
   fixed = eval_lib.main(args(tmp_path / 'fixed'))
+  monkeypatch.setattr(measure, '_cpu_seconds', real)
+  assert fixed['other_load_cores'] == pytest.approx(2.0)
+  assert 'timed beside other work' in fixed['timing_warning']
+  assert fixed['timing_warning'] in (tmp_path / 'fixed' / 'summary.md'
+                                     ).read_text()
+  assert f"warning: {fixed['timing_warning']}" in capsys.readouterr().err
   assert fixed['batching'] == 'fixed' and fixed['timed_calls'] == 2
   assert fixed['gamma_used'] == {'3': 4} and fixed['gamma_choices'] == []
   assert json.loads((tmp_path / 'fixed' / 'run.json').read_text())[
@@ -493,7 +507,6 @@ def test_batch_decodes_without_speculation_where_the_profile_says_slower(
   profile it measures predicts even the best gamma slower than the
   baseline (here a target whose k-token call costs k one-token calls, as
   no accelerator has it), it decodes with the baseline and says why."""
-  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   real = measure.cost_curve
 
   def linear(*a, **k):
@@ -555,7 +568,6 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   `choose` tests.)"""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
-  from specdec_jax import measure  # pylint: disable=g-import-not-at-top
   from specdec_jax.drafters.tree import shape as shape_lib  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
