@@ -213,8 +213,6 @@ class _Levels:
     self.parents.append(shape.offsets[d - 1] + under(jnp.broadcast_to(
         jnp.arange(self.valid[-2].shape[1], dtype=jnp.int32),
         self.valid[-2].shape)))
-    # An undrafted node's score is -inf, made here where the score is (a
-    # dynamic level's ranking then reads it as it is).
     self.scores.append(under(self.scores[-1]) + cand_logp[:, call_row, rank])
     return call_row
 
