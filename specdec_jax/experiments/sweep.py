@@ -37,6 +37,7 @@ import numpy as np
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
+from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import task_table
 from specdec_jax import unit_loop
@@ -420,8 +421,9 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       break
     start = time.perf_counter()
     try:
-      done = run_cells(models, group, options, folder, spec.measurements,
-                       cache, spec.decode)
+      with measure.OtherLoad() as load:
+        done = run_cells(models, group, options, folder, spec.measurements,
+                         cache, spec.decode)
     except Exception as e:  # pylint: disable=broad-except
       # Recorded with its error; the other cells still run (the job wrote
       # what the cells finished into their folders: a rerun resumes them).
@@ -433,8 +435,12 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     else:
       clock.note(', '.join(c.name for c in group),
                  time.perf_counter() - start, kind='cell', units=len(group))
-      result['rows'] += [table.row_of(cell, summary, values)
-                         for cell, (summary, values) in zip(group, done)]
+      rows = [table.row_of(cell, summary, values)
+              for cell, (summary, values) in zip(group, done)]
+      for row in rows:  # a cell the job did not time: its group's span
+        if row.get('other_load_cores') is None and load.cpu_s is not None:
+          row['other_load_cores'] = load.cpu_s / load.seconds
+      result['rows'] += rows
       result['rows'].sort(key=lambda row: order[row['cell']])
     table.write(spec, table.repredict(spec, result, profile), out)
   result['time_log'] = clock.log

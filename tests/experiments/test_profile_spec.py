@@ -23,6 +23,12 @@ def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path):
   assert result['failed'] == [] and [r['measurement'] for r in rows] == [
       't(k)', 'c', 'c', 'tree level']
   assert all('status' not in r and 'alpha' not in r for r in rows)  # no job
+  # Nothing decoded, so how busy other processes kept the machine is the
+  # cell's whole span's (Linux), said under the table's Machine line.
+  loads = [r['other_load_cores'] for r in rows]
+  assert all(x is not None and x >= 0 for x in loads), loads
+  assert (f'Other processes while timing: {max(loads):.2f} cores busy'
+          in out.with_suffix('.md').read_text())
   target, lookup, small, tree = (r['measured'] for r in rows)
   path = out.parent / 'out.profile.json'
   assert result['hardware_profile'] == str(path)
