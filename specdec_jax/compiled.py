@@ -27,8 +27,7 @@ program spans both ('model' axis) and is held against one core's HBM.
 `python -m specdec_jax.compiled --target=<target> [flags]` prints each
 program's bytes per device and fit; `--iterations`, the per-iteration cost
 model (`program_cost`). The estimates built on these counts (roofline,
-hardware profile, the paper's Table 2) are in
-`specdec_jax.estimates`; docs/tpu.md explains both.
+hardware profile, Table 2) are in `specdec_jax.estimates`; docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -602,15 +601,16 @@ def check_flags(parser: argparse.ArgumentParser,
 
 def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   """The command's flags (see `main`)."""
-  parser = argparse.ArgumentParser(
-      prog='python -m specdec_jax.compiled',
-      description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog='python -m specdec_jax.compiled',
+                                   description=__doc__.split('\n')[0])
   add_flags(parser)
   parser.add_argument('--iterations', nargs='?', const='programs',
-                      choices=('programs', 'reference'),
-                      help='counts, GB, ESTIMATED ms per loop iteration of '
-                      "--programs (program_cost), or 'reference': those "
-                      'the device model was fitted to, with measured ms')
+                      choices=('programs', 'reference'), help='counts, GB, '
+                      'ESTIMATED ms per loop iteration of --programs '
+                      "(program_cost), or 'reference': those the device "
+                      'model was fitted to, with measured ms')
+  parser.add_argument('--captured_us', type=float, help='with --iterations: '
+                      'ESTIMATES at this cost of a captured kernel (us)')
   return check_flags(parser, parser.parse_args(argv))
 
 
@@ -670,7 +670,7 @@ def iterations(args: argparse.Namespace) -> str:
       args.programs == 'all') else [p.strip() for p in args.programs.split(',')]
   try:
     return program_cost.report_iterations(lower, target.platform, names,
-                                          target.spec.name)
+                                          target.spec.name, args.captured_us)
   except BackendMissing as e:
     raise SystemExit(str(e)) from e
 

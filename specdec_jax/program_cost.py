@@ -1296,8 +1296,11 @@ def rows(iterations: Sequence[Tuple[str, Iteration, Optional[float]]],
 
 
 def markdown(table: Sequence[Mapping[str, Any]], platform: str,
-             model: Optional[DeviceModel] = None) -> str:
-  """The rows of `rows` as a markdown table, the estimates labelled."""
+             model: Optional[DeviceModel] = None,
+             fitted: Optional[float] = None) -> str:
+  """The rows of `rows` as a markdown table, the estimates labelled
+  (`fitted`: the fit's captured-kernel cost, where `model` assumes
+  another)."""
   gpu = platform == 'gpu'
   columns = ['program', 'part'] + (
       ['host launches', 'kernels', 'command buffers'] if gpu else
@@ -1338,7 +1341,11 @@ def markdown(table: Sequence[Mapping[str, Any]], platform: str,
         f'{ESTIMATE}, not measured: per part max(GB / '
         f'{model.bandwidth / 1e12:.3g} TB/s, host launches x '
         f'{model.launch_us:.3g} us + captured kernels x '
-        f'{model.captured_us:.3g} us), summed over the parts.')
+        f'{model.captured_us:.3g} us), summed over the parts.' + (
+            '' if fitted is None or fitted == model.captured_us else
+            f' The captured kernels\' {model.captured_us:.3g} us is '
+            f'assumed (--captured_us), not fitted (the fit: '
+            f'{fitted:.3g} us).'))
   return note + '\n\n' + report.table(columns, body) + '\n'
 
 
@@ -1347,7 +1354,8 @@ def _n(x: float) -> str:
 
 
 def report_iterations(lower: Callable[..., Any], platform: str,
-                      names: Optional[Sequence[str]], device: str) -> str:
+                      names: Optional[Sequence[str]], device: str,
+                      captured_us: Optional[float] = None) -> str:
   """The per-iteration table of programs compiled for a compile-only
   target (`python -m specdec_jax.compiled --iterations`).
 
@@ -1359,6 +1367,9 @@ def report_iterations(lower: Callable[..., Any], platform: str,
       setup and its measured ms.
     device: the target chip's name, e.g. 'NVIDIA H100 80GB HBM3': its
       stored device model estimates the times (GPU).
+    captured_us: the cost of a kernel inside a command buffer the
+      estimates assume (None: the fitted one; the fit cannot tell it from
+      0 on the programs it has, so a range is shown by running twice).
 
   Returns:
     A markdown text: the table (`markdown`) and what each row compiled.
@@ -1366,6 +1377,8 @@ def report_iterations(lower: Callable[..., Any], platform: str,
   path = MODEL_DIR / f'{report.device_name(device)}.json'
   stored = load_model(path.stem) if path.is_file() else None
   model = stored['model'] if stored and platform == 'gpu' else None
+  if model is not None and captured_us is not None:
+    model = dataclasses.replace(model, captured_us=captured_us)
   if names is None:
     if stored is None:
       raise ValueError(f'no device model of {device} ({path.name}) to take '
@@ -1388,7 +1401,8 @@ def report_iterations(lower: Callable[..., Any], platform: str,
                           if it.program_counted else '')
                       for label, it, _ in found if it.program_bytes})
   found_breakdown = [(label, it) for label, it, _ in found if it.breakdown]
-  return markdown(rows(found, model), platform, model) + ''.join(
+  fit = stored['model'].captured_us if model is not None else None
+  return markdown(rows(found, model), platform, model, fit) + ''.join(
       f'\n- {n}' for n in notes) + ('\n' if notes else '') + (
           '\n' + breakdown_markdown(found_breakdown)
           if found_breakdown else '')

@@ -211,6 +211,11 @@ def test_table_labels_estimates(tiny):
   assert rows[0]['ratio'] == pytest.approx(rows[0]['estimated_ms'])
   text = pc.markdown(rows, 'gpu', model)
   assert 'ESTIMATE' in text and 'not measured' in text
+  assert 'assumed' not in text and 'assumed' not in pc.markdown(
+      rows, 'gpu', model, fitted=1.0)
+  # --captured_us: a cost the fit did not give is said to be assumed.
+  assert ("captured kernels' 1 us is assumed (--captured_us), not fitted "
+          '(the fit: 0 us)') in pc.markdown(rows, 'gpu', model, fitted=0.0)
   assert 'GPU notion' in pc.markdown(rows, 'tpu')
 
 
@@ -218,8 +223,8 @@ def test_iterations_flag_without_cuda_plugin():
   """`--iterations` for a GPU target says the CUDA plugin is missing where
   it is (the suite's python), instead of a traceback."""
   args = compiled.parse_flags(['--target=gpu:h100', '--iterations',
-                               '--programs=baseline'])
-  assert args.iterations == 'programs'
+                               '--programs=baseline', '--captured_us=2.4'])
+  assert args.iterations == 'programs' and args.captured_us == 2.4
   if any(importlib.util.find_spec(p) for p in ('jax_cuda13_plugin',
                                                'jax_cuda12_plugin')):
     pytest.skip('the CUDA plugin is installed here')
