@@ -135,12 +135,10 @@ class TreeDrafter:
              (at <= lengths[:, None] - 2) & (state.tokens == committed))
     on_path = verify_lib.first_path(match, state.parent, depth - 1)
     steps = max(depth - 1, 1)
-    at_depth = on_path[:, None, :] & jnp.asarray(
-        level[None, :] == np.arange(1, steps + 1)[:, None])[None]
-    path = jnp.where(jnp.any(at_depth, -1),
-                     jnp.sum(jnp.where(at_depth, index, 0), -1),
+    found = verify_lib.depth_path(on_path, level, steps)  # 0: none there
+    path = jnp.where(found > 0, found,
                      jnp.arange(1, steps + 1, dtype=jnp.int32)[None])
-    return path.astype(jnp.int32), jnp.sum(on_path, -1).astype(jnp.int32)
+    return path, jnp.sum(on_path, -1).astype(jnp.int32)
 
   def commit(self, state: TreeState, sequences, lengths, depth: int):
     """The cache with the committed path of the last tree moved into the

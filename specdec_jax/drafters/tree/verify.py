@@ -301,10 +301,7 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
     r = jax.random.uniform(jax.random.split(rng)[0], (batch, width))
     cand = cand | (drafted & (r < 0.5))
   accepted = first_path(cand, parent, shape.depth)
-  # The path: the accepted node at each depth (0 where none).
-  at_depth = accepted[:, None, :] & jnp.asarray(
-      level[None, :] == np.arange(1, shape.depth + 1)[:, None])[None]
-  path = jnp.sum(jnp.where(at_depth, index, 0), -1).astype(jnp.int32)
+  path = depth_path(accepted, level, shape.depth)
   n = jnp.sum(accepted, -1).astype(jnp.int32)
   last = jnp.where(n > 0, jnp.take_along_axis(
       path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
@@ -346,6 +343,16 @@ def first_path(cand: Array, parent: Array, depth: int) -> Array:
     on = on & jnp.take_along_axis(on, up, 1)
     up = jnp.take_along_axis(up, up, 1)
   return on & (index > 0)
+
+
+def depth_path(on: Array, level: np.ndarray, depth: int) -> Array:
+  """`[batch, depth]` int32: the node of a path (`on` `[batch, T]`, the
+  root not on it, as `first_path` gives) at each depth 1..`depth`, 0
+  where the path is shorter; `level` `[T]` (static) each node's depth."""
+  at = on[:, None, :] & jnp.asarray(
+      level[None, :] == np.arange(1, depth + 1)[:, None])[None]
+  index = jnp.arange(on.shape[1], dtype=jnp.int32)
+  return jnp.sum(jnp.where(at, index, 0), -1).astype(jnp.int32)
 
 
 def path_tokens(tree: Tree, path: Array) -> Array:
