@@ -135,9 +135,8 @@ class TreeDrafter:
              (at <= lengths[:, None] - 2) & (state.tokens == committed))
     on_path = verify_lib.first_path(match, state.parent, depth - 1)
     steps = max(depth - 1, 1)
-    found = verify_lib.depth_path(on_path, level, steps)  # 0: none there
-    path = jnp.where(found > 0, found,
-                     jnp.arange(1, steps + 1, dtype=jnp.int32)[None])
+    path = verify_lib.depth_path(  # none there: the slot itself
+        on_path, level, steps, jnp.arange(1, steps + 1, dtype=jnp.int32))
     return path, jnp.sum(on_path, -1).astype(jnp.int32)
 
   def commit(self, state: TreeState, sequences, lengths, depth: int):

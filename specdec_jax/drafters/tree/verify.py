@@ -57,7 +57,7 @@ replacement, arXiv 2402.12374).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 from flax import struct
 import jax
@@ -345,14 +345,18 @@ def first_path(cand: Array, parent: Array, depth: int) -> Array:
   return on & (index > 0)
 
 
-def depth_path(on: Array, level: np.ndarray, depth: int) -> Array:
+def depth_path(on: Array, level: np.ndarray, depth: int,
+               fill: Optional[Array] = None) -> Array:
   """`[batch, depth]` int32: the node of a path (`on` `[batch, T]`, the
-  root not on it, as `first_path` gives) at each depth 1..`depth`, 0
-  where the path is shorter; `level` `[T]` (static) each node's depth."""
+  root not on it, as `first_path` gives) at each depth 1..`depth`; where
+  the path is shorter 0, or `fill` (`[depth]`); `level` `[T]` (static)
+  each node's depth."""
   at = on[:, None, :] & jnp.asarray(
       level[None, :] == np.arange(1, depth + 1)[:, None])[None]
   index = jnp.arange(on.shape[1], dtype=jnp.int32)
-  return jnp.sum(jnp.where(at, index, 0), -1).astype(jnp.int32)
+  path = jnp.sum(jnp.where(at, index, 0), -1).astype(jnp.int32)
+  return path if fill is None else jnp.where(jnp.any(at, -1), path,
+                                             fill[None])
 
 
 def path_tokens(tree: Tree, path: Array) -> Array:
