@@ -39,6 +39,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
+from specdec_jax import synthetic
 from specdec_jax.checkpoints import t5x
 from specdec_jax.sampling import SamplingConfig
 
@@ -51,15 +52,6 @@ MAX_LEN = 10
 GAMMA = 3
 EOS = 1
 SAMPLED = SamplingConfig(temperature=1.0)
-
-
-def _perturbed(params, scale, seed):
-  """The target's weights plus noise: a drafter agreeing often, not always."""
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree_util.tree_unflatten(tree, [
-      x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
-      for x, k in zip(leaves, keys)])
 
 
 def _tokens(x):
@@ -128,7 +120,7 @@ def main(out_path, fixtures=None):
   out = {'devices': jax.device_count()}
   model = network.T5Model(CONFIG)
   params = model.init_params(jax.random.key(1))
-  draft_params = _perturbed(params, 0.2, 0)
+  draft_params = synthetic.perturbed(params, 0.2, jax.random.key(0))
   rng = np.random.default_rng(3)
   inputs = rng.integers(2, CONFIG.vocab_size, (4, 7)).astype(np.int32)
   inputs[1, 4:] = 0

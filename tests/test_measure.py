@@ -43,7 +43,7 @@ def setup(v11):
       [t[:n] for t, n in zip(np.asarray(out.tokens), np.asarray(out.lengths))],
       model.vocab_size, 2, top_k=8)
   return model, params, enc, {
-      't5': (drafters.T5Drafter(model), perturbed(params, 0.5, 0)),
+      't5': (drafters.T5Drafter(model), perturbed(params, 0.3, 0)),
       'bigram': (drafters.NgramDrafter(model.vocab_size, 2), ngram),
   }
 

@@ -24,6 +24,7 @@ from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
+from specdec_jax import synthetic
 
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
@@ -36,12 +37,9 @@ EOS = RAGGED_EOS
 
 
 def perturbed(params, scale, seed):
-  """A 'good drafter': the target's weights plus noise (agrees often)."""
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
-           for x, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(tree, noisy)
+  """A 'good drafter': the target's weights plus noise (agrees often);
+  the package's rule (`synthetic.perturbed`), drawn from `seed`."""
+  return synthetic.perturbed(params, scale, jax.random.key(seed))
 
 
 @pytest.fixture(scope='module')
@@ -53,7 +51,7 @@ def greedy_setup(v11, ragged_greedy):
       num_decoder_layers=1))
   return model, params, enc, base, {
       'self': (drafters.T5Drafter(model), params),
-      'good': (drafters.T5Drafter(model), perturbed(params, 0.3, 0)),
+      'good': (drafters.T5Drafter(model), perturbed(params, 0.1, 0)),
       'random': (drafters.T5Drafter(small), small.init_params(
           jax.random.key(9))),
   }
