@@ -402,6 +402,14 @@ class EvalSetup:
     return SamplingConfig(self.temperature, self.topk, self.topp)
 
   @property
+  def chooses_gamma(self) -> bool:
+    """Whether the job chooses gamma from a profile it measures, as far as
+    the setup says (`BatchSpec.profile_gamma`; not for a tree the job
+    chooses). A drafter with a merged loop keeps its gamma too, which only
+    the built drafter says (`unit_loop.chooses_gamma`)."""
+    return self.batch.profile_gamma and not self.draft.chooses_tree
+
+  @property
   def loaded_config(self) -> network.T5Config:
     """The target's config as its checkpoint holds it (+ activation dtype)."""
     if self.activation_dtype is None:

@@ -354,8 +354,7 @@ def chooses_gamma(loaded: loading.Loaded) -> bool:
   """Whether the job chooses the setup's gamma from a profile it measures
   (`BatchSpec.gamma_rule`; not for a tree the job chooses, nor a drafter
   with a merged loop, which keeps its configured gamma)."""
-  setup = loaded.setup
-  return (setup.batch.profile_gamma and not setup.draft.chooses_tree and
+  return (loaded.setup.chooses_gamma and
           not speculative.decodes_merged(loaded.drafter))
 
 

@@ -17,6 +17,7 @@ import jax
 import pytest
 
 from specdec_jax import hardware
+from specdec_jax import unit_loop
 
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs as specs_lib
@@ -169,6 +170,25 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected():
       at, num_examples=2 * at.num_examples))], profile)
   assert twice['specs']['trees']['seconds'] == pytest.approx(
       2 * projected['specs']['trees']['seconds'], abs=1)
+
+
+def test_a_setup_chooses_gamma_by_its_batch_rule_unless_it_chooses_a_tree():
+  """The rule the projection counts a gamma choice by (its loops, the
+  first examples decoded once more for alpha): the job's
+  (`unit_loop.chooses_gamma`) as far as the setup says, without the
+  drafter it has not built."""
+  (spec, options), = [p for p in stored.parse_plan(stored.DEFAULT_PLAN)
+                      if p[0].name == 'table2']
+  options = sweep.options_of(spec, options)
+  setup = sweep.cell_setup(sweep.model_set(options),
+                           sweep.plan(spec, options)[0], options)
+  assert setup.batch.profile_gamma and setup.chooses_gamma
+  assert unit_loop.chooses_gamma(stored.abstract_loaded(setup))
+  tree = setup.replace(draft=setup.draft.replace(kind='tree',
+                                                  tree='choose:16'))
+  assert tree.batch.profile_gamma and not tree.chooses_gamma
+  fixed = setup.replace(batch=setup.batch.replace(gamma_rule='config'))
+  assert not fixed.chooses_gamma
 
 
 def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):

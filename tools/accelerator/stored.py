@@ -560,7 +560,7 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
       top, b = first.batch.max_gamma, first.batch.size
       names = {m for c in group for m in c.measure}
       seconds += loops(range(1, top + 2), b) * (
-          ('costs' in names) + sum(s.batch.profile_gamma for s in setups))
+          ('costs' in names) + sum(s.chooses_gamma for s in setups))
       if not spec.decode:  # one measurement a cell
         seconds += sum(loops(range(1, top + 2) if c.labels.get(
             'measurement') == 't(k)' else [1]) for c in group)
@@ -574,7 +574,7 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
       # A gamma choice's alpha: the first examples' units decoded once more.
       seconds += -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b
                    ) * sum(x for x, s in zip(spec_s, setups)
-                           if s.batch.profile_gamma)
+                           if s.chooses_gamma)
     out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
   recorded = (store.manifest.get('plan_programs') or {}) if store else {}
   stored_ = [f for f in recorded if store.built(aot.program_name([f]))]
