@@ -103,9 +103,9 @@ CHIPS: Dict[str, Chip] = {key: Chip(**fields) for key, fields in
 
 
 def gpu_target_config(chip: str, cuda: Tuple[int, int] = (13, 0)) -> str:
-  """XLA's GpuTargetConfigProto text of a GPU in `CHIPS` (its memory,
-  bandwidth and name) for a CUDA runtime version: what a compile-only GPU
-  device compiles for."""
+  """XLA's GpuTargetConfigProto text of a GPU in `CHIPS` (memory, bandwidth,
+  name) for a CUDA version, runtime and driver (XLA captures cuBLAS / cuDNN
+  calls only on a driver >= 12.3): what a compile-only GPU compiles for."""
   spec = CHIPS[chip]
   return _CHIP_DATA['gpu_target_config'].format(
       bandwidth=int(spec.hbm_bandwidth), memory=spec.hbm_bytes,

@@ -1368,8 +1368,7 @@ def report_iterations(lower: Callable[..., Any], platform: str,
     device: the target chip's name, e.g. 'NVIDIA H100 80GB HBM3': its
       stored device model estimates the times (GPU).
     captured_us: the cost of a kernel inside a command buffer the
-      estimates assume (None: the fitted one; the fit cannot tell it from
-      0 on the programs it has, so a range is shown by running twice).
+      estimates assume (None: the fitted one).
 
   Returns:
     A markdown text: the table (`markdown`) and what each row compiled.

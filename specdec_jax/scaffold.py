@@ -51,8 +51,8 @@ def compiler_options(args) -> Tuple[Tuple[str, Any], ...]:
   """The XLA options a loop's program compiles with, as sorted pairs.
 
   On a GPU, the dots smaller than the target's weight matmuls (a drafter's,
-  the attention's) are emitted by XLA as fusions, which command buffers
-  capture, instead of cuBLAS calls launched one by one
+  the attention's) are emitted by XLA as fusions, which may take in their
+  neighbours, instead of cuBLAS GEMMs, each a kernel of its own
   (`network.small_dot_threshold`). Other backends ignore the option.
 
   Args:

@@ -600,7 +600,8 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
   device, and the device's autotune results match it), else `target`'s
   compile-only device, on a GPU with its config matched to the device
   `autotune` was timed on (`aot.match_autotune_device`); config: what the
-  store's manifest says of it."""
+  store's manifest says of it (a GPU's always: another makes other
+  programs, e.g. another driver version captures other commands)."""
   if facts_file is not None:
     facts = json.loads(facts_file.read_text()).get('device_facts') or {}
     topology = aot.device_topology(facts)
@@ -610,11 +611,11 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
     aot.check_compiles(device)
     return device, (f'the device topology in {facts_file.name} (sha256 '
                     f'{aot.sha256(topology)[:16]})')
-  config = None
-  device_kind = autotune and aot.autotune_device(autotune.read_text())
-  if device_kind:
-    config = aot.match_autotune_device(
-        compiled.default_target_config(target), device_kind)
+  if compiled.get_target(target).platform != 'gpu':
+    return compiled.devices(target)[0], None
+  config, kind = compiled.default_target_config(target), autotune and (
+      aot.autotune_device(autotune.read_text()))
+  config = aot.match_autotune_device(config, kind) if kind else config
   return compiled.devices(target, config)[0], config
 
 
