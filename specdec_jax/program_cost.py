@@ -1138,11 +1138,12 @@ class DeviceModel:
   """Per part: max(GB / bandwidth, launches x launch_us + captured x
   captured_us); an iteration: the sum over its parts.
 
-  A part of an iteration is bound either by the bytes it moves or by the
-  host launching its kernels, whichever takes longer: the launches of a
-  call that streams gigabytes of weights (the target call) hide behind its
-  transfers, those of a chain of tiny kernels (a small drafter's call at
-  batch 1) are its time. ESTIMATES, never measurements.
+  A part of an iteration is bound either by the bytes it moves or by
+  running its kernels (launched from the host or captured in a command
+  buffer), whichever takes longer: the kernels of a call that streams
+  gigabytes of weights (the target call) hide behind its transfers, those
+  of a chain of tiny kernels (a small drafter's call at batch 1) are its
+  time. ESTIMATES, never measurements.
 
   Attributes:
     name: the device's name, e.g. 'nvidia-h100-80gb-hbm3'.
