@@ -822,10 +822,11 @@ def small_dot_threshold(tree) -> int:
   beam:8,4,12/64 iteration at T5 1.1-XXL target cost runs 1,163 kernels
   with the threshold, 1,189 without (compile-only H100). (XLA captures
   both in command buffers, cuBLAS by tracing it, where the driver allows
-  that: CUDA >= 12.3, as on the device.) The threshold keeps every weight matmul of the largest model in `tree`
-  (the target) on cuBLAS (its smallest 2-D kernel's elements, so any of
-  its dots exceeds it) and gives XLA the smaller ones (a drafter's, the
-  attention's), up to `SMALL_DOT_CAP`. XLA's
+  that: CUDA >= 12.3, as on the device.) The threshold keeps every weight
+  matmul of the largest model in `tree` (the target) on cuBLAS (its
+  smallest 2-D kernel's elements, so any of its dots exceeds it) and gives
+  XLA the smaller ones (a drafter's, the attention's), up to
+  `SMALL_DOT_CAP`. XLA's
   `xla_gpu_gemm_rewrite_size_threshold` (`scaffold.compiler_options`).
 
   Args:

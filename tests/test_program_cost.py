@@ -227,7 +227,9 @@ def test_iterations_flag_without_cuda_plugin():
   assert args.iterations == 'programs' and args.captured_us == 2.4
   if any(importlib.util.find_spec(p) for p in ('jax_cuda13_plugin',
                                                'jax_cuda12_plugin')):
-    pytest.skip('the CUDA plugin is installed here')
+    pytest.skip('the CUDA plugin is installed here, so the missing-plugin '
+                'error this test checks cannot occur (the flags were '
+                'checked above; run it where the plugin is absent)')
   with pytest.raises(SystemExit, match='CUDA plugin'):
     compiled.iterations(args)
 

@@ -558,7 +558,6 @@ def test_greedy_walk_takes_the_first_of_repeated_siblings():
     walk(tree.replace(siblings='both'), jnp.asarray(top))
 
 
-
 @pytest.mark.parametrize('spec', ['beam:3,2,4', 'static:0.0,0.1;0.0,0.1,1.0'])
 def test_greedy_walk_equals_a_level_by_level_reference(spec):
   """The walk runs on every node at once; on random trees of a small
@@ -596,7 +595,6 @@ def test_greedy_walk_equals_a_level_by_level_reference(spec):
   np.testing.assert_array_equal(
       accepted_at, np.arange(shape.depth)[None] < want[0][:, None])
   assert 0 < want[0].mean() < shape.depth and want[0].max() >= 2
-
 
 
 def test_drafter_finds_the_committed_path_among_its_fed_nodes(tiny_target):

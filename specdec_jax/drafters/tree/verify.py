@@ -143,10 +143,18 @@ def _normalized(x: Array) -> Array:
   return jnp.where(total > 0, x / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+def _walked(n: Array, path: Array, next_token: Array, beta_sum: Array,
+            beta_count: Array):
+  """`verify_tree`'s return value from a walk's figures (both walks')."""
+  accepted_at = jnp.arange(path.shape[1])[None, :] < n[:, None]
+  return (n, path, next_token.astype(jnp.int32), accepted_at, beta_sum,
+          beta_count)
+
+
 class _Walk(NamedTuple):
-  """Where each row's walk is, and what it has counted: the state the
-  greedy and the sampled walk share (they differ in how a child is
-  accepted and where the next token comes from)."""
+  """Where each row's walk is, and what it has counted, level by level:
+  the sampled walk's state (the greedy walk runs on the whole tree at
+  once, `_walk_greedy`)."""
 
   u: Array  # [batch] the current node
   walking: Array  # [batch] the walk reached u by accepting it (root: all)
@@ -182,9 +190,8 @@ class _Walk(NamedTuple):
 
   def result(self, next_token: Array):
     """`verify_tree`'s return value."""
-    accepted_at = jnp.arange(self.path.shape[1])[None, :] < self.n[:, None]
-    return (self.n, self.path, next_token.astype(jnp.int32), accepted_at,
-            self.beta_sum, self.beta_count)
+    return _walked(self.n, self.path, next_token, self.beta_sum,
+                   self.beta_count)
 
 
 def verify_tree(rng: Array, tree: Tree, p: Array, shape: TreeShape,
@@ -310,10 +317,9 @@ def _walk_greedy(rng: Array, tree: Tree, target_top: Array,
   has = jnp.zeros((batch, width), bool).at[rows, parent].max(drafted)
   counted = has & (accepted | (index == 0))
   agree = counted & (tree.top == target_top)
-  accepted_at = jnp.arange(shape.depth)[None, :] < n[:, None]
-  return (n, path, target_top[rows[:, 0], last].astype(jnp.int32),
-          accepted_at, jnp.sum(agree, -1).astype(jnp.float32),
-          jnp.sum(counted, -1).astype(jnp.int32))
+  return _walked(n, path, target_top[rows[:, 0], last],
+                 jnp.sum(agree, -1).astype(jnp.float32),
+                 jnp.sum(counted, -1).astype(jnp.int32))
 
 
 def first_path(cand: Array, parent: Array, depth: int) -> Array:
