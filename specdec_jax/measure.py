@@ -178,7 +178,7 @@ def _copy_passes(x, n_copies):
   return jax.lax.fori_loop(0, n_copies, lambda _, y: y + 1.0, x)
 
 
-copy_passes = scaffold.OptionedJit(_copy_passes)
+copy_passes = scaffold.ProvidedJit(_copy_passes)
 
 
 def bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
@@ -209,7 +209,7 @@ def _products(w, v, n_products):
                            jnp.zeros((1, w.shape[1]), v.dtype))
 
 
-_streamed_products = scaffold.OptionedJit(_products)
+_streamed_products = scaffold.ProvidedJit(_products)
 
 
 def read_bandwidth(mib: int = 256, repeats: int = 5) -> Dict[str, float]:
@@ -297,9 +297,7 @@ def _repeated_calls(model, params, tokens, cache, n_calls):
   return _rewound_calls(call, cache, n_calls, tokens.shape[0])
 
 
-# Compiled as a decode loop's target call is (`scaffold.compiler_options`
-# of the target's params: the same small dots left to XLA on a GPU).
-repeated_calls = scaffold.OptionedJit(_repeated_calls, static_argnums=(0,))
+repeated_calls = scaffold.ProvidedJit(_repeated_calls, static_argnums=(0,))
 
 
 def _repeated_levels(model, params, tokens, cache, tree, k, n_calls):
@@ -320,9 +318,7 @@ def _repeated_levels(model, params, tokens, cache, tree, k, n_calls):
   return _rewound_calls(call, cache, n_calls, tokens.shape[0])
 
 
-# Compiled with the options of the drafter's and the target's params, as
-# the tree loop compiles its levels (`scaffold.compiler_options`).
-repeated_levels = scaffold.OptionedJit(_repeated_levels,
+repeated_levels = scaffold.ProvidedJit(_repeated_levels,
                                        static_argnums=(0, 5))
 
 
@@ -362,7 +358,7 @@ def _context_cache(model, params, encoder_input_tokens, context: int,
                       cache)[1]
 
 
-_CONTEXT_CACHE = scaffold.OptionedJit(_context_cache,
+_CONTEXT_CACHE = scaffold.ProvidedJit(_context_cache,
                                       static_argnums=(0, 3, 4))
 
 
@@ -424,13 +420,12 @@ def _repeated_proposals(drafter, params, state, sequences, gamma, n_calls,
   return jax.lax.fori_loop(0, n_calls, body, (state, sequences))[1]
 
 
-_PROPOSALS = scaffold.OptionedJit(_repeated_proposals, static_argnums=(0, 4))
+_PROPOSALS = scaffold.ProvidedJit(_repeated_proposals, static_argnums=(0, 4))
 
 
 def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
                        *, repeats: int = 5, n_calls: int = 10,
-                       context: int = 32, jit_setup: bool = False,
-                       target_params=None) -> float:
+                       context: int = 32, jit_setup: bool = False) -> float:
   """Seconds per drafted token of `drafter.propose(gamma)` (greedy).
 
   The drafter state is the one after `context` committed tokens
@@ -439,16 +434,12 @@ def drafter_token_time(drafter, params, encoder_input_tokens, gamma: int = 4,
   t_draft(1) plus the drafter's per-token sampling work, for any drafter.
   `jit_setup` builds that state in one compiled call instead of op by op
   (faster where op-by-op dispatch compiles slowly, e.g. tiny models on a
-  CPU); the timed loop is the same. `target_params` (arrays or shapes):
-  the target the drafter drafts for; the loop then compiles with a decode
-  loop's options (`scaffold.compiler_options` of both: on a GPU the
-  drafter's matmuls are XLA's fusions, as in the loop), else with the
-  drafter's alone.
+  CPU); the timed loop is the same.
   """
   encoder_input_tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
   state, sequences, lengths, rng = _proposal_inputs(
       drafter, params, encoder_input_tokens, gamma, context, jit_setup)
-  entry = _PROPOSALS.entry((params, target_params))
+  entry = _PROPOSALS.entry((params,))
   run = lambda n: entry(drafter, params, state, sequences, gamma, n,
                         lengths, rng)
   return loop_time(run, n_calls, repeats) / gamma
@@ -484,7 +475,7 @@ def _proposal_state(drafter, params, encoder_input_tokens, context: int,
   return state, sequences
 
 
-_PROPOSAL_STATE = scaffold.OptionedJit(_proposal_state,
+_PROPOSAL_STATE = scaffold.ProvidedJit(_proposal_state,
                                        static_argnums=(0, 3, 4))
 
 
@@ -559,7 +550,7 @@ def tree_level_call(drafter, params, encoder_input_tokens, level: int, *,
 def tree_level_time(drafter, params, encoder_input_tokens,
                     level: Optional[int] = None, *, repeats: int = 5,
                     n_calls: int = 10, context: int = 32,
-                    jit_setup: bool = False, target_params=None) -> float:
+                    jit_setup: bool = False) -> float:
   """Seconds of one level of a token tree drafted by `drafter` (greedy).
 
   A level is the drafter's call on the level's fed nodes under the tree
@@ -576,9 +567,6 @@ def tree_level_time(drafter, params, encoder_input_tokens,
     encoder_input_tokens: `[batch, input_length]`.
     level: 1 .. depth - 1, or None: the mean over those levels (each timed).
     repeats, n_calls, context, jit_setup: as `drafter_token_time`'s.
-    target_params: the target the drafter drafts for: the loop then
-      compiles with a decode loop's options (`scaffold.compiler_options`
-      of both), else with the drafter's alone.
 
   Raises:
     ValueError: a tree of one level (no level call), a level outside it.
@@ -593,7 +581,7 @@ def tree_level_time(drafter, params, encoder_input_tokens,
   cache = context_cache(drafter.base.model, params, encoder_input_tokens,
                         context + width, context + width + 8, jit_setup)
   model, k = drafter.base.model, shape.max_children
-  entry = repeated_levels.entry((params, target_params))
+  entry = repeated_levels.entry((params,))
   seconds = []
   for d in levels:
     tokens, at, mask = tree_level_call(drafter, params, encoder_input_tokens,
@@ -699,7 +687,7 @@ def _betas_of(target, drafter, target_params, draft_params,
 
 # A program of its own, through `scaffold` like the decode loops: a build
 # ahead of time records it (the shape structs a provider's stand-in takes).
-_betas = scaffold.OptionedJit(_betas_of, static_argnums=(0, 1, 6))
+_betas = scaffold.ProvidedJit(_betas_of, static_argnums=(0, 1, 6))
 
 
 def rank_probs(drafter, draft_params, encoder_input_tokens, tokens, lengths,
@@ -728,7 +716,7 @@ def _score_ranks_of(drafter, params, enc, dec_out):
   return jnp.sum(logits > mine, axis=-1)
 
 
-_score_ranks = scaffold.OptionedJit(_score_ranks_of, static_argnums=(0,))
+_score_ranks = scaffold.ProvidedJit(_score_ranks_of, static_argnums=(0,))
 
 
 def rank_shares(ranks: Callable[..., Array], params, encoder_input_tokens,

@@ -805,49 +805,6 @@ def _layers(stack) -> int:
   return sum(1 for k in stack if k.startswith('layers_'))
 
 
-# Dot products up to this many elements (both operands, non-batch
-# dimensions) may be left to XLA's own fused kernels on a GPU
-# (`small_dot_threshold`): 8 MiB of bfloat16, where cuBLAS's gain over a
-# fused kernel is about one kernel.
-SMALL_DOT_CAP = 1 << 22
-
-
-def small_dot_threshold(tree) -> int:
-  """Below how many elements a GPU build should not call cuBLAS for a dot.
-
-  At batch 1 a drafter's tiny matmuls cost their kernels, not their bytes
-  (on an H100 a few us a kernel; a token tree's level moves ~0.01 ms of
-  bytes). A dot XLA emits itself is a fusion that may take in the ops
-  around it, where a cuBLAS(-Lt) GEMM is a kernel of its own: a
-  beam:8,4,12/64 iteration at T5 1.1-XXL target cost runs 1,163 kernels
-  with the threshold, 1,189 without (compile-only H100). (XLA captures
-  both in command buffers, cuBLAS by tracing it, where the driver allows
-  that: CUDA >= 12.3, as on the device.) The threshold keeps every weight
-  matmul of the largest model in `tree` (the target) on cuBLAS (its
-  smallest 2-D kernel's elements, so any of its dots exceeds it) and gives
-  XLA the smaller ones (a drafter's, the attention's), up to
-  `SMALL_DOT_CAP`. XLA's
-  `xla_gpu_gemm_rewrite_size_threshold` (`scaffold.compiler_options`).
-
-  Args:
-    tree: any pytree holding T5 params trees (arrays or shape structs).
-
-  Returns:
-    The threshold in elements; 0 without a params tree.
-  """
-  found = []
-  jax.tree.map(lambda t: found.append(t) if is_params_tree(t) else None,
-               tree, is_leaf=is_params_tree)
-  if not found:
-    return 0
-  size = lambda t: sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(t))
-  target = max(found, key=size)
-  kernels = [int(np.prod(np.shape(x))) for path, x in
-             jax.tree_util.tree_leaves_with_path(target['decoder'])
-             if np.ndim(x) == 2 and 'kernel' in jax.tree_util.keystr(path)]
-  return min(min(kernels, default=0), SMALL_DOT_CAP)
-
-
 def decoding_layout(tree):
   """`tree` with every T5 params tree in it in the fused decoding layout.
 

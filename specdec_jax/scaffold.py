@@ -42,34 +42,6 @@ def _call(loop, *args):
   return loop(*network.decoding_layout(args))
 
 
-# XLA's default `xla_gpu_gemm_rewrite_size_threshold`: below it XLA emits a
-# dot itself whatever `compiler_options` says.
-_XLA_SMALL_DOT_DEFAULT = 100
-
-
-def compiler_options(args) -> Tuple[Tuple[str, Any], ...]:
-  """The XLA options a loop's program compiles with, as sorted pairs.
-
-  On a GPU, the dots smaller than the target's weight matmuls (a drafter's,
-  the attention's) are emitted by XLA as fusions, which may take in their
-  neighbours, instead of cuBLAS GEMMs, each a kernel of its own
-  (`network.small_dot_threshold`). Other backends ignore the option.
-
-  Args:
-    args: the loop's arguments (arrays or shape structs).
-  """
-  threshold = network.small_dot_threshold(args)
-  if threshold <= _XLA_SMALL_DOT_DEFAULT:
-    return ()
-  return (('xla_gpu_gemm_rewrite_size_threshold', threshold),)
-
-
-def _options(args) -> Tuple[Tuple[str, Any], ...]:
-  """`compiler_options(args)`, or none for a call inside an outer trace
-  (only a top-level jit takes options: `OptionedJit`)."""
-  return () if _traced(args) else compiler_options(args)
-
-
 def _traced(args) -> bool:
   """Whether `args` are being traced by an outer transformation (a decode
   called inside the caller's own `jax.jit`)."""
@@ -86,7 +58,7 @@ _PROVIDER: Dict[str, Optional[Provider]] = {'now': None}
 @contextlib.contextmanager
 def programs_from(provider: Provider) -> Iterator[None]:
   """Within the block, each program `run` (every decode loop, and the
-  timing loops built on `OptionedJit`) needs is taken from `provider`
+  timing loops built on `ProvidedJit`) needs is taken from `provider`
   instead of jax's own compile.
 
   `provider(traced, fingerprint, lower_on, name)` returns the executable of a
@@ -115,16 +87,15 @@ def providing() -> bool:
   return _PROVIDER['now'] is not None
 
 
-def fingerprint(traced: jax.stages.Traced,
-                options: Tuple[Tuple[str, Any], ...]) -> str:
+def fingerprint(traced: jax.stages.Traced) -> str:
   """A traced program's identity across processes and machines: the
   sha256 of its jaxpr (the computation and its argument types, not where
   the arguments live: the same for a program traced on a device's arrays
   and on shape structs of a compile-only device), its arguments' and
-  results' pytree structures, its constants and the XLA options it
-  compiles with (`compiler_options` of its arguments; `identity` gives
-  all). A store's executable found by it is that program, whatever else
-  changed in the code."""
+  results' pytree structures and its constants (`identity` gives it). A
+  store's executable found by it is that program, whatever else changed in
+  the code. Every program compiles with XLA's default options: a store's
+  build options are the store's (`tools/accelerator`)."""
   digest = hashlib.sha256(str(traced.jaxpr).encode())
   # The pytrees it takes and gives (a result's type and fields), which the
   # jaxpr's flat values do not show.
@@ -133,7 +104,6 @@ def fingerprint(traced: jax.stages.Traced,
   for const in traced.jaxpr.consts:
     value = np.asarray(const)
     digest.update(f'{value.dtype}{value.shape}'.encode() + value.tobytes())
-  digest.update(repr(tuple(sorted(options))).encode())
   return 'sha256:' + digest.hexdigest()
 
 
@@ -150,61 +120,48 @@ def _signature(x) -> Tuple[Any, ...]:
           x.sharding if isinstance(x, jax.Array) else None)
 
 
-class OptionedJit:
-  """`jax.jit(fun, static_argnums)` compiled with `compiler_options` of
-  its arguments: one jitted entry per set of options.
-
-  Called inside an outer trace (a caller's own `jax.jit`), it is a nested
-  jit without options: only a top-level jit takes them, so the outer
-  program's compile decides (`compiler_options` gives them for it).
-  """
+class ProvidedJit:
+  """`jax.jit(fun, static_argnums)` whose executables a provider gives
+  within `programs_from` (a call inside an outer trace is part of the
+  caller's program and asks nothing)."""
 
   def __init__(self, fun: Callable[..., Any], static_argnums=()):
     self.fun = fun
     self.static_argnums = static_argnums
-    self._entries: Dict[Tuple[Tuple[str, Any], ...], Any] = {}
+    self.jitted = jax.jit(fun, static_argnums=static_argnums)
     self._provided: Dict[Tuple[Any, ...], jax.stages.Compiled] = {}
 
-  def jitted(self, options: Tuple[Tuple[str, Any], ...]):
-    """The `jax.jit` of the function compiled with `options`."""
-    if options not in self._entries:
-      self._entries[options] = jax.jit(
-          self.fun, static_argnums=self.static_argnums,
-          compiler_options=dict(options) or None)
-    return self._entries[options]
-
   def entry(self, args):
-    """What runs calls whose compiler options `args` give (arrays or shape
-    structs; a timing loop picks it once, outside the timed calls): the
-    jitted function, or within `programs_from` the provider's programs."""
-    options = _options(args)
+    """What runs calls on `args` (arrays or shape structs; a timing loop
+    picks it once, outside the timed calls): the jitted function, or
+    within `programs_from` the provider's programs."""
     if _PROVIDER['now'] is None or _traced(args):
-      return self.jitted(options)
-    return functools.partial(self._provided_call, options)
+      return self.jitted
+    return self._provided_call
 
   def __call__(self, *args):
     return self.entry(args)(*args)
 
-  def _provided_call(self, options, *args):
+  def _provided_call(self, *args):
     """A call through the provider's executable of its program."""
     provider = _PROVIDER['now']
     if provider is None or _traced(args):
-      return self.jitted(options)(*args)
+      return self.jitted(*args)
     static = tuple(args[i] for i in self.static_argnums)
     dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
     leaves, tree = jax.tree.flatten(dynamic)
-    key = (provider, options, static, tree, tuple(map(_signature, leaves)))
+    key = (provider, static, tree, tuple(map(_signature, leaves)))
     if key not in self._provided:
-      traced = self.jitted(options).trace(*args)
+      traced = self.jitted.trace(*args)
       name = traced.fun_name + ''.join(
           f'[{type(s).__name__}]' for s in static
           if not isinstance(s, (int, float, str, type(None))))
       self._provided[key] = provider(
-          traced, fingerprint(traced, options),
-          functools.partial(self._lower_on, options, args), name)
+          traced, fingerprint(traced),
+          functools.partial(self._lower_on, args), name)
     return self._provided[key](*dynamic)
 
-  def _lower_on(self, options, args, device) -> jax.stages.Lowered:
+  def _lower_on(self, args, device) -> jax.stages.Lowered:
     """The program of a call on `args`, lowered for `device` (e.g. a
     compile-only twin of the device it will run on): its dynamic
     arguments as shape structs placed there."""
@@ -212,28 +169,26 @@ class OptionedJit:
     shaped = lambda x: jax.ShapeDtypeStruct(
         np.shape(x), _aval(x).dtype, weak_type=_aval(x).weak_type,
         sharding=placed)
-    return self.jitted(options).lower(*(
+    return self.jitted.lower(*(
         a if i in self.static_argnums else jax.tree.map(shaped, a)
         for i, a in enumerate(args)))
 
   def lower(self, *args) -> jax.stages.Lowered:
-    return self.jitted(_options(args)).lower(*args)
+    return self.jitted.lower(*args)
 
   def identity(self, *args) -> str:
     """The fingerprint a provider is asked for this call's program."""
-    options = _options(args)
-    return fingerprint(self.jitted(options).trace(*args), options)
+    return fingerprint(self.jitted.trace(*args))
 
   def cache_size(self) -> int:
-    """Programs compiled so far, over every set of options."""
-    return len(self._provided) + sum(
-        e._cache_size()  # pylint: disable=protected-access
-        for e in self._entries.values())
+    """Programs compiled or provided so far."""
+    return len(self._provided) + (
+        self.jitted._cache_size())  # pylint: disable=protected-access
 
 
-run = OptionedJit(_call, static_argnums=(0,))
+run = ProvidedJit(_call, static_argnums=(0,))
 run.__doc__ = """`run(loop, *args)`: `loop(*args)` compiled once per loop
-configuration and argument shapes (and `compiler_options(args)`).
+configuration and argument shapes.
 
 The loop runs on `network.decoding_layout(args)`: T5 params in the fused
 decoding layout, joined inside the program, outside the loop (nothing to do

@@ -85,8 +85,7 @@ def call_times(loaded: loading.Loaded, inputs, ks=None, gamma=None
   t_draft = measure.drafter_token_time(
       loaded.drafter, speculative.with_target(
           loaded.drafter, loaded.draft_params, loaded.target_params),
-      rows, gamma or setup.gamma, context=context, jit_setup=True,
-      target_params=loaded.target_params)
+      rows, gamma or setup.gamma, context=context, jit_setup=True)
   return seconds, t_draft, context
 
 
@@ -194,7 +193,7 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
     t_level = measure.tree_level_time(
         dataclasses.replace(loaded.drafter, shape=tree_shape.parse(
             drafters.tree.DEFAULT_TREE)), loaded.draft_params, inputs[:b],
-        context=context, jit_setup=True, target_params=loaded.target_params)
+        context=context, jit_setup=True)
   t1 = seconds[1]
   profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,

@@ -118,7 +118,13 @@ def check_growth(config: T5Config, new_config: T5Config) -> None:
 
 
 def preset_config(config: T5Config, size: str) -> T5Config:
-  """`config` with the dimensions of a `PRESETS` entry (same vocab etc.).
+  """`config` with the dimensions of a `PRESETS` entry (same vocab etc.)
+  and the dtype T5X computes that size in (its gin file's
+  `network.T5Config.dtype`: bfloat16 for T5 1.1): a model at a T5 size's
+  cost runs as T5X runs that size. float32 activations on a GPU would
+  cost more than the size does, and differently: matmuls in float32 on
+  bfloat16 weights, and at batch 1 XLA may convert a weight to float32 in
+  the loop, every call.
 
   Args:
     config: the trained model's config.
@@ -129,7 +135,8 @@ def preset_config(config: T5Config, size: str) -> T5Config:
   """
   if size not in PRESETS:
     raise ValueError(f'Unknown size {size!r}; expected one of {list(PRESETS)}.')
-  return config.replace(**PRESETS[size])
+  return config.replace(**PRESETS[size], dtype=models.CONFIGS[
+      size[:-len('_cost')]].dtype)
 
 
 def _lowbias32(x: Array) -> Array:

@@ -219,8 +219,8 @@ def test_a_tree_level_is_the_call_grow_makes_at_that_level(setup):
 
 def test_tree_level_time_times_each_level_as_requested(setup, monkeypatch):
   """The mean over levels times every level's own call (its width and
-  slot), one level only that level's; compiled with the target's params'
-  options as the tree loop is. Timings are only sane here, never claims."""
+  slot), one level only that level's. Timings are only sane here, never
+  claims."""
   model, params, enc, _ = setup
   tree = drafters.TreeDrafter(drafters.T5Drafter(model),
                               shape_lib.parse(UNEVEN_TREE))
@@ -238,12 +238,10 @@ def test_tree_level_time_times_each_level_as_requested(setup, monkeypatch):
       return run
 
   monkeypatch.setattr(measure, 'repeated_levels', Spy())
-  target = {'stand-in': 'target params'}
   seconds = measure.tree_level_time(tree, params, enc[:1], repeats=1,
-                                    n_calls=2, context=4, jit_setup=True,
-                                    target_params=target)
+                                    n_calls=2, context=4, jit_setup=True)
   assert math.isfinite(seconds) and 0 < seconds < 1
-  assert entries == [(params, target)]
+  assert entries == [(params,)]
   # (nodes, the level's first slot: context + fed offset, fed width, k).
   assert set(runs) == {((1, 2), 5, 4, 3), ((1, 1), 7, 4, 3)}
   runs.clear()

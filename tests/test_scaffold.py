@@ -1,12 +1,10 @@
-"""The one entry of every decode loop (`scaffold`): the XLA options its
-programs compile with.
+"""The one entry of every decode loop (`scaffold`): the programs it
+compiles, and a provider's executables in their place.
 
-A decode program hands the dots smaller than the target's weight matmuls
-to XLA's own fused kernels (`network.small_dot_threshold`); on a GPU the
-rest are cuBLAS GEMMs, which XLA captures in command buffers by tracing
-them where the driver allows it (CUDA >= 12.3), as on the device and on
-its compile-only twin, told the driver's version
-(`compiled.gpu_target_config`).
+On a GPU a decode iteration's kernels, cuBLAS GEMMs included, run inside
+command buffers, which XLA builds by tracing them where the driver allows
+it (CUDA >= 12.3), as on the device and on its compile-only twin, told the
+driver's version (`compiled.gpu_target_config`).
 """
 
 import dataclasses
@@ -19,37 +17,11 @@ import numpy as np
 from specdec_jax import compiled
 from specdec_jax import drafters
 from specdec_jax import measure
-from specdec_jax import models
-from specdec_jax import network
 from specdec_jax import programs
 from specdec_jax import scaffold
 
 # A compile-only GPU needs no driver (tests/test_weight_layout.py).
 os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-
-
-def _params(name, **changes):
-  """Shape structs of a model's T5X params (no memory)."""
-  return network.T5Model(models.config(name, **changes)).param_shapes()
-
-
-def test_small_dots_are_below_the_targets_smallest_weight_matmul():
-  """The threshold sits between the drafter's and the target's matmuls:
-  the largest params tree is the target (whatever the argument order), its
-  smallest 2-D kernel bounds the threshold, capped where cuBLAS's gain
-  outweighs a launch; tiny models keep XLA's default (no option)."""
-  xxl, small = _params('t5_1_1_xxl'), _params('t5_1_1_small')
-  base = _params('t5_1_1_base')
-  assert network.small_dot_threshold((small, {'x': 1}, xxl)) == (
-      network.SMALL_DOT_CAP)
-  assert network.small_dot_threshold((base, small)) == 768 * 768
-  assert network.small_dot_threshold(({'tokens': 3},)) == 0
-  assert scaffold.compiler_options((base, small)) == (
-      ('xla_gpu_gemm_rewrite_size_threshold', 768 * 768),)
-  assert scaffold.compiler_options((_params('t5_1_1_tiny'),)) == ()
-  # The fused decoding layout gives the same threshold.
-  assert network.small_dot_threshold(jax.eval_shape(
-      network.decoding_layout, (base, small))) == 768 * 768
 
 
 def test_a_tree_iteration_is_one_command_buffer_on_a_gpu(h100,
@@ -68,64 +40,6 @@ def test_a_tree_iteration_is_one_command_buffer_on_a_gpu(h100,
   assert len(levels) == 8, sorted(it.parts)
   assert it.total.launches <= 2 and it.total.command_buffers == 1, it.total
   assert it.parts['target call'].kernels >= 24 * 6, it.parts['target call']
-
-
-def test_a_decode_inside_the_callers_jit_compiles():
-  """A decode called inside a caller's own `jax.jit` (a caller may wrap
-  its decoders so) is a nested jit, which takes no compiler options:
-  it compiles without them, and the caller passes `compiler_options` to
-  its own jit. Before, a model with options raised a ValueError there."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-  model = network.T5Model(models.config(
-      't5_1_1_tiny', emb_dim=16, head_dim=8, vocab_size=64, dtype='float32'))
-  params = model.param_shapes()
-  tokens = jax.ShapeDtypeStruct((1, 5), jnp.int32)
-  options = scaffold.compiler_options((params,))
-  assert options  # this model's kernels are above XLA's default
-  decode = lambda p, x: decoding.temperature_sample(model, p, x,
-                                                    max_decode_len=3)
-  jax.jit(decode, compiler_options=dict(options)).lower(
-      params, tokens).compile()
-  assert decoding.temperature_sample.lower(
-      model, params, tokens, max_decode_len=3).compile() is not None
-
-
-def test_the_drafters_timing_loop_compiles_as_in_a_decode_loop():
-  """c is timed on the drafter alone; given the target it drafts for, its
-  loop compiles with the decode loop's options (the target's threshold),
-  not the drafter's own (where its matmuls would stay cuBLAS GEMMs). Run
-  on shapes within a provider whose stand-in returns zeros (as a stored
-  build records a cell's programs): nothing is compiled."""
-  import time  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  small = models.config('t5_1_1_tiny', emb_dim=16, head_dim=8,
-                        vocab_size=64, dtype='float32')
-  drafter = drafters.T5Drafter(network.T5Model(small))
-  draft = network.T5Model(small).param_shapes()
-  target = network.T5Model(small.replace(emb_dim=64, mlp_dim=128)
-                           ).param_shapes()
-  want = scaffold.compiler_options((target,))
-  assert want and want != scaffold.compiler_options((draft,))
-  asked = []
-
-  def provider(traced, fingerprint, lower_on, name):
-    del lower_on
-    asked.append((name, fingerprint == scaffold.fingerprint(traced, want)))
-    zeros = jax.tree.map(lambda i: np.zeros(i.shape, i.dtype),
-                         traced.out_info)
-
-    def stand_in(*args):
-      del args
-      time.sleep(0.06)  # past loop_time's shortest loop: one try
-      return zeros
-    return stand_in
-
-  with scaffold.programs_from(provider):
-    measure.drafter_token_time(drafter, draft, jnp.ones((1, 5), jnp.int32),
-                               2, repeats=1, n_calls=1, context=2,
-                               target_params=target)
-  assert asked == [('_repeated_proposals[T5Drafter]', True)]
 
 
 def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):

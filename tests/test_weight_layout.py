@@ -45,7 +45,7 @@ TINY = network.T5Config(
     num_encoder_layers=1, num_decoder_layers=2,
     mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
     dtype=jnp.bfloat16)
-MIN_BYTES = 1024
+MIN_BYTES = 2048
 # Where the CUDA plugin is installed: it registers without a GPU only if
 # told before jax first looks for backends (as `compiled.devices` does).
 os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
@@ -152,6 +152,26 @@ def test_decode_loops_rewrite_no_weight_on_a_gpu(h100, name):
   build that joined weights in the loop) reads its weights as laid out."""
   lowered, _ = compiled.lower_program(name, _setup(name), h100)
   assert _rewrites(lowered, **CUBLAS) == []
+
+
+def test_float32_activations_convert_no_weight_in_the_loop_on_a_gpu(h100):
+  """float32 activations on bfloat16 weights at T5 1.1-XXL width, batch 1,
+  on an H100: each weight's convert is fused into the matmul that reads
+  it. With XLA's small-dot threshold raised (an option decode loops once
+  compiled with, to fuse a drafter's dots), XLA wrote the attention's
+  query and output kernels in float32 inside the loop, every call: an
+  H200 ran such a target's t(1) at 2.7x its floor, 1.7x its bfloat16
+  twin's bytes."""
+  wide = TINY.replace(dtype='float32', emb_dim=4096, num_heads=64,
+                      head_dim=64, mlp_dim=10240, vocab_size=1024)
+  setup = dataclasses.replace(SETUP, target=wide, draft=wide, batch=1)
+  lowered, _ = compiled.lower_program('baseline', setup, h100)
+  assert _rewrites(lowered) == []
+  raised = _rewrites(lowered, compiler_options={
+      'xla_gpu_gemm_rewrite_size_threshold': 1 << 22})
+  assert len(raised) == 3 * wide.num_decoder_layers, raised
+  assert all(r['op'] == 'fusion:convert' and r['bytes'] == 4 * 4096 * 4096
+             for r in raised), raised
 
 
 @pytest.mark.parametrize('rows', [1, 3])

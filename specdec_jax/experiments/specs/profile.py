@@ -83,8 +83,7 @@ def drafter(loaded, inputs):
   return dict(context=context, ms=1e3 * measure.drafter_token_time(
       loaded.drafter, speculative.with_target(
           loaded.drafter, loaded.draft_params, loaded.target_params),
-      rows, loaded.setup.gamma, context=context, jit_setup=True,
-      target_params=loaded.target_params))
+      rows, loaded.setup.gamma, context=context, jit_setup=True))
 
 
 def tree_level(loaded, inputs):
@@ -95,7 +94,7 @@ def tree_level(loaded, inputs):
               fed=[len(f) for f in shape.fed],
               ms=1e3 * measure.tree_level_time(
                   loaded.drafter, loaded.draft_params, rows, context=context,
-                  jit_setup=True, target_params=loaded.target_params))
+                  jit_setup=True))
 
 
 TARGET = ('target_config', 'target_checkpoint', 'mixture_or_task_name',
