@@ -24,6 +24,7 @@ from specdec_jax import decoding
 from specdec_jax import models
 from specdec_jax import network
 from tools.accelerator import aot
+from tools.accelerator import stored
 
 
 def tiny_decode_program():
@@ -144,15 +145,22 @@ def test_a_store_fits_a_limit_by_dropping_its_last_programs(tmp_path):
   assert [p.name for p in (tmp_path / 'cpu').iterdir()] == ['manifest.json']
 
 
-# XLA's autotune results in text form as a GPU run writes them (one result;
-# the HLO shortened): what a GPU build reads its device from.
-AUTOTUNE_TEXT = """version: 3
-results {
-  device: "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s, L2 cache: 52 MB, DNN version: 9.14.0"
-  hlo: "(bf16[1,4096]{1,0}, bf16[4096,4096]{1,0}) -> bf16[1,4096]{1,0}"
-  result {
-    run_time { nanos: 5120 }
-    gemm { algorithm: -1 }
+# XLA's autotune results in text form as a GPU run writes them (one entry
+# of an H200's file): keyed by a hash of the device's description.
+AUTOTUNE_TEXT = """entries {
+  key {
+    target {
+      device: "ed0e56ab8b2a0ecb"
+      hlo_fingerprint: "00d11511014891a342e4f037ddee131f"
+    }
+    environment {
+      codegen_version: "fe9062d0fff82a66"
+    }
+  }
+  value {
+    optimal_config {
+      backend: NATIVE_EMITTER
+    }
   }
 }
 """
@@ -160,10 +168,11 @@ results {
 
 def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   """Without the device's autotune results a GPU build leaves GEMMs to
-  cuBLAS; with them it loads them and compiles for the device they were
-  timed on (XLA keys them by it); other flags make a build start afresh.
-  The untuned flags are options XLA knows (a misspelt one is refused by
-  name)."""
+  cuBLAS; with them it loads them, requires every kernel of a program
+  there, and compiles for the device they were timed on (its twin, from
+  the run's device facts: XLA keys them by the device); other flags make a
+  build start afresh. The untuned flags are options XLA knows (a misspelt
+  one is refused by name)."""
   assert aot.build_flags('gpu') == list(aot.UNTUNED_FLAGS) == [
       f'--{k}={str(v).lower()}' for k, v in aot.UNTUNED_OPTIONS.items()]
   assert aot.build_flags('tpu') == aot.build_flags('cpu') == []
@@ -174,21 +183,16 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   results = tmp_path / aot.AUTOTUNE_FILE
   results.write_text(AUTOTUNE_TEXT)
   assert aot.build_flags('gpu', results) == [
-      f'--xla_gpu_load_autotune_results_from={results}']
+      f'--xla_gpu_load_autotune_results_from={results}',
+      '--xla_gpu_require_complete_aot_autotune_results=true']
   device = aot.autotune_device(AUTOTUNE_TEXT)
-  assert device.startswith('CUDA: 9.0, Cores: 132,') and aot.autotune_device(
+  assert device == 'ed0e56ab8b2a0ecb' and aot.autotune_device(
       'version: 3\n') is None
   assert aot.autotune_record(results, 'a.textproto') == dict(
       file='a.textproto', sha256=aot.sha256(AUTOTUNE_TEXT.encode()),
       device=device)
-  config = aot.match_autotune_device(
-      compiled.gpu_target_config('h100'), device)
-  assert 'memory_bandwidth: 3352000000000 ' in config  # the chip: 3.35e12
-  assert 'dnn_version_info { major: 9 minor: 14 patch: 0 }' in config
-  assert 'l2_cache_size: 52428800 ' in config  # 50 MiB: "52 MB" kept
-  assert 'cuda_compute_capability { major: 9 minor: 0 }' in config
-  with pytest.raises(ValueError, match='not an XLA autotune device key'):
-    aot.match_autotune_device(config, 'H100')
+  with pytest.raises(SystemExit, match='needs --device_facts'):
+    stored.build_device('gpu:h200', results, None)
   # A store built otherwise is dropped by the next build's describe.
   store = aot.Store(tmp_path, 'cpu')
   cpu = jax.devices()[0]

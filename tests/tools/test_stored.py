@@ -84,6 +84,9 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   with tarfile.open(out / 'results.tar.xz') as tar:
     names = tar.getnames()
   assert {'profile_shipped.json', 'table3_shipped.md'} <= set(names), names
+  # ... and every finished cell, in its spec's work folder.
+  assert any(n.startswith('work/table3_shipped/cells/') and
+             n.endswith('summary.json') for n in names), names
   dumped = result['xla_dump']['files']
   assert sorted(dumped) == ['chain', 't(k)'] and all(
       any(f.endswith('after_optimizations.txt') for f in fs)
@@ -101,6 +104,43 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
       ['loaded'] + ['compiled'] * (len(again['program_log']) - 1))
   ours, theirs = _outputs(tmp_path / 'work'), _outputs(tmp_path / 'reference')
   assert ours and ours == theirs
+
+
+class _Clock:
+  """A clock with `left` seconds, spent `step` a look."""
+
+  def __init__(self, left, step):
+    self.seconds, self.step = left, step
+
+  def left(self):
+    self.seconds -= self.step
+    return self.seconds
+
+
+def test_the_run_stops_at_its_clock_with_what_finished_written(monkeypatch):
+  """`_watch` (the run's hard stop) writes the log and the packed results
+  while the clock runs, and when it runs out, once more before it ends the
+  process with `DEADLINE_EXIT`, a spec in flight or not; a run that
+  finished first is left to end itself."""
+  monkeypatch.setattr(stored, 'PACK_EVERY_S', 0.001)
+  ended = []
+
+  def exit_(code):
+    ended.append(code)
+    raise SystemExit(code)
+  monkeypatch.setattr(stored.os, '_exit', exit_)
+  writes, logged = [], []
+  with pytest.raises(SystemExit):
+    stored._watch(lambda: writes.append(1), _Clock(1.0, 0.1),
+                  stored.threading.Event(), logged.append)
+  assert ended == [stored.DEADLINE_EXIT] and len(writes) >= 2, writes
+  assert 'clock ran out' in logged[-1]
+  finished = stored.threading.Event()
+  finished.set()
+  writes.clear()
+  stored._watch(lambda: writes.append(1), _Clock(1.0, 0.1), finished,
+                logged.append)
+  assert writes == [] and ended == [stored.DEADLINE_EXIT]
 
 
 def test_a_plan_names_specs_and_model_sets():

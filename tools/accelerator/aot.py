@@ -32,9 +32,8 @@ results, so that the next build can target exactly that device: with the
 device's topology as XLA serializes it (`device_topology`), which holds
 XLA's own description of the chip (compute capability, cores, clocks,
 memory, caches), a build compiles for a compile-only twin of that very
-device (`twin_devices`), and XLA's autotune results, keyed by that
-description, match; without it, the build's target config is matched to
-the device its autotune results name (`match_autotune_device`).
+device (`twin_devices`), and XLA's autotune results, keyed by (a hash of)
+that description, match.
 """
 
 from __future__ import annotations
@@ -71,13 +70,14 @@ PACK = 8  # programs per xz pack
 # tile (8 x 16, 2 warps, 1 stage): loaded on an H100, that build ran t(1)
 # in 12.98 ms where the same program compiled there took 5.20. So a GPU
 # build takes the device's own autotune results when it has them
-# (`AUTOTUNE_FILE`, which every GPU run writes with its results), keyed by
-# the device they were timed on (`autotune_device`; the build's target
-# config is matched to it); without them it leaves the GEMMs to cuBLAS,
+# (`AUTOTUNE_FILE`, which every GPU run writes with its results, keyed by
+# the device they were timed on: the build compiles for its twin, from the
+# run's `device_facts`); without them it leaves the GEMMs to cuBLAS,
 # whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`: the
-# package's `program_cost.UNTUNED_OPTIONS`). A run checks the first
-# target-call loop it loads against the same program compiled on the device
-# (`stored.Provider`, `stored.AOT_SLOWER`).
+# package's `program_cost.UNTUNED_OPTIONS`; on an H200, 1.8x slower than
+# the device's own compile). A run checks the first target-call loop it
+# loads against the same program compiled on the device (`stored.Provider`,
+# `stored.AOT_SLOWER`).
 AUTOTUNE_FILE = 'autotune.textproto'
 UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
@@ -88,11 +88,19 @@ def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
                 ) -> List[str]:
   """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
   autotune results `autotune` (a file a run on that GPU wrote:
-  `dump_flags`), or without them `UNTUNED_FLAGS`; none for the others."""
+  `dump_flags`), every kernel of a program found there or the program not
+  built (`INCOMPLETE`: XLA's defaults for the rest ran an H200's t(1)
+  1.8x slower than its own compile), or without them `UNTUNED_FLAGS`; none
+  for the others."""
   if platform != 'gpu':
     return []
-  return [f'--xla_gpu_load_autotune_results_from={autotune}'] if (
-      autotune is not None) else list(UNTUNED_FLAGS)
+  return [f'--xla_gpu_load_autotune_results_from={autotune}',
+          '--xla_gpu_require_complete_aot_autotune_results=true'] if (
+              autotune is not None) else list(UNTUNED_FLAGS)
+
+
+# XLA's error for a program whose kernels the results lack (`build_flags`).
+INCOMPLETE = 'Failed to get configs'
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
@@ -116,51 +124,6 @@ def autotune_device(text: str) -> Optional[str]:
   by: the first `device: "..."`, or None when it holds no result."""
   m = re.search(r'device:\s*"([^"]*)"', text)
   return m.group(1) if m else None
-
-
-# XLA's key for a device in autotune results (`AutotuneCacheKey`), e.g.
-# "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s,
-# L2 cache: 52 MB, DNN version: 9.14.0".
-_AUTOTUNE_DEVICE = re.compile(
-    r'CUDA: (?P<cc_major>\d+)\.(?P<cc_minor>\d+), Cores: (?P<cores>\d+), '
-    r'GPU clock: (?P<clock>[\d.]+) GHz, Memory bandwidth: (?P<gbs>\d+) GB/s, '
-    r'L2 cache: (?P<l2_mb>\d+) MB(?:, DNN version: (?P<dnn>[\d.]+))?')
-
-
-def match_autotune_device(config: str, device: str) -> str:
-  """`config` (a `GpuTargetConfigProto` text) with the fields XLA keys
-  autotune results by set to those of `device` (the device string of a
-  results file a GPU wrote, `autotune_device`): a compile-only
-  device described otherwise finds none of them and takes its defaults.
-
-  Raises:
-    ValueError: `device` is not in XLA's form.
-  """
-  m = _AUTOTUNE_DEVICE.fullmatch(device.strip())
-  if m is None:
-    raise ValueError(f'not an XLA autotune device key: {device!r}')
-  l2 = re.search(r'l2_cache_size: (\d+)', config)
-  l2_bytes = int(l2.group(1)) if l2 else 0
-  if l2_bytes // 10**6 != int(m['l2_mb']):  # keep an exact size that fits
-    l2_bytes = int(m['l2_mb']) * 10**6
-  dnn = [int(x) for x in (m['dnn'] or '0.0.0').split('.')] + [0, 0]
-  fields = {
-      r'core_count: \d+': f"core_count: {m['cores']}",
-      r'clock_rate_ghz: [\d.]+': f"clock_rate_ghz: {m['clock']}",
-      r'memory_bandwidth: \d+': f"memory_bandwidth: {int(m['gbs']) * 10**9}",
-      r'l2_cache_size: \d+': f'l2_cache_size: {l2_bytes}',
-      r'cuda_compute_capability \{[^}]*\}': (
-          f"cuda_compute_capability {{ major: {m['cc_major']} minor: "
-          f"{m['cc_minor']} }}"),
-      r'dnn_version_info \{[^}]*\}': (
-          f'dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} patch: '
-          f'{dnn[2]} }}'),
-  }
-  for pattern, value in fields.items():
-    config, n = re.subn(pattern, value, config)
-    if n != 1:
-      raise ValueError(f'the target config has no single {pattern!r}')
-  return config
 
 
 def autotune_record(path: pathlib.Path, name: str) -> Dict[str, Any]:

@@ -28,6 +28,7 @@ import pathlib
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence,
                     Tuple)
@@ -67,8 +68,7 @@ DEFAULT_PLAN = (
 Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]
 
 
-# What a plan item may set of its options (the rest of its `field=value`s
-# are conditions on the cells).
+# What a plan item may set (its other `field=value`s select cells).
 ITEM_OPTIONS = {'num_examples': int, 'timing_repeats': int}
 
 
@@ -148,9 +148,7 @@ def decode_programs(loaded: loading.Loaded, gammas: Sequence[int]
   for shape in shapes:
     inputs = jax.ShapeDtypeStruct(shape, np.int32)
     for gamma in gammas:
-      for program in unit_loop.programs_at(loaded, gamma):
-        if program is None:
-          continue
+      for program in filter(None, unit_loop.programs_at(loaded, gamma)):
         args = ((loaded.target_params, inputs, rng)
                 if program.spec.kind == 'baseline' else
                 (loaded.target_params, loaded.draft_params, inputs, rng))
@@ -159,9 +157,7 @@ def decode_programs(loaded: loading.Loaded, gammas: Sequence[int]
           yield program, args
 
 
-# A stand-in's seconds a call: past `measure.loop_time`'s shortest loop,
-# so that a timing loop on a stand-in ends at its first try.
-STAND_IN_S = 0.06
+STAND_IN_S = 0.06  # past `measure.loop_time`'s shortest loop: one try
 
 
 def _zeros(info):
@@ -224,13 +220,12 @@ def build(plan: Plan, store: aot.Store,
           device: Any, log=print, limit_bytes: Optional[int] = None,
           profile=None) -> Dict[str, Any]:
   """Compiles every program the cells of `plan` run (`record_cell`) for
-  `device` (a compile-only twin, or this machine's own) into `store`, each
-  under its fingerprint, in the plan's order; programs already there are
-  kept. With `limit_bytes` (what a device command may carry beside the
-  working tree) the programs of the plan's last specs and cells are
-  dropped until the store fits (`aot.Store.fit`): those compile on the
-  device. With the device's `profile` a cell whose job chooses gamma gets
-  the programs of the gammas it is likely to choose (`_gammas`).
+  `device` (a compile-only twin, or this machine's own) into `store` under
+  its fingerprint, in the plan's order (those there kept). With
+  `limit_bytes` (what a device command may carry) the plan's last
+  programs are dropped until the store fits (`aot.Store.fit`). With the
+  device's `profile` a cell whose job chooses gamma gets the programs of
+  the gammas it is likely to choose (`_gammas`).
 
   Returns:
     {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
@@ -257,7 +252,14 @@ def build(plan: Plan, store: aot.Store,
           kept += 1
           continue
         start = time.perf_counter()
-        store.save(key, lower_on(device).compile(), 0.0, order)
+        try:
+          store.save(key, lower_on(device).compile(), 0.0, order)
+        except jax.errors.JaxRuntimeError as e:
+          if aot.INCOMPLETE not in str(e):
+            raise
+          log(f'{spec.name} {cell.name}: {function} left to the device '
+              '(its kernels are not all in the autotune results)')
+          continue
         took = time.perf_counter() - start
         store.manifest['programs'][key].update(compile_s=round(took, 2),
                                                function=function)
@@ -280,8 +282,7 @@ def build(plan: Plan, store: aot.Store,
 # the first target-call loop it loads (`CHECKED`, `Provider`).
 CHECKED = '_repeated_calls[T5Model]'
 AOT_SLOWER = 1.03
-# The programs whose XLA dump a run keeps (the first of each name asked
-# for): t(1)'s loop, a chain's and a token tree's decode loop.
+# The programs a run's XLA dump keeps: t(1)'s loop, a chain's, a tree's.
 DUMPED = {'t(k)': CHECKED, 'chain': '_call[SpecLoop]',
           'tree': '_call[TreeLoop]'}
 
@@ -291,14 +292,12 @@ class Provider:
   program the store holds (by fingerprint) is loaded, any other compiled
   here; `log` says which, and the seconds each took.
 
-  The first program named `check` that is loaded is checked at its first
-  call (`check` holds the verdict) against the same program compiled here,
-  on the same arguments, alternately (`measure.time_alternating`, medians
-  of 5). Slower than `slower` allows, the store is refused (`refused` says
-  why): that program and every later one are compiled here, so that no
-  figure sets a loaded program beside one compiled here. The first program
-  of each name in `dump` is kept (`traced`) for `dump_programs`.
-  """
+  The first loaded program named `check` is timed at its first call
+  against itself compiled here (`measure.time_alternating`, medians of 5;
+  `check`: the verdict). Slower than `slower` allows, the store is refused
+  (`refused` says why) and every later program compiled here: no figure
+  sets a loaded program beside one compiled here. The first program of
+  each name in `dump` is kept (`traced`) for `dump_programs`."""
 
   def __init__(self, store: aot.Store, device: Any = None,
                check: Optional[str] = CHECKED,
@@ -417,13 +416,40 @@ PACKED = 'results.tar.xz'
 RUN_LOG = 'stored_run.json'
 
 
-def _pack(results: pathlib.Path, out: pathlib.Path) -> None:
-  """Every results file so far, as one xz tar in `out` (replaced whole)."""
+def _pack(results: pathlib.Path, out: pathlib.Path,
+          work: Sequence[pathlib.Path] = ()) -> None:
+  """Every results file so far and the specs' work folders (each finished
+  cell's summary and examples), as one xz tar in `out` (replaced whole)."""
   pending = out / (PACKED + '.pending')
   with tarfile.open(pending, 'w:xz') as tar:
     for path in sorted(results.iterdir()):
       tar.add(path, arcname=path.name)
+    for folder in filter(pathlib.Path.is_dir, work):
+      tar.add(folder, arcname=f'work/{folder.parent.name}_{folder.name}')
   os.replace(pending, out / PACKED)
+
+
+# The run's hard stop (a lent machine kills a command at its limit and
+# sends back what is written): `_watch`.
+PACK_EVERY_S = 30.0
+DEADLINE_EXIT = 3
+
+
+def _watch(write, clock, finished: threading.Event, log) -> None:
+  """`write()` every `PACK_EVERY_S` until `clock` runs out; then, unless
+  the run `finished`, once more, and the process ends (`run`'s daemon)."""
+  while not finished.wait(min(PACK_EVERY_S, max(clock.left(), 0.01))):
+    if clock.left() <= 0:
+      break
+    try:
+      write()
+    except (OSError, RuntimeError) as e:  # a file or a dict in flux
+      log(f'pack skipped: {e!r:.200}')
+  if finished.is_set():
+    return
+  write()
+  log('the clock ran out inside a spec: stopped, what finished is packed')
+  os._exit(DEADLINE_EXIT)  # pylint: disable=protected-access
 
 
 # Seconds a dump's compiles may take at most: left out when fewer remain.
@@ -443,7 +469,8 @@ def run(plan: Plan, store: aot.Store,
   (`PACKED`) and the run's log (`RUN_LOG`: the device's facts, the check,
   every program loaded or compiled); last, where the clock leaves
   `DUMP_S`, XLA's dump of the programs `Provider.dump` names (`XLA_DUMP`).
-  A spec that no longer fits the clock is left out (named).
+  A spec that no longer fits the clock is left out (named); at the
+  clock's end the run stops wherever it is, what finished packed (`_watch`).
 
   Returns:
     {'device_facts', 'check', 'specs': {name: {'rows', 'failed',
@@ -458,13 +485,21 @@ def run(plan: Plan, store: aot.Store,
     results = pathlib.Path(plan[0][1].work_dir).expanduser() / 'stored_results'
   results.mkdir(parents=True, exist_ok=True)
 
-  def write():
-    result.update(check=provider.check, refused=provider.refused,
-                  programs=provider.counts(), program_log=provider.log,
-                  time_log=clock.log)
-    (out / RUN_LOG).write_text(json.dumps(result, indent=1))
-    _pack(results, out)
+  work = [sweep.work_folder(spec, sweep.options_of(spec, options))
+          for spec, options in plan]
+  lock, finished = threading.Lock(), threading.Event()
 
+  def write():
+    with lock:
+      result.update(check=provider.check, refused=provider.refused,
+                    programs=provider.counts(),
+                    program_log=list(provider.log), time_log=clock.log)
+      (out / RUN_LOG).write_text(json.dumps(result, indent=1))
+      _pack(results, out, work)
+
+  if max_minutes is not None:
+    threading.Thread(target=_watch, args=(write, clock, finished, log),
+                     daemon=True).start()
   with scaffold.programs_from(provider):
     for spec, options in plan:
       name = spec.name
@@ -495,6 +530,7 @@ def run(plan: Plan, store: aot.Store,
     clock.note('XLA dump', time.perf_counter() - start, kind='dump')
   else:
     result['xla_dump'] = dict(file=None, note='left out: the clock')
+  finished.set()
   write()
   return result
 
@@ -597,11 +633,10 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
   """(device, config) a build compiles for: the compile-only twin of the
   device a run on it recorded (`facts_file`: a run log with its
   `device_facts`; XLA then describes the twin exactly as it did the
-  device, and the device's autotune results match it), else `target`'s
-  compile-only device, on a GPU with its config matched to the device
-  `autotune` was timed on (`aot.match_autotune_device`); config: what the
-  store's manifest says of it (a GPU's always: another makes other
-  programs, e.g. another driver version captures other commands)."""
+  device, and the device's `autotune` results, keyed by that, match),
+  else `target`'s compile-only device; config: what the store's manifest
+  says of it (a GPU's always: another makes other programs, e.g. another
+  driver version captures other commands)."""
   if facts_file is not None:
     facts = json.loads(facts_file.read_text()).get('device_facts') or {}
     topology = aot.device_topology(facts)
@@ -611,11 +646,13 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
     aot.check_compiles(device)
     return device, (f'the device topology in {facts_file.name} (sha256 '
                     f'{aot.sha256(topology)[:16]})')
+  if autotune is not None:
+    raise SystemExit('--autotune_results needs --device_facts (the run log '
+                     'written with them): XLA keys the results by the '
+                     "device's own description")
   if compiled.get_target(target).platform != 'gpu':
     return compiled.devices(target)[0], None
-  config, kind = compiled.default_target_config(target), autotune and (
-      aot.autotune_device(autotune.read_text()))
-  config = aot.match_autotune_device(config, kind) if kind else config
+  config = compiled.default_target_config(target)
   return compiled.devices(target, config)[0], config
 
 
