@@ -179,11 +179,12 @@ def test_a_plan_names_specs_and_model_sets():
       stored.DEFAULT_PLAN))
 
 
-def test_the_build_prices_the_gammas_and_the_run_is_projected():
+def test_the_build_prices_the_gammas_and_the_run_is_projected(tmp_path):
   """A cell whose job chooses gamma gets the programs of the gammas the
   device's profile makes likely (each the argmax of Theorem 3.8 at one of
   `LIKELY_ALPHAS`, and the warm-up's), all of them without a profile; the
-  projection counts a spec's decodes in proportion to its examples."""
+  projection counts a spec's decodes in proportion to its examples, and
+  with no build every program the plan runs as a compile on the device."""
   profile = hardware.load(hardware.H100)
   plan = stored.parse_plan(stored.DEFAULT_PLAN)
   (spec, options), = [p for p in plan if p[0].name == 'table2']
@@ -201,15 +202,22 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected():
   assert set(likely) == want and len(likely) < setup.batch.max_gamma
   assert stored._gammas(loaded) == tuple(range(  # pylint: disable=protected-access
       1, setup.batch.max_gamma + 1))
-  projected = stored.project(plan, profile)
+  built = aot.Store(tmp_path, 'gpu:h200')
+  built.manifest['plan_programs'] = {}  # as a build that recorded none
+  projected = stored.project(plan, profile, built)
   assert set(projected['specs']) == {s.name for s, _ in plan}
   assert projected['seconds'] == sum(
       v['seconds'] for v in projected['specs'].values())
   (trees, at), = [p for p in plan if p[0].name == 'trees']
   twice = stored.project([(trees, dataclasses.replace(
-      at, num_examples=2 * at.num_examples))], profile)
+      at, num_examples=2 * at.num_examples))], profile, built)
   assert twice['specs']['trees']['seconds'] == pytest.approx(
       2 * projected['specs']['trees']['seconds'], abs=1)
+  unbuilt = stored.project([(TABLE3, sweep.Options(shrink=True))], profile,
+                           log=lambda _: None)['programs']
+  assert unbuilt['compiled_on_device'] == unbuilt['recorded'] >= 2
+  assert unbuilt['compile_s'] == round(
+      unbuilt['recorded'] * stored.ASSUMED['compile_s'])
 
 
 def test_a_setup_chooses_gamma_by_its_batch_rule_unless_it_chooses_a_tree():

@@ -12,27 +12,22 @@ device command carries:
   <root>/<target>/<program>.xla.zz  zlib(pickle(payload, in_tree, out_tree))
   <root>/<target>/pack-<n>.xz       xz of `PACK` programs' pickles, joined
 
-A program is written alone (zlib) when it is compiled; `Store.pack` then
-packs every `PACK` of them, in priority order, into one xz stream: the
-programs of a run differ little from each other (t(k) at each k, a loop at
-each gamma), so a pack of them takes about half their zlib bytes, and
-twice as many programs fit the bytes a device command carries.
+A program is written alone (zlib) when compiled; `Store.pack` packs every
+`PACK` of them, in priority order, into one xz stream (a run's programs
+differ little from each other: a pack takes about half their zlib bytes).
 
 `Store.load` hands back the executable, or None and why (not built, file
 missing, checksum, other jax / jaxlib / plugin versions, built for
 another device, the runtime's refusal), so that a caller compiles that
 program on the device instead and says so. A program is named by its
-fingerprint (`scaffold.fingerprint`: its jaxpr, pytrees, constants and
-options), so an executable is that program whatever else changed in the
-code: a change that alters a program gives it a new name, which the store
-lacks. An executable is called with the dynamic
-arguments of the program it was lowered from (static ones are part of it).
+fingerprint (`scaffold.fingerprint`: its jaxpr, pytrees and constants): a
+change that alters a program gives it a new name, which the store lacks.
+An executable is called with the program's dynamic arguments.
 `device_facts` is what jax says of the device a run has, written with its
-results, so that the next build can target exactly that device: with the
-device's topology as XLA serializes it (`device_topology`), which holds
-XLA's own description of the chip (compute capability, cores, clocks,
-memory, caches), a build compiles for a compile-only twin of that very
-device (`twin_devices`), and XLA's autotune results, keyed by (a hash of)
+results: with the device's topology as XLA serializes it
+(`device_topology`: XLA's own description of the chip), the next build
+compiles for a compile-only twin of that very device (`twin_devices`),
+for which XLA's autotune results from the device, keyed by (a hash of)
 that description, match.
 """
 

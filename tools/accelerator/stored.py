@@ -216,26 +216,14 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
         log(f'{spec.name} {cell.name}: {what} not built ({e!r:.200})')
 
 
-def build(plan: Plan, store: aot.Store,
-          device: Any, log=print, limit_bytes: Optional[int] = None,
-          profile=None) -> Dict[str, Any]:
-  """Compiles every program the cells of `plan` run (`record_cell`) for
-  `device` (a compile-only twin, or this machine's own) into `store` under
-  its fingerprint, in the plan's order (those there kept). With
-  `limit_bytes` (what a device command may carry) the plan's last
-  programs are dropped until the store fits (`aot.Store.fit`). With the
-  device's `profile` a cell whose job chooses gamma gets the programs of
-  the gammas it is likely to choose (`_gammas`).
-
-  Returns:
-    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
-    'dropped'}.
-  """
-  cache = loading.LoadCache()
-  recorder = Recorder()
-  built = kept = 0
-  seconds = 0.0
-  order = 0  # a program's priority: its first cell's place in the plan
+def record_plan(plan: Plan, profile=None, log=print
+                ) -> Iterator[Tuple[int, str, str, Tuple[str, Any]]]:
+  """Each new program the cells of `plan` run (`record_cell`; with the
+  device's `profile`, a job choosing gamma at the gammas it likely
+  chooses, `_gammas`) as (its cell's place in the plan, the cell's name,
+  its fingerprint, (its function's name, `lower_on`)), in plan order."""
+  cache, recorder = loading.LoadCache(), Recorder()
+  order = 0
   for spec, options in plan:
     options = sweep.options_of(spec, options)
     models = sweep.model_set(options)
@@ -246,33 +234,53 @@ def build(plan: Plan, store: aot.Store,
                   recorder, cache, log, profile,
                   reproduce.profile_name(options.models, cell.drafter))
       for fingerprint in [f for f in recorder.programs if f not in before]:
-        function, lower_on = recorder.programs[fingerprint]
-        key = aot.program_name([fingerprint])
-        if store.built(key):
-          kept += 1
-          continue
-        start = time.perf_counter()
-        try:
-          store.save(key, lower_on(device).compile(), 0.0, order)
-        except jax.errors.JaxRuntimeError as e:
-          if aot.INCOMPLETE not in str(e):
-            raise
-          log(f'{spec.name} {cell.name}: {function} left to the device '
-              '(its kernels are not all in the autotune results)')
-          continue
-        took = time.perf_counter() - start
-        store.manifest['programs'][key].update(compile_s=round(took, 2),
-                                               function=function)
-        store.write()
-        seconds += took
-        built += 1
-        log(f'{spec.name} {cell.name}: {function} built in {took:.1f} s')
+        yield (order, f'{spec.name} {cell.name}', fingerprint,
+               recorder.programs[fingerprint])
+
+
+def build(plan: Plan, store: aot.Store,
+          device: Any, log=print, limit_bytes: Optional[int] = None,
+          profile=None) -> Dict[str, Any]:
+  """Compiles every program of `plan` (`record_plan`) for `device` (a
+  compile-only twin, or this machine's own) into `store` under its
+  fingerprint, in the plan's order (those there kept). With `limit_bytes`
+  (what a device command may carry) the plan's last programs are dropped
+  until the store fits (`aot.Store.fit`).
+
+  Returns:
+    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
+    'dropped'}.
+  """
+  built = kept = 0
+  seconds, programs_ = 0.0, {}
+  for order, where, fingerprint, (function, lower_on) in record_plan(
+      plan, profile, log):
+    programs_[fingerprint] = function
+    key = aot.program_name([fingerprint])
+    if store.built(key):
+      kept += 1
+      continue
+    start = time.perf_counter()
+    try:
+      store.save(key, lower_on(device).compile(), 0.0, order)
+    except jax.errors.JaxRuntimeError as e:
+      if aot.INCOMPLETE not in str(e):
+        raise
+      log(f'{where}: {function} left to the device (its kernels are not '
+          'all in the autotune results)')
+      continue
+    took = time.perf_counter() - start
+    store.manifest['programs'][key].update(compile_s=round(took, 2),
+                                           function=function)
+    store.write()
+    seconds += took
+    built += 1
+    log(f'{where}: {function} built in {took:.1f} s')
   # Every program the plan runs, built or not: what a projection counts.
-  store.manifest['plan_programs'] = {f: recorder.programs[f][0]
-                                     for f in recorder.programs}
+  store.manifest['plan_programs'] = programs_
   store.pack(final=True)  # xz packs: about half the bytes to carry
   dropped = [] if limit_bytes is None else store.fit(limit_bytes)
-  return dict(programs=list(recorder.programs), built=built, kept=kept,
+  return dict(programs=list(programs_), built=built, kept=kept,
               compile_s=round(seconds, 1), bytes=store.total_bytes(),
               dropped=dropped)
 
@@ -567,8 +575,8 @@ def _speedup(profile, setup: loading.EvalSetup, drafter: str,
   return max(1.0, best.speedup), int(best.gamma if best.speedup >= 1 else 0)
 
 
-def project(plan: Plan, profile, store: Optional[aot.Store] = None
-            ) -> Dict[str, Any]:
+def project(plan: Plan, profile, store: Optional[aot.Store] = None,
+            log=print) -> Dict[str, Any]:
   """The seconds a run of `plan` would take on `profile`'s device
   (PROJECTED, from its t(1) and cost(k) and `ASSUMED`): per spec, its
   decodes (a unit: the output length's steps at t(1), the baseline and
@@ -577,7 +585,7 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
   timing loops (a profile's cells, a job's gamma choice, a cell's 'costs'
   measurement: `ASSUMED['loop_calls']` calls per k); and the programs:
   loaded from `store`, or compiled on the device (those the build recorded
-  but left out).
+  but left out; with no build, every one the plan runs, recorded here).
   """
   t1 = profile.t1_ms / 1e3
   loops = lambda ks, b=1: sum(ASSUMED['loop_calls'] * t1 * profile.cost_at(
@@ -612,8 +620,11 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None
                    ) * sum(x for x, s in zip(spec_s, setups)
                            if s.chooses_gamma)
     out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
-  recorded = (store.manifest.get('plan_programs') or {}) if store else {}
-  stored_ = [f for f in recorded if store.built(aot.program_name([f]))]
+  recorded = store.manifest['plan_programs'] if store and (
+      'plan_programs' in store.manifest) else {
+          f: name for _, _, f, (name, _) in record_plan(plan, profile, log)}
+  stored_ = [f for f in recorded if store and store.built(
+      aot.program_name([f]))]
   out['programs'] = dict(
       recorded=len(recorded), stored=len(stored_),
       compiled_on_device=len(recorded) - len(stored_),
@@ -661,36 +672,30 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       prog='python -m tools.accelerator.stored', description=__doc__.split(
           '\n\n')[0])
   parser.add_argument('what', choices=('build', 'run', 'project'))
-  parser.add_argument('--plan', action='append', default=None,
-                      help='spec:models[;shrink][;field=value...], in '
-                      'priority order '
-                      f'(default: {", ".join(DEFAULT_PLAN)})')
+  parser.add_argument('--plan', action='append', default=None, help=(
+      'spec:models[;shrink][;field=value...], in priority order (default: '
+      f'{", ".join(DEFAULT_PLAN)})'))
   parser.add_argument('--store', required=True, help='the store folder')
   parser.add_argument('--target', default=None,
                       help='build: a compiled.TARGETS name (default: this '
                       "machine's own device)")
-  parser.add_argument('--autotune_results', default=None,
-                      help='build for a GPU: the autotune results a run on '
-                      f'it left ({aot.AUTOTUNE_FILE}); without them the '
-                      "GEMMs are left to cuBLAS's own choice")
-  parser.add_argument('--device_facts', default=None,
-                      help=f'build: a run log ({RUN_LOG}) whose device_facts'
-                      ' hold the topology of the device to build for')
+  parser.add_argument('--autotune_results', default=None, help=(
+      f'build for a GPU: the {aot.AUTOTUNE_FILE} a run on it left (with '
+      '--device_facts); without them the GEMMs are left to cuBLAS'))
+  parser.add_argument('--device_facts', default=None, help=(
+      f'build: a run log ({RUN_LOG}) holding the device\'s topology'))
   parser.add_argument('--out', default='results/stored_run',
                       help='run: where results.tar.xz, the run log, the XLA '
                       'dump and the autotune results go')
   parser.add_argument('--work_dir', default=None,
                       help="the sweep's work folder (default: the sweep's)")
   parser.add_argument('--max_minutes', type=float, default=None)
-  parser.add_argument('--profile', default=hardware.H100,
-                      help='build, project: the hardware profile of the '
-                      'device (a name in specdec_jax/profiles/, or a file): '
-                      'the gammas a job is likely to choose there, the '
-                      "run's seconds")
-  parser.add_argument('--limit_mib', type=float, default=None,
-                      help='build: the most the store may weigh (a device '
-                      'command carries 64 MiB with the working tree); the '
-                      "plan's last programs are dropped to fit")
+  parser.add_argument('--profile', default=hardware.H100, help=(
+      'build, project: the device\'s hardware profile (a name in '
+      "specdec_jax/profiles/, or a file): the gammas likely chosen there"))
+  parser.add_argument('--limit_mib', type=float, default=None, help=(
+      'build: the most the store may weigh (the plan\'s last programs are '
+      'dropped to fit)'))
   args = parser.parse_args(argv)
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
