@@ -168,11 +168,10 @@ AUTOTUNE_TEXT = """entries {
 
 def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   """Without the device's autotune results a GPU build leaves GEMMs to
-  cuBLAS; with them it loads them, requires every kernel of a program
-  there, and compiles for the device they were timed on (its twin, from
-  the run's device facts: XLA keys them by the device); other flags make a
-  build start afresh. The untuned flags are options XLA knows (a misspelt
-  one is refused by name)."""
+  cuBLAS; with them it loads them and compiles for the device they were
+  timed on (its twin, from the run's device facts: XLA keys them by the
+  device); other flags make a build start afresh. The untuned flags are
+  options XLA knows (a misspelt one is refused by name)."""
   assert aot.build_flags('gpu') == list(aot.UNTUNED_FLAGS) == [
       f'--{k}={str(v).lower()}' for k, v in aot.UNTUNED_OPTIONS.items()]
   assert aot.build_flags('tpu') == aot.build_flags('cpu') == []
@@ -183,8 +182,7 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   results = tmp_path / aot.AUTOTUNE_FILE
   results.write_text(AUTOTUNE_TEXT)
   assert aot.build_flags('gpu', results) == [
-      f'--xla_gpu_load_autotune_results_from={results}',
-      '--xla_gpu_require_complete_aot_autotune_results=true']
+      f'--xla_gpu_load_autotune_results_from={results}']
   device = aot.autotune_device(AUTOTUNE_TEXT)
   assert device == 'ed0e56ab8b2a0ecb' and aot.autotune_device(
       'version: 3\n') is None

@@ -83,19 +83,12 @@ def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
                 ) -> List[str]:
   """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
   autotune results `autotune` (a file a run on that GPU wrote:
-  `dump_flags`), every kernel of a program found there or the program not
-  built (`INCOMPLETE`: XLA's defaults for the rest ran an H200's t(1)
-  1.8x slower than its own compile), or without them `UNTUNED_FLAGS`; none
-  for the others."""
+  `dump_flags`; a kernel they lack gets XLA's default), or without them
+  `UNTUNED_FLAGS`; none for the others."""
   if platform != 'gpu':
     return []
-  return [f'--xla_gpu_load_autotune_results_from={autotune}',
-          '--xla_gpu_require_complete_aot_autotune_results=true'] if (
-              autotune is not None) else list(UNTUNED_FLAGS)
-
-
-# XLA's error for a program whose kernels the results lack (`build_flags`).
-INCOMPLETE = 'Failed to get configs'
+  return [f'--xla_gpu_load_autotune_results_from={autotune}'] if (
+      autotune is not None) else list(UNTUNED_FLAGS)
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:

@@ -261,14 +261,7 @@ def build(plan: Plan, store: aot.Store,
       kept += 1
       continue
     start = time.perf_counter()
-    try:
-      store.save(key, lower_on(device).compile(), 0.0, order)
-    except jax.errors.JaxRuntimeError as e:
-      if aot.INCOMPLETE not in str(e):
-        raise
-      log(f'{where}: {function} left to the device (its kernels are not '
-          'all in the autotune results)')
-      continue
+    store.save(key, lower_on(device).compile(), 0.0, order)
     took = time.perf_counter() - start
     store.manifest['programs'][key].update(compile_s=round(took, 2),
                                            function=function)
