@@ -94,8 +94,8 @@ def fingerprint(traced: jax.stages.Traced) -> str:
   and on shape structs of a compile-only device), its arguments' and
   results' pytree structures and its constants (`identity` gives it). A
   store's executable found by it is that program, whatever else changed in
-  the code. Every program compiles with XLA's default options: a store's
-  build options are the store's (`tools/accelerator`)."""
+  the code. Programs compile with XLA's default options (a build for
+  another device records its own XLA flags beside its executables)."""
   digest = hashlib.sha256(str(traced.jaxpr).encode())
   # The pytrees it takes and gives (a result's type and fields), which the
   # jaxpr's flat values do not show.
