@@ -439,18 +439,17 @@ DEADLINE_EXIT = 3
 def _watch(write, clock, finished: threading.Event, log) -> None:
   """`write()` every `PACK_EVERY_S` until `clock` runs out; then, unless
   the run `finished`, once more, and the process ends (`run`'s daemon)."""
-  while not finished.wait(min(PACK_EVERY_S, max(clock.left(), 0.01))):
-    if clock.left() <= 0:
-      break
+  while True:
+    ended = finished.wait(min(PACK_EVERY_S, max(clock.left(), 0.01)))
+    if ended:
+      return
     try:
       write()
     except (OSError, RuntimeError) as e:  # a file or a dict in flux
       log(f'pack skipped: {e!r:.200}')
-  if finished.is_set():
-    return
-  write()
-  log('the clock ran out inside a spec: stopped, what finished is packed')
-  os._exit(DEADLINE_EXIT)  # pylint: disable=protected-access
+    if clock.left() <= 0:
+      log('the clock ran out inside a spec: stopped, what finished packed')
+      os._exit(DEADLINE_EXIT)  # pylint: disable=protected-access
 
 
 # Seconds a dump's compiles may take at most: left out when fewer remain.
