@@ -11,8 +11,8 @@ model-free kinds it can build: `measure.drafter_token_time`, per token at
 gamma 4); and one level of the token trees `TREES` of its first T5
 drafter (`measure.tree_level_time`: the mean over the levels). Each cell
 measures one of these on its setup, built as the eval job builds it
-(nothing decoded), after half the output length, compiled with the
-target's options. `--models xxl_cost`: at T5 1.1-XXL target cost.
+(nothing decoded), after half the output length, each timing loop
+compiled as the decode loops are. `--models xxl_cost`: at T5 1.1-XXL target cost.
 """
 
 import json
