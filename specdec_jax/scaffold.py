@@ -126,7 +126,6 @@ class ProvidedJit:
   caller's program and asks nothing)."""
 
   def __init__(self, fun: Callable[..., Any], static_argnums=()):
-    self.fun = fun
     self.static_argnums = static_argnums
     self.jitted = jax.jit(fun, static_argnums=static_argnums)
     self._provided: Dict[Tuple[Any, ...], jax.stages.Compiled] = {}

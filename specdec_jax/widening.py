@@ -83,11 +83,12 @@ FIXED = ('vocab_size', 'mlp_activations', 'logits_via_embedding')
 
 # T5X's t5x/examples/t5/t5_1_1/{base,large,xxl}.gin dimensions.
 # '<size>_cost': the dimensions of a T5 size (specdec_jax.models, the twin of
-# gin_configs/models/), e.g. 't5_1_1_xxl_cost'.
+# gin_configs/models/), e.g. 't5_1_1_xxl_cost'; `_SIZE_OF` its size.
+_SIZE_OF = {f'{size}_cost': size for size in (
+    't5_1_1_small', 't5_1_1_base', 't5_1_1_large', 't5_1_1_xl', 't5_1_1_xxl')}
 PRESETS: Dict[str, Dict[str, int]] = {
-    f'{size}_cost': {k: models.DIMS[size][k] for k in GROWABLE}
-    for size in ('t5_1_1_small', 't5_1_1_base', 't5_1_1_large',
-                 't5_1_1_xl', 't5_1_1_xxl')}
+    preset: {k: models.DIMS[size][k] for k in GROWABLE}
+    for preset, size in _SIZE_OF.items()}
 
 _ENCODER_NORMS = ('pre_attention_layer_norm', 'pre_mlp_layer_norm')
 _DECODER_NORMS = ('pre_self_attention_layer_norm',
@@ -135,8 +136,8 @@ def preset_config(config: T5Config, size: str) -> T5Config:
   """
   if size not in PRESETS:
     raise ValueError(f'Unknown size {size!r}; expected one of {list(PRESETS)}.')
-  return config.replace(**PRESETS[size], dtype=models.CONFIGS[
-      size[:-len('_cost')]].dtype)
+  return config.replace(**PRESETS[size],
+                        dtype=models.CONFIGS[_SIZE_OF[size]].dtype)
 
 
 def _lowbias32(x: Array) -> Array:
