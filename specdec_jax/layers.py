@@ -397,6 +397,12 @@ def dot_product_attention(
     query, key = query.astype(jnp.float32), key.astype(jnp.float32)
   # [batch, q, heads, d] x [batch, k, heads, d] -> [batch, heads, q, k]
   logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  # On a CUDA GPU the bias is added in the softmax's kernel, not as the
+  # matmul's C operand: cuBLAS-Lt writes its output over C, so XLA would
+  # copy a bias that several layers share once per layer (a kernel, and
+  # the [heads, q, k] bias read and written again). The same values.
+  logits = jax.lax.platform_dependent(
+      logits, cuda=jax.lax.optimization_barrier, default=lambda x: x)
   logits = logits + bias.astype(logits.dtype)
   weights = jax.nn.softmax(logits).astype(dtype)
   # [batch, heads, q, k] x [batch, k, heads, d] -> [batch, q, heads, d]
