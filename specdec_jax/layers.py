@@ -440,6 +440,39 @@ def write_rows(buffer: Array, update: Array, start: Array) -> Array:
   return jax.vmap(write)(buffer, update, start)
 
 
+
+def write_rows_moved(buffer: Array, update: Array, start: Array,
+                     source: Array, moved: Array) -> Array:
+  """`write_rows(buffer, update, start)` after moving slots: row b's slots
+  `source[b, :moved[b]]` first go to `start[b] - moved[b]`, ... (the slots
+  just before the update's), in the same write.
+
+  One update slice of m + k rows from `start - moved` (m = source's
+  width): a GPU runs it in the kernel that writes the update, where a
+  move of its own would take a kernel per buffer. The window's last
+  m - moved slots (after start + k) are written zeros: callers keep
+  them stale (at or past the position) and leave m slots of room after
+  start + k (else the write's start is clamped, as `write_rows`').
+
+  Args:
+    buffer: `[batch, n, ...]`.
+    update: `[batch, k, ...]`.
+    start: `[batch]` int32, where the update goes.
+    source: `[batch, m]` int32 slots to move (read before any write).
+    moved: `[batch]` int32 in 0..m, how many of them move.
+  """
+  m, k = source.shape[1], update.shape[1]
+  trailing = (None,) * (buffer.ndim - 2)
+  rows = jnp.take_along_axis(buffer, source[(...,) + trailing], axis=1)
+  pad = ((0, 0), (0, k)) + ((0, 0),) * (buffer.ndim - 2)
+  padded = jnp.pad(update.astype(buffer.dtype),
+                   ((0, 0), (m, m)) + ((0, 0),) * (buffer.ndim - 2))
+  shifted = jax.vmap(lambda u, s: jax.lax.dynamic_slice_in_dim(
+      u, s, m + k, axis=0))(padded, m - moved)
+  first = (jnp.arange(m + k) < moved[:, None])[(...,) + trailing]
+  return write_rows(buffer, jnp.where(first, jnp.pad(rows, pad), shifted),
+                    start - moved)
+
 def interleave(kernels: Sequence[Array], groups: int) -> Array:
   """n 2-D kernels `[rows, groups * d]` -> one `[rows, groups * n * d]`.
 

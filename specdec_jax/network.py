@@ -100,6 +100,22 @@ def padded_rows(k: int) -> int:
 
 
 @struct.dataclass
+class PendingMove:
+  """Cache slots to move, moved by the next `Decoder.extend` as it writes
+  (`DecoderCache.move_slots(..., later=True)`).
+
+  Attributes:
+    source: `[batch, m]` int32 slots to read.
+    start: `[batch]` int32 first slot to write. The next call moves its
+      row's first `position - start` of them (0 to m: the call writes from
+      `position`, after a `rewind` to the end of what was accepted).
+  """
+
+  source: Array
+  start: Array
+
+
+@struct.dataclass
 class DecoderCache:
   """Everything the decoder needs between calls, as a pytree.
 
@@ -113,6 +129,8 @@ class DecoderCache:
     position: `[batch]` int32, the number of decoder tokens each row holds;
       the next `extend` writes row b's tokens at slots position[b], ...
       Slots at or after `position` are stale and never attended to.
+    pending: None, or the move of slots the next `extend` makes before
+      its tokens' (`with_pending`, `move_slots(..., later=True)`).
   """
 
   self_key: Tuple[Array, ...]
@@ -121,6 +139,7 @@ class DecoderCache:
   cross_value: Tuple[Array, ...]
   encoder_mask: Array
   position: Array
+  pending: Optional[PendingMove] = None
 
   @property
   def max_length(self) -> int:
@@ -130,7 +149,18 @@ class DecoderCache:
     """Sets each row's position (e.g. back to drop rejected tokens)."""
     return self.replace(position=jnp.asarray(position, jnp.int32))
 
-  def move_slots(self, source: Array, start: Array) -> 'DecoderCache':
+  def with_pending(self, m: int) -> 'DecoderCache':
+    """This cache with room for a pending move of up to m slots (none
+    pending): the form a loop that moves slots `later` carries, so that
+    its state keeps one structure. Each call then writes m + k slots from
+    its position back to where the move starts: the cache needs m slots
+    of room past the last call's."""
+    batch = self.position.shape[0]
+    return self.replace(pending=PendingMove(
+        source=jnp.zeros((batch, m), jnp.int32), start=self.position))
+
+  def move_slots(self, source: Array, start: Array,
+                 later: bool = False) -> 'DecoderCache':
     """Copies self-attention slots `source[b, i]` to `start[b] + i`.
 
     A token tree's accepted path: its nodes sit at their tree slots after
@@ -139,10 +169,31 @@ class DecoderCache:
     `TreeMask`). Gathers before writing, so overlapping ranges are safe;
     the position is unchanged (callers `rewind`).
 
+    With `later`, nothing is copied now: the next `extend` writes the
+    slots it keeps (those before its position, `PendingMove`) in the
+    same update slice as its tokens' keys / values. On a GPU a move is a
+    kernel per layer's key and value (48 at T5 1.1-XXL); later, none.
+    The cache must come from `with_pending(m)`.
+
     Args:
       source: `[batch, m]` int32 slots to read (each < max_length).
       start: `[batch]` int32 first slot to write (start + m <= max_length).
+      later: move them in the next `extend`'s writes.
+
+    Raises:
+      ValueError: `later` on a cache with no room for m pending slots.
     """
+    if later:
+      if self.pending is None or (
+          self.pending.source.shape != source.shape):
+        room = None if self.pending is None else self.pending.source.shape
+        raise ValueError(
+            f'move_slots(later=True) of {source.shape} slots needs a cache '
+            f'from with_pending({source.shape[1]}); this one has room for '
+            f'{room}.')
+      return self.replace(pending=PendingMove(
+          source=source.astype(jnp.int32), start=jnp.asarray(start, jnp.int32)))
+
     def move(buffer):
       rows = jnp.take_along_axis(buffer, source[:, :, None, None], axis=1)
       return layers.write_rows(buffer, rows, start)
@@ -242,7 +293,7 @@ class DecoderLayer(nn.Module):
     return self.encoder_decoder_attention.project_kv(encoded)
 
   def __call__(self, inputs, self_bias, cross_kv, cross_bias,
-               cache_kv=None, position=None, written=None):
+               cache_kv=None, position=None, written=None, moved=None):
     """One decoder layer.
 
     Args:
@@ -256,6 +307,9 @@ class DecoderLayer(nn.Module):
       written: how many of the k tokens write their key / value to the
         cache (the first; None: all); the rest only attend (rows padded for
         the GPU's matmuls, `Decoder.extend`).
+      moved: None, or `(source [batch, m], count [batch])`: the cache's
+        slots to move before `position` as the keys / values are written
+        (`layers.write_rows_moved`; `DecoderCache.move_slots` later).
 
     Returns:
       `([batch, k, embed], (key, value))`, the keys/values attended over.
@@ -263,14 +317,20 @@ class DecoderLayer(nn.Module):
     x = self.pre_self_attention_layer_norm(inputs)
     query, key, value = self.self_attention.project_qkv(x)
     if cache_kv is not None:
-      key = layers.write_rows(cache_kv[0], key[:, :written], position)
-      value = layers.write_rows(cache_kv[1], value[:, :written], position)
+      write = layers.write_rows if moved is None else functools.partial(
+          _write_moved, moved=moved)
+      key = write(cache_kv[0], key[:, :written], position)
+      value = write(cache_kv[1], value[:, :written], position)
     x = self.self_attention.attend_projected(query, key, value,
                                              self_bias) + inputs
     y = self.pre_cross_attention_layer_norm(x)
     y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x
     z = self.mlp(self.pre_mlp_layer_norm(y)) + y
     return z, (key, value)
+
+
+def _write_moved(buffer, update, position, moved):
+  return layers.write_rows_moved(buffer, update, position, *moved)
 
 
 # Every layer computes in cfg.compute_dtype on weights rounded to cfg.dtype.
@@ -442,6 +502,10 @@ class Decoder(nn.Module):
       rows: the rows the layers run on, >= k, on every platform (None: as
         said above).
 
+    A cache with a pending move (`DecoderCache.move_slots(later=True)`)
+    has it made in this call's writes of keys / values, before its
+    tokens' are attended to.
+
     Returns:
       `(logits [batch, k, vocab], cache)` with position advanced by k;
       with `return_hidden`, `((logits, hidden [batch, k, embed]), cache)`.
@@ -479,18 +543,23 @@ class Decoder(nn.Module):
       y = _with_lookahead(y, lookahead, lookahead_start)
     # [batch, k, embed] -> [batch, rows, embed]
     y = jnp.pad(y, ((0, 0), (0, rows - k), (0, 0)))
+    pending, moved = cache.pending, None
+    if pending is not None:  # the slots a last move left to this call
+      moved = (pending.source, jnp.clip(
+          cache.position - pending.start, 0, pending.source.shape[1]))
+      pending = pending.replace(start=cache.position + k)  # nothing left
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       y, (key, value) = layer(
           y, self_bias, (cache.cross_key[i], cache.cross_value[i]),
           cross_bias, (cache.self_key[i], cache.self_value[i]),
-          cache.position, k,
+          cache.position, k, moved,
       )
       new_k.append(key)
       new_v.append(value)
     cache = cache.replace(
         self_key=tuple(new_k), self_value=tuple(new_v),
-        position=cache.position + k,
+        position=cache.position + k, pending=pending,
     )
     out = self.output_logits(y, return_hidden)
     return jax.tree.map(lambda x: x[:, :k], out), cache

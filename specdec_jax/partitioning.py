@@ -271,7 +271,10 @@ class ShardedModel:
         cross_key=tuple(kv('cross') for _ in cache.cross_key),
         cross_value=tuple(kv('cross') for _ in cache.cross_value),
         encoder_mask=(('batch', 'length'), 'the encoder mask'),
-        position=(('batch',), 'the cache positions'))
+        position=(('batch',), 'the cache positions'),
+        pending=None if cache.pending is None else cache.pending.replace(
+            source=(('batch', None), 'the slots a pending move reads'),
+            start=(('batch',), 'where a pending move writes')))
 
   def cache_shardings(self, cache):
     """A `NamedSharding` per array of `cache` (arrays or abstract shapes)."""

@@ -251,6 +251,10 @@ class VerifyLoop:
     """The drafter's state of rows that start (`draft_inputs` `[rows, n]`)."""
     raise NotImplementedError
 
+  def init_target_cache(self, target_params, inputs: Array):
+    """The target's cache of rows that start (`inputs` `[rows, length]`)."""
+    return self.target.init_cache(target_params, inputs, self.cache_length)
+
   def with_target(self, draft_params, target_params):
     """The draft params the loop's drafter reads (`with_target`): applied
     once, inside the compiled program, before anything else."""
@@ -277,8 +281,7 @@ class VerifyLoop:
         sequences=jnp.zeros((batch, self.buffer), jnp.int32),
         lengths=jnp.ones((batch,), jnp.int32),
         ended=jnp.zeros((batch,), bool),
-        target_cache=self.target.init_cache(target_params, inputs,
-                                            self.cache_length),
+        target_cache=self.init_target_cache(target_params, inputs),
         draft_state=self.init_draft(draft_params, draft_inputs),
         rng=rng,
         stats=SpecStats.zeros(batch, self.gamma))

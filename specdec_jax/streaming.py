@@ -235,8 +235,7 @@ class SpecStreamLoop:
     s = state.spec
 
     def init_fn(idx):
-      return (self.loop.target.init_cache(target_params, inputs[idx],
-                                          self.loop.cache_length),
+      return (self.loop.init_target_cache(target_params, inputs[idx]),
               self.loop.init_draft(draft_params, draft_inputs[idx]))
 
     cache, draft_state = merge_rows(
@@ -298,8 +297,7 @@ class SpecStreamLoop:
     rows as every leaf's leading axis (shapes only: no work)."""
     counts = (self.batch_size, 2 * self.batch_size)
     check_row_leaves(
-        lambda p, x: self.loop.target.init_cache(p, x,
-                                                 self.loop.cache_length),
+        self.loop.init_target_cache,
         target_params, inputs, "the target's cache (`target.init_cache`)",
         counts)
     check_row_leaves(

@@ -142,6 +142,44 @@ def test_move_slots_moves_a_path_into_chain_slots(v11):
   assert got[1, 2] == 12 + 3 and got[1, 3] == 12 + 4 and got[1, 0] == 12
 
 
+@pytest.mark.parametrize('batch', [1, 2])
+def test_a_move_left_to_the_next_call_is_the_move_made_now(v11, batch):
+  """`move_slots(later=True)`: the next `extend` writes the moved slots in
+  its own update (one kernel a buffer on a GPU, not two). Its logits, and
+  every slot before its last token, equal a move made at once; with each
+  row accepting a different count of the 3 path slots (0 to 3: the slots
+  before the call's position move, the rest do not). Fails if the later
+  move were dropped (the path's keys are not those of the chain)."""
+  model, params = v11
+  rng = np.random.default_rng(1)
+  enc = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 5)))
+  cache = model.init_cache(params, enc, 24).with_pending(3)
+  # A call on 8 tokens at slots 0..7 (the tree's nodes, say), then rows
+  # accept the nodes at slots `source` into slots 1.. and rewind.
+  cache = model.extend(params, jnp.asarray(
+      rng.integers(2, model.vocab_size, (batch, 8))), cache)[1]
+  source = jnp.asarray([[4, 6, 7], [2, 5, 3]][:batch], jnp.int32)
+  start = jnp.ones((batch,), jnp.int32)
+  kept = np.array([2, 3][:batch])  # each row's accepted count
+  tokens = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 4)))
+  position = jnp.asarray(1 + kept, jnp.int32)
+  now = model.extend(params, tokens, cache.move_slots(source, start).rewind(
+      position))
+  later = model.extend(params, tokens, cache.move_slots(
+      source, start, later=True).rewind(position))
+  np.testing.assert_allclose(later[0], now[0], atol=1e-6, rtol=1e-6)
+  for b in range(batch):
+    end = int(position[b]) + 4
+    for got, want in zip(later[1].self_key + later[1].self_value,
+                         now[1].self_key + now[1].self_value):
+      np.testing.assert_array_equal(got[b, :end], want[b, :end])
+  # The check has power: without the move the logits differ.
+  unmoved = model.extend(params, tokens, cache.rewind(position))[0]
+  assert not np.allclose(unmoved, now[0], atol=1e-3)
+  with pytest.raises(ValueError, match=r'with_pending\(2\)'):
+    cache.move_slots(source[:, :2], start, later=True)
+
+
 # ---------------------------------------------------------------------------
 # 2. Greedy.
 # ---------------------------------------------------------------------------
@@ -164,10 +202,10 @@ def test_greedy_tree_equals_baseline(greedy_setup, spec):
   depth = drafter.shape.depth
   # The caches hold what a call writes past the committed prefix: the
   # target the verified width (root + 6 of the 21 nodes 'beam:3,2,4/6'
-  # drafts), the drafter the nodes that get children (root, then 2 a
-  # level).
+  # drafts) and the path its next call's writes move (depth 4), the
+  # drafter the nodes that get children (root, then 2 a level).
   loop = drafter.merged_loop(model, depth, SamplingConfig(), EOS, MAX_LEN)
-  assert loop.cache_length == MAX_LEN + (7 if '/' in spec else 22)
+  assert loop.cache_length == MAX_LEN + (7 if '/' in spec else 22) + depth
   assert loop.draft_cache_length == MAX_LEN + 1 + 2 + 2 + 2
   calls = {}
   for name, dparams in (('self', params),

@@ -7,7 +7,8 @@ with the tree mask gives p at every node, `verify.verify_tree` walks it,
 the accepted path and the next token are committed
 (`speculative.commit_tokens`), and the path's keys / values move into the
 target cache's chain slots (`TreeLoop.verify_commit`, which the heads'
-tree loop shares). gamma is the tree's depth.
+tree loop shares), in the next call's writes of keys / values
+(`DecoderCache.move_slots(later=True)`). gamma is the tree's depth.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ class TreeLoop(speculative.DrafterLoop):
   def cache_length(self) -> int:
     """Slots of the target's cache: what a call writes, the verified
     width (not the drafted one: a `/N` shape verifies N + 1 of its nodes)
-    from the last committed token, at most max_decode_len."""
+    from the last committed token, at most max_decode_len, and the room
+    of the accepted path's move that the next call's writes make (its
+    depth: `DecoderCache.with_pending`)."""
     return self.max_decode_len + self.shape.verified_width(
-        self.sampling.greedy)
+        self.sampling.greedy) + self.shape.depth
+
+  def init_target_cache(self, target_params, inputs):
+    """The target's cache, with room for a path's pending move."""
+    return super().init_target_cache(target_params, inputs).with_pending(
+        self.shape.depth)
 
   @property
   def draft_cache_length(self) -> int:
@@ -111,9 +119,11 @@ class TreeLoop(speculative.DrafterLoop):
     sequences, new_lengths, ended = speculative.commit_tokens(
         verify_lib.path_tokens(tree, path), n, next_token, self.eos_id,
         self.max_decode_len, state.sequences, lengths, state.ended)
-    # The path's nodes sit at their slot in the verified call.
+    # The path's nodes sit at their slot in the verified call; the next
+    # call's writes move them (no kernel a layer of its own on a GPU).
     slot = jnp.take_along_axis(tree.slot_of(), path, 1) if pruned else path
-    target_cache = target_cache.move_slots(base[:, None] + slot, base + 1)
+    target_cache = target_cache.move_slots(base[:, None] + slot, base + 1,
+                                           later=True)
     if return_hidden:  # the last accepted node's slot (the root's: 0)
       last = jnp.take_along_axis(slot, jnp.maximum(n - 1, 0)[:, None], 1)
       last = jnp.where(n[:, None] > 0, last, 0)
