@@ -107,8 +107,11 @@ class PendingMove:
   Attributes:
     source: `[batch, m]` int32 slots to read.
     start: `[batch]` int32 first slot to write. The next call moves its
-      row's first `position - start` of them (0 to m: the call writes from
-      `position`, after a `rewind` to the end of what was accepted).
+      row's first `position - start` of them (the call writes from
+      `position`, after a `rewind` to the end of what was accepted): the
+      same as a move made at once where that position is in start ..
+      start + m (the tree loop's: start + the accepted count); a row at
+      or before start moves none.
   """
 
   source: Array
