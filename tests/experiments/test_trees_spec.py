@@ -7,6 +7,7 @@ full plan is eval job setups whose cell folders fit a file name.
 """
 
 import json
+import pathlib
 import shutil
 
 from specdec_jax import hardware
@@ -80,7 +81,7 @@ def test_every_cell_of_the_full_spec_is_an_eval_setup():
   options = sweep.options_of(spec, sweep.Options())
   models = reproduce.make_setup('shipped')
   cells = sweep.plan(spec, options)
-  assert len(cells) == 32
+  assert len(cells) == 34
   for cell in cells:
     assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
     setup = sweep.cell_setup(models, cell, options)
@@ -126,3 +127,21 @@ def test_a_chosen_trees_row_is_the_tree_the_job_decoded_with():
   assert row['tree'] == f'choose:{trees.CHOSEN}' and trees._nodes(row) == '-'
   trees.predict(row, hardware.load(hardware.H100))
   assert row['predicted_counters'] is None
+
+
+def test_the_estimated_trees_are_those_choose_picks_on_the_estimates():
+  """Each task's "estimated 64" tree is `shape.choose`'s on the stored
+  rank probabilities (64 test rows a task, those of the "dynamic N"
+  rows) and the ESTIMATED H100 costs; on those costs it is predicted to
+  beat the spec's best beam (beam:8,4,12/64) with fewer levels."""
+  meta = json.loads((pathlib.Path(__file__).parents[2] / 'results' /
+                     'retired' / 'trees.json').read_text())['meta']
+  costs = trees.estimated_costs()
+  for task, probs in meta['rank_probs'].items():
+    probs = shape_lib.nonincreasing(probs)
+    shape, rate = shape_lib.choose(probs, costs, max_nodes=trees.CHOSEN,
+                                   max_depth=trees.CHOSEN_DEPTH)
+    assert shape.spec == trees.ESTIMATED[task], task
+    beam = shape_lib.parse('beam:8,4,12/64')
+    assert shape.depth < beam.depth and rate > 1e3 * beam.expected_tokens(
+        probs) / costs.iteration_ms(beam), task

@@ -9,13 +9,18 @@ EAGLE-2 beams ('beam:K,B,D': the root's K best tokens, then the B most
 probable paths of each level get K children, D levels; '/N': verify the
 N most probable nodes, greedy only), "dynamic N", the tree of N nodes
 `shape.best` built from dec2's rank probabilities (`measure.rank_probs`,
-64 test rows per task; fixed shapes here), "chosen N": the tree the job
+64 test rows per task; fixed shapes here), "estimated 64": the tree
+`shape.choose` picks from those and the ESTIMATED costs of the decode
+loops compiled for a compile-only H100 (`ESTIMATED_H100`; a fixed shape
+here), "chosen N": the tree the job
 chooses on this machine ('choose:N', Sequoia's way: the most tokens per
 second predicted from the rank probabilities and the call costs it
 measures; the row shows the tree it decoded with), and the shipped heads
 (`shipped:heads/<task>`): kinds 'heads' and 'heads_tree'. At t = 1 only
 the best chain and the default tree.
 """
+
+import numpy as np
 
 from specdec_jax.bench import at_xxl_cost
 from specdec_jax.drafters.tree import shape as shape_lib
@@ -42,9 +47,46 @@ DYNAMIC = {
                     '1.0,2.0,0.2,3.0,4.0;0.0,0.1,1.0,2.0,3.0;0.0,0.1,1.0,'
                     '2.0,3.0,4.0;0.0;0.0;0.0;0.0;0.0'},
 }
+# "estimated 64" per task: `shape.choose(rank_probs, ESTIMATED_H100, 64,
+# 12)` (the same rank probabilities), the tree with the most tokens per
+# second on the ESTIMATED costs of the decode loops compiled for a
+# compile-only H100 at T5 1.1-XXL cost (`python -m specdec_jax.compiled
+# --target=gpu:h100 --iterations=reference`,
+# results/compiled/iterations_h100.md, "The accepted path moved in the
+# next call's writes"): the target's call at k tokens (the baseline's,
+# the chain's, the trees' at 61 and 65), a level's drafter call and its
+# selection (43 + 6 kernels), and the rest of a tree iteration.
+ESTIMATED_H100 = dict(target_ms={1: 4.77, 7: 4.81, 61: 5.14, 65: 5.20},
+                      level_ms=0.124, fixed_ms=0.142)
+ESTIMATED = {
+    'en_de': ('dynamic:0.0,0.1,0.2,0.3,0.4,0.5;'
+              '0.0,0.1,1.0,0.2,2.0,0.3,3.0,0.4,4.0,1.1;'
+              '0.0,0.1,1.0,2.0,0.2,3.0,4.0,0.3,5.0,6.0,0.4,7.0,8.0;'
+              '0.0,0.1,1.0,2.0,3.0,0.2,4.0,5.0,6.0,7.0,0.3,8.0,9.0;'
+              '0.0,0.1,1.0,2.0,3.0,4.0,0.2,5.0,6.0,7.0,8.0;'
+              '0.0,0.1,1.0,2.0,3.0,4.0,5.0'),
+    'synopsis': ('dynamic:0.0,0.1,0.2,0.3,0.4,0.5,0.6;'
+                 '0.0,0.1,1.0,0.2,2.0,0.3,3.0,0.4,4.0,1.1;'
+                 '0.0,0.1,1.0,2.0,0.2,3.0,4.0,0.3,5.0,6.0;'
+                 '0.0,0.1,1.0,2.0,3.0,4.0,5.0,6.0,0.2;'
+                 '0.0,0.1,1.0,2.0,3.0,4.0,5.0,6.0,7.0;'
+                 '0.0,0.1,1.0,2.0,3.0,4.0,5.0;'
+                 '0.0,0.1,1.0,2.0,3.0,4.0,5.0,6.0'),
+}
 HEADS = ('chain:4', DEFAULT_TREE, 'beam:8,4,12/64')
 CHOSEN = 64  # "chosen N": 'choose:N', of at most `CHOSEN_DEPTH` levels
 CHOSEN_DEPTH = 12
+
+
+def estimated_costs() -> shape_lib.TreeCosts:
+  """`ESTIMATED_H100` as `shape.TreeCosts` (the target's call
+  interpolated between the k it was counted at, held beyond)."""
+  ks = sorted(ESTIMATED_H100['target_ms'])
+  ms = [ESTIMATED_H100['target_ms'][k] for k in ks]
+  return shape_lib.TreeCosts(
+      target_ms=lambda k: float(np.interp(k, ks, ms)),
+      level_ms=ESTIMATED_H100['level_ms'],
+      fixed_ms=ESTIMATED_H100['fixed_ms'])
 
 
 def cell(task, spec, t=0.0, head=False, name=None):
@@ -73,6 +115,7 @@ def cells(options, tasks):
     out += [cell(task, f'chain:{g}') for g in CHAINS]
     out += [cell(task, s) for s in (DEFAULT_TREE,) + BEAMS]
     out += [cell(task, s[task], name=n) for n, s in DYNAMIC.items()]
+    out.append(cell(task, ESTIMATED[task], name=f'estimated {CHOSEN}'))
     out.append(cell(task, f'choose:{CHOSEN}', name=f'chosen {CHOSEN}'))
     if options.models == 'shipped':  # the heads fit the shipped target
       out += [cell(task, s, head=True) for s in HEADS]
