@@ -440,7 +440,6 @@ def write_rows(buffer: Array, update: Array, start: Array) -> Array:
   return jax.vmap(write)(buffer, update, start)
 
 
-
 def write_rows_moved(buffer: Array, update: Array, start: Array,
                      source: Array, moved: Array) -> Array:
   """`write_rows(buffer, update, start)` after moving slots: row b's slots
@@ -472,6 +471,7 @@ def write_rows_moved(buffer: Array, update: Array, start: Array,
   first = (jnp.arange(m + k) < moved[:, None])[(...,) + trailing]
   return write_rows(buffer, jnp.where(first, jnp.pad(rows, pad), shifted),
                     start - moved)
+
 
 def interleave(kernels: Sequence[Array], groups: int) -> Array:
   """n 2-D kernels `[rows, groups * d]` -> one `[rows, groups * n * d]`.
