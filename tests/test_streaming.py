@@ -126,6 +126,22 @@ def test_speculative_stream_greedy_equals_baseline(stream_setup):
   np.testing.assert_array_equal(st.accepted_at, fixed.stats.accepted_at)
 
 
+def test_tree_stream_greedy_equals_baseline(stream_setup):
+  """A token tree's loop in refilled slots: each refilled row starts with
+  no pending path move (`TreeLoop.init_target_cache`), and every row's
+  accepted path moves in its next call's writes; greedy output equals
+  the baseline's, with refills of 2 rows."""
+  model, params, enc, base = stream_setup
+  dr = drafters.TreeDrafter(drafters.T5Drafter(model),
+                            drafters.tree.shape.parse('beam:2,2,3'))
+  out = streaming.speculative_stream(
+      model, params, dr, perturbed(params, 0.3, 0), enc, batch_size=SLOTS,
+      gamma=3, max_decode_len=MAX_LEN, eos_id=EOS, refill_sizes=(2,))
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  assert int(np.sum(out.stats.accepted)) > 0  # paths were moved
+
+
 @pytest.fixture(scope='module')
 def t1_law(tiny_target):  # pylint: disable=redefined-outer-name
   """The tiny target, its input and its exact law of 3-token sequences at
