@@ -321,7 +321,7 @@ class DecoderLayer(nn.Module):
     query, key, value = self.self_attention.project_qkv(x)
     if cache_kv is not None:
       write = layers.write_rows if moved is None else functools.partial(
-          _write_moved, moved=moved)
+          layers.write_rows_moved, source=moved[0], moved=moved[1])
       key = write(cache_kv[0], key[:, :written], position)
       value = write(cache_kv[1], value[:, :written], position)
     x = self.self_attention.attend_projected(query, key, value,
@@ -330,10 +330,6 @@ class DecoderLayer(nn.Module):
     y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x
     z = self.mlp(self.pre_mlp_layer_norm(y)) + y
     return z, (key, value)
-
-
-def _write_moved(buffer, update, position, moved):
-  return layers.write_rows_moved(buffer, update, position, *moved)
 
 
 # Every layer computes in cfg.compute_dtype on weights rounded to cfg.dtype.
