@@ -12,11 +12,9 @@ accessed per call (`cost_analysis()`; the CUDA compiler reports none); the
 HLO's while loops, host transfers and collectives. It counts a while loop's
 body once: per-step figures come from step programs (`T5Model.extend`).
 
-  target = compiled.get_target('tpu:v4:2x2x1')
-  setup = compiled.Setup(target=models.config('t5_1_1_xxl'),
-                         draft=models.config('t5_1_1_small'), batch=8)
-  facts = compiled.compile_program('t5', setup, target)  # speculative, t5
-  facts['memory']['peak_bytes'], facts['fits'], facts['cost']
+  facts = compiled.compile_program('t5', compiled.Setup(  # speculative, t5
+      target=models.config('t5_1_1_xxl'), draft=models.config('t5_1_1_small'),
+      batch=8), compiled.get_target('tpu:v4:2x2x1'))  # ['memory'], ['fits']
 
 Programs (`program_names()`): 'baseline', one per drafter kind of
 `drafters.KINDS` (the chain loop, or the kind's merged or tree loop),
@@ -149,8 +147,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in (
     _tpu('v4', '1x1x1'), _tpu('v4', '2x2x1'), _tpu('v4', '2x2x2'),
     _tpu('v5e', '1x1'), _tpu('v5e', '2x2'), _tpu('v5e', '2x4'),
     _tpu('v5p', '2x2x1'), _tpu('v6e', '1x1'), _tpu('v6e', '2x2'),
-    _tpu('v6e', '2x4'),
-    Target('gpu:h100', 'gpu', 'h100', '1x1x1', 1),
+    _tpu('v6e', '2x4'), Target('gpu:h100', 'gpu', 'h100', '1x1x1', 1),
     Target('gpu:h100x8', 'gpu', 'h100', '1x1x8', 8),
     Target('gpu:h200', 'gpu', 'h200', '1x1x1', 1),
 )}
@@ -273,8 +270,7 @@ def _like(tree, known: Sequence[Any], part):
   """Shardings for `tree` (a drafter's params): a subtree with the structure
   and shapes of one of `known` (e.g. the target's params inside PaSS's) takes
   its shardings; every other leaf is replicated."""
-  def shapes(t):
-    return [tuple(x.shape) for x in jax.tree.leaves(t)]
+  shapes = lambda t: [tuple(x.shape) for x in jax.tree.leaves(t)]
   for ref in known:
     if (jax.tree.structure(tree) == jax.tree.structure(ref) and
         shapes(tree) == shapes(ref)):
@@ -381,10 +377,9 @@ SELF_DRAFTING = ('pass', 'heads', 'heads_tree')
 
 
 def _models(setup: Setup, part):
-  target = part.sharded_model(network.T5Model(setup.target))
-  draft = part.sharded_model(network.T5Model(setup.draft),
-                             partitioning.data_parallel_rules())
-  return target, draft
+  return (part.sharded_model(network.T5Model(setup.target)),
+          part.sharded_model(network.T5Model(setup.draft),
+                             partitioning.data_parallel_rules()))
 
 
 def tokens(part, rows: int, length: int):
@@ -395,9 +390,7 @@ def tokens(part, rows: int, length: int):
 
 
 def _rng(part):
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  return jax.ShapeDtypeStruct(key.shape, key.dtype,
-                              sharding=NamedSharding(part.mesh, P()))
+  return _replicated(part, jax.eval_shape(lambda: jax.random.key(0)))
 
 
 def lower_program(name: str, setup: Setup, part) -> Tuple[
@@ -580,6 +573,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--num_partitions', type=int, default=None,
                       help="size of the 'model' axis (default: every chip)")
   parser.add_argument('--tree', default=None, help="the tree kinds' shape")
+  parser.add_argument('--set', action='append', default=[], help='FIELD=VAL'
+                      'UE of every model (T5Config): attention_kernel=cudnn')
 
 
 def check_flags(parser: argparse.ArgumentParser,
@@ -617,9 +612,13 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
 def configs(args: argparse.Namespace
             ) -> Tuple[network.T5Config, Dict[str, network.T5Config]]:
   """(the target's config, {drafter name: config}) of --model, --drafts."""
-  drafts = {spec.strip().replace('t5_1_1_', ''): models.config(spec.strip())
+  drafts = {spec.strip().replace('t5_1_1_', ''): _config(spec.strip(), args)
             for spec in args.drafts.split(',')}
-  return models.config(args.model), drafts
+  return _config(args.model, args), drafts
+
+
+def _config(spec: str, args: argparse.Namespace) -> network.T5Config:
+  return models.config(','.join([spec] + args.set))
 
 
 def setup(args: argparse.Namespace) -> Setup:
@@ -661,7 +660,7 @@ def iterations(args: argparse.Namespace) -> str:
   target, base = get_target(args.target), setup(args)
 
   def lower(name, model=None, draft=None, **fields):
-    fields.update({k: models.config(v) for k, v in (
+    fields.update({k: _config(v, args) for k, v in (
         ('target', model), ('draft', draft)) if v}, **(
             {} if 'tree' in name else {'tree': None}))
     return lower_program(name, dataclasses.replace(base, **fields),

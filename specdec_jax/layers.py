@@ -46,6 +46,9 @@ Initializer = Callable[..., Array]
 # T5X's masking value for attention logits.
 ATTENTION_NEG_INF = -1e10
 
+# `dot_product_attention`'s kernels: T5X's, and cuDNN's fused one.
+ATTENTION_KERNELS = ('dot_product', 'cudnn')
+
 default_kernel_init = nn.initializers.variance_scaling(
     1.0, 'fan_in', 'truncated_normal'
 )
@@ -379,6 +382,7 @@ def dot_product_attention(
     bias: Array,
     dtype: DType = jnp.float32,
     float32_logits: bool = False,
+    kernel: str = 'dot_product',
 ) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(d) into the query init).
 
@@ -388,11 +392,22 @@ def dot_product_attention(
     value: `[batch, k_len, heads, head_dim]`.
     bias: broadcastable to `[batch, heads, q_len, k_len]`; masks are folded in.
     dtype: output dtype.
-    float32_logits: compute the logits in float32.
+    float32_logits: compute the logits in float32 ('dot_product').
+    kernel: one of `ATTENTION_KERNELS`: 'dot_product' (T5X's: logits,
+      bias and softmax in the query's dtype unless `float32_logits`) or
+      'cudnn' (`fused_attention`).
 
   Returns:
     `[batch, q_len, heads, head_dim]`.
+
+  Raises:
+    ValueError: an unknown kernel.
   """
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f'attention kernel must be one of {ATTENTION_KERNELS}, '
+                     f'got {kernel!r}.')
+  if kernel == 'cudnn':
+    return fused_attention(query, key, value, bias).astype(dtype)
   if float32_logits:
     query, key = query.astype(jnp.float32), key.astype(jnp.float32)
   # [batch, q, heads, d] x [batch, k, heads, d] -> [batch, heads, q, k]
@@ -407,6 +422,45 @@ def dot_product_attention(
   weights = jax.nn.softmax(logits).astype(dtype)
   # [batch, heads, q, k] x [batch, k, heads, d] -> [batch, q, heads, d]
   return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+
+
+def fused_attention(query: Array, key: Array, value: Array,
+                    bias: Array) -> Array:
+  """`dot_product_attention` as one fused kernel on a CUDA GPU: cuDNN's
+  (`jax.nn.dot_product_attention(..., implementation='cudnn')`), where
+  XLA's is a matmul, a softmax and a matmul (three kernels, the scores
+  written and read between them).
+
+  Its math everywhere: float32 logits, the bias (in the query's dtype)
+  added in float32, a float32 softmax, probabilities in the value's dtype.
+  Off a CUDA GPU, for queries neither bfloat16 nor float16 (cuDNN's), or
+  where this jax has no cuDNN, the same math in XLA (`implementation=
+  'xla'`), so a CPU runs what the GPU's kernel computes. Not T5X's
+  numerics (its softmax runs in the logits' dtype): a model decodes with
+  one kernel, its baseline and speculative loops alike.
+
+  Args: as `dot_product_attention`'s (the bias's batch and heads may be 1).
+  """
+  key, value = key.astype(query.dtype), value.astype(query.dtype)
+  bias = jnp.broadcast_to(bias, bias.shape[:2] + (query.shape[1], key.shape[1]))
+  bias = bias.astype(query.dtype)
+
+  def attend(implementation):
+    return lambda q, k, v, b: jax.nn.dot_product_attention(
+        q, k, v, bias=b, scale=1.0, implementation=implementation)
+
+  if query.dtype not in (jnp.bfloat16, jnp.float16) or not _has_cudnn():
+    return attend('xla')(query, key, value, bias)
+  return jax.lax.platform_dependent(query, key, value, bias,
+                                    cuda=attend('cudnn'), default=attend('xla'))
+
+
+@functools.cache
+def _has_cudnn() -> bool:
+  """Whether this jax can lower cuDNN's attention (its CUDA plugin found
+  cuDNN): jax's own test (`check_cudnn_version`) reads the same."""
+  from jax._src.lib import cuda_versions  # pylint: disable=g-import-not-at-top
+  return cuda_versions is not None
 
 
 def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
@@ -530,11 +584,15 @@ class MultiHeadAttention(nn.Module):
   float32_logits: bool = False
   weight_dtype: DType | None = None
   fused: str | None = None
+  kernel: str = 'dot_product'
 
   def setup(self):
     if self.fused not in (None, 'qkv', 'kv'):
       raise ValueError(f"fused must be None, 'qkv' or 'kv', got "
                        f'{self.fused!r}.')
+    if self.kernel not in ATTENTION_KERNELS:
+      raise ValueError(f'attention kernel must be one of '
+                       f'{ATTENTION_KERNELS}, got {self.kernel!r}.')
     proj = functools.partial(
         DenseGeneral,
         kernel_axes=('embed', 'joined_kv'),
@@ -585,8 +643,8 @@ class MultiHeadAttention(nn.Module):
                        bias: Array) -> Array:
     """Attention of a projected query `[batch, q, heads, head_dim]`."""
     x = dot_product_attention(
-        query, key, value, bias, self.dtype, self.float32_logits
-    )
+        query, key, value, bias, self.dtype, self.float32_logits,
+        self.kernel)
     # [batch, q, heads, head_dim] -> [batch, q, embed]
     return self.out(x)
 

@@ -57,6 +57,9 @@ class T5Config:
       time layout of the same weights (one `qkv`, `kv` and `wi_fused` kernel
       where T5X has two or three; see `fuse_params`). Not a checkpoint
       format: build it with `for_decoding`.
+    attention_kernel: 'dot_product' (T5X's attention) or 'cudnn' (cuDNN's
+      fused kernel on a CUDA GPU, float32 softmax; the same math in XLA
+      elsewhere: `layers.fused_attention`). Not part of the parameter tree.
   """
 
   vocab_size: int
@@ -73,6 +76,7 @@ class T5Config:
   float32_attention_logits: bool = False
   activation_dtype: Any = None
   fused_projections: bool = False
+  attention_kernel: str = 'dot_product'
 
   @property
   def compute_dtype(self) -> Any:
@@ -350,6 +354,7 @@ def _attention(cfg: T5Config,
       weight_dtype=cfg.dtype,
       float32_logits=cfg.float32_attention_logits,
       fused=fused,
+      kernel=cfg.attention_kernel,
   )
 
 

@@ -227,3 +227,23 @@ def test_a_tree_call_runs_as_many_kernels_as_a_chain_call_on_a_gpu(
   levels = [parts['tree'][f'drafter call {n}'].kernels for n in range(2, 13)]
   assert 'drafter call 13' not in parts['tree']
   assert sum(levels) / len(levels) <= 45, levels
+
+
+@pytest.mark.parametrize('tree', [False, True])
+def test_the_cudnn_kernel_runs_an_attention_in_one_kernel_on_a_gpu(h100,
+                                                                    tree):
+  """With `attention_kernel='cudnn'` each of a decoder layer's two
+  attentions is one cuDNN call on a compile-only H100 where XLA's is a
+  matmul, a softmax and a matmul: 4 kernels a layer fewer, less the one
+  kernel a call that broadcasts the cross-attention's input mask to the
+  queries (cuDNN takes a bias of their length; XLA's softmax reads the
+  mask as it is). A chain's 8 rows and a tree's 65."""
+  k = 65 if tree else 8
+  fused = network.T5Model(GPU_CONFIG.replace(attention_kernel='cudnn'))
+  module = _extend_module(fused, h100, k, tree)
+  calls = [i for i in module.computations[module.entry]
+           if i.opcode == 'custom-call' and 'cudnn$fmha' in i.attrs]
+  layers_ = GPU_CONFIG.num_decoder_layers
+  assert len(calls) == 2 * layers_, [i.name for i in calls]
+  plain = _layer_kernels(network.T5Model(GPU_CONFIG), h100, k, tree)
+  assert plain - _layer_kernels(fused, h100, k, tree) == 4 * layers_ - 1

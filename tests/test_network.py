@@ -208,3 +208,37 @@ def test_axes_sown_twice_in_one_apply_must_match():
   with pytest.raises(ValueError, match='sown twice'):
     Twice(('mlp', 'embed')).apply({'params': params}, x,
                                   mutable=['params_axes'])
+
+
+@pytest.mark.parametrize('bias_shape', [(1, 3, 5, 9), (2, 1, 1, 9)])
+def test_cudnn_attention_kernel_adds_and_softmaxes_in_float32(bias_shape):
+  """`attention_kernel='cudnn'` is attention with float32 logits, bias and
+  softmax, the probabilities rounded to the value's dtype (cuDNN's math;
+  off a CUDA GPU XLA computes the same): in bfloat16 it is within half a
+  bfloat16 step of that, computed here in numpy, where T5X's kernel (its
+  softmax in bfloat16) is off by more. A self-attention bias per head and
+  a cross-attention mask broadcast over heads and queries."""
+  rng = np.random.default_rng(0)
+  bf16, f32 = jnp.bfloat16, lambda x: np.asarray(x, np.float32)
+  q, k, v = (jnp.asarray(rng.normal(size=s), bf16) for s in (
+      (2, 5, 3, 16), (2, 9, 3, 16), (2, 9, 3, 16)))
+  bias = (jnp.asarray(rng.normal(size=bias_shape), bf16)
+          if bias_shape[1] > 1 else layers.mask_to_bias(
+              jnp.asarray(rng.random(bias_shape) < 0.7), bf16))
+  logits = np.einsum('bqhd,bkhd->bhqk', f32(q), f32(k)) + f32(bias)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs = f32(jnp.asarray(probs / probs.sum(-1, keepdims=True), bf16))
+  want = np.einsum('bhqk,bkhd->bqhd', probs, f32(v))
+  got = layers.dot_product_attention(q, k, v, bias, bf16, kernel='cudnn')
+  assert got.dtype == bf16
+  np.testing.assert_allclose(f32(got), want, rtol=2 ** -8, atol=2 ** -8)
+  t5x = f32(layers.dot_product_attention(q, k, v, bias, bf16))
+  assert np.abs(t5x - want).max() > 2 * np.abs(f32(got) - want).max()
+
+
+def test_an_unknown_attention_kernel_is_named():
+  config = network.T5Config(vocab_size=32, emb_dim=8, num_heads=2,
+                            head_dim=4, mlp_dim=8, num_encoder_layers=1,
+                            num_decoder_layers=1, attention_kernel='flash')
+  with pytest.raises(ValueError, match=r"'dot_product', 'cudnn'.*'flash'"):
+    network.T5Model(config).init_params(jax.random.key(0))
