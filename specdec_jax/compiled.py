@@ -573,8 +573,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--num_partitions', type=int, default=None,
                       help="size of the 'model' axis (default: every chip)")
   parser.add_argument('--tree', default=None, help="the tree kinds' shape")
-  parser.add_argument('--set', action='append', default=[], help='FIELD=VAL'
-                      'UE of every model (T5Config): attention_kernel=cudnn')
+  parser.add_argument('--model_fields', action='append', default=[],
+                      help='FIELD=VALUE of every model\'s T5Config, e.g. '
+                      'attention_kernel=cudnn')
 
 
 def check_flags(parser: argparse.ArgumentParser,
@@ -618,7 +619,7 @@ def configs(args: argparse.Namespace
 
 
 def _config(spec: str, args: argparse.Namespace) -> network.T5Config:
-  return models.config(','.join([spec] + args.set))
+  return models.with_fields(models.config(spec), args.model_fields)
 
 
 def setup(args: argparse.Namespace) -> Setup:

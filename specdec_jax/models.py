@@ -17,7 +17,7 @@ e.g. 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'.
 from __future__ import annotations
 
 import ast
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from specdec_jax import checkpoints
 from specdec_jax import network
@@ -80,18 +80,28 @@ def config(spec: str, **overrides) -> network.T5Config:
     ValueError: an unknown name, a malformed override or an unknown field.
   """
   name, *rest = [part.strip() for part in spec.split(',') if part.strip()]
+  return with_fields(CONFIGS[_known(name)], rest, f'config spec {spec!r}',
+                     **overrides)
+
+
+def with_fields(base: network.T5Config, items: Sequence[str],
+                where: str = 'model fields', **overrides) -> network.T5Config:
+  """`base` with 'field=value' items (values as Python literals, else
+  strings; e.g. 'attention_kernel=cudnn') and overrides set.
+
+  Raises:
+    ValueError: a malformed item or an unknown field (named with `where`).
+  """
   fields = {}
-  for part in rest:
+  for part in items:
     if '=' not in part:
-      raise ValueError(f'config spec {spec!r}: {part!r} is not field=value')
+      raise ValueError(f'{where}: {part!r} is not field=value')
     key, value = part.split('=', 1)
     fields[key.strip()] = _value(value.strip())
   fields.update(overrides)
-  base = CONFIGS[_known(name)]
   unknown = set(fields) - set(base.__dataclass_fields__)
   if unknown:
-    raise ValueError(f'config spec {spec!r}: T5Config has no field(s) '
-                     f'{sorted(unknown)}')
+    raise ValueError(f'{where}: T5Config has no field(s) {sorted(unknown)}')
   if 'mlp_activations' in fields:
     fields['mlp_activations'] = tuple(fields['mlp_activations'])
   return base.replace(**fields)

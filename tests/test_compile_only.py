@@ -125,6 +125,13 @@ def test_the_command_compiles_what_its_flags_name():
   assert compiled.plan(args) == [(2, 'tree'), (2, 'stream:t5'), (4, 'tree'),
                                  (4, 'stream:t5')]
   assert compiled.setup(args).draft == compiled.configs(args)[1]['small']
+  # --model_fields sets a T5Config field of every model.
+  args = compiled.parse_flags(['--target=gpu:h100', '--model_fields',
+                               'attention_kernel=cudnn'])
+  target, drafts = compiled.configs(args)
+  assert {c.attention_kernel for c in (target, *drafts.values())} == {'cudnn'}
+  assert compiled.configs(compiled.parse_flags(['--target=gpu:h100']))[
+      0].attention_kernel == 'dot_product'
   for bad in (['--target=tpu:v9'], ['--target=gpu:h100', '--programs=nope'],
               []):
     with pytest.raises(SystemExit):

@@ -77,6 +77,9 @@ def parse_args(argv: Sequence[str]):
   r.add_argument('--out', default=None,
                  help='results path without suffix (default: '
                  'results/<spec>/<models>; --shrink: in the work folder)')
+  r.add_argument('--model_fields', action='append', default=[],
+                 metavar='FIELD=VALUE', help="a T5Config field of every "
+                 'model, e.g. attention_kernel=cudnn; repeatable')
   r.add_argument('--max_minutes', type=float, default=24 * 60.0,
                  help='start no cell after this many minutes')
   flags.add_prediction_flags(r, optional=True, repredict=False)
@@ -112,7 +115,8 @@ def main(argv: Optional[Sequence[str]] = None):
       shrink=args.shrink, only=args.only, where=tuple(args.where),
       work_dir=args.work_dir,
       models_dir=args.models_dir, checkpoints=args.checkpoints,
-      data_dir=args.data_dir, max_minutes=args.max_minutes)
+      data_dir=args.data_dir, max_minutes=args.max_minutes,
+      model_fields=tuple(args.model_fields))
   return sweep.run(spec, options, profile=profile, command=command,
                    out=args.out)
 

@@ -38,6 +38,7 @@ from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import measure
+from specdec_jax import models as models_lib
 from specdec_jax import run_folder
 from specdec_jax import task_table
 from specdec_jax import unit_loop
@@ -110,6 +111,7 @@ class Options:
   checkpoints: str = ''
   data_dir: Optional[str] = None
   max_minutes: float = 24 * 60.0
+  model_fields: Tuple[str, ...] = ()  # 'field=value' of every T5Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +314,21 @@ def cell_setup(models, cell: Cell, options: Options) -> loading.EvalSetup:
   changes.setdefault('num_examples', options.num_examples)
   if options.data_dir is not None:
     changes.setdefault('data_dir', options.data_dir)
-  return reproduce.eval_setup(models, cell.task, cell.drafter, **changes)
+  setup = reproduce.eval_setup(models, cell.task, cell.drafter, **changes)
+  if not options.model_fields:
+    return setup
+  # Both decoders' target and the drafter (e.g. attention_kernel=cudnn).
+  return setup.replace(**{name: models_lib.with_fields(
+      config, options.model_fields, '--model_fields') for name, config in (
+          ('target_config', setup.target_config),
+          ('draft_config', setup.draft.config))})
+
+
+def results_name(options: Options) -> str:
+  """The model set's name, and its `model_fields` (the work and results
+  folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn')."""
+  return '_'.join((options.models,) + tuple(
+      f.replace('=', '-') for f in options.model_fields))
 
 
 def method_checkpoint(options: Options, method: str, task: str) -> str:
@@ -327,7 +343,7 @@ def method_checkpoint(options: Options, method: str, task: str) -> str:
 
 def work_folder(spec: Spec, options: Options) -> pathlib.Path:
   return pathlib.Path(options.work_dir).expanduser() / spec.name / (
-      options.models)
+      results_name(options))
 
 
 def groups(models, cells: Sequence[Cell], options: Options
@@ -407,7 +423,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
   folder = work_folder(spec, options)
   if out is None:
     out = str(folder / 'results' if options.shrink else
-              table.RESULTS / spec.name / options.models)
+              table.RESULTS / spec.name / results_name(options))
   clock = budget.Clock(options.max_minutes)
   cache = loading.LoadCache()  # the cells share their models and examples
   result = table.new_result(spec, options, command)

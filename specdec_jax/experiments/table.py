@@ -60,7 +60,8 @@ def new_result(spec, options, command: str) -> Dict[str, Any]:
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
       num_examples=options.num_examples,
       timing_repeats=options.timing_repeats, shrunk=options.shrink,
-      rows=[], skipped=[], failed=[])
+      rows=[], skipped=[], failed=[], **({'model_fields': list(
+          options.model_fields)} if options.model_fields else {}))
 
 
 def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]

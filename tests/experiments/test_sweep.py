@@ -6,6 +6,7 @@ decoded twice); `repredict` reproduces a written results file exactly;
 the task table is what the gin files configure.
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -237,6 +238,31 @@ def test_cells_and_flags_are_checked():
                      cells=lambda o, t: [sweep.Cell('en_de', 'dec2')] * 2)
   with pytest.raises(ValueError, match='names a cell twice'):
     sweep.plan(twice, sweep.Options())
+
+
+def test_model_fields_set_every_model_and_name_the_folders():
+  """`--model_fields attention_kernel=cudnn` runs a spec's cells with the
+  field set in the target both decoders run and in the drafter (widened
+  as the model set widens them), in work and results folders of their
+  own; an unknown field is named."""
+  spec = specs.get('trees')
+  plain = sweep.options_of(spec, sweep.Options(models='xxl_cost'))
+  fused = dataclasses.replace(plain, model_fields=('attention_kernel=cudnn',))
+  models = sweep.model_set(plain)
+  cell = sweep.plan(spec, plain)[0]
+  setup = sweep.cell_setup(models, cell, fused)
+  configs = (setup.target_config, setup.decoding_config,
+             setup.draft.config, setup.draft.decoding_config)
+  assert {c.attention_kernel for c in configs} == {'cudnn'}
+  before = sweep.cell_setup(models, cell, plain)
+  assert setup.replace(target_config=before.target_config,
+                       draft_config=before.draft.config) == before
+  assert sweep.work_folder(spec, plain).name == 'xxl_cost'
+  assert sweep.work_folder(spec, fused).name == (
+      'xxl_cost_attention_kernel-cudnn')
+  with pytest.raises(ValueError, match=r"--model_fields.*\['kernel'\]"):
+    sweep.cell_setup(models, cell, dataclasses.replace(
+        plain, model_fields=('kernel=cudnn',)))
 
 
 def test_a_failed_cell_is_written_and_named(tmp_path):

@@ -168,6 +168,11 @@ def test_a_plan_names_specs_and_model_sets():
     sweep.plan(spec, dataclasses.replace(options, where=('gamma=99',)))
   with pytest.raises(ValueError, match='field=value'):
     stored.parse_plan(['table2:xxl_cost;fast'])
+  # model_fields=... sets every model's T5Config fields (not a condition).
+  (_, fused), = stored.parse_plan(
+      ['trees:xxl_cost;model_fields=attention_kernel=cudnn;temperature=0'])
+  assert fused.model_fields == ('attention_kernel=cudnn',)
+  assert fused.where == ('temperature=0',)
   # The default plan: every item names cells; its trees: the best chain
   # and three trees a task.
   [trees] = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)

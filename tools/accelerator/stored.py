@@ -69,7 +69,8 @@ Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]
 
 
 # What a plan item may set (its other `field=value`s select cells).
-ITEM_OPTIONS = {'num_examples': int, 'timing_repeats': int}
+ITEM_OPTIONS = {'num_examples': int, 'timing_repeats': int,
+                'model_fields': lambda v: tuple(v.split(','))}
 
 
 def parse_plan(items: Sequence[str], **common
@@ -502,7 +503,7 @@ def run(plan: Plan, store: aot.Store,
                      daemon=True).start()
   with scaffold.programs_from(provider):
     for spec, options in plan:
-      name = spec.name
+      name = ' '.join((spec.name,) + options.model_fields)
       left = clock.left()
       if left <= 0:
         result['left_out'].append(name)
@@ -511,8 +512,8 @@ def run(plan: Plan, store: aot.Store,
           options.max_minutes, left / 60))
       start = time.perf_counter()
       try:
-        spec_result = sweep.run(spec, options,
-                                out=str(results / f'{name}_{options.models}'))
+        spec_result = sweep.run(spec, options, out=str(
+            results / f'{spec.name}_{sweep.results_name(options)}'))
       except sweep.CellsFailed as e:
         log(f'{name}: {e}')
         spec_result = None
