@@ -169,10 +169,14 @@ def test_a_plan_names_specs_and_model_sets():
   with pytest.raises(ValueError, match='field=value'):
     stored.parse_plan(['table2:xxl_cost;fast'])
   # model_fields=... sets every model's T5Config fields (not a condition).
-  (_, fused), = stored.parse_plan(
+  (trees, fused), = stored.parse_plan(
       ['trees:xxl_cost;model_fields=attention_kernel=cudnn;temperature=0'])
   assert fused.model_fields == ('attention_kernel=cudnn',)
   assert fused.where == ('temperature=0',)
+  # Its records keep it apart from the plain item of the same spec.
+  assert stored.item_name(trees, fused) == 'trees attention_kernel=cudnn'
+  assert stored.item_name(trees, dataclasses.replace(
+      fused, model_fields=())) == 'trees'
   # The default plan: every item names cells; its trees: the best chain
   # and three trees a task.
   [trees] = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)

@@ -95,6 +95,12 @@ def parse_plan(items: Sequence[str], **common
   return plan
 
 
+def item_name(spec: sweep.Spec, options: sweep.Options) -> str:
+  """A plan item's name in a run's and a projection's records: the spec's,
+  and the model fields it sets ('trees attention_kernel=cudnn')."""
+  return ' '.join((spec.name,) + options.model_fields)
+
+
 def abstract_loaded(setup: loading.EvalSetup,
                     cache: Optional[loading.LoadCache] = None
                     ) -> loading.Loaded:
@@ -503,7 +509,7 @@ def run(plan: Plan, store: aot.Store,
                      daemon=True).start()
   with scaffold.programs_from(provider):
     for spec, options in plan:
-      name = ' '.join((spec.name,) + options.model_fields)
+      name = item_name(spec, options)
       left = clock.left()
       if left <= 0:
         result['left_out'].append(name)
@@ -612,7 +618,8 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
       seconds += -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b
                    ) * sum(x for x, s in zip(spec_s, setups)
                            if s.chooses_gamma)
-    out['specs'][spec.name] = dict(cells=len(cells), seconds=round(seconds))
+    out['specs'][item_name(spec, options)] = dict(cells=len(cells),
+                                                  seconds=round(seconds))
   recorded = store.manifest['plan_programs'] if store and (
       'plan_programs' in store.manifest) else {
           f: name for _, _, f, (name, _) in record_plan(plan, profile, log)}
