@@ -81,7 +81,7 @@ def test_every_cell_of_the_full_spec_is_an_eval_setup():
   options = sweep.options_of(spec, sweep.Options())
   models = reproduce.make_setup('shipped')
   cells = sweep.plan(spec, options)
-  assert len(cells) == 34
+  assert len(cells) == 38
   for cell in cells:
     assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
     setup = sweep.cell_setup(models, cell, options)

@@ -178,12 +178,17 @@ def test_a_plan_names_specs_and_model_sets():
   assert stored.item_name(trees, dataclasses.replace(
       fused, model_fields=())) == 'trees'
   # The default plan: every item names cells; its trees: the best chain
-  # and three trees a task.
-  [trees] = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)
-             if spec.name == 'trees']
+  # and five trees a task, then the best chain and tree with cuDNN's
+  # attention.
+  trees, fused = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)
+                  if spec.name == 'trees']
   assert sorted({c.labels['drafting'] for c in sweep.plan(
       specs_lib.get('trees'), trees)}) == [
-          'beam:16,4,16/64', 'beam:8,4,12/64', 'chain 7', 'default']
+          'beam:16,4,16/64', 'beam:8,16,8/64', 'beam:8,4,12/64',
+          'beam:8,8,8/64', 'chain 7', 'default']
+  assert fused.model_fields == ('attention_kernel=cudnn',)
+  assert sorted({c.labels['drafting'] for c in sweep.plan(
+      specs_lib.get('trees'), fused)}) == ['beam:8,16,8/64', 'chain 7']
   assert all(sweep.plan(*item) for item in stored.parse_plan(
       stored.DEFAULT_PLAN))
 
@@ -214,10 +219,10 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected(tmp_path):
   built = aot.Store(tmp_path, 'gpu:h200')
   built.manifest['plan_programs'] = {}  # as a build that recorded none
   projected = stored.project(plan, profile, built)
-  assert set(projected['specs']) == {s.name for s, _ in plan}
+  assert set(projected['specs']) == {stored.item_name(*p) for p in plan}
   assert projected['seconds'] == sum(
       v['seconds'] for v in projected['specs'].values())
-  (trees, at), = [p for p in plan if p[0].name == 'trees']
+  (trees, at), = [p for p in plan if stored.item_name(*p) == 'trees']
   twice = stored.project([(trees, dataclasses.replace(
       at, num_examples=2 * at.num_examples))], profile, built)
   assert twice['specs']['trees']['seconds'] == pytest.approx(

@@ -52,17 +52,20 @@ from tools.accelerator import aot
 # The plan a run takes by default, the next GPU's table in priority
 # order: the profile (every later prediction rests on it); Table 2 at the
 # gamma the paper's rule picks on this device, both temperatures; the best
-# chain and three token trees at t = 0; fixed batches 8 and 32 at t = 0
-# (streamed loops: a store of their own); ours vs HF on the models.
-# 16 examples a row, each timed once after its warm-up.
+# chain and five token trees at t = 0; fixed batches 8 and 32 at t = 0
+# (streamed loops: a store of their own); ours vs HF on the models; the
+# best chain and tree again with cuDNN's attention (an option no device has
+# timed). 16 examples a row, each timed once after its warm-up.
 ONCE = ';num_examples=16;timing_repeats=1'
 DEFAULT_PLAN = (
     'profile:xxl_cost',
     'table2:xxl_cost;batch_gamma=always' + ONCE,
     'trees:xxl_cost;temperature=0;drafting=chain 7|default|beam:8,4,12/64|'
-    'beam:16,4,16/64' + ONCE,
+    'beam:16,4,16/64|beam:8,8,8/64|beam:8,16,8/64' + ONCE,
     'batches:xxl_cost;temperature=0;batch_size=8|32;batching=fixed' + ONCE,
-    'hf:shipped' + ONCE)
+    'hf:shipped' + ONCE,
+    'trees:xxl_cost;model_fields=attention_kernel=cudnn;temperature=0;'
+    'drafting=chain 7|beam:8,16,8/64' + ONCE)
 
 
 Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]

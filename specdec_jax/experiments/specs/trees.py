@@ -32,8 +32,11 @@ from specdec_jax.experiments.specs import heads as heads_spec
 DRAFTER = 'dec2'
 CHAINS = (4, 7)
 BEST_CHAIN = 7  # the chain also decoded at t = 1
+# The last two fill a level's drafter call: it costs the same for up to 8
+# (16) nodes as for 4, the rows a GPU runs it on (`network.padded_rows`),
+# so 8 levels of 8 (16) draft what 12 of 4 did.
 BEAMS = ('beam:3,2,10', 'beam:2,2,16', 'beam:4,1,16', 'beam:8,4,12/64',
-         'beam:16,4,16/64')
+         'beam:16,4,16/64', 'beam:8,8,8/64', 'beam:8,16,8/64')
 # "dynamic N" per task: `shape.best(rank_probs, N, 10, dynamic=True)`.
 DYNAMIC = {
     'dynamic 16': dict.fromkeys(('en_de', 'synopsis'), (
