@@ -29,6 +29,7 @@ from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import loading
 from specdec_jax import measure
+from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import run_folder
@@ -151,33 +152,45 @@ def _tree_widths(budget: int) -> List[int]:
 CHOICE_EXAMPLES = 16
 
 
-def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
+def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
+                ) -> Dict[str, Any]:
   """The token tree for a setup whose tree is 'choose:N'
   (`DrafterSpec.chooses_tree`), chosen on this machine.
 
   Sequoia's way (`drafters.tree.shape.choose`): among the trees of at most
   N nodes and gamma levels, the one with the most predicted tokens per
-  second, expected tokens per call (from the drafter's rank probabilities
-  on the baseline's greedy outputs, `measure.rank_probs`) over an
-  iteration's time (the target's call at the verified width, timed now at
-  the widths of `_tree_widths` and interpolated, plus one drafter call per
-  level: a level of `drafters.tree.DEFAULT_TREE` timed alone,
-  `measure.tree_level_time`, for a `TreeDrafter`; else the drafter's step).
+  second, tokens per call over an iteration's time (the target's call at
+  the verified width, timed now at the widths of `_tree_widths` and
+  interpolated, plus one drafter call per level: a level of
+  `drafters.tree.DEFAULT_TREE` timed alone, `measure.tree_level_time`,
+  for a `TreeDrafter`; else the drafter's step). The trees weighed:
+  the static tree `shape.best` builds from the drafter's rank
+  probabilities on the baseline's greedy outputs (`measure.rank_probs`)
+  that `shape.choose` prefers, and the dynamic beams that fill a level
+  (`shape.filled_beams`, their level timed alone), each decoded on
+  `inputs` (`_measured_tree`: what the rank probabilities cannot say of a
+  beam, and overstate of a static tree) and weighed cut to every depth by
+  its counts (`shape.MeasuredTree`); a tree is not decoded where d + 1
+  tokens a call at a depth d could not beat the baseline and the trees
+  decoded before it. Where none is decoded, the rank probabilities'
+  choice.
 
   Args:
     loaded: the built setup.
     inputs: `[n, input length]` examples' inputs (the first `batch_size`
       rows are timed).
     outputs: `(tokens, lengths)`, the baseline's outputs of those rows.
+    place: puts a unit's inputs on the job's mesh (None: as they are).
 
   Returns:
     {'gamma' (the tree's depth), 'tree' (its `shape.parse` spec), 'rule',
     'configured_gamma', 'configured_tree', 'rank_probs' (as measured,
-    'rank_probs_measured', made non-increasing), 'examples' (n),
-    'expected_tokens', 'iteration_ms', 'predicted_tokens_per_s',
-    'level_ms', 'predicted_speedup', 'profile'} (JSON). Where even the best
-    tree is predicted slower than the baseline (a token per t(1)), 'gamma'
-    is 0 (no speculation) and 'why' says so.
+    'rank_probs_measured', made non-increasing), 'trees' (the decoded
+    ones' `MeasuredTree.to_json`), 'examples' (n), 'expected_tokens',
+    'iteration_ms', 'predicted_tokens_per_s', 'level_ms',
+    'predicted_speedup', 'profile'} (JSON). Where even the best tree is
+    predicted slower than the baseline (a token per t(1)), 'gamma' is 0
+    (no speculation) and 'why' says so.
   """
   setup = loaded.setup
   budget, b = setup.draft.tree_budget, setup.batch.size
@@ -188,33 +201,70 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs) -> Dict[str, Any]:
   probs = tree_shape.nonincreasing(measured)
   seconds, t_draft, context = call_times(
       loaded, inputs, _tree_widths(budget), gamma=1)
-  t_level = t_draft
-  if isinstance(loaded.drafter, drafters.TreeDrafter):  # a level, timed
-    t_level = measure.tree_level_time(
-        dataclasses.replace(loaded.drafter, shape=tree_shape.parse(
-            drafters.tree.DEFAULT_TREE)), loaded.draft_params, inputs[:b],
-        context=context, jit_setup=True)
+  reads_tree = isinstance(loaded.drafter, drafters.TreeDrafter)
+  level = lambda spec, at=None: measure.tree_level_time(
+      dataclasses.replace(loaded.drafter, shape=tree_shape.parse(spec)),
+      loaded.draft_params, inputs[:b], at, context=context, jit_setup=True)
+  t_level = level(drafters.tree.DEFAULT_TREE) if reads_tree else t_draft
   t1 = seconds[1]
   profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
                                           batch=b)
-  shape, rate = tree_shape.choose(probs, costs, max_nodes=budget,
-                                  max_depth=setup.gamma)
-  choice = {'gamma': shape.depth, 'tree': shape.spec, 'rule': 'profile',
-          'configured_gamma': setup.gamma, 'configured_tree': setup.draft.tree,
-          'rank_probs': probs, 'examples': len(inputs),
-          'rank_probs_measured': [float(p) for p in measured],
-          'expected_tokens': shape.expected_tokens(probs),
-          'iteration_ms': costs.iteration_ms(shape),
-          'predicted_tokens_per_s': rate, 'level_ms': t_level * 1e3,
-          'predicted_speedup': rate * t1, 'profile': profile.to_json()}
-  if rate * t1 < 1.0:  # the baseline's rate: a token per t(1)
+  bounds = dict(max_nodes=budget, max_depth=setup.gamma)
+  static = tree_shape.best_candidate(probs, costs, **bounds).spec
+  beams = (tree_shape.filled_beams(budget, setup.gamma, network.CUBLAS_ROWS)
+           if setup.gamma > 1 else ())
+  trees = []
+  for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
+    shape = tree_shape.parse(spec)
+    level_ms = 1e3 * (t_level if spec == static or not reads_tree else
+                      level(spec, min(2, shape.depth - 1)))
+    # Decoded where d + 1 tokens a call at a depth d would beat the
+    # baseline (a token per t(1)) and every tree decoded before.
+    priced = dataclasses.replace(costs, level_ms=level_ms)
+    beat = max([1.0 / t1] + [tree_shape.best_candidate(
+        probs, costs, measured=trees, **bounds).tokens_per_s] * bool(trees))
+    if max((d + 1) / priced.iteration_ms(shape.truncate(d)) for d in range(
+        1, shape.depth + 1)) * 1e3 > beat:
+      trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
+  top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
+  choice = {'gamma': top.shape.depth, 'tree': top.spec, 'rule': 'profile',
+            'configured_gamma': setup.gamma,
+            'configured_tree': setup.draft.tree, 'rank_probs': probs,
+            'examples': len(inputs),
+            'rank_probs_measured': [float(p) for p in measured],
+            'trees': [tree.to_json() for tree in trees],
+            'expected_tokens': top.tokens, 'iteration_ms': top.iteration_ms,
+            'predicted_tokens_per_s': top.tokens_per_s,
+            'level_ms': t_level * 1e3,
+            'predicted_speedup': top.tokens_per_s * t1,
+            'profile': profile.to_json()}
+  if top.tokens_per_s * t1 < 1.0:  # the baseline's rate: a token per t(1)
     choice['gamma'] = 0
     choice['why'] = (
-        f'no speculation: the best tree ({shape.spec}) is predicted at '
-        f'{rate * t1:.2f}x of the baseline on the profile measured now, so '
-        'the job decodes with the baseline')
+        f'no speculation: the best tree ({top.spec}) is predicted at '
+        f'{top.tokens_per_s * t1:.2f}x of the baseline on the profile '
+        'measured now, so the job decodes with the baseline')
   return choice
+
+
+def _measured_tree(loaded: loading.Loaded, spec: str, inputs, place,
+                   level_ms: float) -> tree_shape.MeasuredTree:
+  """The tree `spec` decoded (greedy) on `inputs`, unit by unit with the
+  setup's speculative program: its acceptance counts per depth."""
+  setup = loaded.setup
+  tree = with_tree(loaded, spec)
+  program = programs_at(tree, tree.drafter.shape.depth)[1]
+  rng = jax.random.key(setup.seed)
+  accepted_at, iterations, tokens = 0, 0, 0
+  for _, _, _, rows in units(setup, inputs):
+    out = program(loaded.target_params, loaded.draft_params,
+                  (place or (lambda x: x))(rows), rng)
+    accepted_at = accepted_at + np.asarray(out.stats.accepted_at)
+    iterations += int(np.sum(out.stats.row_iterations))
+    tokens += int(np.sum(out.lengths))
+  return tree_shape.MeasuredTree(spec, tuple(accepted_at), iterations,
+                                 tokens, level_ms)
 
 
 def _baseline_outputs(setup: EvalSetup, base: programs.Program, params,
@@ -252,29 +302,28 @@ def refine_tree(loaded: loading.Loaded, choice: Dict[str, Any], decoded,
     tree chosen first) and the tree (or no speculation, 'why') chosen now.
   """
   setup = loaded.setup
-  first = tree_shape.parse(choice['tree'])
   profile = hardware.HardwareProfile.from_json(choice['profile'])
   costs = tree_shape.TreeCosts.of_profile(
       profile, level_ms=choice['level_ms'], batch=setup.batch.size)
   iteration_ms = 1e3 * seconds / max(int(decoded.stats.iterations), 1)
-  fixed_ms = max(iteration_ms - costs.iteration_ms(first), 0.0)
+  fixed_ms = max(iteration_ms - choice['iteration_ms'], 0.0)
   costs = dataclasses.replace(costs, fixed_ms=fixed_ms)
-  shape, rate = tree_shape.choose(choice['rank_probs'], costs,
-                                  max_nodes=setup.draft.tree_budget,
-                                  max_depth=setup.gamma)
-  t1_s = profile.t1_ms / 1e3
+  top = tree_shape.best_candidate(
+      choice['rank_probs'], costs, max_nodes=setup.draft.tree_budget,
+      max_depth=setup.gamma, measured=[tree_shape.MeasuredTree(**tree)
+                                       for tree in choice.get('trees', ())])
+  rate, t1_s = top.tokens_per_s, profile.t1_ms / 1e3
   refined = dict(choice, first_tree=choice['tree'], fixed_ms=fixed_ms,
-                 measured_iteration_ms=iteration_ms, tree=shape.spec,
-                 gamma=shape.depth, expected_tokens=shape.expected_tokens(
-                     choice['rank_probs']),
-                 iteration_ms=costs.iteration_ms(shape),
+                 measured_iteration_ms=iteration_ms, tree=top.spec,
+                 gamma=top.shape.depth, expected_tokens=top.tokens,
+                 iteration_ms=top.iteration_ms,
                  predicted_tokens_per_s=rate, predicted_speedup=rate * t1_s)
   refined.pop('why', None)
   if rate * t1_s < 1.0:
     refined['gamma'] = 0
     refined['why'] = (
         f'no speculation: with the iteration\'s fixed work measured '
-        f'({fixed_ms:.3f} ms), the best tree ({shape.spec}) is predicted at '
+        f'({fixed_ms:.3f} ms), the best tree ({top.spec}) is predicted at '
         f'{rate * t1_s:.2f}x of the baseline, so the job decodes with the '
         'baseline')
   return refined
@@ -293,17 +342,18 @@ def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
       loaded.drafter, shape=tree_shape.parse(spec)))
 
 
-def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file
-                 ) -> Dict[str, Any]:
+def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file,
+                 place) -> Dict[str, Any]:
   """`choose_tree`, kept in `choice_file` and said."""
-  choice = choose_tree(loaded, inputs, outputs)
+  choice = choose_tree(loaded, inputs, outputs, place)
   run_folder.write_choice(choice_file, choice)
   if choice['gamma'] == 0:
     print(f"tree choice: {choice['why']}", flush=True)
     return choice
   print(f"tree {choice['tree']} ({choice['gamma']} levels; configured "
         f"{choice['configured_tree']}): chosen by the profile measured now "
-        f"and the drafter's ranks on {choice['examples']} examples, "
+        f"and the drafter's ranks ({len(choice['trees'])} trees decoded) "
+        f"on {choice['examples']} examples, "
         f"{choice['expected_tokens']:.2f} tokens per call expected, "
         f"{choice['iteration_ms']:.3f} ms an iteration, "
         f"{choice['predicted_tokens_per_s']:.0f} tokens/s predicted",
@@ -664,7 +714,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
       if lane.choosing('tree'):  # on the first examples' baseline outputs
         lane.take_tree(_tree_choice(lane.loaded, *_baseline_outputs(
             setup, base, lane.loaded.target_params, all_inputs, place, rng),
-                                    lane.choice_file))
+                                    lane.choice_file, place))
     shapes = np.shape(inputs)
     keys = lambda: {'baseline': (shapes, base.spec), **{
         i: (shapes, i, lanes[i].gamma, lanes[i].loaded.drafter,

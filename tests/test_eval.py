@@ -560,23 +560,26 @@ def test_batch_decodes_without_speculation_where_the_profile_says_slower(
 
 def test_the_job_chooses_the_tree_this_machines_costs_favour(
     tmp_path, capsys, monkeypatch):
-  """TREE='choose:N': the job chooses the tree before its first unit,
-  `drafters.tree.shape.choose` on the rank probabilities and call costs
-  it records (stubbed here: a drafter with these ranks, a target whose
-  calls cost the same at any width, as on an accelerator), decodes the
-  unit with that tree, exactly, then chooses again with the iteration's
-  fixed work priced from that decode's time (`refine_tree`: here the
-  CPU's, far above the stubbed costs); levels dearer than the baseline's
-  token give no speculation. A rerun for more examples decodes with the
-  choice kept. (How costs shape the tree: tests/drafters/test_trees.py's
-  `choose` tests.)"""
+  """TREE='choose:N': the job chooses the tree before its first unit:
+  the static tree `drafters.tree.shape.choose` prefers on the rank
+  probabilities and call costs it records (stubbed here: a drafter with
+  these ranks, a target whose calls cost the same at any width, as on an
+  accelerator) and the dynamic beam that fills a level are decoded on the
+  run's examples (a noisy copy of the target drafts), and the job decodes
+  the unit, exactly, with the one that, cut to its best depth, has the
+  most tokens per second by those decodes' counts; then chooses again
+  with the iteration's fixed work priced from that decode's time
+  (`refine_tree`: here the CPU's, far above the stubbed costs); levels
+  dearer than the baseline's token give no speculation and decode
+  nothing. A rerun for more examples decodes with the choice kept. (How
+  costs shape the tree: tests/drafters/test_trees.py's `choose` tests.)"""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
   from specdec_jax.drafters.tree import shape as shape_lib  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  probs = [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0]
+  probs = [0.3, 0.1, 0.05, 0.02, 0.01, 0.0, 0.0, 0.0]
   monkeypatch.setattr(measure, 'rank_probs', lambda *a, **k: np.array(probs))
   levels, level_s = [], [1e-6]  # a level timed alone: the drafter's call
   monkeypatch.setattr(measure, 'tree_level_time', lambda drafter, *a, **k: (
@@ -589,7 +592,8 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
     return real_loop(self, *a, **k)
 
   monkeypatch.setattr(drafters.TreeDrafter, 'merged_loop', spied)
-  tree = dict(DRAFTER="'tree'", TREE="'choose:6'", NUM_EXAMPLES='2')
+  tree = dict(DRAFTER="'tree'", TREE="'choose:6'", NUM_EXAMPLES='2',
+              DRAFT_CHECKPOINT="'synthetic:seed=0,noise=0.05'")
   # A target whose calls cost t(1) = 1 ms at any width, as on an
   # accelerator, and a drafter step of 0.1 ms (the measurements' own
   # tests are tests/test_measure.py's).
@@ -601,32 +605,64 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   profile = hardware.HardwareProfile.from_json(choice['profile'])
   costs = shape_lib.TreeCosts.of_profile(profile, level_ms=choice['level_ms'],
                                          batch=2)
-  want, _ = shape_lib.choose(choice['rank_probs'], costs, max_nodes=6,
-                             max_depth=3)
-  assert choice['first_tree'] == want.spec and choice['rank_probs'] == probs
-  assert want.nodes > 1  # a tree, not a chain
+  # Decoded: the rank probabilities' static tree, then the beam that
+  # fills a level (K and B at most the budget; gamma levels).
+  static, beam = choice['trees']
+  want_static, _ = shape_lib.choose(choice['rank_probs'], costs, max_nodes=6,
+                                    max_depth=3)
+  assert static['spec'] == want_static.spec
+  assert beam['spec'] == 'beam:6,6,3/6' and beam['level_ms'] == 1e-3
+
+  def best(costs):  # the best of both, each cut to its best depth
+    def rate(tree, d):  # its tokens a call, cut to d levels, over its time
+      cut = shape_lib.parse(tree['spec']).truncate(d)
+      moved = lambda d: tree['iterations'] + sum(tree['accepted_at'][:d])
+      tokens = tree['tokens'] / tree['iterations'] * moved(d) / moved(None)
+      return 1e3 * tokens / (costs.target_ms(cut.verified_width(True)) +
+                             d * tree['level_ms'] + costs.fixed_ms)
+    return max((rate(t, d), -i, d) for i, t in enumerate((static, beam))
+               for d in range(1, len(t['accepted_at']) + 1))
+
+  rate, i, depth = best(costs)
+  picked = (static, beam)[-i]
+  want = shape_lib.parse(picked['spec']).truncate(depth)
+  assert shape_lib.parse(choice['first_tree']) == want
+  # The tiny models' flat laws put the beam's 6 first-level nodes above any
+  # second-level path, so it accepts one draft an iteration; the static
+  # tree verifies deeper nodes, and wins.
+  assert beam['accepted_at'] == [beam['iterations'], 0, 0] and i == 0
+  assert choice['rank_probs'] == probs
   assert choice['examples'] == 2  # the run's examples (< CHOICE_EXAMPLES)
   assert choice['level_ms'] == pytest.approx(1e-3)
   assert isinstance(levels[-1], drafters.TreeDrafter)
-  assert decoded and all(s == want for s in decoded)
+  assert decoded[:2] == [want_static, shape_lib.parse(beam['spec'])]
+  assert decoded[2:] and all(s == want for s in decoded[2:])
+  # The unit's decode with that tree, uncut: the tokens and calls the
+  # choice's decode counted.
+  records = read_jsonl(tmp_path / 'flat' / 'examples.jsonl')
+  assert depth == len(picked['accepted_at'])
+  assert sum(r['speculative_length'] for r in records) == picked['tokens']
+  assert sum(r['iterations'] for r in records) == picked['iterations']
   assert summary['gamma_used'] == {str(want.depth): 2}
   assert summary['differing_examples'] == 0
   # Chosen again with the fixed work an iteration of that decode took.
   assert choice['fixed_ms'] == pytest.approx(
       choice['measured_iteration_ms'] - costs.iteration_ms(want))
   assert choice['fixed_ms'] > 0
-  again, rate = shape_lib.choose(choice['rank_probs'], dataclasses.replace(
-      costs, fixed_ms=choice['fixed_ms']), max_nodes=6, max_depth=3)
+  rate, i, depth = best(dataclasses.replace(costs,
+                                            fixed_ms=choice['fixed_ms']))
+  again = shape_lib.parse((static, beam)[-i]['spec']).truncate(depth)
   assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
   assert choice['gamma'] == (again.depth if rate * 1e-3 >= 1 else 0)
   # Levels so dear that every tree is slower than the baseline: no
-  # speculation, and the choice says why.
+  # speculation, no beam decoded, and the choice says why.
   level_s[0], decoded[:] = 10.0, []
   summary = eval_lib.main(args(tmp_path / 'dear', **tree))
   dear, = summary['gamma_choices']
   assert dear['gamma'] == 0 and dear['predicted_speedup'] < 1
   assert 'no speculation' in dear['why'] and 'fixed_ms' not in dear
   assert summary['gamma_used'] == {'0': 2} and not decoded
+  assert dear['trees'] == []
   capsys.readouterr()
   decoded.clear()
   summary = eval_lib.main(args(tmp_path / 'flat', **dict(tree,
@@ -636,8 +672,8 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   used = collections.Counter({str(want.depth): 2})
   used[str(choice['gamma'])] += 2  # the second unit: the choice kept
   assert summary['gamma_used'] == dict(used)
-  assert all(s == again for s in decoded) and bool(decoded) == bool(
-      choice['gamma'])
+  assert all(s == again for s in decoded) and bool(
+      decoded) == bool(choice['gamma'])
 
 
 def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):

@@ -811,6 +811,45 @@ def test_choose_is_the_best_of_every_small_tree():
   assert shape.width <= 4  # the jump in cost(k) is not worth it here
 
 
+def test_decoded_trees_compete_at_every_depth_at_their_own_level_cost():
+  """Trees decoded (a dynamic beam's tokens per call no rank probability
+  gives) are chosen by their decode's counts: at depth d, its tokens per
+  call scaled by the tokens its iterations would have advanced accepting
+  at most d drafts (here 30 tokens in 10 calls, 10 + 8 + 2 accepted
+  beyond the first token: 2.0, 2.8, 3.0 a call), priced at the tree's own
+  level time (the costs' levels here are so dear
+  that a choice pricing the beam's levels alike would pick depth 1). The
+  depth that wins moves with the level time; a static tree is cut to its
+  first levels."""
+  probs = [0.3, 0.1, 0.05]
+  costs = shape_lib.TreeCosts(lambda k: 5.0, level_ms=100.0)
+  picked = {}
+  for level_ms in (0.5, 0.1):
+    beam = shape_lib.MeasuredTree('beam:8,16,3/64', [10, 8, 2], 10, 30,
+                                  level_ms)
+    static = shape_lib.MeasuredTree('static:0.0,0.1;0.0', [10, 0], 10, 20, 0.1)
+    shape, rate = shape_lib.choose(probs, costs, max_nodes=64, max_depth=3,
+                                   measured=[static, beam])
+    rates = {d: 1e3 * t / (5.0 + d * level_ms)
+             for d, t in ((1, 2.0), (2, 2.8), (3, 3.0))}
+    picked[level_ms] = max(rates, key=rates.get)
+    assert shape == shape_lib.parse(f'beam:8,16,{picked[level_ms]}/64')
+    assert rate == pytest.approx(max(rates.values()))
+  assert picked == {0.5: 2, 0.1: 3}
+  # Without the beam: a rank-built tree of one level.
+  assert shape_lib.choose(probs, costs, max_nodes=64, max_depth=3)[0].depth == 1
+  assert shape_lib.filled_beams(64, 12, 8) == ('beam:8,8,12/64',
+                                               'beam:8,16,12/64')
+  assert shape_lib.filled_beams(6, 3, 8) == ('beam:6,6,3/6',)
+  # Where the static tree's second level is never accepted, its
+  # first level alone yields as much for less: the cut chosen.
+  static = shape_lib.MeasuredTree('static:0.0,0.1;0.0', [10, 0], 10, 20, 0.1)
+  assert shape_lib.choose(probs, costs, measured=[static])[0] == (
+      shape_lib.parse('static:0.0,0.1'))
+  with pytest.raises(ValueError, match='one count a level'):
+    shape_lib.MeasuredTree('beam:8,16,3/64', [10, 8], 10, 30, 0.5)
+
+
 @pytest.mark.parametrize('spec, message', [
     ('bush:3', 'Unknown tree spec'),
     ('beam:3,2', 'Bad tree spec'),

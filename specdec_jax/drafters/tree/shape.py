@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -380,9 +380,131 @@ class TreeCosts:
             shape.depth * self.level_ms + self.fixed_ms)
 
 
+# The root's children of the beams a tree choice decodes (`filled_beams`).
+BEAM_CHILDREN = 8
+
+
+def filled_beams(max_nodes: int, max_depth: int, rows: int) -> Tuple[str, ...]:
+  """The dynamic beams a tree choice decodes ('beam:K,B,D/N'): K =
+  `BEAM_CHILDREN` children a node, B = `rows` and 2 x `rows` paths fed a
+  level (a level's drafter call runs on its fed nodes padded to a multiple
+  of `rows`, and on a GPU costs its kernels whatever the rows: B = `rows`
+  fills it), D = `max_depth` levels, the N = `max_nodes` most probable
+  verified; K and B at most N."""
+  k = min(BEAM_CHILDREN, max_nodes)
+  specs = [f'beam:{k},{min(b, max_nodes)},{max_depth}/{max_nodes}'
+           for b in (rows, 2 * rows)]
+  return tuple(dict.fromkeys(specs))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredTree:
+  """A tree decoded (greedy) on a tree choice's examples: its output tokens
+  and iterations, and per depth d how often an iteration of a row
+  accepted more than d drafts.
+
+  The same tree cut to depth d' (a static tree's first d' levels; a beam
+  'beam:K,B,D/N' becomes 'beam:K,B,d'/N': the same levels 1..d', the N
+  most probable of them verified) holds, in any state, every node of
+  depth <= d' the whole one verifies (a node in the N best of a larger
+  set is in the N best of the smaller), so it accepts at least min(a, d')
+  where the whole one accepts a. Greedy, every tree decodes the same
+  tokens, so `expected_tokens(d')` scales the decode's tokens per call by
+  the mean of min(a, d') + 1 over its iterations against that of a + 1:
+  exact at the tree's depth; an estimate below (the cut tree's rows go
+  elsewhere, and each row's last call may cover fewer tokens).
+
+  Attributes:
+    spec: the decoded tree's spec (`parse`).
+    accepted_at: per depth 0..D-1, the row iterations that accepted more
+      drafts (`SpecStats.accepted_at`).
+    iterations: row iterations (`SpecStats.row_iterations` summed).
+    tokens: the decode's output tokens (lengths summed).
+    level_ms: one of its levels' drafter call.
+  """
+
+  spec: str
+  accepted_at: Tuple[int, ...]
+  iterations: int
+  tokens: int
+  level_ms: float
+
+  def __post_init__(self):
+    object.__setattr__(self, 'accepted_at', tuple(
+        int(a) for a in self.accepted_at))
+    if len(self.accepted_at) != parse(self.spec).depth or min(
+        self.iterations, self.tokens) < 1:
+      raise ValueError(
+          f'tree {self.spec!r}: {len(self.accepted_at)} depths counted, '
+          f'{self.iterations} iterations, {self.tokens} tokens; want one '
+          'count a level, >= 1 iteration and token.')
+
+  def at_depth(self, depth: int) -> str:
+    """The spec of the tree cut to its first `depth` levels."""
+    kind, body = self.spec.split(':', 1)
+    if kind != 'beam':
+      return parse(self.spec).truncate(depth).spec
+    body, top = body.split('/') if '/' in body else (body, '')
+    k, b, _ = body.split(',')
+    return f'beam:{k},{b},{depth}' + (f'/{top}' if top else '')
+
+  def expected_tokens(self, depth: int) -> float:
+    """Tokens per call estimated at `depth` (the class docstring)."""
+    advanced = lambda d: self.iterations + sum(self.accepted_at[:d])
+    return self.tokens / self.iterations * advanced(depth) / advanced(
+        len(self.accepted_at))
+
+  def to_json(self):
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """A tree a choice weighs: its tokens per call over its iteration."""
+
+  shape: TreeShape
+  spec: str
+  tokens: float
+  iteration_ms: float
+
+  @property
+  def tokens_per_s(self) -> float:
+    return 1e3 * self.tokens / self.iteration_ms
+
+
+def candidates(rank_probs, costs: TreeCosts, max_nodes: int = 64,
+               max_depth: int = 12, dynamic: bool = True,
+               measured: Sequence[MeasuredTree] = ()) -> List[Candidate]:
+  """What `choose` weighs. Decoded trees (`measured`), where there are:
+  each cut to every depth <= max_depth, by its counts (`expected_tokens`),
+  its levels at its own `level_ms`. Else, for every depth bound D and
+  node budget n, `best(rank_probs, n, D)`, by its expected tokens under
+  the rank probabilities (which take the target's choices at the nodes as
+  independent: a tree decoded may yield less; dynamic beams they cannot
+  price at all)."""
+  out = []
+  for tree in measured:
+    priced = dataclasses.replace(costs, level_ms=tree.level_ms)
+    for depth in range(1, min(parse(tree.spec).depth, max_depth) + 1):
+      spec = tree.at_depth(depth)
+      shape = parse(spec)
+      out.append(Candidate(shape, spec, tree.expected_tokens(depth),
+                           priced.iteration_ms(shape)))
+  if out:
+    return out
+  for depth in range(1, max_depth + 1):
+    for nodes in range(depth, max_nodes + 1):
+      shape = best(rank_probs, nodes, depth, dynamic)
+      if shape.depth < depth or shape.nodes < nodes:
+        continue  # found at a smaller bound
+      out.append(Candidate(shape, shape.spec, shape.expected_tokens(
+          rank_probs), costs.iteration_ms(shape)))
+  return out
+
+
 def choose(rank_probs, costs: TreeCosts, max_nodes: int = 64,
-           max_depth: int = 12,
-           dynamic: bool = True) -> Tuple[TreeShape, float]:
+           max_depth: int = 12, dynamic: bool = True,
+           measured: Sequence[MeasuredTree] = ()) -> Tuple[TreeShape, float]:
   """The tree with the most predicted tokens per second on a device.
 
   Sequoia's hardware-aware choice: for every depth bound D and node
@@ -390,25 +512,26 @@ def choose(rank_probs, costs: TreeCosts, max_nodes: int = 64,
   tokens per call; its predicted rate is expected_tokens /
   `costs.iteration_ms` (the target at the verified width n + 1, D drafter
   calls). Levels that cost more favour shallower trees, a target whose
-  cost grows with k narrower ones.
+  cost grows with k narrower ones. Trees decoded (`measured`) are weighed
+  by their counts instead, each cut to every depth (`candidates`).
 
   Args:
     rank_probs: as `best` (one row, or one per depth).
     costs: the device's `TreeCosts` (e.g. `TreeCosts.of_profile`).
     max_nodes, max_depth: the search's bounds.
     dynamic: the result's `dynamic`.
+    measured: decoded trees (`MeasuredTree`, of at most max_nodes verified
+      nodes).
 
   Returns:
     `(shape, predicted tokens per second)`.
   """
-  top = None
-  for depth in range(1, max_depth + 1):
-    for nodes in range(depth, max_nodes + 1):
-      shape = best(rank_probs, nodes, depth, dynamic)
-      if shape.depth < depth or shape.nodes < nodes:
-        continue  # found at a smaller bound
-      rate_per_s = 1e3 * shape.expected_tokens(rank_probs) / (
-          costs.iteration_ms(shape))
-      if top is None or rate_per_s > top[1]:
-        top = (shape, rate_per_s)
-  return top
+  top = best_candidate(rank_probs, costs, max_nodes, max_depth, dynamic,
+                       measured)
+  return top.shape, top.tokens_per_s
+
+
+def best_candidate(*args, **kwargs) -> Candidate:
+  """The first of `candidates(*args, **kwargs)` with the most tokens per
+  second (`choose`'s)."""
+  return max(candidates(*args, **kwargs), key=lambda c: c.tokens_per_s)

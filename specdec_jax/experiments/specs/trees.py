@@ -13,9 +13,11 @@ N most probable nodes, greedy only), "dynamic N", the tree of N nodes
 `shape.choose` picks from those and the ESTIMATED costs of the decode
 loops compiled for a compile-only H100 (`ESTIMATED_H100`; a fixed shape
 here), "chosen N": the tree the job
-chooses on this machine ('choose:N', Sequoia's way: the most tokens per
-second predicted from the rank probabilities and the call costs it
-measures; the row shows the tree it decoded with), and the shipped heads
+chooses on this machine ('choose:N': the most tokens per second predicted
+from the call costs it measures, among the static tree Sequoia's way
+picks from the rank probabilities and the beams that fill a level, each
+decoded on the first examples and weighed cut to every depth; the row
+shows the tree it decoded with), and the shipped heads
 (`shipped:heads/<task>`): kinds 'heads' and 'heads_tree'. At t = 1 only
 the best chain and the default tree.
 """
