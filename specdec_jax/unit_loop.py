@@ -152,6 +152,11 @@ def _tree_widths(budget: int) -> List[int]:
 CHOICE_EXAMPLES = 16
 
 
+# At most this many trees cut from a decoded one are decoded whole (each
+# a program more to compile) before the choice stands on an estimate.
+_CUTS_DECODED = 2
+
+
 def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
                 ) -> Dict[str, Any]:
   """The token tree for a setup whose tree is 'choose:N'
@@ -172,8 +177,10 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   beam, and overstate of a static tree) and weighed cut to every depth by
   its counts (`shape.MeasuredTree`); a tree is not decoded where d + 1
   tokens a call at a depth d could not beat the baseline and the trees
-  decoded before it. Where none is decoded, the rank probabilities'
-  choice.
+  decoded before it. A cut chosen (its tokens per call an estimate) is
+  decoded whole and the choice made again, up to `_CUTS_DECODED` times:
+  the tree the job decodes with is then one whose program the choice
+  compiled. Where none is decoded, the rank probabilities' choice.
 
   Args:
     loaded: the built setup.
@@ -228,6 +235,12 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
         1, shape.depth + 1)) * 1e3 > beat:
       trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
   top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
+  for _ in range(_CUTS_DECODED):  # a cut chosen: decoded whole, again
+    if not trees or top.measured:
+      break
+    trees.append(_measured_tree(loaded, top.spec, inputs, place,
+                                top.source.level_ms))
+    top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
   choice = {'gamma': top.shape.depth, 'tree': top.spec, 'rule': 'profile',
             'configured_gamma': setup.gamma,
             'configured_tree': setup.draft.tree, 'rank_probs': probs,

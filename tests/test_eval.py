@@ -571,7 +571,8 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   with the iteration's fixed work priced from that decode's time
   (`refine_tree`: here the CPU's, far above the stubbed costs); levels
   dearer than the baseline's token give no speculation and decode
-  nothing. A rerun for more examples decodes with the choice kept. (How
+  nothing; a cut chosen is decoded whole before it is taken (counts
+  scripted). A rerun for more examples decodes with the choice kept. (How
   costs shape the tree: tests/drafters/test_trees.py's `choose` tests.)"""
   from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
   from specdec_jax import hardware  # pylint: disable=g-import-not-at-top
@@ -663,6 +664,30 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   assert 'no speculation' in dear['why'] and 'fixed_ms' not in dear
   assert summary['gamma_used'] == {'0': 2} and not decoded
   assert dear['trees'] == []
+  # A cut chosen is decoded whole before it is taken (the counts scripted:
+  # beam:6,6,3/6 accepts at most 2 drafts, so its cut to 2 levels is
+  # estimated as many tokens for a level less; decoded whole it yields
+  # fewer, and the whole beam stands).
+  level_s[0] = 1e-6
+  counts = {'beam:6,6,3/6': ([12, 10, 0], 12, 34),
+            'beam:6,6,2/6': ([12, 6], 12, 30)}
+  scripted = []
+
+  def measured_tree(loaded, spec, inputs, place, level_ms):
+    del loaded, inputs, place
+    scripted.append(spec)
+    depth = shape_lib.parse(spec).depth
+    return shape_lib.MeasuredTree(
+        spec, *counts.get(spec, ([1] * depth, 12, 14)), level_ms)
+
+  real_measured = unit_loop._measured_tree  # pylint: disable=protected-access
+  monkeypatch.setattr(unit_loop, '_measured_tree', measured_tree)
+  summary = eval_lib.main(args(tmp_path / 'cut', **tree))
+  cut, = summary['gamma_choices']
+  assert scripted[1:] == ['beam:6,6,3/6', 'beam:6,6,2/6']
+  assert cut['first_tree'] == 'beam:6,6,3/6'
+  assert [t['spec'] for t in cut['trees']] == scripted
+  monkeypatch.setattr(unit_loop, '_measured_tree', real_measured)
   capsys.readouterr()
   decoded.clear()
   summary = eval_lib.main(args(tmp_path / 'flat', **dict(tree,

@@ -846,6 +846,16 @@ def test_decoded_trees_compete_at_every_depth_at_their_own_level_cost():
   static = shape_lib.MeasuredTree('static:0.0,0.1;0.0', [10, 0], 10, 20, 0.1)
   assert shape_lib.choose(probs, costs, measured=[static])[0] == (
       shape_lib.parse('static:0.0,0.1'))
+  # A cut decoded whole is weighed by its own counts, not the estimate:
+  # beam:8,16,2/64 estimated at 2.8 a call (the winner above at 0.5 ms a
+  # level), decoded at 2.4 it loses to the whole beam.
+  beam = shape_lib.MeasuredTree('beam:8,16,3/64', [10, 8, 2], 10, 30, 0.5)
+  cut = shape_lib.MeasuredTree('beam:8,16,2/64', [10, 4], 10, 24, 0.5)
+  top = shape_lib.best_candidate(probs, costs, 64, 3, measured=[beam, cut])
+  assert top.spec == 'beam:8,16,3/64' and top.measured and top.source is beam
+  weighed = shape_lib.candidates(probs, costs, 64, 3, measured=[beam, cut])
+  assert [c.tokens for c in weighed if c.spec == 'beam:8,16,2/64'] == [2.4]
+  assert not [c for c in weighed if c.spec == 'beam:8,16,1/64'][0].measured
   with pytest.raises(ValueError, match='one count a level'):
     shape_lib.MeasuredTree('beam:8,16,3/64', [10, 8], 10, 30, 0.5)
 

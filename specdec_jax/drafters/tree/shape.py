@@ -460,16 +460,30 @@ class MeasuredTree:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """A tree a choice weighs: its tokens per call over its iteration."""
+  """A tree a choice weighs: its tokens per call over its iteration.
+
+  Attributes:
+    shape, spec: the tree.
+    tokens: its tokens per call, expected.
+    iteration_ms: its iteration's time, predicted.
+    source: the decoded tree it is (at its depth: `tokens` measured) or is
+      cut from (an estimate); None: priced by the rank probabilities.
+  """
 
   shape: TreeShape
   spec: str
   tokens: float
   iteration_ms: float
+  source: Optional[MeasuredTree] = None
 
   @property
   def tokens_per_s(self) -> float:
     return 1e3 * self.tokens / self.iteration_ms
+
+  @property
+  def measured(self) -> bool:
+    """Whether its tokens per call are a decode's own (not a cut's)."""
+    return self.source is not None and self.source.spec == self.spec
 
 
 def candidates(rank_probs, costs: TreeCosts, max_nodes: int = 64,
@@ -477,19 +491,23 @@ def candidates(rank_probs, costs: TreeCosts, max_nodes: int = 64,
                measured: Sequence[MeasuredTree] = ()) -> List[Candidate]:
   """What `choose` weighs. Decoded trees (`measured`), where there are:
   each cut to every depth <= max_depth, by its counts (`expected_tokens`),
-  its levels at its own `level_ms`. Else, for every depth bound D and
+  its levels at its own `level_ms`; a cut decoded whole counts as that
+  tree alone. Else, for every depth bound D and
   node budget n, `best(rank_probs, n, D)`, by its expected tokens under
   the rank probabilities (which take the target's choices at the nodes as
   independent: a tree decoded may yield less; dynamic beams they cannot
   price at all)."""
-  out = []
+  out, whole = [], {tree.spec for tree in measured}
   for tree in measured:
     priced = dataclasses.replace(costs, level_ms=tree.level_ms)
-    for depth in range(1, min(parse(tree.spec).depth, max_depth) + 1):
-      spec = tree.at_depth(depth)
+    depth = parse(tree.spec).depth
+    for cut in range(1, min(depth, max_depth) + 1):
+      spec = tree.at_depth(cut)
+      if cut < depth and spec in whole:
+        continue  # decoded whole: its own counts
       shape = parse(spec)
-      out.append(Candidate(shape, spec, tree.expected_tokens(depth),
-                           priced.iteration_ms(shape)))
+      out.append(Candidate(shape, spec, tree.expected_tokens(cut),
+                           priced.iteration_ms(shape), tree))
   if out:
     return out
   for depth in range(1, max_depth + 1):
