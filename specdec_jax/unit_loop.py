@@ -208,11 +208,11 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   probs = tree_shape.nonincreasing(measured)
   seconds, t_draft, context = call_times(
       loaded, inputs, _tree_widths(budget), gamma=1)
-  reads_tree = isinstance(loaded.drafter, drafters.TreeDrafter)
+  times_levels = isinstance(loaded.drafter, drafters.TreeDrafter)
   level = lambda spec, at=None: measure.tree_level_time(
       dataclasses.replace(loaded.drafter, shape=tree_shape.parse(spec)),
       loaded.draft_params, inputs[:b], at, context=context, jit_setup=True)
-  t_level = level(drafters.tree.DEFAULT_TREE) if reads_tree else t_draft
+  t_level = level(drafters.tree.DEFAULT_TREE) if times_levels else t_draft
   t1 = seconds[1]
   profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
@@ -224,7 +224,7 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   trees = []
   for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
     shape = tree_shape.parse(spec)
-    level_ms = 1e3 * (t_level if spec == static or not reads_tree else
+    level_ms = 1e3 * (t_level if spec == static or not times_levels else
                       level(spec, min(2, shape.depth - 1)))
     # Decoded where d + 1 tokens a call at a depth d would beat the
     # baseline (a token per t(1)) and every tree decoded before.
