@@ -217,30 +217,8 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
                                           batch=b)
-  bounds = dict(max_nodes=budget, max_depth=setup.gamma)
-  static = tree_shape.best_candidate(probs, costs, **bounds).spec
-  beams = (tree_shape.filled_beams(budget, setup.gamma, network.CUBLAS_ROWS)
-           if setup.gamma > 1 else ())
-  trees = []
-  for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
-    shape = tree_shape.parse(spec)
-    level_ms = 1e3 * (t_level if spec == static or not times_levels else
-                      level(spec, min(2, shape.depth - 1)))
-    # Decoded where d + 1 tokens a call at a depth d would beat the
-    # baseline (a token per t(1)) and every tree decoded before.
-    priced = dataclasses.replace(costs, level_ms=level_ms)
-    beat = max([1.0 / t1] + [tree_shape.best_candidate(
-        probs, costs, measured=trees, **bounds).tokens_per_s] * bool(trees))
-    if max((d + 1) / priced.iteration_ms(shape.truncate(d)) for d in range(
-        1, shape.depth + 1)) * 1e3 > beat:
-      trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
-  top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
-  for _ in range(_CUTS_DECODED):  # a cut chosen: decoded whole, again
-    if not trees or top.measured:
-      break
-    trees.append(_measured_tree(loaded, top.spec, inputs, place,
-                                top.source.level_ms))
-    top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
+  top, trees = _decoded_choice(loaded, probs, costs, level if times_levels
+                                else None, 1.0 / t1, inputs, place)
   choice = {'gamma': top.shape.depth, 'tree': top.spec, 'rule': 'profile',
             'configured_gamma': setup.gamma,
             'configured_tree': setup.draft.tree, 'rank_probs': probs,
@@ -259,6 +237,41 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
         f'{top.tokens_per_s * t1:.2f}x of the baseline on the profile '
         'measured now, so the job decodes with the baseline')
   return choice
+
+
+def _decoded_choice(loaded: loading.Loaded, probs, costs, level, beat: float,
+                    inputs, place):
+  """`choose_tree`'s trees decoded and the best of them: `(the
+  `shape.Candidate`, the `shape.MeasuredTree`s)`. `level(spec, at)`: a
+  level of a tree timed (None: every level at `costs.level_ms`); `beat`:
+  the baseline's tokens per second."""
+  setup = loaded.setup
+  bounds = dict(max_nodes=setup.draft.tree_budget, max_depth=setup.gamma)
+  static = tree_shape.best_candidate(probs, costs, **bounds).spec
+  beams = (tree_shape.filled_beams(bounds['max_nodes'], setup.gamma,
+                                   network.CUBLAS_ROWS)
+           if setup.gamma > 1 else ())
+  trees = []
+  for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
+    shape = tree_shape.parse(spec)
+    level_ms = (costs.level_ms if spec == static or level is None else
+                1e3 * level(spec, min(2, shape.depth - 1)))
+    # Decoded where d + 1 tokens a call at a depth d would beat the
+    # baseline and every tree decoded before.
+    priced = dataclasses.replace(costs, level_ms=level_ms)
+    if max((d + 1) / priced.iteration_ms(shape.truncate(d)) for d in range(
+        1, shape.depth + 1)) * 1e3 > max([beat] + [
+            tree_shape.best_candidate(probs, costs, measured=trees, **bounds
+                                      ).tokens_per_s] * bool(trees)):
+      trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
+  top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
+  for _ in range(_CUTS_DECODED):  # a cut chosen: decoded whole, again
+    if not trees or top.measured:
+      break
+    trees.append(_measured_tree(loaded, top.spec, inputs, place,
+                                top.source.level_ms))
+    top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
+  return top, trees
 
 
 def _measured_tree(loaded: loading.Loaded, spec: str, inputs, place,
