@@ -152,9 +152,9 @@ def _tree_widths(budget: int) -> List[int]:
 CHOICE_EXAMPLES = 16
 
 
-# At most this many trees cut from a decoded one are decoded whole (each
-# a program more to compile) before the choice stands on an estimate.
-_CUTS_DECODED = 2
+# At most this many cuts of the trees decoded first are decoded whole
+# (each a program more to compile) before the choice stands.
+_MORE_DECODED = 3
 
 
 def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
@@ -177,10 +177,10 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   beam, and overstate of a static tree) and weighed cut to every depth by
   its counts (`shape.MeasuredTree`); a tree is not decoded where d + 1
   tokens a call at a depth d could not beat the baseline and the trees
-  decoded before it. A cut chosen (its tokens per call an estimate) is
-  decoded whole and the choice made again, up to `_CUTS_DECODED` times:
-  the tree the job decodes with is then one whose program the choice
-  compiled. Where none is decoded, the rank probabilities' choice.
+  decoded before it. A cut chosen (its tokens per call an estimate, a low
+  one) is decoded whole and the choice made again; a tree chosen whole,
+  its cut two levels shallower, while that wins; up to `_MORE_DECODED`
+  decodes. Where none is decoded, the rank probabilities' choice.
 
   Args:
     loaded: the built setup.
@@ -265,10 +265,15 @@ def _decoded_choice(loaded: loading.Loaded, probs, costs, level, beat: float,
                                       ).tokens_per_s] * bool(trees)):
       trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
   top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
-  for _ in range(_CUTS_DECODED):  # a cut chosen: decoded whole, again
-    if not trees or top.measured:
+  for _ in range(_MORE_DECODED if trees else 0):
+    # A cut chosen is decoded whole; a tree decoded whole, its cut two
+    # levels up (a cut's estimate is low: the N verified nodes move up
+    # into the levels kept), while that wins.
+    depth = top.shape.depth - (2 if top.measured else 0)
+    spec = top.source.at_depth(depth) if depth >= 1 else None
+    if spec is None or spec in {tree.spec for tree in trees}:
       break
-    trees.append(_measured_tree(loaded, top.spec, inputs, place,
+    trees.append(_measured_tree(loaded, spec, inputs, place,
                                 top.source.level_ms))
     top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
   return top, trees

@@ -664,13 +664,16 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   assert 'no speculation' in dear['why'] and 'fixed_ms' not in dear
   assert summary['gamma_used'] == {'0': 2} and not decoded
   assert dear['trees'] == []
-  # A cut chosen is decoded whole before it is taken (the counts scripted:
-  # beam:6,6,3/6 accepts at most 2 drafts, so its cut to 2 levels is
-  # estimated as many tokens for a level less; decoded whole it yields
-  # fewer, and the whole beam stands).
+  # A cut chosen is decoded whole before it is taken, and a tree chosen
+  # whole has its cut two levels up decoded while that wins (the counts
+  # scripted, 5 levels: beam:6,6,5/6 accepts at most 2 drafts, so its
+  # cut to 2 levels is estimated as many tokens for 3 levels less, but
+  # decoded whole yields fewer; its cut to 3, decoded whole, more; its
+  # cut to 1 less: the 3 levels stand).
   level_s[0] = 1e-6
-  counts = {'beam:6,6,3/6': ([12, 10, 0], 12, 34),
-            'beam:6,6,2/6': ([12, 6], 12, 30)}
+  counts = {'beam:6,6,5/6': ([12, 10, 0, 0, 0], 12, 34),
+            'beam:6,6,2/6': ([12, 6], 12, 30),
+            'beam:6,6,3/6': ([12, 10, 2], 12, 36)}
   scripted = []
 
   def measured_tree(loaded, spec, inputs, place, level_ms):
@@ -682,9 +685,10 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
 
   real_measured = unit_loop._measured_tree  # pylint: disable=protected-access
   monkeypatch.setattr(unit_loop, '_measured_tree', measured_tree)
-  summary = eval_lib.main(args(tmp_path / 'cut', **tree))
+  summary = eval_lib.main(args(tmp_path / 'cut', **tree, GAMMA='5'))
   cut, = summary['gamma_choices']
-  assert scripted[1:] == ['beam:6,6,3/6', 'beam:6,6,2/6']
+  assert scripted[1:] == ['beam:6,6,5/6', 'beam:6,6,2/6', 'beam:6,6,3/6',
+                          'beam:6,6,1/6']
   assert cut['first_tree'] == 'beam:6,6,3/6'
   assert [t['spec'] for t in cut['trees']] == scripted
   monkeypatch.setattr(unit_loop, '_measured_tree', real_measured)
