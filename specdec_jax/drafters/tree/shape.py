@@ -24,7 +24,9 @@ on path products, which is optimal here as products only shrink along a
 path). `choose(rank_probs, costs)` picks its size and depth for a device:
 the most predicted tokens per second, expected tokens over one target
 call at the verified width plus a drafter call per level
-(`TreeCosts`, from a hardware profile; Sequoia's idea).
+(`TreeCosts`, from a hardware profile; Sequoia's idea), or, given trees
+decoded (`MeasuredTree`: what a dynamic beam yields, which no rank
+probability says), by their counts, each cut to every depth.
 
 References: Miao et al. 2024 (SpecInfer), Chen et al. 2024 (Sequoia),
 Li et al. 2024 (EAGLE-2), Cai et al. 2024 (Medusa).
@@ -492,9 +494,9 @@ def candidates(rank_probs, costs: TreeCosts, max_nodes: int = 64,
   """What `choose` weighs. Decoded trees (`measured`), where there are:
   each cut to every depth <= max_depth, by its counts (`expected_tokens`),
   its levels at its own `level_ms`; a cut decoded whole counts as that
-  tree alone. Else, for every depth bound D and
-  node budget n, `best(rank_probs, n, D)`, by its expected tokens under
-  the rank probabilities (which take the target's choices at the nodes as
+  tree alone. Else, for every depth bound D and node budget n,
+  `best(rank_probs, n, D)`, by its expected tokens under the rank
+  probabilities (which take the target's choices at the nodes as
   independent: a tree decoded may yield less; dynamic beams they cannot
   price at all)."""
   out, whole = [], {tree.spec for tree in measured}
