@@ -551,7 +551,10 @@ def choose(rank_probs, costs: TreeCosts, max_nodes: int = 64,
   return top.shape, top.tokens_per_s
 
 
-def best_candidate(*args, **kwargs) -> Candidate:
-  """The first of `candidates(*args, **kwargs)` with the most tokens per
-  second (`choose`'s)."""
-  return max(candidates(*args, **kwargs), key=lambda c: c.tokens_per_s)
+def best_candidate(rank_probs, costs: TreeCosts, max_nodes: int = 64,
+                   max_depth: int = 12, dynamic: bool = True,
+                   measured: Sequence[MeasuredTree] = ()) -> Candidate:
+  """The first of `candidates` (the same arguments) with the most tokens
+  per second (`choose`'s)."""
+  return max(candidates(rank_probs, costs, max_nodes, max_depth, dynamic,
+                        measured), key=lambda c: c.tokens_per_s)
