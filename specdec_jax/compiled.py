@@ -559,8 +559,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help="the target's specdec_jax.models.config spec")
   parser.add_argument('--drafts', default=','.join(
       f't5_1_1_{d}' for d in DRAFTS),
-                      help='draft model config specs, comma separated (the '
-                      "first is the 't5' kinds' drafter)")
+                      help="draft model config specs, comma separated, a "
+                      "spec's FIELD=VALUEs with it (the first: the drafter)")
   parser.add_argument('--batches', default='1,8,32', type=parse_ints)
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--max_decode_len', type=int, default=256)
@@ -613,8 +613,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
 def configs(args: argparse.Namespace
             ) -> Tuple[network.T5Config, Dict[str, network.T5Config]]:
   """(the target's config, {drafter name: config}) of --model, --drafts."""
-  drafts = {spec.strip().replace('t5_1_1_', ''): _config(spec.strip(), args)
-            for spec in args.drafts.split(',')}
+  drafts = {s.strip().replace('t5_1_1_', ''): _config(s.strip(), args)
+            for s in re.split(r',(?![^,]*=)', args.drafts)}  # 'a,k=v,b'
   return _config(args.model, args), drafts
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec_jax import compiled
+from specdec_jax import models
 from specdec_jax import network
 from specdec_jax import partitioning
 
@@ -125,6 +126,15 @@ def test_the_command_compiles_what_its_flags_name():
   assert compiled.plan(args) == [(2, 'tree'), (2, 'stream:t5'), (4, 'tree'),
                                  (4, 'stream:t5')]
   assert compiled.setup(args).draft == compiled.configs(args)[1]['small']
+  # A drafter spec keeps its FIELD=VALUEs: the comma before the next name
+  # parts the specs.
+  drafts = compiled.configs(compiled.parse_flags([
+      '--target=gpu:h100',
+      '--drafts=t5_1_1_small,emb_dim=256,num_heads=4,t5_1_1_base']))[1]
+  assert list(drafts) == ['small,emb_dim=256,num_heads=4', 'base']
+  assert (drafts['small,emb_dim=256,num_heads=4'] == models.config(
+      't5_1_1_small').replace(emb_dim=256, num_heads=4))
+  assert drafts['base'] == models.config('t5_1_1_base')
   # --model_fields sets a T5Config field of every model.
   args = compiled.parse_flags(['--target=gpu:h100', '--model_fields',
                                'attention_kernel=cudnn'])
