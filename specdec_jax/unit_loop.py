@@ -251,7 +251,7 @@ def _decoded_choice(loaded: loading.Loaded, probs, costs, level, beat: float,
   beams = (tree_shape.filled_beams(bounds['max_nodes'], setup.gamma,
                                    network.CUBLAS_ROWS)
            if setup.gamma > 1 else ())
-  trees = []
+  trees, to_beat = [], beat
   for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
     shape = tree_shape.parse(spec)
     level_ms = (costs.level_ms if spec == static or level is None else
@@ -260,10 +260,10 @@ def _decoded_choice(loaded: loading.Loaded, probs, costs, level, beat: float,
     # baseline and every tree decoded before.
     priced = dataclasses.replace(costs, level_ms=level_ms)
     if max((d + 1) / priced.iteration_ms(shape.truncate(d)) for d in range(
-        1, shape.depth + 1)) * 1e3 > max([beat] + [
-            tree_shape.best_candidate(probs, costs, measured=trees, **bounds
-                                      ).tokens_per_s] * bool(trees)):
+        1, shape.depth + 1)) * 1e3 > to_beat:
       trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
+      to_beat = max(beat, tree_shape.best_candidate(
+          probs, costs, measured=trees, **bounds).tokens_per_s)
   top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
   for _ in range(_MORE_DECODED if trees else 0):
     # A cut chosen is decoded whole; a tree decoded whole, its cut two
