@@ -139,7 +139,7 @@ def choose_gamma(loaded: loading.Loaded, inputs, alpha: float
   return choice
 
 
-def _tree_widths(budget: int) -> List[int]:
+def tree_widths(budget: int) -> List[int]:
   """The call widths timed for a tree choice: powers of two plus one up
   to the largest a tree of `budget` nodes verifies (cost(k) interpolated
   between them)."""
@@ -152,35 +152,94 @@ def _tree_widths(budget: int) -> List[int]:
 CHOICE_EXAMPLES = 16
 
 
+def choice_examples(setup: EvalSetup) -> int:
+  """How many examples a tree choice decodes: the run's first, at most
+  `CHOICE_EXAMPLES`."""
+  return min(setup.num_examples or CHOICE_EXAMPLES, CHOICE_EXAMPLES)
+
+
 # At most this many cuts of the trees decoded first are decoded whole
 # (each a program more to compile) before the choice stands.
 _MORE_DECODED = 3
 
 
-def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
-                ) -> Dict[str, Any]:
+def _choice_beams(setup: EvalSetup) -> Tuple[str, ...]:
+  """The dynamic beams a tree choice weighs (`shape.filled_beams`): none
+  for a kind that reads no tree, or a choice of one level."""
+  if not setup.draft.drafter_kind.reads_tree or setup.gamma <= 1:
+    return ()
+  return tree_shape.filled_beams(setup.draft.tree_budget, setup.gamma,
+                                 network.CUBLAS_ROWS)
+
+
+def tree_evidence(loaded: loading.Loaded, inputs, outputs,
+                  profile: Optional[hardware.HardwareProfile] = None,
+                  drafter: Optional[str] = None) -> Dict[str, Any]:
+  """What a tree choice (`choose_tree`) rests on: the drafter's rank
+  probabilities on the baseline's greedy `outputs` (`measure.rank_probs`),
+  and seconds of the target's call at the widths a tree of the setup's
+  budget verifies (`tree_widths`), of the drafter's step and (a
+  `TreeDrafter`) of a level of `drafters.tree.DEFAULT_TREE` (its mean) and
+  of each beam the choice weighs (`_choice_beams`, its second level),
+  timed alone (`measure.tree_level_time`).
+
+  The seconds are timed on this machine; or, with a `profile` (another
+  device's), priced on it: t(1) x cost(k), a level and a step at the c of
+  its `drafter` (the profile's name of it) x t(1). So a choice can be
+  made here as that device would likely make it.
+
+  Returns:
+    {'rank_probs_measured', 'seconds' ({k: s}), 'draft_s', 'level_s'
+    ({tree spec: s})}.
+  """
+  setup = loaded.setup
+  b, widths = setup.batch.size, tree_widths(setup.draft.tree_budget)
+  measured = measure.rank_probs(loaded.drafter, speculative.with_target(
+      loaded.drafter, loaded.draft_params, loaded.target_params), inputs,
+                                *outputs)
+  trees = ((drafters.tree.DEFAULT_TREE,) + _choice_beams(setup)
+           if isinstance(loaded.drafter, drafters.TreeDrafter) else ())
+  if profile is not None:
+    t1 = profile.t1_ms / 1e3
+    t_draft = profile.c_of(drafter, b)[0] * t1
+    return {'rank_probs_measured': [float(p) for p in measured],
+            'seconds': {k: t1 * profile.cost_at(k, b)[0] for k in widths},
+            'draft_s': t_draft, 'level_s': dict.fromkeys(trees, t_draft)}
+  seconds, t_draft, context = call_times(loaded, inputs, widths, gamma=1)
+  level_s = {spec: measure.tree_level_time(
+      with_tree(loaded, spec).drafter, loaded.draft_params, inputs[:b],
+      None if spec == drafters.tree.DEFAULT_TREE else
+      min(2, tree_shape.parse(spec).depth - 1), context=context,
+      jit_setup=True) for spec in trees}
+  return {'rank_probs_measured': [float(p) for p in measured],
+          'seconds': seconds, 'draft_s': t_draft, 'level_s': level_s}
+
+
+def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None,
+                evidence: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The token tree for a setup whose tree is 'choose:N'
   (`DrafterSpec.chooses_tree`), chosen on this machine.
 
   Sequoia's way (`drafters.tree.shape.choose`): among the trees of at most
   N nodes and gamma levels, the one with the most predicted tokens per
   second, tokens per call over an iteration's time (the target's call at
-  the verified width, timed now at the widths of `_tree_widths` and
+  the verified width, timed now at the widths of `tree_widths` and
   interpolated, plus one drafter call per level: a level of
   `drafters.tree.DEFAULT_TREE` timed alone, `measure.tree_level_time`,
-  for a `TreeDrafter`; else the drafter's step). The trees weighed:
-  the static tree `shape.best` builds from the drafter's rank
-  probabilities on the baseline's greedy outputs (`measure.rank_probs`)
-  that `shape.choose` prefers, and the dynamic beams that fill a level
-  (`shape.filled_beams`, their level timed alone), each decoded on
-  `inputs` (`_measured_tree`: what the rank probabilities cannot say of a
-  beam, and overstate of a static tree) and weighed cut to every depth by
-  its counts (`shape.MeasuredTree`); a tree is not decoded where d + 1
-  tokens a call at a depth d could not beat the baseline and the trees
-  decoded before it. A cut chosen (its tokens per call an estimate, a low
-  one) is decoded whole and the choice made again; a tree chosen whole,
-  its cut two levels shallower, while that wins; up to `_MORE_DECODED`
-  decodes. Where none is decoded, the rank probabilities' choice.
+  for a `TreeDrafter`; else the drafter's step; `tree_evidence`). The
+  trees weighed: the static tree `shape.best` builds from the drafter's
+  rank probabilities on the baseline's greedy outputs
+  (`measure.rank_probs`) that `shape.choose` prefers, and the dynamic
+  beams that fill a level (`shape.filled_beams`, their level timed
+  alone), each decoded on `inputs` (`_measured_tree`: what the rank
+  probabilities cannot say of a beam, and overstate of a static tree) and
+  weighed cut to every depth by its counts (`shape.MeasuredTree`); a tree
+  is not decoded where d + 1 tokens a call at a depth d could not beat the
+  baseline and the trees decoded before it. A cut chosen (its tokens per
+  call an estimate, a low one) is decoded whole and the choice made again;
+  a tree chosen whole, its cut two levels shallower, while that wins; up
+  to `_MORE_DECODED` decodes. Where none is decoded, the rank
+  probabilities' choice.
 
   Args:
     loaded: the built setup.
@@ -188,6 +247,7 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
       rows are timed).
     outputs: `(tokens, lengths)`, the baseline's outputs of those rows.
     place: puts a unit's inputs on the job's mesh (None: as they are).
+    evidence: `tree_evidence`'s (None: measured now).
 
   Returns:
     {'gamma' (the tree's depth), 'tree' (its `shape.parse` spec), 'rule',
@@ -200,30 +260,21 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
     (no speculation) and 'why' says so.
   """
   setup = loaded.setup
-  budget, b = setup.draft.tree_budget, setup.batch.size
-  draft_params = speculative.with_target(
-      loaded.drafter, loaded.draft_params, loaded.target_params)
-  measured = measure.rank_probs(loaded.drafter, draft_params, inputs,
-                                *outputs)
-  probs = tree_shape.nonincreasing(measured)
-  seconds, t_draft, context = call_times(
-      loaded, inputs, _tree_widths(budget), gamma=1)
-  times_levels = isinstance(loaded.drafter, drafters.TreeDrafter)
-  level = lambda spec, at=None: measure.tree_level_time(
-      dataclasses.replace(loaded.drafter, shape=tree_shape.parse(spec)),
-      loaded.draft_params, inputs[:b], at, context=context, jit_setup=True)
-  t_level = level(drafters.tree.DEFAULT_TREE) if times_levels else t_draft
+  evidence = evidence or tree_evidence(loaded, inputs, outputs)
+  probs = tree_shape.nonincreasing(evidence['rank_probs_measured'])
+  seconds, t_draft = evidence['seconds'], evidence['draft_s']
+  t_level = evidence['level_s'].get(drafters.tree.DEFAULT_TREE, t_draft)
   t1 = seconds[1]
   profile = _measured_profile(setup, seconds, t_draft)
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
-                                          batch=b)
-  top, trees = _decoded_choice(loaded, probs, costs, level if times_levels
-                                else None, 1.0 / t1, inputs, place)
+                                          batch=setup.batch.size)
+  top, trees = _decoded_choice(loaded, probs, costs, evidence['level_s'],
+                               1.0 / t1, inputs, place)
   choice = {'gamma': top.shape.depth, 'tree': top.spec, 'rule': 'profile',
             'configured_gamma': setup.gamma,
             'configured_tree': setup.draft.tree, 'rank_probs': probs,
             'examples': len(inputs),
-            'rank_probs_measured': [float(p) for p in measured],
+            'rank_probs_measured': evidence['rank_probs_measured'],
             'trees': [tree.to_json() for tree in trees],
             'expected_tokens': top.tokens, 'iteration_ms': top.iteration_ms,
             'predicted_tokens_per_s': top.tokens_per_s,
@@ -239,23 +290,41 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None
   return choice
 
 
-def _decoded_choice(loaded: loading.Loaded, probs, costs, level, beat: float,
+def predicted_choice(loaded: loading.Loaded, all_inputs,
+                     profile: hardware.HardwareProfile, drafter: str
+                     ) -> Dict[str, Any]:
+  """The tree the job would likely choose (`choose_tree`) on the device
+  of `profile` (another machine's; `drafter`: its name of the setup's
+  drafter, whose c prices a level): chosen here on the first
+  `CHOICE_EXAMPLES` of `all_inputs` as the job chooses on its first unit,
+  the baseline and the trees weighed decoded here (tokens do not depend on
+  the device), the calls and levels priced on the profile
+  (`tree_evidence`). PREDICTED: the device's own costs may choose
+  otherwise."""
+  setup = loaded.setup
+  base = programs_at(loaded, 1)[0]
+  rows, outputs = _baseline_outputs(
+      setup, base, loaded.target_params, all_inputs, lambda x: x,
+      jax.random.fold_in(jax.random.key(setup.seed), 0))
+  return choose_tree(loaded, rows, outputs, evidence=tree_evidence(
+      loaded, rows, outputs, profile, drafter))
+
+
+def _decoded_choice(loaded: loading.Loaded, probs, costs, level_s, beat: float,
                     inputs, place):
   """`choose_tree`'s trees decoded and the best of them: `(the
-  `shape.Candidate`, the `shape.MeasuredTree`s)`. `level(spec, at)`: a
-  level of a tree timed (None: every level at `costs.level_ms`); `beat`:
-  the baseline's tokens per second."""
+  `shape.Candidate`, the `shape.MeasuredTree`s)`. `level_s`: seconds of a
+  level of each beam (`tree_evidence`; one it lacks at `costs.level_ms`);
+  `beat`: the baseline's tokens per second."""
   setup = loaded.setup
   bounds = dict(max_nodes=setup.draft.tree_budget, max_depth=setup.gamma)
   static = tree_shape.best_candidate(probs, costs, **bounds).spec
-  beams = (tree_shape.filled_beams(bounds['max_nodes'], setup.gamma,
-                                   network.CUBLAS_ROWS)
-           if setup.gamma > 1 else ())
   trees, to_beat = [], beat
-  for spec in (static,) + beams if setup.draft.drafter_kind.reads_tree else ():
+  for spec in ((static,) + _choice_beams(setup)
+               if setup.draft.drafter_kind.reads_tree else ()):
     shape = tree_shape.parse(spec)
-    level_ms = (costs.level_ms if spec == static or level is None else
-                1e3 * level(spec, min(2, shape.depth - 1)))
+    level_ms = (1e3 * level_s[spec] if spec != static and spec in level_s
+                else costs.level_ms)
     # Decoded where d + 1 tokens a call at a depth d would beat the
     # baseline and every tree decoded before.
     priced = dataclasses.replace(costs, level_ms=level_ms)

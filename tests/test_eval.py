@@ -12,7 +12,9 @@ import pathlib
 
 import pytest
 
+from specdec_jax import data
 from specdec_jax import eval as eval_lib
+from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import speculative
@@ -655,6 +657,28 @@ def test_the_job_chooses_the_tree_this_machines_costs_favour(
   again = shape_lib.parse((static, beam)[-i]['spec']).truncate(depth)
   assert choice['predicted_tokens_per_s'] == pytest.approx(rate)
   assert choice['gamma'] == (again.depth if rate * 1e-3 >= 1 else 0)
+  # The choice a device of these costs would make, made here from its
+  # profile (`predicted_choice`: the tokens decoded here, nothing timed;
+  # a level priced at the drafter's step, as timed for this run): the
+  # same costs, the same trees decoded, the same tree taken.
+  level_s[0] = 1e-4
+  device = eval_lib.main(args(tmp_path / 'device', **tree))['gamma_choices']
+  setup = eval_lib.main(args(tmp_path / 'device', **tree) + ['--dry_run'])
+  loaded = loading.build(setup)
+  examples = loading.read_examples(setup, loaded.task, 2)
+  profile = hardware.HardwareProfile.of_run(
+      'a device', 2, 1e-3, dict.fromkeys(range(1, 8), 1.0), {'tree': 0.1})
+  with monkeypatch.context() as patch:  # nothing timed
+    for timer in ('cost_curve', 'tree_level_time', 'drafter_token_time'):
+      patch.setattr(measure, timer, None)
+    predicted = unit_loop.predicted_choice(loaded, data.pad_rows(
+        [ids for _, ids, _, _ in examples], 512), profile, 'tree')
+  assert predicted['profile']['cost'] == device[0]['profile']['cost']
+  assert predicted['profile']['c'] == device[0]['profile']['c']
+  assert predicted['level_ms'] == pytest.approx(device[0]['level_ms'])
+  assert [t['spec'] for t in predicted['trees']] == [
+      t['spec'] for t in device[0]['trees']] and len(predicted['trees']) > 1
+  assert predicted['tree'] == device[0]['first_tree']
   # Levels so dear that every tree is slower than the baseline: no
   # speculation, no beam decoded, and the choice says why.
   level_s[0], decoded[:] = 10.0, []

@@ -231,9 +231,11 @@ def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None
 
 
 def first_inputs(setup: loading.EvalSetup, task,
-                 cache: Optional[loading.LoadCache] = None) -> np.ndarray:
-  """The setup's first batch's inputs, padded as the job pads them."""
-  examples = loading.read_examples(setup, task, setup.batch.size, cache)
+                 cache: Optional[loading.LoadCache] = None,
+                 n: Optional[int] = None) -> np.ndarray:
+  """The setup's first batch's inputs (or first `n` examples'), padded as
+  the job pads them."""
+  examples = loading.read_examples(setup, task, n or setup.batch.size, cache)
   return data.pad_rows([ids for _, ids, _, _ in examples],
                        setup.task_feature_lengths['inputs'])
 

@@ -16,7 +16,10 @@ import tarfile
 import jax
 import pytest
 
+from specdec_jax import eval as eval_lib
 from specdec_jax import hardware
+from specdec_jax import measure
+from specdec_jax import scaffold
 from specdec_jax import unit_loop
 
 from specdec_jax.experiments import reproduce
@@ -24,6 +27,7 @@ from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
 from specdec_jax.experiments.specs import table3
+from specdec_jax.experiments.specs import trees
 from tools.accelerator import aot
 from tools.accelerator import stored
 
@@ -177,15 +181,15 @@ def test_a_plan_names_specs_and_model_sets():
   assert stored.item_name(trees, fused) == 'trees attention_kernel=cudnn'
   assert stored.item_name(trees, dataclasses.replace(
       fused, model_fields=())) == 'trees'
-  # The default plan: every item names cells; its trees: the best chain
-  # and five trees a task, then the best chain and tree with cuDNN's
-  # attention.
+  # The default plan: every item names cells; its trees: the best chain,
+  # five trees and the tree the job chooses a task, then the best chain
+  # and tree with cuDNN's attention.
   trees, fused = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)
                   if spec.name == 'trees']
   assert sorted({c.labels['drafting'] for c in sweep.plan(
       specs_lib.get('trees'), trees)}) == [
           'beam:16,4,16/64', 'beam:8,16,8/64', 'beam:8,4,12/64',
-          'beam:8,8,8/64', 'chain 7', 'default']
+          'beam:8,8,8/64', 'chain 7', 'chosen 64', 'default']
   assert fused.model_fields == ('attention_kernel=cudnn',)
   assert sorted({c.labels['drafting'] for c in sweep.plan(
       specs_lib.get('trees'), fused)}) == ['beam:8,16,8/64', 'chain 7']
@@ -223,10 +227,14 @@ def test_the_build_prices_the_gammas_and_the_run_is_projected(tmp_path):
   assert projected['seconds'] == sum(
       v['seconds'] for v in projected['specs'].values())
   (trees, at), = [p for p in plan if stored.item_name(*p) == 'trees']
-  twice = stored.project([(trees, dataclasses.replace(
-      at, num_examples=2 * at.num_examples))], profile, built)
-  assert twice['specs']['trees']['seconds'] == pytest.approx(
-      2 * projected['specs']['trees']['seconds'], abs=1)
+  fixed, chosen = (dataclasses.replace(at, where=(
+      'temperature=0', f'drafting={d}')) for d in ('chain 7|default',
+                                                  'chosen 64'))
+  seconds = lambda o, n: stored.project([(trees, dataclasses.replace(
+      o, num_examples=n))], profile, built)['specs']['trees']['seconds']
+  assert seconds(fixed, 32) == pytest.approx(2 * seconds(fixed, 16), abs=1)
+  # A tree choice decodes its first examples, however many the cell has.
+  assert 2 * seconds(chosen, 16) > seconds(chosen, 32) > seconds(chosen, 16)
   unbuilt = stored.project([(TABLE3, sweep.Options(shrink=True))], profile,
                            log=lambda _: None)['programs']
   assert unbuilt['compiled_on_device'] == unbuilt['recorded'] >= 2
@@ -261,3 +269,60 @@ def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
   with pytest.raises(SystemExit, match='stored_run.json: its device_facts '
                      'hold no topology'):
     stored.build_device('gpu:h100', None, log)
+
+
+def test_a_cell_choosing_its_tree_gets_the_programs_its_choice_runs(
+    tmp_path, monkeypatch):
+  """A cell whose job chooses its tree ('choose:N') is built what its
+  choice runs: the drafter's ranks, the target's call at each width a tree
+  verifies, a level of each tree weighed, and a decode of each tree the
+  choice likely decodes and takes on the device's profile (`likely_trees`:
+  `unit_loop.predicted_choice` made here, on the models unwidened). Where
+  the device's costs are the profile's, the job's own choice asks for no
+  decode the build did not record (but the tree its first timed decode
+  makes it take, where that is another). Without a profile: no tree."""
+  options = sweep.Options(models='xxl_cost', shrink=True, num_examples=2)
+  cell = sweep.Cell('en_de', 'dec2', dict(
+      drafter='tree', tree='choose:4', gamma=2, temperature=0.0), {})
+  setup = sweep.cell_setup(sweep.model_set(options), cell, options)
+  setup = setup.replace(target_widen_to={  # as the xxl_cost set widens
+      'mlp_dim': setup.target_config.mlp_dim + 64})
+  # The device: a target call of 1 ms at any width, a level and a drafter
+  # step of 0.1 ms (its c), as the job times them below.
+  profile = hardware.HardwareProfile.of_run(
+      'a device', 1, 1e-3, dict.fromkeys(range(1, 10), 1.0), {'dec2': 0.1})
+  chosen_on = []
+  predicted = unit_loop.predicted_choice
+  monkeypatch.setattr(unit_loop, 'predicted_choice', lambda loaded, *a: (
+      chosen_on.append(loaded.setup) or predicted(loaded, *a)))
+  recorder, said = stored.Recorder(), []
+  stored.record_cell(trees.SPEC, cell, setup, recorder, log=said.append,
+                     profile=profile, drafter='dec2')
+  assert not said and chosen_on[0].target_widen_to is None
+  names = [name for name, _ in recorder.programs.values()]
+  assert names.count('_repeated_calls[T5Model]') == len(
+      unit_loop.tree_widths(4))
+  # A level of the default tree, and of the beam that fills a level.
+  assert names.count('_repeated_levels[T5Model]') == 2
+  assert '_score_ranks_of[TreeDrafter]' in names
+  monkeypatch.setattr(measure, 'cost_curve', lambda model, params, rows, ks,
+                      **k: dict.fromkeys(sorted(set(ks) | {1}), 1e-3))
+  monkeypatch.setattr(measure, 'drafter_token_time', lambda *a, **k: 1e-4)
+  monkeypatch.setattr(measure, 'tree_level_time', lambda *a, **k: 1e-4)
+  asked = {}
+
+  def compiled_here(traced, fingerprint, lower_on, name):
+    del lower_on
+    asked[fingerprint] = name
+    return traced.lower().compile()
+
+  with scaffold.programs_from(compiled_here):
+    choice, = eval_lib.evaluate(setup, str(tmp_path / 'job'))[
+        'gamma_choices']
+  likely = {t['spec'] for t in choice['trees']} | {choice['first_tree']}
+  assert names.count('_call[TreeLoop]') == len(likely) >= 2
+  missing = [asked[f] for f in set(asked) - set(recorder.programs)]
+  assert missing == ['_call[TreeLoop]'] * (choice['tree'] not in likely)
+  bare = stored.Recorder()
+  stored.record_cell(trees.SPEC, cell, setup, bare, log=said.append)
+  assert '_call[TreeLoop]' not in [n for n, _ in bare.programs.values()]

@@ -16,19 +16,12 @@ A program is written alone (zlib) when compiled; `Store.pack` packs every
 `PACK` of them, in priority order, into one xz stream (a run's programs
 differ little from each other: a pack takes about half their zlib bytes).
 
-`Store.load` hands back the executable, or None and why (not built, file
-missing, checksum, other jax / jaxlib / plugin versions, built for
-another device, the runtime's refusal), so that a caller compiles that
-program on the device instead and says so. A program is named by its
-fingerprint (`scaffold.fingerprint`: its jaxpr, pytrees and constants): a
-change that alters a program gives it a new name, which the store lacks.
-An executable is called with the program's dynamic arguments.
-`device_facts` is what jax says of the device a run has, written with its
-results: with the device's topology as XLA serializes it
-(`device_topology`: XLA's own description of the chip), the next build
-compiles for a compile-only twin of that very device (`twin_devices`),
-for which XLA's autotune results from the device, keyed by (a hash of)
-that description, match.
+`Store.load` hands back the executable, or None and why, so that a
+caller compiles that program on the device instead and says so. A program
+is named by its fingerprint (`scaffold.fingerprint`), so a change that
+alters it gives it a new name. `device_facts` (with the device's topology
+as XLA serializes it) lets the next build compile for a twin of that very
+device (`twin_devices`), for which the device's autotune results match.
 """
 
 from __future__ import annotations
@@ -59,20 +52,11 @@ MANIFEST = 'manifest.json'
 SUFFIX = '.xla.zz'
 PACK = 8  # programs per xz pack
 
-# XLA picks a GPU's GEMM kernels by timing candidates on the device
-# (autotuning); a compile-only device cannot, and takes XLA's defaults. For
-# the T5 1.1-XXL-cost decoder step those are Triton GEMM fusions at one small
-# tile (8 x 16, 2 warps, 1 stage): loaded on an H100, that build ran t(1)
-# in 12.98 ms where the same program compiled there took 5.20. So a GPU
-# build takes the device's own autotune results when it has them
-# (`AUTOTUNE_FILE`, which every GPU run writes with its results, keyed by
-# the device they were timed on: the build compiles for its twin, from the
-# run's `device_facts`); without them it leaves the GEMMs to cuBLAS,
-# whose own heuristic picks each kernel when it runs (`UNTUNED_FLAGS`: the
-# package's `program_cost.UNTUNED_OPTIONS`; on an H200, 1.8x slower than
-# the device's own compile). A run checks the first target-call loop it
-# loads against the same program compiled on the device (`stored.Provider`,
-# `stored.AOT_SLOWER`).
+# A compile-only GPU cannot autotune: its default GEMM tiles ran t(1) 2.5x
+# slower on an H100. So a GPU build takes the device's own autotune results
+# (`AUTOTUNE_FILE`, which a GPU run writes) with its twin, or leaves the
+# GEMMs to cuBLAS (`UNTUNED_FLAGS`); a run checks the first target-call loop
+# it loads (`stored.Provider`). The README tells the measurements.
 AUTOTUNE_FILE = 'autotune.textproto'
 UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'

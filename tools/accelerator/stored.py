@@ -13,9 +13,6 @@ a rented accelerator spends its minutes timing, not compiling:
   run      there: the plan's specs under one clock within
            `scaffold.programs_from(Provider(store))` (a program the store
            lacks compiles there, and the run's log says so).
-
-  python -m tools.accelerator.stored build --target gpu:h100 --store aot
-  python -m tools.accelerator.stored run --store aot --out $OUT
 """
 
 from __future__ import annotations
@@ -49,19 +46,15 @@ from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
 from tools.accelerator import aot
 
-# The plan a run takes by default, the next GPU's table in priority
-# order: the profile (every later prediction rests on it); Table 2 at the
-# gamma the paper's rule picks on this device, both temperatures; the best
-# chain and five token trees at t = 0; fixed batches 8 and 32 at t = 0
-# (streamed loops: a store of their own); ours vs HF on the models; the
-# best chain and tree again with cuDNN's attention (an option no device has
-# timed). 16 examples a row, each timed once after its warm-up.
+# The plan a run takes by default, the next GPU's table in priority order
+# (the items: tools/accelerator/README.md); 16 examples a row, each timed
+# once after its warm-up.
 ONCE = ';num_examples=16;timing_repeats=1'
 DEFAULT_PLAN = (
     'profile:xxl_cost',
     'table2:xxl_cost;batch_gamma=always' + ONCE,
     'trees:xxl_cost;temperature=0;drafting=chain 7|default|beam:8,4,12/64|'
-    'beam:16,4,16/64|beam:8,8,8/64|beam:8,16,8/64' + ONCE,
+    'beam:16,4,16/64|beam:8,8,8/64|beam:8,16,8/64|chosen 64' + ONCE,
     'batches:xxl_cost;temperature=0;batch_size=8|32;batching=fixed' + ONCE,
     'hf:shipped' + ONCE,
     'trees:xxl_cost;model_fields=attention_kernel=cudnn;temperature=0;'
@@ -129,11 +122,9 @@ LIKELY_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 def _gammas(loaded: loading.Loaded, profile=None,
             drafter: Optional[str] = None) -> Tuple[int, ...]:
-  """The gammas the job may decode a setup with: the configured one, and
-  where it chooses (`unit_loop.chooses_gamma`), every one (0, no
-  speculation, needs no program), or with the device's `profile` the ones
-  it would choose at `LIKELY_ALPHAS` for `drafter` (the profile's name of
-  its c; another choice compiles on the device)."""
+  """The gammas the job may decode a setup with: the configured one; where
+  it chooses (`unit_loop.chooses_gamma`), all but 0, or those it would
+  choose at `LIKELY_ALPHAS` on the device's `profile` (`drafter`: its c)."""
   setup = loaded.setup
   if not unit_loop.chooses_gamma(loaded):
     return (setup.gamma,)
@@ -180,10 +171,8 @@ def _zeros(info):
 class Recorder:
   """A provider that runs nothing: it keeps every program it is asked for
   (fingerprint -> its function's name and `lower_on`) and answers with a
-  stand-in returning zeros of the program's outputs after `STAND_IN_S`.
-  Within it a cell's decodes and measurements run on shape structs, and
-  so name every program they compile, as the job and the specs build them
-  (one home for what a cell runs: their own code)."""
+  stand-in returning zeros of the program's outputs after `STAND_IN_S`:
+  within it a cell's own code runs on shape structs, naming its programs."""
 
   def __init__(self):
     self.programs: Dict[str, Tuple[str, Any]] = {}
@@ -204,7 +193,8 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
                 drafter: Optional[str] = None) -> None:
   """Runs a cell on shape structs within `recorder`: its decode programs
   (`decode_programs`), the profile the job measures for a gamma
-  (`unit_loop.call_times`), and the cell's measurements (the spec's own
+  (`unit_loop.call_times`) or a tree (`unit_loop.tree_evidence`, the
+  trees `likely_trees`), and the cell's measurements (the spec's own
   functions). A measurement that cannot run on shapes (it computes on a
   weight outside a program) is named and left to the device."""
   loaded = abstract_loaded(setup, cache)
@@ -212,9 +202,19 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   known = {**sweep.MEASUREMENTS, **spec.measurements}
   steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
   if spec.decode:
-    gammas = _gammas(loaded, profile, drafter)
-    steps.insert(0, ('decode', lambda: [program(*args) for program, args in
-                                        decode_programs(loaded, gammas)]))
+    decoded = [(loaded, _gammas(loaded, profile, drafter))]
+    if setup.draft.chooses_tree:  # its choice's measurements and trees
+      decoded = [(at, (at.drafter.shape.depth,)) for at in (
+          unit_loop.with_tree(loaded, t) for t in likely_trees(
+              setup, profile, drafter, log))] or [(loaded, (0,))]
+      n = unit_loop.choice_examples(setup)
+      rows, out = (np.zeros((n, setup.task_feature_lengths[k]), np.int32)
+                   for k in ('inputs', 'targets'))
+      steps.insert(0, ('tree choice', lambda: unit_loop.tree_evidence(
+          loaded, rows, (out, np.zeros(n, np.int32)))))
+    steps.insert(0, ('decode', lambda: [
+        program(*args) for at, gammas in decoded
+        for program, args in decode_programs(at, gammas)]))
     if unit_loop.chooses_gamma(loaded):
       steps.insert(1, ('gamma profile',
                        lambda: unit_loop.call_times(loaded, inputs)))
@@ -224,6 +224,27 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
         step()
       except Exception as e:  # pylint: disable=broad-except
         log(f'{spec.name} {cell.name}: {what} not built ({e!r:.200})')
+
+
+def likely_trees(setup: loading.EvalSetup, profile, drafter: Optional[str],
+                 log=print) -> Tuple[str, ...]:
+  """The trees a job choosing its tree ('choose:N') likely decodes on the
+  device of `profile` (`unit_loop.predicted_choice`, made here on the
+  setup's models unwidened: a widening keeps their tokens; not from a
+  cache of shapes), then the one it takes; none without a profile."""
+  if profile is None:
+    return ()
+  plain = setup.replace(target_widen_to=None, draft_widen_to=None)
+  try:
+    loaded = loading.build(plain)
+    choice = unit_loop.predicted_choice(loaded, sweep.first_inputs(
+        plain, loaded.task, n=unit_loop.choice_examples(setup)), profile,
+                                        drafter)
+  except Exception as e:  # pylint: disable=broad-except
+    log(f'{setup.mixture_or_task_name}: no likely tree ({e!r:.200})')
+    return ()
+  return tuple(dict.fromkeys([t['spec'] for t in choice['trees']] + [
+      choice['tree']] * bool(choice['gamma'])))
 
 
 def record_plan(plan: Plan, profile=None, log=print
@@ -288,9 +309,7 @@ def build(plan: Plan, store: aot.Store,
               dropped=dropped)
 
 
-# A GPU build without the device's autotune results runs cuBLAS's choice
-# of GEMM kernels, maybe slower than XLA's on the device: the run checks
-# the first target-call loop it loads (`CHECKED`, `Provider`).
+# The first target-call loop a run loads is checked (`Provider`).
 CHECKED = '_repeated_calls[T5Model]'
 AOT_SLOWER = 1.03
 # The programs a run's XLA dump keeps: t(1)'s loop, a chain's, a tree's.
@@ -421,8 +440,7 @@ def dump_programs(provider: Provider, out: pathlib.Path
   return record
 
 
-# What `run` leaves in its output folder: a lent device machine sends back
-# at most 8 files.
+# What `run` leaves in its output folder (a lent machine sends back 8 files).
 PACKED = 'results.tar.xz'
 RUN_LOG = 'stored_run.json'
 
@@ -471,16 +489,13 @@ def run(plan: Plan, store: aot.Store,
         results: Optional[pathlib.Path] = None, log=print,
         provider: Optional[Provider] = None) -> Dict[str, Any]:
   """Runs the plan's specs in order within one clock, on the store's
-  programs (`Provider`: its check of the first target-call loop it loads
-  decides whether the store is used). Each spec's results (json, md,
-  plot) go to `results/<spec>_<models>.*` (default: beside the first
-  spec's work folder; a hardware profile the profile spec writes elsewhere
-  is copied there); after each spec, `out` holds them all in one xz tar
-  (`PACKED`) and the run's log (`RUN_LOG`: the device's facts, the check,
-  every program loaded or compiled); last, where the clock leaves
-  `DUMP_S`, XLA's dump of the programs `Provider.dump` names (`XLA_DUMP`).
-  A spec that no longer fits the clock is left out (named); at the
-  clock's end the run stops wherever it is, what finished packed (`_watch`).
+  programs (`Provider`, and its check). Each spec's results go to
+  `results/<spec>_<models>.*` (default: beside the first spec's work
+  folder); `out` holds them in one xz tar (`PACKED`) with the run's log
+  (`RUN_LOG`), and where the clock leaves `DUMP_S`, XLA's dump of the
+  programs `Provider.dump` names (`XLA_DUMP`). A spec that no longer fits
+  the clock is left out (named); at the clock's end the run stops
+  wherever it is, what finished packed (`_watch`).
 
   Returns:
     {'device_facts', 'check', 'specs': {name: {'rows', 'failed',
@@ -548,9 +563,10 @@ def run(plan: Plan, store: aot.Store,
 # What a projection takes where nothing has measured it yet (its output
 # names them): alpha of every drafter; a timing loop's calls per k (20
 # calls, a warm-up, one check and 5 repeats: `measure.loop_time`); the
-# seconds of a program compiled on the device; a store's load rate.
+# seconds of a program compiled on the device; a store's load rate; the
+# trees a tree choice decodes.
 ASSUMED = dict(alpha=0.7, loop_calls=160, compile_s=30.0,
-               load_mib_per_s=100.0)
+               load_mib_per_s=100.0, choice_trees=5)
 
 
 def _near(profile, batch: int) -> int:
@@ -612,6 +628,10 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
             'measurement') == 't(k)' else [1]) for c in group)
         continue
       base = first.task_feature_lengths['targets'] * t1
+      seconds += sum(  # a tree choice: loops, a baseline and trees at 2x
+          loops(unit_loop.tree_widths(s.draft.tree_budget)) + base * (
+              unit_loop.choice_examples(s) * (1 + ASSUMED['choice_trees'] / 2))
+          for s in setups if s.draft.chooses_tree)
       units = -(-first.num_examples // b)
       spec_s = [base / _speedup(profile, s, n)[0]
                 for s, n in zip(setups, named)]
