@@ -53,7 +53,7 @@ ONCE = ';num_examples=16;timing_repeats=1'
 DEFAULT_PLAN = (
     'profile:xxl_cost',
     'table2:xxl_cost;batch_gamma=always' + ONCE,
-    'trees:xxl_cost;temperature=0;drafting=chain 7|default|beam:8,4,12/64|'
+    'trees:xxl_cost;temperature=0;drafting=chain 7|beam:8,4,12/64|'
     'beam:16,4,16/64|beam:8,8,8/64|beam:8,16,8/64|chosen 64' + ONCE,
     'batches:xxl_cost;temperature=0;batch_size=8|32;batching=fixed' + ONCE,
     'hf:shipped' + ONCE,
@@ -92,8 +92,8 @@ def parse_plan(items: Sequence[str], **common
 
 
 def item_name(spec: sweep.Spec, options: sweep.Options) -> str:
-  """A plan item's name in a run's and a projection's records: the spec's,
-  and the model fields it sets ('trees attention_kernel=cudnn')."""
+  """A plan item's name: the spec's and its model fields' ('trees
+  attention_kernel=cudnn')."""
   return ' '.join((spec.name,) + options.model_fields)
 
 
@@ -274,20 +274,17 @@ def build(plan: Plan, store: aot.Store,
           profile=None) -> Dict[str, Any]:
   """Compiles every program of `plan` (`record_plan`) for `device` (a
   compile-only twin, or this machine's own) into `store` under its
-  fingerprint, in the plan's order (those there kept). With `limit_bytes`
-  (what a device command may carry) the plan's last programs are dropped
-  until the store fits (`aot.Store.fit`).
-
-  Returns:
-    {'programs': the fingerprints, 'built', 'kept', 'compile_s', 'bytes',
-    'dropped'}.
-  """
+  fingerprint, in the plan's order (those there kept); with `limit_bytes`
+  the plan's last programs (first, those of no cell of it) are dropped
+  until the store fits (`aot.Store.fit`). Returns {'programs' (the
+  fingerprints), 'built', 'kept', 'compile_s', 'bytes', 'dropped'}."""
   built = kept = 0
-  seconds, programs_ = 0.0, {}
+  seconds, programs_, orders = 0.0, {}, {}
   for order, where, fingerprint, (function, lower_on) in record_plan(
       plan, profile, log):
     programs_[fingerprint] = function
     key = aot.program_name([fingerprint])
+    orders.setdefault(key, order)
     if store.built(key):
       kept += 1
       continue
@@ -302,6 +299,8 @@ def build(plan: Plan, store: aot.Store,
     log(f'{where}: {function} built in {took:.1f} s')
   # Every program the plan runs, built or not: what a projection counts.
   store.manifest['plan_programs'] = programs_
+  for key, entry in store.manifest['programs'].items():  # this plan's order
+    entry['priority'] = orders.get(key, 1 << 30)  # of no cell: dropped first
   store.pack(final=True)  # xz packs: about half the bytes to carry
   dropped = [] if limit_bytes is None else store.fit(limit_bytes)
   return dict(programs=list(programs_), built=built, kept=kept,

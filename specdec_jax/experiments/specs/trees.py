@@ -79,8 +79,11 @@ ESTIMATED = {
                  '0.0,0.1,1.0,2.0,3.0,4.0,5.0,6.0'),
 }
 HEADS = ('chain:4', DEFAULT_TREE, 'beam:8,4,12/64')
-CHOSEN = 64  # "chosen N": 'choose:N', of at most `CHOSEN_DEPTH` levels
-CHOSEN_DEPTH = 12
+CHOSEN = 64  # "chosen N": 'choose:N', of at most `CHOSEN_DEPTH` levels:
+# 8, where dec2's levels stop paying for themselves (beam:8,16,D/64 at D =
+# 6 / 8 / 10 / 12: 4.10 / 4.46 / 4.52 / 4.58 tokens a call on en_de), and
+# the depth of the `BEAMS` that fill a level (a choice weighs them).
+CHOSEN_DEPTH = 8
 
 
 def estimated_costs() -> shape_lib.TreeCosts:
