@@ -115,7 +115,7 @@ def perturbed(params: Any, sigma: float, key: jax.Array) -> Any:
   One draw of N(0, 1) values, as many as the tree has, is cut into the
   leaves in `jax.tree_util` order (one random call however many leaves: a
   call per leaf would compile for seconds on a CPU); the arithmetic is
-  float32 numpy.
+  float32 numpy (jnp where the params are traced).
 
   Args:
     params: a params tree.
@@ -127,10 +127,12 @@ def perturbed(params: Any, sigma: float, key: jax.Array) -> Any:
   """
   leaves, tree = jax.tree_util.tree_flatten(params)
   sizes = [int(np.size(x)) for x in leaves]
-  draw = np.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
+  # Traced (in a jit, or `jax.eval_shape`'s shapes alone): the same in jnp.
+  xp = jnp if any(isinstance(x, jax.core.Tracer) for x in leaves) else np
+  draw = xp.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
   noisy, start = [], 0
   for x, size in zip(leaves, sizes):
-    x32 = np.asarray(x, np.float32)
+    x32 = xp.asarray(x, xp.float32)
     z = draw[start:start + size].reshape(x32.shape)
     noisy.append(jnp.asarray(x32 + sigma * x32.std() * z, x.dtype))
     start += size

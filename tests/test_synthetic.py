@@ -58,6 +58,15 @@ def test_a_noisy_copy_adds_sigma_times_each_leafs_std(init):
     assert abs(noise.mean()) < 5 * scale / np.sqrt(n)
     moved += 1
   assert moved >= len(init) // 2
+  # Traced (in a jit; `jax.eval_shape`, as a build ahead of time traces
+  # the models for their shapes): the same noise, in jnp's arithmetic.
+  params = network.T5Model(TINY).init_params(jax.random.key(3))
+  noisy_at = lambda p: synthetic.perturbed(p, sigma, jax.random.key(7))
+  eager, traced = leaves(noisy_at(params)), leaves(jax.jit(noisy_at)(params))
+  for x, y in zip(traced, eager):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  assert jax.eval_shape(noisy_at, params) == jax.eval_shape(lambda p: p,
+                                                            params)
 
 
 def test_a_noisy_copy_is_the_same_for_the_same_name_only():
