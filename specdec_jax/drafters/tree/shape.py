@@ -319,8 +319,7 @@ def parse(spec: str) -> TreeShape:
     if kind == 'chain':
       return chain(int(body))
     if kind in ('beam', 'static-beam'):
-      k, b, d = (int(x) for x in body.split(','))
-      return beam(k, b, d, dynamic=kind == 'beam')
+      return beam(*_beam_fields(body), dynamic=kind == 'beam')
     if kind in ('static', 'dynamic'):
       levels = tuple(tuple(tuple(int(x) for x in slot.split('.'))
                            for slot in level.split(','))
@@ -329,6 +328,19 @@ def parse(spec: str) -> TreeShape:
   except ValueError as e:
     raise ValueError(f'Bad tree spec {spec!r}: {e}; forms: {forms}.') from e
   raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
+
+
+def _beam_fields(body: str) -> Tuple[int, int, int]:
+  """(K, B, D) of a beam spec's body 'K,B,D'."""
+  k, b, d = (int(x) for x in body.split(','))
+  return k, b, d
+
+
+def beam_spec(children: int, expand: int, depth: int,
+              top: Optional[int] = None) -> str:
+  """The spec `parse` reads as the dynamic `beam(children, expand,
+  depth)`, the best `top` nodes verified: 'beam:K,B,D/N'."""
+  return f'beam:{children},{expand},{depth}' + (f'/{top}' if top else '')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,7 +406,7 @@ def filled_beams(max_nodes: int, max_depth: int, rows: int) -> Tuple[str, ...]:
   fills it), D = `max_depth` levels, the N = `max_nodes` most probable
   verified; K and B at most N."""
   k = min(BEAM_CHILDREN, max_nodes)
-  specs = [f'beam:{k},{min(b, max_nodes)},{max_depth}/{max_nodes}'
+  specs = [beam_spec(k, min(b, max_nodes), max_depth, max_nodes)
            for b in (rows, 2 * rows)]
   return tuple(dict.fromkeys(specs))
 
@@ -446,9 +458,8 @@ class MeasuredTree:
     kind, body = self.spec.split(':', 1)
     if kind != 'beam':
       return parse(self.spec).truncate(depth).spec
-    body, top = body.split('/') if '/' in body else (body, '')
-    k, b, _ = body.split(',')
-    return f'beam:{k},{b},{depth}' + (f'/{top}' if top else '')
+    k, b, _ = _beam_fields(body.split('/')[0])
+    return beam_spec(k, b, depth, parse(self.spec).top)
 
   def expected_tokens(self, depth: int) -> float:
     """Tokens per call estimated at `depth` (the class docstring)."""
