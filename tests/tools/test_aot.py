@@ -111,9 +111,9 @@ def test_packed_executables_load_and_a_corrupt_pack_is_named(tmp_path):
 def test_a_store_fits_a_limit_by_dropping_its_last_programs(tmp_path):
   """`Store.fit`: the programs of lowest priority go until the folder
   weighs at most the limit (what a device command carries beside the
-  working tree: `stored build --limit_mib`); the pack the limit falls in
-  is packed again with those that fit, and they load and run; a limit
-  below any program empties it."""
+  working tree: `stored build --limit_mib`); a pack that loses one is
+  packed again with the rest, and they load and run; a limit below any
+  program empties it."""
   fn, params, x = tiny_decode_program()
   x = x[:1, :4]  # a program no other test compiles (none cached in-process)
   compiled_ = compile_fresh(jax.jit(fn).lower(params, x, None))
@@ -143,6 +143,18 @@ def test_a_store_fits_a_limit_by_dropping_its_last_programs(tmp_path):
                                 fn(params, x, None).tokens)
   assert again.fit(0) == kept
   assert [p.name for p in (tmp_path / 'cpu').iterdir()] == ['manifest.json']
+  # Priorities that no longer follow the packs (a build for another plan
+  # gives each program its new place): the last by priority go first,
+  # whichever pack holds them.
+  for i, name in enumerate(names):
+    again.save(name, compiled_, priority=i)
+  again.pack(final=True)
+  order = dict(zip(names, [100, *range(1, aot.PACK), 50, 51]))
+  for name, priority in order.items():  # the first pack's first: last
+    again.manifest['programs'][name]['priority'] = priority
+  dropped = again.fit(int(0.6 * again.total_bytes()))
+  assert dropped == sorted(order, key=order.get)[-len(dropped):]
+  assert {'p0', 'p8', 'p9'} <= set(dropped)
 
 
 # XLA's autotune results in text form as a GPU run writes them (one entry

@@ -322,40 +322,30 @@ class Store:
     self.write()
 
   def fit(self, limit: int) -> List[str]:
-    """Drops the programs of lowest priority until the folder's files
-    weigh at most `limit` bytes (what a device command may carry beside
-    the working tree); the pack the limit falls in is packed again
-    with as many of its programs as fit. Returns the names dropped, in
-    priority order."""
+    """Drops the programs of lowest priority (the highest number), one at
+    a time, each from whatever pack holds it (packed again without it),
+    until the folder's files weigh at most `limit` bytes (what a device
+    command may carry beside the working tree). Returns the names
+    dropped, in priority order."""
     self.pack(final=True)
     programs, packs = self.manifest['programs'], self.manifest['packs']
     dropped = []
     while packs and self.total_bytes() > limit:
-      members = {f: sorted((n for n, e in programs.items()
-                            if e.get('pack') == f),
-                           key=lambda n: programs[n]['priority'])
-                 for f in packs}
-      file = max(packs, key=lambda f: max(
-          [programs[n]['priority'] for n in members[f]], default=float('inf')))
-      names, rest = members[file], self.total_bytes() - packs[file]
+      name = max(programs, key=lambda n: (programs[n]['priority'], n))
+      file = programs.pop(name)['pack']
+      dropped.insert(0, name)
+      rest = sorted((n for n, e in programs.items() if e['pack'] == file),
+                    key=lambda n: programs[n]['offset'])
       data = lzma.decompress((self.dir / file).read_bytes())
       raws = [data[programs[n]['offset']:
                    programs[n]['offset'] + programs[n]['length']]
-              for n in names]
-      keep, packed = len(names), b''
-      while keep:
-        keep -= 1
-        packed = lzma.compress(b''.join(raws[:keep]), preset=6)
-        if rest + len(packed) <= limit:
-          break
+              for n in rest]
       (self.dir / file).unlink()
       del packs[file]
       self._unpacked.pop(file, None)
-      dropped = names[keep:] + dropped
-      for n in names[keep:]:
-        del programs[n]
-      if keep:
-        self._write_pack(file, names[:keep], raws[:keep], packed)
+      if rest:
+        self._write_pack(file, rest, raws,
+                         lzma.compress(b''.join(raws), preset=6))
     self.write()
     return dropped
 
