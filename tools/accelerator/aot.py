@@ -216,14 +216,11 @@ def sha256(data: bytes) -> str:
 
 
 class Store:
-  """A folder of serialized executables for one target, with a manifest.
-
-  Attributes:
-    dir: `<root>/<target>`.
-    manifest: {'format', 'target', 'device_kind', 'platform', 'versions',
-      'target_config', 'xla_flags', 'autotune', 'programs': {name:
-      {file, sha256, bytes, compile_s, priority}}}.
-  """
+  """A folder (`dir`: `<root>/<target>`) of serialized executables for one
+  target, with a `manifest`: {'format', 'target', 'device_kind', 'platform',
+  'versions', 'target_config', 'xla_flags', 'autotune', 'packs': {file:
+  bytes}, 'programs': {name: {file, sha256, bytes, compile_s, priority;
+  packed: pack, offset, length, raw_sha256}}}."""
 
   def __init__(self, root: pathlib.Path, target: str):
     self.dir = pathlib.Path(root) / program_name([target])
@@ -242,9 +239,8 @@ class Store:
     versions and how XLA was told to build (`build_flags`, and the
     autotune results file's name, sha256 and device). Programs built for
     another device kind or config, with other versions, flags or autotune
-    results are dropped
-    (their files too): they could not load or would not be the same
-    programs, and a build builds them again."""
+    results are dropped (their files too): they could not load or would
+    not be the same programs, and a build builds them again."""
     header = dict(device_kind=device.device_kind, platform=device.platform,
                   versions=runtime_versions(device.platform),
                   target_config=target_config,
@@ -341,25 +337,36 @@ class Store:
     self.write()
 
   def fit(self, limit: int) -> List[str]:
-    """Drops the programs of lowest priority (the highest number), one at
-    a time from whatever pack holds it (packed again without it), until
-    the folder weighs at most `limit` bytes; returns them, in order."""
-    self.pack(final=True)
+    """Drops the programs of lowest priority (the highest number) until the
+    folder weighs at most `limit` bytes, returned in priority order: a round
+    drops as many as their shares of their packs' bytes say the excess
+    needs, then packs each pack that lost one again, once."""
     programs, packs = self.manifest['programs'], self.manifest['packs']
+    if any('pack' not in e for e in programs.values()):
+      self.pack(final=True)
     dropped = []
     while packs and self.total_bytes() > limit:
-      name = max(programs, key=lambda n: (programs[n]['priority'], n))
-      file = programs.pop(name)['pack']
-      dropped.insert(0, name)
-      rest = sorted((n for n, e in programs.items() if e['pack'] == file),
-                    key=lambda n: programs[n]['offset'])
-      raws = [self._raw(n) for n in rest]
-      (self.dir / file).unlink()
-      del packs[file]
-      self._unpacked.pop(file, None)
-      if rest:
-        self._write_pack(file, rest, raws,
-                         lzma.compress(b''.join(raws), preset=XZ_PRESET))
+      over, touched = self.total_bytes() - limit, set()
+      raw = {f: sum(e['length'] for e in programs.values() if e['pack'] == f)
+             for f in packs}
+      for name in sorted(programs, key=lambda n: (programs[n]['priority'], n),
+                         reverse=True):
+        if over <= 0:
+          break
+        entry = programs.pop(name)
+        over -= packs[entry['pack']] * entry['length'] / raw[entry['pack']]
+        touched.add(entry['pack'])
+        dropped.insert(0, name)
+      for file in sorted(touched):
+        rest = sorted((n for n, e in programs.items() if e['pack'] == file),
+                      key=lambda n: programs[n]['offset'])
+        raws = [self._raw(n) for n in rest]
+        (self.dir / file).unlink()
+        del packs[file]
+        self._unpacked.pop(file, None)
+        if rest:
+          self._write_pack(file, rest, raws,
+                           lzma.compress(b''.join(raws), preset=XZ_PRESET))
     self.write()
     return dropped
 
@@ -395,12 +402,8 @@ class Store:
     return raw, ''
 
   def load(self, name: str, device: Any = None) -> Tuple[Any, str]:
-    """(executable, '') for program `name`, or (None, why it cannot load).
-
-    Args:
-      name: a `program_name`.
-      device: the device it runs on (default: the first).
-    """
+    """(executable, '') for program `name` (a `program_name`) on `device`
+    (default: the first), or (None, why it cannot load)."""
     device = device or jax.devices()[0]
     data, why = self.check(name, device)
     if data is None:
