@@ -197,22 +197,22 @@ def tree_evidence(loaded: loading.Loaded, inputs, outputs,
   measured = measure.rank_probs(loaded.drafter, speculative.with_target(
       loaded.drafter, loaded.draft_params, loaded.target_params), inputs,
                                 *outputs)
+  evidence = {'rank_probs_measured': [float(p) for p in measured]}
   trees = ((drafters.tree.DEFAULT_TREE,) + _choice_beams(setup)
            if isinstance(loaded.drafter, drafters.TreeDrafter) else ())
   if profile is not None:
     t1 = profile.t1_ms / 1e3
     t_draft = profile.c_of(drafter, b)[0] * t1
-    return {'rank_probs_measured': [float(p) for p in measured],
-            'seconds': {k: t1 * profile.cost_at(k, b)[0] for k in widths},
-            'draft_s': t_draft, 'level_s': dict.fromkeys(trees, t_draft)}
+    return dict(evidence, draft_s=t_draft,
+                seconds={k: t1 * profile.cost_at(k, b)[0] for k in widths},
+                level_s=dict.fromkeys(trees, t_draft))
   seconds, t_draft, context = call_times(loaded, inputs, widths, gamma=1)
-  level_s = {spec: measure.tree_level_time(
-      with_tree(loaded, spec).drafter, loaded.draft_params, inputs[:b],
-      None if spec == drafters.tree.DEFAULT_TREE else
-      min(2, tree_shape.parse(spec).depth - 1), context=context,
-      jit_setup=True) for spec in trees}
-  return {'rank_probs_measured': [float(p) for p in measured],
-          'seconds': seconds, 'draft_s': t_draft, 'level_s': level_s}
+  return dict(evidence, seconds=seconds, draft_s=t_draft, level_s={
+      spec: measure.tree_level_time(
+          with_tree(loaded, spec).drafter, loaded.draft_params, inputs[:b],
+          None if spec == drafters.tree.DEFAULT_TREE else
+          min(2, tree_shape.parse(spec).depth - 1), context=context,
+          jit_setup=True) for spec in trees})
 
 
 def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None,
