@@ -406,12 +406,9 @@ def dump_programs(provider: Provider, out: pathlib.Path
                   ) -> Dict[str, Any]:
   """XLA's dump of the programs `provider` kept (`Provider.traced`), each
   compiled again here with `xla_dump_to`, the files of `DUMP_FILES` in one
-  `XLA_DUMP` in `out`: what checks the compiled-program cost model
-  against the device's own build.
-
-  Returns:
-    {'file': its name or None, 'files': {label: names}, 'errors', 'note'}.
-  """
+  `XLA_DUMP` in `out` (what checks the compiled-program cost model against
+  the device's own build): {'file' (None: none), 'files': {label: names},
+  'errors', 'note'}."""
   record = dict(file=None, files={}, errors={})
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
