@@ -185,21 +185,20 @@ def devices(name: str, target_config: Optional[str] = None
   # `main` sets it before anything else).
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  config = None if target.platform == 'tpu' else (
+      target_config or default_target_config(name))
   try:
-    if target.platform == 'tpu':
+    if config is None:
       kw = ({'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {})
       topo = topologies.get_topology_desc(
           platform='tpu', topology_name=target.topology, **kw)
     else:
-      config = target_config or default_target_config(name)
       topo = topologies.get_topology_desc(
           'compile-only', 'cuda', target_config=config,
           topology=target.topology)
-  except BackendMissing:
-    raise
   except Exception as e:  # pylint: disable=broad-except
     package = ('"jax[tpu]==%s"' if target.platform == 'tpu' else
-               '"jax[cuda12]==%s"') % jax.__version__
+               '"jax[cuda13]==%s"') % jax.__version__
     raise BackendMissing(
         f'target {name!r}: no compile-only {target.platform} devices ({e}). '
         f'Install the compiler at this jax version: pip install {package}'
@@ -439,7 +438,6 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
 
 _HOST = (' outfeed(', ' infeed(', ' send(', ' recv(', 'callback',
          'host_compute')
-_ENTRY = re.compile(r'^ENTRY .*\{$')
 _NOT_OPS = ('parameter(', 'constant(', 'get-tuple-element(', 'tuple(',
             'bitcast(', 'after-all(', 'partition-id(', 'replica-id(')
 
@@ -453,14 +451,8 @@ def hlo_facts(text: str) -> Dict[str, Any]:
   `entry_ops`: instructions of the entry computation that do work (not
   parameters, constants, tuples, bitcasts): a step program's op count.
   """
-  entry, inside = [], False
-  for line in text.splitlines():
-    if _ENTRY.match(line):
-      inside = True
-    elif inside and line.startswith('}'):
-      inside = False
-    elif inside:
-      entry.append(line)
+  found = re.search(r'^ENTRY .*\{$(.*?)^\}', text, re.M | re.S)
+  entry = found.group(1).splitlines() if found else []
   ops = [l for l in entry if '=' in l and not any(
       f' {op}' in l.split('=', 1)[1] for op in _NOT_OPS)]
   return {'while_loops': text.count(' while('),
@@ -491,9 +483,8 @@ def memory_facts(compiled) -> Dict[str, int]:
 def cost_facts(compiled) -> Dict[str, float]:
   """flops and bytes accessed per call (`cost_analysis()`; {} if none)."""
   cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  cost = cost or {}
+  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (
+      cost or {})
   return {k: float(cost[key]) for k, key in (
       ('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
           if key in cost}
@@ -607,6 +598,9 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'model was fitted to, with measured ms')
   parser.add_argument('--captured_us', type=float, help='with --iterations: '
                       'ESTIMATES at this cost of a captured kernel (us)')
+  parser.add_argument('--xla_option', action='append', default=[], type=(
+      models.assignment), help='with --iterations: KEY=VALUE, an XLA option, '
+                      "e.g. xla_gpu_enable_triton_gemm=True (XLA's GEMMs)")
   return check_flags(parser, parser.parse_args(argv))
 
 
@@ -669,8 +663,9 @@ def iterations(args: argparse.Namespace) -> str:
   names = None if args.iterations == 'reference' else program_names() if (
       args.programs == 'all') else [p.strip() for p in args.programs.split(',')]
   try:
-    return program_cost.report_iterations(lower, target.platform, names,
-                                          target.spec.name, args.captured_us)
+    return program_cost.report_iterations(
+        lower, target.platform, names, target.spec.name, args.captured_us,
+        dict(args.xla_option))
   except BackendMissing as e:
     raise SystemExit(str(e)) from e
 

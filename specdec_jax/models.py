@@ -66,7 +66,8 @@ def _known(name: str) -> str:
   return name
 
 
-def _value(text: str) -> Any:
+def literal(text: str) -> Any:
+  """`text` as a Python literal, else the string itself."""
   try:
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
@@ -84,6 +85,15 @@ def config(spec: str, **overrides) -> network.T5Config:
                      **overrides)
 
 
+def assignment(text: str) -> Tuple[str, Any]:
+  """(key, value) of 'key=value' (the value a Python literal, else a
+  string); ValueError if `text` is none."""
+  if '=' not in text:
+    raise ValueError(f'{text!r} is not field=value')
+  key, value = text.split('=', 1)
+  return key.strip(), literal(value.strip())
+
+
 def with_fields(base: network.T5Config, items: Sequence[str],
                 where: str = 'model fields', **overrides) -> network.T5Config:
   """`base` with 'field=value' items (values as Python literals, else
@@ -92,13 +102,10 @@ def with_fields(base: network.T5Config, items: Sequence[str],
   Raises:
     ValueError: a malformed item or an unknown field (named with `where`).
   """
-  fields = {}
-  for part in items:
-    if '=' not in part:
-      raise ValueError(f'{where}: {part!r} is not field=value')
-    key, value = part.split('=', 1)
-    fields[key.strip()] = _value(value.strip())
-  fields.update(overrides)
+  try:
+    fields = dict(map(assignment, items), **overrides)
+  except ValueError as e:
+    raise ValueError(f'{where}: {e}') from None
   unknown = set(fields) - set(base.__dataclass_fields__)
   if unknown:
     raise ValueError(f'{where}: T5Config has no field(s) {sorted(unknown)}')

@@ -1356,7 +1356,8 @@ def _n(x: float) -> str:
 
 def report_iterations(lower: Callable[..., Any], platform: str,
                       names: Optional[Sequence[str]], device: str,
-                      captured_us: Optional[float] = None) -> str:
+                      captured_us: Optional[float] = None,
+                      options: Optional[Mapping[str, Any]] = None) -> str:
   """The per-iteration table of programs compiled for a compile-only
   target (`python -m specdec_jax.compiled --iterations`).
 
@@ -1370,6 +1371,8 @@ def report_iterations(lower: Callable[..., Any], platform: str,
       stored device model estimates the times (GPU).
     captured_us: the cost of a kernel inside a command buffer the
       estimates assume (None: the fitted one).
+    options: XLA options to compile with (`compile_iteration`; on a GPU
+      over `UNTUNED_OPTIONS`), named in a note under the table.
 
   Returns:
     A markdown text: the table (`markdown`) and what each row compiled.
@@ -1389,10 +1392,14 @@ def report_iterations(lower: Callable[..., Any], platform: str,
     todo = [(n, n, {}, None) for n in names]
   found = []
   for label, name, setup, measured in todo:
-    found.append((label, compile_iteration(lower(name, **setup), platform),
-                  measured))
+    found.append((label, compile_iteration(lower(name, **setup), platform,
+                                           options), measured))
   notes = sorted({f'{label}: {n}' for label, it, _ in found
                   for n in it.notes} | {
+                      f'every program compiled with the XLA options {opts}'
+                      for opts in [dict(UNTUNED_OPTIONS if platform == 'gpu'
+                                        else {}, **(options or {}))]
+                      if options} | {
                       f'{label}: the whole program accesses '
                       f'{it.program_bytes / 1e9:.2f} GB (cost_analysis, a '
                       'loop body counted once)' + (

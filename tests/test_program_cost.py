@@ -223,8 +223,12 @@ def test_iterations_flag_without_cuda_plugin():
   """`--iterations` for a GPU target says the CUDA plugin is missing where
   it is (the suite's python), instead of a traceback."""
   args = compiled.parse_flags(['--target=gpu:h100', '--iterations',
-                               '--programs=baseline', '--captured_us=2.4'])
+                               '--programs=baseline', '--captured_us=2.4',
+                               '--xla_option=xla_gpu_enable_triton_gemm=True'])
   assert args.iterations == 'programs' and args.captured_us == 2.4
+  assert args.xla_option == [('xla_gpu_enable_triton_gemm', True)]
+  with pytest.raises(SystemExit):
+    compiled.parse_flags(['--target=gpu:h100', '--xla_option=triton'])
   if any(importlib.util.find_spec(p) for p in ('jax_cuda13_plugin',
                                                'jax_cuda12_plugin')):
     pytest.skip('the CUDA plugin is installed here, so the missing-plugin '
@@ -232,6 +236,27 @@ def test_iterations_flag_without_cuda_plugin():
                 'checked above; run it where the plugin is absent)')
   with pytest.raises(SystemExit, match='CUDA plugin'):
     compiled.iterations(args)
+
+
+def test_xla_options_reach_the_compiler_and_the_note(monkeypatch):
+  """`report_iterations(options=...)` compiles every program with them (on
+  a GPU over the cuBLAS default, which they may override) and says so."""
+  seen = []
+
+  def compile_iteration(lowered, platform, options=None):
+    seen.append((lowered, platform, options))
+    return pc.hlo_iteration(TPU_LOOP, 'tpu')
+  monkeypatch.setattr(pc, 'compile_iteration', compile_iteration)
+  lower = lambda name, **setup: f'lowered {name}'
+  options = {'xla_gpu_enable_triton_gemm': True}
+  text = pc.report_iterations(lower, 'gpu', ['baseline', 'tree'], 'no-gpu',
+                              options=options)
+  assert seen == [('lowered baseline', 'gpu', options),
+                  ('lowered tree', 'gpu', options)]
+  assert ("every program compiled with the XLA options "
+          "{'xla_gpu_enable_triton_gemm': True}") in text
+  assert 'XLA options' not in pc.report_iterations(lower, 'tpu', ['t5'],
+                                                    'no-tpu')
 
 
 # A loop body as XLA's TPU compiler writes one (memory spaces in the

@@ -120,6 +120,10 @@ def test_model_config_specs():
     models.config('t5_1_1_huge')
   with pytest.raises(ValueError, match='no field'):
     models.config('t5_1_1_tiny,width=3')
+  with pytest.raises(ValueError, match=r"spec 't5_1_1_tiny,width'.*'width' "
+                     'is not field=value'):
+    models.config('t5_1_1_tiny,width')
+  assert models.assignment(' emb_dim = 16') == ('emb_dim', 16)
   with pytest.raises(ValueError, match='give its model config'):
     models.load('/no/such/checkpoint_1')
 
