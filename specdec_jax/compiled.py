@@ -224,7 +224,7 @@ def _cuda_version() -> Tuple[int, int]:
     if importlib.util.find_spec(name) is not None:
       return version
   raise BackendMissing(
-      'no CUDA plugin: pip install "jax[cuda12]==%s" (or cuda13) to '
+      'no CUDA plugin: pip install "jax[cuda13]==%s" (or cuda12) to '
       'compile for a GPU without one' % jax.__version__)
 
 
