@@ -483,8 +483,9 @@ def memory_facts(compiled) -> Dict[str, int]:
 def cost_facts(compiled) -> Dict[str, float]:
   """flops and bytes accessed per call (`cost_analysis()`; {} if none)."""
   cost = compiled.cost_analysis()
-  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (
-      cost or {})
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  cost = cost or {}
   return {k: float(cost[key]) for k, key in (
       ('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
           if key in cost}

@@ -1104,22 +1104,29 @@ def read_dump(folder) -> Dict[str, str]:
               metadata=text('*thunk_metadata.txt'))
 
 
+def compile_options(platform: str,
+                    options: Optional[Mapping[str, Any]] = None
+                    ) -> Dict[str, Any]:
+  """The XLA options a program for `platform` is counted with: on a GPU
+  as the project's builds compile without autotune results (cuBLAS GEMMs,
+  `UNTUNED_OPTIONS`), with `options` over them."""
+  return dict(UNTUNED_OPTIONS if platform == 'gpu' else {}, **(options or {}))
+
+
 def compile_iteration(lowered, platform: str,
                       options: Optional[Mapping[str, Any]] = None
                       ) -> Iteration:
   """Compiles `lowered` (a `jax.stages.Lowered` for a compile-only target)
-  and counts one iteration of its main loop. A GPU program is compiled as
-  the project's builds compile without autotune results (cuBLAS GEMMs,
-  `UNTUNED_OPTIONS`) unless `options` says otherwise."""
+  with `compile_options` and counts one iteration of its main loop."""
+  opts = compile_options(platform, options)
   if platform != 'gpu':
-    compiled = lowered.compile(dict(options or {}))
+    compiled = lowered.compile(opts)
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
       cost = cost[0] if cost else {}
     return hlo_iteration(compiled.as_text(), platform,
                          (cost or {}).get('bytes accessed'))
   with tempfile.TemporaryDirectory() as folder:
-    opts = dict(UNTUNED_OPTIONS, **(options or {}))
     opts.update(xla_dump_to=folder, xla_dump_hlo_as_text=True)
     lowered.compile(opts)
     texts = read_dump(folder)
@@ -1394,12 +1401,10 @@ def report_iterations(lower: Callable[..., Any], platform: str,
   for label, name, setup, measured in todo:
     found.append((label, compile_iteration(lower(name, **setup), platform,
                                            options), measured))
+  chosen = {'every program compiled with the XLA options '
+            f'{compile_options(platform, options)}'} if options else set()
   notes = sorted({f'{label}: {n}' for label, it, _ in found
-                  for n in it.notes} | {
-                      f'every program compiled with the XLA options {opts}'
-                      for opts in [dict(UNTUNED_OPTIONS if platform == 'gpu'
-                                        else {}, **(options or {}))]
-                      if options} | {
+                  for n in it.notes} | chosen | {
                       f'{label}: the whole program accesses '
                       f'{it.program_bytes / 1e9:.2f} GB (cost_analysis, a '
                       'loop body counted once)' + (
