@@ -56,6 +56,7 @@ from specdec_jax import models
 from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import partitioning
+from specdec_jax import program_cost
 from specdec_jax import programs
 from specdec_jax import speculative
 from specdec_jax.bench import report
@@ -482,10 +483,7 @@ def memory_facts(compiled) -> Dict[str, int]:
 
 def cost_facts(compiled) -> Dict[str, float]:
   """flops and bytes accessed per call (`cost_analysis()`; {} if none)."""
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  cost = cost or {}
+  cost = program_cost.cost_analysis(compiled)
   return {k: float(cost[key]) for k, key in (
       ('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
           if key in cost}
@@ -652,7 +650,6 @@ def program_row(f: Mapping[str, Any]) -> List[Any]:
 
 def iterations(args: argparse.Namespace) -> str:
   """`--iterations`: `program_cost.report_iterations` of the programs."""
-  from specdec_jax import program_cost  # pylint: disable=g-import-not-at-top
   target, base = get_target(args.target), setup(args)
 
   def lower(name, model=None, draft=None, **fields):

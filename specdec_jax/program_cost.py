@@ -1104,6 +1104,15 @@ def read_dump(folder) -> Dict[str, str]:
               metadata=text('*thunk_metadata.txt'))
 
 
+def cost_analysis(compiled) -> Dict[str, Any]:
+  """A compiled program's `cost_analysis()` as one dict ({} if none;
+  some jax versions give a list of one per device)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return cost or {}
+
+
 def compile_options(platform: str,
                     options: Optional[Mapping[str, Any]] = None
                     ) -> Dict[str, Any]:
@@ -1121,11 +1130,8 @@ def compile_iteration(lowered, platform: str,
   opts = compile_options(platform, options)
   if platform != 'gpu':
     compiled = lowered.compile(opts)
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-      cost = cost[0] if cost else {}
     return hlo_iteration(compiled.as_text(), platform,
-                         (cost or {}).get('bytes accessed'))
+                         cost_analysis(compiled).get('bytes accessed'))
   with tempfile.TemporaryDirectory() as folder:
     opts.update(xla_dump_to=folder, xla_dump_hlo_as_text=True)
     lowered.compile(opts)
