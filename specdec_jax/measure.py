@@ -161,7 +161,8 @@ def loop_time(run: Callable[[int], object], n: int, repeats: int,
   `count` is a traced loop bound (one compilation for every count); n is
   doubled until n calls take at least `min_seconds`, so that the one launch
   per loop (tens of microseconds) is negligible next to the calls and timer
-  noise does not matter.
+  noise does not matter. The check that ends the doubling is the timed
+  repeats' warm-up: the same program at the same n.
   """
   jax.block_until_ready(run(n))  # compile
   while True:
@@ -170,7 +171,7 @@ def loop_time(run: Callable[[int], object], n: int, repeats: int,
     if time.perf_counter() - start >= min_seconds or n >= 1 << 16:
       break
     n *= 2
-  return median_time(lambda: run(n), repeats) / n
+  return time_alternating({'loop': lambda: run(n)}, repeats)[1]['loop'] / n
 
 
 def _copy_passes(x, n_copies):

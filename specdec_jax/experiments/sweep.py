@@ -213,13 +213,20 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
   path = folder / f'{_measurement_key(name, setup, known)}.json'
   if path.is_file():
     return json.loads(path.read_text())
-  fn, _ = known[name]
-  wants = inspect.signature(fn).parameters
-  value = fn(*(load or functools.partial(built, setup))(), **{
-      k: v for k, v in (context or {}).items() if k in wants})
+  value = take(known[name][0], *(load or functools.partial(built, setup))(),
+               context)
   folder.mkdir(parents=True, exist_ok=True)
   run_folder.write_atomic(path, json.dumps(value, indent=1))
   return value
+
+
+def take(fn, loaded: loading.Loaded, inputs: np.ndarray,
+         context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+  """A measurement's fn on the built setup and its inputs, given the
+  keywords of `context` it names (`measured`)."""
+  wants = inspect.signature(fn).parameters
+  return fn(loaded, inputs, **{k: v for k, v in (context or {}).items()
+                               if k in wants})
 
 
 def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None

@@ -16,11 +16,17 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
 
 
-def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path):
+def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path,
+                                                        monkeypatch):
   out = tmp_path / 'out'
+  repeats, timed = [], measure.time_alternating
+  monkeypatch.setattr(measure, 'time_alternating', lambda calls, n=1, **k: (
+      repeats.append(n) or timed(calls, n, **k)))
   result = sweep.run(profile.SPEC, sweep.Options(
       shrink=True, work_dir=str(tmp_path)), out=str(out))
   rows = result['rows']
+  # Every timed loop the spec's timing_repeats times (shrunk: once).
+  assert repeats and set(repeats) == {1}, repeats
   assert result['failed'] == [] and [r['measurement'] for r in rows] == [
       't(k)', 'c', 'c', 'tree level']
   assert all('status' not in r and 'alpha' not in r for r in rows)  # no job

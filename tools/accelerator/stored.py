@@ -200,7 +200,9 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   loaded = abstract_loaded(setup, cache)
   inputs = sweep.first_inputs(setup, loaded.task, cache)
   known = {**sweep.MEASUREMENTS, **spec.measurements}
-  steps = [(m, lambda m=m: known[m][0](loaded, inputs)) for m in cell.measure]
+  # One timed repeat: a measurement's programs are the same for any count.
+  steps = [(m, lambda m=m: sweep.take(known[m][0], loaded, inputs, {
+      'timing_repeats': 1})) for m in cell.measure]
   if spec.decode:
     decoded = [(loaded, _gammas(loaded, profile, drafter))]
     if setup.draft.chooses_tree:  # its choice's measurements and trees
@@ -558,10 +560,10 @@ def run(plan: Plan, store: aot.Store,
 
 # What a projection takes where nothing has measured it yet (its output
 # names them): alpha of every drafter; a timing loop's calls per k (20
-# calls, a warm-up, one check and 5 repeats: `measure.loop_time`); the
-# seconds of a program compiled on the device; a store's load rate; the
+# calls, in the compiling run, one check and 5 repeats: `measure.loop_time`);
+# the seconds of a program compiled on the device; a store's load rate; the
 # trees a tree choice decodes.
-ASSUMED = dict(alpha=0.7, loop_calls=160, compile_s=30.0,
+ASSUMED = dict(alpha=0.7, loop_calls=140, compile_s=30.0,
                load_mib_per_s=100.0, choice_trees=5)
 
 
