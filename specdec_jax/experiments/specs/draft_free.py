@@ -90,8 +90,7 @@ def draft_calls(loaded, inputs):
   per unit, its output cache learning each output) with the draft model
   counting its calls."""
   del inputs  # the first batch; this replays every example
-  setup = loaded.setup
-  lengths = setup.task_feature_lengths
+  setup, lengths = loaded.setup, loaded.setup.task_feature_lengths
   rows = data.pad_rows([ids for _, ids, _, _ in data.task_examples(
       loaded.task, setup.split, lengths, setup.num_examples,
       setup.truncate_inputs)], lengths['inputs'])

@@ -48,29 +48,26 @@ def cells(options, tasks):
                 gamma=shape_lib.parse(t).depth) for t in trees])
 
 
-def _at(loaded, inputs):
-  """Batch 1 after half the output length: `unit_loop.call_times`' point."""
-  setup = loaded.setup
-  return inputs[:1], max(setup.task_feature_lengths['targets'] // 2, 1)
+def _at(loaded, inputs, repeats):
+  """Rows and timing keywords: batch 1 at `unit_loop.call_times`' point."""
+  context = max(loaded.setup.task_feature_lengths['targets'] // 2, 1)
+  return inputs[:1], dict(context=context, repeats=repeats, jit_setup=True)
 
 
 def target(loaded, inputs, timing_repeats):
-  """t(k) for the `KS` up to max_gamma + 1, the bandwidth and floor
-  (each the median of `timing_repeats` timed loops)."""
-  rows, context = _at(loaded, inputs)
+  """t(k) for the `KS` up to max_gamma + 1, the bandwidth and floor."""
+  rows, kw = _at(loaded, inputs, timing_repeats)
   ks = [k for k in KS if k <= loaded.setup.batch.max_gamma + 1]
-  t = measure.cost_curve(loaded.target, loaded.target_params, rows, ks,
-                         repeats=timing_repeats, context=context,
-                         jit_setup=True)
-  step = measure.step_bytes(loaded.target, loaded.target_params, 1, context,
-                            rows.shape[1])
+  t = measure.cost_curve(loaded.target, loaded.target_params, rows, ks, **kw)
+  step = measure.step_bytes(loaded.target, loaded.target_params, 1,
+                            kw['context'], rows.shape[1])
   # 4 steps' bytes, above an H100's L2 and a CPU core's L3, at most 2 GiB.
   bandwidth = measure.bandwidth(int(min(2048, max(128, 4 * step / 2**20))),
                                 repeats=timing_repeats)
   floor_ms = 1e3 * step / bandwidth['bytes_per_s']
   cfg = loaded.target.config
   return dict(
-      context=context, t_ms={str(k): 1e3 * s for k, s in t.items()},
+      context=kw['context'], t_ms={str(k): 1e3 * s for k, s in t.items()},
       cost={str(k): s / t[1] for k, s in t.items()}, bandwidth=bandwidth,
       floor=dict(step_bytes=step, floor_ms=floor_ms,
                  ratio=1e3 * t[1] / floor_ms),
@@ -82,23 +79,20 @@ def target(loaded, inputs, timing_repeats):
 
 def drafter(loaded, inputs, timing_repeats):
   """The drafter's seconds per drafted token at its gamma."""
-  rows, context = _at(loaded, inputs)
-  return dict(context=context, ms=1e3 * measure.drafter_token_time(
+  rows, kw = _at(loaded, inputs, timing_repeats)
+  return dict(context=kw['context'], ms=1e3 * measure.drafter_token_time(
       loaded.drafter, speculative.with_target(
           loaded.drafter, loaded.draft_params, loaded.target_params),
-      rows, loaded.setup.gamma, repeats=timing_repeats, context=context,
-      jit_setup=True))
+      rows, loaded.setup.gamma, **kw))
 
 
 def tree_level(loaded, inputs, timing_repeats):
   """One level of the drafter's tree, the mean over its levels."""
-  rows, context = _at(loaded, inputs)
+  rows, kw = _at(loaded, inputs, timing_repeats)
   shape = loaded.drafter.shape
-  return dict(context=context, levels=shape.depth - 1,
-              fed=[len(f) for f in shape.fed],
-              ms=1e3 * measure.tree_level_time(
-                  loaded.drafter, loaded.draft_params, rows,
-                  repeats=timing_repeats, context=context, jit_setup=True))
+  return dict(context=kw['context'], levels=shape.depth - 1,
+              fed=[len(f) for f in shape.fed], ms=1e3 * measure.tree_level_time(
+                  loaded.drafter, loaded.draft_params, rows, **kw))
 
 
 TARGET = ('target_config', 'target_checkpoint', 'mixture_or_task_name',
@@ -190,8 +184,7 @@ SPEC = sweep.Spec(
              ('tree', 'tree'), ('ms', lambda r: f'{_ms(r):.4g}'),
              ('/ t(1)', 'over_t1'),
              ('cost(k) / what', details)),
-    # Each figure the median of 5 timed loops (`measure`'s default).
-    timing_repeats=5,
+    timing_repeats=5,  # each figure a median of 5 timed loops
     shrunk=dict(num_examples=1, timing_repeats=1, tasks=('en_de',)),
     measurements=MEASUREMENTS,
     decode=False,
