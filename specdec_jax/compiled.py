@@ -51,6 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import drafters
 from specdec_jax import interfaces
+from specdec_jax import kernels
 from specdec_jax import loading
 from specdec_jax import models
 from specdec_jax import network
@@ -395,12 +396,18 @@ def _rng(part):
 
 def lower_program(name: str, setup: Setup, part) -> Tuple[
     jax.stages.Lowered, Dict[str, Any]]:
-  """(the lowered program `name`, what it was lowered with: gamma used).
+  """(the lowered program `name`, what it was lowered with: gamma used),
+  lowered as for the mesh's GPU (`kernels.abstract_gpu`).
 
   Raises:
     ValueError: an unknown program, or a bad argument the decoder names.
   """
   _check_program(name)
+  with kernels.abstract_gpu(part.mesh.devices.flat[0]):
+    return _lower(name, setup, part)
+
+
+def _lower(name: str, setup: Setup, part):
   target, draft = _models(setup, part)
   params = abstract_params(target, part, setup.param_dtype)
   stream = name.startswith('stream')

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import kernels
+
 Array = jax.Array
 DType = Any
 Initializer = Callable[..., Array]
@@ -167,7 +169,17 @@ class DenseGeneral(nn.Module):
   float32_output: bool = False
 
   @nn.compact
-  def __call__(self, inputs: Array) -> Array:
+  def __call__(self, inputs: Array, gate: bool = False) -> Array:
+    """`inputs` (or a deferred norm's rows, `kernels.Normed`: normalized
+    here, on a CUDA GPU in one kernel with the product,
+    `kernels.norm_dense`) times the kernel; `gate`: `kernels.gated` of
+    the product (`features` `(n, 2)`, the MLP's gate)."""
+    normed = inputs if isinstance(inputs, kernels.Normed) else None
+    if normed is not None:
+      if self.float32_output or _tuple(self.axis) != (-1,):
+        inputs, normed = normed.value(), None
+      else:
+        inputs = normed.x
     features = _tuple(self.features)
     axis = tuple(a % inputs.ndim for a in _tuple(self.axis))
     if not self.float32_output:
@@ -187,9 +199,20 @@ class DenseGeneral(nn.Module):
       # [..., embed] x [embed, features] -> [..., features] float32
       return float32_dot(inputs, kernel)
     kernel = as_weight(kernel, self.weight_dtype, self.dtype)
-    kernel = kernel.reshape(in_shape + features)
     contract = tuple(range(len(axis)))
-    return jax.lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
+
+    def plain(x):
+      out = jax.lax.dot_general(x, kernel.reshape(in_shape + features),
+                                ((axis, contract), ((), ())))
+      return kernels.gated(out) if gate else out
+    if normed is None:
+      return plain(inputs)
+    if not kernels.fits(normed, kernel, gate):
+      return plain(normed.value())
+    shape = inputs.shape[:-1] + (features[:-1] if gate else features)
+    return jax.lax.platform_dependent(
+        cuda=lambda: kernels.norm_dense(normed, kernel, gate).reshape(shape),
+        default=lambda: plain(normed.value()))
 
 
 def _tuple(x) -> Tuple[int, ...]:
@@ -234,23 +257,24 @@ class Embed(nn.Module):
 
 
 class LayerNorm(nn.Module):
-  """T5 RMS norm (no mean subtraction, no bias), computed in float32."""
+  """T5 RMS norm (no mean subtraction, no bias), computed in float32
+  (`kernels.rms_norm`). `defer`: the rows and the scale
+  (`kernels.Normed`), for the projection that reads them to normalize."""
 
   epsilon: float = 1e-6
   dtype: DType = jnp.float32
   weight_dtype: DType | None = None
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    x = jnp.asarray(x, jnp.float32)
-    mean2 = jnp.mean(jax.lax.square(x), axis=-1, keepdims=True)
-    y = jnp.asarray(x * jax.lax.rsqrt(mean2 + self.epsilon), self.dtype)
+  def __call__(self, x: Array, defer: bool = False) -> Array:
     scale = param_with_axes(
         self,
         'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
         axes=('embed',),
     )
-    return y * as_weight(scale, self.weight_dtype, self.dtype)
+    normed = kernels.Normed(x, as_weight(scale, self.weight_dtype,
+                                         self.dtype), self.epsilon, self.dtype)
+    return normed if defer else normed.value()
 
 
 class MlpBlock(nn.Module):
@@ -275,22 +299,32 @@ class MlpBlock(nn.Module):
         kernel_axes=('embed', 'mlp'),
     )
     n = len(self.activations)
-    if self.fused and n > 1:
-      # [batch, length, embed] -> [batch, length, mlp, n] -> n x [..., mlp]
+    width = (inputs.x if isinstance(inputs, kernels.Normed) else
+             inputs).shape[-1]
+    if self.fused and n > 1 and isinstance(inputs, kernels.Normed) and tuple(
+        self.activations) == kernels.GATE:
+      # [batch, length, embed] -> [batch, length, mlp], gated as it is made
       x = dense((self.intermediate_dim, n), name='wi_fused',
                 kernel_init=interleaved_init(
-                    *[default_kernel_init] * n))(inputs)
-      xs = [x[..., i] for i in range(n)]
+                    *[default_kernel_init] * n))(inputs, gate=True)
     else:
-      # [batch, length, embed] -> n x [batch, length, mlp]
-      xs = [dense(self.intermediate_dim, name='wi' if n == 1 else f'wi_{i}')(
-          inputs) for i in range(n)]
-    x = functools.reduce(
-        operator.mul,
-        [_activation(act)(h) for act, h in zip(self.activations, xs)])
+      if self.fused and n > 1:
+        # [batch, length, embed] -> [batch, length, mlp, n] -> n x [..., mlp]
+        x = dense((self.intermediate_dim, n), name='wi_fused',
+                  kernel_init=interleaved_init(
+                      *[default_kernel_init] * n))(inputs)
+        xs = [x[..., i] for i in range(n)]
+      else:
+        # [batch, length, embed] -> n x [batch, length, mlp]
+        xs = [dense(self.intermediate_dim,
+                    name='wi' if n == 1 else f'wi_{i}')(inputs)
+              for i in range(n)]
+      x = functools.reduce(
+          operator.mul,
+          [_activation(act)(h) for act, h in zip(self.activations, xs)])
     # [batch, length, mlp] -> [batch, length, embed]
     return DenseGeneral(
-        inputs.shape[-1], dtype=self.dtype, weight_dtype=self.weight_dtype,
+        width, dtype=self.dtype, weight_dtype=self.weight_dtype,
         kernel_axes=('mlp', 'embed'), name='wo',
     )(x)
 

@@ -60,6 +60,12 @@ class T5Config:
     attention_kernel: 'dot_product' (T5X's attention) or 'cudnn' (cuDNN's
       fused kernel on a CUDA GPU, float32 softmax; the same math in XLA
       elsewhere: `layers.fused_attention`). Not part of the parameter tree.
+    dense_kernel: 'xla' (T5X's: each decoder layer's norms and projections
+      apart) or 'pallas': on a CUDA GPU, bfloat16, a decoder layer's three
+      norms each normalized by the projection that reads it, the MLP's
+      gate applied as wi's product is written (`kernels.norm_dense`, one
+      Pallas kernel each; the same math in XLA elsewhere). One device
+      only. Not part of the parameter tree.
   """
 
   vocab_size: int
@@ -77,6 +83,7 @@ class T5Config:
   activation_dtype: Any = None
   fused_projections: bool = False
   attention_kernel: str = 'dot_product'
+  dense_kernel: str = 'xla'
 
   @property
   def compute_dtype(self) -> Any:
@@ -321,7 +328,8 @@ class DecoderLayer(nn.Module):
     Returns:
       `([batch, k, embed], (key, value))`, the keys/values attended over.
     """
-    x = self.pre_self_attention_layer_norm(inputs)
+    defer = _defers_norms(self.config)
+    x = self.pre_self_attention_layer_norm(inputs, defer)
     query, key, value = self.self_attention.project_qkv(x)
     if cache_kv is not None:
       write = layers.write_rows if moved is None else functools.partial(
@@ -330,13 +338,26 @@ class DecoderLayer(nn.Module):
       value = write(cache_kv[1], value[:, :written], position)
     x = self.self_attention.attend_projected(query, key, value,
                                              self_bias) + inputs
-    y = self.pre_cross_attention_layer_norm(x)
-    y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias) + x
-    z = self.mlp(self.pre_mlp_layer_norm(y)) + y
+    y = self.encoder_decoder_attention.attend(
+        self.pre_cross_attention_layer_norm(x, defer), *cross_kv,
+        cross_bias) + x
+    z = self.mlp(self.pre_mlp_layer_norm(y, defer)) + y
     return z, (key, value)
 
 
 # Every layer computes in cfg.compute_dtype on weights rounded to cfg.dtype.
+
+
+DENSE_KERNELS = ('xla', 'pallas')
+
+
+def _defers_norms(cfg: T5Config) -> bool:
+  """Whether a decoder layer's norms go to the projections reading them
+  (`T5Config.dense_kernel`)."""
+  if cfg.dense_kernel not in DENSE_KERNELS:
+    raise ValueError(f'dense_kernel must be one of {DENSE_KERNELS}, got '
+                     f'{cfg.dense_kernel!r}.')
+  return cfg.dense_kernel == 'pallas'
 
 
 def _norm(cfg: T5Config) -> layers.LayerNorm:

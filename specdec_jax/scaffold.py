@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import jax
 import numpy as np
 
+from specdec_jax import kernels
 from specdec_jax import network
 
 
@@ -168,9 +169,10 @@ class ProvidedJit:
     shaped = lambda x: jax.ShapeDtypeStruct(
         np.shape(x), _aval(x).dtype, weak_type=_aval(x).weak_type,
         sharding=placed)
-    return self.jitted.lower(*(
-        a if i in self.static_argnums else jax.tree.map(shaped, a)
-        for i, a in enumerate(args)))
+    with kernels.abstract_gpu(device):  # a Pallas kernel's GPU, named
+      return self.jitted.lower(*(
+          a if i in self.static_argnums else jax.tree.map(shaped, a)
+          for i, a in enumerate(args)))
 
   def lower(self, *args) -> jax.stages.Lowered:
     return self.jitted.lower(*args)

@@ -190,16 +190,21 @@ def test_a_plan_names_specs_and_model_sets():
       fused, model_fields=())) == 'trees'
   # The default plan: every item names cells; its trees: the best chain,
   # four trees and the tree the job chooses a task, then the best chain
-  # and tree with cuDNN's attention.
-  trees, fused = [o for spec, o in stored.parse_plan(stored.DEFAULT_PLAN)
-                  if spec.name == 'trees']
+  # and tree with cuDNN's attention, and with the Pallas norm kernels too.
+  trees, fused, pallas = [o for spec, o in stored.parse_plan(
+      stored.DEFAULT_PLAN) if spec.name == 'trees']
+  assert pallas.model_fields == ('attention_kernel=cudnn',
+                                 'dense_kernel=pallas')
+  assert stored.item_name(specs_lib.get('trees'), pallas) == (
+      'trees attention_kernel=cudnn dense_kernel=pallas')
   assert sorted({c.labels['drafting'] for c in sweep.plan(
       specs_lib.get('trees'), trees)}) == [
           'beam:16,4,16/64', 'beam:8,16,8/64', 'beam:8,4,12/64',
           'beam:8,8,8/64', 'chain 7', 'chosen 64']
   assert fused.model_fields == ('attention_kernel=cudnn',)
-  assert sorted({c.labels['drafting'] for c in sweep.plan(
-      specs_lib.get('trees'), fused)}) == ['beam:8,16,8/64', 'chain 7']
+  for item in (fused, pallas):
+    assert sorted({c.labels['drafting'] for c in sweep.plan(
+        specs_lib.get('trees'), item)}) == ['beam:8,16,8/64', 'chain 7']
   assert all(sweep.plan(*item) for item in stored.parse_plan(
       stored.DEFAULT_PLAN))
 

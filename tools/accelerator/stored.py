@@ -58,7 +58,9 @@ DEFAULT_PLAN = (
     'batches:xxl_cost;temperature=0;batch_size=8|32;batching=fixed' + ONCE,
     'hf:shipped' + ONCE,
     'trees:xxl_cost;model_fields=attention_kernel=cudnn;temperature=0;'
-    'drafting=chain 7|beam:8,16,8/64' + ONCE)
+    'drafting=chain 7|beam:8,16,8/64' + ONCE,
+    'trees:xxl_cost;model_fields=attention_kernel=cudnn,dense_kernel=pallas;'
+    'temperature=0;drafting=chain 7|beam:8,16,8/64' + ONCE)
 
 
 Plan = Sequence[Tuple[sweep.Spec, sweep.Options]]
@@ -168,10 +170,9 @@ def _zeros(info):
 class Recorder:
   """A provider that runs nothing: it keeps every program it is asked for
   (fingerprint -> its function's name and `lower_on`) and answers with a
-  stand-in returning zeros of the program's outputs at once: within it a
-  cell's own code runs on shape structs, naming its programs. (A timing
-  loop around a stand-in, `measure.loop_time`, doubles its count to the
-  cap in microseconds; what any timing says here is never used.)"""
+  stand-in returning zeros of the program's outputs at once (what a timing
+  of it says is never used): within it a cell's own code runs on shape
+  structs, naming its programs."""
 
   def __init__(self):
     self.programs: Dict[str, Tuple[str, Any]] = {}
@@ -198,9 +199,8 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
   loaded = abstract_loaded(setup, cache)
   inputs = sweep.first_inputs(setup, loaded.task, cache)
   known = {**sweep.MEASUREMENTS, **spec.measurements}
-  # One timed repeat: a measurement's programs are the same for any count.
   steps = [(m, lambda m=m: sweep.take(known[m][0], loaded, inputs, {
-      'timing_repeats': 1})) for m in cell.measure]
+      'timing_repeats': 1})) for m in cell.measure]  # any count: one program
   if spec.decode:
     decoded = [(loaded, _gammas(loaded, profile, drafter))]
     if setup.draft.chooses_tree:  # its choice's measurements and trees

@@ -1,0 +1,147 @@
+"""A T5 RMS norm fused into the dense projection that reads it (Pallas).
+
+A decoder layer normalizes its input three times, each norm read by one
+projection (the self-attention's qkv, the cross-attention's query, the
+MLP's wi), and the gated MLP's `gelu(h_0) * h_1` is applied to wi's output
+before wo reads it. XLA 0.11.2 fuses neither the norm's reduction nor the
+gate into a GEMM (cuBLAS or its own Triton fusions), so each writes an
+activation the next kernel reads: on a 65-row token tree call at
+T5 1.1-XXL cost 0.19 GB of the 11.76 a call moves
+(results/compiled/iterations_h100.md). `norm_dense` is one kernel that
+reads the unnormalized rows, normalizes them as `rms_norm` does and
+multiplies them into the kernel's columns, applying the gate before it
+writes where asked.
+
+Opt-in, per model (`network.T5Config.dense_kernel = 'pallas'`): on a
+CUDA GPU the Pallas kernel (its Triton backend; a compile-only GPU lowers
+it within `abstract_gpu`), elsewhere the same math as the norm and the
+projection apart (`Normed.value`). Its speed beside cuBLAS is a device's
+to measure; it runs on one device (a mesh that shards the projections
+would gather their kernels for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+Array = Any
+
+# Tiles: rows in one block (a power of 2, at least 16: a Triton dot's
+# least), BLOCK_N output columns a program, BLOCK_K of the contraction a
+# step.
+BLOCK_N = 64
+BLOCK_K = 128
+# The gate the kernel applies: T5 1.1's gated GeLU (wi_0 through GeLU,
+# times wi_1), the MLP's activations.
+GATE = ('gelu', 'linear')
+
+
+def rms_norm(x: Array, scale: Array, epsilon: float, dtype) -> Array:
+  """T5's RMS norm: `x / rms(x)` in float32, rounded to `dtype`, times the
+  scale (already in `dtype`)."""
+  x = jnp.asarray(x, jnp.float32)
+  mean2 = jnp.mean(jax.lax.square(x), axis=-1, keepdims=True)
+  return jnp.asarray(x * jax.lax.rsqrt(mean2 + epsilon), dtype) * scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Normed:
+  """Rows a `layers.LayerNorm` normalizes, handed to the projection that
+  reads them unnormalized (`layers.DenseGeneral`): `value()` is the norm's
+  output."""
+
+  x: Array
+  scale: Array
+  epsilon: float
+  dtype: Any
+
+  def value(self) -> Array:
+    return rms_norm(self.x, self.scale, self.epsilon, self.dtype)
+
+
+def gated(h: Array) -> Array:
+  """`GATE` on a projection's `[..., n, 2]` output: gelu(h_0) * h_1."""
+  return jax.nn.gelu(h[..., 0]) * h[..., 1]
+
+
+def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim):
+  """One program: BLOCK_N output columns of every row."""
+  j = pl.program_id(0)
+  steps = k_dim // BLOCK_K
+  chunk = lambda i: pl.ds(i * BLOCK_K, BLOCK_K)
+
+  def squares(i, acc):
+    x = x_ref[:, chunk(i)].astype(jnp.float32)
+    return acc + jnp.sum(x * x, axis=1)
+  r = jax.lax.rsqrt(jax.lax.fori_loop(
+      0, steps, squares, jnp.zeros((x_ref.shape[0],), jnp.float32))
+                    / k_dim + epsilon)
+  # The gate's two projections: interleaved columns (`layers.interleave`).
+  cols = ([pl.ds(2 * j * BLOCK_N + g, BLOCK_N, stride=2) for g in (0, 1)]
+          if gate else [pl.ds(j * BLOCK_N, BLOCK_N)])
+
+  def step(i, accs):
+    x = x_ref[:, chunk(i)].astype(jnp.float32)
+    y = (x * r[:, None]).astype(o_ref.dtype) * s_ref[chunk(i)][None, :]
+    return tuple(a + jnp.dot(y, w_ref[chunk(i), c],
+                             preferred_element_type=jnp.float32)
+                 for a, c in zip(accs, cols))
+  accs = jax.lax.fori_loop(0, steps, step, tuple(
+      jnp.zeros((x_ref.shape[0], BLOCK_N), jnp.float32) for _ in cols))
+  h = [a.astype(o_ref.dtype) for a in accs]
+  o_ref[...] = (jax.nn.gelu(h[0].astype(jnp.float32)).astype(o_ref.dtype)
+                * h[1] if gate else h[0])
+
+
+def norm_dense(normed: Normed, kernel: Array, gate: bool = False,
+               interpret: bool = False) -> Array:
+  """`normed.value() @ kernel` (`[..., K] x [K, N]`) in one Pallas kernel;
+  with `gate`, `gated` of it (`kernel`'s columns `GATE`'s two
+  projections interleaved: `[..., N / 2]`). `interpret`: Pallas's
+  interpreter (any platform: the tests' check of the kernel)."""
+  lead, k_dim = normed.x.shape[:-1], normed.x.shape[-1]
+  rows = normed.x.reshape(-1, k_dim)
+  n = kernel.shape[1] // (2 if gate else 1)
+  if k_dim % BLOCK_K or n % BLOCK_N:
+    raise ValueError(f'norm_dense: {k_dim} x {n} is not in tiles of '
+                     f'{BLOCK_K} x {BLOCK_N}')
+  block = max(16, 1 << (rows.shape[0] - 1).bit_length())
+  out = pl.pallas_call(
+      functools.partial(_kernel, epsilon=normed.epsilon, gate=gate,
+                        k_dim=k_dim),
+      grid=(n // BLOCK_N,),
+      in_specs=[pl.BlockSpec((block, k_dim), lambda j: (0, 0)),
+                pl.BlockSpec((k_dim,), lambda j: (0,)),
+                pl.BlockSpec(kernel.shape, lambda j: (0, 0))],
+      out_specs=pl.BlockSpec((block, BLOCK_N), lambda j: (0, j)),
+      out_shape=jax.ShapeDtypeStruct((rows.shape[0], n), normed.dtype),
+      interpret=interpret,
+  )(rows, jnp.asarray(normed.scale, normed.dtype),
+    jnp.asarray(kernel, normed.dtype))
+  return out.reshape(lead + (n,))
+
+
+def fits(normed: Normed, kernel: Array, gate: bool) -> bool:
+  """Whether `norm_dense` takes these: its tiles, and bfloat16 (a Triton
+  dot of float32 operands would round them to TF32)."""
+  n = kernel.shape[1] // (2 if gate else 1)
+  return (normed.x.shape[-1] % BLOCK_K == 0 and n % BLOCK_N == 0 and
+          jnp.dtype(normed.dtype) == jnp.bfloat16)
+
+
+def abstract_gpu(device: Optional[Any]):
+  """The context a program with `norm_dense` is lowered in for `device`:
+  Pallas's GPU lowering reads the GPU's kind from an abstract mesh of it
+  where jax's default device is not that GPU (a compile-only one); for any
+  other device, nothing."""
+  if device is None or device.platform != 'gpu':
+    return contextlib.nullcontext()
+  return jax.sharding.use_abstract_mesh(
+      jax.sharding.Mesh([device], ('device',)).abstract_mesh)

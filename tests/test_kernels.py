@@ -1,0 +1,142 @@
+"""The norm fused into the projection (`kernels.norm_dense`, opt-in with
+`T5Config.dense_kernel = 'pallas'`).
+
+The kernel is checked where a CPU can run it, through Pallas's interpreter,
+against the math it replaces (the norm, then the product, then the gate);
+the model's plumbing (a decoder layer's norms handed to the projections
+that read them) against the model without it: off a CUDA GPU the deferred
+norm is the norm, so the logits are the same bits. On a compile-only H100
+the kernel is one custom call where the norm, the GEMM and the gate were
+three or more kernels (tests skipped without the CUDA plugin).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import kernels
+from specdec_jax import layers
+from specdec_jax import network
+
+from conftest import TINY_V11, numpy_params, teacher_forced_logits
+
+K, N = 2 * kernels.BLOCK_K, 2 * kernels.BLOCK_N
+
+
+def _case(rows, gate, seed=0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(0, 2, (rows, K)), jnp.bfloat16)
+  scale = jnp.asarray(rng.uniform(0.5, 1.5, K), jnp.bfloat16)
+  kernel = jnp.asarray(rng.normal(0, K ** -0.5, (K, N * (2 if gate else 1))),
+                       jnp.bfloat16)
+  return kernels.Normed(x, scale, 1e-6, jnp.bfloat16), kernel
+
+
+@pytest.mark.parametrize('gate', [False, True], ids=['dense', 'gated'])
+@pytest.mark.parametrize('rows', [1, 7, 65])
+def test_the_kernel_computes_the_norm_the_product_and_the_gate(rows, gate):
+  """Interpreted, on bfloat16: the norm (`kernels.rms_norm`), the product
+  in float32 accumulation and the gate on the projections' interleaved
+  columns (`layers.interleave`), for a block of rows larger than the
+  call's (1 -> 16, 65 -> 128). Within two bfloat16 roundings (2^-6
+  relative each side of the gate's product): the kernel sums the
+  contraction in steps, XLA's dot at once, and a last-bit difference in
+  either half of the gate is one in the product."""
+  normed, kernel = _case(rows, gate)
+  got = kernels.norm_dense(normed, kernel, gate, interpret=True)
+  h = jnp.dot(normed.value(), kernel, preferred_element_type=jnp.float32
+              ).astype(jnp.bfloat16)
+  want = kernels.gated(h.reshape(rows, N, 2)) if gate else h
+  assert got.shape == (rows, N) and got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32),
+                             np.asarray(want, np.float32), rtol=2 ** -5,
+                             atol=2 ** -7)
+  # Not the product of unnormalized rows, nor the gate's halves swapped.
+  wrong = jnp.dot(normed.x, kernel).astype(jnp.bfloat16)
+  wrong = (jax.nn.gelu(wrong.reshape(rows, N, 2)[..., 1]) *
+           wrong.reshape(rows, N, 2)[..., 0]) if gate else wrong
+  assert not np.allclose(np.asarray(got, np.float32),
+                         np.asarray(wrong, np.float32), rtol=0.05, atol=0.05)
+
+
+def test_shapes_off_its_tiles_or_float32_take_the_plain_path():
+  normed, kernel = _case(3, False)
+  assert kernels.fits(normed, kernel, False)
+  assert not kernels.fits(normed, kernel[:, :N - 1], False)
+  assert not kernels.fits(kernels.Normed(normed.x, normed.scale, 1e-6,
+                                         jnp.float32), kernel, False)
+  with pytest.raises(ValueError, match='tiles'):
+    kernels.norm_dense(normed, kernel[:, :N - 1])
+
+
+# Wide enough for the kernel's tiles: off a CUDA GPU the model with
+# dense_kernel 'pallas' must give the same bits as without.
+WIDE = TINY_V11.replace(emb_dim=K, head_dim=K // 4, mlp_dim=N,
+                        dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize('fused', [False, True], ids=['t5x', 'fused'])
+def test_a_model_with_the_kernel_is_the_model_off_a_gpu(fused):
+  """The parameter tree is T5X's either way (the norms' scales and the
+  projections' kernels where they were), and the logits are the same bits:
+  the deferred norm, the projection and the gate compute the same math in
+  the same order (`Normed.value`, `kernels.gated`)."""
+  params = numpy_params(WIDE, 0, 1.0)
+  plain = network.T5Model(WIDE)
+  opted = network.T5Model(WIDE.replace(dense_kernel='pallas'))
+  if fused:
+    (plain, params), (opted, _) = (network.for_decoding(m, params)
+                                   for m in (plain, opted))
+  assert jax.tree.structure(opted.param_shapes()) == jax.tree.structure(
+      plain.param_shapes())
+  enc = jnp.array([[3, 4, 5, 6, 7, 1], [8, 9, 1, 0, 0, 0]])
+  dec = jnp.array([[0, 10, 11, 12], [0, 13, 14, 15]])
+  want = teacher_forced_logits(plain, params, enc, dec)
+  got = teacher_forced_logits(opted, params, enc, dec)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_an_unknown_dense_kernel_is_named():
+  model = network.T5Model(TINY_V11.replace(dense_kernel='triton'))
+  with pytest.raises(ValueError, match="dense_kernel must be one of"):
+    model.param_shapes()
+
+
+def test_a_layer_norm_deferred_is_the_norm():
+  """`LayerNorm(defer=True)` hands its rows and rounded scale on; their
+  `value()` is the norm's output."""
+  norm = layers.LayerNorm(dtype=jnp.bfloat16, weight_dtype=jnp.bfloat16)
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 8)),
+                  jnp.bfloat16)
+  params = norm.init(jax.random.key(0), x)
+  deferred = norm.apply(params, x, True)
+  assert isinstance(deferred, kernels.Normed) and deferred.x is x
+  np.testing.assert_array_equal(np.asarray(deferred.value()),
+                                np.asarray(norm.apply(params, x)))
+
+
+def test_a_decoder_layer_s_norms_and_gate_go_into_its_projections_on_a_gpu(
+    h100):
+  """On a compile-only H100 (lowered within `kernels.abstract_gpu`) each
+  decoder layer runs its qkv, cross-attention query and gated wi as three
+  Pallas kernels, and at least the three norms and the gate fewer kernels
+  than without (a chain's 8 rows and a tree's 65)."""
+  from test_call_rows import GPU_CONFIG, _extend_module  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  device = h100.mesh.devices.flat[0]
+
+  def layer_ops(config, k, tree):
+    with kernels.abstract_gpu(device):
+      module = _extend_module(network.T5Model(config), h100, k, tree)
+    ops = [i for i in module.computations[module.entry]
+           if i.opcode in ('fusion', 'custom-call') and re.search(
+               r'/layers_0/', module.op_name(i))]
+    return len(ops), sum('__gpu$xla.gpu.triton' in i.attrs for i in ops)
+
+  for k, tree in ((8, False), (65, True)):
+    plain, none = layer_ops(GPU_CONFIG, k, tree)
+    fused, pallas = layer_ops(GPU_CONFIG.replace(dense_kernel='pallas'), k,
+                              tree)
+    assert none == 0 and pallas == 3, (none, pallas)
+    assert fused <= plain - 4, (plain, fused)
