@@ -43,12 +43,12 @@ BLOCK_K = 128
 GATE = ('gelu', 'linear')
 
 
-def rms_norm(x: Array, scale: Array, epsilon: float, dtype) -> Array:
-  """T5's RMS norm: `x / rms(x)` in float32, rounded to `dtype`, times the
-  scale (already in `dtype`)."""
+def rms_norm(x: Array, epsilon: float, dtype) -> Array:
+  """T5's RMS norm before its scale: `x / rms(x)` in float32, rounded to
+  `dtype`."""
   x = jnp.asarray(x, jnp.float32)
   mean2 = jnp.mean(jax.lax.square(x), axis=-1, keepdims=True)
-  return jnp.asarray(x * jax.lax.rsqrt(mean2 + epsilon), dtype) * scale
+  return jnp.asarray(x * jax.lax.rsqrt(mean2 + epsilon), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Normed:
   dtype: Any
 
   def value(self) -> Array:
-    return rms_norm(self.x, self.scale, self.epsilon, self.dtype)
+    return rms_norm(self.x, self.epsilon, self.dtype) * self.scale
 
 
 def gated(h: Array) -> Array:

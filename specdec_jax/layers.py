@@ -267,14 +267,14 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, defer: bool = False) -> Array:
-    scale = param_with_axes(
+    y = None if defer else kernels.rms_norm(x, self.epsilon, self.dtype)
+    scale = as_weight(param_with_axes(
         self,
         'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
         axes=('embed',),
-    )
-    normed = kernels.Normed(x, as_weight(scale, self.weight_dtype,
-                                         self.dtype), self.epsilon, self.dtype)
-    return normed if defer else normed.value()
+    ), self.weight_dtype, self.dtype)
+    return kernels.Normed(x, scale, self.epsilon, self.dtype) if defer else (
+        y * scale)
 
 
 class MlpBlock(nn.Module):
