@@ -345,8 +345,8 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
     config: the trained model's config.
     new_config: the widened model's config; any of `GROWABLE` may be larger,
       `FIXED` fields must be equal. dtype, dropout_rate,
-      float32_attention_logits and attention_kernel are not parameters and
-      may differ.
+      float32_attention_logits, attention_kernel and dense_kernel are not
+      parameters and may differ.
     noise: standard deviation of the (hash-based, uniform) pseudo-random
       values put in dead weights (those multiplied by an exact zero
       downstream); 0 leaves them zero.
