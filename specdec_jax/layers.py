@@ -299,26 +299,21 @@ class MlpBlock(nn.Module):
         kernel_axes=('embed', 'mlp'),
     )
     n = len(self.activations)
-    width = (inputs.x if isinstance(inputs, kernels.Normed) else
-             inputs).shape[-1]
-    if self.fused and n > 1 and isinstance(inputs, kernels.Normed) and tuple(
-        self.activations) == kernels.GATE:
-      # [batch, length, embed] -> [batch, length, mlp], gated as it is made
+    normed = isinstance(inputs, kernels.Normed)
+    width = (inputs.x if normed else inputs).shape[-1]
+    if self.fused and n > 1:
+      # [batch, length, embed] -> [batch, length, mlp, n] -> n x [..., mlp];
+      # a deferred norm's rows are gated as the product is written.
+      gate = normed and tuple(self.activations) == kernels.GATE
       x = dense((self.intermediate_dim, n), name='wi_fused',
                 kernel_init=interleaved_init(
-                    *[default_kernel_init] * n))(inputs, gate=True)
+                    *[default_kernel_init] * n))(inputs, gate=gate)
+      xs = None if gate else [x[..., i] for i in range(n)]
     else:
-      if self.fused and n > 1:
-        # [batch, length, embed] -> [batch, length, mlp, n] -> n x [..., mlp]
-        x = dense((self.intermediate_dim, n), name='wi_fused',
-                  kernel_init=interleaved_init(
-                      *[default_kernel_init] * n))(inputs)
-        xs = [x[..., i] for i in range(n)]
-      else:
-        # [batch, length, embed] -> n x [batch, length, mlp]
-        xs = [dense(self.intermediate_dim,
-                    name='wi' if n == 1 else f'wi_{i}')(inputs)
-              for i in range(n)]
+      # [batch, length, embed] -> n x [batch, length, mlp]
+      xs = [dense(self.intermediate_dim, name='wi' if n == 1 else f'wi_{i}')(
+          inputs) for i in range(n)]
+    if xs is not None:
       x = functools.reduce(
           operator.mul,
           [_activation(act)(h) for act, h in zip(self.activations, xs)])
