@@ -128,6 +128,12 @@ def norm_dense(normed: Normed, kernel: Array, gate: bool = False,
   return out.reshape(lead + (n,))
 
 
+def on_cuda(cuda, default):
+  """`cuda()` in a program lowered for a CUDA GPU, `default()` elsewhere
+  (`jax.lax.platform_dependent`): where `DenseGeneral` picks the kernel."""
+  return jax.lax.platform_dependent(cuda=cuda, default=default)
+
+
 def fits(normed: Normed, kernel: Array, gate: bool) -> bool:
   """Whether `norm_dense` takes these: its tiles, and bfloat16 (a Triton
   dot of float32 operands would round them to TF32)."""

@@ -210,9 +210,9 @@ class DenseGeneral(nn.Module):
     if not kernels.fits(normed, kernel, gate):
       return plain(normed.value())
     shape = inputs.shape[:-1] + (features[:-1] if gate else features)
-    return jax.lax.platform_dependent(
-        cuda=lambda: kernels.norm_dense(normed, kernel, gate).reshape(shape),
-        default=lambda: plain(normed.value()))
+    return kernels.on_cuda(
+        lambda: kernels.norm_dense(normed, kernel, gate).reshape(shape),
+        lambda: plain(normed.value()))
 
 
 def _tuple(x) -> Tuple[int, ...]:

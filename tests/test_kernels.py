@@ -140,3 +140,36 @@ def test_a_decoder_layer_s_norms_and_gate_go_into_its_projections_on_a_gpu(
                               tree)
     assert none == 0 and pallas == 3, (none, pallas)
     assert fused <= plain - 4, (plain, fused)
+
+
+def test_the_kernel_in_the_model_keeps_greedy_decoding_exact(monkeypatch):
+  """The GPU's branch, run here (the kernel interpreted): the model's
+  logits are the plain model's within bfloat16 rounding, and a greedy
+  speculative decode equals the baseline decoded with the same kernel,
+  token for token (a drafter of the same model, perturbed: calls of 1 and
+  gamma + 1 rows)."""
+  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  from specdec_jax import drafters  # pylint: disable=g-import-not-at-top
+  from specdec_jax import speculative  # pylint: disable=g-import-not-at-top
+  params = numpy_params(WIDE, 0, 1.0)
+  plain, params = network.for_decoding(network.T5Model(WIDE), params)
+  opted = network.T5Model(plain.config.replace(dense_kernel='pallas'))
+  enc = jnp.array([[3, 4, 5, 6, 7, 1], [8, 9, 1, 0, 0, 0]])
+  dec = jnp.array([[0, 10, 11, 12], [0, 13, 14, 15]])
+  want = teacher_forced_logits(plain, params, enc, dec)
+  interpreted = kernels.norm_dense
+  monkeypatch.setattr(kernels, 'on_cuda', lambda cuda, default: cuda())
+  monkeypatch.setattr(kernels, 'norm_dense', lambda *a: interpreted(
+      *a, interpret=True))
+  got = opted.logits(params, enc, dec)
+  np.testing.assert_allclose(np.asarray(got, np.float32),
+                             np.asarray(want, np.float32), atol=0.1)
+  assert not np.array_equal(np.asarray(got), np.asarray(want))  # its path
+  base = decoding.temperature_sample(opted, params, enc, max_decode_len=8,
+                                     eos_id=1)
+  noisy = jax.tree.map(lambda w: w * 1.05, params)
+  out = speculative.speculative_sample(
+      opted, params, drafters.T5Drafter(opted), noisy, enc, gamma=3,
+      max_decode_len=8, eos_id=1)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert int(np.sum(out.stats.accepted)) > 0
