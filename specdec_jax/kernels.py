@@ -8,9 +8,11 @@ gate into a GEMM (cuBLAS or its own Triton fusions), so each writes an
 activation the next kernel reads: on a 65-row token tree call at
 T5 1.1-XXL cost 0.19 GB of the 11.76 a call moves
 (results/compiled/iterations_h100.md). `norm_dense` is one kernel that
-reads the unnormalized rows, normalizes them as `rms_norm` does and
-multiplies them into the kernel's columns, applying the gate before it
-writes where asked.
+reads the unnormalized rows once, multiplies them (scaled) into the
+kernel's columns while it sums their squares, and applies 1 / rms to the
+product: `rms_norm`'s math, rounded at another point (a bfloat16 step
+apart from XLA's norm then GEMM); it applies the gate before it writes
+where asked.
 
 Opt-in, per model (`network.T5Config.dense_kernel = 'pallas'`): on a
 CUDA GPU the Pallas kernel (its Triton backend; a compile-only GPU lowers
@@ -72,30 +74,32 @@ def gated(h: Array) -> Array:
 
 
 def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim):
-  """One program: BLOCK_N output columns of every row."""
+  """One program: BLOCK_N output columns of every row, in one pass over the
+  contraction: each step's rows, scaled, go into the product and their
+  squares into 1 / rms, which the product takes at the end (the norm's
+  math with the rows rounded once, scaled, not normalized and scaled: a
+  second pass reading the rows again for 1 / rms first would double what
+  every program reads of them)."""
   j = pl.program_id(0)
-  steps = k_dim // BLOCK_K
   chunk = lambda i: pl.ds(i * BLOCK_K, BLOCK_K)
-
-  def squares(i, acc):
-    x = x_ref[:, chunk(i)].astype(jnp.float32)
-    return acc + jnp.sum(x * x, axis=1)
-  r = jax.lax.rsqrt(jax.lax.fori_loop(
-      0, steps, squares, jnp.zeros((x_ref.shape[0],), jnp.float32))
-                    / k_dim + epsilon)
   # The gate's two projections: interleaved columns (`layers.interleave`).
   cols = ([pl.ds(2 * j * BLOCK_N + g, BLOCK_N, stride=2) for g in (0, 1)]
           if gate else [pl.ds(j * BLOCK_N, BLOCK_N)])
 
-  def step(i, accs):
+  def step(i, carry):
+    squares, accs = carry
     x = x_ref[:, chunk(i)].astype(jnp.float32)
-    y = (x * r[:, None]).astype(o_ref.dtype) * s_ref[chunk(i)][None, :]
-    return tuple(a + jnp.dot(y, w_ref[chunk(i), c],
-                             preferred_element_type=jnp.float32)
-                 for a, c in zip(accs, cols))
-  accs = jax.lax.fori_loop(0, steps, step, tuple(
-      jnp.zeros((x_ref.shape[0], BLOCK_N), jnp.float32) for _ in cols))
-  h = [a.astype(o_ref.dtype) for a in accs]
+    y = (x * s_ref[chunk(i)][None, :].astype(jnp.float32)).astype(
+        o_ref.dtype)
+    return squares + jnp.sum(x * x, axis=1), tuple(
+        a + jnp.dot(y, w_ref[chunk(i), c], preferred_element_type=jnp.float32)
+        for a, c in zip(accs, cols))
+  rows = x_ref.shape[0]
+  squares, accs = jax.lax.fori_loop(0, k_dim // BLOCK_K, step, (
+      jnp.zeros((rows,), jnp.float32),
+      tuple(jnp.zeros((rows, BLOCK_N), jnp.float32) for _ in cols)))
+  r = jax.lax.rsqrt(squares / k_dim + epsilon)[:, None]
+  h = [(a * r).astype(o_ref.dtype) for a in accs]
   o_ref[...] = (jax.nn.gelu(h[0].astype(jnp.float32)).astype(o_ref.dtype)
                 * h[1] if gate else h[0])
 
