@@ -36,9 +36,11 @@ from jax.experimental import pallas as pl
 Array = Any
 
 # Tiles: rows in one block (a power of 2, at least 16: a Triton dot's
-# least), BLOCK_N output columns a program, BLOCK_K of the contraction a
-# step.
+# least), BLOCK_N output columns a program (half as many where that leaves
+# fewer than PROGRAMS programs: a GPU's SMs idle, 132 on an H100), BLOCK_K
+# of the contraction a step.
 BLOCK_N = 64
+PROGRAMS = 128
 BLOCK_K = 128
 # The gate the kernel applies: T5 1.1's gated GeLU (wi_0 through GeLU,
 # times wi_1), the MLP's activations.
@@ -73,8 +75,15 @@ def gated(h: Array) -> Array:
   return jax.nn.gelu(h[..., 0]) * h[..., 1]
 
 
-def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim):
-  """One program: BLOCK_N output columns of every row, in one pass over the
+def _columns(n: int) -> int:
+  """Output columns a program: `BLOCK_N`, or half where `n` makes fewer
+  than `PROGRAMS` programs of them (the cross-attention's query at T5
+  1.1-XXL width: 64 programs, 128 at half)."""
+  return BLOCK_N // 2 if n // BLOCK_N < PROGRAMS else BLOCK_N
+
+
+def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim, bn):
+  """One program: `bn` output columns of every row, in one pass over the
   contraction: each step's rows, scaled, go into the product and their
   squares into 1 / rms, which the product takes at the end (the norm's
   math with the rows rounded once, scaled, not normalized and scaled: a
@@ -83,8 +92,8 @@ def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim):
   j = pl.program_id(0)
   chunk = lambda i: pl.ds(i * BLOCK_K, BLOCK_K)
   # The gate's two projections: interleaved columns (`layers.interleave`).
-  cols = ([pl.ds(2 * j * BLOCK_N + g, BLOCK_N, stride=2) for g in (0, 1)]
-          if gate else [pl.ds(j * BLOCK_N, BLOCK_N)])
+  cols = ([pl.ds(2 * j * bn + g, bn, stride=2) for g in (0, 1)]
+          if gate else [pl.ds(j * bn, bn)])
 
   def step(i, carry):
     squares, accs = carry
@@ -97,7 +106,7 @@ def _kernel(x_ref, s_ref, w_ref, o_ref, *, epsilon, gate, k_dim):
   rows = x_ref.shape[0]
   squares, accs = jax.lax.fori_loop(0, k_dim // BLOCK_K, step, (
       jnp.zeros((rows,), jnp.float32),
-      tuple(jnp.zeros((rows, BLOCK_N), jnp.float32) for _ in cols)))
+      tuple(jnp.zeros((rows, bn), jnp.float32) for _ in cols)))
   r = jax.lax.rsqrt(squares / k_dim + epsilon)[:, None]
   h = [(a * r).astype(o_ref.dtype) for a in accs]
   o_ref[...] = (jax.nn.gelu(h[0].astype(jnp.float32)).astype(o_ref.dtype)
@@ -116,15 +125,15 @@ def norm_dense(normed: Normed, kernel: Array, gate: bool = False,
   if k_dim % BLOCK_K or n % BLOCK_N:
     raise ValueError(f'norm_dense: {k_dim} x {n} is not in tiles of '
                      f'{BLOCK_K} x {BLOCK_N}')
-  block = max(16, 1 << (rows.shape[0] - 1).bit_length())
+  block, bn = max(16, 1 << (rows.shape[0] - 1).bit_length()), _columns(n)
   out = pl.pallas_call(
       functools.partial(_kernel, epsilon=normed.epsilon, gate=gate,
-                        k_dim=k_dim),
-      grid=(n // BLOCK_N,),
+                        k_dim=k_dim, bn=bn),
+      grid=(n // bn,),
       in_specs=[pl.BlockSpec((block, k_dim), lambda j: (0, 0)),
                 pl.BlockSpec((k_dim,), lambda j: (0,)),
                 pl.BlockSpec(kernel.shape, lambda j: (0, 0))],
-      out_specs=pl.BlockSpec((block, BLOCK_N), lambda j: (0, j)),
+      out_specs=pl.BlockSpec((block, bn), lambda j: (0, j)),
       out_shape=jax.ShapeDtypeStruct((rows.shape[0], n), normed.dtype),
       interpret=interpret,
   )(rows, jnp.asarray(normed.scale, normed.dtype),

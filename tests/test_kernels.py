@@ -24,11 +24,11 @@ from conftest import TINY_V11, numpy_params, teacher_forced_logits
 K, N = 2 * kernels.BLOCK_K, 2 * kernels.BLOCK_N
 
 
-def _case(rows, gate, seed=0):
+def _case(rows, gate, seed=0, n=N):
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.normal(0, 2, (rows, K)), jnp.bfloat16)
   scale = jnp.asarray(rng.uniform(0.5, 1.5, K), jnp.bfloat16)
-  kernel = jnp.asarray(rng.normal(0, K ** -0.5, (K, N * (2 if gate else 1))),
+  kernel = jnp.asarray(rng.normal(0, K ** -0.5, (K, n * (2 if gate else 1))),
                        jnp.bfloat16)
   return kernels.Normed(x, scale, 1e-6, jnp.bfloat16), kernel
 
@@ -47,8 +47,10 @@ def _exact(normed, kernel, gate):
 
 
 @pytest.mark.parametrize('gate', [False, True], ids=['dense', 'gated'])
-@pytest.mark.parametrize('rows', [1, 7, 65])
-def test_the_kernel_computes_the_norm_the_product_and_the_gate(rows, gate):
+@pytest.mark.parametrize('rows,n', [(1, N), (7, N), (65, N), (
+    7, kernels.PROGRAMS * kernels.BLOCK_N)], ids=['1', '7', '65', '7-wide'])
+def test_the_kernel_computes_the_norm_the_product_and_the_gate(rows, n,
+                                                              gate):
   """Interpreted, on bfloat16: the norm, the product and the gate on the
   projections' interleaved columns (`layers.interleave`), for a block of
   rows larger than the call's (1 -> 16, 65 -> 128), as close to the exact
@@ -56,23 +58,25 @@ def test_the_kernel_computes_the_norm_the_product_and_the_gate(rows, gate):
   kernel rounds the rows once at another point (scaled, not normalized
   and scaled), so the two differ by bfloat16 steps and neither is the
   other's bits. Measured: root-mean-square error 0.0023-0.0028 against
-  XLA's 0.0029-0.0039, outputs of about unit scale."""
-  normed, kernel = _case(rows, gate)
+  XLA's 0.0029-0.0039, outputs of about unit scale. Programs of half
+  `BLOCK_N` columns (fewer than `PROGRAMS` of it) and of `BLOCK_N`
+  ('wide')."""
+  normed, kernel = _case(rows, gate, n=n)
   got = np.asarray(kernels.norm_dense(normed, kernel, gate, interpret=True),
                    np.float32)
   h = jnp.dot(normed.value(), kernel, preferred_element_type=jnp.float32
               ).astype(jnp.bfloat16)
-  xla = np.asarray(kernels.gated(h.reshape(rows, N, 2)) if gate else h,
+  xla = np.asarray(kernels.gated(h.reshape(rows, n, 2)) if gate else h,
                    np.float32)
   exact = _exact(normed, kernel, gate)
-  assert got.shape == exact.shape == (rows, N)
+  assert got.shape == exact.shape == (rows, n)
   rms = lambda y: float(np.sqrt(np.mean((y - exact) ** 2)))
   assert rms(got) <= 1.1 * rms(xla), (rms(got), rms(xla))
   assert np.abs(got - exact).max() <= 2 * np.abs(xla - exact).max()
   # Not the product of unnormalized rows, nor the gate's halves swapped.
   wrong = jnp.dot(normed.x, kernel).astype(jnp.bfloat16)
-  wrong = (jax.nn.gelu(wrong.reshape(rows, N, 2)[..., 1]) *
-           wrong.reshape(rows, N, 2)[..., 0]) if gate else wrong
+  wrong = (jax.nn.gelu(wrong.reshape(rows, n, 2)[..., 1]) *
+           wrong.reshape(rows, n, 2)[..., 0]) if gate else wrong
   assert rms(np.asarray(wrong, np.float32)) > 20 * rms(xla)
 
 
