@@ -121,8 +121,8 @@ def norm_dense(normed: Normed, kernel: Array, gate: bool = False,
   interpreter (any platform: the tests' check of the kernel)."""
   lead, k_dim = normed.x.shape[:-1], normed.x.shape[-1]
   rows = normed.x.reshape(-1, k_dim)
-  n = kernel.shape[1] // (2 if gate else 1)
-  if k_dim % BLOCK_K or n % BLOCK_N:
+  n = _outputs(kernel, gate)
+  if not _in_tiles(k_dim, n):
     raise ValueError(f'norm_dense: {k_dim} x {n} is not in tiles of '
                      f'{BLOCK_K} x {BLOCK_N}')
   block, bn = max(16, 1 << (rows.shape[0] - 1).bit_length()), _columns(n)
@@ -147,11 +147,19 @@ def on_cuda(cuda, default):
   return jax.lax.platform_dependent(cuda=cuda, default=default)
 
 
+def _outputs(kernel: Array, gate: bool) -> int:
+  """Output columns of `norm_dense` (the gate joins pairs of them)."""
+  return kernel.shape[1] // (2 if gate else 1)
+
+
+def _in_tiles(k_dim: int, n: int) -> bool:
+  return k_dim % BLOCK_K == 0 and n % BLOCK_N == 0
+
+
 def fits(normed: Normed, kernel: Array, gate: bool) -> bool:
   """Whether `norm_dense` takes these: its tiles, and bfloat16 (a Triton
   dot of float32 operands would round them to TF32)."""
-  n = kernel.shape[1] // (2 if gate else 1)
-  return (normed.x.shape[-1] % BLOCK_K == 0 and n % BLOCK_N == 0 and
+  return (_in_tiles(normed.x.shape[-1], _outputs(kernel, gate)) and
           jnp.dtype(normed.dtype) == jnp.bfloat16)
 
 

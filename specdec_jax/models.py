@@ -66,7 +66,7 @@ def _known(name: str) -> str:
   return name
 
 
-def literal(text: str) -> Any:
+def _literal(text: str) -> Any:
   """`text` as a Python literal, else the string itself."""
   try:
     return ast.literal_eval(text)
@@ -91,7 +91,7 @@ def assignment(text: str) -> Tuple[str, Any]:
   if '=' not in text:
     raise ValueError(f'{text!r} is not field=value')
   key, value = text.split('=', 1)
-  return key.strip(), literal(value.strip())
+  return key.strip(), _literal(value.strip())
 
 
 def with_fields(base: network.T5Config, items: Sequence[str],

@@ -224,9 +224,9 @@ def take(fn, loaded: loading.Loaded, inputs: np.ndarray,
          context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """A measurement's fn on the built setup, its inputs and the keywords of
   `context` it names."""
-  given = {**(context or {})}
-  return fn(loaded, inputs, **{k: given[k] for k in set(given) & set(
-      inspect.signature(fn).parameters)})
+  wants = inspect.signature(fn).parameters
+  return fn(loaded, inputs, **{k: v for k, v in (context or {}).items()
+                               if k in wants})
 
 
 def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None
