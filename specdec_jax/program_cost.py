@@ -764,8 +764,9 @@ _MODEL_CALL = re.compile(r'(^|/)(Transformer|T5Model|ShardedModel)\.|'
 _PARTS = (  # (part, pattern on 'op_name | functions'), the first match wins
     ('cache copies', r'move_slots|write_rows|rewind|take_rows|'
                      r'constrain_cache|cache'),
-    ('selection', r'grow|expand|top_k|argmax|argsort|sort|categorical|'
-                  r'sample|select_token|choose|propose|log_softmax'),
+    ('selection', r'grow|_Levels|expand|top_k|argmax|argsort|sort|'
+                  r'categorical|sample|select_token|choose|propose|'
+                  r'log_softmax'),
 )
 TARGET, DRAFTER = 'target call', 'drafter call'
 
@@ -968,7 +969,9 @@ def gpu_iteration(thunk_text: str, hlo_text: str, metadata: str = ''
   instr = module.instructions.get(loop.instruction)
   walk.run(loop.groups.get('body', []), 1, 0, loop.instruction)
   walk.run(loop.groups.get('condition', []), 1, 0, loop.instruction)
-  parts = walk.parts(instr.op_name if instr else '')
+  walk.parts(instr.op_name if instr else '')
+  _to_consumers(module, walk.leaves)
+  parts = walk.parts_counts()
   return Iteration('gpu', _total(parts), parts, walk.notes)
 
 
@@ -1050,9 +1053,11 @@ def op_kind(instr: Instruction) -> str:
 
 
 def _to_consumers(module: Module, leaves: Sequence[_Leaf]) -> None:
-  """An op that memory space assignment made (an async copy or slice, its
-  done, a ConcatBitcast: no op_name) joins the part of the op that uses
-  what it moved (a prefetched weight: the call whose GEMM reads it)."""
+  """An op without an op_name (TPU: what memory space assignment made, an
+  async copy or slice, its done, a ConcatBitcast; GPU: the custom call
+  XLA's TopK rewrite makes) joins the part of the op that uses what it
+  made (a prefetched weight: the call whose GEMM reads it; a tree level's
+  top-k: the draw that reads it, selection)."""
   part = {leaf.instr.name: leaf.part for leaf in leaves if leaf.instr}
 
   def consumer(instr: Instruction, depth: int) -> Optional[str]:

@@ -341,3 +341,79 @@ def test_tpu_hbm_bytes_and_counted_excess():
   assert kinds['slice-done'] == [2, 0, 8192]
   assert kinds['custom-call:ConcatBitcast'] == [1, 0, 0]
   assert kinds['fusion:kOutput'] == [3, 256 + 256 + 8448, 3 * 8448]
+
+
+# A loop body whose top-k custom call has no op_name (XLA's TopK rewrite
+# keeps none), read by a log-sum-exp that tree growth's draw made (on
+# logits made before the loop: no model's weights).
+GPU_TOPK_LOOP = """\
+HloModule topk
+
+%lse (p: f32[4,32], k: f32[4,2]) -> f32[4] {
+  %p = f32[4,32]{1,0} parameter(0)
+  %k = f32[4,2]{1,0} parameter(1)
+  %z = f32[] constant(0)
+  ROOT %r = f32[4]{0} reduce(%p, %z), dimensions={1}, to_apply=%add, metadata={op_name="jit(run)/while/body/log"}
+}
+
+%cond (c: (s32[], f32[4,32])) -> pred[] {
+  %c = (s32[], f32[4,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT, metadata={op_name="jit(run)/while/cond/lt"}
+}
+
+%body (s: (s32[], f32[4,32])) -> (s32[], f32[4,32]) {
+  %s = (s32[], f32[4,32]{1,0}) parameter(0)
+  %x = f32[4,32]{1,0} get-tuple-element(%s), index=1
+  %tk = (f32[4,2]{1,0}, s32[4,2]{1,0}) custom-call(%x), custom_call_target="__gpu$TopK"
+  %f = f32[4]{0} fusion(%x, %tk#0), kind=kInput, calls=%lse
+  %i = s32[] get-tuple-element(%s), index=0
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one), metadata={op_name="jit(run)/while/body/add"}
+  ROOT %t = (s32[], f32[4,32]{1,0}) tuple(%j, %x)
+}
+
+ENTRY %main (a: s32[4,32]) -> f32[4,32] {
+  %a = s32[4,32]{1,0} parameter(0)
+  %logits = f32[4,32]{1,0} convert(%a)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,32]{1,0}) tuple(%zero, %logits)
+  %loop = (s32[], f32[4,32]{1,0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(run)/while"}
+  ROOT %r = f32[4,32]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+GPU_TOPK_THUNKS = """\
+001: kWhile [source | sink]
+condition:
+    002: kCustomKernel [source | sink] lt
+  body:
+    003: kCustomKernel [source       | next=004 (1)] topk
+    004: kCustomKernel [prev=003 (1) | next=005 (1)] input_reduce_fusion
+    005: kCustomKernel [prev=004 (1) | sink        ] add
+"""
+GPU_TOPK_METADATA = ''.join(
+    f'profile_annotation: "{name}" thunk_id: {i}\n'
+    for i, name in ((1, 'loop'), (2, 'lt'), (3, 'tk'), (4, 'f'), (5, 'j')))
+
+
+@pytest.mark.parametrize('functions, part', [
+    ('', 'selection'), ('_Levels.draw', 'selection')])
+def test_an_op_without_op_name_joins_the_part_of_what_reads_it(
+    functions, part):
+  """The top-k kernel (no op_name) goes where the op that reads its
+  output goes: a draw of tree growth is selection (by its op_name or by
+  `_Levels`, the level-by-level growth, among its functions). Left to
+  the rest, it would be counted as verify bookkeeping, and so would the
+  per-level draws."""
+  hlo = GPU_TOPK_LOOP.replace('body/log', 'body/top_k' if not functions
+                              else 'body/log')
+  if functions:  # the stack frames' tables, as XLA prints them
+    hlo = hlo.replace('body/log"}', 'body/log" stack_frame_id=1}').replace(
+        'HloModule topk\n', 'HloModule topk\n\nFileNames\n1 "grow.py"\n\n'
+        f'FunctionNames\n1 "{functions}"\n\nFileLocations\n'
+        '1 {file_name_id=1 function_name_id=1 line=1}\n\nStackFrames\n'
+        '1 {file_location_id=1 parent_frame_id=1}\n')
+  it = pc.gpu_iteration(GPU_TOPK_THUNKS, hlo, GPU_TOPK_METADATA)
+  assert it.parts[part].kernels == 2
+  assert it.parts['verify bookkeeping'].kernels == 1  # the counter's add
