@@ -901,8 +901,10 @@ class _Walk:
     drafter call ends where a GEMM reads a weight a GEMM of the call read
     already (GEMMs run a model's matrices in order; the scheduler may move
     the small ops, e.g. an embedding lookup, next to the call before): its
-    calls are numbered in launch order (a tree's levels). A command
-    buffer's launch goes to the part most of its kernels are in."""
+    calls are numbered in launch order (a tree's levels). An op without an
+    op_name joins the part of the op that reads what it made
+    (`_to_consumers`). A command buffer's launch goes to the part most of
+    its kernels are in."""
     current, calls, read = None, 0, set()
     for leaf in self.leaves:
       if leaf.instr is None:
@@ -925,6 +927,7 @@ class _Walk:
           current = f'{DRAFTER} {calls}'
         read |= names
       leaf.part = current
+    _to_consumers(self.module, self.leaves)
     return self.parts_counts()
 
   def parts_counts(self) -> Dict[str, Counts]:
@@ -969,9 +972,7 @@ def gpu_iteration(thunk_text: str, hlo_text: str, metadata: str = ''
   instr = module.instructions.get(loop.instruction)
   walk.run(loop.groups.get('body', []), 1, 0, loop.instruction)
   walk.run(loop.groups.get('condition', []), 1, 0, loop.instruction)
-  walk.parts(instr.op_name if instr else '')
-  _to_consumers(module, walk.leaves)
-  parts = walk.parts_counts()
+  parts = walk.parts(instr.op_name if instr else '')
   return Iteration('gpu', _total(parts), parts, walk.notes)
 
 
@@ -1031,9 +1032,7 @@ def hlo_iteration(hlo_text: str, platform: str = 'tpu',
     run(main.called[1], 1)
     run(main.called[0], 1)
     loop = main.op_name
-  walk.parts(loop)
-  _to_consumers(module, walk.leaves)
-  parts = walk.parts_counts()
+  parts = walk.parts(loop)
   for c in parts.values():
     c.launches = c.captured = c.command_buffers = 0
   by_part: Dict[str, float] = {}
