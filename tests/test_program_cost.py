@@ -397,23 +397,22 @@ GPU_TOPK_METADATA = ''.join(
     for i, name in ((1, 'loop'), (2, 'lt'), (3, 'tk'), (4, 'f'), (5, 'j')))
 
 
-@pytest.mark.parametrize('functions, part', [
-    ('', 'selection'), ('_Levels.draw', 'selection')])
-def test_an_op_without_op_name_joins_the_part_of_what_reads_it(
-    functions, part):
+@pytest.mark.parametrize('functions', ['', '_Levels.draw'])
+def test_an_op_without_op_name_joins_the_part_of_what_reads_it(functions):
   """The top-k kernel (no op_name) goes where the op that reads its
-  output goes: a draw of tree growth is selection (by its op_name or by
-  `_Levels`, the level-by-level growth, among its functions). Left to
-  the rest, it would be counted as verify bookkeeping, and so would the
-  per-level draws."""
-  hlo = GPU_TOPK_LOOP.replace('body/log', 'body/top_k' if not functions
-                              else 'body/log')
+  output goes: a draw of tree growth is selection (by its op_name, top_k,
+  or by `_Levels`, the level-by-level growth, among its functions). Left
+  to the rest, it would be counted as verify bookkeeping, and so would
+  the per-level draws."""
+  hlo = GPU_TOPK_LOOP
   if functions:  # the stack frames' tables, as XLA prints them
     hlo = hlo.replace('body/log"}', 'body/log" stack_frame_id=1}').replace(
         'HloModule topk\n', 'HloModule topk\n\nFileNames\n1 "grow.py"\n\n'
         f'FunctionNames\n1 "{functions}"\n\nFileLocations\n'
         '1 {file_name_id=1 function_name_id=1 line=1}\n\nStackFrames\n'
         '1 {file_location_id=1 parent_frame_id=1}\n')
+  else:  # named by its op_name alone
+    hlo = hlo.replace('body/log', 'body/top_k')
   it = pc.gpu_iteration(GPU_TOPK_THUNKS, hlo, GPU_TOPK_METADATA)
-  assert it.parts[part].kernels == 2
+  assert it.parts['selection'].kernels == 2
   assert it.parts['verify bookkeeping'].kernels == 1  # the counter's add
