@@ -169,3 +169,35 @@ def test_one_timing_loop_behind_every_figure():
           'specdec_jax/measure.py:loop_time'} <= readers
   stale = [n for n in CLOCKS if not n.endswith(':*') and n not in readers]
   assert stale == []
+
+
+# The sizes the structure keeps (lines, blank and comment lines included):
+# one engine's parts stay small enough to read whole.
+SIZE_LIMITS = {'specdec_jax/experiments': 2600, 'tools/accelerator': 1200,
+               'specdec_jax/compiled.py': 700}
+FUNCTION_LIMITS = {'*': 100, 'specdec_jax/unit_loop.py:decode_units': 90}
+
+
+def _lines(path: pathlib.Path) -> int:
+  files = sorted(path.rglob('*.py')) if path.is_dir() else [path]
+  return sum(len(f.read_text().splitlines()) for f in files)
+
+
+def test_the_engine_stays_within_its_sizes():
+  """The experiments layer, the budgeted-run box and `compiled` within
+  their line budgets; no function of the package over 100 lines, and the
+  eval job's timing loop (`decode_units`) within 90."""
+  assert {name: _lines(ROOT / name) for name in SIZE_LIMITS} == {
+      name: min(_lines(ROOT / name), limit)
+      for name, limit in SIZE_LIMITS.items()}
+  lengths = {}
+  for path in sorted((ROOT / 'specdec_jax').rglob('*.py')):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = f'{path.relative_to(ROOT)}:{node.name}'
+        lengths[name] = max(lengths.get(name, 0),
+                            node.end_lineno - node.lineno + 1)
+  assert 'specdec_jax/unit_loop.py:decode_units' in lengths  # the scan works
+  over = {name: n for name, n in lengths.items()
+          if n > FUNCTION_LIMITS.get(name, FUNCTION_LIMITS['*'])}
+  assert over == {}
