@@ -7,8 +7,8 @@ Per file, per test and per program name (the jitted function's; `jit_add`
 and the like are eager ops compiled one by one), slowest first: seconds of
 jax's three stages of a jitted program (tracing, lowering, XLA compiling)
 and the number of programs XLA compiled (tests/conftest.py records them
-from jax's compile events; a program loaded from the run's persistent cache
-is traced and lowered, not compiled).
+from jax's compile events; with a persistent cache, a program found there
+counts as compiled, in the seconds its loading took).
 """
 
 import argparse

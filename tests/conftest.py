@@ -4,10 +4,8 @@ import functools
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import jax
 import numpy as np
@@ -131,32 +129,15 @@ def _with_fast_compile(flags: str) -> str:
 os.environ['XLA_FLAGS'] = _with_fast_compile(os.environ.get('XLA_FLAGS', ''))
 
 
-# jax's persistent compilation cache, in a temporary folder shared by the
-# processes of one run: the first process to load this file (pytest itself, or
-# xdist's controller) makes the folder and sets JAX_COMPILATION_CACHE_DIR,
-# which the xdist workers and the scripts the tests start inherit. A program
-# compiled in one process (a loop another test file also runs, a script run
-# twice) is loaded, not compiled again, by the others; a cached executable is
-# the same machine code, so results are bit for bit those of a fresh compile.
-# The folder goes when that process's session ends. SPECDEC_TEST_JAX_CACHE=0
-# turns this off; a JAX_COMPILATION_CACHE_DIR set by the caller is used as is
-# (and kept: e.g. a folder that outlives the run, to warm the next one).
-_OWN_CACHE = None
-if os.environ.get('SPECDEC_TEST_JAX_CACHE', '1') != '0':
-  if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
-    _OWN_CACHE = tempfile.mkdtemp(prefix='specdec-test-jax-cache-')
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = _OWN_CACHE
-    # Every program, not only those over jax's default 1 s: the suite
-    # compiles hundreds of small eager ops (initializers, perturbations) of
-    # the same shapes in every process, 0.1-0.5 s each.
-    os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-    os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
-  jax.config.update('jax_compilation_cache_dir',
-                    os.environ['JAX_COMPILATION_CACHE_DIR'])
-  for _name, _type in (('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', float),
-                       ('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', int)):
-    if _name in os.environ:
-      jax.config.update(_name.lower(), _type(os.environ[_name]))
+# jax's persistent compilation cache: not used unless the caller sets
+# JAX_COMPILATION_CACHE_DIR (jax reads it, and JAX_PERSISTENT_CACHE_MIN_*,
+# from the environment; xdist's workers and the scripts the tests start
+# inherit them). A folder that outlives a run makes the next run load the
+# programs it compiled (tests/test_speculative.py alone: 65 -> 42 s). A cold
+# run gains nothing from one: its processes compile different programs (of
+# ~3,500 compiles, 430 were found in the cache, the worker's eager ops, and
+# saved no measurable time), and writing every program costs about 7% of the
+# suite's CPU (median of three, cache on vs off, alternated).
 
 
 def _atomic_cache_writes():
@@ -186,14 +167,16 @@ def _atomic_cache_writes():
   lru_cache.LRUCache.put = put
 
 
-_atomic_cache_writes()
+if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+  _atomic_cache_writes()
 
 
 # SPECDEC_TEST_COMPILE_PROFILE=<folder>: each process of the run writes
 # <folder>/compile-<pid>.json: per test, and per program name within it, the
 # seconds and count of jax's three stages of a jitted program (its compile
-# events): tracing to a jaxpr, lowering to StableHLO, XLA compiling (a
-# program loaded from the cache above is traced and lowered, not compiled).
+# events): tracing to a jaxpr, lowering to StableHLO, XLA compiling (with
+# a persistent cache, a program found there counts as compiled, in the
+# seconds its loading took).
 # They are most of the suite's time on CPU: this says which tests pay them.
 # `python tests/compile_profile.py <folder>` prints the table.
 _PROFILE_DIR = os.environ.get('SPECDEC_TEST_COMPILE_PROFILE')
@@ -244,13 +227,6 @@ def pytest_sessionfinish(session):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f'compile-{os.getpid()}.json').write_text(json.dumps(
         _PROFILE, indent=0))
-
-
-def pytest_unconfigure(config):
-  """The run's cache goes with the process that made it."""
-  del config
-  if _OWN_CACHE:
-    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')
