@@ -383,6 +383,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
         args.num_partitions)
     facts.update(name=name, batch=batch)
     out['programs'].append(facts)
+    jax.clear_caches()  # never run; an XXL loop's program holds GBs of RAM
     _log(f"{facts['program']}: " + (
         f"{facts['memory']['peak_bytes'] / GIB:.2f} GiB, "
         f"{facts['compile_s']} s" if facts['compiled'] else
@@ -421,6 +422,7 @@ def _steps(args, target: compiled.Target, model, drafts):
                      num_partitions=args.num_partitions,
                      one_device=args.megacore_steps)
       _log(f"{target.name} {f['program']}: {f.get('cost')}")
+      jax.clear_caches()  # as `run` does after each program
       if f['compiled']:
         steps.setdefault(batch, {})[k] = f
     for name, cfg in drafts.items():
@@ -430,6 +432,7 @@ def _steps(args, target: compiled.Target, model, drafts):
                      num_partitions=args.num_partitions, replicated=True,
                      one_device=args.megacore_steps)
       _log(f"{target.name} draft {name} {f['program']}: {f.get('cost')}")
+      jax.clear_caches()
       if f['compiled']:
         draft_steps.setdefault(batch, {})[name] = f
   return steps, draft_steps
