@@ -208,17 +208,16 @@ if _PROFILE_DIR:
 # Python's cyclic garbage collector: a full collection once per test file,
 # and what survives it frozen (`gc.freeze`: never walked again), instead of
 # whenever allocations pile up. A test process comes to hold jax's caches
-# of every program it has traced and compiled (3.5M objects, 7 GB at the
+# of every program it has traced and compiled (3.5M objects, ~7 GB at the
 # end of a worker), and tracing makes and drops objects by the million:
 # with the default thresholds (700, 10, 10) each full collection walks that
-# whole heap again. Timed with `gc.callbacks` (seconds collecting, per
-# worker, full suite): a full collection per file without freezing 59 + 53
-# s; with freezing 9 + 10 s. On tests/test_speculative.py +
-# tests/drafters/test_trees.py (-n0) the default thresholds collected for
-# 8.6 s of 114 s. The young generations are also collected 14x less often.
-# Each file's garbage is freed before the next file starts (its module
-# fixtures are torn down by then); the workers' peak memory with freezing:
-# 6.8 and 7.1 GB (7.0-7.3 GB seen near the end of a run without).
+# whole heap again. Seconds collecting over a full run, per worker (timed
+# with `gc.callbacks`): 55 + 41 with the defaults, 59 + 53 with a full
+# collection per file and nothing frozen, 9 + 10 as here; the workers' peak
+# memory the same (7.4 and 6.4 GB before, 6.8 and 7.1 GB after). Each
+# file's garbage is freed before the next file starts (its module fixtures
+# are torn down by then); the young generations are collected 14x less
+# often.
 gc.set_threshold(10_000, 50, 1_000)
 _FILE = [None]
 
