@@ -352,6 +352,22 @@ def teacher_forced_logits(model, params, encoder_input_tokens,
   return model.logits(params, encoder_input_tokens, decoder_input_tokens)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def init_cache(model, params, encoder_input_tokens, max_length):
+  """`model.init_cache(...)` compiled once per model, shapes and length
+  (op by op: the encoder and the cross K/V, dozens of small compiles)."""
+  return model.init_cache(params, encoder_input_tokens, max_length)
+
+
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=('return_hidden', 'rows'))
+def extend(model, params, tokens, cache, **kwargs):
+  """`model.extend(...)` compiled once per model, shapes and static
+  options (op by op, a call is a hundred or more small compiles), as the
+  decode loops run it."""
+  return model.extend(params, tokens, cache, **kwargs)
+
+
 # The slowest files first (seconds summed per file, measured): with
 # `--dist loadfile` each xdist worker takes the next file when it is done, so
 # a long file started last would leave the other worker idle at the end.

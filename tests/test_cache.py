@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import init_cache
 from conftest import teacher_forced_logits
 
 LENGTH = 24
@@ -27,9 +28,6 @@ def _data(vocab, batch=3, seed=0):
   return jnp.asarray(enc), jnp.asarray(dec)
 
 
-# Compiled (op by op, init_cache is dozens of small compiles).
-_init_cache = jax.jit(lambda model, params, enc, length: model.init_cache(
-    params, enc, length), static_argnums=(0, 3))
 
 
 @pytest.mark.parametrize('k', [1, 3, 8])
@@ -38,7 +36,7 @@ def test_chunked_decode_equals_teacher_forcing(k, which, request):
   model, params = request.getfixturevalue(which)
   enc, dec = _data(model.vocab_size)
   reference = np.asarray(teacher_forced_logits(model, params, enc, dec))
-  cache = _init_cache(model, params, enc, LENGTH)
+  cache = init_cache(model, params, enc, LENGTH)
   extend = jax.jit(model.extend)
   chunks = []
   for start in range(0, LENGTH, k):
@@ -60,7 +58,7 @@ def test_rows_at_different_positions_after_rewind(k, v11):
       jax.random.randint(jax.random.key(3), (3, 8), 2, model.vocab_size))
   first = np.where(np.arange(8)[None] < keep[:, None], np.asarray(dec[:, :8]),
                    garbage)
-  cache = _init_cache(model, params, enc, LENGTH + 16)
+  cache = init_cache(model, params, enc, LENGTH + 16)
   extend = jax.jit(model.extend)
   _, cache = extend(params, jnp.asarray(first), cache)
   cache = cache.rewind(keep)

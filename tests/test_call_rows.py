@@ -26,6 +26,9 @@ from specdec_jax import compiled
 from specdec_jax import layers
 from specdec_jax import network
 
+from conftest import extend
+from conftest import init_cache
+
 os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
 CONTEXT, LENGTH = 5, 40
 
@@ -55,8 +58,8 @@ def test_padded_rows_change_nothing(batch, tree, v11):
   model, params = v11
   rng = np.random.default_rng(0)
   enc = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 6)))
-  cache = model.init_cache(params, enc, LENGTH)
-  cache = model.extend(params, jnp.asarray(
+  cache = init_cache(model, params, enc, LENGTH)
+  cache = extend(model, params, jnp.asarray(
       rng.integers(2, model.vocab_size, (batch, 2 * CONTEXT))), cache)[1]
   starts = np.asarray([CONTEXT, CONTEXT + 3][:batch])
   cache = cache.rewind(jnp.asarray(starts))

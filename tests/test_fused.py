@@ -17,6 +17,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
 
+from conftest import init_cache
 from conftest import teacher_forced_logits
 from test_network import T5_1_1
 
@@ -31,9 +32,6 @@ def _flat(tree):
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-# Compiled (op by op, init_cache is dozens of small compiles).
-_init_cache = jax.jit(lambda model, params, enc, length: model.init_cache(
-    params, enc, length), static_argnums=(0, 3))
 
 
 def _data(vocab, batch=3, seed=0):
@@ -98,7 +96,7 @@ def test_fused_logits_equal_unfused(both):
       teacher_forced_logits(model, params, enc, dec), atol=ATOL, rtol=0)
   extend, fused_extend = jax.jit(model.extend), jax.jit(fused_model.extend)
   for k in (1, 3):
-    caches = [_init_cache(m, p, enc, LENGTH)
+    caches = [init_cache(m, p, enc, LENGTH)
               for m, p in ((model, params), (fused_model, fused))]
     for start in range(0, LENGTH, k):
       tokens = dec[:, start:start + k]

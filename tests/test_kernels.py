@@ -181,13 +181,15 @@ def test_the_kernel_in_the_model_keeps_greedy_decoding_exact(monkeypatch):
   monkeypatch.setattr(kernels, 'on_cuda', lambda cuda, default: cuda())
   monkeypatch.setattr(kernels, 'norm_dense', lambda *a: interpreted(
       *a, interpret=True))
-  got = opted.logits(params, enc, dec)
+  # A jit of its own: a trace of `opted` from before the patches would be
+  # reused (teacher_forced_logits keys on the model).
+  got = jax.jit(lambda p: opted.logits(p, enc, dec))(params)
   np.testing.assert_allclose(np.asarray(got, np.float32),
                              np.asarray(want, np.float32), atol=0.1)
   assert not np.array_equal(np.asarray(got), np.asarray(want))  # its path
   base = decoding.temperature_sample(opted, params, enc, max_decode_len=8,
                                      eos_id=1)
-  noisy = jax.tree.map(lambda w: w * 1.05, params)
+  noisy = jax.jit(lambda p: jax.tree.map(lambda w: w * 1.05, p))(params)
   out = speculative.speculative_sample(
       opted, params, drafters.T5Drafter(opted), noisy, enc, gamma=3,
       max_decode_len=8, eos_id=1)

@@ -70,8 +70,8 @@ def test_greedy_alpha_is_the_argmax_agreement_rate(setup, name):
                                      max_decode_len=MAX_LEN, eos_id=68)
   tokens = np.asarray(base.tokens)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  guess = np.asarray(drafter.score(dparams, jnp.asarray(enc),
-                                   jnp.asarray(dec_in))).argmax(-1)
+  guess = np.asarray(jax.jit(drafter.score)(
+      dparams, jnp.asarray(enc), jnp.asarray(dec_in))).argmax(-1)
   agree = [guess[i, :n] == tokens[i, :n]
            for i, n in enumerate(np.asarray(base.lengths))]
   expected = np.concatenate(agree).mean()
@@ -194,20 +194,28 @@ def test_a_tree_level_is_the_call_grow_makes_at_that_level(setup):
   context, vocab = 4, model.vocab_size
   root = jnp.full((1,), 5, jnp.int32)
   logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, vocab)))
-  calls = []
+  shapes = []  # each call's tokens, recorded as grow is traced
 
-  def expand(carry, tokens, parent, mask_of):
-    del parent
-    calls.append((tokens.shape, mask_of(jnp.full((1,), context))))
-    return jnp.asarray(np.random.default_rng(len(calls)).normal(
-        size=tokens.shape + (vocab,))), carry
+  @jax.jit
+  def masks(logits):
+    calls = []
 
-  grow.grow(tree.shape, SamplingConfig(), root, logits, expand, None,
-            jax.random.key(0))
-  assert [shape for shape, _ in calls] == [(1, 2), (1, 1)]
-  for level, (shape, mask) in enumerate(calls, 1):
+    def expand(carry, tokens, parent, mask_of):
+      del parent
+      shapes.append(tokens.shape)
+      calls.append(mask_of(jnp.full((1,), context)))
+      return jnp.asarray(np.random.default_rng(len(calls)).normal(
+          size=tokens.shape + (vocab,))), carry
+
+    grow.grow(tree.shape, SamplingConfig(), root, logits, expand, None,
+              jax.random.key(0))
+    return calls
+
+  calls = masks(logits)
+  assert shapes == [(1, 2), (1, 1)]
+  for level, (shape, mask) in enumerate(zip(shapes, calls), 1):
     tokens, cache, ours = measure.tree_level_call(
-        tree, params, enc[:1], level, context=context)
+        tree, params, enc[:1], level, context=context, jit_setup=True)
     assert tokens.shape == shape
     assert int(cache.position[0]) == context + tree.shape.fed_offsets[level]
     for field in ('base', 'depth', 'visible'):

@@ -175,7 +175,7 @@ def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
   enc = jnp.array([[5, 6, 7, 1]])
   with pytest.raises(flax.errors.ScopeParamShapeError,
                      match=path[-1] + '.*' + path[-2]):
-    model.logits(params, enc, jnp.array([[0, 5]]))
+    jax.eval_shape(model.logits, params, enc, jnp.array([[0, 5]]))
 
 
 def test_axes_sown_twice_in_one_apply_must_match():

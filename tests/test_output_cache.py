@@ -103,7 +103,7 @@ def test_near_repeat_retrieves_the_planted_entry_and_drafts_its_output(
   model, params, inputs, outputs, store = store_setup
   near = inputs[[5, 9]].copy()
   near[:, 4] = 3  # one token changed: a near-repeat
-  queries = output_cache.embed(model, params, near)
+  queries = jax.jit(output_cache.embed, static_argnums=0)(model, params, near)
   index, ok = output_cache.retrieve(store.device_params(), queries, 4)
   assert ok.all() and list(np.asarray(index[:, 0])) == [5, 9]
   drafter = drafters.CacheDrafter(model.vocab_size, eos_id=EOS,
@@ -114,11 +114,12 @@ def test_near_repeat_retrieves_the_planted_entry_and_drafts_its_output(
     drafter.init(dparams, jnp.asarray(near), MAX_LEN)
   dparams = speculative.with_target(drafter, dparams, params)
   assert dparams['embedder'] is params
-  state = drafter.init(dparams, jnp.asarray(near), MAX_LEN)
+  state = jax.jit(drafter.init, static_argnums=2)(
+      dparams, jnp.asarray(near), MAX_LEN)
   sequences = jnp.zeros((2, MAX_LEN), jnp.int32)  # BOS only
-  drafts, q, _ = drafter.propose(dparams, state, sequences,
-                                 jnp.ones((2,), jnp.int32), GAMMA,
-                                 SamplingConfig(), jax.random.key(0))
+  drafts, q, _ = jax.jit(drafter.propose, static_argnums=(4, 5))(
+      dparams, state, sequences, jnp.ones((2,), jnp.int32), GAMMA,
+      SamplingConfig(), jax.random.key(0))
   for row, entry in enumerate([5, 9]):
     assert list(np.asarray(drafts[row])) == outputs[entry][:GAMMA]
   assert (np.asarray(q).max(-1) == 1).all()

@@ -112,7 +112,7 @@ def test_score_is_one_hot_on_what_propose_drafts():
   drafter = drafters.LookupDrafter(VOCAB)
   source, prefix, want = CASES['copies_source']
   decoder = jnp.asarray([prefix + want])
-  logits = drafter.score((), jnp.asarray([source]), decoder)
+  logits = jax.jit(drafter.score)((), jnp.asarray([source]), decoder)
   picked = np.argmax(np.asarray(logits)[0], axis=-1)
   # Positions 2, 3, 4 predict the three drafts.
   np.testing.assert_array_equal(picked[2:5], want)

@@ -52,6 +52,7 @@ import reference
 from conftest import RAGGED_EOS
 from conftest import RAGGED_MAX_LEN
 from conftest import TINY_V11
+from conftest import init_cache
 from test_heads import random_head
 from test_speculative import (MAX_NOISE_TV, N_SAMPLES, SEQ_LEN, SMALL_EOS,
                               assert_matches, exact_sequence_distribution,
@@ -133,7 +134,7 @@ def test_tree_call_equals_chain_call_on_every_path(v11):
 
 def test_move_slots_moves_a_path_into_chain_slots(v11):
   model, params = v11
-  cache = model.init_cache(params, jnp.ones((2, 4), jnp.int32), 12)
+  cache = init_cache(model, params, jnp.ones((2, 4), jnp.int32), 12)
   keys = jnp.arange(2 * 12, dtype=jnp.float32).reshape(2, 12, 1, 1)
   cache = cache.replace(self_key=(jnp.broadcast_to(
       keys, cache.self_key[0].shape),) * len(cache.self_key))
@@ -154,20 +155,27 @@ def test_a_move_left_to_the_next_call_is_the_move_made_now(v11, batch):
   model, params = v11
   rng = np.random.default_rng(1)
   enc = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 5)))
-  cache = model.init_cache(params, enc, 24).with_pending(3)
-  # A call on 8 tokens at slots 0..7 (the tree's nodes, say), then rows
-  # accept the nodes at slots `source` into slots 1.. and rewind.
-  cache = model.extend(params, jnp.asarray(
-      rng.integers(2, model.vocab_size, (batch, 8))), cache)[1]
+  nodes = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 8)))
   source = jnp.asarray([[4, 6, 7], [2, 5, 3]][:batch], jnp.int32)
   start = jnp.ones((batch,), jnp.int32)
   kept = np.array([2, 3][:batch])  # each row's accepted count
   tokens = jnp.asarray(rng.integers(2, model.vocab_size, (batch, 4)))
   position = jnp.asarray(1 + kept, jnp.int32)
-  now = model.extend(params, tokens, cache.move_slots(source, start).rewind(
-      position))
-  later = model.extend(params, tokens, cache.move_slots(
-      source, start, later=True).rewind(position))
+
+  @jax.jit
+  def calls(params):
+    cache = model.init_cache(params, enc, 24).with_pending(3)
+    # A call on 8 tokens at slots 0..7 (the tree's nodes, say), then rows
+    # accept the nodes at slots `source` into slots 1.. and rewind.
+    cache = model.extend(params, nodes, cache)[1]
+    now = model.extend(params, tokens, cache.move_slots(
+        source, start).rewind(position))
+    later = model.extend(params, tokens, cache.move_slots(
+        source, start, later=True).rewind(position))
+    unmoved = model.extend(params, tokens, cache.rewind(position))[0]
+    return cache, now, later, unmoved
+
+  cache, now, later, unmoved = calls(params)
   np.testing.assert_allclose(later[0], now[0], atol=1e-6, rtol=1e-6)
   for b in range(batch):
     end = int(position[b]) + 4
@@ -175,7 +183,6 @@ def test_a_move_left_to_the_next_call_is_the_move_made_now(v11, batch):
                          now[1].self_key + now[1].self_value):
       np.testing.assert_array_equal(got[b, :end], want[b, :end])
   # The check has power: without the move the logits differ.
-  unmoved = model.extend(params, tokens, cache.rewind(position))[0]
   assert not np.allclose(unmoved, now[0], atol=1e-3)
   with pytest.raises(ValueError, match=r'with_pending\(2\)'):
     cache.move_slots(source[:, :2], start, later=True)
@@ -640,7 +647,7 @@ def test_greedy_walk_equals_a_level_by_level_reference(spec):
       tokens=jnp.asarray(tokens, jnp.int32), valid=jnp.asarray(valid),
       parent=jnp.asarray(parent), top=jnp.asarray(top, jnp.int32))
   n, path, next_token, accepted_at, beta_sum, beta_count = map(
-      np.asarray, verify_lib.verify_tree(
+      np.asarray, jax.jit(verify_lib.verify_tree, static_argnums=(3, 4))(
           jax.random.key(0), tree, jnp.asarray(target_top, jnp.int32),
           shape, SamplingConfig(temperature=0.0)))
   want = reference.reference_greedy_walk(tokens, valid, parent, top,
@@ -678,7 +685,7 @@ def test_drafter_finds_the_committed_path_among_its_fed_nodes(tiny_target):
       cache=None, tokens=jnp.asarray(tokens, jnp.int32),
       valid=jnp.asarray(valid), parent=jnp.asarray(parent),
       base=jnp.asarray(base, jnp.int32))
-  path, m = map(np.asarray, drafter.committed_path(
+  path, m = map(np.asarray, jax.jit(drafter.committed_path, static_argnums=3)(
       state, jnp.asarray(sequences, jnp.int32), jnp.asarray(lengths, jnp.int32),
       depth))
   want_path = np.broadcast_to(np.arange(1, depth), path.shape).copy()
@@ -922,7 +929,8 @@ def test_best_nodes_verifies_an_ancestor_closed_top_set():
   tree = tree.replace(
       tokens=jnp.asarray(rng.integers(1, 8, (2, shape.width)), jnp.int32),
       valid=jnp.ones((2, shape.width), bool), parent=jnp.asarray(parent))
-  pruned = grow_lib.best_nodes(tree, jnp.asarray(score), 6)
+  pruned = jax.jit(grow_lib.best_nodes, static_argnums=2)(
+      tree, jnp.asarray(score), 6)
   chosen = np.asarray(pruned.verified)
   for row in range(2):
     want = [0] + sorted(np.argsort(-score[row, 1:])[:5] + 1)
