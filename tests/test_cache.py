@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import extend
 from conftest import init_cache
 from conftest import teacher_forced_logits
 
@@ -28,8 +29,6 @@ def _data(vocab, batch=3, seed=0):
   return jnp.asarray(enc), jnp.asarray(dec)
 
 
-
-
 @pytest.mark.parametrize('k', [1, 3, 8])
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_chunked_decode_equals_teacher_forcing(k, which, request):
@@ -37,10 +36,9 @@ def test_chunked_decode_equals_teacher_forcing(k, which, request):
   enc, dec = _data(model.vocab_size)
   reference = np.asarray(teacher_forced_logits(model, params, enc, dec))
   cache = init_cache(model, params, enc, LENGTH)
-  extend = jax.jit(model.extend)
   chunks = []
   for start in range(0, LENGTH, k):
-    logits, cache = extend(params, dec[:, start:start + k], cache)
+    logits, cache = extend(model, params, dec[:, start:start + k], cache)
     chunks.append(np.asarray(logits))
   got = np.concatenate(chunks, axis=1)[:, :LENGTH]
   np.testing.assert_allclose(got, reference, atol=ATOL, rtol=0)
@@ -59,15 +57,14 @@ def test_rows_at_different_positions_after_rewind(k, v11):
   first = np.where(np.arange(8)[None] < keep[:, None], np.asarray(dec[:, :8]),
                    garbage)
   cache = init_cache(model, params, enc, LENGTH + 16)
-  extend = jax.jit(model.extend)
-  _, cache = extend(params, jnp.asarray(first), cache)
+  _, cache = extend(model, params, jnp.asarray(first), cache)
   cache = cache.rewind(keep)
   # Each row continues from its own position with its own true tokens.
   outputs = [[] for _ in range(3)]
   for step in range(0, 16, k):
     idx = keep[:, None] + step + np.arange(k)[None]
     tokens = np.take_along_axis(np.asarray(dec), np.minimum(idx, LENGTH - 1), 1)
-    logits, cache = extend(params, jnp.asarray(tokens), cache)
+    logits, cache = extend(model, params, jnp.asarray(tokens), cache)
     for b in range(3):
       outputs[b].append(np.asarray(logits[b]))
   for b in range(3):

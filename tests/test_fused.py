@@ -17,6 +17,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
 
+from conftest import extend
 from conftest import init_cache
 from conftest import teacher_forced_logits
 from test_network import T5_1_1
@@ -30,8 +31,6 @@ LENGTH = 12
 def _flat(tree):
   return {'/'.join(k.key for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 
 
 def _data(vocab, batch=3, seed=0):
@@ -94,14 +93,13 @@ def test_fused_logits_equal_unfused(both):
   np.testing.assert_allclose(
       teacher_forced_logits(fused_model, fused, enc, dec),
       teacher_forced_logits(model, params, enc, dec), atol=ATOL, rtol=0)
-  extend, fused_extend = jax.jit(model.extend), jax.jit(fused_model.extend)
   for k in (1, 3):
     caches = [init_cache(m, p, enc, LENGTH)
               for m, p in ((model, params), (fused_model, fused))]
     for start in range(0, LENGTH, k):
       tokens = dec[:, start:start + k]
-      want, caches[0] = extend(params, tokens, caches[0])
-      got, caches[1] = fused_extend(fused, tokens, caches[1])
+      want, caches[0] = extend(model, params, tokens, caches[0])
+      got, caches[1] = extend(fused_model, fused, tokens, caches[1])
       np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
     jax.tree_util.tree_map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=ATOL, rtol=0),

@@ -20,7 +20,6 @@
 Run alone: `python -m pytest -q tests/drafters/test_heads.py`.
 """
 
-import functools
 import types
 import zlib
 
@@ -40,6 +39,9 @@ from specdec_jax.drafters.heads import train as heads_train
 from specdec_jax.drafters.tree import shape as tree_shape
 from specdec_jax import spec_stats
 
+from conftest import extend
+from conftest import init_cache
+from conftest import teacher_forced_logits
 from test_speculative import assert_sampled_law
 from test_speculative import SAMPLING_CASES
 from test_speculative import tiny_target  # pylint: disable=unused-import
@@ -47,15 +49,6 @@ from test_speculative import tiny_target  # pylint: disable=unused-import
 MAX_LEN = 20
 EOS = 68
 HEAD = heads.HeadConfig(mlp_dim=48, cross_attention=True)
-
-
-@functools.lru_cache(maxsize=None)
-def jitted(model):
-  """The model's calls, compiled (eager flax calls are slow)."""
-  return dict(
-      logits=jax.jit(model.logits),
-      extend=jax.jit(model.extend, static_argnames='return_hidden'),
-      init_cache=jax.jit(model.init_cache, static_argnums=2))
 
 
 def random_head(config, head=HEAD, seed=0, scale=0.5):
@@ -120,18 +113,17 @@ def test_states_and_projection_match_teacher_forcing(which, request):
       2, model.vocab_size, (2, 7)))
   out = jnp.asarray(np.random.default_rng(1).integers(
       2, model.vocab_size, (2, 6)))
-  f = jitted(model)
   hidden, (key, _) = heads_train.target_features(model, params, enc, out)
   dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
-  ref = f['logits'](params, enc, dec_in)
+  ref = teacher_forced_logits(model, params, enc, dec_in)
   np.testing.assert_allclose(heads.model.project(params, model.config,
                                                  hidden), ref, atol=1e-4)
-  cache = f['init_cache'](params, enc, 10)
+  cache = init_cache(model, params, enc, 10)
   np.testing.assert_allclose(key, cache.cross_key[-1], atol=1e-5)
-  (_, h1), cache = f['extend'](params, dec_in[:, :2], cache,
-                               return_hidden=True)
-  (logits, h2), _ = f['extend'](params, dec_in[:, 2:], cache,
-                                return_hidden=True)
+  (_, h1), cache = extend(model, params, dec_in[:, :2], cache,
+                          return_hidden=True)
+  (logits, h2), _ = extend(model, params, dec_in[:, 2:], cache,
+                           return_hidden=True)
   np.testing.assert_allclose(jnp.concatenate([h1, h2], 1), hidden,
                              atol=1e-5)
   np.testing.assert_allclose(logits, ref[:, 2:], atol=1e-4)
@@ -146,11 +138,10 @@ def test_decode_time_draft_matches_training_chain(setup):
                                     eos_id=-1).tokens
   hidden, kv = heads_train.target_features(model, params, enc, out)
   t = 2  # from h_t (which gave y_{t+1} = out[:, t]) with token out[:, t]
-  f = jitted(model)
-  cache = f['init_cache'](params, enc, 12)
+  cache = init_cache(model, params, enc, 12)
   dec_in = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))
-  (_, h), cache = f['extend'](params, dec_in[:, :t + 1], cache,
-                              return_hidden=True)
+  (_, h), cache = extend(model, params, dec_in[:, :t + 1], cache,
+                         return_hidden=True)
   drafts, q = jax.jit(head.draft, static_argnums=(5, 6))(
       hp, params, h[:, t], out[:, t], cache, 3, speculative.SamplingConfig(),
       jax.random.key(0))

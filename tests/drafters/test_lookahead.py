@@ -32,6 +32,9 @@ from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
 from specdec_jax import spec_stats
 
+from conftest import extend
+from conftest import init_cache
+from conftest import teacher_forced_logits
 from test_speculative import assert_sampled_law
 from test_speculative import SAMPLING_CASES
 from test_speculative import tiny_target  # pylint: disable=unused-import
@@ -43,13 +46,11 @@ L = 3
 
 @functools.lru_cache(maxsize=None)
 def jitted(model):
-  """The model's calls, compiled (eager flax calls are slow)."""
+  """The model's PaSS calls (teacher-forced slots, a tree call), compiled;
+  its plain calls are conftest's."""
   tree = lambda p, t, c, e: model.module.apply(
       {'params': p}, t, c, e, method=lookahead.model.tree_extend)  # pylint: disable=protected-access
   return dict(
-      logits=jax.jit(model.logits),
-      extend=jax.jit(model.extend),
-      init_cache=jax.jit(model.init_cache, static_argnums=2),
       slots=jax.jit(lambda *a: lookahead.lookahead_logits(model, *a)[1]),
       tree=jax.jit(tree))
 
@@ -72,24 +73,24 @@ def test_slots_are_invisible_to_real_tokens(setup):
   f = jitted(model)
   dec = jnp.asarray(np.random.default_rng(1).integers(2, 128, (4, 10)))
   dec = dec.at[:, 0].set(0)
-  ref = f['logits'](params, enc, dec)
+  ref = teacher_forced_logits(model, params, enc, dec)
   # Rows at different positions: row b has consumed b + 1 tokens.
   pos = jnp.arange(4) + 1
-  cache = f['init_cache'](params, enc, 24)
-  _, cache = f['extend'](params, dec[:, :1], cache)
-  cache = f['extend'](params, dec[:, 1:4], cache)[1].rewind(pos)
+  cache = init_cache(model, params, enc, 24)
+  _, cache = extend(model, params, dec[:, :1], cache)
+  cache = extend(model, params, dec[:, 1:4], cache)[1].rewind(pos)
   idx = pos[:, None] + jnp.arange(3)
   real = jnp.take_along_axis(dec, idx, 1)  # 3 real tokens per row
   block = jnp.concatenate([real, jnp.zeros((4, L), jnp.int32)], 1)
-  with_slots, cache2 = f['extend'](params, block, cache,
-                                    lookahead.embeddings(la))
-  without, _ = f['extend'](params, real, cache)
+  with_slots, cache2 = extend(model, params, block, cache,
+                               lookahead=lookahead.embeddings(la))
+  without, _ = extend(model, params, real, cache)
   np.testing.assert_allclose(with_slots[:, :3], without, atol=1e-5)
   want = jnp.take_along_axis(ref, idx[..., None], 1)
   np.testing.assert_allclose(with_slots[:, :3], want, atol=1e-5)
   # Drop the slots; the next real tokens see exactly the plain prefix.
-  after, _ = f['extend'](params, jnp.take_along_axis(dec, idx + 3, 1),
-                          cache2.rewind(pos + 3))
+  after, _ = extend(model, params, jnp.take_along_axis(dec, idx + 3, 1),
+                    cache2.rewind(pos + 3))
   np.testing.assert_allclose(
       after, jnp.take_along_axis(ref, (idx + 3)[..., None], 1), atol=1e-5)
   # Slots stand for the positions after the last real token: the
@@ -105,13 +106,13 @@ def test_slot_start_per_row(setup):
   not change what the real tokens before them see."""
   model, params, la, enc = setup
   f = jitted(model)
-  cache = f['init_cache'](params, enc, 24)
+  cache = init_cache(model, params, enc, 24)
   tokens = jnp.asarray(np.random.default_rng(2).integers(2, 128, (4, 6)))
   tokens = tokens.at[:, 0].set(0)
   start = jnp.array([1, 2, 3, 1])
-  out, _ = f['extend'](params, tokens, cache, lookahead.embeddings(la),
-                       start)
-  plain, _ = f['extend'](params, tokens, cache)
+  out, _ = extend(model, params, tokens, cache,
+                  lookahead=lookahead.embeddings(la), lookahead_start=start)
+  plain, _ = extend(model, params, tokens, cache)
   for b, s in enumerate(np.asarray(start)):
     np.testing.assert_allclose(out[b, :s], plain[b, :s], atol=1e-5)
     assert np.abs(out[b, s] - plain[b, s]).max() > 1e-3  # a slot
@@ -129,11 +130,11 @@ def test_tree_groups_see_their_prefix_only(setup):
   f = jitted(model)
   dec = jnp.asarray(np.random.default_rng(4).integers(2, 128, (4, 10)))
   dec = dec.at[:, 0].set(0)
-  ref = f['logits'](params, enc, dec)
+  ref = teacher_forced_logits(model, params, enc, dec)
   tf_slots = f['slots'](params, la, enc, dec)
   pos = jnp.array([1, 2, 3, 4])
-  cache = f['init_cache'](params, enc, 40)
-  cache = f['extend'](params, dec[:, :6], cache)[1].rewind(pos)
+  cache = init_cache(model, params, enc, 40)
+  cache = extend(model, params, dec[:, :6], cache)[1].rewind(pos)
   g = L
   idx = pos[:, None] + jnp.arange(g + 1)
   out, cache2 = f['tree'](params, jnp.take_along_axis(dec, idx, 1), cache,
@@ -144,7 +145,7 @@ def test_tree_groups_see_their_prefix_only(setup):
     want = jnp.take_along_axis(tf_slots, (pos + h)[:, None, None, None], 1)
     np.testing.assert_allclose(out[:, g + 1 + h * L:g + 1 + (h + 1) * L],
                                want[:, 0], atol=1e-5)
-  after, _ = f['extend'](params, dec[:, 5:8], cache2.rewind(jnp.full(4, 5)))
+  after, _ = extend(model, params, dec[:, 5:8], cache2.rewind(jnp.full(4, 5)))
   np.testing.assert_allclose(after, ref[:, 5:8], atol=1e-5)
 
 
