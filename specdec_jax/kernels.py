@@ -32,6 +32,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 Array = Any
 
@@ -42,6 +43,16 @@ Array = Any
 BLOCK_N = 64
 PROGRAMS = 128
 BLOCK_K = 128
+# Warps a program runs on, by its block of rows: a program holds its
+# accumulators (rows x columns, twice with the gate, in float32) and a
+# step's tiles in registers, which Triton's default of 4 warps spills to
+# local memory from 64 rows on. ptxas on a compile-only H200 (sm_90a,
+# CUDA 13.5; T5 1.1-XXL's gated wi, 4096 x 2 x 10240, 64 columns a
+# program): 4 warps spill 80 bytes at 64 rows and 1,128 at 128 (the
+# tree's 65-row call), its qkv 140 at 128 rows, a dec2 drafter's gated wi
+# (32 columns) 264; 8 warps spill none (142-188 registers a thread).
+# At 16 and 32 rows 4 warps spill none (8 would, 4 bytes at 32).
+WIDE_BLOCK, WIDE_WARPS, WARPS = 64, 8, 4
 # The gate the kernel applies: T5 1.1's gated GeLU (wi_0 through GeLU,
 # times wi_1), the MLP's activations.
 GATE = ('gelu', 'linear')
@@ -135,10 +146,17 @@ def norm_dense(normed: Normed, kernel: Array, gate: bool = False,
                 pl.BlockSpec(kernel.shape, lambda j: (0, 0))],
       out_specs=pl.BlockSpec((block, bn), lambda j: (0, j)),
       out_shape=jax.ShapeDtypeStruct((rows.shape[0], n), normed.dtype),
+      compiler_params=plgpu.CompilerParams(num_warps=warps(block)),
       interpret=interpret,
   )(rows, jnp.asarray(normed.scale, normed.dtype),
     jnp.asarray(kernel, normed.dtype))
   return out.reshape(lead + (n,))
+
+
+def warps(block: int) -> int:
+  """Warps of a program of `block` rows (`WIDE_WARPS` from `WIDE_BLOCK`
+  rows on: no spilled register)."""
+  return WIDE_WARPS if block >= WIDE_BLOCK else WARPS
 
 
 def on_cuda(cuda, default):
