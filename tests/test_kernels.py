@@ -179,6 +179,8 @@ def test_the_kernel_spills_no_register_on_a_gpu(h100):
       lowered = jax.jit(lambda x, s, w: kernels.norm_dense(
           kernels.Normed(x, s, 1e-6, jnp.bfloat16), w, gate=True)).lower(
               spec(rows, k_dim), spec(k_dim), spec(k_dim, 2 * n))
+    # At XLA's default LLVM level (the suite's XLA_FLAGS set 0, for its
+    # CPU programs: unoptimized PTX, which ptxas spills more of).
     lowered.compile(
         {'xla_gpu_fail_ptx_compilation_on_register_spilling': True,
          'xla_backend_optimization_level': 2})
