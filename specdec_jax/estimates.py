@@ -272,7 +272,7 @@ def estimates(target: compiled.Target, steps, draft_steps, model, args
            f"bf16, input {args.input_length}, cache "
            f"{args.max_decode_len + max(args.ks) + 1}")
   chip = target.spec
-  mega = bool(getattr(args, 'megacore_steps', False))
+  mega = bool(args.megacore_steps)
   out = {'per_step': {}, 'megacore_steps': mega}
   for b, curve in steps.items():
     t1 = step_seconds(curve[1], chip, whole_chip=mega)
