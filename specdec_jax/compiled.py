@@ -598,8 +598,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--iterations', nargs='?', const='programs',
                       choices=('programs', 'reference'), help='counts, GB, '
                       'ESTIMATED ms per loop iteration of --programs '
-                      "(program_cost), or 'reference': those the device "
-                      'model was fitted to, with measured ms')
+                      "(program_cost), or 'reference': those its (else the "
+                      "H100's) model was fitted to, with the measured ms")
   parser.add_argument('--captured_us', type=float, help='with --iterations: '
                       'ESTIMATES at this cost of a captured kernel (us)')
   parser.add_argument('--xla_option', action='append', default=[], type=(

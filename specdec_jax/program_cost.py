@@ -1383,7 +1383,8 @@ def report_iterations(lower: Callable[..., Any], platform: str,
     platform: 'gpu' or 'tpu'.
     names: the programs to lower with the command's setup, or None: the
       programs the stored device model was fitted to, each with its own
-      setup and its measured ms.
+      setup and its measured ms (a device with no model of its own: the
+      H100's programs, with no measured ms).
     device: the target chip's name, e.g. 'NVIDIA H100 80GB HBM3': its
       stored device model estimates the times (GPU).
     captured_us: the cost of a kernel inside a command buffer the
@@ -1400,11 +1401,12 @@ def report_iterations(lower: Callable[..., Any], platform: str,
   if model is not None and captured_us is not None:
     model = dataclasses.replace(model, captured_us=captured_us)
   if names is None:
-    if stored is None:
-      raise ValueError(f'no device model of {device} ({path.name}) to take '
-                       'the fitted programs from')
-    todo = [(p['label'], p['program'], p['setup'], measured_ms(p))
-            for p in stored['programs']]
+    # The programs a device model was fitted to: this device's, else the
+    # H100's (their setups hold on any target; the measured ms only on the
+    # device that measured them).
+    fitted = stored or load_model()
+    todo = [(p['label'], p['program'], p['setup'],
+             measured_ms(p) if stored else None) for p in fitted['programs']]
   else:
     todo = [(n, n, {}, None) for n in names]
   found = []

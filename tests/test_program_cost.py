@@ -259,6 +259,31 @@ def test_xla_options_reach_the_compiler_and_the_note(monkeypatch):
                                                     'no-tpu')
 
 
+def test_the_reference_programs_compile_for_a_device_with_no_model(
+    monkeypatch):
+  """`--iterations=reference` on a device with no fitted model of its own
+  (an H200, a TPU) compiles the programs the H100's model was fitted to,
+  each with its own setup, and shows no measured ms (those were the
+  H100's) and no estimate."""
+  seen = []
+
+  def compile_iteration(lowered, platform, options=None):
+    del platform, options
+    seen.append(lowered)
+    return pc.hlo_iteration(TPU_LOOP, 'tpu')
+  monkeypatch.setattr(pc, 'compile_iteration', compile_iteration)
+  lower = lambda name, **setup: (name, setup)
+  fitted = pc.load_model()['programs']
+  text = pc.report_iterations(lower, 'gpu', None, 'NVIDIA H200')
+  assert seen == [(p['program'], p['setup']) for p in fitted]
+  rows = [line.split(' | ') for line in text.splitlines()
+          if line.startswith('| ') and ' | all | ' in line]
+  assert [r[0][2:] for r in rows] == [p['label'] for p in fitted]
+  assert all(r[-3:] == ['-', '-', '- |'] for r in rows), rows
+  h100 = pc.report_iterations(lower, 'gpu', None, 'NVIDIA H100 80GB HBM3')
+  assert f"{pc.measured_ms(fitted[0]):.2f}" in h100
+
+
 # A loop body as XLA's TPU compiler writes one (memory spaces in the
 # layouts: S(1) VMEM, S(2) SMEM, none HBM): w1 prefetched into VMEM by an
 # async copy, w2 by two async slices joined by a ConcatBitcast, w3 read
