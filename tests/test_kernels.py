@@ -162,19 +162,20 @@ def test_a_decoder_layer_s_norms_and_gate_go_into_its_projections_on_a_gpu(
     assert fused <= plain - 4, (plain, fused)
 
 
-def test_the_kernel_spills_no_register_on_a_gpu(h100):
+def test_the_kernel_spills_no_register_on_a_gpu(h100, xxl_tree_setup):
   """ptxas on a compile-only H100 spills no register of the kernel
   (`xla_gpu_fail_ptx_compilation_on_register_spilling`: a kernel that
   spills fails its compile) at each block of rows a call takes (1, 17, 33
-  and 65 rows: 16 to 128) for T5 1.1-XXL's gated wi (64 columns a
-  program), and at 65 rows for a dec2 drafter's (32 columns)."""
+  and 65 rows: 16 to 128) for the XXL-width target's gated wi (64 columns
+  a program), and at 65 rows for its dec2-shaped drafter's (32 columns)."""
   device = h100.mesh.devices.flat[0]
   place = jax.sharding.SingleDeviceSharding(device)
   spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16,
                                              sharding=place)
-  for rows, k_dim, n in ((1, 4096, 10240), (17, 4096, 10240),
-                         (33, 4096, 10240), (65, 4096, 10240),
-                         (65, 256, 640)):
+  target, draft = xxl_tree_setup.target, xxl_tree_setup.draft
+  for rows, k_dim, n in [(r, target.emb_dim, target.mlp_dim)
+                         for r in (1, 17, 33, 65)] + [
+                             (65, draft.emb_dim, draft.mlp_dim)]:
     with kernels.abstract_gpu(device):
       lowered = jax.jit(lambda x, s, w: kernels.norm_dense(
           kernels.Normed(x, s, 1e-6, jnp.bfloat16), w, gate=True)).lower(
