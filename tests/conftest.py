@@ -1,5 +1,6 @@
 """Shared tiny models for the test suite (compiled once per session)."""
 
+import contextlib
 import functools
 import gc
 import json
@@ -13,7 +14,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import decoding
+from specdec_jax import loading
 from specdec_jax import network
+from specdec_jax import shipped
+from specdec_jax import synthetic
 
 FIXTURES = (pathlib.Path(__file__).resolve().parents[1].parent / 'shared' /
             'fixtures' / 't5x')
@@ -249,6 +253,73 @@ def pytest_sessionfinish(session):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f'compile-{os.getpid()}.json').write_text(json.dumps(
         _PROFILE, indent=0))
+
+
+# Named weights loaded once per test process. The eval job's tests and the
+# specs' shrunk runs load the same models over and over: with no checkpoint
+# (T5X's initializers at a seed), a 'synthetic:' one, or the package's own
+# 'shipped:' ones. In test_eval.py, test_run_folder.py, test_diagnostics.py
+# and test_output_cache.py, 134 inits of 8 distinct (config, seed) pairs
+# took 27 s of their 177 s of CPU (the initializers and a forward pass run
+# op by op); in tests/experiments/, tests/tools/ and four more files, 55
+# loads of 5 shipped models took 15 s. Such weights are a function of the
+# config and the checkpoint's name alone, so `loading.load_model` keeps
+# them here and hands them out in fresh containers, the arrays shared
+# (nothing writes into a jax array, and no program donates them). Weights
+# read from a path, or from a copy of the shipped folder (SPECDEC_ASSETS),
+# load every time: a test may rewrite them.
+_NAMED_WEIGHTS = {}
+_load_model = loading.load_model
+
+
+def _load_named_weights_once(config, checkpoint, seed=0, what='model',
+                             shardings=None, cache=None):
+  """`loading.load_model`, once per config and name for named weights."""
+  name = str(checkpoint)
+  named = (checkpoint is None or name.startswith(synthetic.SCHEME) or (
+      name.startswith(shipped.SCHEME) and  # the package's, not a copy's
+      shipped.asset_dir() == shipped.ASSETS_DIR))
+  if not named or shardings is not None or cache is not None:
+    return _load_model(config, checkpoint, seed, what, shardings, cache)
+  key = (config, name, seed if checkpoint is None else None)
+  if key not in _NAMED_WEIGHTS:
+    _NAMED_WEIGHTS[key] = _load_model(config, checkpoint, seed, what)
+  model, params = _NAMED_WEIGHTS[key]
+  return model, jax.tree.map(lambda x: x, params)
+
+
+loading.load_model = _load_named_weights_once
+
+# The examples of the test data (tests/testdata: files no test writes), read
+# once per process into a `loading.LoadCache`, as a sweep keeps a split for
+# its cells: the same four files read them 101 times through seqio's
+# pipeline, 13 s of CPU. A split of any other folder is read every time.
+_TEST_DATA = pathlib.Path(__file__).resolve().parent / 'testdata'
+_TEST_DATA_SPLITS = loading.LoadCache()
+_read_examples = loading.read_examples
+
+
+def _read_test_data_once(setup, task, num_examples, cache=None):
+  """`loading.read_examples`, once per split and length for tests/testdata."""
+  if cache is None and setup.data_dir is not None and pathlib.Path(
+      setup.data_dir).resolve().is_relative_to(_TEST_DATA):
+    cache = _TEST_DATA_SPLITS
+  return _read_examples(setup, task, num_examples, cache)
+
+
+loading.read_examples = _read_test_data_once
+
+
+@contextlib.contextmanager
+def loads_every_time():
+  """Within the block, `loading.load_model` and `loading.read_examples` load
+  as the package does: for a test that counts or spies on loads."""
+  kept = loading.load_model, loading.read_examples
+  loading.load_model, loading.read_examples = _load_model, _read_examples
+  try:
+    yield
+  finally:
+    loading.load_model, loading.read_examples = kept
 
 
 @pytest.fixture(scope='session')

@@ -19,6 +19,8 @@ from specdec_jax import measure
 from specdec_jax import shipped
 from specdec_jax.sampling import SamplingConfig
 
+from conftest import loads_every_time
+
 # Greedy alpha of the shipped dec2 drafter on the first 16 test inputs,
 # measured when it was shipped: en_de 0.692, synopsis 0.628 (on 256 inputs:
 # 0.708 / see results/drafters_alpha.md). The shipped small drafter gives
@@ -312,7 +314,7 @@ def test_a_shipped_load_verifies_each_file_once(monkeypatch, caplog):
   folder = shipped.checkpoint_path('small')
   files = [os.path.join(d, n) for d, _, names in os.walk(folder)
            for n in names]
-  with caplog.at_level('INFO'):
+  with caplog.at_level('INFO'), loads_every_time():
     loading.load_model(shipped.config('small'), 'shipped:small')
     shipped.load_model('small')
   models_json = os.path.join(shipped.asset_dir(), shipped.MODELS)

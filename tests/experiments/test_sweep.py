@@ -26,6 +26,8 @@ from specdec_jax.experiments import specs
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
+from conftest import loads_every_time
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Record fields that are timings (or say where a run was).
 TIMED = {'baseline_batch_s', 'speculative_batch_s', 'other_load'}
@@ -93,7 +95,7 @@ def tiny_run(tmp_path_factory):
   spec = _tiny(variants=('a', 'b'))
   options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'))
   loads = []
-  with pytest.MonkeyPatch.context() as patch:
+  with pytest.MonkeyPatch.context() as patch, loads_every_time():
     load = loading.checkpoints.load_t5x_params
     patch.setattr(loading.checkpoints, 'load_t5x_params',
                   lambda path, **kw: loads.append(path) or load(path, **kw))
