@@ -264,11 +264,12 @@ def pytest_sessionfinish(session):
 # op by op); in tests/experiments/, tests/tools/ and four more files, 55
 # loads of 5 shipped models took 15 s. Such weights are a function of the
 # config and the checkpoint's name alone, so `loading.load_model` keeps
-# them here and hands them out in fresh containers, the arrays shared
-# (nothing writes into a jax array, and no program donates them). Weights
-# read from a path, or from a copy of the shipped folder (SPECDEC_ASSETS),
-# load every time: a test may rewrite them.
-_NAMED_WEIGHTS = {}
+# them in a `loading.LoadCache` (as a sweep keeps its models: handed out in
+# fresh containers, the arrays shared; no program donates them), with room
+# for more than a test process loads (~20). Weights read from a path, or
+# from a copy of the shipped folder (SPECDEC_ASSETS), load every time: a
+# test may rewrite them.
+_KEPT = loading.LoadCache(max_models=64)
 _load_model = loading.load_model
 
 
@@ -281,21 +282,17 @@ def _load_named_weights_once(config, checkpoint, seed=0, what='model',
       shipped.asset_dir() == shipped.ASSETS_DIR))
   if not named or shardings is not None or cache is not None:
     return _load_model(config, checkpoint, seed, what, shardings, cache)
-  key = (config, name, seed if checkpoint is None else None)
-  if key not in _NAMED_WEIGHTS:
-    _NAMED_WEIGHTS[key] = _load_model(config, checkpoint, seed, what)
-  model, params = _NAMED_WEIGHTS[key]
-  return model, jax.tree.map(lambda x: x, params)
+  key = ('model', config, name, seed if checkpoint is None else None)
+  return _KEPT.model(key, lambda: _load_model(config, checkpoint, seed, what))
 
 
 loading.load_model = _load_named_weights_once
 
 # The examples of the test data (tests/testdata: files no test writes), read
-# once per process into a `loading.LoadCache`, as a sweep keeps a split for
-# its cells: the same four files read them 101 times through seqio's
-# pipeline, 13 s of CPU. A split of any other folder is read every time.
+# once per process into the same cache, as a sweep keeps a split for its
+# cells: the same four files read them 101 times through seqio's pipeline,
+# 13 s of CPU. A split of any other folder is read every time.
 _TEST_DATA = pathlib.Path(__file__).resolve().parent / 'testdata'
-_TEST_DATA_SPLITS = loading.LoadCache()
 _read_examples = loading.read_examples
 
 
@@ -303,7 +300,7 @@ def _read_test_data_once(setup, task, num_examples, cache=None):
   """`loading.read_examples`, once per split and length for tests/testdata."""
   if cache is None and setup.data_dir is not None and pathlib.Path(
       setup.data_dir).resolve().is_relative_to(_TEST_DATA):
-    cache = _TEST_DATA_SPLITS
+    cache = _KEPT
   return _read_examples(setup, task, num_examples, cache)
 
 
