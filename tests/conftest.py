@@ -282,7 +282,10 @@ def _load_named_weights_once(config, checkpoint, seed=0, what='model',
       shipped.asset_dir() == shipped.ASSETS_DIR))
   if not named or shardings is not None or cache is not None:
     return _load_model(config, checkpoint, seed, what, shardings, cache)
-  key = ('model', config, name, seed if checkpoint is None else None)
+  # The package's key of a kept model (`cache=` would call the patched
+  # `loading.load_model` again to load it).
+  weights = loading._weights_key  # pylint: disable=protected-access
+  key = ('model', config) + weights(checkpoint, seed)
   return _KEPT.model(key, lambda: _load_model(config, checkpoint, seed, what))
 
 
