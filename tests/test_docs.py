@@ -252,7 +252,7 @@ def test_no_issue_numbers_or_machine_paths():
 
 QUICK_START = '''```bash
 pip install -e . && python -m specdec_jax.demo        # main job, built-in defaults
-pip install -e ".[test]" && pytest                    # the test suite (CPU, 6-13 min on 2 cores)
+pip install -e ".[test]" && pytest                    # the test suite (CPU, 6-15 min on 2 cores)
 ```'''
 
 
