@@ -625,7 +625,13 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
   """
   if cache is not None and shardings is None:
     key = ('model', config) + _weights_key(checkpoint, seed)
-    return cache.model(key, lambda: load_model(config, checkpoint, seed, what))
+    return cache.model(key, lambda: _read_model(config, checkpoint, seed, what))
+  return _read_model(config, checkpoint, seed, what, shardings)
+
+
+def _read_model(config: network.T5Config, checkpoint: Optional[str],
+                seed: int, what: str, shardings=None):
+  """`load_model` with no cache: read (or initialized) every call."""
   model = network.T5Model(config)
   if checkpoint is None:
     return model, model.init_params(jax.random.key(seed))

@@ -280,13 +280,9 @@ def _load_named_weights_once(config, checkpoint, seed=0, what='model',
   named = (checkpoint is None or name.startswith(synthetic.SCHEME) or (
       name.startswith(shipped.SCHEME) and  # the package's, not a copy's
       shipped.asset_dir() == shipped.ASSETS_DIR))
-  if not named or shardings is not None or cache is not None:
-    return _load_model(config, checkpoint, seed, what, shardings, cache)
-  # The package's key of a kept model (`cache=` would call the patched
-  # `loading.load_model` again to load it).
-  weights = loading._weights_key  # pylint: disable=protected-access
-  key = ('model', config) + weights(checkpoint, seed)
-  return _KEPT.model(key, lambda: _load_model(config, checkpoint, seed, what))
+  if named and cache is None:
+    cache = _KEPT  # not used with shardings: such a load is not kept
+  return _load_model(config, checkpoint, seed, what, shardings, cache)
 
 
 loading.load_model = _load_named_weights_once
