@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -268,7 +269,9 @@ def pytest_sessionfinish(session):
 # fresh containers, the arrays shared; no program donates them), with room
 # for more than a test process loads (~20). Weights read from a path, or
 # from a copy of the shipped folder (SPECDEC_ASSETS), load every time: a
-# test may rewrite them.
+# test may rewrite them. Nor is a load made while jax traces (the stored
+# run's build loads its setups inside `jax.eval_shape`): its params are that
+# trace's tracers, which a later test would decode with.
 _KEPT = loading.LoadCache(max_models=64)
 _load_model = loading.load_model
 
@@ -280,8 +283,11 @@ def _load_named_weights_once(config, checkpoint, seed=0, what='model',
   named = (checkpoint is None or name.startswith(synthetic.SCHEME) or (
       name.startswith(shipped.SCHEME) and  # the package's, not a copy's
       shipped.asset_dir() == shipped.ASSETS_DIR))
-  if named and cache is None:
-    cache = _KEPT  # not used with shardings: such a load is not kept
+  # With shardings the package keeps nothing. Under a jax trace any new
+  # array is a tracer: a load there is not kept.
+  if named and cache is None and not isinstance(jnp.zeros(()),
+                                                jax.core.Tracer):
+    cache = _KEPT
   return _load_model(config, checkpoint, seed, what, shardings, cache)
 
 
