@@ -222,7 +222,13 @@ if _PROFILE_DIR:
 # memory the same (7.4 and 6.4 GB before, 6.8 and 7.1 GB after). Each
 # file's garbage is freed before the next file starts (its module fixtures
 # are torn down by then); the young generations are collected 14x less
-# often.
+# often. jax's caches are cleared there too: every program a process keeps
+# holds its machine code in memory mappings, ~150 per tiny decode loop with
+# jax 0.10.2 and ~540 with jax 0.11 and later (their MLIR fusion emitters),
+# and Linux allows a process 65,530 (`vm.max_map_count`). With jax 0.12.0.1
+# a worker that had kept 16 files' programs segfaulted in XLA's compile of
+# the next stream loop; dropping them at each file keeps the count to one
+# file's. A program two files both compile is compiled again.
 gc.set_threshold(10_000, 50, 1_000)
 _FILE = [None]
 
@@ -233,6 +239,8 @@ def pytest_runtest_protocol(item, nextitem):
   _CURRENT[0] = item.nodeid
   if item.path != _FILE[0]:
     _FILE[0] = item.path
+    gc.unfreeze()
+    jax.clear_caches()
     gc.collect()
     gc.freeze()
   yield
