@@ -17,6 +17,7 @@ compile-only targets (`compiled.lower_program`) build their programs here.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
@@ -181,3 +182,43 @@ def calls(baseline: Program, spec: Optional[Program], params, draft_params,
             'speculative': lambda: baseline_as_speculative(base())}
   return {'baseline': base,
           'speculative': lambda: spec(params, draft_params, inputs, rng)}
+
+
+# Every program a process keeps holds its machine code in memory mappings:
+# on CPU ~150 per tiny decode loop with jax 0.10.2 and ~550 with jax 0.11 and
+# later (their fusion emitters); the table2 spec's first group of cells on
+# the shipped models (18 decode loops) leaves ~13,400 with jax 0.12. Linux
+# allows a process `vm.max_map_count` (65,530 by default), and a process
+# past it segfaults in XLA's next compile. Releasing past half of it leaves
+# the other half for the next piece of work's programs.
+CROWDED_SHARE = 0.5
+
+
+def _read(path: str) -> Optional[bytes]:
+  try:
+    with open(path, 'rb') as f:
+      return f.read()
+  except OSError:  # not Linux
+    return None
+
+
+def release_if_crowded(share: float = CROWDED_SHARE) -> bool:
+  """Drops the programs jax keeps compiled (`jax.clear_caches()`) when this
+  process holds more than `share` of the memory mappings the OS allows one;
+  a program needed again is compiled again. Call it between pieces of work
+  that compile many programs (a sweep's groups of cells, a suite's test
+  files), never inside a timed region (counting reads /proc/self/maps:
+  ~16 ms at 20,000 mappings).
+
+  Returns:
+    Whether it released them (False off Linux).
+  """
+  held = _read('/proc/self/maps')
+  allowed = _read('/proc/sys/vm/max_map_count')
+  if held is None or not allowed:
+    return False
+  if held.count(b'\n') <= share * int(allowed):
+    return False
+  jax.clear_caches()
+  gc.collect()  # the executables' last references may sit in cycles
+  return True

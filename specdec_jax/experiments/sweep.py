@@ -39,6 +39,7 @@ from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import models as models_lib
+from specdec_jax import programs
 from specdec_jax import run_folder
 from specdec_jax import task_table
 from specdec_jax import unit_loop
@@ -74,7 +75,8 @@ class Cell:
 
   def fields(self) -> Dict[str, Any]:
     """The row's identifying fields: task, drafter, labels, changes."""
-    changes = {('kind' if k == 'drafter' else k): _plain(v)
+    changes = {('kind' if k == 'drafter' else k):
+               dict(v) if isinstance(v, Mapping) else v
                for k, v in self.changes.items()}
     return {'task': self.task, 'drafter': self.drafter, **self.labels,
             **changes}
@@ -90,10 +92,6 @@ class Cell:
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     return name.encode()[:MAX_NAME - 17].decode(errors='ignore') + (
         '-' + digest)
-
-
-def _plain(v):
-  return dict(v) if isinstance(v, Mapping) else v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,6 +466,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       result['rows'] += rows
       result['rows'].sort(key=lambda row: order[row['cell']])
     table.write(spec, table.repredict(spec, result, profile), out)
+    programs.release_if_crowded()  # a long sweep compiles many programs
   result['time_log'] = clock.log
   if spec.finish is not None:
     spec.finish(result, pathlib.Path(out))
