@@ -191,7 +191,7 @@ def get_dataset(mixture_or_task_name: str,
   Returns:
     A tf.data.Dataset of FEATURES, `[N]` or `[M]` int32 each.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = tasks.import_seqio()
 
   lengths = {k: int(task_feature_lengths[k]) for k in ('inputs', 'targets')}
   task = tasks.get_task(mixture_or_task_name)

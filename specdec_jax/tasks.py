@@ -30,6 +30,7 @@ directory is `SPECDEC_DATA_DIR` or `register_tasks(data_dir=...)`.
 """
 
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -169,6 +170,24 @@ def _summarize(x, article_key: str, summary_key: str):
           'targets': x[summary_key]}
 
 
+def import_seqio():
+  """seqio, which imports TensorFlow: every seqio import of the package.
+
+  Where triton (torch's GPU compiler, which transformers' T5 imports) is
+  installed, it is imported first: TensorFlow 2.20 and 2.21's wheels load
+  their LLVM into the process's global symbols, and a triton (3.7 and
+  later) loaded after them segfaults in its initializers
+  (https://github.com/tensorflow/tensorflow/issues/124205). Loaded first,
+  triton binds its own LLVM and both work. Nothing is reordered once
+  TensorFlow is in (triton would crash).
+  """
+  if ('tensorflow' not in sys.modules
+      and importlib.util.find_spec('triton') is not None):
+    import triton  # pylint: disable=g-import-not-at-top,unused-import
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio
+
+
 # ------------------------------------------------------ vocabularies, data ---
 def t5_vocabulary(vocab_path: Optional[str] = None):
   """T5's vocabulary (lazy: nothing is read until it is used).
@@ -180,7 +199,7 @@ def t5_vocabulary(vocab_path: Optional[str] = None):
   Returns:
     The seqio.SentencePieceVocabulary with T5's 100 extra ids.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   path = vocab_path or os.environ.get(VOCAB_ENV) or DEFAULT_VOCAB_PATH
   return seqio.SentencePieceVocabulary(path, extra_ids=DEFAULT_EXTRA_IDS)
 
@@ -211,7 +230,7 @@ def _missing_data_error(data_dir: str, path: str) -> FileNotFoundError:
 def _debian_vocabulary_class():
   """seqio's SentencePieceVocabulary with the missing-file error (built when
   seqio is first needed)."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
 
   class DebianVocabulary(seqio.SentencePieceVocabulary):
     """The data dir's SentencePiece model (lazy, no extra ids).
@@ -500,7 +519,7 @@ def array_task(name: str, data_dir: Optional[str], split: str
 # ----------------------------------------------------------- seqio tasks ---
 def _debian_source(task: str, fields: Tuple[str, ...], data_dir: str):
   """A seqio source reading the task's JSONL split files when read."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def dataset_fn(split: str, shuffle_files: bool,
@@ -515,14 +534,14 @@ def _debian_source(task: str, fields: Tuple[str, ...], data_dir: str):
 
 def _output_features(vocab) -> Dict[str, Any]:
   """T5's DEFAULT_OUTPUT_FEATURES with `vocab`."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   return {'inputs': seqio.Feature(vocab, add_eos=True, required=False),
           'targets': seqio.Feature(vocab, add_eos=True)}
 
 
 def _pipeline(preprocessor: Callable[..., Any], **kwargs) -> list:
   """T5's preprocessing: task format, tokenize, cache point, append EOS."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   return [functools.partial(seqio.map_over_dataset(preprocessor), **kwargs),
           seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
           seqio.preprocessors.append_eos_after_trim]
@@ -531,7 +550,7 @@ def _pipeline(preprocessor: Callable[..., Any], **kwargs) -> list:
 def _task_specs(vocab_path: Optional[str], data_dir: Optional[str],
                 debian_vocab_path: Optional[str]) -> Dict[str, dict]:
   """TaskRegistry.add keyword arguments of our four tasks, by name."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
 
   t5_features = _output_features(t5_vocabulary(vocab_path))
   data_dir = resolve_data_dir(data_dir)
@@ -571,7 +590,7 @@ def make_task(name: str, vocab_path: Optional[str] = None,
               debian_vocab_path: Optional[str] = None):
   """Builds one of our seqio tasks without registering it (see
   `register_tasks`)."""
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   specs = _task_specs(vocab_path, data_dir, debian_vocab_path)
   if name not in specs:
     raise ValueError(f'Unknown task {name!r}; known tasks: '
@@ -604,7 +623,7 @@ def register_tasks(vocab_path: Optional[str] = None,
   Returns:
     The registered task names (the mixture DEBIAN_MIXTURE is registered too).
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   for name, spec in _task_specs(vocab_path, data_dir,
                                 debian_vocab_path).items():
     seqio.TaskRegistry.remove(name)
@@ -633,7 +652,7 @@ def get_task(name: str):
   Raises:
     ValueError: for an unknown name, listing the known tasks.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = import_seqio()
   if not _REGISTERED[0]:
     register_tasks()
   known = set(seqio.TaskRegistry.names()) | set(

@@ -18,6 +18,7 @@ from specdec_jax import arrays
 from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import network
+from specdec_jax import tasks
 from specdec_jax import training
 
 from conftest import teacher_forced_logits  # pylint: disable=g-bad-import-order
@@ -151,8 +152,8 @@ def test_generate_writes_the_targets_greedy_outputs_and_resumes(teacher,
 
 def test_array_features_match_seqio_enc_dec_converter():
   """Training on arrays feeds what seqio's converter feeds (no packing)."""
-  seqio = pytest.importorskip('seqio')
-  tf = pytest.importorskip('tensorflow')
+  seqio = tasks.import_seqio()  # triton first, where installed
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   data = _toy_arrays(n=3)
   row = {k: v[0][v[0] != 0] for k, v in data.items()}  # one unpadded row
   ds = tf.data.Dataset.from_tensors(row)

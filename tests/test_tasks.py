@@ -114,9 +114,9 @@ def sample_lists(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def seqio():
-  """The seqio module, imported when a test first reads a task."""
-  import seqio as seqio_lib  # pylint: disable=g-import-not-at-top
-  return seqio_lib
+  """The seqio module, imported when a test first reads a task (as the
+  package imports it)."""
+  return tasks.import_seqio()
 
 
 @pytest.fixture
@@ -358,15 +358,28 @@ def test_missing_data_dir_names_build_command(tmp_path):
     assert tasks.DATA_DIR_ENV in message
 
 
-def test_import_specdec_jax_does_not_import_tensorflow():
+def test_tensorflow_is_imported_only_for_seqio_and_after_triton(tmp_path):
   """Jobs must start fast: importing the package, the tasks and the eval job
-  imports neither seqio nor TensorFlow (only reading a seqio task does)."""
+  imports neither seqio nor TensorFlow (only reading a seqio task does).
+  When seqio comes in, an installed triton is imported before TensorFlow
+  (a triton loaded after TensorFlow 2.20-2.21 segfaults): a stand-in
+  triton notes whether TensorFlow was in when it was imported."""
+  (tmp_path / 'triton').mkdir()
+  (tmp_path / 'triton' / '__init__.py').write_text(
+      'import sys\n'
+      'print("triton after tensorflow:", "tensorflow" in sys.modules)\n')
   code = ('import sys, specdec_jax\n'
           'from specdec_jax import data, eval, loading, tasks\n'
           'bad = [m for m in ("tensorflow", "seqio") if m in sys.modules]\n'
-          'assert not bad, f"imported: {bad}"')
-  subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT,
-                 env={**os.environ, 'PYTHONPATH': str(ROOT)})
+          'assert not bad, f"imported: {bad}"\n'
+          'tasks.import_seqio()\n'
+          'assert "tensorflow" in sys.modules\n')
+  proc = subprocess.run(
+      [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+      env={**os.environ, 'PYTHONPATH': f'{tmp_path}{os.pathsep}{ROOT}'},
+      check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines() == ['triton after tensorflow: False']
 
 
 def test_shipped_eval_task_reads_without_tensorflow():
