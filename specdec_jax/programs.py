@@ -185,7 +185,7 @@ def calls(baseline: Program, spec: Optional[Program], params, draft_params,
 
 
 # Every program a process keeps holds its machine code in memory mappings:
-# on CPU ~150 per tiny decode loop with jax 0.10.2 and ~550 with jax 0.11 and
+# on CPU ~150 per tiny decode loop with jax 0.10.2 and ~545 with jax 0.11 and
 # later (their fusion emitters); the table2 spec's first group of cells on
 # the shipped models (18 decode loops) leaves ~13,400 with jax 0.12. Linux
 # allows a process `vm.max_map_count` (65,530 by default), and a process
@@ -206,9 +206,9 @@ def release_if_crowded(share: float = CROWDED_SHARE) -> bool:
   """Drops the programs jax keeps compiled (`jax.clear_caches()`) when this
   process holds more than `share` of the memory mappings the OS allows one;
   a program needed again is compiled again. Call it between pieces of work
-  that compile many programs (a sweep's groups of cells, a suite's test
-  files), never inside a timed region (counting reads /proc/self/maps:
-  ~16 ms at 20,000 mappings).
+  that compile many programs (a sweep's groups of cells), never inside a
+  timed region (counting reads /proc/self/maps: ~16 ms at 20,000
+  mappings).
 
   Returns:
     Whether it released them (False off Linux).

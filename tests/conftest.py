@@ -223,9 +223,8 @@ if _PROFILE_DIR:
 # file's garbage is freed before the next file starts (its module fixtures
 # are torn down by then); the young generations are collected 14x less
 # often. jax's caches are cleared there too: every program a process keeps
-# holds its machine code in memory mappings, ~150 per tiny decode loop with
-# jax 0.10.2 and ~540 with jax 0.11 and later (their MLIR fusion emitters),
-# and Linux allows a process 65,530 (`vm.max_map_count`). With jax 0.12.0.1
+# holds memory mappings, of which Linux allows a process 65,530 (the figures
+# beside `programs.CROWDED_SHARE`, the sweep's rule). With jax 0.12.0.1
 # a worker that had kept 16 files' programs segfaulted in XLA's compile of
 # the next stream loop; dropping them at each file keeps the count to one
 # file's. A program two files both compile is compiled again, at no

@@ -133,13 +133,14 @@ def test_a_program_names_its_arguments(setup):
 def test_a_crowded_process_releases_its_programs():
   """Past its share of the memory mappings the OS allows a process, the
   programs jax keeps compiled are dropped (a process past the limit
-  segfaults in XLA's next compile); below it they are kept. Last in the
-  file: the release drops the module's programs too."""
-  if not pathlib.Path('/proc/self/maps').exists():
-    pytest.skip('no /proc/self/maps here (not Linux): nothing is counted')
+  segfaults in XLA's next compile); below it they are kept, and off Linux
+  (nothing to count) always. Last in the file: the release drops the
+  module's programs too."""
+  on_linux = pathlib.Path('/proc/self/maps').exists()
   add = jax.jit(lambda x: x + 1)
   add(np.int32(1))
   assert not programs.release_if_crowded(share=1.0)
   assert add._cache_size() == 1  # pylint: disable=protected-access
-  assert programs.release_if_crowded(share=0.0)
-  assert add._cache_size() == 0  # pylint: disable=protected-access
+  assert programs.release_if_crowded(share=0.0) == on_linux
+  kept = add._cache_size()  # pylint: disable=protected-access
+  assert kept == (0 if on_linux else 1)
