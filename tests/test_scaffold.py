@@ -82,8 +82,11 @@ def test_a_provider_gives_the_programs_run_runs(v11, ragged_greedy):
   # a build ahead of time), whose lowering differs in its annotations.
   assert program(2).identity(params, params, enc, rng) == asked[0]
   placed = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  # In jax's types, as a build's structs are (numpy's int64 inputs are
+  # int32 to jax; a struct of int64 is truncated, with a warning).
   shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      np.shape(x), x.dtype, sharding=placed), (params, params, enc, rng))
+      np.shape(x), jax.typeof(x).dtype, sharding=placed),
+      (params, params, enc, rng))
   assert program(2).identity(*shapes) == asked[0]
   # The timing loops of a profile are programs of the same seam: the
   # context cache and each k's loop of calls, asked once each.
