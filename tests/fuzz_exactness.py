@@ -1,0 +1,367 @@
+"""Exactness at random points: what the suite checks at chosen ones.
+
+  python tests/fuzz_exactness.py [--greedy 400] [--law 120] [--seed 0]
+      [--out results/fuzz_exactness] [--kinds t5,tree] [--jobs 2]
+
+Greedy cases. A random tiny T5 (1.1 or 1.0; vocabulary 12-301, widths,
+1-3 layers a side; float32 or bfloat16; T5X's parameter layout or the fused
+decoding one, `network.for_decoding`), random 0-padded inputs (a row may be
+all padding), an output length and an EOS the target emits mid-row; a
+random drafter kind of `drafters.KINDS`, built from a random source (the
+target's weights plus noise of a random scale, or a smaller model of its
+own; adaptive lengths; a random tree), a random gamma, loop (the drafter's
+own or the ordinary one) and slot batch with random refill sizes. The
+fixed and the streamed speculative decodes and the streamed baseline must
+equal the fixed baseline token for token; in bfloat16 every differing row
+must be a certified near tie (`diagnostics.diagnose`), else it is a
+mismatch.
+
+Law cases. A random one- or two-layer target over 6 tokens (its logits
+scaled so that its law is not flat), a random kind, source, gamma, loop
+and sampling setting (a temperature, and top-k or top-p or neither); the
+speculative decode (fixed, or streamed through fewer slots) of 20,000
+rows of one input. Its 3-token sequences must not include one the target
+cannot emit, and their counts must fit the exact law (teacher-forced and
+standardized independently, tests/reference.py) by a chi-square test at
+p > 1e-5: with ~100 law cases a run, a false alarm once in ~1,000 runs.
+
+Each case goes to <out>.jsonl as it ends (a rerun skips the seeds there;
+`--jobs N`: N processes run cases at once);
+<out>.json and <out>.md summarize the file. Exit status 1 if any case
+failed. With the suite's XLA flags (tests/conftest.py), a case takes ~3-10
+s of one core.
+"""
+
+import argparse
+import collections
+import contextlib
+from concurrent import futures
+import json
+import multiprocessing
+import os
+import pathlib
+import platform
+import sys
+import time
+import traceback
+
+import conftest  # the suite's XLA flags, before jax starts its backend
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from specdec_jax import decoding
+from specdec_jax import diagnostics
+from specdec_jax import drafters
+from specdec_jax import interfaces
+from specdec_jax import network
+from specdec_jax import speculative
+from specdec_jax import streaming
+from specdec_jax import synthetic
+from specdec_jax.sampling import SamplingConfig
+from test_speculative import SEQ_LEN
+from test_speculative import SMALL_EOS
+from test_speculative import VOCAB
+from test_speculative import exact_sequence_distribution
+from test_speculative import law_fit
+from test_speculative import total_variation
+
+KINDS = sorted(drafters.KINDS)
+LAW_ROWS, LAW_P = 20_000, 1e-5
+
+
+def _tree(r, depth):
+  """A random tree spec of depth <= `depth`."""
+  form = r.integers(4)
+  if form == 0:
+    spec = f'chain:{r.integers(1, depth + 1)}'
+  else:
+    k, b, d = r.integers(1, 4), r.integers(1, 4), r.integers(1, depth + 1)
+    spec = f"{'static-beam' if form == 1 else 'beam'}:{k},{b},{d}"
+  return spec + (f'/{r.integers(1, 12)}' if r.random() < 0.3 else '')
+
+
+def _drafter(r, kind, source, max_gamma):
+  """(drafter, params, gamma, merged) of `kind` from `source`."""
+  drafter, params = drafters.get_kind(kind).build(source)
+  gamma, merged = int(r.integers(1, max_gamma + 1)), None
+  if isinstance(drafter, interfaces.MergedDrafter):
+    merged = None if r.random() < 0.7 else False
+    top = drafter.max_gamma(speculative.decodes_merged(drafter, merged))
+    if top is not None and gamma > top:
+      gamma = int(r.integers(1, top + 1))
+  return drafter, params, gamma, merged
+
+
+def _same(result, tokens, lengths):
+  return (np.array_equal(np.asarray(result.tokens), tokens) and
+          np.array_equal(np.asarray(result.lengths), lengths))
+
+
+def greedy_case(seed, kinds=KINDS):
+  """One random greedy case of a kind of `kinds`: a dict of what it drew
+  and its status."""
+  r = np.random.default_rng(seed)
+  v11 = r.random() < 0.7
+  config = conftest.TINY_V11.replace(
+      vocab_size=int(r.choice([12, 40, 128, 301])),
+      emb_dim=int(r.choice([16, 32])), num_heads=int(r.choice([1, 2, 4])),
+      head_dim=int(r.choice([4, 8])), mlp_dim=int(r.choice([32, 64])),
+      num_encoder_layers=int(r.integers(1, 4)),
+      num_decoder_layers=int(r.integers(1, 4)))
+  if not v11:
+    config = config.replace(mlp_activations=('relu',),
+                            logits_via_embedding=True)
+  bf16 = r.random() < 0.35
+  if bf16:
+    config = config.replace(dtype=jnp.bfloat16,
+                            activation_dtype=jnp.bfloat16)
+  emb_scale = 1.0 if v11 else 0.1  # tied logits: conftest's v10
+  model = network.T5Model(config)
+  params = conftest.numpy_params(config, int(r.integers(1 << 30)), emb_scale)
+  fused = r.random() < 0.5
+  if fused:
+    model, params = network.for_decoding(model, params)
+  batch, width = int(r.integers(1, 5)), int(r.integers(1, 14))
+  enc = r.integers(2, config.vocab_size, (batch, width))
+  for row in range(batch):
+    enc[row, int(r.integers(0 if r.random() < 0.1 else 1, width + 1)):] = 0
+  max_len = int(r.integers(1, 22))
+  probe = np.asarray(decoding.temperature_sample(
+      model, params, enc, max_decode_len=max_len, eos_id=1).tokens)
+  mid = probe[:, max_len // 3]
+  eos = int(mid[0]) if r.random() < 0.7 and mid[0] > 0 else 1
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=max_len, eos_id=eos)
+  tokens, lengths = np.asarray(base.tokens), np.asarray(base.lengths)
+  outputs = [row[:n].tolist() for row, n in zip(tokens, lengths)]
+  draft_model, draft_params = model, params
+  if r.random() < 0.5:
+    small = config.replace(num_encoder_layers=1,
+                           num_decoder_layers=int(r.integers(1, 3)),
+                           num_heads=int(r.choice([1, 2])))
+    draft_model = network.T5Model(small)
+    draft_params = conftest.numpy_params(small, int(r.integers(1 << 30)),
+                                         emb_scale)
+  scale = float(r.choice([0.0, 0.05, 0.3, 1.0]))
+  if scale:
+    draft_params = synthetic.perturbed(draft_params, scale,
+                                       jax.random.key(seed % 1000))
+  pairs = [(list(i), t) for i, t in zip(enc, outputs[1:] + outputs[:1])]
+  source = drafters.DraftSource(
+      vocab_size=config.vocab_size, draft_model=draft_model,
+      draft_params=draft_params, train_targets=lambda: outputs,
+      target_model=model, target_params=params, train_pairs=lambda: pairs,
+      output_length=max_len, confidence=float(r.choice([0, 0, 0.3, 0.8])),
+      tree=_tree(r, 5))
+  kind = kinds[int(r.integers(len(kinds)))]
+  drafter, dparams, gamma, merged = _drafter(r, kind, source, 8)
+  slots = int(r.integers(1, batch + 1))
+  refill = None
+  if slots > 1 and r.random() < 0.4:
+    refill = tuple(sorted({int(x) for x in r.integers(1, slots + 1, 2)} |
+                          {slots}))
+  case = dict(seed=seed, mode='greedy', kind=kind, gamma=gamma,
+              merged=merged, t5=('1.1' if v11 else '1.0'),
+              dtype='bfloat16' if bf16 else 'float32', fused=fused,
+              vocab=config.vocab_size,
+              layers=[config.num_encoder_layers, config.num_decoder_layers],
+              batch=batch, input_length=width, max_decode_len=max_len,
+              eos=eos, noise=scale, own_draft_model=draft_model is not model,
+              confidence=source.confidence, tree=source.tree, slots=slots,
+              refill_sizes=refill)
+  common = dict(gamma=gamma, max_decode_len=max_len, eos_id=eos,
+                merged=merged)
+  decodes = {
+      'fixed': speculative.speculative_sample(
+          model, params, drafter, dparams, enc, **common),
+      'stream': streaming.speculative_stream(
+          model, params, drafter, dparams, enc, batch_size=slots,
+          refill_sizes=refill, **common),
+      'baseline_stream': streaming.sample_stream(
+          model, params, enc, batch_size=slots, max_decode_len=max_len,
+          eos_id=eos, refill_sizes=refill)}
+  differing = [n for n, d in decodes.items() if not _same(d, tokens, lengths)]
+  case['differing'] = differing
+  case['status'] = 'ok'
+  if differing:
+    verdicts = [d.kind for n in differing for d in diagnostics.diagnose(
+        model, params, enc, tokens, np.asarray(decodes[n].tokens))]
+    case['diagnosed'] = verdicts
+    # float32 on a CPU is bit for bit: any difference is a failure.
+    tie = bf16 and all(v == diagnostics.NEAR_TIE for v in verdicts)
+    case['status'] = 'near_tie' if tie else 'FAILED'
+  return case
+
+
+def law_case(seed, kinds=KINDS):
+  """One random law case of a kind of `kinds`: a dict of what it drew and
+  its status."""
+  r = np.random.default_rng(seed)
+  config = conftest.TINY_V11.replace(
+      vocab_size=VOCAB, num_heads=1, head_dim=16, num_encoder_layers=1,
+      num_decoder_layers=int(r.integers(1, 3)))
+  model = network.T5Model(config)
+  params = conftest.numpy_params(config, int(r.integers(1 << 30)), 1.0)
+  logit_scale = float(r.uniform(1.5, 4))
+  dense = params['decoder']['logits_dense']
+  params['decoder']['logits_dense'] = {
+      'kernel': logit_scale * dense['kernel']}
+  enc = jnp.array([[3, 4, 5, 2, 1]])
+  form = r.integers(3)
+  sampling = SamplingConfig(
+      temperature=float(r.uniform(0.5, 1.5)),
+      topk=int(r.integers(2, 5)) if form == 1 else 0,
+      topp=float(r.uniform(0.6, 0.95)) if form == 2 else 1.0)
+  law = exact_sequence_distribution(model, params, enc, sampling)
+  scale = float(r.choice([0.0, 0.3, 1.0, 3.0]))
+  dparams = params
+  if scale:
+    dparams = synthetic.perturbed(params, scale, jax.random.key(seed % 997))
+  trains = [[2, 3, 1], [4, 4, 5, 1], [3, 5, 2, 1],
+            [int(x) for x in r.integers(2, VOCAB, 4)] + [1]]
+  pairs = [([3, 4, 5, 2, 1], t) for t in trains]
+  source = drafters.DraftSource(
+      vocab_size=VOCAB, draft_model=model, draft_params=dparams,
+      train_targets=lambda: trains, target_model=model, target_params=params,
+      train_pairs=lambda: pairs, output_length=SEQ_LEN,
+      confidence=float(r.choice([0, 0, 0.5])), tree=_tree(r, 3))
+  kind = kinds[int(r.integers(len(kinds)))]
+  drafter, dparams, gamma, merged = _drafter(r, kind, source, 5)
+  slots = int(r.choice([LAW_ROWS // 4, LAW_ROWS // 2])) if (
+      r.random() < 0.3) else None
+  case = dict(seed=seed, mode='law', kind=kind, gamma=gamma, merged=merged,
+              layers=config.num_decoder_layers, logit_scale=logit_scale,
+              temperature=sampling.temperature, topk=sampling.topk,
+              topp=sampling.topp, noise=scale, confidence=source.confidence,
+              tree=source.tree, slots=slots)
+  common = dict(gamma=gamma, max_decode_len=SEQ_LEN, sampling=sampling,
+                eos_id=SMALL_EOS, rng=jax.random.key(seed), merged=merged)
+  inputs = jnp.tile(enc, (LAW_ROWS, 1))
+  if slots:
+    out = streaming.speculative_stream(model, params, drafter, dparams,
+                                       inputs, batch_size=slots, **common)
+  else:
+    out = speculative.speculative_sample(model, params, drafter, dparams,
+                                         inputs, **common)
+  samples = np.asarray(out.tokens)
+  impossible, p, cells = law_fit(samples, law)
+  case.update(impossible=len(impossible), p=p, cells=cells,
+              support=int(sum(v > 0 for v in law.values())),
+              tv=total_variation(samples, law))
+  case['status'] = 'ok' if not impossible and p > LAW_P else 'FAILED'
+  return case
+
+
+def summarize(cases, command):
+  """The run's summary: counts by mode, kind and status, the failures."""
+  by = collections.defaultdict(collections.Counter)
+  for c in cases:
+    by[f"{c['mode']} {c.get('kind', '?')}"][c['status']] += 1
+  laws = [c for c in cases if c['mode'] == 'law' and 'p' in c]
+  # A law on one sequence (top-p, a confident target) tests the support
+  # alone; under a wider law p is uniform: its spread checks the test.
+  tested = [c['p'] for c in laws if c['support'] > 1]
+  return dict(
+      command=command, jax=jax.__version__, machine=(
+          f'{platform.machine()}, {os.cpu_count()} CPUs, jax backend '
+          f'{jax.default_backend()}'),
+      cases=len(cases),
+      statuses=dict(collections.Counter(c['status'] for c in cases)),
+      by_kind={k: dict(v) for k, v in sorted(by.items())},
+      greedy_dtypes=dict(collections.Counter(
+          c['dtype'] for c in cases if c['mode'] == 'greedy' and
+          'dtype' in c)),
+      law_point_masses=len(laws) - len(tested),
+      law_p_quartiles=[round(float(q), 3) for q in np.quantile(
+          tested, [0.25, 0.5, 0.75])] if tested else None,
+      failed=[c for c in cases if c['status'] not in ('ok', 'near_tie')])
+
+
+def markdown(summary):
+  lines = ['# Exactness at random points', '',
+           f"Command: `{summary['command']}`  ",
+           f"jax {summary['jax']}, {summary['machine']}. "
+           f"{summary['cases']} cases: {summary['statuses']}. "
+           'Greedy: fixed and streamed speculative decoding and the streamed '
+           'baseline against the fixed baseline, token for token (bfloat16: '
+           'a differing row must be a certified near tie); activations '
+           f"{summary['greedy_dtypes']}. Law: 20,000 sampled rows against "
+           'the exact law of 3 tokens: no sequence outside its support, '
+           f'chi-square p > {LAW_P:g} ({summary["law_point_masses"]} laws on '
+           'one sequence, their support alone); the p-values\' quartiles '
+           f"over the others {summary['law_p_quartiles']} (uniform under "
+           'the law: 0.25, 0.5, 0.75). What each case draws: '
+           'tests/fuzz_exactness.py.', '',
+           '| cases | ok | near tie | failed |', '|---|---:|---:|---:|']
+  for name, counts in summary['by_kind'].items():
+    lines.append(f"| {name} | {counts.get('ok', 0)} | "
+                 f"{counts.get('near_tie', 0)} | "
+                 f"{sum(v for k, v in counts.items() if k not in ('ok', 'near_tie'))} |")
+  for c in summary['failed']:
+    lines += ['', f"Failed: `{json.dumps(c)[:2000]}`"]
+  return '\n'.join(lines) + '\n'
+
+
+def run_case(mode, seed, kinds):
+  """`greedy_case` or `law_case`, timed; an exception is a failed case."""
+  start = time.time()
+  try:
+    case = (greedy_case if mode == 'greedy' else law_case)(seed, kinds)
+  except Exception:  # pylint: disable=broad-except
+    case = dict(seed=seed, mode=mode, status='FAILED',
+                error=traceback.format_exc()[-2000:])
+  case['seconds'] = round(time.time() - start, 1)
+  jax.clear_caches()  # a case's programs are not used again
+  return case
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--greedy', type=int, default=400)
+  parser.add_argument('--law', type=int, default=120)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--out', default='results/fuzz_exactness')
+  parser.add_argument('--jobs', type=int, default=1,
+                      help='processes running cases at once')
+  parser.add_argument('--kinds', default=','.join(KINDS),
+                      help='drafter kinds to draw from (comma-separated)')
+  args = parser.parse_args(argv)
+  kinds = args.kinds.split(',')
+  for kind in kinds:
+    drafters.get_kind(kind)  # an unknown kind: the known ones named
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  log = out.with_suffix('.jsonl')
+  done = {}
+  if log.exists():
+    for line in log.read_text().splitlines():
+      case = json.loads(line)
+      done[(case['mode'], case['seed'])] = case
+  todo = [('greedy', args.seed + i) for i in range(args.greedy)] + [
+      ('law', args.seed + 1_000_000 + i) for i in range(args.law)]
+  left = [t for t in todo if t not in done]
+  with log.open('a') as f, contextlib.ExitStack() as stack:
+    if args.jobs == 1:  # in this process (a test's patches hold)
+      cases = (run_case(mode, seed, kinds) for mode, seed in left)
+    else:
+      pool = stack.enter_context(futures.ProcessPoolExecutor(
+          args.jobs, multiprocessing.get_context('spawn')))
+      cases = (c.result() for c in futures.as_completed(
+          [pool.submit(run_case, mode, seed, kinds) for mode, seed in left]))
+    for case in tqdm.tqdm(cases, total=len(left), desc='cases'):
+      done[(case['mode'], case['seed'])] = case
+      f.write(json.dumps(case) + '\n')
+      f.flush()
+  command = ' '.join(['python tests/fuzz_exactness.py'] + (
+      sys.argv[1:] if argv is None else list(argv)))
+  summary = summarize([done[t] for t in todo], command)
+  out.with_suffix('.json').write_text(json.dumps(summary, indent=1) + '\n')
+  out.with_suffix('.md').write_text(markdown(summary))
+  print(markdown(summary))
+  return 1 if summary['failed'] else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,40 @@
+"""tests/fuzz_exactness.py, the random-point exactness run: its cases pass
+on the code as it is and fail on a planted bug. ~2 min on 2 cores (marked
+slow): the default run checks the same properties at chosen points."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fuzz_exactness
+from specdec_jax import speculative
+
+
+@pytest.mark.slow
+def test_random_cases_pass_and_a_planted_bug_fails(tmp_path, monkeypatch):
+  ok = tmp_path / 'ok'
+  assert fuzz_exactness.main(['--greedy', '4', '--law', '2', '--out',
+                              str(ok)]) == 0
+  summary = json.loads(ok.with_suffix('.json').read_text())
+  assert summary['cases'] == 6 and summary['failed'] == []
+  assert len(ok.with_suffix('.jsonl').read_text().splitlines()) == 6
+  # The token after a rejected draft one off the verifier's: greedy rows
+  # differ from the baseline's, and sampled ones leave the target's law.
+  real = speculative.verify
+
+  def off_by_one_after_a_rejection(rng, drafts, q, p, sampling):
+    n, accepted, token, beta = real(rng, drafts, q, p, sampling)
+    token = jnp.where(n < drafts.shape[1], (token + 1) % p.shape[-1], token)
+    return n, accepted, token, beta
+
+  monkeypatch.setattr(speculative, 'verify', off_by_one_after_a_rejection)
+  jax.clear_caches()  # no program traced before the patch
+  bug = tmp_path / 'bug'
+  assert fuzz_exactness.main(['--greedy', '4', '--law', '2', '--kinds',
+                              't5,bigram', '--out', str(bug)]) == 1
+  failed = json.loads(bug.with_suffix('.json').read_text())['failed']
+  assert {c['mode'] for c in failed} == {'greedy', 'law'}, failed
+  assert all(c['kind'] in ('t5', 'bigram') for c in failed)
+  assert bug.with_suffix('.md').read_text().count('Failed: ') == len(failed)
