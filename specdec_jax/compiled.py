@@ -369,14 +369,6 @@ def _check_program(name: str) -> None:
                      f'({", ".join(drafters.KINDS)}) or stream:<kind>')
 
 
-# Kinds whose merged loop drafts with the target's own forward (look-ahead
-# slots, heads on its final states): their loops take the plain
-# `network.T5Model` (they refuse a `partitioning.ShardedModel`, whose `extend`
-# has no look-ahead slots or final states), so the target's parameters keep
-# the rules' shardings and GSPMD places the rest.
-SELF_DRAFTING = ('pass', 'heads', 'heads_tree')
-
-
 def _models(setup: Setup, part):
   return (part.sharded_model(network.T5Model(setup.target)),
           part.sharded_model(network.T5Model(setup.draft),
@@ -413,19 +405,14 @@ def _lower(name: str, setup: Setup, part):
   stream = name.startswith('stream')
   inputs = tokens(part, 2 * setup.batch if stream else setup.batch,
                    setup.input_length)
-  # On a mesh the eval job refills the whole slot batch (a sub-batch of one
-  # row does not divide the 'data' axis).
   spec = programs.ProgramSpec(
       'baseline', 'stream' if stream else 'fixed',
       max_decode_len=setup.max_decode_len, sampling=setup.sampling, eos_id=1,
-      batch_size=setup.batch if stream else 0,
-      refill_sizes=(setup.batch,) if stream and part.data_size > 1 else None)
+      batch_size=setup.batch if stream else 0)
   if name in ('baseline', 'stream_baseline'):
     return programs.Program(spec, target).lower(params, inputs,
                                                 _rng(part)), {}
   kind = name.split(':', 1)[1] if name.startswith('stream:') else name
-  if kind in SELF_DRAFTING:
-    target = partitioning.unwrap(target)
   drafter, draft_params = build_drafter(
       kind, target, params, draft,
       abstract_params(draft, part, setup.param_dtype), part,

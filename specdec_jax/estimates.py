@@ -487,11 +487,14 @@ def _programs_md(r: Mapping[str, Any]) -> List[str]:
            'from the compiled HLO.', '']
   lines.append(report.table(compiled.PROGRAM_COLUMNS, [
       compiled.program_row(f) for f in r['programs']]))
-  lines += ['', 'Notes: the merged self-drafting loops (' +
-            ', '.join(compiled.SELF_DRAFTING) + ') take the plain '
-            '`network.T5Model` target with its sharded parameters (they '
-            'refuse a `partitioning.ShardedModel`). The parameters of the '
-            "kinds that draft or embed with the target ('cache', "
+  plain = sorted({f['name'] for f in r['programs']
+                  if f.get('target_model') == 'T5Model'})
+  lines += ['', 'Notes: ' + (
+      f"{', '.join(plain)} compiled with the plain `network.T5Model` "
+      'target, its parameters sharded (their loops took no '
+      '`partitioning.ShardedModel` yet when these were compiled). '
+      if plain else '') + "The parameters of the kinds that draft or embed "
+            "with the target ('cache', "
             "'combined', 'pass', 'heads', 'heads_tree') hold the target's "
             'parameters again: the same arrays when run, but counted again '
             'in the argument bytes (of what the program reads: e.g. the '

@@ -46,9 +46,11 @@ Array = jax.Array
 LogicalAxisRules = Tuple[Tuple[str, Optional[str]], ...]
 MESH_AXES = ('data', 'model')
 
-# Logical axes of the decoder cache's arrays and of the logits (T5X names).
+# Logical axes of the decoder cache's arrays, the logits and the final
+# decoder states (T5X names).
 CACHE_AXES = ('batch', 'length', 'heads', 'kv')
 LOGITS_AXES = ('batch', 'length', 'vocab')
+HIDDEN_AXES = ('batch', 'length', 'embed')
 
 
 def standard_logical_axis_rules(
@@ -233,13 +235,22 @@ def unwrap(model):
   return model.model if isinstance(model, ShardedModel) else model
 
 
+def batch_multiple(model) -> int:
+  """The parts a `ShardedModel` splits every batch it sees into (the mesh
+  axes logical 'batch' maps to under its rules); 1 for any other model."""
+  if not isinstance(model, ShardedModel):
+    return 1
+  return _mesh_size(model.mesh, tuple(_spec(('batch',), model.rules))[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardedModel:
   """A decoding model whose cache and logits follow the mesh's rules.
 
   The same `interfaces.DecodingModel` as the wrapped one (it forwards every
   other attribute), so `decoding.temperature_sample`,
-  `speculative.speculative_sample` and `drafters.T5Drafter` take it as is.
+  `speculative.speculative_sample`, the streaming loops and every drafter
+  kind take it as is (the self-drafting kinds' target too).
   Inside their jitted loop, `init_cache` and `extend` constrain the cache's
   keys/values `[batch, length, heads, head_dim]` to (batch -> 'data', heads
   -> 'model'), `encoder_mask` / `position` to the batch axis, and the logits
@@ -294,11 +305,19 @@ class ShardedModel:
     return self._constrain_cache(
         self.model.init_cache(params, encoder_input_tokens, max_length))
 
-  def extend(self, params, tokens, cache, **options):
-    """The model's `extend` (`options`: its keyword options, e.g. `tree`)."""
-    logits, cache = self.model.extend(params, tokens, cache, **options)
-    logits = constrain(logits, LOGITS_AXES, self.mesh, self.rules,
-                       'the logits')
+  def extend(self, params, tokens, cache, *args, return_hidden=False,
+             **options):
+    """The model's `extend` (`args`, `options`: its other arguments, e.g.
+    PaSS's look-ahead slots or a `tree`); with `return_hidden` (a keyword)
+    `((logits, hidden), cache)`, the final states batch over 'data'."""
+    if return_hidden:
+      options['return_hidden'] = True
+    out, cache = self.model.extend(params, tokens, cache, *args, **options)
+    logits = constrain(out[0] if return_hidden else out, LOGITS_AXES,
+                       self.mesh, self.rules, 'the logits')
+    if return_hidden:
+      logits = (logits, constrain(out[1], HIDDEN_AXES, self.mesh, self.rules,
+                                  'the final states'))
     return logits, self._constrain_cache(cache)
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import decoding
+from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax import spec_stats
@@ -129,18 +130,28 @@ def _assign(newly: Array, next_example: Array, n_examples: int):
   return assign, jnp.clip(candidate, 0, n_examples - 1)
 
 
-def bucket_sizes(batch: int, refill_sizes=None) -> Tuple[int, ...]:
+def bucket_sizes(batch: int, refill_sizes=None, multiple: int = 1
+                 ) -> Tuple[int, ...]:
   """Sub-batch sizes a refill encodes in: `refill_sizes` below batch (default
-  the powers of two), then batch itself.
+  `multiple` times the powers of two), then batch itself.
 
   Each size is one branch of the refill's `lax.switch` (compiled once per
   size); `(batch,)` always encodes a full slot batch (one branch).
+  `multiple`: the parts a mesh splits every batch into
+  (`partitioning.batch_multiple` of the model), which must divide each size.
   """
   if refill_sizes is None:
-    refill_sizes = [1 << i for i in range(max(batch - 1, 1).bit_length())]
+    refill_sizes = [multiple << i for i in range(
+        max(batch // multiple - 1, 1).bit_length())]
   bad = [x for x in refill_sizes if not checks.is_int(x) or x < 1]
   if bad:
     raise ValueError(f'refill_sizes must be ints >= 1, got {refill_sizes!r}.')
+  bad = [int(x) for x in refill_sizes if x % multiple]
+  if bad:
+    raise ValueError(
+        f'refill_sizes {bad} do not divide into the {multiple} parts the '
+        "target's mesh splits every batch into (its 'batch' axis): choose "
+        f'multiples of {multiple}.')
   return tuple(sorted({int(x) for x in refill_sizes if x < batch})) + (
       int(batch),)
 
@@ -361,7 +372,8 @@ def speculative_stream(
     inputs: `[N, input_length]` encoder input ids of all examples.
     batch_size: slots decoded at once (static); min(batch_size, N) are used.
     refill_sizes: sub-batch sizes a refill encodes in (`bucket_sizes`;
-      default powers of two; `(batch_size,)`: always the full slot batch).
+      default powers of two, times the parts a sharded target's mesh splits
+      a batch into; `(batch_size,)`: always the full slot batch).
 
   Returns:
     `spec_stats.SpecResult` over the N examples: tokens
@@ -378,7 +390,8 @@ def speculative_stream(
       max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id,
       rng=rng, draft_input_tokens=draft_input_tokens, merged=merged)
   b = int(min(batch_size, np.shape(inputs)[0]))
-  return SpecStreamLoop(loop, b, bucket_sizes(b, refill_sizes)), args
+  return SpecStreamLoop(loop, b, bucket_sizes(
+      b, refill_sizes, partitioning.batch_multiple(target))), args
 
 
 # ---------------------------------------------------------------------------
@@ -545,5 +558,6 @@ def sample_stream(
   b = int(min(batch_size, np.shape(inputs)[0]))
   return (SampleStreamLoop(loop.model, loop.sampling, loop.eos_id,
                            loop.max_decode_len, b,
-                           bucket_sizes(b, refill_sizes)),
+                           bucket_sizes(b, refill_sizes,
+                                        partitioning.batch_multiple(model))),
           (params, inputs, rng))

@@ -475,8 +475,8 @@ def _tree_refinement(loaded: loading.Loaded, choice, decoded, seconds,
   return refined
 
 
-def programs_at(loaded: loading.Loaded, gamma: int, refill_sizes=None
-              ) -> Tuple[programs.Program, Optional[programs.Program]]:
+def programs_at(loaded: loading.Loaded, gamma: int
+                ) -> Tuple[programs.Program, Optional[programs.Program]]:
   """The setup's baseline and speculative programs at `gamma`.
 
   At gamma 0 (no speculation, `choose_gamma`) there is no speculative
@@ -489,8 +489,7 @@ def programs_at(loaded: loading.Loaded, gamma: int, refill_sizes=None
       'baseline', 'stream' if streamed else 'fixed',
       max_decode_len=setup.task_feature_lengths['targets'],
       sampling=setup.sampling, eos_id=setup.eos_id, block_size=block,
-      batch_size=setup.batch.size if streamed else 0,
-      refill_sizes=refill_sizes if streamed else None)
+      batch_size=setup.batch.size if streamed else 0)
   spec = None
   if gamma:
     spec = programs.Program(dataclasses.replace(
@@ -532,14 +531,14 @@ def _configured_choice(loaded: loading.Loaded, choice_file
 
 
 def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
-                 rng, refill_sizes) -> Tuple[float, int]:
+                 rng) -> Tuple[float, int]:
   """(alpha, examples) of the lane's speculative decodes, untimed, of
   the first `CHOICE_EXAMPLES` examples at its configured gamma, unit by
   unit (the units' shapes: nothing new compiles but a short last one's):
   what its gamma choice measures alpha on. One unit alone is too few: at
   batch 1 it is one example, whose alpha may be 1.0 on a short easy one."""
   setup = lane.loaded.setup
-  spec = lane.programs(refill_sizes)[1]
+  spec = lane.programs()[1]
   sums = np.zeros(5)  # `spec_stats.rates`' counters, summed
   for _, _, n, rows in units(setup, all_inputs[:CHOICE_EXAMPLES]):
     stats = programs.calls(base, spec, lane.loaded.target_params,
@@ -708,16 +707,16 @@ class Lane:
     return (self.loaded.setup.draft.chooses_tree and self.gamma > 0 and
             self.choice is not None and 'fixed_ms' not in self.choice)
 
-  def programs(self, refill_sizes):
+  def programs(self):
     """Its (baseline, speculative or None) programs at its gamma."""
-    return programs_at(self.loaded, self.gamma, refill_sizes)
+    return programs_at(self.loaded, self.gamma)
 
 
-def _shared_baseline(lanes: Sequence[Lane], refill_sizes) -> programs.Program:
+def _shared_baseline(lanes: Sequence[Lane]) -> programs.Program:
   """The lanes' one baseline program (ValueError where they differ)."""
-  base = lanes[0].programs(refill_sizes)[0]
+  base = lanes[0].programs()[0]
   for lane in lanes[1:]:
-    other = lane.programs(refill_sizes)[0]
+    other = lane.programs()[0]
     mine, ours = (jax.tree.leaves(x.loaded.target_params)
                   for x in (lane, lanes[0]))
     same = len(mine) == len(ours) and all(
@@ -732,8 +731,7 @@ def _shared_baseline(lanes: Sequence[Lane], refill_sizes) -> programs.Program:
 
 
 def _unit_calls(lanes: Sequence[Lane], active: Sequence[int],
-                base: programs.Program, inputs, rng, refill_sizes
-                ) -> Dict[Any, Any]:
+                base: programs.Program, inputs, rng) -> Dict[Any, Any]:
   """A unit's decodes: {'baseline': call, lane index: call} for the
   `active` lanes; a lane without speculation (gamma 0) decodes the
   baseline again, as a speculative result that drafted nothing."""
@@ -741,7 +739,7 @@ def _unit_calls(lanes: Sequence[Lane], active: Sequence[int],
   calls = {'baseline': lambda: base(params, inputs, rng)}
   for i in active:
     lane = lanes[i]
-    spec = lane.programs(refill_sizes)[1]
+    spec = lane.programs()[1]
     calls[i] = programs.calls(base, spec, params, lane.draft_params, inputs,
                               rng)['speculative']
   return calls
@@ -771,8 +769,8 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   (`Lane.done`: a unit cut short by a crash) are not recorded again. With
   `share` (index, count) only units u with u % count == index are decoded
   (a process's share); with a `partitioner` each unit's inputs are placed
-  on its mesh (batch over 'data'; a stream's refills then encode a full
-  slot batch, which the mesh divides).
+  on its mesh (batch over 'data'; a stream's refills encode sub-batches
+  the mesh divides, `streaming.bucket_sizes`).
 
   The lanes' one baseline (`_shared_baseline`) and their speculative
   decodes run on the same inputs and rng, compiled (each new input /
@@ -794,7 +792,6 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   setup = lanes[0].loaded.setup
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              setup.task_feature_lengths['inputs'])
-  refill_sizes = None if partitioner is None else (setup.batch.size,)
   place = lambda x: x if partitioner is None else partitioner.shard_batch(x)
   warmed = set()  # what is compiled: (input shape, program) keys
   for lane in lanes:
@@ -809,7 +806,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
       continue
     inputs = place(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
-    base = _shared_baseline(lanes, refill_sizes)
+    base = _shared_baseline(lanes)
     for lane in (lanes[i] for i in active):
       if lane.choosing('tree'):  # on the first examples' baseline outputs
         lane.take_tree(_tree_choice(lane.loaded, *_baseline_outputs(
@@ -820,15 +817,15 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
         i: (shapes, i, lanes[i].gamma, lanes[i].loaded.drafter,
             str(jax.tree_util.tree_map(np.shape, lanes[i].draft_params)))
         for i in active}}
-    calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
+    calls = _unit_calls(lanes, active, base, inputs, rng)
     _warm(calls, keys(), warmed)
     for lane in (lanes[i] for i in active):
       if lane.choosing('gamma'):  # on the first examples' decodes
         lane.choice = _profile_choice(lane, inputs, *warmup_alpha(
-            lane, base, all_inputs, place, rng, refill_sizes))
+            lane, base, all_inputs, place, rng))
         lane.gamma = lane.choice['gamma']
-    base = _shared_baseline(lanes, refill_sizes)  # a same-shape one's block
-    calls = _unit_calls(lanes, active, base, inputs, rng, refill_sizes)
+    base = _shared_baseline(lanes)  # a same-shape one's block
+    calls = _unit_calls(lanes, active, base, inputs, rng)
     _warm(calls, keys(), warmed)  # what the choices changed
     with measure.OtherLoad() as load:  # what else ran while timing
       res, times = measure.time_alternating(calls, timing_repeats,

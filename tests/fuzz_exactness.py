@@ -1,7 +1,7 @@
 """Exactness at random points: what the suite checks at chosen ones.
 
-  python tests/fuzz_exactness.py [--greedy 400] [--law 120] [--seed 0]
-      [--out results/fuzz_exactness] [--kinds t5,tree] [--jobs 2]
+  python tests/fuzz_exactness.py [--greedy 400] [--law 120] [--mesh 0]
+      [--seed 0] [--out results/fuzz_exactness] [--kinds t5,tree] [--jobs 2]
 
 Greedy cases. A random tiny T5 (1.1 or 1.0; vocabulary 12-301, widths,
 1-3 layers a side; float32 or bfloat16; T5X's parameter layout or the fused
@@ -25,6 +25,12 @@ cannot emit, and their counts must fit the exact law (teacher-forced and
 standardized independently, tests/reference.py) by a chi-square test at
 p > 1e-5: with ~100 law cases a run, a false alarm once in ~1,000 runs.
 
+Mesh cases (`mesh_case`). Greedy cases on a random ('data', 'model') mesh
+of 2, 4 or 8 of the 8 simulated CPU devices this script asks XLA for: the
+target sharded by T5X's rules, every drafter kind, the streams' default
+refill sizes; float32 exact against the mesh's own baseline, which may
+differ from one device's only by a certified near tie.
+
 Each case goes to <out>.jsonl as it ends (a rerun with the same --kinds
 skips the seeds there: a seed's draw depends on the kinds it draws from;
 `--jobs N`: N processes run cases at once);
@@ -46,6 +52,12 @@ import sys
 import time
 import traceback
 
+if __name__ == '__main__':  # run as a program (imported: jax's devices)
+  # 8 simulated CPU devices for the mesh cases (the others use the first);
+  # --jobs' processes inherit it.
+  os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
+      os.environ.get('XLA_FLAGS'),
+      '--xla_force_host_platform_device_count=8']))
 import conftest  # the suite's XLA flags, before jax starts its backend
 import jax
 import jax.numpy as jnp
@@ -57,6 +69,7 @@ from specdec_jax import diagnostics
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import network
+from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import synthetic
@@ -83,6 +96,32 @@ def _tree(r, depth):
   return spec + (f'/{r.integers(1, 12)}' if r.random() < 0.3 else '')
 
 
+def _emb_scale(v11):
+  return 1.0 if v11 else 0.1  # tied logits: conftest's v10
+
+
+def _t5(r, vocab_sizes, heads, max_layers):
+  """A random tiny T5 1.1 or 1.0, float32 or bfloat16, of a vocabulary and
+  heads drawn from these: (model, params, v11, bf16)."""
+  v11 = r.random() < 0.7
+  config = conftest.TINY_V11.replace(
+      vocab_size=int(r.choice(vocab_sizes)), emb_dim=int(r.choice([16, 32])),
+      num_heads=int(r.choice(heads)), head_dim=int(r.choice([4, 8])),
+      mlp_dim=int(r.choice([32, 64])),
+      num_encoder_layers=int(r.integers(1, max_layers + 1)),
+      num_decoder_layers=int(r.integers(1, max_layers + 1)))
+  if not v11:
+    config = config.replace(mlp_activations=('relu',),
+                            logits_via_embedding=True)
+  bf16 = r.random() < 0.35
+  if bf16:
+    config = config.replace(dtype=jnp.bfloat16,
+                            activation_dtype=jnp.bfloat16)
+  model = network.T5Model(config)
+  return (model, conftest.numpy_params(config, int(r.integers(1 << 30)),
+                                       _emb_scale(v11)), v11, bf16)
+
+
 def _drafter(r, kind, source, max_gamma):
   """(drafter, params, gamma, merged) of `kind` from `source`."""
   drafter, params = drafters.get_kind(kind).build(source)
@@ -104,23 +143,8 @@ def greedy_case(seed, kinds=KINDS):
   """One random greedy case of a kind of `kinds`: a dict of what it drew
   and its status."""
   r = np.random.default_rng(seed)
-  v11 = r.random() < 0.7
-  config = conftest.TINY_V11.replace(
-      vocab_size=int(r.choice([12, 40, 128, 301])),
-      emb_dim=int(r.choice([16, 32])), num_heads=int(r.choice([1, 2, 4])),
-      head_dim=int(r.choice([4, 8])), mlp_dim=int(r.choice([32, 64])),
-      num_encoder_layers=int(r.integers(1, 4)),
-      num_decoder_layers=int(r.integers(1, 4)))
-  if not v11:
-    config = config.replace(mlp_activations=('relu',),
-                            logits_via_embedding=True)
-  bf16 = r.random() < 0.35
-  if bf16:
-    config = config.replace(dtype=jnp.bfloat16,
-                            activation_dtype=jnp.bfloat16)
-  emb_scale = 1.0 if v11 else 0.1  # tied logits: conftest's v10
-  model = network.T5Model(config)
-  params = conftest.numpy_params(config, int(r.integers(1 << 30)), emb_scale)
+  model, params, v11, bf16 = _t5(r, [12, 40, 128, 301], [1, 2, 4], 3)
+  config, emb_scale = model.config, _emb_scale(v11)
   fused = r.random() < 0.5
   if fused:
     model, params = network.for_decoding(model, params)
@@ -183,6 +207,15 @@ def greedy_case(seed, kinds=KINDS):
       'baseline_stream': streaming.sample_stream(
           model, params, enc, batch_size=slots, max_decode_len=max_len,
           eos_id=eos, refill_sizes=refill)}
+  # float32 on a CPU is bit for bit: any difference is a failure.
+  return _judge(case, model, params, enc, tokens, lengths, decodes, bf16)
+
+
+def _judge(case, model, params, enc, tokens, lengths, decodes, ties):
+  """`case` with the decodes differing from `tokens` / `lengths` and its
+  status: 'ok'; 'near_tie' when `ties` allows them and each differing row
+  is a certified near tie of `model` (a decode whose lengths differ but not
+  its tokens has none); else 'FAILED'."""
   differing = [n for n, d in decodes.items() if not _same(d, tokens, lengths)]
   case['differing'] = differing
   case['status'] = 'ok'
@@ -191,11 +224,101 @@ def greedy_case(seed, kinds=KINDS):
         model, params, enc, tokens, np.asarray(decodes[n].tokens))]
                 for n in differing}
     case['diagnosed'] = verdicts
-    # float32 on a CPU is bit for bit: any difference is a failure. A
-    # decode whose lengths differ but not its tokens has no near tie.
-    tie = bf16 and all(v and all(k == diagnostics.NEAR_TIE for k in v)
+    tie = ties and all(v and all(k == diagnostics.NEAR_TIE for k in v)
                        for v in verdicts.values())
     case['status'] = 'near_tie' if tie else 'FAILED'
+  return case
+
+
+def mesh_case(seed, kinds=KINDS):
+  """One random greedy case on a random mesh of the 8 simulated devices:
+  a dict of what it drew and its status.
+
+  A tiny T5 whose heads, mlp and vocabulary the 'model' axis divides, its
+  batch a multiple of 'data'; the target sharded by T5X's rules, a T5 draft
+  model sharded by them or replicated, any other drafter's params as built
+  from the sharded target's. The sharded speculative decodes (fixed and
+  streamed through slots of a multiple of 'data', default refill sizes) and
+  the sharded streamed baseline must equal the sharded fixed baseline token
+  for token (float32: exactly; bfloat16: or a certified near tie), and the
+  sharded fixed baseline one device's (a certified near tie allowed in
+  both: a mesh sums a sharded product in another order).
+  """
+  r = np.random.default_rng(seed)
+  devices = int(r.choice([2, 4, 8]))
+  part = partitioning.Partitioner(
+      num_partitions=int(r.choice([m for m in (1, 2, 4, 8) if devices % m
+                                   == 0])), devices=jax.devices()[:devices])
+  m, d = part.model_size, part.data_size
+  model, params, v11, bf16 = _t5(r, [m * 5, m * 16, m * 37],
+                                 [m, 2 * m] if m > 1 else [1, 2, 4], 2)
+  config = model.config
+  batch, width = d * int(r.integers(1, 3)), int(r.integers(1, 12))
+  enc = r.integers(2, config.vocab_size, (batch, width)).astype(np.int32)
+  for row in range(batch):
+    enc[row, int(r.integers(1, width + 1)):] = 0
+  max_len = int(r.integers(1, 16))
+  base = decoding.temperature_sample(model, params, enc,
+                                     max_decode_len=max_len, eos_id=1)
+  tokens, lengths = np.asarray(base.tokens), np.asarray(base.lengths)
+  outputs = [row[:n].tolist() for row, n in zip(tokens, lengths)]
+  target = part.sharded_model(model)
+  s_params, s_enc = part.shard_params(params, target), part.shard_batch(enc)
+  own = r.random() < 0.5
+  draft_model, draft_params = model, params
+  if own:
+    small = config.replace(num_decoder_layers=1)
+    draft_model = network.T5Model(small)
+    draft_params = conftest.numpy_params(small, int(r.integers(1 << 30)),
+                                         _emb_scale(v11))
+  scale = float(r.choice([0.0, 0.05, 0.3]))
+  if scale:
+    draft_params = synthetic.perturbed(draft_params, scale,
+                                       jax.random.key(seed % 1000))
+  replicated = r.random() < 0.5
+  draft_model = part.sharded_model(
+      draft_model, partitioning.data_parallel_rules() if replicated else None)
+  source = drafters.DraftSource(
+      vocab_size=config.vocab_size, draft_model=draft_model,
+      draft_params=part.shard_params(draft_params, draft_model),
+      train_targets=lambda: outputs, target_model=target,
+      target_params=s_params,
+      train_pairs=lambda: [(list(i), t) for i, t in zip(enc, outputs)],
+      output_length=max_len, confidence=float(r.choice([0, 0, 0.5])),
+      tree=_tree(r, 4))
+  kind = kinds[int(r.integers(len(kinds)))]
+  drafter, dparams, gamma, merged = _drafter(r, kind, source, 6)
+  slots = d * int(r.integers(1, batch // d + 1))
+  case = dict(seed=seed, mode='mesh', kind=kind, gamma=gamma, merged=merged,
+              mesh=f'{d}x{m}', t5=('1.1' if v11 else '1.0'),
+              dtype='bfloat16' if bf16 else 'float32',
+              vocab=config.vocab_size, heads=config.num_heads,
+              layers=[config.num_encoder_layers, config.num_decoder_layers],
+              batch=batch, input_length=width, max_decode_len=max_len,
+              noise=scale, own_draft_model=own,
+              draft_replicated=replicated, confidence=source.confidence,
+              tree=source.tree, slots=slots)
+  common = dict(gamma=gamma, max_decode_len=max_len, eos_id=1, merged=merged)
+  mesh_base = decoding.temperature_sample(target, s_params, s_enc,
+                                          max_decode_len=max_len, eos_id=1)
+  case['single_device'] = single = _judge(
+      {}, model, params, enc, tokens, lengths, {'mesh_baseline': mesh_base},
+      True)
+  if single['status'] == 'FAILED':
+    return dict(case, status='FAILED')
+  decodes = {
+      'fixed': speculative.speculative_sample(
+          target, s_params, drafter, dparams, s_enc, **common),
+      'stream': streaming.speculative_stream(
+          target, s_params, drafter, dparams, s_enc, batch_size=slots,
+          **common),
+      'baseline_stream': streaming.sample_stream(
+          target, s_params, s_enc, batch_size=slots, max_decode_len=max_len,
+          eos_id=1)}
+  case = _judge(case, model, params, enc, np.asarray(mesh_base.tokens),
+                np.asarray(mesh_base.lengths), decodes, bf16)
+  if case['status'] == 'ok' and single['status'] == 'near_tie':
+    case['status'] = 'near_tie'
   return case
 
 
@@ -277,6 +400,9 @@ def summarize(cases, command):
       greedy_dtypes=dict(collections.Counter(
           c['dtype'] for c in cases if c['mode'] == 'greedy' and
           'dtype' in c)),
+      meshes=dict(sorted(collections.Counter(
+          f"{c['mesh']} {c['dtype']}" for c in cases
+          if c['mode'] == 'mesh' and 'mesh' in c).items())),
       law_point_masses=len(laws) - len(tested),
       law_p_quartiles=[round(float(q), 3) for q in np.quantile(
           tested, [0.25, 0.5, 0.75])] if tested else None,
@@ -296,7 +422,12 @@ def markdown(summary):
            f'chi-square p > {LAW_P:g} ({summary["law_point_masses"]} laws on '
            'one sequence, their support alone); the p-values\' quartiles '
            f"over the others {summary['law_p_quartiles']} (uniform under "
-           'the law: 0.25, 0.5, 0.75). What each case draws: '
+           'the law: 0.25, 0.5, 0.75). Mesh: greedy on a sharded target '
+           '(data x model devices, activations: cases '
+           f"{summary['meshes']}), the fixed and streamed speculative "
+           'decodes and the streamed baseline against the fixed baseline '
+           'on the mesh (as greedy), that against one device\'s (a '
+           'certified near tie allowed). What each case draws: '
            'tests/fuzz_exactness.py.', '',
            '| cases | ok | near tie | failed |', '|---|---:|---:|---:|']
   for name, counts in summary['by_kind'].items():
@@ -312,7 +443,8 @@ def run_case(mode, seed, kinds):
   """`greedy_case` or `law_case`, timed; an exception is a failed case."""
   start = time.time()
   try:
-    case = (greedy_case if mode == 'greedy' else law_case)(seed, kinds)
+    case = {'greedy': greedy_case, 'law': law_case,
+            'mesh': mesh_case}[mode](seed, kinds)
   except Exception:  # pylint: disable=broad-except
     case = dict(seed=seed, mode=mode, status='FAILED',
                 error=traceback.format_exc()[-2000:])
@@ -325,6 +457,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--greedy', type=int, default=400)
   parser.add_argument('--law', type=int, default=120)
+  parser.add_argument('--mesh', type=int, default=0,
+                      help='greedy cases on a random mesh of 8 simulated '
+                      'devices (XLA_FLAGS set before jax starts: run this '
+                      'script as a program)')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', default='results/fuzz_exactness')
   parser.add_argument('--jobs', type=int, default=1,
@@ -344,7 +480,12 @@ def main(argv=None):
       case = json.loads(line)
       done[(case['mode'], case['seed'])] = case
   todo = [('greedy', args.seed + i) for i in range(args.greedy)] + [
-      ('law', args.seed + 1_000_000 + i) for i in range(args.law)]
+      ('law', args.seed + 1_000_000 + i) for i in range(args.law)] + [
+          ('mesh', args.seed + 2_000_000 + i) for i in range(args.mesh)]
+  if args.mesh and jax.device_count() < 8:
+    parser.error(f'--mesh needs 8 devices, jax has {jax.device_count()} '
+                 '(XLA_FLAGS was read before this script set it: run it as '
+                 'a program, not imported after jax started).')
   left = [t for t in todo if t not in done]
   with log.open('a') as f, contextlib.ExitStack() as stack:
     if args.jobs == 1:  # in this process (a test's patches hold)

@@ -39,6 +39,7 @@ from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
+from specdec_jax import streaming
 from specdec_jax import synthetic
 from specdec_jax.checkpoints import t5x
 from specdec_jax.sampling import SamplingConfig
@@ -97,6 +98,41 @@ def _decode(target, params, drafter, draft_params, inputs, sampling, rng,
     facts['loop'] = _hlo_facts(compiled.as_text())
     spec = _summary(compiled(params, draft_params, inputs, inputs, rng))
   return {'baseline': base, 'speculative': spec}
+
+
+def _self_drafting(model, params, target, s_params, part, inputs, key):
+  """Kinds that draft with the target itself, greedy on 2 x 4 (their loops
+  call the sharded target with look-ahead slots, for final states and on a
+  tree), and the baseline streaming 8 examples through 4 slots (refills of
+  the default sizes, 2 and 4 rows: multiples of 'data'), against one
+  device's baseline."""
+  outputs = _tokens(decoding.temperature_sample(
+      model, params, inputs, max_decode_len=MAX_LEN, eos_id=EOS).tokens)
+  out = {}
+  t0 = time.perf_counter()
+  for kind in ('pass', 'heads_tree'):
+    source = drafters.DraftSource(
+        vocab_size=CONFIG.vocab_size, target_model=target,
+        target_params=s_params, train_targets=lambda: outputs,
+        output_length=MAX_LEN, tree='beam:2,2,3')
+    drafter, draft_params = drafters.get_kind(kind).build(source)
+    try:  # a failure is this kind's test's, not every mesh test's
+      out[kind] = _speculative(target, s_params, drafter, draft_params,
+                               part.shard_batch(inputs), SamplingConfig(),
+                               key)
+    except Exception as e:  # pylint: disable=broad-except
+      out[kind] = {'error': f'{type(e).__name__}: {e}'}
+  eight = np.concatenate([inputs, inputs[::-1] % 50 + 2])
+  kw = dict(batch_size=4, max_decode_len=MAX_LEN, eos_id=EOS)
+  out['stream'] = {
+      'single_baseline': _tokens(decoding.temperature_sample(
+          model, params, eight, max_decode_len=MAX_LEN, eos_id=EOS).tokens),
+      'baseline': _tokens(streaming.sample_stream(
+          target, s_params, part.shard_batch(eight), **kw).tokens),
+      'refill_sizes': list(streaming.bucket_sizes(
+          4, multiple=partitioning.batch_multiple(target)))}
+  out['seconds'] = time.perf_counter() - t0
+  return out
 
 
 def _hlo_facts(text):
@@ -171,6 +207,9 @@ def main(out_path, fixtures=None):
                                        x.addressable_shards]
     res['decode_seconds'] = time.perf_counter() - t0
     out['meshes'][name] = res
+    if name == '2x4':
+      out['self_drafting'] = _self_drafting(model, params, target, s_params,
+                                            part, inputs, key)
 
   # Bad meshes: each must be a ValueError naming the axis, before compiling.
   part8 = partitioning.Partitioner(num_partitions=8)

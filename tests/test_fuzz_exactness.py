@@ -1,8 +1,12 @@
 """tests/fuzz_exactness.py, the random-point exactness run: its cases pass
-on the code as it is and fail on a planted bug. ~2 min on 2 cores (marked
-slow): the default run checks the same properties at chosen points."""
+on the code as it is and fail on a planted bug; its mesh cases run. ~2.5 min
+on 2 cores (marked slow): the default run checks the same properties at
+chosen points."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -38,3 +42,22 @@ def test_random_cases_pass_and_a_planted_bug_fails(tmp_path, monkeypatch):
   assert {c['mode'] for c in failed} == {'greedy', 'law'}, failed
   assert all(c['kind'] in ('t5', 'bigram') for c in failed)
   assert bug.with_suffix('.md').read_text().count('Failed: ') == len(failed)
+
+
+@pytest.mark.slow
+def test_mesh_cases_run_as_a_program(tmp_path):
+  """Mesh cases need XLA's 8 simulated devices before jax starts: the
+  script asks for them when run as a program (this process keeps one)."""
+  out = tmp_path / 'mesh'
+  proc = subprocess.run(
+      [sys.executable, str(pathlib.Path(fuzz_exactness.__file__)),
+       '--greedy', '0', '--law', '0', '--mesh', '3', '--kinds',
+       'pass,heads_tree,t5', '--out', str(out)], capture_output=True,
+      text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads(out.with_suffix('.json').read_text())
+  assert summary['statuses'] == {'ok': 3}
+  assert sum(summary['meshes'].values()) == 3
+  with pytest.raises(SystemExit):  # imported after jax started: refused
+    fuzz_exactness.main(['--mesh', '1', '--greedy', '0', '--law', '0',
+                         '--out', str(tmp_path / 'refused')])

@@ -76,6 +76,24 @@ def test_sampled_outputs_equal_single_device_with_same_rng(mesh):
   assert 0 < got['accepted'] < got['drafted']
 
 
+@pytest.mark.parametrize('kind', ['pass', 'heads_tree'])
+def test_self_drafting_kinds_on_a_sharded_target(mesh, kind):
+  """The target's own loops (look-ahead slots; final states on a tree) take
+  the sharded target and give its single-device greedy tokens."""
+  got = mesh['self_drafting'][kind]
+  assert 'error' not in got, got
+  assert got['tokens'] == mesh['single']['greedy']['baseline']['tokens']
+  assert got['drafted'] > 0
+
+
+def test_a_stream_refills_in_sub_batches_the_mesh_divides(mesh):
+  """4 slots over 'data' = 2: the default refills encode 2 or 4 rows (one
+  row would not divide), and the stream gives one device's tokens."""
+  stream = mesh['self_drafting']['stream']
+  assert stream['refill_sizes'] == [2, 4]
+  assert stream['baseline'] == stream['single_baseline']
+
+
 @pytest.mark.parametrize('name,data,model', [('2x4', 2, 4), ('1x8', 1, 8)])
 def test_params_and_batch_are_sharded(mesh, name, data, model):
   """Each device holds 1/model of heads / mlp / vocab, a whole 'embed'."""

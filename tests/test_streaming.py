@@ -217,6 +217,13 @@ def test_merge_rows_and_bad_arguments(v11):
   assert streaming.bucket_sizes(5) == (1, 2, 4, 5)
   assert streaming.bucket_sizes(1) == (1,)
   assert streaming.bucket_sizes(8, (8, 3, 16)) == (3, 8)
+  # A mesh splitting every batch in 2 (4): multiples of it, named if not.
+  assert streaming.bucket_sizes(8, multiple=2) == (2, 4, 8)
+  assert streaming.bucket_sizes(8, multiple=4) == (4, 8)
+  assert streaming.bucket_sizes(2, multiple=2) == (2,)
+  with pytest.raises(ValueError, match=r"refill_sizes \[1, 3\] do not divide "
+                     r"into the 2 parts the target's mesh"):
+    streaming.bucket_sizes(8, (1, 2, 3), multiple=2)
   with pytest.raises(ValueError, match='gamma'):
     streaming.speculative_stream(model, params, drafters.T5Drafter(model),
                                  params, enc, batch_size=2, gamma=0,
