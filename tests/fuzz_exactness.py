@@ -1,7 +1,7 @@
 """Exactness at random points: what the suite checks at chosen ones.
 
   python tests/fuzz_exactness.py [--greedy 400] [--law 120] [--mesh 0]
-      [--seed 0] [--out results/fuzz_exactness] [--kinds t5,tree] [--jobs 2]
+      [--mesh_law 0] [--seed 0] [--out results/fuzz_exactness] [--kinds t5,tree] [--jobs 2]
 
 Greedy cases. A random tiny T5 (1.1 or 1.0; vocabulary 12-301, widths,
 1-3 layers a side; float32 or bfloat16; T5X's parameter layout or the fused
@@ -29,7 +29,10 @@ Mesh cases (`mesh_case`). Greedy cases on a random ('data', 'model') mesh
 of 2, 4 or 8 of the 8 simulated CPU devices this script asks XLA for: the
 target sharded by T5X's rules, every drafter kind, the streams' default
 refill sizes; float32 exact against the mesh's own baseline, which may
-differ from one device's only by a certified near tie.
+differ from one device's only by a certified near tie. Mesh law cases
+(`--mesh_law`): a law case decoded on a random mesh (its rows over 'data',
+a two-head target split over a 'model' axis of 1 or 2), tested against
+one device's exact law.
 
 Each case goes to <out>.jsonl as it ends (a rerun with the same --kinds
 skips the seeds there: a seed's draw depends on the kinds it draws from;
@@ -322,12 +325,24 @@ def mesh_case(seed, kinds=KINDS):
   return case
 
 
-def law_case(seed, kinds=KINDS):
+def mesh_law_case(seed, kinds=KINDS):
+  """`law_case` on a random mesh (`mesh_case`'s): the 20,000 rows over
+  'data', the target (two heads) split over a 'model' axis of 1 or 2."""
+  return law_case(seed, kinds, mesh=True)
+
+
+def law_case(seed, kinds=KINDS, mesh=False):
   """One random law case of a kind of `kinds`: a dict of what it drew and
   its status."""
   r = np.random.default_rng(seed)
+  part = None
+  if mesh:
+    devices = int(r.choice([2, 4, 8]))
+    part = partitioning.Partitioner(num_partitions=int(r.choice([1, 2])),
+                                    devices=jax.devices()[:devices])
   config = conftest.TINY_V11.replace(
-      vocab_size=VOCAB, num_heads=1, head_dim=16, num_encoder_layers=1,
+      vocab_size=VOCAB, num_heads=2 if mesh else 1,
+      head_dim=8 if mesh else 16, num_encoder_layers=1,
       num_decoder_layers=int(r.integers(1, 3)))
   model = network.T5Model(config)
   params = conftest.numpy_params(config, int(r.integers(1 << 30)), 1.0)
@@ -346,6 +361,10 @@ def law_case(seed, kinds=KINDS):
   dparams = params
   if scale:
     dparams = synthetic.perturbed(params, scale, jax.random.key(seed % 997))
+  if part:  # the law is one device's; the decode the mesh's
+    model = part.sharded_model(model)
+    params, dparams = (part.shard_params(x, model) for x in (params,
+                                                             dparams))
   trains = [[2, 3, 1], [4, 4, 5, 1], [3, 5, 2, 1],
             [int(x) for x in r.integers(2, VOCAB, 4)] + [1]]
   pairs = [([3, 4, 5, 2, 1], t) for t in trains]
@@ -358,14 +377,19 @@ def law_case(seed, kinds=KINDS):
   drafter, dparams, gamma, merged = _drafter(r, kind, source, 5)
   slots = int(r.choice([LAW_ROWS // 4, LAW_ROWS // 2])) if (
       r.random() < 0.3) else None
-  case = dict(seed=seed, mode='law', kind=kind, gamma=gamma, merged=merged,
+  case = dict(seed=seed, mode='mesh_law' if mesh else 'law', kind=kind,
+              gamma=gamma, merged=merged,
               layers=config.num_decoder_layers, logit_scale=logit_scale,
               temperature=sampling.temperature, topk=sampling.topk,
               topp=sampling.topp, noise=scale, confidence=source.confidence,
               tree=source.tree, slots=slots)
+  if part:
+    case['mesh'] = f'{part.data_size}x{part.model_size}'
   common = dict(gamma=gamma, max_decode_len=SEQ_LEN, sampling=sampling,
                 eos_id=SMALL_EOS, rng=jax.random.key(seed), merged=merged)
   inputs = jnp.tile(enc, (LAW_ROWS, 1))
+  if part:
+    inputs = part.shard_batch(inputs)
   if slots:
     out = streaming.speculative_stream(model, params, drafter, dparams,
                                        inputs, batch_size=slots, **common)
@@ -386,10 +410,14 @@ def summarize(cases, command):
   by = collections.defaultdict(collections.Counter)
   for c in cases:
     by[f"{c['mode']} {c.get('kind', '?')}"][c['status']] += 1
-  laws = [c for c in cases if c['mode'] == 'law' and 'p' in c]
   # A law on one sequence (top-p, a confident target) tests the support
   # alone; under a wider law p is uniform: its spread checks the test.
-  tested = [c['p'] for c in laws if c['support'] > 1]
+  laws = {m: [c for c in cases if c['mode'] == m and 'p' in c]
+          for m in ('law', 'mesh_law')}
+  tested = {m: [c['p'] for c in v if c['support'] > 1]
+            for m, v in laws.items()}
+  quartiles = lambda ps: [round(float(q), 3) for q in np.quantile(
+      ps, [0.25, 0.5, 0.75])] if ps else None
   return dict(
       command=command, jax=jax.__version__, machine=(
           f'{platform.machine()}, {os.cpu_count()} CPUs, jax backend '
@@ -403,9 +431,12 @@ def summarize(cases, command):
       meshes=dict(sorted(collections.Counter(
           f"{c['mesh']} {c['dtype']}" for c in cases
           if c['mode'] == 'mesh' and 'mesh' in c).items())),
-      law_point_masses=len(laws) - len(tested),
-      law_p_quartiles=[round(float(q), 3) for q in np.quantile(
-          tested, [0.25, 0.5, 0.75])] if tested else None,
+      law_point_masses=len(laws['law']) - len(tested['law']),
+      law_p_quartiles=quartiles(tested['law']),
+      mesh_laws=len(laws['mesh_law']),
+      mesh_law_point_masses=len(laws['mesh_law']) - len(
+          tested['mesh_law']),
+      mesh_law_p_quartiles=quartiles(tested['mesh_law']),
       failed=[c for c in cases if c['status'] not in ('ok', 'near_tie')])
 
 
@@ -427,8 +458,11 @@ def markdown(summary):
            f"{summary['meshes']}), the fixed and streamed speculative "
            'decodes and the streamed baseline against the fixed baseline '
            'on the mesh (as greedy), that against one device\'s (a '
-           'certified near tie allowed). What each case draws: '
-           'tests/fuzz_exactness.py.', '',
+           'certified near tie allowed). Mesh law: '
+           f"{summary['mesh_laws']} law cases decoded on a mesh, tested as "
+           f"above ({summary['mesh_law_point_masses']} on one sequence; "
+           f"the p-values' quartiles {summary['mesh_law_p_quartiles']}). "
+           'What each case draws: tests/fuzz_exactness.py.', '',
            '| cases | ok | near tie | failed |', '|---|---:|---:|---:|']
   for name, counts in summary['by_kind'].items():
     lines.append(f"| {name} | {counts.get('ok', 0)} | "
@@ -444,7 +478,7 @@ def run_case(mode, seed, kinds):
   start = time.time()
   try:
     case = {'greedy': greedy_case, 'law': law_case,
-            'mesh': mesh_case}[mode](seed, kinds)
+            'mesh': mesh_case, 'mesh_law': mesh_law_case}[mode](seed, kinds)
   except Exception:  # pylint: disable=broad-except
     case = dict(seed=seed, mode=mode, status='FAILED',
                 error=traceback.format_exc()[-2000:])
@@ -461,6 +495,8 @@ def main(argv=None):
                       help='greedy cases on a random mesh of 8 simulated '
                       'devices (XLA_FLAGS set before jax starts: run this '
                       'script as a program)')
+  parser.add_argument('--mesh_law', type=int, default=0,
+                      help='law cases on a random mesh (as --mesh)')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', default='results/fuzz_exactness')
   parser.add_argument('--jobs', type=int, default=1,
@@ -481,9 +517,11 @@ def main(argv=None):
       done[(case['mode'], case['seed'])] = case
   todo = [('greedy', args.seed + i) for i in range(args.greedy)] + [
       ('law', args.seed + 1_000_000 + i) for i in range(args.law)] + [
-          ('mesh', args.seed + 2_000_000 + i) for i in range(args.mesh)]
-  if args.mesh and jax.device_count() < 8:
-    parser.error(f'--mesh needs 8 devices, jax has {jax.device_count()} '
+          ('mesh', args.seed + 2_000_000 + i) for i in range(args.mesh)] + [
+              ('mesh_law', args.seed + 3_000_000 + i)
+              for i in range(args.mesh_law)]
+  if (args.mesh or args.mesh_law) and jax.device_count() < 8:
+    parser.error(f'--mesh and --mesh_law need 8 devices, jax has {jax.device_count()} '
                  '(XLA_FLAGS was read before this script set it: run it as '
                  'a program, not imported after jax started).')
   left = [t for t in todo if t not in done]
