@@ -46,18 +46,19 @@ def test_random_cases_pass_and_a_planted_bug_fails(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_mesh_cases_run_as_a_program(tmp_path):
-  """Mesh cases need XLA's 8 simulated devices before jax starts: the
+  """Mesh cases (greedy and law) need XLA's 8 simulated devices before jax starts: the
   script asks for them when run as a program (this process keeps one)."""
   out = tmp_path / 'mesh'
   proc = subprocess.run(
       [sys.executable, str(pathlib.Path(fuzz_exactness.__file__)),
-       '--greedy', '0', '--law', '0', '--mesh', '3', '--kinds',
+       '--greedy', '0', '--law', '0', '--mesh', '3', '--mesh_law', '1',
+       '--kinds',
        'pass,heads_tree,t5', '--out', str(out)], capture_output=True,
       text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads(out.with_suffix('.json').read_text())
-  assert summary['statuses'] == {'ok': 3}
-  assert sum(summary['meshes'].values()) == 3
+  assert summary['statuses'] == {'ok': 4}
+  assert sum(summary['meshes'].values()) == 3 and summary['mesh_laws'] == 1
   with pytest.raises(SystemExit):  # imported after jax started: refused
     fuzz_exactness.main(['--mesh', '1', '--greedy', '0', '--law', '0',
                          '--out', str(tmp_path / 'refused')])
