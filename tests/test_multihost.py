@@ -6,7 +6,8 @@ a tiny eval; process 0 merges their records. The merged examples.jsonl must
 hold every example once, with the outputs and counters of a single-process
 run without a mesh (timings aside), and a rerun must resume from every
 record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
-the task stack and compile.
+the task stack and compile. And the decoders on one mesh spanning two
+processes (tests/global_mesh_checks.py, ~20 s).
 """
 
 import json
@@ -96,3 +97,34 @@ def test_two_processes_equal_one_process(tmp_path):
   assert sorted(r['index'] for r in records) == list(range(6))
   assert [r for r in records if r['index'] == 4] == [extra]  # not redone
   assert not list(multi.glob('examples.process-*.jsonl'))
+
+
+@pytest.mark.slow
+def test_one_mesh_spanning_two_processes(tmp_path):
+  """The decoders on one mesh over both processes' devices (4 each): the
+  'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy
+  baseline and speculative tokens equal to one device's."""
+  port = _free_port()
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_force_host_platform_device_count=4').strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'tests.global_mesh_checks',
+       str(tmp_path / f'{i}.json'), f'localhost:{port}', str(i)], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  for p in procs:
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, log[-4000:]
+  for i in range(2):
+    got = json.loads((tmp_path / f'{i}.json').read_text())
+    assert (got['devices'], got['local']) == (8, 4)
+    assert set(got['meshes']) == {'1x8', '4x2'}
+    for name, mesh in got['meshes'].items():
+      assert mesh['processes'] == [0, 1]
+      assert mesh['model_axis_processes'] == ([0, 1] if name == '1x8'
+                                              else [0])
+      assert mesh['baseline'] == got['single']
+      assert mesh['speculative'] == got['single']
+      assert 0 < mesh['accepted'] < mesh['drafted']

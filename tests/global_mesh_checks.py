@@ -1,0 +1,87 @@
+"""One mesh spanning processes: one process of a jax.distributed run.
+
+Run by tests/test_multihost.py as two processes (4 simulated CPU devices
+each, XLA's gloo collectives between them):
+
+  python -m tests.global_mesh_checks OUT.json COORDINATOR PROCESS_ID
+
+The mesh holds all 8 devices of both processes (`Partitioner(devices=
+jax.devices())`): 1 x 8 (the 'model' axis across the processes) and 4 x 2
+(the 'data' axis across them). On each, the parameters and inputs are
+placed by `Partitioner.shard_params` / `shard_batch` (every process holds
+the whole arrays and places its own shards), and the greedy baseline and
+T5-drafted speculative decodes run as one program over both processes;
+their tokens are gathered (`multihost_utils.process_allgather`) and
+written with this process's single-device reference.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault('XLA_FLAGS',
+                      '--xla_force_host_platform_device_count=4')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import network
+from specdec_jax import partitioning
+from specdec_jax import speculative
+from specdec_jax import synthetic
+
+CONFIG = network.T5Config(
+    vocab_size=128, emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64,
+    num_encoder_layers=1, num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
+MAX_LEN, GAMMA = 10, 3
+
+
+def main(out_path, coordinator, process_id):
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(coordinator, num_processes=2,
+                             process_id=int(process_id))
+  model = network.T5Model(CONFIG)
+  params = model.init_params(jax.random.key(1))
+  draft_params = synthetic.perturbed(params, 0.2, jax.random.key(0))
+  inputs = np.random.default_rng(3).integers(2, 128, (4, 7)).astype(np.int32)
+  inputs[1, 4:] = 0
+  local = jax.local_devices()[0]
+  with jax.default_device(local):
+    single = decoding.temperature_sample(
+        model, jax.device_put(params, local), inputs,
+        max_decode_len=MAX_LEN, eos_id=1).tokens
+  out = {'devices': jax.device_count(), 'local': jax.local_device_count(),
+         'single': np.asarray(single).tolist(), 'meshes': {}}
+  for num_partitions in (8, 2):
+    part = partitioning.Partitioner(num_partitions=num_partitions,
+                                    devices=jax.devices())
+    target = part.sharded_model(model)
+    drafter = drafters.T5Drafter(target)
+    s_params = part.shard_params(params, target)
+    s_inputs = part.shard_batch(inputs)
+    base = decoding.temperature_sample(target, s_params, s_inputs,
+                                       max_decode_len=MAX_LEN, eos_id=1)
+    spec = speculative.speculative_sample(
+        target, s_params, drafter, part.shard_params(draft_params, target),
+        s_inputs, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=1)
+    gather = lambda x: np.asarray(
+        multihost_utils.process_allgather(x, tiled=True)).tolist()
+    out['meshes'][f'{part.data_size}x{part.model_size}'] = {
+        'processes': sorted({d.process_index for d in part.mesh.devices.flat}),
+        'model_axis_processes': sorted(
+            {d.process_index for d in part.mesh.devices[0]}),
+        'baseline': gather(base.tokens), 'speculative': gather(spec.tokens),
+        'drafted': int(np.sum(gather(spec.stats.drafted))),
+        'accepted': int(np.sum(gather(spec.stats.accepted)))}
+  with open(out_path, 'w') as f:
+    json.dump(out, f)
+  jax.distributed.shutdown()
+
+
+if __name__ == '__main__':
+  main(*sys.argv[1:])
