@@ -489,17 +489,16 @@ def _programs_md(r: Mapping[str, Any]) -> List[str]:
       compiled.program_row(f) for f in r['programs']]))
   plain = sorted({f['name'] for f in r['programs']
                   if f.get('target_model') == 'T5Model'})
-  lines += ['', 'Notes: ' + (
-      f"{', '.join(plain)} compiled with the plain `network.T5Model` "
-      'target, its parameters sharded (their loops took no '
-      '`partitioning.ShardedModel` yet when these were compiled). '
-      if plain else '') + "The parameters of the kinds that draft or embed "
-            "with the target ('cache', "
-            "'combined', 'pass', 'heads', 'heads_tree') hold the target's "
-            'parameters again: the same arrays when run, but counted again '
-            'in the argument bytes (of what the program reads: e.g. the '
-            "encoder for an output cache's embedder), so their peak bytes "
-            'are an upper bound.']
+  older = (f"{', '.join(plain)} compiled with the plain `network.T5Model` "
+           'target, its parameters sharded (their loops took no '
+           '`partitioning.ShardedModel` yet when these were compiled). '
+           if plain else '')
+  lines += ['', 'Notes: ' + older + "The parameters of the kinds that draft "
+            "or embed with the target ('cache', 'combined', 'pass', "
+            "'heads', 'heads_tree') hold the target's parameters again: the "
+            'same arrays when run, but counted again in the argument bytes '
+            "(of what the program reads: e.g. the encoder for an output "
+            "cache's embedder), so their peak bytes are an upper bound."]
   lines += ['', '## Largest batch that fits (per device)', '']
   lines.append(report.table(
       ['program', 'peak GiB per compiled batch', 'largest batch', 'how'],
