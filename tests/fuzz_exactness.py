@@ -199,19 +199,27 @@ def greedy_case(seed, kinds=KINDS):
               eos=eos, noise=scale, own_draft_model=draft_model is not model,
               confidence=source.confidence, tree=source.tree, slots=slots,
               refill_sizes=refill)
-  common = dict(gamma=gamma, max_decode_len=max_len, eos_id=eos,
-                merged=merged)
-  decodes = {
+  decodes = _decodes(model, params, drafter, dparams, enc, slots, refill,
+                     gamma=gamma, max_decode_len=max_len, eos_id=eos,
+                     merged=merged)
+  # float32 on a CPU is bit for bit: any difference is a failure.
+  return _judge(case, model, params, enc, tokens, lengths, decodes, bf16)
+
+
+def _decodes(model, params, drafter, dparams, enc, slots, refill, **common):
+  """What a greedy case checks against the fixed baseline: the fixed and
+  streamed speculative decodes and the streamed baseline."""
+  base = dict(max_decode_len=common['max_decode_len'],
+              eos_id=common['eos_id'])
+  return {
       'fixed': speculative.speculative_sample(
           model, params, drafter, dparams, enc, **common),
       'stream': streaming.speculative_stream(
           model, params, drafter, dparams, enc, batch_size=slots,
           refill_sizes=refill, **common),
       'baseline_stream': streaming.sample_stream(
-          model, params, enc, batch_size=slots, max_decode_len=max_len,
-          eos_id=eos, refill_sizes=refill)}
-  # float32 on a CPU is bit for bit: any difference is a failure.
-  return _judge(case, model, params, enc, tokens, lengths, decodes, bf16)
+          model, params, enc, batch_size=slots, refill_sizes=refill,
+          **base)}
 
 
 def _judge(case, model, params, enc, tokens, lengths, decodes, ties):
@@ -301,7 +309,6 @@ def mesh_case(seed, kinds=KINDS):
               noise=scale, own_draft_model=own,
               draft_replicated=replicated, confidence=source.confidence,
               tree=source.tree, slots=slots)
-  common = dict(gamma=gamma, max_decode_len=max_len, eos_id=1, merged=merged)
   mesh_base = decoding.temperature_sample(target, s_params, s_enc,
                                           max_decode_len=max_len, eos_id=1)
   case['single_device'] = single = _judge(
@@ -309,15 +316,9 @@ def mesh_case(seed, kinds=KINDS):
       True)
   if single['status'] == 'FAILED':
     return dict(case, status='FAILED')
-  decodes = {
-      'fixed': speculative.speculative_sample(
-          target, s_params, drafter, dparams, s_enc, **common),
-      'stream': streaming.speculative_stream(
-          target, s_params, drafter, dparams, s_enc, batch_size=slots,
-          **common),
-      'baseline_stream': streaming.sample_stream(
-          target, s_params, s_enc, batch_size=slots, max_decode_len=max_len,
-          eos_id=1)}
+  decodes = _decodes(target, s_params, drafter, dparams, s_enc, slots, None,
+                     gamma=gamma, max_decode_len=max_len, eos_id=1,
+                     merged=merged)
   case = _judge(case, model, params, enc, np.asarray(mesh_base.tokens),
                 np.asarray(mesh_base.lengths), decodes, bf16)
   if case['status'] == 'ok' and single['status'] == 'near_tie':

@@ -33,12 +33,11 @@ from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax import synthetic
-
-CONFIG = network.T5Config(
-    vocab_size=128, emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64,
-    num_encoder_layers=1, num_decoder_layers=2,
-    mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
-MAX_LEN, GAMMA = 10, 3
+from tests.mesh_checks import CONFIG  # its model, lengths and inputs
+from tests.mesh_checks import EOS
+from tests.mesh_checks import GAMMA
+from tests.mesh_checks import MAX_LEN
+from tests.mesh_checks import _tokens
 
 
 def main(out_path, coordinator, process_id):
@@ -54,9 +53,9 @@ def main(out_path, coordinator, process_id):
   with jax.default_device(local):
     single = decoding.temperature_sample(
         model, jax.device_put(params, local), inputs,
-        max_decode_len=MAX_LEN, eos_id=1).tokens
+        max_decode_len=MAX_LEN, eos_id=EOS).tokens
   out = {'devices': jax.device_count(), 'local': jax.local_device_count(),
-         'single': np.asarray(single).tolist(), 'meshes': {}}
+         'single': _tokens(single), 'meshes': {}}
   for num_partitions in (8, 2):
     part = partitioning.Partitioner(num_partitions=num_partitions,
                                     devices=jax.devices())
@@ -65,10 +64,10 @@ def main(out_path, coordinator, process_id):
     s_params = part.shard_params(params, target)
     s_inputs = part.shard_batch(inputs)
     base = decoding.temperature_sample(target, s_params, s_inputs,
-                                       max_decode_len=MAX_LEN, eos_id=1)
+                                       max_decode_len=MAX_LEN, eos_id=EOS)
     spec = speculative.speculative_sample(
         target, s_params, drafter, part.shard_params(draft_params, target),
-        s_inputs, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=1)
+        s_inputs, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=EOS)
     gather = lambda x: np.asarray(
         multihost_utils.process_allgather(x, tiled=True)).tolist()
     out['meshes'][f'{part.data_size}x{part.model_size}'] = {
