@@ -70,6 +70,7 @@ import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import network
+from specdec_jax import partitioning
 
 NEAR_TIE = 'near_tie'
 MISMATCH = 'mismatch'
@@ -237,7 +238,7 @@ def reference_logits(model, params, encoder_input_tokens, decoder_tokens,
     z, s = _reference(ref, params, jnp.asarray(encoder_input_tokens,
                                                jnp.int32),
                       decoder_inputs, jnp.asarray(position, jnp.int32))
-  return np.asarray(z), np.asarray(s)
+  return partitioning.to_host((z, s))
 
 
 def classify(z: np.ndarray, s: np.ndarray, baseline_token: int,

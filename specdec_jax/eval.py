@@ -117,6 +117,9 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   into its own examples.process-p-of-P.jsonl; once all are done, process 0
   merges them into examples.jsonl (each index once) and writes the summary.
   A rerun, with any number of processes, resumes from every record file.
+  On one mesh spanning the processes (`Partitioner(global_mesh=True)`)
+  every process decodes every batch in the same calls, and process 0
+  writes the run as a single process would (the others write nothing).
 
   Args:
     setup: what to decode (target, drafter, task, sampling, gamma, ...).
@@ -149,13 +152,21 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
 
 class _Run:
   """One setup's run folder in a job: claimed, its records appended as
-  units finish, its summary written (`evaluate_together`)."""
+  units finish, its summary written (`evaluate_together`).
+
+  `count` record files (one per process; one on a mesh spanning the
+  processes, process 0's: the others decode alike and write nothing, so
+  they read process 0's output cache and gamma choice, not their own).
+  """
 
   def __init__(self, setup: EvalSetup, output_dir: str, config_str: str,
                task, examples, partitioner, shard_drafter,
                if_settings_differ: str):
     self.setup, self.task, self.out = setup, task, pathlib.Path(output_dir)
-    self.index, self.count = jax.process_index(), jax.process_count()
+    spans = partitioner is not None and partitioner.spans_processes
+    self.index = jax.process_index()
+    self.count = 1 if spans else jax.process_count()
+    self.writes = self.index == 0 or not spans
     self.wanted = {i for i, *_ in examples}
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,
@@ -164,6 +175,7 @@ class _Run:
                      for i, *e in examples},
         main_process=self.index == 0, num_examples=setup.num_examples,
         if_settings_differ=if_settings_differ)
+    self.own = None  # its record file (None: it writes none)
 
   def open(self) -> unit_loop.Lane:
     """Says what it decodes; readies its record file and output cache;
@@ -173,7 +185,8 @@ class _Run:
     if self.index == 0:
       print(summary_lib.start_line(self.out, len(self.wanted), self.reused),
             flush=True)
-    self.own = run_folder.process_file(self.out, self.index, self.count)
+    if self.writes:
+      self.own = run_folder.process_file(self.out, self.index, self.count)
     if self.count > 1:
       run_folder.read_records(self.own)  # Repairs a cut-off last line.
     commit = None
@@ -185,15 +198,22 @@ class _Run:
                 f'.process-{self.index:05d}-of-{self.count:05d}')
       path = self.setup.draft.output_cache or str(
           self.out / f'output_cache{suffix}.npz')
-      commit = run_folder.CacheCommit(self.out, path, suffix)
-      commit.recover(done)
+      if self.writes:
+        commit = run_folder.CacheCommit(self.out, path, suffix)
+        commit.recover(done)
       self.setup = self.setup.replace(output_cache=path)
     return unit_loop.Lane(None, done, run_folder.choice_file(
-        self.out, self.index, self.count), commit)
+        self.out, self.index, self.count) if self.writes else None, commit)
+
+  def sink(self, files: contextlib.ExitStack):
+    """Its record file, open to append (None where it writes none)."""
+    return None if self.own is None else files.enter_context(
+        self.own.open('a'))
 
   def append(self, sink, batch, lane: unit_loop.Lane) -> None:
     """A unit's records, written (and its output cache committed)."""
-    run_folder.append(sink, batch)
+    if sink is not None:
+      run_folder.append(sink, batch)
     if lane.commit is not None:
       lane.commit.finish()
     self.records.extend(batch)
@@ -257,24 +277,28 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.num_examples, cache)
-  index, count = jax.process_index(), jax.process_count()
-  if index != 0:
+  if jax.process_index() != 0:
     run_folder.barrier('claimed')  # Process 0 claims.
   folders = [_Run(*run, task, examples, partitioner, shard_drafter,
                   if_settings_differ) for run in runs]
-  if index == 0:
+  if jax.process_index() == 0:
     run_folder.barrier('claimed')
   run_folder.barrier('read')  # Nobody appends before.
   lanes = [folder.open() for folder in folders]
+  # Where process 0 alone writes (one mesh spanning the processes), its
+  # output cache is recovered before the others read it.
+  run_folder.barrier('opened')
+  # Each process's batches, or (one mesh over all) every batch by all.
+  share = (folders[0].index % folders[0].count, folders[0].count)
   error = None
   try:
     with run_folder.sigterm_interrupts(), contextlib.ExitStack() as files:
       for folder, lane in zip(folders, lanes):
         lane.loaded = _load(folder.setup, task, partitioner, shard_drafter,
                             cache)
-      sinks = [files.enter_context(f.own.open('a')) for f in folders]
+      sinks = [folder.sink(files) for folder in folders]
       for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
-                                         (index, count), partitioner):
+                                         share, partitioner):
         for folder, lane, sink, batch in zip(folders, lanes, sinks, unit):
           folder.append(sink, batch, lane)
         run_folder.check_interrupted()
@@ -367,7 +391,8 @@ def initialize_distributed(args) -> bool:
   """`jax.distributed.initialize` from the flags / env; False if not asked.
 
   Must run before jax touches a device. Each process then decodes its share
-  of the batches on its own devices (`evaluate`).
+  of the batches on its own devices, or (`Partitioner(global_mesh=True)`)
+  every batch on one mesh over all (`evaluate`).
   """
   named = (args.coordinator_address, args.num_processes, args.process_id)
   if not args.multiprocess and all(v is None for v in named):

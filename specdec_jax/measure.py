@@ -25,6 +25,8 @@ benchmark scripts, never in unit tests.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import platform
@@ -38,6 +40,7 @@ import numpy as np
 from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import network
+from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax import speculative
@@ -154,6 +157,26 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
   return time_alternating({'fn': fn}, repeats)[1]['fn']
 
 
+# Who decides what a timing runs next from a clock (`loop_time`'s
+# doubling): this process (the default) or, inside `decided_by`, a function
+# every process calls alike (a mesh spanning processes: process 0's clock,
+# `partitioning.Partitioner.agree`).
+_DECIDE: contextvars.ContextVar[Callable[[bool], bool]] = (
+    contextvars.ContextVar('decide', default=lambda stop: stop))
+
+
+@contextlib.contextmanager
+def decided_by(agree: Callable[[Any], Any]):
+  """Inside, every choice of how long to time (`loop_time`'s doubling)
+  is `agree`'s: on a mesh spanning processes, where every process runs
+  the same calls and each clock would stop the doubling at its own n."""
+  token = _DECIDE.set(agree)
+  try:
+    yield
+  finally:
+    _DECIDE.reset(token)
+
+
 def loop_time(run: Callable[[int], object], n: int, repeats: int,
               min_seconds: float = 0.05) -> float:
   """Median seconds per call of `run(count)`, which executes count calls.
@@ -162,13 +185,15 @@ def loop_time(run: Callable[[int], object], n: int, repeats: int,
   doubled until n calls take at least `min_seconds`, so that the one launch
   per loop (tens of microseconds) is negligible next to the calls and timer
   noise does not matter. The check that ends the doubling is the timed
-  repeats' warm-up: the same program at the same n.
+  repeats' warm-up: the same program at the same n (`decided_by`: whose
+  clock decides).
   """
   jax.block_until_ready(run(n))  # compile
   while True:
     start = time.perf_counter()
     jax.block_until_ready(run(n))
-    if time.perf_counter() - start >= min_seconds or n >= 1 << 16:
+    if _DECIDE.get()(bool(time.perf_counter() - start >= min_seconds or
+                          n >= 1 << 16)):
       break
     n *= 2
   return time_alternating({'loop': lambda: run(n)}, repeats)[1]['loop'] / n
@@ -665,9 +690,10 @@ def betas_on_outputs(target, target_params, drafter, draft_params,
   Returns:
     1-D array of beta, row by row, the first lengths[i] positions of row i.
   """
-  betas = np.asarray(_betas(target, drafter, target_params, draft_params,
-                            jnp.asarray(encoder_input_tokens, jnp.int32),
-                            jnp.asarray(tokens, jnp.int32), sampling))
+  betas = partitioning.to_host(_betas(
+      target, drafter, target_params, draft_params,
+      jnp.asarray(encoder_input_tokens, jnp.int32),
+      jnp.asarray(tokens, jnp.int32), sampling))
   lengths = np.asarray(lengths)
   mask = np.arange(betas.shape[1])[None, :] < lengths[:, None]
   return betas[mask]
@@ -744,9 +770,9 @@ def rank_shares(ranks: Callable[..., Array], params, encoder_input_tokens,
   positions = 0
   for start in range(0, tokens.shape[0], batch_size):
     stop = start + batch_size
-    r = np.asarray(ranks(params,
-                         jnp.asarray(encoder_input_tokens[start:stop]),
-                         jnp.asarray(tokens[start:stop])))
+    r = partitioning.to_host(ranks(
+        params, jnp.asarray(encoder_input_tokens[start:stop]),
+        jnp.asarray(tokens[start:stop])))
     at = np.arange(first, first + r.shape[1])[None]
     r = r[at < lengths[start:stop, None]]
     positions += r.size

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import partitioning
 
 FORMAT = 'specdec_jax.output_cache/1'
 
@@ -74,7 +75,8 @@ def fingerprint(config, params) -> str:
   h = hashlib.sha256(repr(config).encode())
   leaves = jax.tree_util.tree_leaves(params)
   for leaf in leaves[:4] + leaves[-4:]:
-    h.update(np.asarray(leaf, np.float32).ravel()[:256].tobytes())
+    h.update(np.asarray(partitioning.to_host(leaf.ravel()[:256]),
+                        np.float32).tobytes())
   return h.hexdigest()[:16]
 
 
@@ -176,7 +178,7 @@ class OutputCache:
       pad = min(capacity_for(len(chunk), 1), batch_size) - len(chunk)
       keys = _embed_jit(model, params,
                         np.pad(chunk, ((0, pad), (0, 0))))[:len(chunk)]
-      self.add(np.asarray(keys), outputs[i:i + len(chunk)])
+      self.add(partitioning.to_host(keys), outputs[i:i + len(chunk)])
 
   def add_pairs(self, model, params, pairs: Sequence[Tuple[Sequence[int],
                                                           Sequence[int]]],

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -330,14 +332,28 @@ class Partitioner:
     logical_axis_rules: the rules (default `standard_logical_axis_rules()`).
     devices: default `jax.local_devices()` (a multi-host eval: data
       parallel over hosts, model parallel within each).
+    global_mesh: the mesh holds every process's devices (`jax.devices()`,
+      T5X's mesh), instead of `devices`: one program over all hosts, for a
+      model too large for one host's devices; every process then places
+      the same whole arrays and makes the same calls (`spans_processes`).
+
+  Besides the mesh, what a job needs to run on it whatever it spans:
+  `shard_batch` (inputs in) and `agree` (a decision every process takes
+  alike; outputs come out through `to_host`); `OneDevice` has the same
+  two for a job without a mesh.
   """
 
   def __init__(self, num_partitions: Optional[int] = None,
                model_parallel_submesh: Optional[Sequence[int]] = None,
                logical_axis_rules: Optional[Sequence[Tuple[str, Optional[
                    str]]]] = None,
-               devices: Optional[Sequence[Any]] = None):
-    self.mesh = make_mesh(num_partitions, model_parallel_submesh, devices)
+               devices: Optional[Sequence[Any]] = None,
+               global_mesh: bool = False):
+    if global_mesh and devices is not None:
+      raise ValueError('Pass devices or global_mesh=True, not both (the '
+                       'global mesh is all of jax.devices()).')
+    self.mesh = make_mesh(num_partitions, model_parallel_submesh,
+                          jax.devices() if global_mesh else devices)
     rules = (standard_logical_axis_rules() if logical_axis_rules is None
              else logical_axis_rules)
     self.rules: LogicalAxisRules = tuple(tuple(r) for r in rules)
@@ -367,8 +383,23 @@ class Partitioner:
     return jax.tree.map(jax.device_put, params,
                         self.param_shardings(model, rules))
 
+  @property
+  def spans_processes(self) -> bool:
+    """Whether the mesh holds devices of more than one process: then no
+    process holds a decode's outputs whole, and every process must make
+    the same calls in the same order (a collective waits for all)."""
+    return len({d.process_index for d in self.mesh.devices.flat}) > 1
+
   def shard_batch(self, tokens):
     return shard_batch(tokens, self.mesh, self.rules)
+
+  def agree(self, value):
+    """Process 0's `value` (any picklable value) on every process where
+    the mesh spans several (each must call it), else `value`: for the
+    decisions made from a process's own clock (a gamma or tree chosen by
+    timing), which would otherwise differ and make the processes compile
+    and call different programs."""
+    return agree(value) if self.spans_processes else value
 
   def replicate(self, tree):
     return replicate(tree, self.mesh)
@@ -387,6 +418,50 @@ class Partitioner:
   def __repr__(self):
     return (f'Partitioner(mesh={dict(self.mesh.shape)}, '
             f'rules={self.rules!r})')
+
+
+class OneDevice:
+  """A `Partitioner`'s job-facing side for a job without a mesh: inputs
+  as they are, outputs read as they are, every decision this process's."""
+
+  spans_processes = False
+
+  def shard_batch(self, tokens):
+    return tokens
+
+  def agree(self, value):
+    return value
+
+
+def to_host(tree):
+  """`tree` with each array whole on this host (numpy): read where this
+  process holds it whole (or a replica of it), else gathered from every
+  process (`multihost_utils.process_allgather`: on a mesh spanning
+  processes every process must make the same reads, as it makes the same
+  calls)."""
+  def read(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return np.asarray(x)
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return jax.tree.map(read, tree)
+
+
+def agree(value):
+  """Process 0's `value` on every process of a `jax.distributed` run
+  (pickled; `multihost_utils.broadcast_one_to_all`: its length, then its
+  bytes; every process must call it); `value` itself in a run of one
+  process."""
+  if jax.process_count() == 1:
+    return value
+  data = np.frombuffer(pickle.dumps(value), np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+  padded = np.zeros(size, np.uint8)
+  if jax.process_index() == 0:
+    padded[:] = data
+  return pickle.loads(bytes(np.asarray(
+      multihost_utils.broadcast_one_to_all(padded))))
 
 
 KINDS = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',

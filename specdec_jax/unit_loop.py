@@ -215,7 +215,7 @@ def tree_evidence(loaded: loading.Loaded, inputs, outputs,
           jit_setup=True) for spec in trees})
 
 
-def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None,
+def choose_tree(loaded: loading.Loaded, inputs, outputs, where=None,
                 evidence: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The token tree for a setup whose tree is 'choose:N'
   (`DrafterSpec.chooses_tree`), chosen on this machine.
@@ -246,7 +246,8 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None,
     inputs: `[n, input length]` examples' inputs (the first `batch_size`
       rows are timed).
     outputs: `(tokens, lengths)`, the baseline's outputs of those rows.
-    place: puts a unit's inputs on the job's mesh (None: as they are).
+    where: the job's `partitioning.Partitioner` (a unit's inputs placed on
+      its mesh), or None (`partitioning.OneDevice`: as they are).
     evidence: `tree_evidence`'s (None: measured now).
 
   Returns:
@@ -269,7 +270,8 @@ def choose_tree(loaded: loading.Loaded, inputs, outputs, place=None,
   costs = tree_shape.TreeCosts.of_profile(profile, level_ms=t_level * 1e3,
                                           batch=setup.batch.size)
   top, trees = _decoded_choice(loaded, probs, costs, evidence['level_s'],
-                               1.0 / t1, inputs, place)
+                               1.0 / t1, inputs,
+                               where or partitioning.OneDevice())
   choice = {'gamma': top.shape.depth, 'tree': top.spec, 'rule': 'profile',
             'configured_gamma': setup.gamma,
             'configured_tree': setup.draft.tree, 'rank_probs': probs,
@@ -304,14 +306,15 @@ def predicted_choice(loaded: loading.Loaded, all_inputs,
   setup = loaded.setup
   base = programs_at(loaded, 1)[0]
   rows, outputs = _baseline_outputs(
-      setup, base, loaded.target_params, all_inputs, lambda x: x,
-      jax.random.fold_in(jax.random.key(setup.seed), 0))
+      setup, base, loaded.target_params, all_inputs,
+      partitioning.OneDevice(), jax.random.fold_in(jax.random.key(
+          setup.seed), 0))
   return choose_tree(loaded, rows, outputs, evidence=tree_evidence(
       loaded, rows, outputs, profile, drafter))
 
 
 def _decoded_choice(loaded: loading.Loaded, probs, costs, level_s, beat: float,
-                    inputs, place):
+                    inputs, where):
   """`choose_tree`'s trees decoded and the best of them: `(the
   `shape.Candidate`, the `shape.MeasuredTree`s)`. `level_s`: seconds of a
   level of each beam (`tree_evidence`; one it lacks at `costs.level_ms`);
@@ -330,7 +333,7 @@ def _decoded_choice(loaded: loading.Loaded, probs, costs, level_s, beat: float,
     priced = dataclasses.replace(costs, level_ms=level_ms)
     if max((d + 1) / priced.iteration_ms(shape.truncate(d)) for d in range(
         1, shape.depth + 1)) * 1e3 > to_beat:
-      trees.append(_measured_tree(loaded, spec, inputs, place, level_ms))
+      trees.append(_measured_tree(loaded, spec, inputs, where, level_ms))
       to_beat = max(beat, tree_shape.best_candidate(
           probs, costs, measured=trees, **bounds).tokens_per_s)
   top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
@@ -342,13 +345,13 @@ def _decoded_choice(loaded: loading.Loaded, probs, costs, level_s, beat: float,
     spec = top.source.at_depth(depth) if depth >= 1 else None
     if spec is None or spec in {tree.spec for tree in trees}:
       break
-    trees.append(_measured_tree(loaded, spec, inputs, place,
+    trees.append(_measured_tree(loaded, spec, inputs, where,
                                 top.source.level_ms))
     top = tree_shape.best_candidate(probs, costs, measured=trees, **bounds)
   return top, trees
 
 
-def _measured_tree(loaded: loading.Loaded, spec: str, inputs, place,
+def _measured_tree(loaded: loading.Loaded, spec: str, inputs, where,
                    level_ms: float) -> tree_shape.MeasuredTree:
   """The tree `spec` decoded (greedy) on `inputs`, unit by unit with the
   setup's speculative program: its acceptance counts per depth."""
@@ -358,8 +361,9 @@ def _measured_tree(loaded: loading.Loaded, spec: str, inputs, place,
   rng = jax.random.key(setup.seed)
   accepted_at, iterations, tokens = 0, 0, 0
   for _, _, _, rows in units(setup, inputs):
-    out = program(loaded.target_params, loaded.draft_params,
-                  (place or (lambda x: x))(rows), rng)
+    out = partitioning.to_host(program(
+        loaded.target_params, loaded.draft_params, where.shard_batch(rows),
+        rng))
     accepted_at = accepted_at + np.asarray(out.stats.accepted_at)
     iterations += int(np.sum(out.stats.row_iterations))
     tokens += int(np.sum(out.lengths))
@@ -368,13 +372,13 @@ def _measured_tree(loaded: loading.Loaded, spec: str, inputs, place,
 
 
 def _baseline_outputs(setup: EvalSetup, base: programs.Program, params,
-                      all_inputs, place, rng):
+                      all_inputs, where, rng):
   """The first `CHOICE_EXAMPLES` examples' inputs and the baseline's
   outputs of them `(tokens, lengths)`, decoded unit by unit (the units'
   shapes: nothing new compiles but a short last one's)."""
   rows, tokens, lengths = [], [], []
   for _, _, n, inputs in units(setup, all_inputs[:CHOICE_EXAMPLES]):
-    out = base(params, place(inputs), rng)
+    out = partitioning.to_host(base(params, where.shard_batch(inputs), rng))
     rows.append(np.asarray(inputs)[:n])
     tokens.append(np.asarray(out.tokens)[:n])
     lengths.append(np.asarray(out.lengths)[:n])
@@ -443,9 +447,13 @@ def with_tree(loaded: loading.Loaded, spec: str) -> loading.Loaded:
 
 
 def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file,
-                 place) -> Dict[str, Any]:
-  """`choose_tree`, kept in `choice_file` and said."""
-  choice = choose_tree(loaded, inputs, outputs, place)
+                 where) -> Dict[str, Any]:
+  """`choose_tree`, kept in `choice_file` and said. What it times is
+  `where.agree`d (one choice on a mesh spanning processes): how long, and
+  the seconds the choice rests on."""
+  with measure.decided_by(where.agree):
+    evidence = where.agree(tree_evidence(loaded, inputs, outputs))
+  choice = choose_tree(loaded, inputs, outputs, where, evidence)
   run_folder.write_choice(choice_file, choice)
   if choice['gamma'] == 0:
     print(f"tree choice: {choice['why']}", flush=True)
@@ -462,9 +470,9 @@ def _tree_choice(loaded: loading.Loaded, inputs, outputs, choice_file,
 
 
 def _tree_refinement(loaded: loading.Loaded, choice, decoded, seconds,
-                     choice_file) -> Dict[str, Any]:
-  """`refine_tree`, kept in `choice_file` and said."""
-  refined = refine_tree(loaded, choice, decoded, seconds)
+                     choice_file, where) -> Dict[str, Any]:
+  """`refine_tree`, `where.agree`d, kept in `choice_file` and said."""
+  refined = where.agree(refine_tree(loaded, choice, decoded, seconds))
   run_folder.write_choice(choice_file, refined)
   said = (refined['why'] if refined['gamma'] == 0 else
           f"tree {refined['tree']} from now on "
@@ -530,7 +538,7 @@ def _configured_choice(loaded: loading.Loaded, choice_file
   return choice
 
 
-def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
+def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, where,
                  rng) -> Tuple[float, int]:
   """(alpha, examples) of the lane's speculative decodes, untimed, of
   the first `CHOICE_EXAMPLES` examples at its configured gamma, unit by
@@ -541,9 +549,9 @@ def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
   spec = lane.programs()[1]
   sums = np.zeros(5)  # `spec_stats.rates`' counters, summed
   for _, _, n, rows in units(setup, all_inputs[:CHOICE_EXAMPLES]):
-    stats = programs.calls(base, spec, lane.loaded.target_params,
-                           lane.draft_params, place(rows), rng)[
-                               'speculative']().stats
+    stats = partitioning.to_host(programs.calls(
+        base, spec, lane.loaded.target_params, lane.draft_params,
+        where.shard_batch(rows), rng)['speculative']().stats)
     used = slice(None) if setup.batch.streamed else slice(0, n)
     sums += [np.sum(np.asarray(c)[used]) for c in (
         stats.row_iterations, stats.drafted, stats.accepted, stats.beta_sum,
@@ -552,12 +560,15 @@ def warmup_alpha(lane: Lane, base: programs.Program, all_inputs, place,
           min(len(all_inputs), CHOICE_EXAMPLES))
 
 
-def _profile_choice(lane: Lane, inputs, alpha: float, examples: int
+def _profile_choice(lane: Lane, inputs, alpha: float, examples: int, where
                     ) -> Dict[str, Any]:
   """`choose_gamma` on the alpha of the first `examples` examples
-  (`warmup_alpha`), kept in the lane's `choice_file` and said."""
+  (`warmup_alpha`), `where.agree`d (what it times and the choice), kept
+  in the lane's `choice_file` and said."""
   loaded, setup = lane.loaded, lane.loaded.setup
-  choice = dict(choose_gamma(loaded, inputs, alpha), alpha_examples=examples)
+  with measure.decided_by(where.agree):
+    choice = where.agree(dict(choose_gamma(loaded, inputs, alpha),
+                              alpha_examples=examples))
   run_folder.write_choice(lane.choice_file, choice)
   pred = choice['prediction']
   print(f"gamma {choice['gamma']} for batch {setup.batch.size} "
@@ -677,12 +688,14 @@ class Lane:
   gamma: int = dataclasses.field(default=0, init=False)
   draft_params: Any = dataclasses.field(default=None, init=False)
 
-  def start(self) -> None:
+  def start(self, where) -> None:
     """The gamma (tree) it decodes with: configured, or the resumed run's
-    choice; else chosen on the first unit (`choosing`)."""
+    choice (`where.agree`d: process 0's file); else chosen on the first
+    unit (`choosing`)."""
     setup = self.loaded.setup
     if setup.batch.profile_gamma or setup.draft.chooses_tree:
-      self.choice = _configured_choice(self.loaded, self.choice_file)
+      self.choice = where.agree(_configured_choice(self.loaded,
+                                                   self.choice_file))
     self.gamma = setup.gamma if self.choice is None else self.choice['gamma']
     if self.choice is not None and 'tree' in self.choice:
       self.take_tree(self.choice)
@@ -762,15 +775,15 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   speculative decoding; yields each unit's records, a list per lane.
 
   A unit is a batch, or streamed (`BatchSpec.streamed`) a chunk of
-  `stream_chunk` batches' worth of examples decoded by the streaming loops
-  (`streaming.sample_stream` / `speculative_stream`: `batch_size` slots,
-  an ended row refilled inside the loop). A unit is decoded by the lanes
+  `stream_chunk` batches' worth of examples through the `batch_size` slots
+  of the streaming loops (`streaming`). A unit is decoded by the lanes
   that lack records of it (with the baseline); rows a lane has
   (`Lane.done`: a unit cut short by a crash) are not recorded again. With
   `share` (index, count) only units u with u % count == index are decoded
   (a process's share); with a `partitioner` each unit's inputs are placed
-  on its mesh (batch over 'data'; a stream's refills encode sub-batches
-  the mesh divides, `streaming.bucket_sizes`).
+  on its mesh (batch over 'data'; refills: `streaming.bucket_sizes`; a mesh
+  over processes: outputs by `partitioning.to_host`, timed choices alike by
+  `Partitioner.agree`).
 
   The lanes' one baseline (`_shared_baseline`) and their speculative
   decodes run on the same inputs and rng, compiled (each new input /
@@ -786,16 +799,16 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   first unit (`choose_gamma`: costs timed now, alpha on its untimed
   decodes of the first examples at `setup.gamma`, `warmup_alpha`); one
   with a tree 'choose:N' its tree (`choose_tree`, on the unit's baseline
-  decode); each kept in its `choice_file` (read back
-  when the run resumes). Every record says the gamma it was decoded with.
+  decode); each kept in its `choice_file` (read back when the run
+  resumes). Every record says the gamma it was decoded with.
   """
   setup = lanes[0].loaded.setup
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
                              setup.task_feature_lengths['inputs'])
-  place = lambda x: x if partitioner is None else partitioner.shard_batch(x)
+  where = partitioner or partitioning.OneDevice()
   warmed = set()  # what is compiled: (input shape, program) keys
   for lane in lanes:
-    lane.start()
+    lane.start(where)
   for u, start, n, inputs in tqdm(list(units(setup, all_inputs)),
                                   desc='eval', unit='chunk' if
                                   setup.batch.streamed else 'batch'):
@@ -804,32 +817,33 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
               if any(j not in lane.done for j, *_ in batch)]
     if u % share[1] != share[0] or not active:
       continue
-    inputs = place(inputs)
+    placed = where.shard_batch(inputs)
     rng = jax.random.fold_in(jax.random.key(setup.seed), u)
     base = _shared_baseline(lanes)
     for lane in (lanes[i] for i in active):
       if lane.choosing('tree'):  # on the first examples' baseline outputs
         lane.take_tree(_tree_choice(lane.loaded, *_baseline_outputs(
-            setup, base, lane.loaded.target_params, all_inputs, place, rng),
-                                    lane.choice_file, place))
+            setup, base, lane.loaded.target_params, all_inputs, where, rng),
+                                    lane.choice_file, where))
     shapes = np.shape(inputs)
     keys = lambda: {'baseline': (shapes, base.spec), **{
         i: (shapes, i, lanes[i].gamma, lanes[i].loaded.drafter,
             str(jax.tree_util.tree_map(np.shape, lanes[i].draft_params)))
         for i in active}}
-    calls = _unit_calls(lanes, active, base, inputs, rng)
+    calls = _unit_calls(lanes, active, base, placed, rng)
     _warm(calls, keys(), warmed)
     for lane in (lanes[i] for i in active):
       if lane.choosing('gamma'):  # on the first examples' decodes
         lane.choice = _profile_choice(lane, inputs, *warmup_alpha(
-            lane, base, all_inputs, place, rng))
+            lane, base, all_inputs, where, rng), where)
         lane.gamma = lane.choice['gamma']
     base = _shared_baseline(lanes)  # a same-shape one's block
-    calls = _unit_calls(lanes, active, base, inputs, rng)
+    calls = _unit_calls(lanes, active, base, placed, rng)
     _warm(calls, keys(), warmed)  # what the choices changed
     with measure.OtherLoad() as load:  # what else ran while timing
       res, times = measure.time_alternating(calls, timing_repeats,
                                             reverse=u % 2 == 1)
+    res = {name: partitioning.to_host(r) for name, r in res.items()}
     out = [[] for _ in lanes]
     for i, lane in ((i, lanes[i]) for i in active):
       records = _records(lane.loaded, u, batch, lane.done, inputs,
@@ -841,6 +855,6 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
                                    lane.draft_params, lane.commit)
       if lane.refining():  # the chosen tree's iterations, timed: again
         lane.take_tree(_tree_refinement(lane.loaded, lane.choice, res[i],
-                                        times[i], lane.choice_file))
+                                        times[i], lane.choice_file, where))
       out[i] = records
     yield out

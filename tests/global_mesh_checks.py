@@ -11,8 +11,9 @@ jax.devices())`): 1 x 8 (the 'model' axis across the processes) and 4 x 2
 placed by `Partitioner.shard_params` / `shard_batch` (every process holds
 the whole arrays and places its own shards), and the greedy baseline and
 T5-drafted speculative decodes run as one program over both processes;
-their tokens are gathered (`multihost_utils.process_allgather`) and
-written with this process's single-device reference.
+their tokens are gathered (`partitioning.to_host`) and written with this
+process's single-device reference. And `partitioning.agree`: each process
+offers its own value and both take process 0's.
 """
 
 import json
@@ -24,7 +25,6 @@ os.environ.setdefault('XLA_FLAGS',
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
 from specdec_jax import decoding
@@ -68,8 +68,7 @@ def main(out_path, coordinator, process_id):
     spec = speculative.speculative_sample(
         target, s_params, drafter, part.shard_params(draft_params, target),
         s_inputs, gamma=GAMMA, max_decode_len=MAX_LEN, eos_id=EOS)
-    gather = lambda x: np.asarray(
-        multihost_utils.process_allgather(x, tiled=True)).tolist()
+    gather = lambda x: partitioning.to_host(x).tolist()
     out['meshes'][f'{part.data_size}x{part.model_size}'] = {
         'processes': sorted({d.process_index for d in part.mesh.devices.flat}),
         'model_axis_processes': sorted(
@@ -77,6 +76,8 @@ def main(out_path, coordinator, process_id):
         'baseline': gather(base.tokens), 'speculative': gather(spec.tokens),
         'drafted': int(np.sum(gather(spec.stats.drafted))),
         'accepted': int(np.sum(gather(spec.stats.accepted)))}
+  offered = {'process': jax.process_index(), 1: (2, 3)}
+  out['agreed'] = repr(partitioning.agree(offered))
   with open(out_path, 'w') as f:
     json.dump(out, f)
   jax.distributed.shutdown()

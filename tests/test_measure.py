@@ -157,6 +157,23 @@ def test_time_alternating_flips_the_order_and_keeps_the_last_results():
     measure.time_alternating(calls, repeats=0)
 
 
+def test_whose_clock_ends_the_doubling_is_decided_by_the_job():
+  """`loop_time` doubles n until this process's clock says a loop is long
+  enough; inside `decided_by(agree)` the stop is `agree`'s (on a mesh
+  spanning processes, process 0's: each clock would stop at its own n and
+  the processes would call different programs)."""
+  ns = []
+  run = lambda n: ns.append(n) or 0  # instant: the clock never says stop
+  asked = []
+  with measure.decided_by(lambda stop: asked.append(stop) or len(asked) == 3):
+    measure.loop_time(run, 2, repeats=1, min_seconds=60.0)
+  assert asked == [False, False, False]  # this clock's, overruled
+  assert ns == [2, 2, 4, 8, 8]  # compile, three checks, the timed repeat
+  ns.clear()
+  measure.loop_time(run, 1 << 15, repeats=1, min_seconds=60.0)  # own clock
+  assert ns == [1 << 15, 1 << 15, 1 << 16, 1 << 16]  # stops at the cap
+
+
 def test_step_bytes_is_the_decoder_weights_and_the_caches_it_reads():
   """The floor's numerator, against the arrays a real cache holds."""
   config = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2,

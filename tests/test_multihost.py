@@ -6,8 +6,9 @@ a tiny eval; process 0 merges their records. The merged examples.jsonl must
 hold every example once, with the outputs and counters of a single-process
 run without a mesh (timings aside), and a rerun must resume from every
 record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
-the task stack and compile. And the decoders on one mesh spanning two
-processes (tests/global_mesh_checks.py, ~20 s).
+the task stack and compile. The decoders on one mesh spanning two
+processes (tests/global_mesh_checks.py, ~20 s), and the eval job on such a
+mesh (GLOBAL_MESH; ~3 min).
 """
 
 import json
@@ -23,6 +24,7 @@ from specdec_jax import eval as eval_lib
 
 from test_eval import args
 from test_eval import read_jsonl
+from test_eval import STREAM
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMINGS = ('baseline_batch_s', 'speculative_batch_s', 'other_load')
@@ -34,16 +36,18 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _run_processes(out, count=2, **overrides):
-  """The eval job on the 1 x 2 mesh, as processes 0 .. count - 1 of a
-  jax.distributed run (count 1: one process, no coordinator)."""
+def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',),
+                   **overrides):
+  """The eval job on `mesh` (default 1 x 2 a process), as processes 0 ..
+  count - 1 of a jax.distributed run of 2 devices each (count 1: one
+  process, no coordinator)."""
   port = _free_port()
   env = dict(os.environ)
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
                       ' --xla_force_host_platform_device_count=2').strip()
   env['JAX_PLATFORMS'] = 'cpu'
-  argv = args(out, **overrides) + [
-      '--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2']
+  argv = args(out, **overrides) + ['--gin_file=mesh/partitioner.gin',
+                                   *mesh]
   if count > 1:
     argv += [f'--coordinator_address=localhost:{port}',
              f'--num_processes={count}']
@@ -52,7 +56,11 @@ def _run_processes(out, count=2, **overrides):
       ([f'--process_id={i}'] if count > 1 else []), cwd=ROOT, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(count)]
-  logs = [p.communicate(timeout=600)[0] for p in procs]
+  try:
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+  finally:  # a process left waiting on a collective ends with the test
+    for p in procs:
+      p.kill()
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-4000:]
   return logs
@@ -103,7 +111,8 @@ def test_two_processes_equal_one_process(tmp_path):
 def test_one_mesh_spanning_two_processes(tmp_path):
   """The decoders on one mesh over both processes' devices (4 each): the
   'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy
-  baseline and speculative tokens equal to one device's."""
+  baseline and speculative tokens equal to one device's; a value both
+  offer, process 0's on both."""
   port = _free_port()
   env = dict(os.environ)
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
@@ -120,6 +129,7 @@ def test_one_mesh_spanning_two_processes(tmp_path):
   for i in range(2):
     got = json.loads((tmp_path / f'{i}.json').read_text())
     assert (got['devices'], got['local']) == (8, 4)
+    assert got['agreed'] == repr({'process': 0, 1: (2, 3)})  # 0's, as is
     assert set(got['meshes']) == {'1x8', '4x2'}
     for name, mesh in got['meshes'].items():
       assert mesh['processes'] == [0, 1]
@@ -128,3 +138,59 @@ def test_one_mesh_spanning_two_processes(tmp_path):
       assert mesh['baseline'] == got['single']
       assert mesh['speculative'] == got['single']
       assert 0 < mesh['accepted'] < mesh['drafted']
+
+
+# The job on one mesh over both processes' 4 devices (GLOBAL_MESH).
+GLOBAL_2X2 = ('--gin.GLOBAL_MESH=True', '--gin.NUM_PARTITIONS=2')  # data
+GLOBAL_1X4 = ('--gin.GLOBAL_MESH=True', '--gin.NUM_PARTITIONS=4')  # model
+
+
+@pytest.mark.slow
+def test_the_job_on_one_mesh_spanning_two_processes(tmp_path):
+  """GLOBAL_MESH: both processes decode every unit on one mesh of their 4
+  devices (the 'model' axis across them, then the 'data' axis), and
+  process 0 alone writes the run, as one process would:
+
+  - streamed with the output cache drafting (learned after each chunk,
+    kept in one file that both read on resume), run for 4 examples then
+    resumed to 8: every record equal to one process's without a mesh,
+    timings aside;
+  - a tree chosen by the costs the job times (its seconds and the choice
+    process 0's: each process's clock would choose its own and the two
+    would call different programs), then resumed with the choice kept:
+    one gamma_choice.json, every record decoded with it, the tokens one
+    process's."""
+  cached = dict(DRAFTER="'combined'", **STREAM)
+  single = tmp_path / 'single'
+  eval_lib.main(args(single, NUM_EXAMPLES='8', **cached))
+  alone = _without_timings(read_jsonl(single / 'examples.jsonl'))
+  assert {r['chunk'] for r in alone} == {0, 1}  # the cache learns between
+
+  multi = tmp_path / 'cached'
+  for n in ('4', '8'):
+    _run_processes(multi, mesh=GLOBAL_1X4, NUM_EXAMPLES=n, **cached)
+  assert _without_timings(read_jsonl(multi / 'examples.jsonl')) == alone
+  run = json.loads((multi / 'run.json').read_text())
+  assert run['identity']['mesh']['axes'] == {'data': 1, 'model': 4}
+  files = sorted(p.name for p in multi.iterdir())
+  assert files == ['config.gin', 'examples.jsonl', 'output_cache.npz',
+                   'run.json', 'summary.json', 'summary.md'], files
+
+  tree = tmp_path / 'tree'
+  chosen = dict(DRAFTER="'tree'", TREE="'choose:6'",
+                DRAFT_CHECKPOINT="'synthetic:seed=0,noise=0.05'")
+  logs = _run_processes(tree, mesh=GLOBAL_2X2, NUM_EXAMPLES='2', **chosen)
+  said = [[l for l in log.splitlines() if l.startswith('tree ')]
+          for log in logs]
+  assert said[0] and said[0] == said[1]  # one choice, said by both
+  logs = _run_processes(tree, mesh=GLOBAL_2X2, NUM_EXAMPLES='4', **chosen)
+  assert 'chosen by the profile of the run being resumed' in logs[0]
+  choice = json.loads((tree / 'gamma_choice.json').read_text())
+  records = sorted(read_jsonl(tree / 'examples.jsonl'),
+                   key=lambda r: r['index'])
+  assert [r['index'] for r in records] == [0, 1, 2, 3]
+  assert {r['gamma'] for r in records[2:]} == {choice['gamma']}
+  assert not list(tree.glob('*.process-*'))
+  for mine, theirs in zip(records, alone):
+    assert (mine['baseline'], mine['speculative']) == (
+        theirs['baseline'], theirs['baseline'])
