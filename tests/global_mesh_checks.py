@@ -3,17 +3,22 @@
 Run by tests/test_multihost.py as two processes (4 simulated CPU devices
 each, XLA's gloo collectives between them):
 
-  python -m tests.global_mesh_checks OUT.json COORDINATOR PROCESS_ID
+  python -m tests.global_mesh_checks OUT.json COORDINATOR PROCESS_ID \
+      FIXTURES_DIR ORBAX_CHECKPOINT
 
-The mesh holds all 8 devices of both processes (`Partitioner(devices=
-jax.devices())`): 1 x 8 (the 'model' axis across the processes) and 4 x 2
+The mesh holds all 8 devices of both processes (`Partitioner(
+global_mesh=True)`): 1 x 8 (the 'model' axis across the processes) and 4 x 2
 (the 'data' axis across them). On each, the parameters and inputs are
 placed by `Partitioner.shard_params` / `shard_batch` (every process holds
 the whole arrays and places its own shards), and the greedy baseline and
 T5-drafted speculative decodes run as one program over both processes;
 their tokens are gathered (`partitioning.to_host`) and written with this
 process's single-device reference. And `partitioning.agree`: each process
-offers its own value and both take process 0's.
+offers its own value and both take process 0's. And checkpoints
+restored straight into the mesh's shardings, each process reading its own
+shards: T5X's legacy fixture on the 2 x 4 mesh (its 4 heads), and an orbax
+checkpoint of ours (ORBAX_CHECKPOINT: the reference model's params, saved
+by the caller) on the 1 x 8 one, whose 'model' shards lie on both.
 """
 
 import json
@@ -27,6 +32,7 @@ os.environ.setdefault('XLA_FLAGS',
 import jax
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
@@ -40,7 +46,7 @@ from tests.mesh_checks import MAX_LEN
 from tests.mesh_checks import _tokens
 
 
-def main(out_path, coordinator, process_id):
+def main(out_path, coordinator, process_id, fixtures, orbax_path):
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator, num_processes=2,
                              process_id=int(process_id))
@@ -58,7 +64,7 @@ def main(out_path, coordinator, process_id):
          'single': _tokens(single), 'meshes': {}}
   for num_partitions in (8, 2):
     part = partitioning.Partitioner(num_partitions=num_partitions,
-                                    devices=jax.devices())
+                                    global_mesh=True)
     target = part.sharded_model(model)
     drafter = drafters.T5Drafter(target)
     s_params = part.shard_params(params, target)
@@ -76,11 +82,40 @@ def main(out_path, coordinator, process_id):
         'baseline': gather(base.tokens), 'speculative': gather(spec.tokens),
         'drafted': int(np.sum(gather(spec.stats.drafted))),
         'accepted': int(np.sum(gather(spec.stats.accepted)))}
+  out['restored'] = _restored(fixtures, orbax_path, params)
   offered = {'process': jax.process_index(), 1: (2, 3)}
   out['agreed'] = repr(partitioning.agree(offered))
   with open(out_path, 'w') as f:
     json.dump(out, f)
   jax.distributed.shutdown()
+
+
+def _restored(fixtures, orbax_path, params):
+  """{name: [every parameter equal to the whole load, the distinct slices
+  of a 'model'-split weight this process holds, all its slices]}."""
+  legacy = os.path.join(fixtures, 'test_t5_tiny.checkpoint_0')
+  config = network.T5Config(  # the fixture's (tests/mesh_checks.py)
+      vocab_size=32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
+      num_encoder_layers=2, num_decoder_layers=2,
+      mlp_activations=('gelu', 'linear'))
+  res = {}
+  for name, path, cfg, whole, parts in (
+      ('legacy', legacy, config, checkpoints.load_t5x_params(legacy, config),
+       4),
+      ('orbax', orbax_path, CONFIG, params, 8)):
+    part = partitioning.Partitioner(num_partitions=parts, global_mesh=True)
+    sharded = checkpoints.load_t5x_params(
+        path, cfg, shardings=part.param_shardings(network.T5Model(cfg)))
+    equal = jax.tree.map(lambda a, b: bool(np.array_equal(
+        np.asarray(a), partitioning.to_host(b))), whole, sharded)
+    kernel = sharded['decoder']['layers_0']['self_attention']['query'][
+        'kernel']
+    slices = lambda shards: len({str(s) for s in shards})
+    res[name] = [all(jax.tree.leaves(equal)),
+                 slices(s.index for s in kernel.addressable_shards),
+                 slices(kernel.sharding.devices_indices_map(
+                     kernel.shape).values())]
+  return res
 
 
 if __name__ == '__main__':

@@ -18,13 +18,17 @@ import socket
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from specdec_jax import checkpoints
 from specdec_jax import eval as eval_lib
+from specdec_jax import network
 
 from test_eval import args
 from test_eval import read_jsonl
 from test_eval import STREAM
+from tests.mesh_checks import CONFIG
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMINGS = ('baseline_batch_s', 'speculative_batch_s', 'other_load')
@@ -108,11 +112,16 @@ def test_two_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_mesh_spanning_two_processes(tmp_path):
+def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   """The decoders on one mesh over both processes' devices (4 each): the
   'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy
   baseline and speculative tokens equal to one device's; a value both
-  offer, process 0's on both."""
+  offer, process 0's on both; T5X's legacy fixture and an orbax checkpoint
+  of ours restored straight into the meshes' shardings."""
+  # The reference model's params (tests/global_mesh_checks.py's), in an
+  # orbax checkpoint of ours that both processes restore.
+  params = network.T5Model(CONFIG).init_params(jax.random.key(1))
+  orbax = checkpoints.save_t5x_params(params, str(tmp_path / 'orbax'), 3)
   port = _free_port()
   env = dict(os.environ)
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
@@ -120,7 +129,8 @@ def test_one_mesh_spanning_two_processes(tmp_path):
   env['JAX_PLATFORMS'] = 'cpu'
   procs = [subprocess.Popen(
       [sys.executable, '-m', 'tests.global_mesh_checks',
-       str(tmp_path / f'{i}.json'), f'localhost:{port}', str(i)], cwd=ROOT,
+       str(tmp_path / f'{i}.json'), f'localhost:{port}', str(i),
+       str(fixtures_dir), orbax], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]
   for p in procs:
@@ -130,6 +140,9 @@ def test_one_mesh_spanning_two_processes(tmp_path):
     got = json.loads((tmp_path / f'{i}.json').read_text())
     assert (got['devices'], got['local']) == (8, 4)
     assert got['agreed'] == repr({'process': 0, 1: (2, 3)})  # 0's, as is
+    # Restored into the shardings: equal to the whole load; a process holds
+    # every slice of a 'model'-split weight on 2 x 4, half of them on 1 x 8.
+    assert got['restored'] == {'legacy': [True, 4, 4], 'orbax': [True, 4, 8]}
     assert set(got['meshes']) == {'1x8', '4x2'}
     for name, mesh in got['meshes'].items():
       assert mesh['processes'] == [0, 1]
