@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
 import pytest
 
 from specdec_jax import eval as eval_lib
@@ -236,3 +237,21 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   assert len(embedder) == len(target) > 0
   assert all(a is b for a, b in zip(embedder, target))
   assert placed.draft_params['keys'].sharding == NamedSharding(part.mesh, P())
+
+
+def test_the_global_mesh_is_every_processs_devices():
+  """`global_mesh=True` builds the mesh of `jax.devices()` (T5X's), not of
+  this process's own; a mesh within one process spans none, so its
+  decisions are this process's own (`agree` returns the value itself,
+  not a copy) and its outputs are read as they are (`to_host`). Passing
+  devices too is an error. (Two processes: tests/test_multihost.py.)"""
+  part = partitioning.Partitioner(global_mesh=True)
+  assert list(part.mesh.devices.flat) == jax.devices()
+  assert not part.spans_processes
+  value = {'gamma': 3, 1: (2, 3)}
+  assert part.agree(value) is value and partitioning.agree(value) is value
+  host = partitioning.to_host({'tokens': jnp.arange(6).reshape(2, 3)})
+  assert isinstance(host['tokens'], np.ndarray)
+  np.testing.assert_array_equal(host['tokens'], np.arange(6).reshape(2, 3))
+  with pytest.raises(ValueError, match='devices or global_mesh'):
+    partitioning.Partitioner(global_mesh=True, devices=jax.devices())
