@@ -48,8 +48,7 @@ L = 3
 def jitted(model):
   """The model's PaSS calls (teacher-forced slots, a tree call), compiled;
   its plain calls are conftest's."""
-  tree = lambda p, t, c, e: model.module.apply(
-      {'params': p}, t, c, e, method=lookahead.model.tree_extend)  # pylint: disable=protected-access
+  tree = lambda p, t, c, e: lookahead.model.tree_extend(model, p, t, c, e)
   return dict(
       slots=jax.jit(lambda *a: lookahead.lookahead_logits(model, *a)[1]),
       tree=jax.jit(tree))

@@ -49,9 +49,9 @@ class LookaheadLoop(speculative.MergedLoop):
         [last, tokens, jnp.zeros((last.shape[0], big_l), jnp.int32)], axis=1)
     cache = state.target_cache.rewind(lengths - 1)
     if self.tree:
-      logits, target_cache = self.target.module_for(target_params).apply(
-          {'params': target_params}, jnp.concatenate([last, tokens], 1),
-          cache, lookahead, method=tree_extend)
+      logits, target_cache = tree_extend(
+          self.target, target_params, jnp.concatenate([last, tokens], 1),
+          cache, lookahead)
     else:
       slot0 = jnp.where(has, g + 1, 1)
       logits, target_cache = self.target.extend(

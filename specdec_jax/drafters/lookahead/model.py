@@ -220,51 +220,29 @@ def tree_layout(gamma: int, group: int):
   return offsets.astype(np.int32), real_key | slot_key
 
 
-def tree_extend(module, tokens, cache, lookahead):
-  """`Transformer` method: one call on [last, x_1..x_g] + g+1 slot groups.
+def tree_extend(model, params, tokens, cache, lookahead):
+  """One call of `model` on [last, x_1..x_g] + g+1 slot groups.
 
   Group h (L = lookahead's rows) is placed after real token h and stands for
   the positions after it, seeing only the real tokens up to it, so whatever
   the number n of accepted drafts, group n drafts the next iteration. The
-  block is written into the cache at each row's position (the caller
-  rewinds past the slots); earlier cache slots are seen as the prefix.
+  call is the model's own `extend` (any decoding model: a sharded target's
+  constrains its cache and logits), the layout a `network.TreeMask` of
+  `tree_layout`'s offsets and mask at each row's position, the slots' look-
+  ahead embeddings in place of their tokens'. The block is written into the
+  cache at each row's position (the caller rewinds past the slots);
+  earlier cache slots are seen as the prefix.
 
   Returns:
     `(logits [batch, W, vocab], cache)` with position advanced by W.
   """
-  dec = module.decoder
-  cfg = module.config
   b, real = tokens.shape
-  group = lookahead.shape[0]
-  offsets, block_mask = tree_layout(real - 1, group)
+  offsets, block_mask = tree_layout(real - 1, lookahead.shape[0])
   w = offsets.shape[0]
-  p0 = cache.position
-  k_idx = jnp.arange(cache.max_length, dtype=jnp.int32)
-  r = k_idx[None, :] - p0[:, None]  # [batch, max_len] index in the block
-  in_block = (r >= 0) & (r < w)
-  rc = jnp.clip(r, 0, w - 1)
-  key_pos = jnp.where(in_block, p0[:, None] + jnp.asarray(offsets)[rc],
-                      k_idx[None, :])
-  q_pos = p0[:, None] + jnp.asarray(offsets)[None, :]  # [batch, W]
-  visible = jnp.where(
-      in_block[:, None, :],
-      jnp.moveaxis(jnp.asarray(block_mask)[:, rc], 0, 1),  # [b, W, max_len]
-      (r < 0)[:, None, :])
-  relative = key_pos[:, None, :] - q_pos[:, :, None]
-  self_bias = dec.relpos_bias(relative, bidirectional=False)
-  self_bias = self_bias + layers.mask_to_bias(visible)[:, None]
-  cross_bias = layers.mask_to_bias(cache.encoder_mask[:, None, None, :])
-  y = dec.shared_embedding(tokens).astype(cfg.compute_dtype)
-  slots = jnp.tile(lookahead.astype(cfg.compute_dtype), (real, 1))
-  y = jnp.concatenate(
-      [y, jnp.broadcast_to(slots[None], (b,) + slots.shape)], axis=1)
-  new_k, new_v = [], []
-  for i, layer in enumerate(dec.layers):
-    y, (key, value) = layer(
-        y, self_bias, (cache.cross_key[i], cache.cross_value[i]), cross_bias,
-        (cache.self_key[i], cache.self_value[i]), p0)
-    new_k.append(key)
-    new_v.append(value)
-  cache = cache.replace(self_key=tuple(new_k), self_value=tuple(new_v),
-                        position=p0 + w)
-  return dec.output_logits(y), cache
+  mask = network.TreeMask(
+      base=cache.position,
+      depth=jnp.broadcast_to(jnp.asarray(offsets), (b, w)),
+      visible=jnp.broadcast_to(jnp.asarray(block_mask), (b, w, w)))
+  block = jnp.concatenate([tokens, jnp.zeros((b, w - real), jnp.int32)], 1)
+  return model.extend(params, block, cache, jnp.tile(lookahead, (real, 1)),
+                      tree=mask)
