@@ -205,6 +205,15 @@ class _Run:
     return unit_loop.Lane(None, done, run_folder.choice_file(
         self.out, self.index, self.count) if self.writes else None, commit)
 
+  def loading_setup(self) -> EvalSetup:
+    """Its setup as this process loads it: where it writes nothing, an
+    output cache file process 0 has not saved yet is seeded here alike
+    but not saved (process 0 saves it)."""
+    path = self.setup.draft.output_cache
+    if self.writes or path is None or os.path.exists(path):
+      return self.setup
+    return self.setup.replace(output_cache=None)
+
   def sink(self, files: contextlib.ExitStack):
     """Its record file, open to append (None where it writes none)."""
     return None if self.own is None else files.enter_context(
@@ -294,8 +303,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   try:
     with run_folder.sigterm_interrupts(), contextlib.ExitStack() as files:
       for folder, lane in zip(folders, lanes):
-        lane.loaded = _load(folder.setup, task, partitioner, shard_drafter,
-                            cache)
+        lane.loaded = _load(folder.loading_setup(), task, partitioner,
+                            shard_drafter, cache)
       sinks = [folder.sink(files) for folder in folders]
       for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
                                          share, partitioner):
