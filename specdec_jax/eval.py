@@ -205,6 +205,12 @@ class _Run:
     return unit_loop.Lane(None, done, run_folder.choice_file(
         self.out, self.index, self.count) if self.writes else None, commit)
 
+  @property
+  def share(self) -> Tuple[int, int]:
+    """The units this process decodes (`unit_loop.decode_units`): its
+    own share of them, or all where one mesh spans the processes."""
+    return (self.index, self.count) if self.count > 1 else (0, 1)
+
   def loading_setup(self) -> EvalSetup:
     """Its setup as this process loads it: where it writes nothing, an
     output cache file process 0 has not saved yet is seeded here alike
@@ -297,8 +303,6 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   # Where process 0 alone writes (one mesh spanning the processes), its
   # output cache is recovered before the others read it.
   run_folder.barrier('opened')
-  # Each process's batches, or (one mesh over all) every batch by all.
-  share = (folders[0].index % folders[0].count, folders[0].count)
   error = None
   try:
     with run_folder.sigterm_interrupts(), contextlib.ExitStack() as files:
@@ -307,7 +311,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                             shard_drafter, cache)
       sinks = [folder.sink(files) for folder in folders]
       for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
-                                         share, partitioner):
+                                         folders[0].share, partitioner):
         for folder, lane, sink, batch in zip(folders, lanes, sinks, unit):
           folder.append(sink, batch, lane)
         run_folder.check_interrupted()
