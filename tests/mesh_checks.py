@@ -15,6 +15,7 @@ loop (greedy; sampled on 2 x 4) and one target call, and records what the
 test asserts on: tokens, shard shapes, collectives, error messages.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -102,17 +103,20 @@ def _decode(target, params, drafter, draft_params, inputs, sampling, rng,
 
 def _self_drafting(model, params, target, s_params, part, inputs, key):
   """Kinds that draft with the target itself, greedy on 2 x 4 (their loops
-  call the sharded target with look-ahead slots, for final states and on a
-  tree), and the baseline streaming 8 examples through 4 slots (refills of
+  call the sharded target with look-ahead slots, in PaSS's tree layout, for
+  final states and on a tree), and the baseline streaming 8 examples through 4 slots (refills of
   the default sizes, 2 and 4 rows: multiples of 'data'), against one
   device's baseline."""
   out = {}
   t0 = time.perf_counter()
-  for kind in ('pass', 'heads_tree'):
+  for kind in ('pass', 'pass_tree', 'heads_tree'):
     source = drafters.DraftSource(
         vocab_size=CONFIG.vocab_size, target_model=target,
         target_params=s_params, output_length=MAX_LEN, tree='beam:2,2,3')
-    drafter, draft_params = drafters.get_kind(kind).build(source)
+    drafter, draft_params = drafters.get_kind(
+        'pass' if kind == 'pass_tree' else kind).build(source)
+    if kind == 'pass_tree':  # PaSS's tree layout: one slot group a token
+      drafter = dataclasses.replace(drafter, tree=True)
     try:  # a failure is this kind's test's, not every mesh test's
       out[kind] = _speculative(target, s_params, drafter, draft_params,
                                part.shard_batch(inputs), SamplingConfig(),

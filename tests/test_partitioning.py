@@ -77,7 +77,7 @@ def test_sampled_outputs_equal_single_device_with_same_rng(mesh):
   assert 0 < got['accepted'] < got['drafted']
 
 
-@pytest.mark.parametrize('kind', ['pass', 'heads_tree'])
+@pytest.mark.parametrize('kind', ['pass', 'pass_tree', 'heads_tree'])
 def test_self_drafting_kinds_on_a_sharded_target(mesh, kind):
   """The target's own loops (look-ahead slots; final states on a tree) take
   the sharded target and give its single-device greedy tokens."""
