@@ -13,7 +13,9 @@ placed by `Partitioner.shard_params` / `shard_batch` (every process holds
 the whole arrays and places its own shards), and the greedy baseline and
 T5-drafted speculative decodes run as one program over both processes;
 their tokens are gathered (`partitioning.to_host`) and written with this
-process's single-device reference. And `partitioning.agree`: each process
+process's single-device reference; the near-tie diagnosis of a planted
+divergence reads the sharded target as one device's. And
+`partitioning.agree`: each process
 offers its own value and both take process 0's. And checkpoints
 restored straight into the mesh's shardings, each process reading its own
 shards: T5X's legacy fixture on the 2 x 4 mesh (its 4 heads), and an orbax
@@ -34,6 +36,7 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import decoding
+from specdec_jax import diagnostics
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
@@ -62,6 +65,15 @@ def main(out_path, coordinator, process_id, fixtures, orbax_path):
         max_decode_len=MAX_LEN, eos_id=EOS).tokens
   out = {'devices': jax.device_count(), 'local': jax.local_device_count(),
          'single': _tokens(single), 'meshes': {}}
+  # A planted divergence (row 0's third token replaced) for the near-tie
+  # diagnosis, which reads the target's logits there on the host.
+  planted = np.asarray(single).copy()
+  planted[0, 2] = (planted[0, 2] + 1) % CONFIG.vocab_size
+  diagnosed = lambda p: [(d.row, d.position, d.kind, d.culprit, d.top2_gap)
+                         for d in diagnostics.diagnose(
+                             model, p, inputs, np.asarray(single), planted)]
+  with jax.default_device(local):
+    out['diagnosis'] = diagnosed(jax.device_put(params, local))
   for num_partitions in (8, 2):
     part = partitioning.Partitioner(num_partitions=num_partitions,
                                     global_mesh=True)
@@ -81,7 +93,8 @@ def main(out_path, coordinator, process_id, fixtures, orbax_path):
             {d.process_index for d in part.mesh.devices[0]}),
         'baseline': gather(base.tokens), 'speculative': gather(spec.tokens),
         'drafted': int(np.sum(gather(spec.stats.drafted))),
-        'accepted': int(np.sum(gather(spec.stats.accepted)))}
+        'accepted': int(np.sum(gather(spec.stats.accepted))),
+        'diagnosis': diagnosed(s_params)}
   out['restored'] = _restored(fixtures, orbax_path, params)
   offered = {'process': jax.process_index(), 1: (2, 3)}
   out['agreed'] = repr(partitioning.agree(offered))

@@ -115,7 +115,8 @@ def test_two_processes_equal_one_process(tmp_path):
 def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   """The decoders on one mesh over both processes' devices (4 each): the
   'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy
-  baseline and speculative tokens equal to one device's; a value both
+  baseline and speculative tokens equal to one device's, and so is the
+  diagnosis of a planted divergence on the sharded target; a value both
   offer, process 0's on both; T5X's legacy fixture and an orbax checkpoint
   of ours restored straight into the meshes' shardings."""
   # The reference model's params (tests/global_mesh_checks.py's), in an
@@ -151,6 +152,12 @@ def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
       assert mesh['baseline'] == got['single']
       assert mesh['speculative'] == got['single']
       assert 0 < mesh['accepted'] < mesh['drafted']
+      # The planted divergence: the speculative side's token, rounding far.
+      [(*facts, gap)] = mesh['diagnosis']
+      assert [*facts, gap] == [*got['diagnosis'][0][:4], pytest.approx(
+          got['diagnosis'][0][4], rel=1e-5)]
+      assert [d[:4] for d in got['diagnosis']] == [
+          [0, 2, 'mismatch', 'speculative']]
 
 
 # The job on one mesh over both processes' 4 devices (GLOBAL_MESH).
