@@ -88,6 +88,7 @@ from specdec_jax import checks
 from specdec_jax import drafters
 from specdec_jax import gin_utils
 from specdec_jax import loading
+from specdec_jax import measure
 from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax import partitioning
@@ -303,9 +304,13 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   # Where process 0 alone writes (one mesh spanning the processes), its
   # output cache is recovered before the others read it.
   run_folder.barrier('opened')
+  # The job's other processes on this machine: their CPU is not other work
+  # beside the timings (`measure.OtherLoad`).
+  peers = run_folder.job_processes_here()
   error = None
   try:
-    with run_folder.sigterm_interrupts(), contextlib.ExitStack() as files:
+    with run_folder.sigterm_interrupts(), measure.job_processes(peers), \
+        contextlib.ExitStack() as files:
       for folder, lane in zip(folders, lanes):
         lane.loaded = _load(folder.loading_setup(), task, partitioner,
                             shard_drafter, cache)

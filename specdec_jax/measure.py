@@ -31,7 +31,8 @@ import functools
 import os
 import platform
 import time
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import (Any, Callable, Dict, Iterable, Mapping, Optional, Sequence,
+                    Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -90,11 +91,44 @@ def _cpu_seconds() -> Optional[Tuple[float, float, float]]:
           own.user + own.system)
 
 
+def _process_cpu_seconds(pids: Sequence[int]) -> float:
+  """CPU seconds (user + system) the processes `pids` have used so far,
+  from /proc/<pid>/stat (0 for one that is gone)."""
+  ticks = 0
+  for pid in pids:
+    try:
+      with open(f'/proc/{pid}/stat') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    ticks += int(fields[11]) + int(fields[12])  # utime, stime
+  return ticks / os.sysconf('SC_CLK_TCK')
+
+
+# The other processes of this job on this machine (`job_processes`): their
+# CPU is the job's, not other work.
+_JOB_PROCESSES: contextvars.ContextVar[Tuple[int, ...]] = (
+    contextvars.ContextVar('job_processes', default=()))
+
+
+@contextlib.contextmanager
+def job_processes(pids: Sequence[int]):
+  """Inside, `OtherLoad` counts the processes `pids` (the job's others on
+  this machine: a jax.distributed run of several processes a host, e.g.
+  one a GPU) as this one, not as other work."""
+  token = _JOB_PROCESSES.set(tuple(int(p) for p in pids))
+  try:
+    yield
+  finally:
+    _JOB_PROCESSES.reset(token)
+
+
 class OtherLoad:
   """What other processes ran while a block did: `with OtherLoad() as
   load: <timing>`, then `load.seconds` (the block's wall seconds) and
-  `load.cpu_s` (CPU seconds every process used but this one; None where
-  /proc/stat is missing, e.g. not Linux).
+  `load.cpu_s` (CPU seconds every process used but this one and the job's
+  others on this machine, `job_processes`; None where /proc/stat is
+  missing, e.g. not Linux).
 
   A timing beside other work is slower by an amount no repeat removes
   (the loop's host thread and XLA's threads share the cores), and the
@@ -104,19 +138,21 @@ class OtherLoad:
   """
 
   def __init__(self):
-    self._start = None
+    self._start = self._job = None
     self.seconds: Optional[float] = None
     self.cpu_s: Optional[float] = None
 
   def __enter__(self) -> 'OtherLoad':
-    self._start = _cpu_seconds()
+    self._job = _JOB_PROCESSES.get()
+    self._start = _cpu_seconds(), _process_cpu_seconds(self._job)
     return self
 
   def __exit__(self, *exc) -> bool:
     end = _cpu_seconds()
-    if self._start is not None and end is not None:
-      wall, every, own = (b - a for a, b in zip(self._start, end))
-      self.seconds, self.cpu_s = wall, max(0.0, every - own)
+    if self._start[0] is not None and end is not None:
+      wall, every, own = (b - a for a, b in zip(self._start[0], end))
+      job = _process_cpu_seconds(self._job) - self._start[1]
+      self.seconds, self.cpu_s = wall, max(0.0, every - own - job)
     return False
 
 

@@ -36,6 +36,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import threading
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple)
@@ -630,6 +631,20 @@ def barrier(name: str) -> None:
   if jax.process_count() == 1:
     return
   multihost_utils.sync_global_devices(f'specdec_eval_{name}')
+
+
+def job_processes_here() -> Tuple[int, ...]:
+  """The pids of the other processes of this `jax.distributed` run on
+  this machine (every process must call it: a gather of each one's host
+  name digest and pid); () in a run of one process."""
+  if jax.process_count() == 1:
+    return ()
+  host = int.from_bytes(hashlib.sha256(socket.gethostname().encode()
+                                       ).digest()[:4], 'little') >> 1
+  table = np.asarray(multihost_utils.process_allgather(
+      np.array([host, os.getpid()], np.int32)))
+  return tuple(int(pid) for h, pid in table.reshape(-1, 2)
+               if h == host and pid != os.getpid())
 
 
 class Terminated(KeyboardInterrupt):

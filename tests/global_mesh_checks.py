@@ -16,7 +16,8 @@ their tokens are gathered (`partitioning.to_host`) and written with this
 process's single-device reference; the near-tie diagnosis of a planted
 divergence reads the sharded target as one device's. And
 `partitioning.agree`: each process
-offers its own value and both take process 0's. And checkpoints
+offers its own value and both take process 0's; each finds the other on
+this machine (`run_folder.job_processes_here`). And checkpoints
 restored straight into the mesh's shardings, each process reading its own
 shards: T5X's legacy fixture on the 2 x 4 mesh (its 4 heads), and an orbax
 checkpoint of ours (ORBAX_CHECKPOINT: the reference model's params, saved
@@ -40,6 +41,7 @@ from specdec_jax import diagnostics
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import partitioning
+from specdec_jax import run_folder
 from specdec_jax import speculative
 from specdec_jax import synthetic
 from tests.mesh_checks import CONFIG  # its model, lengths and inputs
@@ -98,6 +100,7 @@ def main(out_path, coordinator, process_id, fixtures, orbax_path):
   out['restored'] = _restored(fixtures, orbax_path, params)
   offered = {'process': jax.process_index(), 1: (2, 3)}
   out['agreed'] = repr(partitioning.agree(offered))
+  out['pid'], out['peers'] = os.getpid(), run_folder.job_processes_here()
   with open(out_path, 'w') as f:
     json.dump(out, f)
   jax.distributed.shutdown()

@@ -8,6 +8,7 @@ acceptance the speculative loop itself observes.
 """
 
 import math
+import os
 import subprocess
 import sys
 
@@ -298,6 +299,33 @@ def test_other_load_counts_other_processes_not_this_one(monkeypatch):
                     'while time.time() - t < 1.0: pass'], check=True)
   assert load.seconds >= 1.0 and load.cpu_s >= 0.5, (load.cpu_s,
                                                       load.seconds)
+
+
+def test_the_jobs_own_processes_are_not_other_load(monkeypatch):
+  """Inside `job_processes(pids)` the CPU of those processes (the job's
+  others on this machine) is the job's, not other work: scripted, 4 CPU s
+  of all, 1 of this process, 2 of a peer -> 1 of others (3 outside).
+  `_process_cpu_seconds` reads a process's CPU from /proc/<pid>/stat:
+  this one's as `os.times` counts it."""
+  readings = iter([(10.0, 100.0, 3.0), (12.0, 104.0, 4.0)] * 2)
+  monkeypatch.setattr(measure, '_cpu_seconds', lambda: next(readings))
+  peer = iter([7.0, 9.0])
+  monkeypatch.setattr(measure, '_process_cpu_seconds',
+                      lambda pids: next(peer) if pids == (123,) else 0.0)
+  with measure.job_processes([123]):
+    with measure.OtherLoad() as load:
+      pass
+  assert load.cpu_s == 1.0
+  with measure.OtherLoad() as load:
+    pass
+  assert load.cpu_s == 3.0
+  monkeypatch.undo()
+  if not os.path.exists(f'/proc/{os.getpid()}/stat'):
+    pytest.skip('no /proc here (not Linux): OtherLoad reads nothing')
+  own = lambda: sum(os.times()[:2])
+  before, read, after = own(), measure._process_cpu_seconds(  # pylint: disable=protected-access
+      [os.getpid(), 2 ** 22 + 1]), own()  # the second: no such process
+  assert before - 0.05 <= read <= after + 0.05
 
 
 def test_the_summary_says_how_busy_other_processes_kept_the_machine():

@@ -118,7 +118,8 @@ def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   baseline and speculative tokens equal to one device's, and so is the
   diagnosis of a planted divergence on the sharded target; a value both
   offer, process 0's on both; T5X's legacy fixture and an orbax checkpoint
-  of ours restored straight into the meshes' shardings."""
+  of ours restored straight into the meshes' shardings; each process
+  finds the other as its job's on this machine."""
   # The reference model's params (tests/global_mesh_checks.py's), in an
   # orbax checkpoint of ours that both processes restore.
   params = network.T5Model(CONFIG).init_params(jax.random.key(1))
@@ -137,6 +138,9 @@ def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   for p in procs:
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0, log[-4000:]
+  both = [json.loads((tmp_path / f'{i}.json').read_text()) for i in range(2)]
+  # Each finds the other as its job's process on this machine.
+  assert [g['peers'] for g in both] == [[both[1]['pid']], [both[0]['pid']]]
   for i in range(2):
     got = json.loads((tmp_path / f'{i}.json').read_text())
     assert (got['devices'], got['local']) == (8, 4)
