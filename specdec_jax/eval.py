@@ -293,17 +293,15 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.num_examples, cache)
-  if jax.process_index() != 0:
-    run_folder.barrier('claimed')  # Process 0 claims.
-  folders = [_Run(*run, task, examples, partitioner, shard_drafter,
-                  if_settings_differ) for run in runs]
-  if jax.process_index() == 0:
-    run_folder.barrier('claimed')
+  # Process 0 claims, then the others read (its error is theirs too).
+  folders = run_folder.process_0_first(lambda: [_Run(
+      *run, task, examples, partitioner, shard_drafter, if_settings_differ)
+                                                for run in runs])
   run_folder.barrier('read')  # Nobody appends before.
-  lanes = [folder.open() for folder in folders]
   # Where process 0 alone writes (one mesh spanning the processes), its
   # output cache is recovered before the others read it.
-  run_folder.barrier('opened')
+  lanes = run_folder.process_0_first(
+      lambda: [folder.open() for folder in folders])
   # The job's other processes on this machine: their CPU is not other work
   # beside the timings (`measure.OtherLoad`).
   peers = run_folder.job_processes_here()

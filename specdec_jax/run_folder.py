@@ -48,6 +48,7 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax import loading
 from specdec_jax import output_cache
+from specdec_jax import partitioning
 from specdec_jax import shipped
 from specdec_jax import tasks
 from specdec_jax.drafters.tree import shape as tree_shape
@@ -631,6 +632,29 @@ def barrier(name: str) -> None:
   if jax.process_count() == 1:
     return
   multihost_utils.sync_global_devices(f'specdec_eval_{name}')
+
+
+def process_0_first(make: Callable[[], Any]) -> Any:
+  """`make()` on process 0 of a `jax.distributed` run, then on the
+  others (they read what process 0 writes: the claimed run, a recovered
+  output cache). A `RunFolderError` or `output_cache.OutputCacheError` on
+  process 0 is said to every process (`partitioning.agree`) and raised
+  there as a `RunFolderError` of the same message, so none is left
+  waiting for it; alone, `make()`."""
+  if jax.process_count() == 1:
+    return make()
+  if jax.process_index() == 0:
+    try:
+      made = make()
+    except (RunFolderError, output_cache.OutputCacheError) as e:
+      partitioning.agree(e.message)
+      raise
+    partitioning.agree(None)
+    return made
+  problem = partitioning.agree(None)
+  if problem is not None:
+    raise RunFolderError(problem)
+  return make()
 
 
 def job_processes_here() -> Tuple[int, ...]:

@@ -40,11 +40,11 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',),
+def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',), ok=True,
                    **overrides):
   """The eval job on `mesh` (default 1 x 2 a process), as processes 0 ..
   count - 1 of a jax.distributed run of 2 devices each (count 1: one
-  process, no coordinator)."""
+  process, no coordinator): their logs (`ok`: each exited with 0)."""
   port = _free_port()
   env = dict(os.environ)
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
@@ -66,7 +66,7 @@ def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',),
     for p in procs:
       p.kill()
   for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-4000:]
+    assert (p.returncode == 0) == ok, log[-4000:]
   return logs
 
 
@@ -218,3 +218,11 @@ def test_the_job_on_one_mesh_spanning_two_processes(tmp_path):
   for mine, theirs in zip(records, alone):
     assert (mine['baseline'], mine['speculative']) == (
         theirs['baseline'], theirs['baseline'])
+  # Other settings in the same folder: process 0's refusal is said by
+  # both, each exiting with it at once (none left waiting for the other).
+  logs = _run_processes(tree, mesh=GLOBAL_2X2, ok=False, NUM_EXAMPLES='4',
+                        GAMMA='2', **chosen)
+  said = [[l for l in log.splitlines() if l.startswith('error: ')]
+          for log in logs]
+  assert said[0] == said[1] and len(said[0]) == 1, said
+  assert 'holds a run with other settings' in said[0][0]
