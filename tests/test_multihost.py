@@ -45,21 +45,27 @@ def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',), ok=True,
   """The eval job on `mesh` (default 1 x 2 a process), as processes 0 ..
   count - 1 of a jax.distributed run of 2 devices each (count 1: one
   process, no coordinator): their logs (`ok`: each exited with 0)."""
-  port = _free_port()
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      ' --xla_force_host_platform_device_count=2').strip()
-  env['JAX_PLATFORMS'] = 'cpu'
   argv = args(out, **overrides) + ['--gin_file=mesh/partitioner.gin',
                                    *mesh]
   if count > 1:
-    argv += [f'--coordinator_address=localhost:{port}',
+    argv += [f'--coordinator_address=localhost:{_free_port()}',
              f'--num_processes={count}']
-  procs = [subprocess.Popen(
-      [sys.executable, '-m', 'specdec_jax.eval'] + argv +
-      ([f'--process_id={i}'] if count > 1 else []), cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(count)]
+  return _run([[sys.executable, '-m', 'specdec_jax.eval'] + argv +
+               ([f'--process_id={i}'] if count > 1 else [])
+               for i in range(count)], devices=2, ok=ok)
+
+
+def _run(commands, devices, ok=True):
+  """The commands at once, each a process of `devices` simulated CPU
+  devices: their logs (`ok`: each exited with 0)."""
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (
+      env.get('XLA_FLAGS', '') +
+      f' --xla_force_host_platform_device_count={devices}').strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  procs = [subprocess.Popen(command, cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True) for command in commands]
   try:
     logs = [p.communicate(timeout=600)[0] for p in procs]
   finally:  # a process left waiting on a collective ends with the test
@@ -125,19 +131,9 @@ def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   params = network.T5Model(CONFIG).init_params(jax.random.key(1))
   orbax = checkpoints.save_t5x_params(params, str(tmp_path / 'orbax'), 3)
   port = _free_port()
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      ' --xla_force_host_platform_device_count=4').strip()
-  env['JAX_PLATFORMS'] = 'cpu'
-  procs = [subprocess.Popen(
-      [sys.executable, '-m', 'tests.global_mesh_checks',
-       str(tmp_path / f'{i}.json'), f'localhost:{port}', str(i),
-       str(fixtures_dir), orbax], cwd=ROOT,
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  for p in procs:
-    log = p.communicate(timeout=600)[0]
-    assert p.returncode == 0, log[-4000:]
+  _run([[sys.executable, '-m', 'tests.global_mesh_checks',
+         str(tmp_path / f'{i}.json'), f'localhost:{port}', str(i),
+         str(fixtures_dir), orbax] for i in range(2)], devices=4)
   both = [json.loads((tmp_path / f'{i}.json').read_text()) for i in range(2)]
   # Each finds the other as its job's process on this machine.
   assert [g['peers'] for g in both] == [[both[1]['pid']], [both[0]['pid']]]
