@@ -112,15 +112,21 @@ _JOB_PROCESSES: contextvars.ContextVar[Tuple[int, ...]] = (
 
 
 @contextlib.contextmanager
+def _set(var: contextvars.ContextVar, value):
+  """`var` is `value` inside (this context's: a generator resumed in it
+  reads it too)."""
+  token = var.set(value)
+  try:
+    yield
+  finally:
+    var.reset(token)
+
+
 def job_processes(pids: Sequence[int]):
   """Inside, `OtherLoad` counts the processes `pids` (the job's others on
   this machine: a jax.distributed run of several processes a host, e.g.
   one a GPU) as this one, not as other work."""
-  token = _JOB_PROCESSES.set(tuple(int(p) for p in pids))
-  try:
-    yield
-  finally:
-    _JOB_PROCESSES.reset(token)
+  return _set(_JOB_PROCESSES, tuple(int(p) for p in pids))
 
 
 class OtherLoad:
@@ -201,16 +207,11 @@ _DECIDE: contextvars.ContextVar[Callable[[bool], bool]] = (
     contextvars.ContextVar('decide', default=lambda stop: stop))
 
 
-@contextlib.contextmanager
 def decided_by(agree: Callable[[Any], Any]):
   """Inside, every choice of how long to time (`loop_time`'s doubling)
   is `agree`'s: on a mesh spanning processes, where every process runs
   the same calls and each clock would stop the doubling at its own n."""
-  token = _DECIDE.set(agree)
-  try:
-    yield
-  finally:
-    _DECIDE.reset(token)
+  return _set(_DECIDE, agree)
 
 
 def loop_time(run: Callable[[int], object], n: int, repeats: int,
