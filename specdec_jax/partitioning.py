@@ -422,7 +422,7 @@ class Partitioner:
 
 class OneDevice:
   """A `Partitioner`'s job-facing side for a job without a mesh: inputs
-  as they are, outputs read as they are, every decision this process's."""
+  as they are, every decision this process's."""
 
   spans_processes = False
 

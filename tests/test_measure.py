@@ -321,7 +321,9 @@ def test_the_jobs_own_processes_are_not_other_load(monkeypatch):
   assert load.cpu_s == 3.0
   monkeypatch.undo()
   if not os.path.exists(f'/proc/{os.getpid()}/stat'):
-    pytest.skip('no /proc here (not Linux): OtherLoad reads nothing')
+    pytest.skip('no /proc here (not Linux): OtherLoad reads no process\'s '
+                'CPU and the job records no load; the scripted arithmetic '
+                'ran above, the /proc read needs Linux')
   own = lambda: sum(os.times()[:2])
   before, read, after = own(), measure._process_cpu_seconds(  # pylint: disable=protected-access
       [os.getpid(), 2 ** 22 + 1]), own()  # the second: no such process
