@@ -62,12 +62,12 @@ References:
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import models
 from specdec_jax.network import T5Config
@@ -150,7 +150,7 @@ def _lowbias32(x: Array) -> Array:
 
 
 def _hash_uniform(seed: Array, stream: int, shape: Tuple[int, ...]) -> Array:
-  """Unit-variance uniform values from a counter-based hash.
+  """Uniform values from a counter-based hash.
 
   Dead weights only need to be non-zero, not statistically strong; one
   `jax.random` call per parameter would cost ~20 s of XLA compilation on CPU
@@ -163,13 +163,14 @@ def _hash_uniform(seed: Array, stream: int, shape: Tuple[int, ...]) -> Array:
     shape: output shape (fewer than 2**32 elements).
 
   Returns:
-    float32 `shape`, uniform on [-sqrt(3), sqrt(3)).
+    float32 `shape`, uniform on [-1, 1): exact multiples of 2**-23 (no
+    rounding, so a program split over a mesh gives the same values).
   """
   key = _lowbias32(seed + jnp.uint32((stream * 0x9E3779B9) % 2**32))
   # [n] counters -> [n] hashes -> [n] uniform floats in [0, 1)
   bits = _lowbias32(jax.lax.iota(jnp.uint32, math.prod(shape)) ^ key)
   uniform = (bits >> 8).astype(jnp.float32) * (2.0 ** -24)
-  return ((2 * uniform - 1) * math.sqrt(3)).reshape(shape)
+  return (2 * uniform - 1).reshape(shape)
 
 
 class _Widener:
@@ -179,6 +180,8 @@ class _Widener:
                noise: Optional[Array], seed: Array, dtype):
     self.old, self.new, self.dtype = config, new_config, dtype
     self.noise, self.seed, self.count = noise, seed, 0
+    if noise is not None:
+      self.noise_scale = noise * jnp.float32(math.sqrt(3))
     # Residual-stream gain g = sqrt(E' / E); norm scales get 1 / g.
     self.gain = math.sqrt(new_config.emb_dim / config.emb_dim)
 
@@ -187,8 +190,9 @@ class _Widener:
     if self.noise is None:
       return jnp.zeros(shape, dtype)
     self.count += 1
-    return (self.noise * _hash_uniform(self.seed, self.count, shape)).astype(
-        dtype)
+    # One rounding (the scale is a scalar): the same wherever it runs.
+    uniform = _hash_uniform(self.seed, self.count, shape)
+    return (uniform * self.noise_scale).astype(dtype)
 
   @staticmethod
   def _expect(x: Array, shape: Tuple[int, ...], name: str) -> None:
@@ -329,7 +333,8 @@ class _Widener:
 
 
 def widen(params: Params, config: T5Config, new_config: T5Config, *,
-          noise: float = 0.0, rng: Optional[Array] = None) -> Dict[str, Any]:
+          noise: float = 0.0, rng: Optional[Array] = None,
+          shardings=None) -> Dict[str, Any]:
   """Widens/deepens T5 parameters without changing the function they compute.
 
   The result has exactly the tree and shapes of
@@ -351,6 +356,10 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
       values put in dead weights (those multiplied by an exact zero
       downstream); 0 leaves them zero.
     rng: PRNG key for the noise (default `jax.random.key(0)`).
+    shardings: None (the default device), or a tree of `NamedSharding`s of
+      the widened tree (one mesh): the program writes each device's slices
+      straight into them (from `params` replicated), so that no device
+      ever holds the whole widened model.
 
   Returns:
     The widened parameter tree (plain nested dicts).
@@ -372,13 +381,23 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   config, new_config = (
       cfg.replace(mlp_activations=tuple(cfg.mlp_activations))
       for cfg in (config, new_config))
-  return _widen(params, rng, jnp.float32(noise), config, new_config,
-                bool(noise > 0))
+  statics = (config, new_config, bool(noise > 0))
+  if shardings is None:
+    return _widen_jit(params, rng, jnp.float32(noise), *statics)
+  # Inputs replicated on the mesh (from the host: a process's own arrays may
+  # not join a mesh that spans processes), outputs as asked.
+  mesh = jax.tree.leaves(shardings)[0].mesh
+  everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(_widen_keyed, static_argnums=(3, 4, 5),
+                 in_shardings=everywhere, out_shardings=shardings)(
+                     jax.device_get(params),
+                     np.asarray(jax.random.key_data(rng)), np.float32(noise),
+                     *statics)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
 def _widen(params: Params, rng: Array, noise: Array, config: T5Config,
            new_config: T5Config, use_noise: bool) -> Dict[str, Any]:
+  """`widen`'s program."""
   seed = jax.random.bits(rng, (), jnp.uint32)
   w = _Widener(config, new_config, noise if use_noise else None, seed,
                params['token_embedder']['embedding'].dtype)
@@ -388,6 +407,14 @@ def _widen(params: Params, rng: Array, noise: Array, config: T5Config,
       'encoder': w.stack(params['encoder'], 'encoder'),
       'decoder': w.stack(params['decoder'], 'decoder'),
   }
+
+
+_widen_jit = jax.jit(_widen, static_argnums=(3, 4, 5))
+
+
+def _widen_keyed(params: Params, key_data: Array, *args) -> Dict[str, Any]:
+  """`_widen` of the noise's key as its raw data (a host array)."""
+  return _widen(params, jax.random.wrap_key_data(key_data), *args)
 
 
 def widened_config(config: T5Config,

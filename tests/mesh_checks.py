@@ -11,8 +11,9 @@ compile time; the test sets the same).
 
 It compiles few programs (batch 4, 10 output tokens): the single-device
 references, then per mesh (2 x 4 and 1 x 8) the baseline and the speculative
-loop (greedy; sampled on 2 x 4) and one target call, and records what the
-test asserts on: tokens, shard shapes, collectives, error messages.
+loop (greedy; sampled on 2 x 4) and one target call, and the widening on
+2 x 4, and records what the test asserts on: tokens, shard shapes,
+collectives, error messages.
 """
 
 import dataclasses
@@ -42,6 +43,7 @@ from specdec_jax import partitioning
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax import synthetic
+from specdec_jax import widening
 from specdec_jax.checkpoints import t5x
 from specdec_jax.sampling import SamplingConfig
 
@@ -231,6 +233,14 @@ def main(out_path, fixtures=None):
           jax.ShapeDtypeStruct((3, 7), jnp.int32), max_decode_len=MAX_LEN)),
   }
 
+  # A widened target written straight into its shardings (an XXL-cost
+  # target on a mesh: no device holds it whole).
+  big = widening.widened_config(CONFIG, dict(emb_dim=64, num_heads=16,
+                                             mlp_dim=128))
+  out['widening'] = _restore_report(
+      'widened', widening.widen(params, CONFIG, big, noise=0.1),
+      widening.widen(params, CONFIG, big, noise=0.1, shardings=(
+          part4.param_shardings(network.T5Model(big)))))
   if fixtures:
     out['checkpoint'] = _checkpoint_checks(fixtures, part4)
   with open(out_path, 'w') as f:

@@ -209,6 +209,23 @@ def test_checkpoints_restore_straight_into_shardings(mesh, kind):
   assert all(len(v) == 8 for v in shards.values())
 
 
+def test_a_widened_target_is_written_straight_into_its_shardings(mesh):
+  """An XXL-cost target on a mesh: the widening program writes each
+  device's slices (with noise in the dead weights: every value placed),
+  equal to the whole widened tree; emb 64, 16 heads x 4, mlp 128, vocab
+  128 on 2 x 4."""
+  res = mesh['widening']
+  assert res['widened_equal']
+  shards = res['widened_shards']
+  assert set(map(tuple, shards['token_embedder/embedding'])) == {(32, 64)}
+  assert set(map(tuple, shards['decoder/layers_0/mlp/wo/kernel'])) == {
+      (32, 64)}
+  assert set(map(tuple, shards['encoder/layers_0/attention/query/'
+                                'kernel'])) == {(64, 16)}
+  assert res['widened_specs']['decoder/logits_dense/kernel'] == (
+      "P(None, 'model')")
+
+
 def test_tensorstore_leaves_read_shard_by_shard(mesh):
   """Legacy T5X zarr leaves: each device reads its rows, cast on the way."""
   res = mesh['checkpoint']['tensorstore']
