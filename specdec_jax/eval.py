@@ -264,8 +264,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   Args:
     runs: (setup, output_dir, config_str) per setup; every setup has the
       same `EvalSetup.baseline_fields` (they differ in their drafting).
-      Several runs share the target's arrays (a `loading.LoadCache`) and
-      one device (no partitioner).
+      Several runs share the target's arrays (a `loading.LoadCache`), on
+      one device or the partitioner's mesh.
     timing_repeats, partitioner, shard_drafter, if_settings_differ, cache:
       as `evaluate`'s, for every run.
 
@@ -278,10 +278,6 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   checks.check_int('timing_repeats', timing_repeats)
   setup = runs[0][0]
   if len(runs) > 1:
-    if partitioner is not None:
-      raise ValueError('setups sharing a baseline decode on one device: a '
-                       'target on a mesh is not kept for a second setup '
-                       '(`loading.LoadCache`); run each on the mesh alone.')
     cache = loading.LoadCache() if cache is None else cache  # one target
   for other, out, _ in runs[1:]:
     theirs, ours = other.baseline_fields(), setup.baseline_fields()
@@ -310,8 +306,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
     with run_folder.sigterm_interrupts(), measure.job_processes(peers), \
         contextlib.ExitStack() as files:
       for folder, lane in zip(folders, lanes):
-        lane.loaded = _load(folder.loading_setup(), task, partitioner,
-                            shard_drafter, cache)
+        lane.loaded = load(folder.loading_setup(), task, partitioner,
+                           shard_drafter, cache)
       sinks = [folder.sink(files) for folder in folders]
       for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
                                          folders[0].share, partitioner):
@@ -330,13 +326,15 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   return summaries
 
 
-def _load(setup: EvalSetup, task, partitioner, shard_drafter,
-          cache) -> loading.Loaded:
-  """The setup built (on the partitioner's mesh, if any)."""
+def load(setup: EvalSetup, task=None, partitioner=None,
+         shard_drafter: bool = False,
+         cache: Optional[loading.LoadCache] = None) -> loading.Loaded:
+  """The setup built as the job builds it: on the partitioner's mesh, if
+  any (`evaluate`'s arguments; `task`: None loads it)."""
   shardings = None
-  if partitioner is not None:  # Restore the target straight into them.
+  if partitioner is not None:  # The target is placed straight into them.
     shardings = partitioner.param_shardings(
-        network.T5Model(setup.loaded_config))
+        network.T5Model(setup.decoding_config))
   loaded = loading.build(setup, task=task, target_shardings=shardings,
                          cache=cache)
   if partitioner is not None:
@@ -380,6 +378,11 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
 def _add_flags(parser) -> None:
   parser.add_argument('--dry_run', action='store_true',
                       help='print the setup and exit')
+  add_process_flags(parser)
+
+
+def add_process_flags(parser) -> None:
+  """A multi-process run's flags (`initialize_distributed` reads them)."""
   env = os.environ.get
   parser.add_argument(
       '--coordinator_address', default=env('JAX_COORDINATOR_ADDRESS'),

@@ -544,8 +544,9 @@ class LoadCache:
     lengths, count and truncation;
   - the drafters built from a task's train split alone (n-gram tables) by
     kind, task, data folder, vocabulary and train examples read.
-  Models placed by shardings (a job on a mesh) are not kept, nor is an
-  output cache: each job grows its own. Params are returned in fresh
+  A model placed by shardings (a job on a mesh) is kept under them too: the
+  jobs on one mesh share its placed arrays. An output cache is not kept:
+  each job grows its own. Params are returned in fresh
   containers (the arrays are shared; nothing here writes into them).
   """
 
@@ -617,16 +618,23 @@ def load_model(config: network.T5Config, checkpoint: Optional[str],
       copy of them: `synthetic`), or None.
     seed: PRNG seed of random weights.
     what: the model's role, named in errors ('target', 'draft').
-    shardings: None, or a params tree of `jax.sharding.Sharding`s: a T5X
-      checkpoint is then restored straight into them
-      (`checkpoints.load_t5x_params`); other sources load whole (the caller
-      places them).
-    cache: a `LoadCache` that keeps the model (not with shardings), or None.
+    shardings: None, or a params tree of `jax.sharding.Sharding`s: the
+      params are placed by them (a T5X checkpoint is restored straight into
+      them, `checkpoints.load_t5x_params`; other sources load whole first).
+    cache: a `LoadCache` that keeps the model (under its shardings), or
+      None.
   """
-  if cache is not None and shardings is None:
-    key = ('model', config) + _weights_key(checkpoint, seed)
-    return cache.model(key, lambda: _read_model(config, checkpoint, seed, what))
+  if cache is not None:
+    key = ('model', config) + _weights_key(checkpoint, seed) + (
+        _placement(shardings),)
+    return cache.model(key, lambda: _read_model(config, checkpoint, seed, what,
+                                                shardings))
   return _read_model(config, checkpoint, seed, what, shardings)
+
+
+def _placement(shardings) -> Optional[Tuple[Any, ...]]:
+  """A params tree of shardings as a key (None: not placed)."""
+  return None if shardings is None else tuple(jax.tree.leaves(shardings))
 
 
 def _read_model(config: network.T5Config, checkpoint: Optional[str],
@@ -634,18 +642,22 @@ def _read_model(config: network.T5Config, checkpoint: Optional[str],
   """`load_model` with no cache: read (or initialized) every call."""
   model = network.T5Model(config)
   if checkpoint is None:
-    return model, model.init_params(jax.random.key(seed))
-  if str(checkpoint).startswith(synthetic.SCHEME):  # named random weights
-    return model, synthetic.params(config, str(checkpoint))
-  if str(checkpoint).startswith('shipped:'):  # the package's own models
-    checkpoint = shipped.resolve(str(checkpoint))
-  path = pathlib.Path(str(checkpoint))
-  if not str(checkpoint).startswith('gs://') and not path.exists():
-    raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
-  if path.is_dir() and (path / 'config.json').exists():
-    return model, checkpoints.load_hf_t5(path, config)
-  return model, checkpoints.load_t5x_params(checkpoint, config=config,
-                                            shardings=shardings)
+    params = model.init_params(jax.random.key(seed))
+  elif str(checkpoint).startswith(synthetic.SCHEME):  # named random weights
+    params = synthetic.params(config, str(checkpoint))
+  else:
+    if str(checkpoint).startswith('shipped:'):  # the package's own models
+      checkpoint = shipped.resolve(str(checkpoint))
+    path = pathlib.Path(str(checkpoint))
+    if not str(checkpoint).startswith('gs://') and not path.exists():
+      raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
+    if not (path.is_dir() and (path / 'config.json').exists()):
+      return model, checkpoints.load_t5x_params(checkpoint, config=config,
+                                                shardings=shardings)
+    params = checkpoints.load_hf_t5(path, config)
+  if shardings is not None:
+    params = jax.tree.map(jax.device_put, params, shardings)
+  return model, params
 
 
 def load_task(setup: EvalSetup):
@@ -694,23 +706,25 @@ def load_target(setup: EvalSetup, shardings=None,
                 cache: Optional[LoadCache] = None):
   """(T5Model, params) the decoders run: loaded, then widened if asked.
 
-  `shardings` (a params tree of Shardings of the loaded model): a T5X
-  checkpoint is restored straight into them, unless it is widened after.
-  `cache`: a `LoadCache` that keeps the target (widened), or None.
+  `shardings` (a params tree of Shardings of the target as it decodes,
+  `decoding_config`): its params are placed by them (a T5X checkpoint
+  restored straight into them; a widened target written into them by the
+  widening, so that no device holds it whole).
+  `cache`: a `LoadCache` that keeps the target (widened, placed), or None.
   """
-  if setup.target_widen_to is not None:
-    shardings = None  # Widening needs the whole tree; place it afterwards.
-  if cache is not None and shardings is None:
+  if cache is not None:
     key = ('target', setup.loaded_config, setup.decoding_config
-           ) + _weights_key(setup.target_checkpoint, setup.seed)
-    return cache.model(key, lambda: load_target(setup))
-  target, params = load_model(setup.loaded_config, setup.target_checkpoint,
-                              setup.seed, 'target', shardings)
-  if setup.target_widen_to is not None:
-    config = setup.decoding_config
-    params = widening.widen(params, setup.loaded_config, config)
-    target = network.T5Model(config)
-  return target, params
+           ) + _weights_key(setup.target_checkpoint, setup.seed) + (
+               _placement(shardings),)
+    return cache.model(key, lambda: load_target(setup, shardings))
+  if setup.target_widen_to is None:
+    return load_model(setup.loaded_config, setup.target_checkpoint,
+                      setup.seed, 'target', shardings)
+  _, params = load_model(setup.loaded_config, setup.target_checkpoint,
+                         setup.seed, 'target')
+  config = setup.decoding_config
+  return network.T5Model(config), widening.widen(
+      params, setup.loaded_config, config, shardings=shardings)
 
 
 def load_store(setup: EvalSetup, task, target, target_params,
