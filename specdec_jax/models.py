@@ -59,6 +59,21 @@ CONFIGS: Dict[str, network.T5Config] = {
                            dropout_rate=0.0, **dims)
     for name, dims in DIMS.items()}
 
+# The mini models trained on CPU (the experiments' 'mini' and 'shipped'
+# model sets): name -> what gin_configs/train/mini_<name>.gin binds to
+# MINI_<NAME> ('xxl' the target): T5 1.1's architecture, the Debian
+# tasks' vocabulary (8000 pieces rounded up to 8064), float32.
+MINI: Dict[str, network.T5Config] = {
+    name: network.T5Config(
+        vocab_size=8064, dtype='float32', emb_dim=emb, num_heads=heads,
+        num_encoder_layers=encoder, num_decoder_layers=decoder,
+        head_dim=head_dim, mlp_dim=mlp, dropout_rate=0.0, **_T5_1_1)
+    for name, (emb, heads, encoder, decoder, head_dim, mlp) in {
+        'xxl': (256, 4, 4, 4, 64, 640), 'large': (192, 3, 3, 3, 64, 512),
+        'base': (128, 2, 2, 2, 64, 320), 'small': (64, 2, 1, 1, 32, 160),
+        'dec2': (256, 4, 2, 2, 64, 640), 'dec1': (256, 4, 2, 1, 64, 640),
+    }.items()}
+
 def _known(name: str) -> str:
   if name not in DIMS:
     raise ValueError(f'unknown model config {name!r}; known: '

@@ -7,8 +7,8 @@ hold every example once, with the outputs and counters of a single-process
 run without a mesh (timings aside), and a rerun must resume from every
 record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
 the task stack and compile. The decoders on one mesh spanning two
-processes (tests/global_mesh_checks.py, ~20 s), and the eval job on such a
-mesh (GLOBAL_MESH; ~3 min).
+processes (tests/global_mesh_checks.py, ~20 s), the eval job on such a
+mesh (GLOBAL_MESH; ~3 min) and a benchmark spec on one (~40 s).
 """
 
 import json
@@ -24,6 +24,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import eval as eval_lib
 from specdec_jax import network
+from specdec_jax.experiments import __main__ as cli
 
 from test_eval import args
 from test_eval import read_jsonl
@@ -222,3 +223,31 @@ def test_the_job_on_one_mesh_spanning_two_processes(tmp_path):
           for log in logs]
   assert said[0] == said[1] and len(said[0]) == 1, said
   assert 'holds a run with other settings' in said[0][0]
+
+
+@pytest.mark.slow
+def test_a_benchmark_spec_on_one_mesh_spanning_two_processes(tmp_path):
+  """`python -m specdec_jax.experiments run ... --global_mesh`, started
+  once per process: each runs the cell on the mesh of both processes'
+  devices (its drafter widened to T5-small cost), process 0 writes its
+  results; the records are one process's without a mesh, timings aside."""
+  cell = 'task=en_de,drafter=small,gamma=1,temperature=0.0,max_gamma=2'
+  spec = ['run', 'table2', '--models', 'xxl_cost', '--shrink', '--only',
+          cell, '--work_dir', str(tmp_path)]
+  alone = cli.main(spec)
+  port = _free_port()
+  _run([[sys.executable, '-m', 'specdec_jax.experiments', *spec,
+         '--num_partitions=4', '--global_mesh',
+         f'--coordinator_address=localhost:{port}', '--num_processes=2',
+         f'--process_id={i}'] for i in range(2)], devices=2)
+  folder = tmp_path / 'table2' / 'xxl_cost_partitions-4-global'
+  result = json.loads((folder / 'results.json').read_text())
+  assert result['mesh'] == {'data': 1, 'model': 4, 'processes': 2}
+  [row], [theirs] = result['rows'], alone['rows']
+  assert row['status'] == 'complete' and row['differing_examples'] == 0
+  assert row['speculative_tokens'] == theirs['speculative_tokens']
+  records = [_without_timings(read_jsonl(root / 'cells' / cell /
+                                         'examples.jsonl'))
+             for root in (folder, tmp_path / 'table2' / 'xxl_cost')]
+  assert records[0] == records[1]
+  assert not list(folder.glob('cells/*/*.process-*'))

@@ -75,7 +75,7 @@ def _binding(name, value):
 
 def mini_macro(config):
   """The gin macro of a mini config (MINI_<NAME>: gin_configs/train/)."""
-  return next(f'%MINI_{name.upper()}' for name, known in reproduce.MINI.items()
+  return next(f'%MINI_{name.upper()}' for name, known in models.MINI.items()
               if known == config)
 
 
@@ -178,7 +178,7 @@ def test_xxl_cost_widens_the_shipped_models_to_the_paper_costs():
   assert small.draft.widen_to == 't5_1_1_small_cost'
   assert small.draft.decoding_config.replace(
       vocab_size=32128, dtype='bfloat16') == models.CONFIGS['t5_1_1_small']
-  assert small.draft.config == reproduce.MINI['small']  # as it loads
+  assert small.draft.config == models.MINI['small']  # as it loads
   dec2 = reproduce.eval_setup(setup, 'en_de', 'dec2')
   assert dec2.draft.widen_to is None and dec2.target_widen_to is not None
   tiny = reproduce.eval_setup(reproduce.make_setup('xxl_cost', shrink=True),
@@ -205,8 +205,8 @@ def test_synthetic_is_a_random_target_and_noisy_copies_at_the_paper_costs(
   xxl = models.CONFIGS['t5_1_1_xxl']
   for size in reproduce.T5_SIZES:
     value = reproduce.eval_setup(setup, 'en_de', size)
-    assert value.target_config == reproduce.MINI['xxl']
-    assert value.draft.config == reproduce.MINI['xxl']
+    assert value.target_config == models.MINI['xxl']
+    assert value.draft.config == models.MINI['xxl']
     assert value.target_checkpoint == 'synthetic:seed=0'
     assert value.draft.checkpoint == f'synthetic:seed=0,noise={noise[size]}'
     assert synthetic.parse(value.draft.checkpoint) == synthetic.Spec(
@@ -220,15 +220,15 @@ def test_synthetic_is_a_random_target_and_noisy_copies_at_the_paper_costs(
             models.CONFIGS[f't5_1_1_{size}'])
     assert value.data_dir == 'shipped' and value.num_examples == 16
   bigram = reproduce.eval_setup(setup, 'synopsis', 'bigram')
-  assert bigram.draft.config == reproduce.MINI['dec2']  # as shipped
+  assert bigram.draft.config == models.MINI['dec2']  # as shipped
   assert bigram.target_checkpoint == 'synthetic:seed=0'
   tiny = reproduce.make_setup('synthetic', shrink=True)
   assert tiny.widening == {}
   for size in reproduce.T5_SIZES:
     value = reproduce.eval_setup(tiny, 'en_de', size)
     assert value.target_widen_to is None and value.draft.widen_to is None
-    assert value.decoding_config == reproduce.MINI['xxl']
-    assert value.draft.decoding_config == reproduce.MINI['xxl']
+    assert value.decoding_config == models.MINI['xxl']
+    assert value.draft.decoding_config == models.MINI['xxl']
     assert value.draft.checkpoint == f'synthetic:seed=0,noise={noise[size]}'
 
 

@@ -11,6 +11,8 @@ r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
   python -m specdec_jax.experiments run table2 --models xxl_cost [--shrink]
   python -m specdec_jax.experiments run table2 --models xxl_cost \
       --where batch_gamma=always     # a row per drafter: the rule's gamma
+  python -m specdec_jax.experiments run table2 --models xxl_cost \
+      --num_partitions 4             # on a ('data', 'model') device mesh
   python -m specdec_jax.experiments repredict results/batches/shipped.json
 
 Every cell of a spec is the eval job on its setup (`sweep`); a rerun
@@ -19,6 +21,7 @@ tiny rows (the tests' run; its results go into the work folder unless
 --out is given). `--only CELL` decodes one cell (its name as the results
 list it); `--where FIELD=VALUE` (repeatable; 'a|b' for either) the cells
 whose field (a column of the results) has that value.
+On a mesh (`--num_partitions`, `--global_mesh`): docs/experiments.md.
 `repredict` recomputes every predicted figure of a results file from its
 measured values (nothing is measured) and rewrites its .json / .md.
 """
@@ -30,6 +33,7 @@ import pathlib
 import sys
 from typing import Optional, Sequence
 
+from specdec_jax import eval as eval_lib
 from specdec_jax import task_table
 from specdec_jax.bench import flags
 from specdec_jax.bench import report
@@ -82,6 +86,11 @@ def parse_args(argv: Sequence[str]):
                  'model, e.g. attention_kernel=cudnn; repeatable')
   r.add_argument('--max_minutes', type=float, default=24 * 60.0,
                  help='start no cell after this many minutes')
+  r.add_argument('--num_partitions', type=int, default=None,
+                 help="the cells on a mesh: its 'model' axis size")
+  r.add_argument('--global_mesh', action='store_true',
+                 help="the cells on one mesh of every process's devices")
+  eval_lib.add_process_flags(r)
   flags.add_prediction_flags(r, optional=True, repredict=False)
   q = sub.add_parser('repredict', help="a results file's predicted figures "
                      'from its measured values')
@@ -108,15 +117,16 @@ def main(argv: Optional[Sequence[str]] = None):
     table.repredict(spec, result, profile, command)
     return table.write(spec, result, path.with_suffix(''))
   spec = specs.get(args.spec)
+  eval_lib.initialize_distributed(args)
   options = sweep.Options(
       models=args.models,
       tasks=tuple(args.tasks.split(',')) if args.tasks else None,
       num_examples=args.num_examples, timing_repeats=args.repeats,
       shrink=args.shrink, only=args.only, where=tuple(args.where),
-      work_dir=args.work_dir,
-      models_dir=args.models_dir, checkpoints=args.checkpoints,
-      data_dir=args.data_dir, max_minutes=args.max_minutes,
-      model_fields=tuple(args.model_fields))
+      work_dir=args.work_dir, models_dir=args.models_dir,
+      checkpoints=args.checkpoints, data_dir=args.data_dir,
+      max_minutes=args.max_minutes, model_fields=tuple(args.model_fields),
+      num_partitions=args.num_partitions, global_mesh=args.global_mesh)
   return sweep.run(spec, options, profile=profile, command=command,
                    out=args.out)
 

@@ -3,14 +3,14 @@
 A `ModelSet` ('mini', 'shipped', 'paper', 'xxl_cost', 'synthetic':
 `task_table.MODEL_SETS`) builds the job's typed `loading.EvalSetup` for a
 (task, drafter) as a value (`eval_setup`), with no gin, so it runs where gin
-and seqio are not installed. Its data: the configs (`MINI`, whose gin twins
-are gin_configs/train/mini_<name>.gin; `models.CONFIGS` for 'paper'), the
-drafter a model-free kind carries (`DEFAULT_DRAFT`: its gin files'
-DRAFT_MODEL), where each model's checkpoint is (`ModelSet.checkpoint`),
-the widenings of 'xxl_cost' and 'synthetic' (`XXL_COST`), the noise of
-the synthetic drafters (`SYNTHETIC_NOISE`) and `task_table` (each task's
-seqio task, lengths and the set's fields). tests/test_reproduce.py checks
-every model set, task and drafter against what the gin files give.
+and seqio are not installed. Its data: the configs (`models.MINI`;
+`models.CONFIGS` for 'paper'), the drafter a model-free kind carries
+(`DEFAULT_DRAFT`: its gin files' DRAFT_MODEL), where each model's checkpoint
+is (`ModelSet.checkpoint`), the widenings of 'xxl_cost' and 'synthetic'
+(`XXL_COST`), the noise of the synthetic drafters (`SYNTHETIC_NOISE`) and
+`task_table` (each task's seqio task, lengths and the set's fields).
+tests/test_reproduce.py checks every model set, task and drafter against
+what the gin files give.
 `profile_name`: a drafter's name in the profile a model set's run writes.
 """
 
@@ -53,23 +53,6 @@ def model_checkpoint(models_dir: str, task: str, size: str) -> str:
   return path
 
 
-def _mini(emb: int, heads: int, encoder: int, decoder: int, head_dim: int,
-          mlp: int) -> network.T5Config:
-  return network.T5Config(
-      vocab_size=8064, dtype='float32', emb_dim=emb, num_heads=heads,
-      num_encoder_layers=encoder, num_decoder_layers=decoder,
-      head_dim=head_dim, mlp_dim=mlp, mlp_activations=('gelu', 'linear'),
-      dropout_rate=0.0, logits_via_embedding=False)
-
-
-# The mini models' configs (the 'mini' and 'shipped' sets): name -> what
-# gin_configs/train/mini_<name>.gin binds to MINI_<NAME>; 'xxl' the target.
-MINI = {'xxl': _mini(256, 4, 4, 4, 64, 640),
-        'large': _mini(192, 3, 3, 3, 64, 512),
-        'base': _mini(128, 2, 2, 2, 64, 320),
-        'small': _mini(64, 2, 1, 1, 32, 160),
-        'dec2': _mini(256, 4, 2, 2, 64, 640),
-        'dec1': _mini(256, 4, 2, 1, 64, 640)}
 # The config a model-free drafter carries: its gin files' DRAFT_MODEL.
 DEFAULT_DRAFT = {'mini': 'small', 'shipped': 'dec2', 'paper': 'small'}
 # The T5 drafters of the shipped models: name -> where the checkpoint is
@@ -88,8 +71,8 @@ XXL_COST = {'target': 't5_1_1_xxl_cost', 'small': 't5_1_1_small_cost',
 # little; the target as it is, so that its programs are the shipped set's.
 XXL_COST_SHRUNK = {'target': None, 'small': {'mlp_dim': 192},
                    'base': {'mlp_dim': 384}, 'large': {'mlp_dim': 576}}
-# 'synthetic': a random target (`MINI['xxl']`, seed `SYNTHETIC_SEED`) and
-# noisy copies of it as the T5 drafters (`synthetic`): name -> sigma.
+# 'synthetic': a random target (`models.MINI['xxl']`, seed `SYNTHETIC_SEED`)
+# and noisy copies of it as the T5 drafters (`synthetic`): name -> sigma.
 # Greedy alpha on en_de's first 16 / all 256 test examples (`measure.alpha`,
 # t = 0), small / base / large: 0.758 / 0.812 / 0.821, 0.751 / 0.801 / 0.826;
 # the paper's T5s on EnDe: 0.75 / 0.8 / 0.82. Each sigma draws noise of its
@@ -162,8 +145,8 @@ class ModelSet:
     if self.models == 'paper':
       return models_lib.CONFIGS[f't5_1_1_{size}']
     if self.models == 'synthetic' and size in T5_SIZES:
-      return MINI['xxl']  # noisy copies of the target
-    return MINI[size]
+      return models_lib.MINI['xxl']  # noisy copies of the target
+    return models_lib.MINI[size]
 
   def checkpoint(self, task: str, size: str) -> str:
     """The checkpoint of the target ('xxl') or of a T5 drafter for a task."""

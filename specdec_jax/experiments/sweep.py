@@ -2,22 +2,12 @@
 
 A benchmark is a `Spec`: data naming its cells. A `Cell` is the eval job's
 `loading.EvalSetup` for a (task, drafter) of a model set
-(`reproduce.eval_setup`: built as a value from the model set's configs
-and checkpoints and `task_table`, as its gin files give it) with changes (gamma, temperature, batch, batching, ...), plus
-named extra measurements (`MEASUREMENTS`). `run` decodes every cell with
-the eval job into its own folder under the work folder: the same unit
-loop, timing (both ways, interleaved, medians), records, resumption and
-summary as the job, so a cell's figure IS the job's figure for that setup.
-Cells whose setups share a baseline (`groups`: they differ in their
-drafting) are decoded together (`eval.evaluate_together`): one baseline
-decode a unit, timed alternately with every cell's speculative decode.
-A rerun resumes: finished cells are read back (nothing decoded again), a
-cut-off cell continues where it stopped, measurements are kept in files.
-After each cell the spec's results file is rewritten (`table.write`), so an
-interrupted sweep keeps what finished; under a time budget (`max_minutes`)
-the cells that no longer fit are listed as skipped. A spec of
-measurements alone (`Spec.decode` False, e.g. the hardware profile) has
-cells that are measured on their setup, not decoded.
+(`reproduce.eval_setup`) with changes, plus named extra measurements
+(`MEASUREMENTS`). `run` decodes every cell with the eval job into its own
+folder (so a cell's figure IS the job's figure for that setup; the cells
+that share a baseline together, `eval.evaluate_together`), resuming,
+under a time budget, on one device or the job's mesh, and rewrites the
+results after each cell (`table.write`). docs/experiments.md tells how.
 """
 
 from __future__ import annotations
@@ -32,6 +22,7 @@ import pathlib
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import jax
 import numpy as np
 
 from specdec_jax import data
@@ -39,6 +30,7 @@ from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import models as models_lib
+from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import run_folder
 from specdec_jax import task_table
@@ -90,8 +82,7 @@ class Cell:
     if len(name.encode()) <= MAX_NAME:
       return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    return name.encode()[:MAX_NAME - 17].decode(errors='ignore') + (
-        '-' + digest)
+    return name.encode()[:MAX_NAME - 17].decode(errors='ignore') + '-' + digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +101,8 @@ class Options:
   data_dir: Optional[str] = None
   max_minutes: float = 24 * 60.0
   model_fields: Tuple[str, ...] = ()  # 'field=value' of every T5Config
+  num_partitions: Optional[int] = None  # a mesh's 'model' axis (the job's)
+  global_mesh: bool = False  # the mesh of every process's devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +127,8 @@ class Spec:
       setup fields it depends on)); a fn that names a keyword `records`
       or `timing_repeats` is given the decoded cell's records and the
       run's timing repeats (`measured`).
-    decode: False: a cell is its measurements alone (`Cell.measure` on the
-      cell's setup, built as the job builds it), no eval job decode; its
-      row has no summary figures (e.g. the hardware profile).
+    decode: False: a cell is its measurements alone, on its setup built
+      as the job builds it (no decode, no summary figures: the profile).
     finish: `finish(result, out)` once every cell ran, before the results'
       last write: what the spec makes of all its rows beside them (`out`
       the results' path without suffix; e.g. a hardware profile), or None.
@@ -171,9 +163,8 @@ def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
   seconds, t_draft, context = unit_loop.call_times(loaded, inputs)
   t1 = seconds[1]
   return {'batch': loaded.setup.batch.size, 'context': context,
-          't1_ms': t1 * 1e3,
-          'cost': {str(k): t / t1 for k, t in sorted(seconds.items())},
-          'c': t_draft / t1}
+          't1_ms': t1 * 1e3, 'c': t_draft / t1,
+          'cost': {str(k): t / t1 for k, t in sorted(seconds.items())}}
 
 
 # What each measurement depends on: the setup fields that name its file.
@@ -189,10 +180,8 @@ MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
 
 
 def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
-  _, fields = known[name]
   flat = setup.flat()
-  text = json.dumps({f: repr(flat[f]) for f in fields},
-                    sort_keys=True)
+  text = json.dumps({f: repr(flat[f]) for f in known[name][1]}, sort_keys=True)
   return f'{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}'
 
 
@@ -209,12 +198,13 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
     raise ValueError(f'Unknown measurement {name!r}; expected one of '
                      f'{list(known)}.')
   path = folder / f'{_measurement_key(name, setup, known)}.json'
-  if path.is_file():
+  if partitioning.agree(path.is_file()):  # process 0's file
     return json.loads(path.read_text())
   value = take(known[name][0], *(load or functools.partial(built, setup))(),
                context)
-  folder.mkdir(parents=True, exist_ok=True)
-  run_folder.write_atomic(path, json.dumps(value, indent=1))
+  if jax.process_index() == 0:
+    folder.mkdir(parents=True, exist_ok=True)
+    run_folder.write_atomic(path, json.dumps(value, indent=1))
   return value
 
 
@@ -227,11 +217,11 @@ def take(fn, loaded: loading.Loaded, inputs: np.ndarray,
                                if k in wants})
 
 
-def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None
-          ) -> Tuple[loading.Loaded, np.ndarray]:
-  """The setup built (`loading.build`, from `cache` when given) and its
-  first batch's inputs."""
-  loaded = loading.build(setup, cache=cache)
+def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None,
+          partitioner=None) -> Tuple[loading.Loaded, np.ndarray]:
+  """The setup built as the job builds it (`eval.load`: on the mesh, from
+  `cache` when given) and its first batch's inputs."""
+  loaded = eval_lib.load(setup, partitioner=partitioner, cache=cache)
   return loaded, first_inputs(setup, loaded.task, cache)
 
 
@@ -332,10 +322,14 @@ def cell_setup(models, cell: Cell, options: Options) -> loading.EvalSetup:
 
 
 def results_name(options: Options) -> str:
-  """The model set's name, and its `model_fields` (the work and results
-  folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn')."""
+  """The model set's name, its `model_fields` and mesh (the work and
+  results folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn',
+  'xxl_cost_partitions-4', 'xxl_cost_partitions-8-global')."""
+  mesh = (f'partitions-{options.num_partitions or 1}' + (
+      '-global' if options.global_mesh else ''),) if (
+          options.num_partitions is not None or options.global_mesh) else ()
   return '_'.join((options.models,) + tuple(
-      f.replace('=', '-') for f in options.model_fields))
+      f.replace('=', '-') for f in options.model_fields) + mesh)
 
 
 def method_checkpoint(options: Options, method: str, task: str) -> str:
@@ -371,7 +365,8 @@ def groups(models, cells: Sequence[Cell], options: Options
 
 def run_cells(models, group: Sequence[Cell], options: Options,
               folder: pathlib.Path, spec_measurements=None,
-              cache: Optional[loading.LoadCache] = None, decode: bool = True
+              cache: Optional[loading.LoadCache] = None, decode: bool = True,
+              partitioner=None
               ) -> List[Tuple[Optional[Dict[str, Any]], Dict[str, Any]]]:
   """Decodes cells that share a baseline with the eval job, each into its
   own folder (resuming it): one baseline decode a unit, timed alternately
@@ -379,7 +374,8 @@ def run_cells(models, group: Sequence[Cell], options: Options,
 
   `cache`: the run's `loading.LoadCache` (models and examples loaded by an
   earlier cell are not loaded again), or None. `decode` False: the cells'
-  measurements only (`Spec.decode`).
+  measurements only (`Spec.decode`). `partitioner`: the cells' mesh, or
+  None.
 
   Returns:
     Per cell: (the job's summary, or None without a decode; {measurement
@@ -391,10 +387,12 @@ def run_cells(models, group: Sequence[Cell], options: Options,
     summaries = eval_lib.evaluate_together(
         [(setup, str(folder / 'cells' / cell.name), setup.describe())
          for cell, setup in zip(group, setups)],
-        timing_repeats=options.timing_repeats, cache=cache)
+        timing_repeats=options.timing_repeats, cache=cache,
+        partitioner=partitioner)
   out = []
   for cell, setup, summary in zip(group, setups, summaries):
-    load = functools.cache(functools.partial(built, setup, cache))  # once
+    load = functools.cache(functools.partial(built, setup, cache,
+                                             partitioner))  # once
     context = {'timing_repeats': options.timing_repeats}
     if decode and cell.measure:
       context['records'] = sorted(
@@ -433,20 +431,24 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
               table.RESULTS / spec.name / results_name(options))
   clock = budget.Clock(options.max_minutes)
   cache = loading.LoadCache()  # the cells share their models and examples
-  result = table.new_result(spec, options, command)
+  partitioner = partitioning.Partitioner(
+      options.num_partitions, global_mesh=options.global_mesh) if (
+          options.num_partitions is not None or options.global_mesh) else None
+  result = table.new_result(spec, options, command, partitioner)
   order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
   plan_groups = groups(models, cells, options)
+  peers = run_folder.job_processes_here()  # not other load
   for i, group in enumerate(plan_groups):
-    if clock.left() <= 0:
+    if partitioning.agree(clock.left() <= 0):
       skipped = [c.name for g in plan_groups[i:] for c in g]
       result['skipped'] += skipped
       print(f'time budget spent: {len(skipped)} cells skipped', flush=True)
       break
     start = time.perf_counter()
     try:
-      with measure.OtherLoad() as load:
+      with measure.job_processes(peers), measure.OtherLoad() as load:
         done = run_cells(models, group, options, folder, spec.measurements,
-                         cache, spec.decode)
+                         cache, spec.decode, partitioner)
     except Exception as e:  # pylint: disable=broad-except
       # Recorded with its error; the other cells still run (the job wrote
       # what the cells finished into their folders: a rerun resumes them).
@@ -468,7 +470,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     table.write(spec, table.repredict(spec, result, profile), out)
     programs.release_if_crowded()  # a long sweep compiles many programs
   result['time_log'] = clock.log
-  if spec.finish is not None:
+  if spec.finish is not None and jax.process_index() == 0:
     spec.finish(result, pathlib.Path(out))
   table.write(spec, table.repredict(spec, result, profile), out)
   if result['failed']:

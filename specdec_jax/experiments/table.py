@@ -3,19 +3,11 @@
 A row is a cell's identifying fields (`sweep.Cell.fields`), the eval job's
 summary figures under the job's own names (`SUMMARY_FIELDS`), the cell's
 extra measurements (`measured`), and predicted figures, recomputed from
-those measured values alone by `repredict` through `hardware.predict`:
-
-- `predicted_speedup`: on the row's own measured costs (`measured.costs`:
-  t(1), cost(k) and c at the cell's batch on this machine), Theorem 3.8 with
-  the row's alpha and the gamma it decoded with;
-- `predicted_on_profile`: on a measured hardware profile (`--profile`, the
-  H100 run's by default): at batch 1 the best gamma at T5-XXL target cost
-  (`at_xxl_cost.predict`), at a batch the profile measured, the
-  row's gamma; None where the profile cannot price the drafter.
-
-A spec may add its own predicted figures (`Spec.predict`), through the same
-function. `write` writes results/<spec>/<models>.json (what `--repredict`
-reads back), .md (the spec's columns) and .png (the spec's plot).
+those measured values alone by `repredict` through `hardware.predict`
+(`predict_row`: on the row's own measured costs, `predicted_speedup`, and
+on a measured hardware profile, `predicted_on_profile`; a spec's own,
+`Spec.predict`). `write` writes results/<spec>/<models>.json (what
+`repredict` reads back), .md (the spec's columns) and .png (its plot).
 """
 
 from __future__ import annotations
@@ -23,6 +15,8 @@ from __future__ import annotations
 import pathlib
 import time
 from typing import Any, Dict, Optional
+
+import jax
 
 from specdec_jax import measure
 from specdec_jax import theory
@@ -52,15 +46,18 @@ TIMING_FIELDS = ('baseline_s', 'speculative_s', 'walltime_speedup',
                  'measured_over_predicted', 'other_load_cores')
 
 
-def new_result(spec, options, command: str) -> Dict[str, Any]:
-  """An empty results dict with its header."""
+def new_result(spec, options, command: str, partitioner=None
+               ) -> Dict[str, Any]:
+  """An empty results dict with its header (and the cells' mesh)."""
+  mesh = {} if partitioner is None else {'mesh': dict(
+      partitioner.mesh.shape, processes=jax.process_count())}
   return dict(
       format=FORMAT, spec=spec.name, title=spec.title,
       models=options.models, command=report.portable(command),
       machine=measure.machine(), date=time.strftime('%Y-%m-%d'),
       num_examples=options.num_examples,
       timing_repeats=options.timing_repeats, shrunk=options.shrink,
-      rows=[], skipped=[], failed=[], **({'model_fields': list(
+      rows=[], skipped=[], failed=[], **mesh, **({'model_fields': list(
           options.model_fields)} if options.model_fields else {}))
 
 
@@ -109,7 +106,10 @@ def run_profile(row: Dict[str, Any],
 
 def predict_row(row: Dict[str, Any], result: Dict[str, Any],
                 profile: Optional[hardware.HardwareProfile]) -> None:
-  """Sets a row's predicted figures from its measured values."""
+  """Sets a row's predicted figures from its measured values: Theorem 3.8
+  with its alpha at the gamma it decoded with on its own costs, and on
+  `profile` the best gamma at T5-XXL target cost (batch 1) or its gamma (a
+  batch the profile measured); None where the profile cannot price it."""
   used = row.get('gamma_used') or {}  # the one gamma it decoded with
   gamma = int(next(iter(used))) if len(used) == 1 else None
   batch = int(row.get('batch_size', 1))
@@ -251,6 +251,9 @@ def markdown(spec, result: Dict[str, Any]) -> str:
   lines = [f"# {result['title']} ({result['models']} models)", '',
            f"Command: `{result['command']}`  ",
            f"Machine: {result['machine']}  "]
+  if result.get('mesh'):
+    lines.append('Mesh: {data} data x {model} model, {processes} '
+                 'process(es)  '.format(**result['mesh']))
   loads = [r['other_load_cores'] for r in result['rows']
            if r.get('other_load_cores') is not None]
   if loads:  # how busy other processes kept the machine (the job's)
@@ -288,7 +291,10 @@ def markdown(spec, result: Dict[str, Any]) -> str:
 
 
 def write(spec, result: Dict[str, Any], out) -> Dict[str, Any]:
-  """Writes OUT.json, OUT.md and (with a plot) OUT.png; returns result."""
+  """Writes OUT.json, OUT.md and (with a plot) OUT.png (across processes,
+  process 0: each ran the cells alike); returns result."""
+  if jax.process_index() != 0:
+    return result
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   result['out'] = report.portable(str(

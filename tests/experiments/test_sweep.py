@@ -90,10 +90,12 @@ def _tiny(changes=None, variants=('tiny',)):
 
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
-  """Two cells of one setup, run as a sweep, counting checkpoint loads."""
+  """Two cells of one setup, run as a sweep on a mesh (this one device's:
+  the job's mesh path), counting checkpoint loads."""
   root = tmp_path_factory.mktemp('sweep')
   spec = _tiny(variants=('a', 'b'))
-  options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'))
+  options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'),
+                          num_partitions=1)
   loads = []
   with pytest.MonkeyPatch.context() as patch, loads_every_time():
     load = loading.checkpoints.load_t5x_params
@@ -106,10 +108,14 @@ def tiny_run(tmp_path_factory):
 
 def test_a_sweep_loads_each_checkpoint_once(tiny_run):
   """The cells (two jobs and a measurement) share the run's `LoadCache`:
-  the target and the drafter are each read once, not once per cell."""
-  *_, result, loads = tiny_run
+  the target and the drafter are each read once, not once per cell, on the
+  mesh too (the target kept placed by its shardings)."""
+  _, options, root, result, loads = tiny_run
   assert len(result['rows']) == 2
   assert len(loads) == len(set(loads)) == 2, loads
+  assert result['mesh'] == {'data': 1, 'model': 1, 'processes': 1}
+  assert sweep.results_name(options) == 'shipped_partitions-1'
+  assert 'Mesh: 1 data x 1 model' in (root / 'out' / 'shipped.md').read_text()
 
 
 def test_the_load_cache_keeps_its_most_recent_models():
