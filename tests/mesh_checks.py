@@ -16,7 +16,6 @@ loop (greedy; sampled on 2 x 4) and one target call, and the widening on
 collectives, error messages.
 """
 
-import dataclasses
 import json
 import os
 import sys
@@ -115,10 +114,7 @@ def _self_drafting(model, params, target, s_params, part, inputs, key):
     source = drafters.DraftSource(
         vocab_size=CONFIG.vocab_size, target_model=target,
         target_params=s_params, output_length=MAX_LEN, tree='beam:2,2,3')
-    drafter, draft_params = drafters.get_kind(
-        'pass' if kind == 'pass_tree' else kind).build(source)
-    if kind == 'pass_tree':  # PaSS's tree layout: one slot group a token
-      drafter = dataclasses.replace(drafter, tree=True)
+    drafter, draft_params = drafters.get_kind(kind).build(source)
     try:  # a failure is this kind's test's, not every mesh test's
       out[kind] = _speculative(target, s_params, drafter, draft_params,
                                part.shard_batch(inputs), SamplingConfig(),

@@ -16,7 +16,8 @@ drafter (a network, a loop, training), in t5x contrib/calm's shape:
   lookup.py      'LookupDrafter': prompt lookup, no model ('lookup')
   cache.py       'CacheDrafter': copies from similar earlier requests
   combined.py    'CombinedDrafter': copy where it matches, the T5 elsewhere
-  lookahead/     PaSS: the target drafts from look-ahead slots ('pass')
+  lookahead/     PaSS: the target drafts from look-ahead slots ('pass'; its
+                 tree layout: 'pass_tree')
   heads/         self-drafting heads on the target's states ('heads'; token
                  trees: 'heads_tree')
   tree/          token trees: a T5 drafter's tree verified in one call
@@ -61,6 +62,7 @@ KINDS = registry.KindTable(
     cache.KIND,
     combined.KIND,
     lookahead.KIND,
+    lookahead.TREE_KIND,
     heads.KIND,
     tree.KIND,
     heads.TREE_KIND,

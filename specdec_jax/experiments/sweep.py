@@ -39,7 +39,6 @@ from specdec_jax.bench import budget
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import table
 
-
 MAX_NAME = 160  # bytes of a cell's folder name
 
 
@@ -151,10 +150,8 @@ class Spec:
   finish: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
 
 
-# ---------------------------------------------------------------------------
 # Named extra measurements: fn(loaded, inputs) -> JSON, kept in a file named
 # by what it depends on (so cells that share it measure it once).
-# ---------------------------------------------------------------------------
 
 def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
   """t(1) and cost(k) = t(k) / t(1) of the target at the cell's batch for
@@ -235,9 +232,7 @@ def first_inputs(setup: loading.EvalSetup, task,
                        setup.task_feature_lengths['inputs'])
 
 
-# ---------------------------------------------------------------------------
 # The runner.
-# ---------------------------------------------------------------------------
 
 def options_of(spec: Spec, options: Options) -> Options:
   """`options` with the spec's defaults filled in (and `--shrink`'s)."""
@@ -382,13 +377,11 @@ def run_cells(models, group: Sequence[Cell], options: Options,
     name: value}).
   """
   setups = [cell_setup(models, cell, options) for cell in group]
-  summaries = [None] * len(group)
-  if decode:
-    summaries = eval_lib.evaluate_together(
-        [(setup, str(folder / 'cells' / cell.name), setup.describe())
-         for cell, setup in zip(group, setups)],
-        timing_repeats=options.timing_repeats, cache=cache,
-        partitioner=partitioner)
+  summaries = eval_lib.evaluate_together(
+      [(setup, str(folder / 'cells' / cell.name), setup.describe())
+       for cell, setup in zip(group, setups)],
+      timing_repeats=options.timing_repeats, cache=cache,
+      partitioner=partitioner) if decode else [None] * len(group)
   out = []
   for cell, setup, summary in zip(group, setups, summaries):
     load = functools.cache(functools.partial(built, setup, cache,

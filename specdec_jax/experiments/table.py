@@ -195,9 +195,7 @@ def repredict(spec, result: Dict[str, Any],
   return result
 
 
-# ---------------------------------------------------------------------------
 # Writers.
-# ---------------------------------------------------------------------------
 
 def cell(row: Dict[str, Any], column) -> str:
   """A table cell: a row field by name (dotted for nested), or fn(row)."""

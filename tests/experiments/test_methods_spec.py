@@ -85,9 +85,14 @@ def test_lookahead_spec_predicts_pass_at_its_call_width(tmp_path):
   _, rows, predicted, profile = _run('lookahead', tmp_path)
   assert [(r['kind'], r['gamma'], r['draft_checkpoint']) for r in rows] == [
       ('pass', 1, 'shipped:lookahead/en_de'),
-      ('pass', 2, 'shipped:lookahead/en_de')]
-  for r in predicted:  # one (2 gamma + 1)-token call, no drafter call
-    _check_prediction(r, profile, 2 * r['gamma'] + 1, 0, 0.0)
+      ('pass', 2, 'shipped:lookahead/en_de'),
+      ('pass_tree', 1, 'shipped:lookahead/en_de')]
+  # One call, no drafter call: 2 gamma + 1 tokens, (gamma + 1)^2 in the
+  # tree layout (a group of gamma slots after last and each draft).
+  for r in predicted:
+    g = r['gamma']
+    _check_prediction(r, profile, (g + 1) ** 2 if r['kind'] == 'pass_tree'
+                      else 2 * g + 1, 0, 0.0)
 
 
 def test_heads_spec_prices_head_steps_by_the_bytes_model(tmp_path):
@@ -117,6 +122,8 @@ def test_the_full_plans_are_eval_setups_of_their_kinds():
                      ('t5', 'shipped:dec2', 0.5): 4},
       'lookahead': {('pass', 'shipped:lookahead/en_de', 0.0): 16,
                     ('pass', 'shipped:lookahead/synopsis', 0.0): 16,
+                    ('pass_tree', 'shipped:lookahead/en_de', 0.0): 8,
+                    ('pass_tree', 'shipped:lookahead/synopsis', 0.0): 8,
                     ('lookup', None, 0.0): 4},
       'heads': {('heads', 'shipped:heads/en_de', 0.0): 10,
                 ('heads', 'shipped:heads/synopsis', 0.0): 10,

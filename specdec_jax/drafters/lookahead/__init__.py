@@ -49,7 +49,7 @@ compiled (gamma + 1 + L)-token call, L = gamma (the loop keeps the
 first gamma slots; the slots' place in the block is per row:
 `lookahead_start`). A recovery iteration commits one token, as a baseline
 step would, at the cost of one (gamma+1+L)-token call.
-`PassDrafter(..., tree=True)` avoids recovery calls: one group of gamma
+`PassDrafter(..., tree=True)` (kind 'pass_tree') avoids recovery calls: one group of gamma
 slots after each of last, x_1..x_gamma ((gamma + 1)^2 tokens per call,
 group h seeing only the prefix up to x_h, `model.tree_extend`), and group n
 drafts the next iteration whatever n is. On the shipped target it is the
@@ -69,6 +69,7 @@ not by decoding).
 
 from specdec_jax.drafters.lookahead.drafter import DEFAULT_LOOKAHEAD
 from specdec_jax.drafters.lookahead.drafter import KIND
+from specdec_jax.drafters.lookahead.drafter import TREE_KIND
 from specdec_jax.drafters.lookahead.drafter import PassDrafter
 from specdec_jax.drafters.lookahead.drafter import pass_params
 from specdec_jax.drafters.lookahead.loop import LookaheadLoop

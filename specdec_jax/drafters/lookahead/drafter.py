@@ -10,6 +10,7 @@ the ordinary loop as an `interfaces.Drafter` (one target call of its own per
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Optional
@@ -108,13 +109,15 @@ def pass_params(target_params, lookahead_params):
   return {'target': target_params, 'lookahead': lookahead_params}
 
 
-def build(source: registry.DraftSource):
+def build(source: registry.DraftSource, tree: bool = False):
   """Target + look-ahead embeddings: from `source.draft_params` when it is a
   look-ahead tree, else from `source.draft_checkpoint` (DRAFT_CHECKPOINT: a
   path or a shipped name such as `shipped:lookahead/en_de`), else untrained
-  (a warning; still exact, drafts poor)."""
+  (a warning; still exact, drafts poor). `tree`: the tree layout (kind
+  'pass_tree')."""
+  name = 'pass_tree' if tree else 'pass'
   if source.target_model is None or source.target_params is None:
-    raise ValueError("drafter kind 'pass' drafts with the target itself; "
+    raise ValueError(f"drafter kind '{name}' drafts with the target itself; "
                      'the source has no target_model / target_params.')
   model = source.target_model
   lookahead = source.draft_params
@@ -126,11 +129,11 @@ def build(source: registry.DraftSource):
         path = shipped.resolve(path)
       lookahead = load_lookahead(path, model.config)
     else:
-      logging.warning("drafter kind 'pass': no look-ahead checkpoint "
-                      '(DRAFT_CHECKPOINT); using untrained embeddings.')
+      logging.warning("drafter kind '%s': no look-ahead checkpoint "
+                      '(DRAFT_CHECKPOINT); using untrained embeddings.', name)
       lookahead = init_lookahead(source.target_params, DEFAULT_LOOKAHEAD)
   big_l = check_lookahead(lookahead, model.config)
-  return (PassDrafter(model, big_l),
+  return (PassDrafter(model, big_l, tree),
           pass_params(source.target_params, lookahead))
 
 
@@ -138,3 +141,10 @@ KIND = registry.DrafterKind(
     'pass', needs_model=False, build=build, needs_target=True,
     description='PaSS: the target drafts for itself from L learned '
                 'look-ahead embeddings (DRAFT_CHECKPOINT)')
+
+TREE_KIND = registry.DrafterKind(
+    'pass_tree', needs_model=False, build=functools.partial(build, tree=True),
+    needs_target=True,
+    description="PaSS in its tree layout: a group of slots after each "
+                "draft, (gamma + 1)^2 tokens a call, no recovery calls "
+                "(DRAFT_CHECKPOINT: as 'pass')")
