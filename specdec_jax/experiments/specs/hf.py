@@ -90,8 +90,8 @@ def hf(loaded, inputs, *, records=None, timing_repeats=1):
       raise ValueError(f"record {r['index']} is not the split's example {i}")
   dtype = jnp.dtype(setup.decoding_config.compute_dtype).name
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
-  convert = lambda model, params: hf_lib.to_hf_model(params, model.config).to(
-      device=device, dtype=getattr(torch, dtype))
+  convert = lambda model, params: hf_lib.to_hf_model(partitioning.to_host(
+      params), model.config).to(device=device, dtype=getattr(torch, dtype))
   target = convert(partitioning.unwrap(loaded.target), loaded.target_params)
   draft = convert(loaded.drafter.model, loaded.draft_params)
   length, eos = setup.task_feature_lengths['targets'], setup.eos_id
