@@ -80,6 +80,7 @@ import logging
 import os
 import pathlib
 import sys
+import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -465,11 +466,32 @@ def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """`main` as the command line runs it: a run folder that cannot be
   resumed as it is (other settings, other examples, a damaged file) or a
   damaged output cache ends the job with its one-line error (exit status
-  1), not a traceback. Everything else propagates."""
+  1), not a traceback. Everything else propagates (`exits_at_once`)."""
+  with exits_at_once():
+    try:
+      return main(argv)
+    except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
+      raise SystemExit(f'error: {e.message}') from None
+
+
+@contextlib.contextmanager
+def exits_at_once():
+  """A command across processes (`jax.distributed`) that fails ends this
+  process at once, its error printed (exit status 1): not at exit, where
+  jax.distributed's shutdown barrier would wait for a peer that died
+  (until its heartbeat times out, then aborting). What the job finished is
+  written before (its records are flushed per unit, its summary in a
+  `finally`). In one process, or a SystemExit (an error every process
+  says alike), the exception propagates."""
   try:
-    return main(argv)
-  except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
-    raise SystemExit(f'error: {e.message}') from None
+    yield
+  except Exception:  # pylint: disable=broad-except
+    if jax.process_count() == 1:
+      raise
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
 
 
 if __name__ == '__main__':

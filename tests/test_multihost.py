@@ -8,7 +8,8 @@ run without a mesh (timings aside), and a rerun must resume from every
 record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
 the task stack and compile. The decoders on one mesh spanning two
 processes (tests/global_mesh_checks.py, ~20 s), the eval job on such a
-mesh (GLOBAL_MESH; ~3 min) and a benchmark spec on one (~40 s).
+mesh (GLOBAL_MESH; ~3 min), a benchmark spec on one (~40 s) and a process
+dying mid-run (~30 s).
 """
 
 import json
@@ -17,6 +18,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -251,3 +253,41 @@ def test_a_benchmark_spec_on_one_mesh_spanning_two_processes(tmp_path):
              for root in (folder, tmp_path / 'table2' / 'xxl_cost')]
   assert records[0] == records[1]
   assert not list(folder.glob('cells/*/*.process-*'))
+
+
+@pytest.mark.slow
+def test_a_process_that_dies_leaves_the_other_to_exit_at_once(tmp_path):
+  """One mesh over two processes, process 1 killed once process 0 wrote
+  records: process 0's next collective fails, it writes what finished
+  (its summary says how to resume) and exits with status 1 at once
+  (`eval.exits_at_once`), not at exit, where jax.distributed's shutdown
+  barrier waits out the dead peer's heartbeat (~85 s here) and aborts."""
+  out = tmp_path / 'run'
+  argv = args(out, NUM_EXAMPLES='40') + [
+      '--gin_file=mesh/partitioner.gin', *GLOBAL_1X4,
+      f'--coordinator_address=localhost:{_free_port()}', '--num_processes=2']
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+      os.environ.get('XLA_FLAGS', '') +
+      ' --xla_force_host_platform_device_count=2').strip())
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'specdec_jax.eval', *argv, f'--process_id={i}'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True) for i in range(2)]
+  try:
+    records = out / 'examples.jsonl'
+    deadline = time.monotonic() + 300
+    while not (records.exists() and records.stat().st_size):
+      assert time.monotonic() < deadline and procs[0].poll() is None
+      time.sleep(0.2)
+    procs[1].kill()
+    killed = time.monotonic()
+    log = procs[0].communicate(timeout=300)[0]
+    waited = time.monotonic() - killed
+  finally:
+    for p in procs:
+      p.kill()
+  assert procs[0].returncode == 1, log[-3000:]
+  assert waited < 30, waited
+  summary = json.loads((out / 'summary.json').read_text())
+  assert 0 < summary['examples'] < 40
+  assert 'rerun the same command to resume' in summary['status']

@@ -22,8 +22,7 @@ tiny rows (the tests' run; its results go into the work folder unless
 list it); `--where FIELD=VALUE` (repeatable; 'a|b' for either) the cells
 whose field (a column of the results) has that value.
 On a mesh (`--num_partitions`, `--global_mesh`): docs/experiments.md.
-`repredict` recomputes every predicted figure of a results file from its
-measured values (nothing is measured) and rewrites its .json / .md.
+`repredict` recomputes a results file's predicted figures (measuring none).
 """
 
 from __future__ import annotations
@@ -132,4 +131,5 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == '__main__':
-  main()
+  with eval_lib.exits_at_once():  # across processes: at once, not at exit
+    main()
