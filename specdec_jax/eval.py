@@ -332,12 +332,16 @@ def load(setup: EvalSetup, task=None, partitioner=None,
          cache: Optional[loading.LoadCache] = None) -> loading.Loaded:
   """The setup built as the job builds it: on the partitioner's mesh, if
   any (`evaluate`'s arguments; `task`: None loads it)."""
-  shardings = None
-  if partitioner is not None:  # The target is placed straight into them.
+  shardings = draft_shardings = None
+  if partitioner is not None:  # The models are placed straight into them.
     shardings = partitioner.param_shardings(
         network.T5Model(setup.decoding_config))
+    if setup.draft.drafter_kind.needs_model and not shard_drafter:
+      draft_shardings = partitioner.param_shardings(  # replicated
+          network.T5Model(setup.draft.decoding_config),
+          partitioning.data_parallel_rules())
   loaded = loading.build(setup, task=task, target_shardings=shardings,
-                         cache=cache)
+                         cache=cache, draft_shardings=draft_shardings)
   if partitioner is not None:
     loaded = shard_loaded(loaded, partitioner, shard_drafter)
   return loaded
@@ -482,7 +486,8 @@ def exits_at_once():
   (until its heartbeat times out, then aborting). What the job finished is
   written before (its records are flushed per unit, its summary in a
   `finally`). In one process, or a SystemExit (an error every process
-  says alike), the exception propagates."""
+  says alike), the exception propagates. (A collective that waits on a
+  dead peer instead of failing is ended by jax's heartbeat: an abort.)"""
   try:
     yield
   except Exception:  # pylint: disable=broad-except

@@ -544,8 +544,8 @@ class LoadCache:
     lengths, count and truncation;
   - the drafters built from a task's train split alone (n-gram tables) by
     kind, task, data folder, vocabulary and train examples read.
-  A model placed by shardings (a job on a mesh) is kept under them too: the
-  jobs on one mesh share its placed arrays. An output cache is not kept:
+  A model placed by shardings (a job on a mesh: the target, a draft model)
+  is kept under them too: the jobs on one mesh share its placed arrays. An output cache is not kept:
   each job grows its own. Params are returned in fresh
   containers (the arrays are shared; nothing here writes into them).
   """
@@ -759,28 +759,33 @@ def load_store(setup: EvalSetup, task, target, target_params,
 
 
 def load_draft_model(spec: DrafterSpec, seed: int,
-                     cache: Optional[LoadCache] = None):
+                     cache: Optional[LoadCache] = None, shardings=None):
   """(T5Model, params) a model drafter drafts with: loaded, then widened if
   asked (`spec.widen_to`), as `load_target` widens the target.
 
   `seed`: of random weights (no checkpoint). `cache`: a `LoadCache` that
-  keeps the model (widened), or None.
+  keeps the model (widened, placed), or None. `shardings`: as
+  `load_target`'s, of the drafter as it drafts (the jobs of a sweep on a
+  mesh then share its placed arrays, not a copy each).
   """
   if spec.widen_to is None:
     return load_model(spec.config, spec.checkpoint, seed, 'draft',
-                      cache=cache)
+                      shardings, cache)
   if cache is not None:
     key = ('draft', spec.config, spec.decoding_config) + _weights_key(
-        spec.checkpoint, seed)
-    return cache.model(key, lambda: load_draft_model(spec, seed))
+        spec.checkpoint, seed) + (_placement(shardings),)
+    return cache.model(key, lambda: load_draft_model(spec, seed,
+                                                     shardings=shardings))
   _, params = load_model(spec.config, spec.checkpoint, seed, 'draft')
   config = spec.decoding_config
-  return network.T5Model(config), widening.widen(params, spec.config, config)
+  return network.T5Model(config), widening.widen(
+      params, spec.config, config, shardings=shardings)
 
 
 def load_drafter(setup: EvalSetup, task=None, target=None,
                  target_params=None, max_train_examples: int = 20000,
-                 store=None, cache: Optional[LoadCache] = None):
+                 store=None, cache: Optional[LoadCache] = None,
+                 draft_shardings=None):
   """(drafter, params) of the setup's drafter kind (`drafters.KINDS`).
 
   Args:
@@ -793,12 +798,14 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
       None (such a kind then builds a new one from the task's train pairs).
     cache: a `LoadCache` that keeps the draft model, or a drafter built from
       the task's train split alone; or None.
+    draft_shardings: where the draft model is placed (`load_draft_model`).
   """
   spec = setup.draft
   kind = spec.drafter_kind
   draft_model = draft_params = None
   if kind.needs_model:
-    draft_model, draft_params = load_draft_model(spec, setup.seed + 1, cache)
+    draft_model, draft_params = load_draft_model(spec, setup.seed + 1, cache,
+                                                 draft_shardings)
   train = pairs = None
   if task is not None:
     train = lambda: data.train_targets(task, max_train_examples)
@@ -817,17 +824,19 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
 
 
 def build(setup: EvalSetup, task=None, target_shardings=None,
-          cache: Optional[LoadCache] = None) -> Loaded:
+          cache: Optional[LoadCache] = None, draft_shardings=None) -> Loaded:
   """Loads a setup: task (unless given), target (widened if asked), drafter.
 
-  `target_shardings`: see `load_target` (the eval job on a mesh).
+  `target_shardings`, `draft_shardings`: see `load_target`,
+  `load_draft_model` (the eval job on a mesh).
   `cache`: a `LoadCache` whose models are used and kept, or None.
   """
   task = load_task(setup) if task is None else task
   target, target_params = load_target(setup, target_shardings, cache)
   store = load_store(setup, task, target, target_params)
   drafter, draft_params = load_drafter(setup, task, target, target_params,
-                                       store=store, cache=cache)
+                                       store=store, cache=cache,
+                                       draft_shardings=draft_shardings)
   # The loop the job decodes with (the drafter's own: merged for a
   # MergedDrafter) must take the setup's gamma; a tree the job chooses
   # has at most gamma levels by its choice.

@@ -204,8 +204,14 @@ def shard_params(params, model, mesh: Mesh, rules: LogicalAxisRules):
 
 
 def replicate(tree, mesh: Mesh):
-  """Every leaf of `tree` replicated on all devices of `mesh`."""
-  return jax.device_put(tree, NamedSharding(mesh, P()))
+  """Every leaf of `tree` replicated on all devices of `mesh` (a leaf
+  replicated there already is kept: the same array, not a copy)."""
+  everywhere = NamedSharding(mesh, P())
+  kept = lambda x: (isinstance(x, jax.Array) and isinstance(
+      x.sharding, NamedSharding) and x.sharding.mesh == mesh and
+                    x.sharding.is_equivalent_to(everywhere, x.ndim))
+  return jax.tree.map(
+      lambda x: x if kept(x) else jax.device_put(x, everywhere), tree)
 
 
 def batch_sharding(mesh: Mesh, rules: LogicalAxisRules, ndim: int = 2

@@ -22,6 +22,7 @@ import pytest
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import partitioning
+from specdec_jax.experiments import reproduce
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # 8 devices (XLA's optimization level 0 comes with the suite's XLA_FLAGS,
@@ -254,6 +255,28 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   assert len(embedder) == len(target) > 0
   assert all(a is b for a, b in zip(embedder, target))
   assert placed.draft_params['keys'].sharding == NamedSharding(part.mesh, P())
+
+
+@pytest.mark.parametrize('kind', ['t5', 'tree'])
+def test_jobs_on_one_mesh_share_the_models_placed_arrays(kind):
+  """A sweep's jobs on one mesh (setups that differ in their drafting,
+  one `loading.LoadCache`) decode with the same placed arrays, target and
+  draft model, not a copy per job (on an accelerator: the drafter once per
+  device, not once per cell). In-process, on this one device's mesh."""
+  part = partitioning.Partitioner(num_partitions=1)
+  cache = loading.LoadCache()
+  setup = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
+                               'dec2', gamma=2)
+  if kind == 'tree':
+    setup = setup.replace(drafter='tree', tree='beam:2,2,3')
+  first, second = (eval_lib.load(s, partitioner=part, cache=cache)
+                   for s in (setup, setup.replace(gamma=1)))
+  for name in ('target_params', 'draft_params'):
+    mine, theirs = (jax.tree.leaves(getattr(x, name)) for x in (first,
+                                                                 second))
+    assert len(mine) == len(theirs) > 0
+    assert all(a is b for a, b in zip(mine, theirs)), name
+  assert cache.loads['target'] == 1
 
 
 def test_the_global_mesh_is_every_processs_devices():
