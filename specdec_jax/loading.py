@@ -545,9 +545,9 @@ class LoadCache:
   - the drafters built from a task's train split alone (n-gram tables) by
     kind, task, data folder, vocabulary and train examples read.
   A model placed by shardings (a job on a mesh: the target, a draft model)
-  is kept under them too: the jobs on one mesh share its placed arrays. An output cache is not kept:
-  each job grows its own. Params are returned in fresh
-  containers (the arrays are shared; nothing here writes into them).
+  is kept under them too: the jobs on one mesh share its placed arrays. An
+  output cache is not kept: each job grows its own. Params are returned in
+  fresh containers (the arrays are shared; nothing here writes into them).
   """
 
   def __init__(self, max_models: int = 3):

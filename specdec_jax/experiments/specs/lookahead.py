@@ -5,15 +5,15 @@ input: one target call on 2 gamma + 1 tokens verifies the last drafts and
 drafts the next gamma (the merged loop: no drafter call, gamma <= L). Each
 cell is the eval job at batch 1, t = 0 and 1, with the model set's
 embeddings (shipped: `shipped:lookahead/<task>`, L = 8, trained by
-scripts/train_pass.py on the target's outputs of test rows 64:256: the
-rows decoded here, the first, are held out; another model set:
-`<models_dir>/lookahead/<task>`, a train_pass.py --out_dir) at gamma = L =
-1 .. 8; the same embeddings in PaSS's tree layout (kind 'pass_tree': a
-group of slots after each draft, (gamma + 1)^2 tokens a call, no recovery
-call after a rejection) at gamma 1 .. 4; and prompt lookup (kind 'lookup',
-gamma 4, drafted by copying) for reference. The table shows per cell the tokens per target call, alpha,
-the mean accepted length, the measured speed-up and the speed-up these
-counters predict on a measured hardware profile.
+scripts/train_pass.py on the target's outputs of test rows 64:256: the rows
+decoded here, the first, are held out; another model set:
+`<models_dir>/lookahead/<task>`, a train_pass.py --out_dir) at gamma = L = 1
+.. 8; the same embeddings in PaSS's tree layout (kind 'pass_tree': a group
+of slots after each draft, (gamma + 1)^2 tokens a call, no recovery call
+after a rejection) at gamma 1 .. 4; and prompt lookup (kind 'lookup', gamma
+4, drafted by copying) for reference. The table shows per cell the tokens
+per target call, alpha, the mean accepted length, the measured speed-up and
+the speed-up these counters predict on a measured hardware profile.
 """
 
 from specdec_jax.experiments import sweep
