@@ -560,6 +560,13 @@ def _files(folder, skip=()):
                 if p.is_file() and p.name not in skip)
 
 
+# A restore of a damaged checkpoint that orbax abandons may leave
+# tensorstore reads in flight on its closed event loop: Python then reports
+# "Event loop is closed" from a callback (docs/eval.md's table of errors),
+# harmless and timing-dependent.
+@pytest.mark.filterwarnings(
+    'ignore:(?s)Exception ignored in.*Event loop is closed'
+    ':pytest.PytestUnraisableExceptionWarning')
 def test_no_flipped_byte_loads_different_weights(tmp_path):
   """One flipped byte in a checkpoint must never give other weights.
 
