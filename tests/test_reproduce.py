@@ -320,9 +320,9 @@ def test_a_drafters_profile_name_is_its_stand_ins_at_the_papers_costs():
   two profiles read alike; elsewhere, and for a drafter it never timed,
   the drafter's own name."""
   assert at_xxl_cost.STAND_INS['small'] == 'small@t5_1_1_small_cost'
-  for models in reproduce.AT_XXL_COST:
-    assert reproduce.profile_name(models, 'small') == (
+  for model_set in reproduce.AT_XXL_COST:
+    assert reproduce.profile_name(model_set, 'small') == (
         'small@t5_1_1_small_cost')
-    assert reproduce.profile_name(models, 'small', shrink=True) == 'small'
-    assert reproduce.profile_name(models, 'base') == 'base'
+    assert reproduce.profile_name(model_set, 'small', shrink=True) == 'small'
+    assert reproduce.profile_name(model_set, 'base') == 'base'
   assert reproduce.profile_name('shipped', 'small') == 'small'
