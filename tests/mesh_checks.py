@@ -105,9 +105,9 @@ def _decode(target, params, drafter, draft_params, inputs, sampling, rng,
 def _self_drafting(model, params, target, s_params, part, inputs, key):
   """Kinds that draft with the target itself, greedy on 2 x 4 (their loops
   call the sharded target with look-ahead slots, in PaSS's tree layout, for
-  final states and on a tree), and the baseline streaming 8 examples through 4 slots (refills of
-  the default sizes, 2 and 4 rows: multiples of 'data'), against one
-  device's baseline."""
+  final states and on a tree), and the baseline streaming 8 examples
+  through 4 slots (refills of the default sizes, 2 and 4 rows: multiples of
+  'data'), against one device's baseline."""
   out = {}
   t0 = time.perf_counter()
   for kind in ('pass', 'pass_tree', 'heads_tree'):

@@ -103,6 +103,10 @@ class Options:
   num_partitions: Optional[int] = None  # a mesh's 'model' axis (the job's)
   global_mesh: bool = False  # the mesh of every process's devices
 
+  @property
+  def meshed(self) -> bool:  # the cells on a mesh, not one device
+    return self.num_partitions is not None or self.global_mesh
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -123,9 +127,7 @@ class Spec:
     plot: draws the results' png: `plot(result, path)`, or None.
     measurements: the spec's own named measurements, beside
       `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
-      setup fields it depends on)); a fn that names a keyword `records`
-      or `timing_repeats` is given the decoded cell's records and the
-      run's timing repeats (`measured`).
+      setup fields it depends on); the keywords a fn may name: `measured`).
     decode: False: a cell is its measurements alone, on its setup built
       as the job builds it (no decode, no summary figures: the profile).
     finish: `finish(result, out)` once every cell ran, before the results'
@@ -321,8 +323,7 @@ def results_name(options: Options) -> str:
   results folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn',
   'xxl_cost_partitions-4', 'xxl_cost_partitions-8-global')."""
   mesh = (f'partitions-{options.num_partitions or 1}' + (
-      '-global' if options.global_mesh else ''),) if (
-          options.num_partitions is not None or options.global_mesh) else ()
+      '-global' if options.global_mesh else ''),) if options.meshed else ()
   return '_'.join((options.models,) + tuple(
       f.replace('=', '-') for f in options.model_fields) + mesh)
 
@@ -367,10 +368,9 @@ def run_cells(models, group: Sequence[Cell], options: Options,
   own folder (resuming it): one baseline decode a unit, timed alternately
   with every cell's speculative decode (`eval.evaluate_together`).
 
-  `cache`: the run's `loading.LoadCache` (models and examples loaded by an
-  earlier cell are not loaded again), or None. `decode` False: the cells'
-  measurements only (`Spec.decode`). `partitioner`: the cells' mesh, or
-  None.
+  `cache`: the run's `loading.LoadCache` (what an earlier cell loaded is
+  not loaded again), or None. `decode` False: the cells' measurements only
+  (`Spec.decode`). `partitioner`: the cells' mesh, or None.
 
   Returns:
     Per cell: (the job's summary, or None without a decode; {measurement
@@ -425,8 +425,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
   clock = budget.Clock(options.max_minutes)
   cache = loading.LoadCache()  # the cells share their models and examples
   partitioner = partitioning.Partitioner(
-      options.num_partitions, global_mesh=options.global_mesh) if (
-          options.num_partitions is not None or options.global_mesh) else None
+      options.num_partitions,
+      global_mesh=options.global_mesh) if options.meshed else None
   result = table.new_result(spec, options, command, partitioner)
   order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
   plan_groups = groups(models, cells, options)

@@ -133,7 +133,7 @@ def build(source: registry.DraftSource, tree: bool = False):
                       '(DRAFT_CHECKPOINT); using untrained embeddings.', name)
       lookahead = init_lookahead(source.target_params, DEFAULT_LOOKAHEAD)
   big_l = check_lookahead(lookahead, model.config)
-  return (PassDrafter(model, big_l, tree),
+  return (PassDrafter(model, big_l, tree=tree),
           pass_params(source.target_params, lookahead))
 
 
