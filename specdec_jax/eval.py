@@ -336,15 +336,21 @@ def load(setup: EvalSetup, task=None, partitioner=None,
   if partitioner is not None:  # The models are placed straight into them.
     shardings = partitioner.param_shardings(
         network.T5Model(setup.decoding_config))
-    if setup.draft.drafter_kind.needs_model and not shard_drafter:
-      draft_shardings = partitioner.param_shardings(  # replicated
+    if setup.draft.drafter_kind.needs_model:
+      draft_shardings = partitioner.param_shardings(
           network.T5Model(setup.draft.decoding_config),
-          partitioning.data_parallel_rules())
+          _draft_rules(shard_drafter))
   loaded = loading.build(setup, task=task, target_shardings=shardings,
                          cache=cache, draft_shardings=draft_shardings)
   if partitioner is not None:
     loaded = shard_loaded(loaded, partitioner, shard_drafter)
   return loaded
+
+
+def _draft_rules(shard_drafter: bool):
+  """A draft model's rules: the target's (None: the partitioner's) or
+  data-parallel ones (its weights replicated on every device)."""
+  return None if shard_drafter else partitioning.data_parallel_rules()
 
 
 def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
@@ -364,9 +370,8 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
   target_params = partitioner.shard_params(loaded.target_params, target)
   drafter, draft_params = loaded.drafter, loaded.draft_params
   if isinstance(drafter, drafters.T5Drafter):
-    rules = None if shard_drafter else partitioning.data_parallel_rules()
-    drafter = dataclasses.replace(
-        drafter, model=partitioner.sharded_model(drafter.model, rules))
+    drafter = dataclasses.replace(drafter, model=partitioner.sharded_model(
+        drafter.model, _draft_rules(shard_drafter)))
     draft_params = partitioner.shard_params(draft_params, drafter.model)
   else:
     draft_params = partitioner.replicate_sharing(

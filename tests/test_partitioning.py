@@ -257,11 +257,12 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   assert placed.draft_params['keys'].sharding == NamedSharding(part.mesh, P())
 
 
-@pytest.mark.parametrize('kind', ['t5', 'tree'])
+@pytest.mark.parametrize('kind', ['t5', 'tree', 't5_sharded'])
 def test_jobs_on_one_mesh_share_the_models_placed_arrays(kind):
   """A sweep's jobs on one mesh (setups that differ in their drafting,
   one `loading.LoadCache`) decode with the same placed arrays, target and
-  draft model, not a copy per job (on an accelerator: the drafter once per
+  draft model (replicated, or sharded by the target's rules), not a copy
+  per job (on an accelerator: the drafter once per
   device, not once per cell). In-process, on this one device's mesh."""
   part = partitioning.Partitioner(num_partitions=1)
   cache = loading.LoadCache()
@@ -269,7 +270,8 @@ def test_jobs_on_one_mesh_share_the_models_placed_arrays(kind):
                                'dec2', gamma=2)
   if kind == 'tree':
     setup = setup.replace(drafter='tree', tree='beam:2,2,3')
-  first, second = (eval_lib.load(s, partitioner=part, cache=cache)
+  first, second = (eval_lib.load(s, partitioner=part, cache=cache,
+                                 shard_drafter=kind == 't5_sharded')
                    for s in (setup, setup.replace(gamma=1)))
   for name in ('target_params', 'draft_params'):
     mine, theirs = (jax.tree.leaves(getattr(x, name)) for x in (first,
