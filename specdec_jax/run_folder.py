@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -657,10 +658,12 @@ def process_0_first(make: Callable[[], Any]) -> Any:
   return make()
 
 
+@functools.lru_cache(maxsize=None)
 def job_processes_here() -> Tuple[int, ...]:
   """The pids of the other processes of this `jax.distributed` run on
-  this machine (every process must call it: a gather of each one's host
-  name digest and pid); () in a run of one process."""
+  this machine (every process must make the first call: a gather of each
+  one's host name digest and pid; later calls return it); () in a run of
+  one process."""
   if jax.process_count() == 1:
     return ()
   host = int.from_bytes(hashlib.sha256(socket.gethostname().encode()
