@@ -244,7 +244,8 @@ def test_a_benchmark_spec_on_one_mesh_spanning_two_processes(tmp_path):
          f'--process_id={i}'] for i in range(2)], devices=2)
   folder = tmp_path / 'table2' / 'xxl_cost_partitions-4-global'
   result = json.loads((folder / 'results.json').read_text())
-  assert result['mesh'] == {'data': 1, 'model': 4, 'processes': 2}
+  assert result['mesh'] == {'data': 1, 'model': 4, 'processes': 2,
+                            'shard_drafter': False}
   [row], [theirs] = result['rows'], alone['rows']
   assert row['status'] == 'complete' and row['differing_examples'] == 0
   assert row['speculative_tokens'] == theirs['speculative_tokens']

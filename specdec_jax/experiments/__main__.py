@@ -1,28 +1,14 @@
 r"""Runs a benchmark spec: `python -m specdec_jax.experiments run <spec>`.
 
   python -m specdec_jax.experiments list
-  python -m specdec_jax.experiments run batches [--models shipped]
-      [--tasks en_de] [--num_examples N] [--repeats R] [--shrink]
-      [--only CELL] [--where FIELD=VALUE] [--work_dir DIR]
-      [--out results/batches/shipped]
-      [--max_minutes M] [--profile nvidia-h100-80gb-hbm3 | none]
-  python -m specdec_jax.experiments run table2 --models paper \
-      --checkpoints en_de_xxl=gs://...,en_de_small=gs://...
   python -m specdec_jax.experiments run table2 --models xxl_cost [--shrink]
-  python -m specdec_jax.experiments run table2 --models xxl_cost \
-      --where batch_gamma=always     # a row per drafter: the rule's gamma
-  python -m specdec_jax.experiments run table2 --models xxl_cost \
-      --num_partitions 4             # on a ('data', 'model') device mesh
-  python -m specdec_jax.experiments repredict results/batches/shipped.json
+      [--tasks en_de] [--where batch_gamma=always] [--num_partitions 4]
+  python -m specdec_jax.experiments repredict results/table2/shipped.json
 
 Every cell of a spec is the eval job on its setup (`sweep`); a rerun
-resumes (the cells' folders are in --work_dir). `--shrink` runs the spec on
-tiny rows (the tests' run; its results go into the work folder unless
---out is given). `--only CELL` decodes one cell (its name as the results
-list it); `--where FIELD=VALUE` (repeatable; 'a|b' for either) the cells
-whose field (a column of the results) has that value.
-On a mesh (`--num_partitions`, `--global_mesh`): docs/experiments.md.
-`repredict` recomputes a results file's predicted figures (measuring none).
+resumes (the cells' folders are in --work_dir). `repredict` recomputes a
+results file's predicted figures (measuring none). The flags: `--help`;
+the specs, the model sets and the mesh: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -89,6 +75,9 @@ def parse_args(argv: Sequence[str]):
                  help="the cells on a mesh: its 'model' axis size")
   r.add_argument('--global_mesh', action='store_true',
                  help="the cells on one mesh of every process's devices")
+  r.add_argument('--shard_drafter', action='store_true',
+                 help="on the mesh, a T5 drafter sharded as the target is "
+                 '(default: replicated)')
   eval_lib.add_process_flags(r)
   flags.add_prediction_flags(r, optional=True, repredict=False)
   q = sub.add_parser('repredict', help="a results file's predicted figures "
@@ -125,7 +114,8 @@ def main(argv: Optional[Sequence[str]] = None):
       work_dir=args.work_dir, models_dir=args.models_dir,
       checkpoints=args.checkpoints, data_dir=args.data_dir,
       max_minutes=args.max_minutes, model_fields=tuple(args.model_fields),
-      num_partitions=args.num_partitions, global_mesh=args.global_mesh)
+      num_partitions=args.num_partitions, global_mesh=args.global_mesh,
+      shard_drafter=args.shard_drafter)
   return sweep.run(spec, options, profile=profile, command=command,
                    out=args.out)
 

@@ -102,10 +102,12 @@ class Options:
   model_fields: Tuple[str, ...] = ()  # 'field=value' of every T5Config
   num_partitions: Optional[int] = None  # a mesh's 'model' axis (the job's)
   global_mesh: bool = False  # the mesh of every process's devices
+  shard_drafter: bool = False  # a T5 drafter sharded as the target is
 
   @property
   def meshed(self) -> bool:  # the cells on a mesh, not one device
-    return self.num_partitions is not None or self.global_mesh
+    return (self.num_partitions is not None or self.global_mesh or
+            self.shard_drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,10 +219,12 @@ def take(fn, loaded: loading.Loaded, inputs: np.ndarray,
 
 
 def built(setup: loading.EvalSetup, cache: Optional[loading.LoadCache] = None,
-          partitioner=None) -> Tuple[loading.Loaded, np.ndarray]:
+          partitioner=None, shard_drafter: bool = False
+          ) -> Tuple[loading.Loaded, np.ndarray]:
   """The setup built as the job builds it (`eval.load`: on the mesh, from
   `cache` when given) and its first batch's inputs."""
-  loaded = eval_lib.load(setup, partitioner=partitioner, cache=cache)
+  loaded = eval_lib.load(setup, partitioner=partitioner, cache=cache,
+                         shard_drafter=shard_drafter)
   return loaded, first_inputs(setup, loaded.task, cache)
 
 
@@ -323,7 +327,9 @@ def results_name(options: Options) -> str:
   results folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn',
   'xxl_cost_partitions-4', 'xxl_cost_partitions-8-global')."""
   mesh = (f'partitions-{options.num_partitions or 1}' + (
-      '-global' if options.global_mesh else ''),) if options.meshed else ()
+      '-global' if options.global_mesh else '') + (
+          '-shard_drafter' if options.shard_drafter else ''),
+          ) if options.meshed else ()
   return '_'.join((options.models,) + tuple(
       f.replace('=', '-') for f in options.model_fields) + mesh)
 
@@ -381,11 +387,12 @@ def run_cells(models, group: Sequence[Cell], options: Options,
       [(setup, str(folder / 'cells' / cell.name), setup.describe())
        for cell, setup in zip(group, setups)],
       timing_repeats=options.timing_repeats, cache=cache,
-      partitioner=partitioner) if decode else [None] * len(group)
+      partitioner=partitioner, shard_drafter=options.shard_drafter
+  ) if decode else [None] * len(group)
   out = []
   for cell, setup, summary in zip(group, setups, summaries):
-    load = functools.cache(functools.partial(built, setup, cache,
-                                             partitioner))  # once
+    load = functools.cache(functools.partial(
+        built, setup, cache, partitioner, options.shard_drafter))  # once
     context = {'timing_repeats': options.timing_repeats}
     if decode and cell.measure:
       context['records'] = sorted(

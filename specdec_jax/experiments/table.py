@@ -50,7 +50,8 @@ def new_result(spec, options, command: str, partitioner=None
                ) -> Dict[str, Any]:
   """An empty results dict with its header (and the cells' mesh)."""
   mesh = {} if partitioner is None else {'mesh': dict(
-      partitioner.mesh.shape, processes=jax.process_count())}
+      partitioner.mesh.shape, processes=jax.process_count(),
+      shard_drafter=options.shard_drafter)}
   return dict(
       format=FORMAT, spec=spec.name, title=spec.title,
       models=options.models, command=report.portable(command),
@@ -251,7 +252,9 @@ def markdown(spec, result: Dict[str, Any]) -> str:
            f"Machine: {result['machine']}  "]
   if result.get('mesh'):
     lines.append('Mesh: {data} data x {model} model, {processes} '
-                 'process(es)  '.format(**result['mesh']))
+                 'process(es)'.format(**result['mesh']) + (
+                     ', a T5 drafter sharded' if result['mesh'].get(
+                         'shard_drafter') else '') + '  ')
   loads = [r['other_load_cores'] for r in result['rows']
            if r.get('other_load_cores') is not None]
   if loads:  # how busy other processes kept the machine (the job's)

@@ -91,11 +91,12 @@ def _tiny(changes=None, variants=('tiny',)):
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
   """Two cells of one setup, run as a sweep on a mesh (this one device's:
-  the job's mesh path), counting checkpoint loads."""
+  the job's mesh path; the T5 drafter sharded as the target is), counting
+  checkpoint loads."""
   root = tmp_path_factory.mktemp('sweep')
   spec = _tiny(variants=('a', 'b'))
   options = sweep.Options(tasks=('en_de',), work_dir=str(root / 'work'),
-                          num_partitions=1)
+                          num_partitions=1, shard_drafter=True)
   loads = []
   with pytest.MonkeyPatch.context() as patch, loads_every_time():
     load = loading.checkpoints.load_t5x_params
@@ -113,9 +114,14 @@ def test_a_sweep_loads_each_checkpoint_once(tiny_run):
   _, options, root, result, loads = tiny_run
   assert len(result['rows']) == 2
   assert len(loads) == len(set(loads)) == 2, loads
-  assert result['mesh'] == {'data': 1, 'model': 1, 'processes': 1}
-  assert sweep.results_name(options) == 'shipped_partitions-1'
-  assert 'Mesh: 1 data x 1 model' in (root / 'out' / 'shipped.md').read_text()
+  assert result['mesh'] == {'data': 1, 'model': 1, 'processes': 1,
+                            'shard_drafter': True}
+  assert sweep.results_name(options) == 'shipped_partitions-1-shard_drafter'
+  assert 'Mesh: 1 data x 1 model, 1 process(es), a T5 drafter sharded' in (
+      root / 'out' / 'shipped.md').read_text()
+  cells = list((root / 'work').glob('*/*/cells/*'))  # as each job ran
+  assert len(cells) == 2 and all(json.loads((c / 'run.json').read_text())[
+      'identity']['mesh']['shard_drafter'] is True for c in cells)
 
 
 def test_the_load_cache_keeps_its_most_recent_models():
