@@ -18,7 +18,9 @@ body once: per-step figures come from step programs (`T5Model.extend`).
 
 Programs (`program_names()`): 'baseline', one per drafter kind of
 `drafters.KINDS` (the chain loop, or the kind's merged or tree loop),
-'stream_baseline' and 'stream:<kind>' (`streaming`). A TPU v4 chip's two
+'stream_baseline' and 'stream:<kind>' (`streaming`); and 'widen', the
+drafter's config widened to the target's straight into its shardings
+(`widening.into`: what a device holds of an XXL-cost target). A TPU v4 chip's two
 TensorCores are two compile-only devices (a TPU VM runs them as one), so a
 program spans both ('model' axis) and is held against one core's HBM.
 
@@ -60,6 +62,7 @@ from specdec_jax import partitioning
 from specdec_jax import program_cost
 from specdec_jax import programs
 from specdec_jax import speculative
+from specdec_jax import widening
 from specdec_jax.bench import report
 from specdec_jax.sampling import SamplingConfig
 
@@ -362,11 +365,11 @@ def program_names() -> Tuple[str, ...]:
 
 def _check_program(name: str) -> None:
   kind = name.split(':', 1)[1] if name.startswith('stream:') else name
-  if name not in ('baseline', 'stream_baseline') and (
+  if name not in ('baseline', 'stream_baseline', 'widen') and (
       kind not in drafters.KINDS):
     raise ValueError(f'unknown program {name!r}; programs: baseline, '
                      f'stream_baseline, a drafter kind '
-                     f'({", ".join(drafters.KINDS)}) or stream:<kind>')
+                     f'({", ".join(drafters.KINDS)}), stream:<kind> or widen')
 
 
 def _models(setup: Setup, part):
@@ -401,6 +404,12 @@ def lower_program(name: str, setup: Setup, part) -> Tuple[
 
 def _lower(name: str, setup: Setup, part):
   target, draft = _models(setup, part)
+  if name == 'widen':  # the draft's config widened into the target's
+    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    return widening.into(part.param_shardings(target)).lower(  # shardings
+        abstract_params(draft, part, setup.param_dtype), key,
+        jax.ShapeDtypeStruct((), jnp.float32),
+        *widening.statics(setup.draft, setup.target, 0.02)), {}
   params = abstract_params(target, part, setup.param_dtype)
   stream = name.startswith('stream')
   inputs = tokens(part, 2 * setup.batch if stream else setup.batch,
@@ -549,9 +558,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--gamma', type=int, default=7)
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--programs', default='all',
-                      help="comma separated (program_names()), 'none', or "
-                      "'all': every program at the first batch, baseline "
-                      'and t5 at every batch')
+                      help="comma separated (program_names(), 'widen'), "
+                      "'none', or 'all': every program at the first batch, "
+                      'baseline and t5 at every batch')
   parser.add_argument('--num_partitions', type=int, default=None,
                       help="size of the 'model' axis (default: every chip)")
   parser.add_argument('--tree', default=None, help="the tree kinds' shape")

@@ -371,28 +371,41 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   References:
     Chen et al. Net2Net. arXiv:1511.05641.
   """
-  check_growth(config, new_config)
   if not noise >= 0:
     raise ValueError(f'noise must be >= 0, got {noise!r}.')
   if rng is None:
     rng = jax.random.key(0)
-  # Static configs (hashable: activations as a tuple); one compiled program
-  # per pair of configs instead of hundreds of eagerly dispatched ops.
-  config, new_config = (
-      cfg.replace(mlp_activations=tuple(cfg.mlp_activations))
-      for cfg in (config, new_config))
-  statics = (config, new_config, bool(noise > 0))
   if shardings is None:
-    return _widen_jit(params, rng, jnp.float32(noise), *statics)
-  # Inputs replicated on the mesh (from the host: a process's own arrays may
-  # not join a mesh that spans processes), outputs as asked.
+    return _widen_jit(params, rng, jnp.float32(noise),
+                      *statics(config, new_config, noise))
+  # Inputs from the host: a process's own arrays may not join a mesh that
+  # spans processes.
+  return into(shardings)(jax.device_get(params),
+                         np.asarray(jax.random.key_data(rng)),
+                         np.float32(noise), *statics(config, new_config, noise))
+
+
+def statics(config: T5Config, new_config: T5Config, noise: float
+            ) -> Tuple[T5Config, T5Config, bool]:
+  """The widening program's static arguments (configs hashable:
+  activations as a tuple), growth checked: one compiled program per pair
+  of configs instead of hundreds of eagerly dispatched ops."""
+  check_growth(config, new_config)
+  return (config.replace(mlp_activations=tuple(config.mlp_activations)),
+          new_config.replace(mlp_activations=tuple(
+              new_config.mlp_activations)), bool(noise > 0))
+
+
+def into(shardings):
+  """`widen`'s program writing the widened tree straight into `shardings`
+  (a tree of `NamedSharding`s on one mesh), its inputs replicated there:
+  `into(s)(params, the noise key's raw data, noise, *statics(...))`, or
+  `.lower` on shapes (`python -m specdec_jax.compiled --programs=widen`:
+  bytes per device of an XXL-cost widening on a TPU slice)."""
   mesh = jax.tree.leaves(shardings)[0].mesh
   everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return jax.jit(_widen_keyed, static_argnums=(3, 4, 5),
-                 in_shardings=everywhere, out_shardings=shardings)(
-                     jax.device_get(params),
-                     np.asarray(jax.random.key_data(rng)), np.float32(noise),
-                     *statics)
+                 in_shardings=everywhere, out_shardings=shardings)
 
 
 def _widen(params: Params, rng: Array, noise: Array, config: T5Config,

@@ -174,3 +174,24 @@ def test_cpu_stays_the_default_backend_with_libtpu_installed():
       [sys.executable, '-c', 'import jax; print(jax.default_backend())'],
       capture_output=True, text=True, timeout=120, check=True)
   assert out.stdout.strip() == 'cpu', out.stderr[-2000:]
+
+
+def test_a_widening_writes_each_device_its_shard():
+  """'widen' (a small model widened to the target's config, as the
+  'xxl_cost' models are) writes each device its shard of the widened
+  tree, from the small model replicated: its output bytes per device are
+  the target's shard, not the whole (as on a mesh without a 'model'
+  axis)."""
+  small = TINY.replace(emb_dim=128, num_heads=2, mlp_dim=256)
+  setup = compiled.Setup(target=TINY, draft=small, param_dtype='float32')
+  target = compiled.get_target(TARGET)
+  out = {n: compiled.compile_program('widen', setup, target, num_partitions=n)
+         for n in (1, 2)}
+  assert all(f['compiled'] for f in out.values()), out
+  mem = {n: f['memory'] for n, f in out.items()}
+  shard = _param_bytes_per_device(TINY, MODEL_AXES)
+  whole = _param_bytes_per_device(TINY, {})
+  assert abs(mem[2]['output_bytes'] - shard) <= PAD, (mem, shard)
+  assert abs(mem[1]['output_bytes'] - whole) <= PAD, (mem, whole)
+  source = _param_bytes_per_device(small, {})
+  assert abs(mem[2]['argument_bytes'] - (source + 8 + 4)) <= PAD, mem
