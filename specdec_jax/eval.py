@@ -336,10 +336,11 @@ def load(setup: EvalSetup, task=None, partitioner=None,
   if partitioner is not None:  # The models are placed straight into them.
     shardings = partitioner.param_shardings(
         network.T5Model(setup.decoding_config))
-    if setup.draft.drafter_kind.needs_model:
+    kind = setup.draft.drafter_kind
+    if kind.needs_model:  # sharded: a T5 drafter's alone (`shard_loaded`)
       draft_shardings = partitioner.param_shardings(
           network.T5Model(setup.draft.decoding_config),
-          _draft_rules(shard_drafter))
+          _draft_rules(shard_drafter and kind is drafters.KINDS['t5']))
   loaded = loading.build(setup, task=task, target_shardings=shardings,
                          cache=cache, draft_shardings=draft_shardings)
   if partitioner is not None:

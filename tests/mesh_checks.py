@@ -237,10 +237,30 @@ def main(out_path, fixtures=None):
       'widened', widening.widen(params, CONFIG, big, noise=0.1),
       widening.widen(params, CONFIG, big, noise=0.1, shardings=(
           part4.param_shardings(network.T5Model(big)))))
+  out['shared_drafter'] = _shared_drafter(part4)
   if fixtures:
     out['checkpoint'] = _checkpoint_checks(fixtures, part4)
   with open(out_path, 'w') as f:
     json.dump(out, f)
+
+
+def _shared_drafter(part):
+  """Two jobs of a tree drafter on the mesh with `shard_drafter` (one
+  `LoadCache`): the leaves of their draft params that are the same arrays
+  (a tree's draft model is replicated, shard_drafter or not), of all."""
+  from specdec_jax import eval as eval_lib
+  from specdec_jax import loading
+  from specdec_jax.experiments import reproduce
+  setup = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
+                               'dec2', gamma=2, drafter='tree',
+                               tree='beam:2,2,3')
+  cache = loading.LoadCache()
+  first, second = (jax.tree.leaves(eval_lib.load(
+      s, partitioner=part, cache=cache, shard_drafter=True).draft_params)
+                   for s in (setup, setup.replace(gamma=1)))
+  return {'shared': sum(a is b for a, b in zip(first, second)),
+          'leaves': len(first),
+          'replicated': all(a.sharding.is_fully_replicated for a in first)}
 
 
 def _checkpoint_checks(fixtures, part):

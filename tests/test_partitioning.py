@@ -257,6 +257,14 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   assert placed.draft_params['keys'].sharding == NamedSharding(part.mesh, P())
 
 
+def test_a_tree_drafters_model_is_shared_by_jobs_asked_to_shard_it(mesh):
+  """`shard_drafter` shards a T5 drafter's model; a tree drafter's stays
+  replicated (`eval.shard_loaded`), and is loaded so (2 x 4 mesh): jobs on
+  one mesh hold it once, not a copy each."""
+  res = mesh['shared_drafter']
+  assert res['shared'] == res['leaves'] > 0 and res['replicated'], res
+
+
 @pytest.mark.parametrize('kind', ['t5', 'tree', 't5_sharded'])
 def test_jobs_on_one_mesh_share_the_models_placed_arrays(kind):
   """A sweep's jobs on one mesh (setups that differ in their drafting,
