@@ -20,9 +20,10 @@ Programs (`program_names()`): 'baseline', one per drafter kind of
 `drafters.KINDS` (the chain loop, or the kind's merged or tree loop),
 'stream_baseline' and 'stream:<kind>' (`streaming`); and 'widen', the
 drafter's config widened to the target's straight into its shardings
-(`widening.into`: what a device holds of an XXL-cost target). A TPU v4 chip's two
-TensorCores are two compile-only devices (a TPU VM runs them as one), so a
-program spans both ('model' axis) and is held against one core's HBM.
+(`widening.into`: what a device holds of an XXL-cost target). A TPU v4
+chip's two TensorCores are two compile-only devices (a TPU VM runs them as
+one), so a program spans both ('model' axis) and is held against one
+core's HBM.
 
 `python -m specdec_jax.compiled --target=<target> [flags]` prints each
 program's bytes per device and fit; `--iterations`, the per-iteration cost
@@ -406,10 +407,10 @@ def _lower(name: str, setup: Setup, part):
   target, draft = _models(setup, part)
   if name == 'widen':  # the draft's config widened into the target's
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
-    return widening.into(part.param_shardings(target)).lower(  # shardings
-        abstract_params(draft, part, setup.param_dtype), key,
-        jax.ShapeDtypeStruct((), jnp.float32),
-        *widening.statics(setup.draft, setup.target, 0.02)), {}
+    return widening.into(part.param_shardings(target)).lower(  # shardings,
+        abstract_params(draft, part, setup.param_dtype), key,  # as a job's
+        jax.ShapeDtypeStruct((), jnp.float32),  # (no noise: `load_target`)
+        *widening.statics(setup.draft, setup.target, 0.0)), {}
   params = abstract_params(target, part, setup.param_dtype)
   stream = name.startswith('stream')
   inputs = tokens(part, 2 * setup.batch if stream else setup.batch,

@@ -371,18 +371,18 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   References:
     Chen et al. Net2Net. arXiv:1511.05641.
   """
+  args = statics(config, new_config, noise)
   if not noise >= 0:
     raise ValueError(f'noise must be >= 0, got {noise!r}.')
   if rng is None:
     rng = jax.random.key(0)
   if shardings is None:
-    return _widen_jit(params, rng, jnp.float32(noise),
-                      *statics(config, new_config, noise))
+    return _widen_jit(params, rng, jnp.float32(noise), *args)
   # Inputs from the host: a process's own arrays may not join a mesh that
   # spans processes.
   return into(shardings)(jax.device_get(params),
                          np.asarray(jax.random.key_data(rng)),
-                         np.float32(noise), *statics(config, new_config, noise))
+                         np.float32(noise), *args)
 
 
 def statics(config: T5Config, new_config: T5Config, noise: float
