@@ -26,6 +26,8 @@ from specdec_jax import network
 from tools.accelerator import aot
 from tools.accelerator import stored
 
+pytestmark = pytest.mark.usefixtures('fast_xz_packs')
+
 
 def tiny_decode_program():
   """A tiny T5's greedy decode as a function of its dynamic arguments, its

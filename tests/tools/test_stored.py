@@ -31,6 +31,8 @@ from specdec_jax.experiments.specs import trees
 from tools.accelerator import aot
 from tools.accelerator import stored
 
+pytestmark = pytest.mark.usefixtures('fast_xz_packs')
+
 # Shrunk further: the profile's t(k), a model-free drafter's c and a tree
 # level; one Table 3 cell (greedy, the model-free drafter).
 PROFILE = dataclasses.replace(profile.SPEC, cells=lambda o, t: [
