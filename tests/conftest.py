@@ -371,6 +371,16 @@ def tpu_v5e():
   return _compile_only('tpu:v5e:1x1')
 
 
+@pytest.fixture(scope='session')
+def torch():
+  """torch, with transformers, for the tests that run HF's model: imported
+  here, not at collection, which every xdist worker does for every file
+  (~1.2 s). Both are in the test extra, which CI installs."""
+  reason = 'HF transformers\' T5 is the referee: pip install -e ".[test]"'
+  pytest.importorskip('transformers', reason=reason)
+  return pytest.importorskip('torch', reason=reason)
+
+
 @pytest.fixture
 def fast_xz_packs(monkeypatch):
   """The box's stores packed at xz preset 0, not `aot.XZ_PRESET` (9): what

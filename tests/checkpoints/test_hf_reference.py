@@ -15,15 +15,6 @@ from specdec_jax.checkpoints import hf as hf_lib
 from conftest import teacher_forced_logits  # pylint: disable=g-bad-import-order
 
 
-@pytest.fixture(scope='module')
-def torch():
-  """torch (with transformers), imported by the tests that run HF's model:
-  not at collection, which every xdist worker does for every file."""
-  pytest.importorskip('transformers')
-  return pytest.importorskip(
-      'torch', reason='install the test extra: pip install -e ".[test]"')
-
-
 def _inputs(vocab, seed=0):
   rng = np.random.default_rng(seed)
   enc = rng.integers(2, vocab, (3, 12))

@@ -16,14 +16,7 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import hf
 
 
-
-@pytest.fixture(autouse=True)
-def torch():
-  """The spec runs HF's model: torch and transformers, imported here, not
-  at collection, which every xdist worker does for every file (~1.5 s)."""
-  pytest.importorskip('transformers')
-  return pytest.importorskip(
-      'torch', reason='install the test extra: pip install -e ".[test]"')
+pytestmark = pytest.mark.usefixtures('torch')
 
 
 def test_hf_spec_times_hf_on_the_examples_the_cell_decoded(tmp_path):
