@@ -242,12 +242,16 @@ def unlisted(root: str, files: Mapping[str, Mapping[str, Any]],
 
 def differing_arrays(arrays: Mapping[str, Mapping[str, Any]],
                      flat: Mapping[str, Any]) -> List[str]:
-  """Names of the recorded arrays that `flat` lacks or holds otherwise."""
+  """Names of the recorded arrays that `flat` lacks or holds otherwise (a
+  value of `flat` may be the exception its read raised: it is named)."""
   bad = []
   for name, entry in arrays.items():
     value = flat.get(name)
     if value is None:
       bad.append(f'{name} (missing)')
+      continue
+    if isinstance(value, Exception):
+      bad.append(f'{name} (unreadable: {type(value).__name__})')
       continue
     value = np.asarray(value)
     if (value.dtype.name != entry['dtype'] or

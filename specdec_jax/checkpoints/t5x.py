@@ -237,12 +237,17 @@ def _absolute_kvstore(spec: Mapping[str, Any], ckpt_dir: str) -> dict:
     raise ValueError('tensorstore spec has no path')
   if kvstore.get('driver') not in ('file', 'gfile', 'gcs'):
     raise ValueError(f'unsupported kvstore driver {kvstore.get("driver")!r}')
-  rel = rel.rstrip('/') + '/'
-  if _storage.is_gcs(ckpt_dir):  # Written anywhere, read from this bucket.
-    bucket, prefix = _storage.split_gcs(ckpt_dir)
-    return {'driver': 'gcs', 'bucket': bucket,
-            'path': os.path.join(prefix, rel) if prefix else rel}
-  return {'driver': 'file', 'path': os.path.join(ckpt_dir, rel)}
+  # Written anywhere, read from this folder.
+  return _folder_kvstore(os.path.join(ckpt_dir, rel))
+
+
+def _folder_kvstore(folder: str) -> dict:
+  """The tensorstore kvstore of a local or gs:// folder."""
+  folder = folder.rstrip('/') + '/'
+  if _storage.is_gcs(folder):
+    bucket, prefix = _storage.split_gcs(folder)
+    return {'driver': 'gcs', 'bucket': bucket, 'path': prefix}
+  return {'driver': 'file', 'path': folder}
 
 
 def _zarr_spec(kvstore: dict, metadata: Optional[dict], dtype: Any) -> dict:
@@ -483,6 +488,37 @@ def _load_orbax(state_dir: str, shardings: Optional[Dict[str, Any]] = None,
   return {k: np.asarray(v) for k, v in flat.items()}
 
 
+def _read_orbax_each(state_dir: str) -> Dict[str, Any]:
+  """Each `target` array of an orbax OCDBT checkpoint, read on its own.
+
+  Names the damaged arrays of a checkpoint that failed its manifest check.
+  Every array is read with tensorstore and waited for before the next, so
+  no read outlives a failure: orbax's restore of a damaged checkpoint stops
+  its event loop with tensorstore reads of it still in flight.
+
+  Returns:
+    {'a/b': numpy array, or the exception that reading it raised}.
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  ocdbt = {'driver': 'ocdbt', 'base': _folder_kvstore(state_dir)}
+  drivers = {'/.zarray': 'zarr', '/zarr.json': 'zarr3'}
+  out: Dict[str, Any] = {}
+  for key in ts.KvStore.open(ocdbt).result().list().result():
+    key = key.decode()
+    found = [(key[:-len(end)], d) for end, d in drivers.items()
+             if key.endswith(end) and key.startswith('target.')]
+    for array, driver in found:
+      name = array[len('target.'):].replace('.', '/')
+      try:
+        out[name] = ts.open(
+            {'driver': driver, 'kvstore': dict(ocdbt, path=array + '/'),
+             'fill_missing_data_reads': False}).result().read().result()
+      except Exception as e:  # pylint: disable=broad-except
+        out[name] = e
+  return out
+
+
 # ----------------------------------------------------------------------------
 # Integrity: the checksum manifest.
 # ----------------------------------------------------------------------------
@@ -503,7 +539,8 @@ def _verify(folder: str, location: str,
   Args:
     folder: the checkpoint folder (`_checkpoint_folder`).
     location: what is read (named in the note on unverified checkpoints).
-    read: loads the flat params; called only to name the damaged arrays.
+    read: the flat params ({'a/b': array, or the exception reading it
+      raised}); called only to name the damaged arrays.
 
   Raises:
     CheckpointError: naming every missing, resized or changed file and the
@@ -648,7 +685,9 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
   load = _load_orbax if kind == 'orbax' else _load_msgpack
   read = lambda: load(location)
   if verify:
-    _verify(_checkpoint_folder(kind, location), location, read)
+    _verify(_checkpoint_folder(kind, location), location,
+            functools.partial(_read_orbax_each, location) if kind == 'orbax'
+            else read)
   if shardings is None:
     return params_from_flat(read(), location, config, dtype)
   flat_shardings = traverse_util.flatten_dict(shardings, sep='/')
