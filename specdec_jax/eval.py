@@ -336,16 +336,22 @@ def load(setup: EvalSetup, task=None, partitioner=None,
   if partitioner is not None:  # The models are placed straight into them.
     shardings = partitioner.param_shardings(
         network.T5Model(setup.decoding_config))
-    kind = setup.draft.drafter_kind
-    if kind.needs_model:  # sharded: a T5 drafter's alone (`shard_loaded`)
+    if setup.draft.drafter_kind.needs_model:  # placed as `shard_loaded` does
       draft_shardings = partitioner.param_shardings(
           network.T5Model(setup.draft.decoding_config),
-          _draft_rules(shard_drafter and kind is drafters.KINDS['t5']))
+          _draft_rules(shard_drafter and _sharded_drafter(setup)))
   loaded = loading.build(setup, task=task, target_shardings=shardings,
                          cache=cache, draft_shardings=draft_shardings)
   if partitioner is not None:
     loaded = shard_loaded(loaded, partitioner, shard_drafter)
   return loaded
+
+
+def _sharded_drafter(setup: EvalSetup) -> bool:
+  """Whether the setup's draft model is placed by the partitioner's rules
+  (a `drafters.T5Drafter`, the 't5' kind); any other drafter's params are
+  replicated on every device."""
+  return setup.draft.drafter_kind is drafters.KINDS['t5']
 
 
 def _draft_rules(shard_drafter: bool):
@@ -370,7 +376,7 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
   target = partitioner.sharded_model(loaded.target)
   target_params = partitioner.shard_params(loaded.target_params, target)
   drafter, draft_params = loaded.drafter, loaded.draft_params
-  if isinstance(drafter, drafters.T5Drafter):
+  if _sharded_drafter(loaded.setup):
     drafter = dataclasses.replace(drafter, model=partitioner.sharded_model(
         drafter.model, _draft_rules(shard_drafter)))
     draft_params = partitioner.shard_params(draft_params, drafter.model)

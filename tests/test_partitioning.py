@@ -246,7 +246,9 @@ def test_a_drafter_holding_the_targets_params_shares_its_placed_arrays(v11):
   model, params = v11
   part = partitioning.Partitioner(num_partitions=1)
   keys = jnp.ones((4, model.config.emb_dim))
-  loaded = loading.Loaded(setup=None, task=None, target=model,
+  heads = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
+                               'dec2', gamma=2).replace(drafter='heads')
+  loaded = loading.Loaded(setup=heads, task=None, target=model,
                           target_params=params, drafter=object(),
                           draft_params={'embedder': params, 'keys': keys})
   placed = eval_lib.shard_loaded(loaded, part, shard_drafter=False)
