@@ -57,7 +57,9 @@ that grew it (`run_folder.CacheCommit`), so a crash between any two writes
 resumes to the records and cache of an uninterrupted run. Ctrl-C (SIGINT) or SIGTERM ends the job with status
 'interrupted', an exception with 'failed' (both say how many examples are
 left; the exception is re-raised); 'complete' means every requested
-example has its record. A greedy row that differs from the baseline
+example has its record. A job killed (SIGKILL, out of memory) or aborted
+(jax.distributed, a peer lost) leaves the summary it wrote when it began:
+'unfinished: started <when> on <host> (pid <pid>) ...'. A greedy row that differs from the baseline
 is diagnosed (`diagnostics.diagnose`: teacher-forced float32 logits at the
 first difference): a numerical near-tie is counted and reported, a real
 mismatch marks the summary failed and the job raises `MismatchError` (exit
@@ -222,6 +224,12 @@ class _Run:
       return self.setup
     return self.setup.replace(output_cache=None)
 
+  def begin(self) -> None:
+    """On process 0: the summary of a job under way (`finish` replaces
+    it; a job killed or aborted leaves it)."""
+    if self.index == 0:
+      summary_lib.write_started(self.out, len(self.wanted), self.reused)
+
   def sink(self, files: contextlib.ExitStack):
     """Its record file, open to append (None where it writes none)."""
     return None if self.own is None else files.enter_context(
@@ -306,6 +314,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   try:
     with run_folder.sigterm_interrupts(), measure.job_processes(peers), \
         contextlib.ExitStack() as files:
+      for folder in folders:
+        folder.begin()
       for folder, lane in zip(folders, lanes):
         lane.loaded = load(folder.loading_setup(), task, partitioner,
                            shard_drafter, cache)

@@ -7,15 +7,19 @@ kept the machine while it timed (`timing_load`), alpha and the rates of
 mismatches (`diagnostics`), with the run's settings. `write` adds the
 task's metrics of both outputs, the status (`status`: 'complete' only when
 every wanted example has its record) and the gamma choices, and replaces
-summary.json and summary.md atomically.
+summary.json and summary.md atomically. `write_started`, when a job
+begins, replaces them with what it is about to do: a job that ends without
+writing its own (killed, or aborted by jax.distributed) leaves that.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import os
 import pathlib
+import socket
 from typing import Any, Dict, Optional
 
 from specdec_jax import data
@@ -199,6 +203,26 @@ def start_line(out: pathlib.Path, wanted: int, reused: int) -> str:
           + (f'decoding the other {left}' if left else 'nothing to decode')
           + '; delete the folder or pass a fresh EVAL_OUTPUT_DIR to decode '
           'them again')
+
+
+def write_started(out: pathlib.Path, wanted: int, reused: int) -> None:
+  """summary.json and summary.md of a job that has begun decoding: `write`
+  replaces them when it ends, however it ends in Python. Left as they are,
+  they say that the job is running or ended without a summary (SIGKILL,
+  out of memory, or aborted by jax.distributed when a peer died), and
+  when and where it began, never an earlier run's figures."""
+  started = datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec='seconds')
+  where = f'{socket.gethostname()} (pid {os.getpid()})'
+  status = (f'unfinished: started {started} on {where} to decode '
+            f'{wanted - reused} of {wanted} examples; running, or ended '
+            'without its summary (killed, out of memory, or aborted when '
+            'a peer process died): examples.jsonl holds what finished; '
+            'rerun the same command to resume')
+  summary = {'status': status, 'started': started, 'host': where,
+             'examples_wanted': wanted, 'reused_records': reused}
+  run_folder.write_atomic(out / 'summary.json', json.dumps(summary, indent=1))
+  run_folder.write_atomic(out / 'summary.md', f'**Status: {status}.**\n')
 
 
 def _choice(path: pathlib.Path) -> Dict[str, Any]:

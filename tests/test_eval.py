@@ -404,6 +404,9 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   assert 0 < len(read_jsonl(killed / 'examples.jsonl')) < 8, (
       'SIGKILL did not land mid-run')
   comparable(killed)  # no duplicates so far
+  # No Python ran after SIGKILL: the summary is the one written at start.
+  assert _status(killed).startswith('unfinished: started '), _status(killed)
+  assert 'to decode 8 of 8 examples' in _status(killed)
 
   real_decode, real_append = data.decode_text, run_folder.append
   # Each fault once; each strikes within the first chunk left (a chunk = 4

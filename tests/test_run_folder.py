@@ -207,13 +207,15 @@ def test_a_failure_after_any_write_resumes_as_if_uninterrupted(
   check_summary_is_the_records(reference, 2)  # batch 1
   if drafters.get_kind(kind).uses_cache:
     assert expected[2] is not None
-  # The first unit's writes: after run.json and config.gin, up to its
-  # records (and the output cache's commit around them).
-  assert writes[:2] == ['run.json', 'config.gin'], writes
+  # The first unit's writes: after run.json, config.gin and the summary of
+  # a job under way, up to its records (and the output cache's commit
+  # around them).
+  assert writes[:4] == ['run.json', 'config.gin', 'summary.json',
+                        'summary.md'], writes
   first_unit = writes.index('output cache intent removed' if
                             drafters.get_kind(kind).uses_cache else
                             'examples.jsonl')
-  points = range(2, first_unit + 1)
+  points = range(4, first_unit + 1)
   assert len(points) == (5 if drafters.get_kind(kind).uses_cache else 1), (
       writes)
   for at in points:
