@@ -47,7 +47,9 @@ EVAL_OUTPUT_DIR:
                    when OUTPUT_CACHE is None (committed with each unit's
                    records, as a cache file of its own is).
 The job's first console line says what it decodes and, when the folder holds
-records of an earlier run, how many it reuses (summary.json: reused_records).
+records of an earlier run, how many it reuses (summary.json: reused_records);
+its last, the status and headline figures of its summary (every process of
+a `jax.distributed` run returns and says the job's summary, process 0's).
 Nothing finished is lost and nothing is counted twice: each batch's records
 are flushed and fsync'd once decoded; a rerun with the same settings
 resumes, dropping a last line cut off by a crash (that example is decoded
@@ -145,8 +147,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       models and examples it holds are not loaded again.
 
   Returns:
-    The summary dict (also written to summary.json); on a process other
-    than 0, `{'process_index', 'examples'}` of its own share.
+    The summary dict (also written to summary.json by process 0; every
+    process of a `jax.distributed` run returns it).
   """
   return evaluate_together(
       [(setup, output_dir, config_str)], timing_repeats=timing_repeats,
@@ -245,7 +247,7 @@ class _Run:
 
   def finish(self, error) -> Dict[str, Any]:
     """Merges the processes' records (once all are done) and, on process
-    0, writes the summary of what finished."""
+    0, writes the summary of what finished (the others: their share)."""
     if error is None and self.index == 0 and (self.count > 1 or any(
         self.out.glob('examples.process-*.jsonl'))):
       self.records = run_folder.merge(self.out)
@@ -331,6 +333,10 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
     raise
   finally:
     summaries = [folder.finish(error) for folder in folders]
+  # Every process returns (and acts on) the job's summaries, process 0's.
+  summaries = partitioning.agree(summaries)
+  for (_, out, _), summary in zip(runs, summaries):
+    print(summary_lib.end_line(out, summary), flush=True)
   for summary in summaries:
     if summary.get('mismatches'):
       raise MismatchError(summary['status'])

@@ -225,6 +225,20 @@ def write_started(out: pathlib.Path, wanted: int, reused: int) -> None:
   run_folder.write_atomic(out / 'summary.md', f'**Status: {status}.**\n')
 
 
+def end_line(out: pathlib.Path, summary: Dict[str, Any]) -> str:
+  """The job's last console line: its status and headline figures."""
+  figures = [f"{summary['examples']} examples"]
+  if summary.get('walltime_speedup') is not None:
+    figures.append(f"walltime speed-up {summary['walltime_speedup']:.2f}x")
+  if summary.get('alpha') is not None:
+    figures.append(f"alpha {summary['alpha']:.3f}")
+  if summary.get('differing_examples') is not None:
+    figures.append(f"{summary['differing_examples']} greedy outputs differ "
+                   "from the baseline's")
+  return (f"{out}: {summary['status']} ({', '.join(figures)}); "
+          'summary.json, summary.md')
+
+
 def _choice(path: pathlib.Path) -> Dict[str, Any]:
   """A gamma choice file; a damaged one as what is wrong with it (the
   summary of what finished is written all the same)."""

@@ -151,6 +151,12 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   # 0 (no speculation) where even the best gamma is predicted slower.
   assert choice['gamma'] == (best.gamma if best.speedup >= 1 else 0)
   assert f"gamma {choice['gamma']} for batch 2 (configured 3)" in console
+  # The last line says what the job did: its status and headline figures.
+  last = console.splitlines()[-1]
+  assert last.startswith(f"{out}: complete (4 examples, walltime speed-up "
+                         f"{summary['walltime_speedup']:.2f}x"), last
+  assert last.endswith(" 0 greedy outputs differ from the baseline's); "
+                       'summary.json, summary.md'), last
   assert summary['gamma_choices'] == [choice]
   assert summary['gamma_used'] == {str(choice['gamma']): 4}
   assert summary['reused_records'] == 0

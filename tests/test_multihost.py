@@ -93,7 +93,12 @@ def test_two_processes_equal_one_process(tmp_path):
   expected = _without_timings(alone)[:4]
 
   multi = tmp_path / 'multi'
-  _run_processes(multi)
+  logs = _run_processes(multi)
+  # Each process ends saying the job's summary (process 0's), not its share.
+  said = [[l for l in log.splitlines() if l.startswith(f'{multi}: ')]
+          for log in logs]
+  assert said[0] == said[1] and len(said[0]) == 1, said
+  assert said[0][0].startswith(f'{multi}: complete (4 examples, '), said
   records = read_jsonl(multi / 'examples.jsonl')
   assert sorted(r['index'] for r in records) == list(range(4))  # once each
   assert _without_timings(records) == expected
@@ -302,3 +307,6 @@ def test_a_process_that_dies_leaves_the_other_to_end_with_its_records(
   else:  # jax's heartbeat ended it
     assert procs[0].returncode == -6, log[-3000:]
     assert 'JAX distributed service detected fatal errors' in log
+    # No Python ran after the abort: the summary written at the start.
+    summary = json.loads((out / 'summary.json').read_text())
+    assert summary['status'].startswith('unfinished: started '), summary
