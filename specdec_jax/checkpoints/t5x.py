@@ -436,6 +436,94 @@ def _ts_message(e: Exception) -> str:
 # ----------------------------------------------------------------------------
 
 
+# An OCDBT b-tree's reference to bytes of a file: 'btreenode:<prefix>:<path>:
+# <offset>:<length>' (a node) or 'value:...' (a value not inline).
+_OCDBT_REF = re.compile(r'^(?:btreenode|value):([^:]*):(.+):(\d+):(\d+)$')
+
+
+def _check_ocdbt(state_dir: str) -> None:
+  """Raises a CheckpointError naming every file an OCDBT checkpoint's latest
+  version reads that is missing or shorter than it reads (a copy cut short)
+  and the arrays whose bytes it holds, before orbax reads any array.
+
+  Reads the b-tree's nodes and one byte at the end of each file, never the
+  arrays' bytes (a changed byte is for the checksum manifest to find).
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  base = ts.KvStore.open(_folder_kvstore(state_dir)).result()
+  ends, held = _ocdbt_reads(base, state_dir)
+  problems = []
+  for file, end in sorted(ends.items()):
+    try:
+      state = base.read(file, byte_range=slice(end - 1, end)).result().state
+    except Exception:  # pylint: disable=broad-except
+      state = 'short'  # an end past the file's: OUT_OF_RANGE
+    if state != 'value':
+      names = sorted(held.get(file, ()))
+      problems.append(
+          f'{os.path.join(state_dir, file)}: '
+          + ('missing' if state == 'missing' else f'under {end} bytes')
+          + (f' (holds {", ".join(names[:4])}'
+             + (f' and {len(names) - 4} more' if len(names) > 4 else '') + ')'
+             if names else ''))
+  if problems:
+    raise CheckpointError(f'{state_dir}: incomplete checkpoint (a copy cut '
+                          'short?): ' + '; '.join(problems))
+
+
+def _ocdbt_reads(base, state_dir: str
+                 ) -> Tuple[Dict[str, int], Dict[str, Set[str]]]:
+  """({file: the bytes it must hold}, {file: the arrays whose bytes it
+  holds}) of the latest version of the OCDBT database `base` (a tensorstore
+  KvStore of `state_dir`), from its b-tree's nodes alone; a node that does
+  not read is a CheckpointError naming its file."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  ends: Dict[str, int] = {}
+  held: Dict[str, Set[str]] = {}
+
+  def note(ref: str, key: Optional[bytes]) -> str:
+    found = _OCDBT_REF.match(ref)
+    if found is None:  # a reference of another form: not checked
+      return ref
+    prefix, path, offset, length = found.groups()
+    file = prefix + path
+    ends[file] = max(ends.get(file, 0), int(offset) + int(length))
+    if key is not None:  # 'target.a.b/0.0' -> 'a/b'
+      name = key.decode(errors='replace').split('/')[0]
+      held.setdefault(file, set()).add(
+          name[len('target.'):].replace('.', '/')
+          if name.startswith('target.') else name)
+    return file
+
+  def fail(problem):
+    raise CheckpointError(f'{state_dir}: incomplete checkpoint (a copy cut '
+                          f'short?): {problem}')
+
+  try:
+    versions = ts.ocdbt.dump(base).result().get('versions') or []
+  except Exception as e:  # pylint: disable=broad-except
+    fail(f'unreadable OCDBT manifest: {_ts_message(e)}')
+  # The latest version's tree (older ones sit in version-tree nodes).
+  nodes = [(versions[-1]['root']['location'], b'')] if versions else []
+  while nodes:
+    location, prefix = nodes.pop()
+    file = note(location, None)
+    try:
+      node = ts.ocdbt.dump(base, location).result()
+    except Exception as e:  # pylint: disable=broad-except
+      fail(f'{os.path.join(state_dir, file)}: unreadable b-tree node '
+           f'({_ts_message(e)})')
+    for entry in node['entries']:
+      if 'location' in entry:  # a child node: its keys follow its prefix
+        nodes.append((entry['location'],
+                      prefix + entry.get('subtree_common_prefix', b'')))
+      elif 'indirect_value' in entry:
+        note(entry['indirect_value'], prefix + entry['key'])
+  return ends, held
+
+
 def _load_orbax(state_dir: str, shardings: Optional[Dict[str, Any]] = None,
                 dtype: Any = None) -> Dict[str, Any]:
   """Flat params of an orbax PyTree checkpoint (only its 'target' subtree).
@@ -460,6 +548,8 @@ def _load_orbax(state_dir: str, shardings: Optional[Dict[str, Any]] = None,
     raise CheckpointError(
         f'{state_dir}: orbax checkpoint has no "target" (params) subtree; '
         f'top-level keys: {sorted(tree)}')
+  if _storage.isfile(os.path.join(state_dir, 'manifest.ocdbt')):
+    _check_ocdbt(state_dir)
   item = {'target': tree['target']}
   if shardings is None:
     restore_args = jax.tree.map(
@@ -676,6 +766,9 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
     FileNotFoundError: nothing at `path`.
     CheckpointError: (a ValueError) the checkpoint is corrupt, truncated, or a
       tensorstore array or chunk is missing; names the path and parameter.
+      An OCDBT checkpoint (orbax's) cut short, with or without a manifest,
+      names each missing or short file and its arrays before any array is
+      read (from its b-tree alone).
       With a manifest: a file differs from it; names every such file and the
       arrays that no longer read back as saved.
     ValueError: the tree does not match `config`.

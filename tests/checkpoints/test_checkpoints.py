@@ -624,6 +624,51 @@ def test_truncated_or_deleted_file_is_named(damage, tmp_path):
     checkpoints.load_t5x_params(step_dir)
 
 
+@pytest.mark.parametrize('damage', ['truncated', 'deleted'])
+def test_a_checkpoint_without_manifest_cut_short_names_its_file(damage,
+                                                               tmp_path):
+  """T5X's own checkpoints have no manifest: one cut short (a data file
+  missing or shorter than its b-tree reads) is named, file and arrays,
+  from the OCDBT b-tree alone, before orbax reads an array (whose failed
+  restore named only a chunk key, 'Truncated Zstd-compressed stream')."""
+  step_dir = pathlib.Path(
+      checkpoints.save_t5x_params(_tiny_tree(), tmp_path, step=1))
+  (step_dir / 'MANIFEST.json').unlink()
+  path = _largest_data_file(step_dir)
+  if damage == 'truncated':
+    with open(path, 'r+b') as f:
+      f.truncate(10)
+    what = re.escape(path) + r': under \d+ bytes'
+  else:
+    os.remove(path)
+    what = re.escape(path) + ': missing'
+  for verify in (True, False):
+    with pytest.raises(checkpoints.CheckpointError,
+                       match='incomplete checkpoint .*' + what +
+                       r' \(holds (decoder|encoder)/\w+'):
+      checkpoints.load_t5x_params(step_dir, verify=verify)
+
+
+def test_the_check_of_a_cut_short_copy_walks_every_btree_level(tmp_path):
+  """`_check_ocdbt`'s walk of the b-tree finds every key's file under
+  interior nodes too (a tree of 5 levels: nodes of at most 200 bytes),
+  each key named as its array."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  from specdec_jax.checkpoints import t5x  # pylint: disable=g-import-not-at-top
+  spec = {'driver': 'ocdbt', 'base': f'file://{tmp_path}/',
+          'config': {'max_decoded_node_bytes': 200,
+                     'max_inline_value_bytes': 16}}
+  store = ts.KvStore.open(spec).result()
+  with ts.Transaction() as txn:
+    for i in range(40):
+      store.with_transaction(txn)[f'target.layer_{i}.wo/0'] = bytes(100)
+  base = ts.KvStore.open(f'file://{tmp_path}/').result()
+  assert ts.ocdbt.dump(base).result()['versions'][-1]['root_height'] > 1
+  ends, held = t5x._ocdbt_reads(base, str(tmp_path))
+  assert set().union(*held.values()) == {f'layer_{i}/wo' for i in range(40)}
+  assert all(ends[f] <= os.path.getsize(tmp_path / f) for f in ends)
+
+
 def test_verify_false_skips_the_check_and_a_bad_manifest_is_named(tmp_path):
   """verify=False reads without the manifest (huge checkpoints, or a check
   of one's own); a damaged manifest is an error, never a silent skip."""
