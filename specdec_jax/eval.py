@@ -22,10 +22,10 @@ inside the loop) over chunks of `BatchSpec.chunk` batches' worth of
 examples: the chunk is then the unit decoded, timed, written and resumed
 (below, read "chunk" for "batch"); `BATCHING = 'fixed'` decodes fixed
 batches. At batch > 1 gamma is chosen for the batch by default
-(`BatchSpec.gamma_rule = 'profile'`, `unit_loop.choose_gamma`): untimed
-decodes of the first 16 examples at GAMMA give alpha, the target's cost(k) at this batch and the
-drafter's c are timed on this machine, and the gamma maximizing Theorem 3.8
-with the measured cost(gamma + 1) decodes every unit. Outputs in
+(`BatchSpec.gamma_rule = 'profile'`, `unit_loop.choose_gamma`): untimed decodes
+of the first 16 examples at GAMMA give alpha, the target's cost(k) at this
+batch and the drafter's c are timed on this machine, and the gamma maximizing
+Theorem 3.8 with the measured cost(gamma + 1) decodes every unit. Outputs in
 EVAL_OUTPUT_DIR:
   examples.jsonl   one record per example, appended as batches finish;
   summary.json     walltime speedup, alpha, mean accepted length, target calls
@@ -50,22 +50,22 @@ The job's first console line says what it decodes and, when the folder holds
 records of an earlier run, how many it reuses (summary.json: reused_records);
 its last, the status and headline figures of its summary (every process of
 a `jax.distributed` run returns and says the job's summary, process 0's).
-Nothing finished is lost and nothing is counted twice: each batch's records
-are flushed and fsync'd once decoded; a rerun with the same settings
-resumes, dropping a last line cut off by a crash (that example is decoded
-again) and any second record of an index; summary files are replaced
-atomically; the output cache changes only with the records of the unit
-that grew it (`run_folder.CacheCommit`), so a crash between any two writes
-resumes to the records and cache of an uninterrupted run. Ctrl-C (SIGINT) or SIGTERM ends the job with status
-'interrupted', an exception with 'failed' (both say how many examples are
-left; the exception is re-raised); 'complete' means every requested
-example has its record. A job killed (SIGKILL, out of memory) or aborted
-(jax.distributed, a peer lost) leaves the summary it wrote when it began:
-'unfinished: started <when> on <host> (pid <pid>) ...'. A greedy row that differs from the baseline
-is diagnosed (`diagnostics.diagnose`: teacher-forced float32 logits at the
-first difference): a numerical near-tie is counted and reported, a real
-mismatch marks the summary failed and the job raises `MismatchError` (exit
-status 1) after writing everything.
+Nothing finished is lost and nothing is counted twice: each batch's records are
+flushed and fsync'd once decoded; a rerun with the same settings resumes,
+dropping a last line cut off by a crash (that example is decoded again) and any
+second record of an index; summary files are replaced atomically; the output
+cache changes only with the records of the unit that grew it
+(`run_folder.CacheCommit`), so a crash between any two writes resumes to the
+records and cache of an uninterrupted run. Ctrl-C (SIGINT) or SIGTERM ends the
+job with status 'interrupted', an exception with 'failed' (both say how many
+examples are left; the exception is re-raised); 'complete' means every
+requested example has its record. A job killed (SIGKILL, out of memory) or
+aborted (jax.distributed, a peer lost) leaves the summary it wrote when it
+began: 'unfinished: started <when> on <host> (pid <pid>) ...'. A greedy row
+that differs from the baseline is diagnosed (`diagnostics.diagnose`:
+teacher-forced float32 logits at the first difference): a numerical near-tie is
+counted and reported, a real mismatch marks the summary failed and the job
+raises `MismatchError` (exit status 1) after writing everything.
 
 On a device mesh (gin_configs/mesh/partitioner.gin: `evaluate.partitioner`)
 the target is restored straight into T5X-style shardings and both decoders
