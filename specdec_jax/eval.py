@@ -365,8 +365,8 @@ def load(setup: EvalSetup, task=None, partitioner=None,
 
 def _sharded_drafter(setup: EvalSetup) -> bool:
   """Whether the setup's draft model is placed by the partitioner's rules
-  (a `drafters.T5Drafter`, the 't5' kind); any other drafter's params are
-  replicated on every device."""
+  (a `drafters.T5Drafter`, the 't5' kind); any other drafter's own params
+  are replicated on every device (`shard_loaded`)."""
   return setup.draft.drafter_kind is drafters.KINDS['t5']
 
 

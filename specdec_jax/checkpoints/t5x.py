@@ -436,6 +436,14 @@ def _ts_message(e: Exception) -> str:
 # ----------------------------------------------------------------------------
 
 
+def _orbax_name(key: str) -> str:
+  """The parameter an orbax OCDBT key belongs to: 'target.a.b/0.0' ->
+  'a/b' (any other key: its array, 'state.step')."""
+  array = key.split('/')[0]
+  return (array[len('target.'):].replace('.', '/')
+          if array.startswith('target.') else array)
+
+
 # An OCDBT b-tree's reference to bytes of a file: 'btreenode:<prefix>:<path>:
 # <offset>:<length>' (a node) or 'value:...' (a value not inline).
 _OCDBT_REF = re.compile(r'^(?:btreenode|value):([^:]*):(.+):(\d+):(\d+)$')
@@ -490,11 +498,9 @@ def _ocdbt_reads(base, state_dir: str
     prefix, path, offset, length = found.groups()
     file = prefix + path
     ends[file] = max(ends.get(file, 0), int(offset) + int(length))
-    if key is not None:  # 'target.a.b/0.0' -> 'a/b'
-      name = key.decode(errors='replace').split('/')[0]
+    if key is not None:
       held.setdefault(file, set()).add(
-          name[len('target.'):].replace('.', '/')
-          if name.startswith('target.') else name)
+          _orbax_name(key.decode(errors='replace')))
     return file
 
   def fail(problem):
@@ -599,7 +605,7 @@ def _read_orbax_each(state_dir: str) -> Dict[str, Any]:
     found = [(key[:-len(end)], d) for end, d in drivers.items()
              if key.endswith(end) and key.startswith('target.')]
     for array, driver in found:
-      name = array[len('target.'):].replace('.', '/')
+      name = _orbax_name(array)
       try:
         out[name] = ts.open(
             {'driver': driver, 'kvstore': dict(ocdbt, path=array + '/'),
