@@ -48,6 +48,11 @@ setuptools.setup(
             'nbclient',
             'nbformat',
             'ipykernel',
+            # gs:// checkpoints against a GCS on the test machine
+            # (tests/fake_gcs.py patches this version's object listing);
+            # gcsfs carries orbax's gs:// metadata reads there.
+            'gcp-storage-emulator==2026.7.19',
+            'gcsfs',
             # libtpu at the installed jax's pin: tests/test_compile_only.py
             # compiles for compile-only TPU devices (the suite still runs
             # on the CPU; specdec_jax.compiled, docs/tpu.md).

@@ -2,8 +2,11 @@
 
 An integer argument is a Python or numpy int, never a bool (`True` is an
 int to Python, but passing it for a count is a mistake); the error names
-the argument, the rule and the value given.
+the argument, the rule and the value given. A folder a job writes into is
+a local one (`check_local_folder`).
 """
+
+import os
 
 import numpy as np
 
@@ -22,3 +25,22 @@ def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
   if not is_int(value) or value < minimum:
     raise ValueError(
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
+
+
+def check_local_folder(name: str, path) -> None:
+  """Raises ValueError when `path`, a folder a job writes into, is a URL
+  (gs://, s3://, ...) rather than a local folder.
+
+  The jobs' folders are written with local file operations (files renamed
+  into place, logs appended, folders moved aside), which object stores do
+  not have; `pathlib` would silently turn 'gs://b/x' into a local folder
+  'gs:/b/x'. Checkpoints and data are read from gs:// all the same.
+  """
+  text = os.fspath(path)
+  if '://' in text:
+    raise ValueError(
+        f'{name} {text!r} is not a local folder: a job writes its folder '
+        'with file operations (atomic renames, appends) that object stores '
+        'lack. Give a local folder (across hosts: one every host mounts, '
+        'e.g. NFS) and copy it to the bucket afterwards; checkpoints are '
+        'read from gs:// as they are.')

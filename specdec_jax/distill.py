@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import arrays
+from specdec_jax import checks
 from specdec_jax import data as data_lib
 from specdec_jax import decoding
 from specdec_jax.sampling import SamplingConfig
@@ -154,6 +155,7 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
   Returns:
     The shard paths. Shards already present are not decoded again.
   """
+  checks.check_local_folder('out_dir', out_dir)
   inputs = np.asarray(data['inputs'], np.int32)
   if num_examples is not None:
     inputs = inputs[:num_examples]

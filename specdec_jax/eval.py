@@ -287,6 +287,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
     ValueError: the setups do not share a baseline.
   """
   checks.check_int('timing_repeats', timing_repeats)
+  for _, out, _ in runs:
+    checks.check_local_folder('output_dir', out)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target

@@ -372,9 +372,9 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
                                        dtype=jnp.float32)
   opt_state = make_optimizer(0.0).init(params)
   opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
-  if os.path.isfile(opt_file):
-    with open(opt_file, 'rb') as f:
-      opt_state = serialization.from_bytes(opt_state, f.read())
+  if checkpoints.isfile(opt_file):
+    opt_state = serialization.from_bytes(opt_state,
+                                         checkpoints.read_bytes(opt_file))
   else:
     logging.warning('%s has no %s; Adafactor statistics start afresh.', path,
                     OPTIMIZER_STATE_FILE)
@@ -728,6 +728,7 @@ def train(
                  checkpoint_period=checkpoint_period)
   _check_args(model_config, task_feature_lengths, train_steps, batch_size,
               periods)
+  checks.check_local_folder('model_dir', model_dir)
   learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
   _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
   examples = _open_data(model_config, mixture_or_task_name,

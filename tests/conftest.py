@@ -20,6 +20,12 @@ from specdec_jax import network
 from specdec_jax import shipped
 from specdec_jax import synthetic
 
+import fake_gcs  # pylint: disable=g-bad-import-order
+
+# gs:// addresses in tests: this process's GCS clients point at a local port
+# before orbax first builds its tensorstore context (the `gcs` fixture).
+fake_gcs.configure()
+
 FIXTURES = (pathlib.Path(__file__).resolve().parents[1].parent / 'shared' /
             'fixtures' / 't5x')
 if 'SPECDEC_FIXTURES' in os.environ:
@@ -61,6 +67,14 @@ def numpy_params(config, seed: int, emb_scale: float):
     return rng.normal(0, std, x.shape).astype(np.float32)
 
   return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@pytest.fixture
+def gcs(monkeypatch):
+  """'gs://<bucket>' of an empty bucket on a GCS served on this machine
+  (`fake_gcs.serve`), for the tests of gs:// addresses."""
+  with fake_gcs.serve(monkeypatch) as root:
+    yield root
 
 
 @pytest.fixture(scope='session')

@@ -86,6 +86,13 @@ def test_kd_rejects_an_unknown_loss():
                              1e-4, None, 'js', 1.0)
 
 
+def test_generate_refuses_an_out_dir_at_a_url():
+  """pathlib would write 'gs://b/d' to a local folder 'gs:/b/d'."""
+  with pytest.raises(ValueError, match="out_dir 'gs://b/d' is not a local"):
+    distill.generate(None, None, {'inputs': np.zeros((1, 2))}, 'gs://b/d',
+                     'train', max_decode_len=2)
+
+
 @pytest.mark.parametrize('kind', ['fkl', 'tvd'])
 def test_kd_falls_in_a_few_steps_and_the_teacher_stays_frozen(teacher, kind):
   model_t, params_t = teacher

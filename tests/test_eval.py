@@ -324,6 +324,15 @@ def test_clear_errors(tmp_path, override, error, message):
     eval_lib.main(argv)
 
 
+def test_an_output_dir_at_a_url_is_refused(tmp_path, monkeypatch):
+  """pathlib would write 'gs://b/run' to a local folder 'gs:/b/run'."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match="output_dir 'gs://b/run' is not a "
+                     'local folder'):
+    eval_lib.main(args('gs://b/run'))
+  assert not list(tmp_path.iterdir())
+
+
 def test_widened_target_decodes_the_same(tmp_path):
   """EvalSetup.target_widen_to: same outputs and alpha, a bigger target."""
   few = dict(NUM_EXAMPLES='2')

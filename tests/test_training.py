@@ -25,6 +25,8 @@ from specdec_jax import network
 from specdec_jax import training
 from specdec_jax.experiments import plots
 
+import fake_gcs  # pylint: disable=g-bad-import-order
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / 'tests' / 'testdata' / 'debian'
 TRAIN_GIN = ROOT / 'gin_configs' / 'train'
@@ -233,6 +235,28 @@ def test_a_corrupt_optimizer_state_is_named(tmp_path, uninterrupted):
   path.write_bytes(data)
   with pytest.raises(checkpoints.CheckpointError, match=str(path)):
     training.restore_checkpoint(network.T5Model(TINY), str(ckpt))
+
+
+def test_a_checkpoint_on_gcs_restores_as_on_disk(uninterrupted, gcs):
+  """A training checkpoint (params and Adafactor statistics) restores from
+  a gs:// address as from its copy on disk."""
+  _, model_dir = uninterrupted
+  address = fake_gcs.upload(model_dir / 'checkpoint_4', f'{gcs}/checkpoint_4')
+  model = network.T5Model(TINY)
+  want = training.restore_checkpoint(model, str(model_dir / 'checkpoint_4'))
+  got = training.restore_checkpoint(model, address)
+  assert int(got.step) == 4
+  _assert_trees_equal(got.params, want.params)
+  _assert_trees_equal(got.opt_state, want.opt_state)
+
+
+def test_a_model_dir_at_a_url_is_refused(tmp_path, monkeypatch):
+  """pathlib would write 'gs://b/run' to a local folder 'gs:/b/run'."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match="model_dir 'gs://b/run' is not a "
+                     'local folder'):
+    _train('gs://b/run', 1)
+  assert not list(tmp_path.iterdir())
 
 
 def test_same_seed_same_params_other_seed_differs(debian_slice):

@@ -13,14 +13,19 @@
   (safetensors), and the T5X <-> HF name map (`parameter_map`,
   `to_hf_state_dict`, `from_hf_state_dict`, `to_hf_model`).
 - `_storage`: local and gs:// paths (tensorstore's gcs kvstore);
-  `write_bytes` (a whole file or nothing, durably) is re-exported for the
-  jobs' own files.
+  `isfile`, `isdir` and `read_bytes` are re-exported for the files that
+  travel inside a checkpoint folder (a draft head's config, a training
+  run's optimizer state), and `write_bytes` (a whole file or nothing,
+  durably) for the jobs' own files.
 
 The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
 work as before the split.
 """
 
 from specdec_jax.checkpoints import manifest
+from specdec_jax.checkpoints._storage import isdir
+from specdec_jax.checkpoints._storage import isfile
+from specdec_jax.checkpoints._storage import read_bytes
 from specdec_jax.checkpoints._storage import write_bytes
 from specdec_jax.checkpoints.hf import config_from_hf
 from specdec_jax.checkpoints.hf import load_hf_t5

@@ -94,8 +94,7 @@ def main(argv: Optional[Sequence[str]] = None):
   if args.command == 'list':
     for name, spec in sorted(specs.SPECS.items()):
       cells = sweep.plan(spec, sweep.options_of(spec, sweep.Options()))
-      print(f'{name}: {spec.title} ({len(cells)} cells on the shipped '
-            'models)')
+      print(f'{name}: {spec.title} ({len(cells)} cells, shipped models)')
     return None
   profile = flags.profile_of(args, optional=True)
   if args.command == 'repredict':

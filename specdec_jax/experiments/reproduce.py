@@ -104,8 +104,7 @@ class ModelSet:
     checkpoints: 'paper': ('<task>_<size>', T5X path) pairs, size 'xxl'
       the target's (e.g. ('en_de_xxl', 'gs://...')).
     data_dir: the Debian data every setup reads (None: the gin files').
-    shrink: 'xxl_cost' widens as `XXL_COST_SHRUNK`; 'synthetic' widens
-      nothing.
+    shrink: 'xxl_cost' widens as `XXL_COST_SHRUNK`, 'synthetic' nothing.
   """
   models: str
   models_dir: Optional[str] = None

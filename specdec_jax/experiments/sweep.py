@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
@@ -423,6 +424,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     the results dict (also written as .json / .md / .png).
   """
   options = options_of(spec, options)
+  checks.check_local_folder('work_dir', options.work_dir)
   cells = plan(spec, options)
   models = model_set(options)
   folder = work_folder(spec, options)

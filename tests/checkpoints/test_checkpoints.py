@@ -28,6 +28,7 @@ from specdec_jax import checkpoints
 from specdec_jax import network
 
 from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
+import fake_gcs  # pylint: disable=g-bad-import-order
 
 # The model in test_t5_tiny.checkpoint_0 (T5X's t5x/testdata).
 FIXTURE_CFG = network.T5Config(
@@ -269,12 +270,9 @@ def test_early_orbax_fixture_loads_without_state(fixtures_dir):
       fixtures_dir / 'tiny_orbax' / '1' / 'checkpoint') == {}
 
 
-def test_early_orbax_placeholder_leaves_resolve(tmp_path):
-  """PLACEHOLDER://<name> target leaves read the zarr folder <name> beside.
-
-  Same layout as the fixture (top-level '_optimizer', dotted names), with
-  target arrays added; a wrong folder or key resolution fails to load.
-  """
+def _early_orbax_with_target(tmp_path):
+  """(checkpoint folder, its target): the fixture's layout (top-level
+  '_optimizer', dotted names) with PLACEHOLDER://<name> target leaves."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   ckpt = tmp_path / '1'
   ckpt.mkdir()
@@ -292,6 +290,13 @@ def test_early_orbax_placeholder_leaves_resolve(tmp_path):
       target, sep='/'), 'state': {'step': 'PLACEHOLDER://nowhere'}},
           'flax_mutables': None}
   (ckpt / 'checkpoint').write_bytes(msgpack.packb(tree, use_bin_type=True))
+  return ckpt, want
+
+
+def test_early_orbax_placeholder_leaves_resolve(tmp_path):
+  """PLACEHOLDER://<name> target leaves read the zarr folder <name> beside;
+  a wrong folder or key resolution fails to load."""
+  ckpt, want = _early_orbax_with_target(tmp_path)
   _assert_trees_equal(checkpoints.load_t5x_params(ckpt), want)
 
 
@@ -701,3 +706,87 @@ def test_checkpoint_without_manifest_loads_with_a_note(fixtures_dir,
   notes = [r.getMessage() for r in caplog.records
            if 'not verified' in r.getMessage()]
   assert len(notes) == 1 and str(path) in notes[0], notes
+
+
+# --- gs:// addresses, on a local GCS (tests/fake_gcs.py) -----------------------
+
+
+def _gcs_object(root, key):
+  """(tensorstore KvStore of the bucket, the object's key) of root/key."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  bucket = root[len('gs://'):]
+  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
+
+
+@pytest.mark.filterwarnings('ignore:Sharding info not provided when restoring')
+def test_every_t5x_format_loads_from_gcs_as_from_disk(gcs, fixtures_dir,
+                                                      np_v11, tmp_path):
+  """T5X keeps its checkpoints on GCS: each format loads from a gs://
+  address as its copy on disk does, a model dir taking its latest step.
+
+  The legacy tensorstore one has the specs T5X writes on GCS (a gcs
+  kvstore of another bucket, paths relative to the checkpoint), read from
+  where the checkpoint now is.
+  """
+  inline = fixtures_dir / 'test_t5_tiny.checkpoint_0'
+  fake_gcs.upload(inline, f'{gcs}/inline/checkpoint_0/checkpoint')
+  ts_ckpt = _ts_checkpoint_with_target(fixtures_dir, tmp_path / 'ts', True)
+  fake_gcs.upload(ts_ckpt.parent, f'{gcs}/ts')
+  early, _ = _early_orbax_with_target(tmp_path)
+  fake_gcs.upload(early, f'{gcs}/early/1')
+  _, params = np_v11
+  for step in (1, 2):  # the model dir's latest is step 2
+    checkpoints.save_t5x_params(jax.tree.map(lambda x, s=step: x * s, params),
+                                tmp_path / 'orbax', step)
+  fake_gcs.upload(tmp_path / 'orbax', f'{gcs}/orbax')
+  for local, address, config in (
+      (inline, f'{gcs}/inline', FIXTURE_CFG),
+      (ts_ckpt, f'{gcs}/ts/checkpoint_1', None),
+      (early, f'{gcs}/early/1', None),
+      (tmp_path / 'orbax' / 'checkpoint_2', f'{gcs}/orbax', TINY_V11)):
+    want = checkpoints.load_t5x_params(local, config)
+    assert _flat(want)
+    _assert_trees_equal(checkpoints.load_t5x_params(address, config), want)
+  _assert_trees_equal(checkpoints.load_t5x_params(f'{gcs}/orbax', TINY_V11),
+                      jax.tree.map(lambda x: x * 2, params))
+
+
+def test_a_checkpoint_saved_to_gcs_loads_checked_and_sharded(gcs, np_v11):
+  """save_t5x_params writes to gs:// (orbax, then the manifest), and the
+  checkpoint loads back checked against it, whole or into shardings."""
+  model, params = np_v11
+  step_dir = checkpoints.save_t5x_params(params, f'{gcs}/model', 4)
+  assert step_dir == f'{gcs}/model/checkpoint_4'
+  assert checkpoints.isfile(f'{step_dir}/MANIFEST.json')
+  with pytest.raises(FileExistsError, match='checkpoint_4'):
+    checkpoints.save_t5x_params(params, f'{gcs}/model', 4)
+  _assert_trees_equal(checkpoints.load_t5x_params(step_dir, TINY_V11), params)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  sharded = checkpoints.load_t5x_params(
+      step_dir, TINY_V11, shardings=jax.tree.map(lambda _: device,
+                                                 model.param_shapes()))
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(sharded))
+  _assert_trees_equal(sharded, params)
+
+
+def test_damage_on_gcs_is_named(gcs, tmp_path):
+  """A changed object fails the manifest, naming its gs:// address; one
+  missing from a checkpoint without a manifest is named from the b-tree."""
+  step_dir = pathlib.Path(
+      checkpoints.save_t5x_params(_tiny_tree(), tmp_path, step=1))
+  address = fake_gcs.upload(tmp_path, f'{gcs}/model') + '/checkpoint_1'
+  rel = pathlib.Path(_largest_data_file(step_dir)).relative_to(tmp_path)
+  store, key = _gcs_object(gcs, f'model/{rel.as_posix()}')
+  data = bytearray(store.read(key).result().value)
+  data[len(data) // 2] ^= 1
+  store.write(key, bytes(data)).result()
+  named = re.escape(f'{gcs}/{key}')
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=f'corrupt: {named} \\(sha256 differs'):
+    checkpoints.load_t5x_params(address)
+  store.delete_range(store.KeyRange(key, key + '\x00')).result()
+  manifest = f'model/{rel.parts[0]}/MANIFEST.json'
+  store.delete_range(store.KeyRange(manifest, manifest + '\x00')).result()
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=f'incomplete checkpoint .*{named}: missing'):
+    checkpoints.load_t5x_params(address)

@@ -266,14 +266,15 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
   assert sums[0] / counts[0] > alpha0[0][0] / alpha0[1][0] + 0.1
 
 
-def test_save_load_and_mismatch(setup, tmp_path):
+def test_save_load_and_mismatch(setup, tmp_path, gcs):
   model, _, _ = setup
   hp = random_head(model.config)
-  path = heads.save_head(hp, HEAD, str(tmp_path / 'head'), 5)
-  for where in (path, str(tmp_path / 'head')):  # checkpoint or its dir
-    back, cfg = heads.load_head(where, model.config)
-    assert cfg == HEAD
-    jax.tree.map(np.testing.assert_array_equal, back, hp)
+  for folder in (str(tmp_path / 'head'), f'{gcs}/head'):  # local, gs://
+    path = heads.save_head(hp, HEAD, folder, 5)
+    for where in (path, folder):  # checkpoint or its dir
+      back, cfg = heads.load_head(where, model.config)
+      assert cfg == HEAD
+      jax.tree.map(np.testing.assert_array_equal, back, hp)
   wider = model.config.replace(emb_dim=48)
   with pytest.raises(ValueError, match='emb_dim 48'):
     heads.load_head(path, wider)

@@ -252,6 +252,8 @@ def test_cells_and_flags_are_checked():
                      cells=lambda o, t: [sweep.Cell('en_de', 'dec2')] * 2)
   with pytest.raises(ValueError, match='names a cell twice'):
     sweep.plan(twice, sweep.Options())
+  with pytest.raises(ValueError, match="work_dir 'gs://b/w' is not a local"):
+    sweep.run(spec, sweep.Options(work_dir='gs://b/w'))
 
 
 def test_model_fields_set_every_model_and_name_the_folders():

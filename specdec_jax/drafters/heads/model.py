@@ -157,22 +157,21 @@ def load_head(path: str, config: network.T5Config
   path = os.fspath(path)
   if not path.startswith('gs://'):
     path = os.path.abspath(os.path.expanduser(path))
-  if os.path.isdir(path) and not os.path.basename(path).startswith(
-      'checkpoint_'):
+  if checkpoints.isdir(path) and not os.path.basename(
+      path.rstrip('/')).startswith('checkpoint_'):
     latest = checkpoints.latest_checkpoint(path)
     if latest is None:
       raise ValueError(f'No checkpoint_<step> in {path} (a draft head dir '
                        'written by scripts/train_heads.py?).')
     path = latest
   meta_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(meta_path):
+  if not checkpoints.isfile(meta_path):
     raise ValueError(f'{path} has no {CONFIG_FILE}: not a draft head '
                      'checkpoint (scripts/train_heads.py writes them).')
-  with open(meta_path) as f:
-    try:
-      head = HeadConfig(**json.load(f))
-    except (TypeError, ValueError) as e:
-      raise ValueError(f'{meta_path}: not a head config ({e}).') from e
+  try:
+    head = HeadConfig(**json.loads(checkpoints.read_bytes(meta_path)))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'{meta_path}: not a head config ({e}).') from e
   params = checkpoints.load_t5x_params(path, dtype=jnp.float32)
   check_head(params, config, head, f'draft head checkpoint {path}')
   return params, head
