@@ -253,10 +253,11 @@ class OutputCache:
         (zip CRC, truncation, inconsistent arrays), or built for another
         vocabulary / embedder / output length.
     """
-    if not os.path.isfile(path):
+    if not checkpoints.isfile(path):
       raise OutputCacheError(path, 'does not exist')
     try:
-      with np.load(path, allow_pickle=False) as f:
+      with np.load(io.BytesIO(checkpoints.read_bytes(path)),
+                   allow_pickle=False) as f:
         meta = json.loads(bytes(f['meta']).decode())
         keys = np.asarray(f['keys'], np.float32)
         outputs = np.asarray(f['outputs'], np.int32)
@@ -297,7 +298,7 @@ class OutputCache:
   def open(cls, path: Optional[str], model, params,
            output_length: int) -> 'OutputCache':
     """The cache at `path` if the file exists (checked), else a new one."""
-    if path and os.path.exists(path):
+    if path and checkpoints.isfile(path):
       return cls.load(path, vocab_size=model.vocab_size,
                       embedder=fingerprint(model.config, params),
                       output_length=output_length)

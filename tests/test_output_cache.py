@@ -54,9 +54,12 @@ def store_setup(v11):
   return model, params, inputs, outputs, store
 
 
-def test_store_saves_reloads_and_appends(store_setup, tmp_path):
+@pytest.mark.parametrize('where', ['local', 'gs'])
+def test_store_saves_reloads_and_appends(store_setup, tmp_path, where,
+                                         request):
   model, params, inputs, outputs, store = store_setup
-  path = str(tmp_path / 'sub' / 'cache.npz')
+  path = (str(tmp_path) if where == 'local' else
+          request.getfixturevalue('gcs')) + '/sub/cache.npz'
   store.save(path)
   fp = output_cache.fingerprint(model.config, params)
   again = output_cache.OutputCache.open(path, model, params, MAX_LEN)
