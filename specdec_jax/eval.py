@@ -89,6 +89,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
+from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import drafters
 from specdec_jax import gin_utils
@@ -222,7 +223,7 @@ class _Run:
     output cache file process 0 has not saved yet is seeded here alike
     but not saved (process 0 saves it)."""
     path = self.setup.draft.output_cache
-    if self.writes or path is None or os.path.exists(path):
+    if self.writes or path is None or checkpoints.isfile(path):
       return self.setup
     return self.setup.replace(output_cache=None)
 
