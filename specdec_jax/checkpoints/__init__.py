@@ -2,7 +2,9 @@
 
 - `t5x`: T5X checkpoints, params only. `load_t5x_params` reads legacy msgpack
   (inline or tensorstore zarr leaves), early orbax and current orbax layouts;
-  `save_t5x_params` writes T5X's orbax layout; `all_steps`,
+  `save_t5x_params` writes T5X's orbax layout; `seal_checkpoint` /
+  `verify_checkpoint` write and check the manifest of a checkpoint that
+  has none (T5X's own; `python -m specdec_jax.checkpoints`); `all_steps`,
   `latest_checkpoint` and `step_of` read `checkpoint_<step>` folder names;
   `check_params` / `expected_shapes` check a tree against a T5Config.
 - `manifest`: checksum manifests (sha256 and size of every file, sha256 of
@@ -37,4 +39,6 @@ from specdec_jax.checkpoints.t5x import latest_checkpoint
 from specdec_jax.checkpoints.t5x import load_t5x_params
 from specdec_jax.checkpoints.t5x import PyTree
 from specdec_jax.checkpoints.t5x import save_t5x_params
+from specdec_jax.checkpoints.t5x import seal_checkpoint
 from specdec_jax.checkpoints.t5x import step_of
+from specdec_jax.checkpoints.t5x import verify_checkpoint

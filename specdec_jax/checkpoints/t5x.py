@@ -25,7 +25,8 @@ manifest (`manifest.MANIFEST` in `checkpoint_<step>/`: sha256 and size of
 every file, sha256 of every array) that `load_t5x_params` checks by default:
 orbax and tensorstore keep no checksums, so a flipped byte could otherwise
 load as other weights. Checkpoints without one (T5X's own) load unverified,
-with a log note. `all_steps`,
+with a log note, until `seal_checkpoint` writes one into them;
+`verify_checkpoint` checks a checkpoint's files without loading it. `all_steps`,
 `latest_checkpoint` and `step_of` are the one reading of `checkpoint_<step>`
 folder names.
 """
@@ -628,20 +629,20 @@ def _checkpoint_folder(kind: str, location: str) -> str:
   return location if kind == 'orbax' else os.path.dirname(location)
 
 
-def _verify(folder: str, location: str,
-            read: Callable[[], Dict[str, Any]]) -> None:
+def _verify(kind: str, location: str) -> Optional[manifest.Manifest]:
   """Checks a checkpoint's files against its manifest, if it has one.
 
   Args:
-    folder: the checkpoint folder (`_checkpoint_folder`).
-    location: what is read (named in the note on unverified checkpoints).
-    read: the flat params ({'a/b': array, or the exception reading it
-      raised}); called only to name the damaged arrays.
+    kind, location: `_resolve`'s reading of the checkpoint.
+
+  Returns:
+    The manifest it matches (None: it has none, noted in the log once).
 
   Raises:
     CheckpointError: naming every missing, resized or changed file and the
       arrays that no longer read back as saved.
   """
+  folder = _checkpoint_folder(kind, location)
   try:
     found = manifest.find(folder)
   except ValueError as e:
@@ -651,16 +652,18 @@ def _verify(folder: str, location: str,
     if location not in _NOTED_UNVERIFIED:
       _NOTED_UNVERIFIED.add(location)
       logging.warning('%s: no checksum manifest (%s), so its files are not '
-                      'verified; a T5X-written checkpoint has none.',
+                      'verified; a T5X-written checkpoint has none (python '
+                      '-m specdec_jax.checkpoints seal writes one).',
                       location, manifest.MANIFEST)
-    return
+    return None
   problems = manifest.check_files(found.root, found.files, found.prefix)
   if not problems:
-    return
+    return found
   arrays = ''
-  if found.arrays:
+  if found.arrays:  # named from each array read on its own
+    read = (_read_orbax_each if kind == 'orbax' else _load_msgpack)
     try:
-      bad = manifest.differing_arrays(found.arrays, read())
+      bad = manifest.differing_arrays(found.arrays, read(location))
     except Exception as e:  # pylint: disable=broad-except
       arrays = f'; its arrays do not load ({type(e).__name__})'
     else:
@@ -669,6 +672,66 @@ def _verify(folder: str, location: str,
   raise CheckpointError(
       f'{folder}: checkpoint does not match {found.path} (verify=False '
       'skips the check): ' + '; '.join(problems) + arrays)
+
+
+def seal_checkpoint(path: str) -> str:
+  """Writes a checksum manifest into a checkpoint that has none (T5X's own),
+  so that every later load, and `verify_checkpoint`, checks its files.
+
+  The manifest records the folder's files as they are now: sha256 and size
+  of each (reading every byte once, a file at a time), no array entries
+  (the damaged files name the arrays: one folder per array in T5X's
+  tensorstore formats, the b-tree's map in orbax's). An orbax checkpoint
+  cut short is refused (`_check_ocdbt`), not sealed.
+
+  Args:
+    path: what `load_t5x_params` takes (a model dir: its latest step).
+
+  Returns:
+    The manifest's path (`<checkpoint folder>/MANIFEST.json`).
+
+  Raises:
+    FileExistsError: the checkpoint has a manifest already.
+    CheckpointError: an orbax checkpoint that is cut short.
+  """
+  kind, location = _resolve(os.fspath(path))
+  folder = _checkpoint_folder(kind, location)
+  own = os.path.join(folder, manifest.MANIFEST)
+  if _storage.isfile(own):
+    raise FileExistsError(f'{own} exists: the checkpoint is sealed already '
+                          '(verify it, or remove the file to seal it anew).')
+  if kind == 'orbax' and _storage.isfile(
+      os.path.join(location, 'manifest.ocdbt')):
+    _check_ocdbt(location)
+  return manifest.write(folder, {})
+
+
+def verify_checkpoint(path: str) -> Dict[str, Any]:
+  """Checks a checkpoint's files against its manifest, loading nothing.
+
+  Args:
+    path: what `load_t5x_params` takes.
+
+  Returns:
+    {'checkpoint': its folder, 'manifest': the manifest's path, 'files',
+    'bytes': what it covers}.
+
+  Raises:
+    CheckpointError: it has no manifest, or a file is missing, resized or
+      changed, or not listed (`load_t5x_params`'s message).
+  """
+  kind, location = _resolve(os.fspath(path))
+  folder = _checkpoint_folder(kind, location)
+  found = _verify(kind, location)
+  if found is None:
+    raise CheckpointError(
+        f'{folder}: no checksum manifest ({manifest.MANIFEST}) to verify '
+        'against (T5X writes none): seal it once its files are known good '
+        '(python -m specdec_jax.checkpoints seal).')
+  covered = found.covered()
+  return {'checkpoint': folder, 'manifest': found.path,
+          'files': len(covered),
+          'bytes': sum(e['bytes'] for e in covered.values())}
 
 
 # ----------------------------------------------------------------------------
@@ -782,13 +845,10 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
   path = os.fspath(path)
   kind, location = _resolve(path)
   load = _load_orbax if kind == 'orbax' else _load_msgpack
-  read = lambda: load(location)
   if verify:
-    _verify(_checkpoint_folder(kind, location), location,
-            functools.partial(_read_orbax_each, location) if kind == 'orbax'
-            else read)
+    _verify(kind, location)
   if shardings is None:
-    return params_from_flat(read(), location, config, dtype)
+    return params_from_flat(load(location), location, config, dtype)
   flat_shardings = traverse_util.flatten_dict(shardings, sep='/')
   if config is not None:  # Before reading: the tree must fit the config.
     want = expected_shapes(config)

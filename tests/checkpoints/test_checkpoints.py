@@ -26,6 +26,7 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import network
+from specdec_jax.checkpoints import __main__ as cli
 
 from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
 import fake_gcs  # pylint: disable=g-bad-import-order
@@ -672,6 +673,42 @@ def test_the_check_of_a_cut_short_copy_walks_every_btree_level(tmp_path):
   ends, held = t5x._ocdbt_reads(base, str(tmp_path))
   assert set().union(*held.values()) == {f'layer_{i}/wo' for i in range(40)}
   assert all(ends[f] <= os.path.getsize(tmp_path / f) for f in ends)
+
+
+def test_a_sealed_t5x_checkpoint_is_checked_from_then_on(fixtures_dir,
+                                                          tmp_path, capsys):
+  """T5X writes no checksums: `seal` records a checkpoint's files, and from
+  then on `verify` and every load name a changed or missing one. A sealed
+  checkpoint is not sealed again, nor one cut short."""
+  ckpt = _ts_checkpoint_with_target(fixtures_dir, tmp_path)  # T5X's chunks
+  want = checkpoints.load_t5x_params(ckpt)
+  assert cli.main(['verify', str(ckpt)]) == 1
+  assert 'no checksum manifest' in capsys.readouterr().err
+  assert cli.main(['seal', str(tmp_path / 'model')]) == 0  # its latest step
+  assert (ckpt / 'MANIFEST.json').is_file()
+  assert cli.main(['verify', str(ckpt)]) == 0
+  assert re.search(r'checkpoint_1: 4 files \(0\.000 GB\) match .*MANIFEST',
+                   capsys.readouterr().out)
+  _assert_trees_equal(checkpoints.load_t5x_params(ckpt), want)
+  assert cli.main(['seal', str(ckpt)]) == 1
+  assert 'sealed already' in capsys.readouterr().err
+  chunk = ckpt / 'state.param_states.kernel' / '0.0'
+  data = bytearray(chunk.read_bytes())
+  data[len(data) // 2] ^= 1
+  chunk.write_bytes(data)
+  assert cli.main(['verify', str(ckpt)]) == 1
+  assert f'corrupt: {chunk} (sha256 differs' in capsys.readouterr().err
+  with pytest.raises(checkpoints.CheckpointError, match=re.escape(
+      f'corrupt: {chunk}')):
+    checkpoints.load_t5x_params(ckpt)
+  # An orbax checkpoint without its manifest, cut short: refused.
+  step_dir = pathlib.Path(
+      checkpoints.save_t5x_params(_tiny_tree(), tmp_path / 'orbax', step=1))
+  (step_dir / 'MANIFEST.json').unlink()
+  os.remove(_largest_data_file(step_dir))
+  assert cli.main(['seal', str(step_dir)]) == 1
+  assert 'incomplete checkpoint' in capsys.readouterr().err
+  assert not (step_dir / 'MANIFEST.json').exists()
 
 
 def test_verify_false_skips_the_check_and_a_bad_manifest_is_named(tmp_path):
