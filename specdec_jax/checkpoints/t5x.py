@@ -26,9 +26,9 @@ every file, sha256 of every array) that `load_t5x_params` checks by default:
 orbax and tensorstore keep no checksums, so a flipped byte could otherwise
 load as other weights. Checkpoints without one (T5X's own) load unverified,
 with a log note, until `seal_checkpoint` writes one into them;
-`verify_checkpoint` checks a checkpoint's files without loading it. `all_steps`,
-`latest_checkpoint` and `step_of` are the one reading of `checkpoint_<step>`
-folder names.
+`verify_checkpoint` checks a checkpoint's files without loading it.
+`all_steps`, `latest_checkpoint` and `step_of` are the one reading of
+`checkpoint_<step>` folder names.
 """
 
 from __future__ import annotations

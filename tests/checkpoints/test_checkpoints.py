@@ -745,7 +745,7 @@ def test_checkpoint_without_manifest_loads_with_a_note(fixtures_dir,
   assert len(notes) == 1 and str(path) in notes[0], notes
 
 
-# --- gs:// addresses, on a local GCS (tests/fake_gcs.py) -----------------------
+# --- gs:// addresses, on a local GCS (tests/fake_gcs.py) ---------------------
 
 
 def _gcs_object(root, key):
