@@ -75,6 +75,21 @@ def read_bytes(path: str) -> bytes:
     return f.read()
 
 
+def read_range(path: str, start: int, stop: int) -> bytes:
+  """Bytes [start, stop) of a gs:// object.
+
+  Raises:
+    FileNotFoundError: there is no object at `path`.
+    ValueError: the range is not within the object (tensorstore's
+      OUT_OF_RANGE).
+  """
+  store, key = _gcs_store(path)
+  result = store.read(key, byte_range=slice(start, stop)).result()
+  if result.state == 'missing':
+    raise FileNotFoundError(f'No checkpoint file at {path}')
+  return bytes(result.value)
+
+
 def list_files(directory: str) -> List[str]:
   """'/'-separated paths, relative to `directory`, of every file under it."""
   if is_gcs(directory):

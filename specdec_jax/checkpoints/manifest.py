@@ -61,9 +61,17 @@ class Manifest:
 
 
 def _size_and_sha256(path: str, want_bytes: Optional[int] = None):
-  """(size, sha256 hex) of a file; None if missing; no hash if resized."""
+  """(size, sha256 hex) of a file; None if missing; no hash if resized.
+
+  A gs:// object of the size `want_bytes` is read in ranges of
+  `_GCS_BLOCK` bytes (one of another size, or of no size given, whole).
+  """
   if _storage.is_gcs(path):
     try:
+      if want_bytes is not None:
+        got = _gcs_sha256(path, want_bytes)
+        if got is not None:
+          return want_bytes, got
       data = _storage.read_bytes(path)
     except FileNotFoundError:
       return None
@@ -78,6 +86,31 @@ def _size_and_sha256(path: str, want_bytes: Optional[int] = None):
     for block in iter(lambda: f.read(1 << 20), b''):
       digest.update(block)
   return size, digest.hexdigest()
+
+
+_GCS_BLOCK = 64 << 20
+
+
+def _gcs_sha256(path: str, size: int) -> Optional[str]:
+  """sha256 hex of a gs:// object read in `_GCS_BLOCK` ranges, if it holds
+  exactly `size` bytes; else None (tensorstore's Python API tells no
+  object's size: a range past the end fails, one byte past `size` must).
+
+  Raises:
+    FileNotFoundError: there is no object at `path`.
+  """
+  digest = hashlib.sha256()
+  try:
+    for start in range(0, size, _GCS_BLOCK):
+      digest.update(_storage.read_range(path, start,
+                                        min(start + _GCS_BLOCK, size)))
+  except ValueError:  # shorter than `size`
+    return None
+  try:
+    _storage.read_range(path, size, size + 1)
+  except ValueError:  # nothing past `size`: the whole object was read
+    return digest.hexdigest()
+  return None  # longer than `size`
 
 
 def file_entries(root: str) -> Dict[str, Dict[str, Any]]:

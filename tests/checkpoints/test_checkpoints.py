@@ -806,21 +806,35 @@ def test_a_checkpoint_saved_to_gcs_loads_checked_and_sharded(gcs, np_v11):
   _assert_trees_equal(sharded, params)
 
 
-def test_damage_on_gcs_is_named(gcs, tmp_path):
-  """A changed object fails the manifest, naming its gs:// address; one
+def test_damage_on_gcs_is_named(gcs, tmp_path, monkeypatch):
+  """A changed, shorter or longer object fails the manifest, naming its
+  gs:// address (objects hashed in ranges, here of 500 bytes); one
   missing from a checkpoint without a manifest is named from the b-tree."""
+  from specdec_jax.checkpoints import manifest  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(manifest, '_GCS_BLOCK', 500)
   step_dir = pathlib.Path(
       checkpoints.save_t5x_params(_tiny_tree(), tmp_path, step=1))
   address = fake_gcs.upload(tmp_path, f'{gcs}/model') + '/checkpoint_1'
+  whole, read_bytes = [], manifest._storage.read_bytes
+  monkeypatch.setattr(manifest._storage, 'read_bytes',
+                      lambda p: whole.append(p) or read_bytes(p))
+  assert checkpoints.verify_checkpoint(address)['files'] == len(
+      _files(step_dir, skip=('MANIFEST.json',)))
+  assert not [p for p in whole if '/d/' in p]  # intact: read in ranges
   rel = pathlib.Path(_largest_data_file(step_dir)).relative_to(tmp_path)
   store, key = _gcs_object(gcs, f'model/{rel.as_posix()}')
-  data = bytearray(store.read(key).result().value)
-  data[len(data) // 2] ^= 1
-  store.write(key, bytes(data)).result()
+  data = bytes(store.read(key).result().value)
+  assert len(data) > 1000  # several ranges
+  flipped = bytearray(data)
+  flipped[len(data) // 2] ^= 1
   named = re.escape(f'{gcs}/{key}')
-  with pytest.raises(checkpoints.CheckpointError,
-                     match=f'corrupt: {named} \\(sha256 differs'):
-    checkpoints.load_t5x_params(address)
+  for damaged, what in (
+      (bytes(flipped), f'corrupt: {named} \\(sha256 differs'),
+      (data[:-5], f'truncated or changed: {named} has {len(data) - 5} '),
+      (data + b'x', f'truncated or changed: {named} has {len(data) + 1} ')):
+    store.write(key, damaged).result()
+    with pytest.raises(checkpoints.CheckpointError, match=what):
+      checkpoints.load_t5x_params(address)
   store.delete_range(store.KeyRange(key, key + '\x00')).result()
   manifest = f'model/{rel.parts[0]}/MANIFEST.json'
   store.delete_range(store.KeyRange(manifest, manifest + '\x00')).result()
