@@ -692,10 +692,18 @@ def seal_checkpoint(path: str) -> str:
 
   Raises:
     FileExistsError: the checkpoint has a manifest already.
-    CheckpointError: an orbax checkpoint that is cut short.
+    CheckpointError: an orbax checkpoint that is cut short, or a msgpack
+      file not named `checkpoint` (T5X's name), whose folder may hold
+      anything.
   """
   kind, location = _resolve(os.fspath(path))
   folder = _checkpoint_folder(kind, location)
+  if kind == 'msgpack' and os.path.basename(location) != _CHECKPOINT_FILE:
+    raise CheckpointError(
+        f'{location}: a manifest covers the whole folder it is in, and this '
+        f'file is not in a checkpoint folder of its own (T5X names the file '
+        f'{_CHECKPOINT_FILE!r}, in checkpoint_<step>/): move it into one, '
+        'then seal that.')
   own = os.path.join(folder, manifest.MANIFEST)
   if _storage.isfile(own):
     raise FileExistsError(f'{own} exists: the checkpoint is sealed already '

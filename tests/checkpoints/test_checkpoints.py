@@ -692,6 +692,11 @@ def test_a_sealed_t5x_checkpoint_is_checked_from_then_on(fixtures_dir,
   _assert_trees_equal(checkpoints.load_t5x_params(ckpt), want)
   assert cli.main(['seal', str(ckpt)]) == 1
   assert 'sealed already' in capsys.readouterr().err
+  # A bare file's folder may hold anything: not sealed with it.
+  shutil.copy(fixtures_dir / 'test_t5_tiny.checkpoint_0', tmp_path)
+  assert cli.main(['seal', str(tmp_path / 'test_t5_tiny.checkpoint_0')]) == 1
+  assert 'not in a checkpoint folder of its own' in capsys.readouterr().err
+  assert not (tmp_path / 'MANIFEST.json').exists()
   chunk = ckpt / 'state.param_states.kernel' / '0.0'
   data = bytearray(chunk.read_bytes())
   data[len(data) // 2] ^= 1
