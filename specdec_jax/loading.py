@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import pathlib
+import os
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
 from typing import Tuple, Union
 
@@ -648,13 +648,13 @@ def _read_model(config: network.T5Config, checkpoint: Optional[str],
   else:
     if str(checkpoint).startswith('shipped:'):  # the package's own models
       checkpoint = shipped.resolve(str(checkpoint))
-    path = pathlib.Path(str(checkpoint))
-    if not str(checkpoint).startswith('gs://') and not path.exists():
+    checkpoint = str(checkpoint)
+    if not checkpoint.startswith('gs://') and not os.path.exists(checkpoint):
       raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
-    if not (path.is_dir() and (path / 'config.json').exists()):
+    if not checkpoints.isfile(os.path.join(checkpoint, 'config.json')):
       return model, checkpoints.load_t5x_params(checkpoint, config=config,
                                                 shardings=shardings)
-    params = checkpoints.load_hf_t5(path, config)
+    params = checkpoints.load_hf_t5(checkpoint, config)
   if shardings is not None:
     params = jax.tree.map(jax.device_put, params, shardings)
   return model, params

@@ -69,12 +69,19 @@ def numpy_params(config, seed: int, emb_scale: float):
   return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
+@pytest.fixture(scope='session')
+def gcs_server():
+  """The URL of a GCS served on this machine for the session
+  (`fake_gcs.serving`)."""
+  with fake_gcs.serving() as url:
+    yield url
+
+
 @pytest.fixture
-def gcs(monkeypatch):
-  """'gs://<bucket>' of an empty bucket on a GCS served on this machine
-  (`fake_gcs.serve`), for the tests of gs:// addresses."""
-  with fake_gcs.serve(monkeypatch) as root:
-    yield root
+def gcs(gcs_server):  # pylint: disable=redefined-outer-name
+  """'gs://<bucket>' of an empty bucket of its own on the session's GCS,
+  for the tests of gs:// addresses."""
+  return fake_gcs.new_bucket(gcs_server)
 
 
 @pytest.fixture(scope='session')

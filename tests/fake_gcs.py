@@ -1,8 +1,9 @@
 """A local Google Cloud Storage for tests of gs:// paths.
 
-`serve()` runs gcp-storage-emulator (the JSON API: listings, ranged
+`serving()` runs gcp-storage-emulator (the JSON API: listings, ranged
 downloads, uploads) on this machine, in this process, where `configure()`
-pointed the two GCS clients the checkpoints use:
+pointed the two GCS clients the checkpoints use; `new_bucket()` gives an
+empty bucket of it. The clients:
 
 - tensorstore's gcs kvstore (every array and file read, our listings):
   `TENSORSTORE_GCS_HTTP_URL`, with `GOOGLE_AUTH_TOKEN_FOR_TESTING` for a
@@ -14,21 +15,28 @@ pointed the two GCS clients the checkpoints use:
 
 `configure()` runs once, when the suite starts (tests/conftest.py): orbax
 keeps one tensorstore context per process, which reads the endpoint when
-orbax first saves or restores anything, local or not.
+orbax first saves or restores anything, local or not. The emulator serves
+the whole session (the `gcs` fixtures of tests/conftest.py): one stopped
+and started again on the same port between tests left tensorstore a
+connection to the old one now and then ("Malformed StorageGeneration"
+while orbax saved), so each test gets a bucket of its own instead.
 
 The emulator ignores a listing's `startOffset` / `endOffset`, which
 tensorstore sends for every key range (and not `prefix`): real GCS lists
-only the keys in range, the emulator every key of the bucket. `serve`
-filters its listings by them, as GCS does.
+only the keys in range, the emulator every key of the bucket. Its listings
+here are filtered by them, as GCS does.
 """
 
 import contextlib
+import itertools
+import json
 import os
 import pathlib
 import socket
 from typing import Iterator
+import urllib.request
 
-BUCKET = 'specdec-test'
+_BUCKETS = itertools.count()
 
 
 def _ranged(ls):
@@ -39,34 +47,23 @@ def _ranged(ls):
     end = (request.query.get('endOffset') or [None])[0]
     send = response.json
 
-    def json(obj):
+    def json_response(obj):
       if isinstance(obj, dict) and 'items' in obj:
         obj['items'] = [f for f in obj['items'] if start <= f['name'] and (
             end is None or f['name'] < end)]
       send(obj)
 
-    response.json = json
+    response.json = json_response
     return ls(request, response, *args, **kwargs)
   return handler
 
 
-# The port `configure` chose, held between `serve`s so that no other
-# process (another xdist worker's `configure`) takes it.
-_HELD = []
-
-
-def _hold(port: int) -> int:
-  s = socket.socket()
-  s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  s.bind(('127.0.0.1', port))
-  _HELD.append(s)
-  return s.getsockname()[1]
-
-
 def configure() -> str:
   """Points this process's GCS clients (and its children's) at a free local
-  port, where `serve` will listen; returns its URL."""
-  url = f'http://127.0.0.1:{_hold(0)}'
+  port, where the emulator will listen; returns its URL."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    url = f'http://127.0.0.1:{s.getsockname()[1]}'
   os.environ.update(TENSORSTORE_GCS_HTTP_URL=url,
                     GOOGLE_AUTH_TOKEN_FOR_TESTING='test',
                     STORAGE_EMULATOR_HOST=url, EPATH_USE_TF='false')
@@ -74,29 +71,37 @@ def configure() -> str:
 
 
 @contextlib.contextmanager
-def serve(monkeypatch) -> Iterator[str]:
-  """Serves an empty bucket `BUCKET` at `configure()`'s address; yields
-  'gs://BUCKET'."""
+def serving() -> Iterator[str]:
+  """Runs the emulator at `configure()`'s address; yields its URL."""
   # pylint: disable=g-import-not-at-top
   from gcp_storage_emulator import server as emulator
   from gcp_storage_emulator.handlers import objects
   # pylint: enable=g-import-not-at-top
-  monkeypatch.setattr(emulator, 'HANDLERS', tuple(
+  url = os.environ['TENSORSTORE_GCS_HTTP_URL']
+  handlers = emulator.HANDLERS
+  emulator.HANDLERS = tuple(
       (regex, {m: _ranged(h) if h is objects.ls else h
-               for m, h in handlers.items()})
-      for regex, handlers in emulator.HANDLERS))
-  port = int(os.environ['TENSORSTORE_GCS_HTTP_URL'].rsplit(':', 1)[1])
-  while _HELD:
-    _HELD.pop().close()
-  server = emulator.create_server('127.0.0.1', port, in_memory=True,
-                                  default_bucket=BUCKET)
+               for m, h in methods.items()})
+      for regex, methods in handlers)
+  server = emulator.create_server('127.0.0.1', int(url.rsplit(':', 1)[1]),
+                                  in_memory=True)
   server.start()
   try:
-    yield f'gs://{BUCKET}'
+    yield url
   finally:
     server.stop()
-    with contextlib.suppress(OSError):  # taken meanwhile: not held
-      _hold(port)
+    emulator.HANDLERS = handlers
+
+
+def new_bucket(url: str) -> str:
+  """An empty bucket of its own on the emulator at `url`; 'gs://<bucket>'."""
+  name = f'specdec-test-{next(_BUCKETS)}'
+  request = urllib.request.Request(
+      url + '/storage/v1/b', data=json.dumps({'name': name}).encode(),
+      headers={'Content-Type': 'application/json'}, method='POST')
+  with urllib.request.urlopen(request, timeout=30) as response:
+    assert response.status == 200, response.status
+  return f'gs://{name}'
 
 
 def upload(local: os.PathLike, address: str) -> str:

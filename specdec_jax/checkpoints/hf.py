@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import network
+from specdec_jax.checkpoints import _storage
 from specdec_jax.checkpoints import t5x
 
 PyTree = Any
@@ -221,10 +222,9 @@ def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
       feed_forward_proj, relative-attention buckets other than 32/128).
   """
   path = os.fspath(config_json_path)
-  if os.path.isdir(path):
+  if not path.endswith('.json'):  # the folder holding it
     path = os.path.join(path, 'config.json')
-  with open(path) as f:
-    hf = json.load(f)
+  hf = json.loads(_storage.read_bytes(path))
   ff = hf.get('feed_forward_proj', 'relu')
   if ff not in _HF_ACTIVATIONS:
     raise ValueError(f'{path}: feed_forward_proj {ff!r} is not supported '
@@ -261,7 +261,9 @@ def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
 
 
 def _hf_weight_files(path: str) -> list[str]:
-  if os.path.isfile(path):
+  """The safetensors files of a folder, an index or a file (local or
+  gs://)."""
+  if _storage.isfile(path):
     if path.endswith('.json'):
       index_path, folder = path, os.path.dirname(path)
     else:
@@ -270,17 +272,16 @@ def _hf_weight_files(path: str) -> list[str]:
     folder = path
     index_path = os.path.join(path, 'model.safetensors.index.json')
     single = os.path.join(path, 'model.safetensors')
-    if os.path.isfile(single):
+    if _storage.isfile(single):
       return [single]
-  if not os.path.isfile(index_path):
-    if not os.path.exists(path):
+  if not _storage.isfile(index_path):
+    if not _storage.isdir(path):
       raise FileNotFoundError(f'No HF T5 weights at {path}')
     raise FileNotFoundError(
         f'{path}: no model.safetensors or model.safetensors.index.json '
         '(only safetensors weights are read; re-save with '
         'save_pretrained(..., safe_serialization=True))')
-  with open(index_path) as f:
-    weight_map = json.load(f)['weight_map']
+  weight_map = json.loads(_storage.read_bytes(index_path))['weight_map']
   return [os.path.join(folder, name) for name in sorted(set(
       weight_map.values()))]
 
@@ -292,16 +293,14 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def _read_safetensors_raw(name: str) -> Dict[str, np.ndarray]:
-  """Reads a safetensors file with numpy + ml_dtypes.
+def _read_safetensors_raw(data: bytes) -> Dict[str, np.ndarray]:
+  """Reads a safetensors file's bytes with numpy + ml_dtypes.
 
   safetensors.numpy cannot represent bfloat16 (numpy has no such dtype), yet
   many HF T5 exports are bfloat16. The format is an 8-byte little-endian
   header length, a JSON header {name: {dtype, shape, data_offsets}}, then
   the raw little-endian tensor bytes.
   """
-  with open(name, 'rb') as f:
-    data = f.read()
   (header_len,) = np.frombuffer(data[:8], '<u8')
   header = json.loads(data[8:8 + int(header_len)])
   base = 8 + int(header_len)
@@ -322,13 +321,17 @@ def _read_safetensors(files: Iterable[str]) -> Dict[str, np.ndarray]:
 
   state: Dict[str, np.ndarray] = {}
   for name in files:
-    if not os.path.isfile(name):
+    if not _storage.isfile(name):
       raise FileNotFoundError(f'HF weight shard missing: {name}')
     try:
+      # A local file is read by safetensors itself; a gs:// one whole.
+      data = _storage.read_bytes(name) if _storage.is_gcs(name) else None
       try:
-        state.update(st_numpy.load_file(name))
+        state.update(st_numpy.load_file(name) if data is None
+                     else st_numpy.load(data))
       except TypeError:  # A dtype numpy lacks (bfloat16).
-        state.update(_read_safetensors_raw(name))
+        state.update(_read_safetensors_raw(
+            _storage.read_bytes(name) if data is None else data))
     except Exception as e:  # pylint: disable=broad-except
       raise t5x.CheckpointError(
           f'{name}: unreadable safetensors file: {type(e).__name__}: {e}'
@@ -351,7 +354,7 @@ def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
   """
   path = os.fspath(path_or_dir)
   if config is None:
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    folder = os.path.dirname(path) if _storage.isfile(path) else path
     config = config_from_hf(os.path.join(folder, 'config.json'))
   state = _read_safetensors(_hf_weight_files(path))
   if 'shared.weight' not in state:  # Some exports keep only the stack copies.

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax.checkpoints import __main__ as cli
 
@@ -431,8 +432,10 @@ def test_hf_safetensors_round_trip(which, request, tmp_path):
 
 
 @pytest.mark.usefixtures('torch')
-def test_hf_sharded_safetensors(np_v11, tmp_path):
-  """Sharded HF weights (model.safetensors.index.json) are all read."""
+def test_hf_sharded_safetensors(np_v11, tmp_path, gcs):
+  """Sharded HF weights (model.safetensors.index.json) are all read, from
+  disk or gs://, and the job's loader takes a folder with a config.json
+  there for HF weights."""
   # pylint: disable-next=g-import-not-at-top
   from specdec_jax.checkpoints import hf as hf_lib
   model, params = np_v11
@@ -440,10 +443,12 @@ def test_hf_sharded_safetensors(np_v11, tmp_path):
       tmp_path, max_shard_size='40KB')
   index = json.loads((tmp_path / 'model.safetensors.index.json').read_text())
   assert len(set(index['weight_map'].values())) > 1
-  _assert_trees_equal(checkpoints.load_hf_t5(tmp_path, model.config), params)
-  _assert_trees_equal(
-      checkpoints.load_hf_t5(tmp_path / 'model.safetensors.index.json',
-                             model.config), params)
+  address = fake_gcs.upload(tmp_path, f'{gcs}/hf')
+  for folder in (str(tmp_path), address):
+    _assert_trees_equal(checkpoints.load_hf_t5(folder, model.config), params)
+    _assert_trees_equal(checkpoints.load_hf_t5(
+        f'{folder}/model.safetensors.index.json'), params)  # config beside
+    _assert_trees_equal(loading.load_model(model.config, folder)[1], params)
 
 
 def test_hf_bfloat16_safetensors(np_v11, tmp_path, torch):
