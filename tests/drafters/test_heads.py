@@ -267,14 +267,15 @@ def test_training_leaves_target_untouched_and_loss_falls(setup):
 
 
 def test_save_load_and_mismatch(setup, tmp_path, gcs):
+  """A head saved and loaded on gs:// (the shipped heads load from disk in
+  the specs' tests), from its checkpoint or its dir; misfits named."""
   model, _, _ = setup
   hp = random_head(model.config)
-  for folder in (str(tmp_path / 'head'), f'{gcs}/head'):  # local, gs://
-    path = heads.save_head(hp, HEAD, folder, 5)
-    for where in (path, folder):  # checkpoint or its dir
-      back, cfg = heads.load_head(where, model.config)
-      assert cfg == HEAD
-      jax.tree.map(np.testing.assert_array_equal, back, hp)
+  path = heads.save_head(hp, HEAD, f'{gcs}/head', 5)
+  for where in (path, f'{gcs}/head'):  # checkpoint or its dir
+    back, cfg = heads.load_head(where, model.config)
+    assert cfg == HEAD
+    jax.tree.map(np.testing.assert_array_equal, back, hp)
   wider = model.config.replace(emb_dim=48)
   with pytest.raises(ValueError, match='emb_dim 48'):
     heads.load_head(path, wider)
