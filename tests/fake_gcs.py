@@ -37,6 +37,9 @@ from typing import Iterator
 import urllib.request
 
 _BUCKETS = itertools.count()
+# The port `configure` chose, held until the emulator listens on it, so that
+# no other process (another xdist worker's `configure`) takes it meanwhile.
+_HELD = []
 
 
 def _ranged(ls):
@@ -61,9 +64,10 @@ def _ranged(ls):
 def configure() -> str:
   """Points this process's GCS clients (and its children's) at a free local
   port, where the emulator will listen; returns its URL."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    url = f'http://127.0.0.1:{s.getsockname()[1]}'
+  held = socket.socket()
+  held.bind(('127.0.0.1', 0))
+  _HELD.append(held)
+  url = f'http://127.0.0.1:{held.getsockname()[1]}'
   os.environ.update(TENSORSTORE_GCS_HTTP_URL=url,
                     GOOGLE_AUTH_TOKEN_FOR_TESTING='test',
                     STORAGE_EMULATOR_HOST=url, EPATH_USE_TF='false')
@@ -83,6 +87,8 @@ def serving() -> Iterator[str]:
       (regex, {m: _ranged(h) if h is objects.ls else h
                for m, h in methods.items()})
       for regex, methods in handlers)
+  while _HELD:
+    _HELD.pop().close()
   server = emulator.create_server('127.0.0.1', int(url.rsplit(':', 1)[1]),
                                   in_memory=True)
   server.start()
