@@ -450,16 +450,24 @@ def _orbax_name(key: str) -> str:
 _OCDBT_REF = re.compile(r'^(?:btreenode|value):([^:]*):(.+):(\d+):(\d+)$')
 
 
+def _cut_short(state_dir: str, problem: str) -> CheckpointError:
+  return CheckpointError(f'{state_dir}: incomplete checkpoint (a copy cut '
+                         f'short?): {problem}')
+
+
 def _check_ocdbt(state_dir: str) -> None:
   """Raises a CheckpointError naming every file an OCDBT checkpoint's latest
   version reads that is missing or shorter than it reads (a copy cut short)
   and the arrays whose bytes it holds, before orbax reads any array.
 
   Reads the b-tree's nodes and one byte at the end of each file, never the
-  arrays' bytes (a changed byte is for the checksum manifest to find).
+  arrays' bytes (a changed byte is for the checksum manifest to find). An
+  orbax checkpoint without OCDBT (no `manifest.ocdbt`) has none to check.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
+  if not _storage.isfile(os.path.join(state_dir, 'manifest.ocdbt')):
+    return
   base = ts.KvStore.open(_folder_kvstore(state_dir)).result()
   ends, held = _ocdbt_reads(base, state_dir)
   problems = []
@@ -477,8 +485,7 @@ def _check_ocdbt(state_dir: str) -> None:
              + (f' and {len(names) - 4} more' if len(names) > 4 else '') + ')'
              if names else ''))
   if problems:
-    raise CheckpointError(f'{state_dir}: incomplete checkpoint (a copy cut '
-                          'short?): ' + '; '.join(problems))
+    raise _cut_short(state_dir, '; '.join(problems))
 
 
 def _ocdbt_reads(base, state_dir: str
@@ -504,14 +511,11 @@ def _ocdbt_reads(base, state_dir: str
           _orbax_name(key.decode(errors='replace')))
     return file
 
-  def fail(problem):
-    raise CheckpointError(f'{state_dir}: incomplete checkpoint (a copy cut '
-                          f'short?): {problem}')
-
   try:
     versions = ts.ocdbt.dump(base).result().get('versions') or []
   except Exception as e:  # pylint: disable=broad-except
-    fail(f'unreadable OCDBT manifest: {_ts_message(e)}')
+    raise _cut_short(state_dir, 'unreadable OCDBT manifest: '
+                     f'{_ts_message(e)}') from None
   # The latest version's tree (older ones sit in version-tree nodes).
   nodes = [(versions[-1]['root']['location'], b'')] if versions else []
   while nodes:
@@ -520,8 +524,8 @@ def _ocdbt_reads(base, state_dir: str
     try:
       node = ts.ocdbt.dump(base, location).result()
     except Exception as e:  # pylint: disable=broad-except
-      fail(f'{os.path.join(state_dir, file)}: unreadable b-tree node '
-           f'({_ts_message(e)})')
+      raise _cut_short(state_dir, f'{os.path.join(state_dir, file)}: '
+                       f'unreadable b-tree node ({_ts_message(e)})') from None
     for entry in node['entries']:
       if 'location' in entry:  # a child node: its keys follow its prefix
         nodes.append((entry['location'],
@@ -555,8 +559,7 @@ def _load_orbax(state_dir: str, shardings: Optional[Dict[str, Any]] = None,
     raise CheckpointError(
         f'{state_dir}: orbax checkpoint has no "target" (params) subtree; '
         f'top-level keys: {sorted(tree)}')
-  if _storage.isfile(os.path.join(state_dir, 'manifest.ocdbt')):
-    _check_ocdbt(state_dir)
+  _check_ocdbt(state_dir)
   item = {'target': tree['target']}
   if shardings is None:
     restore_args = jax.tree.map(
@@ -708,8 +711,7 @@ def seal_checkpoint(path: str) -> str:
   if _storage.isfile(own):
     raise FileExistsError(f'{own} exists: the checkpoint is sealed already '
                           '(verify it, or remove the file to seal it anew).')
-  if kind == 'orbax' and _storage.isfile(
-      os.path.join(location, 'manifest.ocdbt')):
+  if kind == 'orbax':
     _check_ocdbt(location)
   return manifest.write(folder, {})
 
