@@ -110,12 +110,18 @@ def new_bucket(url: str) -> str:
   return f'gs://{name}'
 
 
-def upload(local: os.PathLike, address: str) -> str:
-  """Copies a local file or folder to a gs:// address; returns it."""
+def object_store(address: str):
+  """(tensorstore KvStore of the bucket, the object's key) of a
+  gs://bucket/key address."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   bucket, key = address[len('gs://'):].split('/', 1)
-  store = ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result()
+  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
+
+
+def upload(local: os.PathLike, address: str) -> str:
+  """Copies a local file or folder to a gs:// address; returns it."""
+  store, key = object_store(address)
   local = pathlib.Path(local)
   files = [local] if local.is_file() else sorted(
       p for p in local.rglob('*') if p.is_file())

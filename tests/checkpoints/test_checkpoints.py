@@ -758,13 +758,6 @@ def test_checkpoint_without_manifest_loads_with_a_note(fixtures_dir,
 # --- gs:// addresses, on a local GCS (tests/fake_gcs.py) ---------------------
 
 
-def _gcs_object(root, key):
-  """(tensorstore KvStore of the bucket, the object's key) of root/key."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  bucket = root[len('gs://'):]
-  return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
-
-
 @pytest.mark.filterwarnings('ignore:Sharding info not provided when restoring')
 def test_every_t5x_format_loads_from_gcs_as_from_disk(gcs, fixtures_dir,
                                                       np_v11, tmp_path):
@@ -832,7 +825,7 @@ def test_damage_on_gcs_is_named(gcs, tmp_path, monkeypatch):
       _files(step_dir, skip=('MANIFEST.json',)))
   assert not [p for p in whole if '/d/' in p]  # intact: read in ranges
   rel = pathlib.Path(_largest_data_file(step_dir)).relative_to(tmp_path)
-  store, key = _gcs_object(gcs, f'model/{rel.as_posix()}')
+  store, key = fake_gcs.object_store(f'{gcs}/model/{rel.as_posix()}')
   data = bytes(store.read(key).result().value)
   assert len(data) > 1000  # several ranges
   flipped = bytearray(data)
