@@ -89,6 +89,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
+from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import drafters
@@ -116,7 +117,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
              config_str: str = '', partitioner=None,
              shard_drafter: bool = False,
              if_settings_differ: str = 'refuse',
-             cache: Optional[loading.LoadCache] = None) -> Dict[str, Any]:
+             cache: Optional[loading.LoadCache] = None,
+             sync_every_s: float = 60.0) -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
 
   Across processes (`jax.distributed`, see `main`): process p of P decodes
@@ -130,7 +132,9 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
 
   Args:
     setup: what to decode (target, drafter, task, sampling, gamma, ...).
-    output_dir: where results go; a rerun with the same settings resumes
+    output_dir: where results go, a local folder or a gs:// address (kept
+      in a local copy, copied to the bucket as it changes:
+      bucket_folder.py); a rerun with the same settings resumes
       (`run_folder.identity`: every setting that shapes a record).
     timing_repeats: each batch is decoded this many times by each method
       (alternating) and the median time is reported.
@@ -146,6 +150,9 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       files are moved into output_dir/replaced-<time>/, then a fresh run).
     cache: a `loading.LoadCache` (a sweep's, kept across its cells): the
       models and examples it holds are not loaded again.
+    sync_every_s: at a gs:// output_dir, the longest new records wait
+      before they are copied to the bucket (any other write is copied at
+      once; the job's end copies everything).
 
   Returns:
     The summary dict (also written to summary.json by process 0; every
@@ -154,7 +161,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
   return evaluate_together(
       [(setup, output_dir, config_str)], timing_repeats=timing_repeats,
       partitioner=partitioner, shard_drafter=shard_drafter,
-      if_settings_differ=if_settings_differ, cache=cache)[0]
+      if_settings_differ=if_settings_differ, cache=cache,
+      sync_every_s=sync_every_s)[0]
 
 
 class _Run:
@@ -168,8 +176,28 @@ class _Run:
 
   def __init__(self, setup: EvalSetup, output_dir: str, config_str: str,
                task, examples, partitioner, shard_drafter,
-               if_settings_differ: str):
-    self.setup, self.task, self.out = setup, task, pathlib.Path(output_dir)
+               if_settings_differ: str, sync_every_s: float = 60.0):
+    self.setup, self.task, self.shown = setup, task, output_dir
+    self.bucket = None  # a gs:// output_dir, kept in a local copy
+    if bucket_folder.is_bucket(output_dir):
+      self.bucket = bucket_folder.BucketFolder(output_dir, sync_every_s)
+      self.bucket.start()
+    self.out = (pathlib.Path(output_dir) if self.bucket is None else
+                self.bucket.local)
+    try:
+      self._claim(setup, examples, partitioner, shard_drafter, config_str,
+                  if_settings_differ)
+    except BaseException as e:
+      if self.bucket is not None:
+        self.bucket.close()
+        if isinstance(e, run_folder.RunFolderError):
+          raise run_folder.RunFolderError(self.bucket.shown(e.message)
+                                          ) from None
+      raise
+    self.own = None  # its record file (None: it writes none)
+
+  def _claim(self, setup, examples, partitioner, shard_drafter, config_str,
+             if_settings_differ) -> None:
     spans = partitioner is not None and partitioner.spans_processes
     self.index = jax.process_index()
     self.count = 1 if spans else jax.process_count()
@@ -177,12 +205,11 @@ class _Run:
     self.wanted = {i for i, *_ in examples}
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,
-                                      task),
+                                      self.task),
         config_str, {i: run_folder.example_fingerprint(*e)
                      for i, *e in examples},
         main_process=self.index == 0, num_examples=setup.num_examples,
         if_settings_differ=if_settings_differ)
-    self.own = None  # its record file (None: it writes none)
 
   def open(self) -> unit_loop.Lane:
     """Says what it decodes; readies its record file and output cache;
@@ -190,8 +217,10 @@ class _Run:
     done = {r['index'] for r in self.records}
     self.reused = len(done & self.wanted)
     if self.index == 0:
-      print(summary_lib.start_line(self.out, len(self.wanted), self.reused),
-            flush=True)
+      print(summary_lib.start_line(self.shown, len(self.wanted),
+                                   self.reused), flush=True)
+    if self.bucket is not None and not self.writes:
+      self.bucket.pull(others=True)  # process 0's output cache, recovered
     if self.writes:
       self.own = run_folder.process_file(self.out, self.index, self.count)
     if self.count > 1:
@@ -246,9 +275,26 @@ class _Run:
       lane.commit.finish()
     self.records.extend(batch)
 
+  def sync(self) -> None:
+    """At a gs:// output_dir: the bucket made what its local copy is
+    (before the others' records are merged)."""
+    if self.bucket is not None:
+      self.bucket.sync(force=True)
+
   def finish(self, error) -> Dict[str, Any]:
     """Merges the processes' records (once all are done) and, on process
-    0, writes the summary of what finished (the others: their share)."""
+    0, writes the summary of what finished (the others: their share); a
+    gs:// output_dir copied up whole."""
+    try:
+      return self._finish(error)
+    finally:
+      if self.bucket is not None:
+        self.bucket.close()
+
+  def _finish(self, error) -> Dict[str, Any]:
+    if error is None and self.index == 0 and self.count > 1 and (
+        self.bucket is not None):
+      self.bucket.pull(others=True)  # the others' records and choices
     if error is None and self.index == 0 and (self.count > 1 or any(
         self.out.glob('examples.process-*.jsonl'))):
       self.records = run_folder.merge(self.out)
@@ -267,7 +313,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                       timing_repeats: int = 1, partitioner=None,
                       shard_drafter: bool = False,
                       if_settings_differ: str = 'refuse',
-                      cache: Optional[loading.LoadCache] = None
+                      cache: Optional[loading.LoadCache] = None,
+                      sync_every_s: float = 60.0
                       ) -> List[Dict[str, Any]]:
   """`evaluate` for setups that share a baseline: each unit's baseline
   decoded once, timed alternately with every setup's speculative decode
@@ -278,8 +325,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
       same `EvalSetup.baseline_fields` (they differ in their drafting).
       Several runs share the target's arrays (a `loading.LoadCache`), on
       one device or the partitioner's mesh.
-    timing_repeats, partitioner, shard_drafter, if_settings_differ, cache:
-      as `evaluate`'s, for every run.
+    timing_repeats, partitioner, shard_drafter, if_settings_differ, cache,
+      sync_every_s: as `evaluate`'s, for every run.
 
   Returns:
     The summaries (`evaluate`'s), one per run.
@@ -289,7 +336,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   """
   checks.check_int('timing_repeats', timing_repeats)
   for _, out, _ in runs:
-    checks.check_local_folder('output_dir', out)
+    if not bucket_folder.is_bucket(out):  # a bucket's: kept in a local copy
+      checks.check_local_folder('output_dir', out)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target
@@ -305,8 +353,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   examples = loading.read_examples(setup, task, setup.num_examples, cache)
   # Process 0 claims, then the others read (its error is theirs too).
   folders = run_folder.process_0_first(lambda: [_Run(
-      *run, task, examples, partitioner, shard_drafter, if_settings_differ)
-                                                for run in runs])
+      *run, task, examples, partitioner, shard_drafter, if_settings_differ,
+      sync_every_s) for run in runs])
   run_folder.barrier('read')  # Nobody appends before.
   # Where process 0 alone writes (one mesh spanning the processes), its
   # output cache is recovered before the others read it.
@@ -330,6 +378,8 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
         for folder, lane, sink, batch in zip(folders, lanes, sinks, unit):
           folder.append(sink, batch, lane)
         run_folder.check_interrupted()
+      for folder in folders:
+        folder.sync()
       run_folder.barrier('done')
   except BaseException as e:  # keep what finished, say why, re-raise
     error = e

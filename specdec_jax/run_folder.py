@@ -80,6 +80,8 @@ EVALUATE_PARAMETERS = {
                           'differs',
     'cache': 'free: where the setup\'s models and examples come from (the '
              'same ones, loaded by an earlier job of the process)',
+    'sync_every_s': 'free: how often new records are copied to a gs:// '
+                    'output_dir',
 }
 
 # What a rerun with another identity does (`claim`).
@@ -154,8 +156,9 @@ def read_json(path: pathlib.Path, what: str, remedy: str,
 # -- Writes ---------------------------------------------------------------
 
 # Called with a label after every write of the run folder (and of the
-# output cache): tests inject failures here to crash between any two
-# writes. Empty in normal runs.
+# output cache): a file written, renamed or removed, or an earlier run moved
+# aside. A folder kept in a bucket is copied up here (bucket_folder.py);
+# tests inject failures here to crash between any two writes.
 after_write: List[Callable[[str], None]] = []
 
 
@@ -308,6 +311,7 @@ def _move_aside(out: pathlib.Path) -> pathlib.Path:
   for path in out.iterdir():
     if path != aside and not path.name.startswith('replaced-'):
       path.rename(aside / path.name)
+  _wrote('earlier run moved aside')
   return aside
 
 
@@ -459,6 +463,7 @@ def merge(out: pathlib.Path) -> List[Dict[str, Any]]:
                ''.join(json.dumps(r) + '\n' for r in records))
   for path in out.glob('examples.process-*.jsonl'):
     path.unlink()
+  _wrote('per-process records removed')
   return records
 
 
@@ -592,6 +597,7 @@ class CacheCommit:
     if not self.intent.exists():
       if os.path.exists(self.staged):  # staged, no intent: never committed
         os.remove(self.staged)
+        _wrote('output cache discarded')
         return 'discarded'
       return None
     remedy = self._remedy(self.staged)
@@ -610,12 +616,15 @@ class CacheCommit:
           raise damaged(self.staged, 'a staged output cache that '
                         + e.problem, self._remedy(self.intent)) from None
         os.replace(self.staged, self.cache_path)
+        _wrote('output cache committed')
       done = 'rolled forward'
     else:
       if os.path.exists(self.staged):
         os.remove(self.staged)
+        _wrote('output cache discarded')
       done = 'discarded'
     self.intent.unlink()
+    _wrote('output cache intent removed')
     return done
 
 

@@ -21,7 +21,10 @@ and started again on the same port between tests left tensorstore a
 connection to the old one now and then ("Malformed StorageGeneration"
 while orbax saved), so each test gets a bucket of its own instead.
 
-The emulator ignores a listing's `startOffset` / `endOffset`, which
+The emulator reads an upload of an empty object as one without a body and
+fails it (tensorstore then retries for ever): its uploads here take an
+empty body as an empty object, as GCS does. It ignores a listing's
+`startOffset` / `endOffset`, which
 tensorstore sends for every key range (and not `prefix`): real GCS lists
 only the keys in range, the emulator every key of the bucket. Its listings
 here are filtered by them, as GCS does.
@@ -61,6 +64,17 @@ def _ranged(ls):
   return handler
 
 
+def _empty_uploads(insert):
+  """The emulator's upload, taking an empty body for an empty object as
+  GCS does (the emulator reads it as no body, fails, and tensorstore
+  retries the upload for ever)."""
+  def handler(request, response, *args, **kwargs):
+    if request.data is None and request.query.get('uploadType') == ['media']:
+      request._data = b''  # pylint: disable=protected-access
+    return insert(request, response, *args, **kwargs)
+  return handler
+
+
 def configure() -> str:
   """Points this process's GCS clients (and its children's) at a free local
   port, where the emulator will listen; returns its URL."""
@@ -83,8 +97,9 @@ def serving() -> Iterator[str]:
   # pylint: enable=g-import-not-at-top
   url = os.environ['TENSORSTORE_GCS_HTTP_URL']
   handlers = emulator.HANDLERS
+  patched = {objects.ls: _ranged, objects.insert: _empty_uploads}
   emulator.HANDLERS = tuple(
-      (regex, {m: _ranged(h) if h is objects.ls else h
+      (regex, {m: patched[h](h) if h in patched else h
                for m, h in methods.items()})
       for regex, methods in handlers)
   while _HELD:

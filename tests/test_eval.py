@@ -324,12 +324,13 @@ def test_clear_errors(tmp_path, override, error, message):
     eval_lib.main(argv)
 
 
-def test_an_output_dir_at_a_url_is_refused(tmp_path, monkeypatch):
-  """pathlib would write 'gs://b/run' to a local folder 'gs:/b/run'."""
+def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
+  """pathlib would write 's3://b/run' to a local folder 's3:/b/run' (a
+  gs:// one is kept in a local copy: tests/test_bucket_folder.py)."""
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(ValueError, match="output_dir 'gs://b/run' is not a "
+  with pytest.raises(ValueError, match="output_dir 's3://b/run' is not a "
                      'local folder'):
-    eval_lib.main(args('gs://b/run'))
+    eval_lib.main(args('s3://b/run'))
   assert not list(tmp_path.iterdir())
 
 

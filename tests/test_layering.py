@@ -132,6 +132,8 @@ CLOCKS = {
     'tools/accelerator/stored.py:_checked': (
         'the store check: compile seconds; its timings are '
         'measure.time_alternating'),
+    'specdec_jax/bucket_folder.py:*': 'when records were last copied to '
+                                      'the bucket',
     'scripts/benchmark_mesh.py:compiled_facts': 'compile seconds',
     'scripts/ship_models.py:cmd_measure': 'seconds of an alpha measurement',
     'scripts/train_heads.py:main': 'training wall time',

@@ -126,6 +126,28 @@ def test_two_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_processes_into_a_bucket_equal_one_process(tmp_path, gcs):
+  """At a gs:// EVAL_OUTPUT_DIR (the suite's local GCS) each process
+  keeps a local copy; process 0 takes the other's records from the bucket
+  and merges them: the bucket holds the records of one process's run."""
+  single = tmp_path / 'single'
+  eval_lib.main(args(single))
+  expected = _without_timings(read_jsonl(single / 'examples.jsonl'))
+  url = f'{gcs}/multi'
+  logs = _run_processes(url)
+  said = [[l for l in log.splitlines() if l.startswith(f'{url}: ')]
+          for log in logs]
+  assert said[0] == said[1] and said[0][0].startswith(
+      f'{url}: complete (4 examples, '), said
+  assert not [n for n in checkpoints.list_files(url) if 'process' in n]
+  merged = tmp_path / 'merged.jsonl'
+  merged.write_bytes(checkpoints.read_bytes(f'{url}/examples.jsonl'))
+  records = read_jsonl(merged)
+  assert {r['batch'] for r in records} == {0, 1}  # each process's batch
+  assert _without_timings(records) == expected
+
+
+@pytest.mark.slow
 def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   """The decoders on one mesh over both processes' devices (4 each): the
   'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy

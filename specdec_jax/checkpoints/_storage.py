@@ -116,3 +116,15 @@ def write_bytes(path: str, data: bytes) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def delete(path: str) -> None:
+  """Removes a file (a gs:// object); nothing where there is none."""
+  if is_gcs(path):
+    store, key = _gcs_store(path)
+    store.write(key, None).result()
+    return
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass

@@ -1,0 +1,202 @@
+"""A run folder at a gs:// address: written in a local copy, copied to the
+bucket as it changes.
+
+The eval job writes its folder with file operations that an object store
+lacks (files renamed into place, records appended, a run moved aside:
+run_folder.py). At a gs:// EVAL_OUTPUT_DIR each process keeps the folder in
+a local copy, a temporary folder: `BucketFolder.pull` copies the bucket's
+objects into it before the run claims it, and after every write of the run
+folder (`run_folder.after_write`) `sync` makes the bucket what the copy is,
+the records first, then the files written, then the files removed. One
+write of the folder is one change (a file written, renamed or removed, or
+the files of a run moved aside), and an upload of GCS is atomic, so the
+bucket passes through the states the folder passed through: a process that
+dies leaves a bucket a rerun resumes from as it would from the folder (the
+output cache committed with the records of its unit, `run_folder.
+CacheCommit`).
+
+Records are the one exception. Uploading a growing examples.jsonl whole
+after every unit would cost bytes quadratic in the run's length, so a change
+of the records files alone waits until `every_s` seconds have passed since
+they were last copied; any other change copies them first (they were
+written before it). A process killed loses at most those seconds of records
+from the bucket, which a rerun decodes again; an ending job (complete,
+failed or interrupted) copies everything, and a copy that fails leaves the
+local folder in place, named in the error.
+
+In a `jax.distributed` run every process syncs the files it writes; process
+0 takes the others' records and choices from the bucket (`pull(others=
+True)`) before it merges them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Dict, List, Tuple
+
+from specdec_jax import checkpoints
+from specdec_jax import run_folder
+
+SCHEME = 'gs://'
+# Files in a folder that is not the run's (an older run moved aside), which
+# the job never reads: not copied down.
+_NOT_PULLED = 'replaced-'
+
+
+def is_bucket(path) -> bool:
+  """Whether `path` is a gs:// address (an `EVAL_OUTPUT_DIR` kept here)."""
+  return os.fspath(path).startswith(SCHEME)
+
+
+def _is_records(name: str) -> bool:
+  """examples.jsonl or a process's examples.process-p-of-P.jsonl."""
+  return '/' not in name and name.startswith('examples') and name.endswith(
+      '.jsonl')
+
+
+class BucketCopyError(RuntimeError):
+  """The run folder could not be copied to or from its bucket."""
+
+
+class BucketFolder:
+  """A run folder at `url`, kept in the local folder `local`.
+
+  Attributes:
+    url: the gs:// address.
+    local: the local copy the job reads and writes.
+    every_s: the longest records alone wait before they are copied.
+  """
+
+  def __init__(self, url: str, every_s: float = 60.0):
+    if every_s < 0:
+      raise ValueError(f'the bucket sync interval must be >= 0 seconds, got '
+                       f'{every_s}.')
+    self.url = url.rstrip('/')
+    self.every_s = every_s
+    self.local = pathlib.Path(tempfile.mkdtemp(prefix='specdec_run_'))
+    # What the bucket holds, as far as this process knows: (size, mtime_ns)
+    # of the local file it was copied from or to.
+    self._copied: Dict[str, Tuple[int, int]] = {}
+    self._ours = set()  # the names this process copied up
+    self._records_at = time.monotonic()
+    self._failed = False
+
+  def __repr__(self) -> str:
+    return f'BucketFolder({self.url!r}, local={str(self.local)!r})'
+
+  # -- Copies -------------------------------------------------------------
+
+  def _address(self, name: str) -> str:
+    return f'{self.url}/{name}'
+
+  def _scan(self) -> Dict[str, Tuple[int, int]]:
+    """(size, mtime_ns) of each file of the local copy, by its name
+    relative to it (a file being written, '<name>.tmp-<pid>', left out)."""
+    found = {}
+    for folder, _, names in os.walk(self.local):
+      for name in names:
+        if '.tmp-' in name:
+          continue
+        path = pathlib.Path(folder) / name
+        stat = path.stat()
+        found[path.relative_to(self.local).as_posix()] = (stat.st_size,
+                                                           stat.st_mtime_ns)
+    return found
+
+  def pull(self, others: bool = False) -> List[str]:
+    """Copies the bucket's objects into the local copy; returns their
+    names. `others`: only those this process has not copied up itself
+    (another process's records, choice or output cache), over its older
+    copies of them."""
+    try:
+      names = [n for n in checkpoints.list_files(self.url)
+               if not n.startswith(_NOT_PULLED) and '.tmp-' not in n]
+      if others:
+        names = [n for n in names if n not in self._ours]
+      for name in names:
+        path = self.local / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoints.write_bytes(str(path), checkpoints.read_bytes(
+            self._address(name)))
+        stat = path.stat()
+        self._copied[name] = (stat.st_size, stat.st_mtime_ns)
+    except OSError as e:
+      raise BucketCopyError(f'could not copy the run folder {self.url} to '
+                            f'this machine: {type(e).__name__}: {e}') from e
+    return names
+
+  def sync(self, force: bool = False) -> None:
+    """Makes the bucket what the local copy is: changed records files,
+    then the other files written (oldest first), then the files removed.
+    Without `force`, a change of records files alone waits for
+    `every_s`."""
+    if self._failed:
+      return
+    now = self._scan()
+    changed = [n for n in now if self._copied.get(n) != now[n]]
+    removed = [n for n in self._copied if n not in now]
+    records = [n for n in changed if _is_records(n)]
+    if not changed and not removed:
+      return
+    if (not force and not removed and len(records) == len(changed) and
+        time.monotonic() - self._records_at < self.every_s):
+      return
+    others = sorted((n for n in changed if not _is_records(n)),
+                    key=lambda n: now[n][1])
+    try:
+      for name in records + others:
+        checkpoints.write_bytes(self._address(name),
+                                (self.local / name).read_bytes())
+        self._copied[name] = now[name]
+        self._ours.add(name)
+      for name in removed:
+        checkpoints.delete(self._address(name))
+        del self._copied[name]
+    except OSError as e:
+      self._failed = True
+      raise BucketCopyError(
+          f'could not copy the run folder to {self.url} ({type(e).__name__}'
+          f': {e}); what the job wrote is kept at {self.local}: copy it '
+          'there (e.g. gsutil -m rsync -r) and rerun to resume') from e
+    if records:
+      self._records_at = time.monotonic()
+
+  # -- The job's hooks ----------------------------------------------------
+
+  def _after_write(self, label: str) -> None:
+    del label
+    self.sync()
+
+  def start(self) -> None:
+    """Copies the bucket down, then syncs after every write of the run
+    folder (first among `run_folder.after_write`)."""
+    try:
+      self.pull()
+    except BucketCopyError:
+      shutil.rmtree(self.local, ignore_errors=True)
+      raise
+    run_folder.after_write.insert(0, self._after_write)
+
+  def close(self) -> None:
+    """Copies everything up, stops syncing and removes the local copy
+    (kept, and named in the error, when a copy failed)."""
+    try:
+      self.sync(force=True)
+    finally:
+      if self._after_write in run_folder.after_write:
+        run_folder.after_write.remove(self._after_write)
+    if self._failed:
+      logging.warning('the run folder %s is kept at %s: it was not copied '
+                      'to the bucket whole.', self.url, self.local)
+    else:
+      shutil.rmtree(self.local, ignore_errors=True)
+
+  def shown(self, text: str) -> str:
+    """`text` (an error, a line) with the local copy's path said as the
+    bucket's address."""
+    return text.replace(str(self.local), self.url)

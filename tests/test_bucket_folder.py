@@ -1,0 +1,150 @@
+"""An eval run folder at a gs:// address (bucket_folder.py), on the suite's
+local GCS (tests/fake_gcs.py).
+
+The job writes a local copy and the bucket follows it write by write, so a
+process that dies at any point, its disk with it, leaves a bucket that a
+rerun resumes from to what an uninterrupted run writes (the crash points of
+tests/test_run_folder.py, here with the process's copies stopped there).
+"""
+
+import pathlib
+import tempfile
+
+import pytest
+
+from specdec_jax import bucket_folder
+from specdec_jax import checkpoints
+from specdec_jax import eval as eval_lib
+from specdec_jax import run_folder
+from test_eval import args
+from test_run_folder import _state
+from test_run_folder import Injected
+from test_run_folder import SHORT
+
+
+def _download(url: str, local: pathlib.Path) -> pathlib.Path:
+  """The objects under `url`, copied into the folder `local`."""
+  for name in checkpoints.list_files(url):
+    path = local / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(checkpoints.read_bytes(f'{url}/{name}'))
+  return local
+
+
+def test_a_run_killed_after_any_write_resumes_from_its_bucket(
+    tmp_path, gcs, monkeypatch, capsys):
+  """The 'cache' drafter (its output cache committed with each unit's
+  records), batches of 1, records waiting to be copied (sync_every_s):
+  the job in a bucket writes what it writes in a folder. Killed right after
+  each write of its first unit (no later copy; its local copy lost), then
+  rerun: the bucket's records, summary counters and output cache (byte
+  for byte) are an uninterrupted run's."""
+  flags = dict(BATCH_SIZE='1', NUM_EXAMPLES='2', GAMMA='3',
+               DRAFTER="'cache'", DRAFT_MODEL='None', **SHORT,
+               **{'evaluate.sync_every_s': '1e9'})
+  writes = []
+  monkeypatch.setattr(run_folder, 'after_write', [writes.append])
+  reference = tmp_path / 'reference'
+  eval_lib.main(args(reference, **flags))
+  expected = _state(reference)
+  monkeypatch.setattr(run_folder, 'after_write', [])
+  local_copies = tmp_path / 'tmp'
+  local_copies.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(local_copies))
+  whole = f'{gcs}/whole'
+  capsys.readouterr()
+  eval_lib.main(args(whole, **flags))
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == f'decoding 2 examples into {whole}', lines
+  assert lines[-1].startswith(f'{whole}: complete (2 examples'), lines
+  assert _state(_download(whole, tmp_path / 'whole')) == expected
+  assert not list(local_copies.iterdir())  # the local copy removed
+  # A rerun with other settings is refused, naming the bucket's address.
+  with pytest.raises(run_folder.RunFolderError) as refused:
+    eval_lib.main(args(whole, **dict(flags, GAMMA='2')))
+  assert f'{whole} holds a run with other settings' in str(refused.value)
+  assert 'specdec_run_' not in str(refused.value)
+
+  dead = []  # the process killed: nothing more reaches the bucket
+  sync = bucket_folder.BucketFolder.sync
+  monkeypatch.setattr(bucket_folder.BucketFolder, 'sync', lambda self, force=(
+      False): None if dead else sync(self, force))
+  first_unit = range(writes.index('summary.md') + 1,
+                     writes.index('output cache intent removed') + 1)
+  assert [writes[at] for at in first_unit] == [
+      'output cache staged', 'output_cache.pending.json', 'examples.jsonl',
+      'output cache committed', 'output cache intent removed']
+  for at in first_unit:
+    count = [0]
+
+    def kill(label, at=at, count=count):
+      del label
+      count[0] += 1
+      if count[0] == at + 1:
+        dead.append(at)
+        raise Injected(f'after write {at}')
+
+    url = f'{gcs}/after-{at}'
+    monkeypatch.setattr(run_folder, 'after_write', [kill])
+    with pytest.raises(Injected):
+      eval_lib.main(args(url, **flags))
+    monkeypatch.setattr(run_folder, 'after_write', [])
+    dead.clear()
+    summary = eval_lib.main(args(url, **flags))
+    assert summary['status'] == 'complete'
+    assert _state(_download(url, tmp_path / f'after-{at}')) == expected, (
+        writes[at])
+
+
+def test_records_wait_and_are_copied_before_any_later_write(gcs,
+                                                             monkeypatch):
+  """Records alone wait for `every_s`; the next other write copies them
+  first. An earlier run moved aside: its files copied to their new names
+  before the old ones are removed, and never copied down again. A copy
+  that fails names the bucket and keeps the local copy."""
+  url = f'{gcs}/run'
+  ops = []
+  put, delete = checkpoints.write_bytes, checkpoints.delete
+
+  def recorded_put(path, data):
+    if path.startswith('gs://'):
+      ops.append(('put', path[len(url) + 1:]))
+    put(path, data)
+
+  monkeypatch.setattr(checkpoints, 'write_bytes', recorded_put)
+  monkeypatch.setattr(checkpoints, 'delete', lambda path: (
+      ops.append(('delete', path[len(url) + 1:])), delete(path)))
+  folder = bucket_folder.BucketFolder(url, every_s=1e9)
+  folder.start()
+  try:
+    run_folder.write_atomic(folder.local / 'run.json', '{}')
+    with (folder.local / 'examples.jsonl').open('a') as sink:
+      run_folder.append(sink, [{'index': 0}])
+      run_folder.append(sink, [{'index': 1}])
+    assert ops == [('put', 'run.json')]
+    run_folder.write_atomic(folder.local / 'summary.json', '{}')
+    assert ops[1:] == [('put', 'examples.jsonl'), ('put', 'summary.json')]
+    del ops[:]
+    aside = run_folder._move_aside(folder.local)  # pylint: disable=protected-access
+    names = ['examples.jsonl', 'run.json', 'summary.json']
+    assert sorted(ops[:3]) == [('put', f'{aside.name}/{n}') for n in names]
+    assert sorted(ops[3:]) == [('delete', n) for n in names]
+  finally:
+    folder.close()
+  assert not folder.local.exists()
+  again = bucket_folder.BucketFolder(url)
+  assert again.pull() == [] and checkpoints.list_files(url) == [
+      f'{aside.name}/{n}' for n in names]
+
+  def failing(path, data):
+    if path.startswith('gs://'):
+      raise OSError('no route to the bucket')
+    put(path, data)
+
+  monkeypatch.setattr(checkpoints, 'write_bytes', failing)
+  again.start()
+  with pytest.raises(bucket_folder.BucketCopyError) as failed:
+    run_folder.write_atomic(again.local / 'run.json', '{}')
+  assert url in str(failed.value) and str(again.local) in str(failed.value)
+  again.close()
+  assert (again.local / 'run.json').read_text() == '{}'
