@@ -26,7 +26,8 @@ batches. At batch > 1 gamma is chosen for the batch by default
 of the first 16 examples at GAMMA give alpha, the target's cost(k) at this
 batch and the drafter's c are timed on this machine, and the gamma maximizing
 Theorem 3.8 with the measured cost(gamma + 1) decodes every unit. Outputs in
-EVAL_OUTPUT_DIR:
+EVAL_OUTPUT_DIR (a local folder, or a gs:// address: kept in a local copy
+that the bucket follows write by write, bucket_folder.py):
   examples.jsonl   one record per example, appended as batches finish;
   summary.json     walltime speedup, alpha, mean accepted length, target calls
                    per token, metrics of both outputs, differing examples
@@ -281,6 +282,12 @@ class _Run:
     if self.bucket is not None:
       self.bucket.sync(force=True)
 
+  def close(self) -> None:
+    """At a gs:// output_dir: the bucket made what its local copy is,
+    the local copy removed."""
+    if self.bucket is not None:
+      self.bucket.close()
+
   def finish(self, error) -> Dict[str, Any]:
     """Merges the processes' records (once all are done) and, on process
     0, writes the summary of what finished (the others: their share); a
@@ -288,8 +295,7 @@ class _Run:
     try:
       return self._finish(error)
     finally:
-      if self.bucket is not None:
-        self.bucket.close()
+      self.close()
 
   def _finish(self, error) -> Dict[str, Any]:
     if error is None and self.index == 0 and self.count > 1 and (
@@ -352,14 +358,20 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.num_examples, cache)
   # Process 0 claims, then the others read (its error is theirs too).
-  folders = run_folder.process_0_first(lambda: [_Run(
-      *run, task, examples, partitioner, shard_drafter, if_settings_differ,
-      sync_every_s) for run in runs])
-  run_folder.barrier('read')  # Nobody appends before.
-  # Where process 0 alone writes (one mesh spanning the processes), its
-  # output cache is recovered before the others read it.
-  lanes = run_folder.process_0_first(
-      lambda: [folder.open() for folder in folders])
+  folders = []
+  try:
+    run_folder.process_0_first(lambda: folders.extend(_Run(
+        *run, task, examples, partitioner, shard_drafter, if_settings_differ,
+        sync_every_s) for run in runs))
+    run_folder.barrier('read')  # Nobody appends before.
+    # Where process 0 alone writes (one mesh spanning the processes), its
+    # output cache is recovered before the others read it.
+    lanes = run_folder.process_0_first(
+        lambda: [folder.open() for folder in folders])
+  except BaseException:
+    for folder in folders:  # a bucket's local copies
+      folder.close()
+    raise
   # The job's other processes on this machine: their CPU is not other work
   # beside the timings (`measure.OtherLoad`).
   peers = run_folder.job_processes_here()
