@@ -125,7 +125,7 @@ class BucketFolder:
             self._address(name)))
         stat = path.stat()
         self._copied[name] = (stat.st_size, stat.st_mtime_ns)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # tensorstore's errors: ValueError
       raise BucketCopyError(f'could not copy the run folder {self.url} to '
                             f'this machine: {type(e).__name__}: {e}') from e
     return names
@@ -157,7 +157,7 @@ class BucketFolder:
       for name in removed:
         checkpoints.delete(self._address(name))
         del self._copied[name]
-    except OSError as e:
+    except (OSError, ValueError) as e:  # tensorstore's errors: ValueError
       self._failed = True
       raise BucketCopyError(
           f'could not copy the run folder to {self.url} ({type(e).__name__}'
