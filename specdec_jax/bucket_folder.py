@@ -59,6 +59,15 @@ def _is_records(name: str) -> bool:
       '.jsonl')
 
 
+def check_interval(every_s) -> None:
+  """Raises ValueError unless `every_s` (`evaluate.sync_every_s`) is a
+  number of seconds >= 0."""
+  if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or (
+      not every_s >= 0):
+    raise ValueError(f'sync_every_s must be a number of seconds >= 0, got '
+                     f'{every_s!r}.')
+
+
 class BucketCopyError(RuntimeError):
   """The run folder could not be copied to or from its bucket."""
 
@@ -73,9 +82,7 @@ class BucketFolder:
   """
 
   def __init__(self, url: str, every_s: float = 60.0):
-    if every_s < 0:
-      raise ValueError(f'the bucket sync interval must be >= 0 seconds, got '
-                       f'{every_s}.')
+    check_interval(every_s)
     self.url = url.rstrip('/')
     self.every_s = every_s
     self.local = pathlib.Path(tempfile.mkdtemp(prefix='specdec_run_'))

@@ -341,6 +341,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
     ValueError: the setups do not share a baseline.
   """
   checks.check_int('timing_repeats', timing_repeats)
+  bucket_folder.check_interval(sync_every_s)
   for _, out, _ in runs:
     if not bucket_folder.is_bucket(out):  # a bucket's: kept in a local copy
       checks.check_local_folder('output_dir', out)

@@ -326,11 +326,15 @@ def test_clear_errors(tmp_path, override, error, message):
 
 def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   """pathlib would write 's3://b/run' to a local folder 's3:/b/run' (a
-  gs:// one is kept in a local copy: tests/test_bucket_folder.py)."""
+  gs:// one is kept in a local copy: tests/test_bucket_folder.py); a
+  negative sync_every_s is refused too, before anything is written."""
   monkeypatch.chdir(tmp_path)
   with pytest.raises(ValueError, match="output_dir 's3://b/run' is not a "
                      'local folder'):
     eval_lib.main(args('s3://b/run'))
+  with pytest.raises(ValueError, match='sync_every_s must be a number of '
+                     "seconds >= 0, got -1"):
+    eval_lib.main(args(tmp_path / 'run', **{'evaluate.sync_every_s': '-1'}))
   assert not list(tmp_path.iterdir())
 
 
