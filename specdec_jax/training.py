@@ -30,7 +30,9 @@ t5_1_1 gin files), on our network:
   serialization) in the same folder. Every `checkpoint_period` steps and at
   the end; the last `keep_checkpoints` are kept. A rerun resumes from the
   latest one and skips the batches already seen, so an interrupted run ends
-  with the same parameters as an uninterrupted one.
+  with the same parameters as an uninterrupted one; a checkpoint whose save
+  was cut short (`SAVING_FILE` names its step) is removed first, and the
+  run resumes from the one before.
 - Logs: `model_dir/log.jsonl`, one record per `log_period` steps
   (`split: 'train'`, means over those steps) and per evaluation (`split:
   'validation'`): step, loss (cross entropy + z-loss, T5X's 'loss'),
@@ -84,6 +86,11 @@ Batch = data.Batch
 Z_LOSS = 1e-4
 LOG_FILE = 'log.jsonl'
 OPTIMIZER_STATE_FILE = 'optimizer_state.msgpack'
+# In the model dir while a checkpoint is being saved: its step. A save is
+# not atomic (orbax puts the params in place, then the optimizer state and
+# the manifest are written), so a run that finds this file resumes from the
+# checkpoint before (`_remove_cut_short_save`).
+SAVING_FILE = 'saving.json'
 SCHEDULES = ('rsqrt', 'constant')
 
 
@@ -340,22 +347,47 @@ def save_checkpoint(state: TrainState, model_dir: str,
     both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
+  saving = os.path.join(model_dir, SAVING_FILE)
+  checkpoints.write_bytes(saving, json.dumps({'step': step}).encode())
   # In the checkpoint's checksum manifest with the params (verified on load).
   opt_state = serialization.to_bytes(jax.device_get(state.opt_state))
   path = checkpoints.save_t5x_params(
       jax.device_get(state.params), model_dir, step,
       extra_files={OPTIMIZER_STATE_FILE: opt_state})
+  checkpoints.delete(saving)  # the checkpoint is whole
   for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints, 1)]:
     shutil.rmtree(old)
   return path
 
 
+def _remove_cut_short_save(model_dir: str) -> None:
+  """Removes the checkpoint a crashed save left unfinished (its step in
+  SAVING_FILE: params, perhaps without the optimizer state or the
+  manifest), so that the run resumes from the one before, exactly."""
+  saving = os.path.join(model_dir, SAVING_FILE)
+  if not os.path.isfile(saving):
+    return
+  try:
+    step = int(json.loads(checkpoints.read_bytes(saving))['step'])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f'{saving} is damaged ({type(e).__name__}); it names '
+                     'the checkpoint a save left unfinished: delete that '
+                     'checkpoint and this file.') from None
+  cut_short = os.path.join(model_dir, f'checkpoint_{step}')
+  if os.path.isdir(cut_short):
+    logging.warning('%s was left unfinished by a save cut short: removed; '
+                    'resuming from the checkpoint before it.', cut_short)
+    shutil.rmtree(cut_short)
+  os.remove(saving)
+
+
 def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
   """The train state saved in a `checkpoint_<step>` folder.
 
-  A folder without OPTIMIZER_STATE_FILE (a T5X params-only checkpoint, or a
-  save interrupted in between) restores the params and step with fresh
-  Adafactor statistics, with a warning.
+  A folder without OPTIMIZER_STATE_FILE (a T5X params-only checkpoint)
+  restores the params and step with fresh Adafactor statistics, with a
+  warning. (A save of ours cut short is removed before a run resumes:
+  `SAVING_FILE`.)
 
   Args:
     model: the network; the params must match its config.
@@ -508,6 +540,7 @@ def _initial_state(model: network.T5Model, model_config: network.T5Config,
   """The state a run starts from: `model_dir`'s latest checkpoint, else a
   fresh one (random parameters, or with `init_from_teacher` the teacher's
   cut to MODEL's depth)."""
+  _remove_cut_short_save(model_dir)
   latest = checkpoints.latest_checkpoint(model_dir)
   if latest is None and init_from_teacher:
     if teacher_config is None:

@@ -223,6 +223,36 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted):
   assert _train(tmp_path, 4)['start_step'] == 4
 
 
+def test_a_save_cut_short_resumes_from_the_checkpoint_before(
+    tmp_path, uninterrupted, monkeypatch):
+  """A crash inside the save at step 2, after the params were put in place
+  but before the Adafactor statistics were written: the rerun removes that
+  checkpoint and starts before it (from step 0), and ends with the
+  uninterrupted run's parameters. Resumed from it, steps 3-4 would run
+  with fresh statistics."""
+  from specdec_jax.checkpoints import _storage  # pylint: disable=g-import-not-at-top
+  real = _storage.write_bytes
+
+  def crash(path, data):
+    if path.endswith(training.OPTIMIZER_STATE_FILE):
+      raise RuntimeError('killed mid-save')
+    real(path, data)
+
+  monkeypatch.setattr(_storage, 'write_bytes', crash)
+  with pytest.raises(RuntimeError, match='killed mid-save'):
+    _train(tmp_path, 4, checkpoint_period=2, eval_examples=0)
+  monkeypatch.setattr(_storage, 'write_bytes', real)
+  assert (tmp_path / 'checkpoint_2').is_dir()
+  assert (tmp_path / training.SAVING_FILE).is_file()
+  resumed = _train(tmp_path, 4, checkpoint_period=2, eval_examples=0)
+  assert resumed['start_step'] == 0 and resumed['step'] == 4
+  assert not (tmp_path / training.SAVING_FILE).exists()
+  _, model_dir = uninterrupted
+  _assert_trees_equal(
+      checkpoints.load_t5x_params(str(model_dir), config=TINY),
+      checkpoints.load_t5x_params(str(tmp_path), config=TINY))
+
+
 def test_a_corrupt_optimizer_state_is_named(tmp_path, uninterrupted):
   """The checksum manifest covers the Adafactor statistics too: a flipped
   byte there would otherwise resume with other statistics, silently."""
