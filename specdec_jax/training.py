@@ -347,6 +347,8 @@ def save_checkpoint(state: TrainState, model_dir: str,
     both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
+  if '://' not in model_dir:  # a local model dir, made as orbax makes it
+    os.makedirs(model_dir, exist_ok=True)
   saving = os.path.join(model_dir, SAVING_FILE)
   checkpoints.write_bytes(saving, json.dumps({'step': step}).encode())
   # In the checkpoint's checksum manifest with the params (verified on load).
