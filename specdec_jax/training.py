@@ -40,7 +40,9 @@ t5_1_1 gin files), on our network:
   steps_per_sec (data + train step; the first record includes compiling),
   seconds (wall clock, summed over resumed runs).
 
-`model_dir` is a local folder. Batches come from `data.task_train_batches` /
+`model_dir` is a local folder or a gs:// address (kept in a local copy,
+copied to the bucket when the step being saved is named and again once the
+checkpoint is whole: bucket_folder.py). Batches come from `data.task_train_batches` /
 `data.task_eval_batches` (seqio, imported when called) or from pre-tokenized
 arrays (`arrays.array_train_batches` / `arrays.array_eval_batches`, no
 seqio). `main` is the job as a command line (scripts/train.py): T5X-style
@@ -52,6 +54,7 @@ arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -59,6 +62,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence)
@@ -71,6 +75,7 @@ import numpy as np
 import optax
 
 from specdec_jax import arrays
+from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import data
@@ -334,13 +339,17 @@ def eval_loss(model: network.T5Model, params: PyTree,
 
 # ----------------------------------------------------------- checkpoints ---
 def save_checkpoint(state: TrainState, model_dir: str,
-                    keep_checkpoints: int = 1) -> str:
+                    keep_checkpoints: int = 1,
+                    on_write: Optional[Callable[[], Any]] = None) -> str:
   """Writes `model_dir/checkpoint_<step>` and prunes older ones.
 
   Args:
     state: the state to save.
     model_dir: the model dir.
     keep_checkpoints: how many of the newest checkpoint folders to keep.
+    on_write: called once the step being saved is named (SAVING_FILE) and
+      once the checkpoint is whole and the older ones pruned (a model dir in
+      a bucket is copied up then: `train`).
 
   Returns:
     The new checkpoint folder (T5X orbax params + OPTIMIZER_STATE_FILE,
@@ -351,6 +360,8 @@ def save_checkpoint(state: TrainState, model_dir: str,
     os.makedirs(model_dir, exist_ok=True)
   saving = os.path.join(model_dir, SAVING_FILE)
   checkpoints.write_bytes(saving, json.dumps({'step': step}).encode())
+  if on_write is not None:
+    on_write()
   # In the checkpoint's checksum manifest with the params (verified on load).
   opt_state = serialization.to_bytes(jax.device_get(state.opt_state))
   path = checkpoints.save_t5x_params(
@@ -359,6 +370,8 @@ def save_checkpoint(state: TrainState, model_dir: str,
   checkpoints.delete(saving)  # the checkpoint is whole
   for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints, 1)]:
     shutil.rmtree(old)
+  if on_write is not None:
+    on_write()
   return path
 
 
@@ -418,15 +431,18 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
 
 # -------------------------------------------------------------- the loop ---
 def read_log(path: str) -> List[Dict[str, Any]]:
-  """The records of a log.jsonl (empty if there is none)."""
-  if not os.path.isfile(path):
+  """The records of a log.jsonl, local or gs:// (empty if there is
+  none)."""
+  if not checkpoints.isfile(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  text = checkpoints.read_bytes(path).decode()
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-                periods):
+                periods, model_dir):
+  if not bucket_folder.is_bucket(model_dir):  # a bucket's: a local copy
+    checks.check_local_folder('model_dir', model_dir)
   if not isinstance(model_config, network.T5Config):
     raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
   if set(task_feature_lengths) < {'inputs', 'targets'}:
@@ -579,9 +595,10 @@ class _ModelDir:
   stopped before saving; each record's 'seconds' summed over the runs) and
   the `keep_checkpoints` newest checkpoints."""
 
-  def __init__(self, model_dir: str, start: int, keep_checkpoints: int):
+  def __init__(self, model_dir: str, start: int, keep_checkpoints: int,
+               on_write: Optional[Callable[[], Any]] = None):
     self.path, self.start = model_dir, start
-    self._keep = keep_checkpoints
+    self._keep, self._on_write = keep_checkpoints, on_write
     self._log = os.path.join(model_dir, LOG_FILE)
     self.records = [r for r in read_log(self._log) if r['step'] <= start]
     with open(self._log, 'w') as f:
@@ -603,7 +620,7 @@ class _ModelDir:
 
   def save(self, state: TrainState):
     """Checkpoints `state`, pruning the older checkpoints."""
-    save_checkpoint(state, self.path, self._keep)
+    save_checkpoint(state, self.path, self._keep, self._on_write)
 
   def summary(self, state: TrainState) -> Dict[str, Any]:
     """`train`'s summary of the run, ended at `state`."""
@@ -723,7 +740,7 @@ def train(
     mixture_or_task_name: a registered seqio task (see tasks.py).
     task_feature_lengths: {'inputs': N, 'targets': M} of every batch.
     train_steps: the step to train to (a resumed run continues to it).
-    model_dir: local folder for checkpoints, log.jsonl and config.gin.
+    model_dir: folder (or gs://) for checkpoints, log.jsonl, config.gin.
     batch_size: examples per step.
     learning_rate: peak learning rate (relative: Adafactor scales updates by
       the parameter RMS).
@@ -762,29 +779,49 @@ def train(
   periods = dict(log_period=log_period, eval_period=eval_period,
                  checkpoint_period=checkpoint_period)
   _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-              periods)
-  checks.check_local_folder('model_dir', model_dir)
+              periods, model_dir)
   learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
   _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
   examples = _open_data(model_config, mixture_or_task_name,
                         task_feature_lengths, data_dir, array_dir)
   teacher, teacher_params = _load_teacher(model_config, teacher_config,
                                           teacher_checkpoint)
-  _write_config(model_dir, config_str)
-  model = network.T5Model(model_config)
-  state = _initial_state(model, model_config, model_dir, seed,
-                         init_from_teacher, teacher_config, teacher_params)
-  out = _ModelDir(model_dir, int(state.step), keep_checkpoints)
-  if out.start >= train_steps:
-    return out.summary(state)
-  step_fn = _step_fn(model, teacher, teacher_params, learning_rate, schedule,
-                     warmup_steps, z_loss, kd_loss, kd_weight)
-  eval_data, batches = examples.batches(batch_size, seed, out.start,
-                                        eval_examples)
-  state = _run_steps(step_fn, state, batches, eval_data, model, out,
-                     train_steps=train_steps, z_loss=z_loss,
-                     max_seconds=max_seconds, progress=progress, **periods)
-  return out.summary(state)
+  with _model_dir_here(model_dir) as (local, on_write, shown):
+    _write_config(local, config_str)
+    model = network.T5Model(model_config)
+    state = _initial_state(model, model_config, local, seed,
+                           init_from_teacher, teacher_config, teacher_params)
+    out = _ModelDir(local, int(state.step), keep_checkpoints, on_write)
+    if out.start < train_steps:
+      step_fn = _step_fn(model, teacher, teacher_params, learning_rate,
+                         schedule, warmup_steps, z_loss, kd_loss, kd_weight)
+      eval_data, batches = examples.batches(batch_size, seed, out.start,
+                                            eval_examples)
+      state = _run_steps(step_fn, state, batches, eval_data, model, out,
+                         train_steps=train_steps, z_loss=z_loss,
+                         max_seconds=max_seconds, progress=progress,
+                         **periods)
+    summary = out.summary(state)
+  return dict(summary, model_dir=model_dir, checkpoint=shown(summary[
+      'checkpoint']))
+
+
+@contextlib.contextmanager
+def _model_dir_here(model_dir: str):
+  """Yields (the folder the run writes, what a save calls once it names
+  its step and once its checkpoint is whole, how a path of that folder is
+  said): `model_dir` itself, or for a gs:// address a local copy
+  (`bucket_folder.BucketFolder`) copied up then and when the run ends."""
+  if not bucket_folder.is_bucket(model_dir):
+    yield model_dir, None, lambda path: path
+    return
+  bucket = bucket_folder.BucketFolder(model_dir, every_s=0.0)
+  bucket.start()
+  try:
+    yield (str(bucket.local), lambda: bucket.sync(force=True),
+           lambda path: path and bucket.shown(path))
+  finally:
+    bucket.close()
 
 
 # --------------------------------------------------------------- the job ---
@@ -821,9 +858,10 @@ def main(argv: Optional[Sequence[str]] = None,
 
   Args:
     argv: the command line (default: `sys.argv[1:]`).
-    plot: `plot([MODEL_DIR], MODEL_DIR/loss.png)` draws the run's curves
-      after training when `--plot` is given
-      (`experiments.plots.plot_losses`, a layer above this one).
+    plot: `plot([MODEL_DIR/log.jsonl], <png>, [its name])` draws the run's
+      curves after training when `--plot` is given
+      (`experiments.plots.plot_losses`, a layer above this one), written
+      to MODEL_DIR/loss.png (local or gs://).
 
   Returns:
     `train`'s summary.
@@ -850,10 +888,15 @@ def main(argv: Optional[Sequence[str]] = None,
     if bar is not None:
       bar.close()
   model_dir = summary['model_dir']
-  with open(os.path.join(model_dir, 'operative_config.gin'), 'w') as f:
-    f.write(gin.operative_config_str())
+  checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
+                          gin.operative_config_str().encode())
   if plot is not None and args.plot:
-    plot([model_dir], os.path.join(model_dir, 'loss.png'))
+    with tempfile.TemporaryDirectory() as tmp:  # a gs:// model dir too
+      png = os.path.join(tmp, 'loss.png')
+      plot([os.path.join(model_dir, LOG_FILE)], png,
+           [os.path.basename(model_dir.rstrip('/'))])
+      with open(png, 'rb') as f:
+        checkpoints.write_bytes(os.path.join(model_dir, 'loss.png'), f.read())
   print(f"step {summary['step']}: train {summary['train']}\n"
         f"validation {summary['validation']}\n"
         f"checkpoint {summary['checkpoint']}")

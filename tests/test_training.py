@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import shutil
+import tempfile
 
 import gin
 import jax
@@ -280,12 +281,56 @@ def test_a_checkpoint_on_gcs_restores_as_on_disk(uninterrupted, gcs):
   _assert_trees_equal(got.opt_state, want.opt_state)
 
 
-def test_a_model_dir_at_a_url_is_refused(tmp_path, monkeypatch):
-  """pathlib would write 'gs://b/run' to a local folder 'gs:/b/run'."""
+def test_a_model_dir_in_a_bucket_resumes_a_save_cut_short_exactly(
+    tmp_path, gcs, uninterrupted, monkeypatch):
+  """MODEL_DIR at a gs:// address (bucket_folder.py): a run to step 2,
+  then one to 4 that crashes inside its save (after the params, before the
+  Adafactor statistics), leaving the bucket naming step 4 as being saved;
+  the rerun takes the bucket's checkpoint_2, removes checkpoint_4 there,
+  resumes at step 2 and ends with the uninterrupted run's parameters, its
+  summary naming the bucket. No local copy is left."""
+  from specdec_jax.checkpoints import _storage  # pylint: disable=g-import-not-at-top
+  url = f'{gcs}/model'
+  real = _storage.write_bytes
+
+  def crash(path, data):
+    if path.endswith(training.OPTIMIZER_STATE_FILE):
+      raise RuntimeError('killed mid-save')
+    real(path, data)
+
+  local_copies = tmp_path / 'tmp'
+  local_copies.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(local_copies))
+  _train(url, 2, eval_examples=0)
+  monkeypatch.setattr(_storage, 'write_bytes', crash)
+  with pytest.raises(RuntimeError, match='killed mid-save'):
+    _train(url, 4, eval_examples=0)
+  monkeypatch.setattr(_storage, 'write_bytes', real)
+  names = checkpoints.list_files(url)
+  assert training.SAVING_FILE in names and any(
+      n.startswith('checkpoint_4/') for n in names)
+  resumed = _train(url, 4, eval_examples=0)
+  assert resumed['start_step'] == 2 and resumed['step'] == 4
+  assert resumed['model_dir'] == url
+  assert resumed['checkpoint'] == f'{url}/checkpoint_4'
+  names = checkpoints.list_files(url)
+  assert training.SAVING_FILE not in names and 'log.jsonl' in names
+  assert {n.split('/')[0] for n in names if '/' in n} == {'checkpoint_4'}
+  _, model_dir = uninterrupted
+  _assert_trees_equal(
+      checkpoints.load_t5x_params(str(model_dir), config=TINY),
+      checkpoints.load_t5x_params(url, config=TINY))
+  assert [r['step'] for r in training.read_log(f'{url}/log.jsonl')] == [
+      1, 2, 3, 4]
+  assert not list(local_copies.iterdir())
+
+
+def test_a_model_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
+  """pathlib would write 's3://b/run' to a local folder 's3:/b/run'."""
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(ValueError, match="model_dir 'gs://b/run' is not a "
+  with pytest.raises(ValueError, match="model_dir 's3://b/run' is not a "
                      'local folder'):
-    _train('gs://b/run', 1)
+    _train('s3://b/run', 1)
   assert not list(tmp_path.iterdir())
 
 
