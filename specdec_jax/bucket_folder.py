@@ -27,6 +27,11 @@ local folder in place, named in the error.
 In a `jax.distributed` run every process syncs the files it writes; process
 0 takes the others' records and choices from the bucket (`pull(others=
 True)`) before it merges them.
+
+A training MODEL_DIR at a gs:// address is kept the same way
+(training.py): synced when a save names its step and again once the
+checkpoint is whole, so the bucket never holds a checkpoint cut short
+without the file that names it.
 """
 
 from __future__ import annotations
