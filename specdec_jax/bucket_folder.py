@@ -45,17 +45,24 @@ import time
 from typing import Dict, List, Tuple
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import run_folder
 
-SCHEME = 'gs://'
 # Files in a folder that is not the run's (an older run moved aside), which
 # the job never reads: not copied down.
 _NOT_PULLED = 'replaced-'
 
 
 def is_bucket(path) -> bool:
-  """Whether `path` is a gs:// address (an `EVAL_OUTPUT_DIR` kept here)."""
-  return os.fspath(path).startswith(SCHEME)
+  """Whether `path` is a gs:// address (a folder kept here)."""
+  return checkpoints.is_gcs(os.fspath(path))
+
+
+def check_folder(name: str, path) -> None:
+  """Raises ValueError when `path`, a folder a job writes into, is neither
+  local nor a gs:// address (kept here) (`checks.check_local_folder`)."""
+  if not is_bucket(path):
+    checks.check_local_folder(name, path)
 
 
 def _is_records(name: str) -> bool:
@@ -71,6 +78,12 @@ def check_interval(every_s) -> None:
       not every_s >= 0):
     raise ValueError(f'sync_every_s must be a number of seconds >= 0, got '
                      f'{every_s!r}.')
+
+
+def _stamp(path: pathlib.Path) -> Tuple[int, int]:
+  """(size, mtime_ns) of a local file: what tells a changed one."""
+  stat = path.stat()
+  return stat.st_size, stat.st_mtime_ns
 
 
 class BucketCopyError(RuntimeError):
@@ -107,17 +120,14 @@ class BucketFolder:
     return f'{self.url}/{name}'
 
   def _scan(self) -> Dict[str, Tuple[int, int]]:
-    """(size, mtime_ns) of each file of the local copy, by its name
-    relative to it (a file being written, '<name>.tmp-<pid>', left out)."""
+    """`_stamp` of each file of the local copy, by its name relative to
+    it (a file being written, '<name>.tmp-<pid>', left out)."""
     found = {}
     for folder, _, names in os.walk(self.local):
       for name in names:
-        if '.tmp-' in name:
-          continue
-        path = pathlib.Path(folder) / name
-        stat = path.stat()
-        found[path.relative_to(self.local).as_posix()] = (stat.st_size,
-                                                           stat.st_mtime_ns)
+        if '.tmp-' not in name:
+          path = pathlib.Path(folder) / name
+          found[path.relative_to(self.local).as_posix()] = _stamp(path)
     return found
 
   def pull(self, others: bool = False) -> List[str]:
@@ -127,7 +137,7 @@ class BucketFolder:
     copies of them."""
     try:
       names = [n for n in checkpoints.list_files(self.url)
-               if not n.startswith(_NOT_PULLED) and '.tmp-' not in n]
+               if not n.startswith(_NOT_PULLED)]
       if others:
         names = [n for n in names if n not in self._ours]
       for name in names:
@@ -135,8 +145,7 @@ class BucketFolder:
         path.parent.mkdir(parents=True, exist_ok=True)
         checkpoints.write_bytes(str(path), checkpoints.read_bytes(
             self._address(name)))
-        stat = path.stat()
-        self._copied[name] = (stat.st_size, stat.st_mtime_ns)
+        self._copied[name] = _stamp(path)
     except (OSError, ValueError) as e:  # tensorstore's errors: ValueError
       raise BucketCopyError(f'could not copy the run folder {self.url} to '
                             f'this machine: {type(e).__name__}: {e}') from e

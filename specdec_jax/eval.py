@@ -298,12 +298,11 @@ class _Run:
       self.close()
 
   def _finish(self, error) -> Dict[str, Any]:
-    if error is None and self.index == 0 and self.count > 1 and (
-        self.bucket is not None):
-      self.bucket.pull(others=True)  # the others' records and choices
-    if error is None and self.index == 0 and (self.count > 1 or any(
-        self.out.glob('examples.process-*.jsonl'))):
-      self.records = run_folder.merge(self.out)
+    if error is None and self.index == 0:
+      if self.count > 1 and self.bucket is not None:
+        self.bucket.pull(others=True)  # the others' records and choices
+      if self.count > 1 or any(self.out.glob('examples.process-*.jsonl')):
+        self.records = run_folder.merge(self.out)
     if self.index != 0:
       return {'process_index': self.index,
               'examples': len(self.records) - self.reused}
@@ -343,8 +342,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   checks.check_int('timing_repeats', timing_repeats)
   bucket_folder.check_interval(sync_every_s)
   for _, out, _ in runs:
-    if not bucket_folder.is_bucket(out):  # a bucket's: kept in a local copy
-      checks.check_local_folder('output_dir', out)
+    bucket_folder.check_folder('output_dir', out)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target

@@ -42,11 +42,12 @@ t5_1_1 gin files), on our network:
 
 `model_dir` is a local folder or a gs:// address (kept in a local copy,
 copied to the bucket when the step being saved is named and again once the
-checkpoint is whole: bucket_folder.py). Batches come from `data.task_train_batches` /
-`data.task_eval_batches` (seqio, imported when called) or from pre-tokenized
-arrays (`arrays.array_train_batches` / `arrays.array_eval_batches`, no
-seqio). `main` is the job as a command line (scripts/train.py): T5X-style
-flags and gin files (`gin_utils`), then `train`.
+checkpoint is whole: bucket_folder.py). Batches come from
+`data.task_train_batches` / `data.task_eval_batches` (seqio, imported when
+called) or from pre-tokenized arrays (`arrays.array_train_batches` /
+`arrays.array_eval_batches`, no seqio). `main` is the job as a command
+line (scripts/train.py): T5X-style flags and gin files (`gin_utils`), then
+`train`.
 
 References: T5, arXiv:1910.10683; Adafactor, arXiv:1804.04235; z-loss,
 arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
@@ -356,7 +357,7 @@ def save_checkpoint(state: TrainState, model_dir: str,
     both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
-  if '://' not in model_dir:  # a local model dir, made as orbax makes it
+  if not checkpoints.is_gcs(model_dir):  # made as orbax makes it
     os.makedirs(model_dir, exist_ok=True)
   saving = os.path.join(model_dir, SAVING_FILE)
   checkpoints.write_bytes(saving, json.dumps({'step': step}).encode())
@@ -441,8 +442,7 @@ def read_log(path: str) -> List[Dict[str, Any]]:
 
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                 periods, model_dir):
-  if not bucket_folder.is_bucket(model_dir):  # a bucket's: a local copy
-    checks.check_local_folder('model_dir', model_dir)
+  bucket_folder.check_folder('model_dir', model_dir)
   if not isinstance(model_config, network.T5Config):
     raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
   if set(task_feature_lengths) < {'inputs', 'targets'}:

@@ -18,8 +18,8 @@
   `isfile`, `isdir` and `read_bytes` are re-exported for the files that
   travel inside a checkpoint folder (a draft head's config, a training
   run's optimizer state), and `write_bytes` (a whole file or nothing,
-  durably), `list_files` and `delete` for the jobs' own files (an eval
-  run kept in a bucket: bucket_folder.py).
+  durably), `list_files`, `delete` and `is_gcs` for the jobs' own files
+  (a folder kept in a bucket: bucket_folder.py).
 
 The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
 work as before the split.
@@ -27,6 +27,7 @@ work as before the split.
 
 from specdec_jax.checkpoints import manifest
 from specdec_jax.checkpoints._storage import delete
+from specdec_jax.checkpoints._storage import is_gcs
 from specdec_jax.checkpoints._storage import isdir
 from specdec_jax.checkpoints._storage import isfile
 from specdec_jax.checkpoints._storage import list_files
