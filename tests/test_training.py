@@ -224,13 +224,9 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted):
   assert _train(tmp_path, 4)['start_step'] == 4
 
 
-def test_a_save_cut_short_resumes_from_the_checkpoint_before(
-    tmp_path, uninterrupted, monkeypatch):
-  """A crash inside the save at step 2, after the params were put in place
-  but before the Adafactor statistics were written: the rerun removes that
-  checkpoint and starts before it (from step 0), and ends with the
-  uninterrupted run's parameters. Resumed from it, steps 3-4 would run
-  with fresh statistics."""
+def _killed_mid_save(monkeypatch, model_dir, train_steps, **overrides):
+  """`_train` to `train_steps`, killed inside a save: after the params were
+  put in place, before the Adafactor statistics were written."""
   from specdec_jax.checkpoints import _storage  # pylint: disable=g-import-not-at-top
   real = _storage.write_bytes
 
@@ -241,8 +237,19 @@ def test_a_save_cut_short_resumes_from_the_checkpoint_before(
 
   monkeypatch.setattr(_storage, 'write_bytes', crash)
   with pytest.raises(RuntimeError, match='killed mid-save'):
-    _train(tmp_path, 4, checkpoint_period=2, eval_examples=0)
+    _train(model_dir, train_steps, **overrides)
   monkeypatch.setattr(_storage, 'write_bytes', real)
+
+
+def test_a_save_cut_short_resumes_from_the_checkpoint_before(
+    tmp_path, uninterrupted, monkeypatch):
+  """A crash inside the save at step 2, after the params were put in place
+  but before the Adafactor statistics were written: the rerun removes that
+  checkpoint and starts before it (from step 0), and ends with the
+  uninterrupted run's parameters. Resumed from it, steps 3-4 would run
+  with fresh statistics."""
+  _killed_mid_save(monkeypatch, tmp_path, 4, checkpoint_period=2,
+                   eval_examples=0)
   assert (tmp_path / 'checkpoint_2').is_dir()
   assert (tmp_path / training.SAVING_FILE).is_file()
   resumed = _train(tmp_path, 4, checkpoint_period=2, eval_examples=0)
@@ -289,23 +296,12 @@ def test_a_model_dir_in_a_bucket_resumes_a_save_cut_short_exactly(
   the rerun takes the bucket's checkpoint_2, removes checkpoint_4 there,
   resumes at step 2 and ends with the uninterrupted run's parameters, its
   summary naming the bucket. No local copy is left."""
-  from specdec_jax.checkpoints import _storage  # pylint: disable=g-import-not-at-top
   url = f'{gcs}/model'
-  real = _storage.write_bytes
-
-  def crash(path, data):
-    if path.endswith(training.OPTIMIZER_STATE_FILE):
-      raise RuntimeError('killed mid-save')
-    real(path, data)
-
   local_copies = tmp_path / 'tmp'
   local_copies.mkdir()
   monkeypatch.setattr(tempfile, 'tempdir', str(local_copies))
   _train(url, 2, eval_examples=0)
-  monkeypatch.setattr(_storage, 'write_bytes', crash)
-  with pytest.raises(RuntimeError, match='killed mid-save'):
-    _train(url, 4, eval_examples=0)
-  monkeypatch.setattr(_storage, 'write_bytes', real)
+  _killed_mid_save(monkeypatch, url, 4, eval_examples=0)
   names = checkpoints.list_files(url)
   assert training.SAVING_FILE in names and any(
       n.startswith('checkpoint_4/') for n in names)
