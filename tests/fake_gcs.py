@@ -16,10 +16,14 @@ empty bucket of it. The clients:
 `configure()` runs once, when the suite starts (tests/conftest.py): orbax
 keeps one tensorstore context per process, which reads the endpoint when
 orbax first saves or restores anything, local or not. The emulator serves
-the whole session (the `gcs` fixtures of tests/conftest.py): one stopped
-and started again on the same port between tests left tensorstore a
-connection to the old one now and then ("Malformed StorageGeneration"
-while orbax saved), so each test gets a bucket of its own instead.
+the whole session (the `gcs` fixtures of tests/conftest.py), and each test
+gets a bucket of its own.
+
+The emulator sends no x-goog-generation header with an object's bytes:
+tensorstore then reads generation 0, and a write conditional on it (an
+OCDBT manifest committed twice in one save, now and then) fails
+"Malformed StorageGeneration". Its reads here send the object's
+generation, as GCS does.
 
 The emulator reads an upload of an empty object as one without a body and
 fails it (tensorstore then retries for ever): its uploads here take an
@@ -75,6 +79,25 @@ def _empty_uploads(insert):
   return handler
 
 
+def _generation_headers(read):
+  """The emulator's reads of an object (a download, a get), sending the object's generation in the
+  headers as GCS does (x-goog-generation, x-goog-metageneration): without
+  them tensorstore reads generation 0, and a write conditional on what it
+  read (an OCDBT manifest's second commit) fails 'Malformed
+  StorageGeneration'."""
+  def handler(request, response, storage, *args, **kwargs):
+    try:
+      obj = storage.get_file_obj(request.params['bucket_name'],
+                                 request.params['object_id'])
+    except Exception:  # pylint: disable=broad-except
+      obj = None  # the download itself answers 404
+    if obj is not None:
+      response['x-goog-generation'] = str(obj['generation'])
+      response['x-goog-metageneration'] = str(obj['metageneration'])
+    return read(request, response, storage, *args, **kwargs)
+  return handler
+
+
 def configure() -> str:
   """Points this process's GCS clients (and its children's) at a free local
   port, where the emulator will listen; returns its URL."""
@@ -97,7 +120,9 @@ def serving() -> Iterator[str]:
   # pylint: enable=g-import-not-at-top
   url = os.environ['TENSORSTORE_GCS_HTTP_URL']
   handlers = emulator.HANDLERS
-  patched = {objects.ls: _ranged, objects.insert: _empty_uploads}
+  patched = {objects.ls: _ranged, objects.insert: _empty_uploads,
+             objects.download: _generation_headers,
+             objects.get: _generation_headers}
   emulator.HANDLERS = tuple(
       (regex, {m: patched[h](h) if h in patched else h
                for m, h in methods.items()})

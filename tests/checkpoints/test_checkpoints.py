@@ -809,6 +809,23 @@ def test_a_checkpoint_saved_to_gcs_loads_checked_and_sharded(gcs, np_v11):
   _assert_trees_equal(sharded, params)
 
 
+def test_the_local_gcs_takes_a_second_ocdbt_commit_as_gcs_does(gcs):
+  """An orbax save may commit its OCDBT manifest twice: the second write is
+  conditional on the generation read back. The local GCS reads back the
+  generation written (its bytes alone read as generation 0, and the save
+  failed now and then, 'Malformed StorageGeneration')."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  store, key = fake_gcs.object_store(f'{gcs}/db/')
+  spec = {'driver': 'ocdbt', 'base': {'driver': 'gcs', 'path': key,
+                                      'bucket': gcs[len('gs://'):]}}
+  for name in ('a', 'b'):  # a database opened anew reads the manifest
+    ts.KvStore.open(spec).result().write(name, name.encode()).result()
+  db = ts.KvStore.open(spec).result()
+  assert [db.read(n).result().value for n in ('a', 'b')] == [b'a', b'b']
+  written = store.write(f'{key}x', b'x').result().generation
+  assert store.read(f'{key}x').result().stamp.generation == written
+
+
 def test_damage_on_gcs_is_named(gcs, tmp_path, monkeypatch):
   """A changed, shorter or longer object fails the manifest, naming its
   gs:// address (objects hashed in ranges, here of 500 bytes); one
