@@ -31,23 +31,30 @@ True)`) before it merges them.
 A training MODEL_DIR at a gs:// address is kept the same way
 (training.py): synced when a save names its step and again once the
 checkpoint is whole, so the bucket never holds a checkpoint cut short
-without the file that names it.
+without the file that names it. A spec's work folder at a gs:// address
+(experiments/sweep.py) leaves each cell's folder to its eval job; the
+spec reads a cell's records in a copy (`copied_here`) and writes its
+results in a temporary folder copied up as they change (`written_here`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import pathlib
 import shutil
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import run_folder
 
+# A folder a job writes, or a path in it: local, or a gs:// address.
+Folder = Union[pathlib.Path, str]
 # Files in a folder that is not the run's (an older run moved aside), which
 # the job never reads: not copied down.
 _NOT_PULLED = 'replaced-'
@@ -56,6 +63,14 @@ _NOT_PULLED = 'replaced-'
 def is_bucket(path) -> bool:
   """Whether `path` is a gs:// address (a folder kept here)."""
   return checkpoints.is_gcs(os.fspath(path))
+
+
+def join(folder: Folder, *names: str) -> Folder:
+  """A path in `folder`: in a gs:// one, an address ('/'-joined: `pathlib`
+  would make 'gs://b' 'gs:/b')."""
+  if is_bucket(folder):
+    return '/'.join((os.fspath(folder).rstrip('/'),) + names)
+  return pathlib.Path(folder).expanduser().joinpath(*names)
 
 
 def check_folder(name: str, path) -> None:
@@ -221,3 +236,56 @@ class BucketFolder:
     """`text` (an error, a line) with the local copy's path said as the
     bucket's address."""
     return text.replace(str(self.local), self.url)
+
+
+@contextlib.contextmanager
+def copied_here(url: str) -> Iterator[pathlib.Path]:
+  """The files of the gs:// folder `url`, copied into a temporary local
+  folder for the block to read; removed after it."""
+  folder = BucketFolder(url)
+  try:
+    folder.pull()
+    yield folder.local
+  finally:
+    shutil.rmtree(folder.local, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def written_here(name: str, path: str
+                 ) -> Iterator[Tuple[Optional[str], Callable[[], None]]]:
+  """Yields (where to write the files named `path` here, a sync), `path`
+  checked as the folder `name` (`check_folder`).
+
+  A local `path`: None (there itself), and a sync that does nothing. A
+  gs:// address: its name in a temporary folder, and a sync copying what
+  changed there to the address's folder (also when the block ends, with an
+  error too, before the temporary folder goes); the folder's other objects
+  are left as they are.
+  """
+  check_folder(name, path)
+  if not is_bucket(path):
+    yield None, lambda: None
+    return
+  parent, base = path.rstrip('/').rsplit('/', 1)
+  folder = BucketFolder(parent)
+  try:
+    yield str(folder.local / base), functools.partial(folder.sync, force=True)
+  finally:
+    folder.close()
+
+
+def write_file(path: Folder, data: bytes) -> None:
+  """Writes a file whole or not at all, at a local path (its folder made)
+  or a gs:// address (`checkpoints.write_bytes`)."""
+  if not is_bucket(path):
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+  checkpoints.write_bytes(os.fspath(path), data)
+
+
+def all_records(folder: Folder) -> List[Dict[str, Any]]:
+  """Every process's records of a run folder, local or gs:// (read in a
+  copy), each index once (`run_folder.all_records`)."""
+  if not is_bucket(folder):
+    return run_folder.all_records(pathlib.Path(folder), own=None)
+  with copied_here(os.fspath(folder)) as local:
+    return run_folder.all_records(local, own=None)

@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from specdec_jax import checks
+from specdec_jax import bucket_folder
+from specdec_jax import checkpoints
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
@@ -124,7 +125,8 @@ class Spec:
     columns: the table's columns, `(header, row field or function)`.
     num_examples: examples per cell.
     timing_repeats: timed repeats of each unit (medians).
-    shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run).
+    shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run;
+      default: 2 examples of en_de, each timed once).
     predict: extra predicted figures of a row: `predict(row, profile)`
       sets fields on it (through `hardware.predict` only).
     plot: draws the results' png: `plot(result, path)`, or None.
@@ -145,7 +147,7 @@ class Spec:
   num_examples: int = 16
   timing_repeats: int = 3
   shrunk: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(
-      num_examples=2, timing_repeats=1))
+      num_examples=2, timing_repeats=1, tasks=('en_de',)))
   predict: Optional[Callable[[Dict[str, Any], Any], None]] = None
   plot: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
   measurements: Mapping[str, Tuple[Callable[..., Dict[str, Any]],
@@ -187,8 +189,8 @@ def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
   return f'{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}'
 
 
-def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
-             spec_measurements=None, load=None,
+def measured(name: str, setup: loading.EvalSetup,
+             folder: bucket_folder.Folder, spec_measurements=None, load=None,
              context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """A named measurement of a setup (`MEASUREMENTS` or a spec's own),
   from its file or measured now on `load()` (the built setup and its first
@@ -199,14 +201,14 @@ def measured(name: str, setup: loading.EvalSetup, folder: pathlib.Path,
   if name not in known:
     raise ValueError(f'Unknown measurement {name!r}; expected one of '
                      f'{list(known)}.')
-  path = folder / f'{_measurement_key(name, setup, known)}.json'
-  if partitioning.agree(path.is_file()):  # process 0's file
-    return json.loads(path.read_text())
+  path = str(bucket_folder.join(
+      folder, f'{_measurement_key(name, setup, known)}.json'))
+  if partitioning.agree(checkpoints.isfile(path)):  # process 0's file
+    return json.loads(checkpoints.read_bytes(path))
   value = take(known[name][0], *(load or functools.partial(built, setup))(),
                context)
   if jax.process_index() == 0:
-    folder.mkdir(parents=True, exist_ok=True)
-    run_folder.write_atomic(path, json.dumps(value, indent=1))
+    bucket_folder.write_file(path, json.dumps(value, indent=1).encode())
   return value
 
 
@@ -345,9 +347,9 @@ def method_checkpoint(options: Options, method: str, task: str) -> str:
   return os.path.join(options.models_dir, method, task)
 
 
-def work_folder(spec: Spec, options: Options) -> pathlib.Path:
-  return pathlib.Path(options.work_dir).expanduser() / spec.name / (
-      results_name(options))
+def work_folder(spec: Spec, options: Options) -> bucket_folder.Folder:
+  """The spec's cells and measurements, in the work dir (local or gs://)."""
+  return bucket_folder.join(options.work_dir, spec.name, results_name(options))
 
 
 def groups(models, cells: Sequence[Cell], options: Options
@@ -367,7 +369,7 @@ def groups(models, cells: Sequence[Cell], options: Options
 
 
 def run_cells(models, group: Sequence[Cell], options: Options,
-              folder: pathlib.Path, spec_measurements=None,
+              folder: bucket_folder.Folder, spec_measurements=None,
               cache: Optional[loading.LoadCache] = None, decode: bool = True,
               partitioner=None
               ) -> List[Tuple[Optional[Dict[str, Any]], Dict[str, Any]]]:
@@ -385,21 +387,22 @@ def run_cells(models, group: Sequence[Cell], options: Options,
   """
   setups = [cell_setup(models, cell, options) for cell in group]
   summaries = eval_lib.evaluate_together(
-      [(setup, str(folder / 'cells' / cell.name), setup.describe())
+      [(setup, str(bucket_folder.join(folder, 'cells', cell.name)),
+        setup.describe())
        for cell, setup in zip(group, setups)],
       timing_repeats=options.timing_repeats, cache=cache,
       partitioner=partitioner, shard_drafter=options.shard_drafter
   ) if decode else [None] * len(group)
-  out = []
+  out, measurements = [], bucket_folder.join(folder, 'measurements')
   for cell, setup, summary in zip(group, setups, summaries):
     load = functools.cache(functools.partial(
         built, setup, cache, partitioner, options.shard_drafter))  # once
     context = {'timing_repeats': options.timing_repeats}
     if decode and cell.measure:
-      context['records'] = sorted(
-          run_folder.all_records(folder / 'cells' / cell.name, own=None),
-          key=lambda r: r['index'])
-    out.append((summary, {name: measured(name, setup, folder / 'measurements',
+      records = bucket_folder.all_records(
+          bucket_folder.join(folder, 'cells', cell.name))
+      context['records'] = sorted(records, key=lambda r: r['index'])
+    out.append((summary, {name: measured(name, setup, measurements,
                                          spec_measurements, load, context)
                           for name in cell.measure}))
   return out
@@ -424,60 +427,64 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     the results dict (also written as .json / .md / .png).
   """
   options = options_of(spec, options)
-  checks.check_local_folder('work_dir', options.work_dir)
-  cells = plan(spec, options)
-  models = model_set(options)
+  bucket_folder.check_folder('work_dir', options.work_dir)
   folder = work_folder(spec, options)
   if out is None:
-    out = str(folder / 'results' if options.shrink else
+    out = str(bucket_folder.join(folder, 'results') if options.shrink else
               table.RESULTS / spec.name / results_name(options))
-  clock = budget.Clock(options.max_minutes)
-  cache = loading.LoadCache()  # the cells share their models and examples
-  partitioner = partitioning.Partitioner(
-      options.num_partitions,
-      global_mesh=options.global_mesh) if options.meshed else None
-  result = table.new_result(spec, options, command, partitioner)
-  order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
-  plan_groups = groups(models, cells, options)
-  peers = run_folder.job_processes_here()  # not other load
-  for i, group in enumerate(plan_groups):
-    if partitioning.agree(clock.left() <= 0):
-      skipped = [c.name for g in plan_groups[i:] for c in g]
-      result['skipped'] += skipped
-      print(f'time budget spent: {len(skipped)} cells skipped', flush=True)
-      break
-    start = time.perf_counter()
-    try:
-      with measure.job_processes(peers), measure.OtherLoad() as load:
-        done = run_cells(models, group, options, folder, spec.measurements,
-                         cache, spec.decode, partitioner)
-    except Exception as e:  # pylint: disable=broad-except
-      # Recorded with its error; the other cells still run (the job wrote
-      # what the cells finished into their folders: a rerun resumes them).
-      result['failed'] += [{'cell': cell.name, **cell.fields(),
-                            'error': f'{type(e).__name__}: {e}'}
-                           for cell in group]
-      print(f"cells {', '.join(c.name for c in group)} failed: {e!r}",
-            flush=True)
-    else:
-      clock.note(', '.join(c.name for c in group),
-                 time.perf_counter() - start, kind='cell', units=len(group))
-      rows = [table.row_of(cell, summary, values)
-              for cell, (summary, values) in zip(group, done)]
-      for row in rows:  # a cell the job did not time: its group's span
-        if row.get('other_load_cores') is None and load.cpu_s is not None:
-          row['other_load_cores'] = load.cpu_s / load.seconds
-      result['rows'] += rows
-      result['rows'].sort(key=lambda row: order[row['cell']])
-    table.write(spec, table.repredict(spec, result, profile), out)
-    programs.release_if_crowded()  # a long sweep compiles many programs
-  result['time_log'] = clock.log
-  if spec.finish is not None and jax.process_index() == 0:
-    spec.finish(result, pathlib.Path(out))
-  table.write(spec, table.repredict(spec, result, profile), out)
-  if result['failed']:
-    raise CellsFailed(
-        f"{len(result['failed'])} of {len(cells)} cells failed (the others "
-        f"are in {out}.json): " + '; '.join(
-            f"{f['cell']}: {f['error']}" for f in result['failed']))
-  return result
+  with bucket_folder.written_here('out', out) as (here, sync):
+    cells = plan(spec, options)
+    models = model_set(options)
+    clock = budget.Clock(options.max_minutes)
+    cache = loading.LoadCache()  # the cells share their models and examples
+    partitioner = partitioning.Partitioner(
+        options.num_partitions,
+        global_mesh=options.global_mesh) if options.meshed else None
+    result = table.new_result(spec, options, command, partitioner)
+    order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
+    plan_groups = groups(models, cells, options)
+    peers = run_folder.job_processes_here()  # not other load
+    for i, group in enumerate(plan_groups):
+      if partitioning.agree(clock.left() <= 0):
+        skipped = [c.name for g in plan_groups[i:] for c in g]
+        result['skipped'] += skipped
+        print(f'time budget spent: {len(skipped)} cells skipped', flush=True)
+        break
+      start = time.perf_counter()
+      try:
+        with measure.job_processes(peers), measure.OtherLoad() as load:
+          done = run_cells(models, group, options, folder, spec.measurements,
+                           cache, spec.decode, partitioner)
+      except Exception as e:  # pylint: disable=broad-except
+        # Recorded with its error; the other cells still run (the job wrote
+        # what the cells finished into their folders: a rerun resumes them).
+        result['failed'] += [{'cell': cell.name, **cell.fields(),
+                              'error': f'{type(e).__name__}: {e}'}
+                             for cell in group]
+        print(f"cells {', '.join(c.name for c in group)} failed: {e!r}",
+              flush=True)
+      else:
+        clock.note(', '.join(c.name for c in group),
+                   time.perf_counter() - start, kind='cell', units=len(group))
+        rows = [table.row_of(cell, summary, values)
+                for cell, (summary, values) in zip(group, done)]
+        for row in rows:  # a cell the job did not time: its group's span
+          if row.get('other_load_cores') is None and load.cpu_s is not None:
+            row['other_load_cores'] = load.cpu_s / load.seconds
+        result['rows'] += rows
+        result['rows'].sort(key=lambda row: order[row['cell']])
+      table.write(spec, table.repredict(spec, result, profile), out,
+                  here)
+      sync()
+      programs.release_if_crowded()  # a long sweep compiles many programs
+    result['time_log'] = clock.log
+    if spec.finish is not None and jax.process_index() == 0:
+      spec.finish(result, pathlib.Path(here or out))
+    table.write(spec, table.repredict(spec, result, profile), out,
+                  here)
+    if result['failed']:
+      raise CellsFailed(
+          f"{len(result['failed'])} of {len(cells)} cells failed (the others "
+          f"are in {out}.json): " + '; '.join(
+              f"{f['cell']}: {f['error']}" for f in result['failed']))
+    return result

@@ -291,14 +291,15 @@ def markdown(spec, result: Dict[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def write(spec, result: Dict[str, Any], out) -> Dict[str, Any]:
+def write(spec, result: Dict[str, Any], out, here=None) -> Dict[str, Any]:
   """Writes OUT.json, OUT.md and (with a plot) OUT.png (across processes,
-  process 0: each ran the cells alike); returns result."""
+  process 0: each ran the cells alike), or `here` a copy of OUT's (gs://)."""
   if jax.process_index() != 0:
     return result
-  out = pathlib.Path(out)
+  name = here and str(out)  # a gs:// address, written at `here`
+  out = pathlib.Path(here or out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  result['out'] = report.portable(str(
+  result['out'] = name or report.portable(str(
       out.relative_to(ROOT) if out.is_relative_to(ROOT) else out))
   report.write_json(out.with_suffix('.json'), result)
   report.write_md(out.with_suffix('.md'), markdown(spec, result))

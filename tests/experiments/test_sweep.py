@@ -2,8 +2,9 @@
 
 A spec's cell is the eval job: its records equal the job's for the same
 `EvalSetup` in every field but the timings; a rerun resumes (nothing
-decoded twice); `repredict` reproduces a written results file exactly;
-the task table is what the gin files configure.
+decoded twice; its work folder in a bucket too); `repredict` reproduces a
+written results file exactly; the task table is what the gin files
+configure.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ import shutil
 import gin
 import pytest
 
+from specdec_jax import checkpoints
 from specdec_jax import eval as eval_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
@@ -27,6 +29,7 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 
 from conftest import loads_every_time
+import fake_gcs  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Record fields that are timings (or say where a run was).
@@ -208,12 +211,35 @@ def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
   assert row['predicted_on_profile']['profile'] == hardware.H100
 
 
-def test_a_rerun_resumes_every_cell(tiny_run, capsys):
+def test_a_work_folder_in_a_bucket_resumes_and_measures_there(
+    tiny_run, gcs, capsys):
+  """A rerun resumes every cell, here from the sweep's work folder copied
+  to a gs:// address: each cell resumed by its eval job from the bucket
+  (nothing decoded again), the measurement missing there taken again by
+  the first cell, written there and read there by the second, and the
+  results written there (named by the address); the rows are the first
+  run's but for the measurement's timings."""
   spec, options, root, result, _ = tiny_run
+  work = fake_gcs.upload(root / 'work', f'{gcs}/work')
+  options = dataclasses.replace(options, work_dir=work)
+  folder = sweep.work_folder(spec, sweep.options_of(spec, options))
+  assert folder == f"{work}/tiny/{sweep.results_name(options)}"
+  [measurement] = [n for n in checkpoints.list_files(folder)
+                   if n.startswith('measurements/')]
+  checkpoints.delete(f'{folder}/{measurement}')
+  capsys.readouterr()
   again = sweep.run(spec, options, profile=hardware.load(hardware.H100),
-                    command='test', out=str(root / 'again' / 'shipped'))
-  assert 'found in' in capsys.readouterr().out  # the job reused its records
-  strip = lambda rows: [{k: v for k, v in r.items() if k != 'out'}
+                    command='test', out=f'{gcs}/out/shipped')
+  assert capsys.readouterr().out.count('found in') == 2  # nothing decoded
+  assert again['out'] == f'{gcs}/out/shipped'
+  assert checkpoints.list_files(f'{gcs}/out') == ['shipped.json',
+                                                  'shipped.md']
+  assert json.loads(checkpoints.read_bytes(f'{gcs}/out/shipped.json'))[
+      'rows'] == again['rows']
+  costs = json.loads(checkpoints.read_bytes(f'{folder}/{measurement}'))
+  assert all(r['measured']['costs'] == costs for r in again['rows'])
+  timed = lambda r: r == 'measured' or 'predicted' in r or r == 'out'
+  strip = lambda rows: [{k: v for k, v in r.items() if not timed(k)}
                         for r in rows]
   assert strip(again['rows']) == strip(result['rows'])
 
@@ -252,8 +278,10 @@ def test_cells_and_flags_are_checked():
                      cells=lambda o, t: [sweep.Cell('en_de', 'dec2')] * 2)
   with pytest.raises(ValueError, match='names a cell twice'):
     sweep.plan(twice, sweep.Options())
-  with pytest.raises(ValueError, match="work_dir 'gs://b/w' is not a local"):
-    sweep.run(spec, sweep.Options(work_dir='gs://b/w'))
+  with pytest.raises(ValueError, match="work_dir 's3://b/w' is not a local"):
+    sweep.run(spec, sweep.Options(work_dir='s3://b/w'))
+  with pytest.raises(ValueError, match="out 's3://b/r' is not a local"):
+    sweep.run(spec, sweep.Options(), out='s3://b/r')
 
 
 def test_model_fields_set_every_model_and_name_the_folders():

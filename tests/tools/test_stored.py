@@ -156,7 +156,7 @@ def test_the_run_stops_at_its_clock_with_what_finished_written(monkeypatch):
   assert writes == [] and ended == [stored.DEADLINE_EXIT]
 
 
-def test_a_plan_names_specs_and_model_sets():
+def test_a_plan_names_specs_and_model_sets(capsys):
   (spec, options), = stored.parse_plan(['trees:xxl_cost;shrink'])
   assert spec.name == 'trees' and options.models == 'xxl_cost'
   assert options.shrink
@@ -179,6 +179,10 @@ def test_a_plan_names_specs_and_model_sets():
           for c in sweep.plan(batches, at)} == {(0.0, 8), (0.0, 16)}
   with pytest.raises(ValueError, match='no cell where'):
     sweep.plan(spec, dataclasses.replace(options, where=('gamma=99',)))
+  # The run packs the work folders from this machine: a local one.
+  with pytest.raises(SystemExit):
+    stored.main(['project', '--store', 'unused', '--work_dir', 'gs://b/w'])
+  assert '--work_dir gs://b/w: not a local folder' in capsys.readouterr().err
   with pytest.raises(ValueError, match='field=value'):
     stored.parse_plan(['table2:xxl_cost;fast'])
   # model_fields=... sets every model's T5Config fields (not a condition).

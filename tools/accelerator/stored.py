@@ -687,9 +687,8 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  parser = argparse.ArgumentParser(
-      prog='python -m tools.accelerator.stored', description=__doc__.split(
-          '\n\n')[0])
+  parser = argparse.ArgumentParser(prog='python -m tools.accelerator.stored',
+                                   description=__doc__.split('\n\n')[0])
   parser.add_argument('what', choices=('build', 'run', 'project'))
   parser.add_argument('--plan', action='append', default=None, help=(
       'spec:models[;shrink][;field=value...], in priority order (default: '
@@ -706,8 +705,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--out', default='results/stored_run',
                       help='run: where results.tar.xz, the run log, the XLA '
                       'dump and the autotune results go')
-  parser.add_argument('--work_dir', default=None,
-                      help="the sweep's work folder (default: the sweep's)")
+  parser.add_argument('--work_dir', help="the sweep's work folder (local)")
   parser.add_argument('--max_minutes', type=float, default=None)
   parser.add_argument('--profile', default=hardware.H100, help=(
       'build, project: the device\'s hardware profile (a name in '
@@ -716,6 +714,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'build: the most the store may weigh (the plan\'s last programs are '
       'dropped to fit)'))
   args = parser.parse_args(argv)
+  if '://' in (args.work_dir or ''):  # packed into results.tar.xz here
+    parser.error(f'--work_dir {args.work_dir}: not a local folder')
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
   path = lambda x: None if x is None else pathlib.Path(x)

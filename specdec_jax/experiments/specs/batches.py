@@ -75,5 +75,4 @@ SPEC = sweep.Spec(
              ('identical (greedy)', table.identical)),
     num_examples=64,
     timing_repeats=3,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
 )

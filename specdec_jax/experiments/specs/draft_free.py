@@ -157,7 +157,6 @@ SPEC = sweep.Spec(
              ('predicted (counters) on {profile}',
               table.counters_cell)),
     num_examples=24, timing_repeats=3,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
     measurements={'draft_calls': (draft_calls, (
         'target_config', 'target_checkpoint', 'mixture_or_task_name',

@@ -129,7 +129,6 @@ SPEC = sweep.Spec(
              ('drafting', 'drafting'), ('depth', 'gamma'),
              ('call width', width)) + table.COUNTER_COLUMNS,
     num_examples=24, timing_repeats=2,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
     measurements=MEASUREMENTS,
 )

@@ -78,6 +78,5 @@ SPEC = sweep.Spec(
              ('drafting', 'drafting'), ('gamma', 'gamma'),
              ('call width', width)) + table.COUNTER_COLUMNS,
     num_examples=16, timing_repeats=2,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
 )

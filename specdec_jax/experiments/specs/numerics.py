@@ -48,5 +48,4 @@ SPEC = sweep.Spec(
              ('measured speed-up', 'throughput_speedup')),
     num_examples=16,
     timing_repeats=1,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
 )

@@ -188,7 +188,6 @@ SPEC = sweep.Spec(
         ('predicted {profile}', table.on_profile)),
     num_examples=16,
     timing_repeats=3,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
     plot=plot,
     measurements={'calibration': (calibration, CALIBRATION_FIELDS)},

@@ -78,5 +78,4 @@ SPEC = sweep.Spec(
          lambda r: table.on_profile(r) if r['temperature'] == 0 else '-')),
     num_examples=64,
     timing_repeats=1,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
 )

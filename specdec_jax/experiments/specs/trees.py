@@ -170,7 +170,6 @@ SPEC = sweep.Spec(
              ('nodes', _nodes),
              ('depth', 'gamma')) + table.COUNTER_COLUMNS,
     num_examples=32, timing_repeats=3,
-    shrunk=dict(num_examples=2, timing_repeats=1, tasks=('en_de',)),
     predict=predict,
     measurements=heads_spec.MEASUREMENTS,
 )
