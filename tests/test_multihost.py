@@ -255,32 +255,38 @@ def test_the_job_on_one_mesh_spanning_two_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_benchmark_spec_on_one_mesh_spanning_two_processes(tmp_path):
+def test_a_benchmark_spec_on_one_mesh_spanning_two_processes(tmp_path, gcs):
   """`python -m specdec_jax.experiments run ... --global_mesh`, started
-  once per process: each runs the cell on the mesh of both processes'
-  devices (its drafter widened to T5-small cost), process 0 writes its
-  results; the records are one process's without a mesh, timings aside."""
+  once per process, its work folder in a bucket (the suite's local GCS;
+  the hosts of a TPU pod share no disk): each runs the cell on the mesh of
+  both processes' devices (its drafter widened to T5-small cost), process
+  0 writes its results there; the records are one process's without a
+  mesh and on disk, timings aside."""
   cell = 'task=en_de,drafter=small,gamma=1,temperature=0.0,max_gamma=2'
   spec = ['run', 'table2', '--models', 'xxl_cost', '--shrink', '--only',
-          cell, '--work_dir', str(tmp_path)]
-  alone = cli.main(spec)
-  port = _free_port()
+          cell]
+  alone = cli.main(spec + ['--work_dir', str(tmp_path)])
+  port, work = _free_port(), f'{gcs}/work'
   _run([[sys.executable, '-m', 'specdec_jax.experiments', *spec,
-         '--num_partitions=4', '--global_mesh',
+         '--work_dir', work, '--num_partitions=4', '--global_mesh',
          f'--coordinator_address=localhost:{port}', '--num_processes=2',
          f'--process_id={i}'] for i in range(2)], devices=2)
-  folder = tmp_path / 'table2' / 'xxl_cost_partitions-4-global'
-  result = json.loads((folder / 'results.json').read_text())
+  folder = f'{work}/table2/xxl_cost_partitions-4-global'
+  result = json.loads(checkpoints.read_bytes(f'{folder}/results.json'))
+  assert result['out'] == f'{folder}/results'
   assert result['mesh'] == {'data': 1, 'model': 4, 'processes': 2,
                             'shard_drafter': False}
   [row], [theirs] = result['rows'], alone['rows']
   assert row['status'] == 'complete' and row['differing_examples'] == 0
   assert row['speculative_tokens'] == theirs['speculative_tokens']
-  records = [_without_timings(read_jsonl(root / 'cells' / cell /
-                                         'examples.jsonl'))
-             for root in (folder, tmp_path / 'table2' / 'xxl_cost')]
+  ours = tmp_path / 'ours.jsonl'
+  ours.write_bytes(checkpoints.read_bytes(
+      f'{folder}/cells/{cell}/examples.jsonl'))
+  records = [_without_timings(read_jsonl(path)) for path in (
+      ours, tmp_path / 'table2' / 'xxl_cost' / 'cells' / cell /
+      'examples.jsonl')]
   assert records[0] == records[1]
-  assert not list(folder.glob('cells/*/*.process-*'))
+  assert not [n for n in checkpoints.list_files(folder) if '.process-' in n]
 
 
 @pytest.mark.slow
