@@ -15,6 +15,8 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    log.jsonl; the final alpha per depth on the held-out test rows (never
    trained on; see Data below) goes into log.jsonl and the printout; with
    --export_dir, the final head in bfloat16 (to ship) and the log.
+   --out_dir may be a gs:// address (kept in a local copy, copied up at
+   each save: bucket_folder.kept_here).
 
 To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
 log.jsonl it copies there to results/draft_heads/<task>/ (logs are results),
@@ -52,6 +54,7 @@ import numpy as np
 import optax
 
 from specdec_jax import arrays
+from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import distill
@@ -131,9 +134,18 @@ def task_data(args, vocab_size):
 
 def main(argv=None):
   args = parse_flags(argv)
+  # A gs:// --out_dir: written in a local copy, copied up at each save
+  # and at the end (bucket_folder.kept_here).
+  with bucket_folder.kept_here('out_dir', args.out_dir) as here:
+    train(args, here.path, here.sync)
+
+
+def train(args, out_dir, saved):
+  """Trains as the flags `args` say into `out_dir`, calling `saved()`
+  after each checkpoint."""
   model, params = models.load(args.target, args.target_config)
   inputs, test, decode_len, held_out = task_data(args, model.vocab_size)
-  data_dir = os.path.join(args.out_dir, 'data')
+  data_dir = os.path.join(out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=decode_len, batch_size=128,
                    num_shards=max(1, len(inputs) // 2048))
@@ -149,7 +161,7 @@ def main(argv=None):
   head = heads.Head(model.config, head_cfg)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
-  latest = checkpoints.latest_checkpoint(args.out_dir)
+  latest = checkpoints.latest_checkpoint(out_dir)
   if latest:
     hp, saved_cfg = heads.load_head(latest, model.config)
     if saved_cfg != head_cfg:
@@ -165,7 +177,7 @@ def main(argv=None):
   opt_state = optimizer.init(hp)
   step_fn = heads_train.make_train_step(head, optimizer, args.depth)
   rng = np.random.default_rng(args.seed + first)
-  log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
+  log = open(os.path.join(out_dir, 'log.jsonl'), 'a')
   t0 = time.time()
   chunk = None
   steps_per_chunk = max(1, args.chunk_rows // args.batch_size * 4)
@@ -200,7 +212,8 @@ def main(argv=None):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      heads.save_head(hp, head_cfg, args.out_dir, step)
+      heads.save_head(hp, head_cfg, out_dir, step)
+      saved()
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
@@ -212,7 +225,7 @@ def main(argv=None):
   if args.export_dir:
     path = heads.save_head(hp, head_cfg, args.export_dir, args.steps,
                            dtype=jnp.bfloat16)
-    shutil.copy(os.path.join(args.out_dir, 'log.jsonl'), args.export_dir)
+    shutil.copy(os.path.join(out_dir, 'log.jsonl'), args.export_dir)
     print(f'exported {path} (bfloat16)', flush=True)
 
 

@@ -21,7 +21,8 @@ so DIR/<task>/test stays held out for the eval job and the lookahead spec; witho
 Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
-checkpoint. Because slot j sees only slots 1..j, the first L' < L
+checkpoint. --out_dir may be a gs:// address (kept in a local copy, copied
+up at each save: bucket_folder.kept_here). Because slot j sees only slots 1..j, the first L' < L
 embeddings of an L-slot run are themselves an L'-slot drafter.
 
 To ship them: copy checkpoint_<step>/ to
@@ -42,6 +43,7 @@ import numpy as np
 import optax
 
 from specdec_jax import arrays
+from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
 from specdec_jax import distill
 from specdec_jax import shipped
@@ -92,9 +94,18 @@ def train_inputs(args, vocab_size) -> np.ndarray:
 
 def main(argv=None):
   args = parse_flags(argv)
+  # A gs:// --out_dir: written in a local copy, copied up at each save
+  # and at the end (bucket_folder.kept_here).
+  with bucket_folder.kept_here('out_dir', args.out_dir) as here:
+    train(args, here.path, here.sync)
+
+
+def train(args, out_dir, saved):
+  """Trains as the flags `args` say into `out_dir`, calling `saved()`
+  after each checkpoint."""
   model, params = models.load(args.target, args.target_config)
   inputs = train_inputs(args, model.vocab_size)
-  data_dir = os.path.join(args.out_dir, 'data')
+  data_dir = os.path.join(out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=args.max_decode_len, batch_size=64,
                    num_shards=1, progress=False)
@@ -104,7 +115,7 @@ def main(argv=None):
         f'{(out > 0).sum(1).mean():.1f}', flush=True)
 
   optimizer = optax.adam(args.learning_rate)
-  latest = checkpoints.latest_checkpoint(args.out_dir)
+  latest = checkpoints.latest_checkpoint(out_dir)
   if latest:
     la = lookahead.load_lookahead(latest, model.config)
     first = checkpoints.step_of(latest)
@@ -116,7 +127,7 @@ def main(argv=None):
   opt_state = optimizer.init(la)  # Adam moments restart on resume
   step_fn = lookahead_train.make_train_step(model, optimizer)
   rng = np.random.default_rng(args.seed + first)
-  log = open(os.path.join(args.out_dir, 'log.jsonl'), 'a')
+  log = open(os.path.join(out_dir, 'log.jsonl'), 'a')
   t0 = time.time()
   for step in range(first + 1, args.steps + 1):
     idx = rng.choice(len(enc), args.batch_size, replace=False)
@@ -139,7 +150,8 @@ def main(argv=None):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      lookahead.save_lookahead(la, args.out_dir, step)
+      lookahead.save_lookahead(la, out_dir, step)
+      saved()
   log.close()
 
 

@@ -29,9 +29,10 @@ In a `jax.distributed` run every process syncs the files it writes; process
 True)`) before it merges them.
 
 A training MODEL_DIR at a gs:// address is kept the same way
-(training.py): synced when a save names its step and again once the
-checkpoint is whole, so the bucket never holds a checkpoint cut short
-without the file that names it. A spec's work folder at a gs:// address
+(training.py, through `kept_here`, as the method scripts' --out_dir):
+synced when a save names its step and again once the checkpoint is whole,
+so the bucket never holds a checkpoint cut short without the file that
+names it. A spec's work folder at a gs:// address
 (experiments/sweep.py) leaves each cell's folder to its eval job; the
 spec reads a cell's records in a copy (`copied_here`) and writes its
 results in a temporary folder copied up as they change (`written_here`).
@@ -47,7 +48,8 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
+                    Tuple, Union)
 
 from specdec_jax import checkpoints
 from specdec_jax import checks
@@ -250,28 +252,52 @@ def copied_here(url: str) -> Iterator[pathlib.Path]:
     shutil.rmtree(folder.local, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def written_here(name: str, path: str
-                 ) -> Iterator[Tuple[Optional[str], Callable[[], None]]]:
-  """Yields (where to write the files named `path` here, a sync), `path`
-  checked as the folder `name` (`check_folder`).
+class Here(NamedTuple):
+  """A job's folder as the job writes it (`kept_here`)."""
+  path: str  # where the job writes it: the folder, or a local copy of it
+  sync: Callable[[], None]  # copies what changed to the folder (a copy's)
+  shown: Callable[[str], str]  # a path of `path` said as the folder's
 
-  A local `path`: None (there itself), and a sync that does nothing. A
-  gs:// address: its name in a temporary folder, and a sync copying what
-  changed there to the address's folder (also when the block ends, with an
-  error too, before the temporary folder goes); the folder's other objects
-  are left as they are.
+
+@contextlib.contextmanager
+def kept_here(name: str, path: str, pull: bool = True) -> Iterator[Here]:
+  """A folder a job writes, `path` (checked as the folder `name`:
+  `check_folder`), as it writes it.
+
+  A local `path`: itself, a sync that does nothing. A gs:// address: a
+  local copy (`BucketFolder`: the bucket's objects copied down first where
+  `pull`, and then synced after every write of a run folder), which `sync`
+  copies up, as does the block's end (with an error too) before the copy
+  goes; without `pull` the folder's other objects are left as they are.
   """
   check_folder(name, path)
   if not is_bucket(path):
+    yield Here(path, lambda: None, lambda text: text)
+    return
+  folder = BucketFolder(path, every_s=0.0)
+  if pull:
+    folder.start()
+  try:
+    yield Here(str(folder.local), functools.partial(folder.sync, force=True),
+               lambda text: text and folder.shown(text))
+  finally:
+    folder.close()
+
+
+@contextlib.contextmanager
+def written_here(name: str, path: str
+                 ) -> Iterator[Tuple[Optional[str], Callable[[], None]]]:
+  """Yields (where to write the files named `path` here, a sync): for a
+  local `path` None (there itself) and a sync that does nothing; for a
+  gs:// address, its name in a copy of its folder that `kept_here` keeps,
+  not copied down (the folder's other objects are left as they are)."""
+  if not is_bucket(path):
+    check_folder(name, path)
     yield None, lambda: None
     return
   parent, base = path.rstrip('/').rsplit('/', 1)
-  folder = BucketFolder(parent)
-  try:
-    yield str(folder.local / base), functools.partial(folder.sync, force=True)
-  finally:
-    folder.close()
+  with kept_here(name, parent, pull=False) as here:
+    yield os.path.join(here.path, base), here.sync
 
 
 def write_file(path: Folder, data: bytes) -> None:

@@ -55,7 +55,6 @@ arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -786,12 +785,12 @@ def train(
                         task_feature_lengths, data_dir, array_dir)
   teacher, teacher_params = _load_teacher(model_config, teacher_config,
                                           teacher_checkpoint)
-  with _model_dir_here(model_dir) as (local, on_write, shown):
-    _write_config(local, config_str)
+  with bucket_folder.kept_here('model_dir', model_dir) as here:
+    _write_config(here.path, config_str)
     model = network.T5Model(model_config)
-    state = _initial_state(model, model_config, local, seed,
+    state = _initial_state(model, model_config, here.path, seed,
                            init_from_teacher, teacher_config, teacher_params)
-    out = _ModelDir(local, int(state.step), keep_checkpoints, on_write)
+    out = _ModelDir(here.path, int(state.step), keep_checkpoints, here.sync)
     if out.start < train_steps:
       step_fn = _step_fn(model, teacher, teacher_params, learning_rate,
                          schedule, warmup_steps, z_loss, kd_loss, kd_weight)
@@ -802,26 +801,8 @@ def train(
                          max_seconds=max_seconds, progress=progress,
                          **periods)
     summary = out.summary(state)
-  return dict(summary, model_dir=model_dir, checkpoint=shown(summary[
-      'checkpoint']))
-
-
-@contextlib.contextmanager
-def _model_dir_here(model_dir: str):
-  """Yields (the folder the run writes, what a save calls once it names
-  its step and once its checkpoint is whole, how a path of that folder is
-  said): `model_dir` itself, or for a gs:// address a local copy
-  (`bucket_folder.BucketFolder`) copied up then and when the run ends."""
-  if not bucket_folder.is_bucket(model_dir):
-    yield model_dir, None, lambda path: path
-    return
-  bucket = bucket_folder.BucketFolder(model_dir, every_s=0.0)
-  bucket.start()
-  try:
-    yield (str(bucket.local), lambda: bucket.sync(force=True),
-           lambda path: path and bucket.shown(path))
-  finally:
-    bucket.close()
+  return dict(summary, model_dir=model_dir,
+              checkpoint=here.shown(summary['checkpoint']))
 
 
 # --------------------------------------------------------------- the job ---

@@ -136,8 +136,8 @@ CLOCKS = {
                                       'the bucket',
     'scripts/benchmark_mesh.py:compiled_facts': 'compile seconds',
     'scripts/ship_models.py:cmd_measure': 'seconds of an alpha measurement',
-    'scripts/train_heads.py:main': 'training wall time',
-    'scripts/train_pass.py:main': 'training wall time',
+    'scripts/train_heads.py:train': 'training wall time',
+    'scripts/train_pass.py:train': 'training wall time',
     'scripts/train_shipped_models.py:main': 'training wall time',
 }
 

@@ -15,6 +15,7 @@ import pytest
 
 from command_line import run_script
 from specdec_jax import arrays
+from specdec_jax import checkpoints
 from specdec_jax import network
 from specdec_jax import training
 from specdec_jax import models
@@ -69,14 +70,25 @@ def test_heads_train_on_a_t5x_checkpoint(tiny):
   assert 'test rows 0..7' in log[-1]['rows']
 
 
-def test_train_pass_on_a_t5x_checkpoint(tiny):
-  root, data, ckpt = tiny
-  run_script('train_pass',
-             '--target', ckpt, '--target_config', SPEC, '--arrays', data,
-             '--task', 'copy', '--num_lookahead', '2', '--steps', '2',
-             '--save_every', '2', '--batch_size', '4', '--positions', '4',
-             '--max_decode_len', str(LENGTH), '--out_dir', str(root / 'pass'))
-  assert (root / 'pass' / 'checkpoint_2').is_dir()
+def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
+  """--out_dir at a gs:// address (the suite's local GCS): the data, the
+  checkpoint and the log written there, and a rerun resumes from them."""
+  _, data, ckpt = tiny
+  out = f'{gcs}/pass'
+  argv = ('--target', ckpt, '--target_config', SPEC, '--arrays', data,
+          '--task', 'copy', '--num_lookahead', '2', '--save_every', '2',
+          '--batch_size', '4', '--positions', '4', '--max_decode_len',
+          str(LENGTH), '--out_dir', out)
+  run_script('train_pass', *argv, '--steps', '2')
+  files = checkpoints.list_files(out)
+  assert 'data/train-00000-of-00001.npz' in files and 'log.jsonl' in files
+  assert any(f.startswith('checkpoint_2/') for f in files), files
+  assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_2'
+  run_script('train_pass', *argv, '--steps', '3')  # resumed at step 2
+  log = [json.loads(line) for line in checkpoints.read_bytes(
+      f'{out}/log.jsonl').decode().splitlines()]
+  assert [r['step'] for r in log] == [1, 2, 3]
+  assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_3'
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
