@@ -875,7 +875,7 @@ def main(argv: Optional[Sequence[str]] = None,
     with tempfile.TemporaryDirectory() as tmp:  # a gs:// model dir too
       png = os.path.join(tmp, 'loss.png')
       plot([os.path.join(model_dir, LOG_FILE)], png,
-           [os.path.basename(model_dir.rstrip('/'))])
+           [os.path.basename(os.path.abspath(model_dir))])  # '.' named
       with open(png, 'rb') as f:
         checkpoints.write_bytes(os.path.join(model_dir, 'loss.png'), f.read())
   print(f"step {summary['step']}: train {summary['train']}\n"
