@@ -52,7 +52,6 @@ from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
                     Tuple, Union)
 
 from specdec_jax import checkpoints
-from specdec_jax import checks
 from specdec_jax import run_folder
 
 # A folder a job writes, or a path in it: local, or a gs:// address.
@@ -77,9 +76,16 @@ def join(folder: Folder, *names: str) -> Folder:
 
 def check_folder(name: str, path) -> None:
   """Raises ValueError when `path`, a folder a job writes into, is neither
-  local nor a gs:// address (kept here) (`checks.check_local_folder`)."""
-  if not is_bucket(path):
-    checks.check_local_folder(name, path)
+  local nor a gs:// address (kept here): `pathlib` would write 's3://b/x'
+  to a local folder 's3:/b/x'."""
+  text = os.fspath(path)
+  if '://' in text and not is_bucket(text):
+    raise ValueError(
+        f'{name} {text!r} is neither a local folder nor a gs:// address: a '
+        'job writes its folder with file operations (renames, appends) '
+        'that object stores lack, and keeps one at a gs:// address in a '
+        'local copy that the bucket follows. Give a local folder or a '
+        'gs:// address.')
 
 
 def _is_records(name: str) -> bool:

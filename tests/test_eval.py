@@ -329,8 +329,8 @@ def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   gs:// one is kept in a local copy: tests/test_bucket_folder.py); a
   negative sync_every_s is refused too, before anything is written."""
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(ValueError, match="output_dir 's3://b/run' is not a "
-                     'local folder'):
+  with pytest.raises(ValueError, match="output_dir 's3://b/run' is neither a "
+                     'local folder nor a gs:// address'):
     eval_lib.main(args('s3://b/run'))
   with pytest.raises(ValueError, match='sync_every_s must be a number of '
                      "seconds >= 0, got -1"):
