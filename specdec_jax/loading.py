@@ -283,6 +283,8 @@ GROUPED = {
     'batch_size': ('batch', 'size'), 'batching': ('batch', 'mode'),
     'stream_chunk': ('batch', 'chunk'), 'batch_gamma': ('batch', 'gamma_rule'),
     'max_gamma': ('batch', 'max_gamma'),
+    'temperature': ('sampling', 'temperature'),
+    'topk': ('sampling', 'topk'), 'topp': ('sampling', 'topp'),
 }
 # The `EvalSetup` fields that are groups.
 _GROUPS = frozenset(group for group, _ in GROUPED.values())
@@ -306,10 +308,9 @@ class EvalSetup:
       tree, output cache).
     batch: the `BatchSpec` (batch size, streamed or fixed, gamma at batch
       > 1).
+    sampling: the `SamplingConfig` (temperature, 0 for greedy; topk, 0 =
+      off; topp, 1.0 = off).
     split: the split to decode.
-    temperature: 0 for greedy.
-    topk: 0 = off.
-    topp: 1.0 = off.
     num_examples: first N examples of the split (None = all).
     seed: PRNG seed (random weights: target seed, drafter seed + 1; and
       sampling).
@@ -341,10 +342,8 @@ class EvalSetup:
   gamma: int
   draft: DrafterSpec
   batch: BatchSpec = BatchSpec()
+  sampling: SamplingConfig = SamplingConfig()
   split: str = 'validation'
-  temperature: float = 0.0
-  topk: int = 0
-  topp: float = 1.0
   num_examples: Optional[int] = None
   seed: int = 0
   truncate_inputs: bool = False
@@ -357,7 +356,6 @@ class EvalSetup:
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
     speculative.check_gamma(self.gamma)
-    self.sampling  # pylint: disable=pointless-statement  (validates)
     if set(self.task_feature_lengths) < {'inputs', 'targets'}:
       raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
                        f'got {dict(self.task_feature_lengths)}.')
@@ -396,10 +394,6 @@ class EvalSetup:
       if not isinstance(self.target_widen_to, str):
         set_('target_widen_to', dict(self.target_widen_to))
       self.decoding_config  # pylint: disable=pointless-statement
-
-  @property
-  def sampling(self) -> SamplingConfig:
-    return SamplingConfig(self.temperature, self.topk, self.topp)
 
   @property
   def chooses_gamma(self) -> bool:
@@ -462,11 +456,11 @@ class EvalSetup:
 
   def settings(self) -> Dict[str, Any]:
     """The run's identity, as run.json holds it (a rerun must match it)."""
-    draft, batch = self.draft, self.batch
+    draft, batch, sampling = self.draft, self.batch, self.sampling
     settings = dict(
         task=self.mixture_or_task_name, split=self.split, drafter=draft.kind,
-        gamma=self.gamma, temperature=float(self.temperature), topk=self.topk,
-        topp=float(self.topp), batch_size=batch.size,
+        gamma=self.gamma, temperature=float(sampling.temperature),
+        topk=sampling.topk, topp=float(sampling.topp), batch_size=batch.size,
         num_examples=self.num_examples, seed=self.seed,
         target_checkpoint=str(self.target_checkpoint),
         draft_checkpoint=str(draft.checkpoint),

@@ -86,7 +86,7 @@ def test_paper_file_binds_every_argument(path):
   output_dir = gin.query_parameter('%EVAL_OUTPUT_DIR')
   gin.clear_config(clear_constants=True)
   task, temp, drafter = path.stem.split('_')
-  assert bindings.temperature == float(temp[1:])
+  assert bindings.sampling.temperature == float(temp[1:])
   assert bindings.mixture_or_task_name == {
       'ende': 'wmt_t2t_ende_v003', 'cnndm': 'cnn_dailymail_v002'}[task]
   assert isinstance(bindings.gamma, int) and bindings.gamma >= 1

@@ -272,7 +272,7 @@ def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
   assert base.split == 'test' and base.truncate_inputs
   bigram = reproduce.eval_setup(setup, 'en_de', 'bigram', temperature=1.0)
   assert bigram.draft.kind == 'bigram' and bigram.draft.checkpoint is None
-  assert bigram.temperature == 1.0
+  assert bigram.sampling.temperature == 1.0
   assert bigram.task_feature_lengths == {'inputs': 64, 'targets': 64}
 
 
