@@ -309,21 +309,23 @@ def test_model_fields_set_every_model_and_name_the_folders():
         plain, model_fields=('kernel=cudnn',)))
 
 
-def test_a_failed_cell_is_written_and_named(tmp_path):
+def test_a_failed_cell_is_written_and_named(gcs):
   """A cell whose setup cannot be built fails alone: the others run, the
-  results name it with its error, and the run ends with CellsFailed."""
+  results name it with its error, and the run ends with CellsFailed; the
+  results are written (here at a gs:// address, copied up as the run
+  fails)."""
   spec = sweep.Spec(
       name='broken', title='broken', about='Cells that cannot run.',
       columns=(('task', 'task'),),
       cells=lambda o, t: [sweep.Cell('en_de', 'trigram'),
                           sweep.Cell('en_de', 'fourgram')])
-  out = tmp_path / 'out'
+  out = f'{gcs}/out'
   with pytest.raises(sweep.CellsFailed, match='2 of 2 cells failed') as e:
-    sweep.run(spec, sweep.Options(work_dir=str(tmp_path)), out=str(out))
+    sweep.run(spec, sweep.Options(work_dir=f'{gcs}/work'), out=out)
   assert "Unknown drafter 'trigram'" in str(e.value)
-  written = json.loads(out.with_suffix('.json').read_text())
+  written = json.loads(checkpoints.read_bytes(f'{out}.json'))
   assert [f['drafter'] for f in written['failed']] == ['trigram', 'fourgram']
-  md = out.with_suffix('.md').read_text()
+  md = checkpoints.read_bytes(f'{out}.md').decode()
   assert "- task=en_de,drafter=fourgram: ValueError: Unknown drafter" in md
 
 
