@@ -62,9 +62,9 @@ def parse_args(argv: Sequence[str]):
                  help="only the cells whose field has this value (one of "
                  "'a|b'), e.g. batch_gamma=always; repeatable")
   r.add_argument('--work_dir', default='~/.cache/specdec_jax/experiments',
-                 help="the cells' eval job folders (a rerun resumes them)")
+                 help="the cells' folders, local or gs:// (a rerun resumes)")
   r.add_argument('--out', default=None,
-                 help='results path without suffix (default: '
+                 help='results path without suffix, local or gs:// (default: '
                  'results/<spec>/<models>; --shrink: in the work folder)')
   r.add_argument('--model_fields', action='append', default=[],
                  metavar='FIELD=VALUE', help="a T5Config field of every "
