@@ -9,6 +9,7 @@ checked to be the ones the profile holds, never for their values.
 import json
 import math
 
+from specdec_jax import checkpoints
 from specdec_jax import hardware
 from specdec_jax import measure
 from specdec_jax import theory
@@ -16,14 +17,17 @@ from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
 
 
-def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path,
+def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path, gcs,
                                                         monkeypatch):
-  out = tmp_path / 'out'
+  """Into a gs:// work folder (the suite's local GCS): the shrunk results
+  and the profile beside them are written there, and named there."""
+  out = f'{gcs}/work/profile/shipped/results'
+  read = lambda suffix: checkpoints.read_bytes(out + suffix).decode()
   repeats, timed = [], measure.time_alternating
   monkeypatch.setattr(measure, 'time_alternating', lambda calls, n=1, **k: (
       repeats.append(n) or timed(calls, n, **k)))
   result = sweep.run(profile.SPEC, sweep.Options(
-      shrink=True, work_dir=str(tmp_path)), out=str(out))
+      shrink=True, work_dir=f'{gcs}/work'))
   rows = result['rows']
   # Every timed loop the spec's timing_repeats times (shrunk: once).
   assert repeats and set(repeats) == {1}, repeats
@@ -39,10 +43,11 @@ def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path,
   else:
     assert all(x is not None and x >= 0 for x in loads), loads
     assert (f'Other processes while timing: {max(loads):.2f} cores busy'
-            in out.with_suffix('.md').read_text())
+            in read('.md'))
   target, lookup, small, tree = (r['measured'] for r in rows)
-  path = out.parent / 'out.profile.json'
-  assert result['hardware_profile'] == str(path)
+  assert result['hardware_profile'] == out + '.profile.json'
+  path = tmp_path / 'profile.json'
+  path.write_text(read('.profile.json'))
   p = hardware.load(str(path))
   t1 = target['target']['t_ms']['1']
   assert p.t1_ms == t1 > 0 and p.cost == {1: {1: 1.0, 2: p.cost[1][2],
@@ -61,7 +66,7 @@ def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path,
   pred = hardware.predict(p, alpha=0.5, gamma=2, drafter='small')
   assert math.isclose(pred.speedup, theory.walltime_improvement(
       0.5, 2, p.c[1]['small'], target_cost_ratio=p.cost[1][3]))
-  md = out.with_suffix('.md').read_text()
+  md = read('.md')
   assert '| measured | drafter | tree | ms | / t(1) |' in md
   assert 'nothing decoded' in md and 'PREDICTED' not in md
 

@@ -126,9 +126,8 @@ def details(row):
 
 
 def path_of(result, out):
-  """Where the profile goes: beside shrunk results; a complete xxl_cost
-  run on an accelerator into specdec_jax/profiles/ (as the older device
-  run's complete runs did); else results/<device>/profile_<models>.json."""
+  """Where the profile goes: beside shrunk results; a complete xxl_cost run
+  on an accelerator, specdec_jax/profiles/; else results/<device>/."""
   name = report.device_name()
   if result['shrunk']:
     return out.parent / f'{out.name}.profile.json'
@@ -167,7 +166,8 @@ def finish(result, out):
   path.write_text(json.dumps(dict(profile.to_json(), tree_level_ms={
       r['tree']: _ms(r) for r in rows if 'tree_level' in r['measured']}),
                              indent=1) + '\n')
-  result['hardware_profile'] = report.portable(str(path))
+  result['hardware_profile'] = report.portable(str(path)).replace(
+      str(out), result.get('out', str(out)))  # beside gs:// results: there
 
 
 SPEC = sweep.Spec(
