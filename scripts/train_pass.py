@@ -22,8 +22,9 @@ Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
 checkpoint. --out_dir may be a gs:// address (kept in a local copy, copied
-up at each save: bucket_folder.kept_here). Because slot j sees only slots 1..j, the first L' < L
-embeddings of an L-slot run are themselves an L'-slot drafter.
+up at each save: bucket_folder.kept_here). Because slot j sees only slots
+1..j, the first L' < L embeddings of an L-slot run are themselves an
+L'-slot drafter.
 
 To ship them: copy checkpoint_<step>/ to
 specdec_jax/assets/mini/lookahead/<task>/ and log.jsonl to

@@ -62,7 +62,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence)
@@ -356,10 +355,8 @@ def save_checkpoint(state: TrainState, model_dir: str,
     both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
-  if not checkpoints.is_gcs(model_dir):  # made as orbax makes it
-    os.makedirs(model_dir, exist_ok=True)
   saving = os.path.join(model_dir, SAVING_FILE)
-  checkpoints.write_bytes(saving, json.dumps({'step': step}).encode())
+  bucket_folder.write_file(saving, json.dumps({'step': step}).encode())
   if on_write is not None:
     on_write()
   # In the checkpoint's checksum manifest with the params (verified on load).
@@ -872,12 +869,10 @@ def main(argv: Optional[Sequence[str]] = None,
   checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
                           gin.operative_config_str().encode())
   if plot is not None and args.plot:
-    with tempfile.TemporaryDirectory() as tmp:  # a gs:// model dir too
-      png = os.path.join(tmp, 'loss.png')
-      plot([os.path.join(model_dir, LOG_FILE)], png,
+    png = os.path.join(model_dir, 'loss.png')
+    with bucket_folder.written_here('model_dir', png) as (here, _):
+      plot([os.path.join(model_dir, LOG_FILE)], here or png,
            [os.path.basename(os.path.abspath(model_dir))])  # '.' named
-      with open(png, 'rb') as f:
-        checkpoints.write_bytes(os.path.join(model_dir, 'loss.png'), f.read())
   print(f"step {summary['step']}: train {summary['train']}\n"
         f"validation {summary['validation']}\n"
         f"checkpoint {summary['checkpoint']}")

@@ -33,6 +33,7 @@ from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence,
 import jax
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import hardware
 from specdec_jax import loading
@@ -714,8 +715,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'build: the most the store may weigh (the plan\'s last programs are '
       'dropped to fit)'))
   args = parser.parse_args(argv)
-  if '://' in (args.work_dir or ''):  # packed into results.tar.xz here
-    parser.error(f'--work_dir {args.work_dir}: not a local folder')
+  checks.check_local_folder('work_dir', args.work_dir or '.')  # packed here
   plan = parse_plan(args.plan or DEFAULT_PLAN, **(
       {} if args.work_dir is None else {'work_dir': args.work_dir}))
   path = lambda x: None if x is None else pathlib.Path(x)
