@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import measure
 from specdec_jax import network
 
@@ -101,10 +102,10 @@ def write_json(path, obj: Any) -> pathlib.Path:
 
 
 def read_json(path) -> Any:
-  """A results file, with its name in the error if it is not valid JSON."""
-  path = pathlib.Path(path)
+  """A results file, local or gs://, with its name in the error if it is
+  not valid JSON."""
   try:
-    return json.loads(path.read_text())
+    return json.loads(checkpoints.read_bytes(os.fspath(path)))
   except json.JSONDecodeError as e:
     raise ValueError(f'{path} is not valid JSON: {e}') from e
 

@@ -69,7 +69,7 @@ def read_bytes(path: str) -> bytes:
     store, key = _gcs_store(path)
     result = store.read(key).result()
     if result.state == 'missing':
-      raise FileNotFoundError(f'No checkpoint file at {path}')
+      raise FileNotFoundError(f'No file at {path}')
     return bytes(result.value)
   with open(path, 'rb') as f:
     return f.read()
@@ -86,7 +86,7 @@ def read_range(path: str, start: int, stop: int) -> bytes:
   store, key = _gcs_store(path)
   result = store.read(key, byte_range=slice(start, stop)).result()
   if result.state == 'missing':
-    raise FileNotFoundError(f'No checkpoint file at {path}')
+    raise FileNotFoundError(f'No file at {path}')
   return bytes(result.value)
 
 

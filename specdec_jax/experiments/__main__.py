@@ -14,10 +14,11 @@ the specs, the model sets and the mesh: docs/experiments.md.
 from __future__ import annotations
 
 import argparse
-import pathlib
+import os
 import sys
 from typing import Optional, Sequence
 
+from specdec_jax import bucket_folder
 from specdec_jax import eval as eval_lib
 from specdec_jax import task_table
 from specdec_jax.bench import flags
@@ -82,7 +83,7 @@ def parse_args(argv: Sequence[str]):
   flags.add_prediction_flags(r, optional=True, repredict=False)
   q = sub.add_parser('repredict', help="a results file's predicted figures "
                      'from its measured values')
-  q.add_argument('results', metavar='JSON')
+  q.add_argument('results', metavar='JSON', help='local or gs://')
   flags.add_prediction_flags(q, optional=True, repredict=False)
   return p.parse_args(argv)
 
@@ -97,12 +98,13 @@ def main(argv: Optional[Sequence[str]] = None):
       print(f'{name}: {spec.title} ({len(cells)} cells, shipped models)')
     return None
   profile = flags.profile_of(args, optional=True)
-  if args.command == 'repredict':
-    path = pathlib.Path(args.results)
-    result = report.read_json(path)
+  if args.command == 'repredict':  # results local or gs://, in place
+    result = report.read_json(args.results)
     spec = specs.get(result['spec'])
     table.repredict(spec, result, profile, command)
-    return table.write(spec, result, path.with_suffix(''))
+    out = os.path.splitext(args.results)[0]
+    with bucket_folder.written_here('results', out) as (here, _):
+      return table.write(spec, result, out, here=here)
   spec = specs.get(args.spec)
   eval_lib.initialize_distributed(args)
   options = sweep.Options(

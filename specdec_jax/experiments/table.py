@@ -297,8 +297,7 @@ def write(spec, result: Dict[str, Any], out, here=None) -> Dict[str, Any]:
   if jax.process_index() != 0:
     return result
   name = here and str(out)  # a gs:// address, written at `here`
-  out = pathlib.Path(here or out)
-  out.parent.mkdir(parents=True, exist_ok=True)
+  out = pathlib.Path(here or out)  # its folder made by write_json
   result['out'] = name or report.portable(str(
       out.relative_to(ROOT) if out.is_relative_to(ROOT) else out))
   report.write_json(out.with_suffix('.json'), result)

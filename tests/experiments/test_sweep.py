@@ -244,24 +244,33 @@ def test_a_work_folder_in_a_bucket_resumes_and_measures_there(
   assert strip(again['rows']) == strip(result['rows'])
 
 
+@pytest.mark.parametrize('where', ['local', 'gs'])
 def test_repredict_reproduces_the_written_file(tiny_run, tmp_path,
-                                              monkeypatch):
+                                              monkeypatch, request, where):
+  """`repredict` of a results file whose predicted figures were spoilt
+  writes them again in place (json and md), local or at a gs:// address:
+  the rows are the written ones, the results still named by their file."""
   spec, _, root, *_ = tiny_run
   monkeypatch.setitem(specs.SPECS, spec.name, spec)
   written = root / 'out' / 'shipped.json'
-  copy = tmp_path / 'shipped.json'
-  shutil.copy(written, copy)
-  data = json.loads(copy.read_text())
+  folder = (str(tmp_path) if where == 'local' else
+            request.getfixturevalue('gcs') + '/results')
+  copy = f'{folder}/shipped.json'
+  data = json.loads(written.read_text())
   for row in data['rows']:  # spoil every predicted figure
     row['predicted_speedup'] = row['predicted_on_profile'] = 0.0
-  copy.write_text(json.dumps(data))
-  cli.main(['repredict', str(copy), '--profile', hardware.H100])
-  got = json.loads(copy.read_text())
+  checkpoints.write_bytes(copy, json.dumps(data).encode())
+  cli.main(['repredict', copy, '--profile', hardware.H100])
+  got = json.loads(checkpoints.read_bytes(copy))
   want = json.loads(written.read_text())
   drop = lambda d: {k: v for k, v in d.items()
                     if k not in ('out', 'predicted_by')}
   assert [drop(r) for r in got['rows']] == [drop(r) for r in want['rows']]
   assert 'predicted_by' in got
+  assert got['out'] == (copy[:-5] if where == 'gs' else
+                        str(tmp_path / 'shipped'))
+  assert checkpoints.read_bytes(f'{folder}/shipped.md').decode() == (
+      table.markdown(spec, got))
 
 
 def test_cells_and_flags_are_checked():

@@ -15,8 +15,6 @@ measures one of these on its setup, built as the eval job builds it
 compiled as the decode loops are. `--models xxl_cost`: at T5 1.1-XXL target cost.
 """
 
-import json
-
 import jax
 
 from specdec_jax import hardware
@@ -161,11 +159,9 @@ def finish(result, out):
       cost={1: {int(k): v for k, v in t['cost'].items()}}, c={1: c},
       source=f"{result.get('out', out)}.json", command=result['command'],
       date=result['date'])
-  path = path_of(result, out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(dict(profile.to_json(), tree_level_ms={
-      r['tree']: _ms(r) for r in rows if 'tree_level' in r['measured']}),
-                             indent=1) + '\n')
+  path = report.write_json(path_of(result, out), dict(
+      profile.to_json(), tree_level_ms={r['tree']: _ms(r) for r in rows
+                                        if 'tree_level' in r['measured']}))
   result['hardware_profile'] = report.portable(str(path)).replace(
       str(out), result.get('out', str(out)))  # beside gs:// results: there
 
