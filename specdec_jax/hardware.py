@@ -269,14 +269,20 @@ def load(name_or_path: str) -> HardwareProfile:
     raise FileNotFoundError(
         f'no hardware profile {name_or_path!r} ({path}); profiles: '
         f'{list(names())}')
+  return parse(path.read_text(), str(path))
+
+
+def parse(text: str, where: str) -> HardwareProfile:
+  """A profile from the json text of its file `where` (named in errors)."""
   try:
-    data = json.loads(path.read_text())
+    data = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f'hardware profile {path} is not valid JSON: {e}') from e
+    raise ValueError(f'hardware profile {where} is not valid JSON: {e}'
+                     ) from e
   try:
     return HardwareProfile.from_json(data)
   except (ValueError, TypeError, KeyError) as e:
-    raise ValueError(f'hardware profile {path}: {e}') from e
+    raise ValueError(f'hardware profile {where}: {e}') from e
 
 
 def measured_run(profile: HardwareProfile) -> Optional[Dict[str, Any]]:

@@ -104,7 +104,7 @@ def add_prediction_flags(parser: argparse.ArgumentParser, *,
   parser.add_argument(
       '--profile', default=hardware.H100,
       help='the measured hardware profile of the predicted figures '
-      '(hardware.names())' +
+      '(hardware.names(), or its json file, local or gs://)' +
       (f"; '{NO_PROFILE}': leave them out" if optional else ''))
   if repredict:
     parser.add_argument(
@@ -118,4 +118,7 @@ def profile_of(args, optional: bool = False
   """The `--profile` flag's profile (with `optional`, None for 'none')."""
   if optional and args.profile == NO_PROFILE:
     return None
+  if checkpoints.is_gcs(args.profile):  # as the profile spec writes it
+    return hardware.parse(checkpoints.read_bytes(args.profile).decode(),
+                          args.profile)
   return hardware.load(args.profile)

@@ -8,11 +8,15 @@ checked to be the ones the profile holds, never for their values.
 
 import json
 import math
+import types
+
+import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import hardware
 from specdec_jax import measure
 from specdec_jax import theory
+from specdec_jax.bench import flags
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments.specs import profile
 
@@ -20,7 +24,8 @@ from specdec_jax.experiments.specs import profile
 def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path, gcs,
                                                         monkeypatch):
   """Into a gs:// work folder (the suite's local GCS): the shrunk results
-  and the profile beside them are written there, and named there."""
+  and the profile beside them are written there, and named there; the
+  `--profile` flag reads the profile there."""
   out = f'{gcs}/work/profile/shipped/results'
   read = lambda suffix: checkpoints.read_bytes(out + suffix).decode()
   repeats, timed = [], measure.time_alternating
@@ -46,9 +51,11 @@ def test_profile_spec_writes_a_loadable_hardware_profile(tmp_path, gcs,
             in read('.md'))
   target, lookup, small, tree = (r['measured'] for r in rows)
   assert result['hardware_profile'] == out + '.profile.json'
+  # The profile as `--profile` reads it there; a copy here as `load` does.
+  p = flags.profile_of(types.SimpleNamespace(profile=out + '.profile.json'))
   path = tmp_path / 'profile.json'
   path.write_text(read('.profile.json'))
-  p = hardware.load(str(path))
+  assert hardware.load(str(path)) == p
   t1 = target['target']['t_ms']['1']
   assert p.t1_ms == t1 > 0 and p.cost == {1: {1: 1.0, 2: p.cost[1][2],
                                               3: p.cost[1][3]}}
@@ -84,3 +91,21 @@ def test_the_full_profile_times_the_paper_ks_every_drafter_and_two_trees():
   assert profile.KS == (1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 61, 65)
   assert {c.drafter for c in cells
           if c.labels['measurement'] == 'c'} >= {'dec2', 'small', 'lookup'}
+
+
+def test_a_bad_profile_file_is_named(tmp_path, gcs):
+  """`--profile` at a file that is missing, not JSON or not a profile:
+  an error naming the file, local or gs://."""
+  flag = lambda path: flags.profile_of(types.SimpleNamespace(profile=path))
+  with pytest.raises(FileNotFoundError, match=f'No file at {gcs}/none.json'):
+    flag(f'{gcs}/none.json')
+  with pytest.raises(FileNotFoundError, match='no hardware profile'):
+    flag(str(tmp_path / 'none.json'))
+  for folder in (gcs, str(tmp_path)):
+    checkpoints.write_bytes(f'{folder}/bad.json', b'{"name": ')
+    with pytest.raises(ValueError, match=f'hardware profile {folder}/bad.json'
+                       ' is not valid JSON'):
+      flag(f'{folder}/bad.json')
+    checkpoints.write_bytes(f'{folder}/other.json', b'{"rows": []}')
+    with pytest.raises(ValueError, match=f'hardware profile {folder}/other'):
+      flag(f'{folder}/other.json')
