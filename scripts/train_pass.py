@@ -15,7 +15,8 @@ checkpoint with --target_config (a `specdec_jax.models.config` spec, e.g.
 with --arrays DIR (a folder of task folders in the `specdec_jax.arrays`
 format, what scripts/export_arrays.py --out_dir writes; needed for a
 checkpoint target) the rows --train_rows (default all) of DIR/<task>/train,
-so DIR/<task>/test stays held out for the eval job and the lookahead spec; without it the shipped test slice's rows --train_rows (default
+so DIR/<task>/test stays held out for the eval job and the lookahead
+spec; without it the shipped test slice's rows --train_rows (default
 64:256), so its first 64 rows stay held out.
 
 Writes to --out_dir: data/ (the generated outputs, reused on a rerun),

@@ -80,11 +80,11 @@ def _empty_uploads(insert):
 
 
 def _generation_headers(read):
-  """The emulator's reads of an object (a download, a get), sending the object's generation in the
-  headers as GCS does (x-goog-generation, x-goog-metageneration): without
-  them tensorstore reads generation 0, and a write conditional on what it
-  read (an OCDBT manifest's second commit) fails 'Malformed
-  StorageGeneration'."""
+  """The emulator's reads of an object (a download, a get), sending the
+  object's generation in the headers as GCS does (x-goog-generation,
+  x-goog-metageneration): without them tensorstore reads generation 0, and
+  a write conditional on what it read (an OCDBT manifest's second commit)
+  fails 'Malformed StorageGeneration'."""
   def handler(request, response, storage, *args, **kwargs):
     try:
       obj = storage.get_file_obj(request.params['bucket_name'],

@@ -473,15 +473,13 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
             row['other_load_cores'] = load.cpu_s / load.seconds
         result['rows'] += rows
         result['rows'].sort(key=lambda row: order[row['cell']])
-      table.write(spec, table.repredict(spec, result, profile), out,
-                  here)
+      table.write(spec, table.repredict(spec, result, profile), out, here)
       sync()
       programs.release_if_crowded()  # a long sweep compiles many programs
     result['time_log'] = clock.log
     if spec.finish is not None and jax.process_index() == 0:
       spec.finish(result, pathlib.Path(here or out))
-    table.write(spec, table.repredict(spec, result, profile), out,
-                  here)
+    table.write(spec, table.repredict(spec, result, profile), out, here)
     if result['failed']:
       raise CellsFailed(
           f"{len(result['failed'])} of {len(cells)} cells failed (the others "

@@ -287,7 +287,8 @@ def test_cells_and_flags_are_checked():
                      cells=lambda o, t: [sweep.Cell('en_de', 'dec2')] * 2)
   with pytest.raises(ValueError, match='names a cell twice'):
     sweep.plan(twice, sweep.Options())
-  with pytest.raises(ValueError, match="work_dir 's3://b/w' is neither a local"):
+  with pytest.raises(ValueError,
+                     match="work_dir 's3://b/w' is neither a local"):
     sweep.run(spec, sweep.Options(work_dir='s3://b/w'))
   with pytest.raises(ValueError, match="out 's3://b/r' is neither a local"):
     sweep.run(spec, sweep.Options(), out='s3://b/r')
