@@ -285,8 +285,15 @@ SAMPLING_CASES = {
 }
 
 
-@pytest.mark.parametrize('case', list(SAMPLING_CASES))
-@pytest.mark.parametrize('drafter_kind', ['t5', 'q_zero_where_p', 'q_off_p'])
+# The adversarial unigrams are uniform on their support, so a temperature
+# leaves their q as it is and reshapes p alone, as t = 1 does: they are not
+# sampled at t = 0.7 (the T5 drafter, whose q it reshapes too, is).
+LAW_CASES = [(case, kind) for kind in ('t5', 'q_zero_where_p', 'q_off_p')
+             for case in SAMPLING_CASES if kind == 't5' or case != 't0.7']
+
+
+@pytest.mark.parametrize('case,drafter_kind', LAW_CASES,
+                         ids=[f'{k}-{c}' for c, k in LAW_CASES])
 def test_sampled_sequences_follow_target_distribution(tiny_target, case,
                                                       drafter_kind):
   model, params, enc = tiny_target

@@ -108,7 +108,18 @@ def test_greedy_equals_baseline(greedy, kind):
   np.testing.assert_array_equal(out.lengths, base.lengths)
 
 
-@pytest.mark.parametrize('kind', KINDS)
+# Not streamed once more here: 't5' and 'tree', whose loops
+# tests/test_streaming.py streams greedily with the same drafters (a T5 draft
+# model, its beam:2,2,3 tree) through 4 slots refilled 2 at a time from 14
+# examples (`test_speculative_stream_greedy_equals_baseline`,
+# `test_tree_stream_greedy_equals_baseline`); nor 'unigram', an order-1
+# `NgramDrafter`, streamed here as 'bigram', the same drafter with a context
+# a refilled row must reset.
+STREAMED_ELSEWHERE = ('t5', 'tree', 'unigram')
+
+
+@pytest.mark.parametrize('kind',
+                         [k for k in KINDS if k not in STREAMED_ELSEWHERE])
 def test_streamed_greedy_equals_baseline(greedy, kind):
   """Continuous batching (2 slots refilled from 4 examples of different
   lengths) decodes every kind, in the loop it decodes with by default (a

@@ -171,8 +171,12 @@ def test_decode_time_draft_matches_training_chain(setup):
   np.testing.assert_array_equal(tree.top[:, 2], jnp.argmax(logits[:, 0], -1))
 
 
-@pytest.mark.parametrize('loop', ['merged', 'protocol'])
-@pytest.mark.parametrize('cross', [True, False])
+# Each loop once and each head once: the head without cross-attention in
+# the merged loop, the one with it in the protocol loop (the 'heads' kind,
+# a head with cross-attention in the merged loop, decodes greedily in fixed
+# batches and streamed in tests/drafters/test_drafters.py).
+@pytest.mark.parametrize('loop,cross', [('merged', False),
+                                        ('protocol', True)])
 def test_greedy_equals_baseline(setup, fitted, loop, cross):
   model, params, enc = setup
   head = heads.HeadConfig(mlp_dim=48, cross_attention=cross)

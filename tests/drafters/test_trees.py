@@ -314,7 +314,7 @@ def _sampled(tiny_target, case, accept_rejected=False, rows=N_SAMPLES):
   """(samples, the exact law, stats) of `rows` tree decodes of `case`.
 
   Compiled `OPTIMIZED` (30,000 rows run ~2x faster), but for the planted
-  bug: its third of the rows runs in less time than level 1 costs to
+  bug: its tenth of the rows runs in less time than level 1 costs to
   compile, so it takes the suite's level."""
   model, params, enc = tiny_target
   spec, config, kind = CASES[case]
@@ -354,10 +354,10 @@ def test_sampled_tree_follows_target_distribution(tiny_target, case):
 
 def test_planted_bug_fails_the_law_test(tiny_target):
   """Accepting a rejected child moves the law far beyond sampling noise:
-  on a third of the rows (noise of exact draws: total variation ~0.025)
+  on a tenth of the rows (noise of exact draws: total variation ~0.046)
   it is at ~0.8."""
   samples, dist, _ = _sampled(tiny_target, 'adversarial',
-                              accept_rejected=True, rows=N_SAMPLES // 3)
+                              accept_rejected=True, rows=N_SAMPLES // 10)
   assert total_variation(samples, dist) > 0.3
   with pytest.raises(AssertionError):
     assert_matches(samples, dist)
