@@ -295,10 +295,10 @@ def test_verify_commit_returns_the_state_of_the_last_accepted_node(
 # 3. Sampled law.
 # ---------------------------------------------------------------------------
 
-# One compiled loop per (shape, sampling). t = 1 with top-k 3 and a
-# perturbed drafter is tests/drafters/test_drafters.py's per-kind case for 'tree'
-# (and, with an untrained head, for 'heads_tree'); 'heads' is a random head
-# drafting the trees (kind 'heads_tree').
+# One compiled loop per (shape, sampling). These are the tree kinds' laws:
+# tests/drafters/test_drafters.py's per-kind law test leaves 'tree' and
+# 'heads_tree' to them; 'heads' is a random head drafting the trees (kind
+# 'heads_tree').
 CASES = {
     't0.7-topk3-static': ('static-beam:2,2,3',
                           SamplingConfig(temperature=0.7, topk=3), 'other'),
