@@ -6,6 +6,7 @@ the argument, the rule and the value given. A folder a job writes into is
 a local one (`check_local_folder`).
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -27,6 +28,14 @@ def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
 
 
+def check_positive(name: str, value, unit: str) -> None:
+  """Raises ValueError unless `value` is a real number > 0 (not a bool; inf
+  allowed), of `unit`: "<name> must be a number of <unit> > 0, got ..."."""
+  if isinstance(value, bool) or not isinstance(
+      value, (int, float, np.integer, np.floating)) or not value > 0:
+    raise ValueError(f'{name} must be a number of {unit} > 0, got {value!r}.')
+
+
 def check_local_folder(name: str, path) -> None:
   """Raises ValueError when `path`, a folder a job writes into, is a URL
   (gs://, s3://, ...) rather than a local folder.
@@ -44,3 +53,16 @@ def check_local_folder(name: str, path) -> None:
         'lack. Give a local folder (across hosts: one every host mounts, '
         'e.g. NFS) and copy it to the bucket afterwards; checkpoints are '
         'read from gs:// as they are.')
+
+
+@contextlib.contextmanager
+def one_line(*errors, said: str = ''):
+  """A command's errors of the types `errors` (bad input, found before
+  any work) end it with one line, "error: <said><the error>" (exit
+  status 1), not a traceback; `said`, e.g. the file read, also names the
+  error's type."""
+  try:
+    yield
+  except errors as e:
+    kind = f'{type(e).__name__}: ' if said else ''
+    raise SystemExit(f'error: {said}{kind}{e}') from None

@@ -229,6 +229,29 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
     checks.check_int('topk', -2, 0, ' (0 = off)')
 
 
+@pytest.mark.parametrize('value', [0, -5.0, float('nan'), True, '3', None])
+def test_a_positive_number_refuses_zero_nan_bools_and_strings(value):
+  with pytest.raises(ValueError, match=r'^max_minutes must be a number of '
+                     r'minutes > 0, got .*\.$'):
+    checks.check_positive('max_minutes', value, 'minutes')
+
+
+def test_positive_numbers_pass_and_one_line_ends_a_command():
+  for value in (1, 0.5, np.float32(2.0), np.int64(3), float('inf')):
+    checks.check_positive('max_minutes', value, 'minutes')
+  with pytest.raises(SystemExit) as e:
+    with checks.one_line(ValueError):
+      raise ValueError('gamma must be an int >= 1, got 0.')
+  assert e.value.code == 'error: gamma must be an int >= 1, got 0.'
+  with pytest.raises(SystemExit) as e:  # `said` names the file and the type
+    with checks.one_line(KeyError, said='x.json is no results file: '):
+      raise KeyError('spec')
+  assert e.value.code == "error: x.json is no results file: KeyError: 'spec'"
+  with pytest.raises(TypeError):  # not one of the types: as it was
+    with checks.one_line(ValueError):
+      raise TypeError('a bug')
+
+
 @pytest.mark.parametrize('call, message', [
     (lambda: decoding.SamplingConfig(topk=True), 'topk must be an int >= 0'),
     (lambda: speculative.check_gamma(np.int64(0)), 'gamma must be an int'),

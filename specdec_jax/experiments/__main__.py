@@ -19,6 +19,7 @@ import sys
 from typing import Optional, Sequence
 
 from specdec_jax import bucket_folder
+from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import task_table
 from specdec_jax.bench import flags
@@ -52,14 +53,13 @@ def parse_args(argv: Sequence[str]):
   r.add_argument('--tasks', default=None,
                  help='comma-separated task_table names (default: all)')
   r.add_argument('--num_examples', type=int, default=None)
-  r.add_argument('--repeats', type=int, default=None,
+  r.add_argument('--repeats', '--timing_repeats', type=int, default=None,
                  help="timed repeats of each unit (default: the spec's)")
   r.add_argument('--shrink', action='store_true',
                  help='tiny rows: the spec end to end in seconds')
   r.add_argument('--only', default=None, metavar='CELL',
                  help='decode only this cell')
-  r.add_argument('--where', action='append', default=[],
-                 metavar='FIELD=VALUE',
+  r.add_argument('--where', action='append', default=[], metavar='FIELD=VALUE',
                  help="only the cells whose field has this value (one of "
                  "'a|b'), e.g. batch_gamma=always; repeatable")
   r.add_argument('--work_dir', default='~/.cache/specdec_jax/experiments',
@@ -99,24 +99,28 @@ def main(argv: Optional[Sequence[str]] = None):
     return None
   profile = flags.profile_of(args, optional=True)
   if args.command == 'repredict':  # results local or gs://, in place
-    result = report.read_json(args.results)
-    spec = specs.get(result['spec'])
+    with checks.one_line(OSError, ValueError, KeyError, TypeError, said=(
+        f'{args.results} is no results file to repredict: ')):
+      result = report.read_json(args.results)
+      spec = specs.get(result['spec'])
     table.repredict(spec, result, profile, command)
     out = os.path.splitext(args.results)[0]
     with bucket_folder.written_here('results', out) as (here, _):
       return table.write(spec, result, out, here=here)
   spec = specs.get(args.spec)
   eval_lib.initialize_distributed(args)
-  options = sweep.Options(
-      models=args.models,
-      tasks=tuple(args.tasks.split(',')) if args.tasks else None,
-      num_examples=args.num_examples, timing_repeats=args.repeats,
-      shrink=args.shrink, only=args.only, where=tuple(args.where),
-      work_dir=args.work_dir, models_dir=args.models_dir,
-      checkpoints=args.checkpoints, data_dir=args.data_dir,
-      max_minutes=args.max_minutes, model_fields=tuple(args.model_fields),
-      num_partitions=args.num_partitions, global_mesh=args.global_mesh,
-      shard_drafter=args.shard_drafter)
+  with checks.one_line(ValueError):  # flags, tasks, cells: before any load
+    options = sweep.Options(
+        models=args.models,
+        tasks=tuple(args.tasks.split(',')) if args.tasks else None,
+        num_examples=args.num_examples, timing_repeats=args.repeats,
+        shrink=args.shrink, only=args.only, where=tuple(args.where),
+        work_dir=args.work_dir, models_dir=args.models_dir,
+        checkpoints=args.checkpoints, data_dir=args.data_dir,
+        max_minutes=args.max_minutes, model_fields=tuple(args.model_fields),
+        num_partitions=args.num_partitions, global_mesh=args.global_mesh,
+        shard_drafter=args.shard_drafter)
+    sweep.plan(spec, sweep.options_of(spec, options))
   return sweep.run(spec, options, profile=profile, command=command,
                    out=args.out)
 

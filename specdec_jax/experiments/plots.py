@@ -49,8 +49,7 @@ def plot_losses(log_paths: Sequence[str], out_png: str,
       for ax, key in zip(axes, ('loss', 'accuracy')):
         ax.plot(steps, [r[key] for r in rows], color=color,
                 label=f'{label} ({split})', **style)
-  for ax, key in zip(axes, ('loss (cross entropy + z-loss)',
-                            'token accuracy')):
+  for ax, key in zip(axes, ('loss (cross entropy + z-loss)', 'token accuracy')):
     ax.set_xlabel('step')
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)

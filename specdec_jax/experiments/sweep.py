@@ -27,6 +27,7 @@ import numpy as np
 
 from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
@@ -105,6 +106,13 @@ class Options:
   num_partitions: Optional[int] = None  # a mesh's 'model' axis (the job's)
   global_mesh: bool = False  # the mesh of every process's devices
   shard_drafter: bool = False  # a T5 drafter sharded as the target is
+
+  def __post_init__(self):  # the flags' numbers, before any cell runs
+    for name, n in (('num_examples', self.num_examples),
+                    ('timing_repeats', self.timing_repeats)):
+      if n is not None:
+        checks.check_int(name, n, 1, " (or None: the spec's)")
+    checks.check_positive('max_minutes', self.max_minutes, 'minutes')
 
   @property
   def meshed(self) -> bool:  # the cells on a mesh, not one device
@@ -437,9 +445,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     models = model_set(options)
     clock = budget.Clock(options.max_minutes)
     cache = loading.LoadCache()  # the cells share their models and examples
-    partitioner = partitioning.Partitioner(
-        options.num_partitions,
-        global_mesh=options.global_mesh) if options.meshed else None
+    partitioner = partitioning.Partitioner(options.num_partitions, global_mesh=(
+        options.global_mesh)) if options.meshed else None
     result = table.new_result(spec, options, command, partitioner)
     order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
     plan_groups = groups(models, cells, options)

@@ -76,8 +76,7 @@ def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
     if choices and summary.get('gamma') is not None:
       # What it decoded with, where the job chose (the cell's: a warm-up's
       # gamma; a tree's 'choose:N')
-      row['configured_gamma'], row['gamma'] = row.get('gamma'), summary[
-          'gamma']
+      row['configured_gamma'], row['gamma'] = row.get('gamma'), summary['gamma']
       if row.get('tree') and choices[0].get('tree'):
         row['configured_tree'], row['tree'] = row['tree'], choices[0]['tree']
   row['measured'] = values

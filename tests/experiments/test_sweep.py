@@ -10,6 +10,7 @@ configure.
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 
 import gin
@@ -292,6 +293,45 @@ def test_cells_and_flags_are_checked():
     sweep.run(spec, sweep.Options(work_dir='s3://b/w'))
   with pytest.raises(ValueError, match="out 's3://b/r' is neither a local"):
     sweep.run(spec, sweep.Options(), out='s3://b/r')
+  for bad, message in ((dict(num_examples=0), 'num_examples must be an int'),
+                       (dict(timing_repeats=True), 'timing_repeats must be'),
+                       (dict(max_minutes=-5.0), 'max_minutes must be a')):
+    with pytest.raises(ValueError, match=message):
+      sweep.Options(**bad)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['run', 'table3', '--where', 'gamma'], "--where 'gamma': field=value"),
+    (['run', 'table3', '--only', 'nope'], "spec 'table3' has no cell 'nope'"),
+    (['run', 'table3', '--tasks', 'de_en'], "Unknown task 'de_en'"),
+    (['run', 'table3', '--num_examples', '0'], 'num_examples must be an int'),
+    (['run', 'table3', '--timing_repeats', '0'], 'timing_repeats must be an'),
+    (['run', 'table3', '--max_minutes', '-5'], 'max_minutes must be a number'),
+    (['repredict', '{tmp}/none.json'],
+     'none.json is no results file to repredict: FileNotFoundError'),
+    (['repredict', '{tmp}/list.json'],
+     'list.json is no results file to repredict: TypeError'),
+    (['repredict', '{tmp}/other.json'],
+     "other.json is no results file to repredict: KeyError: 'spec'"),
+    (['repredict', '{tmp}/text.json'],
+     'text.json is no results file to repredict: ValueError: .* is not valid'),
+])
+def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path):
+  """Flags that name no cell, task or file, or bad numbers: one line
+  ('error: ...', exit status 1) before anything loads or runs, not a
+  traceback, nor cells failing one by one (a budget below zero: every cell
+  skipped)."""
+  (tmp_path / 'list.json').write_text('[1]')
+  (tmp_path / 'other.json').write_text('{"rows": []}')
+  (tmp_path / 'text.json').write_text('rows')
+  argv = [a.format(tmp=tmp_path) for a in argv]
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv + ['--profile', 'none'] + (  # a check missed writes here
+        ['--work_dir', str(tmp_path / 'work'), '--out', str(
+            tmp_path / 'out')] if argv[0] == 'run' else []))
+  assert re.match(f'error: .*{message}', e.value.code), e.value.code
+  assert not (tmp_path / 'work').exists()
+  assert not (tmp_path / 'out.json').exists()
 
 
 def test_model_fields_set_every_model_and_name_the_folders():

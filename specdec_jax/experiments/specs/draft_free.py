@@ -43,8 +43,7 @@ SHRUNK = ('lookup', 'combined')  # copying alone; a cache and a model
 
 def cells(options, tasks):
   t5 = 'dec2' if options.models == 'shipped' else 'small'
-  gamma, temperatures = (3, (0.0,)) if options.shrink else (GAMMA,
-                                                            TEMPERATURES)
+  gamma, temperatures = (3, (0.0,)) if options.shrink else (GAMMA, TEMPERATURES)
   out = []
   for task in tasks:
     for t in temperatures:
@@ -79,8 +78,7 @@ class _CountingT5(network.T5Model):
 def _counting(drafter):
   """The drafter with its draft model counting (a T5's, a combined's)."""
   if isinstance(drafter, drafters.T5Drafter):
-    return dataclasses.replace(drafter,
-                               model=_CountingT5(drafter.model.config))
+    return dataclasses.replace(drafter, model=_CountingT5(drafter.model.config))
   return dataclasses.replace(drafter, model=_counting(drafter.model))
 
 

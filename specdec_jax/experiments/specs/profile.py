@@ -152,8 +152,7 @@ def finish(result, out):
   profile = hardware.HardwareProfile(
       name=report.device_name(), device=jax.devices()[0].device_kind,
       target=f"{result['models']} target: {t['target']}", t1_ms=t1,
-      floor_ms=t['floor']['floor_ms'],
-      bandwidth=t['bandwidth']['bytes_per_s'],
+      floor_ms=t['floor']['floor_ms'], bandwidth=t['bandwidth']['bytes_per_s'],
       launch_ms=min((r['measured']['drafter']['ms'] for r in rows
                      if 'drafter' in r['measured']), default=None),
       cost={1: {int(k): v for k, v in t['cost'].items()}}, c={1: c},

@@ -93,8 +93,7 @@ def estimated_costs() -> shape_lib.TreeCosts:
   ms = [ESTIMATED_H100['target_ms'][k] for k in ks]
   return shape_lib.TreeCosts(
       target_ms=lambda k: float(np.interp(k, ks, ms)),
-      level_ms=ESTIMATED_H100['level_ms'],
-      fixed_ms=ESTIMATED_H100['fixed_ms'])
+      level_ms=ESTIMATED_H100['level_ms'], fixed_ms=ESTIMATED_H100['fixed_ms'])
 
 
 def cell(task, spec, t=0.0, head=False, name=None):
