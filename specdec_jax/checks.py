@@ -28,6 +28,12 @@ def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
 
 
+def check_ints(minimum: int = 1, **values) -> None:
+  """`check_int` of each value, named by its keyword."""
+  for name, value in values.items():
+    check_int(name, value, minimum)
+
+
 def check_positive(name: str, value, unit: str) -> None:
   """Raises ValueError unless `value` is a real number > 0 (not a bool; inf
   allowed), of `unit`: "<name> must be a number of <unit> > 0, got ..."."""

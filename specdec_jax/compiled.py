@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from specdec_jax import checks
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import kernels
@@ -254,8 +255,7 @@ def abstract(tree, shardings):
       tree, shardings)
 
 
-def abstract_params(model, part: partitioning.Partitioner,
-                    dtype: Any = None):
+def abstract_params(model, part: partitioning.Partitioner, dtype: Any = None):
   """`model`'s parameters as sharded `ShapeDtypeStruct`s (no weights):
   `jax.eval_shape` of its init (in `dtype` if given, e.g. bfloat16 as
   a bf16 checkpoint loads), with `part.param_shardings(model)`."""
@@ -352,10 +352,14 @@ class Setup:
   tree: Optional[str] = None
   param_dtype: str = 'bfloat16'
 
+  def __post_init__(self):  # the flags' values, refused before compiling
+    checks.check_ints(batch=self.batch, input_length=self.input_length,
+                      max_decode_len=self.max_decode_len, gamma=self.gamma)
+    _ = self.sampling, self.tree and drafters.tree.shape.parse(self.tree)
+
   @property
   def sampling(self) -> SamplingConfig:
-    return SamplingConfig(temperature=self.temperature, topk=self.topk,
-                          topp=self.topp)
+    return SamplingConfig(self.temperature, self.topk, self.topp)
 
 
 def program_names() -> Tuple[str, ...]:
@@ -420,8 +424,7 @@ def _lower(name: str, setup: Setup, part):
       max_decode_len=setup.max_decode_len, sampling=setup.sampling, eos_id=1,
       batch_size=setup.batch if stream else 0)
   if name in ('baseline', 'stream_baseline'):
-    return programs.Program(spec, target).lower(params, inputs,
-                                                _rng(part)), {}
+    return programs.Program(spec, target).lower(params, inputs, _rng(part)), {}
   kind = name.split(':', 1)[1] if name.startswith('stream:') else name
   drafter, draft_params = build_drafter(
       kind, target, params, draft,
@@ -579,6 +582,7 @@ def check_flags(parser: argparse.ArgumentParser,
       raise ValueError('--target is required; known targets: '
                        f'{", ".join(TARGETS)}')
     get_target(args.target)
+    setup(args)  # the models' specs and the setup's values
     if args.programs not in ('all', 'none'):
       for name in args.programs.split(','):
         _check_program(name.strip())

@@ -148,6 +148,27 @@ def test_the_command_compiles_what_its_flags_name():
       compiled.parse_flags(bad)
 
 
+@pytest.mark.parametrize('flag, message', [
+    ('--gamma=0', 'gamma must be an int >= 1, got 0'),
+    ('--batches=0,8', 'batch must be an int >= 1, got 0'),
+    ('--max_decode_len=-3', 'max_decode_len must be an int >= 1, got -3'),
+    ('--input_length=0', 'input_length must be an int >= 1, got 0'),
+    ('--temperature=-1', 'temperature must be a finite number >= 0'),
+    ('--tree=beam:x', "Bad tree spec 'beam:x'"),
+    ('--model=t5_1_1_nope', "unknown model config 't5_1_1_nope'"),
+])
+def test_a_bad_value_is_the_parsers_error_before_anything_compiles(
+    flag, message, capsys):
+  """A value no program can be compiled with is the parser's one-line error
+  (exit status 2), not a table of programs that each failed to lower (exit
+  status 0) nor a traceback from inside the decoder (a negative length: a
+  numpy shape error)."""
+  with pytest.raises(SystemExit) as e:
+    compiled.parse_flags(['--target=tpu:v5e:1x1', flag])
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err
+
+
 def test_a_programs_row_says_whether_it_fits_or_why_not():
   """The command's table: bytes per device in GiB and the fit, or the
   compiler's error in the 'compiled' column (a '|' cannot break the table)."""

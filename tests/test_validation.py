@@ -227,6 +227,9 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
   with pytest.raises(ValueError, match=r'topk must be an int >= 0 \(0 = off\)'
                      r', got -2\.'):
     checks.check_int('topk', -2, 0, ' (0 = off)')
+  checks.check_ints(batch=1, gamma=np.int64(2))  # each named by its keyword
+  with pytest.raises(ValueError, match=r'^gamma must be an int >= 1, got 0\.'):
+    checks.check_ints(batch=1, gamma=0)
 
 
 @pytest.mark.parametrize('value', [0, -5.0, float('nan'), True, '3', None])
