@@ -582,7 +582,7 @@ def check_flags(parser: argparse.ArgumentParser,
       raise ValueError('--target is required; known targets: '
                        f'{", ".join(TARGETS)}')
     get_target(args.target)
-    setup(args)  # the models' specs and the setup's values
+    dataclasses.replace(setup(args), batch=min(args.batches))  # its values
     if args.programs not in ('all', 'none'):
       for name in args.programs.split(','):
         _check_program(name.strip())
