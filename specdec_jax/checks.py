@@ -6,8 +6,10 @@ the argument, the rule and the value given. A folder a job writes into is
 a local one (`check_local_folder`).
 """
 
+import argparse
 import contextlib
 import os
+from typing import Tuple
 
 import numpy as np
 
@@ -32,6 +34,20 @@ def check_ints(minimum: int = 1, **values) -> None:
   """`check_int` of each value, named by its keyword."""
   for name, value in values.items():
     check_int(name, value, minimum)
+
+
+def counts(text: str) -> Tuple[int, ...]:
+  """A flag's comma-separated counts, e.g. '1,8,32' (none: ''), each an
+  int >= 1; else argparse's error naming the flag (an `argparse.
+  ArgumentTypeError`, as a flag's `type`)."""
+  try:
+    values = tuple(int(x) for x in text.split(',') if x.strip())
+  except ValueError:
+    values = (0,)
+  if any(v < 1 for v in values):
+    raise argparse.ArgumentTypeError(
+        f'comma-separated ints >= 1 expected, got {text!r}')
+  return values
 
 
 def check_positive(name: str, value, unit: str) -> None:

@@ -542,10 +542,6 @@ PROGRAM_COLUMNS = ['program', 'batch', 'gamma', 'compiled', 'args GiB',
                    'compile s']
 
 
-def parse_ints(text: str) -> Tuple[int, ...]:
-  return tuple(int(x) for x in text.split(',') if x.strip())
-
-
 def add_flags(parser: argparse.ArgumentParser) -> None:
   """The flags of what a command compiles (`setup`, `plan`)."""
   parser.add_argument('--target',
@@ -556,7 +552,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
       f't5_1_1_{d}' for d in DRAFTS),
                       help="draft model config specs, comma separated, a "
                       "spec's FIELD=VALUEs with it (the first: the drafter)")
-  parser.add_argument('--batches', default='1,8,32', type=parse_ints)
+  parser.add_argument('--batches', default='1,8,32', type=checks.counts)
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--max_decode_len', type=int, default=256)
   parser.add_argument('--gamma', type=int, default=7)
@@ -582,6 +578,8 @@ def check_flags(parser: argparse.ArgumentParser,
       raise ValueError('--target is required; known targets: '
                        f'{", ".join(TARGETS)}')
     get_target(args.target)
+    if not args.batches:
+      raise ValueError('--batches names no batch')
     dataclasses.replace(setup(args), batch=min(args.batches))  # its values
     if args.programs not in ('all', 'none'):
       for name in args.programs.split(','):

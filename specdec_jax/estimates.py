@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import jax
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import hardware
 from specdec_jax import network
@@ -331,11 +332,11 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'estimates (profiles, Table 2) from the compiler '
                       'counts it holds, compiling nothing, and rewrite it')
   parser.add_argument('--ks', default=','.join(map(str, FULL_KS)),
-                      type=compiled.parse_ints,
+                      type=checks.counts,
                       help='k of the target steps at batch 1 (empty: '
                       'compile the programs only)')
   parser.add_argument('--batch_ks', default=','.join(map(str, BATCH_KS)),
-                      type=compiled.parse_ints, help='k of the target steps '
+                      type=checks.counts, help='k of the target steps '
                       'at the other batches')
   parser.add_argument('--megacore_steps', action='store_true',
                       help='compile the step programs on one device (a v4 '

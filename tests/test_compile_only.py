@@ -150,7 +150,9 @@ def test_the_command_compiles_what_its_flags_name():
 
 @pytest.mark.parametrize('flag, message', [
     ('--gamma=0', 'gamma must be an int >= 1, got 0'),
-    ('--batches=8,0', 'batch must be an int >= 1, got 0'),
+    ('--batches=8,0', "comma-separated ints >= 1 expected, got '8,0'"),
+    ('--batches=8,x', "comma-separated ints >= 1 expected, got '8,x'"),
+    ('--batches=', '--batches names no batch'),
     ('--max_decode_len=-3', 'max_decode_len must be an int >= 1, got -3'),
     ('--input_length=0', 'input_length must be an int >= 1, got 0'),
     ('--temperature=-1', 'temperature must be a finite number >= 0'),

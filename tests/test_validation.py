@@ -12,6 +12,8 @@ the ValueError (TypeError for a dtype) whose message names the argument.
 Run alone: `python -m pytest -q tests/test_validation.py` (a few seconds).
 """
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,6 +230,10 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
                      r', got -2\.'):
     checks.check_int('topk', -2, 0, ' (0 = off)')
   checks.check_ints(batch=1, gamma=np.int64(2))  # each named by its keyword
+  assert checks.counts('1, 8,32') == (1, 8, 32) and checks.counts('') == ()
+  for bad in ('1,0', '-2', '1,x', '1.5'):
+    with pytest.raises(argparse.ArgumentTypeError, match='ints >= 1'):
+      checks.counts(bad)
   with pytest.raises(ValueError, match=r'^gamma must be an int >= 1, got 0\.'):
     checks.check_ints(batch=1, gamma=0)
 
