@@ -56,6 +56,7 @@ import optax
 from specdec_jax import arrays
 from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import shipped
@@ -72,26 +73,26 @@ def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   flags.add_model_flags(p, target='shipped:target')
   p.add_argument('--task', default='en_de')
-  p.add_argument('--train_rows', type=int, default=12288,
+  p.add_argument('--train_rows', type=checks.count, default=12288,
                  help='first N rows of the train inputs')
-  p.add_argument('--eval_rows', type=int, default=64,
+  p.add_argument('--eval_rows', type=checks.count, default=64,
                  help='first N test rows alpha is measured on (held out)')
-  p.add_argument('--max_decode_len', type=int, default=None,
+  p.add_argument('--max_decode_len', type=checks.count, default=None,
                  help='default: the width of the test targets')
-  p.add_argument('--mlp_dim', type=int, default=1024)
+  p.add_argument('--mlp_dim', type=checks.count, default=1024)
   p.add_argument('--no_cross_attention', action='store_true')
-  p.add_argument('--depth', type=int, default=4,
+  p.add_argument('--depth', type=checks.count, default=4,
                  help='chained head steps trained (drafts 1..depth of the '
                  'merged loop)')
-  p.add_argument('--steps', type=int, default=3000)
-  p.add_argument('--batch_size', type=int, default=64)
-  p.add_argument('--positions', type=int, default=16)
-  p.add_argument('--learning_rate', type=float, default=1e-3)
+  p.add_argument('--steps', type=checks.count, default=3000)
+  p.add_argument('--batch_size', type=checks.count, default=64)
+  p.add_argument('--positions', type=checks.count, default=16)
+  p.add_argument('--learning_rate', type=checks.positive, default=1e-3)
   p.add_argument('--weight_decay', type=float, default=0.01)
-  p.add_argument('--chunk_rows', type=int, default=2048,
+  p.add_argument('--chunk_rows', type=checks.count, default=2048,
                  help='rows whose target states are held at once')
   p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--save_every', type=int, default=500)
+  p.add_argument('--save_every', type=checks.count, default=500)
   p.add_argument('--out_dir', required=True)
   p.add_argument('--export_dir', default=None,
                  help='also write the final head here in bfloat16 (what to '

@@ -38,6 +38,7 @@ loads them as `shipped:lookahead/<task>`.
 import argparse
 import json
 import os
+import re
 import time
 
 import jax.numpy as jnp
@@ -47,6 +48,7 @@ import optax
 from specdec_jax import arrays
 from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import distill
 from specdec_jax import shipped
 from specdec_jax.bench import flags
@@ -55,23 +57,30 @@ from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
 
 
+def _row_range(text: str) -> str:
+  """--train_rows: 'start:stop', either left out (as the flag's type)."""
+  if not re.fullmatch(r'\d*(:\d*)?', text):
+    raise argparse.ArgumentTypeError(f'rows start:stop expected, got {text!r}')
+  return text
+
+
 def parse_flags(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--task', default='en_de', help='shipped task (en_de, '
                  'synopsis), or a task folder of --arrays')
   flags.add_model_flags(p, target='shipped:target')
-  p.add_argument('--train_rows', default=None,
+  p.add_argument('--train_rows', default=None, type=_row_range,
                  help='rows of the inputs to train on (start:stop; default '
                  '64:256 of the shipped slice, all of --arrays)')
-  p.add_argument('--max_decode_len', type=int, default=64)
-  p.add_argument('--num_lookahead', type=int, default=8)
-  p.add_argument('--steps', type=int, default=300)
-  p.add_argument('--batch_size', type=int, default=16)
-  p.add_argument('--positions', type=int, default=16,
+  p.add_argument('--max_decode_len', type=checks.count, default=64)
+  p.add_argument('--num_lookahead', type=checks.count, default=8)
+  p.add_argument('--steps', type=checks.count, default=300)
+  p.add_argument('--batch_size', type=checks.count, default=16)
+  p.add_argument('--positions', type=checks.count, default=16,
                  help='prefix ends per step that get look-ahead slots')
-  p.add_argument('--learning_rate', type=float, default=0.3)
+  p.add_argument('--learning_rate', type=checks.positive, default=0.3)
   p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--save_every', type=int, default=50)
+  p.add_argument('--save_every', type=checks.count, default=50)
   p.add_argument('--out_dir', required=True)
   args = p.parse_args(argv)
   flags.check_model_flags(p, args, 'target')

@@ -36,6 +36,30 @@ def check_ints(minimum: int = 1, **values) -> None:
     check_int(name, value, minimum)
 
 
+def count(text: str) -> int:
+  """A flag's count: an int >= 1 (as the flag's `type`, argparse's error
+  naming the flag otherwise)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'an int >= 1 expected, got {text!r}')
+  return value
+
+
+def positive(text: str) -> float:
+  """A flag's number > 0, e.g. a learning rate (as the flag's `type`)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = float('nan')
+  if not 0 < value < float('inf'):
+    raise argparse.ArgumentTypeError(
+        f'a finite number > 0 expected, got {text!r}')
+  return value
+
+
 def counts(text: str) -> Tuple[int, ...]:
   """A flag's comma-separated counts, e.g. '1,8,32' (none: ''), each an
   int >= 1; else argparse's error naming the flag (an `argparse.

@@ -9,6 +9,7 @@ the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 
 import json
 import pathlib
+import runpy
 
 import numpy as np
 import pytest
@@ -89,6 +90,27 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
       f'{out}/log.jsonl').decode().splitlines()]
   assert [r['step'] for r in log] == [1, 2, 3]
   assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_3'
+
+
+@pytest.mark.parametrize('script, flag, message', [
+    ('train_heads', '--steps=0', "--steps: an int >= 1 expected, got '0'"),
+    ('train_heads', '--depth=two', "--depth: an int >= 1 expected, got 'two'"),
+    ('train_heads', '--learning_rate=-1e-3',
+     "--learning_rate: a finite number > 0 expected, got '-1e-3'"),
+    ('train_pass', '--batch_size=0', '--batch_size: an int >= 1 expected'),
+    ('train_pass', '--train_rows=64-256',
+     "--train_rows: rows start:stop expected, got '64-256'"),
+])
+def test_a_bad_count_or_rate_is_the_parsers_error(script, flag, message,
+                                                  capsys):
+  """Before anything loads or trains (before: --steps 0 was optax's
+  'decay_steps=-1', --batch_size 0 a ZeroDivisionError, --depth 0 an
+  error from inside jax, and a negative learning rate trained)."""
+  namespace = runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))
+  with pytest.raises(SystemExit) as e:
+    namespace['parse_flags'](['--out_dir', '/no/such/out', flag])
+  assert e.value.code == 2
+  assert f'error: argument {message}' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])

@@ -234,6 +234,13 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
   for bad in ('1,0', '-2', '1,x', '1.5'):
     with pytest.raises(argparse.ArgumentTypeError, match='ints >= 1'):
       checks.counts(bad)
+  assert checks.count('3') == 3 and checks.positive('1e-3') == 1e-3
+  for bad in ('0', '-1', '2.5', 'x', ''):
+    with pytest.raises(argparse.ArgumentTypeError, match='an int >= 1'):
+      checks.count(bad)
+  for bad in ('0', '-1e-3', 'nan', 'inf', 'x'):
+    with pytest.raises(argparse.ArgumentTypeError, match='finite number > 0'):
+      checks.positive(bad)
   with pytest.raises(ValueError, match=r'^gamma must be an int >= 1, got 0\.'):
     checks.check_ints(batch=1, gamma=0)
 
