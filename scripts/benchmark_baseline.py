@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import transformers
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import measure
 from specdec_jax import network
@@ -37,10 +38,10 @@ from specdec_jax.checkpoints import hf as hf_lib
 def main(argv=None):
   """Parses flags, runs the interleaved benchmark and writes results."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--repeats', type=int, default=10)
-  parser.add_argument('--batch', type=int, default=1)
-  parser.add_argument('--input_len', type=int, default=64)
-  parser.add_argument('--decode_len', type=int, default=64)
+  parser.add_argument('--repeats', type=checks.count, default=10)
+  parser.add_argument('--batch', type=checks.count, default=1)
+  parser.add_argument('--input_len', type=checks.count, default=64)
+  parser.add_argument('--decode_len', type=checks.count, default=64)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out_dir', default='results')
   parser.add_argument('--torch_threads', type=int, default=0,

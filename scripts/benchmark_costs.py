@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import network
@@ -134,7 +135,7 @@ DECODE_LEN = 64
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--repeats', type=int, default=7)
+  parser.add_argument('--repeats', type=checks.count, default=7)
   parser.add_argument('--out_dir', default='results')
   parser.add_argument('--profile_dir', default=None,
                       help='where the profile goes (default: '

@@ -19,6 +19,7 @@ script needs neither TensorFlow nor seqio.
 import argparse
 import sys
 
+from specdec_jax import checks
 from specdec_jax import debian
 from specdec_jax import tasks
 
@@ -32,18 +33,18 @@ def main(argv=None):
   parser.add_argument('--fetch', action='store_true',
                       help=f'run `{tasks.APT_COMMAND}` when lists are '
                       'missing.')
-  parser.add_argument('--vocab_size', type=int, default=8000)
+  parser.add_argument('--vocab_size', type=checks.count, default=8000)
   parser.add_argument('--vocab_file', default=None,
                       help='copy this SentencePiece model instead of training '
                       'one (e.g. the shipped models\' vocabulary, '
                       'specdec_jax/assets/mini/data/sentencepiece.model, to '
                       'train or distill on the full data for them).')
-  parser.add_argument('--max_examples', type=int, default=None,
+  parser.add_argument('--max_examples', type=checks.count, default=None,
                       help='keep the first N examples per task and split.')
   parser.add_argument('--normalization', default='nmt_nfkc',
                       help='SentencePiece normalization rule (the text is '
                       'already NFKC; "identity" makes a much smaller model).')
-  parser.add_argument('--num_threads', type=int, default=2)
+  parser.add_argument('--num_threads', type=checks.count, default=2)
   args = parser.parse_args(argv)
   try:
     files = debian.find_lists(args.lists_dir, args.fetch)

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import task_table
 from specdec_jax.bench import flags
@@ -404,15 +405,15 @@ def main(argv=None):
   parser.add_argument('--arrays', default=None)
   parser.add_argument('--candidates',
                       default='small_fkl,large_fkl,dec1_fkl,dec2_fkl')
-  parser.add_argument('--num_examples', type=int, default=256)
-  parser.add_argument('--val_examples', type=int, default=1024)
-  parser.add_argument('--batch_size', type=int, default=32)
+  parser.add_argument('--num_examples', type=checks.count, default=256)
+  parser.add_argument('--val_examples', type=checks.count, default=1024)
+  parser.add_argument('--batch_size', type=checks.count, default=32)
   parser.add_argument('--out', default='results/drafters_alpha.json')
   parser.add_argument('--models', default='target,dec2_fkl,small_fkl')
   parser.add_argument('--measured', default=None)
   parser.add_argument('--assets', default=None,
                       help='default specdec_jax/assets/mini')
-  parser.add_argument('--slice_examples', type=int, default=256)
+  parser.add_argument('--slice_examples', type=checks.count, default=256)
   flags.add_prediction_flags(parser, repredict=False)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   if args.command != 'report' and not args.export_dir:

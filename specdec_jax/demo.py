@@ -27,6 +27,7 @@ import time
 import jax
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
@@ -74,6 +75,9 @@ def main_job(tasks=task_table.names(), num_examples=16,
   Returns:
     {task: the eval job's summary dict}.
   """
+  for task in tasks:  # before a run folder is made
+    if task not in TASK_GIN:
+      raise SystemExit(f'unknown task {task!r}; known: {", ".join(TASK_GIN)}')
   summaries = {}
   output_dir = run_dir(output_dir, resume)
   print(('resuming the latest run in ' if resume and os.path.isdir(output_dir)
@@ -81,8 +85,6 @@ def main_job(tasks=task_table.names(), num_examples=16,
         ('' if resume else ' (--resume continues the latest run instead)'),
         flush=True)
   for task in tasks:
-    if task not in TASK_GIN:
-      raise SystemExit(f'unknown task {task!r}; known: {", ".join(TASK_GIN)}')
     out_dir = os.path.join(output_dir, task)
     print(f'\n=== {task}: python -m specdec_jax.eval '
           f'--gin_file={TASK_GIN[task]} --gin.NUM_EXAMPLES={num_examples} '
@@ -172,7 +174,7 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--tasks', default=','.join(task_table.names()))
-  parser.add_argument('--num_examples', type=int, default=16)
+  parser.add_argument('--num_examples', type=checks.count, default=16)
   parser.add_argument('--output_dir', default='/tmp/specdec_jax_main',
                       help='each run decodes into a fresh run_<time> folder '
                       'here')
@@ -190,9 +192,9 @@ def main(argv=None):
 def random_demo(argv=None):
   """A random tiny T5 and a noisy copy as drafter: tokens, stats, timings."""
   parser = argparse.ArgumentParser(description=random_demo.__doc__)
-  parser.add_argument('--batch', type=int, default=3)
-  parser.add_argument('--max_decode_len', type=int, default=16)
-  parser.add_argument('--gamma', type=int, default=4)
+  parser.add_argument('--batch', type=checks.count, default=3)
+  parser.add_argument('--max_decode_len', type=checks.count, default=16)
+  parser.add_argument('--gamma', type=checks.count, default=4)
   parser.add_argument('--draft_noise', type=float, default=0.1)
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--seed', type=int, default=0)

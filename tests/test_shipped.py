@@ -371,6 +371,21 @@ def test_main_job_translates_real_text_exactly(tmp_path, capsys):
   assert sorted(tmp_path.glob('run_*')) == runs
 
 
+def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
+  """A count below 1 is the parser's error (before: the job ran on no
+  example and ended in a KeyError), and an unknown task among the tasks
+  is refused before any task decodes or any run folder is made."""
+  from specdec_jax import demo  # pylint: disable=g-import-not-at-top
+  for argv, message in (
+      (['--num_examples', '0'], "--num_examples: an int >= 1 expected"),
+      (['--tasks', 'en_de,de_en'], "unknown task 'de_en'; known: en_de"),
+      (['--random', '--gamma', '0'], "--gamma: an int >= 1 expected")):
+    with pytest.raises(SystemExit) as e:
+      demo.main(argv + ['--output_dir', str(tmp_path)])
+    assert message in f'{e.value.code} {capsys.readouterr().err}'
+  assert not list(tmp_path.iterdir())
+
+
 # Run first in a subprocess: TensorFlow and seqio as if not installed (None
 # in sys.modules: `import` raises ImportError, `importlib.util.find_spec`
 # says absent, as etils' installed-check expects), so any import of them on
