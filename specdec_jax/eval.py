@@ -549,9 +549,13 @@ def main(argv: Optional[Sequence[str]] = None):
   Returns:
     The summary, or with --dry_run the `EvalSetup`.
   """
+  return _run(*configured(sys.argv[1:] if argv is None else argv))
+
+
+def _run(args, setup: loading.EvalSetup, run):
+  """`main`'s second half: the configured job run (or described)."""
   import gin  # pylint: disable=g-import-not-at-top
 
-  args, setup, run = configured(sys.argv[1:] if argv is None else argv)
   if args.dry_run:
     print(setup.describe())
     return setup
@@ -559,13 +563,18 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  """`main` as the command line runs it: a run folder that cannot be
-  resumed as it is (other settings, other examples, a damaged file) or a
-  damaged output cache ends the job with its one-line error (exit status
-  1), not a traceback. Everything else propagates (`exits_at_once`)."""
+  """`main` as the command line runs it: a flag, gin binding or setup
+  value the job refuses before it starts (`configured`: gamma < 1, a
+  negative temperature, lengths, an unknown kind, ...), a run folder that
+  cannot be resumed as it is (other settings, other examples, a damaged
+  file) or a damaged output cache ends the job with its one-line error
+  (exit status 1), not a traceback. Everything else propagates
+  (`exits_at_once`)."""
   with exits_at_once():
     try:
-      return main(argv)
+      with checks.one_line(ValueError):  # the job's configuration
+        job = configured(sys.argv[1:] if argv is None else argv)
+      return _run(*job)
     except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
       raise SystemExit(f'error: {e.message}') from None
 

@@ -324,6 +324,21 @@ def test_clear_errors(tmp_path, override, error, message):
     eval_lib.main(argv)
 
 
+def test_the_command_says_a_configuration_error_in_one_line(tmp_path):
+  """`python -m specdec_jax.eval` (`cli`): a value its configuration
+  refuses (here gamma 0, found as the setup is built) ends the command with
+  that error's line(s) (gin's context after it), not a traceback, before a
+  run folder is made; an error while the job runs still propagates."""
+  with pytest.raises(SystemExit) as e:
+    eval_lib.cli(args(tmp_path / 'err', GAMMA='0'))
+  assert str(e.value.code).startswith(
+      'error: gamma must be an int >= 1, got 0.'), e.value.code
+  assert not (tmp_path / 'err').exists()
+  with pytest.raises(FileNotFoundError, match='/nonexistent/checkpoint_1'):
+    eval_lib.cli(args(tmp_path / 'missing', TARGET_CHECKPOINT=(
+        "'/nonexistent/checkpoint_1'")))
+
+
 def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   """pathlib would write 's3://b/run' to a local folder 's3:/b/run' (a
   gs:// one is kept in a local copy: tests/test_bucket_folder.py); a
