@@ -52,8 +52,8 @@ def parse_args(argv: Sequence[str]):
                  help="the Debian data (default: the model set's gin files')")
   r.add_argument('--tasks', default=None,
                  help='comma-separated task_table names (default: all)')
-  r.add_argument('--num_examples', type=int, default=None)
-  r.add_argument('--repeats', '--timing_repeats', type=int, default=None,
+  r.add_argument('--num_examples', type=checks.count, default=None)
+  r.add_argument('--repeats', '--timing_repeats', type=checks.count,
                  help="timed repeats of each unit (default: the spec's)")
   r.add_argument('--shrink', action='store_true',
                  help='tiny rows: the spec end to end in seconds')
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str]):
   r.add_argument('--model_fields', action='append', default=[],
                  metavar='FIELD=VALUE', help="a T5Config field of every "
                  'model, e.g. attention_kernel=cudnn; repeatable')
-  r.add_argument('--max_minutes', type=float, default=24 * 60.0,
+  r.add_argument('--max_minutes', type=checks.positive, default=24 * 60.0,
                  help='start no cell after this many minutes')
   r.add_argument('--num_partitions', type=checks.count, default=None,
                  help="the cells on a mesh: its 'model' axis size")
