@@ -3,7 +3,10 @@
 An integer argument is a Python or numpy int, never a bool (`True` is an
 int to Python, but passing it for a count is a mistake); the error names
 the argument, the rule and the value given. A folder a job writes into is
-a local one (`check_local_folder`).
+a local one (`check_local_folder`). A command's flags: `count`, `counts`
+and `positive` as their argparse types (the parser's error names the
+flag), and `one_line` for what the command refuses before it starts
+(`error: ...`, not a traceback).
 """
 
 import argparse
@@ -65,13 +68,10 @@ def counts(text: str) -> Tuple[int, ...]:
   int >= 1; else argparse's error naming the flag (an `argparse.
   ArgumentTypeError`, as a flag's `type`)."""
   try:
-    values = tuple(int(x) for x in text.split(',') if x.strip())
-  except ValueError:
-    values = (0,)
-  if any(v < 1 for v in values):
+    return tuple(count(x) for x in text.split(',') if x.strip())
+  except argparse.ArgumentTypeError:
     raise argparse.ArgumentTypeError(
-        f'comma-separated ints >= 1 expected, got {text!r}')
-  return values
+        f'comma-separated ints >= 1 expected, got {text!r}') from None
 
 
 def check_positive(name: str, value, unit: str) -> None:
