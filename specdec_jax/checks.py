@@ -74,12 +74,13 @@ def counts(text: str) -> Tuple[int, ...]:
         f'comma-separated ints >= 1 expected, got {text!r}') from None
 
 
-def check_positive(name: str, value, unit: str) -> None:
+def check_positive(name: str, value, unit: str = '') -> None:
   """Raises ValueError unless `value` is a real number > 0 (not a bool; inf
-  allowed), of `unit`: "<name> must be a number of <unit> > 0, got ..."."""
+  allowed): "<name> must be a number [of <unit>] > 0, got ..."."""
   if isinstance(value, bool) or not isinstance(
       value, (int, float, np.integer, np.floating)) or not value > 0:
-    raise ValueError(f'{name} must be a number of {unit} > 0, got {value!r}.')
+    of = f' of {unit}' if unit else ''
+    raise ValueError(f'{name} must be a number{of} > 0, got {value!r}.')
 
 
 def check_local_folder(name: str, path) -> None:

@@ -129,6 +129,7 @@ def learning_rate_fn(learning_rate: float, schedule: str = 'rsqrt',
   Returns:
     `step -> rate`, step `[]` int (0 for the first step), rate `[]` float32.
   """
+  checks.check_positive('learning_rate', learning_rate)
   if schedule == 'constant':
     return lambda step: jnp.asarray(learning_rate, jnp.float32)
   if schedule == 'rsqrt':
@@ -434,6 +435,11 @@ def read_log(path: str) -> List[Dict[str, Any]]:
     return []
   text = checkpoints.read_bytes(path).decode()
   return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class ConfigError(ValueError):
+  """An argument `train` refuses before it loads or trains anything (the
+  job's command line says it in one line)."""
 
 
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
@@ -774,10 +780,13 @@ def train(
   """
   periods = dict(log_period=log_period, eval_period=eval_period,
                  checkpoint_period=checkpoint_period)
-  _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-              periods, model_dir)
-  learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
-  _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
+  try:  # the arguments, before anything loads
+    _check_args(model_config, task_feature_lengths, train_steps, batch_size,
+                periods, model_dir)
+    learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
+    _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
   examples = _open_data(model_config, mixture_or_task_name,
                         task_feature_lengths, data_dir, array_dir)
   teacher, teacher_params = _load_teacher(model_config, teacher_config,
@@ -861,7 +870,8 @@ def main(argv: Optional[Sequence[str]] = None,
                             'gin_configs/train/en_de_mini_small.gin')
   bar = None if args.no_progress else _ProgressBar()
   try:
-    summary = run(config_str=gin.config_str(), progress=bar)
+    with checks.one_line(ConfigError):  # `train`'s arguments: its line
+      summary = run(config_str=gin.config_str(), progress=bar)
   finally:
     if bar is not None:
       bar.close()

@@ -115,6 +115,10 @@ def test_rsqrt_schedule_is_t5xs_constant_times_rsqrt_decay():
       np.float32(0.003))
   with pytest.raises(ValueError, match='schedule'):
     training.learning_rate_fn(0.01, 'cosine')
+  for rate in (0.0, -0.01, float('nan')):  # a negative rate would ascend
+    with pytest.raises(ValueError, match=r'learning_rate must be a number > '
+                       r'0, got'):
+      training.learning_rate_fn(rate, 'constant')
 
 
 @pytest.fixture(scope='module')
@@ -460,3 +464,11 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
   with pytest.raises(SystemExit, match='MODEL_DIR|REQUIRED'):
     training.main([f'--gin_file={gin_file}', '--no_progress',
                    f"--gin.DATA_DIR='{DATA}'"])
+  # An argument `train` refuses: its line, before a model dir is made.
+  for binding, said in (('TRAIN_STEPS=0', 'train_steps must be an int >= 1'),
+                        ('LEARNING_RATE=-0.01', 'learning_rate must be a')):
+    with pytest.raises(SystemExit) as e:
+      training.main(argv + [f'--gin.{binding}', f"--gin.MODEL_DIR='{out}2'"],
+                    plot=plots.plot_losses)
+    assert str(e.value.code).startswith(f'error: {said}'), e.value.code
+  assert not (tmp_path / 'run2').exists()
