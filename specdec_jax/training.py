@@ -443,16 +443,22 @@ class ConfigError(ValueError):
 
 
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-                periods, model_dir):
-  bucket_folder.check_folder('model_dir', model_dir)
-  if not isinstance(model_config, network.T5Config):
-    raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
-  if set(task_feature_lengths) < {'inputs', 'targets'}:
-    raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
-                     f'{dict(task_feature_lengths)}.')
-  for name, value in dict(train_steps=train_steps, batch_size=batch_size,
-                          **periods).items():
-    checks.check_int(name, value)
+                periods, model_dir, rate, teacher):
+  """`train`'s arguments, refused (`ConfigError`) before anything loads;
+  `rate`: `learning_rate_fn`'s, `teacher`: `_check_teacher_args`'."""
+  try:
+    bucket_folder.check_folder('model_dir', model_dir)
+    if not isinstance(model_config, network.T5Config):
+      raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
+    if set(task_feature_lengths) < {'inputs', 'targets'}:
+      raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
+                       f'got {dict(task_feature_lengths)}.')
+    checks.check_ints(train_steps=train_steps, batch_size=batch_size,
+                      **periods)
+    learning_rate_fn(*rate)  # validates
+    _check_teacher_args(*teacher)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
 
 
 def _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss):
@@ -780,13 +786,9 @@ def train(
   """
   periods = dict(log_period=log_period, eval_period=eval_period,
                  checkpoint_period=checkpoint_period)
-  try:  # the arguments, before anything loads
-    _check_args(model_config, task_feature_lengths, train_steps, batch_size,
-                periods, model_dir)
-    learning_rate_fn(learning_rate, schedule, warmup_steps)  # validates
-    _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss)
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
+  _check_args(model_config, task_feature_lengths, train_steps, batch_size,
+              periods, model_dir, (learning_rate, schedule, warmup_steps),
+              (teacher_config, teacher_checkpoint, kd_loss))
   examples = _open_data(model_config, mixture_or_task_name,
                         task_feature_lengths, data_dir, array_dir)
   teacher, teacher_params = _load_teacher(model_config, teacher_config,
