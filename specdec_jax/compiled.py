@@ -355,7 +355,9 @@ class Setup:
   def __post_init__(self):  # the flags' values, refused before compiling
     checks.check_ints(batch=self.batch, input_length=self.input_length,
                       max_decode_len=self.max_decode_len, gamma=self.gamma)
-    _ = self.sampling, self.tree and drafters.tree.shape.parse(self.tree)
+    if self.tree is not None:
+      drafters.tree.shape.parse(self.tree)
+    SamplingConfig(self.temperature, self.topk, self.topp)  # its checks
 
   @property
   def sampling(self) -> SamplingConfig:
