@@ -288,6 +288,25 @@ def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
     stored.build_device('gpu:h100', None, log)
 
 
+def test_a_run_on_a_store_without_programs_is_refused(tmp_path, capsys):
+  """A store folder that holds no program for this device (a wrong --store,
+  or a build for another --target) ends `run` before anything runs: with
+  none, every program would compile on the borrowed device. A budget not
+  above 0 is the parser's error."""
+  aot.Store(tmp_path / 'store', 'gpu:h200').write()  # another target's
+  with pytest.raises(SystemExit, match=r'error: no program in .*store/cpu: '
+                     'give the --store and --target of a build'):
+    stored.main(['run', '--store', str(tmp_path / 'store'), '--out',
+                 str(tmp_path / 'out'), '--work_dir', str(tmp_path / 'work'),
+                 '--plan', 'table3:shipped;shrink;drafter=lookup'])
+  assert not (tmp_path / 'out').exists()
+  with pytest.raises(SystemExit):
+    stored.main(['run', '--store', str(tmp_path / 'store'),
+                 '--max_minutes', '0'])
+  assert "--max_minutes: a finite number > 0 expected, got '0'" in (
+      capsys.readouterr().err)
+
+
 def test_a_cell_choosing_its_tree_gets_the_programs_its_choice_runs(
     tmp_path, monkeypatch):
   """A cell whose job chooses its tree ('choose:N') is built what its

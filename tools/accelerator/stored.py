@@ -403,8 +403,7 @@ DUMP_FILES = ('thunk_sequence_after_thunk_passes.txt',
               'after_optimizations.txt')
 
 
-def dump_programs(provider: Provider, out: pathlib.Path
-                  ) -> Dict[str, Any]:
+def dump_programs(provider: Provider, out: pathlib.Path) -> Dict[str, Any]:
   """XLA's dump of the programs `provider` kept (`Provider.traced`), each
   compiled again here with `xla_dump_to`, the files of `DUMP_FILES` in one
   `XLA_DUMP` in `out` (what checks the compiled-program cost model against
@@ -613,8 +612,7 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
     seconds = 0.0
     for group in sweep.groups(models, cells, options):
       setups = [sweep.cell_setup(models, c, options) for c in group]
-      named = [reproduce.profile_name(options.models, c.drafter)
-               for c in group]
+      named = [reproduce.profile_name(options.models, c.drafter) for c in group]
       first = setups[0]
       top, b = first.batch.max_gamma, first.batch.size
       names = {m for c in group for m in c.measure}
@@ -695,9 +693,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'spec:models[;shrink][;field=value...], in priority order (default: '
       f'{", ".join(DEFAULT_PLAN)})'))
   parser.add_argument('--store', required=True, help='the store folder')
-  parser.add_argument('--target', default=None,
-                      help='build: a compiled.TARGETS name (default: this '
-                      "machine's own device)")
+  parser.add_argument('--target', help='build: a compiled.TARGETS name '
+                      "(default: this machine's own device)")
   parser.add_argument('--autotune_results', default=None, help=(
       f'build for a GPU: the {aot.AUTOTUNE_FILE} a run on it left (with '
       '--device_facts); without them the GEMMs are left to cuBLAS'))
@@ -707,7 +704,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                       help='run: where results.tar.xz, the run log, the XLA '
                       'dump and the autotune results go')
   parser.add_argument('--work_dir', help="the sweep's work folder (local)")
-  parser.add_argument('--max_minutes', type=float, default=None)
+  parser.add_argument('--max_minutes', type=checks.positive, default=None)
   parser.add_argument('--profile', default=hardware.H100, help=(
       'build, project: the device\'s hardware profile (a name in '
       "specdec_jax/profiles/, or a file): the gammas likely chosen there"))
@@ -754,6 +751,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     device = jax.devices()[0]
     store = aot.Store(pathlib.Path(args.store), args.target or
                       aot.target_of(device))
+    if not store.manifest['programs']:  # else the device compiles them all
+      raise SystemExit(f'error: no program in {store.dir}: give the --store '
+                       'and --target of a build, or run the specs themselves')
     out = pathlib.Path(args.out)
     result = run(plan, store, out, args.max_minutes)
     if dumped.is_file():  # for the next build
