@@ -97,7 +97,8 @@ def main(argv: Optional[Sequence[str]] = None):
       cells = sweep.plan(spec, sweep.options_of(spec, sweep.Options()))
       print(f'{name}: {spec.title} ({len(cells)} cells, shipped models)')
     return None
-  profile = flags.profile_of(args, optional=True)
+  with checks.one_line(OSError, ValueError):  # a --profile that is none
+    profile = flags.profile_of(args, optional=True)
   if args.command == 'repredict':  # results local or gs://, in place
     with checks.one_line(OSError, ValueError, KeyError, TypeError, said=(
         f'{args.results} is no results file to repredict: ')):

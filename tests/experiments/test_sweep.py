@@ -308,6 +308,8 @@ def test_cells_and_flags_are_checked():
     (['run', 'table3', '--timing_repeats', '0'], '--timing_repeats: an int'),
     (['run', 'table3', '--max_minutes', '-5'], '--max_minutes: a finite num'),
     (['run', 'table3', '--num_partitions', '0'], 'an int >= 1 expected'),
+    (['run', 'table3', '--profile', '{tmp}/none'],
+     "no hardware profile '.*none'"),
     (['repredict', '{tmp}/none.json'],
      'none.json is no results file to repredict: FileNotFoundError'),
     (['repredict', '{tmp}/list.json'],
@@ -327,10 +329,13 @@ def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path,
   (tmp_path / 'other.json').write_text('{"rows": []}')
   (tmp_path / 'text.json').write_text('rows')
   argv = [a.format(tmp=tmp_path) for a in argv]
+  if '--profile' not in argv:
+    argv += ['--profile', 'none']
+  if argv[0] == 'run':  # where a check missed would write
+    argv += ['--work_dir', str(tmp_path / 'work'), '--out',
+             str(tmp_path / 'out')]
   with pytest.raises(SystemExit) as e:
-    cli.main(argv + ['--profile', 'none'] + (  # a check missed writes here
-        ['--work_dir', str(tmp_path / 'work'), '--out', str(
-            tmp_path / 'out')] if argv[0] == 'run' else []))
+    cli.main(argv)
   said = f'{e.value.code} {capsys.readouterr().err}'  # ours; argparse's
   assert re.search(f'error: .*{message}', said), said
   assert not (tmp_path / 'work').exists()
