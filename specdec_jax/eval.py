@@ -565,16 +565,18 @@ def _run(args, setup: loading.EvalSetup, run):
 def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """`main` as the command line runs it: a flag, gin binding or setup
   value the job refuses before it starts (`configured`: gamma < 1, a
-  negative temperature, lengths, an unknown kind, ...), a run folder that
-  cannot be resumed as it is (other settings, other examples, a damaged
-  file) or a damaged output cache ends the job with its one-line error
-  (exit status 1), not a traceback. Everything else propagates
-  (`exits_at_once`)."""
+  negative temperature, lengths, an unknown kind, ...), a file it cannot
+  find or a damaged checkpoint, a run folder that cannot be resumed as it
+  is (other settings, other examples, a damaged file) or a damaged output
+  cache ends the job with its one-line error (exit status 1), not a
+  traceback; what finished is written first (the summary says why it
+  stopped). Everything else propagates (`exits_at_once`)."""
   with exits_at_once():
     try:
       with checks.one_line(ValueError):  # the job's configuration
         job = configured(sys.argv[1:] if argv is None else argv)
-      return _run(*job)
+      with checks.one_line(FileNotFoundError, checkpoints.CheckpointError):
+        return _run(*job)  # a checkpoint missing or damaged: said so
     except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
       raise SystemExit(f'error: {e.message}') from None
 

@@ -328,15 +328,20 @@ def test_the_command_says_a_configuration_error_in_one_line(tmp_path):
   """`python -m specdec_jax.eval` (`cli`): a value its configuration
   refuses (here gamma 0, found as the setup is built) ends the command with
   that error's line(s) (gin's context after it), not a traceback, before a
-  run folder is made; an error while the job runs still propagates."""
+  run folder is made; so does a missing checkpoint, found as the job loads,
+  after the summary says the job failed."""
   with pytest.raises(SystemExit) as e:
     eval_lib.cli(args(tmp_path / 'err', GAMMA='0'))
   assert str(e.value.code).startswith(
       'error: gamma must be an int >= 1, got 0.'), e.value.code
   assert not (tmp_path / 'err').exists()
-  with pytest.raises(FileNotFoundError, match='/nonexistent/checkpoint_1'):
+  with pytest.raises(SystemExit) as e:  # found as it loads: its line too
     eval_lib.cli(args(tmp_path / 'missing', TARGET_CHECKPOINT=(
         "'/nonexistent/checkpoint_1'")))
+  assert str(e.value.code).startswith(
+      'error: target checkpoint not found: /nonexistent/checkpoint_1')
+  assert json.loads((tmp_path / 'missing' / 'summary.json').read_text())[
+      'status'].startswith('failed')  # the summary says why
 
 
 def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
