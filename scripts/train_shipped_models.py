@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from specdec_jax import checks
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FILES = {
     'xxl': ('train/mini_xxl.gin', '%MINI_XXL'),
@@ -53,6 +55,7 @@ MODEL_FILES = {
 FROM_TEACHER = ('dec1', 'dec2')
 LOSSES = ('ref', 'ce', 'fkl', 'tvd')
 DEFAULT_DRAFTERS = 'small_fkl,large_fkl,dec1_fkl,dec2_fkl'
+DRAFTERS = tuple(f'{kind}_{loss}' for kind in MODEL_FILES for loss in LOSSES)
 
 
 def _gin_str(value):
@@ -112,7 +115,7 @@ def _env(parallel_runs):
 
 
 def stage_target(args):
-  lrs = [float(x) for x in args.target_lrs.split(',')]
+  lrs = args.target_lrs
   env = _env(len(lrs) if args.parallel else 1)
   jobs = []
   for lr in lrs:
@@ -184,14 +187,11 @@ def _mini_config(kind):
 
 def stage_drafters(args):
   target = _target(args)
-  names = [d for d in args.drafters.split(',') if d]
+  names = args.drafters
   env = _env(len(names) if args.parallel else 1)
   jobs = []
   for name in names:
     kind, loss = name.rsplit('_', 1)
-    if kind not in MODEL_FILES or loss not in LOSSES:
-      raise SystemExit(f'unknown drafter {name!r}: <{"|".join(MODEL_FILES)}>_'
-                       f'<{"|".join(LOSSES)}>')
     gin_file, macro = MODEL_FILES[kind]
     model_dir = os.path.join(args.work_dir, name)
     data = (os.path.join(args.arrays, 'multitask') if loss == 'ref'
@@ -227,7 +227,7 @@ def stage_export(args):
   export = os.path.join(args.work_dir, 'export')
   models = {}
   runs = {'target': (target['model_dir'], 'xxl')}
-  for name in [d for d in args.drafters.split(',') if d]:
+  for name in args.drafters:
     runs[name] = (os.path.join(args.work_dir, name), name.rsplit('_', 1)[0])
   for name, (model_dir, kind) in runs.items():
     latest = checkpoints.latest_checkpoint(model_dir)
@@ -263,19 +263,37 @@ STAGES = dict(target=stage_target, generate=stage_generate,
               drafters=stage_drafters, export=stage_export)
 
 
-def main(argv=None):
+def _names(known):
+  """A flag's comma-separated names, each one of `known` (argparse's
+  error naming the flag and the known names otherwise)."""
+  def parse(text):
+    names = tuple(x for x in text.split(',') if x)
+    unknown = [x for x in names if x not in known]
+    if unknown or not names:
+      raise argparse.ArgumentTypeError(
+          f'unknown {unknown or text!r}; known: {",".join(known)}')
+    return names
+  return parse
+
+
+def parse_flags(argv):
+  """The command's flags; a bad one is the parser's error naming it,
+  before any stage runs."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--arrays', required=True,
                       help='scripts/export_arrays.py output')
   parser.add_argument('--work_dir', required=True)
-  parser.add_argument('--stages', default=','.join(STAGES))
-  parser.add_argument('--target_lrs', default='0.003,0.01,0.03')
-  parser.add_argument('--target_seconds', type=float, default=240)
-  parser.add_argument('--drafters', default=DEFAULT_DRAFTERS)
-  parser.add_argument('--drafter_seconds', type=float, default=180)
-  parser.add_argument('--max_decode_len', type=int, default=64)
-  parser.add_argument('--gen_batch', type=int, default=512)
-  parser.add_argument('--gen_examples', type=int, default=None,
+  parser.add_argument('--stages', type=_names(STAGES),
+                      default=','.join(STAGES))
+  parser.add_argument('--target_lrs', default='0.003,0.01,0.03', type=(
+      lambda text: tuple(checks.positive(x) for x in text.split(','))))
+  parser.add_argument('--target_seconds', type=checks.positive, default=240)
+  parser.add_argument('--drafters', type=_names(DRAFTERS),
+                      default=DEFAULT_DRAFTERS)
+  parser.add_argument('--drafter_seconds', type=checks.positive, default=180)
+  parser.add_argument('--max_decode_len', type=checks.count, default=64)
+  parser.add_argument('--gen_batch', type=checks.count, default=512)
+  parser.add_argument('--gen_examples', type=checks.count, default=None,
                       help='decode only the first N rows of each split')
   parser.add_argument('--serial', dest='parallel', action='store_false',
                       help='one run at a time (default: side by side)')
@@ -287,7 +305,11 @@ def main(argv=None):
                       'small_fkl) from this checkpoint folder (copied into its '
                       'model dir if it has none; params only, fresh Adafactor '
                       'statistics): continues an earlier session\'s training')
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_flags(sys.argv[1:] if argv is None else argv)
   os.makedirs(args.work_dir, exist_ok=True)
   for spec in args.seed:
     run, checkpoint = spec.split('=', 1)
@@ -299,7 +321,7 @@ def main(argv=None):
       log = os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'log.jsonl')
       if os.path.isfile(log):
         shutil.copy(log, os.path.join(model_dir, 'log.jsonl'))
-  for stage in args.stages.split(','):
+  for stage in args.stages:
     tic = time.perf_counter()
     STAGES[stage](args)
     print(f'[{time.strftime("%H:%M:%S")}] stage {stage}: '

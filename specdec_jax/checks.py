@@ -6,7 +6,8 @@ the argument, the rule and the value given. A folder a job writes into is
 a local one (`check_local_folder`). A command's flags: `count`, `counts`
 and `positive` as their argparse types (the parser's error names the
 flag), and `one_line` for what the command refuses before it starts
-(`error: ...`, not a traceback).
+(`error: ...`, not a traceback). Every refusal here is an `InputError`,
+the type a command says in one line wherever the job finds it.
 """
 
 import argparse
@@ -17,19 +18,27 @@ from typing import Tuple
 import numpy as np
 
 
+class InputError(ValueError):
+  """A value given to a job that it cannot use: a count below its least,
+  an unknown task, an input longer than the model takes, a drafter of
+  another vocabulary. The message names the value and what to give; a
+  command ends with it in one line (`one_line`), unlike a `ValueError`
+  from a fault of the code, whose traceback is kept."""
+
+
 def is_int(value) -> bool:
   """A Python or numpy integer, not a bool."""
   return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
 def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
-  """Raises ValueError unless `value` is an int (`is_int`) >= `minimum`.
+  """Raises InputError unless `value` is an int (`is_int`) >= `minimum`.
 
   The message: "<name> must be an int >= <minimum><note>, got <value!r>."
   (`note`, e.g. " (0 = off)", says what a special value means).
   """
   if not is_int(value) or value < minimum:
-    raise ValueError(
+    raise InputError(
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
 
 
@@ -75,16 +84,16 @@ def counts(text: str) -> Tuple[int, ...]:
 
 
 def check_positive(name: str, value, unit: str = '') -> None:
-  """Raises ValueError unless `value` is a real number > 0 (not a bool; inf
+  """Raises InputError unless `value` is a real number > 0 (not a bool; inf
   allowed): "<name> must be a number [of <unit>] > 0, got ..."."""
   if isinstance(value, bool) or not isinstance(
       value, (int, float, np.integer, np.floating)) or not value > 0:
     of = f' of {unit}' if unit else ''
-    raise ValueError(f'{name} must be a number{of} > 0, got {value!r}.')
+    raise InputError(f'{name} must be a number{of} > 0, got {value!r}.')
 
 
 def check_local_folder(name: str, path) -> None:
-  """Raises ValueError when `path`, a folder a job writes into, is a URL
+  """Raises InputError when `path`, a folder a job writes into, is a URL
   (gs://, s3://, ...) rather than a local folder.
 
   The jobs' folders are written with local file operations (files renamed
@@ -94,7 +103,7 @@ def check_local_folder(name: str, path) -> None:
   """
   text = os.fspath(path)
   if '://' in text:
-    raise ValueError(
+    raise InputError(
         f'{name} {text!r} is not a local folder: a job writes its folder '
         'with file operations (atomic renames, appends) that object stores '
         'lack. Give a local folder (across hosts: one every host mounts, '

@@ -20,6 +20,7 @@ import numpy as np
 
 # The training features, defined beside the pre-tokenized arrays (which do
 # not import this module) and re-exported here.
+from specdec_jax import checks
 from specdec_jax import tasks
 from specdec_jax.arrays import FEATURES
 
@@ -62,7 +63,7 @@ def task_examples(task, split: str, lengths: Mapping[str, int],
     ids = [int(t) for t in ex['inputs']]
     if len(ids) > max_in:
       if not truncate_inputs:
-        raise ValueError(
+        raise checks.InputError(
             f'Example {i} of {task.name}/{split} has {len(ids)} input tokens, '
             f"more than TASK_FEATURE_LENGTHS['inputs'] = {max_in}. Raise the "
             'length or set EvalSetup.truncate_inputs = True.')

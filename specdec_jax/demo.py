@@ -89,7 +89,7 @@ def main_job(tasks=task_table.names(), num_examples=16,
     print(f'\n=== {task}: python -m specdec_jax.eval '
           f'--gin_file={TASK_GIN[task]} --gin.NUM_EXAMPLES={num_examples} '
           f'--gin.EVAL_OUTPUT_DIR="\'{out_dir}\'"', flush=True)
-    summary = eval_lib.main([f'--gin_file={TASK_GIN[task]}',
+    summary = eval_lib.cli([f'--gin_file={TASK_GIN[task]}',
                              f'--gin.NUM_EXAMPLES={num_examples}',
                              f'--gin.EVAL_OUTPUT_DIR=\'{out_dir}\''] +
                             list(extra_gin))
@@ -206,7 +206,8 @@ def random_demo(argv=None):
   inputs = rng.integers(2, DEMO_CONFIG.vocab_size, (args.batch, 12))
   for b in range(args.batch):  # rows of different lengths, 0-padded
     inputs[b, 12 - 3 * (b % 4):] = 0
-  sampling = SamplingConfig(temperature=args.temperature)
+  with checks.one_line(checks.InputError):  # a negative temperature
+    sampling = SamplingConfig(temperature=args.temperature)
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.key(args.seed + 1), len(leaves))
   draft_params = jax.tree_util.tree_unflatten(tree, [

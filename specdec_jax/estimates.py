@@ -598,8 +598,10 @@ def reestimate(path: str):
   batch, profiles, Table 2) from the compiler's counts it holds (with its
   own command's flags and `compiled`'s chip figures), compiling nothing,
   and rewrites its .json and .md."""
-  r = report.read_json(path)
-  args = parse_flags(shlex.split(r['command'])[3:])
+  with checks.one_line(OSError, ValueError, KeyError, TypeError, said=(
+      f'{path} is no estimates file to reestimate: ')):
+    r = report.read_json(path)
+    args = parse_flags(shlex.split(r['command'])[3:])
   target = compiled.get_target(args.target)
   steps = {int(b): {int(k): f for k, f in curve.items()}
            for b, curve in r.get('steps', {}).items() if '1' in curve}

@@ -108,6 +108,21 @@ from specdec_jax.loading import EvalSetup
 # The job's flags and gin handling live in gin_utils (shared with training).
 GIN_DIR = gin_utils.GIN_DIR
 RECORDS = run_folder.RECORDS
+# What a command ends in one line (`error: ...`) when the job finds it as
+# it runs, its summary written first: a value it cannot use (an unknown
+# task, an input longer than the model takes, ...), a file not found, a
+# damaged checkpoint. Any other exception keeps its traceback.
+REFUSED_AS_IT_RUNS = (checks.InputError, FileNotFoundError,
+                      checkpoints.CheckpointError)
+
+
+def failure(e: BaseException) -> str:
+  """A failed job's error in one line, for a caller that goes on (a
+  sweep's other cells); a fault of the code (not `REFUSED_AS_IT_RUNS`)
+  has its traceback printed first, to be found where it is."""
+  if not isinstance(e, REFUSED_AS_IT_RUNS):
+    traceback.print_exception(e)
+  return f'{type(e).__name__}: {e}'
 
 
 class MismatchError(RuntimeError):
@@ -565,8 +580,10 @@ def _run(args, setup: loading.EvalSetup, run):
 def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """`main` as the command line runs it: a flag, gin binding or setup
   value the job refuses before it starts (`configured`: gamma < 1, a
-  negative temperature, lengths, an unknown kind, ...), a file it cannot
-  find or a damaged checkpoint, a run folder that cannot be resumed as it
+  negative temperature, lengths, an unknown kind, ...) or as it runs (an
+  `InputError`: an unknown task, an input longer than the model takes, a
+  gamma above what the drafter drafts), a file it cannot find or a
+  damaged checkpoint, a run folder that cannot be resumed as it
   is (other settings, other examples, a damaged file) or a damaged output
   cache ends the job with its one-line error (exit status 1), not a
   traceback; what finished is written first (the summary says why it
@@ -575,8 +592,8 @@ def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     try:
       with checks.one_line(ValueError):  # the job's configuration
         job = configured(sys.argv[1:] if argv is None else argv)
-      with checks.one_line(FileNotFoundError, checkpoints.CheckpointError):
-        return _run(*job)  # a checkpoint missing or damaged: said so
+      with checks.one_line(*REFUSED_AS_IT_RUNS):
+        return _run(*job)
     except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
       raise SystemExit(f'error: {e.message}') from None
 

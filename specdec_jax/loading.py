@@ -111,31 +111,32 @@ class DrafterSpec:
     conf = self.confidence
     if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
         0 <= conf < 1):
-      raise ValueError(f'draft_confidence must be a number in [0, 1), got '
-                       f'{conf!r}.')
+      raise checks.InputError(
+          f'draft_confidence must be a number in [0, 1), got {conf!r}.')
     if conf and not kind.reads_confidence:
-      raise ValueError(
+      raise checks.InputError(
           f'draft_confidence is set but drafter {self.kind!r} drafts no '
           'adaptive lengths (kinds that do: '
           f'{_kinds_that(lambda k: k.reads_confidence)}).')
     if self.tree is not None and not kind.reads_tree:
-      raise ValueError(f'tree is set but drafter {self.kind!r} does not '
-                       'draft trees (kinds that do: '
-                       f'{_kinds_that(lambda k: k.reads_tree)}).')
+      raise checks.InputError(f'tree is set but drafter {self.kind!r} does not '
+                              'draft trees (kinds that do: '
+                              f'{_kinds_that(lambda k: k.reads_tree)}).')
     if kind.reads_tree:
       self.tree_shape  # pylint: disable=pointless-statement  (validates)
     if self.output_cache is not None and not kind.uses_cache:
-      raise ValueError(f'output_cache is set but drafter {self.kind!r} '
-                       'does not use one (kinds that do: '
-                       f"{_kinds_that(lambda k: k.uses_cache)}).")
+      raise checks.InputError(f'output_cache is set but drafter {self.kind!r} '
+                              'does not use one (kinds that do: '
+                              f"{_kinds_that(lambda k: k.uses_cache)}).")
     if kind.needs_model and self.config is None:
-      raise ValueError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
-                       'T5Config).')
+      raise checks.InputError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
+                              'T5Config).')
     if self.widen_to is not None:
       if not kind.needs_model:
-        raise ValueError(f'widen_to is set but drafter {self.kind!r} has no '
-                         'draft model to widen (kinds that do: '
-                         f'{_kinds_that(lambda k: k.needs_model)}).')
+        raise checks.InputError(
+            f'widen_to is set but drafter {self.kind!r} has no draft model '
+            'to widen (kinds that do: '
+            f'{_kinds_that(lambda k: k.needs_model)}).')
       if not isinstance(self.widen_to, str):
         object.__setattr__(self, 'widen_to', dict(self.widen_to))
       self.decoding_config  # pylint: disable=pointless-statement  (validates)
@@ -161,9 +162,9 @@ class DrafterSpec:
     """N of tree 'choose:N': the most nodes a chosen tree has."""
     text = self.tree[len(_CHOOSE):]
     if not text.isdigit() or not 1 <= int(text) <= _MOST_NODES:
-      raise ValueError(f"tree {self.tree!r}: 'choose:N' takes N, the most "
-                       f'nodes of the tree to choose, 1 <= N <= '
-                       f'{_MOST_NODES}.')
+      raise checks.InputError(
+          f"tree {self.tree!r}: 'choose:N' takes N, the most nodes of the "
+          f'tree to choose, 1 <= N <= {_MOST_NODES}.')
     return int(text)
 
   @property
@@ -249,11 +250,11 @@ class BatchSpec:
   def __post_init__(self):
     checks.check_int('batch_size', self.size)
     if self.mode not in BATCHINGS:
-      raise ValueError(f'batching must be one of {BATCHINGS}, got '
-                       f'{self.mode!r}.')
+      raise checks.InputError(f'batching must be one of {BATCHINGS}, got '
+                              f'{self.mode!r}.')
     if self.gamma_rule not in BATCH_GAMMAS:
-      raise ValueError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
-                       f'{self.gamma_rule!r}.')
+      raise checks.InputError(f'batch_gamma must be one of {BATCH_GAMMAS}, got '
+                              f'{self.gamma_rule!r}.')
     checks.check_int('max_gamma', self.max_gamma)
     checks.check_int('stream_chunk', self.chunk)
 
@@ -357,27 +358,28 @@ class EvalSetup:
     set_ = lambda k, v: object.__setattr__(self, k, v)
     speculative.check_gamma(self.gamma)
     if set(self.task_feature_lengths) < {'inputs', 'targets'}:
-      raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
-                       f'got {dict(self.task_feature_lengths)}.')
+      raise checks.InputError(
+          'TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
+          f'{dict(self.task_feature_lengths)}.')
     set_('task_feature_lengths', dict(self.task_feature_lengths))
     if self.num_examples is not None:
       checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
     if self.same_shape_baseline and self.batch.streamed:
-      raise ValueError(
+      raise checks.InputError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "
           'streamed baseline steps one token per row.')
     if self.draft.chooses_tree and not self.sampling.greedy:
-      raise ValueError(
+      raise checks.InputError(
           f'tree {self.draft.tree!r} chooses a tree from the rank '
           'probabilities of greedy outputs: set temperature 0, or name a '
           'tree (e.g. beam:4,2,8).')
     if self.draft.drafter_kind.reads_tree and not self.draft.chooses_tree:
       shape = self.draft.tree_shape
       if self.gamma > shape.depth:
-        raise ValueError(f'gamma {self.gamma} is deeper than the tree '
-                         f'{shape.spec!r} (depth {shape.depth}): set gamma '
-                         f'<= {shape.depth} (the tree is cut to gamma '
-                         'levels).')
+        raise checks.InputError(
+            f'gamma {self.gamma} is deeper than the tree {shape.spec!r} '
+            f'(depth {shape.depth}): set gamma <= {shape.depth} (the tree is '
+            'cut to gamma levels).')
     if self.draft.drafter_kind.needs_model:  # its config is set (DrafterSpec)
       speculative.check_vocab(self.target_config.vocab_size,
                               self.draft.config.vocab_size)
@@ -387,8 +389,9 @@ class EvalSetup:
       except TypeError:
         name = None
       if name not in _ACTIVATION_DTYPES:
-        raise ValueError('activation_dtype must be None, bfloat16, float16 or '
-                         f'float32, got {self.activation_dtype!r}.')
+        raise checks.InputError(
+            'activation_dtype must be None, bfloat16, float16 or float32, '
+            f'got {self.activation_dtype!r}.')
       set_('activation_dtype', name)
     if self.target_widen_to is not None:
       if not isinstance(self.target_widen_to, str):
@@ -672,7 +675,7 @@ def load_task(setup: EvalSetup):
     task = tasks.get_task(setup.mixture_or_task_name)
   vocab = task.output_features['targets'].vocabulary
   if vocab.vocab_size > setup.target_config.vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'Task {setup.mixture_or_task_name} uses a vocabulary of '
         f'{vocab.vocab_size} tokens but TARGET_MODEL has vocab_size '
         f'{setup.target_config.vocab_size}.')

@@ -56,14 +56,15 @@ class SamplingConfig:
   def __post_init__(self):
     t, k, p = self.temperature, self.topk, self.topp
     if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-      raise ValueError(
+      raise checks.InputError(
           f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
       )
     checks.check_int('topk', k, 0, ' (0 = off)')
     if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-      raise ValueError(f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
+      raise checks.InputError(
+          f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
     if k and p < 1.0:
-      raise ValueError(
+      raise checks.InputError(
           f'At most one of topk ({k}) and topp ({p}) may be set, as in T5X.'
       )
 
@@ -73,7 +74,7 @@ class SamplingConfig:
 
   def check_vocab(self, vocab_size: int) -> None:
     if self.topk > vocab_size:
-      raise ValueError(
+      raise checks.InputError(
           f'topk={self.topk} is larger than the vocabulary ({vocab_size}).'
       )
 

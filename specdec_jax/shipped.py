@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import network
 from specdec_jax import task_table
 from specdec_jax.checkpoints import manifest
@@ -298,7 +299,8 @@ def resolve(checkpoint: str) -> str:
 def test_arrays(task: str) -> Dict[str, np.ndarray]:
   """A task's shipped test slice: `{'inputs', 'targets'}` int32 arrays."""
   if task not in TASKS:
-    raise ValueError(f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
+    raise checks.InputError(
+        f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
   rel = f'data/arrays/{task}_test.npz'
   verify(rel)
   with np.load(os.path.join(asset_dir(), rel)) as f:
@@ -308,7 +310,8 @@ def test_arrays(task: str) -> Dict[str, np.ndarray]:
 def test_texts(task: str) -> List[Dict[str, str]]:
   """The same rows as text: `[{'source', 'reference'}, ...]`."""
   if task not in TASKS:
-    raise ValueError(f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
+    raise checks.InputError(
+        f'Unknown task {task!r}; shipped: {", ".join(TASKS)}.')
   rel = f'data/{TASKS[task]}/test.jsonl'
   verify(rel)
   src, ref = (('en', 'de') if task == 'en_de' else

@@ -392,7 +392,7 @@ def check_gamma(gamma) -> None:
 def check_vocab(target_vocab_size: int, draft_vocab_size: int) -> None:
   """Raises ValueError unless the drafter's vocabulary is the target's."""
   if draft_vocab_size != target_vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'Draft and target vocabularies differ: drafter has '
         f'{draft_vocab_size} tokens, target {target_vocab_size}. Speculative '
         'decoding needs the same vocabulary (the same SentencePiece model).')
@@ -418,7 +418,7 @@ def check_drafter_gamma(drafter, gamma: int,
   merged = decodes_merged(drafter, merged)
   top = drafter.max_gamma(merged)
   if top is not None and gamma > top:
-    raise ValueError(
+    raise checks.InputError(
         f'gamma={gamma} > {top}: the {type(drafter).__name__} drafts at '
         f'most {top} tokens per iteration in its '
         f'{"merged" if merged else "ordinary"} loop.')

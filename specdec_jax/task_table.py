@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Tuple
 
+from specdec_jax import checks
+
 MODEL_SETS = ('mini', 'shipped', 'paper', 'xxl_cost', 'synthetic')
 # A model set that runs the gin files (and tasks) of another, with bindings
 # of its own (`reproduce`).
@@ -108,8 +110,8 @@ def files_of(models: str) -> str:
 def get(name: str) -> TaskEntry:
   """The entry of a short task name; a clear error naming the known ones."""
   if name not in TASKS:
-    raise ValueError(f'Unknown task {name!r}; expected one of '
-                     f'{list(TASKS)}.')
+    raise checks.InputError(f'Unknown task {name!r}; expected one of '
+                            f'{list(TASKS)}.')
   return TASKS[name]
 
 

@@ -39,6 +39,8 @@ import sys
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
+from specdec_jax import checks
+
 WMT_TASK = 'wmt_t2t_ende_v003'
 CNN_DM_TASK = 'cnn_dailymail_v002'
 DEBIAN_TRANSLATION_TASK = 'debian_desc_en_de'
@@ -593,8 +595,8 @@ def make_task(name: str, vocab_path: Optional[str] = None,
   seqio = import_seqio()
   specs = _task_specs(vocab_path, data_dir, debian_vocab_path)
   if name not in specs:
-    raise ValueError(f'Unknown task {name!r}; known tasks: '
-                     + ', '.join(TASK_NAMES))
+    raise checks.InputError(f'Unknown task {name!r}; known tasks: '
+                            + ', '.join(TASK_NAMES))
   return seqio.Task(name, **specs[name])
 
 
@@ -659,7 +661,7 @@ def get_task(name: str):
       seqio.MixtureRegistry.names())
   if name not in known:
     others = sorted(set(known) - set(TASK_NAMES))
-    raise ValueError(
+    raise checks.InputError(
         f'Unknown task {name!r}. Known tasks: {", ".join(TASK_NAMES)}'
         + (f' (and other registered seqio tasks: {", ".join(others)})'
            if others else ''))

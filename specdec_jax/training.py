@@ -437,7 +437,7 @@ def read_log(path: str) -> List[Dict[str, Any]]:
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-class ConfigError(ValueError):
+class ConfigError(checks.InputError):
   """An argument `train` refuses before it loads or trains anything (the
   job's command line says it in one line)."""
 
@@ -544,7 +544,7 @@ def _load_teacher(model_config: network.T5Config,
   if teacher_config is None:
     return None, None
   if teacher_config.vocab_size != model_config.vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
         f'has {model_config.vocab_size}: distillation needs one vocabulary.')
   return network.T5Model(teacher_config), checkpoints.load_t5x_params(
@@ -872,7 +872,7 @@ def main(argv: Optional[Sequence[str]] = None,
                             'gin_configs/train/en_de_mini_small.gin')
   bar = None if args.no_progress else _ProgressBar()
   try:
-    with checks.one_line(ConfigError):  # `train`'s arguments: its line
+    with checks.one_line(checks.InputError):  # its arguments, its task
       summary = run(config_str=gin.config_str(), progress=bar)
   finally:
     if bar is not None:

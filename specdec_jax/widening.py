@@ -69,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import models
 from specdec_jax.network import T5Config
 
@@ -103,19 +104,19 @@ def check_growth(config: T5Config, new_config: T5Config) -> None:
     new_config: the widened model's config.
 
   Raises:
-    ValueError: a `FIXED` field differs, or a `GROWABLE` field shrinks.
+    InputError: a `FIXED` field differs, or a `GROWABLE` field shrinks.
   """
   for name in FIXED:
     old, new = getattr(config, name), getattr(new_config, name)
     if name == 'mlp_activations':
       old, new = tuple(old), tuple(new)
     if old != new:
-      raise ValueError(
+      raise checks.InputError(
           f'widen cannot change {name}: {old!r} -> {new!r}.')
   for name in GROWABLE:
     old, new = getattr(config, name), getattr(new_config, name)
     if new < old:
-      raise ValueError(f'widen cannot shrink {name}: {old} -> {new}.')
+      raise checks.InputError(f'widen cannot shrink {name}: {old} -> {new}.')
 
 
 def preset_config(config: T5Config, size: str) -> T5Config:
@@ -135,7 +136,8 @@ def preset_config(config: T5Config, size: str) -> T5Config:
     The widened model's config.
   """
   if size not in PRESETS:
-    raise ValueError(f'Unknown size {size!r}; expected one of {list(PRESETS)}.')
+    raise checks.InputError(
+        f'Unknown size {size!r}; expected one of {list(PRESETS)}.')
   return config.replace(**PRESETS[size],
                         dtype=models.CONFIGS[_SIZE_OF[size]].dtype)
 
@@ -446,7 +448,7 @@ def widened_config(config: T5Config,
   else:
     unknown = set(size) - set(GROWABLE)
     if unknown:
-      raise ValueError(f'Not growable dimensions: {sorted(unknown)}.')
+      raise checks.InputError(f'Not growable dimensions: {sorted(unknown)}.')
     new_config = config.replace(**size)
   check_growth(config, new_config)
   return new_config

@@ -82,3 +82,20 @@ def test_committed_pages_are_what_reestimate_writes(tmp_path, monkeypatch,
   assert got == want
   assert copy.with_suffix('.md').read_text() == (
       committed.with_suffix('.md').read_text())
+
+
+@pytest.mark.parametrize('content,error', [
+    (None, 'FileNotFoundError'), ('[1]', 'TypeError'),
+    ('{"spec": "table2"}', "KeyError: 'command'"),
+    ('{"command"', 'ValueError: .* is not valid JSON'),
+])
+def test_reestimate_says_a_file_it_cannot_read_in_one_line(
+    tmp_path, content, error):
+  """`--reestimate` of a file that is no estimates results (none, not
+  JSON, another kind of results) ends in one line naming it."""
+  path = tmp_path / 'r.json'
+  if content is not None:
+    path.write_text(content)
+  with pytest.raises(SystemExit, match=(
+      f'error: {path} is no estimates file to reestimate: {error}')):
+    estimates.main([f'--reestimate={path}'])

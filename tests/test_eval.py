@@ -12,6 +12,7 @@ import pathlib
 
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
@@ -324,12 +325,15 @@ def test_clear_errors(tmp_path, override, error, message):
     eval_lib.main(argv)
 
 
-def test_the_command_says_a_configuration_error_in_one_line(tmp_path):
+def test_the_command_says_a_configuration_error_in_one_line(
+    tmp_path, monkeypatch):
   """`python -m specdec_jax.eval` (`cli`): a value its configuration
   refuses (here gamma 0, found as the setup is built) ends the command with
   that error's line(s) (gin's context after it), not a traceback, before a
-  run folder is made; so does a missing checkpoint, found as the job loads,
-  after the summary says the job failed."""
+  run folder is made; so does a missing checkpoint, found as the job
+  loads, after the summary says the job failed, and an input longer than
+  the model takes (an `InputError`), found as it reads the data. A
+  ValueError of the code's own (no `InputError`) keeps its traceback."""
   with pytest.raises(SystemExit) as e:
     eval_lib.cli(args(tmp_path / 'err', GAMMA='0'))
   assert str(e.value.code).startswith(
@@ -342,6 +346,34 @@ def test_the_command_says_a_configuration_error_in_one_line(tmp_path):
       'error: target checkpoint not found: /nonexistent/checkpoint_1')
   assert json.loads((tmp_path / 'missing' / 'summary.json').read_text())[
       'status'].startswith('failed')  # the summary says why
+  with pytest.raises(SystemExit) as e:  # found as it reads the data
+    eval_lib.cli(args(tmp_path / 'long', TASK_FEATURE_LENGTHS=(
+        "{'inputs': 4, 'targets': 12}")))
+  assert str(e.value.code).startswith('error: Example 0 of debian_desc_en_de/'
+                                      'validation has 52 input tokens')
+  assert not (tmp_path / 'long').exists()  # read before the folder is made
+
+  def fault(*_):
+    raise ValueError('a fault of the code')
+
+  monkeypatch.setattr(eval_lib, '_run', fault)
+  with pytest.raises(ValueError, match='a fault of the code'):
+    eval_lib.cli(args(tmp_path / 'fault'))
+
+
+def test_a_failure_keeps_the_traceback_of_a_fault_only(capsys):
+  """A caller that goes on after a job fails (a sweep's next cell) gets
+  its one line; a fault of the code also prints its traceback, a refused
+  value (`REFUSED_AS_IT_RUNS`) none."""
+  for error, traced in ((ValueError('a fault'), True),
+                        (checks.InputError('Unknown task'), False),
+                        (FileNotFoundError('no checkpoint'), False)):
+    try:
+      raise error
+    except Exception as e:  # pylint: disable=broad-except
+      line = eval_lib.failure(e)
+    assert line == f'{type(error).__name__}: {error}'
+    assert ('Traceback' in capsys.readouterr().err) == traced, error
 
 
 def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):

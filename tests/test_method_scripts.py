@@ -100,15 +100,25 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
     ('train_pass', '--batch_size=0', '--batch_size: an int >= 1 expected'),
     ('train_pass', '--train_rows=64-256',
      "--train_rows: rows start:stop expected, got '64-256'"),
+    ('train_shipped_models', '--drafters=small_fkl,tiny_fkl',
+     "--drafters: unknown ['tiny_fkl']; known: xxl_ref,"),
+    ('train_shipped_models', '--stages=target,train', "--stages: unknown"),
+    ('train_shipped_models', '--target_lrs=0.01,0',
+     "--target_lrs: a finite number > 0 expected, got '0'"),
+    ('train_shipped_models', '--gen_examples=0', '--gen_examples: an int'),
 ])
 def test_a_bad_count_or_rate_is_the_parsers_error(script, flag, message,
                                                   capsys):
   """Before anything loads or trains (before: --steps 0 was optax's
   'decay_steps=-1', --batch_size 0 a ZeroDivisionError, --depth 0 an
-  error from inside jax, and a negative learning rate trained)."""
+  error from inside jax, a negative learning rate trained, and an unknown
+  drafter was found after the target's hours of training)."""
   namespace = runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))
+  where = (['--arrays', '/no/such/arrays', '--work_dir', '/no/such/work']
+           if script == 'train_shipped_models' else
+           ['--out_dir', '/no/such/out'])
   with pytest.raises(SystemExit) as e:
-    namespace['parse_flags'](['--out_dir', '/no/such/out', flag])
+    namespace['parse_flags'](where + [flag])
   assert e.value.code == 2
   assert f'error: argument {message}' in capsys.readouterr().err
 

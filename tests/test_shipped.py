@@ -374,12 +374,17 @@ def test_main_job_translates_real_text_exactly(tmp_path, capsys):
 def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
   """A count below 1 is the parser's error (before: the job ran on no
   example and ended in a KeyError), and an unknown task among the tasks
-  is refused before any task decodes or any run folder is made."""
+  is refused before any task decodes or any run folder is made; a bad
+  temperature or gin binding is one line, not a traceback."""
   from specdec_jax import demo  # pylint: disable=g-import-not-at-top
   for argv, message in (
       (['--num_examples', '0'], "--num_examples: an int >= 1 expected"),
       (['--tasks', 'en_de,de_en'], "unknown task 'de_en'; known: en_de"),
-      (['--random', '--gamma', '0'], "--gamma: an int >= 1 expected")):
+      (['--random', '--gamma', '0'], "--gamma: an int >= 1 expected"),
+      (['--random', '--temperature', '-1'],
+       'error: temperature must be a finite number >= 0'),
+      (['--tasks', 'en_de', '--gin.GAMMA=0'],  # the eval job's line
+       'error: gamma must be an int >= 1, got 0.')):
     with pytest.raises(SystemExit) as e:
       demo.main(argv + ['--output_dir', str(tmp_path)])
     assert message in f'{e.value.code} {capsys.readouterr().err}'

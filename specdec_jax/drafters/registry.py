@@ -13,6 +13,7 @@ import dataclasses
 from typing import (Any, Callable, Dict, Iterable, Iterator, Mapping,
                     Optional, Sequence, Tuple)
 
+from specdec_jax import checks
 from specdec_jax import interfaces
 
 
@@ -130,8 +131,8 @@ class KindTable(Mapping[str, DrafterKind]):
   def get_kind(self, name: str) -> DrafterKind:
     """The kind `name`; ValueError naming the known ones."""
     if name not in self._kinds:
-      raise ValueError(f'Unknown drafter kind {name!r}; known kinds: '
-                       f'{sorted(self._kinds)}.')
+      raise checks.InputError(f'Unknown drafter kind {name!r}; known kinds: '
+                              f'{sorted(self._kinds)}.')
     return self._kinds[name]
 
   def describe(self) -> str:

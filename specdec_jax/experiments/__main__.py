@@ -122,8 +122,9 @@ def main(argv: Optional[Sequence[str]] = None):
         num_partitions=args.num_partitions, global_mesh=args.global_mesh,
         shard_drafter=args.shard_drafter)
     sweep.plan(spec, sweep.options_of(spec, options))
-  return sweep.run(spec, options, profile=profile, command=command,
-                   out=args.out)
+  with checks.one_line(sweep.CellsFailed, *eval_lib.REFUSED_AS_IT_RUNS):
+    return sweep.run(spec, options, profile=profile, command=command,
+                     out=args.out)
 
 
 if __name__ == '__main__':

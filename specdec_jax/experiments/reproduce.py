@@ -21,6 +21,7 @@ import os
 from typing import Any, Dict, Optional, Tuple
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import drafters as drafters_lib
 from specdec_jax import loading
 from specdec_jax import models as models_lib
@@ -154,8 +155,8 @@ class ModelSet:
     if self.models == 'paper':
       known, key = dict(self.checkpoints), f'{task}_{size}'
       if key not in known:
-        raise ValueError(f'No checkpoint given for {key!r} (--checkpoints '
-                         f'{key}=PATH); given: {sorted(known)}.')
+        raise checks.InputError(f'No checkpoint for {key!r} (--checkpoints '
+                                f'{key}=PATH); given: {sorted(known)}.')
       return known[key]
     if self.models == 'synthetic':
       return synthetic.Spec(SYNTHETIC_SEED, 0.0 if size == 'xxl' else
@@ -178,8 +179,8 @@ def make_setup(kind: str, models_dir: str = '~/models',
   for item in filter(None, checkpoint_list.split(',') if kind == 'paper'
                      else []):
     if '=' not in item:
-      raise ValueError(f'--checkpoints entries look like en_de_xxl=PATH, got '
-                       f'{item!r}.')
+      raise checks.InputError(
+          f'--checkpoints entries look like en_de_xxl=PATH, got {item!r}.')
     key, path = item.split('=', 1)
     pairs.append((key.strip(), path.strip()))
   if kind != 'mini' and models_dir == '~/models':
@@ -202,8 +203,8 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
   fields = task_table.get(task).fields(models.models)
   t5, widen = models.t5_drafters(), models.widening
   if drafter not in t5 + model_free_drafters():
-    raise ValueError(f'Unknown drafter {drafter!r}; expected one of '
-                     f'{list(models.drafters)}.')
+    raise checks.InputError(f'Unknown drafter {drafter!r}; expected one of '
+                            f'{list(models.drafters)}.')
   target = models.checkpoint(task, 'xxl')
   if drafter in t5:
     draft = loading.DrafterSpec(

@@ -463,13 +463,12 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
           done = run_cells(models, group, options, folder, spec.measurements,
                            cache, spec.decode, partitioner)
       except Exception as e:  # pylint: disable=broad-except
-        # Recorded with its error; the other cells still run (the job wrote
-        # what the cells finished into their folders: a rerun resumes them).
+        # Recorded with its error; the other cells still run (a rerun
+        # resumes what the cells finished: the job wrote it).
+        error = eval_lib.failure(e)
         result['failed'] += [{'cell': cell.name, **cell.fields(),
-                              'error': f'{type(e).__name__}: {e}'}
-                             for cell in group]
-        print(f"cells {', '.join(c.name for c in group)} failed: {e!r}",
-              flush=True)
+                              'error': error} for cell in group]
+        print(f"{', '.join(c.name for c in group)} failed: {error}", flush=True)
       else:
         clock.note(', '.join(c.name for c in group),
                    time.perf_counter() - start, kind='cell', units=len(group))

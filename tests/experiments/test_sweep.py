@@ -367,11 +367,12 @@ def test_model_fields_set_every_model_and_name_the_folders():
         plain, model_fields=('kernel=cudnn',)))
 
 
-def test_a_failed_cell_is_written_and_named(gcs):
+def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
   """A cell whose setup cannot be built fails alone: the others run, the
   results name it with its error, and the run ends with CellsFailed; the
   results are written (here at a gs:// address, copied up as the run
-  fails)."""
+  fails). A refused value is said in its line, with no traceback (a fault
+  of the code has one: `eval.failure`); the command ends in one line."""
   spec = sweep.Spec(
       name='broken', title='broken', about='Cells that cannot run.',
       columns=(('task', 'task'),),
@@ -384,7 +385,12 @@ def test_a_failed_cell_is_written_and_named(gcs):
   written = json.loads(checkpoints.read_bytes(f'{out}.json'))
   assert [f['drafter'] for f in written['failed']] == ['trigram', 'fourgram']
   md = checkpoints.read_bytes(f'{out}.md').decode()
-  assert "- task=en_de,drafter=fourgram: ValueError: Unknown drafter" in md
+  assert "- task=en_de,drafter=fourgram: InputError: Unknown drafter" in md
+  assert 'Traceback' not in capsys.readouterr().err
+  monkeypatch.setattr(sweep, 'run', lambda *a, **k: (_ for _ in ()).throw(
+      sweep.CellsFailed('1 of 3 cells failed: ...')))
+  with pytest.raises(SystemExit, match='^error: 1 of 3 cells failed: ...$'):
+    cli.main(['run', 'table3'])
 
 
 @pytest.mark.parametrize('name', sorted(specs.SPECS))

@@ -291,8 +291,8 @@ def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
 def test_a_run_on_a_store_without_programs_is_refused(tmp_path, capsys):
   """A store folder that holds no program for this device (a wrong --store,
   or a build for another --target) ends `run` before anything runs: with
-  none, every program would compile on the borrowed device. A budget not
-  above 0 is the parser's error."""
+  none, every program would compile on the borrowed device. A budget or a
+  store's weight not above 0 is the parser's error."""
   aot.Store(tmp_path / 'store', 'gpu:h200').write()  # another target's
   with pytest.raises(SystemExit, match=r'error: no program in .*store/cpu: '
                      'give the --store and --target of a build'):
@@ -304,6 +304,11 @@ def test_a_run_on_a_store_without_programs_is_refused(tmp_path, capsys):
     stored.main(['run', '--store', str(tmp_path / 'store'),
                  '--max_minutes', '0'])
   assert "--max_minutes: a finite number > 0 expected, got '0'" in (
+      capsys.readouterr().err)
+  with pytest.raises(SystemExit):  # was: a store of no program
+    stored.main(['build', '--store', str(tmp_path / 'store'),
+                 '--limit_mib', '-1'])
+  assert "--limit_mib: a finite number > 0 expected, got '-1'" in (
       capsys.readouterr().err)
 
 

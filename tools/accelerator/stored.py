@@ -708,7 +708,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--profile', default=hardware.H100, help=(
       'build, project: the device\'s hardware profile (a name in '
       "specdec_jax/profiles/, or a file): the gammas likely chosen there"))
-  parser.add_argument('--limit_mib', type=float, default=None, help=(
+  parser.add_argument('--limit_mib', type=checks.positive, default=None, help=(
       'build: the most the store may weigh (the plan\'s last programs are '
       'dropped to fit)'))
   args = parser.parse_args(argv)

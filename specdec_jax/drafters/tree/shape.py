@@ -310,7 +310,7 @@ def parse(spec: str) -> TreeShape:
            "'static:p.r,...;...' or 'dynamic:p.r,...;...', each optionally "
            "ending in '/N'")
   if not isinstance(spec, str) or ':' not in spec:
-    raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
+    raise checks.InputError(f'Unknown tree spec {spec!r}; forms: {forms}.')
   kind, body = spec.split(':', 1)
   try:
     if '/' in body:
@@ -326,8 +326,9 @@ def parse(spec: str) -> TreeShape:
                      for level in body.split(';'))
       return TreeShape(levels, kind == 'dynamic')
   except ValueError as e:
-    raise ValueError(f'Bad tree spec {spec!r}: {e}; forms: {forms}.') from e
-  raise ValueError(f'Unknown tree spec {spec!r}; forms: {forms}.')
+    raise checks.InputError(
+        f'Bad tree spec {spec!r}: {e}; forms: {forms}.') from e
+  raise checks.InputError(f'Unknown tree spec {spec!r}; forms: {forms}.')
 
 
 def _beam_fields(body: str) -> Tuple[int, int, int]:
