@@ -9,8 +9,8 @@ and seqio are not installed. Its data: the configs (`models.MINI`;
 is (`ModelSet.checkpoint`), the widenings of 'xxl_cost' and 'synthetic'
 (`XXL_COST`), the noise of the synthetic drafters (`SYNTHETIC_NOISE`) and
 `task_table` (each task's seqio task, lengths and the set's fields).
-tests/test_reproduce.py checks every model set, task and drafter against
-what the gin files give.
+tests/experiments/test_reproduce.py checks every model set, task and
+drafter against what the gin files give.
 `profile_name`: a drafter's name in the profile a model set's run writes.
 """
 
