@@ -263,4 +263,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

@@ -48,6 +48,7 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import drafters
@@ -319,4 +320,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

@@ -21,6 +21,7 @@ import numpy as np
 import tqdm
 
 from specdec_jax import arrays
+from specdec_jax import checks
 from specdec_jax import task_table
 
 # seqio task -> feature lengths: the mini model set's (the one task table).
@@ -75,4 +76,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

@@ -127,7 +127,8 @@ def task_data(args, vocab_size):
             'overfit.', file=sys.stderr)
       train = {'inputs': test['inputs'][64:256]}
   if max(int(train['inputs'].max()), int(test['inputs'].max())) >= vocab_size:
-    sys.exit(f'{args.task}: token ids beyond the target vocab {vocab_size}')
+    raise checks.InputError(
+        f'{args.task}: token ids beyond the target vocab {vocab_size}')
   return (train['inputs'][:args.train_rows], test['inputs'][:args.eval_rows],
           args.max_decode_len or test['targets'].shape[1],
           f'{where} rows 0..{min(args.eval_rows, len(test["inputs"])) - 1}')
@@ -231,4 +232,5 @@ def train(args, out_dir, saved):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

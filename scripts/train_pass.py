@@ -98,8 +98,8 @@ def train_inputs(args, vocab_size) -> np.ndarray:
   start, stop = (int(x) if x else None for x in (rows.split(':') + [''])[:2])
   inputs = inputs[start:stop]
   if not len(inputs) or int(inputs.max()) >= vocab_size:
-    raise ValueError(f'{args.task} rows {rows}: none, or token ids beyond '
-                     f'the target vocab {vocab_size}')
+    raise checks.InputError(f'{args.task} rows {rows}: none, or token ids '
+                            f'beyond the target vocab {vocab_size}')
   return inputs
 
 
@@ -167,4 +167,5 @@ def train(args, out_dir, saved):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

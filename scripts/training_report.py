@@ -14,6 +14,7 @@ import os
 import pathlib
 import sys
 
+from specdec_jax import checks
 from specdec_jax import training
 from specdec_jax.experiments import plots
 from specdec_jax.measure import machine
@@ -72,4 +73,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
+    main()

@@ -6,13 +6,16 @@ the argument, the rule and the value given. A folder a job writes into is
 a local one (`check_local_folder`). A command's flags: `count`, `counts`
 and `positive` as their argparse types (the parser's error names the
 flag), and `one_line` for what the command refuses before it starts
-(`error: ...`, not a traceback). Every refusal here is an `InputError`,
-the type a command says in one line wherever the job finds it.
+(`error: ...`, not a traceback). Every refusal here is an `InputError`;
+`REFUSED`, an `InputError` or a file not found, is what a command says in
+one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
+goes on after a job fails: `failure`).
 """
 
 import argparse
 import contextlib
 import os
+import traceback
 from typing import Tuple
 
 import numpy as np
@@ -24,6 +27,22 @@ class InputError(ValueError):
   another vocabulary. The message names the value and what to give; a
   command ends with it in one line (`one_line`), unlike a `ValueError`
   from a fault of the code, whose traceback is kept."""
+
+
+# What a command ends in one line wherever its job finds it (the job's
+# summary, if it made one, written first): a value it cannot use, or a file
+# it needs that is not there (a checkpoint, the data). Any other exception
+# is a fault of the code and keeps its traceback.
+REFUSED = (InputError, FileNotFoundError)
+
+
+def failure(e: BaseException) -> str:
+  """A failed job's error in one line, for a caller that goes on (a
+  sweep's other cells); a fault of the code (not `REFUSED`) has its
+  traceback printed first, to be found where it is."""
+  if not isinstance(e, REFUSED):
+    traceback.print_exception(e)
+  return f'{type(e).__name__}: {e}'
 
 
 def is_int(value) -> bool:

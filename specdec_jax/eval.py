@@ -108,21 +108,6 @@ from specdec_jax.loading import EvalSetup
 # The job's flags and gin handling live in gin_utils (shared with training).
 GIN_DIR = gin_utils.GIN_DIR
 RECORDS = run_folder.RECORDS
-# What a command ends in one line (`error: ...`) when the job finds it as
-# it runs, its summary written first: a value it cannot use (an unknown
-# task, an input longer than the model takes, ...), a file not found, a
-# damaged checkpoint. Any other exception keeps its traceback.
-REFUSED_AS_IT_RUNS = (checks.InputError, FileNotFoundError,
-                      checkpoints.CheckpointError)
-
-
-def failure(e: BaseException) -> str:
-  """A failed job's error in one line, for a caller that goes on (a
-  sweep's other cells); a fault of the code (not `REFUSED_AS_IT_RUNS`)
-  has its traceback printed first, to be found where it is."""
-  if not isinstance(e, REFUSED_AS_IT_RUNS):
-    traceback.print_exception(e)
-  return f'{type(e).__name__}: {e}'
 
 
 class MismatchError(RuntimeError):
@@ -592,7 +577,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     try:
       with checks.one_line(ValueError):  # the job's configuration
         job = configured(sys.argv[1:] if argv is None else argv)
-      with checks.one_line(*REFUSED_AS_IT_RUNS):
+      with checks.one_line(*checks.REFUSED):  # found as it runs
         return _run(*job)
     except (run_folder.RunFolderError, output_cache.OutputCacheError) as e:
       raise SystemExit(f'error: {e.message}') from None

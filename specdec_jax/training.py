@@ -872,7 +872,7 @@ def main(argv: Optional[Sequence[str]] = None,
                             'gin_configs/train/en_de_mini_small.gin')
   bar = None if args.no_progress else _ProgressBar()
   try:
-    with checks.one_line(checks.InputError):  # its arguments, its task
+    with checks.one_line(*checks.REFUSED):  # its arguments, task, data
       summary = run(config_str=gin.config_str(), progress=bar)
   finally:
     if bar is not None:

@@ -364,14 +364,14 @@ def test_the_command_says_a_configuration_error_in_one_line(
 def test_a_failure_keeps_the_traceback_of_a_fault_only(capsys):
   """A caller that goes on after a job fails (a sweep's next cell) gets
   its one line; a fault of the code also prints its traceback, a refused
-  value (`REFUSED_AS_IT_RUNS`) none."""
+  value or a missing file (`checks.REFUSED`) none."""
   for error, traced in ((ValueError('a fault'), True),
                         (checks.InputError('Unknown task'), False),
                         (FileNotFoundError('no checkpoint'), False)):
     try:
       raise error
     except Exception as e:  # pylint: disable=broad-except
-      line = eval_lib.failure(e)
+      line = checks.failure(e)
     assert line == f'{type(error).__name__}: {error}'
     assert ('Traceback' in capsys.readouterr().err) == traced, error
 

@@ -10,6 +10,7 @@ the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 import json
 import pathlib
 import runpy
+import sys
 
 import numpy as np
 import pytest
@@ -121,6 +122,24 @@ def test_a_bad_count_or_rate_is_the_parsers_error(script, flag, message,
     namespace['parse_flags'](where + [flag])
   assert e.value.code == 2
   assert f'error: argument {message}' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
+def test_a_checkpoint_not_found_ends_the_command_in_one_line(
+    script, tmp_path, monkeypatch, capsys):
+  """A checkpoint, data or value the script's job refuses as it loads is
+  its one line (`checks.REFUSED`, the scripts' `__main__`), not a
+  traceback."""
+  monkeypatch.setattr(sys, 'argv', [
+      script, '--target', str(tmp_path / 'checkpoint_1'), '--target_config',
+      't5_1_1_small', '--arrays', str(tmp_path), '--out_dir',
+      str(tmp_path / 'out')])
+  with pytest.raises(SystemExit) as e:
+    runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'),
+                   run_name='__main__')
+  assert str(e.value.code).startswith('error: '), e.value.code
+  assert 'checkpoint_1' in str(e.value.code)
+  assert 'Traceback' not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import network
 from specdec_jax.checkpoints import _storage
 from specdec_jax.checkpoints import manifest
@@ -60,7 +61,7 @@ _STEP_DIR = re.compile(r'^checkpoint_(\d+)$')
 _NOTED_UNVERIFIED: Set[str] = set()  # Logged once per checkpoint.
 
 
-class CheckpointError(ValueError):
+class CheckpointError(checks.InputError):
   """A checkpoint exists but cannot be read (corrupt, truncated, incomplete)."""
 
 

@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None):
         num_partitions=args.num_partitions, global_mesh=args.global_mesh,
         shard_drafter=args.shard_drafter)
     sweep.plan(spec, sweep.options_of(spec, options))
-  with checks.one_line(sweep.CellsFailed, *eval_lib.REFUSED_AS_IT_RUNS):
+  with checks.one_line(sweep.CellsFailed, *checks.REFUSED):
     return sweep.run(spec, options, profile=profile, command=command,
                      out=args.out)
 

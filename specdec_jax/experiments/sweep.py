@@ -465,7 +465,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       except Exception as e:  # pylint: disable=broad-except
         # Recorded with its error; the other cells still run (a rerun
         # resumes what the cells finished: the job wrote it).
-        error = eval_lib.failure(e)
+        error = checks.failure(e)
         result['failed'] += [{'cell': cell.name, **cell.fields(),
                               'error': error} for cell in group]
         print(f"{', '.join(c.name for c in group)} failed: {error}", flush=True)

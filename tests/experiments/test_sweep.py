@@ -372,7 +372,7 @@ def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
   results name it with its error, and the run ends with CellsFailed; the
   results are written (here at a gs:// address, copied up as the run
   fails). A refused value is said in its line, with no traceback (a fault
-  of the code has one: `eval.failure`); the command ends in one line."""
+  of the code has one: `checks.failure`); the command ends in one line."""
   spec = sweep.Spec(
       name='broken', title='broken', about='Cells that cannot run.',
       columns=(('task', 'task'),),
