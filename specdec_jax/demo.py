@@ -90,9 +90,9 @@ def main_job(tasks=task_table.names(), num_examples=16,
           f'--gin_file={TASK_GIN[task]} --gin.NUM_EXAMPLES={num_examples} '
           f'--gin.EVAL_OUTPUT_DIR="\'{out_dir}\'"', flush=True)
     summary = eval_lib.cli([f'--gin_file={TASK_GIN[task]}',
-                             f'--gin.NUM_EXAMPLES={num_examples}',
-                             f'--gin.EVAL_OUTPUT_DIR=\'{out_dir}\''] +
-                            list(extra_gin))
+                            f'--gin.NUM_EXAMPLES={num_examples}',
+                            f'--gin.EVAL_OUTPUT_DIR=\'{out_dir}\''] +
+                           list(extra_gin))
     with open(os.path.join(out_dir, 'examples.jsonl')) as f:
       rows = [json.loads(line) for line in f if line.strip()]
     for row in rows[:show]:
