@@ -96,7 +96,7 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
   """
   shape = tuple(np.shape(tokens))
   if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-    raise ValueError(
+    raise checks.InputError(
         f'{name} must be [batch, length] with batch, length >= 1; got shape '
         f'{shape}.'
     )
@@ -111,7 +111,7 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
   values = np.asarray(tokens)
   low, high = values.min(), values.max()
   if low < 0 or high >= vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'{name} must be token ids in [0, vocab_size={vocab_size}); got '
         f'ids from {low} to {high}.'
     )
@@ -137,12 +137,13 @@ def check_common_args(model, encoder_input_tokens, max_decode_len,
       the token ids.
   """
   if not isinstance(sampling, SamplingConfig):
-    raise ValueError(f'sampling must be a SamplingConfig, got {sampling!r}.')
+    raise checks.InputError(
+        f'sampling must be a SamplingConfig, got {sampling!r}.')
   vocab_size = model.vocab_size
   sampling.check_vocab(vocab_size)
   checks.check_int('max_decode_len', max_decode_len)
   if not checks.is_int(eos_id) or not -1 <= eos_id < vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'eos_id must be an int in [0, vocab_size={vocab_size}) (or -1: no '
         f'EOS), got {eos_id!r}.'
     )
@@ -165,7 +166,7 @@ def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
   if rng is not None:
     return rng
   if not sampling.greedy:
-    raise ValueError('rng is required when temperature > 0.')
+    raise checks.InputError('rng is required when temperature > 0.')
   return jax.random.key(0)
 
 
@@ -290,7 +291,7 @@ def temperature_sample(
                     eos_id)
   if max_decode_steps is not None and not 1 <= max_decode_steps <= (
       max_decode_len):
-    raise ValueError(
+    raise checks.InputError(
         f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
         f'got {max_decode_steps!r}.'
     )

@@ -434,9 +434,10 @@ def decodes_merged(drafter, merged: Optional[bool] = None) -> bool:
   if merged is None:
     return is_merged
   if merged and not is_merged:
-    raise ValueError(f'merged=True needs a drafter whose drafting rides on '
-                     f'the verification call (interfaces.MergedDrafter), '
-                     f'got {type(drafter).__name__}.')
+    raise checks.InputError(
+        'merged=True needs a drafter whose drafting rides on the '
+        'verification call (interfaces.MergedDrafter), got '
+        f'{type(drafter).__name__}.')
   return bool(merged)
 
 
@@ -503,14 +504,15 @@ def speculative_sample(
   check_drafter_gamma(drafter, gamma, use_merged)
   try:
     drafter.check_params(draft_params)
-  except (TypeError, ValueError) as e:
-    raise type(e)(f'draft_params do not fit the {type(drafter).__name__}: '
-                  f'{e}') from e
+  except (TypeError, ValueError) as e:  # refused input, named as such
+    error = TypeError if isinstance(e, TypeError) else checks.InputError
+    raise error(f'draft_params do not fit the {type(drafter).__name__}: '
+                f'{e}') from e
   if draft_input_tokens is not None:
     batch = decoding.check_token_ids('draft_input_tokens', draft_input_tokens,
                                      drafter.vocab_size)[0]
     if batch != np.shape(encoder_input_tokens)[0]:
-      raise ValueError(
+      raise checks.InputError(
           f'draft_input_tokens has {batch} rows, encoder_input_tokens '
           f'{np.shape(encoder_input_tokens)[0]}: the drafter drafts for the '
           'same rows.')

@@ -145,10 +145,11 @@ def bucket_sizes(batch: int, refill_sizes=None, multiple: int = 1
         max(batch // multiple - 1, 1).bit_length())]
   bad = [x for x in refill_sizes if not checks.is_int(x) or x < 1]
   if bad:
-    raise ValueError(f'refill_sizes must be ints >= 1, got {refill_sizes!r}.')
+    raise checks.InputError(
+        f'refill_sizes must be ints >= 1, got {refill_sizes!r}.')
   bad = [int(x) for x in refill_sizes if x % multiple]
   if bad:
-    raise ValueError(
+    raise checks.InputError(
         f'refill_sizes {bad} do not divide into the {multiple} parts the '
         "target's mesh splits every batch into (its 'batch' axis): choose "
         f'multiples of {multiple}.')
