@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
@@ -133,13 +134,14 @@ def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
     A params dict for `NgramDrafter(vocab_size, order)`.
   """
   if not 0 < smoothing <= 1:
-    raise ValueError(f'smoothing must be in (0, 1], got {smoothing}.')
+    raise checks.InputError(f'smoothing must be in (0, 1], got {smoothing}.')
   counts = np.ones(vocab_size, np.float64)
   pairs = {}
   for seq in sequences:
     seq = [int(t) for t in seq]
     if any(not 0 <= t < vocab_size for t in seq):
-      raise ValueError(f'token id outside [0, {vocab_size}) in {seq[:10]}...')
+      raise checks.InputError(
+          f'token id outside [0, {vocab_size}) in {seq[:10]}...')
     np.add.at(counts, seq, 1)
     for a, b in zip([bos_id] + seq[:-1], seq):
       pairs.setdefault(a, {}).setdefault(b, 0)
@@ -179,8 +181,9 @@ def build(order: int, source: registry.DraftSource):
   """An `NgramDrafter` estimated from `source.train_targets`."""
   name = {1: 'unigram', 2: 'bigram'}[order]
   if source.train_targets is None:
-    raise ValueError(f'drafter kind {name!r} is estimated from the task\'s '
-                     'train targets; the source has no train_targets.')
+    raise checks.InputError(
+        f'drafter kind {name!r} is estimated from the task\'s train '
+        'targets; the source has no train_targets.')
   params = ngram_params(list(source.train_targets()), source.vocab_size,
                         order)
   return NgramDrafter(source.vocab_size, order), params

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import checkpoints
 from specdec_jax import network
 from specdec_jax import partitioning
@@ -54,8 +55,9 @@ class T5Drafter:
 
   def __post_init__(self):
     if not 0.0 <= self.confidence < 1.0:
-      raise ValueError('T5Drafter confidence (adaptive draft length) must be '
-                       f'in [0, 1), got {self.confidence!r}.')
+      raise checks.InputError(
+          'T5Drafter confidence (adaptive draft length) must be in [0, 1), '
+          f'got {self.confidence!r}.')
 
   @property
   def vocab_size(self) -> int:
@@ -241,18 +243,19 @@ def check_model_params(model, params) -> None:
   problems += [f'{k}: shape {got[k]}, want {want[k]}' for k in got
                if k in want and got[k] != want[k]]
   if problems:
-    raise ValueError(f'{len(problems)} parameters differ from the model '
-                     f'({model!r}): ' + '; '.join(problems[:6]))
+    raise checks.InputError(
+        f'{len(problems)} parameters differ from the model ({model!r}): '
+        + '; '.join(problems[:6]))
 
 
 def build(source: registry.DraftSource, kind: str = 't5'):
   """A `T5Drafter` of `source.draft_model` (with `source.confidence`)."""
   if source.draft_model is None or source.draft_params is None:
-    raise ValueError(f'drafter kind {kind!r} needs a draft model and its '
-                     'params (DRAFT_MODEL / DRAFT_CHECKPOINT); got '
-                     f'draft_model='
-                     f'{source.draft_model!r}, draft_params '
-                     f'{"None" if source.draft_params is None else "given"}.')
+    given = 'None' if source.draft_params is None else 'given'
+    raise checks.InputError(
+        f'drafter kind {kind!r} needs a draft model and its params '
+        '(DRAFT_MODEL / DRAFT_CHECKPOINT); got draft_model='
+        f'{source.draft_model!r}, draft_params {given}.')
   return (T5Drafter(source.draft_model, source.confidence),
           source.draft_params)
 
