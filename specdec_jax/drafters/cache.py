@@ -67,9 +67,9 @@ class CacheDrafter(LookupDrafter):
       t5.check_model_params(self.embedder, params['embedder'])
     c, d = np.shape(params['keys'])
     if d != self.embedder.config.emb_dim:
-      raise ValueError(f"cache keys have dim {d}; the embedder's emb_dim is "
-                       f'{self.embedder.config.emb_dim} (a cache built by '
-                       'another model).')
+      raise checks.InputError(
+          f"cache keys have dim {d}; the embedder's emb_dim is "
+          f'{self.embedder.config.emb_dim} (a cache built by another model).')
     if np.shape(params['outputs'])[0] != c or np.shape(
         params['valid']) != (c,):
       raise ValueError(f'cache arrays disagree: keys {np.shape(params["keys"])}'
@@ -109,8 +109,9 @@ class CacheDrafter(LookupDrafter):
 def open_cache(source: registry.DraftSource):
   """`source.output_cache`, or a new store seeded with its train pairs."""
   if source.target_model is None or source.target_params is None:
-    raise ValueError('an output cache embeds requests with the target: the '
-                     'source needs target_model and target_params.')
+    raise checks.InputError(
+        'an output cache embeds requests with the target: the source needs '
+        'target_model and target_params.')
   if source.output_cache is not None:
     return source.output_cache
   store = output_cache.OutputCache.for_model(

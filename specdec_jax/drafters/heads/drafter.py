@@ -23,6 +23,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
@@ -132,7 +133,7 @@ class HeadTreeDrafter(HeadDrafter):
   def __post_init__(self):
     super().__post_init__()
     if self.shape.max_children > self.model.vocab_size:
-      raise ValueError(
+      raise checks.InputError(
           f'tree {self.shape.spec!r} gives a node {self.shape.max_children} '
           f'children; the vocabulary has {self.model.vocab_size} tokens.')
 
@@ -166,8 +167,9 @@ def head_params(target_params, params):
 def _target_and_head(source: registry.DraftSource, kind: str):
   """(target model, HeadConfig, drafter params) of the kind `kind`."""
   if source.target_model is None or source.target_params is None:
-    raise ValueError(f"drafter kind '{kind}' drafts with the target itself; "
-                     'the source has no target_model / target_params.')
+    raise checks.InputError(
+        f"drafter kind '{kind}' drafts with the target itself; the source "
+        'has no target_model / target_params.')
   model = source.target_model
   params = source.draft_params
   if isinstance(params, dict) and KEY in params:

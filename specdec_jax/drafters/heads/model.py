@@ -126,10 +126,10 @@ def check_head(head_params, config: network.T5Config, head: HeadConfig,
   try:
     got = jax.tree_util.tree_map(lambda x: tuple(np.shape(x)), head_params)
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'{source}: not a params tree ({e}).') from e
+    raise checks.InputError(f'{source}: not a params tree ({e}).') from e
   want = _shapes(config, head)
   if got != want:
-    raise ValueError(
+    raise checks.InputError(
         f'{source} do not fit this target and head config {head}: expected '
         f'{want}, got {got} (a head trained for another target, emb_dim '
         f'{config.emb_dim}, heads {config.num_heads} x {config.head_dim}?).')
@@ -161,17 +161,18 @@ def load_head(path: str, config: network.T5Config
       path.rstrip('/')).startswith('checkpoint_'):
     latest = checkpoints.latest_checkpoint(path)
     if latest is None:
-      raise ValueError(f'No checkpoint_<step> in {path} (a draft head dir '
-                       'written by scripts/train_heads.py?).')
+      raise checks.InputError(
+          f'No checkpoint_<step> in {path} (a draft head dir written by '
+          'scripts/train_heads.py?).')
     path = latest
   meta_path = os.path.join(path, CONFIG_FILE)
   if not checkpoints.isfile(meta_path):
-    raise ValueError(f'{path} has no {CONFIG_FILE}: not a draft head '
-                     'checkpoint (scripts/train_heads.py writes them).')
+    raise checks.InputError(f'{path} has no {CONFIG_FILE}: not a draft head '
+                            'checkpoint (scripts/train_heads.py writes them).')
   try:
     head = HeadConfig(**json.loads(checkpoints.read_bytes(meta_path)))
   except (TypeError, ValueError) as e:
-    raise ValueError(f'{meta_path}: not a head config ({e}).') from e
+    raise checks.InputError(f'{meta_path}: not a head config ({e}).') from e
   params = checkpoints.load_t5x_params(path, dtype=jnp.float32)
   check_head(params, config, head, f'draft head checkpoint {path}')
   return params, head
