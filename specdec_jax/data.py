@@ -95,7 +95,8 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
   out = np.zeros((len(rows), length), np.int32)
   for i, ids in enumerate(rows):
     if len(ids) > length:
-      raise ValueError(f'Row {i} has {len(ids)} tokens, more than {length}.')
+      raise checks.InputError(
+          f'Row {i} has {len(ids)} tokens, more than {length}.')
     out[i, :len(ids)] = ids
   return out
 
@@ -111,7 +112,7 @@ def batches(rows: np.ndarray, batch_size: int, fill: str = 'first'
   real rows' outputs matter).
   """
   if fill not in ('first', 'eos'):
-    raise ValueError(f"fill must be 'first' or 'eos', got {fill!r}.")
+    raise checks.InputError(f"fill must be 'first' or 'eos', got {fill!r}.")
   rows = np.asarray(rows)
   for start in range(0, len(rows), batch_size):
     n = min(batch_size, len(rows) - start)

@@ -213,7 +213,7 @@ def config(name: str, dtype: Any = 'float32'):
   """The `network.T5Config` of a shipped model (models.json checked)."""
   models = index()['models']
   if name not in models:
-    raise ValueError(f'No shipped model {name!r}; {_known()}.')
+    raise checks.InputError(f'No shipped model {name!r}; {_known()}.')
   try:
     return t5_config(models[name]['config'], dtype)
   except (KeyError, TypeError, ValueError) as e:

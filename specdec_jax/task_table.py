@@ -97,8 +97,8 @@ TASKS: Dict[str, TaskEntry] = {
 
 def check_model_set(models: str) -> None:
   if models not in MODEL_SETS:
-    raise ValueError(f'Unknown model set {models!r}; expected one of '
-                     f'{list(MODEL_SETS)}.')
+    raise checks.InputError(f'Unknown model set {models!r}; expected one of '
+                            f'{list(MODEL_SETS)}.')
 
 
 def files_of(models: str) -> str:

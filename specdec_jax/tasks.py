@@ -418,8 +418,8 @@ class ArrayTask:
 
   def __init__(self, name: str, data_dir: str):
     if name not in DEBIAN_FORMATS:
-      raise ValueError(f'No array task {name!r}; Debian tasks: '
-                       + ', '.join(DEBIAN_FORMATS))
+      raise checks.InputError(f'No array task {name!r}; Debian tasks: '
+                              + ', '.join(DEBIAN_FORMATS))
     self.name = name
     self.data_dir = data_dir
     vocab = PlainVocabulary(os.path.join(data_dir, DEBIAN_VOCAB_FILE),
@@ -459,7 +459,7 @@ class ArrayTask:
       stored = {key: f[key] for key in ('inputs', 'targets')}
     for key, rows in stored.items():
       if len(rows) != len(texts):
-        raise ValueError(
+        raise checks.InputError(
             f'{path} holds {len(rows)} rows of {key} but '
             f'{split_path(self.data_dir, self.name, split)} '
             f'holds {len(texts)} records.')

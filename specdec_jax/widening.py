@@ -199,7 +199,7 @@ class _Widener:
   @staticmethod
   def _expect(x: Array, shape: Tuple[int, ...], name: str) -> None:
     if tuple(x.shape) != tuple(shape):
-      raise ValueError(
+      raise checks.InputError(
           f'{name}: expected shape {tuple(shape)} from config, got '
           f'{tuple(x.shape)}.')
 
@@ -308,7 +308,7 @@ class _Widener:
       attns = ('self_attention', 'encoder_decoder_attention')
     missing = [i for i in range(n_old) if f'layers_{i}' not in p]
     if missing or f'layers_{n_old}' in p:
-      raise ValueError(
+      raise checks.InputError(
           f'{stack}: params do not have the {n_old} layers of the config.')
     name = f'{stack}/relpos_bias/rel_embedding'
     tree = {'relpos_bias': {
@@ -375,7 +375,7 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   """
   args = statics(config, new_config, noise)
   if not noise >= 0:
-    raise ValueError(f'noise must be >= 0, got {noise!r}.')
+    raise checks.InputError(f'noise must be >= 0, got {noise!r}.')
   if rng is None:
     rng = jax.random.key(0)
   if shardings is None:

@@ -201,3 +201,34 @@ def test_the_engine_stays_within_its_sizes():
   over = {name: n for name, n in lengths.items()
           if n > FUNCTION_LIMITS.get(name, FUNCTION_LIMITS['*'])}
   assert over == {}
+
+
+# The modules that check what a job is given and what the decoders are
+# called with: each refusal there is a `checks.InputError`.
+INPUT_CHECKERS = ('checks', 'sampling', 'loading', 'task_table', 'data',
+                  'decoding', 'speculative', 'widening', 'shipped')
+
+
+def _raises(module: str):
+  """{'ValueError': [line, ...], 'InputError': [...]} of `module`'s
+  `raise X(...)` statements (`X` a name or an attribute: checks.X)."""
+  found = {}
+  tree = ast.parse((ROOT / 'specdec_jax' / f'{module}.py').read_text())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+      func = node.exc.func
+      name = func.id if isinstance(func, ast.Name) else getattr(
+          func, 'attr', '')
+      found.setdefault(name, []).append(node.lineno)
+  return found
+
+
+def test_a_refusal_of_input_is_an_input_error():
+  """Where a job's input and the decoders' arguments are checked, no plain
+  ValueError is raised: a refusal is a `checks.InputError`, which every
+  command says in one line (`checks.REFUSED`), where a ValueError would be
+  taken for a fault of the code and end in a traceback."""
+  raises = {module: _raises(module) for module in INPUT_CHECKERS}
+  assert {m: r['ValueError'] for m, r in raises.items()
+          if 'ValueError' in r} == {}
+  assert len(raises['loading']['InputError']) >= 10  # the scan finds them
