@@ -52,6 +52,7 @@ from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
                     Tuple, Union)
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import run_folder
 
 # A folder a job writes, or a path in it: local, or a gs:// address.
@@ -75,12 +76,12 @@ def join(folder: Folder, *names: str) -> Folder:
 
 
 def check_folder(name: str, path) -> None:
-  """Raises ValueError when `path`, a folder a job writes into, is neither
+  """Raises InputError when `path`, a folder a job writes into, is neither
   local nor a gs:// address (kept here): `pathlib` would write 's3://b/x'
   to a local folder 's3:/b/x'."""
   text = os.fspath(path)
   if '://' in text and not is_bucket(text):
-    raise ValueError(
+    raise checks.InputError(
         f'{name} {text!r} is neither a local folder nor a gs:// address: a '
         'job writes its folder with file operations (renames, appends) '
         'that object stores lack, and keeps one at a gs:// address in a '
@@ -95,12 +96,12 @@ def _is_records(name: str) -> bool:
 
 
 def check_interval(every_s) -> None:
-  """Raises ValueError unless `every_s` (`evaluate.sync_every_s`) is a
+  """Raises InputError unless `every_s` (`evaluate.sync_every_s`) is a
   number of seconds >= 0."""
   if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or (
       not every_s >= 0):
-    raise ValueError(f'sync_every_s must be a number of seconds >= 0, got '
-                     f'{every_s!r}.')
+    raise checks.InputError(
+        f'sync_every_s must be a number of seconds >= 0, got {every_s!r}.')
 
 
 def _stamp(path: pathlib.Path) -> Tuple[int, int]:

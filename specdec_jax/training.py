@@ -134,7 +134,8 @@ def learning_rate_fn(learning_rate: float, schedule: str = 'rsqrt',
     return lambda step: jnp.asarray(learning_rate, jnp.float32)
   if schedule == 'rsqrt':
     if warmup_steps < 1:
-      raise ValueError(f'warmup_steps must be >= 1, got {warmup_steps}.')
+      raise checks.InputError(
+          f'warmup_steps must be >= 1, got {warmup_steps}.')
 
     def rsqrt(step):
       step = jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps)
@@ -142,7 +143,8 @@ def learning_rate_fn(learning_rate: float, schedule: str = 'rsqrt',
           warmup_steps / step)
 
     return rsqrt
-  raise ValueError(f'schedule must be one of {SCHEDULES}, got {schedule!r}.')
+  raise checks.InputError(
+      f'schedule must be one of {SCHEDULES}, got {schedule!r}.')
 
 
 def make_optimizer(learning_rate: Any) -> optax.GradientTransformation:
@@ -276,12 +278,12 @@ def make_train_step(model: network.T5Model, learning_rate: float,
   lr_fn = learning_rate_fn(learning_rate, schedule, warmup_steps)
   distilling = kd_loss != 'none'
   if kd_loss not in distill.KD_LOSSES:
-    raise ValueError(f'kd_loss must be one of {distill.KD_LOSSES}, got '
-                     f'{kd_loss!r}.')
+    raise checks.InputError(f'kd_loss must be one of {distill.KD_LOSSES}, got '
+                            f'{kd_loss!r}.')
   if distilling and teacher is None:
-    raise ValueError(f'kd_loss={kd_loss!r} needs a teacher model.')
+    raise checks.InputError(f'kd_loss={kd_loss!r} needs a teacher model.')
   if not 0.0 <= kd_weight <= 1.0:
-    raise ValueError(f'kd_weight must be in [0, 1], got {kd_weight}.')
+    raise checks.InputError(f'kd_weight must be in [0, 1], got {kd_weight}.')
 
   def loss_fn(params, batch, teacher_params):
     if not distilling:
@@ -383,9 +385,10 @@ def _remove_cut_short_save(model_dir: str) -> None:
   try:
     step = int(json.loads(checkpoints.read_bytes(saving))['step'])
   except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f'{saving} is damaged ({type(e).__name__}); it names '
-                     'the checkpoint a save left unfinished: delete that '
-                     'checkpoint and this file.') from None
+    raise checks.InputError(
+        f'{saving} is damaged ({type(e).__name__}); it names the checkpoint '
+        'a save left unfinished: delete that checkpoint and this file.'
+    ) from None
   cut_short = os.path.join(model_dir, f'checkpoint_{step}')
   if os.path.isdir(cut_short):
     logging.warning('%s was left unfinished by a save cut short: removed; '
@@ -412,7 +415,7 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
   path = path.rstrip('/')
   step = checkpoints.step_of(path)
   if step is None:
-    raise ValueError(f'{path} is not a checkpoint_<step> folder.')
+    raise checks.InputError(f'{path} is not a checkpoint_<step> folder.')
   params = checkpoints.load_t5x_params(path, config=model.config,
                                        dtype=jnp.float32)
   opt_state = make_optimizer(0.0).init(params)
@@ -437,38 +440,30 @@ def read_log(path: str) -> List[Dict[str, Any]]:
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-class ConfigError(checks.InputError):
-  """An argument `train` refuses before it loads or trains anything (the
-  job's command line says it in one line)."""
-
-
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                 periods, model_dir, rate, teacher):
-  """`train`'s arguments, refused (`ConfigError`) before anything loads;
-  `rate`: `learning_rate_fn`'s, `teacher`: `_check_teacher_args`'."""
-  try:
-    bucket_folder.check_folder('model_dir', model_dir)
-    if not isinstance(model_config, network.T5Config):
-      raise ValueError(f'MODEL must be a T5Config, got {model_config!r}.')
-    if set(task_feature_lengths) < {'inputs', 'targets'}:
-      raise ValueError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
-                       f'got {dict(task_feature_lengths)}.')
-    checks.check_ints(train_steps=train_steps, batch_size=batch_size,
-                      **periods)
-    learning_rate_fn(*rate)  # validates
-    _check_teacher_args(*teacher)
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
+  """`train`'s arguments, refused (`checks.InputError`) before anything
+  loads; `rate`: `learning_rate_fn`'s, `teacher`: `_check_teacher_args`'."""
+  bucket_folder.check_folder('model_dir', model_dir)
+  if not isinstance(model_config, network.T5Config):
+    raise checks.InputError(f'MODEL must be a T5Config, got {model_config!r}.')
+  if set(task_feature_lengths) < {'inputs', 'targets'}:
+    raise checks.InputError('TASK_FEATURE_LENGTHS needs "inputs" and '
+                            f'"targets", got {dict(task_feature_lengths)}.')
+  checks.check_ints(train_steps=train_steps, batch_size=batch_size, **periods)
+  learning_rate_fn(*rate)  # validates
+  _check_teacher_args(*teacher)
 
 
 def _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss):
   """A teacher comes with its checkpoint, and a KD loss needs a teacher."""
   if (teacher_config is None) != (teacher_checkpoint is None):
-    raise ValueError('teacher_config and teacher_checkpoint go together; got '
-                     f'{teacher_config!r} and {teacher_checkpoint!r}.')
+    raise checks.InputError(
+        'teacher_config and teacher_checkpoint go together; got '
+        f'{teacher_config!r} and {teacher_checkpoint!r}.')
   if kd_loss != 'none' and teacher_config is None:
-    raise ValueError(f'kd_loss={kd_loss!r} needs teacher_config and '
-                     'teacher_checkpoint.')
+    raise checks.InputError(f'kd_loss={kd_loss!r} needs teacher_config and '
+                            'teacher_checkpoint.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -528,7 +523,7 @@ def _open_data(model_config: network.T5Config, mixture_or_task_name: str,
         'targets'].vocabulary.vocab_size
     source = f'Task {mixture_or_task_name}'
   if vocab_size > model_config.vocab_size:
-    raise ValueError(
+    raise checks.InputError(
         f'{source} has a vocabulary of {vocab_size} tokens but MODEL has '
         f'vocab_size {model_config.vocab_size}.')
   lengths = dict(task_feature_lengths)
@@ -570,8 +565,8 @@ def _initial_state(model: network.T5Model, model_config: network.T5Config,
   latest = checkpoints.latest_checkpoint(model_dir)
   if latest is None and init_from_teacher:
     if teacher_config is None:
-      raise ValueError('init_from_teacher needs teacher_config and '
-                       'teacher_checkpoint.')
+      raise checks.InputError('init_from_teacher needs teacher_config and '
+                              'teacher_checkpoint.')
     params = distill.init_from_teacher(teacher_params, teacher_config,
                                        model_config)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,

@@ -206,7 +206,8 @@ def test_the_engine_stays_within_its_sizes():
 # The modules that check what a job is given and what the decoders are
 # called with: each refusal there is a `checks.InputError`.
 INPUT_CHECKERS = ('checks', 'sampling', 'loading', 'task_table', 'data',
-                  'decoding', 'speculative', 'widening', 'shipped')
+                  'decoding', 'speculative', 'widening', 'shipped',
+                  'bucket_folder')
 
 
 def _raises(module: str):
