@@ -344,8 +344,7 @@ def test_the_command_says_a_configuration_error_in_one_line(
         "'/nonexistent/checkpoint_1'")))
   assert str(e.value.code).startswith(
       'error: target checkpoint not found: /nonexistent/checkpoint_1')
-  assert json.loads((tmp_path / 'missing' / 'summary.json').read_text())[
-      'status'].startswith('failed')  # the summary says why
+  assert _status(tmp_path / 'missing').startswith('failed')  # says why
   with pytest.raises(SystemExit) as e:  # found as it reads the data
     eval_lib.cli(args(tmp_path / 'long', TASK_FEATURE_LENGTHS=(
         "{'inputs': 4, 'targets': 12}")))
