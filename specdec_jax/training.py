@@ -477,24 +477,39 @@ class _Data:
   array_dir: Optional[str] = None
   train_arrays: Optional[arrays.Arrays] = None
 
-  def batches(self, batch_size: int, seed: int, start: int,
-              eval_examples: Optional[int]
-              ) -> tuple[List[Batch], Iterator[Batch]]:
-    """The validation batches (none if `eval_examples` is 0) and the train
-    batches from step `start + 1` on."""
+  def eval_batches(self, batch_size: int, eval_examples: Optional[int]
+                   ) -> List[Batch]:
+    """The validation batches: the first `eval_examples` (None: all) of
+    the validation split, none if `eval_examples` is 0.
+
+    Raises:
+      InputError: `eval_examples` is not 0 and the split has no example.
+    """
+    if eval_examples == 0:
+      return []
     if self.array_dir is not None:
-      eval_data = [] if eval_examples == 0 else arrays.array_eval_batches(
+      found = arrays.array_eval_batches(
           _fit(arrays.load(self.array_dir, 'validation'), self.lengths),
           batch_size, eval_examples)
-      batches = arrays.array_train_batches(self.train_arrays, batch_size,
-                                           seed, start_step=start)
+      where = f'The array data set {self.array_dir}'
     else:
-      eval_data = (data.task_eval_batches(self.name, self.lengths,
-                                          batch_size, eval_examples)
-                   if eval_examples != 0 else [])
-      batches = data.task_train_batches(self.name, self.lengths, batch_size,
-                                        seed, start_step=start)
-    return eval_data, batches
+      found = data.task_eval_batches(self.name, self.lengths, batch_size,
+                                     eval_examples)
+      where = f'Task {self.name}'
+    if not found:
+      raise checks.InputError(
+          f'{where} has no validation example to evaluate: set '
+          'train.eval_examples = 0 to train without validation.')
+    return found
+
+  def batches(self, batch_size: int, seed: int, start: int
+              ) -> Iterator[Batch]:
+    """The train batches from step `start + 1` on."""
+    if self.array_dir is not None:
+      return arrays.array_train_batches(self.train_arrays, batch_size, seed,
+                                        start_step=start)
+    return data.task_train_batches(self.name, self.lengths, batch_size, seed,
+                                   start_step=start)
 
 
 def _fit(examples: arrays.Arrays, lengths: Mapping[str, int]
@@ -786,6 +801,7 @@ def train(
               (teacher_config, teacher_checkpoint, kd_loss))
   examples = _open_data(model_config, mixture_or_task_name,
                         task_feature_lengths, data_dir, array_dir)
+  eval_data = examples.eval_batches(batch_size, eval_examples)
   teacher, teacher_params = _load_teacher(model_config, teacher_config,
                                           teacher_checkpoint)
   with bucket_folder.kept_here('model_dir', model_dir) as here:
@@ -797,8 +813,7 @@ def train(
     if out.start < train_steps:
       step_fn = _step_fn(model, teacher, teacher_params, learning_rate,
                          schedule, warmup_steps, z_loss, kd_loss, kd_weight)
-      eval_data, batches = examples.batches(batch_size, seed, out.start,
-                                            eval_examples)
+      batches = examples.batches(batch_size, seed, out.start)
       state = _run_steps(step_fn, state, batches, eval_data, model, out,
                          train_steps=train_steps, z_loss=z_loss,
                          max_seconds=max_seconds, progress=progress,

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import network
 from specdec_jax import training
@@ -332,6 +333,23 @@ def test_a_model_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
                      'local folder nor a gs:// address'):
     _train('s3://b/run', 1)
   assert not list(tmp_path.iterdir())
+
+
+def test_a_validation_split_without_examples_is_refused_before_training(
+    tmp_path):
+  """Asked to evaluate on a validation split that has no example, the job
+  says so before it makes its model dir, rather than train without the
+  validation records it was asked for."""
+  from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+  rows = np.arange(2, 50, dtype=np.int32).reshape(8, 6)
+  arrays.save(str(tmp_path / 'a' / 'train.npz'),
+              dict(inputs=rows, targets=rows))
+  arrays.save(str(tmp_path / 'a' / 'validation.npz'),
+              dict(inputs=rows[:0], targets=rows[:0]))
+  with pytest.raises(checks.InputError, match='has no validation example'
+                     '.*train.eval_examples = 0'):
+    _train(tmp_path / 'run', 1, array_dir=str(tmp_path / 'a'))
+  assert not (tmp_path / 'run').exists()
 
 
 def test_same_seed_same_params_other_seed_differs(debian_slice):
