@@ -90,14 +90,15 @@ def test_walkthrough_demonstrates_exactness_and_theory():
     plots += 1
   else:
     assert 'written by scripts/benchmark_costs.py' in text
-  # Section 4 plots results/retired/table2_mini.json (the record of the
-  # retired reproduce_table2 script), or says what wrote it.
-  if (results / 'retired' / 'table2_mini.json').exists():
-    assert 'predicted  measured' in text
+  # Section 4 plots the table2 spec's committed results (every swept
+  # cell, the chosen gamma marked), or says what writes them.
+  if (results / 'table2' / 'shipped.json').exists():
+    assert 'gamma  alpha  predicted  measured' in text
+    assert '<- chosen' in text
     plots += 1
   else:
-    assert ('table2_mini.json not found: it was written by the retired '
-            'reproduce_table2 script') in text
+    assert ('shipped.json not found: it is written by `python -m '
+            'specdec_jax.experiments run table2`') in text
   # Section 5: the shipped models on real text, exact.
   assert 'EXACT on real text: identical to the baseline' in text
   assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in text  # reference
