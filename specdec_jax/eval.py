@@ -219,7 +219,8 @@ class _Run:
     self.reused = len(done & self.wanted)
     if self.index == 0:
       print(summary_lib.start_line(self.shown, len(self.wanted),
-                                   self.reused), flush=True)
+                                   self.reused, self.setup.num_examples),
+            flush=True)
     if self.bucket is not None and not self.writes:
       self.bucket.pull(others=True)  # process 0's output cache, recovered
     if self.writes:

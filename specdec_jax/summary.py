@@ -193,16 +193,21 @@ def status(records, wanted: set, error: Optional[BaseException]) -> str:
   return 'complete'
 
 
-def start_line(out: pathlib.Path, wanted: int, reused: int) -> str:
-  """The job's first console line: what it decodes, what it reuses."""
+def start_line(out: pathlib.Path, wanted: int, reused: int,
+               asked: Optional[int] = None) -> str:
+  """The job's first console line: what it decodes, what it reuses, and
+  where the split holds fewer than the `asked` examples (`num_examples`)."""
+  short = ('' if asked is None or wanted >= asked else
+           f' (the split holds {wanted} of the {asked} examples asked for)')
   if not reused:
-    return f'decoding {wanted} example{"s" * (wanted != 1)} into {out}'
+    return (f'decoding {wanted} example{"s" * (wanted != 1)} into {out}'
+            + short)
   left = wanted - reused
   return (f'{reused} of {wanted} examples found in {out} (records of an '
           'earlier run with these settings): reusing them, '
           + (f'decoding the other {left}' if left else 'nothing to decode')
           + '; delete the folder or pass a fresh EVAL_OUTPUT_DIR to decode '
-          'them again')
+          'them again' + short)
 
 
 def write_started(out: pathlib.Path, wanted: int, reused: int) -> None:

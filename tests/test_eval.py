@@ -19,6 +19,7 @@ from specdec_jax import loading
 from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import speculative
+from specdec_jax import summary as summary_lib
 from specdec_jax import unit_loop
 
 DATA = pathlib.Path(__file__).resolve().parent / 'testdata' / 'debian'
@@ -130,6 +131,19 @@ def check_summary_is_the_records(out, num_examples):
                             f"{expected['alpha']:.3f}")
   assert cells['examples'] == str(len(records))
   return summary
+
+
+def test_the_first_line_says_when_the_split_holds_fewer_than_asked():
+  """NUM_EXAMPLES above the split's size decodes the whole split (as T5X
+  does), and the job's first line says how many it found of those asked."""
+  out = pathlib.Path('/runs/x')
+  short = '(the split holds 3 of the 5 examples asked for)'
+  assert summary_lib.start_line(out, 3, 0, 5) == (
+      f'decoding 3 examples into {out} {short}')
+  assert summary_lib.start_line(out, 3, 1, 5).endswith(short)
+  for asked in (3, None):  # all there, or the whole split asked for
+    assert 'split holds' not in summary_lib.start_line(out, 3, 0, asked)
+    assert 'split holds' not in summary_lib.start_line(out, 3, 1, asked)
 
 
 def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
