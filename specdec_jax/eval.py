@@ -33,7 +33,8 @@ that the bucket follows write by write, bucket_folder.py):
                    per token, metrics of both outputs, differing examples
                    (greedy) split into rounding near-ties and real mismatches
                    (diagnostics.py);
-  summary.md       the same as one markdown table row (with its header);
+  summary.md       the status, what was decoded with what, the figures as
+                   one markdown table row, the two decoders' times;
   config.gin       the operative gin config;
   run.json         the run's identity: every setting that can change a
                    record (`run_folder.identity`: every EvalSetup field but

@@ -66,8 +66,10 @@ def summarize(records, settings, choices=()) -> Dict[str, Any]:
   record, else None); alpha and the acceptance rate are None where no
   draft was verified (every record at gamma 0).
   """
+  said = {('configured_gamma' if k == 'gamma' else k): v
+          for k, v in settings.items()}
   if not records:
-    return {'examples': 0}
+    return {'examples': 0, **said}
   sum_ = lambda k: float(sum(r[k] for r in records))
   batch_times = {}  # per timed call: a batch, or streamed a chunk
   loads = {}  # per timed call: [other processes' CPU s, wall s]
@@ -125,8 +127,7 @@ def summarize(records, settings, choices=()) -> Dict[str, Any]:
     summary['undiagnosed'] = kinds.count(None)
   # The settings, but gamma: the configured one is `configured_gamma`
   # (run.json's), the decoded one is the records'.
-  summary.update({('configured_gamma' if k == 'gamma' else k): v
-                  for k, v in settings.items()})
+  summary.update(said)
   return summary
 
 
@@ -158,8 +159,8 @@ MARKDOWN_COLUMNS = (
 
 
 def markdown(summary, base_metrics, spec_metrics) -> str:
-  """summary.md: one table row of `MARKDOWN_COLUMNS` and both outputs'
-  metrics (None: '-')."""
+  """summary.md: the status, what was decoded and how, one table row of
+  `MARKDOWN_COLUMNS` and both outputs' metrics (None: '-'), the times."""
   cells = []
   for c in MARKDOWN_COLUMNS:
     v = summary.get(c)
@@ -172,9 +173,49 @@ def markdown(summary, base_metrics, spec_metrics) -> str:
   cells += [f'{base_metrics[m]:.2f}' for m in metric_names]
   cells += [f'{spec_metrics.get(m, float("nan")):.2f}' for m in metric_names]
   warning = summary.get('timing_warning')
-  return ('| ' + ' | '.join(header) + ' |\n|' + '---|' * len(header) +
-          '\n| ' + ' | '.join(cells) + ' |\n' +
+  return (f"**Status: {summary.get('status')}.**\n\n{_decoded(summary)}\n\n"
+          '| ' + ' | '.join(header) + ' |\n|' + '---|' * len(header) +
+          '\n| ' + ' | '.join(cells) + ' |\n' + _times(summary) +
           (f'\n**Warning: {warning}.**\n' if warning else ''))
+
+
+def _decoded(summary) -> str:
+  """What the job decoded, with what, and how, in a sentence or three."""
+  # A checkpoint of None: random weights (settings say it as 'None').
+  get = lambda k, *d: (None if summary.get(k, *d) == 'None' else
+                       summary.get(k, *d))
+  target = get('target_checkpoint') or 'random weights'
+  if get('target_widen_to'):
+    target += f" widened to {get('target_widen_to')}"
+  drafter = get('drafter')
+  if get('draft_checkpoint'):
+    drafter = f"{drafter}, {get('draft_checkpoint')}"
+  t = get('temperature')
+  sampling = ('greedy' if t == 0 else f'temperature {t:g}' if t is not None
+              else 'sampling -')
+  if get('topk'):
+    sampling += f", top-k {get('topk')}"
+  if get('topp') not in (None, 1.0):
+    sampling += f", top-p {get('topp'):g}"
+  return (f"{get('task')} ({get('split')} split): {get('examples')} "
+          f"examples. Target {target}; drafter {drafter}. Gamma "
+          f"{get('gamma_label', get('configured_gamma'))}; {sampling}; "
+          f"batch {get('batch_size')}, {get('batching', 'fixed')}.")
+
+
+def _times(summary) -> str:
+  """The line of the two decoders' timed seconds and tokens/s."""
+  get = summary.get
+  if get('baseline_s') is None or get('speculative_s') is None:
+    return ''
+  ratio = lambda v: '-' if v is None else f'{v:.2f}x'
+  rate = lambda v: '-' if v is None else f'{v:.1f}'
+  return (f"\nTimed side by side: baseline {get('baseline_s'):.3f} s "
+          f"({rate(get('baseline_tokens_per_s'))} tokens/s), speculative "
+          f"{get('speculative_s'):.3f} s "
+          f"({rate(get('speculative_tokens_per_s'))} tokens/s): "
+          f"{ratio(get('walltime_speedup'))} walltime, "
+          f"{ratio(get('throughput_speedup'))} tokens/s.\n")
 
 
 def status(records, wanted: set, error: Optional[BaseException]) -> str:

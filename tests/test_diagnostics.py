@@ -365,6 +365,8 @@ def test_eval_fails_on_a_real_mismatch(tmp_path, monkeypatch):
   summary = json.loads((out / 'summary.json').read_text())
   assert summary['mismatches'] >= 1
   assert summary['status'].startswith('failed')
+  assert (out / 'summary.md').read_text().startswith(
+      f"**Status: {summary['status']}.**")
   assert seen and set(seen) == {'float32'}
   run = json.loads((out / 'run.json').read_text())
   assert run['identity']['activation_dtype'] == 'float32'

@@ -116,7 +116,17 @@ def check_summary_is_the_records(out, num_examples):
   # The gamma column says what decoded: one gamma, or examples per gamma;
   # 0 is no speculation (with the speed-up its choice predicted, when the
   # choice is there); '-' where nothing was verified.
-  header, _, row, *warning = (out / 'summary.md').read_text().splitlines()
+  # summary.md: the status, what decoded, the row, the times, a warning.
+  status, _, decoded, _, header, _, row, _, times, *warning = (
+      out / 'summary.md').read_text().splitlines()
+  assert status == f"**Status: {summary['status']}.**"
+  assert decoded.startswith(f"{summary['task']} ({summary['split']} split):"
+                            f" {len(records)} examples. Target ")
+  assert f"drafter {summary['drafter']}" in decoded
+  assert f"Gamma {summary['gamma_label']}; " in decoded
+  assert times.startswith(f'Timed side by side: baseline {base_s:.3f} s ')
+  assert f'speculative {spec_s:.3f} s ' in times
+  assert f"{summary['walltime_speedup']:.2f}x walltime" in times
   # A job timed beside other work says so (the suite's workers may be).
   assert warning == ([] if summary['timing_warning'] is None else
                      ['', f"**Warning: {summary['timing_warning']}.**"])
@@ -197,7 +207,7 @@ def test_end_to_end_resume_and_extend(tmp_path, capsys, monkeypatch):
   assert 'bleu' in summary['baseline_metrics']
   assert json.loads((out / 'summary.json').read_text())['examples'] == 4
   assert 'GAMMA = 3' in (out / 'config.gin').read_text()
-  assert (out / 'summary.md').read_text().count('\n') == 3
+  assert (out / 'summary.md').read_text().count('\n|') == 3  # one row
   # The mode is recorded: 4 examples = one chunk of 2 batches, timed once.
   assert summary['batching'] == 'stream' and summary['stream_chunk'] == 2
   assert summary['timed_calls'] == 1 and summary['batches'] == 2
@@ -359,6 +369,13 @@ def test_the_command_says_a_configuration_error_in_one_line(
   assert str(e.value.code).startswith(
       'error: target checkpoint not found: /nonexistent/checkpoint_1')
   assert _status(tmp_path / 'missing').startswith('failed')  # says why
+  # Nothing decoded, and still what it was to decode, in both files.
+  failed = json.loads((tmp_path / 'missing' / 'summary.json').read_text())
+  assert failed['examples'] == 0 and failed['task'] == 'debian_desc_en_de'
+  assert failed['target_checkpoint'] == '/nonexistent/checkpoint_1'
+  assert (tmp_path / 'missing' / 'summary.md').read_text().startswith(
+      f"**Status: {failed['status']}.**\n\ndebian_desc_en_de (validation "
+      'split): 0 examples. Target /nonexistent/checkpoint_1; drafter t5.')
   with pytest.raises(SystemExit) as e:  # found as it reads the data
     eval_lib.cli(args(tmp_path / 'long', TASK_FEATURE_LENGTHS=(
         "{'inputs': 4, 'targets': 12}")))
