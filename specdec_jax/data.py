@@ -66,7 +66,7 @@ def task_examples(task, split: str, lengths: Mapping[str, int],
         raise checks.InputError(
             f'Example {i} of {task.name}/{split} has {len(ids)} input tokens, '
             f"more than TASK_FEATURE_LENGTHS['inputs'] = {max_in}. Raise the "
-            'length or set EvalSetup.truncate_inputs = True.')
+            'length or set DataSpec.truncate_inputs = True.')
       ids = ids[:max_in - 1] + [ids[-1]]
     text = lambda key: ex.get(key, b'').decode('utf-8') if isinstance(
         ex.get(key, b''), bytes) else str(ex.get(key, ''))

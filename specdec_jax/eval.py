@@ -210,7 +210,7 @@ class _Run:
                                       self.task),
         config_str, {i: run_folder.example_fingerprint(*e)
                      for i, *e in examples},
-        main_process=self.index == 0, num_examples=setup.num_examples,
+        main_process=self.index == 0, num_examples=setup.data.num_examples,
         if_settings_differ=if_settings_differ)
 
   def open(self) -> unit_loop.Lane:
@@ -220,7 +220,7 @@ class _Run:
     self.reused = len(done & self.wanted)
     if self.index == 0:
       print(summary_lib.start_line(self.shown, len(self.wanted),
-                                   self.reused, self.setup.num_examples),
+                                   self.reused, self.setup.data.num_examples),
             flush=True)
     if self.bucket is not None and not self.writes:
       self.bucket.pull(others=True)  # process 0's output cache, recovered
@@ -357,7 +357,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            for k in sorted(set(ours) | set(theirs))
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
-  examples = loading.read_examples(setup, task, setup.num_examples, cache)
+  examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
   # Process 0 claims, then the others read (its error is theirs too).
   folders = []
   try:

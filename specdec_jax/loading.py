@@ -2,8 +2,9 @@
 
 `EvalSetup` is the eval job's configuration (gin configures it, as T5X
 configures `DatasetConfig` / `RestoreCheckpointConfig`): the target, the
-task and how to decode, with the drafter grouped in a `DrafterSpec` and the
-batching in a `BatchSpec`. Building one checks everything that can
+task and how to decode, with what is decoded grouped in a `DataSpec` (T5X's
+`DatasetConfig`), the drafter in a `DrafterSpec` and the batching in a
+`BatchSpec`. Building one checks everything that can
 be checked without loading (gamma, sampling, vocabularies, the drafter kind,
 widening), so a bad configuration fails before any work. `build(setup)`
 loads it: the task, the target (checkpoint, then widening), the drafter (by
@@ -273,6 +274,47 @@ class BatchSpec:
     return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """What the job decodes: T5X's `DatasetConfig`, for an eval.
+
+  Gin binds the first four from MIXTURE_OR_TASK_NAME,
+  TASK_FEATURE_LENGTHS, SPLIT and NUM_EXAMPLES
+  (gin_configs/runs/eval.gin); the rest as e.g.
+  `--gin.DataSpec.truncate_inputs=True`.
+
+  Attributes:
+    mixture_or_task_name: a registered seqio task (see tasks.py); a Debian
+      task is read without seqio where data_dir stores its token ids.
+    task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
+      length.
+    split: the split to decode.
+    num_examples: first N examples of the split (None = all).
+    truncate_inputs: cut inputs longer than allowed instead of failing.
+    eos_id: end-of-sequence id.
+    data_dir: data folder of the offline Debian tasks (default:
+      $SPECDEC_DATA_DIR or ~/.cache/specdec_jax/debian; 'shipped' = the
+      shipped test slices, read without seqio: `tasks.array_task`).
+  """
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  split: str = 'validation'
+  num_examples: Optional[int] = None
+  truncate_inputs: bool = False
+  eos_id: int = 1
+  data_dir: Optional[str] = None
+
+  def __post_init__(self):
+    if set(self.task_feature_lengths) < {'inputs', 'targets'}:
+      raise checks.InputError(
+          'TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
+          f'{dict(self.task_feature_lengths)}.')
+    object.__setattr__(self, 'task_feature_lengths',
+                       dict(self.task_feature_lengths))
+    if self.num_examples is not None:
+      checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
+
+
 # The job's flat names of the groups' fields (gin macros, run.json, a
 # sweep cell's changes, a results row): name -> (group, field).
 GROUPED = {
@@ -286,6 +328,7 @@ GROUPED = {
     'max_gamma': ('batch', 'max_gamma'),
     'temperature': ('sampling', 'temperature'),
     'topk': ('sampling', 'topk'), 'topp': ('sampling', 'topp'),
+    **{f.name: ('data', f.name) for f in dataclasses.fields(DataSpec)},
 }
 # The `EvalSetup` fields that are groups.
 _GROUPS = frozenset(group for group, _ in GROUPED.values())
@@ -300,10 +343,7 @@ class EvalSetup:
     target_checkpoint: T5X checkpoint path (legacy or orbax, local or gs://),
       HF T5 folder, 'shipped:<name>' (the package's models), or None (random
       weights).
-    mixture_or_task_name: a registered seqio task (see tasks.py); a Debian
-      task is read without seqio where data_dir stores its token ids.
-    task_feature_lengths: {'inputs': N, 'targets': M}; M is the output
-      length.
+    data: the `DataSpec` (task, feature lengths, split, examples).
     gamma: drafts per iteration.
     draft: the `DrafterSpec` (kind, draft model, checkpoint, confidence,
       tree, output cache).
@@ -311,15 +351,8 @@ class EvalSetup:
       > 1).
     sampling: the `SamplingConfig` (temperature, 0 for greedy; topk, 0 =
       off; topp, 1.0 = off).
-    split: the split to decode.
-    num_examples: first N examples of the split (None = all).
     seed: PRNG seed (random weights: target seed, drafter seed + 1; and
       sampling).
-    truncate_inputs: cut inputs longer than allowed instead of failing.
-    eos_id: end-of-sequence id.
-    data_dir: data folder of the offline Debian tasks (default:
-      $SPECDEC_DATA_DIR or ~/.cache/specdec_jax/debian; 'shipped' = the
-      shipped test slices, read without seqio: `tasks.array_task`).
     target_widen_to: None, or a `widening.PRESETS` name (e.g.
       't5_1_1_base_cost') or a dict of dimensions: the loaded target is
       widened function-preservingly to that size before decoding (same
@@ -338,18 +371,12 @@ class EvalSetup:
 
   target_config: network.T5Config
   target_checkpoint: Optional[str]
-  mixture_or_task_name: str
-  task_feature_lengths: Mapping[str, int]
+  data: DataSpec
   gamma: int
   draft: DrafterSpec
   batch: BatchSpec = BatchSpec()
   sampling: SamplingConfig = SamplingConfig()
-  split: str = 'validation'
-  num_examples: Optional[int] = None
   seed: int = 0
-  truncate_inputs: bool = False
-  eos_id: int = 1
-  data_dir: Optional[str] = None
   target_widen_to: Optional[Union[str, Mapping[str, int]]] = None
   activation_dtype: Optional[str] = None
   same_shape_baseline: bool = False
@@ -357,13 +384,6 @@ class EvalSetup:
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
     speculative.check_gamma(self.gamma)
-    if set(self.task_feature_lengths) < {'inputs', 'targets'}:
-      raise checks.InputError(
-          'TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
-          f'{dict(self.task_feature_lengths)}.')
-    set_('task_feature_lengths', dict(self.task_feature_lengths))
-    if self.num_examples is not None:
-      checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
     if self.same_shape_baseline and self.batch.streamed:
       raise checks.InputError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "
@@ -459,16 +479,18 @@ class EvalSetup:
 
   def settings(self) -> Dict[str, Any]:
     """The run's identity, as run.json holds it (a rerun must match it)."""
-    draft, batch, sampling = self.draft, self.batch, self.sampling
+    draft, batch, sampling, dataset = (self.draft, self.batch,
+                                       self.sampling, self.data)
     settings = dict(
-        task=self.mixture_or_task_name, split=self.split, drafter=draft.kind,
-        gamma=self.gamma, temperature=float(sampling.temperature),
-        topk=sampling.topk, topp=float(sampling.topp), batch_size=batch.size,
-        num_examples=self.num_examples, seed=self.seed,
+        task=dataset.mixture_or_task_name, split=dataset.split,
+        drafter=draft.kind, gamma=self.gamma,
+        temperature=float(sampling.temperature), topk=sampling.topk,
+        topp=float(sampling.topp), batch_size=batch.size,
+        num_examples=dataset.num_examples, seed=self.seed,
         target_checkpoint=str(self.target_checkpoint),
         draft_checkpoint=str(draft.checkpoint),
         target_widen_to=self.target_widen_to,
-        task_feature_lengths=dict(self.task_feature_lengths))
+        task_feature_lengths=dict(dataset.task_feature_lengths))
     # Only when set, so that runs from before these options still resume.
     if self.activation_dtype is not None:
       settings['activation_dtype'] = self.activation_dtype
@@ -599,7 +621,7 @@ def _weights_key(checkpoint: Optional[str], seed: int) -> Tuple[Any, Any]:
 def _split_key(setup: EvalSetup, task) -> Tuple[Any, Any]:
   """Where a task split is read from: the task's name and its data folder
   (one name may be registered from several)."""
-  return task.name, setup.data_dir
+  return task.name, setup.data.data_dir
 
 
 def load_model(config: network.T5Config, checkpoint: Optional[str],
@@ -665,18 +687,18 @@ def load_task(setup: EvalSetup):
   seqio or TensorFlow; any other is the seqio task (registered from
   data_dir).
   """
-  task = None
-  if setup.data_dir is not None:
-    task = tasks.array_task(setup.mixture_or_task_name, setup.data_dir,
-                            setup.split)
+  task, spec = None, setup.data
+  if spec.data_dir is not None:
+    task = tasks.array_task(spec.mixture_or_task_name, spec.data_dir,
+                            spec.split)
     if task is None:
-      tasks.register_tasks(data_dir=setup.data_dir)
+      tasks.register_tasks(data_dir=spec.data_dir)
   if task is None:
-    task = tasks.get_task(setup.mixture_or_task_name)
+    task = tasks.get_task(spec.mixture_or_task_name)
   vocab = task.output_features['targets'].vocabulary
   if vocab.vocab_size > setup.target_config.vocab_size:
     raise checks.InputError(
-        f'Task {setup.mixture_or_task_name} uses a vocabulary of '
+        f'Task {spec.mixture_or_task_name} uses a vocabulary of '
         f'{vocab.vocab_size} tokens but TARGET_MODEL has vocab_size '
         f'{setup.target_config.vocab_size}.')
   return task
@@ -687,15 +709,16 @@ def read_examples(setup: EvalSetup, task, num_examples: Optional[int],
   """The first `num_examples` (None: all) of the setup's split of `task`:
   `data.task_examples` tuples, checked against its feature lengths (and
   kept in `cache`, when given)."""
+  spec = setup.data
   def read():
-    return list(data.task_examples(task, setup.split,
-                                   setup.task_feature_lengths, num_examples,
-                                   setup.truncate_inputs))
+    return list(data.task_examples(task, spec.split,
+                                   spec.task_feature_lengths, num_examples,
+                                   spec.truncate_inputs))
   if cache is None:
     return read()
   key = _split_key(setup, task) + (
-      setup.split, tuple(sorted(setup.task_feature_lengths.items())),
-      num_examples, setup.truncate_inputs)
+      spec.split, tuple(sorted(spec.task_feature_lengths.items())),
+      num_examples, spec.truncate_inputs)
   return cache.examples(key, read)
 
 
@@ -735,7 +758,7 @@ def load_store(setup: EvalSetup, task, target, target_params,
   """
   if not setup.draft.drafter_kind.uses_cache:
     return None
-  length = setup.task_feature_lengths['targets']
+  length = setup.data.task_feature_lengths['targets']
   store = output_cache.OutputCache.open(setup.draft.output_cache, target,
                                         target_params, length)
   if len(store) or task is None:
@@ -748,7 +771,7 @@ def load_store(setup: EvalSetup, task, target, target_params,
     pairs = []
   if pairs:
     store.add_pairs(target, target_params, pairs,
-                    setup.task_feature_lengths['inputs'])
+                    setup.data.task_feature_lengths['inputs'])
     print(f'output cache: seeded with {len(pairs)} train pairs.')
   if store.path:
     store.save()
@@ -809,7 +832,7 @@ def load_drafter(setup: EvalSetup, task=None, target=None,
     pairs = lambda: data.train_pairs(task, max_train_examples)
   source = spec.source(
       vocab_size=setup.target_config.vocab_size,
-      output_length=setup.task_feature_lengths['targets'],
+      output_length=setup.data.task_feature_lengths['targets'],
       draft_model=draft_model, draft_params=draft_params, target=target,
       target_params=target_params, train_targets=train, train_pairs=pairs,
       store=store)

@@ -235,7 +235,7 @@ def data_content(setup: loading.EvalSetup, task) -> Dict[str, Any]:
   The examples decoded are checked one by one (`example_fingerprint`)."""
   kind = setup.draft.drafter_kind
   reads_train = kind.data_only or kind.uses_cache
-  files = tasks.source_files(task, setup.data_dir,
+  files = tasks.source_files(task, setup.data.data_dir,
                              ['train'] if reads_train else [])
   return {label: checkpoints.manifest.file_fingerprint(path)
           for label, path in sorted(files.items())}

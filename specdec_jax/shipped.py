@@ -23,7 +23,7 @@ and scripts/train_pass.py, their models.json "methods" entries say how):
                               T5 task prefix), targets (references), EOS = 1
   MANIFEST.json      sha256 and size of every file above
 
-The eval job reads it as an ordinary data dir (`EvalSetup.data_dir =
+The eval job reads it as an ordinary data dir (`DataSpec.data_dir =
 'shipped'`, see `tasks.resolve_data_dir`) and loads checkpoints named
 `shipped:<model>` (`checkpoint_path`), so the main job is an ordinary gin
 eval job (gin_configs/shipped/). The method weights are named

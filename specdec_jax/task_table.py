@@ -10,7 +10,7 @@ paper's sizes, gin_configs/paper/; '{size}' is the drafter's size),
 'xxl_cost' (the shipped models widened to T5 1.1 cost: the shipped gin
 files, `FILES_OF`), 'synthetic' (a random target and noisy copies of it as
 drafters, at the same costs, on the shipped tasks and data: the shipped
-gin files too). `TaskEntry.fields` gives the `loading.EvalSetup`
+gin files too). `TaskEntry.fields` gives the `loading.DataSpec`
 fields those files set (task, lengths and the model set's `SET_FIELDS`),
 so a setup is built as a value without gin. tests/experiments/test_sweep.py
 checks every entry against its gin file, so the table cannot drift from
@@ -30,9 +30,9 @@ MODEL_SETS = ('mini', 'shipped', 'paper', 'xxl_cost', 'synthetic')
 # A model set that runs the gin files (and tasks) of another, with bindings
 # of its own (`reproduce`).
 FILES_OF = {'xxl_cost': 'shipped', 'synthetic': 'shipped'}
-# The `loading.EvalSetup` fields a model set's gin files set beside a
+# The `loading.DataSpec` fields a model set's gin files set beside a
 # task's name and lengths (the others are gin_configs/runs/eval.gin's
-# defaults, the dataclass's own; gamma is the setups' own).
+# defaults, the dataclass's own).
 SET_FIELDS: Dict[str, Dict[str, Any]] = {
     'mini': dict(split='test', truncate_inputs=True),
     'shipped': dict(split='test', truncate_inputs=True, data_dir='shipped',
@@ -62,9 +62,9 @@ class TaskEntry:
     return self.gin[files_of(models)].format(size=size)
 
   def fields(self, models: str) -> Dict[str, Any]:
-    """The `loading.EvalSetup` fields a model set's gin file of this task
-    sets, but the models and gamma: the seqio task, its feature lengths
-    and the model set's `SET_FIELDS`."""
+    """The `loading.DataSpec` fields a model set's gin file of this task
+    sets: the seqio task, its feature lengths and the model set's
+    `SET_FIELDS`."""
     files = files_of(models)
     return dict(mixture_or_task_name=self.task[files],
                 task_feature_lengths=dict(self.lengths[files]),

@@ -78,7 +78,7 @@ def call_times(loaded: loading.Loaded, inputs, ks=None, gamma=None
   """
   setup = loaded.setup
   rows = inputs[:setup.batch.size]
-  context = max(setup.task_feature_lengths['targets'] // 2, 1)
+  context = max(setup.data.task_feature_lengths['targets'] // 2, 1)
   seconds = measure.cost_curve(
       loaded.target, loaded.target_params, rows,
       range(1, setup.batch.max_gamma + 2) if ks is None else ks,
@@ -155,7 +155,7 @@ CHOICE_EXAMPLES = 16
 def choice_examples(setup: EvalSetup) -> int:
   """How many examples a tree choice decodes: the run's first, at most
   `CHOICE_EXAMPLES`."""
-  return min(setup.num_examples or CHOICE_EXAMPLES, CHOICE_EXAMPLES)
+  return min(setup.data.num_examples or CHOICE_EXAMPLES, CHOICE_EXAMPLES)
 
 
 # At most this many cuts of the trees decoded first are decoded whole
@@ -495,8 +495,8 @@ def programs_at(loaded: loading.Loaded, gamma: int
   block = (gamma or setup.gamma) + 1 if setup.same_shape_baseline else 1
   base = programs.ProgramSpec(
       'baseline', 'stream' if streamed else 'fixed',
-      max_decode_len=setup.task_feature_lengths['targets'],
-      sampling=setup.sampling, eos_id=setup.eos_id, block_size=block,
+      max_decode_len=setup.data.task_feature_lengths['targets'],
+      sampling=setup.sampling, eos_id=setup.data.eos_id, block_size=block,
       batch_size=setup.batch.size if streamed else 0)
   spec = None
   if gamma:
@@ -608,7 +608,7 @@ def _records(loaded: loading.Loaded, u: int, batch, done: set, inputs,
         partitioning.unwrap(loaded.target), loaded.target_params, inputs[:n],
         np.asarray(base.tokens)[:n], np.asarray(spec.tokens)[:n])}
   text = lambda out, row, length: data.decode_text(
-      loaded.vocabulary, out.tokens[row], length, setup.eos_id)
+      loaded.vocabulary, out.tokens[row], length, setup.data.eos_id)
   records = []
   for row, (i, ids, in_text, tgt_text) in enumerate(batch):
     if i in done:
@@ -804,7 +804,7 @@ def decode_units(lanes: Sequence[Lane], examples: Sequence[Any],
   """
   setup = lanes[0].loaded.setup
   all_inputs = data.pad_rows([ids for _, ids, _, _ in examples],
-                             setup.task_feature_lengths['inputs'])
+                             setup.data.task_feature_lengths['inputs'])
   where = partitioner or partitioning.OneDevice()
   warmed = set()  # what is compiled: (input shape, program) keys
   for lane in lanes:

@@ -338,8 +338,8 @@ _read_examples = loading.read_examples
 
 def _read_test_data_once(setup, task, num_examples, cache=None):
   """`loading.read_examples`, once per split and length for tests/testdata."""
-  if cache is None and setup.data_dir is not None and pathlib.Path(
-      setup.data_dir).resolve().is_relative_to(_TEST_DATA):
+  if cache is None and setup.data.data_dir is not None and pathlib.Path(
+      setup.data.data_dir).resolve().is_relative_to(_TEST_DATA):
     cache = _KEPT
   return _read_examples(setup, task, num_examples, cache)
 

@@ -51,7 +51,7 @@ def args(out, **overrides):
       'EVAL_OUTPUT_DIR': f"'{out}'",
       'VOCAB_SIZE': '1024',
       'DTYPE': "'float32'",
-      'EvalSetup.data_dir': f"'{DATA}'",
+      'DataSpec.data_dir': f"'{DATA}'",
   }
   bindings.update(overrides)
   return ['--gin_file=runs/eval.gin', '--gin_file=models/t5_1_1/tiny.gin'] + [

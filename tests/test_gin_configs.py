@@ -87,7 +87,7 @@ def test_paper_file_binds_every_argument(path):
   gin.clear_config(clear_constants=True)
   task, temp, drafter = path.stem.split('_')
   assert bindings.sampling.temperature == float(temp[1:])
-  assert bindings.mixture_or_task_name == {
+  assert bindings.data.mixture_or_task_name == {
       'ende': 'wmt_t2t_ende_v003', 'cnndm': 'cnn_dailymail_v002'}[task]
   assert isinstance(bindings.gamma, int) and bindings.gamma >= 1
   assert bindings.target_checkpoint == '/ckpt/target'
@@ -127,4 +127,4 @@ def test_a_folder_named_like_a_gin_folder_does_not_break_includes(
   monkeypatch.chdir(tmp_path)
   setup = eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
                                "--gin.EVAL_OUTPUT_DIR='/tmp/x'"])[1]
-  assert setup.mixture_or_task_name == 'debian_desc_en_de'
+  assert setup.data.mixture_or_task_name == 'debian_desc_en_de'

@@ -73,7 +73,7 @@ def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
   data = tmp_path / 'data'
   shutil.copytree(DATA, data)
   out = tmp_path / 'run'
-  base = dict(NUM_EXAMPLES='2', **{'EvalSetup.data_dir': f"'{data}'"})
+  base = dict(NUM_EXAMPLES='2', **{'DataSpec.data_dir': f"'{data}'"})
   first = eval_lib.main(args(out, **base))
   assert first['examples'] == 2
   before = (out / 'examples.jsonl').read_text()
@@ -81,8 +81,8 @@ def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
       ({'DTYPE': "'bfloat16'"},
        r'draft_config.dtype: "float32" -> "bfloat16"; target_config.dtype: '
        r'"float32" -> "bfloat16"\)'),
-      ({'EvalSetup.eos_id': '2'}, 'eos_id: 1 -> 2'),
-      ({'EvalSetup.data_dir': f"'{DATA}'"}, 'data_dir: '),
+      ({'DataSpec.eos_id': '2'}, 'eos_id: 1 -> 2'),
+      ({'DataSpec.data_dir': f"'{DATA}'"}, 'data_dir: '),
       ({'EvalSetup.seed': '1'}, 'seed: 0 -> 1')]:
     with pytest.raises(ValueError, match=named):
       eval_lib.main(args(out, **dict(base, NUM_EXAMPLES='4', **change)))
@@ -145,7 +145,7 @@ KIND_FLAGS = {'cache': {'DRAFT_MODEL': 'None'}}
 # Inputs cut to 64 tokens: the output cache embeds its 100 train pairs in
 # every run (a quarter of the time at 512).
 SHORT = {'TASK_FEATURE_LENGTHS': "{'inputs': 64, 'targets': 12}",
-         'EvalSetup.truncate_inputs': 'True'}
+         'DataSpec.truncate_inputs': 'True'}
 
 
 class Injected(RuntimeError):

@@ -396,8 +396,8 @@ for gin_file in ('shipped/en_de.gin', 'shipped/synopsis.gin'):
   setup = loading.setup_from_flags(args)
   task = loading.load_task(setup)
   assert isinstance(task, tasks.ArrayTask), task
-  rows = list(data.task_examples(task, setup.split,
-                                 setup.task_feature_lengths, 3, True))
+  rows = list(data.task_examples(task, setup.data.split,
+                                 setup.data.task_feature_lengths, 3, True))
   vocab = task.output_features['targets'].vocabulary
   text = data.decode_text(vocab, task.vocabulary.encode(rows[0][3]) + [1],
                           64)

@@ -218,7 +218,7 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
   return loading.EvalSetup(
       target_config=models.config('xxl'), target_checkpoint=target, gamma=1,
       draft=draft, target_widen_to=widen.get('target'),
-      **fields).replace(**changes)
+      data=loading.DataSpec(**fields)).replace(**changes)
 
 
 # The model sets whose models run at the paper's costs (widened, unless

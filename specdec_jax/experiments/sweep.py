@@ -246,7 +246,7 @@ def first_inputs(setup: loading.EvalSetup, task,
   the job pads them."""
   examples = loading.read_examples(setup, task, n or setup.batch.size, cache)
   return data.pad_rows([ids for _, ids, _, _ in examples],
-                       setup.task_feature_lengths['inputs'])
+                       setup.data.task_feature_lengths['inputs'])
 
 
 # The runner.

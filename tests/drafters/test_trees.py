@@ -897,8 +897,7 @@ def test_tree_with_more_children_than_tokens_is_refused(tiny_target):
 def test_eval_setup_checks_the_tree_option():
   config = TINY_V11
   common = dict(target_config=config, target_checkpoint=None,
-                mixture_or_task_name='t',
-                task_feature_lengths={'inputs': 8, 'targets': 8})
+                data=loading.DataSpec('t', {'inputs': 8, 'targets': 8}))
   tree = loading.DrafterSpec('tree', config=config, tree='beam:2,2,3')
   setup = loading.EvalSetup(gamma=3, draft=tree, **common)
   assert setup.settings()['tree'] == 'beam:2,2,3'

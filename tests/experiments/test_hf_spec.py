@@ -90,7 +90,7 @@ def test_the_full_plan_is_one_cell_a_task_as_trained():
       setup = sweep.cell_setup(reproduce.make_setup(models), cell, options)
       assert (setup.draft.kind, cell.drafter, setup.gamma, setup.batch.size,
               setup.sampling.temperature, setup.activation_dtype,
-              setup.num_examples) == ('t5', 'dec2', hf.GAMMA, 1, 0.0,
+              setup.data.num_examples) == ('t5', 'dec2', hf.GAMMA, 1, 0.0,
                                       'bfloat16', 16)
       assert setup.target_widen_to is None and setup.draft.widen_to is None
       assert cell.measure == ('hf',)

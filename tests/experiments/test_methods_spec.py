@@ -139,7 +139,7 @@ def test_the_full_plans_are_eval_setups_of_their_kinds():
       assert len(cell.name.encode()) <= 255, cell.name
       setup = sweep.cell_setup(models, cell, options)
       assert setup.batch.size == 1 and setup.draft.output_cache is None
-      assert setup.num_examples == spec.num_examples
+      assert setup.data.num_examples == spec.num_examples
       if setup.draft.kind in ('pass', 'heads'):
         assert setup.draft.tree is None and setup.gamma <= 8
       got[setup.draft.kind, setup.draft.checkpoint, setup.draft.confidence] += 1

@@ -98,7 +98,7 @@ def gin_flags(models, task, drafter):
     flags.append(_binding('EvalSetup.target_widen_to',
                           models.widening['target']))
   if models.data_dir is not None:
-    flags.append(_binding('EvalSetup.data_dir', models.data_dir))
+    flags.append(_binding('DataSpec.data_dir', models.data_dir))
   if not t5:
     return flags + ['--gin.DRAFT_CHECKPOINT=None',
                     _binding('DRAFTER', drafter)]
@@ -156,7 +156,7 @@ def test_setups_are_built_where_gin_and_seqio_are_missing(tmp_path):
                                      'en_de', 'dec2', gamma=3)
       assert shipped.target_checkpoint == 'shipped:target'
       assert shipped.draft.checkpoint == 'shipped:dec2'
-      assert shipped.data_dir == 'shipped' and shipped.gamma == 3
+      assert shipped.data.data_dir == 'shipped' and shipped.gamma == 3
       options = sweep.Options(models='xxl_cost', shrink=True)
       assert sweep.plan(table2.SPEC, sweep.options_of(table2.SPEC, options))
       print('built')
@@ -218,7 +218,7 @@ def test_synthetic_is_a_random_target_and_noisy_copies_at_the_paper_costs(
     assert value.draft.decoding_config.replace(
         vocab_size=xxl.vocab_size, dtype=xxl.dtype) == (
             models.CONFIGS[f't5_1_1_{size}'])
-    assert value.data_dir == 'shipped' and value.num_examples == 16
+    assert value.data.data_dir == 'shipped' and value.data.num_examples == 16
   bigram = reproduce.eval_setup(setup, 'synopsis', 'bigram')
   assert bigram.draft.config == models.MINI['dec2']  # as shipped
   assert bigram.target_checkpoint == 'synthetic:seed=0'
@@ -262,18 +262,18 @@ def test_mini_setup_resolves_models_and_latest_checkpoints(tmp_path):
   make_models(tmp_path)
   setup = reproduce.make_setup('mini', str(tmp_path))
   base = reproduce.eval_setup(setup, 'synopsis', 'base')
-  assert base.mixture_or_task_name == 'debian_synopsis'
+  assert base.data.mixture_or_task_name == 'debian_synopsis'
   assert base.target_config.emb_dim == 256
   assert base.target_config.num_decoder_layers == 4
   assert base.draft.config.emb_dim == 128
   assert base.target_checkpoint.endswith('synopsis_mini_xxl/checkpoint_1000')
   assert base.draft.checkpoint.endswith(
       'synopsis_mini_base/checkpoint_1000')
-  assert base.split == 'test' and base.truncate_inputs
+  assert base.data.split == 'test' and base.data.truncate_inputs
   bigram = reproduce.eval_setup(setup, 'en_de', 'bigram', temperature=1.0)
   assert bigram.draft.kind == 'bigram' and bigram.draft.checkpoint is None
   assert bigram.sampling.temperature == 1.0
-  assert bigram.task_feature_lengths == {'inputs': 64, 'targets': 64}
+  assert bigram.data.task_feature_lengths == {'inputs': 64, 'targets': 64}
 
 
 def test_mini_setup_names_the_missing_model(tmp_path):
@@ -290,7 +290,7 @@ def test_paper_setup_uses_the_paper_gin_files():
       'paper', checkpoint_list='en_de_xxl=/ckpt/xxl,en_de_large=/ckpt/large')
   r = reproduce.eval_setup(setup, 'en_de', 'large', gamma=3)
   assert r.gamma == 3
-  assert r.mixture_or_task_name == 'wmt_t2t_ende_v003'
+  assert r.data.mixture_or_task_name == 'wmt_t2t_ende_v003'
   assert r.target_config.emb_dim == 4096  # T5 1.1 XXL
   assert r.draft.config.emb_dim == 1024  # T5 1.1 large
   assert (r.target_checkpoint, r.draft.checkpoint) == (

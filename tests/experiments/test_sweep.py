@@ -156,7 +156,7 @@ def test_the_load_cache_keeps_a_data_built_drafter_per_data_folder(
   train = {'/a': [[5, 6, 1]] * 3, '/b': [[7, 8, 1]] * 3}
   setup = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
                                'bigram')
-  task = setup.mixture_or_task_name
+  task = setup.data.mixture_or_task_name
   read = []
 
   class Task:  # what load_drafter reads of a task: its name, its train split
@@ -192,7 +192,8 @@ def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
   options = sweep.options_of(spec, options)
   _, cell = sweep.plan(spec, options)
   setup = sweep.cell_setup(reproduce.make_setup('shipped'), cell, options)
-  assert (setup.gamma, setup.num_examples, setup.draft.kind) == (2, 1, 't5')
+  assert (setup.gamma, setup.data.num_examples, setup.draft.kind) == (
+      2, 1, 't5')
   job = root / 'job'
   summary = eval_lib.evaluate(setup, str(job), timing_repeats=1)
   cell_dir = sweep.work_folder(spec, options) / 'cells' / cell.name

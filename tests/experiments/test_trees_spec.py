@@ -85,7 +85,7 @@ def test_every_cell_of_the_full_spec_is_an_eval_setup():
   for cell in cells:
     assert len(cell.name.encode()) <= 255, cell.name  # a folder's name
     setup = sweep.cell_setup(models, cell, options)
-    assert setup.num_examples == spec.num_examples
+    assert setup.data.num_examples == spec.num_examples
     if setup.draft.chooses_tree:  # "chosen 64": the job's choice
       assert setup.draft.tree_budget == trees.CHOSEN
       assert setup.gamma == trees.CHOSEN_DEPTH

@@ -144,8 +144,8 @@ def decode_programs(loaded: loading.Loaded, gammas: Sequence[int]
   each of `gammas` (`_gammas`) at the input shape of each unit
   (`unit_loop.units`; a short last one has its own)."""
   setup = loaded.setup
-  rows = setup.num_examples or setup.batch.size
-  dummy = np.zeros((rows, setup.task_feature_lengths['inputs']), np.int32)
+  rows = setup.data.num_examples or setup.batch.size
+  dummy = np.zeros((rows, setup.data.task_feature_lengths['inputs']), np.int32)
   shapes = sorted({x.shape for _, _, _, x in unit_loop.units(setup, dummy)})
   rng = jax.eval_shape(lambda: jax.random.key(0))
   seen = set()
@@ -209,7 +209,7 @@ def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
           unit_loop.with_tree(loaded, t) for t in likely_trees(
               setup, profile, drafter, log))] or [(loaded, (0,))]
       n = unit_loop.choice_examples(setup)
-      rows, out = (np.zeros((n, setup.task_feature_lengths[k]), np.int32)
+      rows, out = (np.zeros((n, setup.data.task_feature_lengths[k]), np.int32)
                    for k in ('inputs', 'targets'))
       steps.insert(0, ('tree choice', lambda: unit_loop.tree_evidence(
           loaded, rows, (out, np.zeros(n, np.int32)))))
@@ -242,7 +242,7 @@ def likely_trees(setup: loading.EvalSetup, profile, drafter: Optional[str],
         plain, loaded.task, n=unit_loop.choice_examples(setup)), profile,
                                         drafter)
   except Exception as e:  # pylint: disable=broad-except
-    log(f'{setup.mixture_or_task_name}: no likely tree ({e!r:.200})')
+    log(f'{setup.data.mixture_or_task_name}: no likely tree ({e!r:.200})')
     return ()
   return tuple(dict.fromkeys([t['spec'] for t in choice['trees']] + [
       choice['tree']] * bool(choice['gamma'])))
@@ -622,18 +622,18 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
         seconds += sum(loops(range(1, top + 2) if c.labels.get(
             'measurement') == 't(k)' else [1]) for c in group)
         continue
-      base = first.task_feature_lengths['targets'] * t1
+      base = first.data.task_feature_lengths['targets'] * t1
       seconds += sum(  # a tree choice: loops, a baseline and trees at 2x
           loops(unit_loop.tree_widths(s.draft.tree_budget)) + base * (
               unit_loop.choice_examples(s) * (1 + ASSUMED['choice_trees'] / 2))
           for s in setups if s.draft.chooses_tree)
-      units = -(-first.num_examples // b)
+      units = -(-first.data.num_examples // b)
       spec_s = [base / _speedup(profile, s, n)[0]
                 for s, n in zip(setups, named)]
       seconds += units * (1 + options.timing_repeats) * (base + sum(spec_s))
-      seconds += first.num_examples * base * ('calibration' in names)
+      seconds += first.data.num_examples * base * ('calibration' in names)
       # A gamma choice's alpha: the first examples' units decoded once more.
-      seconds += -(-min(first.num_examples, unit_loop.CHOICE_EXAMPLES) // b
+      seconds += -(-min(first.data.num_examples, unit_loop.CHOICE_EXAMPLES) // b
                    ) * sum(x for x, s in zip(spec_s, setups)
                            if s.chooses_gamma)
     out['specs'][item_name(spec, options)] = dict(cells=len(cells),

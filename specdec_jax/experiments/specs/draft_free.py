@@ -88,10 +88,10 @@ def draft_calls(loaded, inputs):
   per unit, its output cache learning each output) with the draft model
   counting its calls."""
   del inputs  # the first batch; this replays every example
-  setup, lengths = loaded.setup, loaded.setup.task_feature_lengths
+  setup, lengths = loaded.setup, loaded.setup.data.task_feature_lengths
   rows = data.pad_rows([ids for _, ids, _, _ in data.task_examples(
-      loaded.task, setup.split, lengths, setup.num_examples,
-      setup.truncate_inputs)], lengths['inputs'])
+      loaded.task, setup.data.split, lengths, setup.data.num_examples,
+      setup.data.truncate_inputs)], lengths['inputs'])
   drafter, params = _counting(loaded.drafter), loaded.draft_params
   calls = target_calls = 0
   for u, x in enumerate(rows):
@@ -99,7 +99,7 @@ def draft_calls(loaded, inputs):
     out = speculative.speculative_sample(
         loaded.target, loaded.target_params, drafter, params, x[None],
         gamma=setup.gamma, max_decode_len=lengths['targets'],
-        sampling=setup.sampling, eos_id=setup.eos_id,
+        sampling=setup.sampling, eos_id=setup.data.eos_id,
         rng=jax.random.fold_in(jax.random.key(setup.seed), u))
     jax.effects_barrier()
     calls += len(_CALLS)

@@ -94,12 +94,12 @@ def hf(loaded, inputs, *, records=None, timing_repeats=1):
       params), model.config).to(device=device, dtype=getattr(torch, dtype))
   target = convert(partitioning.unwrap(loaded.target), loaded.target_params)
   draft = convert(loaded.drafter.model, loaded.draft_params)
-  length, eos = setup.task_feature_lengths['targets'], setup.eos_id
+  length, eos = setup.data.task_feature_lengths['targets'], setup.data.eos_id
   calls = lambda x: {
       'generate': lambda: hf_lib.generate(target, x, length, eos),
       'assisted': lambda: hf_lib.generate(target, x, length, eos, draft,
                                           setup.gamma)}
-  rows = [data.pad_rows([ids], setup.task_feature_lengths['inputs'])
+  rows = [data.pad_rows([ids], setup.data.task_feature_lengths['inputs'])
           for _, ids, _, _ in examples]
   measure.time_alternating(calls(rows[0]))  # warm-up
   out = {m: dict(tokens=0, s=0.0, lengths=[], differing=0) for m in METHODS}

@@ -48,7 +48,7 @@ def cells(options, tasks):
 
 def _at(loaded, inputs, repeats):
   """Rows and timing keywords: batch 1 at `unit_loop.call_times`' point."""
-  context = max(loaded.setup.task_feature_lengths['targets'] // 2, 1)
+  context = max(loaded.setup.data.task_feature_lengths['targets'] // 2, 1)
   return inputs[:1], dict(context=context, repeats=repeats, jit_setup=True)
 
 

@@ -61,18 +61,18 @@ def cells(options, tasks):
 def calibration(loaded, inputs) -> Dict[str, Any]:
   """alpha on the `num_examples` examples after the decoded ones."""
   del inputs
-  setup = loaded.setup
-  n, lengths = setup.num_examples, setup.task_feature_lengths
+  setup, spec = loaded.setup, loaded.setup.data
+  n, lengths = spec.num_examples, spec.task_feature_lengths
   rows = [ids for _, ids, _, _ in data.task_examples(
-      loaded.task, setup.split, lengths, 2 * n, setup.truncate_inputs)][n:]
+      loaded.task, spec.split, lengths, 2 * n, spec.truncate_inputs)][n:]
   if not rows:
-    raise ValueError(f'no {setup.split} examples after the first {n} to '
+    raise ValueError(f'no {spec.split} examples after the first {n} to '
                      'measure the calibration alpha on')
   alpha = measure.alpha(
       loaded.target, loaded.target_params, loaded.drafter,
       loaded.draft_params, data.pad_rows(rows, lengths['inputs']),
       sampling=setup.sampling, max_decode_len=lengths['targets'],
-      eos_id=setup.eos_id, rng=jax.random.key(setup.seed))
+      eos_id=spec.eos_id, rng=jax.random.key(setup.seed))
   return {'alpha': alpha['alpha'], 'positions': alpha['positions'],
           'examples': len(rows)}
 
