@@ -181,18 +181,17 @@ def markdown(summary, base_metrics, spec_metrics) -> str:
 
 def _decoded(summary) -> str:
   """What the job decoded, with what, and how, in a sentence or three."""
-  # A checkpoint of None: random weights (settings say it as 'None').
-  get = lambda k, *d: (None if summary.get(k, *d) == 'None' else
-                       summary.get(k, *d))
-  target = get('target_checkpoint') or 'random weights'
+  get = summary.get
+  # A checkpoint of None (random weights): the settings say 'None'.
+  named = lambda k: None if get(k) in (None, 'None') else get(k)
+  target = named('target_checkpoint') or 'random weights'
   if get('target_widen_to'):
     target += f" widened to {get('target_widen_to')}"
   drafter = get('drafter')
-  if get('draft_checkpoint'):
+  if named('draft_checkpoint'):
     drafter = f"{drafter}, {get('draft_checkpoint')}"
   t = get('temperature')
-  sampling = ('greedy' if t == 0 else f'temperature {t:g}' if t is not None
-              else 'sampling -')
+  sampling = 'greedy' if not t else f'temperature {t:g}'
   if get('topk'):
     sampling += f", top-k {get('topk')}"
   if get('topp') not in (None, 1.0):
