@@ -102,6 +102,14 @@ def counts(text: str) -> Tuple[int, ...]:
         f'comma-separated ints >= 1 expected, got {text!r}') from None
 
 
+def check_feature_lengths(lengths) -> None:
+  """Raises InputError unless TASK_FEATURE_LENGTHS `lengths` names both
+  'inputs' and 'targets' (the eval job's and training's alike)."""
+  if set(lengths) < {'inputs', 'targets'}:
+    raise InputError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
+                     f'got {dict(lengths)}.')
+
+
 def check_positive(name: str, value, unit: str = '') -> None:
   """Raises InputError unless `value` is a real number > 0 (not a bool; inf
   allowed): "<name> must be a number [of <unit>] > 0, got ..."."""

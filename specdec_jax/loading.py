@@ -305,10 +305,7 @@ class DataSpec:
   data_dir: Optional[str] = None
 
   def __post_init__(self):
-    if set(self.task_feature_lengths) < {'inputs', 'targets'}:
-      raise checks.InputError(
-          'TASK_FEATURE_LENGTHS needs "inputs" and "targets", got '
-          f'{dict(self.task_feature_lengths)}.')
+    checks.check_feature_lengths(self.task_feature_lengths)
     object.__setattr__(self, 'task_feature_lengths',
                        dict(self.task_feature_lengths))
     if self.num_examples is not None:

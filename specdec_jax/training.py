@@ -447,9 +447,7 @@ def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
   bucket_folder.check_folder('model_dir', model_dir)
   if not isinstance(model_config, network.T5Config):
     raise checks.InputError(f'MODEL must be a T5Config, got {model_config!r}.')
-  if set(task_feature_lengths) < {'inputs', 'targets'}:
-    raise checks.InputError('TASK_FEATURE_LENGTHS needs "inputs" and '
-                            f'"targets", got {dict(task_feature_lengths)}.')
+  checks.check_feature_lengths(task_feature_lengths)
   checks.check_ints(train_steps=train_steps, batch_size=batch_size, **periods)
   learning_rate_fn(*rate)  # validates
   _check_teacher_args(*teacher)

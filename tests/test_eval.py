@@ -312,6 +312,8 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'EvalSetup.gama': '3'}, SystemExit, 'gama'),
     ({'TASK_FEATURE_LENGTHS': "{'inputs': 4, 'targets': 12}"}, ValueError,
      "TASK_FEATURE_LENGTHS\\['inputs'\\] = 4"),
+    ({'TASK_FEATURE_LENGTHS': "{'inputs': 16}"}, ValueError,
+     'TASK_FEATURE_LENGTHS needs "inputs" and "targets"'),
     ({'GAMMA': '0'}, ValueError, 'gamma'),
     ({'GAMMA': '1.5'}, ValueError, 'gamma must be an int'),
     ({'TEMPERATUR': '0.7'}, SystemExit,

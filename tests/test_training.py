@@ -326,6 +326,16 @@ def test_a_model_dir_in_a_bucket_resumes_a_save_cut_short_exactly(
   assert not list(local_copies.iterdir())
 
 
+def test_lengths_without_targets_are_refused_before_anything_loads(
+    tmp_path):
+  """The eval job's rule for TASK_FEATURE_LENGTHS holds for training too
+  (one check, `checks.check_feature_lengths`)."""
+  with pytest.raises(checks.InputError,
+                     match='TASK_FEATURE_LENGTHS needs "inputs" and'):
+    _train(tmp_path / 'run', 1, task_feature_lengths={'inputs': 16})
+  assert not (tmp_path / 'run').exists()
+
+
 def test_a_model_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   """pathlib would write 's3://b/run' to a local folder 's3:/b/run'."""
   monkeypatch.chdir(tmp_path)
