@@ -216,4 +216,21 @@ def configure(args, fn, example_gin_file: str):
           allow_unused=args.gin_allow_unused)
     return gin.get_configurable(fn)
   except Exception as e:  # gin's messages name the file and the binding
-    raise SystemExit(f'gin configuration error: {e}') from None
+    raise SystemExit(f'gin configuration error: {said(e)}') from None
+
+
+def said(error: Exception) -> str:
+  """gin's error as the command says it. gin names the line of a value
+  it cannot parse by its number alone: here with its text, and for a
+  --gin. binding how a string is written (an unquoted path is the usual
+  cause)."""
+  if not (isinstance(error, SyntaxError) and error.text):
+    return str(error)
+  line = error.text.strip()
+  if error.filename:
+    return f'{error.msg} ({error.filename}, line {error.lineno}: {line})'
+  name, _, value = line.partition('=')
+  name, value = name.strip(), value.strip()
+  unquoted = error.msg == 'Unable to parse value.' and value[:1] not in '\'"'
+  hint = f' (a string is quoted: --gin.{name}="\'{value}\'")' * unquoted
+  return f'{error.msg} In the binding {line!r}{hint}'

@@ -128,3 +128,21 @@ def test_a_folder_named_like_a_gin_folder_does_not_break_includes(
   setup = eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
                                "--gin.EVAL_OUTPUT_DIR='/tmp/x'"])[1]
   assert setup.data.mixture_or_task_name == 'debian_desc_en_de'
+
+
+def test_a_value_gin_cannot_parse_is_shown_with_its_line(tmp_path):
+  """gin names such a line by its number alone; the command shows its text,
+  and for a --gin. binding how a string is written."""
+  with pytest.raises(SystemExit) as e:
+    eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                         '--gin.EVAL_OUTPUT_DIR=/tmp/x'])
+  assert e.value.code == (
+      "gin configuration error: Unable to parse value. In the binding "
+      "'EVAL_OUTPUT_DIR = /tmp/x' (a string is quoted: "
+      """--gin.EVAL_OUTPUT_DIR="'/tmp/x'")""")
+  bad = tmp_path / 'bad.gin'
+  bad.write_text("include 'shipped/en_de.gin'\nGAMMA = 3 4\n")
+  with pytest.raises(SystemExit) as e:  # no hint: not an unquoted string
+    eval_lib.configured([f'--gin_file={bad}', '--dry_run'])
+  assert e.value.code == ('gin configuration error: Expected newline. '
+                          f'({bad}, line 2: GAMMA = 3 4)')
