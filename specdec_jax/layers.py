@@ -316,7 +316,7 @@ class MlpBlock(nn.Module):
     if xs is not None:
       x = functools.reduce(
           operator.mul,
-          [_activation(act)(h) for act, h in zip(self.activations, xs)])
+          [activation(act)(h) for act, h in zip(self.activations, xs)])
     # [batch, length, mlp] -> [batch, length, embed]
     return DenseGeneral(
         width, dtype=self.dtype, weight_dtype=self.weight_dtype,
@@ -324,7 +324,9 @@ class MlpBlock(nn.Module):
     )(x)
 
 
-def _activation(name: str) -> Callable[[Array], Array]:
+def activation(name: str) -> Callable[[Array], Array]:
+  """An MLP activation by T5X's name: 'linear' (none) or a function of
+  flax.linen ('relu', 'gelu', ...); a ValueError for any other name."""
   if name == 'linear':
     return lambda x: x
   fn = getattr(nn, name, None)

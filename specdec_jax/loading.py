@@ -132,6 +132,8 @@ class DrafterSpec:
     if kind.needs_model and self.config is None:
       raise checks.InputError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
                               'T5Config).')
+    if self.config is not None:
+      network.check_config(self.config, 'draft_config')
     if self.widen_to is not None:
       if not kind.needs_model:
         raise checks.InputError(
@@ -381,6 +383,7 @@ class EvalSetup:
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
     speculative.check_gamma(self.gamma)
+    network.check_config(self.target_config, 'target_config')
     if self.same_shape_baseline and self.batch.streamed:
       raise checks.InputError(
           "same_shape_baseline needs batching='fixed' at batch_size > 1: the "

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import layers
 
 Array = jax.Array
@@ -354,9 +355,6 @@ DENSE_KERNELS = ('xla', 'pallas')
 def _defers_norms(cfg: T5Config) -> bool:
   """Whether a decoder layer's norms go to the projections reading them
   (`T5Config.dense_kernel`)."""
-  if cfg.dense_kernel not in DENSE_KERNELS:
-    raise ValueError(f'dense_kernel must be one of {DENSE_KERNELS}, got '
-                     f'{cfg.dense_kernel!r}.')
   return cfg.dense_kernel == 'pallas'
 
 
@@ -675,6 +673,46 @@ class Transformer(nn.Module):
                                return_hidden, tree, rows)
 
 
+def check_config(cfg: T5Config, what: str = 'T5Config') -> None:
+  """Raises InputError naming the first field of `cfg` (`what`, e.g.
+  'target_config') that no T5 can have: a size below 1, a dtype that is
+  not a float type, an unknown MLP activation, attention kernel or dense
+  kernel. (`T5Model` checks its config: a bad one fails when it is given,
+  not deep inside a trace.)"""
+  for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
+               'num_encoder_layers', 'num_decoder_layers'):
+    checks.check_int(f'{what}.{name}', getattr(cfg, name))
+  for name in ('dtype', 'activation_dtype'):
+    value = getattr(cfg, name)
+    if value is None and name == 'activation_dtype':
+      continue
+    try:
+      floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      raise checks.InputError(
+          f"{what}.{name} must be a float dtype ('float32', 'bfloat16', "
+          f"'float16'), got {value!r}.")
+  acts = cfg.mlp_activations
+  if isinstance(acts, str) or not acts:
+    raise checks.InputError(f'{what}.mlp_activations must be a non-empty '
+                            f"sequence of names, e.g. ('gelu', 'linear'), "
+                            f'got {acts!r}.')
+  for act in acts:
+    try:
+      layers.activation(act)
+    except (ValueError, TypeError):
+      raise checks.InputError(
+          f"{what}.mlp_activations: unknown activation {act!r} ('linear' "
+          'or a function of flax.linen, e.g. relu, gelu).') from None
+  for name, known in (('attention_kernel', layers.ATTENTION_KERNELS),
+                      ('dense_kernel', DENSE_KERNELS)):
+    if getattr(cfg, name) not in known:
+      raise checks.InputError(f'{what}.{name} must be one of {known}, '
+                              f'got {getattr(cfg, name)!r}.')
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Model:
   """The callables decoding needs, for a T5 `Transformer` of `config`.
@@ -687,6 +725,7 @@ class T5Model:
 
   def __post_init__(self):
     cfg = self.config
+    check_config(cfg)
     if not isinstance(cfg.mlp_activations, tuple):
       object.__setattr__(
           self, 'config',

@@ -324,6 +324,8 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'DRAFTER': "'trigram'"}, ValueError,
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
+    ({'DTYPE': "'float16x'"}, ValueError,
+     "draft_config.dtype must be a float dtype .*got 'float16x'"),
     ({'BatchSpec.gamma_rule': "'auto'"}, ValueError,
      "batch_gamma must be one of .'profile', 'always', 'config'.*got 'auto'"),
     ({'BatchSpec.max_gamma': '0'}, ValueError, 'max_gamma must be an int'),

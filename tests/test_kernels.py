@@ -117,12 +117,6 @@ def test_a_model_with_the_kernel_is_the_model_off_a_gpu(fused):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_an_unknown_dense_kernel_is_named():
-  model = network.T5Model(TINY_V11.replace(dense_kernel='triton'))
-  with pytest.raises(ValueError, match="dense_kernel must be one of"):
-    model.param_shapes()
-
-
 def test_a_layer_norm_deferred_is_the_norm():
   """`LayerNorm(defer=True)` hands its rows and rounded scale on; their
   `value()` is the norm's output."""

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import layers
 from specdec_jax import network
 
@@ -236,9 +237,30 @@ def test_cudnn_attention_kernel_adds_and_softmaxes_in_float32(bias_shape):
   assert np.abs(t5x - want).max() > 2 * np.abs(f32(got) - want).max()
 
 
-def test_an_unknown_attention_kernel_is_named():
-  config = network.T5Config(vocab_size=32, emb_dim=8, num_heads=2,
-                            head_dim=4, mlp_dim=8, num_encoder_layers=1,
-                            num_decoder_layers=1, attention_kernel='flash')
-  with pytest.raises(ValueError, match=r"'dot_product', 'cudnn'.*'flash'"):
-    network.T5Model(config).init_params(jax.random.key(0))
+@pytest.mark.parametrize('change, message', [
+    (dict(attention_kernel='flash'),
+     r"T5Config.attention_kernel must be one of \('dot_product', 'cudnn'\), "
+     r"got 'flash'"),
+    (dict(dense_kernel='triton'), r"T5Config.dense_kernel .*'pallas'.*triton"),
+    (dict(dtype='float16x'), r"T5Config.dtype must be a float dtype .*"
+     "'float16x'"),
+    (dict(dtype='int32'), r'T5Config.dtype must be a float dtype'),
+    (dict(activation_dtype='bf16'), r'T5Config.activation_dtype must be a '),
+    (dict(num_heads=0), r'T5Config.num_heads must be an int >= 1, got 0'),
+    (dict(emb_dim=8.0), r'T5Config.emb_dim must be an int >= 1, got 8.0'),
+    (dict(mlp_activations=('gelu', 'swishy')),
+     r"unknown activation 'swishy' \('linear' or a function of flax.linen"),
+    (dict(mlp_activations='gelu'), r'mlp_activations must be a non-empty '
+     r"sequence of names.*got 'gelu'"),
+])
+def test_a_config_no_t5_can_have_is_named_when_given(change, message):
+  """`T5Model` checks its config as it is made (an `InputError` naming the
+  field, which a command says in one line), not in a trace of the model:
+  before, a dtype jnp does not know was a TypeError from inside jax."""
+  config = network.T5Config(**{
+      **dict(vocab_size=32, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=8,
+             num_encoder_layers=1, num_decoder_layers=1), **change})
+  with pytest.raises(checks.InputError, match=message):
+    network.T5Model(config)
+  network.T5Model(config.replace(  # the same config, that field as T5X's
+      **{k: getattr(network.T5Config(1), k) for k in change}))
