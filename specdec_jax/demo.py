@@ -172,9 +172,16 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--tasks', default=','.join(task_table.names()))
-  parser.add_argument('--num_examples', type=checks.count, default=16)
+  parser = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0], epilog=(
+          "Any other flag goes to each task's eval job (e.g. --gin.GAMMA=7 "
+          '--gin.TEMPERATURE=0.7; python -m specdec_jax.eval --help), or '
+          'with --random to that check (--batch, --max_decode_len, --gamma, '
+          '--draft_noise, --temperature, --seed).'))
+  parser.add_argument('--tasks', default=','.join(task_table.names()),
+                      help='comma-separated shipped tasks (default: all)')
+  parser.add_argument('--num_examples', type=checks.count, default=16,
+                      help='examples of each task decoded')
   parser.add_argument('--output_dir', default='/tmp/specdec_jax_main',
                       help='each run decodes into a fresh run_<time> folder '
                       'here')
