@@ -750,7 +750,8 @@ class T5Model:
 
   def init_params(self, rng: Array, input_length: int = 8,
                   target_length: int = 8):
-    """Random parameters (T5X's initializers) and their logical axes."""
+    """Random parameters (T5X's initializers): the 'params' tree (their
+    logical axes: `param_axes`)."""
     variables = self.module.init(
         rng,
         jnp.ones((1, input_length), jnp.int32),
