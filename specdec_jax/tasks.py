@@ -221,11 +221,26 @@ def resolve_data_dir(data_dir: Optional[str] = None) -> str:
 
 
 def _missing_data_error(data_dir: str, path: str) -> FileNotFoundError:
-  """The error for a missing Debian file: names the dir and the build."""
+  """The error for a missing Debian file: names the dir, the splits its
+  task folder holds, and the build (into the default dir where the dir is
+  the package's own slices, which only a split of theirs can come from)."""
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  folder = os.path.dirname(path)
+  held = sorted(n[:-len('.jsonl')] for n in os.listdir(folder)
+                if n.endswith('.jsonl')) if os.path.isdir(folder) else []
+  has = f'; {folder} holds the splits {held}' if held else ''
+  ours = os.path.abspath(data_dir) == os.path.abspath(shipped.data_dir())
+  build = BUILD_COMMAND.format(
+      data_dir=DEFAULT_DATA_DIR if ours else data_dir)
   return FileNotFoundError(
       f'Debian task data not found: {path} is missing (data dir {data_dir}, '
-      f'from data_dir= or ${DATA_DIR_ENV}). Build it with:\n  '
-      + BUILD_COMMAND.format(data_dir=data_dir))
+      f'from data_dir= or ${DATA_DIR_ENV}{has}). '
+      + ('The slices this package ships hold only those; build the whole '
+         'data into the default data dir (read where data_dir is None) '
+         'with:\n  ' if ours else
+         'Build it with:\n  ') + build
+      + ('' if ours else "\nor decode the slices this package ships (each "
+         "task's first test rows): data_dir 'shipped', split 'test'."))
 
 
 @functools.lru_cache(maxsize=None)

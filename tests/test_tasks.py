@@ -354,8 +354,18 @@ def test_missing_data_dir_names_build_command(tmp_path):
     _ = task.output_features['targets'].vocabulary.vocab_size
   for message in (str(e.value), str(e_vocab.value)):
     assert str(missing) in message
-    assert 'scripts/build_debian_data.py --out_dir' in message
+    assert f'build_debian_data.py --out_dir {missing}\n' in message
     assert tasks.DATA_DIR_ENV in message
+    assert "data_dir 'shipped', split 'test'" in message
+  # A split the package's own slices lack: the splits they hold, and the
+  # build into the default dir, never into the package.
+  with pytest.raises(FileNotFoundError) as e:
+    tasks.read_debian_split(tasks.resolve_data_dir('shipped'),
+                     tasks.DEBIAN_TRANSLATION_TASK, 'validation')
+  message = str(e.value)
+  assert "holds the splits ['test']" in message
+  assert f'--out_dir {tasks.DEFAULT_DATA_DIR}' in message
+  assert "data_dir 'shipped'" not in message
 
 
 def test_tensorflow_is_imported_only_for_seqio_and_after_triton(tmp_path):
