@@ -22,6 +22,7 @@ import pathlib
 import socket
 from typing import Any, Dict, Optional
 
+from specdec_jax import checks
 from specdec_jax import data
 from specdec_jax import measure
 from specdec_jax import run_folder
@@ -225,9 +226,11 @@ def status(records, wanted: set, error: Optional[BaseException]) -> str:
              'SIGINT / Ctrl-C')
     return (f'interrupted ({cause}) with {missing} of {len(wanted)} examples '
             'left; rerun the same command to resume')
-  if error is not None:
+  if error is not None:  # a refused input fails again until corrected
+    again = ('correct it and rerun' if isinstance(error, checks.REFUSED)
+             else 'rerun the same command')
     return (f'failed with {missing} of {len(wanted)} examples left: '
-            f'{error!r}; rerun the same command to resume')
+            f'{error!r}; {again} to resume')
   if missing:
     return f'incomplete: {missing} of {len(wanted)} examples left'
   return 'complete'

@@ -300,6 +300,8 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
   assert summary['examples'] == n
   assert summary['status'].startswith(f'failed with {n} of {2 * n} examples '
                                       'left')
+  assert summary['status'].endswith("'device lost'); rerun the same command "
+                                    'to resume')
 
 
 @pytest.mark.parametrize('override,error,message', [
@@ -372,7 +374,13 @@ def test_the_command_says_a_configuration_error_in_one_line(
         "'/nonexistent/checkpoint_1'")))
   assert str(e.value.code).startswith(
       'error: target checkpoint not found: /nonexistent/checkpoint_1')
-  assert _status(tmp_path / 'missing').startswith('failed')  # says why
+  # The status says why, and that this rerun needs the input corrected
+  # (any other error says to rerun as it was: test_failure_keeps_finished_
+  # batches).
+  assert _status(tmp_path / 'missing').startswith('failed')
+  assert _status(tmp_path / 'missing').endswith(
+      'checkpoint_1\'); correct it and rerun to resume'), _status(
+          tmp_path / 'missing')
   # Nothing decoded, and still what it was to decode, in both files.
   failed = json.loads((tmp_path / 'missing' / 'summary.json').read_text())
   assert failed['examples'] == 0 and failed['task'] == 'debian_desc_en_de'

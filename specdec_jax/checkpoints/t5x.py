@@ -760,35 +760,63 @@ def expected_shapes(config: network.T5Config) -> Mapping[str, Tuple[int, ...]]:
   return types.MappingProxyType({k: tuple(v.shape) for k, v in flat.items()})
 
 
+def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
+  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
+          tuple(np.shape(leaf)) for path, leaf in leaves}
+
+
+def _described(shapes: Mapping[str, Tuple[int, ...]]) -> str:
+  """What a T5 tree's shapes say of its architecture, in T5Config's
+  names: 'vocab_size 32128, emb_dim 8, 2 + 2 layers, mlp_dim 16, heads x
+  head_dim 12' (what the tree lacks is left out)."""
+  said = []
+  embedding = shapes.get('token_embedder/embedding')
+  if embedding is not None and len(embedding) == 2:
+    said.append(f'vocab_size {embedding[0]}, emb_dim {embedding[1]}')
+  depth = [len({k.split('/')[1] for k in shapes
+                if k.startswith(f'{side}/layers_')})
+           for side in ('encoder', 'decoder')]
+  said.append(f'{depth[0]} + {depth[1]} layers')
+  for name, path, axis in (
+      ('mlp_dim', 'encoder/layers_0/mlp/wo/kernel', 0),
+      ('heads x head_dim', 'encoder/layers_0/attention/query/kernel', 1)):
+    if len(shapes.get(path, ())) == 2:
+      said.append(f'{name} {shapes[path][axis]}')
+  return ', '.join(said)
+
+
 def check_params(params: PyTree, config: network.T5Config,
                  source: str = 'checkpoint') -> None:
-  """Raises ValueError unless `params` has exactly `config`'s tree and shapes.
+  """Raises InputError unless `params` has exactly `config`'s tree and
+  shapes (the rule every load and every decode call checks).
 
   Args:
-    params: a T5X params tree (nested dicts of arrays).
+    params: a T5X params tree (nested dicts of arrays or shape structs).
     config: the network the params are meant for.
     source: where the params come from (named in the message).
 
   Raises:
-    ValueError: listing every missing, unexpected or mis-shaped parameter,
-      e.g. 'decoder/layers_3/mlp/wi_0/kernel: checkpoint (512, 1024) vs
-      config (512, 2048)'.
+    checks.InputError: what each side's shapes say of its architecture
+      (vocab_size, emb_dim, layers, mlp_dim, heads x head_dim), then the
+      first 8 missing, unexpected or mis-shaped parameters, e.g.
+      'decoder/layers_3/mlp/wi_0/kernel: (512, 1024) vs config (512, 2048)'.
   """
-  got = {k: tuple(np.shape(v)) for k, v in
-         traverse_util.flatten_dict(params, sep='/').items()}
-  want = expected_shapes(config)
-  problems = []
-  for k in sorted(set(want) - set(got)):
-    problems.append(f'{k}: missing from checkpoint (config {want[k]})')
-  for k in sorted(set(got) - set(want)):
-    problems.append(f'{k}: in checkpoint {got[k]} but not in config')
-  for k in sorted(set(got) & set(want)):
-    if got[k] != want[k]:
-      problems.append(f'{k}: checkpoint {got[k]} vs config {want[k]}')
+  got, want = _shapes(params), expected_shapes(config)
+  problems = [f'{k}: missing (config {want[k]})'
+              for k in sorted(set(want) - set(got))]
+  problems += [f'{k}: {got[k]}, not in the config'
+               for k in sorted(set(got) - set(want))]
+  problems += [f'{k}: {got[k]} vs config {want[k]}'
+               for k in sorted(set(got) & set(want)) if got[k] != want[k]]
   if problems:
-    raise ValueError(
-        f'{source} does not match the T5Config ({len(problems)} '
-        'parameters):\n  ' + '\n  '.join(problems))
+    more = len(problems) - 8
+    raise checks.InputError(
+        f'{source}: {len(problems)} parameters differ from the T5Config; '
+        f"its shapes say {_described(got)}, the config's "
+        f'{_described(want)}:\n  ' + '\n  '.join(problems[:8])
+        + (f'\n  ... and {more} more' if more > 0 else ''))
 
 
 def params_from_flat(flat: Dict[str, Any], source: str,

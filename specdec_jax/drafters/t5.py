@@ -12,11 +12,9 @@ References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and 4.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import checkpoints
@@ -215,37 +213,21 @@ class T5Drafter:
     return drafts, qs, cache
 
 
-def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
-  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
-          tuple(np.shape(leaf)) for path, leaf in leaves}
-
-
 def check_model_params(model, params) -> None:
-  """Raises ValueError unless params have `model`'s tree and shapes.
+  """Raises InputError unless params have `model`'s tree and shapes
+  (`checkpoints.check_params`).
 
-  The reference is the model's parameter shapes
-  (`checkpoints.expected_shapes`, computed once per config): a
-  `network.T5Model` (or a `partitioning.ShardedModel` of one); any other
-  `interfaces.DecodingModel` is not checked. Leaves may be arrays or
-  `jax.ShapeDtypeStruct`s; the tree T5X's or the fused decoding layout
-  (`network.is_fused`: a model reads either).
+  `model`: a `network.T5Model` (or a `partitioning.ShardedModel` of one);
+  any other `interfaces.DecodingModel` is not checked. Leaves may be
+  arrays or `jax.ShapeDtypeStruct`s; the tree T5X's or the fused decoding
+  layout (`network.is_fused`: a model reads either).
   """
   model = partitioning.unwrap(model)
   if not isinstance(model, T5Model):
     return
-  config = model.config.replace(fused_projections=network.is_fused(params))
-  want, got = checkpoints.expected_shapes(config), _shapes(params)
-  problems = [f'{k}: missing, want {want[k]}' for k in want if k not in got]
-  problems += [f'{k}: not a parameter of the model' for k in got
-               if k not in want]
-  problems += [f'{k}: shape {got[k]}, want {want[k]}' for k in got
-               if k in want and got[k] != want[k]]
-  if problems:
-    raise checks.InputError(
-        f'{len(problems)} parameters differ from the model ({model!r}): '
-        + '; '.join(problems[:6]))
+  checkpoints.check_params(
+      params, model.config.replace(fused_projections=network.is_fused(params)),
+      source='the tree')
 
 
 def build(source: registry.DraftSource, kind: str = 't5'):

@@ -24,6 +24,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import checkpoints
 from specdec_jax import loading
 from specdec_jax import network
@@ -526,16 +527,23 @@ def test_config_mismatch_names_parameter_and_shapes(fixtures_dir):
   shapes; an extra decoder layer in the config must report what is missing.
   """
   path = fixtures_dir / 'test_t5_tiny.checkpoint_0'
-  with pytest.raises(ValueError) as err:
+  with pytest.raises(checks.InputError) as err:
     checkpoints.load_t5x_params(path, config=FIXTURE_CFG.replace(emb_dim=16))
   msg = str(err.value)
-  assert str(path) in msg
-  assert ('token_embedder/embedding: checkpoint (32128, 8) vs config '
-          '(32128, 16)') in msg
-  assert 'decoder/layers_1/mlp/wi_0/kernel: checkpoint (8, 16) vs config ' \
-         '(16, 16)' in msg
-  with pytest.raises(ValueError,
-                     match='decoder/layers_2/.* missing from checkpoint'):
+  # What each side's shapes say of its architecture (the fixture's README:
+  # vocab 32128, emb 8, 4 heads x head_dim 3, mlp 16, 2 + 2 layers).
+  assert re.match(
+      f'{re.escape(str(path))}: [0-9]+ parameters differ from the '
+      'T5Config; its shapes say vocab_size 32128, emb_dim 8, 2 [+] 2 '
+      'layers, mlp_dim 16, heads x head_dim 12, the config.s vocab_size '
+      '32128, emb_dim 16, 2 [+] 2 layers, mlp_dim 16, heads x head_dim '
+      '12:\n', msg), msg
+  lines = msg.splitlines()
+  assert len(lines) == 1 + 8 + 1 and lines[-1].startswith('  ... and ')
+  assert ('decoder/layers_0/encoder_decoder_attention/key/kernel: (8, 12) '
+          'vs config (16, 12)') in msg
+  with pytest.raises(checks.InputError,
+                     match='decoder/layers_2/.*: missing .config'):
     checkpoints.load_t5x_params(
         path, config=FIXTURE_CFG.replace(num_decoder_layers=3))
 
