@@ -78,9 +78,12 @@ def join(folder: Folder, *names: str) -> Folder:
 def check_folder(name: str, path) -> None:
   """Raises InputError when `path`, a folder a job writes into, is neither
   local nor a gs:// address (kept here): `pathlib` would write 's3://b/x'
-  to a local folder 's3:/b/x'."""
+  to a local folder 's3:/b/x'; or when a file stands where the local
+  folder would be (`checks.check_no_file_in_the_way`)."""
   text = os.fspath(path)
-  if '://' in text and not is_bucket(text):
+  if '://' not in text:
+    checks.check_no_file_in_the_way(name, text)
+  elif not is_bucket(text):
     raise checks.InputError(
         f'{name} {text!r} is neither a local folder nor a gs:// address: a '
         'job writes its folder with file operations (renames, appends) '

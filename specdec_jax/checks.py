@@ -15,6 +15,7 @@ goes on after a job fails: `failure`).
 import argparse
 import contextlib
 import os
+import pathlib
 import traceback
 from typing import Tuple
 
@@ -121,7 +122,8 @@ def check_positive(name: str, value, unit: str = '') -> None:
 
 def check_local_folder(name: str, path) -> None:
   """Raises InputError when `path`, a folder a job writes into, is a URL
-  (gs://, s3://, ...) rather than a local folder.
+  (gs://, s3://, ...) rather than a local folder, or a file stands where
+  it would be (`check_no_file_in_the_way`).
 
   The jobs' folders are written with local file operations (files renamed
   into place, logs appended, folders moved aside), which object stores do
@@ -129,13 +131,27 @@ def check_local_folder(name: str, path) -> None:
   'gs:/b/x'. Checkpoints and data are read from gs:// all the same.
   """
   text = os.fspath(path)
-  if '://' in text:
-    raise InputError(
-        f'{name} {text!r} is not a local folder: a job writes its folder '
-        'with file operations (atomic renames, appends) that object stores '
-        'lack. Give a local folder (across hosts: one every host mounts, '
-        'e.g. NFS) and copy it to the bucket afterwards; checkpoints are '
-        'read from gs:// as they are.')
+  if '://' not in text:
+    check_no_file_in_the_way(name, text)
+    return
+  raise InputError(
+      f'{name} {text!r} is not a local folder: a job writes its folder '
+      'with file operations (atomic renames, appends) that object stores '
+      'lack. Give a local folder (across hosts: one every host mounts, '
+      'e.g. NFS) and copy it to the bucket afterwards; checkpoints are '
+      'read from gs:// as they are.')
+
+
+def check_no_file_in_the_way(name: str, path) -> None:
+  """Raises InputError where the local folder `path` (`name`) cannot be
+  made: it, or the nearest of its parents that exists, is a file."""
+  folder = pathlib.Path(os.path.expanduser(os.fspath(path))).absolute()
+  for place in (folder, *folder.parents):
+    if place.exists():
+      if not place.is_dir():
+        raise InputError(f'{name} {os.fspath(path)!r} cannot be a folder: '
+                         f'{place} is a file.')
+      return
 
 
 @contextlib.contextmanager

@@ -421,7 +421,8 @@ def test_a_failure_keeps_the_traceback_of_a_fault_only(capsys):
 def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   """pathlib would write 's3://b/run' to a local folder 's3:/b/run' (a
   gs:// one is kept in a local copy: tests/test_bucket_folder.py); a
-  negative sync_every_s is refused too, before anything is written."""
+  negative sync_every_s and a file in the folder's way are refused too,
+  before anything is written."""
   monkeypatch.chdir(tmp_path)
   with pytest.raises(ValueError, match="output_dir 's3://b/run' is neither a "
                      'local folder nor a gs:// address'):
@@ -430,6 +431,14 @@ def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
                      "seconds >= 0, got -1"):
     eval_lib.main(args(tmp_path / 'run', **{'evaluate.sync_every_s': '-1'}))
   assert not list(tmp_path.iterdir())
+  # A file where the folder, or a folder above it, would be: named, not
+  # mkdir's FileExistsError / NotADirectoryError from inside the job.
+  (tmp_path / 'a_file').write_text('')
+  for out in (tmp_path / 'a_file', tmp_path / 'a_file' / 'run'):
+    with pytest.raises(checks.InputError, match=(
+        f"output_dir '{out}' cannot be a folder: {tmp_path / 'a_file'} is a "
+        'file')):
+      eval_lib.main(args(out))
 
 
 def test_widened_target_decodes_the_same(tmp_path):

@@ -274,6 +274,18 @@ def test_positive_numbers_pass_and_one_line_ends_a_command():
       raise TypeError('a bug')
 
 
+def test_a_local_folder_a_job_writes_is_no_url_and_no_file(tmp_path):
+  checks.check_local_folder('out_dir', tmp_path / 'new' / 'folder')
+  checks.check_local_folder('out_dir', tmp_path)  # one that exists
+  with pytest.raises(checks.InputError, match="'gs://b/x' is not a local "):
+    checks.check_local_folder('out_dir', 'gs://b/x')
+  (tmp_path / 'f').write_text('')
+  with pytest.raises(checks.InputError, match=(
+      f"out_dir '{tmp_path}/f/x/y' cannot be a folder: {tmp_path}/f is a "
+      'file')):
+    checks.check_local_folder('out_dir', f'{tmp_path}/f/x/y')
+
+
 @pytest.mark.parametrize('call, message', [
     (lambda: decoding.SamplingConfig(topk=True), 'topk must be an int >= 0'),
     (lambda: speculative.check_gamma(np.int64(0)), 'gamma must be an int'),
