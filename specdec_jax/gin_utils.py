@@ -17,7 +17,9 @@ import argparse
 import difflib
 import logging
 import pathlib
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
+import re
+from typing import (Any, Callable, Dict, Iterator, Mapping, Optional,
+                    Sequence, Set, Tuple)
 
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / 'gin_configs'
 
@@ -192,7 +194,8 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
     logging.warning(message)
 
 
-def configure(args, fn, example_gin_file: str):
+def configure(args, fn, example_gin_file: str,
+              moved: Optional[Mapping[str, str]] = None):
   """Parses `args.gin_file`/`gin_bindings` (T5X style); returns fn with them.
 
   Args:
@@ -201,6 +204,9 @@ def configure(args, fn, example_gin_file: str):
     fn: the function or class the gin files configure (dynamic
       registration).
     example_gin_file: named in the error when no --gin_file is given.
+    moved: {'EvalSetup.data_dir': 'loading.DataSpec.data_dir', ...}:
+      parameters now bound elsewhere, said beside gin's error for a
+      binding of the old name (a gin file written before they moved).
 
   Returns:
     `gin.get_configurable(fn)`.
@@ -216,16 +222,21 @@ def configure(args, fn, example_gin_file: str):
           allow_unused=args.gin_allow_unused)
     return gin.get_configurable(fn)
   except Exception as e:  # gin's messages name the file and the binding
-    raise SystemExit(f'gin configuration error: {said(e)}') from None
+    raise SystemExit(
+        f'gin configuration error: {said(e, moved or {})}') from None
 
 
-def said(error: Exception) -> str:
+def said(error: Exception, moved: Mapping[str, str]) -> str:
   """gin's error as the command says it. gin names the line of a value
   it cannot parse by its number alone: here with its text, and for a
   --gin. binding how a string is written (an unquoted path is the usual
-  cause)."""
+  cause); a parameter that has moved (`configure`'s `moved`), where it is
+  bound now."""
   if not (isinstance(error, SyntaxError) and error.text):
-    return str(error)
+    found = re.search(r"Configurable '(?:.*\.)?(\w+)' doesn't have a "
+                      r"parameter named '(\w+)'", str(error))
+    now = found and moved.get(f'{found[1]}.{found[2]}')
+    return str(error) + (f'\n  It is now bound as {now}.' if now else '')
   line = error.text.strip()
   if error.filename:
     return f'{error.msg} ({error.filename}, line {error.lineno}: {line})'

@@ -331,6 +331,12 @@ GROUPED = {
 }
 # The `EvalSetup` fields that are groups.
 _GROUPS = frozenset(group for group, _ in GROUPED.values())
+# A gin file's binding of a grouped name on EvalSetup, and where it is
+# bound now ('EvalSetup.data_dir' -> 'loading.DataSpec.data_dir').
+_GROUP_GIN = {'draft': 'loading.DrafterSpec', 'batch': 'loading.BatchSpec',
+              'sampling': 'sampling.SamplingConfig', 'data': 'loading.DataSpec'}
+MOVED = {f'EvalSetup.{name}': f'{_GROUP_GIN[group]}.{field}'
+         for name, (group, field) in GROUPED.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -542,7 +548,8 @@ def setup_from_flags(args) -> EvalSetup:
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_jax import gin_utils  # pylint: disable=g-import-not-at-top
 
-  gin_utils.configure(args, EvalSetup, 'gin_configs/paper/ende_t0_small.gin')
+  gin_utils.configure(args, EvalSetup, 'gin_configs/paper/ende_t0_small.gin',
+                      moved=MOVED)
   # Checks the setup (EvalSetup.__post_init__) before anything is loaded.
   return gin.get_configurable(EvalSetup)()
 

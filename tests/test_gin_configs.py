@@ -146,3 +146,23 @@ def test_a_value_gin_cannot_parse_is_shown_with_its_line(tmp_path):
     eval_lib.configured([f'--gin_file={bad}', '--dry_run'])
   assert e.value.code == ('gin configuration error: Expected newline. '
                           f'({bad}, line 2: GAMMA = 3 4)')
+
+
+def test_a_binding_of_a_moved_parameter_says_where_it_is_now():
+  """A gin file written before the setup's groups binds
+  `loading.EvalSetup.data_dir`; gin's error then says its new name, and
+  every new name is one gin takes."""
+  with pytest.raises(SystemExit) as e:
+    eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                         "--gin.loading.EvalSetup.data_dir='/tmp/d'"])
+  assert e.value.code.endswith(
+      "named 'data_dir'.\n  In bindings string line 1\n    "
+      "loading.EvalSetup.data_dir = '/tmp/d'\n  It is now bound as "
+      'loading.DataSpec.data_dir.'), e.value.code
+  eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                       "--gin.EVAL_OUTPUT_DIR='/tmp/x'"])  # registers them
+  with gin.unlock_config():
+    for now in loading.MOVED.values():
+      gin.parse_config([f'{now} = 0'])  # raises for a name gin has not
+  gin.clear_config(clear_constants=True)
+  assert len(loading.MOVED) == len(loading.GROUPED)
