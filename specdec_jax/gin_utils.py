@@ -43,10 +43,20 @@ def parse_flags(argv: Sequence[str], prog: str, description: str = '',
                                                  None]] = None
                 ) -> argparse.Namespace:
   """The gin flags of a job, plus the job's own (`add_arguments(parser)`)."""
-  parser = argparse.ArgumentParser(prog=prog, description=description)
-  parser.add_argument('--gin_file', action='append', default=[])
-  parser.add_argument('--gin_bindings', action='append', default=[])
-  parser.add_argument('--gin_search_paths', default='')
+  parser = argparse.ArgumentParser(
+      prog=prog, description=description,
+      epilog=('--gin.NAME=VALUE binds one gin parameter or macro, as '
+              "--gin_bindings='NAME = VALUE' does; a string value is quoted "
+              'inside the shell\'s quotes: --gin.EVAL_OUTPUT_DIR="\'/tmp/run\'"'
+              '. Later files and bindings override earlier ones.'))
+  parser.add_argument('--gin_file', action='append', default=[],
+                      help='a gin file (repeatable), from gin_configs/ '
+                      '(shipped/en_de.gin), the repository root or a path')
+  parser.add_argument('--gin_bindings', action='append', default=[],
+                      help="a binding 'NAME = VALUE' (repeatable)")
+  parser.add_argument('--gin_search_paths', default='',
+                      help='comma-separated folders gin also looks in for '
+                      'files and includes')
   parser.add_argument('--gin_allow_unused', action='store_true',
                       help='warn instead of failing on a --gin binding that '
                       'nothing uses')
