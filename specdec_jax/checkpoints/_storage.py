@@ -6,6 +6,8 @@ import os
 import re
 from typing import List, Set, Tuple
 
+from specdec_jax import checks
+
 
 def is_gcs(path: str) -> bool:
   return path.startswith('gs://')
@@ -27,13 +29,30 @@ def _gcs_store(path: str):
   return ts.KvStore.open({'driver': 'gcs', 'bucket': bucket}).result(), key
 
 
+# A listing answers in seconds where GCS can be reached; where it cannot
+# (no network, no credentials) tensorstore retries for many minutes without
+# a word. Every gs:// path is listed before it is read (a checkpoint, a run
+# folder), so this is where a job says so.
+LIST_TIMEOUT_S = 120.0
+
+
 def _gcs_keys(path: str, exact: bool) -> list:
   """Object keys equal to (exact) or under (folder) a gs:// address."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   store, key = _gcs_store(path if exact else path.rstrip('/') + '/')
   end = key + ('\x00' if exact else '\x7f')
-  return list(store.list(ts.KvStore.KeyRange(key, end)).result())
+  listing = store.list(ts.KvStore.KeyRange(key, end))
+  try:
+    return list(listing.result(timeout=LIST_TIMEOUT_S))
+  except TimeoutError:
+    listing.cancel()
+    raise checks.InputError(
+        f'{path}: GCS gave no listing in {LIST_TIMEOUT_S:g} s (tensorstore '
+        'retries while it cannot reach GCS: no network, or no credentials, '
+        'read from $GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth '
+        f'application-default login`). Check with: gsutil ls {path}'
+        ) from None
 
 
 def isdir(path: str) -> bool:

@@ -869,3 +869,17 @@ def test_damage_on_gcs_is_named(gcs, tmp_path, monkeypatch):
   with pytest.raises(checkpoints.CheckpointError,
                      match=f'incomplete checkpoint .*{named}: missing'):
     checkpoints.load_t5x_params(address)
+
+
+def test_a_gcs_that_gives_no_listing_in_time_is_said(gcs, monkeypatch):
+  """Where GCS cannot be reached, tensorstore retries for many minutes
+  without a word; a listing (every gs:// path is listed before it is read)
+  that takes longer than `_storage.LIST_TIMEOUT_S` is an InputError naming
+  the address and the usual causes. (Here the limit is shorter than any
+  answer of the local GCS.)"""
+  storage = checkpoints._storage  # pylint: disable=protected-access
+  monkeypatch.setattr(storage, 'LIST_TIMEOUT_S', 1e-9)
+  with pytest.raises(checks.InputError, match=(
+      f'{gcs}/ckpt\\S*: GCS gave no listing in 1e-09 s .* no network, or no '
+      f'credentials.*gsutil ls {gcs}/ckpt')):
+    checkpoints.load_t5x_params(f'{gcs}/ckpt')
