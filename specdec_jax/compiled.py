@@ -666,12 +666,9 @@ def iterations(args: argparse.Namespace) -> str:
                          partitioner(target, args.num_partitions))[0]
   names = None if args.iterations == 'reference' else program_names() if (
       args.programs == 'all') else [p.strip() for p in args.programs.split(',')]
-  try:
-    return program_cost.report_iterations(
-        lower, target.platform, names, target.spec.name, args.captured_us,
-        dict(args.xla_option))
-  except BackendMissing as e:
-    raise SystemExit(str(e)) from e
+  return program_cost.report_iterations(
+      lower, target.platform, names, target.spec.name, args.captured_us,
+      dict(args.xla_option))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -682,18 +679,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   args = parse_flags(sys.argv[1:] if argv is None else list(argv))
-  if args.iterations:
-    print(iterations(args))
-    return
-  target, base, rows = get_target(args.target), setup(args), []
-  print(f'{target.name}: {target.chips} x {target.spec.name}, '
-        f'{target.spec.device_hbm_bytes / GIB:.2f} GiB per device')
-  for batch, name in plan(args):
-    facts = compile_program(name, dataclasses.replace(base, batch=batch),
-                            target, args.num_partitions)
-    rows.append(program_row(dict(facts, name=name, batch=batch)))
-    jax.clear_caches()  # never run; an XXL loop's program holds GBs of RAM
-  print(report.table(PROGRAM_COLUMNS, rows))
+  with checks.one_line(BackendMissing):  # its fix named, in one line
+    if args.iterations:
+      return print(iterations(args))
+    target, base, rows = get_target(args.target), setup(args), []
+    print(f'{target.name}: {target.chips} x {target.spec.name}, '
+          f'{target.spec.device_hbm_bytes / GIB:.2f} GiB per device')
+    for batch, name in plan(args):
+      facts = compile_program(name, dataclasses.replace(base, batch=batch),
+                              target, args.num_partitions)
+      rows.append(program_row(dict(facts, name=name, batch=batch)))
+      jax.clear_caches()  # never run; an XXL loop's program holds GBs
+    print(report.table(PROGRAM_COLUMNS, rows))
 
 
 if __name__ == '__main__':

@@ -632,7 +632,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   if args.reestimate:
     print(reestimate(args.reestimate))
     return
-  result = run(args, argv)
+  with checks.one_line(compiled.BackendMissing):  # its fix, in one line
+    result = run(args, argv)
   stem = args.target.replace(':', '_') + (
       '_megacore' if args.megacore_steps else '')
   path = report.write_json(f'{args.out_dir}/{stem}.json', result)

@@ -171,6 +171,18 @@ def test_a_bad_value_is_the_parsers_error_before_anything_compiles(
   assert message in capsys.readouterr().err
 
 
+def test_a_missing_compiler_ends_the_command_in_one_line(monkeypatch):
+  """A target whose compiler plugin is not installed: the command's one
+  line names the fix, not a traceback (--iterations, where the CUDA plugin
+  is absent: tests/test_program_cost.py)."""
+  def missing(*args, **kwargs):
+    raise compiled.BackendMissing('no CUDA plugin: pip install ...')
+  monkeypatch.setattr(compiled, 'compile_program', missing)
+  with pytest.raises(SystemExit) as e:
+    compiled.main(['--target=gpu:h100', '--programs=baseline', '--batches=1'])
+  assert e.value.code == 'error: no CUDA plugin: pip install ...'
+
+
 def test_a_programs_row_says_whether_it_fits_or_why_not():
   """The command's table: bytes per device in GiB and the fit, or the
   compiler's error in the 'compiled' column (a '|' cannot break the table)."""

@@ -84,6 +84,20 @@ def test_committed_pages_are_what_reestimate_writes(tmp_path, monkeypatch,
       committed.with_suffix('.md').read_text())
 
 
+def test_a_missing_compiler_ends_the_command_in_one_line(monkeypatch,
+                                                         tmp_path):
+  """A target whose compiler plugin is not installed (as on a machine
+  without the CUDA plugin): the fix in one line, nothing written."""
+  def missing(*args, **kwargs):
+    raise compiled.BackendMissing('no CUDA plugin: pip install ...')
+  monkeypatch.setattr(compiled, 'compile_program', missing)
+  with pytest.raises(SystemExit) as e:
+    estimates.main(['--target=gpu:h100', '--programs=baseline', '--ks=',
+                    f'--out_dir={tmp_path}'])
+  assert e.value.code == 'error: no CUDA plugin: pip install ...'
+  assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize('content,error', [
     (None, 'FileNotFoundError'), ('[1]', 'TypeError'),
     ('{"spec": "table2"}', "KeyError: 'command'"),
