@@ -311,7 +311,7 @@ class DataSpec:
     object.__setattr__(self, 'task_feature_lengths',
                        dict(self.task_feature_lengths))
     if self.num_examples is not None:
-      checks.check_int('num_examples', self.num_examples, 0, ' (or None: all)')
+      checks.check_int('num_examples', self.num_examples, 1, ' (or None: all)')
 
 
 # The job's flat names of the groups' fields (gin macros, run.json, a

@@ -326,6 +326,8 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'DRAFTER': "'trigram'"}, ValueError,
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
+    ({'NUM_EXAMPLES': '0'}, ValueError,
+     'num_examples must be an int >= 1 .or None: all., got 0'),
     ({'DTYPE': "'float16x'"}, ValueError,
      "draft_config.dtype must be a float dtype .*got 'float16x'"),
     ({'BatchSpec.gamma_rule': "'auto'"}, ValueError,
