@@ -32,7 +32,9 @@ t5_1_1 gin files), on our network:
   latest one and skips the batches already seen, so an interrupted run ends
   with the same parameters as an uninterrupted one; a checkpoint whose save
   was cut short (`SAVING_FILE` names its step) is removed first, and the
-  run resumes from the one before.
+  run resumes from the one before. The teacher's params are read only to
+  distill or to start from, and the validation split only when there are
+  steps to run.
 - Logs: `model_dir/log.jsonl`, one record per `log_period` steps
   (`split: 'train'`, means over those steps) and per evaluation (`split:
   'validation'`): step, loss (cross entropy + z-loss, T5X's 'loss'),
@@ -450,18 +452,27 @@ def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
   checks.check_feature_lengths(task_feature_lengths)
   checks.check_ints(train_steps=train_steps, batch_size=batch_size, **periods)
   learning_rate_fn(*rate)  # validates
-  _check_teacher_args(*teacher)
+  _check_teacher_args(model_config, *teacher)
 
 
-def _check_teacher_args(teacher_config, teacher_checkpoint, kd_loss):
-  """A teacher comes with its checkpoint, and a KD loss needs a teacher."""
+def _check_teacher_args(model_config, teacher_config, teacher_checkpoint,
+                        kd_loss, init_from_teacher):
+  """A teacher comes with its checkpoint and MODEL's vocabulary; a KD loss
+  and init_from_teacher need one."""
   if (teacher_config is None) != (teacher_checkpoint is None):
     raise checks.InputError(
         'teacher_config and teacher_checkpoint go together; got '
         f'{teacher_config!r} and {teacher_checkpoint!r}.')
-  if kd_loss != 'none' and teacher_config is None:
-    raise checks.InputError(f'kd_loss={kd_loss!r} needs teacher_config and '
-                            'teacher_checkpoint.')
+  if teacher_config is None:
+    for name, value in (('kd_loss', kd_loss),
+                        ('init_from_teacher', init_from_teacher)):
+      if value not in ('none', False):
+        raise checks.InputError(f'{name}={value!r} needs teacher_config and '
+                                'teacher_checkpoint.')
+  elif teacher_config.vocab_size != model_config.vocab_size:
+    raise checks.InputError(
+        f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
+        f'has {model_config.vocab_size}: distillation needs one vocabulary.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,19 +555,20 @@ def _open_data(model_config: network.T5Config, mixture_or_task_name: str,
                None if train_arrays is None else _fit(train_arrays, lengths))
 
 
-def _load_teacher(model_config: network.T5Config,
-                  teacher_config: Optional[network.T5Config],
-                  teacher_checkpoint: Optional[str]
-                  ) -> tuple[Optional[network.T5Model], Optional[PyTree]]:
-  """The distillation target and its params ((None, None) without one)."""
-  if teacher_config is None:
-    return None, None
-  if teacher_config.vocab_size != model_config.vocab_size:
-    raise checks.InputError(
-        f'The teacher has vocab_size {teacher_config.vocab_size} but MODEL '
-        f'has {model_config.vocab_size}: distillation needs one vocabulary.')
-  return network.T5Model(teacher_config), checkpoints.load_t5x_params(
-      teacher_checkpoint, config=teacher_config, dtype=jnp.float32)
+@dataclasses.dataclass
+class _Teacher:
+  """The distillation target (`train`'s teacher_config, teacher_checkpoint:
+  both None without one), its params loaded when first asked for: a run
+  that resumes past the start reads them only to distill, and a rerun of
+  a finished run not at all."""
+
+  config: Optional[network.T5Config]
+  checkpoint: Optional[str]
+
+  @functools.cached_property
+  def params(self) -> PyTree:
+    return checkpoints.load_t5x_params(self.checkpoint, config=self.config,
+                                       dtype=jnp.float32)
 
 
 def _write_config(model_dir: str, config_str: str):
@@ -569,18 +581,14 @@ def _write_config(model_dir: str, config_str: str):
 
 def _initial_state(model: network.T5Model, model_config: network.T5Config,
                    model_dir: str, seed: int, init_from_teacher: bool,
-                   teacher_config: Optional[network.T5Config],
-                   teacher_params: Optional[PyTree]) -> TrainState:
+                   teacher: _Teacher) -> TrainState:
   """The state a run starts from: `model_dir`'s latest checkpoint, else a
   fresh one (random parameters, or with `init_from_teacher` the teacher's
   cut to MODEL's depth)."""
   _remove_cut_short_save(model_dir)
   latest = checkpoints.latest_checkpoint(model_dir)
   if latest is None and init_from_teacher:
-    if teacher_config is None:
-      raise checks.InputError('init_from_teacher needs teacher_config and '
-                              'teacher_checkpoint.')
-    params = distill.init_from_teacher(teacher_params, teacher_config,
+    params = distill.init_from_teacher(teacher.params, teacher.config,
                                        model_config)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=make_optimizer(0.0).init(params))
@@ -591,18 +599,21 @@ def _initial_state(model: network.T5Model, model_config: network.T5Config,
   return state
 
 
-def _step_fn(model: network.T5Model, teacher: Optional[network.T5Model],
-             teacher_params: Optional[PyTree], learning_rate: float,
+def _step_fn(model: network.T5Model, teacher: _Teacher, learning_rate: float,
              schedule: str, warmup_steps: int, z_loss: float, kd_loss: str,
              kd_weight: float
              ) -> Callable[[TrainState, Batch], tuple[TrainState, Any]]:
   """`make_train_step`'s step as `(state, batch) -> (state, metrics)`, the
-  teacher's params (if any) bound."""
-  train_step = make_train_step(model, float(learning_rate), schedule,
-                               int(warmup_steps), float(z_loss), teacher,
-                               kd_loss, float(kd_weight))
-  extra = () if teacher is None else (teacher_params,)
-  return lambda state, batch: train_step(state, batch, *extra)
+  teacher's params bound when it distills (loaded then)."""
+  distills = kd_loss != 'none'
+  train_step = make_train_step(
+      model, float(learning_rate), schedule, int(warmup_steps),
+      float(z_loss), network.T5Model(teacher.config) if distills else None,
+      kd_loss, float(kd_weight))
+  if not distills:
+    return train_step
+  params = teacher.params
+  return lambda state, batch: train_step(state, batch, params)
 
 
 class _ModelDir:
@@ -796,21 +807,21 @@ def train(
                  checkpoint_period=checkpoint_period)
   _check_args(model_config, task_feature_lengths, train_steps, batch_size,
               periods, model_dir, (learning_rate, schedule, warmup_steps),
-              (teacher_config, teacher_checkpoint, kd_loss))
+              (teacher_config, teacher_checkpoint, kd_loss, init_from_teacher))
   examples = _open_data(model_config, mixture_or_task_name,
                         task_feature_lengths, data_dir, array_dir)
-  eval_data = examples.eval_batches(batch_size, eval_examples)
-  teacher, teacher_params = _load_teacher(model_config, teacher_config,
-                                          teacher_checkpoint)
+  teacher = _Teacher(teacher_config, teacher_checkpoint)
   with bucket_folder.kept_here('model_dir', model_dir) as here:
-    _write_config(here.path, config_str)
     model = network.T5Model(model_config)
     state = _initial_state(model, model_config, here.path, seed,
-                           init_from_teacher, teacher_config, teacher_params)
+                           init_from_teacher, teacher)
+    eval_data = (examples.eval_batches(batch_size, eval_examples)
+                 if int(state.step) < train_steps else [])
+    _write_config(here.path, config_str)
     out = _ModelDir(here.path, int(state.step), keep_checkpoints, here.sync)
     if out.start < train_steps:
-      step_fn = _step_fn(model, teacher, teacher_params, learning_rate,
-                         schedule, warmup_steps, z_loss, kd_loss, kd_weight)
+      step_fn = _step_fn(model, teacher, learning_rate, schedule,
+                         warmup_steps, z_loss, kd_loss, kd_weight)
       batches = examples.batches(batch_size, seed, out.start)
       state = _run_steps(step_fn, state, batches, eval_data, model, out,
                          train_steps=train_steps, z_loss=z_loss,

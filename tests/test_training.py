@@ -186,7 +186,8 @@ def uninterrupted(tmp_path_factory, debian_slice):
   return _train(model_dir, 4, checkpoint_period=4, eval_examples=0), model_dir
 
 
-def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted):
+def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted,
+                                                    monkeypatch):
   """A rerun continues from the checkpoint, and ends where one run would.
 
   Run B stops at step 2 and is restarted to step 4; the fixture's run goes to
@@ -225,8 +226,16 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted):
   changed = jax.tree.map(lambda x, y: bool(np.any(x != y)), params_2,
                          params_b)
   assert all(jax.tree.leaves(changed))  # steps 3-4 trained every parameter
-  # Nothing left to do: a rerun at the final step trains nothing.
-  assert _train(tmp_path, 4)['start_step'] == 4
+  # Nothing left to do: a rerun at the final step trains nothing, and
+  # reads neither the validation split nor the teacher it would distill
+  # from (here neither could be read).
+  def unread(*args, **kwargs):
+    raise AssertionError('a finished run read its validation split')
+
+  monkeypatch.setattr(data, 'task_eval_batches', unread)
+  again = _train(tmp_path, 4, teacher_config=TINY, kd_loss='fkl',
+                 kd_weight=0.5, teacher_checkpoint=str(tmp_path / 'none'))
+  assert again['start_step'] == again['step'] == 4
 
 
 def _killed_mid_save(monkeypatch, model_dir, train_steps, **overrides):
@@ -333,6 +342,20 @@ def test_lengths_without_targets_are_refused_before_anything_loads(
   with pytest.raises(checks.InputError,
                      match='TASK_FEATURE_LENGTHS needs "inputs" and'):
     _train(tmp_path / 'run', 1, task_feature_lengths={'inputs': 16})
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(kd_loss='fkl'), "kd_loss='fkl' needs teacher_config and"),
+    (dict(init_from_teacher=True), 'init_from_teacher=True needs teacher_'),
+    (dict(teacher_config=TINY), 'teacher_config and teacher_checkpoint go '
+     'together'),
+    (dict(teacher_config=TINY.replace(vocab_size=2048), teacher_checkpoint='t'),
+     'The teacher has vocab_size 2048 but MODEL has 1024')])
+def test_teacher_arguments_are_refused_before_anything_loads(
+    tmp_path, overrides, message):
+  with pytest.raises(checks.InputError, match=message):
+    _train(tmp_path / 'run', 1, **overrides)
   assert not (tmp_path / 'run').exists()
 
 
