@@ -136,5 +136,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
-    main()
+  checks.run_main(main)  # a refused value or file: its line

@@ -167,5 +167,4 @@ def train(args, out_dir, saved):
 
 
 if __name__ == '__main__':
-  with checks.one_line(*checks.REFUSED):  # a refused value or file: its line
-    main()
+  checks.run_main(main)  # a refused value or file: its line

@@ -165,3 +165,11 @@ def one_line(*errors, said: str = ''):
   except errors as e:
     kind = f'{type(e).__name__}: ' if said else ''
     raise SystemExit(f'error: {said}{kind}{e}') from None
+
+
+def run_main(main, *args, **kwargs):
+  """A script's entry (`if __name__ == '__main__': checks.run_main(main)`):
+  `main(*args, **kwargs)`, whatever it refuses (`REFUSED`) said in one line
+  (`one_line`)."""
+  with one_line(*REFUSED):
+    return main(*args, **kwargs)
