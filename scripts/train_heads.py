@@ -11,10 +11,12 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    `heads_train.chain_loss`, unrolled --depth steps from --positions random
    positions per row; the target is never updated.
 4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
-   every --save_every steps; a rerun resumes from the latest) and
-   log.jsonl; the final alpha per depth on the held-out test rows (never
-   trained on; see Data below) goes into log.jsonl and the printout; with
-   --export_dir, the final head in bfloat16 (to ship) and the log.
+   every --save_every steps, with AdamW's state and the batches'
+   generator, so a rerun resumes from the latest exactly: an interrupted
+   run ends with an uninterrupted one's head) and log.jsonl; the final
+   alpha per depth on the held-out test rows (never trained on; see Data
+   below) goes into log.jsonl and the printout; with --export_dir, the
+   final head in bfloat16 (to ship) and the log.
    --out_dir may be a gs:// address (kept in a local copy, copied up at
    each save: bucket_folder.kept_here).
 
@@ -60,6 +62,7 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import shipped
+from specdec_jax import training
 from specdec_jax.bench import flags
 from specdec_jax import models
 from specdec_jax.drafters import heads
@@ -163,6 +166,7 @@ def train(args, out_dir, saved):
   head = heads.Head(model.config, head_cfg)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
+  training.remove_cut_short_save(out_dir)
   latest = checkpoints.latest_checkpoint(out_dir)
   if latest:
     hp, saved_cfg = heads.load_head(latest, model.config)
@@ -173,29 +177,37 @@ def train(args, out_dir, saved):
   else:
     hp = heads.init_head(model.config, head_cfg, args.seed)
     first = 0
-  # A resumed run continues the schedule at its step (Adam moments restart).
-  optimizer = optax.adamw(lambda count: schedule(count + first),
-                          weight_decay=args.weight_decay)
+  optimizer = optax.adamw(schedule, weight_decay=args.weight_decay)
   opt_state = optimizer.init(hp)
+  rng = np.random.default_rng(args.seed)
+  rows = None  # the rows of the chunk trained on
+  if latest:  # AdamW's state (its step count too) and the batches', saved
+    opt_state, values = training.restore_run_state(latest, opt_state, rng)
+    rows = values.get('rows')
   step_fn = heads_train.make_train_step(head, optimizer, args.depth)
-  rng = np.random.default_rng(args.seed + first)
-  log = open(os.path.join(out_dir, 'log.jsonl'), 'a')
+  log_path = os.path.join(out_dir, training.LOG_FILE)
+  training.log_up_to(log_path, first)
+  log = open(log_path, 'a')
   t0 = time.time()
-  chunk = None
+
+  def chunk_of(rows):
+    feats = [heads_train.target_features(
+        model, params, jnp.asarray(enc[rows[i:i + 256]]),
+        jnp.asarray(out[rows[i:i + 256]]))
+             for i in range(0, len(rows), 256)]
+    return (jnp.concatenate([f[0] for f in feats]),
+            (jnp.concatenate([f[1][0] for f in feats]),
+             jnp.concatenate([f[1][1] for f in feats])),
+            jnp.asarray(enc[rows]), jnp.asarray(out[rows]))
+
+  chunk = None if rows is None else chunk_of(np.asarray(rows))
   steps_per_chunk = max(1, args.chunk_rows // args.batch_size * 4)
   n = out.shape[1]
   for step in range(first + 1, args.steps + 1):
-    if chunk is None or (step - first - 1) % steps_per_chunk == 0:
+    if chunk is None or (step - 1) % steps_per_chunk == 0:
       rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
                                 replace=False))
-      feats = [heads_train.target_features(
-          model, params, jnp.asarray(enc[rows[i:i + 256]]),
-          jnp.asarray(out[rows[i:i + 256]]))
-               for i in range(0, len(rows), 256)]
-      chunk = (jnp.concatenate([f[0] for f in feats]),
-               (jnp.concatenate([f[1][0] for f in feats]),
-                jnp.concatenate([f[1][1] for f in feats])),
-               jnp.asarray(enc[rows]), jnp.asarray(out[rows]))
+      chunk = chunk_of(rows)
     hidden, (ck, cv), c_enc, c_out = chunk
     idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
                                  replace=False))
@@ -214,8 +226,10 @@ def train(args, out_dir, saved):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      heads.save_head(hp, head_cfg, out_dir, step)
-      saved()
+      training.save_whole(out_dir, step, lambda: heads.save_head(
+          hp, head_cfg, out_dir, step, extra_files=training.run_state_files(
+              opt_state, rng, rows=[int(r) for r in rows])),
+                          keep_checkpoints=None, on_write=saved)
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]

@@ -21,8 +21,10 @@ spec; without it the shipped test slice's rows --train_rows (default
 
 Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
-eval job's DRAFT_CHECKPOINT), log.jsonl. A rerun resumes from the latest
-checkpoint. --out_dir may be a gs:// address (kept in a local copy, copied
+eval job's DRAFT_CHECKPOINT; with Adam's moments and the batches'
+generator, so a rerun resumes from the latest checkpoint exactly: an
+interrupted run ends with an uninterrupted one's embeddings), log.jsonl.
+--out_dir may be a gs:// address (kept in a local copy, copied
 up at each save: bucket_folder.kept_here). Because slot j sees only slots
 1..j, the first L' < L embeddings of an L-slot run are themselves an
 L'-slot drafter.
@@ -51,6 +53,7 @@ from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import distill
 from specdec_jax import shipped
+from specdec_jax import training
 from specdec_jax.bench import flags
 from specdec_jax import models
 from specdec_jax.drafters import lookahead
@@ -126,6 +129,7 @@ def train(args, out_dir, saved):
         f'{(out > 0).sum(1).mean():.1f}', flush=True)
 
   optimizer = optax.adam(args.learning_rate)
+  training.remove_cut_short_save(out_dir)
   latest = checkpoints.latest_checkpoint(out_dir)
   if latest:
     la = lookahead.load_lookahead(latest, model.config)
@@ -135,10 +139,14 @@ def train(args, out_dir, saved):
     first = 0
   if lookahead.check_lookahead(la, model.config) != args.num_lookahead:
     raise ValueError(f'{latest} holds another number of embeddings.')
-  opt_state = optimizer.init(la)  # Adam moments restart on resume
+  opt_state = optimizer.init(la)
+  rng = np.random.default_rng(args.seed)
+  if latest:  # Adam's moments and the batches' generator, as saved
+    opt_state, _ = training.restore_run_state(latest, opt_state, rng)
   step_fn = lookahead_train.make_train_step(model, optimizer)
-  rng = np.random.default_rng(args.seed + first)
-  log = open(os.path.join(out_dir, 'log.jsonl'), 'a')
+  log_path = os.path.join(out_dir, training.LOG_FILE)
+  training.log_up_to(log_path, first)
+  log = open(log_path, 'a')
   t0 = time.time()
   for step in range(first + 1, args.steps + 1):
     idx = rng.choice(len(enc), args.batch_size, replace=False)
@@ -161,8 +169,9 @@ def train(args, out_dir, saved):
       log.flush()
       print(rec, flush=True)
     if step % args.save_every == 0 or step == args.steps:
-      lookahead.save_lookahead(la, out_dir, step)
-      saved()
+      training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
+          la, out_dir, step, training.run_state_files(opt_state, rng)),
+                          keep_checkpoints=None, on_write=saved)
   log.close()
 
 

@@ -66,7 +66,7 @@ import shutil
 import sys
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
-                    Sequence)
+                    Sequence, Tuple)
 
 from flax import serialization
 from flax import struct
@@ -95,8 +95,11 @@ OPTIMIZER_STATE_FILE = 'optimizer_state.msgpack'
 # In the model dir while a checkpoint is being saved: its step. A save is
 # not atomic (orbax puts the params in place, then the optimizer state and
 # the manifest are written), so a run that finds this file resumes from the
-# checkpoint before (`_remove_cut_short_save`).
+# checkpoint before (`remove_cut_short_save`).
 SAVING_FILE = 'saving.json'
+# Beside a checkpoint of a loop that draws its batches from a numpy
+# generator (the method training scripts): its state (`run_state_files`).
+DATA_STATE_FILE = 'data_state.json'
 SCHEDULES = ('rsqrt', 'constant')
 
 
@@ -360,24 +363,75 @@ def save_checkpoint(state: TrainState, model_dir: str,
     both in its checksum manifest, which restore_checkpoint verifies).
   """
   step = int(state.step)
+  return save_whole(model_dir, step, lambda: checkpoints.save_t5x_params(
+      jax.device_get(state.params), model_dir, step,
+      extra_files=run_state_files(state.opt_state)),
+                    keep_checkpoints, on_write)
+
+
+def save_whole(model_dir: str, step: int, save: Callable[[], str],
+               keep_checkpoints: Optional[int] = 1,
+               on_write: Optional[Callable[[], Any]] = None) -> str:
+  """Runs `save()`, which writes `model_dir/checkpoint_<step>` and returns
+  it, as a save a rerun can tell was cut short (SAVING_FILE names `step`
+  meanwhile: `remove_cut_short_save`); then prunes all but the
+  `keep_checkpoints` newest checkpoints (None: keeps every one). `on_write`
+  as `save_checkpoint`'s."""
   saving = os.path.join(model_dir, SAVING_FILE)
   bucket_folder.write_file(saving, json.dumps({'step': step}).encode())
   if on_write is not None:
     on_write()
-  # In the checkpoint's checksum manifest with the params (verified on load).
-  opt_state = serialization.to_bytes(jax.device_get(state.opt_state))
-  path = checkpoints.save_t5x_params(
-      jax.device_get(state.params), model_dir, step,
-      extra_files={OPTIMIZER_STATE_FILE: opt_state})
+  path = save()
   checkpoints.delete(saving)  # the checkpoint is whole
-  for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints, 1)]:
-    shutil.rmtree(old)
+  if keep_checkpoints is not None:
+    for _, old in checkpoints.all_steps(model_dir)[:-max(keep_checkpoints,
+                                                         1)]:
+      shutil.rmtree(old)
   if on_write is not None:
     on_write()
   return path
 
 
-def _remove_cut_short_save(model_dir: str) -> None:
+def run_state_files(opt_state: optax.OptState,
+                    rng: Optional[np.random.Generator] = None,
+                    **values) -> Dict[str, bytes]:
+  """The files beside a checkpoint's params that resume its run exactly
+  (`save_t5x_params`' extra_files, in its checksum manifest): the optimizer
+  state (OPTIMIZER_STATE_FILE) and, for a loop that draws its batches from
+  a numpy generator, that generator's state and the JSON `values` it needs
+  (DATA_STATE_FILE: the rows of a chunk being trained on, say)."""
+  files = {OPTIMIZER_STATE_FILE: serialization.to_bytes(
+      jax.device_get(opt_state))}
+  if rng is not None:
+    files[DATA_STATE_FILE] = json.dumps(
+        dict(values, rng=rng.bit_generator.state)).encode()
+  return files
+
+
+def restore_run_state(path: str, opt_state: optax.OptState,
+                      rng: Optional[np.random.Generator] = None
+                      ) -> Tuple[optax.OptState, Dict[str, Any]]:
+  """What `run_state_files` saved in the checkpoint `path`: `(the optimizer
+  state, the values)`, `rng` set to the state saved. Where the checkpoint
+  holds no optimizer state (T5X's params only), `opt_state` as given, a
+  fresh one, with a warning; where it holds no generator, `rng` unchanged.
+  """
+  opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
+  if checkpoints.isfile(opt_file):
+    opt_state = serialization.from_bytes(opt_state,
+                                         checkpoints.read_bytes(opt_file))
+  else:
+    logging.warning('%s has no %s; the optimizer statistics start afresh.',
+                    path, OPTIMIZER_STATE_FILE)
+  data_file = os.path.join(path, DATA_STATE_FILE)
+  if rng is None or not checkpoints.isfile(data_file):
+    return opt_state, {}
+  values = json.loads(checkpoints.read_bytes(data_file))
+  rng.bit_generator.state = values.pop('rng')
+  return opt_state, values
+
+
+def remove_cut_short_save(model_dir: str) -> None:
   """Removes the checkpoint a crashed save left unfinished (its step in
   SAVING_FILE: params, perhaps without the optimizer state or the
   manifest), so that the run resumes from the one before, exactly."""
@@ -420,14 +474,7 @@ def restore_checkpoint(model: network.T5Model, path: str) -> TrainState:
     raise checks.InputError(f'{path} is not a checkpoint_<step> folder.')
   params = checkpoints.load_t5x_params(path, config=model.config,
                                        dtype=jnp.float32)
-  opt_state = make_optimizer(0.0).init(params)
-  opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
-  if checkpoints.isfile(opt_file):
-    opt_state = serialization.from_bytes(opt_state,
-                                         checkpoints.read_bytes(opt_file))
-  else:
-    logging.warning('%s has no %s; Adafactor statistics start afresh.', path,
-                    OPTIMIZER_STATE_FILE)
+  opt_state, _ = restore_run_state(path, make_optimizer(0.0).init(params))
   return TrainState(step=jnp.asarray(step, jnp.int32), params=params,
                     opt_state=opt_state)
 
@@ -440,6 +487,17 @@ def read_log(path: str) -> List[Dict[str, Any]]:
     return []
   text = checkpoints.read_bytes(path).decode()
   return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def log_up_to(path: str, step: int) -> List[Dict[str, Any]]:
+  """Rewrites the local log at `path` with its records of steps up to
+  `step` (those after came from a run that stopped before its next save;
+  a record of no step, a finished run's closing one, goes too); returns
+  them."""
+  records = [r for r in read_log(path) if r.get('step', step + 1) <= step]
+  with open(path, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  return records
 
 
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
@@ -585,7 +643,7 @@ def _initial_state(model: network.T5Model, model_config: network.T5Config,
   """The state a run starts from: `model_dir`'s latest checkpoint, else a
   fresh one (random parameters, or with `init_from_teacher` the teacher's
   cut to MODEL's depth)."""
-  _remove_cut_short_save(model_dir)
+  remove_cut_short_save(model_dir)
   latest = checkpoints.latest_checkpoint(model_dir)
   if latest is None and init_from_teacher:
     params = distill.init_from_teacher(teacher.params, teacher.config,
@@ -627,9 +685,7 @@ class _ModelDir:
     self.path, self.start = model_dir, start
     self._keep, self._on_write = keep_checkpoints, on_write
     self._log = os.path.join(model_dir, LOG_FILE)
-    self.records = [r for r in read_log(self._log) if r['step'] <= start]
-    with open(self._log, 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in self.records)
+    self.records = log_up_to(self._log, start)
     self._elapsed = self.records[-1]['seconds'] if self.records else 0.0
     self._t0 = None
 

@@ -10,8 +10,10 @@ the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 import json
 import pathlib
 import runpy
+import shutil
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -56,41 +58,67 @@ def tiny(tmp_path_factory):
   return root, str(data), ckpt
 
 
-def test_heads_train_on_a_t5x_checkpoint(tiny):
+def _params(path):
+  return jax.tree.leaves(checkpoints.load_t5x_params(path))
+
+
+def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny):
+  """A run to step 3 saves at 2 and 3; with its last checkpoint gone (a
+  run stopped after its save at 2), the rerun resumes from step 2, mid
+  chunk (AdamW's state, the chunk's rows and the batches' generator as
+  saved), and ends with the uninterrupted run's head, bit for bit."""
   root, data, ckpt = tiny
   assert ckpt.endswith('checkpoint_0')
-  target = ['--target', ckpt, '--target_config', SPEC, '--arrays', data]
-  run_script('train_heads', *target,
-             '--task', 'copy', '--out_dir', str(root / 'heads' / 'copy'),
-             '--steps', '3', '--save_every', '3', '--batch_size', '4',
-             '--positions', '4', '--mlp_dim', '16', '--depth', '1',
-             '--chunk_rows', '32', '--eval_rows', '8')
-  assert (root / 'heads' / 'copy' / 'checkpoint_3').is_dir()
-  log = [json.loads(line) for line in
-         (root / 'heads' / 'copy' / 'log.jsonl').read_text().splitlines()]
+  out = root / 'heads' / 'copy'
+  argv = ['--target', ckpt, '--target_config', SPEC, '--arrays', data,
+          '--task', 'copy', '--out_dir', str(out), '--steps', '3',
+          '--save_every', '2', '--batch_size', '4', '--positions', '4',
+          '--mlp_dim', '16', '--depth', '1', '--chunk_rows', '32',
+          '--eval_rows', '8']
+  run_script('train_heads', *argv)
+  want = _params(str(out / 'checkpoint_3'))
+  shutil.rmtree(out / 'checkpoint_3')
+  run_script('train_heads', *argv)
+  for got, expected in zip(_params(str(out / 'checkpoint_3')), want,
+                           strict=True):
+    np.testing.assert_array_equal(got, expected)
+  log = [json.loads(line) for line in (out / 'log.jsonl').read_text(
+      ).splitlines()]
+  # The first run's records after its step-2 save are the rerun's.
+  assert [r.get('step') for r in log] == [1, 3, None]
   assert len(log[-1]['held_out_alpha_t0']) == 1
   assert 'test rows 0..7' in log[-1]['rows']
 
 
 def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
   """--out_dir at a gs:// address (the suite's local GCS): the data, the
-  checkpoint and the log written there, and a rerun resumes from them."""
+  checkpoints and the log written there. With the last checkpoint gone (a
+  run stopped after its save at step 2), a rerun resumes from the bucket
+  (Adam's moments and the batches' generator as saved) and ends with the
+  uninterrupted run's embeddings, bit for bit."""
   _, data, ckpt = tiny
   out = f'{gcs}/pass'
   argv = ('--target', ckpt, '--target_config', SPEC, '--arrays', data,
           '--task', 'copy', '--num_lookahead', '2', '--save_every', '2',
           '--batch_size', '4', '--positions', '4', '--max_decode_len',
-          str(LENGTH), '--out_dir', out)
-  run_script('train_pass', *argv, '--steps', '2')
+          str(LENGTH), '--out_dir', out, '--steps', '3')
+  run_script('train_pass', *argv)
   files = checkpoints.list_files(out)
   assert 'data/train-00000-of-00001.npz' in files and 'log.jsonl' in files
   assert any(f.startswith('checkpoint_2/') for f in files), files
+  assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_3'
+  want = _params(f'{out}/checkpoint_3')
+  for name in files:
+    if name.startswith('checkpoint_3/'):
+      checkpoints.delete(f'{out}/{name}')
   assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_2'
-  run_script('train_pass', *argv, '--steps', '3')  # resumed at step 2
+  run_script('train_pass', *argv)  # resumed at step 2
+  for got, expected in zip(_params(f'{out}/checkpoint_3'), want,
+                           strict=True):
+    np.testing.assert_array_equal(got, expected)
   log = [json.loads(line) for line in checkpoints.read_bytes(
       f'{out}/log.jsonl').decode().splitlines()]
-  assert [r['step'] for r in log] == [1, 2, 3]
-  assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_3'
+  assert [r['step'] for r in log] == [1, 3]  # step 3's record once
 
 
 @pytest.mark.parametrize('script, flag, message', [

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from flax import linen as nn
 import jax
@@ -136,15 +136,18 @@ def check_head(head_params, config: network.T5Config, head: HeadConfig,
 
 
 def save_head(head_params, head: HeadConfig, directory: str,
-              step: int = 0, dtype: Any = jnp.float32) -> str:
+              step: int = 0, dtype: Any = jnp.float32,
+              extra_files: Optional[Mapping[str, bytes]] = None) -> str:
   """Writes the head as a T5X orbax checkpoint `<dir>/checkpoint_<step>`,
-  with its `HeadConfig` in `draft_head.json` inside it; `dtype` bfloat16
-  halves the files of a head to ship (`load_head` returns float32)."""
+  with its `HeadConfig` in `draft_head.json` inside it (and `extra_files`,
+  e.g. the training run's state); `dtype` bfloat16 halves the files of a
+  head to ship (`load_head` returns float32)."""
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype),
                                   head_params)
   meta = json.dumps(dataclasses.asdict(head), indent=1).encode()
-  return checkpoints.save_t5x_params(params, directory, step,
-                                     extra_files={CONFIG_FILE: meta})
+  return checkpoints.save_t5x_params(
+      params, directory, step,
+      extra_files={**(extra_files or {}), CONFIG_FILE: meta})
 
 
 def load_head(path: str, config: network.T5Config

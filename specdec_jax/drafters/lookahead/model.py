@@ -14,6 +14,7 @@ References: Monea, Joulin & Grave 2023, arXiv 2311.13581.
 from __future__ import annotations
 
 import os
+from typing import Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -82,14 +83,16 @@ def describe_tree(tree) -> str:
   return type(tree).__name__
 
 
-def save_lookahead(lookahead_params, directory: str, step: int = 0) -> str:
-  """Writes the embeddings as a T5X orbax checkpoint `<dir>/checkpoint_<step>`.
+def save_lookahead(lookahead_params, directory: str, step: int = 0,
+                   extra_files: Optional[Mapping[str, bytes]] = None) -> str:
+  """Writes the embeddings as a T5X orbax checkpoint `<dir>/checkpoint_<step>`
+  (with `extra_files`, e.g. the training run's state).
 
   Beside the target's checkpoint, e.g. `<target model dir>/pass_L8/`.
   """
   params = {KEY: {'embedding': jnp.asarray(embeddings(lookahead_params),
                                            jnp.float32)}}
-  return checkpoints.save_t5x_params(params, directory, step)
+  return checkpoints.save_t5x_params(params, directory, step, extra_files)
 
 
 def load_lookahead(path: str, config: network.T5Config):
