@@ -12,6 +12,7 @@ results after each cell (`table.write`). docs/experiments.md tells how.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -290,17 +291,20 @@ def plan(spec: Spec, options: Options) -> List[Cell]:
   matches (`matches`), or the one `options.only` names."""
   task_table.check_model_set(options.models)
   tasks = options.tasks or task_table.names()
-  for t in tasks:
-    task_table.get(t)
+  list(map(task_table.get, tasks))  # an unknown task: refused, named
   cells = list(spec.cells(options, tasks))
   names = [c.name for c in cells]
   if len(set(names)) != len(names):
     raise ValueError(f'spec {spec.name!r} names a cell twice: {names}')
   if options.where:
-    cells = [c for c in cells if matches(c, options.where)]
-    if not cells:
+    every, cells = cells, [c for c in cells if matches(c, options.where)]
+    if not cells:  # each field with the values the cells give it, in order
+      taken = collections.defaultdict(dict)
+      for k, v in (kv for c in every for kv in c.fields().items()):
+        taken[k][str(v)] = None
+      said = '; '.join(f'{k}={"|".join(v)}' for k, v in taken.items())
       raise ValueError(f'spec {spec.name!r} has no cell where '
-                       f'{" and ".join(options.where)}; its cells: {names}')
+                       f'{" and ".join(options.where)}; its cells have {said}')
   if options.only is not None:
     cells = [c for c in cells if c.name == options.only]
     if not cells:
@@ -337,9 +341,8 @@ def results_name(options: Options) -> str:
   """The model set's name, its `model_fields` and mesh (the work and
   results folders': 'xxl_cost', 'xxl_cost_attention_kernel-cudnn',
   'xxl_cost_partitions-4', 'xxl_cost_partitions-8-global')."""
-  mesh = (f'partitions-{options.num_partitions or 1}' + (
-      '-global' if options.global_mesh else '') + (
-          '-shard_drafter' if options.shard_drafter else ''),
+  mesh = (f'partitions-{options.num_partitions or 1}' + '-global' * bool(
+      options.global_mesh) + '-shard_drafter' * bool(options.shard_drafter),
           ) if options.meshed else ()
   return '_'.join((options.models,) + tuple(
       f.replace('=', '-') for f in options.model_fields) + mesh)
@@ -350,9 +353,8 @@ def method_checkpoint(options: Options, method: str, task: str) -> str:
   'lookahead'): the shipped ones, or a model set's in
   `<models_dir>/<method>/<task>` (scripts/train_heads.py /
   train_pass.py --out_dir)."""
-  if options.models == 'shipped':
-    return f'shipped:{method}/{task}'
-  return os.path.join(options.models_dir, method, task)
+  return (f'shipped:{method}/{task}' if options.models == 'shipped' else
+          os.path.join(options.models_dir, method, task))
 
 
 def work_folder(spec: Spec, options: Options) -> bucket_folder.Folder:

@@ -66,10 +66,8 @@ def row_of(cell, summary: Optional[Dict[str, Any]], values: Dict[str, Any]
            ) -> Dict[str, Any]:
   """A cell's row: its fields, the job's summary figures (none for a cell
   that is not decoded: `summary` None), measurements."""
-  row = {'cell': cell.name}
-  if summary is not None:
-    row['kind'] = summary.get('drafter')
-  row.update(cell.fields())
+  row = {'cell': cell.name, **({} if summary is None else {
+      'kind': summary.get('drafter')}), **cell.fields()}
   if summary is not None:
     row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
     choices = summary.get('gamma_choices')

@@ -303,6 +303,8 @@ def test_cells_and_flags_are_checked():
 
 @pytest.mark.parametrize('argv, message', [
     (['run', 'table3', '--where', 'gamma'], "--where 'gamma': field=value"),
+    (['run', 'table3', '--where', 'gama=4'], 'no cell where gama=4; its cells '
+     r'have task=en_de\|synopsis; drafter=lookup\|dec2\|small; gamma=4; '),
     (['run', 'table3', '--only', 'nope'], "spec 'table3' has no cell 'nope'"),
     (['run', 'table3', '--tasks', 'de_en'], "Unknown task 'de_en'"),
     (['run', 'table3', '--num_examples', '0'], "--num_examples: an int >= 1"),
