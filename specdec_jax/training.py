@@ -856,8 +856,9 @@ def train(
       metrics)` (the step's per-token means; the entry point draws a bar).
 
   Returns:
-    A summary: model_dir, start_step, step, checkpoint (latest folder),
-    train and validation (the last records of each in the log), seconds.
+    A summary: model_dir, start_step, step, train_steps, checkpoint
+    (latest folder), train and validation (the last records of each in the
+    log), seconds (`status_line` says it).
   """
   periods = dict(log_period=log_period, eval_period=eval_period,
                  checkpoint_period=checkpoint_period)
@@ -884,7 +885,7 @@ def train(
                          max_seconds=max_seconds, progress=progress,
                          **periods)
     summary = out.summary(state)
-  return dict(summary, model_dir=model_dir,
+  return dict(summary, model_dir=model_dir, train_steps=train_steps,
               checkpoint=here.shown(summary['checkpoint']))
 
 
@@ -918,7 +919,7 @@ def main(argv: Optional[Sequence[str]] = None,
   Flags: `gin_utils.parse_flags`' (`--gin_file`, `--gin_bindings`,
   `--gin.NAME=VALUE`, `--gin_search_paths`), `--no_progress` (no progress
   bar) and, given `plot`, `--plot`. After training it writes
-  MODEL_DIR/operative_config.gin and prints the last records.
+  MODEL_DIR/operative_config.gin and prints `status_line`.
 
   Args:
     argv: the command line (default: `sys.argv[1:]`).
@@ -955,12 +956,39 @@ def main(argv: Optional[Sequence[str]] = None,
   model_dir = summary['model_dir']
   checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
                           gin.operative_config_str().encode())
+  written = ['operative_config.gin']
   if plot is not None and args.plot:
+    written.append('loss.png')
     png = os.path.join(model_dir, 'loss.png')
     with bucket_folder.written_here('model_dir', png) as (here, _):
       plot([os.path.join(model_dir, LOG_FILE)], here or png,
            [os.path.basename(os.path.abspath(model_dir))])  # '.' named
-  print(f"step {summary['step']}: train {summary['train']}\n"
-        f"validation {summary['validation']}\n"
-        f"checkpoint {summary['checkpoint']}")
+  print(status_line(summary, written))
   return summary
+
+
+def status_line(summary: Dict[str, Any], written: Sequence[str] = ()
+                ) -> str:
+  """The training job's last line: where it stands (complete at
+  TRAIN_STEPS, or stopped before by `max_seconds`, which a rerun
+  continues), the steps this run trained, the last train and validation
+  losses, and the files `written` beside the checkpoint and the log."""
+  step, start, total = (summary[k] for k in ('step', 'start_step',
+                                              'train_steps'))
+  ran = (f'steps {start + 1}-{step} trained here' if step > start else
+         'nothing left to train')
+  if start and step > start:
+    ran += f', resumed at step {start}'
+  figures = [ran, f"{summary['seconds']:.1f} s of training in all"]
+  for split in ('train', 'validation'):
+    if summary[split] is not None:
+      figures.append(f"{split} loss {summary[split]['loss']:.4g}, accuracy "
+                     f"{summary[split]['accuracy']:.3g}")
+  files = [os.path.basename(summary['checkpoint'] or '') or 'no checkpoint',
+           LOG_FILE, *written]
+  said = (f'complete at step {step} of {total}' if step >= total else
+          f'stopped at step {step} of {total} by max_seconds')
+  line = f"{summary['model_dir']}: {said} ({'; '.join(figures)}); "
+  if step < total:
+    return line + f'{", ".join(files)}; rerun the same command to continue'
+  return line + ', '.join(files)

@@ -210,6 +210,10 @@ def test_train_on_arrays_with_kd_resumes_and_stops_on_time(teacher, tmp_path):
                 kd_loss='tvd', kd_weight=1.0)
   stopped = training.train(**dict(kwargs, max_seconds=0.0))
   assert stopped['step'] == 2  # the compiling step, then out of time
+  said = training.status_line(stopped)
+  assert said.startswith(f"{tmp_path / 's'}: stopped at step 2 of 4 by "
+                         'max_seconds (steps 1-2 trained here; '), said
+  assert said.endswith('; rerun the same command to continue'), said
   first = training.read_log(str(tmp_path / 's' / 'log.jsonl'))
   assert {'kd', 'beta'} <= set(first[0])
   done = training.train(**kwargs)

@@ -236,6 +236,15 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted,
   again = _train(tmp_path, 4, teacher_config=TINY, kd_loss='fkl',
                  kd_weight=0.5, teacher_checkpoint=str(tmp_path / 'none'))
   assert again['start_step'] == again['step'] == 4
+  # The job's last line says so, and what each call trained.
+  assert training.status_line(second).startswith(
+      f'{tmp_path}: complete at step 4 of 4 (steps 3-4 trained here, '
+      'resumed at step 2; ')
+  assert training.status_line(again).startswith(
+      f'{tmp_path}: complete at step 4 of 4 (nothing left to train; ')
+  assert training.status_line(again).endswith(
+      f"validation loss {second['validation']['loss']:.4g}, accuracy "
+      f"{second['validation']['accuracy']:.3g}); checkpoint_4, log.jsonl")
 
 
 def _killed_mid_save(monkeypatch, model_dir, train_steps, **overrides):
@@ -479,7 +488,8 @@ def test_experiment_files_are_complete_runs_of_shrinking_models(task):
   assert counts[0] > 5 * counts[-1]
 
 
-def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
+def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
+                                                    capsys):
   """The training job (`training.main`, scripts/train.py) wires flags, gin
   and the library like a T5X job.
 
@@ -502,6 +512,12 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice):
   ] + [f'--gin.mini_small/network.T5Config.{k}={v}' for k, v in SHRINK]
   summary = training.main(argv, plot=plots.plot_losses)
   assert summary['step'] == 2
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last.startswith(f'{out}: complete at step 2 of 2 (steps 1-2 trained '
+                         'here; '), last
+  assert f"train loss {summary['train']['loss']:.4g}, accuracy" in last
+  assert last.endswith(
+      '); checkpoint_2, log.jsonl, operative_config.gin, loss.png'), last
   for name in ('config.gin', 'operative_config.gin', 'log.jsonl',
                'loss.png', 'checkpoint_2'):
     assert (out / name).exists(), name
