@@ -32,7 +32,9 @@ t5_1_1 gin files), on our network:
   latest one and skips the batches already seen, so an interrupted run ends
   with the same parameters as an uninterrupted one; a checkpoint whose save
   was cut short (`SAVING_FILE` names its step) is removed first, and the
-  run resumes from the one before. The teacher's params are read only to
+  run resumes from the one before. SIGTERM (a preemption's notice) or
+  Ctrl-C stops the run after the step running, with a checkpoint (a
+  second one stops it at once). The teacher's params are read only to
   distill or to start from, and the validation split only when there are
   steps to run.
 - Logs: `model_dir/log.jsonl`, one record per `log_period` steps
@@ -57,13 +59,16 @@ arXiv:2202.08906 (ST-MoE) and arXiv:2204.02311 (PaLM).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple)
@@ -683,6 +688,7 @@ class _ModelDir:
   def __init__(self, model_dir: str, start: int, keep_checkpoints: int,
                on_write: Optional[Callable[[], Any]] = None):
     self.path, self.start = model_dir, start
+    self.stopped_by = None  # what stopped the run early (`_run_steps`)
     self._keep, self._on_write = keep_checkpoints, on_write
     self._log = os.path.join(model_dir, LOG_FILE)
     self.records = log_up_to(self._log, start)
@@ -710,7 +716,7 @@ class _ModelDir:
     last = lambda split: next(
         (r for r in reversed(self.records) if r['split'] == split), None)
     return dict(model_dir=self.path, start_step=self.start,
-                step=int(state.step),
+                step=int(state.step), stopped_by=self.stopped_by,
                 checkpoint=checkpoints.latest_checkpoint(self.path),
                 train=last('train'), validation=last('validation'),
                 seconds=self.records[-1]['seconds'] if self.records else 0.0)
@@ -751,8 +757,10 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
                log_period: int, eval_period: int, checkpoint_period: int
                ) -> TrainState:
   """`train`'s loop: the steps after `out.start` up to `train_steps` (or
-  until `max_seconds` have passed after the first), with their train
-  records, evaluations and checkpoints (each also at the last step).
+  until `max_seconds` have passed after the first, or a signal asks it to
+  stop: `_stop_asked`; `out.stopped_by` says which), with their train
+  records, evaluations and checkpoints (each also at the last step; a
+  signal's skips the evaluation, to save at once).
 
   Returns:
     The last step's state.
@@ -760,31 +768,65 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
   out.start_clock()
   window = _Window()
   t_first = None  # the clock of max_seconds starts after the compile
-  for step in range(out.start + 1, train_steps + 1):
-    out_of_time = (max_seconds is not None and t_first is not None
-                   and time.perf_counter() - t_first > max_seconds)
-    last = step == train_steps or out_of_time
-    tic = time.perf_counter()
-    state, metrics = step_fn(state, next(batches))
-    metrics = jax.device_get(metrics)  # waits for the step
-    t_first = time.perf_counter() if t_first is None else t_first
-    seconds = time.perf_counter() - tic
-    lr = float(metrics.pop('lr'))
-    window.add(metrics, seconds)
-    if step % log_period == 0 or last:
-      out.write(window.record(step, lr))
-    if eval_data and (step % eval_period == 0 or last):
-      out.write(dict(step=step, split='validation',
-                     **eval_loss(model, state.params, eval_data, z_loss)))
-    if step % checkpoint_period == 0 or last:
-      out.save(state)
-    if progress is not None:
-      progress(step, train_steps, normalize(metrics))
-    if out_of_time:
-      logging.warning('Stopped at step %d of %d after max_seconds=%s.', step,
-                      train_steps, max_seconds)
-      break
+  stopped_by = None
+  with _stop_asked() as asked:
+    for step in range(out.start + 1, train_steps + 1):
+      if (max_seconds is not None and t_first is not None
+          and time.perf_counter() - t_first > max_seconds):
+        stopped_by = 'max_seconds'
+      tic = time.perf_counter()
+      state, metrics = step_fn(state, next(batches))
+      metrics = jax.device_get(metrics)  # waits for the step
+      t_first = time.perf_counter() if t_first is None else t_first
+      seconds = time.perf_counter() - tic
+      lr = float(metrics.pop('lr'))
+      window.add(metrics, seconds)
+      signalled = asked()
+      stopped_by = stopped_by or signalled
+      last = step == train_steps or stopped_by is not None
+      if step % log_period == 0 or last:
+        out.write(window.record(step, lr))
+      if eval_data and (step % eval_period == 0 or last) and not signalled:
+        out.write(dict(step=step, split='validation',
+                       **eval_loss(model, state.params, eval_data, z_loss)))
+      if step % checkpoint_period == 0 or last:
+        out.save(state)
+      if progress is not None:
+        progress(step, train_steps, normalize(metrics))
+      if stopped_by is not None and step < train_steps:
+        logging.warning('Stopped at step %d of %d by %s; a rerun continues '
+                        'from its checkpoint.', step, train_steps, stopped_by)
+        out.stopped_by = stopped_by
+        break
   return state
+
+
+@contextlib.contextmanager
+def _stop_asked() -> Iterator[Callable[[], Optional[str]]]:
+  """While `train` runs: SIGTERM (e.g. a preemption's notice) or Ctrl-C
+  asks its loop to stop after the step running, with a checkpoint; a
+  second one stops it at once. Yields what says which signal asked (None:
+  none yet). (Only the main thread may set signal handlers.)"""
+  asked: List[str] = []
+  if threading.current_thread() is not threading.main_thread():
+    yield lambda: None
+    return
+
+  def handler(signum, frame):
+    del frame
+    if asked:
+      raise KeyboardInterrupt
+    asked.append(signal.Signals(signum).name)
+    logging.warning('%s: stopping after this step, with a checkpoint (once '
+                    'more: at once).', asked[0])
+
+  previous = {sig: signal.signal(sig, handler)
+              for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield lambda: asked[0] if asked else None
+  finally:
+    for sig, old in previous.items():
+      signal.signal(sig, old)
 
 
 def train(
@@ -825,8 +867,7 @@ def train(
     train_steps: the step to train to (a resumed run continues to it).
     model_dir: folder (or gs://) for checkpoints, log.jsonl, config.gin.
     batch_size: examples per step.
-    learning_rate: peak learning rate (relative: Adafactor scales updates by
-      the parameter RMS).
+    learning_rate: peak rate (Adafactor's, relative to the parameter RMS).
     schedule: 'rsqrt' or 'constant' (see `learning_rate_fn`).
     warmup_steps: constant phase of 'rsqrt'.
     z_loss: z-loss coefficient (T5X: 1e-4).
@@ -856,9 +897,10 @@ def train(
       metrics)` (the step's per-token means; the entry point draws a bar).
 
   Returns:
-    A summary: model_dir, start_step, step, train_steps, checkpoint
-    (latest folder), train and validation (the last records of each in the
-    log), seconds (`status_line` says it).
+    A summary (`status_line` says it): model_dir, start_step, step,
+    train_steps, stopped_by (None, or what stopped it before: 'max_seconds',
+    'SIGTERM', 'SIGINT'), checkpoint (latest folder), train and validation
+    (the last records of each in the log), seconds.
   """
   periods = dict(log_period=log_period, eval_period=eval_period,
                  checkpoint_period=checkpoint_period)
@@ -964,6 +1006,8 @@ def main(argv: Optional[Sequence[str]] = None,
       plot([os.path.join(model_dir, LOG_FILE)], here or png,
            [os.path.basename(os.path.abspath(model_dir))])  # '.' named
   print(status_line(summary, written))
+  if summary['stopped_by'] in ('SIGTERM', 'SIGINT'):  # saved, then as killed
+    raise SystemExit(128 + signal.Signals[summary['stopped_by']])
   return summary
 
 
@@ -987,7 +1031,7 @@ def status_line(summary: Dict[str, Any], written: Sequence[str] = ()
   files = [os.path.basename(summary['checkpoint'] or '') or 'no checkpoint',
            LOG_FILE, *written]
   said = (f'complete at step {step} of {total}' if step >= total else
-          f'stopped at step {step} of {total} by max_seconds')
+          f"stopped at step {step} of {total} by {summary['stopped_by']}")
   line = f"{summary['model_dir']}: {said} ({'; '.join(figures)}); "
   if step < total:
     return line + f'{", ".join(files)}; rerun the same command to continue'

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
 
 import gin
@@ -245,6 +246,32 @@ def test_train_checkpoints_logs_and_resumes_exactly(tmp_path, uninterrupted,
   assert training.status_line(again).endswith(
       f"validation loss {second['validation']['loss']:.4g}, accuracy "
       f"{second['validation']['accuracy']:.3g}); checkpoint_4, log.jsonl")
+
+
+def test_sigterm_saves_the_step_and_the_rerun_ends_as_uninterrupted(
+    tmp_path, uninterrupted):
+  """SIGTERM (a preemption's notice) during step 1 (sent here by the
+  progress callback): step 2 finishes, is checkpointed although
+  checkpoint_period is 4, and the run stops; the rerun resumes from it and
+  ends with the uninterrupted run's parameters."""
+  def preempted(step, total, metrics):
+    del total, metrics
+    if step == 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  stopped = _train(tmp_path, 4, checkpoint_period=4, eval_examples=0,
+                   progress=preempted)
+  assert (stopped['step'], stopped['stopped_by']) == (2, 'SIGTERM')
+  assert training.status_line(stopped).startswith(
+      f'{tmp_path}: stopped at step 2 of 4 by SIGTERM (steps 1-2 trained ')
+  assert (tmp_path / 'checkpoint_2').is_dir()
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+  resumed = _train(tmp_path, 4, checkpoint_period=4, eval_examples=0)
+  assert (resumed['start_step'], resumed['stopped_by']) == (2, None)
+  _, model_dir = uninterrupted
+  _assert_trees_equal(
+      checkpoints.load_t5x_params(str(model_dir), config=TINY),
+      checkpoints.load_t5x_params(str(tmp_path), config=TINY))
 
 
 def _killed_mid_save(monkeypatch, model_dir, train_steps, **overrides):
@@ -489,7 +516,7 @@ def test_experiment_files_are_complete_runs_of_shrinking_models(task):
 
 
 def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
-                                                    capsys):
+                                                    capsys, monkeypatch):
   """The training job (`training.main`, scripts/train.py) wires flags, gin
   and the library like a T5X job.
 
@@ -518,6 +545,19 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
   assert f"train loss {summary['train']['loss']:.4g}, accuracy" in last
   assert last.endswith(
       '); checkpoint_2, log.jsonl, operative_config.gin, loss.png'), last
+  # SIGTERM during step 1 (a preemption): step 2 saved, said, and the job
+  # exits as a killed one would.
+  bar = training._ProgressBar  # pylint: disable=protected-access
+  monkeypatch.setattr(bar, '__call__', lambda self, step, *_: (
+      step == 1 and os.kill(os.getpid(), signal.SIGTERM)))
+  with pytest.raises(SystemExit) as e:
+    training.main([a for a in argv if a not in ('--no_progress', '--plot')]
+                  + ['--gin.TRAIN_STEPS=4', f"--gin.MODEL_DIR='{out}3'"])
+  assert e.value.code == 128 + signal.SIGTERM
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last.startswith(f'{out}3: stopped at step 2 of 4 by SIGTERM'), last
+  assert last.endswith('; rerun the same command to continue'), last
+  assert (tmp_path / 'run3' / 'checkpoint_2').is_dir()
   for name in ('config.gin', 'operative_config.gin', 'log.jsonl',
                'loss.png', 'checkpoint_2'):
     assert (out / name).exists(), name
