@@ -13,7 +13,9 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
 4. Writes <out_dir>/checkpoint_<step> (T5X orbax layout + draft_head.json,
    every --save_every steps, with AdamW's state and the batches'
    generator, so a rerun resumes from the latest exactly: an interrupted
-   run ends with an uninterrupted one's head) and log.jsonl; the final
+   run ends with an uninterrupted one's head; SIGTERM or Ctrl-C saves the
+   step running, then ends the command: `training.stop_asked`) and
+   log.jsonl; the final
    alpha per depth on the held-out test rows (never trained on; see Data
    below) goes into log.jsonl and the printout; with --export_dir, the
    final head in bfloat16 (to ship) and the log.
@@ -203,33 +205,38 @@ def train(args, out_dir, saved):
   chunk = None if rows is None else chunk_of(np.asarray(rows))
   steps_per_chunk = max(1, args.chunk_rows // args.batch_size * 4)
   n = out.shape[1]
-  for step in range(first + 1, args.steps + 1):
-    if chunk is None or (step - 1) % steps_per_chunk == 0:
-      rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
-                                replace=False))
-      chunk = chunk_of(rows)
-    hidden, (ck, cv), c_enc, c_out = chunk
-    idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
-                                 replace=False))
-    positions = jnp.asarray(
-        rng.integers(0, n, (args.batch_size, args.positions)), jnp.int32)
-    hp, opt_state, loss, m = step_fn(
-        hp, opt_state, params, hidden[idx], (ck[idx], cv[idx]), c_enc[idx],
-        c_out[idx], positions)
-    if step % 50 == 0 or step == first + 1 or step == args.steps:
-      acc = np.asarray(m['accuracy_at']) / np.maximum(
-          np.asarray(m['weight_at']), 1)
-      rec = {'step': step, 'loss': round(float(loss), 4),
-             'accuracy_at': [round(float(a), 4) for a in acc],
-             'seconds': round(time.time() - t0, 1)}
-      log.write(json.dumps(rec) + '\n')
-      log.flush()
-      print(rec, flush=True)
-    if step % args.save_every == 0 or step == args.steps:
-      training.save_whole(out_dir, step, lambda: heads.save_head(
-          hp, head_cfg, out_dir, step, extra_files=training.run_state_files(
-              opt_state, rng, rows=[int(r) for r in rows])),
-                          keep_checkpoints=None, on_write=saved)
+  with training.stop_asked() as asked:
+    for step in range(first + 1, args.steps + 1):
+      if chunk is None or (step - 1) % steps_per_chunk == 0:
+        rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
+                                  replace=False))
+        chunk = chunk_of(rows)
+      hidden, (ck, cv), c_enc, c_out = chunk
+      idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
+                                   replace=False))
+      positions = jnp.asarray(
+          rng.integers(0, n, (args.batch_size, args.positions)), jnp.int32)
+      hp, opt_state, loss, m = step_fn(
+          hp, opt_state, params, hidden[idx], (ck[idx], cv[idx]), c_enc[idx],
+          c_out[idx], positions)
+      stop = asked()  # a signal: save this step, then end
+      if step % 50 == 0 or step in (first + 1, args.steps) or stop:
+        acc = np.asarray(m['accuracy_at']) / np.maximum(
+            np.asarray(m['weight_at']), 1)
+        rec = {'step': step, 'loss': round(float(loss), 4),
+               'accuracy_at': [round(float(a), 4) for a in acc],
+               'seconds': round(time.time() - t0, 1)}
+        log.write(json.dumps(rec) + '\n')
+        log.flush()
+        print(rec, flush=True)
+      if step % args.save_every == 0 or step == args.steps or stop:
+        training.save_whole(out_dir, step, lambda: heads.save_head(
+            hp, head_cfg, out_dir, step, extra_files=training.run_state_files(
+                opt_state, rng, rows=[int(r) for r in rows])),
+                            keep_checkpoints=None, on_write=saved)
+      if stop and step < args.steps:
+        log.close()
+        training.exit_stopped(stop, args.out_dir, step, args.steps)
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]

@@ -24,10 +24,11 @@ checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT; with Adam's moments and the batches'
 generator, so a rerun resumes from the latest checkpoint exactly: an
 interrupted run ends with an uninterrupted one's embeddings), log.jsonl.
---out_dir may be a gs:// address (kept in a local copy, copied
-up at each save: bucket_folder.kept_here). Because slot j sees only slots
-1..j, the first L' < L embeddings of an L-slot run are themselves an
-L'-slot drafter.
+SIGTERM or Ctrl-C saves the step running, then ends the command (status
+143 / 130; `training.stop_asked`). --out_dir may be a gs:// address
+(kept in a local copy, copied up at each save: bucket_folder.kept_here).
+Because slot j sees only slots 1..j, the first L' < L embeddings of an
+L-slot run are themselves an L'-slot drafter.
 
 To ship them: copy checkpoint_<step>/ to
 specdec_jax/assets/mini/lookahead/<task>/ and log.jsonl to
@@ -148,30 +149,35 @@ def train(args, out_dir, saved):
   training.log_up_to(log_path, first)
   log = open(log_path, 'a')
   t0 = time.time()
-  for step in range(first + 1, args.steps + 1):
-    idx = rng.choice(len(enc), args.batch_size, replace=False)
-    # Trim to the batch's longest output (in steps of 16: few shapes) and
-    # give slots to --positions random prefix ends of it.
-    width = int((out[idx] > 0).sum(1).max())
-    width = min(out.shape[1], -(-width // 16) * 16)
-    owners = np.sort(rng.choice(width, min(args.positions, width),
-                                replace=False))
-    la, opt_state, m = step_fn(params, la, opt_state, jnp.asarray(enc[idx]),
-                               jnp.asarray(out[idx, :width]),
-                               jnp.asarray(owners, jnp.int32))
-    if step % 10 == 0 or step == 1 or step == args.steps:
-      acc = np.asarray(m['accuracy_at']) / np.maximum(
-          np.asarray(m['weight_at']), 1)
-      rec = {'step': step, 'loss': float(m['loss']),
-             'accuracy_at': [round(float(a), 4) for a in acc],
-             'seconds': round(time.time() - t0, 1)}
-      log.write(json.dumps(rec) + '\n')
-      log.flush()
-      print(rec, flush=True)
-    if step % args.save_every == 0 or step == args.steps:
-      training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
-          la, out_dir, step, training.run_state_files(opt_state, rng)),
-                          keep_checkpoints=None, on_write=saved)
+  with training.stop_asked() as asked:
+    for step in range(first + 1, args.steps + 1):
+      idx = rng.choice(len(enc), args.batch_size, replace=False)
+      # Trim to the batch's longest output (in steps of 16: few shapes) and
+      # give slots to --positions random prefix ends of it.
+      width = int((out[idx] > 0).sum(1).max())
+      width = min(out.shape[1], -(-width // 16) * 16)
+      owners = np.sort(rng.choice(width, min(args.positions, width),
+                                  replace=False))
+      la, opt_state, m = step_fn(params, la, opt_state, jnp.asarray(enc[idx]),
+                                 jnp.asarray(out[idx, :width]),
+                                 jnp.asarray(owners, jnp.int32))
+      stop = asked()  # a signal: save this step, then end
+      if step % 10 == 0 or step == 1 or step == args.steps or stop:
+        acc = np.asarray(m['accuracy_at']) / np.maximum(
+            np.asarray(m['weight_at']), 1)
+        rec = {'step': step, 'loss': float(m['loss']),
+               'accuracy_at': [round(float(a), 4) for a in acc],
+               'seconds': round(time.time() - t0, 1)}
+        log.write(json.dumps(rec) + '\n')
+        log.flush()
+        print(rec, flush=True)
+      if step % args.save_every == 0 or step == args.steps or stop:
+        training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
+            la, out_dir, step, training.run_state_files(opt_state, rng)),
+                            keep_checkpoints=None, on_write=saved)
+      if stop and step < args.steps:
+        log.close()
+        training.exit_stopped(stop, args.out_dir, step, args.steps)
   log.close()
 
 

@@ -758,7 +758,7 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
                ) -> TrainState:
   """`train`'s loop: the steps after `out.start` up to `train_steps` (or
   until `max_seconds` have passed after the first, or a signal asks it to
-  stop: `_stop_asked`; `out.stopped_by` says which), with their train
+  stop: `stop_asked`; `out.stopped_by` says which), with their train
   records, evaluations and checkpoints (each also at the last step; a
   signal's skips the evaluation, to save at once).
 
@@ -769,7 +769,7 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
   window = _Window()
   t_first = None  # the clock of max_seconds starts after the compile
   stopped_by = None
-  with _stop_asked() as asked:
+  with stop_asked() as asked:
     for step in range(out.start + 1, train_steps + 1):
       if (max_seconds is not None and t_first is not None
           and time.perf_counter() - t_first > max_seconds):
@@ -802,11 +802,12 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
 
 
 @contextlib.contextmanager
-def _stop_asked() -> Iterator[Callable[[], Optional[str]]]:
-  """While `train` runs: SIGTERM (e.g. a preemption's notice) or Ctrl-C
-  asks its loop to stop after the step running, with a checkpoint; a
-  second one stops it at once. Yields what says which signal asked (None:
-  none yet). (Only the main thread may set signal handlers.)"""
+def stop_asked() -> Iterator[Callable[[], Optional[str]]]:
+  """While a training loop runs (`train`'s, the method scripts'): SIGTERM
+  (e.g. a preemption's notice) or Ctrl-C asks it to stop after the step
+  running, with a checkpoint of that step (then `exit_stopped`); a second
+  one stops it at once. Yields what says which signal asked ('SIGTERM',
+  'SIGINT'; None: none yet). (Only the main thread sets signal handlers.)"""
   asked: List[str] = []
   if threading.current_thread() is not threading.main_thread():
     yield lambda: None
@@ -1005,10 +1006,22 @@ def main(argv: Optional[Sequence[str]] = None,
     with bucket_folder.written_here('model_dir', png) as (here, _):
       plot([os.path.join(model_dir, LOG_FILE)], here or png,
            [os.path.basename(os.path.abspath(model_dir))])  # '.' named
+  if summary['stopped_by'] in ('SIGTERM', 'SIGINT'):
+    exit_stopped(summary['stopped_by'], status_line(summary, written))
   print(status_line(summary, written))
-  if summary['stopped_by'] in ('SIGTERM', 'SIGINT'):  # saved, then as killed
-    raise SystemExit(128 + signal.Signals[summary['stopped_by']])
   return summary
+
+
+def exit_stopped(signal_name: str, where: str, step: int = 0,
+                 total: int = 0):
+  """Ends a training command that the signal `signal_name` stopped at
+  `step` of `total`, once that step's checkpoint was saved (`stop_asked`):
+  says so (`where`, the output folder; or a whole line, `status_line`'s,
+  where `step` is 0), then exits with the status of a process that signal
+  killed (128 + its number)."""
+  print(f'{where}: stopped at step {step} of {total} by {signal_name}; '
+        'rerun the same command to continue' if step else where, flush=True)
+  raise SystemExit(128 + signal.Signals[signal_name])
 
 
 def status_line(summary: Dict[str, Any], written: Sequence[str] = ()

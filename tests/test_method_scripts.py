@@ -8,9 +8,11 @@ the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 """
 
 import json
+import os
 import pathlib
 import runpy
 import shutil
+import signal
 import sys
 
 import jax
@@ -119,6 +121,35 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
   log = [json.loads(line) for line in checkpoints.read_bytes(
       f'{out}/log.jsonl').decode().splitlines()]
   assert [r['step'] for r in log] == [1, 3]  # step 3's record once
+
+
+def test_sigterm_saves_the_step_running_and_ends_as_killed(tiny, tmp_path,
+                                                           capsys):
+  """SIGTERM (a preemption's notice) during a PaSS run, sent here as its
+  save at step 2 is copied up: step 3 runs, is saved although --save_every
+  is 2, and the command ends saying so, with a killed process's status."""
+  _, data, ckpt = tiny
+  namespace = runpy.run_path(str(ROOT / 'scripts' / 'train_pass.py'))
+  args = namespace['parse_flags']([
+      '--target', ckpt, '--target_config', SPEC, '--arrays', data, '--task',
+      'copy', '--num_lookahead', '2', '--save_every', '2', '--batch_size',
+      '4', '--positions', '4', '--max_decode_len', str(LENGTH), '--out_dir',
+      str(tmp_path), '--steps', '6'])
+  sent = []
+
+  def saved():
+    if not sent:
+      sent.append(os.kill(os.getpid(), signal.SIGTERM))
+
+  with pytest.raises(SystemExit) as e:
+    namespace['train'](args, str(tmp_path), saved)
+  assert e.value.code == 128 + signal.SIGTERM
+  assert checkpoints.latest_checkpoint(str(tmp_path)) == str(
+      tmp_path / 'checkpoint_3')
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      f'{tmp_path}: stopped at step 3 of 6 by SIGTERM; rerun the same '
+      'command to continue')
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
 
 
 @pytest.mark.parametrize('script, flag, message', [
