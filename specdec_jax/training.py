@@ -419,7 +419,8 @@ def restore_run_state(path: str, opt_state: optax.OptState,
   """What `run_state_files` saved in the checkpoint `path`: `(the optimizer
   state, the values)`, `rng` set to the state saved. Where the checkpoint
   holds no optimizer state (T5X's params only), `opt_state` as given, a
-  fresh one, with a warning; where it holds no generator, `rng` unchanged.
+  fresh one, with a warning; where it holds no generator's, `rng` as given,
+  with a warning.
   """
   opt_file = os.path.join(path, OPTIMIZER_STATE_FILE)
   if checkpoints.isfile(opt_file):
@@ -429,7 +430,11 @@ def restore_run_state(path: str, opt_state: optax.OptState,
     logging.warning('%s has no %s; the optimizer statistics start afresh.',
                     path, OPTIMIZER_STATE_FILE)
   data_file = os.path.join(path, DATA_STATE_FILE)
-  if rng is None or not checkpoints.isfile(data_file):
+  if rng is None:
+    return opt_state, {}
+  if not checkpoints.isfile(data_file):
+    logging.warning('%s has no %s; the batches are drawn afresh.', path,
+                    DATA_STATE_FILE)
     return opt_state, {}
   values = json.loads(checkpoints.read_bytes(data_file))
   rng.bit_generator.state = values.pop('rng')
