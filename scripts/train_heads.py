@@ -221,14 +221,8 @@ def train(args, out_dir, saved):
           c_out[idx], positions)
       stop = asked()  # a signal: save this step, then end
       if step % 50 == 0 or step in (first + 1, args.steps) or stop:
-        acc = np.asarray(m['accuracy_at']) / np.maximum(
-            np.asarray(m['weight_at']), 1)
-        rec = {'step': step, 'loss': round(float(loss), 4),
-               'accuracy_at': [round(float(a), 4) for a in acc],
-               'seconds': round(time.time() - t0, 1)}
-        log.write(json.dumps(rec) + '\n')
-        log.flush()
-        print(rec, flush=True)
+        training.append_step_record(log, step, round(float(loss), 4), m,
+                                    time.time() - t0)
       if step % args.save_every == 0 or step == args.steps or stop:
         training.save_whole(out_dir, step, lambda: heads.save_head(
             hp, head_cfg, out_dir, step, extra_files=training.run_state_files(

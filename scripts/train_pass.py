@@ -39,7 +39,6 @@ loads them as `shipped:lookahead/<task>`.
 """
 
 import argparse
-import json
 import os
 import re
 import time
@@ -163,14 +162,8 @@ def train(args, out_dir, saved):
                                  jnp.asarray(owners, jnp.int32))
       stop = asked()  # a signal: save this step, then end
       if step % 10 == 0 or step == 1 or step == args.steps or stop:
-        acc = np.asarray(m['accuracy_at']) / np.maximum(
-            np.asarray(m['weight_at']), 1)
-        rec = {'step': step, 'loss': float(m['loss']),
-               'accuracy_at': [round(float(a), 4) for a in acc],
-               'seconds': round(time.time() - t0, 1)}
-        log.write(json.dumps(rec) + '\n')
-        log.flush()
-        print(rec, flush=True)
+        training.append_step_record(log, step, float(m['loss']), m,
+                                    time.time() - t0)
       if step % args.save_every == 0 or step == args.steps or stop:
         training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
             la, out_dir, step, training.run_state_files(opt_state, rng)),

@@ -510,6 +510,23 @@ def log_up_to(path: str, step: int) -> List[Dict[str, Any]]:
   return records
 
 
+def append_step_record(log, step: int, loss: float, metrics: Mapping[str, Any],
+                       seconds: float) -> Dict[str, Any]:
+  """Appends a method training script's record of `step` to its open log
+  (flushed) and prints it: `loss`, the accuracy at each draft position
+  (`metrics`' 'accuracy_at' / 'weight_at' sums) and the run's `seconds`
+  (to 0.1 s)."""
+  accuracy = np.asarray(metrics['accuracy_at']) / np.maximum(
+      np.asarray(metrics['weight_at']), 1)
+  record = {'step': step, 'loss': loss,
+            'accuracy_at': [round(float(a), 4) for a in accuracy],
+            'seconds': round(seconds, 1)}
+  log.write(json.dumps(record) + '\n')
+  log.flush()
+  print(record, flush=True)
+  return record
+
+
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                 periods, model_dir, rate, teacher):
   """`train`'s arguments, refused (`checks.InputError`) before anything
