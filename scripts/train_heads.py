@@ -230,7 +230,8 @@ def train(args, out_dir, saved):
                             keep_checkpoints=None, on_write=saved)
       if stop and step < args.steps:
         log.close()
-        training.exit_stopped(stop, args.out_dir, step, args.steps)
+        training.exit_stopped(stop, training.stopped_line(
+            args.out_dir, step, args.steps, stop))
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]

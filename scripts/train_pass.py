@@ -170,7 +170,8 @@ def train(args, out_dir, saved):
                             keep_checkpoints=None, on_write=saved)
       if stop and step < args.steps:
         log.close()
-        training.exit_stopped(stop, args.out_dir, step, args.steps)
+        training.exit_stopped(stop, training.stopped_line(
+            args.out_dir, step, args.steps, stop))
   log.close()
 
 

@@ -1034,16 +1034,20 @@ def main(argv: Optional[Sequence[str]] = None,
   return summary
 
 
-def exit_stopped(signal_name: str, where: str, step: int = 0,
-                 total: int = 0):
-  """Ends a training command that the signal `signal_name` stopped at
-  `step` of `total`, once that step's checkpoint was saved (`stop_asked`):
-  says so (`where`, the output folder; or a whole line, `status_line`'s,
-  where `step` is 0), then exits with the status of a process that signal
+def exit_stopped(signal_name: str, line: str):
+  """Ends a training command that the signal `signal_name` stopped once
+  the step running was saved (`stop_asked`): prints `line` (`status_line`
+  or `stopped_line`), then exits with the status of a process that signal
   killed (128 + its number)."""
-  print(f'{where}: stopped at step {step} of {total} by {signal_name}; '
-        'rerun the same command to continue' if step else where, flush=True)
+  print(line, flush=True)
   raise SystemExit(128 + signal.Signals[signal_name])
+
+
+def stopped_line(where: str, step: int, total: int, signal_name: str) -> str:
+  """A method training script's line for a run `signal_name` stopped at
+  `step` of `total` (its output folder `where`)."""
+  return (f'{where}: stopped at step {step} of {total} by {signal_name}; '
+          'rerun the same command to continue')
 
 
 def status_line(summary: Dict[str, Any], written: Sequence[str] = ()
