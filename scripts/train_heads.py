@@ -17,8 +17,8 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    step running, then ends the command: `training.stop_asked`) and
    log.jsonl; the final
    alpha per depth on the held-out test rows (never trained on; see Data
-   below) goes into log.jsonl and the printout; with --export_dir, the
-   final head in bfloat16 (to ship) and the log.
+   below) goes into log.jsonl and the last line (`training.method_line`);
+   with --export_dir, the final head in bfloat16 (to ship) and the log.
    --out_dir may be a gs:// address (kept in a local copy, copied up at
    each save: bucket_folder.kept_here).
 
@@ -188,9 +188,10 @@ def train(args, out_dir, saved):
     rows = values.get('rows')
   step_fn = heads_train.make_train_step(head, optimizer, args.depth)
   log_path = os.path.join(out_dir, training.LOG_FILE)
-  training.log_up_to(log_path, first)
+  kept = training.log_up_to(log_path, first)
+  last = kept[-1] if kept else None  # its 'seconds': over every run
   log = open(log_path, 'a')
-  t0 = time.time()
+  t0 = time.time() - (last['seconds'] if last else 0.0)
 
   def chunk_of(rows):
     feats = [heads_train.target_features(
@@ -221,8 +222,8 @@ def train(args, out_dir, saved):
           c_out[idx], positions)
       stop = asked()  # a signal: save this step, then end
       if step % 50 == 0 or step in (first + 1, args.steps) or stop:
-        training.append_step_record(log, step, round(float(loss), 4), m,
-                                    time.time() - t0)
+        last = training.append_step_record(
+            log, step, round(float(loss), 4), m, time.time() - t0)
       if step % args.save_every == 0 or step == args.steps or stop:
         training.save_whole(out_dir, step, lambda: heads.save_head(
             hp, head_cfg, out_dir, step, extra_files=training.run_state_files(
@@ -230,8 +231,8 @@ def train(args, out_dir, saved):
                             keep_checkpoints=None, on_write=saved)
       if stop and step < args.steps:
         log.close()
-        training.exit_stopped(stop, training.stopped_line(
-            args.out_dir, step, args.steps, stop))
+        training.exit_stopped(stop, training.method_line(
+            args.out_dir, first, step, args.steps, last, stopped_by=stop))
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
@@ -239,12 +240,15 @@ def train(args, out_dir, saved):
          'note': 'alpha of head steps 1..depth (draft k of the merged loop)'}
   log.write(json.dumps(rec) + '\n')
   log.close()
-  print(rec, flush=True)
   if args.export_dir:
     path = heads.save_head(hp, head_cfg, args.export_dir, args.steps,
                            dtype=jnp.bfloat16)
     shutil.copy(os.path.join(out_dir, 'log.jsonl'), args.export_dir)
     print(f'exported {path} (bfloat16)', flush=True)
+  print(training.method_line(
+      args.out_dir, first, max(first, args.steps), args.steps, last,
+      [f"held-out alpha by head step {'/'.join(f'{a:.3g}' for a in alpha)} "
+       f'({held_out})']), flush=True)
 
 
 if __name__ == '__main__':

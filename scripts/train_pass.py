@@ -23,7 +23,8 @@ Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT; with Adam's moments and the batches'
 generator, so a rerun resumes from the latest checkpoint exactly: an
-interrupted run ends with an uninterrupted one's embeddings), log.jsonl.
+interrupted run ends with an uninterrupted one's embeddings), log.jsonl;
+its last line says where the run stands (`training.method_line`).
 SIGTERM or Ctrl-C saves the step running, then ends the command (status
 143 / 130; `training.stop_asked`). --out_dir may be a gs:// address
 (kept in a local copy, copied up at each save: bucket_folder.kept_here).
@@ -145,9 +146,10 @@ def train(args, out_dir, saved):
     opt_state, _ = training.restore_run_state(latest, opt_state, rng)
   step_fn = lookahead_train.make_train_step(model, optimizer)
   log_path = os.path.join(out_dir, training.LOG_FILE)
-  training.log_up_to(log_path, first)
+  kept = training.log_up_to(log_path, first)
+  last = kept[-1] if kept else None  # its 'seconds': over every run
   log = open(log_path, 'a')
-  t0 = time.time()
+  t0 = time.time() - (last['seconds'] if last else 0.0)
   with training.stop_asked() as asked:
     for step in range(first + 1, args.steps + 1):
       idx = rng.choice(len(enc), args.batch_size, replace=False)
@@ -162,17 +164,19 @@ def train(args, out_dir, saved):
                                  jnp.asarray(owners, jnp.int32))
       stop = asked()  # a signal: save this step, then end
       if step % 10 == 0 or step == 1 or step == args.steps or stop:
-        training.append_step_record(log, step, float(m['loss']), m,
-                                    time.time() - t0)
+        last = training.append_step_record(log, step, float(m['loss']), m,
+                                           time.time() - t0)
       if step % args.save_every == 0 or step == args.steps or stop:
         training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
             la, out_dir, step, training.run_state_files(opt_state, rng)),
                             keep_checkpoints=None, on_write=saved)
       if stop and step < args.steps:
         log.close()
-        training.exit_stopped(stop, training.stopped_line(
-            args.out_dir, step, args.steps, stop))
+        training.exit_stopped(stop, training.method_line(
+            args.out_dir, first, step, args.steps, last, stopped_by=stop))
   log.close()
+  print(training.method_line(args.out_dir, first, max(first, args.steps),
+                             args.steps, last), flush=True)
 
 
 if __name__ == '__main__':

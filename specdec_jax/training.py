@@ -1037,41 +1037,61 @@ def main(argv: Optional[Sequence[str]] = None,
 def exit_stopped(signal_name: str, line: str):
   """Ends a training command that the signal `signal_name` stopped once
   the step running was saved (`stop_asked`): prints `line` (`status_line`
-  or `stopped_line`), then exits with the status of a process that signal
+  or `method_line`), then exits with the status of a process that signal
   killed (128 + its number)."""
   print(line, flush=True)
   raise SystemExit(128 + signal.Signals[signal_name])
 
 
-def stopped_line(where: str, step: int, total: int, signal_name: str) -> str:
-  """A method training script's line for a run `signal_name` stopped at
-  `step` of `total` (its output folder `where`)."""
-  return (f'{where}: stopped at step {step} of {total} by {signal_name}; '
-          'rerun the same command to continue')
+def run_line(where: str, start: int, step: int, total: int, seconds: float,
+             figures: Sequence[str], files: Sequence[str],
+             stopped_by: Optional[str] = None) -> str:
+  """A training command's last line: its output folder `where`, complete
+  at step `total` or stopped at `step` by `stopped_by` (a rerun
+  continues), the steps this run trained (from `start`, the step it
+  resumed at), the `seconds` of training over every run, `figures`, and
+  the `files` it leaves (the checkpoint and the log first)."""
+  ran = ('nothing left to train' if step <= start else
+         f'step {step} trained here' if step == start + 1 else
+         f'steps {start + 1}-{step} trained here')
+  if start and step > start:
+    ran += f', resumed at step {start}'
+  said = (f'complete at step {step} of {total}' if step >= total else
+          f'stopped at step {step} of {total} by {stopped_by}')
+  figures = '; '.join([ran, f'{seconds:.1f} s of training in all', *figures])
+  line = f"{where}: {said} ({figures}); {', '.join(files)}"
+  if step < total:
+    line += '; rerun the same command to continue'
+  return line
+
+
+def method_line(where: str, start: int, step: int, total: int,
+                record: Optional[Mapping[str, Any]],
+                figures: Sequence[str] = (),
+                files: Sequence[str] = (),
+                stopped_by: Optional[str] = None) -> str:
+  """A method training script's `run_line`, its figures those of its last
+  step `record` (`append_step_record`'s: None where the log holds none)
+  and `figures`; its files checkpoint_`step`, the log and `files`."""
+  if record is not None:
+    accuracy = '/'.join(f'{a:.3g}' for a in record['accuracy_at'])
+    figures = [f"loss {record['loss']:.4g}, accuracy by draft position "
+               f'{accuracy}', *figures]
+  return run_line(where, start, step, total,
+                  record['seconds'] if record else 0.0, figures,
+                  [f'checkpoint_{step}', LOG_FILE, *files], stopped_by)
 
 
 def status_line(summary: Dict[str, Any], written: Sequence[str] = ()
                 ) -> str:
-  """The training job's last line: where it stands (complete at
-  TRAIN_STEPS, or stopped before by `max_seconds`, which a rerun
-  continues), the steps this run trained, the last train and validation
+  """The training job's `run_line`: complete at TRAIN_STEPS or stopped
+  before by `max_seconds` or a signal, the last train and validation
   losses, and the files `written` beside the checkpoint and the log."""
-  step, start, total = (summary[k] for k in ('step', 'start_step',
-                                              'train_steps'))
-  ran = (f'steps {start + 1}-{step} trained here' if step > start else
-         'nothing left to train')
-  if start and step > start:
-    ran += f', resumed at step {start}'
-  figures = [ran, f"{summary['seconds']:.1f} s of training in all"]
-  for split in ('train', 'validation'):
-    if summary[split] is not None:
-      figures.append(f"{split} loss {summary[split]['loss']:.4g}, accuracy "
-                     f"{summary[split]['accuracy']:.3g}")
+  figures = [f"{split} loss {summary[split]['loss']:.4g}, accuracy "
+             f"{summary[split]['accuracy']:.3g}"
+             for split in ('train', 'validation') if summary[split]]
   files = [os.path.basename(summary['checkpoint'] or '') or 'no checkpoint',
            LOG_FILE, *written]
-  said = (f'complete at step {step} of {total}' if step >= total else
-          f"stopped at step {step} of {total} by {summary['stopped_by']}")
-  line = f"{summary['model_dir']}: {said} ({'; '.join(figures)}); "
-  if step < total:
-    return line + f'{", ".join(files)}; rerun the same command to continue'
-  return line + ', '.join(files)
+  return run_line(summary['model_dir'], summary['start_step'],
+                  summary['step'], summary['train_steps'], summary['seconds'],
+                  figures, files, summary['stopped_by'])

@@ -80,7 +80,14 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny):
   run_script('train_heads', *argv)
   want = _params(str(out / 'checkpoint_3'))
   shutil.rmtree(out / 'checkpoint_3')
-  run_script('train_heads', *argv)
+  last = run_script('train_heads', *argv).stdout.splitlines()[-1]
+  # The last line: where the run stands, its last figures, its files.
+  assert last.startswith(f'{out}: complete at step 3 of 3 (step 3 trained '
+                         'here, resumed at step 2; '), last
+  assert ' s of training in all; loss ' in last
+  assert '; held-out alpha by head step ' in last
+  assert last.endswith(' (arrays copy test rows 0..7)); checkpoint_3, '
+                       'log.jsonl'), last
   for got, expected in zip(_params(str(out / 'checkpoint_3')), want,
                            strict=True):
     np.testing.assert_array_equal(got, expected)
@@ -114,7 +121,10 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
     if name.startswith('checkpoint_3/'):
       checkpoints.delete(f'{out}/{name}')
   assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_2'
-  run_script('train_pass', *argv)  # resumed at step 2
+  last = run_script('train_pass', *argv).stdout.splitlines()[-1]
+  assert last.startswith(f'{out}: complete at step 3 of 3 (step 3 trained '
+                         'here, resumed at step 2; '), last
+  assert last.endswith('; checkpoint_3, log.jsonl'), last
   for got, expected in zip(_params(f'{out}/checkpoint_3'), want,
                            strict=True):
     np.testing.assert_array_equal(got, expected)
@@ -146,9 +156,11 @@ def test_sigterm_saves_the_step_running_and_ends_as_killed(tiny, tmp_path,
   assert e.value.code == 128 + signal.SIGTERM
   assert checkpoints.latest_checkpoint(str(tmp_path)) == str(
       tmp_path / 'checkpoint_3')
-  assert capsys.readouterr().out.splitlines()[-1] == (
-      f'{tmp_path}: stopped at step 3 of 6 by SIGTERM; rerun the same '
-      'command to continue')
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last.startswith(f'{tmp_path}: stopped at step 3 of 6 by SIGTERM '
+                         '(steps 1-3 trained here; '), last
+  assert last.endswith('); checkpoint_3, log.jsonl; rerun the same command '
+                       'to continue'), last
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
 
 
