@@ -554,11 +554,13 @@ class CacheCommit:
   Per unit: `stage` writes the grown cache beside its file
   (<file>.pending) and then an intent (out/output_cache.pending.json: the
   file and the unit's indices); the records are appended (the commit
-  point); `finish` renames the staged cache over the file and deletes the
-  intent. `recover`, before the cache is loaded on resume, rolls a staged
-  cache forward where every index of its unit has a record (the crash came
-  after the commit point) and discards it otherwise (the unit is decoded
-  again from the cache as it was, as an uninterrupted run decoded it).
+  point); `finish` renames the staged cache over the file (at a gs://
+  address: uploads it there and deletes the staged one, `_move`) and
+  deletes the intent. `recover`, before the cache is loaded on resume,
+  rolls a staged cache forward where every index of its unit has a
+  record (the crash came after the commit point) and discards it
+  otherwise (the unit is decoded again from the cache as it was, as an
+  uninterrupted run decoded it).
   """
   out: pathlib.Path
   cache_path: str
@@ -580,7 +582,7 @@ class CacheCommit:
          'indices': [int(i) for i in indices]}))
 
   def finish(self) -> None:
-    os.replace(self.staged, self.cache_path)
+    _move(self.staged, self.cache_path)
     _wrote('output cache committed')
     self.intent.unlink()
     _wrote('output cache intent removed')
@@ -595,8 +597,8 @@ class CacheCommit:
   def recover(self, recorded: set) -> Optional[str]:
     """Completes or undoes a commit cut short; says which (None: none)."""
     if not self.intent.exists():
-      if os.path.exists(self.staged):  # staged, no intent: never committed
-        os.remove(self.staged)
+      if checkpoints.isfile(self.staged):  # no intent: never committed
+        checkpoints.delete(self.staged)
         _wrote('output cache discarded')
         return 'discarded'
       return None
@@ -609,23 +611,35 @@ class CacheCommit:
       raise damaged(self.intent, 'an output cache commit without the '
                     'indices of its unit', remedy)
     if set(indices) <= recorded:
-      if os.path.exists(self.staged):
+      if checkpoints.isfile(self.staged):
         try:  # Only a whole cache replaces the committed one.
           output_cache.OutputCache.load(self.staged)
         except output_cache.OutputCacheError as e:
           raise damaged(self.staged, 'a staged output cache that '
                         + e.problem, self._remedy(self.intent)) from None
-        os.replace(self.staged, self.cache_path)
+        _move(self.staged, self.cache_path)
         _wrote('output cache committed')
       done = 'rolled forward'
     else:
-      if os.path.exists(self.staged):
-        os.remove(self.staged)
+      if checkpoints.isfile(self.staged):
+        checkpoints.delete(self.staged)
         _wrote('output cache discarded')
       done = 'discarded'
     self.intent.unlink()
     _wrote('output cache intent removed')
     return done
+
+
+def _move(source: str, dest: str) -> None:
+  """Puts the file `source` in place of `dest`, whole: a rename where both
+  are local; at gs:// addresses (an object store renames nothing) an
+  upload of `dest`, atomic, then `source` deleted (a crash between the
+  two leaves the staged cache, which `CacheCommit.recover` moves again)."""
+  if not checkpoints.is_gcs(dest):
+    os.replace(source, dest)
+    return
+  checkpoints.write_bytes(dest, checkpoints.read_bytes(source))
+  checkpoints.delete(source)
 
 
 # -- Signals and barriers -------------------------------------------------

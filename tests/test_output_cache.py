@@ -15,14 +15,18 @@ The registry suite (tests/drafters/test_drafters.py) checks the 'cache' and
 Run alone: `python -m pytest -q tests/test_output_cache.py`.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import output_cache
+from specdec_jax import run_folder
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
 
@@ -74,6 +78,29 @@ def test_store_saves_reloads_and_appends(store_setup, tmp_path, where,
   assert list(grown.outputs[13, :3]) == [7, EOS, 0]
   # The appended request's key is the one its near-twin (entry 1) has.
   np.testing.assert_allclose(grown.keys[13], grown.keys[1], atol=1e-6)
+
+
+def test_a_commit_cut_short_at_gs_is_rolled_forward_or_discarded(
+    store_setup, tmp_path, gcs):
+  """`run_folder.CacheCommit` for a cache file at a gs:// address: a
+  crash after the unit's records (all its indices recorded) moves the
+  staged cache into place; one before them deletes it, the file as it
+  was."""
+  *_, store = store_setup
+  path = f'{gcs}/cache.npz'
+  store.save(path)
+  commit = run_folder.CacheCommit(tmp_path, path)
+  grown = dataclasses.replace(store, keys=store.keys[:5],
+                              outputs=store.outputs[:5])
+  commit.stage(grown, [7, 8])  # then the crash
+  assert commit.recover({7}) == 'discarded'
+  assert len(output_cache.OutputCache.load(path)) == 12
+  assert not checkpoints.isfile(commit.staged)
+  commit.stage(grown, [7, 8])
+  assert commit.recover({7, 8, 9}) == 'rolled forward'
+  assert len(output_cache.OutputCache.load(path)) == 5
+  assert checkpoints.list_files(gcs) == ['cache.npz']
+  assert not commit.intent.exists()
 
 
 def test_bad_cache_files_are_named(store_setup, tmp_path):
@@ -189,14 +216,16 @@ def test_adaptive_t5_sampled_sequences_follow_target_distribution(
   assert_matches(np.asarray(out.tokens), dist)
 
 
-def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path):
-  """DRAFTER='combined' with OUTPUT_CACHE: the file is created from the
-  task's 100 train pairs, every finished output is appended (4, then 2
-  more on an extended rerun, which reloads it), outputs stay exact."""
+def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path, gcs):
+  """DRAFTER='combined' with OUTPUT_CACHE at a gs:// address (a local one:
+  tests/test_eval.py): the file is created from the task's 100 train
+  pairs, every finished output is appended (4, then 2 more on an extended
+  rerun, which reloads it), outputs stay exact. (An object store renames
+  nothing: the job's commit of the grown cache once failed there.)"""
   from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   from test_eval import args  # pylint: disable=g-import-not-at-top
 
-  out, path = tmp_path / 'run', tmp_path / 'cache' / 'en_de.npz'
+  out, path = tmp_path / 'run', f'{gcs}/cache/en_de.npz'
   flags = dict(DRAFTER="'combined'", OUTPUT_CACHE=f"'{path}'")
   summary = eval_lib.main(args(out, **flags))
   assert summary['differing_examples'] == 0 and summary['examples'] == 4
@@ -208,6 +237,7 @@ def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path):
   # The appended outputs are the job's speculative outputs (EOS-ended ids).
   grown = output_cache.OutputCache.load(str(path))
   assert (grown.outputs[100:, 0] > 0).all()
+  assert checkpoints.list_files(f'{gcs}/cache') == ['en_de.npz']  # none staged
   # A drafter that reads no cache refuses the option.
   with pytest.raises(ValueError, match='does not use one'):
     eval_lib.main(args(tmp_path / 'x', OUTPUT_CACHE=f"'{path}'"))
