@@ -49,10 +49,10 @@ Runs on CPU or an accelerator; needs neither seqio nor gin.
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -141,6 +141,8 @@ def task_data(args, vocab_size):
 
 def main(argv=None):
   args = parse_flags(argv)
+  if args.export_dir:  # refused before training, as --out_dir is
+    bucket_folder.check_folder('export_dir', args.export_dir)
   # A gs:// --out_dir: written in a local copy, copied up at each save
   # and at the end (bucket_folder.kept_here).
   with bucket_folder.kept_here('out_dir', args.out_dir) as here:
@@ -241,14 +243,34 @@ def train(args, out_dir, saved):
   log.write(json.dumps(rec) + '\n')
   log.close()
   if args.export_dir:
-    path = heads.save_head(hp, head_cfg, args.export_dir, args.steps,
-                           dtype=jnp.bfloat16)
-    shutil.copy(os.path.join(out_dir, 'log.jsonl'), args.export_dir)
-    print(f'exported {path} (bfloat16)', flush=True)
+    export(args, out_dir, hp, head_cfg, model.config)
   print(training.method_line(
       args.out_dir, first, max(first, args.steps), args.steps, last,
       [f"held-out alpha by head step {'/'.join(f'{a:.3g}' for a in alpha)} "
        f'({held_out})']), flush=True)
+
+
+def export(args, out_dir, hp, head_cfg, config):
+  """The final head `hp` in bfloat16 and the log into --export_dir (local
+  or gs://). A rerun finds the same head there and keeps it; another head
+  at that step is refused (a checkpoint is never overwritten)."""
+  path = str(bucket_folder.join(args.export_dir, f'checkpoint_{args.steps}'))
+  if checkpoints.isdir(path):
+    there, there_cfg = heads.load_head(path, config)
+    same = there_cfg == head_cfg and all(jax.tree.leaves(jax.tree.map(
+        lambda a, b: np.array_equal(a, jnp.asarray(b, jnp.bfloat16)),
+        there, hp)))
+    if not same:
+      raise checks.InputError(f'--export_dir: {path} holds another head; '
+                              'delete it or name another folder.')
+    said = 'already there'
+  else:
+    path, said = heads.save_head(hp, head_cfg, args.export_dir, args.steps,
+                                 dtype=jnp.bfloat16), 'bfloat16'
+  with open(os.path.join(out_dir, training.LOG_FILE), 'rb') as f:
+    bucket_folder.write_file(bucket_folder.join(
+        args.export_dir, training.LOG_FILE), f.read())
+  print(f'exported {path} ({said})', flush=True)
 
 
 if __name__ == '__main__':

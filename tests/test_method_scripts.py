@@ -7,6 +7,7 @@ commands (a subprocess each). (What the trained weights buy is measured by
 the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 """
 
+import argparse
 import json
 import os
 import pathlib
@@ -16,15 +17,18 @@ import signal
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from command_line import run_script
 from specdec_jax import arrays
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import network
 from specdec_jax import training
 from specdec_jax import models
+from specdec_jax.drafters import heads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPEC = 't5_1_1_tiny,vocab_size=32,dtype=float32'
@@ -64,11 +68,12 @@ def _params(path):
   return jax.tree.leaves(checkpoints.load_t5x_params(path))
 
 
-def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny):
+def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs):
   """A run to step 3 saves at 2 and 3; with its last checkpoint gone (a
   run stopped after its save at 2), the rerun resumes from step 2, mid
   chunk (AdamW's state, the chunk's rows and the batches' generator as
-  saved), and ends with the uninterrupted run's head, bit for bit."""
+  saved), and ends with the uninterrupted run's head, bit for bit. Its
+  --export_dir is in a bucket (the log's copy there once failed)."""
   root, data, ckpt = tiny
   assert ckpt.endswith('checkpoint_0')
   out = root / 'heads' / 'copy'
@@ -76,11 +81,26 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny):
           '--task', 'copy', '--out_dir', str(out), '--steps', '3',
           '--save_every', '2', '--batch_size', '4', '--positions', '4',
           '--mlp_dim', '16', '--depth', '1', '--chunk_rows', '32',
-          '--eval_rows', '8']
+          '--eval_rows', '8', '--export_dir', f'{gcs}/export']
   run_script('train_heads', *argv)
   want = _params(str(out / 'checkpoint_3'))
+  # What to ship: the head in bfloat16 and the log.
+  assert checkpoints.read_bytes(f'{gcs}/export/log.jsonl') == (
+      out / 'log.jsonl').read_bytes()
+  exported = _params(f'{gcs}/export/checkpoint_3')
+  assert {x.dtype for x in exported} == {np.dtype(jnp.bfloat16)}
+  for got, expected in zip(exported, want, strict=True):
+    np.testing.assert_array_equal(got, expected.astype(jnp.bfloat16))
   shutil.rmtree(out / 'checkpoint_3')
-  last = run_script('train_heads', *argv).stdout.splitlines()[-1]
+  *_, said, last = run_script('train_heads', *argv).stdout.splitlines()
+  # The same head, exported again: kept; another one is refused.
+  assert said == f'exported {gcs}/export/checkpoint_3 (already there)'
+  head, head_cfg = heads.load_head(str(out / 'checkpoint_3'),
+                                   models.config(SPEC))
+  with pytest.raises(checks.InputError, match='holds another head'):
+    runpy.run_path(str(ROOT / 'scripts' / 'train_heads.py'))['export'](
+        argparse.Namespace(export_dir=f'{gcs}/export', steps=3), str(out),
+        jax.tree.map(lambda x: x + 1, head), head_cfg, models.config(SPEC))
   # The last line: where the run stands, its last figures, its files.
   assert last.startswith(f'{out}: complete at step 3 of 3 (step 3 trained '
                          'here, resumed at step 2; '), last
