@@ -204,6 +204,15 @@ class _Run:
     self.index = jax.process_index()
     self.count = 1 if spans else jax.process_count()
     self.writes = self.index == 0 or not spans
+    if self.count > 1 and setup.draft.output_cache is not None:
+      # Each process grows a cache of its own share: one file cannot be
+      # all of them (each would commit over the others').
+      raise checks.InputError(
+          f'OUTPUT_CACHE {setup.draft.output_cache!r} with {self.count} '
+          'processes decoding shares of their own: each grows its own '
+          'cache, which one file cannot hold. Leave OUTPUT_CACHE None (each '
+          'process keeps output_cache.process-<p>-of-<P>.npz in '
+          'EVAL_OUTPUT_DIR), or run one mesh spanning the processes.')
     self.wanted = {i for i, *_ in examples}
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import output_cache
@@ -216,7 +217,8 @@ def test_adaptive_t5_sampled_sequences_follow_target_distribution(
   assert_matches(np.asarray(out.tokens), dist)
 
 
-def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path, gcs):
+def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path, gcs,
+                                                         monkeypatch):
   """DRAFTER='combined' with OUTPUT_CACHE at a gs:// address (a local one:
   tests/test_eval.py): the file is created from the task's 100 train
   pairs, every finished output is appended (4, then 2 more on an extended
@@ -241,3 +243,9 @@ def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path, gcs):
   # A drafter that reads no cache refuses the option.
   with pytest.raises(ValueError, match='does not use one'):
     eval_lib.main(args(tmp_path / 'x', OUTPUT_CACHE=f"'{path}'"))
+  # Processes that each decode a share would each commit a cache of their
+  # own over the one file: refused before any decode, its folder unwritten.
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(checks.InputError, match='with 2 processes decoding'):
+    eval_lib.main(args(tmp_path / 'two', **flags))
+  assert not (tmp_path / 'two' / 'run.json').exists()
