@@ -116,7 +116,7 @@ def task_data(args, vocab_size):
   """(train inputs, held-out inputs, decode length, what they are)."""
   if args.arrays:
     folder = os.path.join(args.arrays, args.task)
-    if not os.path.isdir(folder) and args.task in TASK_DIRS:
+    if not checkpoints.isdir(folder) and args.task in TASK_DIRS:
       folder = os.path.join(args.arrays, TASK_DIRS[args.task])
     train, test = arrays.load(folder, 'train'), arrays.load(folder, 'test')
     where = f'arrays {os.path.basename(folder)} test'

@@ -12,21 +12,27 @@ evaluate on exactly the same tokens:
                       task    [N] int32 (optional): index into `task_names`
                       task_names [T] str (optional)
 
-`scripts/export_arrays.py` writes them from seqio tasks / mixtures; the
-distillation data (a target's own outputs over the train inputs,
-`distill.generate`) is written in the same format, in shards
-(`<split>-00000-of-00008.npz`). `features` turns a batch of arrays into the
-model features of seqio's `EncDecFeatureConverter(pack=False)`, so training
-on arrays and training on the seqio task see identical batches' contents.
+`<dir>` may be a gs:// address. `scripts/export_arrays.py` writes them from
+seqio tasks / mixtures; the distillation data (a target's own outputs over
+the train inputs, `distill.generate`) is written in the same format, in
+shards (`<split>-00000-of-00008.npz`). `features` turns a batch of arrays
+into the model features of seqio's `EncDecFeatureConverter(pack=False)`, so
+training on arrays and training on the seqio task see identical batches'
+contents.
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
+import functools
+import io
 import os
 from typing import Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import checks
 
 # What seqio's EncDecFeatureConverter(pack=False) makes, the training
 # features; all `[batch, length]` int32. `data.FEATURES` is this tuple.
@@ -37,10 +43,17 @@ Arrays = Dict[str, np.ndarray]
 
 
 def split_files(data_dir: str, split: str) -> List[str]:
-  """The npz files of a split: `<split>.npz` or its shards, in order."""
-  single = os.path.join(data_dir, f'{split}.npz')
-  shards = sorted(glob.glob(os.path.join(data_dir, f'{split}-*-of-*.npz')))
-  files = ([single] if os.path.isfile(single) else []) + shards
+  """The npz files of a split: `<split>.npz` or its shards, in order
+  (`data_dir` local or a gs:// address)."""
+  if checkpoints.is_gcs(data_dir):
+    names = [n for n in checkpoints.list_files(data_dir) if '/' not in n]
+    join = lambda name: f"{data_dir.rstrip('/')}/{name}"
+  else:
+    names = [n for n in (os.listdir(data_dir) if os.path.isdir(data_dir)
+                         else ()) if os.path.isfile(os.path.join(data_dir, n))]
+    join = functools.partial(os.path.join, data_dir)
+  files = [join(n) for n in sorted(names) if n == f'{split}.npz'] + [
+      join(n) for n in sorted(fnmatch.filter(names, f'{split}-*-of-*.npz'))]
   if not files:
     raise FileNotFoundError(
         f'No {split!r} split in {data_dir!r} (expected {split}.npz or '
@@ -60,7 +73,9 @@ def load(data_dir: str, split: str) -> Arrays:
   parts = []
   task_names = None
   for path in split_files(data_dir, split):
-    with np.load(path, allow_pickle=False) as f:
+    source = (io.BytesIO(checkpoints.read_bytes(path))
+              if checkpoints.is_gcs(path) else path)
+    with np.load(source, allow_pickle=False) as f:
       for key in ('inputs', 'targets'):
         if key not in f.files:
           raise ValueError(f'{path} has no {key!r} array (has {f.files}).')
@@ -84,7 +99,16 @@ def load(data_dir: str, split: str) -> Arrays:
 
 
 def save(path: str, arrays: Mapping[str, np.ndarray]) -> str:
-  """Writes arrays to `path` (.npz) atomically: a reader never sees half."""
+  """Writes arrays to `path` (.npz, local or a gs:// address) atomically:
+  a reader never sees half."""
+  if '://' in path and not checkpoints.is_gcs(path):
+    raise checks.InputError(f'{path!r}: arrays are written to a local '
+                            'path or a gs:// address.')
+  if checkpoints.is_gcs(path):  # an upload is whole or absent
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    checkpoints.write_bytes(path, buf.getvalue())
+    return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp.npz'
   np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})

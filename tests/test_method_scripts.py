@@ -73,11 +73,15 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs):
   run stopped after its save at 2), the rerun resumes from step 2, mid
   chunk (AdamW's state, the chunk's rows and the batches' generator as
   saved), and ends with the uninterrupted run's head, bit for bit. Its
-  --export_dir is in a bucket (the log's copy there once failed)."""
+  --arrays and --export_dir are in a bucket (neither worked there once)."""
   root, data, ckpt = tiny
   assert ckpt.endswith('checkpoint_0')
   out = root / 'heads' / 'copy'
-  argv = ['--target', ckpt, '--target_config', SPEC, '--arrays', data,
+  for split in ('train', 'test'):  # --arrays in the bucket too
+    arrays.save(f'{gcs}/arrays/copy/{split}.npz',
+                arrays.load(f'{data}/copy', split))
+  argv = ['--target', ckpt, '--target_config', SPEC, '--arrays',
+          f'{gcs}/arrays',
           '--task', 'copy', '--out_dir', str(out), '--steps', '3',
           '--save_every', '2', '--batch_size', '4', '--positions', '4',
           '--mlp_dim', '16', '--depth', '1', '--chunk_rows', '32',
