@@ -43,7 +43,7 @@ def main(argv=None):
   parser.add_argument('--input_len', type=checks.count, default=64)
   parser.add_argument('--decode_len', type=checks.count, default=64)
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--out_dir', default='results')
+  parser.add_argument('--out_dir', type=checks.local_path, default='results')
   parser.add_argument('--torch_threads', type=int, default=0,
                       help='torch.set_num_threads; 0 keeps the default.')
   args = parser.parse_args(argv)

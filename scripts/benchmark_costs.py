@@ -136,8 +136,8 @@ DECODE_LEN = 64
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=checks.count, default=7)
-  parser.add_argument('--out_dir', default='results')
-  parser.add_argument('--profile_dir', default=None,
+  parser.add_argument('--out_dir', type=checks.local_path, default='results')
+  parser.add_argument('--profile_dir', type=checks.local_path, default=None,
                       help='where the profile goes (default: '
                       'specdec_jax/profiles)')
   args = parser.parse_args(argv)

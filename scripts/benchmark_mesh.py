@@ -272,7 +272,8 @@ def markdown(result):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out', default='results/mesh_cpu')
+  parser.add_argument('--out', type=checks.local_path,
+                      default='results/mesh_cpu')
   parser.add_argument('--meshes', default='0,4,8',
                       help="num_partitions per mesh; 0: one device, no mesh")
   flags.add_prediction_flags(parser)

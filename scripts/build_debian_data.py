@@ -27,7 +27,7 @@ from specdec_jax import tasks
 def main(argv=None):
   """Parses flags, builds the data and prints the counts."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out_dir', required=True)
+  parser.add_argument('--out_dir', type=checks.local_path, required=True)
   parser.add_argument('--lists_dir', default=None,
                       help="apt's lists folder (default: apt-config's).")
   parser.add_argument('--fetch', action='store_true',

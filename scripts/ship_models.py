@@ -398,7 +398,7 @@ def _old_validation(old_training, task):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('command', choices=('measure', 'ship', 'report'))
-  parser.add_argument('--export_dir', default=None,
+  parser.add_argument('--export_dir', type=checks.local_path, default=None,
                       help='the export folder of '
                       'scripts/train_shipped_models.py (measure, ship; '
                       'report: for the training report)')
@@ -408,7 +408,8 @@ def main(argv=None):
   parser.add_argument('--num_examples', type=checks.count, default=256)
   parser.add_argument('--val_examples', type=checks.count, default=1024)
   parser.add_argument('--batch_size', type=checks.count, default=32)
-  parser.add_argument('--out', default='results/drafters_alpha.json')
+  parser.add_argument('--out', type=checks.local_path,
+                      default='results/drafters_alpha.json')
   parser.add_argument('--models', default='target,dec2_fkl,small_fkl')
   parser.add_argument('--measured', default=None)
   parser.add_argument('--assets', default=None,

@@ -282,7 +282,7 @@ def parse_flags(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--arrays', required=True,
                       help='scripts/export_arrays.py output')
-  parser.add_argument('--work_dir', required=True)
+  parser.add_argument('--work_dir', type=checks.local_path, required=True)
   parser.add_argument('--stages', type=_names(STAGES),
                       default=','.join(STAGES))
   parser.add_argument('--target_lrs', default='0.003,0.01,0.03', type=(

@@ -24,8 +24,9 @@ SIZES = ('xxl', 'large', 'base', 'small')
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--models_dir', default='~/models')
-  parser.add_argument('--out_dir', default='results')
+  parser.add_argument('--models_dir', type=checks.local_path,
+                      default='~/models')
+  parser.add_argument('--out_dir', type=checks.local_path, default='results')
   parser.add_argument('--tasks', default='en_de,synopsis')
   args = parser.parse_args(argv)
   root = pathlib.Path(os.path.expanduser(args.models_dir))

@@ -92,6 +92,17 @@ def positive(text: str) -> float:
   return value
 
 
+def local_path(text: str) -> str:
+  """A flag's local file or folder (as the flag's `type`): where a command
+  writes results with local file operations, refused as a URL (gs://,
+  s3://, ...) before it runs, not after (`pathlib` would write 'gs://b/x'
+  to a local folder 'gs:/b/x')."""
+  if '://' in text:
+    raise argparse.ArgumentTypeError(
+        f'a local path expected (its files are written here), got {text!r}')
+  return text
+
+
 def counts(text: str) -> Tuple[int, ...]:
   """A flag's comma-separated counts, e.g. '1,8,32' (none: ''), each an
   int >= 1; else argparse's error naming the flag (an `argparse.

@@ -182,7 +182,8 @@ def main(argv=None):
                       help='comma-separated shipped tasks (default: all)')
   parser.add_argument('--num_examples', type=checks.count, default=16,
                       help='examples of each task decoded')
-  parser.add_argument('--output_dir', default='/tmp/specdec_jax_main',
+  parser.add_argument('--output_dir', type=checks.local_path,
+                      default='/tmp/specdec_jax_main',
                       help='each run decodes into a fresh run_<time> folder '
                       'here')
   parser.add_argument('--resume', action='store_true',

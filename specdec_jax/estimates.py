@@ -349,7 +349,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--alphas', default='results/drafters_alpha.json',
                       help="our shipped drafters' measured alpha (a "
                       'results json with tasks/<task>/alpha)')
-  parser.add_argument('--out_dir', default='results/compiled')
+  parser.add_argument('--out_dir', type=checks.local_path,
+                      default='results/compiled')
   args = parser.parse_args(argv)
   return args if args.reestimate else compiled.check_flags(parser, args)
 

@@ -217,6 +217,11 @@ def resolve_data_dir(data_dir: Optional[str] = None) -> str:
   if path == 'shipped':
     from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
     return shipped.data_dir()
+  if '://' in path:  # read with local file operations
+    raise checks.InputError(
+        f'Debian data dir {path!r}: a local folder expected (copy it from '
+        'the bucket, or export the tasks as arrays, which may be read from '
+        'gs://: scripts/export_arrays.py).')
   return os.path.abspath(os.path.expanduser(path))
 
 

@@ -202,6 +202,9 @@ def test_sigterm_saves_the_step_running_and_ends_as_killed(tiny, tmp_path,
     ('train_shipped_models', '--target_lrs=0.01,0',
      "--target_lrs: a finite number > 0 expected, got '0'"),
     ('train_shipped_models', '--gen_examples=0', '--gen_examples: an int'),
+    ('train_shipped_models', '--work_dir=gs://b/w',
+     "--work_dir: a local path expected (its files are written here), got "
+     "'gs://b/w'"),
 ])
 def test_a_bad_count_or_rate_is_the_parsers_error(script, flag, message,
                                                   capsys):

@@ -384,9 +384,11 @@ def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
       (['--random', '--temperature', '-1'],
        'error: temperature must be a finite number >= 0'),
       (['--tasks', 'en_de', '--gin.GAMMA=0'],  # the eval job's line
-       'error: gamma must be an int >= 1, got 0.')):
+       'error: gamma must be an int >= 1, got 0.'),
+      (['--output_dir', 'gs://b/main'],  # read back with local files
+       "--output_dir: a local path expected")):
     with pytest.raises(SystemExit) as e:
-      demo.main(argv + ['--output_dir', str(tmp_path)])
+      demo.main(['--output_dir', str(tmp_path)] + argv)
     assert message in f'{e.value.code} {capsys.readouterr().err}'
   assert not list(tmp_path.iterdir())
 

@@ -27,6 +27,7 @@ import pytest
 from command_line import run_script
 from specdec_jax import data
 from specdec_jax import debian
+from specdec_jax import checks
 from specdec_jax import tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -344,8 +345,13 @@ def test_missing_data_dir_names_build_command(tmp_path):
   """Reading an unbuilt data dir raises a plain error saying how to build.
 
   Both the data and the vocabulary (the eval job asks for its size first)
-  must fail this way, not with a TensorFlow file-system traceback.
+  must fail this way, not with a TensorFlow file-system traceback. A data
+  dir in a bucket, read with local file operations, is refused as such
+  (before: as a missing local folder 'gs:/...').
   """
+  with pytest.raises(checks.InputError, match="Debian data dir 'gs://b/d': "
+                     'a local folder expected'):
+    tasks.resolve_data_dir('gs://b/d')
   missing = tmp_path / 'absent'
   task = tasks.make_task(tasks.DEBIAN_TRANSLATION_TASK, data_dir=str(missing))
   with pytest.raises(FileNotFoundError) as e:
