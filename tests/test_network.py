@@ -100,7 +100,10 @@ def our_tree(model):
   return {k: (tuple(v.shape), axes[k]) for k, v in shapes.items()}, shapes
 
 
-@pytest.mark.parametrize('size', list(T5_1_1))
+# 'large' and 'xl' (24 layers each side, as 'xxl') with `pytest -m slow`.
+@pytest.mark.parametrize('size', [
+    pytest.param(s, marks=[pytest.mark.slow] if s in ('large', 'xl') else [])
+    for s in T5_1_1])
 def test_t5_1_1_tree_matches_t5x(size):
   """Names, shapes and logical axes equal T5X's for every T5 1.1 size."""
   dims = T5_1_1[size]
