@@ -204,15 +204,6 @@ class _Run:
     self.index = jax.process_index()
     self.count = 1 if spans else jax.process_count()
     self.writes = self.index == 0 or not spans
-    if self.count > 1 and setup.draft.output_cache is not None:
-      # Each process grows a cache of its own share: one file cannot be
-      # all of them (each would commit over the others').
-      raise checks.InputError(
-          f'OUTPUT_CACHE {setup.draft.output_cache!r} with {self.count} '
-          'processes decoding shares of their own: each grows its own '
-          'cache, which one file cannot hold. Leave OUTPUT_CACHE None (each '
-          'process keeps output_cache.process-<p>-of-<P>.npz in '
-          'EVAL_OUTPUT_DIR), or run one mesh spanning the processes.')
     self.wanted = {i for i, *_ in examples}
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,
@@ -325,6 +316,22 @@ class _Run:
     return summary
 
 
+def _check_output_cache(setup: EvalSetup, partitioner) -> None:
+  """Refuses an OUTPUT_CACHE file where processes decode shares of their
+  own: each grows a cache of its share, which one file cannot hold (each
+  would commit over the others'). Every process refuses alike, from what
+  they all know, before any of them waits on another."""
+  spans = partitioner is not None and partitioner.spans_processes
+  count = 1 if spans else jax.process_count()
+  if count > 1 and setup.draft.output_cache is not None:
+    raise checks.InputError(
+        f'OUTPUT_CACHE {setup.draft.output_cache!r} with {count} '
+        'processes decoding shares of their own: each grows its own '
+        'cache, which one file cannot hold. Leave OUTPUT_CACHE None (each '
+        'process keeps output_cache.process-<p>-of-<P>.npz in '
+        'EVAL_OUTPUT_DIR), or run one mesh spanning the processes.')
+
+
 def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                       timing_repeats: int = 1, partitioner=None,
                       shard_drafter: bool = False,
@@ -352,8 +359,9 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   """
   checks.check_int('timing_repeats', timing_repeats)
   bucket_folder.check_interval(sync_every_s)
-  for _, out, _ in runs:
+  for setup, out, _ in runs:
     bucket_folder.check_folder('output_dir', out)
+    _check_output_cache(setup, partitioner)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target

@@ -661,17 +661,21 @@ def barrier(name: str) -> None:
 def process_0_first(make: Callable[[], Any]) -> Any:
   """`make()` on process 0 of a `jax.distributed` run, then on the
   others (they read what process 0 writes: the claimed run, a recovered
-  output cache). A `RunFolderError` or `output_cache.OutputCacheError` on
-  process 0 is said to every process (`partitioning.agree`) and raised
-  there as a `RunFolderError` of the same message, so none is left
-  waiting for it; alone, `make()`."""
+  output cache). Any error of `make()` on process 0 (a `RunFolderError`,
+  an `output_cache.OutputCacheError`, a bucket it cannot copy, ...) is
+  said to every process (`partitioning.agree`) and raised there as a
+  `RunFolderError` of the same message, so none is left waiting for it;
+  alone, `make()`."""
   if jax.process_count() == 1:
     return make()
   if jax.process_index() == 0:
     try:
       made = make()
-    except (RunFolderError, output_cache.OutputCacheError) as e:
-      partitioning.agree(e.message)
+    except Exception as e:  # pylint: disable=broad-except
+      partitioning.agree(
+          e.message if isinstance(e, (RunFolderError,
+                                      output_cache.OutputCacheError))
+          else f'{type(e).__name__}: {e}')
       raise
     partitioning.agree(None)
     return made

@@ -27,6 +27,7 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import output_cache
+from specdec_jax import partitioning
 from specdec_jax import run_folder
 from specdec_jax import speculative
 from specdec_jax.sampling import SamplingConfig
@@ -244,8 +245,11 @@ def test_eval_job_seeds_grows_and_reloads_the_cache_file(tmp_path, gcs,
   with pytest.raises(ValueError, match='does not use one'):
     eval_lib.main(args(tmp_path / 'x', OUTPUT_CACHE=f"'{path}'"))
   # Processes that each decode a share would each commit a cache of their
-  # own over the one file: refused before any decode, its folder unwritten.
+  # own over the one file: refused before any decode, its folder unwritten,
+  # by every process alike, none waiting on another (process 1 here).
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(partitioning, 'agree', None)  # no collective
   with pytest.raises(checks.InputError, match='with 2 processes decoding'):
     eval_lib.main(args(tmp_path / 'two', **flags))
   assert not (tmp_path / 'two' / 'run.json').exists()

@@ -12,10 +12,12 @@ tests/testdata/debian, through the job's flags as a user runs it
 
 import json
 
+import jax
 import pytest
 
 from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
+from specdec_jax import partitioning
 from specdec_jax import run_folder
 from test_eval import args
 from test_eval import check_summary_is_the_records
@@ -24,6 +26,29 @@ from test_eval import DATA
 
 
 # -- A run's identity: nothing mixed ------------------------------------------
+
+
+def test_any_error_of_process_0_first_is_said_to_every_process(
+    monkeypatch):
+  """`process_0_first`: whatever process 0's `make` raises (not only a
+  run folder's own errors: a bucket it cannot copy, a refused value) is
+  sent to the others, which raise it as theirs; before, they waited for it
+  in a collective process 0 never made."""
+  sent = []
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 0)
+  monkeypatch.setattr(partitioning, 'agree', lambda v: sent.append(v) or v)
+
+  def make():
+    raise OSError('no such bucket')
+
+  with pytest.raises(OSError):
+    run_folder.process_0_first(make)
+  assert sent == ['OSError: no such bucket']
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(partitioning, 'agree', lambda v: sent[0])  # 0's word
+  with pytest.raises(run_folder.RunFolderError, match='OSError: no such'):
+    run_folder.process_0_first(lambda: None)
 
 
 def test_every_setting_is_compared_or_named_free(tmp_path):

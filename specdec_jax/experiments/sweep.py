@@ -214,8 +214,9 @@ def measured(name: str, setup: loading.EvalSetup,
       folder, f'{_measurement_key(name, setup, known)}.json'))
   if partitioning.agree(checkpoints.isfile(path)):  # process 0's file
     return json.loads(checkpoints.read_bytes(path))
-  value = take(known[name][0], *(load or functools.partial(built, setup))(),
-               context)
+  with measure.decided_by(partitioning.agree):  # process 0's clock, so that
+    value = partitioning.agree(take(known[name][0], *(load or functools.partial(
+        built, setup))(), context))  # all make the same calls (a mesh)
   if jax.process_index() == 0:
     bucket_folder.write_file(path, json.dumps(value, indent=1).encode())
   return value
@@ -362,11 +363,9 @@ def work_folder(spec: Spec, options: Options) -> bucket_folder.Folder:
   return bucket_folder.join(options.work_dir, spec.name, results_name(options))
 
 
-def groups(models, cells: Sequence[Cell], options: Options
-           ) -> List[List[Cell]]:
+def groups(models, cells: Sequence[Cell], options: Options) -> List[List[Cell]]:
   """The cells decoded together: those whose setups share one baseline
-  (`EvalSetup.baseline_fields`), in the order of each group's first
-  cell."""
+  (`EvalSetup.baseline_fields`), in the order of their first cells."""
   out: Dict[str, List[Cell]] = {}
   for cell in cells:
     try:
@@ -465,8 +464,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
           done = run_cells(models, group, options, folder, spec.measurements,
                            cache, spec.decode, partitioner)
       except Exception as e:  # pylint: disable=broad-except
-        # Recorded with its error; the other cells still run (a rerun
-        # resumes what the cells finished: the job wrote it).
+        # Recorded with its error; the other cells run on (a rerun resumes).
         error = checks.failure(e)
         result['failed'] += [{'cell': cell.name, **cell.fields(),
                               'error': error} for cell in group]
@@ -484,6 +482,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       table.write(spec, table.repredict(spec, result, profile), out, here)
       sync()
       programs.release_if_crowded()  # a long sweep compiles many programs
+      if result['failed'] and jax.process_count() > 1:
+        break  # a peer may wait in a collective the failure skipped: end
     result['time_log'] = clock.log
     if spec.finish is not None and jax.process_index() == 0:
       spec.finish(result, pathlib.Path(here or out))

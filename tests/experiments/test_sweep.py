@@ -14,12 +14,16 @@ import re
 import shutil
 
 import gin
+import jax
+import jax.numpy as jnp
 import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import eval as eval_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
+from specdec_jax import measure
+from specdec_jax import partitioning
 from specdec_jax import run_folder
 from specdec_jax import hardware
 from specdec_jax import task_table
@@ -275,6 +279,27 @@ def test_repredict_reproduces_the_written_file(tiny_run, tmp_path,
       table.markdown(spec, got))
 
 
+def test_a_measurement_times_by_process_0s_clock(tmp_path, monkeypatch):
+  """On a mesh spanning processes every process times the same calls: how
+  long a measurement times (`measure.loop_time`'s doubling) and what it
+  found are process 0's (`partitioning.agree`), as in the eval job; each
+  process's own clock would stop at its own n and the collectives of the
+  loops would no longer pair (before: its own)."""
+  agreed = []
+  monkeypatch.setattr(partitioning, 'agree',
+                      lambda value: agreed.append(value) or value)
+  spec = _tiny()
+  options = sweep.options_of(spec, sweep.Options(shrink=True))
+  setup = sweep.cell_setup(reproduce.make_setup('shipped'),
+                           sweep.plan(spec, options)[0], options)
+  probe = lambda loaded, inputs: {'s': measure.loop_time(
+      lambda n: jnp.zeros(n), 1, 1, min_seconds=0.0)}
+  value = sweep.measured('probe', setup, tmp_path, {'probe': (probe, ())},
+                         load=lambda: (None, None))
+  # The file's existence, the doubling's stop, the value: each agreed.
+  assert agreed == [False, True, value]
+
+
 def test_cells_and_flags_are_checked():
   spec = _tiny()
   with pytest.raises(ValueError, match="has no cell 'nope'"):
@@ -390,6 +415,16 @@ def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
   md = checkpoints.read_bytes(f'{out}.md').decode()
   assert "- task=en_de,drafter=fourgram: InputError: Unknown drafter" in md
   assert 'Traceback' not in capsys.readouterr().err
+  # Of several processes, one's failure may leave the others waiting in a
+  # collective it skipped: the run ends there (a rerun resumes), not
+  # running on out of step with them.
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(partitioning, 'agree', lambda value: value)
+  monkeypatch.setattr(run_folder, 'job_processes_here', lambda: ())
+  with pytest.raises(sweep.CellsFailed, match='1 of 2 cells failed'):
+    sweep.run(spec, sweep.Options(work_dir=f'{gcs}/work2'), out=f'{out}2')
+  written = json.loads(checkpoints.read_bytes(f'{out}2.json'))
+  assert [f['drafter'] for f in written['failed']] == ['trigram']
   monkeypatch.setattr(sweep, 'run', lambda *a, **k: (_ for _ in ()).throw(
       sweep.CellsFailed('1 of 3 cells failed: ...')))
   with pytest.raises(SystemExit, match='^error: 1 of 3 cells failed: ...$'):
