@@ -137,6 +137,7 @@ class BucketFolder:
     self._ours = set()  # the names this process copied up
     self._records_at = time.monotonic()
     self._failed = False
+    self._reads_only = False
 
   def __repr__(self) -> str:
     return f'BucketFolder({self.url!r}, local={str(self.local)!r})'
@@ -182,8 +183,8 @@ class BucketFolder:
     """Makes the bucket what the local copy is: changed records files,
     then the other files written (oldest first), then the files removed.
     Without `force`, a change of records files alone waits for
-    `every_s`."""
-    if self._failed:
+    `every_s`. Nothing after `reads_only`."""
+    if self._failed or self._reads_only:
       return
     now = self._scan()
     changed = [n for n in now if self._copied.get(n) != now[n]]
@@ -213,6 +214,13 @@ class BucketFolder:
           'there (e.g. gsutil -m rsync -r) and rerun to resume') from e
     if records:
       self._records_at = time.monotonic()
+
+  def reads_only(self) -> None:
+    """From now on copies nothing up: the folder of a process that writes
+    none of it (one mesh spanning the processes: process 0 writes), whose
+    copy of a file another process grows must never go over it (an output
+    cache its load saved again unchanged, say)."""
+    self._reads_only = True
 
   # -- The job's hooks ----------------------------------------------------
 

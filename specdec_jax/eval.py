@@ -196,6 +196,8 @@ class _Run:
           raise run_folder.RunFolderError(self.bucket.shown(e.message)
                                           ) from None
       raise
+    if self.bucket is not None and not self.writes:
+      self.bucket.reads_only()  # process 0 writes the folder
     self.own = None  # its record file (None: it writes none)
 
   def _claim(self, setup, examples, partitioner, shard_drafter, config_str,

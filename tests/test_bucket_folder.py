@@ -148,3 +148,22 @@ def test_records_wait_and_are_copied_before_any_later_write(gcs,
   assert url in str(failed.value) and str(again.local) in str(failed.value)
   again.close()
   assert (again.local / 'run.json').read_text() == '{}'
+
+
+def test_a_folder_that_only_reads_copies_nothing_up(gcs):
+  """The bucket folder of a process that writes none of the run (one mesh
+  spanning the processes: process 0 writes it) copies nothing up, so a
+  file it saved again (an output cache its load re-saved, unchanged
+  but newer) never goes over what process 0 grew meanwhile."""
+  url = f'{gcs}/run'
+  checkpoints.write_bytes(f'{url}/output_cache.npz', b'grown by process 0')
+  folder = bucket_folder.BucketFolder(url)
+  folder.start()
+  folder.reads_only()
+  (folder.local / 'output_cache.npz').write_bytes(b'as it was')
+  (folder.local / 'mine.txt').write_text('x')
+  run_folder.after_write[0]('written')
+  folder.close()
+  assert checkpoints.list_files(url) == ['output_cache.npz']
+  assert checkpoints.read_bytes(f'{url}/output_cache.npz') == (
+      b'grown by process 0')
