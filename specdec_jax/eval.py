@@ -401,9 +401,12 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
         contextlib.ExitStack() as files:
       for folder in folders:
         folder.begin()
-      for folder, lane in zip(folders, lanes):
-        lane.loaded = load(folder.loading_setup(), task, partitioner,
-                           shard_drafter, cache)
+
+      def load_all():
+        for folder, lane in zip(folders, lanes):
+          lane.loaded = load(folder.loading_setup(), task, partitioner,
+                             shard_drafter, cache)
+      run_folder.every_process(load_all)  # one failing: said to all
       sinks = [folder.sink(files) for folder in folders]
       for unit in unit_loop.decode_units(lanes, examples, timing_repeats,
                                          folders[0].share, partitioner):

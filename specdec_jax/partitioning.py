@@ -470,6 +470,21 @@ def agree(value):
       multihost_utils.broadcast_one_to_all(padded))))
 
 
+def gather(value) -> list:
+  """Every process's `value`, in process order, on every process of a
+  `jax.distributed` run (pickled; `multihost_utils.process_allgather`:
+  their lengths, then their bytes padded to the longest; every process
+  must call it); `[value]` in a run of one process."""
+  if jax.process_count() == 1:
+    return [value]
+  data = np.frombuffer(pickle.dumps(value), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(data.size)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  every = np.asarray(multihost_utils.process_allgather(padded))
+  return [pickle.loads(bytes(row[:n])) for row, n in zip(every, sizes)]
+
+
 KINDS = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
          'collective-permute')
 _COLLECTIVE = re.compile(

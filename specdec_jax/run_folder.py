@@ -658,31 +658,59 @@ def barrier(name: str) -> None:
   multihost_utils.sync_global_devices(f'specdec_eval_{name}')
 
 
+def _said(error: Exception) -> str:
+  """An error as one process says it to the others."""
+  if isinstance(error, (RunFolderError, output_cache.OutputCacheError)):
+    return error.message
+  return f'{type(error).__name__}: {error}'
+
+
+def every_process(step: Callable[[], Any]) -> Any:
+  """`step()` on every process of a `jax.distributed` run, then each
+  one's word on it (`partitioning.gather`): a process whose step failed
+  raises its error, the others a `RunFolderError` naming the first that
+  failed and why, so none goes on to wait for it in a later collective;
+  alone, `step()`."""
+  if jax.process_count() == 1:
+    return step()
+  made, error = None, None
+  try:
+    made = step()
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  words = partitioning.gather(None if error is None else _said(error))
+  if error is not None:
+    raise error
+  failed = [(p, word) for p, word in enumerate(words) if word is not None]
+  if failed:
+    raise RunFolderError(f'process {failed[0][0]} of {len(words)} failed: '
+                         f'{failed[0][1]}')
+  return made
+
+
 def process_0_first(make: Callable[[], Any]) -> Any:
   """`make()` on process 0 of a `jax.distributed` run, then on the
   others (they read what process 0 writes: the claimed run, a recovered
   output cache). Any error of `make()` on process 0 (a `RunFolderError`,
   an `output_cache.OutputCacheError`, a bucket it cannot copy, ...) is
   said to every process (`partitioning.agree`) and raised there as a
-  `RunFolderError` of the same message, so none is left waiting for it;
-  alone, `make()`."""
+  `RunFolderError` of the same message, and one on another process is
+  said to all (`every_process`), so none is left waiting for it; alone,
+  `make()`."""
   if jax.process_count() == 1:
     return make()
   if jax.process_index() == 0:
     try:
       made = make()
     except Exception as e:  # pylint: disable=broad-except
-      partitioning.agree(
-          e.message if isinstance(e, (RunFolderError,
-                                      output_cache.OutputCacheError))
-          else f'{type(e).__name__}: {e}')
+      partitioning.agree(_said(e))
       raise
     partitioning.agree(None)
-    return made
+    return every_process(lambda: made)  # the others' word on theirs
   problem = partitioning.agree(None)
   if problem is not None:
     raise RunFolderError(problem)
-  return make()
+  return every_process(make)
 
 
 @functools.lru_cache(maxsize=None)

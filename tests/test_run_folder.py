@@ -49,6 +49,20 @@ def test_any_error_of_process_0_first_is_said_to_every_process(
   monkeypatch.setattr(partitioning, 'agree', lambda v: sent[0])  # 0's word
   with pytest.raises(run_folder.RunFolderError, match='OSError: no such'):
     run_folder.process_0_first(lambda: None)
+  # A step every process runs (`every_process`: the others' `make`, the
+  # loads): one that fails raises its own error, and the others name it.
+  words = []
+  monkeypatch.setattr(partitioning, 'gather', lambda word: words.append(
+      word) or [None, 'ValueError: a damaged cache'])
+  with pytest.raises(run_folder.RunFolderError,
+                     match='process 1 of 2 failed: ValueError: a damaged'):
+    run_folder.every_process(lambda: 'made')
+  with pytest.raises(ValueError, match='mine'):
+    run_folder.every_process(lambda: (_ for _ in ()).throw(
+        ValueError('mine')))
+  assert words[-1] == 'ValueError: mine'
+  monkeypatch.setattr(partitioning, 'gather', lambda word: [None, None])
+  assert run_folder.every_process(lambda: 'made') == 'made'
 
 
 def test_every_setting_is_compared_or_named_free(tmp_path):
