@@ -691,11 +691,12 @@ class Lane:
   def start(self, where) -> None:
     """The gamma (tree) it decodes with: configured, or the resumed run's
     choice (`where.agree`d: process 0's file); else chosen on the first
-    unit (`choosing`)."""
+    unit (`choosing`). A choice file one process cannot read is said to
+    all (`run_folder.every_process`), none left waiting for it."""
     setup = self.loaded.setup
     if setup.batch.profile_gamma or setup.draft.chooses_tree:
-      self.choice = where.agree(_configured_choice(self.loaded,
-                                                   self.choice_file))
+      self.choice = where.agree(run_folder.every_process(
+          lambda: _configured_choice(self.loaded, self.choice_file)))
     self.gamma = setup.gamma if self.choice is None else self.choice['gamma']
     if self.choice is not None and 'tree' in self.choice:
       self.take_tree(self.choice)

@@ -11,6 +11,7 @@ tests/testdata/debian, through the job's flags as a user runs it
 """
 
 import json
+import types
 
 import jax
 import pytest
@@ -63,6 +64,27 @@ def test_any_error_of_process_0_first_is_said_to_every_process(
   assert words[-1] == 'ValueError: mine'
   monkeypatch.setattr(partitioning, 'gather', lambda word: [None, None])
   assert run_folder.every_process(lambda: 'made') == 'made'
+
+
+def test_a_choice_file_one_process_cannot_read_is_said_to_all(
+    tmp_path, monkeypatch):
+  """A lane's start (`unit_loop.Lane.start`) reads the choice of the run
+  being resumed: where process 1's is damaged, process 0 (whose reads
+  fine) is told and ends too, not left in the next collective."""
+  from specdec_jax import unit_loop  # pylint: disable=g-import-not-at-top
+  setup = types.SimpleNamespace(
+      gamma=3, batch=types.SimpleNamespace(profile_gamma=True, size=2),
+      draft=types.SimpleNamespace(chooses_tree=False))
+  loaded = types.SimpleNamespace(setup=setup, draft_params=None,
+                                 drafter=drafters.NgramDrafter(8, order=1))
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(partitioning, 'gather', lambda word: [
+      word, 'RunFolderError: gamma_choice.process-00001-of-00002.json is '
+      'damaged'])
+  with pytest.raises(run_folder.RunFolderError,
+                     match='process 1 of 2 failed: .*is damaged'):
+    unit_loop.Lane(loaded, choice_file=tmp_path / 'none.json').start(
+        partitioning.OneDevice())
 
 
 def test_every_setting_is_compared_or_named_free(tmp_path):
