@@ -66,11 +66,9 @@ def test_greedy_setup_is_not_trivial(greedy_setup):
 
 # 'self' and 'good' share one compiled loop per gamma (the same drafter
 # model, other weights); 'random' (a smaller model) is a program of its own
-# per gamma, so it runs at the two ends of the range only. Gammas 2 and 5,
-# between those the default run checks, run with `pytest -m slow`.
+# per gamma, so it runs at the two ends of the range only.
 @pytest.mark.parametrize('drafter,gamma', [
-    pytest.param(d, g, marks=[pytest.mark.slow] if g in (2, 5) else [])
-    for d in ('self', 'good') for g in (1, 2, 3, 5, 8)] + [
+    (d, g) for d in ('self', 'good') for g in (1, 2, 3, 5, 8)] + [
         ('random', 1), ('random', 8)])
 def test_greedy_equals_baseline(greedy_setup, gamma, drafter):
   model, params, enc, base, drafts = greedy_setup
