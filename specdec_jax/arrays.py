@@ -24,7 +24,6 @@ contents.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import io
 import os
 from typing import Dict, Iterator, List, Mapping, Optional
@@ -45,15 +44,10 @@ Arrays = Dict[str, np.ndarray]
 def split_files(data_dir: str, split: str) -> List[str]:
   """The npz files of a split: `<split>.npz` or its shards, in order
   (`data_dir` local or a gs:// address)."""
-  if checkpoints.is_gcs(data_dir):
-    names = [n for n in checkpoints.list_files(data_dir) if '/' not in n]
-    join = lambda name: f"{data_dir.rstrip('/')}/{name}"
-  else:
-    names = [n for n in (os.listdir(data_dir) if os.path.isdir(data_dir)
-                         else ()) if os.path.isfile(os.path.join(data_dir, n))]
-    join = functools.partial(os.path.join, data_dir)
-  files = [join(n) for n in sorted(names) if n == f'{split}.npz'] + [
-      join(n) for n in sorted(fnmatch.filter(names, f'{split}-*-of-*.npz'))]
+  names = sorted(n for n in checkpoints.list_files(data_dir) if '/' not in n)
+  files = [os.path.join(data_dir, n) for n in names if n == f'{split}.npz'] + [
+      os.path.join(data_dir, n)
+      for n in fnmatch.filter(names, f'{split}-*-of-*.npz')]
   if not files:
     raise FileNotFoundError(
         f'No {split!r} split in {data_dir!r} (expected {split}.npz or '
@@ -73,9 +67,8 @@ def load(data_dir: str, split: str) -> Arrays:
   parts = []
   task_names = None
   for path in split_files(data_dir, split):
-    source = (io.BytesIO(checkpoints.read_bytes(path))
-              if checkpoints.is_gcs(path) else path)
-    with np.load(source, allow_pickle=False) as f:
+    with np.load(io.BytesIO(checkpoints.read_bytes(path)),
+                 allow_pickle=False) as f:
       for key in ('inputs', 'targets'):
         if key not in f.files:
           raise ValueError(f'{path} has no {key!r} array (has {f.files}).')
@@ -104,15 +97,11 @@ def save(path: str, arrays: Mapping[str, np.ndarray]) -> str:
   if '://' in path and not checkpoints.is_gcs(path):
     raise checks.InputError(f'{path!r}: arrays are written to a local '
                             'path or a gs:// address.')
-  if checkpoints.is_gcs(path):  # an upload is whole or absent
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-    checkpoints.write_bytes(path, buf.getvalue())
-    return path
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + '.tmp.npz'
-  np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
-  os.replace(tmp, path)
+  if not checkpoints.is_gcs(path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  buf = io.BytesIO()
+  np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+  checkpoints.write_bytes(path, buf.getvalue())  # whole or absent
   return path
 
 
