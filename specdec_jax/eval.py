@@ -202,10 +202,9 @@ class _Run:
 
   def _claim(self, setup, examples, partitioner, shard_drafter, config_str,
              if_settings_differ) -> None:
-    spans = partitioner is not None and partitioner.spans_processes
     self.index = jax.process_index()
-    self.count = 1 if spans else jax.process_count()
-    self.writes = self.index == 0 or not spans
+    self.count = _sharing_processes(partitioner)
+    self.writes = self.index == 0 or self.count > 1  # a share of its own
     self.wanted = {i for i, *_ in examples}
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,
@@ -318,13 +317,21 @@ class _Run:
     return summary
 
 
+def _sharing_processes(partitioner) -> int:
+  """How many processes decode shares of their own: every process of a
+  `jax.distributed` run, but 1 where one mesh spans them (each decodes
+  every batch)."""
+  if partitioner is not None and partitioner.spans_processes:
+    return 1
+  return jax.process_count()
+
+
 def _check_output_cache(setup: EvalSetup, partitioner) -> None:
   """Refuses an OUTPUT_CACHE file where processes decode shares of their
   own: each grows a cache of its share, which one file cannot hold (each
   would commit over the others'). Every process refuses alike, from what
   they all know, before any of them waits on another."""
-  spans = partitioner is not None and partitioner.spans_processes
-  count = 1 if spans else jax.process_count()
+  count = _sharing_processes(partitioner)
   if count > 1 and setup.draft.output_cache is not None:
     raise checks.InputError(
         f'OUTPUT_CACHE {setup.draft.output_cache!r} with {count} '
