@@ -15,12 +15,12 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    generator, so a rerun resumes from the latest exactly: an interrupted
    run ends with an uninterrupted one's head; SIGTERM or Ctrl-C saves the
    step running, then ends the command: `training.stop_asked`) and
-   log.jsonl; the final
-   alpha per depth on the held-out test rows (never trained on; see Data
-   below) goes into log.jsonl and the last line (`training.method_line`);
-   with --export_dir, the final head in bfloat16 (to ship) and the log.
-   --out_dir may be a gs:// address (kept in a local copy, copied up at
-   each save: bucket_folder.kept_here).
+   log.jsonl; the final alpha per depth on the held-out test rows (never
+   trained on; see Data below) goes into log.jsonl and the last line
+   (`training.method_line`); with --export_dir, the final head in
+   bfloat16 (to ship) and the log. --out_dir and --export_dir may be gs://
+   addresses (--out_dir kept in a local copy, copied up at each save:
+   bucket_folder.kept_here).
 
 To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
 log.jsonl it copies there to results/draft_heads/<task>/ (logs are results),
