@@ -225,8 +225,8 @@ def test_greedy_trees_equal_baseline_and_beat_the_chain(setup, fitted):
   assert per_call['tree'] > per_call['chain'], per_call
 
 
-# The merged loop at t = 1, top-k 3 is the kind 'heads' in
-# tests/drafters/test_drafters.py; the tree loop's law is tests/drafters/test_trees.py's.
+# The head's laws (tests/drafters/test_drafters.py leaves the kind 'heads'
+# to these two); the tree loop's law is tests/drafters/test_trees.py's.
 @pytest.mark.parametrize('loop,case', [('merged', 't0.7'),
                                        ('protocol', 'topp0.8')])
 def test_sampled_sequences_follow_target_distribution(tiny_target, loop,

@@ -150,26 +150,25 @@ def test_tree_groups_see_their_prefix_only(setup):
   np.testing.assert_allclose(after, ref[:, 5:8], atol=1e-5)
 
 
-# Greedy in the tree layout: kind 'pass_tree' in the per-kind suite
-# (tests/drafters/test_drafters.py: fixed and streamed).
-@pytest.mark.parametrize('loop', ['protocol', 'merged'])
-def test_greedy_equals_baseline(setup, loop):
+# Greedy in the ordinary loop (gamma = L + 1: draft 1 is the target's own
+# token). The merged loop is kind 'pass' and its tree layout kind
+# 'pass_tree' in the per-kind suite (tests/drafters/test_drafters.py: fixed
+# and streamed).
+def test_greedy_equals_baseline(setup):
   model, params, la, enc = setup
   base = decoding.temperature_sample(model, params, enc,
                                      max_decode_len=MAX_LEN, eos_id=EOS)
   drafter = lookahead.PassDrafter(model, L)
   dparams = lookahead.pass_params(params, la)
   out = speculative.speculative_sample(
-      model, params, drafter, dparams, enc,
-      gamma=L + 1 if loop == 'protocol' else L, max_decode_len=MAX_LEN,
-      eos_id=EOS, merged=loop != 'protocol')
+      model, params, drafter, dparams, enc, gamma=L + 1,
+      max_decode_len=MAX_LEN, eos_id=EOS, merged=False)
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   assert len(set(np.asarray(base.lengths).tolist())) > 1  # ragged rows
   st = spec_stats.summarize(out.stats)
-  if loop == 'protocol':  # draft 1 is the target's own greedy token
-    assert st['per_position_acceptance'][0] == 1.0
-    assert st['target_calls'] < MAX_LEN
+  assert st['per_position_acceptance'][0] == 1.0
+  assert st['target_calls'] < MAX_LEN
 
 
 # The merged loop at t = 1, top-k 3 is the kind 'pass' in
