@@ -626,9 +626,12 @@ def test_streamed_output_cache_learns_after_each_chunk(tmp_path):
   import unittest.mock  # pylint: disable=g-import-not-at-top
   with unittest.mock.patch.object(output_cache.OutputCache, 'add_requests',
                                   add):
-    summary = eval_lib.main(args(tmp_path / 'run', DRAFTER="'cache'",
-                                 DRAFT_MODEL='None', NUM_EXAMPLES='8',
-                                 OUTPUT_CACHE=f"'{path}'", **STREAM))
+    # Inputs cut to 64 tokens: the store embeds its 100 train pairs.
+    summary = eval_lib.main(args(
+        tmp_path / 'run', DRAFTER="'cache'", DRAFT_MODEL='None',
+        NUM_EXAMPLES='8', OUTPUT_CACHE=f"'{path}'", **STREAM,
+        TASK_FEATURE_LENGTHS="{'inputs': 64, 'targets': 12}",
+        **{'DataSpec.truncate_inputs': 'True'}))
   assert summary['differing_examples'] == 0 and summary['examples'] == 8
   # Seeded with the 100 train pairs, then once per chunk, its new outputs.
   assert seen == [100, 4, 4]

@@ -241,10 +241,11 @@ def test_a_checkpoint_not_found_ends_the_command_in_one_line(
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
-def test_a_checkpoint_path_needs_its_config(script):
-  argv = ['--target', '/no/such/checkpoint_1']
-  if script.startswith('train'):
-    argv += ['--out_dir', '/no/such/out']
-  proc = run_script(script, *argv, check=False)
-  assert proc.returncode == 2  # argparse's usage error
-  assert 'is a checkpoint path: give its --target_config' in proc.stderr
+def test_a_checkpoint_path_needs_its_config(script, capsys):
+  namespace = runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))
+  with pytest.raises(SystemExit) as e:
+    namespace['parse_flags'](['--target', '/no/such/checkpoint_1',
+                              '--out_dir', '/no/such/out'])
+  assert e.value.code == 2  # argparse's usage error
+  assert 'is a checkpoint path: give its --target_config' in (
+      capsys.readouterr().err)

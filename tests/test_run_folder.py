@@ -20,6 +20,7 @@ from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
 from specdec_jax import partitioning
 from specdec_jax import run_folder
+from conftest import numpy_params
 from test_eval import args
 from test_eval import check_summary_is_the_records
 from test_eval import comparable
@@ -177,15 +178,12 @@ def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
       before)
   # A checkpoint's content is part of the identity (same path).
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  from specdec_jax import network  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   setup = eval_lib.configured(args(tmp_path / 'c'))[1]
-  model = network.T5Model(setup.target_config)
   contents = []
   for seed in (0, 1):  # other weights at the same path
     shutil.rmtree(tmp_path / 'ckpt', ignore_errors=True)
-    path = checkpoints.save_t5x_params(model.init_params(jax.random.key(seed)),
-                                       str(tmp_path / 'ckpt'), 1)
+    params = numpy_params(setup.target_config, seed, 1.0)
+    path = checkpoints.save_t5x_params(params, str(tmp_path / 'ckpt'), 1)
     contents.append(run_folder.identity(setup.replace(
         target_checkpoint=path))['target_checkpoint_content'])
   assert contents[0].startswith('manifest:') and contents[0] != contents[1]
@@ -357,7 +355,6 @@ def finished_run(tmp_path_factory):
   """A finished run of the 'cache' drafter at batch 2 (gamma chosen for the
   batch: gamma_choice.json; its output cache in the folder)."""
   from specdec_jax import unit_loop  # pylint: disable=g-import-not-at-top
-  import shutil  # pylint: disable=g-import-not-at-top
   out = tmp_path_factory.mktemp('finished') / 'run'
   flags = dict(DRAFTER="'cache'", DRAFT_MODEL='None', NUM_EXAMPLES='2',
                GAMMA='2', **SHORT, **{'BatchSpec.gamma_rule': "'profile'"})

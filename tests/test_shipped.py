@@ -337,40 +337,6 @@ def test_shipped_drafter_agrees_with_the_target(target, task):
   assert res['alpha'] >= ALPHA_FLOOR[task], res['alpha']
 
 
-def test_main_job_translates_real_text_exactly(tmp_path, capsys):
-  """The README's first command, on two examples: real German out, greedy
-  speculative output identical to the baseline, metrics and the three speed
-  lines printed; a second run decodes again into a fresh folder, and
-  --resume says that it continues the latest run."""
-  from specdec_jax import demo  # pylint: disable=g-import-not-at-top
-  summaries = demo.main_job(('en_de',), num_examples=2,
-                            output_dir=str(tmp_path), show=1)
-  summary = summaries['en_de']
-  assert summary['examples'] == 2 and summary['differing_examples'] == 0
-  assert summary['status'] == 'complete'
-  assert summary['alpha'] > 0.25  # 0.40 measured; untrained: ~0
-  out = capsys.readouterr().out
-  assert out.startswith('decoding into a fresh folder')
-  assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in out  # row 0
-  assert 'greedy outputs identical: 2 of 2' in out
-  assert 'measured here (cpu' in out
-  assert 'predicted on nvidia-h100-80gb-hbm3 at T5 1.1-XXL target cost' in out
-  assert 'measured on NVIDIA H100 80GB HBM3: 2.78x (dec2' in out
-  (first,) = list(tmp_path.glob('run_*'))
-  for name in ('examples.jsonl', 'summary.json', 'summary.md', 'config.gin'):
-    assert (first / 'en_de' / name).is_file()
-  # Run again: a second, fresh folder with its own records (decoded now).
-  demo.main_job(('en_de',), num_examples=2, output_dir=str(tmp_path), show=0)
-  runs = sorted(tmp_path.glob('run_*'))
-  assert len(runs) == 2 and (runs[1] / 'en_de' / 'examples.jsonl').is_file()
-  capsys.readouterr()
-  demo.main_job(('en_de',), num_examples=2, output_dir=str(tmp_path), show=0,
-                resume=True)
-  assert capsys.readouterr().out.startswith(
-      f'resuming the latest run in {runs[1]}')
-  assert sorted(tmp_path.glob('run_*')) == runs
-
-
 def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
   """A count below 1 is the parser's error (before: the job ran on no
   example and ended in a KeyError), and an unknown task among the tasks
@@ -405,26 +371,53 @@ for name in BLOCKED:
 """
 
 
-def test_main_job_needs_no_tensorflow(tmp_path):
-  """The README's first command on the shipped data imports neither seqio
-  nor TensorFlow (whose import takes ~10 s and prints CUDA / oneDNN lines):
-  with both blocked, the main job runs through and stderr holds none of
-  their lines."""
+def test_main_job_translates_real_text_exactly_without_tensorflow(tmp_path):
+  """The README's first command on two examples, as a user runs it, with
+  seqio and TensorFlow blocked (their import takes ~10 s and prints CUDA /
+  oneDNN lines): real German out, greedy speculative output identical to
+  the baseline, metrics and the three speed lines printed, neither module
+  imported nor any of their lines on stderr; a second run decodes again
+  into a fresh folder, and --resume says that it continues the latest run.
+  (One process for all three: each would compile the same loops.)"""
+  import json  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+  main = f'demo.main(["--tasks", "en_de", "--num_examples", "2", ' \
+         f'"--output_dir", {str(tmp_path)!r}'
   code = _NO_TENSORFLOW + (
+      'import json\n'
       'from specdec_jax import demo\n'
-      f'demo.main(["--tasks", "en_de", "--num_examples", "1", '
-      f'"--output_dir", {str(tmp_path)!r}])\n'
+      f'summary = {main}])["en_de"]\n'
+      'print("summary:", json.dumps(summary))\n'
       'print("imported:", sorted(m for m in sys.modules if sys.modules[m] '
-      'is not None and m.split(".")[0] in BLOCKED))\n')
+      'is not None and m.split(".")[0] in BLOCKED))\n'
+      f'{main}])\n'
+      'print("resumed:")\n'
+      f'{main}, "--resume"])\n')
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop('TF_CPP_MIN_LOG_LEVEL', None)
   proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path),
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert 'imported: []' in proc.stdout
-  assert 'decoding 1 example into' in proc.stdout
-  assert 'greedy outputs identical: 1 of 1' in proc.stdout
+  out = proc.stdout
+  assert 'imported: []' in out
   for noise in ('cuInit', 'oneDNN', 'cuda drivers'):
     assert noise not in proc.stderr, proc.stderr[-3000:]
+  summary = json.loads(out.split('summary: ', 1)[1].split('\n', 1)[0])
+  assert summary['examples'] == 2 and summary['differing_examples'] == 0
+  assert summary['status'] == 'complete'
+  assert summary['alpha'] > 0.25  # 0.40 measured; untrained: ~0
+  assert out.startswith('decoding into a fresh folder')
+  assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in out  # row 0
+  assert 'greedy outputs identical: 2 of 2' in out
+  assert 'measured here (cpu' in out
+  assert 'predicted on nvidia-h100-80gb-hbm3 at T5 1.1-XXL target cost' in out
+  assert 'measured on NVIDIA H100 80GB HBM3: 2.78x (dec2' in out
+  runs = sorted(tmp_path.glob('run_*'))
+  assert len(runs) == 2  # the second run: a fresh folder of its own
+  for run in runs:
+    for name in ('examples.jsonl', 'summary.json', 'summary.md',
+                 'config.gin'):
+      assert (run / 'en_de' / name).is_file()
+  assert out.split('resumed:\n', 1)[1].startswith(
+      f'resuming the latest run in {runs[1]}')

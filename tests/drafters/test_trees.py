@@ -202,10 +202,19 @@ def greedy_setup(v11, ragged_greedy):
   return model, params, enc, base
 
 
-# 'beam:3,2,4/6': drafted wide, the best 6 nodes verified (re-ranked).
-@pytest.mark.parametrize('spec', ['static-beam:3,2,4', 'beam:3,2,4/6'])
-def test_greedy_tree_equals_baseline(greedy_setup, spec):
+# 'beam:3,2,4/6': drafted wide, the best 6 nodes verified (re-ranked), with
+# `attention_kernel='cudnn'` (off a GPU, XLA's float32-softmax attention;
+# `layers.fused_attention`): its tree masks, padded rows, cross-attention
+# masks and caches give the baseline's tokens (float32, where both kernels
+# compute the same to rounding). Fails when the kernel's bias or mask is
+# misapplied. (The default kernel: the static tree here, and every other
+# tree test.)
+@pytest.mark.parametrize('spec,kernel', [('static-beam:3,2,4', 'dot_product'),
+                                         ('beam:3,2,4/6', 'cudnn')])
+def test_greedy_tree_equals_baseline(greedy_setup, spec, kernel):
   model, params, enc, base = greedy_setup
+  if kernel != 'dot_product':
+    model = network.T5Model(model.config.replace(attention_kernel=kernel))
   drafter = tree_drafter(model, spec)
   depth = drafter.shape.depth
   # The caches hold what a call writes past the committed prefix: the
@@ -233,23 +242,6 @@ def test_greedy_tree_equals_baseline(greedy_setup, spec):
     np.testing.assert_array_equal(calls['self'].row_iterations, want)
   good = spec_stats.summarize(calls['good'])
   assert 0.0 < good['acceptance_rate'] < 1.0
-
-
-def test_greedy_tree_with_the_cudnn_attention_kernel_equals_baseline(
-    greedy_setup):
-  """`attention_kernel='cudnn'` (off a GPU, XLA's float32-softmax
-  attention; `layers.fused_attention`) through the tree loop: its tree
-  masks, padded rows, cross-attention masks and caches give the
-  baseline's tokens (float32, where both kernels compute the same to
-  rounding). Fails when the kernel's bias or mask is misapplied."""
-  model, params, enc, base = greedy_setup
-  fused = network.T5Model(model.config.replace(attention_kernel='cudnn'))
-  drafter = tree_drafter(fused, 'beam:3,2,4/6')
-  out = speculative.speculative_sample(
-      fused, params, drafter, perturbed(params, 0.3, 0), enc,
-      gamma=drafter.shape.depth, max_decode_len=MAX_LEN, eos_id=EOS)
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  np.testing.assert_array_equal(out.lengths, base.lengths)
 
 
 def test_verify_commit_returns_the_state_of_the_last_accepted_node(

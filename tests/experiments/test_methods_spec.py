@@ -84,11 +84,11 @@ def test_draft_free_spec_counts_the_draft_model_in_the_jobs_decodes(
 def test_lookahead_spec_predicts_pass_at_its_call_width(tmp_path):
   _, rows, predicted, profile = _run('lookahead', tmp_path)
   assert [(r['kind'], r['gamma'], r['draft_checkpoint']) for r in rows] == [
-      ('pass', 1, 'shipped:lookahead/en_de'),
       ('pass', 2, 'shipped:lookahead/en_de'),
       ('pass_tree', 1, 'shipped:lookahead/en_de')]
   # One call, no drafter call: 2 gamma + 1 tokens, (gamma + 1)^2 in the
-  # tree layout (a group of gamma slots after last and each draft).
+  # tree layout (a group of gamma slots after last and each draft): 5 and
+  # 4 here (each by the other's rule: 9 and 3).
   for r in predicted:
     g = r['gamma']
     _check_prediction(r, profile, (g + 1) ** 2 if r['kind'] == 'pass_tree'

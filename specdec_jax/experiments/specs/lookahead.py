@@ -28,7 +28,7 @@ TEMPERATURES = (0.0, 1.0)
 def cells(options, tasks):
   lookaheads, trees, temperatures = LOOKAHEADS, TREE_LOOKAHEADS, TEMPERATURES
   if options.shrink:
-    lookaheads, trees, temperatures = (1, 2), (1,), (0.0,)
+    lookaheads, trees, temperatures = (2,), (1,), (0.0,)
   out = []
   for task in tasks:
     for t in temperatures:
