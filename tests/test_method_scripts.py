@@ -68,7 +68,13 @@ def _params(path):
   return jax.tree.leaves(checkpoints.load_t5x_params(path))
 
 
-def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs):
+def _main(script):
+  """scripts/<script>.py's `main`, run in this process."""
+  return runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))['main']
+
+
+def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs,
+                                                            capsys):
   """A run to step 3 saves at 2 and 3; with its last checkpoint gone (a
   run stopped after its save at 2), the rerun resumes from step 2, mid
   chunk (AdamW's state, the chunk's rows and the batches' generator as
@@ -96,7 +102,9 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs):
   for got, expected in zip(exported, want, strict=True):
     np.testing.assert_array_equal(got, expected.astype(jnp.bfloat16))
   shutil.rmtree(out / 'checkpoint_3')
-  *_, said, last = run_script('train_heads', *argv).stdout.splitlines()
+  capsys.readouterr()
+  _main('train_heads')(argv)  # resumed (in this process: no new start)
+  *_, said, last = capsys.readouterr().out.splitlines()
   # The same head, exported again: kept; another one is refused.
   assert said == f'exported {gcs}/export/checkpoint_3 (already there)'
   head, head_cfg = heads.load_head(str(out / 'checkpoint_3'),
@@ -123,7 +131,7 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs):
   assert 'test rows 0..7' in log[-1]['rows']
 
 
-def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
+def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs, capsys):
   """--out_dir at a gs:// address (the suite's local GCS): the data, the
   checkpoints and the log written there. With the last checkpoint gone (a
   run stopped after its save at step 2), a rerun resumes from the bucket
@@ -145,7 +153,9 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs):
     if name.startswith('checkpoint_3/'):
       checkpoints.delete(f'{out}/{name}')
   assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_2'
-  last = run_script('train_pass', *argv).stdout.splitlines()[-1]
+  capsys.readouterr()
+  _main('train_pass')(list(argv))  # resumed, in this process
+  last = capsys.readouterr().out.splitlines()[-1]
   assert last.startswith(f'{out}: complete at step 3 of 3 (step 3 trained '
                          'here, resumed at step 2; '), last
   assert last.endswith('; checkpoint_3, log.jsonl'), last
