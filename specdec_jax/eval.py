@@ -178,7 +178,8 @@ class _Run:
 
   def __init__(self, setup: EvalSetup, output_dir: str, config_str: str,
                task, examples, partitioner, shard_drafter,
-               if_settings_differ: str, sync_every_s: float = 60.0):
+               if_settings_differ: str, sync_every_s: float = 60.0,
+               claim_token: Optional[str] = None):
     self.setup, self.task, self.shown = setup, task, output_dir
     self.bucket = None  # a gs:// output_dir, kept in a local copy
     if bucket_folder.is_bucket(output_dir):
@@ -188,7 +189,7 @@ class _Run:
                 self.bucket.local)
     try:
       self._claim(setup, examples, partitioner, shard_drafter, config_str,
-                  if_settings_differ)
+                  if_settings_differ, claim_token)
     except BaseException as e:
       if self.bucket is not None:
         self.bucket.close()
@@ -201,7 +202,7 @@ class _Run:
     self.own = None  # its record file (None: it writes none)
 
   def _claim(self, setup, examples, partitioner, shard_drafter, config_str,
-             if_settings_differ) -> None:
+             if_settings_differ, claim_token) -> None:
     self.index = jax.process_index()
     self.count = _sharing_processes(partitioner)
     self.writes = self.index == 0 or self.count > 1  # a share of its own
@@ -212,7 +213,9 @@ class _Run:
         config_str, {i: run_folder.example_fingerprint(*e)
                      for i, *e in examples},
         main_process=self.index == 0, num_examples=setup.data.num_examples,
-        if_settings_differ=if_settings_differ)
+        if_settings_differ=if_settings_differ,
+        # A bucket is one folder for all (each process a local copy of it).
+        token=None if self.bucket is not None else claim_token)
 
   def open(self) -> unit_loop.Lane:
     """Says what it decodes; readies its record file and output cache;
@@ -384,12 +387,14 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
-  # Process 0 claims, then the others read (its error is theirs too).
+  # Process 0 claims, then the others read (its error is theirs too),
+  # each checking that it reads the folder process 0 claimed.
+  token = run_folder.claim_token()
   folders = []
   try:
     run_folder.process_0_first(lambda: folders.extend(_Run(
         *run, task, examples, partitioner, shard_drafter, if_settings_differ,
-        sync_every_s) for run in runs))
+        sync_every_s, token) for run in runs))
     run_folder.barrier('read')  # Nobody appends before.
     # Where process 0 alone writes (one mesh spanning the processes), its
     # output cache is recovered before the others read it.

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import pathlib
+import secrets
 import signal
 import socket
 import threading
@@ -315,10 +316,21 @@ def _move_aside(out: pathlib.Path) -> pathlib.Path:
   return aside
 
 
+def claim_token() -> Optional[str]:
+  """In a `jax.distributed` run, a word of process 0's, the same on every
+  process (`partitioning.agree`; every process must call it), that `claim`
+  writes into the run folder on process 0 and the others read back; None
+  in a run of one process."""
+  if jax.process_count() == 1:
+    return None
+  return partitioning.agree(secrets.token_hex(8))
+
+
 def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
           examples: Mapping[int, str], main_process: bool = True,
           num_examples: Optional[int] = None,
-          if_settings_differ: str = 'refuse') -> List[Dict[str, Any]]:
+          if_settings_differ: str = 'refuse',
+          token: Optional[str] = None) -> List[Dict[str, Any]]:
   """Claims `out` for a run of `settings` (`identity`); returns the
   records of an earlier run with the same identity.
 
@@ -329,14 +341,19 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   Only the main process writes run.json and config.gin and repairs
   examples.jsonl; every process reads the records of all (examples.jsonl
   and the per-process files of an unmerged multi-process run, read-only).
+  `token` (`claim_token`; None: not checked): the main process writes it
+  into run.json; another process, after it, must read it there, or it
+  does not see the main process's folder (each host's own disk) and
+  would decode and write beside the run, not in it.
 
   Raises:
-    RunFolderError: the folder holds a run with another identity (naming
-      each changed setting, old -> new), records of other examples under
-      the indices of `examples`, a damaged run.json, or a run written
-      before run.json held the whole identity; unless `if_settings_differ` is 'restart': then
-      the old run's files are moved into out/replaced-<time>/ and the
-      run starts afresh.
+    RunFolderError: another process reads no run.json of `token` (the
+      folder is not shared); the folder holds a run with another
+      identity (naming each changed setting, old -> new), records of
+      other examples under the indices of `examples`, a damaged run.json,
+      or a run written before run.json held the whole identity; unless
+      `if_settings_differ` is 'restart': then the old run's files are
+      moved into out/replaced-<time>/ and the run starts afresh.
   """
   if if_settings_differ not in IF_SETTINGS_DIFFER:
     raise ValueError(f'if_settings_differ must be one of '
@@ -344,6 +361,8 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   out.mkdir(parents=True, exist_ok=True)
   now = json.loads(json.dumps(settings))
   run_file = out / RUN
+  if token is not None and not main_process:
+    _check_shared(run_file, token)
   if run_file.exists():
     previous, damage = _json_problem(run_file, 'the run\'s identity')
     if damage:
@@ -378,11 +397,29 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   if not main_process:
     return all_records(out, own=None)
   write_atomic(run_file, json.dumps(
-      {'format': FORMAT, 'identity': now, 'num_examples': num_examples},
-      indent=1))
+      {'format': FORMAT, 'identity': now, 'num_examples': num_examples,
+       **({} if token is None else {'claim': token})}, indent=1))
   if config_str:
     write_atomic(out / 'config.gin', config_str)
   return all_records(out, own=out / RECORDS)
+
+
+def _check_shared(run_file: pathlib.Path, token: str) -> None:
+  """Raises `RunFolderError` unless `run_file` is the one the main process
+  just wrote (its claim `token`)."""
+  try:
+    seen = json.loads(run_file.read_text()).get('claim')
+  except (OSError, ValueError, AttributeError):
+    seen = None
+  if seen != token:
+    raise RunFolderError(
+        f'{run_file.parent}: process {jax.process_index()} of '
+        f'{jax.process_count()} does not see the run folder process 0 '
+        f'claimed there ({RUN} ' + ('missing' if seen is None else
+                                    'of another claim') +
+        '): each host wrote its own disk. Every process of a '
+        'jax.distributed run must write into one folder: give '
+        'EVAL_OUTPUT_DIR a path all hosts share or a gs:// bucket.')
 
 
 # -- Records --------------------------------------------------------------

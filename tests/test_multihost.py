@@ -148,6 +148,28 @@ def test_two_processes_into_a_bucket_equal_one_process(tmp_path, gcs):
 
 
 @pytest.mark.slow
+def test_processes_that_see_different_folders_are_refused(tmp_path):
+  """Two hosts, each with its own disk, given one local EVAL_OUTPUT_DIR
+  (here: a folder each): process 1 does not find the run process 0
+  claimed, and both end with that line, before decoding, each writing no
+  record (before: process 0 merged its own records only, the run
+  'unfinished' however often resumed)."""
+  port = _free_port()
+  commands = [[sys.executable, '-m', 'specdec_jax.eval'] + args(
+      tmp_path / f'host{i}') + [
+          '--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2',
+          f'--coordinator_address=localhost:{port}', '--num_processes=2',
+          f'--process_id={i}'] for i in range(2)]
+  logs = _run(commands, devices=2, ok=False)
+  said = (f"{tmp_path / 'host1'}: process 1 of 2 does not see the run "
+          'folder process 0 claimed there (run.json missing)')
+  assert said in logs[1], logs[1][-3000:]
+  assert f'process 1 of 2 failed: {said}' in logs[0], logs[0][-3000:]
+  for i in range(2):
+    assert not list((tmp_path / f'host{i}').glob('examples*.jsonl'))
+
+
+@pytest.mark.slow
 def test_one_mesh_spanning_two_processes(tmp_path, fixtures_dir):
   """The decoders on one mesh over both processes' devices (4 each): the
   'model' axis across them (1 x 8) or the 'data' axis (4 x 2), greedy

@@ -67,6 +67,37 @@ def test_any_error_of_process_0_first_is_said_to_every_process(
   assert run_folder.every_process(lambda: 'made') == 'made'
 
 
+def test_a_process_that_does_not_see_process_0s_folder_is_refused(
+    tmp_path, monkeypatch):
+  """Where each host of a jax.distributed run has its own disk, a local
+  EVAL_OUTPUT_DIR is a folder per host: process 0 merged only its own
+  records (the run 'unfinished' however often resumed), and on a mesh
+  spanning the processes the others found none of its records and decoded
+  other units. Process 0 writes the run's claim token into run.json; a
+  process that reads another claim, or none, is refused by name."""
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(partitioning, 'agree', lambda v: 'cafe')  # 0's word
+  token = run_folder.claim_token()
+  assert token == 'cafe'
+  shared, own = tmp_path / 'shared', tmp_path / 'host1'
+  run_folder.claim(shared, {'a': 1}, '', {}, token=token)
+  assert json.loads((shared / 'run.json').read_text())['claim'] == 'cafe'
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  assert run_folder.claim(shared, {'a': 1}, '', {}, main_process=False,
+                          token=token) == []
+  with pytest.raises(run_folder.RunFolderError,
+                     match=r'host1: process 1 of 2 does not see the run '
+                     r'folder process 0 claimed there \(run.json missing\)'):
+    run_folder.claim(own, {'a': 1}, '', {}, main_process=False, token=token)
+  # A run.json of its own disk's earlier run: another claim.
+  (own / 'run.json').write_text(json.dumps({'claim': 'beef'}))
+  with pytest.raises(run_folder.RunFolderError, match='of another claim.*'
+                     'EVAL_OUTPUT_DIR a path all hosts share'):
+    run_folder.claim(own, {'a': 1}, '', {}, main_process=False, token=token)
+  monkeypatch.setattr(jax, 'process_count', lambda: 1)
+  assert run_folder.claim_token() is None  # one process: nothing checked
+
+
 def test_a_choice_file_one_process_cannot_read_is_said_to_all(
     tmp_path, monkeypatch):
   """A lane's start (`unit_loop.Lane.start`) reads the choice of the run
