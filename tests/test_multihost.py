@@ -8,8 +8,9 @@ run without a mesh (timings aside), and a rerun must resume from every
 record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
 the task stack and compile. The decoders on one mesh spanning two
 processes (tests/global_mesh_checks.py, ~20 s), the eval job on such a
-mesh (GLOBAL_MESH; ~3 min), a benchmark spec on one (~40 s) and a process
-dying mid-run (~15 s, or ~2 min where jax's heartbeat ends the other).
+mesh (GLOBAL_MESH; ~3 min), a benchmark spec on one (~40 s), a process
+dying mid-run (~15 s, or ~2 min where jax's heartbeat ends the other) and
+two processes given folders of their own (refused, ~20 s).
 """
 
 import json
