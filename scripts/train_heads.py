@@ -50,7 +50,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -189,11 +188,6 @@ def train(args, out_dir, saved):
     opt_state, values = training.restore_run_state(latest, opt_state, rng)
     rows = values.get('rows')
   step_fn = heads_train.make_train_step(head, optimizer, args.depth)
-  log_path = os.path.join(out_dir, training.LOG_FILE)
-  kept = training.log_up_to(log_path, first)
-  last = kept[-1] if kept else None  # its 'seconds': over every run
-  log = open(log_path, 'a')
-  t0 = time.time() - (last['seconds'] if last else 0.0)
 
   def chunk_of(rows):
     feats = [heads_train.target_features(
@@ -208,40 +202,36 @@ def train(args, out_dir, saved):
   chunk = None if rows is None else chunk_of(np.asarray(rows))
   steps_per_chunk = max(1, args.chunk_rows // args.batch_size * 4)
   n = out.shape[1]
-  with training.stop_asked() as asked:
-    for step in range(first + 1, args.steps + 1):
-      if chunk is None or (step - 1) % steps_per_chunk == 0:
-        rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
-                                  replace=False))
-        chunk = chunk_of(rows)
-      hidden, (ck, cv), c_enc, c_out = chunk
-      idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
-                                   replace=False))
-      positions = jnp.asarray(
-          rng.integers(0, n, (args.batch_size, args.positions)), jnp.int32)
-      hp, opt_state, loss, m = step_fn(
-          hp, opt_state, params, hidden[idx], (ck[idx], cv[idx]), c_enc[idx],
-          c_out[idx], positions)
-      stop = asked()  # a signal: save this step, then end
-      if step % 50 == 0 or step in (first + 1, args.steps) or stop:
-        last = training.append_step_record(
-            log, step, round(float(loss), 4), m, time.time() - t0)
-      if step % args.save_every == 0 or step == args.steps or stop:
-        training.save_whole(out_dir, step, lambda: heads.save_head(
-            hp, head_cfg, out_dir, step, extra_files=training.run_state_files(
-                opt_state, rng, rows=[int(r) for r in rows])),
-                            keep_checkpoints=None, on_write=saved)
-      if stop and step < args.steps:
-        log.close()
-        training.exit_stopped(stop, training.method_line(
-            args.out_dir, first, step, args.steps, last, stopped_by=stop))
+
+  def step(i):
+    nonlocal hp, opt_state, rows, chunk
+    if chunk is None or (i - 1) % steps_per_chunk == 0:
+      rows = np.sort(rng.choice(len(enc), min(args.chunk_rows, len(enc)),
+                                replace=False))
+      chunk = chunk_of(rows)
+    hidden, (ck, cv), c_enc, c_out = chunk
+    idx = jnp.asarray(rng.choice(hidden.shape[0], args.batch_size,
+                                 replace=False))
+    positions = jnp.asarray(
+        rng.integers(0, n, (args.batch_size, args.positions)), jnp.int32)
+    hp, opt_state, loss, m = step_fn(
+        hp, opt_state, params, hidden[idx], (ck[idx], cv[idx]), c_enc[idx],
+        c_out[idx], positions)
+    return round(float(loss), 4), m
+
+  last = training.method_steps(
+      out_dir, args.out_dir, first, args.steps, step,
+      lambda i: heads.save_head(hp, head_cfg, out_dir, i, extra_files=(
+          training.run_state_files(opt_state, rng,
+                                   rows=[int(r) for r in rows]))),
+      saved, save_every=args.save_every, log_every=50)
   sums, counts = heads_train.depth_alpha(model, params, head, hp, test,
                                          test_out, args.depth)
   alpha = [round(float(s / max(c, 1)), 4) for s, c in zip(sums, counts)]
   rec = {'held_out_alpha_t0': alpha, 'rows': held_out,
          'note': 'alpha of head steps 1..depth (draft k of the merged loop)'}
-  log.write(json.dumps(rec) + '\n')
-  log.close()
+  with open(os.path.join(out_dir, training.LOG_FILE), 'a') as log:
+    log.write(json.dumps(rec) + '\n')
   if args.export_dir:
     export(args, out_dir, hp, head_cfg, model.config)
   print(training.method_line(

@@ -42,7 +42,6 @@ loads them as `shipped:lookahead/<task>`.
 import argparse
 import os
 import re
-import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -145,36 +144,26 @@ def train(args, out_dir, saved):
   if latest:  # Adam's moments and the batches' generator, as saved
     opt_state, _ = training.restore_run_state(latest, opt_state, rng)
   step_fn = lookahead_train.make_train_step(model, optimizer)
-  log_path = os.path.join(out_dir, training.LOG_FILE)
-  kept = training.log_up_to(log_path, first)
-  last = kept[-1] if kept else None  # its 'seconds': over every run
-  log = open(log_path, 'a')
-  t0 = time.time() - (last['seconds'] if last else 0.0)
-  with training.stop_asked() as asked:
-    for step in range(first + 1, args.steps + 1):
-      idx = rng.choice(len(enc), args.batch_size, replace=False)
-      # Trim to the batch's longest output (in steps of 16: few shapes) and
-      # give slots to --positions random prefix ends of it.
-      width = int((out[idx] > 0).sum(1).max())
-      width = min(out.shape[1], -(-width // 16) * 16)
-      owners = np.sort(rng.choice(width, min(args.positions, width),
-                                  replace=False))
-      la, opt_state, m = step_fn(params, la, opt_state, jnp.asarray(enc[idx]),
-                                 jnp.asarray(out[idx, :width]),
-                                 jnp.asarray(owners, jnp.int32))
-      stop = asked()  # a signal: save this step, then end
-      if step % 10 == 0 or step == 1 or step == args.steps or stop:
-        last = training.append_step_record(log, step, float(m['loss']), m,
-                                           time.time() - t0)
-      if step % args.save_every == 0 or step == args.steps or stop:
-        training.save_whole(out_dir, step, lambda: lookahead.save_lookahead(
-            la, out_dir, step, training.run_state_files(opt_state, rng)),
-                            keep_checkpoints=None, on_write=saved)
-      if stop and step < args.steps:
-        log.close()
-        training.exit_stopped(stop, training.method_line(
-            args.out_dir, first, step, args.steps, last, stopped_by=stop))
-  log.close()
+
+  def step(_):
+    nonlocal la, opt_state
+    idx = rng.choice(len(enc), args.batch_size, replace=False)
+    # Trim to the batch's longest output (in steps of 16: few shapes) and
+    # give slots to --positions random prefix ends of it.
+    width = int((out[idx] > 0).sum(1).max())
+    width = min(out.shape[1], -(-width // 16) * 16)
+    owners = np.sort(rng.choice(width, min(args.positions, width),
+                                replace=False))
+    la, opt_state, m = step_fn(params, la, opt_state, jnp.asarray(enc[idx]),
+                               jnp.asarray(out[idx, :width]),
+                               jnp.asarray(owners, jnp.int32))
+    return float(m['loss']), m
+
+  last = training.method_steps(
+      out_dir, args.out_dir, first, args.steps, step,
+      lambda i: lookahead.save_lookahead(
+          la, out_dir, i, training.run_state_files(opt_state, rng)),
+      saved, save_every=args.save_every, log_every=10)
   print(training.method_line(args.out_dir, first, max(first, args.steps),
                              args.steps, last), flush=True)
 

@@ -527,6 +527,41 @@ def append_step_record(log, step: int, loss: float, metrics: Mapping[str, Any],
   return record
 
 
+def method_steps(out_dir: str, where: str, first: int, total: int,
+                 step: Callable[[int], Tuple[float, Mapping[str, Any]]],
+                 save: Callable[[int], str],
+                 saved: Optional[Callable[[], Any]], *, save_every: int,
+                 log_every: int) -> Optional[Dict[str, Any]]:
+  """A method training script's loop, resumed after step `first` (0: a
+  fresh run): `step(i)` trains step i and returns its loss and metrics,
+  for i = first + 1 .. `total`. The log in `out_dir` keeps its records up
+  to `first` (`log_up_to`; their 'seconds' run on over every run) and
+  gets one (`append_step_record`) for the first step run, every
+  `log_every`-th and the last; `save(i)` writes checkpoint_i
+  (`save_whole`, `saved` after each write) every `save_every` steps and
+  at the last. A signal (`stop_asked`) has the step running saved and
+  logged, then ends the command (`exit_stopped`, its `method_line` of
+  `where`). Returns the last step's record (None: the log holds none)."""
+  log_path = os.path.join(out_dir, LOG_FILE)
+  kept = log_up_to(log_path, first)
+  last = kept[-1] if kept else None
+  t0 = time.time() - (last['seconds'] if last else 0.0)
+  with open(log_path, 'a') as log, stop_asked() as asked:
+    for i in range(first + 1, total + 1):
+      loss, metrics = step(i)
+      stop = asked()  # a signal: save this step, then end
+      if i % log_every == 0 or i in (first + 1, total) or stop:
+        last = append_step_record(log, i, loss, metrics, time.time() - t0)
+      if i % save_every == 0 or i == total or stop:
+        save_whole(out_dir, i, functools.partial(save, i),
+                   keep_checkpoints=None, on_write=saved)
+      if stop and i < total:
+        log.close()
+        exit_stopped(stop, method_line(where, first, i, total, last,
+                                       stopped_by=stop))
+  return last
+
+
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                 periods, model_dir, rate, teacher):
   """`train`'s arguments, refused (`checks.InputError`) before anything
