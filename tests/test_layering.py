@@ -122,6 +122,7 @@ CLOCKS = {
     'specdec_jax/debian.py:build': 'seconds to build a dataset',
     'specdec_jax/training.py:_run_steps': 'training steps per second',
     'specdec_jax/training.py:start_clock': 'training wall time',
+    'specdec_jax/training.py:method_steps': 'training wall time',
     'specdec_jax/training.py:write': 'training wall time',
     'specdec_jax/demo.py:random_demo': (
         "the install check's console line on random weights (first call, "
@@ -136,8 +137,6 @@ CLOCKS = {
                                       'the bucket',
     'scripts/benchmark_mesh.py:compiled_facts': 'compile seconds',
     'scripts/ship_models.py:cmd_measure': 'seconds of an alpha measurement',
-    'scripts/train_heads.py:train': 'training wall time',
-    'scripts/train_pass.py:train': 'training wall time',
     'scripts/train_shipped_models.py:main': 'training wall time',
 }
 
