@@ -387,6 +387,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
+  run_folder.check_same_examples(examples)
   # Process 0 claims, then the others read (its error is theirs too),
   # each checking that it reads the folder process 0 claimed.
   token = run_folder.claim_token()

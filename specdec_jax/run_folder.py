@@ -279,6 +279,27 @@ def example_fingerprint(ids, input_text: str, target_text: str) -> str:
   return h.hexdigest()[:16]
 
 
+def check_same_examples(examples: Sequence[Tuple[Any, ...]]) -> None:
+  """In a `jax.distributed` run, raises `RunFolderError` on every process
+  alike unless every process read the same `examples` ((index, ids,
+  input text, target text) each; their `example_fingerprint`s' digest,
+  gathered with `partitioning.gather`, so none is left waiting): a host
+  with another data_dir or dataset version would decode other examples
+  under the same indices into the one run. Alone: nothing to compare."""
+  if jax.process_count() == 1:
+    return
+  digest = hashlib.sha256(' '.join(
+      f'{i}:{example_fingerprint(*e)}' for i, *e in examples).encode())
+  digests = partitioning.gather(digest.hexdigest())
+  differ = [p for p, d in enumerate(digests) if d != digests[0]]
+  if differ:
+    raise RunFolderError(
+        f'process {differ[0]} of {len(digests)} read other examples than '
+        f'process 0 ({len(differ)} process(es) differ): every process must '
+        'read the same data (DataSpec.data_dir, $SPECDEC_DATA_DIR, the '
+        'dataset version).')
+
+
 def _changed_examples(records: Sequence[Dict[str, Any]],
                      examples: Mapping[int, str]) -> List[int]:
   """Indices whose record was decoded from another example than

@@ -9,13 +9,15 @@ record file. ~1-2 min on 2 cores (marked slow): two fresh processes import
 the task stack and compile. The decoders on one mesh spanning two
 processes (tests/global_mesh_checks.py, ~20 s), the eval job on such a
 mesh (GLOBAL_MESH; ~3 min), a benchmark spec on one (~40 s), a process
-dying mid-run (~15 s, or ~2 min where jax's heartbeat ends the other) and
-two processes given folders of their own (refused, ~20 s).
+dying mid-run (~15 s, or ~2 min where jax's heartbeat ends the other), and
+two processes given folders of their own or data of their own (refused,
+~20 s each).
 """
 
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from specdec_jax import network
 from specdec_jax.experiments import __main__ as cli
 
 from test_eval import args
+from test_eval import DATA
 from test_eval import read_jsonl
 from test_eval import STREAM
 from tests.mesh_checks import CONFIG
@@ -168,6 +171,32 @@ def test_processes_that_see_different_folders_are_refused(tmp_path):
   assert f'process 1 of 2 failed: {said}' in logs[0], logs[0][-3000:]
   for i in range(2):
     assert not list((tmp_path / f'host{i}').glob('examples*.jsonl'))
+
+
+@pytest.mark.slow
+def test_processes_that_read_other_data_are_refused(tmp_path):
+  """Process 1's data_dir holds one example edited (another dataset
+  version): both processes end naming process 1, before the folder is
+  claimed (before, each would decode its share of its own examples into
+  the one run, the merged records of two data sets under one index)."""
+  other = tmp_path / 'data'
+  shutil.copytree(DATA, other)
+  split = other / 'debian_desc_en_de' / 'validation.jsonl'
+  first, *rest = split.read_text().splitlines(True)
+  row = json.loads(first)
+  row['de'] += ' (bearbeitet)'
+  split.write_text(json.dumps(row, ensure_ascii=False) + '\n' + ''.join(rest))
+  port = _free_port()
+  commands = [[sys.executable, '-m', 'specdec_jax.eval'] + args(
+      tmp_path / 'run', **({'DataSpec.data_dir': f"'{other}'"} if i else {})
+  ) + ['--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2',
+       f'--coordinator_address=localhost:{port}', '--num_processes=2',
+       f'--process_id={i}'] for i in range(2)]
+  logs = _run(commands, devices=2, ok=False)
+  for log in logs:
+    assert 'process 1 of 2 read other examples than process 0' in log, (
+        log[-3000:])
+  assert not (tmp_path / 'run').exists()
 
 
 @pytest.mark.slow

@@ -98,6 +98,27 @@ def test_a_process_that_does_not_see_process_0s_folder_is_refused(
   assert run_folder.claim_token() is None  # one process: nothing checked
 
 
+def test_processes_that_read_other_examples_are_refused(monkeypatch):
+  """A host with another data_dir or dataset version would decode other
+  examples under the same indices into the one run: every process
+  compares the digest of the examples it read (gathered) and all refuse
+  alike, naming the first process that differs."""
+  examples = [(0, [5, 6, 1], 'a b', 'c'), (1, [7, 1], 'd', 'e')]
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  said = []
+  monkeypatch.setattr(partitioning, 'gather',
+                      lambda digest: said.append(digest) or [digest] * 2)
+  run_folder.check_same_examples(examples)  # the same on both: nothing
+  edited = [examples[0], (1, [7, 1], 'd', 'E')]
+  run_folder.check_same_examples(edited)
+  assert said[0] != said[1]  # a target text changed: another digest
+  monkeypatch.setattr(partitioning, 'gather', lambda digest: said[:2])
+  with pytest.raises(run_folder.RunFolderError,
+                     match=r'process 1 of 2 read other examples than process '
+                     r'0 \(1 process\(es\) differ\)'):
+    run_folder.check_same_examples(examples)
+
+
 def test_a_choice_file_one_process_cannot_read_is_said_to_all(
     tmp_path, monkeypatch):
   """A lane's start (`unit_loop.Lane.start`) reads the choice of the run
