@@ -40,6 +40,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple)
 
@@ -379,11 +380,11 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   if if_settings_differ not in IF_SETTINGS_DIFFER:
     raise ValueError(f'if_settings_differ must be one of '
                      f'{IF_SETTINGS_DIFFER}, got {if_settings_differ!r}.')
-  out.mkdir(parents=True, exist_ok=True)
-  now = json.loads(json.dumps(settings))
   run_file = out / RUN
   if token is not None and not main_process:
     _check_shared(run_file, token)
+  out.mkdir(parents=True, exist_ok=True)
+  now = json.loads(json.dumps(settings))
   if run_file.exists():
     previous, damage = _json_problem(run_file, 'the run\'s identity')
     if damage:
@@ -425,22 +426,34 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   return all_records(out, own=out / RECORDS)
 
 
+# How long another process looks for the run.json process 0 just wrote
+# before it refuses the folder: a shared disk that caches what it lists
+# (NFS, gcsfuse) may show it late.
+SHARED_WAIT_S = 5.0
+
+
 def _check_shared(run_file: pathlib.Path, token: str) -> None:
   """Raises `RunFolderError` unless `run_file` is the one the main process
-  just wrote (its claim `token`)."""
-  try:
-    seen = json.loads(run_file.read_text()).get('claim')
-  except (OSError, ValueError, AttributeError):
-    seen = None
-  if seen != token:
-    raise RunFolderError(
-        f'{run_file.parent}: process {jax.process_index()} of '
-        f'{jax.process_count()} does not see the run folder process 0 '
-        f'claimed there ({RUN} ' + ('missing' if seen is None else
-                                    'of another claim') +
-        '): each host wrote its own disk. Every process of a '
-        'jax.distributed run must write into one folder: give '
-        'EVAL_OUTPUT_DIR a path all hosts share or a gs:// bucket.')
+  just wrote (its claim `token`), looked for up to `SHARED_WAIT_S`."""
+  deadline = time.monotonic() + SHARED_WAIT_S
+  while True:
+    try:
+      seen = json.loads(run_file.read_text()).get('claim')
+    except (OSError, ValueError, AttributeError):
+      seen = None
+    if seen == token:
+      return
+    if time.monotonic() >= deadline:
+      break
+    time.sleep(0.5)
+  raise RunFolderError(
+      f'{run_file.parent}: process {jax.process_index()} of '
+      f'{jax.process_count()} does not see the run folder process 0 '
+      f'claimed there ({RUN} ' + (
+          'missing' if not run_file.exists() else "another run's") +
+      '): each host wrote its own disk. Every process of a '
+      'jax.distributed run must write into one folder: give '
+      'EVAL_OUTPUT_DIR a path all hosts share or a gs:// bucket.')
 
 
 # -- Records --------------------------------------------------------------

@@ -124,6 +124,8 @@ CLOCKS = {
     'specdec_jax/training.py:start_clock': 'training wall time',
     'specdec_jax/training.py:method_steps': 'training wall time',
     'specdec_jax/training.py:write': 'training wall time',
+    'specdec_jax/run_folder.py:_check_shared': (
+        'how long a process looks for run.json on a shared disk'),
     'specdec_jax/demo.py:random_demo': (
         "the install check's console line on random weights (first call, "
         'compile included, and second): no figure in README or results'),

@@ -3,7 +3,8 @@
 A tiny T5 1.1 target is written as a T5X checkpoint by our own training
 code (`training.save_checkpoint` of `training.init_state`);
 scripts/train_heads.py and scripts/train_pass.py train on it, run as
-commands (a subprocess each). (What the trained weights buy is measured by
+commands (a subprocess each), the reruns that resume them in this process
+(their `main`). (What the trained weights buy is measured by
 the heads and lookahead specs, tests/experiments/test_methods_spec.py.)
 """
 

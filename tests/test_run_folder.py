@@ -77,6 +77,7 @@ def test_a_process_that_does_not_see_process_0s_folder_is_refused(
   process that reads another claim, or none, is refused by name."""
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(partitioning, 'agree', lambda v: 'cafe')  # 0's word
+  monkeypatch.setattr(run_folder, 'SHARED_WAIT_S', 0.6)  # looks twice
   token = run_folder.claim_token()
   assert token == 'cafe'
   shared, own = tmp_path / 'shared', tmp_path / 'host1'
@@ -89,11 +90,15 @@ def test_a_process_that_does_not_see_process_0s_folder_is_refused(
                      match=r'host1: process 1 of 2 does not see the run '
                      r'folder process 0 claimed there \(run.json missing\)'):
     run_folder.claim(own, {'a': 1}, '', {}, main_process=False, token=token)
-  # A run.json of its own disk's earlier run: another claim.
-  (own / 'run.json').write_text(json.dumps({'claim': 'beef'}))
-  with pytest.raises(run_folder.RunFolderError, match='of another claim.*'
-                     'EVAL_OUTPUT_DIR a path all hosts share'):
-    run_folder.claim(own, {'a': 1}, '', {}, main_process=False, token=token)
+  assert not own.exists()  # refused before making it
+  # A run.json of its own disk's earlier run (another claim, or none).
+  own.mkdir()
+  for earlier in ({'claim': 'beef'}, {'format': 1}):
+    (own / 'run.json').write_text(json.dumps(earlier))
+    with pytest.raises(run_folder.RunFolderError, match="run.json another "
+                       "run's.*EVAL_OUTPUT_DIR a path all hosts share"):
+      run_folder.claim(own, {'a': 1}, '', {}, main_process=False,
+                       token=token)
   monkeypatch.setattr(jax, 'process_count', lambda: 1)
   assert run_folder.claim_token() is None  # one process: nothing checked
 

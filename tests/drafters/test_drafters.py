@@ -14,7 +14,8 @@ must give:
   of tests/test_speculative.py over whole sequences);
 - `propose`, after `prefill` to any prefix, drafting from the standardized
   distribution of its own `score` (what the acceptance test and
-  `measure.alpha` rely on);
+  `measure.alpha` rely on; a tree kind whose proposals are its chain
+  kind's is checked as that kind, `SAME_PROPOSALS`);
 - the `interfaces.Drafter` members, and refusals of a foreign vocabulary and
   of a bad gamma before anything is compiled.
 

@@ -6,9 +6,9 @@
   slots equal the teacher-forced ones (`lookahead_logits`).
 - Exactness: greedy outputs equal `decoding.temperature_sample` token for
   token (batch 4, ragged inputs and acceptance) for the Drafter-protocol
-  version and the merged draft+verify loop (one slot group; the tree of
-  one group per draft position is kind 'pass_tree' of
-  tests/drafters/test_drafters.py); sampled sequences follow the target's
+  version (the merged draft+verify loop, one slot group, is kind 'pass'
+  of tests/drafters/test_drafters.py, and its tree of one group per draft
+  position kind 'pass_tree'); sampled sequences follow the target's
   exact law (the chi-square test of tests/test_speculative.py), the tree
   layout's too.
 - Training: target params bit-identical after steps, loss falls; save /
