@@ -177,7 +177,7 @@ class _Run:
   """
 
   def __init__(self, setup: EvalSetup, output_dir: str, config_str: str,
-               task, examples, partitioner, shard_drafter,
+               task, fingerprints, partitioner, shard_drafter,
                if_settings_differ: str, sync_every_s: float = 60.0,
                claim_token: Optional[str] = None):
     self.setup, self.task, self.shown = setup, task, output_dir
@@ -188,8 +188,8 @@ class _Run:
     self.out = (pathlib.Path(output_dir) if self.bucket is None else
                 self.bucket.local)
     try:
-      self._claim(setup, examples, partitioner, shard_drafter, config_str,
-                  if_settings_differ, claim_token)
+      self._claim(setup, fingerprints, partitioner, shard_drafter,
+                  config_str, if_settings_differ, claim_token)
     except BaseException as e:
       if self.bucket is not None:
         self.bucket.close()
@@ -201,17 +201,15 @@ class _Run:
       self.bucket.reads_only()  # process 0 writes the folder
     self.own = None  # its record file (None: it writes none)
 
-  def _claim(self, setup, examples, partitioner, shard_drafter, config_str,
-             if_settings_differ, claim_token) -> None:
+  def _claim(self, setup, fingerprints, partitioner, shard_drafter,
+             config_str, if_settings_differ, claim_token) -> None:
     self.index = jax.process_index()
     self.count = _sharing_processes(partitioner)
     self.writes = self.index == 0 or self.count > 1  # a share of its own
-    self.wanted = {i for i, *_ in examples}
+    self.wanted = set(fingerprints)
     self.records = run_folder.claim(
         self.out, run_folder.identity(setup, partitioner, shard_drafter,
-                                      self.task),
-        config_str, {i: run_folder.example_fingerprint(*e)
-                     for i, *e in examples},
+                                      self.task), config_str, fingerprints,
         main_process=self.index == 0, num_examples=setup.data.num_examples,
         if_settings_differ=if_settings_differ,
         # A bucket is one folder for all (each process a local copy of it).
@@ -387,15 +385,15 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                            if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
-  run_folder.check_same_examples(examples)
+  fingerprints = run_folder.same_examples(examples)  # every process's
   # Process 0 claims, then the others read (its error is theirs too),
   # each checking that it reads the folder process 0 claimed.
   token = run_folder.claim_token()
   folders = []
   try:
     run_folder.process_0_first(lambda: folders.extend(_Run(
-        *run, task, examples, partitioner, shard_drafter, if_settings_differ,
-        sync_every_s, token) for run in runs))
+        *run, task, fingerprints, partitioner, shard_drafter,
+        if_settings_differ, sync_every_s, token) for run in runs))
     run_folder.barrier('read')  # Nobody appends before.
     # Where process 0 alone writes (one mesh spanning the processes), its
     # output cache is recovered before the others read it.

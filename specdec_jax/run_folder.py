@@ -280,17 +280,19 @@ def example_fingerprint(ids, input_text: str, target_text: str) -> str:
   return h.hexdigest()[:16]
 
 
-def check_same_examples(examples: Sequence[Tuple[Any, ...]]) -> None:
-  """In a `jax.distributed` run, raises `RunFolderError` on every process
-  alike unless every process read the same `examples` ((index, ids,
-  input text, target text) each; their `example_fingerprint`s' digest,
-  gathered with `partitioning.gather`, so none is left waiting): a host
-  with another data_dir or dataset version would decode other examples
-  under the same indices into the one run. Alone: nothing to compare."""
+def same_examples(examples: Sequence[Tuple[Any, ...]]) -> Dict[int, str]:
+  """Index -> `example_fingerprint` of `examples` ((index, ids, input
+  text, target text) each), what a run's records are checked against. In
+  a `jax.distributed` run, raises `RunFolderError` on every process alike
+  unless every process read the same ones (their digest, gathered with
+  `partitioning.gather`, so none is left waiting): a host with another
+  data_dir or dataset version would decode other examples under the same
+  indices into the one run."""
+  fingerprints = {i: example_fingerprint(*e) for i, *e in examples}
   if jax.process_count() == 1:
-    return
+    return fingerprints
   digest = hashlib.sha256(' '.join(
-      f'{i}:{example_fingerprint(*e)}' for i, *e in examples).encode())
+      f'{i}:{f}' for i, f in sorted(fingerprints.items())).encode())
   digests = partitioning.gather(digest.hexdigest())
   differ = [p for p, d in enumerate(digests) if d != digests[0]]
   if differ:
@@ -299,6 +301,7 @@ def check_same_examples(examples: Sequence[Tuple[Any, ...]]) -> None:
         f'process 0 ({len(differ)} process(es) differ): every process must '
         'read the same data (DataSpec.data_dir, $SPECDEC_DATA_DIR, the '
         'dataset version).')
+  return fingerprints
 
 
 def _changed_examples(records: Sequence[Dict[str, Any]],

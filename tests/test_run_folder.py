@@ -113,15 +113,16 @@ def test_processes_that_read_other_examples_are_refused(monkeypatch):
   said = []
   monkeypatch.setattr(partitioning, 'gather',
                       lambda digest: said.append(digest) or [digest] * 2)
-  run_folder.check_same_examples(examples)  # the same on both: nothing
+  got = run_folder.same_examples(examples)  # the same on both: its own
+  assert got == {i: run_folder.example_fingerprint(*e) for i, *e in examples}
   edited = [examples[0], (1, [7, 1], 'd', 'E')]
-  run_folder.check_same_examples(edited)
+  run_folder.same_examples(edited)
   assert said[0] != said[1]  # a target text changed: another digest
   monkeypatch.setattr(partitioning, 'gather', lambda digest: said[:2])
   with pytest.raises(run_folder.RunFolderError,
                      match=r'process 1 of 2 read other examples than process '
                      r'0 \(1 process\(es\) differ\)'):
-    run_folder.check_same_examples(examples)
+    run_folder.same_examples(examples)
 
 
 def test_a_choice_file_one_process_cannot_read_is_said_to_all(
