@@ -48,16 +48,17 @@ def _free_port():
 
 
 def _run_processes(out, count=2, mesh=('--gin.NUM_PARTITIONS=2',), ok=True,
-                   **overrides):
+                   each=lambda i: {}, **overrides):
   """The eval job on `mesh` (default 1 x 2 a process), as processes 0 ..
   count - 1 of a jax.distributed run of 2 devices each (count 1: one
-  process, no coordinator): their logs (`ok`: each exited with 0)."""
-  argv = args(out, **overrides) + ['--gin_file=mesh/partitioner.gin',
-                                   *mesh]
+  process, no coordinator), process i with `each(i)`'s bindings too:
+  their logs (`ok`: each exited with 0)."""
+  common = ['--gin_file=mesh/partitioner.gin', *mesh]
   if count > 1:
-    argv += [f'--coordinator_address=localhost:{_free_port()}',
-             f'--num_processes={count}']
-  return _run([[sys.executable, '-m', 'specdec_jax.eval'] + argv +
+    common += [f'--coordinator_address=localhost:{_free_port()}',
+               f'--num_processes={count}']
+  return _run([[sys.executable, '-m', 'specdec_jax.eval'] +
+               args(out, **overrides, **each(i)) + common +
                ([f'--process_id={i}'] if count > 1 else [])
                for i in range(count)], devices=2, ok=ok)
 
@@ -158,13 +159,8 @@ def test_processes_that_see_different_folders_are_refused(tmp_path):
   claimed, and both end with that line, before decoding, each writing no
   record (before: process 0 merged its own records only, the run
   'unfinished' however often resumed)."""
-  port = _free_port()
-  commands = [[sys.executable, '-m', 'specdec_jax.eval'] + args(
-      tmp_path / f'host{i}') + [
-          '--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2',
-          f'--coordinator_address=localhost:{port}', '--num_processes=2',
-          f'--process_id={i}'] for i in range(2)]
-  logs = _run(commands, devices=2, ok=False)
+  logs = _run_processes(tmp_path / 'host0', ok=False, each=lambda i: {
+      'EVAL_OUTPUT_DIR': f"'{tmp_path / f'host{i}'}'"})
   said = (f"{tmp_path / 'host1'}: process 1 of 2 does not see the run "
           'folder process 0 claimed there (run.json missing)')
   assert said in logs[1], logs[1][-3000:]
@@ -186,13 +182,8 @@ def test_processes_that_read_other_data_are_refused(tmp_path):
   row = json.loads(first)
   row['de'] += ' (bearbeitet)'
   split.write_text(json.dumps(row, ensure_ascii=False) + '\n' + ''.join(rest))
-  port = _free_port()
-  commands = [[sys.executable, '-m', 'specdec_jax.eval'] + args(
-      tmp_path / 'run', **({'DataSpec.data_dir': f"'{other}'"} if i else {})
-  ) + ['--gin_file=mesh/partitioner.gin', '--gin.NUM_PARTITIONS=2',
-       f'--coordinator_address=localhost:{port}', '--num_processes=2',
-       f'--process_id={i}'] for i in range(2)]
-  logs = _run(commands, devices=2, ok=False)
+  logs = _run_processes(tmp_path / 'run', ok=False, each=lambda i: (
+      {'DataSpec.data_dir': f"'{other}'"} if i else {}))
   for log in logs:
     assert 'process 1 of 2 read other examples than process 0' in log, (
         log[-3000:])
