@@ -31,7 +31,6 @@ from typing import Dict, Iterator, List, Mapping, Optional
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import checks
 
 # What seqio's EncDecFeatureConverter(pack=False) makes, the training
 # features; all `[batch, length]` int32. `data.FEATURES` is this tuple.
@@ -94,10 +93,7 @@ def load(data_dir: str, split: str) -> Arrays:
 def save(path: str, arrays: Mapping[str, np.ndarray]) -> str:
   """Writes arrays to `path` (.npz, local or a gs:// address) atomically:
   a reader never sees half."""
-  if '://' in path and not checkpoints.is_gcs(path):
-    raise checks.InputError(f'{path!r}: arrays are written to a local '
-                            'path or a gs:// address.')
-  if not checkpoints.is_gcs(path):
+  if not checkpoints.is_gcs(path):  # refuses another URL
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   buf = io.BytesIO()
   np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})

@@ -62,9 +62,10 @@ Folder = Union[pathlib.Path, str]
 _NOT_PULLED = 'replaced-'
 
 
-def is_bucket(path) -> bool:
-  """Whether `path` is a gs:// address (a folder kept here)."""
-  return checkpoints.is_gcs(os.fspath(path))
+def is_bucket(path, name: str = '') -> bool:
+  """Whether `path` is a gs:// address (a folder kept here); another URL
+  is refused (`checkpoints.is_gcs`), headed by `name`."""
+  return checkpoints.is_gcs(path, name)
 
 
 def join(folder: Folder, *names: str) -> Folder:
@@ -77,19 +78,11 @@ def join(folder: Folder, *names: str) -> Folder:
 
 def check_folder(name: str, path) -> None:
   """Raises InputError when `path`, a folder a job writes into, is neither
-  local nor a gs:// address (kept here): `pathlib` would write 's3://b/x'
-  to a local folder 's3:/b/x'; or when a file stands where the local
-  folder would be (`checks.check_no_file_in_the_way`)."""
-  text = os.fspath(path)
-  if '://' not in text:
-    checks.check_no_file_in_the_way(name, text)
-  elif not is_bucket(text):
-    raise checks.InputError(
-        f'{name} {text!r} is neither a local folder nor a gs:// address: a '
-        'job writes its folder with file operations (renames, appends) '
-        'that object stores lack, and keeps one at a gs:// address in a '
-        'local copy that the bucket follows. Give a local folder or a '
-        'gs:// address.')
+  local nor a gs:// address (kept here; `is_bucket`): `pathlib` would
+  write 's3://b/x' to a local folder 's3:/b/x'; or when a file stands
+  where the local folder would be (`checks.check_no_file_in_the_way`)."""
+  if not is_bucket(path, name):
+    checks.check_no_file_in_the_way(name, os.fspath(path))
 
 
 def _is_records(name: str) -> bool:
@@ -309,8 +302,8 @@ def written_here(name: str, path: str
   local `path` None (there itself) and a sync that does nothing; for a
   gs:// address, its name in a copy of its folder that `kept_here` keeps,
   not copied down (the folder's other objects are left as they are)."""
+  check_folder(name, path)
   if not is_bucket(path):
-    check_folder(name, path)
     yield None, lambda: None
     return
   parent, base = path.rstrip('/').rsplit('/', 1)

@@ -92,12 +92,18 @@ def positive(text: str) -> float:
   return value
 
 
+def is_url(path) -> bool:
+  """Whether `path` is a URL (gs://, s3://, ...), not a local path: the
+  one test of it, wherever a path meets local file operations."""
+  return '://' in os.fspath(path)
+
+
 def local_path(text: str) -> str:
   """A flag's local file or folder (as the flag's `type`): where a command
   writes results with local file operations, refused as a URL (gs://,
   s3://, ...) before it runs, not after (`pathlib` would write 'gs://b/x'
   to a local folder 'gs:/b/x')."""
-  if '://' in text:
+  if is_url(text):
     raise argparse.ArgumentTypeError(
         f'a local path expected (its files are written here), got {text!r}')
   return text
@@ -142,7 +148,7 @@ def check_local_folder(name: str, path) -> None:
   'gs:/b/x'. Checkpoints and data are read from gs:// all the same.
   """
   text = os.fspath(path)
-  if '://' not in text:
+  if not is_url(text):
     check_no_file_in_the_way(name, text)
     return
   raise InputError(

@@ -129,6 +129,8 @@ class DrafterSpec:
       raise checks.InputError(f'output_cache is set but drafter {self.kind!r} '
                               'does not use one (kinds that do: '
                               f"{_kinds_that(lambda k: k.uses_cache)}).")
+    if self.output_cache is not None:
+      checkpoints.is_gcs(self.output_cache, 'output_cache')  # or refused
     if kind.needs_model and self.config is None:
       raise checks.InputError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
                               'T5Config).')
@@ -675,7 +677,8 @@ def _read_model(config: network.T5Config, checkpoint: Optional[str],
     if str(checkpoint).startswith('shipped:'):  # the package's own models
       checkpoint = shipped.resolve(str(checkpoint))
     checkpoint = str(checkpoint)
-    if not checkpoint.startswith('gs://') and not os.path.exists(checkpoint):
+    if not checkpoints.is_gcs(checkpoint, f'{what} checkpoint') and (
+        not os.path.exists(checkpoint)):
       raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
     if not checkpoints.isfile(os.path.join(checkpoint, 'config.json')):
       return model, checkpoints.load_t5x_params(checkpoint, config=config,
@@ -770,12 +773,14 @@ def load_store(setup: EvalSetup, task, target, target_params,
                                         target_params, length)
   if len(store) or task is None:
     return store
+  pairs = []
   try:
-    pairs = list(data.train_pairs(task, max_train_examples))
-  except Exception as e:  # pylint: disable=broad-except
-    print(f'output cache: no train pairs to seed it from ({type(e).__name__}'
-          f': {str(e)[:120]}); it starts empty and grows with the outputs.')
-    pairs = []
+    if 'train' in task.splits:
+      pairs = list(data.train_pairs(task, max_train_examples))
+  except FileNotFoundError as e:  # a split the task has, not in its data
+    print(f'output cache: no train pairs to seed it from ({e})')
+  if not pairs:
+    print('output cache: it starts empty and grows with the outputs.')
   if pairs:
     store.add_pairs(target, target_params, pairs,
                     setup.data.task_feature_lengths['inputs'])

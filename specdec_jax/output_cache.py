@@ -222,7 +222,7 @@ class OutputCache:
     path = path or self.path
     if not path:
       raise ValueError('OutputCache.save needs a path.')
-    if '://' not in path and os.path.dirname(path):
+    if not checkpoints.is_gcs(path) and os.path.dirname(path):
       os.makedirs(os.path.dirname(path), exist_ok=True)
     meta = {'format': FORMAT, 'vocab_size': self.vocab_size,
             'embedder': self.embedder, 'entries': len(self),

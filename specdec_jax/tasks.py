@@ -217,7 +217,7 @@ def resolve_data_dir(data_dir: Optional[str] = None) -> str:
   if path == 'shipped':
     from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
     return shipped.data_dir()
-  if '://' in path:  # read with local file operations
+  if checks.is_url(path):  # read with local file operations
     raise checks.InputError(
         f'Debian data dir {path!r}: a local folder expected (copy it from '
         'the bucket, or export the tasks as arrays, which may be read from '
@@ -447,6 +447,13 @@ class ArrayTask:
     self.output_features = {'inputs': Feature(vocab),
                             'targets': Feature(vocab)}
     self.metric_fns = [bleu] if name == DEBIAN_TRANSLATION_TASK else [rouge]
+
+  @property
+  def splits(self) -> Tuple[str, ...]:
+    """The splits of the task (a seqio task's `splits`), not necessarily
+    all in its data dir: reading one that is not raises
+    FileNotFoundError."""
+    return DEBIAN_SPLITS
 
   @property
   def predict_metric_fns(self) -> List[Callable[..., Dict[str, float]]]:

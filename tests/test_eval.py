@@ -427,7 +427,7 @@ def test_an_output_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   before anything is written."""
   monkeypatch.chdir(tmp_path)
   with pytest.raises(ValueError, match="output_dir 's3://b/run' is neither a "
-                     'local folder nor a gs:// address'):
+                     'local path nor a gs:// address'):
     eval_lib.main(args('s3://b/run'))
   with pytest.raises(ValueError, match='sync_every_s must be a number of '
                      "seconds >= 0, got -1"):

@@ -60,6 +60,42 @@ def store_setup(v11):
   return model, params, inputs, outputs, store
 
 
+def test_a_cache_is_seeded_from_the_train_data_there_is(v11, monkeypatch,
+                                                       capsys):
+  """A new cache is seeded with the task's train pairs where it has them;
+  a task without a train split, or whose data dir lacks its file, starts
+  it empty and says why; a train split that cannot be read as it should
+  (a refused row) ends the job, not met as an empty cache."""
+  import types  # pylint: disable=g-import-not-at-top
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
+  model, params = v11
+  setup = types.SimpleNamespace(
+      draft=loading.DrafterSpec(kind='cache'), data=types.SimpleNamespace(
+          task_feature_lengths={'inputs': 10, 'targets': MAX_LEN}))
+
+  def train_pairs(task, limit):
+    del limit
+    if isinstance(task.reads, Exception):
+      raise task.reads
+    return task.reads
+
+  monkeypatch.setattr(data, 'train_pairs', train_pairs)
+
+  def seeded(splits, reads):
+    task = types.SimpleNamespace(splits=splits, reads=reads)
+    return len(loading.load_store(setup, task, model, params))
+
+  assert seeded(('train',), [([5, 6, EOS], [7, EOS])] * 3) == 3
+  assert seeded(('test',), [([5, 6, EOS], [7, EOS])] * 3) == 0
+  assert seeded(('train',), FileNotFoundError('train.jsonl is missing')) == 0
+  assert capsys.readouterr().out.endswith(
+      'no train pairs to seed it from (train.jsonl is missing)\n'
+      'output cache: it starts empty and grows with the outputs.\n')
+  with pytest.raises(checks.InputError, match='holds 3 rows'):
+    seeded(('train',), checks.InputError('x.npz holds 3 rows of inputs'))
+
+
 @pytest.mark.parametrize('where', ['local', 'gs'])
 def test_store_saves_reloads_and_appends(store_setup, tmp_path, where,
                                          request):

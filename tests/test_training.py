@@ -399,7 +399,7 @@ def test_a_model_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   """pathlib would write 's3://b/run' to a local folder 's3:/b/run'."""
   monkeypatch.chdir(tmp_path)
   with pytest.raises(ValueError, match="model_dir 's3://b/run' is neither a "
-                     'local folder nor a gs:// address'):
+                     'local path nor a gs:// address'):
     _train('s3://b/run', 1)
   assert not list(tmp_path.iterdir())
 

@@ -286,6 +286,24 @@ def test_a_local_folder_a_job_writes_is_no_url_and_no_file(tmp_path):
     checks.check_local_folder('out_dir', f'{tmp_path}/f/x/y')
 
 
+def test_a_url_but_gs_is_refused_where_a_path_is_read_or_written(
+    tmp_path, monkeypatch):
+  """Paths are local or gs:// (`checkpoints.is_gcs`, where every read and
+  write chooses its storage): another URL is refused by name, not looked
+  up as a local 's3:' folder ("checkpoint not found") or written to one."""
+  from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+  from specdec_jax import loading  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  url = "'s3://b/x' is neither a local path nor a gs:// address"
+  with pytest.raises(checks.InputError, match='target checkpoint ' + url):
+    loading.load_model(TINY_V11, 's3://b/x', what='target')
+  with pytest.raises(checks.InputError, match='output_cache ' + url):
+    loading.DrafterSpec(kind='cache', output_cache='s3://b/x')
+  with pytest.raises(checks.InputError, match=url):
+    arrays.load('s3://b/x', 'test')
+  assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize('call, message', [
     (lambda: decoding.SamplingConfig(topk=True), 'topk must be an int >= 0'),
     (lambda: speculative.check_gamma(np.int64(0)), 'gamma must be an int'),

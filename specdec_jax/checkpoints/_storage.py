@@ -9,8 +9,25 @@ from typing import List, Set, Tuple
 from specdec_jax import checks
 
 
-def is_gcs(path: str) -> bool:
-  return path.startswith('gs://')
+def is_gcs(path, name: str = '') -> bool:
+  """Whether `path` is a gs:// address (read and written through
+  tensorstore), else a local path. Another URL (s3://, https://) is
+  refused here, where every read and write of a path chooses its storage,
+  not met later as a local folder 's3:' that is not there; `name` (the
+  setting that gave the path) heads the message.
+
+  Raises:
+    InputError: `path` is a URL but not a gs:// one.
+  """
+  text = os.fspath(path)
+  if text.startswith('gs://'):
+    return True
+  if checks.is_url(text):
+    raise checks.InputError(
+        f'{name + " " if name else ""}{text!r} is neither a local path nor a '
+        'gs:// address: files are read and written here locally or in GCS '
+        '(through tensorstore). Copy it to a local path or a gs:// bucket.')
+  return False
 
 
 def split_gcs(path: str) -> Tuple[str, str]:

@@ -158,7 +158,7 @@ def load_head(path: str, config: network.T5Config
     ValueError: no draft_head.json, or shapes that do not fit `config`.
   """
   path = os.fspath(path)
-  if not path.startswith('gs://'):
+  if not checkpoints.is_gcs(path):
     path = os.path.abspath(os.path.expanduser(path))
   if checkpoints.isdir(path) and not os.path.basename(
       path.rstrip('/')).startswith('checkpoint_'):

@@ -102,7 +102,7 @@ def load_lookahead(path: str, config: network.T5Config):
     ValueError: the embeddings' shape does not fit `config` (emb_dim).
   """
   path = os.fspath(path)
-  if not path.startswith('gs://'):
+  if not checkpoints.is_gcs(path):
     path = os.path.abspath(os.path.expanduser(path))  # orbax: absolute only
   params = checkpoints.load_t5x_params(path, dtype=jnp.float32)
   check_lookahead(params, config, f'look-ahead checkpoint {path}')
