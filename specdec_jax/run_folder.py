@@ -378,7 +378,10 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
       other examples under the indices of `examples`, a damaged run.json,
       or a run written before run.json held the whole identity; unless
       `if_settings_differ` is 'restart': then the old run's files are
-      moved into out/replaced-<time>/ and the run starts afresh.
+      moved into out/replaced-<time>/ and the run starts afresh, as they
+      are where a run of other settings finished no example (a run that
+      failed before its first, on a value it refused: the rerun that
+      corrects it is not refused for that value).
   """
   if if_settings_differ not in IF_SETTINGS_DIFFER:
     raise ValueError(f'if_settings_differ must be one of '
@@ -401,8 +404,11 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
       changes = _changes(previous.get('identity', {}), now)
       problem = changes and (f'{out} holds a run with other settings ('
                              + '; '.join(changes) + ')')
-      changed = [] if problem else _changed_examples(
-          all_records(out, own=None), examples)
+      records = all_records(out, own=None)
+      if problem and not records:  # nothing finished to keep apart
+        if_settings_differ, problem = 'restart', problem + (
+            ' and no finished example')
+      changed = [] if problem else _changed_examples(records, examples)
       if changed:
         shown = ', '.join(map(str, changed[:10])) + (
             ', ...' if len(changed) > 10 else '')

@@ -62,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import os
@@ -691,6 +692,13 @@ class _Teacher:
                                        dtype=jnp.float32)
 
 
+def _first_drawn(batches: Iterator[Batch]) -> Iterator[Batch]:
+  """`batches` with its first batch drawn now: a split that cannot be
+  read is refused before the run writes anything."""
+  first = next(batches, None)
+  return batches if first is None else itertools.chain([first], batches)
+
+
 def _write_config(model_dir: str, config_str: str):
   """Makes `model_dir`; writes `config_str` to its config.gin if not empty."""
   os.makedirs(model_dir, exist_ok=True)
@@ -972,14 +980,15 @@ def train(
     model = network.T5Model(model_config)
     state = _initial_state(model, model_config, here.path, seed,
                            init_from_teacher, teacher)
-    eval_data = (examples.eval_batches(batch_size, eval_examples)
-                 if int(state.step) < train_steps else [])
-    _write_config(here.path, config_str)
-    out = _ModelDir(here.path, int(state.step), keep_checkpoints, here.sync)
-    if out.start < train_steps:
+    start = int(state.step)
+    if start < train_steps:  # what it reads refused before it writes
+      eval_data = examples.eval_batches(batch_size, eval_examples)
       step_fn = _step_fn(model, teacher, learning_rate, schedule,
                          warmup_steps, z_loss, kd_loss, kd_weight)
-      batches = examples.batches(batch_size, seed, out.start)
+      batches = _first_drawn(examples.batches(batch_size, seed, start))
+      _write_config(here.path, config_str)
+    out = _ModelDir(here.path, start, keep_checkpoints, here.sync)
+    if start < train_steps:
       state = _run_steps(step_fn, state, batches, eval_data, model, out,
                          train_steps=train_steps, z_loss=z_loss,
                          max_seconds=max_seconds, progress=progress,
@@ -1053,10 +1062,11 @@ def main(argv: Optional[Sequence[str]] = None,
   finally:
     if bar is not None:
       bar.close()
-  model_dir = summary['model_dir']
-  checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
-                          gin.operative_config_str().encode())
-  written = ['operative_config.gin']
+  model_dir, written = summary['model_dir'], []
+  if summary['step'] > summary['start_step']:  # this config trained it
+    checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
+                            gin.operative_config_str().encode())
+    written.append('operative_config.gin')
   if plot is not None and args.plot:
     written.append('loss.png')
     png = os.path.join(model_dir, 'loss.png')

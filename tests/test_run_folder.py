@@ -177,6 +177,17 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
   out = tmp_path / 'grown'
   run_folder.claim(out, run_folder.identity(grown), '', {})
   run_folder.claim(out, run_folder.identity(grown), '', {})  # same: resumes
+  # A run that finished no example (it failed on a value it refused) gives
+  # way to the rerun that corrects it: its files moved aside, not mixed.
+  (out / 'choice.json').write_text('{}')
+  run_folder.claim(out, run_folder.identity(grown.replace(new_knob=2)), '',
+                   {})
+  aside, = out.glob('replaced-*')
+  assert (aside / 'choice.json').exists() and not (out / 'choice.json'
+                                                   ).exists()
+  run_folder.claim(out, run_folder.identity(grown), '', {})
+  (out / run_folder.RECORDS).write_text(json.dumps(  # one finished
+      dict.fromkeys(run_folder.RECORD_FIELDS, 0)) + '\n')
   with pytest.raises(ValueError, match=r'new_knob: 0 -> 1'):
     run_folder.claim(out, run_folder.identity(grown.replace(new_knob=1)),
                      '', {})

@@ -404,20 +404,29 @@ def test_a_model_dir_at_a_url_but_gs_is_refused(tmp_path, monkeypatch):
   assert not list(tmp_path.iterdir())
 
 
-def test_a_validation_split_without_examples_is_refused_before_training(
-    tmp_path):
+@pytest.mark.parametrize('overrides, message', [
+    ({}, 'has no validation example.*train.eval_examples = 0'),
+    (dict(kd_loss='kl'), 'kd_loss must be one of'),
+    (dict(kd_loss='fkl'), 'No T5X checkpoint'),
+    (dict(init_from_teacher=True), 'No T5X checkpoint')])
+def test_what_a_run_reads_is_refused_before_its_model_dir_is_made(
+    tmp_path, overrides, message):
   """Asked to evaluate on a validation split that has no example, the job
   says so before it makes its model dir, rather than train without the
-  validation records it was asked for."""
+  validation records it was asked for; so for a KD loss it does not know
+  and a teacher checkpoint that is not there (read as it starts)."""
   from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
   rows = np.arange(2, 50, dtype=np.int32).reshape(8, 6)
   arrays.save(str(tmp_path / 'a' / 'train.npz'),
               dict(inputs=rows, targets=rows))
   arrays.save(str(tmp_path / 'a' / 'validation.npz'),
-              dict(inputs=rows[:0], targets=rows[:0]))
-  with pytest.raises(checks.InputError, match='has no validation example'
-                     '.*train.eval_examples = 0'):
-    _train(tmp_path / 'run', 1, array_dir=str(tmp_path / 'a'))
+              dict(inputs=rows[:0] if not overrides else rows,
+                   targets=rows[:0] if not overrides else rows))
+  if overrides:
+    overrides.update(teacher_config=TINY,
+                     teacher_checkpoint=str(tmp_path / 'none' / 'c_1'))
+  with pytest.raises((checks.InputError, FileNotFoundError), match=message):
+    _train(tmp_path / 'run', 1, array_dir=str(tmp_path / 'a'), **overrides)
   assert not (tmp_path / 'run').exists()
 
 
@@ -545,6 +554,15 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
   assert f"train loss {summary['train']['loss']:.4g}, accuracy" in last
   assert last.endswith(
       '); checkpoint_2, log.jsonl, operative_config.gin, loss.png'), last
+  # A rerun of the finished run trains nothing: its configs stay those of
+  # the run that trained it.
+  operative = (out / 'operative_config.gin').read_text()
+  training.main([a for a in argv if a != '--plot']
+                + ['--gin.LEARNING_RATE=0.5'])
+  assert capsys.readouterr().out.splitlines()[-1].endswith(
+      '); checkpoint_2, log.jsonl')
+  assert (out / 'operative_config.gin').read_text() == operative
+  assert 'LEARNING_RATE = 0.5' not in (out / 'config.gin').read_text()
   # SIGTERM during step 1 (a preemption): step 2 saved, said, and the job
   # exits as a killed one would.
   bar = training._ProgressBar  # pylint: disable=protected-access
