@@ -275,7 +275,8 @@ def kept_here(name: str, path: str, pull: bool = True) -> Iterator[Here]:
   """A folder a job writes, `path` (checked as the folder `name`:
   `check_folder`), as it writes it.
 
-  A local `path`: itself, a sync that does nothing. A gs:// address: a
+  A local `path`: itself ('~' expanded), a sync that does nothing. A
+  gs:// address: a
   local copy (`BucketFolder`: the bucket's objects copied down first where
   `pull`, and then synced after every write of a run folder), which `sync`
   copies up, as does the block's end (with an error too) before the copy
@@ -283,7 +284,7 @@ def kept_here(name: str, path: str, pull: bool = True) -> Iterator[Here]:
   """
   check_folder(name, path)
   if not is_bucket(path):
-    yield Here(path, lambda: None, lambda text: text)
+    yield Here(os.path.expanduser(path), lambda: None, lambda text: text)
     return
   folder = BucketFolder(path, every_s=0.0)
   if pull:

@@ -122,10 +122,13 @@ def counts(text: str) -> Tuple[int, ...]:
 
 def check_feature_lengths(lengths) -> None:
   """Raises InputError unless TASK_FEATURE_LENGTHS `lengths` names both
-  'inputs' and 'targets' (the eval job's and training's alike)."""
-  if set(lengths) < {'inputs', 'targets'}:
+  'inputs' and 'targets', each an int >= 1 (the eval job's and training's
+  alike; other features are the task's own)."""
+  if not {'inputs', 'targets'} <= set(lengths):
     raise InputError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
                      f'got {dict(lengths)}.')
+  for name in ('inputs', 'targets'):
+    check_int(f'TASK_FEATURE_LENGTHS["{name}"]', lengths[name])
 
 
 def check_positive(name: str, value, unit: str = '') -> None:

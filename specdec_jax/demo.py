@@ -22,6 +22,7 @@ random tiny T5 and a noisy copy of it as the drafter.
 import argparse
 import json
 import os
+import shlex
 import time
 
 import jax
@@ -77,7 +78,8 @@ def main_job(tasks=task_table.names(), num_examples=16,
   """
   for task in tasks:  # before a run folder is made
     if task not in TASK_GIN:
-      raise SystemExit(f'unknown task {task!r}; known: {", ".join(TASK_GIN)}')
+      raise SystemExit(f'error: unknown task {task!r}; known: '
+                       + ', '.join(TASK_GIN))
   summaries = {}
   output_dir = run_dir(output_dir, resume)
   print(('resuming the latest run in ' if resume and os.path.isdir(output_dir)
@@ -86,13 +88,12 @@ def main_job(tasks=task_table.names(), num_examples=16,
         flush=True)
   for task in tasks:
     out_dir = os.path.join(output_dir, task)
+    argv = [f'--gin_file={TASK_GIN[task]}',
+            f'--gin.NUM_EXAMPLES={num_examples}',
+            f'--gin.EVAL_OUTPUT_DIR=\'{out_dir}\''] + list(extra_gin)
     print(f'\n=== {task}: python -m specdec_jax.eval '
-          f'--gin_file={TASK_GIN[task]} --gin.NUM_EXAMPLES={num_examples} '
-          f'--gin.EVAL_OUTPUT_DIR="\'{out_dir}\'"', flush=True)
-    summary = eval_lib.cli([f'--gin_file={TASK_GIN[task]}',
-                            f'--gin.NUM_EXAMPLES={num_examples}',
-                            f'--gin.EVAL_OUTPUT_DIR=\'{out_dir}\''] +
-                           list(extra_gin))
+          + ' '.join(map(shlex.quote, argv)), flush=True)
+    summary = eval_lib.cli(argv)
     with open(os.path.join(out_dir, 'examples.jsonl')) as f:
       rows = [json.loads(line) for line in f if line.strip()]
     for row in rows[:show]:

@@ -185,8 +185,8 @@ class _Run:
     if bucket_folder.is_bucket(output_dir):
       self.bucket = bucket_folder.BucketFolder(output_dir, sync_every_s)
       self.bucket.start()
-    self.out = (pathlib.Path(output_dir) if self.bucket is None else
-                self.bucket.local)
+    self.out = (pathlib.Path(output_dir).expanduser() if self.bucket is None
+                else self.bucket.local)
     try:
       self._claim(setup, fingerprints, partitioner, shard_drafter,
                   config_str, if_settings_differ, claim_token)

@@ -677,9 +677,10 @@ def _read_model(config: network.T5Config, checkpoint: Optional[str],
     if str(checkpoint).startswith('shipped:'):  # the package's own models
       checkpoint = shipped.resolve(str(checkpoint))
     checkpoint = str(checkpoint)
-    if not checkpoints.is_gcs(checkpoint, f'{what} checkpoint') and (
-        not os.path.exists(checkpoint)):
-      raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
+    if not checkpoints.is_gcs(checkpoint, f'{what} checkpoint'):
+      checkpoint = os.path.expanduser(checkpoint)
+      if not os.path.exists(checkpoint):
+        raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
     if not checkpoints.isfile(os.path.join(checkpoint, 'config.json')):
       return model, checkpoints.load_t5x_params(checkpoint, config=config,
                                                 shardings=shardings)
@@ -705,11 +706,11 @@ def load_task(setup: EvalSetup):
       tasks.register_tasks(data_dir=spec.data_dir)
   if task is None:
     task = tasks.get_task(spec.mixture_or_task_name)
-  vocab = task.output_features['targets'].vocabulary
-  if vocab.vocab_size > setup.target_config.vocab_size:
+  size = tasks.vocab_size(task)
+  if size > setup.target_config.vocab_size:
     raise checks.InputError(
         f'Task {spec.mixture_or_task_name} uses a vocabulary of '
-        f'{vocab.vocab_size} tokens but TARGET_MODEL has vocab_size '
+        f'{size} tokens but TARGET_MODEL has vocab_size '
         f'{setup.target_config.vocab_size}.')
   return task
 

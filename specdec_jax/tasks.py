@@ -206,6 +206,24 @@ def t5_vocabulary(vocab_path: Optional[str] = None):
   return seqio.SentencePieceVocabulary(path, extra_ids=DEFAULT_EXTRA_IDS)
 
 
+def vocab_size(task) -> int:
+  """The size of `task`'s output vocabulary. A seqio task reads its file
+  through TensorFlow's file system (gs:// too): one it cannot read (no
+  network, no such file) is an InputError naming the task and why, not
+  TensorFlow's traceback."""
+  vocab = task.output_features['targets'].vocabulary
+  if isinstance(task, ArrayTask):
+    return vocab.vocab_size
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (seqio's)
+  try:
+    return vocab.vocab_size
+  except tf.errors.OpError as e:
+    raise checks.InputError(
+        f'Task {task.name}: its vocabulary cannot be read '
+        f'({type(e).__name__}: {e.message}). Without network, copy the '
+        f'file here (T5\'s: ${VOCAB_ENV} names the copy).') from None
+
+
 def resolve_data_dir(data_dir: Optional[str] = None) -> str:
   """`data_dir`, else `$SPECDEC_DATA_DIR`, else ~/.cache/specdec_jax/debian.
 

@@ -664,8 +664,7 @@ def _open_data(model_config: network.T5Config, mixture_or_task_name: str,
   else:
     if data_dir is not None:
       tasks.register_tasks(data_dir=data_dir)
-    vocab_size = tasks.get_task(mixture_or_task_name).output_features[
-        'targets'].vocabulary.vocab_size
+    vocab_size = tasks.vocab_size(tasks.get_task(mixture_or_task_name))
     source = f'Task {mixture_or_task_name}'
   if vocab_size > model_config.vocab_size:
     raise checks.InputError(

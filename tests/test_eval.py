@@ -314,8 +314,10 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
     ({'EvalSetup.gama': '3'}, SystemExit, 'gama'),
     ({'TASK_FEATURE_LENGTHS': "{'inputs': 4, 'targets': 12}"}, ValueError,
      "TASK_FEATURE_LENGTHS\\['inputs'\\] = 4"),
-    ({'TASK_FEATURE_LENGTHS': "{'inputs': 16}"}, ValueError,
+    ({'TASK_FEATURE_LENGTHS': "{'inputs': 16, 'target': 8}"}, ValueError,
      'TASK_FEATURE_LENGTHS needs "inputs" and "targets"'),
+    ({'TASK_FEATURE_LENGTHS': "{'inputs': 16, 'targets': 0}"}, ValueError,
+     'TASK_FEATURE_LENGTHS\\["targets"\\] must be an int >= 1, got 0'),
     ({'GAMMA': '0'}, ValueError, 'gamma'),
     ({'GAMMA': '1.5'}, ValueError, 'gamma must be an int'),
     ({'TEMPERATUR': '0.7'}, SystemExit,
@@ -371,8 +373,11 @@ def test_the_command_says_a_configuration_error_in_one_line(
   assert str(e.value.code).startswith(
       'error: gamma must be an int >= 1, got 0.'), e.value.code
   assert not (tmp_path / 'err').exists()
+  (tmp_path / 'x').mkdir()  # not a folder '~' here
   with pytest.raises(SystemExit) as e:  # found as it loads: its line too
-    eval_lib.cli(args(tmp_path / 'missing', TARGET_CHECKPOINT=(
+    monkeypatch.setenv('HOME', str(tmp_path))  # '~' is the home folder
+    monkeypatch.chdir(tmp_path / 'x')
+    eval_lib.cli(args('~/missing', TARGET_CHECKPOINT=(
         "'/nonexistent/checkpoint_1'")))
   assert str(e.value.code).startswith(
       'error: target checkpoint not found: /nonexistent/checkpoint_1')

@@ -345,7 +345,8 @@ def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
   from specdec_jax import demo  # pylint: disable=g-import-not-at-top
   for argv, message in (
       (['--num_examples', '0'], "--num_examples: an int >= 1 expected"),
-      (['--tasks', 'en_de,de_en'], "unknown task 'de_en'; known: en_de"),
+      (['--tasks', 'en_de,de_en'],
+       "error: unknown task 'de_en'; known: en_de"),
       (['--random', '--gamma', '0'], "--gamma: an int >= 1 expected"),
       (['--random', '--temperature', '-1'],
        'error: temperature must be a finite number >= 0'),

@@ -183,6 +183,12 @@ def test_vocab_env_override(monkeypatch, restore_registry, seqio):
   task = seqio.get_mixture_or_task(tasks.CNN_DM_TASK)
   assert (task.output_features['inputs'].vocabulary.sentencepiece_model_file
           == '/models/cc_all.32000.model')
+  # A vocabulary file it cannot read (here none there; offline, T5's at
+  # gs://) is said by name, not in TensorFlow's traceback.
+  with pytest.raises(checks.InputError, match=(
+      f'Task {tasks.CNN_DM_TASK}: its vocabulary cannot be read .*'
+      '/models/cc_all.32000.model')):
+    tasks.vocab_size(task)
   monkeypatch.delenv(tasks.VOCAB_ENV)
   tasks.register_tasks()
   task = seqio.get_mixture_or_task(tasks.CNN_DM_TASK)

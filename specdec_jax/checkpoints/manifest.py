@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax.checkpoints import _storage
 
 MANIFEST = 'MANIFEST.json'
@@ -323,7 +324,9 @@ def fingerprint(folder: str) -> Optional[str]:
   folder = os.fspath(folder).rstrip('/')
   try:
     found = find(folder)
-  except ValueError:
+  except checks.InputError:  # a listing GCS did not give: said at once
+    raise
+  except ValueError:  # a damaged manifest: the folder fingerprinted whole
     found = None
   if found is not None:
     covered = json.dumps(

@@ -883,3 +883,13 @@ def test_a_gcs_that_gives_no_listing_in_time_is_said(gcs, monkeypatch):
       f'{gcs}/ckpt\\S*: GCS gave no listing in 1e-09 s .* no network, or no '
       f'credentials.*gsutil ls {gcs}/ckpt')):
     checkpoints.load_t5x_params(f'{gcs}/ckpt')
+  # Said at the first listing: a run's fingerprint of the folder (its
+  # manifest looked for) does not take it for a damaged manifest and list
+  # again (twice the wait).
+  waits = []
+  keys = storage._gcs_keys  # pylint: disable=protected-access
+  monkeypatch.setattr(storage, '_gcs_keys', lambda *a, **k: (
+      waits.append(a), keys(*a, **k))[1])
+  with pytest.raises(checks.InputError, match='GCS gave no listing'):
+    checkpoints.manifest.fingerprint(f'{gcs}/ckpt')
+  assert len(waits) == 1
