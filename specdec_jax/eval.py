@@ -191,6 +191,7 @@ class _Run:
       self._claim(setup, fingerprints, partitioner, shard_drafter,
                   config_str, if_settings_differ, claim_token)
     except BaseException as e:
+      run_folder.release(self.out)
       if self.bucket is not None:
         self.bucket.close()
         if isinstance(e, run_folder.RunFolderError):
@@ -213,7 +214,8 @@ class _Run:
         main_process=self.index == 0, num_examples=setup.data.num_examples,
         if_settings_differ=if_settings_differ,
         # A bucket is one folder for all (each process a local copy of it).
-        token=None if self.bucket is not None else claim_token)
+        token=None if self.bucket is not None else claim_token,
+        held=self.bucket is None)
 
   def open(self) -> unit_loop.Lane:
     """Says what it decodes; readies its record file and output cache;
@@ -287,8 +289,9 @@ class _Run:
       self.bucket.sync(force=True)
 
   def close(self) -> None:
-    """At a gs:// output_dir: the bucket made what its local copy is,
-    the local copy removed."""
+    """Lets go of the folder (`run_folder.hold`); at a gs:// output_dir:
+    the bucket made what its local copy is, the local copy removed."""
+    run_folder.release(self.out)
     if self.bucket is not None:
       self.bucket.close()
 

@@ -10,6 +10,12 @@ One run of `eval.evaluate` owns one folder (EVAL_OUTPUT_DIR):
   examples.jsonl   one record per example, appended as units finish (and
                    examples.process-p-of-P.jsonl per process of a
                    multi-process run, merged by process 0: `merge`);
+  run.lock         held (an fcntl lock) by the job writing the folder,
+                   released when its process ends, however it ends: a
+                   second job started on the folder meanwhile is refused
+                   (`claim`) rather than decode every example again
+                   beside it (a folder at a gs:// address is written in
+                   each job's own local copy: not locked);
   gamma_choice.json  the gamma chosen for the batch (`choice_file`);
   the output cache of the 'cache' / 'combined' drafters (its own file, or
                    output_cache.npz here), committed with the records of
@@ -30,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import functools
 import hashlib
 import json
@@ -58,6 +65,7 @@ from specdec_jax.drafters.tree import shape as tree_shape
 
 RECORDS = 'examples.jsonl'
 RUN = 'run.json'
+LOCK = 'run.lock'
 FORMAT = 'specdec_jax.eval_run/2'
 
 # `EvalSetup` fields a rerun may change and still resume: everything else
@@ -335,10 +343,54 @@ def _move_aside(out: pathlib.Path) -> pathlib.Path:
   aside = out / f'replaced-{stamp}'
   aside.mkdir()
   for path in out.iterdir():
-    if path != aside and not path.name.startswith('replaced-'):
+    if path != aside and not path.name.startswith('replaced-') and (
+        path.name != LOCK):  # held by this job
       path.rename(aside / path.name)
   _wrote('earlier run moved aside')
   return aside
+
+
+# The run folders this process holds (`hold`): their open lock files.
+_HELD: Dict[pathlib.Path, Any] = {}
+
+
+def hold(out: pathlib.Path) -> None:
+  """Takes the run folder `out` for this process until `release` (or its
+  end): an fcntl lock on out/run.lock (kept by the kernel, not left behind
+  by a job killed; NFS locks it too), which names the job holding it.
+
+  Raises:
+    RunFolderError: another process holds it.
+  """
+  key = out.resolve()
+  if key in _HELD:
+    return
+  out.mkdir(parents=True, exist_ok=True)
+  lock = open(out / LOCK, 'a+')  # pylint: disable=consider-using-with
+  try:
+    fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    lock.seek(0)
+    holder = lock.read().strip() or 'another process'
+    lock.close()
+    raise RunFolderError(
+        f'{out}: another job is writing this run folder now ({holder}; '
+        f'{out / LOCK} is held). Wait for it to end (a rerun then resumes '
+        'what it finished), or give another EVAL_OUTPUT_DIR.') from None
+  started = datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec='seconds')
+  lock.truncate(0)
+  lock.write(f'started {started} on {socket.gethostname()} '
+             f'(pid {os.getpid()})\n')
+  lock.flush()
+  _HELD[key] = lock
+
+
+def release(out: pathlib.Path) -> None:
+  """Lets go of a run folder this process holds (`hold`)."""
+  lock = _HELD.pop(out.resolve(), None)
+  if lock is not None:
+    lock.close()  # the lock goes with the file
 
 
 def claim_token() -> Optional[str]:
@@ -355,7 +407,8 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
           examples: Mapping[int, str], main_process: bool = True,
           num_examples: Optional[int] = None,
           if_settings_differ: str = 'refuse',
-          token: Optional[str] = None) -> List[Dict[str, Any]]:
+          token: Optional[str] = None,
+          held: bool = True) -> List[Dict[str, Any]]:
   """Claims `out` for a run of `settings` (`identity`); returns the
   records of an earlier run with the same identity.
 
@@ -371,8 +424,12 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   does not see the main process's folder (each host's own disk) and
   would decode and write beside the run, not in it.
 
+  The main process holds the folder (`hold`) where `held` (the job then
+  `release`s it as it ends).
+
   Raises:
-    RunFolderError: another process reads no run.json of `token` (the
+    RunFolderError: another job holds the folder (`hold`); another
+      process reads no run.json of `token` (the
       folder is not shared); the folder holds a run with another
       identity (naming each changed setting, old -> new), records of
       other examples under the indices of `examples`, a damaged run.json,
@@ -389,6 +446,8 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   run_file = out / RUN
   if token is not None and not main_process:
     _check_shared(run_file, token)
+  if held and main_process:
+    hold(out)
   out.mkdir(parents=True, exist_ok=True)
   now = json.loads(json.dumps(settings))
   if run_file.exists():

@@ -11,6 +11,7 @@ tests/testdata/debian, through the job's flags as a user runs it
 """
 
 import json
+import os
 import types
 
 import jax
@@ -193,6 +194,39 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
                      '', {})
   with pytest.raises(ValueError, match=r'new_knob: 0 -> "\(not set\)"'):
     run_folder.claim(out, run_folder.identity(setup), '', {})
+
+
+def test_a_folder_another_job_is_writing_is_refused(tmp_path):
+  """Two jobs started on one folder would each decode every example and
+  append them twice: the second is refused while the first holds it
+  (run.lock, an fcntl lock: here a process that holds it as a job does),
+  naming it; once that process is gone, however it ended, the folder is
+  free. A process holds its folders until it lets them go."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'run'
+  out.mkdir()
+  job = subprocess.Popen([sys.executable, '-c', (
+      'import fcntl, sys\n'
+      f'f = open({str(out / run_folder.LOCK)!r}, "a+")\n'
+      'fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
+      'f.write("started then on there (pid 7)"); f.flush()\n'
+      'print("held", flush=True); sys.stdin.read()\n')],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+  try:
+    assert job.stdout.readline() == 'held\n'
+    with pytest.raises(run_folder.RunFolderError, match=(
+        'another job is writing this run folder now .started then on '
+        r'there \(pid 7\);')):
+      run_folder.claim(out, {'a': 1}, '', {})
+    assert not (out / run_folder.RUN).exists()
+  finally:
+    job.communicate('')  # it ends
+  run_folder.claim(out, {'a': 1}, '', {})
+  run_folder.claim(out, {'a': 1}, '', {})  # this process holds it
+  assert f'(pid {os.getpid()})' in (out / run_folder.LOCK).read_text()
+  run_folder.release(out)
 
 
 def test_a_rerun_that_would_mix_records_is_refused(tmp_path, capsys):
