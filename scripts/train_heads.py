@@ -2,6 +2,13 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
 
   python scripts/train_heads.py --task en_de --out_dir /tmp/heads/en_de
 
+0. Records what the run is in <out_dir>/settings.json (`distill.claim_run`:
+   every flag but --steps, --save_every, --eval_rows and the folders, of
+   --arrays the content of the rows); a rerun resumes only a run of the
+   same settings (more --steps train on) and refuses in one line, before
+   writing anything, a run of other settings (each named: the task, the
+   rows, the head, the target, ...), a folder of another program and
+   fewer --steps than the run holds.
 1. Decodes the task's train inputs with the target (greedy, its own outputs:
    what the head must predict), into <out_dir>/data (sharded, resumable:
    finished shards are kept).
@@ -18,8 +25,10 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    log.jsonl; the final alpha per depth on the held-out test rows (never
    trained on; see Data below) goes into log.jsonl and the last line
    (`training.method_line`); with --export_dir, the final head in
-   bfloat16 (to ship) and the log. --out_dir and --export_dir may be gs://
-   addresses (--out_dir kept in a local copy, copied up at each save:
+   bfloat16 (to ship) and the log (a folder holding anything but this
+   run's export, its checkpoint_<steps> head and log.jsonl, is refused
+   before training). --out_dir and --export_dir may be gs:// addresses
+   (--out_dir kept in a local copy, copied up at each save:
    bucket_folder.kept_here).
 
 To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
@@ -71,6 +80,11 @@ from specdec_jax.drafters.heads import train as heads_train
 
 TASK_DIRS = shipped.TASKS  # short name -> its data folder (the task table)
 CACHE = '~/.cache/specdec_jax/arrays'
+# The flags that only extend, place or measure a run: a rerun with other
+# values resumes it (`distill.claim_run` refuses other values of the
+# others; of --arrays, the folder, the content of the rows is checked).
+FREE = ('steps', 'save_every', 'out_dir', 'export_dir', 'eval_rows',
+        'arrays')
 
 
 def parse_flags(argv=None):
@@ -138,10 +152,35 @@ def task_data(args, vocab_size):
           f'{where} rows 0..{min(args.eval_rows, len(test["inputs"])) - 1}')
 
 
+def check_export_dir(args):
+  """Refuses (before training, `checks.InputError` naming what it holds)
+  an --export_dir holding anything but this run's export, which a rerun
+  finds there: its head checkpoint_<steps> and the log beside it (the
+  head itself is compared as it is exported)."""
+  bucket_folder.check_folder('export_dir', args.export_dir)
+  if os.path.abspath(args.export_dir) == os.path.abspath(args.out_dir):
+    raise checks.InputError('--export_dir is --out_dir: give another folder '
+                            '(the head to ship goes beside the run).')
+  if bucket_folder.is_bucket(args.export_dir):
+    held = {name.split('/')[0]
+            for name in checkpoints.list_files(args.export_dir)}
+  elif os.path.isdir(args.export_dir):
+    held = set(os.listdir(args.export_dir))
+  else:
+    held = set()
+  head = f'checkpoint_{args.steps}'
+  if held and (held - {head, training.LOG_FILE} or not checkpoints.isfile(
+      str(bucket_folder.join(args.export_dir, head, heads.CONFIG_FILE)))):
+    raise checks.InputError(
+        f"--export_dir {args.export_dir} holds {', '.join(sorted(held))}: "
+        f'not this run\'s export (its head {head} and {training.LOG_FILE}); '
+        'give another folder, or empty it.')
+
+
 def main(argv=None):
   args = parse_flags(argv)
   if args.export_dir:  # refused before training, as --out_dir is
-    bucket_folder.check_folder('export_dir', args.export_dir)
+    check_export_dir(args)
   # A gs:// --out_dir: written in a local copy, copied up at each save
   # and at the end (bucket_folder.kept_here).
   with bucket_folder.kept_here('out_dir', args.out_dir) as here:
@@ -153,6 +192,11 @@ def train(args, out_dir, saved):
   after each checkpoint."""
   model, params = models.load(args.target, args.target_config)
   inputs, test, decode_len, held_out = task_data(args, model.vocab_size)
+  settings = distill.run_settings('train_heads.py', vars(args), FREE, inputs,
+                                  max_decode_len=decode_len)
+  # The folder is this run's (or refused) before anything is written in it.
+  latest, first = training.method_start(out_dir, args.out_dir, settings,
+                                        args.steps)
   data_dir = os.path.join(out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=decode_len, batch_size=128,
@@ -169,17 +213,16 @@ def train(args, out_dir, saved):
   head = heads.Head(model.config, head_cfg)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
-  training.remove_cut_short_save(out_dir)
-  latest = checkpoints.latest_checkpoint(out_dir)
   if latest:
     hp, saved_cfg = heads.load_head(latest, model.config)
     if saved_cfg != head_cfg:
-      sys.exit(f'{latest} holds a head {saved_cfg}, the flags ask for '
-               f'{head_cfg}.')
-    first = checkpoints.step_of(latest)
+      raise checks.InputError(
+          f'{os.path.join(args.out_dir, os.path.basename(latest))} holds a '
+          f'head {saved_cfg}, the flags ask for {head_cfg}: give its '
+          '--mlp_dim / --no_cross_attention to resume it, or another '
+          '--out_dir.')
   else:
     hp = heads.init_head(model.config, head_cfg, args.seed)
-    first = 0
   optimizer = optax.adamw(schedule, weight_decay=args.weight_decay)
   opt_state = optimizer.init(hp)
   rng = np.random.default_rng(args.seed)
@@ -235,7 +278,7 @@ def train(args, out_dir, saved):
   if args.export_dir:
     export(args, out_dir, hp, head_cfg, model.config)
   print(training.method_line(
-      args.out_dir, first, max(first, args.steps), args.steps, last,
+      args.out_dir, first, args.steps, args.steps, last,
       [f"held-out alpha by head step {'/'.join(f'{a:.3g}' for a in alpha)} "
        f'({held_out})']), flush=True)
 

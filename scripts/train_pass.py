@@ -19,12 +19,19 @@ so DIR/<task>/test stays held out for the eval job and the lookahead
 spec; without it the shipped test slice's rows --train_rows (default
 64:256), so its first 64 rows stay held out.
 
-Writes to --out_dir: data/ (the generated outputs, reused on a rerun),
+Writes to --out_dir: settings.json (what the run is, written first:
+`distill.claim_run`), data/ (the generated outputs, reused on a rerun),
 checkpoint_<step>/ (T5X orbax layout, `lookahead.save_lookahead`; the
 eval job's DRAFT_CHECKPOINT; with Adam's moments and the batches'
 generator, so a rerun resumes from the latest checkpoint exactly: an
 interrupted run ends with an uninterrupted one's embeddings), log.jsonl;
-its last line says where the run stands (`training.method_line`).
+its last line says where the run stands (`training.method_line`). A
+rerun resumes a run of the same settings, all but --steps, --save_every
+and the folders (of --arrays, the rows' content counts; with more
+--steps: trains on); it refuses, in one line and before writing
+anything, a folder of another run (each changed setting named: the task,
+the rows, --max_decode_len, --num_lookahead, the target, ...), of another
+program or holding a later step than --steps.
 SIGTERM or Ctrl-C saves the step running, then ends the command (status
 143 / 130; `training.stop_asked`). --out_dir may be a gs:// address
 (kept in a local copy, copied up at each save: bucket_folder.kept_here).
@@ -42,6 +49,7 @@ loads them as `shipped:lookahead/<task>`.
 import argparse
 import os
 import re
+from typing import Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +57,6 @@ import optax
 
 from specdec_jax import arrays
 from specdec_jax import bucket_folder
-from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import distill
 from specdec_jax import shipped
@@ -58,6 +65,12 @@ from specdec_jax.bench import flags
 from specdec_jax import models
 from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
+
+
+# The flags that only extend or place a run: a rerun with other values
+# resumes it (`distill.claim_run` refuses other values of the others; of
+# --arrays, the folder, the content of the rows is checked).
+FREE = ('steps', 'save_every', 'out_dir', 'arrays')
 
 
 def _row_range(text: str) -> str:
@@ -90,20 +103,21 @@ def parse_flags(argv=None):
   return args
 
 
-def train_inputs(args, vocab_size) -> np.ndarray:
-  """The rows --train_rows of the task's train split or shipped slice."""
+def train_inputs(args, vocab_size) -> Tuple[np.ndarray, str]:
+  """(the rows --train_rows of the task's train split or shipped slice,
+  those rows as start:stop)."""
   if args.arrays:
     inputs = arrays.load(os.path.join(args.arrays, args.task),
                          'train')['inputs']
   else:
     inputs = shipped.test_arrays(args.task)['inputs']
-  rows = args.train_rows or ('' if args.arrays else '64:256')
+  rows = args.train_rows or (':' if args.arrays else '64:256')
   start, stop = (int(x) if x else None for x in (rows.split(':') + [''])[:2])
   inputs = inputs[start:stop]
   if not len(inputs) or int(inputs.max()) >= vocab_size:
     raise checks.InputError(f'{args.task} rows {rows}: none, or token ids '
                             f'beyond the target vocab {vocab_size}')
-  return inputs
+  return inputs, rows
 
 
 def main(argv=None):
@@ -118,7 +132,23 @@ def train(args, out_dir, saved):
   """Trains as the flags `args` say into `out_dir`, calling `saved()`
   after each checkpoint."""
   model, params = models.load(args.target, args.target_config)
-  inputs = train_inputs(args, model.vocab_size)
+  inputs, rows = train_inputs(args, model.vocab_size)
+  settings = distill.run_settings('train_pass.py', vars(args), FREE, inputs,
+                                  train_rows=rows)
+  # The folder is this run's (or refused) before anything is written in it.
+  latest, first = training.method_start(out_dir, args.out_dir, settings,
+                                        args.steps)
+  if latest:
+    la = lookahead.load_lookahead(latest, model.config)
+    held = lookahead.check_lookahead(la, model.config)
+    if held != args.num_lookahead:
+      raise checks.InputError(
+          f'{os.path.join(args.out_dir, os.path.basename(latest))} holds '
+          f'{held} look-ahead embeddings, --num_lookahead '
+          f'asks for {args.num_lookahead}: give --num_lookahead {held} to '
+          'resume it, or another --out_dir.')
+  else:
+    la = lookahead.init_lookahead(params, args.num_lookahead, args.seed)
   data_dir = os.path.join(out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=args.max_decode_len, batch_size=64,
@@ -129,16 +159,6 @@ def train(args, out_dir, saved):
         f'{(out > 0).sum(1).mean():.1f}', flush=True)
 
   optimizer = optax.adam(args.learning_rate)
-  training.remove_cut_short_save(out_dir)
-  latest = checkpoints.latest_checkpoint(out_dir)
-  if latest:
-    la = lookahead.load_lookahead(latest, model.config)
-    first = checkpoints.step_of(latest)
-  else:
-    la = lookahead.init_lookahead(params, args.num_lookahead, args.seed)
-    first = 0
-  if lookahead.check_lookahead(la, model.config) != args.num_lookahead:
-    raise ValueError(f'{latest} holds another number of embeddings.')
   opt_state = optimizer.init(la)
   rng = np.random.default_rng(args.seed)
   if latest:  # Adam's moments and the batches' generator, as saved
@@ -164,8 +184,8 @@ def train(args, out_dir, saved):
       lambda i: lookahead.save_lookahead(
           la, out_dir, i, training.run_state_files(opt_state, rng)),
       saved, save_every=args.save_every, log_every=10)
-  print(training.method_line(args.out_dir, first, max(first, args.steps),
-                             args.steps, last), flush=True)
+  print(training.method_line(args.out_dir, first, args.steps, args.steps,
+                             last), flush=True)
 
 
 if __name__ == '__main__':

@@ -16,6 +16,10 @@ maximizes alpha directly, or forward KL. Both are here:
 - `token_kd_sums`: token-level KD against the target's logits on the same
   teacher-forced prefix: forward KL(p || q) ('fkl') or total variation
   ('tvd'), with `training.train(teacher=..., kd_loss=..., kd_weight=...)`.
+- `run_settings`, `claim_run`: what a method training run on these outputs
+  is (scripts/train_pass.py, scripts/train_heads.py), recorded in its
+  folder (SETTINGS_FILE) before its data is generated there, and checked
+  on a rerun, which resumes only a run of the same settings.
 
 The target is frozen: its logits are computed inside the train step under
 `stop_gradient` and only the drafter's parameters are updated.
@@ -26,21 +30,29 @@ arXiv:1606.07947; speculative decoding, arXiv:2211.17192.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import arrays
+from specdec_jax import checkpoints
 from specdec_jax import checks
 from specdec_jax import data as data_lib
 from specdec_jax import decoding
+from specdec_jax import run_folder
+from specdec_jax import shipped
 from specdec_jax.sampling import SamplingConfig
 
 KD_LOSSES = ('none', 'fkl', 'tvd')
 Array = Any
+# The file in a method training run's folder that records what the run is
+# (`claim_run`).
+SETTINGS_FILE = 'settings.json'
 
 
 def token_kd_sums(student_logits: Array, teacher_logits: Array,
@@ -188,3 +200,84 @@ def generate(model, params, data: Dict[str, np.ndarray], out_dir: str,
   if bar is not None:
     bar.close()
   return paths
+
+
+# -------------------------------------------- method training run folders ---
+def content_id(values: np.ndarray) -> str:
+  """A short sha256 of an array's dtype, shape and values."""
+  values = np.ascontiguousarray(values)
+  digest = hashlib.sha256(f'{values.dtype.str}{values.shape}'.encode())
+  digest.update(values.tobytes())
+  return digest.hexdigest()[:32]
+
+
+def run_settings(script: str, flags: Mapping[str, Any], free: Sequence[str],
+                 inputs: np.ndarray, **derived) -> Dict[str, Any]:
+  """What a method training run is, for `claim_run`: the `script`, every
+  flag of `flags` (the parsed flags' `vars`) but the `free` ones (those
+  that only extend or place the run: --steps, --save_every, the folders),
+  the `derived` values over the flags of their names (what a default
+  stood for: the rows, the decode length), the content of the target's
+  checkpoint (flag 'target': `shipped:<name>` or a checkpoint;
+  `checkpoints.manifest.fingerprint`) and of the train `inputs`."""
+  settings = {k: v for k, v in flags.items() if k not in free}
+  settings.update(derived, script=script, train_inputs=content_id(inputs))
+  target = str(flags['target'])
+  if target.startswith(shipped.SCHEME):
+    target = shipped.checkpoint_path(target[len(shipped.SCHEME):])
+  settings['target_checkpoint_content'] = checkpoints.manifest.fingerprint(
+      target)
+  return json.loads(json.dumps(settings))
+
+
+def claim_run(out_dir: str, where: str, settings: Mapping[str, Any]
+              ) -> None:
+  """Claims the local folder `out_dir` of a method training run for one
+  of `settings` (`run_settings`), before anything is written into it: a
+  new or empty folder gets SETTINGS_FILE; one whose SETTINGS_FILE holds
+  the same settings is the run to resume. `where` names the folder in
+  errors (the gs:// address a local copy stands for).
+
+  Raises:
+    checks.InputError: `out_dir` holds files but no SETTINGS_FILE
+      (another program's folder, a train.py model dir say, or a run
+      from before the file), a damaged one, a run of another script, or
+      a run of other settings (each changed one named, old -> new), whose
+      data and checkpoints are not this run's.
+  """
+  checks.check_local_folder('out_dir', out_dir)
+  script = settings['script']
+  held = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+  remedy = 'give another --out_dir, or delete it to start afresh'
+  if held and SETTINGS_FILE not in held:
+    shown = ', '.join(held[:8]) + (f', ... ({len(held)} in all)'
+                                   if len(held) > 8 else '')
+    raise checks.InputError(
+        f'{where} holds {shown} and no {SETTINGS_FILE}: not a run of '
+        f'{script} (another program\'s folder, or a run from before runs '
+        'recorded their settings); give another --out_dir, a new or empty '
+        'one.')
+  path = os.path.join(out_dir, SETTINGS_FILE)
+  if held:
+    try:
+      before = json.loads(checkpoints.read_bytes(path))
+      problem = not isinstance(before, dict) and 'not a JSON object'
+    except (OSError, ValueError) as e:
+      problem = f'{type(e).__name__}: {e}'
+    if problem:
+      raise checks.InputError(
+          f'{where}/{SETTINGS_FILE} is damaged ({problem}), so the run '
+          f'cannot be checked against these settings; {remedy}.')
+    if before.get('script') != script:
+      raise checks.InputError(f'{where} holds a run of '
+                              f"{before.get('script')}, not of {script}; "
+                              f'{remedy}.')
+    changes = run_folder.changes(before, settings)
+    if changes:
+      raise checks.InputError(
+          f'{where} holds a run with other settings ({"; ".join(changes)}).'
+          f' Rerun with its settings to resume it, or {remedy}.')
+    return
+  os.makedirs(out_dir, exist_ok=True)
+  checkpoints.write_bytes(path, json.dumps(dict(settings), indent=1,
+                                           sort_keys=True).encode())

@@ -321,7 +321,7 @@ def _changed_examples(records: Sequence[Dict[str, Any]],
                 r.get('example') != examples[r['index']])
 
 
-def _changes(previous: Mapping[str, Any], now: Mapping[str, Any],
+def changes(previous: Mapping[str, Any], now: Mapping[str, Any],
              prefix: str = '') -> List[str]:
   """'name: old -> new' per differing setting; nested settings (a model's
   config) by their dotted name."""
@@ -330,7 +330,7 @@ def _changes(previous: Mapping[str, Any], now: Mapping[str, Any],
   for key in sorted(set(previous) | set(now)):
     old, new = previous.get(key, missing), now.get(key, missing)
     if isinstance(old, dict) and isinstance(new, dict):
-      lines += _changes(old, new, f'{prefix}{key}.')
+      lines += changes(old, new, f'{prefix}{key}.')
     elif old != new:
       lines.append(f'{prefix}{key}: {json.dumps(old)} -> {json.dumps(new)}')
   return lines
@@ -460,9 +460,9 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
                  'setting that shapes a record, so its records cannot be '
                  'checked against these settings')
     else:
-      changes = _changes(previous.get('identity', {}), now)
-      problem = changes and (f'{out} holds a run with other settings ('
-                             + '; '.join(changes) + ')')
+      differ = changes(previous.get('identity', {}), now)
+      problem = differ and (f'{out} holds a run with other settings ('
+                            + '; '.join(differ) + ')')
       records = all_records(out, own=None)
       if problem and not records:  # nothing finished to keep apart
         if_settings_differ, problem = 'restart', problem + (

@@ -563,6 +563,32 @@ def method_steps(out_dir: str, where: str, first: int, total: int,
   return last
 
 
+def method_start(out_dir: str, where: str, settings: Mapping[str, Any],
+                 steps: int) -> Tuple[Optional[str], int]:
+  """Where a method training script's run in `out_dir` (`where`: as the
+  user named it) starts: (its latest checkpoint or None, its step), the
+  folder claimed for `settings` first (`distill.claim_run`), a save cut
+  short undone, and a run of more than `steps` refused (`check_steps`)."""
+  distill.claim_run(out_dir, where, settings)
+  remove_cut_short_save(out_dir)
+  latest = checkpoints.latest_checkpoint(out_dir)
+  first = checkpoints.step_of(latest) if latest else 0
+  check_steps(where, first, steps)
+  return latest, first
+
+
+def check_steps(where: str, held: int, steps: int, flag: str = '--steps',
+                folder: str = '--out_dir') -> None:
+  """Refuses a rerun of fewer steps (`flag`) than the run in `where` holds
+  (its latest checkpoint is of step `held`): it cannot make a run of
+  `steps` (`train`'s and the method training scripts' alike)."""
+  if held > steps:
+    raise checks.InputError(
+        f'{where} already holds step {held}, more than the {steps} asked '
+        f'({flag}): give {flag} {held} or more to resume it, or another '
+        f'{folder}.')
+
+
 def _check_args(model_config, task_feature_lengths, train_steps, batch_size,
                 periods, model_dir, rate, teacher):
   """`train`'s arguments, refused (`checks.InputError`) before anything
@@ -952,14 +978,12 @@ def train(
     teacher_checkpoint: its checkpoint (any format `checkpoints` reads).
     kd_loss: 'none', 'fkl' or 'tvd' (distill.py).
     kd_weight: weight of the KD term (see `make_train_step`).
-    max_seconds: stop (with a checkpoint) once this much wall time has
-      passed in this call after its first (compiling) step; a rerun
-      continues to `train_steps`.
+    max_seconds: stop (saved) after this much wall time in this call past
+      its first (compiling) step; a rerun continues to `train_steps`.
     init_from_teacher: a fresh run starts from the teacher's parameters cut
       to MODEL's depth (`distill.init_from_teacher`) instead of random ones.
     config_str: written to model_dir/config.gin if not empty.
-    progress: called after every step as `progress(step, train_steps,
-      metrics)` (the step's per-token means; the entry point draws a bar).
+    progress: `progress(step, train_steps, metrics)` after every step.
 
   Returns:
     A summary (`status_line` says it): model_dir, start_step, step,
@@ -980,6 +1004,7 @@ def train(
     state = _initial_state(model, model_config, here.path, seed,
                            init_from_teacher, teacher)
     start = int(state.step)
+    check_steps(model_dir, start, train_steps, 'TRAIN_STEPS', 'MODEL_DIR')
     if start < train_steps:  # what it reads refused before it writes
       eval_data = examples.eval_batches(batch_size, eval_examples)
       step_fn = _step_fn(model, teacher, learning_rate, schedule,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import arrays
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import distill
 from specdec_jax import network
@@ -133,6 +134,44 @@ def test_init_from_teacher_keeps_the_picked_layers(teacher):
   with pytest.raises(ValueError, match='cannot keep'):
     distill.init_from_teacher(params_t, TEACHER,
                               TEACHER.replace(num_decoder_layers=4))
+
+
+def test_claim_run_resumes_only_a_run_of_the_same_settings(tmp_path):
+  """A method training run's folder: claimed when new, resumed with the
+  same settings (the free ones aside), refused otherwise, naming why."""
+  inputs = np.arange(12, dtype=np.int32).reshape(3, 4)
+  flags = {'target': 'shipped:target', 'task': 'en_de', 'rows': '64:80',
+           'steps': 4, 'out_dir': str(tmp_path)}
+  settings = distill.run_settings('train_x.py', flags, ('steps', 'out_dir'),
+                                  inputs, rows='64:256')
+  assert 'steps' not in settings and settings['rows'] == '64:256'
+  out = str(tmp_path / 'run')
+  distill.claim_run(out, 'RUN', settings)
+  assert os.listdir(out) == [distill.SETTINGS_FILE]
+  distill.claim_run(out, 'RUN', distill.run_settings(
+      'train_x.py', dict(flags, steps=9), ('steps', 'out_dir'), inputs,
+      rows='64:256'))  # more --steps: the same run
+  with pytest.raises(checks.InputError, match=(
+      r'RUN holds a run with other settings \(task: "en_de" -> "synopsis"; '
+      r'train_inputs: "\w+" -> "\w+"\)\. Rerun with its settings')):
+    distill.claim_run(out, 'RUN', distill.run_settings(
+        'train_x.py', dict(flags, task='synopsis'), ('steps', 'out_dir'),
+        inputs + 1, rows='64:256'))
+  with pytest.raises(checks.InputError, match=(
+      'RUN holds a run of train_x.py, not of train_y.py')):
+    distill.claim_run(out, 'RUN', dict(settings, script='train_y.py'))
+  with open(os.path.join(out, distill.SETTINGS_FILE), 'w') as f:
+    f.write('[1')
+  with pytest.raises(checks.InputError, match=(
+      r'RUN/settings.json is damaged \(JSONDecodeError')):
+    distill.claim_run(out, 'RUN', settings)
+  os.remove(os.path.join(out, distill.SETTINGS_FILE))
+  os.mkdir(os.path.join(out, 'checkpoint_4'))
+  with pytest.raises(checks.InputError, match=(
+      'RUN holds checkpoint_4 and no settings.json: not a run of '
+      'train_x.py')):
+    distill.claim_run(out, 'RUN', settings)
+  assert os.listdir(out) == ['checkpoint_4']
 
 
 def test_generate_writes_the_targets_greedy_outputs_and_resumes(teacher,

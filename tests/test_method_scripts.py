@@ -130,6 +130,43 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs,
   assert [r.get('step') for r in log] == [1, 3, None]
   assert len(log[-1]['held_out_alpha_t0']) == 1
   assert 'test rows 0..7' in log[-1]['rows']
+  # Other settings of the head or the data: refused, each named (before:
+  # resumed on the old data); more --eval_rows only measure: not a change.
+  with pytest.raises(checks.InputError, match=(
+      r'holds a run with other settings \(max_decode_len: 10 -> 6; '
+      r'mlp_dim: 16 -> 8\)')):
+    _main('train_heads')(argv + ['--mlp_dim', '8', '--max_decode_len', '6',
+                                 '--eval_rows', '4'])
+
+
+@pytest.mark.parametrize('held', [
+    ('data/', 'checkpoint_60/', 'log.jsonl'),  # a PaSS run's folder
+    ('checkpoint_2/draft_head.json', 'log.jsonl'),  # a head of step 2
+    ('checkpoint_3/_CHECKPOINT_METADATA', 'log.jsonl'),  # not a head
+])
+def test_heads_refuse_an_export_dir_of_other_files(tiny, tmp_path, held):
+  """An --export_dir holding anything but this run's export is refused,
+  naming what it holds, before training (before: the export replaced its
+  log.jsonl)."""
+  root, data, ckpt = tiny
+  export = tmp_path / 'export'
+  for name in held:
+    if name.endswith('/'):
+      (export / name).mkdir(parents=True)
+    else:
+      (export / name).parent.mkdir(parents=True, exist_ok=True)
+      (export / name).write_text('{"step": 60}\n')
+  with pytest.raises(checks.InputError, match=(
+      f'--export_dir {export} holds '
+      + ', '.join(sorted(n.split('/')[0] for n in held))
+      + ": not this run's export \\(its head checkpoint_3 and log.jsonl")):
+    _main('train_heads')([
+        '--target', ckpt, '--target_config', SPEC, '--arrays', data,
+        '--task', 'copy', '--out_dir', str(tmp_path / 'out'), '--steps',
+        '3', '--batch_size', '4', '--mlp_dim', '16', '--depth', '1',
+        '--export_dir', str(export)])
+  assert (export / 'log.jsonl').read_text() == '{"step": 60}\n'
+  assert not (tmp_path / 'out').exists()
 
 
 def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs, capsys):
@@ -166,6 +203,26 @@ def test_train_pass_on_a_t5x_checkpoint_into_a_bucket(tiny, gcs, capsys):
   log = [json.loads(line) for line in checkpoints.read_bytes(
       f'{out}/log.jsonl').decode().splitlines()]
   assert [r['step'] for r in log] == [1, 3]  # step 3's record once
+  # A rerun with settings that change the data or the model is refused,
+  # each named, before anything is written (before: it resumed on the old
+  # data, or a traceback for another --num_lookahead); one asking for
+  # fewer steps than the run holds is refused too (before: 'complete at
+  # step 3 of 2').
+  held = {name: checkpoints.read_bytes(f'{out}/{name}') for name in files
+          if not name.startswith('checkpoint_3/')}
+  other = list(argv) + ['--max_decode_len', '6', '--num_lookahead', '3',
+                        '--train_rows', '8:40']
+  with pytest.raises(checks.InputError, match=(
+      r'holds a run with other settings \(max_decode_len: 10 -> 6; '
+      r'num_lookahead: 2 -> 3; train_inputs: "\w+" -> "\w+"; train_rows: '
+      r'":" -> "8:40"\)')):
+    _main('train_pass')(other)
+  with pytest.raises(checks.InputError, match=(
+      r'/pass already holds step 3, more than the 2 asked')):
+    _main('train_pass')(list(argv[:-1]) + ['2'])
+  assert {name: checkpoints.read_bytes(f'{out}/{name}') for name in held
+          } == held
+  assert checkpoints.latest_checkpoint(out) == f'{out}/checkpoint_3'
 
 
 def test_sigterm_saves_the_step_running_and_ends_as_killed(tiny, tmp_path,
@@ -249,6 +306,31 @@ def test_a_checkpoint_not_found_ends_the_command_in_one_line(
   assert str(e.value.code).startswith('error: '), e.value.code
   assert 'checkpoint_1' in str(e.value.code)
   assert 'Traceback' not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
+def test_an_out_dir_of_another_program_is_refused_in_one_line(
+    script, tiny, tmp_path, monkeypatch, capsys):
+  """A train.py model dir as --out_dir: refused in one line naming what it
+  holds, before anything is written into it (before: PaSS wrote data/
+  there, then a traceback from the model's checkpoint)."""
+  root, data, ckpt = tiny
+  model_dir = tmp_path / 'model'
+  shutil.copytree(root / 'target', model_dir)
+  before = sorted(os.listdir(model_dir))
+  monkeypatch.setattr(sys, 'argv', [
+      script, '--target', ckpt, '--target_config', SPEC, '--arrays', data,
+      '--task', 'copy', '--out_dir', str(model_dir)])
+  with pytest.raises(SystemExit) as e:
+    runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'),
+                   run_name='__main__')
+  assert str(e.value.code) == (
+      f'error: {model_dir} holds {", ".join(before)} and no settings.json: '
+      f'not a run of {script}.py (another program\'s folder, or a run from '
+      'before runs recorded their settings); give another --out_dir, a new '
+      'or empty one.')
+  assert 'Traceback' not in capsys.readouterr().err
+  assert sorted(os.listdir(model_dir)) == before
 
 
 @pytest.mark.parametrize('script', ['train_heads', 'train_pass'])

@@ -562,6 +562,12 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
   assert capsys.readouterr().out.splitlines()[-1].endswith(
       '); checkpoint_2, log.jsonl')
   assert (out / 'operative_config.gin').read_text() == operative
+  with pytest.raises(SystemExit) as e:  # it cannot be a run of 1 step
+    training.main([a for a in argv if a != '--plot']
+                  + ['--gin.TRAIN_STEPS=1'])
+  assert str(e.value.code).startswith(
+      f'error: {out} already holds step 2, more than the 1 asked '
+      '(TRAIN_STEPS): give TRAIN_STEPS 2 or more'), e.value.code
   assert 'LEARNING_RATE = 0.5' not in (out / 'config.gin').read_text()
   # SIGTERM during step 1 (a preemption): step 2 saved, said, and the job
   # exits as a killed one would.

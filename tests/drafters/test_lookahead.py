@@ -26,10 +26,12 @@ import numpy as np
 import optax
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import interfaces
 from specdec_jax import speculative
+from specdec_jax.drafters import heads
 from specdec_jax.drafters import lookahead
 from specdec_jax.drafters.lookahead import train as lookahead_train
 from specdec_jax import spec_stats
@@ -214,8 +216,17 @@ def test_save_load_and_shape_mismatch(setup, gcs):
   np.testing.assert_array_equal(lookahead.embeddings(back),
                                 lookahead.embeddings(la))
   wider = model.config.replace(emb_dim=48)
-  with pytest.raises(ValueError, match=r'emb_dim=48.*want \[L, 48\]'):
+  with pytest.raises(checks.InputError, match=r'emb_dim=48.*want \[L, 48\]'):
     lookahead.load_lookahead(path, wider)
+  # Another method's checkpoint (a draft head's folder as DRAFT_CHECKPOINT):
+  # what it holds, named (before: a ValueError, the eval job's traceback).
+  head_cfg = heads.HeadConfig(mlp_dim=8)
+  heads.save_head(heads.init_head(model.config, head_cfg), head_cfg,
+                  f'{gcs}/head', 2)
+  with pytest.raises(checks.InputError, match=(
+      f"look-ahead checkpoint {gcs}/head holds {{'draft_head': ...}}, not "
+      "look-ahead embeddings")):
+    lookahead.load_lookahead(f'{gcs}/head', model.config)
 
 
 def test_kind_builds_and_refuses(setup, tmp_path):

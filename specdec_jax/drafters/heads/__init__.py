@@ -72,6 +72,7 @@ from specdec_jax.drafters.heads.drafter import HeadTreeDrafter
 from specdec_jax.drafters.heads.drafter import head_params
 from specdec_jax.drafters.heads.loop import HeadLoop
 from specdec_jax.drafters.heads.loop import HeadTreeLoop
+from specdec_jax.drafters.heads.model import CONFIG_FILE
 from specdec_jax.drafters.heads.model import KEY
 from specdec_jax.drafters.heads.model import Head
 from specdec_jax.drafters.heads.model import HeadConfig

@@ -59,21 +59,24 @@ def init_lookahead(target_params, num_lookahead: int, seed: int = 0):
 
 def check_lookahead(lookahead_params, config: network.T5Config,
                     source: str = 'look-ahead params') -> int:
-  """Returns L; ValueError unless the tree is `[L, config.emb_dim]`."""
+  """Returns L; `checks.InputError` (naming what `source` holds) unless the
+  tree is `[L, config.emb_dim]`."""
   try:
     shape = tuple(np.shape(embeddings(lookahead_params)))
   except (KeyError, TypeError, IndexError) as e:
-    raise ValueError(f"{source} must be {{'{KEY}': {{'embedding': "
-                     f"[L, emb_dim]}}}}, got {describe_tree(lookahead_params)}."
-                     ) from e
+    raise checks.InputError(
+        f'{source} holds {describe_tree(lookahead_params)}, not look-ahead '
+        f"embeddings {{'{KEY}': {{'embedding': [L, emb_dim]}}}} (what "
+        'scripts/train_pass.py writes).') from e
   if len(shape) != 2 or shape[0] < 1 or shape[1] != config.emb_dim:
-    raise ValueError(
+    raise checks.InputError(
         f'{source}: look-ahead embeddings of shape {shape} do not fit the '
         f'target (emb_dim={config.emb_dim}): want [L, {config.emb_dim}]; '
         'were they trained for another target?')
   extra = set(lookahead_params) - {KEY}
   if extra:
-    raise ValueError(f'{source}: unexpected entries {sorted(extra)}.')
+    raise checks.InputError(
+        f'{source}: unexpected entries {sorted(extra)} beside {KEY!r}.')
   return shape[0]
 
 
@@ -99,7 +102,9 @@ def load_lookahead(path: str, config: network.T5Config):
   """Look-ahead params from a checkpoint (`save_lookahead`'s or a model dir).
 
   Raises:
-    ValueError: the embeddings' shape does not fit `config` (emb_dim).
+    checks.InputError: the checkpoint holds no look-ahead embeddings (a
+      draft head, a T5's params: named), or embeddings whose shape does
+      not fit `config` (emb_dim).
   """
   path = os.fspath(path)
   if not checkpoints.is_gcs(path):
