@@ -321,6 +321,12 @@ class _Run:
     return summary
 
 
+def _say(runs, summaries) -> None:
+  """Prints each run's last line (`summary.end_line`)."""
+  for (_, out, _), summary in zip(runs, summaries):
+    print(summary_lib.end_line(out, summary), flush=True)
+
+
 def _sharing_processes(partitioner) -> int:
   """How many processes decode shares of their own: every process of a
   `jax.distributed` run, but 1 where one mesh spans them (each decodes
@@ -435,10 +441,11 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
     raise
   finally:
     summaries = [folder.finish(error) for folder in folders]
+    if isinstance(error, KeyboardInterrupt) and jax.process_index() == 0:
+      _say(runs, summaries)  # where each stands
   # Every process returns (and acts on) the job's summaries, process 0's.
   summaries = partitioning.agree(summaries)
-  for (_, out, _), summary in zip(runs, summaries):
-    print(summary_lib.end_line(out, summary), flush=True)
+  _say(runs, summaries)
   for summary in summaries:
     if summary.get('mismatches'):
       raise MismatchError(summary['status'])
@@ -610,8 +617,10 @@ def cli(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   is (other settings, other examples, a damaged file) or a damaged output
   cache ends the job with its one-line error (exit status 1), not a
   traceback; what finished is written first (the summary says why it
-  stopped). Everything else propagates (`exits_at_once`)."""
-  with exits_at_once():
+  stopped). Ctrl-C or SIGTERM ends it with the status lines of its runs
+  (interrupted, what is left) and the signal's exit status (130 / 143),
+  not a traceback. Everything else propagates (`exits_at_once`)."""
+  with exits_at_once(), run_folder.stops_in_one_line(lambda _: None):
     try:
       with checks.one_line(ValueError):  # the job's configuration
         job = configured(sys.argv[1:] if argv is None else argv)

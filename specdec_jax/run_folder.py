@@ -908,6 +908,28 @@ def sigterm_interrupts():
       signal.signal(sig, old)
 
 
+def exit_stopped(signal_name: str, line: Optional[str]) -> None:
+  """Ends a command that the signal `signal_name` ('SIGINT', 'SIGTERM')
+  stopped once what finished was written: prints `line` (where the run
+  stands; None: said already), then exits with the status of a process
+  that signal killed (128 + its number), not a traceback."""
+  if line is not None:
+    print(line, flush=True)
+  raise SystemExit(128 + signal.Signals[signal_name])
+
+
+@contextlib.contextmanager
+def stops_in_one_line(line: Callable[[str], Optional[str]]):
+  """A command that Ctrl-C or SIGTERM (`sigterm_interrupts`) stops ends
+  with `line(signal name)` and the signal's exit status (`exit_stopped`)."""
+  try:
+    with sigterm_interrupts():
+      yield
+  except KeyboardInterrupt as e:
+    name = 'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'
+    exit_stopped(name, line(name))
+
+
 def check_interrupted() -> None:
   """Raises the interrupt of a signal whose exception was swallowed."""
   if _INTERRUPTED[0] == signal.SIGTERM:

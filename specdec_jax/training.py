@@ -89,6 +89,7 @@ from specdec_jax import data
 from specdec_jax import distill
 from specdec_jax import gin_utils
 from specdec_jax import network
+from specdec_jax import run_folder
 from specdec_jax import tasks
 
 Array = jax.Array
@@ -541,8 +542,9 @@ def method_steps(out_dir: str, where: str, first: int, total: int,
   `log_every`-th and the last; `save(i)` writes checkpoint_i
   (`save_whole`, `saved` after each write) every `save_every` steps and
   at the last. A signal (`stop_asked`) has the step running saved and
-  logged, then ends the command (`exit_stopped`, its `method_line` of
-  `where`). Returns the last step's record (None: the log holds none)."""
+  logged, then ends the command (`run_folder.exit_stopped`, its
+  `method_line` of `where`). Returns the last step's record (None: the
+  log holds none)."""
   log_path = os.path.join(out_dir, LOG_FILE)
   kept = log_up_to(log_path, first)
   last = kept[-1] if kept else None
@@ -558,8 +560,8 @@ def method_steps(out_dir: str, where: str, first: int, total: int,
                    keep_checkpoints=None, on_write=saved)
       if stop and i < total:
         log.close()
-        exit_stopped(stop, method_line(where, first, i, total, last,
-                                       stopped_by=stop))
+        run_folder.exit_stopped(stop, method_line(
+            where, first, i, total, last, stopped_by=stop))
   return last
 
 
@@ -895,9 +897,10 @@ def _run_steps(step_fn: Callable[[TrainState, Batch], tuple[TrainState, Any]],
 def stop_asked() -> Iterator[Callable[[], Optional[str]]]:
   """While a training loop runs (`train`'s, the method scripts'): SIGTERM
   (e.g. a preemption's notice) or Ctrl-C asks it to stop after the step
-  running, with a checkpoint of that step (then `exit_stopped`); a second
-  one stops it at once. Yields what says which signal asked ('SIGTERM',
-  'SIGINT'; None: none yet). (Only the main thread sets signal handlers.)"""
+  running, with a checkpoint of that step (then
+  `run_folder.exit_stopped`); a second one stops it at once. Yields what
+  says which signal asked ('SIGTERM', 'SIGINT'; None: none yet). (Only
+  the main thread sets signal handlers.)"""
   asked: List[str] = []
   if threading.current_thread() is not threading.main_thread():
     yield lambda: None
@@ -1098,18 +1101,10 @@ def main(argv: Optional[Sequence[str]] = None,
       plot([os.path.join(model_dir, LOG_FILE)], here or png,
            [os.path.basename(os.path.abspath(model_dir))])  # '.' named
   if summary['stopped_by'] in ('SIGTERM', 'SIGINT'):
-    exit_stopped(summary['stopped_by'], status_line(summary, written))
+    run_folder.exit_stopped(summary['stopped_by'],
+                            status_line(summary, written))
   print(status_line(summary, written))
   return summary
-
-
-def exit_stopped(signal_name: str, line: str):
-  """Ends a training command that the signal `signal_name` stopped once
-  the step running was saved (`stop_asked`): prints `line` (`status_line`
-  or `method_line`), then exits with the status of a process that signal
-  killed (128 + its number)."""
-  print(line, flush=True)
-  raise SystemExit(128 + signal.Signals[signal_name])
 
 
 def run_line(where: str, start: int, step: int, total: int, seconds: float,

@@ -508,7 +508,7 @@ def _kill_subprocess(argv, out, sig, after_lines, rng):
 
 
 def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
-                                                         monkeypatch):
+                                                         monkeypatch, capsys):
   """SIGKILL in a subprocess, then in-process Ctrl-C (SIGINT), SIGTERM and a
   torn write at random records, streamed: after each the files hold no
   duplicate and the status says why; the resumed run's records equal an
@@ -571,11 +571,20 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
       monkeypatch.setattr(data, 'decode_text', decode)
       monkeypatch.setattr(run_folder, 'append',
                           torn if fault == 'torn' else real_append)
+      # Ctrl-C through the command: its status line, no traceback.
+      run = eval_lib.cli if fault == 'sigint' else eval_lib.main
+      capsys.readouterr()
       try:
-        eval_lib.main(args(out, **few))
-      except (RuntimeError, KeyboardInterrupt):
+        run(args(out, **few))
+      except (RuntimeError, KeyboardInterrupt, SystemExit) as e:
         fired.append(fault)
         status = _status(out)
+        if fault == 'sigint':
+          assert isinstance(e, SystemExit) and e.code == 130, e
+          said = capsys.readouterr()
+          assert said.out.splitlines()[-1].startswith(f'{out}: {status} ('
+                                                    ), said.out
+          assert 'Traceback' not in said.err
         assert status.startswith(
             'interrupted (SIGINT' if fault == 'sigint' else 'interrupted'
             if fault == 'sigterm' else 'failed'), (fault, status)
