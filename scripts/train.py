@@ -16,8 +16,9 @@ training) and, with --plot, loss.png. A rerun resumes from the latest
 checkpoint.
 """
 
+from specdec_jax import checks
 from specdec_jax import training
 from specdec_jax.experiments import plots
 
 if __name__ == '__main__':
-  training.main(plot=plots.plot_losses)
+  checks.run_main(training.main, plot=plots.plot_losses)

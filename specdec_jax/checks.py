@@ -16,6 +16,8 @@ import argparse
 import contextlib
 import os
 import pathlib
+import signal
+import sys
 import traceback
 from typing import Tuple
 
@@ -187,9 +189,24 @@ def one_line(*errors, said: str = ''):
     raise SystemExit(f'error: {said}{kind}{e}') from None
 
 
+# The exit statuses of a command that SIGINT or SIGTERM stopped (128 + the
+# signal's number, as a shell reports a process it killed).
+SIGNAL_EXITS = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
 def run_main(main, *args, **kwargs):
-  """A script's entry (`if __name__ == '__main__': checks.run_main(main)`):
+  """A command's entry (`if __name__ == '__main__': checks.run_main(main)`):
   `main(*args, **kwargs)`, whatever it refuses (`REFUSED`) said in one line
-  (`one_line`)."""
-  with one_line(*REFUSED):
-    return main(*args, **kwargs)
+  (`one_line`). One that a signal stopped (SystemExit of `SIGNAL_EXITS`,
+  once what finished is written and said) leaves at once (`os._exit`): an
+  XLA compile still running on another thread would crash the
+  interpreter's exit (a segfault, exit status 139)."""
+  try:
+    with one_line(*REFUSED):
+      return main(*args, **kwargs)
+  except SystemExit as e:
+    if e.code in SIGNAL_EXITS:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(e.code)  # pylint: disable=protected-access
+    raise

@@ -652,4 +652,4 @@ def exits_at_once():
 
 
 if __name__ == '__main__':
-  cli()
+  checks.run_main(cli)

@@ -274,6 +274,34 @@ def test_positive_numbers_pass_and_one_line_ends_a_command():
       raise TypeError('a bug')
 
 
+def test_a_command_a_signal_stopped_leaves_at_once(monkeypatch):
+  """`run_main`: a refusal is its line; a command a signal stopped (exit
+  status 130 / 143) leaves by `os._exit`, not the interpreter's exit (an
+  XLA compile still running there crashed it); other exits as they were."""
+  import os  # pylint: disable=g-import-not-at-top
+  left = []
+
+  def leave(code):
+    left.append(code)
+    raise GeneratorExit  # what os._exit is to the caller: no return
+
+  monkeypatch.setattr(os, '_exit', leave)
+  for code in (130, 143):
+    with pytest.raises(GeneratorExit):
+      checks.run_main(lambda code=code: (_ for _ in ()).throw(
+          SystemExit(code)))
+  assert left == [130, 143]
+  for code in (0, 1, 'error: x'):
+    with pytest.raises(SystemExit) as e:
+      checks.run_main(lambda code=code: (_ for _ in ()).throw(
+          SystemExit(code)))
+    assert e.value.code == code
+  with pytest.raises(SystemExit, match='error: gamma'):
+    checks.run_main(lambda: (_ for _ in ()).throw(
+        checks.InputError('gamma')))
+  assert left == [130, 143]
+
+
 def test_a_local_folder_a_job_writes_is_no_url_and_no_file(tmp_path):
   checks.check_local_folder('out_dir', tmp_path / 'new' / 'folder')
   checks.check_local_folder('out_dir', tmp_path)  # one that exists

@@ -129,4 +129,4 @@ def main(argv: Optional[Sequence[str]] = None):
 
 if __name__ == '__main__':
   with eval_lib.exits_at_once():  # across processes: at once, not at exit
-    main()
+    checks.run_main(main)  # a signal's end: out at once

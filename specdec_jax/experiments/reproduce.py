@@ -114,10 +114,6 @@ class ModelSet:
   shrink: bool = False
 
   @property
-  def tasks(self) -> Tuple[str, ...]:
-    return task_table.names()
-
-  @property
   def widening(self) -> Dict[str, Any]:
     if self.models == 'synthetic' and not self.shrink:
       return XXL_COST
@@ -194,7 +190,7 @@ def eval_setup(models: ModelSet, task: str, drafter: str, /,
 
   Args:
     models: a model set (`make_setup`).
-    task: a key of `models.tasks`.
+    task: a `task_table` name.
     drafter: a name in `models.drafters`.
     **changes: `EvalSetup` fields to set (e.g. gamma=4, temperature=1.0),
       by their flat names too (`loading.GROUPED`); gamma defaults to 1.

@@ -44,6 +44,7 @@ from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import table
 
 MAX_NAME = 160  # bytes of a cell's folder name
+Measurement = Tuple[Callable[..., Dict[str, Any]], Tuple[str, ...]]
 
 
 class CellsFailed(RuntimeError):
@@ -159,9 +160,8 @@ class Spec:
       num_examples=2, timing_repeats=1, tasks=('en_de',)))
   predict: Optional[Callable[[Dict[str, Any], Any], None]] = None
   plot: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
-  measurements: Mapping[str, Tuple[Callable[..., Dict[str, Any]],
-                                   Tuple[str, ...]]] = dataclasses.field(
-                                       default_factory=dict)
+  measurements: Mapping[str, Measurement] = dataclasses.field(
+      default_factory=dict)
   decode: bool = True
   finish: Optional[Callable[[Dict[str, Any], pathlib.Path], None]] = None
 
@@ -180,16 +180,14 @@ def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
           'cost': {str(k): t / t1 for k, t in sorted(seconds.items())}}
 
 
-# What each measurement depends on: the setup fields that name its file.
-MEASUREMENTS: Dict[str, Tuple[Callable[..., Dict[str, Any]],
-                              Tuple[str, ...]]] = {
-    'costs': (costs, ('target_config', 'target_checkpoint',
-                      'mixture_or_task_name', 'task_feature_lengths',
-                      'split', 'data_dir', 'target_widen_to',
-                      'activation_dtype', 'batch_size', 'max_gamma',
-                      'drafter', 'draft_config', 'draft_checkpoint', 'tree',
-                      'draft_confidence', 'draft_widen_to')),
-}
+# What each measurement depends on: the setup fields that name its file
+# (the target on its task's data; its call at a batch; the drafter's too).
+TASK_FIELDS = ('target_config', 'target_checkpoint', 'mixture_or_task_name',
+               'task_feature_lengths', 'split', 'data_dir', 'activation_dtype')
+TARGET_FIELDS = TASK_FIELDS + ('target_widen_to', 'batch_size', 'max_gamma')
+DRAFT_FIELDS = TARGET_FIELDS + ('drafter', 'draft_config', 'draft_checkpoint',
+                                'tree', 'draft_confidence', 'draft_widen_to')
+MEASUREMENTS: Dict[str, Measurement] = {'costs': (costs, DRAFT_FIELDS)}
 
 
 def _measurement_key(name: str, setup: loading.EvalSetup, known) -> str:
@@ -430,7 +428,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     command: the command that reruns it (the results' header).
     out: the results' path without suffix (default
       results/<spec>/<model set>; shrunk: <work folder>/results, since
-      tiny rows are no results).
+      tiny rows are no results); its rows of cells not run are kept.
 
   Returns:
     the results dict (also written as .json / .md / .png).
@@ -441,15 +439,22 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
   if out is None:
     out = str(bucket_folder.join(folder, 'results') if options.shrink else
               table.RESULTS / spec.name / results_name(options))
-  with bucket_folder.written_here('out', out) as (here, sync):
+  cells, ran = [], []  # counted by the line Ctrl-C or SIGTERM ends it with
+  stopped = lambda name: (f'interrupted ({name}) with {len(cells) - len(ran)}'
+                          f' of {len(cells)} cells left; the others are in '
+                          f'{out}.json; rerun the same command to resume')
+  with bucket_folder.written_here('out', out) as (here, sync), \
+      run_folder.stops_in_one_line(stopped):
     cells = plan(spec, options)
+    names = list(dict.fromkeys(c.name for c in plan(spec, dataclasses.replace(
+        options, tasks=None, only=None, where=())) + cells))  # rows' order
     models = model_set(options)
     clock = budget.Clock(options.max_minutes)
     cache = loading.LoadCache()  # the cells share their models and examples
     partitioner = partitioning.Partitioner(options.num_partitions, global_mesh=(
         options.global_mesh)) if options.meshed else None
     result = table.new_result(spec, options, command, partitioner)
-    order = {cell.name: i for i, cell in enumerate(cells)}  # the rows' order
+    result['rows'] = earlier_rows(out, names)  # the others' kept
     plan_groups = groups(models, cells, options)
     peers = run_folder.job_processes_here()  # not other load
     for i, group in enumerate(plan_groups):
@@ -466,6 +471,11 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       except Exception as e:  # pylint: disable=broad-except
         # Recorded with its error; the other cells run on (a rerun resumes).
         error = checks.failure(e)
+        if (len(group) > 1 and isinstance(e, checks.REFUSED) and
+            jax.process_count() == 1):  # a cell's setup: each, alone
+          print(f'{error}: its cells again, one by one', flush=True)
+          plan_groups[i + 1:i + 1] = [[cell] for cell in group]
+          continue
         result['failed'] += [{'cell': cell.name, **cell.fields(),
                               'error': error} for cell in group]
         print(f"{', '.join(c.name for c in group)} failed: {error}", flush=True)
@@ -477,10 +487,11 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
         for row in rows:  # a cell the job did not time: its group's span
           if row.get('other_load_cores') is None and load.cpu_s is not None:
             row['other_load_cores'] = load.cpu_s / load.seconds
-        result['rows'] += rows
-        result['rows'].sort(key=lambda row: order[row['cell']])
+        rows = {r['cell']: r for r in result['rows'] + rows}  # the new last
+        result['rows'] = [rows[name] for name in names if name in rows]
       table.write(spec, table.repredict(spec, result, profile), out, here)
       sync()
+      ran += group
       programs.release_if_crowded()  # a long sweep compiles many programs
       if result['failed'] and jax.process_count() > 1:
         break  # a peer may wait in a collective the failure skipped: end
@@ -494,3 +505,16 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
           f"are in {out}.json): " + '; '.join(
               f"{f['cell']}: {f['error']}" for f in result['failed']))
     return result
+
+
+def earlier_rows(out: str, cells) -> List[Dict[str, Any]]:
+  """The rows of OUT.json (local or gs://, if there) of the cells named in
+  `cells`; a file that is no results file is refused, not overwritten."""
+  path = f'{out}.json'
+  try:
+    return [row for row in json.loads(checkpoints.read_bytes(path))['rows']
+            if row['cell'] in cells] if checkpoints.isfile(path) else []
+  except (ValueError, KeyError, TypeError) as e:
+    raise checks.InputError(f'{path} is no results file to update ({e!r}); '
+                            'move it away or give another --out') from None
+

@@ -38,12 +38,6 @@ SUMMARY_FIELDS = (
     'mean_accepted_length', 'target_calls_per_token', 'differing_examples',
     'near_ties', 'mismatches', 'baseline_metrics', 'speculative_metrics',
     'gamma_choices', 'other_load_cores')
-# Fields that are timings (a rerun reproduces every other field).
-TIMING_FIELDS = ('baseline_s', 'speculative_s', 'walltime_speedup',
-                 'throughput_speedup', 'baseline_tokens_per_s',
-                 'speculative_tokens_per_s', 'measured', 'gamma_choices',
-                 'predicted_speedup', 'predicted_label',
-                 'measured_over_predicted', 'other_load_cores')
 
 
 def new_result(spec, options, command: str, partitioner=None

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import gin_utils
 from specdec_jax import loading
@@ -39,6 +40,12 @@ import fake_gcs  # pylint: disable=g-bad-import-order
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Record fields that are timings (or say where a run was).
 TIMED = {'baseline_batch_s', 'speculative_batch_s', 'other_load'}
+# Row fields that are timings (a rerun reproduces every other field).
+TIMING_FIELDS = ('baseline_s', 'speculative_s', 'walltime_speedup',
+                 'throughput_speedup', 'baseline_tokens_per_s',
+                 'speculative_tokens_per_s', 'measured', 'gamma_choices',
+                 'predicted_speedup', 'predicted_label',
+                 'measured_over_predicted', 'other_load_cores')
 
 
 @pytest.mark.parametrize('models', task_table.MODEL_SETS)
@@ -204,7 +211,7 @@ def test_a_cell_is_the_eval_job_on_its_setup(tiny_run):
   assert _records(cell_dir) == _records(job)
   _, row = result['rows']
   for field in table.SUMMARY_FIELDS:
-    if field not in table.TIMING_FIELDS:
+    if field not in TIMING_FIELDS:
       assert row[field] == summary[field], field
   assert row['differing_examples'] == 0 and row['status'] == 'complete'
   assert row['measured']['costs']['batch'] == 1
@@ -431,6 +438,97 @@ def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
     cli.main(['run', 'table3'])
 
 
+def _decoded(alpha):
+  """A `run_cells` that decodes nothing: every cell's alpha is `alpha`."""
+  return lambda models, group, *args: [({'alpha': alpha}, {})] * len(group)
+
+
+def test_a_selection_updates_its_rows_and_keeps_the_others(
+    tmp_path, monkeypatch):
+  """--only / --where / --tasks rerun some cells: their rows are replaced
+  in the results file, the others' kept, in the spec's order (before: the
+  file held the selection's rows alone); a row of no cell of the spec
+  goes, and a file that is no results file is refused, not overwritten."""
+  spec, out = _tiny(variants=('a', 'b', 'c')), str(tmp_path / 'out')
+  options = sweep.Options(work_dir=str(tmp_path / 'work'))
+  monkeypatch.setattr(sweep, 'run_cells', _decoded(0.5))
+  sweep.run(spec, options, out=out)
+  a, b, c = [cell.name for cell in sweep.plan(spec, options)]
+  written = json.loads((tmp_path / 'out.json').read_text())
+  written['rows'].append(dict(written['rows'][0], cell='gone'))
+  (tmp_path / 'out.json').write_text(json.dumps(written))
+  monkeypatch.setattr(sweep, 'run_cells', _decoded(0.7))
+  sweep.run(spec, dataclasses.replace(options, only=b), out=out)
+  alphas = lambda: [(r['cell'], r['alpha']) for r in json.loads(
+      (tmp_path / 'out.json').read_text())['rows']]
+  assert alphas() == [(a, 0.5), (b, 0.7), (c, 0.5)]
+  monkeypatch.setattr(sweep, 'run_cells', _decoded(0.9))
+  sweep.run(spec, dataclasses.replace(options, where=('variant=c|a',),
+                                      tasks=('en_de',)), out=out)
+  assert alphas() == [(a, 0.9), (b, 0.7), (c, 0.9)]
+  assert '| en_de | 0.700 |' in (tmp_path / 'out.md').read_text()
+  (tmp_path / 'out.json').write_text('[1]')
+  with pytest.raises(checks.InputError, match='out.json is no results file'):
+    sweep.run(spec, options, out=out)
+  assert (tmp_path / 'out.json').read_text() == '[1]'
+
+
+def test_a_refused_cell_fails_alone_not_the_cells_of_its_baseline(
+    tmp_path, monkeypatch):
+  """Cells that share a baseline are decoded together; where one's setup
+  is refused (e.g. heads without weights for the model set: the trees
+  spec on synthetic), each is decoded again alone, so only it fails
+  (before: every cell of the group failed with its error)."""
+  spec = _tiny(variants=('a', 'heads', 'b'))  # one baseline: one group
+  def decoded(models, group, *args):
+    if len(group) > 1 or group[0].labels['variant'] == 'heads':
+      raise checks.InputError('no draft_head.json')
+    return [({'alpha': 0.5}, {})]
+  monkeypatch.setattr(sweep, 'run_cells', decoded)
+  with pytest.raises(sweep.CellsFailed, match='1 of 3 cells failed'):
+    sweep.run(spec, sweep.Options(work_dir=str(tmp_path)),
+              out=str(tmp_path / 'out'))
+  written = json.loads((tmp_path / 'out.json').read_text())
+  assert [r['variant'] for r in written['rows']] == ['a', 'b']
+  assert [f['variant'] for f in written['failed']] == ['heads']
+
+
+@pytest.mark.parametrize('name, interrupt, status', [
+    ('SIGINT', KeyboardInterrupt(), 130),
+    ('SIGTERM', run_folder.Terminated('SIGTERM'), 143)])
+def test_an_interrupted_run_ends_in_one_line(name, interrupt, status,
+                                             tmp_path, monkeypatch, capsys):
+  """Ctrl-C (or SIGTERM) ends the command as it ends training: a line
+  saying where what finished is and to rerun, the signal's exit status
+  (before: a traceback through jax); the results written before are kept,
+  and the rerun runs the cells left."""
+  spec = dataclasses.replace(_tiny(), cells=lambda options, tasks: [
+      sweep.Cell('en_de', 'dec2', dict(gamma=2, temperature=t))
+      for t in (0.0, 1.0)])  # two groups: a baseline each
+  out, work = str(tmp_path / 'out'), str(tmp_path / 'work')
+  options = sweep.Options(work_dir=work)
+  first, second = [cell.name for cell in sweep.plan(spec, options)]
+  def decoded_then_stopped(models, group, *args):
+    if group[0].name == second:
+      raise interrupt
+    return [({'alpha': 0.5}, {})]
+  monkeypatch.setattr(sweep, 'run_cells', decoded_then_stopped)
+  monkeypatch.setitem(specs.SPECS, 'tiny', spec)
+  with pytest.raises(SystemExit) as e:
+    cli.main(['run', 'tiny', '--work_dir', work, '--out', out, '--profile',
+              'none'])
+  said = capsys.readouterr()
+  assert e.value.code == status and 'Traceback' not in said.err
+  assert said.out.splitlines()[-1] == (
+      f'interrupted ({name}) with 1 of 2 cells left; the others are in '
+      f'{out}.json; rerun the same command to resume')
+  written = json.loads((tmp_path / 'out.json').read_text())
+  assert [r['cell'] for r in written['rows']] == [first]
+  monkeypatch.setattr(sweep, 'run_cells', _decoded(0.5))
+  result = sweep.run(spec, options, out=out)
+  assert [r['cell'] for r in result['rows']] == [first, second]
+
+
 @pytest.mark.parametrize('name', sorted(specs.SPECS))
 def test_committed_results_repredict_to_themselves(name, tmp_path):
   """Every committed results file of a spec is what `repredict` gives
@@ -452,6 +550,9 @@ def test_committed_results_repredict_to_themselves(name, tmp_path):
 
 @pytest.mark.parametrize('name', sorted(specs.SPECS))
 def test_every_spec_plans_its_cells_on_every_model_set(name, capsys):
+  """On every model set a spec's cells name drafters the set has (before:
+  batches and trees named dec2 everywhere) and heads of the set's own
+  (`sweep.method_checkpoint`; before: trees took the shipped heads)."""
   spec = specs.get(name)
   for models in task_table.MODEL_SETS:
     options = sweep.options_of(spec, sweep.Options(models=models))
@@ -462,5 +563,11 @@ def test_every_spec_plans_its_cells_on_every_model_set(name, capsys):
     shrunk = sweep.plan(spec, sweep.options_of(spec, sweep.Options(
         models=models, shrink=True)))
     assert 0 < len(shrunk) <= len(cells)
+    offered = sweep.model_set(options).drafters
+    for cell in cells + shrunk:
+      assert cell.drafter in offered, (models, cell.name)
+      if cell.drafter in ('heads', 'heads_tree'):
+        assert cell.changes['draft_checkpoint'] == sweep.method_checkpoint(
+            options, 'heads', cell.task), (models, cell.name)
   cli.main(['list'])
   assert f'{name}: {spec.title}' in capsys.readouterr().out

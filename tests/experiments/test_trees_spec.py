@@ -110,7 +110,7 @@ def test_a_chosen_trees_row_is_the_tree_the_job_decoded_with():
       chosen, f'choose:{trees.CHOSEN}')
   assert (row['gamma'], row['configured_gamma']) == (3, trees.CHOSEN_DEPTH)
   assert trees._nodes(row) == 20
-  trees.predict(row, hardware.load(hardware.H100))
+  trees.SPEC.predict(row, hardware.load(hardware.H100))
   assert row['predicted_counters']['width'] == 21
 
   # No speculation chosen (gamma 0): no tree, no prediction.
@@ -118,14 +118,14 @@ def test_a_chosen_trees_row_is_the_tree_the_job_decoded_with():
       {'gamma': 0, 'tree': 'dynamic:0.0', 'why': 'no speculation: ...'}])
   row = table.row_of(cell, none, {})
   assert row['gamma'] == 0 and trees._nodes(row) == '-'
-  trees.predict(row, hardware.load(hardware.H100))
+  trees.SPEC.predict(row, hardware.load(hardware.H100))
   assert row['predicted_counters'] is None
 
   damaged = dict(summary, gamma_choices=[{'file': 'gamma_choice.json',
                                           'damaged': 'not JSON'}])
   row = table.row_of(cell, damaged, {})
   assert row['tree'] == f'choose:{trees.CHOSEN}' and trees._nodes(row) == '-'
-  trees.predict(row, hardware.load(hardware.H100))
+  trees.SPEC.predict(row, hardware.load(hardware.H100))
   assert row['predicted_counters'] is None
 
 

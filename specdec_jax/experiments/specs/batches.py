@@ -18,7 +18,6 @@ BATCHES = (1, 4, 8, 16, 32)
 TEMPERATURES = (0.0, 1.0)
 COMPARE_AT = 8
 CONFIDENCE = 0.4
-DRAFTER = 'dec2'
 
 
 def cells(options, tasks):
@@ -28,24 +27,24 @@ def cells(options, tasks):
     # the job's own gamma choice is tested with the job (tests/test_eval.py)
     batches, temperatures, compare_at = (2,), (0.0,), None
     gamma, top = 2, {'max_gamma': 2}
-  out = []
+  out, drafter = [], sweep.model_set(options).t5_drafters()[0]
   for task in tasks:
     for t in temperatures:
       for b in batches:
         common = dict(gamma=gamma, temperature=t, batch_size=b,
                       batch_gamma='config', **top)
         for batching in (('fixed',) if b == 1 else ('fixed', 'stream')):
-          out.append(sweep.Cell(task, DRAFTER, dict(common, batching=batching),
+          out.append(sweep.Cell(task, drafter, dict(common, batching=batching),
                                 {'variant': f'gamma {gamma}'}, ('costs',)))
         if b == compare_at:
           stream = dict(common, batching='stream')
           if not options.shrink:
             out.append(sweep.Cell(
-                task, DRAFTER, dict(stream, draft_confidence=CONFIDENCE),
+                task, drafter, dict(stream, draft_confidence=CONFIDENCE),
                 {'variant': f'gamma {GAMMA}, confidence {CONFIDENCE:g}'},
                 ('costs',)))
           out.append(sweep.Cell(
-              task, DRAFTER, dict(stream, batch_gamma='profile'),
+              task, drafter, dict(stream, batch_gamma='profile'),
               {'variant': 'gamma chosen by the profile'}, ('costs',)))
   return out
 

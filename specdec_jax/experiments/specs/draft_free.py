@@ -154,10 +154,8 @@ SPEC = sweep.Spec(
              ('predicted (counters) on {profile}',
               table.counters_cell)),
     num_examples=24, timing_repeats=3, predict=predict,
-    measurements={'draft_calls': (draft_calls, (
-        'target_config', 'target_checkpoint', 'mixture_or_task_name',
-        'task_feature_lengths', 'split', 'data_dir', 'num_examples', 'seed',
-        'truncate_inputs', 'eos_id', 'target_widen_to', 'activation_dtype',
+    measurements={'draft_calls': (draft_calls, sweep.TASK_FIELDS + (
+        'num_examples', 'seed', 'truncate_inputs', 'eos_id', 'target_widen_to',
         'gamma', 'temperature', 'topk', 'topp', 'drafter', 'draft_config',
         'draft_checkpoint', 'draft_confidence', 'output_cache'))},
 )

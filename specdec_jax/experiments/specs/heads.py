@@ -100,11 +100,15 @@ def predict(row, profile):
   """PREDICTED on the profile from the counters: tokens per target call /
   (cost(width) + depth x c); c of a head step from the profile's bytes /
   launches model, of the T5 drafter the profile's measured c."""
+  shape = shape_of(row)
+  if shape is None:
+    row['predicted_counters'] = None
+    return
   drafter = dict(drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
   if profile is not None and 'head' in row['measured']:
     drafter = dict(drafter='heads', **head_step(row, profile))
   table.predict_counters(row, profile, width=width(row),
-                         drafter_calls=shape_of(row).depth, **drafter)
+                         drafter_calls=shape.depth, **drafter)
 
 
 SPEC = sweep.Spec(

@@ -128,10 +128,8 @@ def compare(tokens, record, vocabulary, eos_id):
   return size, (text, size) != (record['baseline'], record['baseline_length'])
 
 
-MEASUREMENTS = {'hf': (hf, (
-    'target_config', 'target_checkpoint', 'mixture_or_task_name',
-    'task_feature_lengths', 'split', 'data_dir', 'num_examples',
-    'truncate_inputs', 'eos_id', 'target_widen_to', 'activation_dtype',
+MEASUREMENTS = {'hf': (hf, sweep.TASK_FIELDS + (
+    'num_examples', 'truncate_inputs', 'eos_id', 'target_widen_to',
     'batch_size', 'drafter', 'draft_config', 'draft_checkpoint',
     'draft_widen_to', 'gamma', 'temperature'))}
 

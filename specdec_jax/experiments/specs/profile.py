@@ -93,12 +93,9 @@ def tree_level(loaded, inputs, timing_repeats):
                   loaded.drafter, loaded.draft_params, rows, **kw))
 
 
-TARGET = ('target_config', 'target_checkpoint', 'mixture_or_task_name',
-          'task_feature_lengths', 'split', 'data_dir', 'target_widen_to',
-          'activation_dtype', 'batch_size', 'max_gamma')
-DRAFTER = TARGET + ('drafter', 'draft_config', 'draft_checkpoint',
-                    'draft_widen_to', 'gamma', 'tree', 'draft_confidence')
-MEASUREMENTS = {'target': (target, TARGET), 'drafter': (drafter, DRAFTER),
+DRAFTER = sweep.DRAFT_FIELDS + ('gamma',)
+MEASUREMENTS = {'target': (target, sweep.TARGET_FIELDS),
+                'drafter': (drafter, DRAFTER),
                 'tree_level': (tree_level, DRAFTER)}
 
 

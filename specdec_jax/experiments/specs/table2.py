@@ -77,9 +77,7 @@ def calibration(loaded, inputs) -> Dict[str, Any]:
           'examples': len(rows)}
 
 
-CALIBRATION_FIELDS = (
-    'target_config', 'target_checkpoint', 'mixture_or_task_name',
-    'task_feature_lengths', 'split', 'data_dir', 'activation_dtype',
+CALIBRATION_FIELDS = sweep.TASK_FIELDS + (
     'drafter', 'draft_config', 'draft_checkpoint', 'temperature', 'topk',
     'topp', 'seed', 'num_examples', 'truncate_inputs', 'eos_id')
 

@@ -29,13 +29,12 @@ SHRUNK_DRAFTERS = ('small', 'lookup')
 
 def drafters(options):
   """The model-free kinds this model set can build, then its T5s."""
-  models = sweep.model_set(options)
   has_train = (task_table.files_of(options.models) != 'shipped'
                or options.data_dir is not None)
   free = [k for k in reproduce.model_free_drafters()
           if not drafters_lib.KINDS[k].needs_target and (
               has_train or not drafters_lib.KINDS[k].data_only)]
-  names = free + list(models.t5_drafters())
+  names = free + list(sweep.model_set(options).t5_drafters())
   if options.shrink:
     names = [n for n in names if n in SHRUNK_DRAFTERS]
   return names

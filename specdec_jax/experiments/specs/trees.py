@@ -24,14 +24,12 @@ the best chain and the default tree.
 
 import numpy as np
 
-from specdec_jax.bench import at_xxl_cost
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.drafter import DEFAULT_TREE
 from specdec_jax.experiments import sweep
 from specdec_jax.experiments import table
 from specdec_jax.experiments.specs import heads as heads_spec
 
-DRAFTER = 'dec2'
 CHAINS = (4, 7)
 BEST_CHAIN = 7  # the chain also decoded at t = 1
 # The last two fill a level's drafter call: it costs the same for up to 8
@@ -96,8 +94,8 @@ def estimated_costs() -> shape_lib.TreeCosts:
       level_ms=ESTIMATED_H100['level_ms'], fixed_ms=ESTIMATED_H100['fixed_ms'])
 
 
-def cell(task, spec, t=0.0, head=False, name=None):
-  """A chain ('chain:G') or tree (`shape.parse` spec) of dec2 or heads."""
+def cell(options, t5, task, spec, t=0.0, head=False, name=None):
+  """A chain ('chain:G') or tree (`shape.parse` spec) of `t5` or heads."""
   chain, chosen = spec.startswith('chain:'), spec.startswith('choose:')
   name = name or ('default' if spec == DEFAULT_TREE else
                   spec.replace(':', ' ') if chain else spec)
@@ -105,44 +103,31 @@ def cell(task, spec, t=0.0, head=False, name=None):
   changes = dict(gamma=depth, temperature=t,
                  **({} if chain else {'tree': spec}))
   if head:
-    changes['draft_checkpoint'] = f'shipped:heads/{task}'
+    changes['draft_checkpoint'] = sweep.method_checkpoint(options, 'heads',
+                                                          task)
     return sweep.Cell(task, 'heads' if chain else 'heads_tree', changes,
                       {'drafting': 'heads ' + name}, ('head',))
   if not chain:
     changes['drafter'] = 'tree'
-  return sweep.Cell(task, DRAFTER, changes, {'drafting': name})
+  return sweep.Cell(task, t5, changes, {'drafting': name})
 
 
 def cells(options, tasks):
+  t5 = sweep.model_set(options).t5_drafters()[0]  # dec2 on the shipped set
+  at = lambda *args, **kwargs: cell(options, t5, *args, **kwargs)
   if options.shrink:
-    return [cell(tasks[0], 'chain:2'), cell(tasks[0], 'beam:2,2,2/4'),
-            cell(tasks[0], 'beam:2,1,2', head=True)]
+    return [at(tasks[0], 'chain:2'), at(tasks[0], 'beam:2,2,2/4'),
+            at(tasks[0], 'beam:2,1,2', head=True)]
   out = []
   for task in tasks:
-    out += [cell(task, f'chain:{g}') for g in CHAINS]
-    out += [cell(task, s) for s in (DEFAULT_TREE,) + BEAMS]
-    out += [cell(task, s[task], name=n) for n, s in DYNAMIC.items()]
-    out.append(cell(task, ESTIMATED[task], name=f'estimated {CHOSEN}'))
-    out.append(cell(task, f'choose:{CHOSEN}', name=f'chosen {CHOSEN}'))
-    if options.models == 'shipped':  # the heads fit the shipped target
-      out += [cell(task, s, head=True) for s in HEADS]
-    out += [cell(task, f'chain:{BEST_CHAIN}', 1.0),
-            cell(task, DEFAULT_TREE, 1.0)]
+    out += [at(task, f'chain:{g}') for g in CHAINS]
+    out += [at(task, s) for s in (DEFAULT_TREE,) + BEAMS]
+    out += [at(task, s[task], name=n) for n, s in DYNAMIC.items()]
+    out.append(at(task, ESTIMATED[task], name=f'estimated {CHOSEN}'))
+    out.append(at(task, f'choose:{CHOSEN}', name=f'chosen {CHOSEN}'))
+    out += [at(task, s, head=True) for s in HEADS]  # fail without heads
+    out += [at(task, f'chain:{BEST_CHAIN}', 1.0), at(task, DEFAULT_TREE, 1.0)]
   return out
-
-
-def predict(row, profile):
-  """PREDICTED on the profile from the counters: tokens per target call /
-  (cost(width) + depth x c), width = the verified nodes + 1."""
-  shape = heads_spec.shape_of(row)
-  if shape is None:
-    row['predicted_counters'] = None
-    return
-  drafter = dict(drafter=at_xxl_cost.STAND_INS.get(row['drafter']))
-  if profile is not None and 'head' in row['measured']:
-    drafter = dict(drafter='heads', **heads_spec.head_step(row, profile))
-  table.predict_counters(row, profile, width=heads_spec.width(row),
-                         drafter_calls=shape.depth, **drafter)
 
 
 def _nodes(row):
@@ -169,6 +154,6 @@ SPEC = sweep.Spec(
              ('nodes', _nodes),
              ('depth', 'gamma')) + table.COUNTER_COLUMNS,
     num_examples=32, timing_repeats=3,
-    predict=predict,
+    predict=heads_spec.predict,
     measurements=heads_spec.MEASUREMENTS,
 )
