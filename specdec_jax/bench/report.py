@@ -94,10 +94,13 @@ def _default(x):
 
 
 def write_json(path, obj: Any) -> pathlib.Path:
-  """`obj` as indented JSON (numpy / jax values as plain numbers)."""
+  """`obj` as indented JSON (numpy / jax values as plain numbers), whole
+  or not at all (`checkpoints.write_bytes`): a run stopped as it writes
+  leaves the file it had, which a rerun reads and updates."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(obj, indent=1, default=_default) + '\n')
+  checkpoints.write_bytes(str(path), (json.dumps(
+      obj, indent=1, default=_default) + '\n').encode())
   return path
 
 
