@@ -3,12 +3,12 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
   python scripts/train_heads.py --task en_de --out_dir /tmp/heads/en_de
 
 0. Records what the run is in <out_dir>/settings.json (`distill.claim_run`:
-   every flag but --steps, --save_every, --eval_rows and the folders, of
-   --arrays the content of the rows); a rerun resumes only a run of the
-   same settings (more --steps train on) and refuses in one line, before
-   writing anything, a run of other settings (each named: the task, the
-   rows, the head, the target, ...), a folder of another program and
-   fewer --steps than the run holds.
+   every flag but --save_every, --eval_rows and the folders, of --arrays
+   the content of the rows; --steps too, which sets the learning-rate
+   schedule); a rerun resumes only a run of the same settings and refuses
+   in one line, before writing anything, a run of other settings (each
+   named: the task, the rows, the head, the target, --steps, ...) and a
+   folder of another program.
 1. Decodes the task's train inputs with the target (greedy, its own outputs:
    what the head must predict), into <out_dir>/data (sharded, resumable:
    finished shards are kept).
@@ -25,11 +25,10 @@ r"""Trains a self-drafting head on a frozen target (specdec_jax/drafters/heads).
    log.jsonl; the final alpha per depth on the held-out test rows (never
    trained on; see Data below) goes into log.jsonl and the last line
    (`training.method_line`); with --export_dir, the final head in
-   bfloat16 (to ship) and the log (a folder holding anything but this
-   run's export, its checkpoint_<steps> head and log.jsonl, is refused
-   before training). --out_dir and --export_dir may be gs:// addresses
-   (--out_dir kept in a local copy, copied up at each save:
-   bucket_folder.kept_here).
+   bfloat16 (to ship) and the log (a folder holding anything but heads'
+   checkpoint_<step> exports and log.jsonl is refused before training).
+   --out_dir and --export_dir may be gs:// addresses (--out_dir kept in a
+   local copy, copied up at each save: bucket_folder.kept_here).
 
 To ship a head: --export_dir specdec_jax/assets/mini/heads/<task>, move the
 log.jsonl it copies there to results/draft_heads/<task>/ (logs are results),
@@ -58,6 +57,7 @@ Runs on CPU or an accelerator; needs neither seqio nor gin.
 import argparse
 import json
 import os
+import re
 import sys
 
 import jax
@@ -83,8 +83,9 @@ CACHE = '~/.cache/specdec_jax/arrays'
 # The flags that only extend, place or measure a run: a rerun with other
 # values resumes it (`distill.claim_run` refuses other values of the
 # others; of --arrays, the folder, the content of the rows is checked).
-FREE = ('steps', 'save_every', 'out_dir', 'export_dir', 'eval_rows',
-        'arrays')
+# (Not --steps: the learning-rate schedule's horizon, warm-up and cosine
+# decay, is set by it, so a run of more steps is another run.)
+FREE = ('save_every', 'out_dir', 'export_dir', 'eval_rows', 'arrays')
 
 
 def parse_flags(argv=None):
@@ -154,27 +155,27 @@ def task_data(args, vocab_size):
 
 def check_export_dir(args):
   """Refuses (before training, `checks.InputError` naming what it holds)
-  an --export_dir holding anything but this run's export, which a rerun
-  finds there: its head checkpoint_<steps> and the log beside it (the
-  head itself is compared as it is exported)."""
+  an --export_dir holding anything but exported heads (checkpoint_<step>
+  folders with their draft_head.json, a rerun's own among them: the head
+  itself is compared as it is exported) and the log beside them."""
   bucket_folder.check_folder('export_dir', args.export_dir)
-  if os.path.abspath(args.export_dir) == os.path.abspath(args.out_dir):
+  export = os.fspath(bucket_folder.join(args.export_dir))  # '~' expanded
+  if os.path.abspath(export) == os.path.abspath(
+      os.fspath(bucket_folder.join(args.out_dir))):
     raise checks.InputError('--export_dir is --out_dir: give another folder '
                             '(the head to ship goes beside the run).')
-  if bucket_folder.is_bucket(args.export_dir):
-    held = {name.split('/')[0]
-            for name in checkpoints.list_files(args.export_dir)}
-  elif os.path.isdir(args.export_dir):
-    held = set(os.listdir(args.export_dir))
+  if bucket_folder.is_bucket(export):
+    held = {name.split('/')[0] for name in checkpoints.list_files(export)}
   else:
-    held = set()
-  head = f'checkpoint_{args.steps}'
-  if held and (held - {head, training.LOG_FILE} or not checkpoints.isfile(
-      str(bucket_folder.join(args.export_dir, head, heads.CONFIG_FILE)))):
+    held = set(os.listdir(export)) if os.path.isdir(export) else set()
+  exported = {n for n in held if re.fullmatch(r'checkpoint_\d+', n)}
+  if held - exported - {training.LOG_FILE} or not all(checkpoints.isfile(
+      str(bucket_folder.join(export, n, heads.CONFIG_FILE)))
+                                                      for n in exported):
     raise checks.InputError(
         f"--export_dir {args.export_dir} holds {', '.join(sorted(held))}: "
-        f'not this run\'s export (its head {head} and {training.LOG_FILE}); '
-        'give another folder, or empty it.')
+        f'not exported heads (checkpoint_<step> with {heads.CONFIG_FILE}) '
+        f'and their {training.LOG_FILE}; give another folder, or empty it.')
 
 
 def main(argv=None):

@@ -262,4 +262,4 @@ def random_demo(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)

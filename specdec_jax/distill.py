@@ -225,6 +225,8 @@ def run_settings(script: str, flags: Mapping[str, Any], free: Sequence[str],
   target = str(flags['target'])
   if target.startswith(shipped.SCHEME):
     target = shipped.checkpoint_path(target[len(shipped.SCHEME):])
+  elif not checkpoints.is_gcs(target):
+    target = os.path.expanduser(target)
   settings['target_checkpoint_content'] = checkpoints.manifest.fingerprint(
       target)
   return json.loads(json.dumps(settings))

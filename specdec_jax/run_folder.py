@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import functools
 import hashlib
@@ -357,7 +358,9 @@ _HELD: Dict[pathlib.Path, Any] = {}
 def hold(out: pathlib.Path) -> None:
   """Takes the run folder `out` for this process until `release` (or its
   end): an fcntl lock on out/run.lock (kept by the kernel, not left behind
-  by a job killed; NFS locks it too), which names the job holding it.
+  by a job killed; NFS with its lock service locks it too), which names
+  the job holding it. A disk that takes no locks (NFS without it) runs
+  the job unlocked, with a warning.
 
   Raises:
     RunFolderError: another process holds it.
@@ -369,7 +372,12 @@ def hold(out: pathlib.Path) -> None:
   lock = open(out / LOCK, 'a+')  # pylint: disable=consider-using-with
   try:
     fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError:
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EACCES):  # a disk without locks
+      logging.warning('%s: not locked (%s); run one job in it at a time.',
+                      out, e)
+      lock.close()
+      return
     lock.seek(0)
     holder = lock.read().strip() or 'another process'
     lock.close()
@@ -463,11 +471,12 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
       differ = changes(previous.get('identity', {}), now)
       problem = differ and (f'{out} holds a run with other settings ('
                             + '; '.join(differ) + ')')
-      records = all_records(out, own=None)
-      if problem and not records:  # nothing finished to keep apart
+      if problem and if_settings_differ != 'restart' and not _finished_any(
+          out):  # nothing finished to keep apart
         if_settings_differ, problem = 'restart', problem + (
             ' and no finished example')
-      changed = [] if problem else _changed_examples(records, examples)
+      changed = [] if problem else _changed_examples(
+          all_records(out, own=None), examples)
       if changed:
         shown = ', '.join(map(str, changed[:10])) + (
             ', ...' if len(changed) > 10 else '')
@@ -492,6 +501,14 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
   if config_str:
     write_atomic(out / 'config.gin', config_str)
   return all_records(out, own=out / RECORDS)
+
+
+def _finished_any(out: pathlib.Path) -> bool:
+  """Whether `out` holds a record (a damaged records file counts: it may)."""
+  try:
+    return bool(all_records(out, own=None))
+  except RunFolderError:
+    return True
 
 
 # How long another process looks for the run.json process 0 just wrote

@@ -1089,7 +1089,7 @@ def main(argv: Optional[Sequence[str]] = None,
   finally:
     if bar is not None:
       bar.close()
-  model_dir, written = summary['model_dir'], []
+  model_dir, written = os.fspath(bucket_folder.join(summary['model_dir'])), []
   if summary['step'] > summary['start_step']:  # this config trained it
     checkpoints.write_bytes(os.path.join(model_dir, 'operative_config.gin'),
                             gin.operative_config_str().encode())

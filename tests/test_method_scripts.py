@@ -141,13 +141,13 @@ def test_heads_train_on_a_t5x_checkpoint_and_resume_exactly(tiny, gcs,
 
 @pytest.mark.parametrize('held', [
     ('data/', 'checkpoint_60/', 'log.jsonl'),  # a PaSS run's folder
-    ('checkpoint_2/draft_head.json', 'log.jsonl'),  # a head of step 2
+    ('checkpoint_2/draft_head.json', 'notes.txt'),  # a head, and else
     ('checkpoint_3/_CHECKPOINT_METADATA', 'log.jsonl'),  # not a head
 ])
 def test_heads_refuse_an_export_dir_of_other_files(tiny, tmp_path, held):
-  """An --export_dir holding anything but this run's export is refused,
-  naming what it holds, before training (before: the export replaced its
-  log.jsonl)."""
+  """An --export_dir holding anything but exported heads and their log is
+  refused, naming what it holds, before training (before: the export
+  replaced its log.jsonl)."""
   root, data, ckpt = tiny
   export = tmp_path / 'export'
   for name in held:
@@ -159,13 +159,15 @@ def test_heads_refuse_an_export_dir_of_other_files(tiny, tmp_path, held):
   with pytest.raises(checks.InputError, match=(
       f'--export_dir {export} holds '
       + ', '.join(sorted(n.split('/')[0] for n in held))
-      + ": not this run's export \\(its head checkpoint_3 and log.jsonl")):
+      + ': not exported heads \\(checkpoint_<step> with draft_head.json\\)')):
     _main('train_heads')([
         '--target', ckpt, '--target_config', SPEC, '--arrays', data,
         '--task', 'copy', '--out_dir', str(tmp_path / 'out'), '--steps',
         '3', '--batch_size', '4', '--mlp_dim', '16', '--depth', '1',
         '--export_dir', str(export)])
-  assert (export / 'log.jsonl').read_text() == '{"step": 60}\n'
+  for name in held:
+    assert name.endswith('/') or (export / name).read_text() == (
+        '{"step": 60}\n')
   assert not (tmp_path / 'out').exists()
 
 

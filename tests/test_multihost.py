@@ -267,7 +267,7 @@ def test_the_job_on_one_mesh_spanning_two_processes(tmp_path):
   assert run['identity']['mesh']['axes'] == {'data': 1, 'model': 4}
   files = sorted(p.name for p in multi.iterdir())
   assert files == ['config.gin', 'examples.jsonl', 'output_cache.npz',
-                   'run.json', 'summary.json', 'summary.md'], files
+                   'run.json', 'run.lock', 'summary.json', 'summary.md'], files
 
   tree = tmp_path / 'tree'
   chosen = dict(DRAFTER="'tree'", TREE="'choose:6'",

@@ -186,7 +186,14 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
   aside, = out.glob('replaced-*')
   assert (aside / 'choice.json').exists() and not (out / 'choice.json'
                                                    ).exists()
-  run_folder.claim(out, run_folder.identity(grown), '', {})
+  # A damaged records file counts as finished examples (it may hold
+  # some), and 'restart' moves it aside unread.
+  (out / run_folder.RECORDS).write_text('{"index": 0}\n{}\n')
+  with pytest.raises(run_folder.RunFolderError, match='other settings'):
+    run_folder.claim(out, run_folder.identity(grown), '', {})
+  run_folder.claim(out, run_folder.identity(grown), '', {},
+                   if_settings_differ='restart')
+  assert not (out / run_folder.RECORDS).exists()
   (out / run_folder.RECORDS).write_text(json.dumps(  # one finished
       dict.fromkeys(run_folder.RECORD_FIELDS, 0)) + '\n')
   with pytest.raises(ValueError, match=r'new_knob: 0 -> 1'):
@@ -196,7 +203,7 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
     run_folder.claim(out, run_folder.identity(setup), '', {})
 
 
-def test_a_folder_another_job_is_writing_is_refused(tmp_path):
+def test_a_folder_another_job_is_writing_is_refused(tmp_path, monkeypatch):
   """Two jobs started on one folder would each decode every example and
   append them twice: the second is refused while the first holds it
   (run.lock, an fcntl lock: here a process that holds it as a job does),
@@ -226,6 +233,17 @@ def test_a_folder_another_job_is_writing_is_refused(tmp_path):
   run_folder.claim(out, {'a': 1}, '', {})
   run_folder.claim(out, {'a': 1}, '', {})  # this process holds it
   assert f'(pid {os.getpid()})' in (out / run_folder.LOCK).read_text()
+  run_folder.release(out)
+  # A disk that takes no locks (NFS without its lock service) runs the
+  # job unlocked rather than refuse every run.
+  import errno  # pylint: disable=g-import-not-at-top
+  import fcntl  # pylint: disable=g-import-not-at-top
+
+  def no_locks(*_):
+    raise OSError(errno.ENOLCK, 'No locks available')
+
+  monkeypatch.setattr(fcntl, 'lockf', no_locks)
+  run_folder.claim(out, {'a': 1}, '', {})
   run_folder.release(out)
 
 

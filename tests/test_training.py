@@ -574,14 +574,18 @@ def test_job_trains_from_gin_and_writes_its_outputs(tmp_path, debian_slice,
   bar = training._ProgressBar  # pylint: disable=protected-access
   monkeypatch.setattr(bar, '__call__', lambda self, step, *_: (
       step == 1 and os.kill(os.getpid(), signal.SIGTERM)))
+  # (MODEL_DIR in the home folder, '~': every file of the run there.)
+  monkeypatch.setenv('HOME', str(tmp_path))
+  monkeypatch.chdir(tmp_path / 'run')
   with pytest.raises(SystemExit) as e:
     training.main([a for a in argv if a not in ('--no_progress', '--plot')]
-                  + ['--gin.TRAIN_STEPS=4', f"--gin.MODEL_DIR='{out}3'"])
+                  + ['--gin.TRAIN_STEPS=4', "--gin.MODEL_DIR='~/run3'"])
   assert e.value.code == 128 + signal.SIGTERM
   last = capsys.readouterr().out.splitlines()[-1]
-  assert last.startswith(f'{out}3: stopped at step 2 of 4 by SIGTERM'), last
+  assert last.startswith('~/run3: stopped at step 2 of 4 by SIGTERM'), last
   assert last.endswith('; rerun the same command to continue'), last
   assert (tmp_path / 'run3' / 'checkpoint_2').is_dir()
+  assert (tmp_path / 'run3' / 'operative_config.gin').is_file()
   for name in ('config.gin', 'operative_config.gin', 'log.jsonl',
                'loss.png', 'checkpoint_2'):
     assert (out / name).exists(), name

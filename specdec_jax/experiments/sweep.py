@@ -454,7 +454,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     partitioner = partitioning.Partitioner(options.num_partitions, global_mesh=(
         options.global_mesh)) if options.meshed else None
     result = table.new_result(spec, options, command, partitioner)
-    result['rows'] = earlier_rows(out, names)  # the others' kept
+    result['rows'] = earlier_rows(out, names, result)  # the others' kept
     plan_groups = groups(models, cells, options)
     peers = run_folder.job_processes_here()  # not other load
     for i, group in enumerate(plan_groups):
@@ -478,6 +478,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
           continue
         result['failed'] += [{'cell': cell.name, **cell.fields(),
                               'error': error} for cell in group]
+        gone = {cell.name for cell in group}  # an earlier row: no longer so
+        result['rows'] = [r for r in result['rows'] if r['cell'] not in gone]
         print(f"{', '.join(c.name for c in group)} failed: {error}", flush=True)
       else:
         clock.note(', '.join(c.name for c in group),
@@ -507,14 +509,20 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     return result
 
 
-def earlier_rows(out: str, cells) -> List[Dict[str, Any]]:
+def earlier_rows(out: str, cells, header) -> List[Dict[str, Any]]:
   """The rows of OUT.json (local or gs://, if there) of the cells named in
-  `cells`; a file that is no results file is refused, not overwritten."""
+  `cells` where its run was this one's (the machine, examples, repeats,
+  mesh... of `header`: another's rows are not put under this header); a
+  file that is no results file is refused, not overwritten."""
   path = f'{out}.json'
   try:
-    return [row for row in json.loads(checkpoints.read_bytes(path))['rows']
-            if row['cell'] in cells] if checkpoints.isfile(path) else []
-  except (ValueError, KeyError, TypeError) as e:
+    earlier = json.loads(checkpoints.read_bytes(path)) if checkpoints.isfile(
+        path) else {}
+    same = all(earlier.get(k) == json.loads(json.dumps(header.get(k)))
+               for k in ('models', 'machine', 'num_examples',
+                         'timing_repeats', 'shrunk', 'mesh', 'model_fields'))
+    return [row for row in earlier.get('rows', []) if row['cell'] in cells
+            and same]
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise checks.InputError(f'{path} is no results file to update ({e!r}); '
                             'move it away or give another --out') from None
-

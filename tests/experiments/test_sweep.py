@@ -467,6 +467,17 @@ def test_a_selection_updates_its_rows_and_keeps_the_others(
                                       tasks=('en_de',)), out=out)
   assert alphas() == [(a, 0.9), (b, 0.7), (c, 0.9)]
   assert '| en_de | 0.700 |' in (tmp_path / 'out.md').read_text()
+  # A cell that fails now keeps no earlier row beside its failure.
+  monkeypatch.setattr(sweep, 'run_cells', lambda *_: 1 / 0)
+  with pytest.raises(sweep.CellsFailed):
+    sweep.run(spec, dataclasses.replace(options, only=b), out=out)
+  assert alphas() == [(a, 0.9), (c, 0.9)]
+  # Rows of another machine's run are not put under this one's header.
+  written = json.loads((tmp_path / 'out.json').read_text())
+  (tmp_path / 'out.json').write_text(json.dumps(dict(written, machine='x')))
+  monkeypatch.setattr(sweep, 'run_cells', _decoded(0.7))
+  sweep.run(spec, dataclasses.replace(options, only=b), out=out)
+  assert alphas() == [(b, 0.7)]
   (tmp_path / 'out.json').write_text('[1]')
   with pytest.raises(checks.InputError, match='out.json is no results file'):
     sweep.run(spec, options, out=out)

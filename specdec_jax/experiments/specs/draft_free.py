@@ -42,7 +42,7 @@ SHRUNK = ('lookup', 'combined')  # copying alone; a cache and a model
 
 
 def cells(options, tasks):
-  t5 = 'dec2' if options.models == 'shipped' else 'small'
+  t5 = sweep.model_set(options).t5_drafters()[0]  # dec2 on the shipped set
   gamma, temperatures = (3, (0.0,)) if options.shrink else (GAMMA, TEMPERATURES)
   out = []
   for task in tasks:

@@ -33,7 +33,7 @@ def cells(options, tasks):
   gammas, tree, temperatures = GAMMAS, DEFAULT_TREE, TEMPERATURES
   if options.shrink:
     gammas, tree, temperatures = (2,), 'beam:2,1,2', (0.0,)
-  t5 = 'dec2' if options.models == 'shipped' else 'small'
+  t5 = sweep.model_set(options).t5_drafters()[0]  # dec2 on the shipped set
   out = []
   for task in tasks:
     head = dict(
