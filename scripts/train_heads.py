@@ -214,16 +214,9 @@ def train(args, out_dir, saved):
   head = heads.Head(model.config, head_cfg)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
-  if latest:
-    hp, saved_cfg = heads.load_head(latest, model.config)
-    if saved_cfg != head_cfg:
-      raise checks.InputError(
-          f'{os.path.join(args.out_dir, os.path.basename(latest))} holds a '
-          f'head {saved_cfg}, the flags ask for {head_cfg}: give its '
-          '--mlp_dim / --no_cross_attention to resume it, or another '
-          '--out_dir.')
-  else:
-    hp = heads.init_head(model.config, head_cfg, args.seed)
+  # A resumed head is of these flags: settings.json holds them (claimed).
+  hp = (heads.load_head(latest, model.config)[0] if latest else
+        heads.init_head(model.config, head_cfg, args.seed))
   optimizer = optax.adamw(schedule, weight_decay=args.weight_decay)
   opt_state = optimizer.init(hp)
   rng = np.random.default_rng(args.seed)

@@ -138,17 +138,9 @@ def train(args, out_dir, saved):
   # The folder is this run's (or refused) before anything is written in it.
   latest, first = training.method_start(out_dir, args.out_dir, settings,
                                         args.steps)
-  if latest:
-    la = lookahead.load_lookahead(latest, model.config)
-    held = lookahead.check_lookahead(la, model.config)
-    if held != args.num_lookahead:
-      raise checks.InputError(
-          f'{os.path.join(args.out_dir, os.path.basename(latest))} holds '
-          f'{held} look-ahead embeddings, --num_lookahead '
-          f'asks for {args.num_lookahead}: give --num_lookahead {held} to '
-          'resume it, or another --out_dir.')
-  else:
-    la = lookahead.init_lookahead(params, args.num_lookahead, args.seed)
+  # Resumed embeddings are --num_lookahead's: settings.json holds it.
+  la = (lookahead.load_lookahead(latest, model.config) if latest else
+        lookahead.init_lookahead(params, args.num_lookahead, args.seed))
   data_dir = os.path.join(out_dir, 'data')
   distill.generate(model, params, {'inputs': inputs}, data_dir, 'train',
                    max_decode_len=args.max_decode_len, batch_size=64,

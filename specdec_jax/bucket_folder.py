@@ -276,11 +276,11 @@ def kept_here(name: str, path: str, pull: bool = True) -> Iterator[Here]:
   `check_folder`), as it writes it.
 
   A local `path`: itself ('~' expanded), a sync that does nothing. A
-  gs:// address: a
-  local copy (`BucketFolder`: the bucket's objects copied down first where
-  `pull`, and then synced after every write of a run folder), which `sync`
-  copies up, as does the block's end (with an error too) before the copy
-  goes; without `pull` the folder's other objects are left as they are.
+  gs:// address: a local copy (`BucketFolder`: the bucket's objects copied
+  down first where `pull`, and then synced after every write of a run
+  folder), which `sync` copies up, as does the block's end (with an error
+  too) before the copy goes; without `pull` the folder's other objects are
+  left as they are.
   """
   check_folder(name, path)
   if not is_bucket(path):

@@ -224,7 +224,7 @@ def run_settings(script: str, flags: Mapping[str, Any], free: Sequence[str],
   settings.update(derived, script=script, train_inputs=content_id(inputs))
   target = str(flags['target'])
   if target.startswith(shipped.SCHEME):
-    target = shipped.checkpoint_path(target[len(shipped.SCHEME):])
+    target = shipped.resolve(target)
   elif not checkpoints.is_gcs(target):
     target = os.path.expanduser(target)
   settings['target_checkpoint_content'] = checkpoints.manifest.fingerprint(

@@ -780,12 +780,12 @@ def load_store(setup: EvalSetup, task, target, target_params,
       pairs = list(data.train_pairs(task, max_train_examples))
   except FileNotFoundError as e:  # a split the task has, not in its data
     print(f'output cache: no train pairs to seed it from ({e})')
-  if not pairs:
-    print('output cache: it starts empty and grows with the outputs.')
   if pairs:
     store.add_pairs(target, target_params, pairs,
                     setup.data.task_feature_lengths['inputs'])
     print(f'output cache: seeded with {len(pairs)} train pairs.')
+  else:
+    print('output cache: it starts empty and grows with the outputs.')
   if store.path:
     store.save()
   return store
