@@ -118,12 +118,29 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
   return shape
 
 
-def check_common_args(model, encoder_input_tokens, max_decode_len,
-                      sampling: SamplingConfig, eos_id) -> None:
+def check_fits(name: str, holder, params) -> None:
+  """`holder.check_params(params)` (a model's or a drafter's), its refusal
+  said as `name` (the argument) not fitting the holder.
+
+  Raises:
+    checks.InputError (TypeError for a TypeError): naming `name`.
+  """
+  try:
+    holder.check_params(params)
+  except (TypeError, ValueError) as e:  # refused input, named as such
+    error = TypeError if isinstance(e, TypeError) else checks.InputError
+    raise error(f'{name} do not fit the {type(holder).__name__}: {e}'
+                ) from e
+
+
+def check_common_args(model, params, encoder_input_tokens, max_decode_len,
+                      sampling: SamplingConfig, eos_id,
+                      params_name: str = 'params') -> None:
   """Raises on arguments both decoders take, before anything is traced.
 
   Args:
-    model: the (target) model; only its `vocab_size` is read.
+    model: the (target) model: its `vocab_size` and `check_params`.
+    params: its parameters (`check_fits`, said as `params_name`).
     encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab)
       (values checked when concrete: `check_token_ids`), or its
       `jax.ShapeDtypeStruct`.
@@ -148,6 +165,7 @@ def check_common_args(model, encoder_input_tokens, max_decode_len,
         f'EOS), got {eos_id!r}.'
     )
   check_token_ids('encoder_input_tokens', encoder_input_tokens, vocab_size)
+  check_fits(params_name, model, params)
 
 
 def as_ids(tokens):
@@ -285,10 +303,11 @@ def temperature_sample(
 
   Raises:
     ValueError (TypeError for non-integer token ids): a bad argument, named,
-      before anything is compiled (`check_common_args`).
+      before anything is compiled (`check_common_args`; params of another
+      configuration: the model's `check_params`).
   """
-  check_common_args(model, encoder_input_tokens, max_decode_len, sampling,
-                    eos_id)
+  check_common_args(model, params, encoder_input_tokens, max_decode_len,
+                    sampling, eos_id)
   if max_decode_steps is not None and not 1 <= max_decode_steps <= (
       max_decode_len):
     raise checks.InputError(

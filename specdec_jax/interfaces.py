@@ -54,7 +54,8 @@ class DecodingModel(Protocol):
   """What the loops and the measurements call on a model.
 
   The baseline (`decoding.temperature_sample`) uses `vocab_size`,
-  `init_cache`, `extend` (and, for `block_size` > 1, the cache's `rewind`);
+  `check_params`, `init_cache`, `extend` (and, for `block_size` > 1, the
+  cache's `rewind`);
   the speculative loop also rewinds the target's cache; `measure.alpha` and
   the drafters' `score` use `logits`.
   """
@@ -96,6 +97,18 @@ class DecodingModel(Protocol):
 
     Returns:
       `[batch, length, vocab]`.
+    """
+
+  def check_params(self, params: Params) -> None:
+    """Raises unless `params` fit this model (tree and shapes).
+
+    The decoders call it before anything is traced, so that parameters of
+    another configuration fail with a message naming them instead of deep
+    inside the network. Leaves may be `jax.ShapeDtypeStruct`s (the
+    `lower` functions); it must not compile anything.
+
+    Raises:
+      ValueError: a missing, unexpected or mis-shaped parameter.
     """
 
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Sequence, Tuple
+import types
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from flax import struct
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -770,6 +772,15 @@ class T5Model:
     return jax.tree.map(lambda x: x,
                         _abstract_variables(self)['params_axes'])
 
+  def check_params(self, params) -> None:
+    """Raises InputError unless `params` is this model's tree, shapes and
+    all (`check_params`): T5X's layout or the fused decoding one
+    (`is_fused`: the model reads either). Leaves may be arrays or
+    `jax.ShapeDtypeStruct`s; nothing is compiled."""
+    check_params(params,
+                 self.config.replace(fused_projections=is_fused(params)),
+                 source='the tree')
+
   def init_cache(self, params, encoder_input_tokens, max_length: int):
     return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, max_length,
@@ -846,6 +857,75 @@ def is_fused(params) -> bool:
   if not isinstance(params, Mapping):
     return False
   return any(k in FUSED_NAMES or is_fused(v) for k, v in params.items())
+
+
+@functools.lru_cache(maxsize=None)
+def expected_shapes(config: T5Config) -> Mapping[str, Tuple[int, ...]]:
+  """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape),
+  computed once per config (read-only: every check shares it; the params
+  are checked on every decode call)."""
+  shapes = T5Model(config).param_shapes()
+  flat = traverse_util.flatten_dict(shapes, sep='/')
+  return types.MappingProxyType({k: tuple(v.shape) for k, v in flat.items()})
+
+
+def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
+  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
+          tuple(np.shape(leaf)) for path, leaf in leaves}
+
+
+def _described(shapes: Mapping[str, Tuple[int, ...]]) -> str:
+  """What a T5 tree's shapes say of its architecture, in T5Config's
+  names: 'vocab_size 32128, emb_dim 8, 2 + 2 layers, mlp_dim 16, heads x
+  head_dim 12' (what the tree lacks is left out)."""
+  said = []
+  embedding = shapes.get('token_embedder/embedding')
+  if embedding is not None and len(embedding) == 2:
+    said.append(f'vocab_size {embedding[0]}, emb_dim {embedding[1]}')
+  depth = [len({k.split('/')[1] for k in shapes
+                if k.startswith(f'{side}/layers_')})
+           for side in ('encoder', 'decoder')]
+  said.append(f'{depth[0]} + {depth[1]} layers')
+  for name, path, axis in (
+      ('mlp_dim', 'encoder/layers_0/mlp/wo/kernel', 0),
+      ('heads x head_dim', 'encoder/layers_0/attention/query/kernel', 1)):
+    if len(shapes.get(path, ())) == 2:
+      said.append(f'{name} {shapes[path][axis]}')
+  return ', '.join(said)
+
+
+def check_params(params, config: T5Config, source: str = 'checkpoint'
+                 ) -> None:
+  """Raises InputError unless `params` has exactly `config`'s tree and
+  shapes (the rule every load and every decode call checks).
+
+  Args:
+    params: a T5X params tree (nested dicts of arrays or shape structs).
+    config: the network the params are meant for.
+    source: where the params come from (named in the message).
+
+  Raises:
+    checks.InputError: what each side's shapes say of its architecture
+      (vocab_size, emb_dim, layers, mlp_dim, heads x head_dim), then the
+      first 8 missing, unexpected or mis-shaped parameters, e.g.
+      'decoder/layers_3/mlp/wi_0/kernel: (512, 1024) vs config (512, 2048)'.
+  """
+  got, want = _shapes(params), expected_shapes(config)
+  problems = [f'{k}: missing (config {want[k]})'
+              for k in sorted(set(want) - set(got))]
+  problems += [f'{k}: {got[k]}, not in the config'
+               for k in sorted(set(got) - set(want))]
+  problems += [f'{k}: {got[k]} vs config {want[k]}'
+               for k in sorted(set(got) & set(want)) if got[k] != want[k]]
+  if problems:
+    more = len(problems) - 8
+    raise checks.InputError(
+        f'{source}: {len(problems)} parameters differ from the T5Config; '
+        f"its shapes say {_described(got)}, the config's "
+        f'{_described(want)}:\n  ' + '\n  '.join(problems[:8])
+        + (f'\n  ... and {more} more' if more > 0 else ''))
 
 
 def _regroup(params, fusions, num_heads: int, fuse: bool):

@@ -491,23 +491,20 @@ def speculative_sample(
 
   Raises:
     ValueError (TypeError for non-integer token ids or parameters): a bad
-      argument, named, before anything is compiled; draft_params are
-      checked by the drafter's `check_params`.
+      argument, named, before anything is compiled; target_params are
+      checked by the target's `check_params`, draft_params by the
+      drafter's.
 
   References: Leviathan et al. 2023, arXiv 2211.17192, Algorithm 1.
   """
-  decoding.check_common_args(target, encoder_input_tokens, max_decode_len,
-                             sampling, eos_id)
+  decoding.check_common_args(target, target_params, encoder_input_tokens,
+                             max_decode_len, sampling, eos_id,
+                             params_name='target_params')
   check_gamma(gamma)
   check_vocab(target.vocab_size, drafter.vocab_size)
   use_merged = decodes_merged(drafter, merged)
   check_drafter_gamma(drafter, gamma, use_merged)
-  try:
-    drafter.check_params(draft_params)
-  except (TypeError, ValueError) as e:  # refused input, named as such
-    error = TypeError if isinstance(e, TypeError) else checks.InputError
-    raise error(f'draft_params do not fit the {type(drafter).__name__}: '
-                f'{e}') from e
+  decoding.check_fits('draft_params', drafter, draft_params)
   if draft_input_tokens is not None:
     batch = decoding.check_token_ids('draft_input_tokens', draft_input_tokens,
                                      drafter.vocab_size)[0]

@@ -28,6 +28,9 @@ class StepStub:
 
   vocab_size: int = 16
 
+  def check_params(self, params):
+    del params  # a stub's params are whatever its test gives
+
   def init_cache(self, params, encoder_input_tokens, max_length):
     return {'position': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)}
 
@@ -110,6 +113,9 @@ class Untouchable:
   """A model that fails loudly if decoding reaches it."""
 
   vocab_size = 32
+
+  def check_params(self, params):
+    del params  # a stub's params are whatever its test gives
 
   def init_cache(self, *args):
     raise AssertionError('validation must happen before tracing')

@@ -321,6 +321,9 @@ class CountingTarget:
   def vocab_size(self):
     return self.model.vocab_size
 
+  def check_params(self, params):
+    self.model.check_params(params)
+
   def init_cache(self, *args):
     return self.model.init_cache(*args)
 
@@ -351,6 +354,9 @@ def test_target_calls_equal_iterations_and_no_recompile(greedy_setup):
 
 class Untouchable:
   vocab_size = 128
+
+  def check_params(self, params):
+    del params  # a stub's params are whatever its test gives
 
   def init_cache(self, *args):
     raise AssertionError('validation must happen before tracing')

@@ -13,6 +13,7 @@ Run alone: `python -m pytest -q tests/test_validation.py` (a few seconds).
 """
 
 import argparse
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -45,22 +46,31 @@ def ids(*rows, dtype=np.int32):
 GOOD_INPUTS = ids([1, 2, 3], [4, 5, 0])
 
 
-def baseline(lower=False, inputs=GOOD_INPUTS, **kwargs):
+@dataclasses.dataclass(frozen=True)
+class UntouchableT5(network.T5Model):
+  """A T5 that checks its params as any does, and fails if traced."""
+
+  init_cache = extend = Untouchable.init_cache
+
+
+def baseline(lower=False, inputs=GOOD_INPUTS, target=None, params=None,
+             **kwargs):
   fn = (decoding.temperature_sample.lower if lower else
         decoding.temperature_sample)
   kwargs.setdefault('max_decode_len', 4)
-  return fn(Untouchable(), {}, inputs, rng=jax.random.key(0), **kwargs)
+  return fn(target or Untouchable(), params or {}, inputs,
+            rng=jax.random.key(0), **kwargs)
 
 
 def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
-         **kwargs):
+         target=None, params=None, **kwargs):
   fn = (speculative.speculative_sample.lower if lower else
         speculative.speculative_sample)
   drafter = drafter or drafters.NgramDrafter(VOCAB, 2)
   draft_params = BIGRAM if draft_params is None else draft_params
   kwargs.setdefault('max_decode_len', 4)
-  return fn(Untouchable(), {}, drafter, draft_params, inputs, gamma=2,
-            rng=jax.random.key(0), **kwargs)
+  return fn(target or Untouchable(), params or {}, drafter, draft_params,
+            inputs, gamma=2, rng=jax.random.key(0), **kwargs)
 
 
 def bigram(**changes):
@@ -96,6 +106,14 @@ COMMON = {
     'eos_negative': (dict(eos_id=-2), ValueError, 'eos_id .* got -2'),
     'eos_float': (dict(eos_id=1.0), ValueError, r'eos_id .* got 1\.0'),
     'eos_bool': (dict(eos_id=True), ValueError, 'eos_id .* got True'),
+    # said as params (the baseline's argument) or target_params
+    'target_params_of_another_config': (
+        dict(target=UntouchableT5(T5_SMALL),
+             params=t5_params_of(T5_SMALL.replace(mlp_dim=48))), ValueError,
+        r'params do not fit the UntouchableT5: the tree: 6 parameters '
+        r"differ .*mlp_dim 48, .* the config's .*mlp_dim 32, .*:\n"
+        r'.*decoder/layers_0/mlp/wi_0/kernel: \(16, 48\) vs config '
+        r'\(16, 32\)'),
 }
 
 # Arguments of the speculative decoder only.

@@ -6,7 +6,8 @@
   `verify_checkpoint` write and check the manifest of a checkpoint that
   has none (T5X's own; `python -m specdec_jax.checkpoints`); `all_steps`,
   `latest_checkpoint` and `step_of` read `checkpoint_<step>` folder names;
-  `check_params` / `expected_shapes` check a tree against a T5Config.
+  each load checks its tree against the T5Config
+  (`network.check_params`).
 - `manifest`: checksum manifests (sha256 and size of every file, sha256 of
   every array): `save_t5x_params` writes one into each checkpoint,
   `load_t5x_params(..., verify=True)` checks it, `shipped` uses the same
@@ -36,9 +37,7 @@ from specdec_jax.checkpoints._storage import write_bytes
 from specdec_jax.checkpoints.hf import config_from_hf
 from specdec_jax.checkpoints.hf import load_hf_t5
 from specdec_jax.checkpoints.t5x import all_steps
-from specdec_jax.checkpoints.t5x import check_params
 from specdec_jax.checkpoints.t5x import CheckpointError
-from specdec_jax.checkpoints.t5x import expected_shapes
 from specdec_jax.checkpoints.t5x import latest_checkpoint
 from specdec_jax.checkpoints.t5x import load_t5x_params
 from specdec_jax.checkpoints.t5x import PyTree

@@ -34,11 +34,9 @@ with a log note, until `seal_checkpoint` writes one into them;
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import re
-import types
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from flax import traverse_util
@@ -750,83 +748,14 @@ def verify_checkpoint(path: str) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def expected_shapes(config: network.T5Config) -> Mapping[str, Tuple[int, ...]]:
-  """{'decoder/layers_0/mlp/wo/kernel': shape, ...} of `config` (eval_shape),
-  computed once per config (read-only: every check shares it; a drafter's
-  params are checked on every decode call)."""
-  shapes = network.T5Model(config).param_shapes()
-  flat = traverse_util.flatten_dict(shapes, sep='/')
-  return types.MappingProxyType({k: tuple(v.shape) for k, v in flat.items()})
-
-
-def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
-  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
-          tuple(np.shape(leaf)) for path, leaf in leaves}
-
-
-def _described(shapes: Mapping[str, Tuple[int, ...]]) -> str:
-  """What a T5 tree's shapes say of its architecture, in T5Config's
-  names: 'vocab_size 32128, emb_dim 8, 2 + 2 layers, mlp_dim 16, heads x
-  head_dim 12' (what the tree lacks is left out)."""
-  said = []
-  embedding = shapes.get('token_embedder/embedding')
-  if embedding is not None and len(embedding) == 2:
-    said.append(f'vocab_size {embedding[0]}, emb_dim {embedding[1]}')
-  depth = [len({k.split('/')[1] for k in shapes
-                if k.startswith(f'{side}/layers_')})
-           for side in ('encoder', 'decoder')]
-  said.append(f'{depth[0]} + {depth[1]} layers')
-  for name, path, axis in (
-      ('mlp_dim', 'encoder/layers_0/mlp/wo/kernel', 0),
-      ('heads x head_dim', 'encoder/layers_0/attention/query/kernel', 1)):
-    if len(shapes.get(path, ())) == 2:
-      said.append(f'{name} {shapes[path][axis]}')
-  return ', '.join(said)
-
-
-def check_params(params: PyTree, config: network.T5Config,
-                 source: str = 'checkpoint') -> None:
-  """Raises InputError unless `params` has exactly `config`'s tree and
-  shapes (the rule every load and every decode call checks).
-
-  Args:
-    params: a T5X params tree (nested dicts of arrays or shape structs).
-    config: the network the params are meant for.
-    source: where the params come from (named in the message).
-
-  Raises:
-    checks.InputError: what each side's shapes say of its architecture
-      (vocab_size, emb_dim, layers, mlp_dim, heads x head_dim), then the
-      first 8 missing, unexpected or mis-shaped parameters, e.g.
-      'decoder/layers_3/mlp/wi_0/kernel: (512, 1024) vs config (512, 2048)'.
-  """
-  got, want = _shapes(params), expected_shapes(config)
-  problems = [f'{k}: missing (config {want[k]})'
-              for k in sorted(set(want) - set(got))]
-  problems += [f'{k}: {got[k]}, not in the config'
-               for k in sorted(set(got) - set(want))]
-  problems += [f'{k}: {got[k]} vs config {want[k]}'
-               for k in sorted(set(got) & set(want)) if got[k] != want[k]]
-  if problems:
-    more = len(problems) - 8
-    raise checks.InputError(
-        f'{source}: {len(problems)} parameters differ from the T5Config; '
-        f"its shapes say {_described(got)}, the config's "
-        f'{_described(want)}:\n  ' + '\n  '.join(problems[:8])
-        + (f'\n  ... and {more} more' if more > 0 else ''))
-
-
 def params_from_flat(flat: Dict[str, Any], source: str,
                      config: Optional[network.T5Config], dtype: Any) -> PyTree:
   """{'a/b': array} -> params tree, checked against `config`, cast to dtype.
 
   Args:
     flat: the parameters by '/'-joined T5X path.
-    source: where they come from (named in check_params' message).
-    config: if given, the tree must match it (check_params).
+    source: where they come from (named in network.check_params' message).
+    config: if given, the tree must match it (network.check_params).
     dtype: cast every parameter to it; None keeps the dtypes.
 
   Returns:
@@ -834,7 +763,7 @@ def params_from_flat(flat: Dict[str, Any], source: str,
   """
   params = traverse_util.unflatten_dict(flat, sep='/') if flat else {}
   if config is not None:
-    check_params(params, config, source)
+    network.check_params(params, config, source)
   return jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), params)
 
 
@@ -890,7 +819,7 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
     return params_from_flat(load(location), location, config, dtype)
   flat_shardings = traverse_util.flatten_dict(shardings, sep='/')
   if config is not None:  # Before reading: the tree must fit the config.
-    want = expected_shapes(config)
+    want = network.expected_shapes(config)
     if set(want) != set(flat_shardings):
       raise ValueError(
           f'{location}: shardings do not cover the T5Config\'s parameters '

@@ -18,7 +18,6 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import output_cache
 from specdec_jax.drafters import registry
-from specdec_jax.drafters import t5
 from specdec_jax.drafters.lookup import LookupDrafter
 from specdec_jax.drafters.lookup import source_stream
 
@@ -64,7 +63,7 @@ class CacheDrafter(LookupDrafter):
                        "'valid'} (OutputCache.device_params), got "
                        f'{type(params).__name__}.')
     if 'embedder' in params:
-      t5.check_model_params(self.embedder, params['embedder'])
+      self.embedder.check_params(params['embedder'])
     c, d = np.shape(params['keys'])
     if d != self.embedder.config.emb_dim:
       raise checks.InputError(

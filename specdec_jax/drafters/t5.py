@@ -3,8 +3,6 @@
 `T5Drafter` keeps its own decoder cache and drafts gamma tokens with a
 2-token catch-up call and gamma - 1 one-token calls; kind 't5' builds it
 from DRAFT_MODEL / DRAFT_CHECKPOINT.
-`check_model_params` is the one parameter check of a T5 against its model
-(used by every drafter that holds one).
 
 References: Leviathan et al. 2023, arXiv 2211.17192, sec. 2.3 and 4.
 """
@@ -17,9 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import checks
-from specdec_jax import checkpoints
-from specdec_jax import network
-from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 from specdec_jax.network import T5Model
@@ -62,11 +57,9 @@ class T5Drafter:
     return self.model.vocab_size
 
   def check_params(self, params) -> None:
-    """Raises ValueError unless params have the model's tree and shapes.
-
-    (`check_model_params`).
-    """
-    check_model_params(self.model, params)
+    """Raises InputError unless params have the model's tree and shapes
+    (the model's `check_params`)."""
+    self.model.check_params(params)
 
   def init(self, params, encoder_input_tokens, max_length: int):
     return self.model.init_cache(params, encoder_input_tokens, max_length)
@@ -211,23 +204,6 @@ class T5Drafter:
     _, _, cache, _, drafts, qs = jax.lax.while_loop(
         cond, body, (jnp.int32(0), last, cache, going, drafts0, qs0))
     return drafts, qs, cache
-
-
-def check_model_params(model, params) -> None:
-  """Raises InputError unless params have `model`'s tree and shapes
-  (`checkpoints.check_params`).
-
-  `model`: a `network.T5Model` (or a `partitioning.ShardedModel` of one);
-  any other `interfaces.DecodingModel` is not checked. Leaves may be
-  arrays or `jax.ShapeDtypeStruct`s; the tree T5X's or the fused decoding
-  layout (`network.is_fused`: a model reads either).
-  """
-  model = partitioning.unwrap(model)
-  if not isinstance(model, T5Model):
-    return
-  checkpoints.check_params(
-      params, model.config.replace(fused_projections=network.is_fused(params)),
-      source='the tree')
 
 
 def build(source: registry.DraftSource, kind: str = 't5'):

@@ -128,7 +128,7 @@ def test_legacy_inline_decodes_only_target_arrays(fixtures_dir, monkeypatch):
   params = checkpoints.load_t5x_params(
       fixtures_dir / 'test_t5_tiny.checkpoint_0')
   n_target = len(_flat(params))
-  assert n_target == len(checkpoints.expected_shapes(FIXTURE_CFG))
+  assert n_target == len(network.expected_shapes(FIXTURE_CFG))
   assert len(decoded) == n_target
 
 
@@ -552,8 +552,8 @@ def test_v10_params_check_against_v11_config(np_v10):
   """check_params catches an unexpected logits_dense / wi split by name."""
   _, params = np_v10
   with pytest.raises(ValueError, match='logits_dense/kernel: missing'):
-    checkpoints.check_params(params, TINY_V11)
-  checkpoints.check_params(params, TINY_V10)
+    network.check_params(params, TINY_V11)
+  network.check_params(params, TINY_V10)
 
 
 # --- Integrity: the checksum manifest of the checkpoints we write ------------
