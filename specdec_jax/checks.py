@@ -104,11 +104,12 @@ def local_path(text: str) -> str:
   """A flag's local file or folder (as the flag's `type`): where a command
   writes results with local file operations, refused as a URL (gs://,
   s3://, ...) before it runs, not after (`pathlib` would write 'gs://b/x'
-  to a local folder 'gs:/b/x')."""
+  to a local folder 'gs:/b/x'); '~' expanded (a quoted '~/x' reaches the
+  command as is)."""
   if is_url(text):
     raise argparse.ArgumentTypeError(
         f'a local path expected (its files are written here), got {text!r}')
-  return text
+  return os.path.expanduser(text)
 
 
 def counts(text: str) -> Tuple[int, ...]:

@@ -231,8 +231,10 @@ def _cuda_version() -> Tuple[int, int]:
     if importlib.util.find_spec(name) is not None:
       return version
   raise BackendMissing(
-      'no CUDA plugin: pip install "jax[cuda13]==%s" (or cuda12) to '
-      'compile for a GPU without one' % jax.__version__)
+      'no CUDA plugin: to compile for a GPU without one, pip install '
+      '--target=<folder> "jax-cuda13-plugin[with-cuda]==%s" (or cuda12) '
+      'and put PYTHONPATH=<folder> before the command (docs/tpu.md)'
+      % jax.__version__)
 
 
 def partitioner(target: Target, num_partitions: Optional[int] = None,

@@ -59,7 +59,9 @@ class DecodeState:
 @struct.dataclass
 class DecodeResult:
   """Decoded tokens `[batch, max_decode_len]` (EOS kept, 0 after it) and
-  `lengths` `[batch]` (tokens up to and including EOS)."""
+  `lengths` `[batch]` (tokens up to and including EOS; max_decode_len in a
+  row without one, even where `max_decode_steps` stopped it sooner: its
+  tokens past the steps are 0)."""
 
   tokens: Array
   lengths: Array
@@ -80,7 +82,9 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
   numpy on the host (a jax array is copied there once). Abstract inputs, a
   `jax.ShapeDtypeStruct` (the `lower_*` functions) or a tracer (a decoder
   called under an outer jit), have no values: that check is skipped, and an
-  out-of-range id then reads a clamped embedding row instead of failing.
+  out-of-range id then reads NaN from the embedding (jnp.take's fill for
+  an index past the table): its row decodes nothing but 0s. Check ids
+  before the outer jit.
 
   Args:
     name: the argument's name, for the messages.
@@ -179,10 +183,23 @@ def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
   """`rng`, or a fixed key when greedy (which draws nothing); else an error.
 
   Raises:
-    ValueError: rng is None and the sampling mode samples (temperature > 0).
+    ValueError: rng is None and the sampling mode samples (temperature > 0),
+      or not one key: a typed key `jax.random.key(seed)` (shape ()) or a
+      raw one `jax.random.PRNGKey(seed)` (uint32 [2]); an array, a tracer
+      or a `jax.ShapeDtypeStruct` of one.
   """
   if rng is not None:
-    return rng
+    if isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and (
+        (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape == ())
+        or (rng.dtype == np.uint32 and rng.shape == (2,))):
+      return rng
+    said = (f'{type(rng).__name__} of shape {rng.shape} and dtype '
+            f'{rng.dtype}' if isinstance(
+                rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
+            else repr(rng)[:80])
+    raise checks.InputError(
+        f'rng must be one PRNG key, jax.random.key(seed) (or a raw '
+        f'jax.random.PRNGKey(seed)), got {said}.')
   if not sampling.greedy:
     raise checks.InputError('rng is required when temperature > 0.')
   return jax.random.key(0)
@@ -308,8 +325,9 @@ def temperature_sample(
   """
   check_common_args(model, params, encoder_input_tokens, max_decode_len,
                     sampling, eos_id)
-  if max_decode_steps is not None and not 1 <= max_decode_steps <= (
-      max_decode_len):
+  if max_decode_steps is not None and not (
+      checks.is_int(max_decode_steps) and 1 <= max_decode_steps <= (
+          max_decode_len)):
     raise checks.InputError(
         f'max_decode_steps must be in [1, max_decode_len={max_decode_len}], '
         f'got {max_decode_steps!r}.'

@@ -675,6 +675,18 @@ class Transformer(nn.Module):
                                return_hidden, tree, rows)
 
 
+def check_float_dtype(name: str, value) -> None:
+  """Raises InputError naming `name` unless `value` is a float dtype."""
+  try:
+    floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
+  except TypeError:
+    floating = False
+  if not floating:
+    raise checks.InputError(
+        f"{name} must be a float dtype ('float32', 'bfloat16', "
+        f"'float16'), got {value!r}.")
+
+
 def check_config(cfg: T5Config, what: str = 'T5Config') -> None:
   """Raises InputError naming the first field of `cfg` (`what`, e.g.
   'target_config') that no T5 can have: a size below 1, a dtype that is
@@ -686,16 +698,8 @@ def check_config(cfg: T5Config, what: str = 'T5Config') -> None:
     checks.check_int(f'{what}.{name}', getattr(cfg, name))
   for name in ('dtype', 'activation_dtype'):
     value = getattr(cfg, name)
-    if value is None and name == 'activation_dtype':
-      continue
-    try:
-      floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
-    except TypeError:
-      floating = False
-    if not floating:
-      raise checks.InputError(
-          f"{what}.{name} must be a float dtype ('float32', 'bfloat16', "
-          f"'float16'), got {value!r}.")
+    if value is not None or name != 'activation_dtype':
+      check_float_dtype(f'{what}.{name}', value)
   acts = cfg.mlp_activations
   if isinstance(acts, str) or not acts:
     raise checks.InputError(f'{what}.mlp_activations must be a non-empty '
@@ -869,11 +873,17 @@ def expected_shapes(config: T5Config) -> Mapping[str, Tuple[int, ...]]:
   return types.MappingProxyType({k: tuple(v.shape) for k, v in flat.items()})
 
 
-def _shapes(tree) -> Dict[str, Tuple[int, ...]]:
-  """{'a/b/c': shape} of a params tree (arrays or ShapeDtypeStructs)."""
+def _leaves(tree) -> Dict[str, Any]:
+  """{'a/b/c': leaf} of a params tree (arrays or ShapeDtypeStructs)."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(key, 'key', key)) for key in path):
-          tuple(np.shape(leaf)) for path, leaf in leaves}
+  return {'/'.join(str(getattr(key, 'key', key)) for key in path): leaf
+          for path, leaf in leaves}
+
+
+def _dtype(leaf):
+  if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)):
+    return jnp.dtype(leaf.dtype)
+  return np.asarray(leaf).dtype
 
 
 def _described(shapes: Mapping[str, Tuple[int, ...]]) -> str:
@@ -911,8 +921,12 @@ def check_params(params, config: T5Config, source: str = 'checkpoint'
       (vocab_size, emb_dim, layers, mlp_dim, heads x head_dim), then the
       first 8 missing, unexpected or mis-shaped parameters, e.g.
       'decoder/layers_3/mlp/wi_0/kernel: (512, 1024) vs config (512, 2048)'.
+    TypeError: a parameter that is not floating point (a network of int
+      or bool weights computes nothing: every token would come out 0).
   """
-  got, want = _shapes(params), expected_shapes(config)
+  leaves = _leaves(params)
+  got, want = {k: tuple(np.shape(v)) for k, v in leaves.items()}, (
+      expected_shapes(config))
   problems = [f'{k}: missing (config {want[k]})'
               for k in sorted(set(want) - set(got))]
   problems += [f'{k}: {got[k]}, not in the config'
@@ -926,6 +940,11 @@ def check_params(params, config: T5Config, source: str = 'checkpoint'
         f"its shapes say {_described(got)}, the config's "
         f'{_described(want)}:\n  ' + '\n  '.join(problems[:8])
         + (f'\n  ... and {more} more' if more > 0 else ''))
+  for name, leaf in leaves.items():
+    if not jnp.issubdtype(_dtype(leaf), jnp.floating):
+      raise TypeError(
+          f'{source}: parameters must be floating point (float32, '
+          f'bfloat16, ...); {name} is {_dtype(leaf)}.')
 
 
 def _regroup(params, fusions, num_heads: int, fuse: bool):

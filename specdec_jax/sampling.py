@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,11 @@ import jax.numpy as jnp
 from specdec_jax import checks
 
 Array = jax.Array
+
+
+def _real(x) -> bool:
+  """A real number, not a bool (True is no temperature)."""
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +60,20 @@ class SamplingConfig:
   topp: float = 1.0
 
   def __post_init__(self):
+    for name in ('temperature', 'topp'):  # numpy's, jax's scalars: a float
+      value = getattr(self, name)
+      if type(value) not in (bool, int, float) and (
+          isinstance(value, numbers.Real) or (
+              isinstance(value, jax.Array) and value.shape == ()
+              and not isinstance(value, jax.core.Tracer))):
+        object.__setattr__(self, name, float(value))
     t, k, p = self.temperature, self.topk, self.topp
-    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+    if not _real(t) or not math.isfinite(t) or t < 0:
       raise checks.InputError(
           f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
       )
     checks.check_int('topk', k, 0, ' (0 = off)')
-    if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+    if not _real(p) or not 0.0 < p <= 1.0:
       raise checks.InputError(
           f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
     if k and p < 1.0:

@@ -133,6 +133,7 @@ class Untouchable:
     (dict(sampling_args=dict(temperature=1.0, topk=33)), 'vocabulary'),
     (dict(max_decode_len=0), 'max_decode_len'),
     (dict(max_decode_len=4, max_decode_steps=5), 'max_decode_steps'),
+    (dict(max_decode_len=4, max_decode_steps=3.0), r'max_decode_steps .*3\.0'),
     (dict(inputs=np.ones((4,), np.int32)), 'batch, length'),
     (dict(sampling_args=dict(temperature=1.0), rng=None), 'rng'),
 ])

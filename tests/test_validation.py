@@ -3,7 +3,7 @@
 Token ids outside the vocabulary, float or 1-D token
 arrays, `eos_id=None`, bigram tables of another size or `draft_input_tokens`
 of another batch used to fail deep inside jax (or not at all: an id past
-the vocabulary reads a clamped embedding row). Every case of the table runs
+the vocabulary reads NaN from the embedding). Every case of the table runs
 through the four decode functions that take the argument
 (`temperature_sample`, `speculative_sample` and their `lower_*` twins) with
 a target that raises AssertionError if it is ever traced: the error must be
@@ -14,6 +14,7 @@ Run alone: `python -m pytest -q tests/test_validation.py` (a few seconds).
 
 import argparse
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -58,8 +59,8 @@ def baseline(lower=False, inputs=GOOD_INPUTS, target=None, params=None,
   fn = (decoding.temperature_sample.lower if lower else
         decoding.temperature_sample)
   kwargs.setdefault('max_decode_len', 4)
-  return fn(target or Untouchable(), params or {}, inputs,
-            rng=jax.random.key(0), **kwargs)
+  kwargs.setdefault('rng', jax.random.key(0))
+  return fn(target or Untouchable(), params or {}, inputs, **kwargs)
 
 
 def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
@@ -69,8 +70,9 @@ def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
   drafter = drafter or drafters.NgramDrafter(VOCAB, 2)
   draft_params = BIGRAM if draft_params is None else draft_params
   kwargs.setdefault('max_decode_len', 4)
+  kwargs.setdefault('rng', jax.random.key(0))
   return fn(target or Untouchable(), params or {}, drafter, draft_params,
-            inputs, gamma=2, rng=jax.random.key(0), **kwargs)
+            inputs, gamma=2, **kwargs)
 
 
 def bigram(**changes):
@@ -114,6 +116,17 @@ COMMON = {
         r"differ .*mlp_dim 48, .* the config's .*mlp_dim 32, .*:\n"
         r'.*decoder/layers_0/mlp/wi_0/kernel: \(16, 48\) vs config '
         r'\(16, 32\)'),
+    'int_target_params': (  # they would decode 0s, silently
+        dict(target=UntouchableT5(T5_SMALL), params=jax.tree.map(
+            lambda x: ABSTRACT(x.shape, jnp.int32), t5_params_of(T5_SMALL))),
+        TypeError, r'params do not fit the UntouchableT5: the tree: '
+        r'parameters must be floating point .*; decoder/.* is int32'),
+    'rng_an_int': (dict(rng=0), ValueError,
+                   r'rng must be one PRNG key, jax\.random\.key\(seed\) .*'
+                   r'got 0\.'),
+    'rng_a_batch_of_keys': (
+        dict(rng=jax.random.split(jax.random.key(0), 2)), ValueError,
+        r'rng must be one PRNG key.* got .*of shape \(2,\) and dtype key'),
 }
 
 # Arguments of the speculative decoder only.
@@ -265,6 +278,10 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
   for bad in ('0', '-1e-3', 'nan', 'inf', 'x'):
     with pytest.raises(argparse.ArgumentTypeError, match='finite number > 0'):
       checks.positive(bad)
+  home = os.path.expanduser('~')
+  assert checks.local_path('~/runs/x') == os.path.join(home, 'runs', 'x')
+  with pytest.raises(argparse.ArgumentTypeError, match='a local path'):
+    checks.local_path('gs://bucket/x')
   with pytest.raises(ValueError, match=r'^gamma must be an int >= 1, got 0\.'):
     checks.check_ints(batch=1, gamma=0)
 
@@ -352,6 +369,8 @@ def test_a_url_but_gs_is_refused_where_a_path_is_read_or_written(
 
 @pytest.mark.parametrize('call, message', [
     (lambda: decoding.SamplingConfig(topk=True), 'topk must be an int >= 0'),
+    (lambda: decoding.SamplingConfig(temperature=True), 'temperature must'),
+    (lambda: decoding.SamplingConfig(1.0, topp=True), 'topp must'),
     (lambda: speculative.check_gamma(np.int64(0)), 'gamma must be an int'),
     (lambda: diagnostics.diagnose(None, None, None, None, None,
                                   rows_per_call=True),
@@ -360,6 +379,15 @@ def test_a_url_but_gs_is_refused_where_a_path_is_read_or_written(
 def test_the_entry_points_use_the_shared_check(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_numpy_and_jax_scalars_are_numbers_to_sampling():
+  """A temperature read from an array is a float like any other (the
+  config stays hashable and equal to the float's)."""
+  for t in (np.float32(0.5), jnp.float32(0.5), np.float64(0.5)):
+    config = decoding.SamplingConfig(t, topp=np.float32(0.75))
+    assert config == decoding.SamplingConfig(0.5, topp=0.75)
+    assert type(config.temperature) is float and hash(config)
 
 
 def test_a_confidence_for_a_kind_that_ignores_it_is_refused():

@@ -810,6 +810,8 @@ def load_t5x_params(path: str, config: Optional[network.T5Config] = None,
       arrays that no longer read back as saved.
     ValueError: the tree does not match `config`.
   """
+  if dtype is not None:
+    network.check_float_dtype('load_t5x_params: dtype', dtype)
   path = os.fspath(path)
   kind, location = _resolve(path)
   load = _load_orbax if kind == 'orbax' else _load_msgpack

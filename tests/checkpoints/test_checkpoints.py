@@ -391,6 +391,10 @@ def test_bfloat16_cast(np_v11, tmp_path):
                                        dtype=jnp.bfloat16)
   _assert_trees_equal(
       loaded, jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params))
+  # An int cast would decode 0s: refused before anything is read.
+  with pytest.raises(checks.InputError, match='load_t5x_params: dtype must be '
+                     "a float dtype .*got <class 'jax.numpy.int32'>"):
+    checkpoints.load_t5x_params(tmp_path / 'nothing', dtype=jnp.int32)
 
 
 # --- HF transformers -> T5X --------------------------------------------------
