@@ -505,6 +505,9 @@ def speculative_sample(
   use_merged = decodes_merged(drafter, merged)
   check_drafter_gamma(drafter, gamma, use_merged)
   decoding.check_fits('draft_params', drafter, draft_params)
+  if isinstance(drafter, interfaces.TargetReader):  # built for this target?
+    decoding.check_fits('target_params, which the drafter reads,', drafter,
+                        with_target(drafter, draft_params, target_params))
   if draft_input_tokens is not None:
     batch = decoding.check_token_ids('draft_input_tokens', draft_input_tokens,
                                      drafter.vocab_size)[0]

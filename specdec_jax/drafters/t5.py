@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import checks
+from specdec_jax import network
+from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 from specdec_jax.network import T5Model
@@ -246,6 +248,27 @@ class SelfDrafting:
   @property
   def vocab_size(self) -> int:
     return self.model.vocab_size
+
+  def check_target(self, target, loop: str) -> None:
+    """Raises unless `target` is a `network.T5Model` (or a
+    `partitioning.ShardedModel` of one) of the network this drafter was
+    built for: its `loop` rides on the target's call (look-ahead slots
+    and heads read the target's states), so a drafter built for another
+    target would fail deep in the trace."""
+    name = type(self).__name__
+    got = partitioning.unwrap(target)
+    if not isinstance(got, T5Model):
+      raise checks.InputError(
+          f"the {name}'s {loop} reads the final states of a "
+          'network.T5Model target (or a partitioning.ShardedModel of one), '
+          f'got {type(target).__name__}.')
+    mine = partitioning.unwrap(self.model).config.replace(
+        fused_projections=False)
+    network.check_params(
+        T5Model(mine).param_shapes(),
+        got.config.replace(fused_projections=False),
+        source=f'the {name} was built for another target than its {loop} '
+        "rides on (build it from this one); its model's")
 
   def score(self, params, encoder_input_tokens, decoder_input_tokens):
     """The target's logits (q_1's; later drafts come from its states)."""

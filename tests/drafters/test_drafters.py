@@ -23,6 +23,7 @@ Run alone: `python -m pytest -q tests/drafters/test_drafters.py` (about 30 s on 
 cores).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax.drafters import registry
@@ -188,6 +190,32 @@ def test_drafter_of_another_vocabulary_is_refused(greedy, sampled, kind):
   with pytest.raises(ValueError, match='vocabularies differ'):
     speculative.speculative_sample(model, params, drafter, dparams, enc,
                                    gamma=GAMMA, max_decode_len=MAX_LEN)
+
+
+@pytest.fixture(scope='module')
+def other_target(v11):
+  """A target of the same vocabulary, twice as wide."""
+  model, _ = v11
+  other = type(model)(model.config.replace(emb_dim=2 * model.config.emb_dim))
+  return other, other.init_params(jax.random.key(7))
+
+
+@pytest.mark.parametrize('kind', [k for k in KINDS if drafters.KINDS[
+    k].needs_target or drafters.KINDS[k].uses_cache])
+def test_a_drafter_built_for_another_target_is_refused(greedy, other_target,
+                                                       kind):
+  """The kinds that read the target (ride on its call, embed with its
+  encoder), built for another one of the same vocabulary: refused before
+  anything is traced, where they used to fail deep inside jax or Flax."""
+  model, params, enc, _, _, source = greedy
+  other, other_params = other_target
+  drafter, dparams = drafters.get_kind(kind).build(dataclasses.replace(
+      source, target_model=other, target_params=other_params))
+  with pytest.raises(checks.InputError, match=(
+      r'(built for another target than its (merged|tree) loop rides on'
+      r'|target_params, which the drafter reads, do not fit).*emb_dim')):
+    speculative.speculative_sample(model, params, drafter, dparams, enc,
+                                   gamma=2, max_decode_len=MAX_LEN)
 
 
 @pytest.mark.parametrize('gamma', [0, 1.5, True])

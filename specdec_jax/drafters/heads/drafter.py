@@ -24,8 +24,6 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import checks
-from specdec_jax import network
-from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import shipped
 from specdec_jax.drafters import registry
@@ -77,7 +75,7 @@ class HeadDrafter(SelfDrafting):
     """One (gamma + 1)-token target call and gamma head steps per
     iteration; the target must be a `network.T5Model` (or a
     `partitioning.ShardedModel` of one): the loop reads its final states."""
-    _check_target(target, 'merged loop')
+    self.check_target(target, 'merged loop')
     return HeadLoop(target=target, gamma=gamma, sampling=sampling,
                     eos_id=eos_id, max_decode_len=max_decode_len,
                     head=self.heads)
@@ -145,18 +143,11 @@ class HeadTreeDrafter(HeadDrafter):
                   eos_id: int, max_decode_len: int) -> HeadTreeLoop:
     """One target call on the tree (its first `gamma` levels) and a head
     step per drafted level per iteration; the target as `HeadDrafter`'s."""
-    _check_target(target, 'tree loop')
+    self.check_target(target, 'tree loop')
     drafter = dataclasses.replace(self, shape=self.shape.truncate(gamma))
     return HeadTreeLoop(target=target, gamma=gamma, sampling=sampling,
                         eos_id=eos_id, max_decode_len=max_decode_len,
                         drafter=drafter)
-
-
-def _check_target(target, loop: str) -> None:
-  if not isinstance(partitioning.unwrap(target), network.T5Model):
-    raise ValueError(f"the heads' {loop} reads the final states of a "
-                     'network.T5Model target (or a partitioning.ShardedModel '
-                     f'of one), got {type(target).__name__}.')
 
 
 def head_params(target_params, params):

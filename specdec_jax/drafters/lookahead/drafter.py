@@ -62,6 +62,7 @@ class PassDrafter(SelfDrafting):
                   eos_id: int, max_decode_len: int) -> LookaheadLoop:
     """One (2 gamma + 1)-token target call per iteration (the first gamma
     slots draft); `tree`: (gamma + 1)^2 tokens, no recovery iterations."""
+    self.check_target(target, 'merged loop')
     return LookaheadLoop(target=target, gamma=gamma, sampling=sampling,
                          eos_id=eos_id, max_decode_len=max_decode_len,
                          num_lookahead=gamma, tree=self.tree)
