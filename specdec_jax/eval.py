@@ -351,6 +351,22 @@ def _check_output_cache(setup: EvalSetup, partitioner) -> None:
         'EVAL_OUTPUT_DIR), or run one mesh spanning the processes.')
 
 
+def _check_mesh_batch(setup: EvalSetup, partitioner) -> None:
+  """Refuses a BATCH_SIZE the mesh cannot split (every batch is split
+  over the mesh axes the target's 'batch' maps to: its 'data' axis), said
+  before the run folder is claimed, not when the decoder is traced."""
+  if partitioner is None:
+    return
+  parts = partitioning.batch_multiple(partitioner.sharded_model(
+      network.T5Model(setup.decoding_config)))
+  if setup.batch.size % parts:
+    raise checks.InputError(
+        f'BATCH_SIZE {setup.batch.size} does not divide into the {parts} '
+        "parts the mesh splits every batch into (its 'data' axis: the "
+        'devices over NUM_PARTITIONS): choose a multiple of '
+        f'{parts}.')
+
+
 def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                       timing_repeats: int = 1, partitioner=None,
                       shard_drafter: bool = False,
@@ -381,6 +397,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   for setup, out, _ in runs:
     bucket_folder.check_folder('output_dir', out)
     _check_output_cache(setup, partitioner)
+    _check_mesh_batch(setup, partitioner)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target

@@ -227,6 +227,7 @@ def main(out_path, fixtures=None):
       'batch': _error(lambda: decoding.temperature_sample.lower(
           part4.sharded_model(model), params,
           jax.ShapeDtypeStruct((3, 7), jnp.int32), max_decode_len=MAX_LEN)),
+      'eval_batch': _eval_batch_error(part4),
   }
 
   # A widened target written straight into its shardings (an XXL-cost
@@ -242,6 +243,20 @@ def main(out_path, fixtures=None):
     out['checkpoint'] = _checkpoint_checks(fixtures, part4)
   with open(out_path, 'w') as f:
     json.dump(out, f)
+
+
+def _eval_batch_error(part):
+  """The eval job's refusal of a batch its mesh cannot split (None: no
+  error), and whether it came before the run folder was made."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from specdec_jax import eval as eval_lib
+  from specdec_jax.experiments import reproduce
+  setup = reproduce.eval_setup(reproduce.make_setup('shipped'), 'en_de',
+                               'dec2', gamma=2, batch_size=3)
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, 'run')
+    message = _error(lambda: eval_lib.evaluate(setup, out, partitioner=part))
+    return message and f'{message} (folder made: {os.path.exists(out)})'
 
 
 def _shared_drafter(part):

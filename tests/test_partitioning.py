@@ -175,6 +175,8 @@ def test_one_loop_iteration_is_one_target_calls_collectives(mesh):
     ('vocab', ("'model'", "'vocab'", 'size 100')),
     ('mlp', ("'model'", "'mlp'", 'size 36')),
     ('batch', ("'data'", "'batch'", 'size 3', 'size 2')),
+    ('eval_batch', ('BATCH_SIZE 3', 'into the 2 parts', 'multiple of 2',
+                    '(folder made: False)')),
 ])
 def test_bad_mesh_is_a_clear_value_error(mesh, case, words):
   """A mesh that cannot fit says which axis and which sizes, not XLA."""
