@@ -42,11 +42,12 @@ def main(argv=None):
   parser.add_argument('--batch', type=checks.count, default=1)
   parser.add_argument('--input_len', type=checks.count, default=64)
   parser.add_argument('--decode_len', type=checks.count, default=64)
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=checks.natural, default=0)
   parser.add_argument('--out_dir', type=checks.local_path, default='results')
   parser.add_argument('--torch_threads', type=int, default=0,
                       help='torch.set_num_threads; 0 keeps the default.')
   args = parser.parse_args(argv)
+  checks.check_local_folder('--out_dir', args.out_dir)  # before measuring
   if args.torch_threads > 0:
     torch.set_num_threads(args.torch_threads)
   command = 'python scripts/benchmark_baseline.py ' + ' '.join(

@@ -141,6 +141,7 @@ def main(argv=None):
                       help='where the profile goes (default: '
                       'specdec_jax/profiles)')
   args = parser.parse_args(argv)
+  costs.check_folders(args.out_dir, args.profile_dir)  # before measuring
 
   target = network.T5Model(costs.TARGET)
   draft = network.T5Model(costs.DRAFT)

@@ -34,6 +34,7 @@ rewrites OUT.json and OUT.md.
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
@@ -41,8 +42,9 @@ import re
 import sys
 import time
 
+DEVICES = 8  # the simulated CPU devices
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=8')
+                           f' --xla_force_host_platform_device_count={DEVICES}')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -270,37 +272,89 @@ def markdown(result):
   return '\n'.join(lines) + '\n'
 
 
+def meshes(text):
+  """--meshes: comma-separated num_partitions, each 0 (one device, no
+  mesh) or a divisor of `DEVICES` (as the flag's `type`)."""
+  try:
+    values = [int(x) for x in text.split(',')]
+  except ValueError:
+    values = []
+  if not values or any(n < 0 or n and DEVICES % n for n in values):
+    raise argparse.ArgumentTypeError(
+        f'comma-separated num_partitions expected, each 0 (one device) or a '
+        f'divisor of {DEVICES}, got {text!r}')
+  return values
+
+
+def mesh_name(n):
+  return 'one device' if n == 0 else f'{DEVICES // n}x{n}'
+
+
+def number_in(low, high):
+  """A flag's finite number in [low, high] (as the flag's `type`)."""
+  def parse(text):
+    try:
+      value = float(text)
+    except ValueError:
+      value = float('nan')
+    if not (low <= value <= high and math.isfinite(value)):
+      raise argparse.ArgumentTypeError(
+          f'a finite number in [{low:g}, {high:g}] expected, got {text!r}')
+    return value
+  return parse
+
+
+# The keys of a results file of this script (`--repredict` reads them).
+RESULT_KEYS = ('command', 'jax', 'machine', 'meshes')
+
+
+def repredict(path, profile, args, command):
+  """Recomputes the on-paper sections of the results file `path`; both
+  files are made before either is written."""
+  result = report.read_json(path)
+  missing = [k for k in RESULT_KEYS if k not in result] if isinstance(
+      result, dict) else list(RESULT_KEYS)
+  if missing:
+    raise checks.InputError(
+        f'--repredict {os.fspath(path)!r} is not a results file of '
+        f'scripts/benchmark_mesh.py: it has no {missing}.')
+  result = predict_on_paper(result, profile, args.link_gb_s,
+                            args.allreduce_latency_us, args.alpha, command)
+  md = markdown(result)
+  report.write_json(path, result)
+  report.write_md(path.with_suffix('.md'), md)
+  print(md)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', type=checks.local_path,
                       default='results/mesh_cpu')
-  parser.add_argument('--meshes', default='0,4,8',
-                      help="num_partitions per mesh; 0: one device, no mesh")
+  parser.add_argument('--meshes', type=meshes, default='0,4,8',
+                      help='num_partitions per mesh (divisors of '
+                      f'{DEVICES}); 0: one device, no mesh')
   flags.add_prediction_flags(parser)
-  parser.add_argument('--link_gb_s', type=float, default=450.0,
+  parser.add_argument('--link_gb_s', type=checks.positive, default=450.0,
                       help='ASSUMED interconnect bandwidth per chip, GB/s, '
                       'of the on-paper all-reduces (default: the NVLink 4 '
                       'figure of an H100 SXM, per direction; not measured)')
-  parser.add_argument('--allreduce_latency_us', type=float, default=10.0,
+  parser.add_argument('--allreduce_latency_us',
+                      type=number_in(0, float('inf')), default=10.0,
                       help='ASSUMED fixed latency of one all-reduce, us (not '
                       'measured)')
-  parser.add_argument('--alpha', type=float, default=None,
+  parser.add_argument('--alpha', type=number_in(0, 1), default=None,
                       help="default: each drafter's alpha in the profile's "
                       'run (en_de, t = 0)')
   args = parser.parse_args(argv)
   argv = sys.argv[1:] if argv is None else list(argv)
   profile = flags.profile_of(args)
   if args.repredict:
-    path = pathlib.Path(args.repredict)
-    result = predict_on_paper(
-        report.read_json(path), profile, args.link_gb_s,
-        args.allreduce_latency_us, args.alpha, report.portable(' '.join(
-            ['python scripts/benchmark_mesh.py'] + argv)))
-    report.write_json(path, result)
-    report.write_md(path.with_suffix('.md'), markdown(result))
-    print(markdown(result))
+    repredict(pathlib.Path(args.repredict), profile, args, report.portable(
+        ' '.join(['python scripts/benchmark_mesh.py'] + argv)))
     return
-  assert jax.device_count() == 8, jax.devices()
+  checks.check_no_file_in_the_way('--out', os.path.dirname(
+      os.path.abspath(args.out)))
+  assert jax.device_count() == DEVICES, jax.devices()
   result = {
       'command': report.portable(' '.join(
           ['python scripts/benchmark_mesh.py'] + argv)),
@@ -310,13 +364,14 @@ def main(argv=None):
   }
   predict_on_paper(result, profile, args.link_gb_s,
                    args.allreduce_latency_us, args.alpha)
-  for n in (int(x) for x in args.meshes.split(',')):
-    name = 'one device' if n == 0 else f'{8 // n}x{n}'
+  for n in args.meshes:
+    name = mesh_name(n)
     print('mesh', name, flush=True)
     result['meshes'][name] = measure(None if n == 0 else n)
     print(json.dumps(result['meshes'][name]), flush=True)
-  report.write_json(args.out + '.json', result)
-  report.write_md(args.out + '.md', markdown(result))
+    # Written after each mesh: a run stopped later keeps the finished ones.
+    report.write_json(args.out + '.json', result)
+    report.write_md(args.out + '.md', markdown(result))
   print(markdown(result))
 
 

@@ -17,7 +17,6 @@ script needs neither TensorFlow nor seqio.
 """
 
 import argparse
-import sys
 
 from specdec_jax import checks
 from specdec_jax import debian
@@ -46,10 +45,8 @@ def main(argv=None):
                       'already NFKC; "identity" makes a much smaller model).')
   parser.add_argument('--num_threads', type=checks.count, default=2)
   args = parser.parse_args(argv)
-  try:
-    files = debian.find_lists(args.lists_dir, args.fetch)
-  except FileNotFoundError as e:
-    sys.exit(str(e))
+  debian.check_build(args.out_dir, args.vocab_file)  # before any work
+  files = debian.find_lists(args.lists_dir, args.fetch)
   debian.build(files, args.out_dir, vocab_size=args.vocab_size,
                vocab_file=args.vocab_file, max_examples=args.max_examples,
                normalization=args.normalization,
@@ -57,4 +54,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)  # a refused value or file: its line

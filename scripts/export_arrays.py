@@ -43,17 +43,22 @@ def export_task(name, lengths, split):
                       unit='ex', dynamic_ncols=True):
     for key in rows:
       rows[key].append(ex[key])
+  if not rows['inputs']:
+    raise checks.InputError(f'split {split!r} of task {name!r} is empty: '
+                            'rebuild the data (scripts/build_debian_data.py, '
+                            'without a --max_examples that small).')
   return {key: np.stack([np.pad(r, (0, lengths[key] - len(r))) for r in v])
           .astype(np.int32) for key, v in rows.items()}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--out_dir', required=True)
+  parser.add_argument('--out_dir', type=checks.local_path, required=True)
   parser.add_argument('--data_dir', default=None,
                       help='Debian data (default $SPECDEC_DATA_DIR or '
                       '~/.cache/specdec_jax/debian)')
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  checks.check_local_folder('--out_dir', args.out_dir)  # before any export
   from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
   if args.data_dir:
     tasks.register_tasks(data_dir=args.data_dir)

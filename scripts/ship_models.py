@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -115,9 +116,68 @@ def _reference_texts(task_dir, n):
     return [json.loads(line)[key] for _, line in zip(range(n), f)]
 
 
+def _exported(export_dir):
+  """The export folder's models.json."""
+  with open(os.path.join(export_dir, 'models.json')) as f:
+    return json.load(f)
+
+
+def _check_names(flag, names, exported):
+  """Raises InputError unless every name of `flag` is an exported model."""
+  unknown = [n for n in names if n not in exported['models']]
+  if unknown or not names:
+    raise checks.InputError(
+        f'{flag}: {unknown or "no name"} of the exported models '
+        f"{sorted(exported['models'])} expected.")
+
+
+def _check_vocabulary(exported, names):
+  """Raises InputError unless the data dir's SentencePiece model is the
+  models' vocabulary (its pieces, padded to a multiple of 128 at most): a
+  data dir of another vocabulary fails only when its text is decoded."""
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  path = os.path.join(tasks.resolve_data_dir(), 'sentencepiece.model')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'No SentencePiece model {path} in the data dir.')
+  pieces = spm.SentencePieceProcessor(model_file=path).get_piece_size()
+  for name in names:
+    size = exported['models'][name]['config']['vocab_size']
+    if not pieces <= size < pieces + 128:
+      raise checks.InputError(
+          f'{path} has {pieces} pieces, but model {name} has vocab_size '
+          f'{size}: the data dir is of another vocabulary (set '
+          'SPECDEC_DATA_DIR to the data the models were trained on).')
+
+
+def _check_out_file(flag, path):
+  """Makes the folder of the output file `path`, or raises InputError."""
+  if os.path.isdir(path):
+    raise checks.InputError(f'{flag} {path!r} is a folder, not a file.')
+  folder = os.path.dirname(os.path.abspath(path))
+  checks.check_no_file_in_the_way(flag, folder)
+  os.makedirs(folder, exist_ok=True)
+
+
+def _need_arrays(args):
+  """Raises InputError without --arrays, FileNotFoundError without a test
+  split of each task."""
+  from specdec_jax import arrays  # pylint: disable=g-import-not-at-top
+  if not args.arrays:
+    raise checks.InputError(f'{args.command} needs --arrays (the folder of '
+                            'scripts/export_arrays.py).')
+  for task_dir in TASK_DIRS.values():
+    arrays.split_files(os.path.join(args.arrays, task_dir), 'test')
+
+
 def cmd_measure(args):
   from specdec_jax import arrays, training  # pylint: disable=g-import-not-at-top
   names = [n for n in args.candidates.split(',') if n]
+  exported = _exported(args.export_dir)
+  _check_names('--candidates', names, exported)
+  _need_arrays(args)
+  _check_vocabulary(exported, ['target'] + names)
+  _check_out_file('--out', args.out)
   target, tparams, tentry = _load(args.export_dir, 'target')
   from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
   result = dict(command=report.portable(
@@ -174,17 +234,34 @@ def shipped_methods(out):
   return methods, {e['checkpoint'].split('/')[0] for e in methods.values()}
 
 
-def clear_assets(out, keep):
-  """Removes everything under `out` but the top folders in `keep`."""
-  os.makedirs(out, exist_ok=True)
-  for name in os.listdir(out):
-    if name in keep:
-      continue
-    path = os.path.join(out, name)
-    if os.path.isdir(path) and not os.path.islink(path):
-      shutil.rmtree(path)
-    else:
-      os.remove(path)
+def check_assets(out):
+  """Raises InputError unless `out` is missing, empty or a shipped set
+  (models.json or MANIFEST.json): shipping replaces the folder whole."""
+  from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
+  checks.check_no_file_in_the_way('--assets', out)
+  names = set(os.listdir(out)) if os.path.isdir(out) else set()
+  if names and not names & {shipped.MODELS, shipped.MANIFEST}:
+    raise checks.InputError(
+        f'--assets {out!r} holds files but no shipped set ({shipped.MODELS} '
+        f'or {shipped.MANIFEST}): shipping would replace them; give an '
+        'empty or new folder, or a shipped one.')
+  if names & {'heads', 'lookahead'} and shipped.MODELS not in names:
+    raise checks.InputError(
+        f'--assets {out!r} holds method weights (heads/, lookahead/) but no '
+        f'{shipped.MODELS} listing them: restore it (git checkout) before '
+        'shipping, or they would be dropped.')
+
+
+def swap_in(new, out):
+  """Puts the complete folder `new` where `out` is; the old one is removed
+  only once `new` is in place."""
+  old = None
+  if os.path.lexists(out):
+    old = new + '.old'
+    os.rename(out, old)
+  os.rename(new, out)
+  if old:
+    shutil.rmtree(old)
 
 
 def write_index(out, models, methods, exported):
@@ -204,50 +281,93 @@ def write_index(out, models, methods, exported):
 
 def cmd_ship(args):
   from specdec_jax import arrays, shipped, tasks  # pylint: disable=g-import-not-at-top
-  out = args.assets or shipped.ASSETS_DIR
+  out = os.path.abspath(args.assets or shipped.ASSETS_DIR)
+  # Every input is checked (and read) before the folder is touched.
+  check_assets(out)
   methods, keep = shipped_methods(out)
-  with open(os.path.join(args.export_dir, 'models.json')) as f:
-    exported = json.load(f)
-  ship_names = {'target' if n == 'target' else n.rsplit('_', 1)[0]
-                for n in args.models.split(',')}
-  clash = sorted(ship_names & (keep | {'data'}))
+  exported = _exported(args.export_dir)
+  names = [n for n in args.models.split(',') if n]
+  _check_names('--models', names, exported)
+  ship_name = lambda n: 'target' if n == 'target' else n.rsplit('_', 1)[0]
+  if len({ship_name(n) for n in names}) < len(names):
+    raise checks.InputError(f'--models {args.models!r}: two of one kind '
+                            '(each ships as its kind, e.g. dec2).')
+  clash = sorted({ship_name(n) for n in names} & (keep | {'data'}))
   if clash:
-    raise SystemExit(f'cannot ship models named {clash}: the folder holds '
-                     'shipped method weights or the data')
-  clear_assets(out, keep)
-  os.makedirs(os.path.join(out, 'data', 'arrays'))
-  measured = {}
+    raise checks.InputError(
+        f'cannot ship models named {clash}: the folder holds shipped method '
+        'weights or the data')
+  sources = {n: os.path.join(args.export_dir,
+                             exported['models'][n]['checkpoint'])
+             for n in names}
+  for src in sources.values():
+    if not os.path.isdir(src):
+      raise FileNotFoundError(f'No exported checkpoint {src}.')
+  measured = {'tasks': {}}
   if args.measured:
     with open(args.measured) as f:
       measured = json.load(f)
+    if not isinstance(measured.get('tasks'), dict):
+      raise checks.InputError(f'--measured {args.measured!r} is not a file '
+                              'of ship_models.py measure (no "tasks").')
   models = {}
-  for name in args.models.split(','):
+  for name in names:
     entry = exported['models'][name]
-    ship_name = 'target' if name == 'target' else name.rsplit('_', 1)[0]
-    src = os.path.join(args.export_dir, entry['checkpoint'])
-    dst = os.path.join(out, ship_name, os.path.basename(src))
-    shutil.copytree(src, dst)
+    if entry['kind'] not in ROLES:
+      raise checks.InputError(f'--models: {name} is of kind '
+                              f"{entry['kind']!r}, none of {sorted(ROLES)}.")
     alpha = {task: row['alpha'].get(name) for task, row in
-             measured.get('tasks', {}).items() if name in row['alpha']}
-    models[ship_name] = dict(
+             measured['tasks'].items() if name in row.get('alpha', {})}
+    models[ship_name(name)] = dict(
         role=ROLES[entry['kind']], trained_as=name, config=entry['config'],
-        checkpoint=f'{ship_name}/{os.path.basename(src)}', step=entry['step'],
-        validation=entry['validation'], alpha=alpha or None)
+        checkpoint=f'{ship_name(name)}/{os.path.basename(sources[name])}',
+        step=entry['step'], validation=entry['validation'],
+        alpha=alpha or None)
+  _need_arrays(args)
+  n = args.slice_examples
+  tests = {task: arrays.load(os.path.join(args.arrays, task_dir), 'test')
+           for task, task_dir in TASK_DIRS.items()}
   data_dir = tasks.resolve_data_dir()
-  for task, task_dir in TASK_DIRS.items():
-    test = arrays.load(os.path.join(args.arrays, task_dir), 'test')
-    n = args.slice_examples
-    arrays.save(os.path.join(out, 'data', 'arrays', f'{task}_test.npz'),
-                {'inputs': test['inputs'][:n], 'targets': test['targets'][:n]})
-    os.makedirs(os.path.join(out, 'data', task_dir))
-    with open(os.path.join(data_dir, task_dir, 'test.jsonl'),
-              encoding='utf-8') as f, open(
-                  os.path.join(out, 'data', task_dir, 'test.jsonl'), 'w',
-                  encoding='utf-8') as g:
-      g.writelines(line for _, line in zip(range(n), f))
-  shutil.copy(os.path.join(data_dir, 'sentencepiece.model'),
-              os.path.join(out, 'data'))
-  write_index(out, models, methods, exported)
+  data_files = [os.path.join(data_dir, 'sentencepiece.model')] + [
+      os.path.join(data_dir, task_dir, 'test.jsonl')
+      for task_dir in TASK_DIRS.values()]
+  for path in data_files:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'No {path} in the data dir (SPECDEC_DATA_DIR '
+                              'or ~/.cache/specdec_jax/debian).')
+
+  # Built beside `out` and swapped in whole: a failure leaves `out` as it was.
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  new = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}-',
+                         dir=os.path.dirname(out))
+  try:
+    if os.path.isdir(out):
+      shutil.copymode(out, new)
+    else:
+      os.chmod(new, 0o755)
+    for name in keep:
+      shutil.copytree(os.path.join(out, name), os.path.join(new, name))
+    os.makedirs(os.path.join(new, 'data', 'arrays'))
+    for name, src in sources.items():
+      shutil.copytree(src, os.path.join(new, models[ship_name(name)][
+          'checkpoint']))
+    for task, task_dir in TASK_DIRS.items():
+      test = tests[task]
+      arrays.save(os.path.join(new, 'data', 'arrays', f'{task}_test.npz'),
+                  {'inputs': test['inputs'][:n],
+                   'targets': test['targets'][:n]})
+      os.makedirs(os.path.join(new, 'data', task_dir))
+      with open(os.path.join(data_dir, task_dir, 'test.jsonl'),
+                encoding='utf-8') as f, open(
+                    os.path.join(new, 'data', task_dir, 'test.jsonl'), 'w',
+                    encoding='utf-8') as g:
+        g.writelines(line for _, line in zip(range(n), f))
+    shutil.copy(data_files[0], os.path.join(new, 'data'))
+    write_index(new, models, methods, exported)
+    swap_in(new, out)
+  finally:
+    if os.path.isdir(new):
+      shutil.rmtree(new)
   total = sum(e['bytes'] for e in shipped.manifest_entries(out).values())
   print(f'shipped {list(models)} (kept methods {list(methods)}) to {out}: '
         f'{total / 1e6:.1f} MB')
@@ -260,14 +380,18 @@ GOALS = 'best drafter alpha(t=0) >= 0.70 (en_de), >= 0.65 (synopsis); a ' \
 
 
 def cmd_report(args):
-  """results/drafters_alpha.md (before / after) and, with --export_dir, the
-  training report (results/training_shipped.{md,png})."""
+  """The --out file's .md (default results/drafters_alpha.md: before /
+  after) and, with --export_dir, the training report beside it
+  (training_shipped.{md,png})."""
   from specdec_jax.bench import report  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
   from specdec_jax.bench import at_xxl_cost  # pylint: disable=g-import-not-at-top
   profile = flags.profile_of(args)
   with open(args.measured) as f:
     after = json.load(f)
+  md = os.path.splitext(args.out)[0] + '.md'
+  folder = os.path.dirname(md)
+  _check_out_file('--out', md)
   # Before: the record of the retired reproduce_table3 script (the table3
   # spec, python -m specdec_jax.experiments run table3 --models mini, now
   # measures that table in its own format).
@@ -337,17 +461,15 @@ def cmd_report(args):
                     '`python -m specdec_jax.experiments run table3 '
                     '--num_examples 256` gives it '
                     '(baseline_metrics of its t = 0 rows)') + ' |')
-  report.write_md(os.path.join(REPO, 'results', 'drafters_alpha.md'),
-                  '\n'.join(lines) + '\n')
+  report.write_md(md, '\n'.join(lines) + '\n')
   if not args.export_dir:
-    print('wrote results/drafters_alpha.md (no --export_dir: no training '
-          'report)')
+    print(f'wrote {md} (no --export_dir: no training report)')
     return
   # Training report of the runs behind the shipped models.
   with open(os.path.join(args.export_dir, 'models.json')) as f:
     exported = json.load(f)
   runs = list(exported['models'])
-  png = os.path.join(REPO, 'results', 'training_shipped.png')
+  png = os.path.join(folder, 'training_shipped.png')
   plots.plot_losses([os.path.join(args.export_dir, n, 'log.jsonl')
                      for n in runs], png, labels=runs)
   lines = ['# Training and distillation of the shipped models', '',
@@ -382,9 +504,9 @@ def cmd_report(args):
             'small_ce at step 2080)', '',
             'Then `python scripts/ship_models.py measure / ship / report` '
             '(README "Shipped models").']
-  with open(os.path.join(REPO, 'results', 'training_shipped.md'), 'w') as f:
+  with open(os.path.join(folder, 'training_shipped.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
-  print('wrote results/drafters_alpha.md, results/training_shipped.{md,png}')
+  print(f'wrote {md}, ' + os.path.join(folder, 'training_shipped.{md,png}'))
 
 
 def _old_validation(old_training, task):
@@ -409,9 +531,12 @@ def main(argv=None):
   parser.add_argument('--val_examples', type=checks.count, default=1024)
   parser.add_argument('--batch_size', type=checks.count, default=32)
   parser.add_argument('--out', type=checks.local_path,
-                      default='results/drafters_alpha.json')
+                      default='results/drafters_alpha.json',
+                      help='measure: its json; report: its .md, and the '
+                      'training report beside it')
   parser.add_argument('--models', default='target,dec2_fkl,small_fkl')
-  parser.add_argument('--measured', default=None)
+  parser.add_argument('--measured', default=None,
+                      help='the json of measure (ship: optional; report)')
   parser.add_argument('--assets', default=None,
                       help='default specdec_jax/assets/mini')
   parser.add_argument('--slice_examples', type=checks.count, default=256)
@@ -419,6 +544,8 @@ def main(argv=None):
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   if args.command != 'report' and not args.export_dir:
     parser.error(f'{args.command} needs --export_dir')
+  if args.command == 'report' and not args.measured:
+    parser.error('report needs --measured (the json of measure)')
   {'measure': cmd_measure, 'ship': cmd_ship,
    'report': cmd_report}[args.command](args)
 

@@ -70,16 +70,22 @@ def check_ints(minimum: int = 1, **values) -> None:
     check_int(name, value, minimum)
 
 
-def count(text: str) -> int:
-  """A flag's count: an int >= 1 (as the flag's `type`, argparse's error
-  naming the flag otherwise)."""
+def count(text: str, minimum: int = 1) -> int:
+  """A flag's count: an int >= minimum (as the flag's `type`, argparse's
+  error naming the flag otherwise)."""
   try:
     value = int(text)
   except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'an int >= 1 expected, got {text!r}')
+    value = minimum - 1
+  if value < minimum:
+    raise argparse.ArgumentTypeError(
+        f'an int >= {minimum} expected, got {text!r}')
   return value
+
+
+def natural(text: str) -> int:
+  """A flag's int >= 0 (a seed, an index; as the flag's `type`)."""
+  return count(text, 0)
 
 
 def positive(text: str) -> float:

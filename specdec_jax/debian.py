@@ -40,6 +40,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import sentencepiece as spm
 import tqdm
 
+from specdec_jax import checks
 from specdec_jax import tasks
 
 MANIFEST_FILE = 'manifest.json'
@@ -310,12 +311,18 @@ def train_vocab(sentences: List[str], out_dir: str, vocab_size: int,
   """
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()  # Not model_prefix: that stores out_dir in the model.
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=model,
-      vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-      normalization_rule_name=normalization, max_sentence_length=8192,
-      input_sentence_size=0, num_threads=num_threads, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model,
+        vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        normalization_rule_name=normalization, max_sentence_length=8192,
+        input_sentence_size=0, num_threads=num_threads, minloglevel=2)
+  except RuntimeError as e:  # a value it cannot use, said in one line
+    raise checks.InputError(
+        f'SentencePiece cannot train a vocabulary of {vocab_size} pieces '
+        f'with normalization {normalization!r} on {len(sentences)} '
+        f'texts: {e}'.replace('\n', ' ')) from None
   path = os.path.join(out_dir, tasks.DEBIAN_VOCAB_FILE)
   with open(path, 'wb') as f:
     f.write(model.getvalue())
@@ -357,6 +364,22 @@ def find_lists(lists_dir: Optional[str] = None,
   return files
 
 
+def check_build(out_dir: str, vocab_file: Optional[str] = None) -> None:
+  """Raises InputError (or FileNotFoundError) where `build` could not
+  finish: `out_dir` cannot be a local folder, or `vocab_file` is not a
+  SentencePiece model. Checked before anything is read or written."""
+  checks.check_local_folder('out_dir', out_dir)
+  if vocab_file is None:
+    return
+  if not os.path.isfile(vocab_file):
+    raise FileNotFoundError(f'No vocab_file {vocab_file!r}.')
+  try:
+    spm.SentencePieceProcessor(model_file=vocab_file)
+  except (RuntimeError, OSError) as e:
+    raise checks.InputError(f'vocab_file {vocab_file!r} is not a '
+                            f'SentencePiece model: {e}') from None
+
+
 def build(files: Dict[str, List[str]], out_dir: str, vocab_size: int = 8000,
           vocab_file: Optional[str] = None,
           max_examples: Optional[int] = None,
@@ -377,6 +400,7 @@ def build(files: Dict[str, List[str]], out_dir: str, vocab_size: int = 8000,
     The manifest written to `out_dir/manifest.json`: counts, source files
     and their SHA-256, the vocabulary, the split rule.
   """
+  check_build(out_dir, vocab_file)
   start = time.perf_counter()
   en = read_descriptions(files['en'], 'en')
   de = read_descriptions(files['de'], 'de')

@@ -1,11 +1,18 @@
 """Pre-tokenized arrays (specdec_jax/arrays.py) in a bucket as on disk."""
 
+import pathlib
+import runpy
+
 import numpy as np
 import pytest
 
+from command_line import run_script
 from specdec_jax import arrays
 from specdec_jax import checkpoints
 from specdec_jax import checks
+from specdec_jax import tasks
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rows(n, seed):
@@ -44,3 +51,27 @@ def test_another_url_is_refused(tmp_path, monkeypatch):
   with pytest.raises(checks.InputError, match='a local path or a gs://'):
     arrays.save('s3://b/train.npz', _rows(2, 0))
   assert not list(tmp_path.iterdir())
+
+
+def test_export_refuses_an_out_dir_in_a_file_at_once(tmp_path):
+  (tmp_path / 'file').write_text('')
+  proc = run_script('export_arrays', '--out_dir', str(tmp_path / 'file'),
+                    '--data_dir', str(tmp_path / 'no_data'), check=False)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.startswith("error: --out_dir '"), proc.stderr
+
+
+def test_export_says_which_split_is_empty(monkeypatch):
+  class Empty:  # a task whose split has no example
+    def get_dataset(self, **unused_kwargs):
+      return self
+
+    def as_numpy_iterator(self):
+      return iter(())
+
+  monkeypatch.setattr(tasks, 'get_task', lambda name: Empty())
+  export_task = runpy.run_path(
+      str(ROOT / 'scripts' / 'export_arrays.py'))['export_task']
+  with pytest.raises(checks.InputError,
+                     match="split 'test' of task 'x' is empty"):
+    export_task('x', {'inputs': 4, 'targets': 3}, 'test')

@@ -59,6 +59,21 @@ def test_committed_predictions_are_what_predict_gives(tmp_path, script, stem):
           committed.with_suffix('.md').read_text())
 
 
+@pytest.mark.parametrize('args,said', [
+    (['--meshes', '0,3'], 'argument --meshes'),
+    (['--allreduce_latency_us', '-1'], 'argument --allreduce_latency_us'),
+    (['--repredict', 'ALPHA'], 'not a results file'),
+])
+def test_mesh_refuses_its_flags_before_work(tmp_path, args, said):
+  alpha = tmp_path / 'alpha.json'
+  alpha.write_text('{"alpha": 0.5}')
+  proc = run_script('benchmark_mesh', '--out', str(tmp_path / 'mesh'), *[
+      a.replace('ALPHA', str(alpha)) for a in args], check=False)
+  assert proc.returncode in (1, 2) and said in proc.stderr, proc.stderr
+  assert alpha.read_text() == '{"alpha": 0.5}'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['alpha.json']
+
+
 def test_costs_run_writes_the_profile_its_json_gives(tmp_path):
   run = json.loads((ROOT / 'results' / 'costs.json').read_text())
   run.update(drafter=costs.DRAFTER_NAME, target=costs.TARGET_DESCRIPTION,
@@ -77,6 +92,22 @@ def test_costs_run_writes_the_profile_its_json_gives(tmp_path):
   committed = hardware.load(hardware.CPU)
   assert loaded.cost == committed.cost and loaded.t1_ms == committed.t1_ms
   assert (tmp_path / 'results' / 'costs.md').read_text() == '# costs\n'
+
+
+@pytest.mark.parametrize('script,args,said', [
+    ('benchmark_costs', ['--repeats', '1', '--profile_dir', 'FILE'],
+     'error: --profile_dir'),
+    ('benchmark_baseline', ['--repeats', '1', '--decode_len', '1',
+                            '--input_len', '1', '--out_dir', 'FILE/x'],
+     'error: --out_dir'),
+])
+def test_benchmarks_refuse_their_flags_before_measuring(tmp_path, script,
+                                                       args, said):
+  (tmp_path / 'file').write_text('')
+  proc = run_script(script, *[a.replace('FILE', str(tmp_path / 'file'))
+                              for a in args], check=False)
+  assert proc.returncode in (1, 2) and said in proc.stderr, proc.stderr
+  assert 'Traceback' not in proc.stderr and not proc.stdout, proc.stdout
 
 
 def test_mesh_on_paper_comes_from_the_profile():
@@ -146,7 +177,23 @@ def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
   ship = ['ship', '--export_dir', str(tmp_path / 'export'), '--arrays',
           str(tmp_path / 'arrays'), '--models', 'target,dec2_fkl',
           '--assets', str(assets), '--slice_examples', '2']
+  # A bad input is refused before the folder is touched.
+  before = _tree(assets)
+  typo = ship[:6] + ['target,dec2_fk'] + ship[7:]
+  proc = run_script('ship_models', *typo, check=False)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.startswith("error: --models: ['dec2_fk']"), proc.stderr
+  assert _tree(assets) == before
+  # A folder that holds no shipped set is not emptied.
+  other = tmp_path / 'other'
+  other.mkdir()
+  (other / 'notes.txt').write_text('mine')
+  proc = run_script('ship_models', *ship[:-3], str(other), *ship[-2:],
+                    check=False)
+  assert proc.returncode == 1 and 'no shipped set' in proc.stderr, proc.stderr
+  assert _tree(other) == {'notes.txt': _sha(other / 'notes.txt')}
   run_script('ship_models', *ship)
+  assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]
 
   new = json.loads((assets / 'models.json').read_text())
   assert list(new['models']) == ['target', 'dec2']
@@ -166,3 +213,55 @@ def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
   proc = run_script('ship_models', *ship, check=False)
   assert proc.returncode == 1 and 'not there' in proc.stderr, proc.stderr
   assert (assets / 'heads').is_dir() and (assets / 'models.json').is_file()
+  # Method weights that no models.json lists are not dropped.
+  (assets / 'models.json').unlink()
+  before = _tree(assets)
+  proc = run_script('ship_models', *ship, check=False)
+  assert proc.returncode == 1 and 'no models.json' in proc.stderr, (
+      proc.stderr)
+  assert _tree(assets) == before
+
+
+def _tree(folder):
+  return {str(p.relative_to(folder)): _sha(p)
+          for p in folder.rglob('*') if p.is_file()}
+
+
+def test_measure_and_report_check_their_inputs_first(tmp_path, monkeypatch):
+  _fake_export(tmp_path / 'export')  # its checkpoints do not load
+  for task_dir in ('debian_desc_en_de', 'debian_synopsis'):
+    arrays.save(str(tmp_path / 'arrays' / task_dir / 'test.npz'),
+                {'inputs': np.ones((4, 6), np.int32),
+                 'targets': np.ones((4, 5), np.int32)})
+  monkeypatch.setenv('SPECDEC_DATA_DIR', 'shipped')
+  (tmp_path / 'file').write_text('')
+  measure = ['measure', '--export_dir', str(tmp_path / 'export'),
+             '--arrays', str(tmp_path / 'arrays'), '--candidates',
+             'dec2_fkl', '--out', str(tmp_path / 'new' / 'alpha.json')]
+  for change, said in (
+      ({6: 'dec2_fkl,nope'}, "--candidates: ['nope']"),
+      ({8: str(tmp_path / 'file' / 'a.json')}, 'cannot be a folder')):
+    args = [change.get(i, a) for i, a in enumerate(measure)]
+    proc = run_script('ship_models', *args, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith('error: ') and said in proc.stderr, (
+        proc.stderr)
+  # Data of another vocabulary than the models'.
+  monkeypatch.setenv('SPECDEC_DATA_DIR', str(ROOT / 'tests' / 'testdata' /
+                                             'debian'))
+  proc = run_script('ship_models', *measure, check=False)
+  assert proc.returncode == 1 and 'another vocabulary' in proc.stderr, (
+      proc.stderr)
+  assert not (tmp_path / 'new').exists()
+
+  proc = run_script('ship_models', 'report', check=False)
+  assert proc.returncode == 2 and 'needs --measured' in proc.stderr
+  measured = tmp_path / 'alpha.json'
+  measured.write_text(json.dumps(dict(command='c', num_examples=1,
+                                      tasks={})))
+  committed = _sha(ROOT / 'results' / 'drafters_alpha.md')
+  run_script('ship_models', 'report', '--measured', str(measured), '--out',
+             str(tmp_path / 'out' / 'alpha.json'), '--profile',
+             hardware.CPU)
+  assert 'before and after' in (tmp_path / 'out' / 'alpha.md').read_text()
+  assert _sha(ROOT / 'results' / 'drafters_alpha.md') == committed

@@ -309,6 +309,31 @@ def test_build_is_deterministic(sample_lists, tmp_path):
                             f'{s}.jsonl')) for s in tasks.DEBIAN_SPLITS) == 5
 
 
+# scripts/build_debian_data.py refuses what it cannot build, in one line,
+# before it writes anything (run as a command).
+@pytest.mark.parametrize('flags,said', [
+    (['--vocab_file', 'MISSING'], 'error: No vocab_file'),
+    (['--out_dir', 'FILE/out'], 'error: out_dir'),
+    (['--normalization', 'bogus'], 'error: SentencePiece cannot train'),
+])
+def test_build_refuses_in_one_line(tmp_path, flags, said):
+  lists = tmp_path / 'lists'
+  lists.mkdir()
+  (lists / 'x_i18n_Translation-en').write_text(SAMPLE_EN, encoding='utf-8')
+  with gzip.open(lists / 'x_i18n_Translation-de.gz', 'wb') as f:
+    f.write(SAMPLE_DE.encode('utf-8'))
+  (tmp_path / 'file').write_text('')
+  flags = [f.replace('MISSING', str(tmp_path / 'missing.model')).replace(
+      'FILE', str(tmp_path / 'file')) for f in flags]
+  proc = run_script('build_debian_data', '--out_dir', str(tmp_path / 'out'),
+                    '--lists_dir', str(lists), '--vocab_size', '20', *flags,
+                    check=False)
+  assert proc.returncode == 1, proc.stderr
+  assert said in proc.stderr and 'Traceback' not in proc.stderr, proc.stderr
+  if '--normalization' not in flags:  # refused before anything is written
+    assert not (tmp_path / 'out').exists()
+
+
 def test_build_without_lists_names_apt_command(tmp_path):
   """Without apt's lists the script says exactly how to download them."""
   proc = run_script('build_debian_data', '--out_dir', str(tmp_path / 'out'),

@@ -272,6 +272,10 @@ def test_numpy_ints_pass_and_the_note_is_in_the_message():
     with pytest.raises(argparse.ArgumentTypeError, match='ints >= 1'):
       checks.counts(bad)
   assert checks.count('3') == 3 and checks.positive('1e-3') == 1e-3
+  assert checks.natural('0') == 0 and checks.natural('7') == 7
+  for bad in ('-1', 'x', '1.5'):  # a seed numpy would refuse in a traceback
+    with pytest.raises(argparse.ArgumentTypeError, match='an int >= 0'):
+      checks.natural(bad)
   for bad in ('0', '-1', '2.5', 'x', ''):
     with pytest.raises(argparse.ArgumentTypeError, match='an int >= 1'):
       checks.count(bad)

@@ -13,6 +13,7 @@ import os
 import pathlib
 from typing import Any, Dict, Tuple
 
+from specdec_jax import checks
 from specdec_jax import hardware
 from specdec_jax import models
 from specdec_jax.bench import report
@@ -31,6 +32,14 @@ TARGET_DESCRIPTION = ('T5 1.1-small size (random weights), float32, batch '
 def profile_name(machine: str) -> str:
   """'AMD EPYC, 2 cores, jax ...' -> 'cpu-amd-epyc-2-cores'."""
   return 'cpu-' + report.device_name(machine.split(', jax ')[0])
+
+
+def check_folders(out_dir, profile_dir=None) -> None:
+  """Raises InputError where `write_results` could not write its files
+  (`checks.check_local_folder`): checked before the run, not after."""
+  checks.check_local_folder('--out_dir', out_dir)
+  if profile_dir is not None:
+    checks.check_local_folder('--profile_dir', profile_dir)
 
 
 def write_results(out_dir, result: Dict[str, Any], markdown: str,
