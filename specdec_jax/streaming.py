@@ -143,6 +143,9 @@ def bucket_sizes(batch: int, refill_sizes=None, multiple: int = 1
   if refill_sizes is None:
     refill_sizes = [multiple << i for i in range(
         max(batch // multiple - 1, 1).bit_length())]
+  if not isinstance(refill_sizes, (list, tuple)):
+    raise checks.InputError(
+        f'refill_sizes must be a list of ints >= 1, got {refill_sizes!r}.')
   bad = [x for x in refill_sizes if not checks.is_int(x) or x < 1]
   if bad:
     raise checks.InputError(

@@ -393,6 +393,9 @@ def estimate_alpha(betas) -> float:
     raise ValueError('betas is empty')
   if np.any(np.isnan(betas)):
     raise ValueError('betas contains NaN')
+  if np.any((betas < 0) | (betas > 1)):
+    raise ValueError('betas are acceptance probabilities, in [0, 1]; got '
+                     f'{betas.min():g} .. {betas.max():g}')
   return float(betas.mean())
 
 

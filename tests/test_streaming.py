@@ -213,6 +213,9 @@ def test_merge_rows_and_bad_arguments(v11):
   with pytest.raises(ValueError, match='refill_sizes'):
     streaming.sample_stream(model, params, enc, batch_size=2,
                             max_decode_len=4, refill_sizes=(0,))
+  with pytest.raises(ValueError, match='refill_sizes must be a list of ints '
+                     '>= 1, got 1'):  # not a TypeError from iterating 1
+    streaming.bucket_sizes(8, 1)
   assert streaming.bucket_sizes(8) == (1, 2, 4, 8)
   assert streaming.bucket_sizes(5) == (1, 2, 4, 5)
   assert streaming.bucket_sizes(1) == (1,)

@@ -257,6 +257,8 @@ def test_alpha_from_distributions():
   assert type(alpha) is float and alpha == pytest.approx(beta.mean())
   with pytest.raises(ValueError):
     theory.estimate_alpha([])
+  with pytest.raises(ValueError, match=r'in \[0, 1\]; got 1\.5 \.\. 2'):
+    theory.estimate_alpha([1.5, 2.0])  # no alpha; it was their mean
   with pytest.raises(ValueError):
     theory.alpha_from_distributions([-0.1, 1.1], [0.5, 0.5])
 

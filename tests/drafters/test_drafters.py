@@ -335,10 +335,17 @@ def test_kinds_refuse_a_source_without_what_they_need():
       drafter.check_params(params)
 
 
-def test_module_main_lists_every_kind(capsys):
+def test_module_main_lists_every_kind(capsys, monkeypatch):
   """`python -m specdec_jax.drafters` is the kind list gin files and docs
-  point to: one line per registered kind, with its description."""
+  point to: one line per registered kind, with its description; it takes
+  no flag (a mistyped one is refused, not ignored)."""
   import runpy  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, 'argv', ['drafters', '--bogus'])
+  with pytest.raises(SystemExit) as e:
+    runpy.run_module('specdec_jax.drafters', run_name='__main__')
+  assert e.value.code == 2 and '--bogus' in capsys.readouterr().err
+  monkeypatch.setattr(sys, 'argv', ['drafters'])
   runpy.run_module('specdec_jax.drafters', run_name='__main__')
   lines = capsys.readouterr().out.strip().splitlines()[1:]
   assert [line.split()[0] for line in lines] == list(drafters.KINDS)

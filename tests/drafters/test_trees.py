@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax import drafters
@@ -882,7 +883,9 @@ def test_gamma_above_the_tree_depth_is_refused(greedy_setup):
 
 def test_tree_with_more_children_than_tokens_is_refused(tiny_target):
   model, _, _ = tiny_target  # 6 tokens
-  with pytest.raises(ValueError, match='7 children; the vocabulary has 6'):
+  with pytest.raises(checks.InputError, match=r'^the tree \(2 levels of '
+                     r'\[7, 7\] slots\) gives a node 7 children; the '
+                     r'vocabulary has 6 tokens\.$'):  # not its whole spec
     tree_drafter(model, 'beam:7,1,2')
 
 

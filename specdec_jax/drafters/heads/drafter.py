@@ -130,10 +130,7 @@ class HeadTreeDrafter(HeadDrafter):
 
   def __post_init__(self):
     super().__post_init__()
-    if self.shape.max_children > self.model.vocab_size:
-      raise checks.InputError(
-          f'tree {self.shape.spec!r} gives a node {self.shape.max_children} '
-          f'children; the vocabulary has {self.model.vocab_size} tokens.')
+    self.shape.check_vocab(self.model.vocab_size)
 
   def max_gamma(self, merged: bool) -> Optional[int]:
     """The tree's depth in the merged loop; no limit in the ordinary one."""

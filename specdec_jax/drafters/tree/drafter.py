@@ -69,10 +69,7 @@ class TreeDrafter:
   drafts_from_score = True
 
   def __post_init__(self):
-    if self.shape.max_children > self.base.vocab_size:
-      raise ValueError(
-          f'tree {self.shape.spec!r} gives a node {self.shape.max_children} '
-          f'children; the vocabulary has {self.base.vocab_size} tokens.')
+    self.shape.check_vocab(self.base.vocab_size)
 
   @property
   def vocab_size(self) -> int:

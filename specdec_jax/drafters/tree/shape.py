@@ -128,6 +128,16 @@ class TreeShape:
     """Candidates drawn per node (the largest rank + 1)."""
     return 1 + max(r for level in self.levels for _, r in level)
 
+  def check_vocab(self, vocab_size: int) -> None:
+    """Raises InputError where a node would draw more candidates than the
+    vocabulary has tokens (said by the tree's sizes, not its whole spec:
+    a wide tree's is thousands of characters)."""
+    if self.max_children > vocab_size:
+      raise checks.InputError(
+          f'the tree ({self.depth} levels of {list(self.sizes)} slots) '
+          f'gives a node {self.max_children} children; the vocabulary has '
+          f'{vocab_size} tokens.')
+
   @property
   def fed(self) -> Tuple[Tuple[int, ...], ...]:
     """Per level 1..D-1, the positions (in the level's parent order: slot
