@@ -353,8 +353,9 @@ def alpha_from_distributions(p, q) -> np.ndarray:
     array for 1-D inputs.
 
   Raises:
-    ValueError: if p or q has negative entries or a 0-d shape, or if the
-      shapes do not broadcast.
+    ValueError: if p or q has negative or non-finite entries, a row whose
+      sum is not 1 (to 1e-3: float32 and bfloat16 softmaxes pass), or a
+      0-d shape, or if the shapes do not broadcast.
 
   References:
     arXiv 2211.17192, Section 3.1, Definition 3.1 (beta) and Section 3.2,
@@ -365,8 +366,14 @@ def alpha_from_distributions(p, q) -> np.ndarray:
   q = np.asarray(q, dtype=np.float64)
   if p.ndim == 0 or q.ndim == 0:
     raise ValueError('p and q need a vocabulary axis (ndim >= 1)')
-  if np.any(p < 0) or np.any(q < 0):
-    raise ValueError('p and q must be non-negative probabilities')
+  for name, x in (('p', p), ('q', q)):
+    if not np.all(np.isfinite(x)) or np.any(x < 0):
+      raise ValueError(f'{name} must be finite, non-negative probabilities')
+    off = np.ravel(x.sum(axis=-1) - 1)
+    if np.any(np.abs(off) > 1e-3):
+      worst = 1 + off[np.argmax(np.abs(off))]
+      raise ValueError(f'{name} must be distributions (rows summing to 1); '
+                       f'a row sums to {worst:g}')
   return np.asarray(np.minimum(p, q).sum(axis=-1))
 
 

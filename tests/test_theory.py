@@ -261,6 +261,10 @@ def test_alpha_from_distributions():
     theory.estimate_alpha([1.5, 2.0])  # no alpha; it was their mean
   with pytest.raises(ValueError):
     theory.alpha_from_distributions([-0.1, 1.1], [0.5, 0.5])
+  with pytest.raises(ValueError, match='q must be finite'):  # it was NaN
+    theory.alpha_from_distributions([0.5, 0.5], [0.5, np.nan])
+  with pytest.raises(ValueError, match='p must be distributions .*sums to 20'):
+    theory.alpha_from_distributions([10, 10], [0.5, 0.5])  # it was 1.0
 
 
 @pytest.mark.parametrize('call', [
