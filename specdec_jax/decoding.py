@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checks
+from specdec_jax import interfaces
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax.sampling import SamplingConfig
@@ -137,6 +138,18 @@ def check_fits(name: str, holder, params) -> None:
                 ) from e
 
 
+def check_is(name: str, value, protocol, example: str) -> None:
+  """Raises InputError unless `value` is an instance (not a class) of the
+  runtime-checkable `protocol` (an `interfaces` contract): arguments
+  given in another order, a class for its instance."""
+  if isinstance(value, type) or not isinstance(value, protocol):
+    said = (f'the class {value.__name__}' if isinstance(value, type)
+            else f'a {type(value).__name__}')
+    raise checks.InputError(
+        f'{name} must be an interfaces.{protocol.__name__}, e.g. {example}; '
+        f'got {said}.')
+
+
 def check_common_args(model, params, encoder_input_tokens, max_decode_len,
                       sampling: SamplingConfig, eos_id,
                       params_name: str = 'params') -> None:
@@ -157,6 +170,8 @@ def check_common_args(model, params, encoder_input_tokens, max_decode_len,
     ValueError: naming the argument; TypeError for a non-integer dtype of
       the token ids.
   """
+  check_is('model', model, interfaces.DecodingModel,
+           'network.T5Model(config)')
   if not isinstance(sampling, SamplingConfig):
     raise checks.InputError(
         f'sampling must be a SamplingConfig, got {sampling!r}.')

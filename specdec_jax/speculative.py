@@ -501,6 +501,8 @@ def speculative_sample(
                              max_decode_len, sampling, eos_id,
                              params_name='target_params')
   check_gamma(gamma)
+  decoding.check_is('drafter', drafter, interfaces.Drafter,
+                    'drafters.T5Drafter(draft_model)')
   check_vocab(target.vocab_size, drafter.vocab_size)
   use_merged = decodes_merged(drafter, merged)
   check_drafter_gamma(drafter, gamma, use_merged)

@@ -41,6 +41,9 @@ class StepStub:
     logits = 10.0 * jax.nn.one_hot(nxt, self.vocab_size)
     return logits, {'position': cache['position'] + tokens.shape[1]}
 
+  def logits(self, *args):
+    raise NotImplementedError('a decoding stub: no teacher-forced pass')
+
 
 def expected_stub_output(offsets, steps, vocab=16):
   out = np.zeros((offsets.shape[0], steps), np.int32)
@@ -120,7 +123,7 @@ class Untouchable:
   def init_cache(self, *args):
     raise AssertionError('validation must happen before tracing')
 
-  extend = init_cache
+  extend = logits = init_cache
 
 
 @pytest.mark.parametrize('kwargs,message', [

@@ -327,6 +327,9 @@ class CountingTarget:
   def init_cache(self, *args):
     return self.model.init_cache(*args)
 
+  def logits(self, *args):
+    return self.model.logits(*args)
+
   def extend(self, params, tokens, cache):
     jax.debug.callback(lambda: TARGET_CALLS.append(tokens.shape[1]),
                        ordered=False)
@@ -361,7 +364,8 @@ class Untouchable:
   def init_cache(self, *args):
     raise AssertionError('validation must happen before tracing')
 
-  init = extend = propose = init_cache
+  # a target and a drafter (`interfaces`), each member failing if traced
+  init = extend = propose = prefill = score = logits = init_cache
 
 
 @pytest.mark.parametrize('kwargs,message', [

@@ -60,7 +60,8 @@ def baseline(lower=False, inputs=GOOD_INPUTS, target=None, params=None,
         decoding.temperature_sample)
   kwargs.setdefault('max_decode_len', 4)
   kwargs.setdefault('rng', jax.random.key(0))
-  return fn(target or Untouchable(), params or {}, inputs, **kwargs)
+  return fn(Untouchable() if target is None else target,
+            {} if params is None else params, inputs, **kwargs)
 
 
 def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
@@ -71,7 +72,8 @@ def spec(lower=False, inputs=GOOD_INPUTS, drafter=None, draft_params=None,
   draft_params = BIGRAM if draft_params is None else draft_params
   kwargs.setdefault('max_decode_len', 4)
   kwargs.setdefault('rng', jax.random.key(0))
-  return fn(target or Untouchable(), params or {}, drafter, draft_params,
+  return fn(Untouchable() if target is None else target,
+            {} if params is None else params, drafter, draft_params,
             inputs, gamma=2, **kwargs)
 
 
@@ -124,6 +126,10 @@ COMMON = {
     'rng_an_int': (dict(rng=0), ValueError,
                    r'rng must be one PRNG key, jax\.random\.key\(seed\) .*'
                    r'got 0\.'),
+    'model_and_params_swapped': (
+        dict(target={'encoder': {}}, params=Untouchable()), ValueError,
+        r'model must be an interfaces\.DecodingModel, e\.g\. '
+        r'network\.T5Model\(config\); got a dict\.'),
     'rng_a_batch_of_keys': (
         dict(rng=jax.random.split(jax.random.key(0), 2)), ValueError,
         r'rng must be one PRNG key.* got .*of shape \(2,\) and dtype key'),
@@ -178,6 +184,13 @@ SPECULATIVE = {
             next_tokens=BIGRAM['next_tokens'].at[3, 1].set(VOCAB + 7))),
         ValueError, r'draft_params .*next_tokens must be token ids in '
         r'\[0, vocab_size=32\); got ids from 0 to 39'),
+    'drafter_a_model': (
+        dict(drafter=network.T5Model(T5_SMALL)), ValueError,
+        r'drafter must be an interfaces\.Drafter, e\.g\. drafters\.'
+        r'T5Drafter\(draft_model\); got a T5Model\.'),
+    'drafter_a_class': (
+        dict(drafter=drafters.T5Drafter), ValueError,
+        r'drafter must .*; got the class T5Drafter\.'),
     't5_params_of_another_config': (
         dict(drafter=drafters.T5Drafter(network.T5Model(T5_SMALL)),
              draft_params=t5_params_of(T5_SMALL.replace(mlp_dim=48))),

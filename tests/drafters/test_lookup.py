@@ -171,6 +171,9 @@ class CopyModel:
     logits = 5.0 * jax.nn.one_hot(nxt, self.vocab_size)
     return logits, cache.rewind(cache.position + k)
 
+  def logits(self, *args):
+    raise NotImplementedError('a decoding stub: no teacher-forced pass')
+
 
 def test_lookup_beats_a_fixed_token_drafter_on_a_copy_task():
   rng = np.random.default_rng(0)
