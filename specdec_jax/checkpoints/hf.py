@@ -116,11 +116,8 @@ def from_hf_state_dict(state_dict, config: network.T5Config):
 def hf_config_kwargs(config: network.T5Config) -> dict:
   """Keyword arguments of `transformers.T5Config` for the same network."""
   acts = tuple(config.mlp_activations)
-  if acts == ('relu',):
-    ff = 'relu'
-  elif acts == ('gelu', 'linear'):
-    ff = 'gated-gelu'
-  else:
+  ff = {v: k for k, v in _HF_ACTIVATIONS.items()}.get(acts)
+  if ff is None:
     raise ValueError(f'No HF T5 feed_forward_proj for activations {acts}.')
   return dict(
       vocab_size=config.vocab_size,
@@ -207,6 +204,39 @@ _HF_ACTIVATIONS = {
 }
 
 
+_HF_KEYS = ('vocab_size', 'd_model', 'num_heads', 'num_layers', 'd_kv',
+            'd_ff')
+
+
+def _hf_config(config_json_path) -> Tuple[Dict[str, Any], str]:
+  """(the dict of an HF T5 config.json, its path), or a named error."""
+  path = os.fspath(config_json_path)
+  if not path.endswith('.json'):  # the folder holding it
+    if not _storage.isdir(path):
+      raise FileNotFoundError(f'No HF T5 folder {path}')
+    path = os.path.join(path, 'config.json')
+  try:
+    hf = json.loads(_storage.read_bytes(path))
+  except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError too
+    raise t5x.CheckpointError(f'{path}: not JSON ({e})') from None
+  if not isinstance(hf, dict):
+    raise t5x.CheckpointError(f'{path}: not an HF config (a JSON object)')
+  if hf.get('model_type', 't5') != 't5':
+    raise t5x.CheckpointError(
+        f"{path}: model_type {hf['model_type']!r}, not an HF T5 ('t5')")
+  missing = [k for k in _HF_KEYS if k not in hf]
+  if missing:
+    raise t5x.CheckpointError(f'{path}: not an HF T5 config (no {missing})')
+  return hf, path
+
+
+# The fields of the network a config.json fixes (the rest are how it runs:
+# dtypes, kernels, dropout).
+_ARCHITECTURE = ('vocab_size', 'emb_dim', 'num_heads', 'num_encoder_layers',
+                 'num_decoder_layers', 'head_dim', 'mlp_dim',
+                 'mlp_activations', 'logits_via_embedding')
+
+
 def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
   """T5Config of an HF transformers T5 / Flan-T5 `config.json`.
 
@@ -218,13 +248,14 @@ def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
     The T5Config of the same network.
 
   Raises:
+    FileNotFoundError: no such file (or folder).
+    CheckpointError: not a T5 config (another model_type, keys missing,
+      not JSON).
     ValueError: a feature our network does not implement (another
-      feed_forward_proj, relative-attention buckets other than 32/128).
+      feed_forward_proj, relative-attention buckets other than 32/128, a
+      layer norm epsilon other than T5's 1e-6).
   """
-  path = os.fspath(config_json_path)
-  if not path.endswith('.json'):  # the folder holding it
-    path = os.path.join(path, 'config.json')
-  hf = json.loads(_storage.read_bytes(path))
+  hf, path = _hf_config(config_json_path)
   ff = hf.get('feed_forward_proj', 'relu')
   if ff not in _HF_ACTIVATIONS:
     raise ValueError(f'{path}: feed_forward_proj {ff!r} is not supported '
@@ -234,6 +265,9 @@ def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
   if (buckets, distance) != (32, 128):
     raise ValueError(f'{path}: relative attention {buckets} buckets / max '
                      f'distance {distance}; T5X T5 uses 32 / 128')
+  if hf.get('layer_norm_epsilon', 1e-6) != 1e-6:
+    raise ValueError(f"{path}: layer_norm_epsilon {hf['layer_norm_epsilon']}; "
+                     'T5X T5 uses 1e-6')
   # T5 1.0 ties the output layer to the embedding and scales the decoder
   # output by d_model**-0.5 (T5X: logits_via_embedding). transformers < 5
   # says so with tie_word_embeddings (default True); transformers >= 5 always
@@ -351,20 +385,52 @@ def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
 
   Returns:
     The T5X params tree (nested dicts of jax arrays), checked against config.
+
+  Raises:
+    CheckpointError: a config that is not the network config.json
+      describes, weights it lacks or does not read, an unreadable file.
   """
   path = os.fspath(path_or_dir)
-  if config is None:
-    folder = os.path.dirname(path) if _storage.isfile(path) else path
-    config = config_from_hf(os.path.join(folder, 'config.json'))
+  folder = os.path.dirname(path) if _storage.isfile(path) else path
+  config_json = os.path.join(folder, 'config.json')
+  hf = None
+  if _storage.isfile(config_json) or config is None:
+    hf, _ = _hf_config(config_json)
+    theirs = config_from_hf(config_json)
+    if config is None:
+      config = theirs
+    differ = [f'{k} {getattr(config, k)!r} (config.json: '
+              f'{getattr(theirs, k)!r})' for k in _ARCHITECTURE
+              if getattr(config, k) != getattr(theirs, k)]
+    if differ:  # the weights would load and decode another network
+      raise t5x.CheckpointError(
+          f'{path}: the T5Config given is not the network its config.json '
+          'describes: ' + ', '.join(differ))
   state = _read_safetensors(_hf_weight_files(path))
   if 'shared.weight' not in state:  # Some exports keep only the stack copies.
     for alias in ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'):
       if alias in state:
         state['shared.weight'] = state[alias]
         break
+  if (hf is not None and not config.logits_via_embedding
+      and hf.get('tie_word_embeddings', True)
+      and 'lm_head.weight' not in state and 'shared.weight' in state):
+    # transformers >= 5 ties an unscaled output layer (T5 1.1's) to the
+    # embedding and saves the one matrix: the output layer is it.
+    state['lm_head.weight'] = state['shared.weight']
   try:
     params = from_hf_state_dict(state, config)
   except KeyError as e:
-    raise ValueError(f'{path}: {e.args[0]}') from None
+    raise t5x.CheckpointError(f'{path}: {e.args[0]}') from None
+  read = {name for _, name, _ in parameter_map(config)}
+  unused = sorted(set(state) - read - {
+      'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'} - (
+          {'lm_head.weight'} if np.array_equal(
+              state.get('lm_head.weight'), state.get('shared.weight'))
+          else set()))
+  if unused:  # weights of another network, e.g. an output layer it unties
+    raise t5x.CheckpointError(
+        f'{path}: {len(unused)} weights the T5Config does not read: '
+        f'{unused[:4]} (logits_via_embedding={config.logits_via_embedding})')
   flat = traverse_util.flatten_dict(params, sep='/')
   return t5x.params_from_flat(flat, path, config, dtype)

@@ -491,6 +491,44 @@ def test_config_from_hf_flan_t5_fields(tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps(hf))
   with pytest.raises(ValueError, match='gelu'):
     checkpoints.config_from_hf(tmp_path)
+  # What is no T5 config, or no T5 this network computes, named.
+  config = tmp_path / 'config.json'
+  for text, error, said in (
+      (dict(hf, feed_forward_proj='gated-gelu', layer_norm_epsilon=0.5),
+       ValueError, 'layer_norm_epsilon 0.5; T5X T5 uses 1e-6'),
+      ({'model_type': 'bart', 'd_model': 16}, checkpoints.CheckpointError,
+       "model_type 'bart', not an HF T5"),
+      ({'vocab_size': 8}, checkpoints.CheckpointError,
+       r"not an HF T5 config \(no \['d_model'"),
+      ([1], checkpoints.CheckpointError, 'not an HF config'),
+      ('{"vocab', checkpoints.CheckpointError, 'not JSON')):
+    config.write_text(text if isinstance(text, str) else json.dumps(text))
+    with pytest.raises(error, match=said):
+      checkpoints.config_from_hf(tmp_path)
+
+
+@pytest.mark.usefixtures('torch')
+def test_hf_config_json_fixes_the_network_loaded(np_v11, tmp_path):
+  """A T5Config given for another network than the folder's config.json
+  (the same shapes: gated-relu for gated-gelu) is refused, where the
+  weights loaded and decoded other tokens; so are weights the config does
+  not read (an untied output layer under a tied config). The gated-relu
+  network exports as HF's 'gated-relu'."""
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.checkpoints import hf as hf_lib
+  model, params = np_v11
+  hf_lib.to_hf_model(params, model.config).save_pretrained(tmp_path)
+  relu = model.config.replace(mlp_activations=('relu', 'linear'))
+  assert hf_lib.hf_config_kwargs(relu)['feed_forward_proj'] == 'gated-relu'
+  with pytest.raises(checkpoints.CheckpointError, match=re.escape(
+      "mlp_activations ('relu', 'linear') (config.json: ('gelu', "
+      "'linear'))")):
+    checkpoints.load_hf_t5(tmp_path, relu)
+  (tmp_path / 'config.json').unlink()  # the config given is all there is
+  with pytest.raises(checkpoints.CheckpointError, match=re.escape(
+      "1 weights the T5Config does not read: ['lm_head.weight']")):
+    checkpoints.load_hf_t5(
+        tmp_path, model.config.replace(logits_via_embedding=True))
 
 
 # --- Errors ---------------------------------------------------------------

@@ -39,6 +39,38 @@ def test_logits_equal_hf(which, request, torch):
   np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=0)
 
 
+def test_an_hf_t5_saved_by_transformers_loads_and_decodes_as_hf(tmp_path,
+                                                              torch):
+  """A gated-gelu T5 made and saved by transformers itself (not from our
+  weights): transformers >= 5 ties its unscaled output layer to the
+  embedding and saves the one matrix, which must then be the output
+  layer. Greedy tokens equal HF's generate."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax import network  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+      vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+      num_heads=2, feed_forward_proj='gated-gelu', tie_word_embeddings=False,
+      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+      initializer_factor=20.0)).eval()
+  hf.save_pretrained(tmp_path)
+  params = checkpoints.load_hf_t5(tmp_path)
+  model = network.T5Model(checkpoints.config_from_hf(tmp_path))
+  enc = np.random.default_rng(0).integers(2, 64, (3, 7))
+  enc[1, 4:] = 0
+  steps = 8
+  ours = np.asarray(decoding.temperature_sample(
+      model, params, enc, max_decode_len=steps).tokens)
+  with torch.no_grad():
+    theirs = hf.generate(
+        input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0),
+        do_sample=False, num_beams=1, max_new_tokens=steps).numpy()[:, 1:]
+  theirs = np.pad(theirs, ((0, 0), (0, steps - theirs.shape[1])))
+  assert len(np.unique(ours)) > 3
+  np.testing.assert_array_equal(ours, theirs)
+
+
 @pytest.mark.parametrize('which', ['v11', 'v10'])
 def test_greedy_tokens_equal_hf_generate(which, request, torch):
   model, params = request.getfixturevalue(which)
