@@ -34,6 +34,7 @@ hardware profile, Table 2) are in `specdec_jax.estimates`; docs/tpu.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -42,10 +43,9 @@ import logging
 import math
 import os
 import pathlib
-import re
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -448,31 +448,6 @@ def _lower(name: str, setup: Setup, part):
 
 # --- What the compiler says. -----------------------------------------------
 
-_HOST = (' outfeed(', ' infeed(', ' send(', ' recv(', 'callback',
-         'host_compute')
-_NOT_OPS = ('parameter(', 'constant(', 'get-tuple-element(', 'tuple(',
-            'bitcast(', 'after-all(', 'partition-id(', 'replica-id(')
-
-
-def hlo_facts(text: str) -> Dict[str, Any]:
-  """While loops, host transfers and collectives of a compiled HLO text.
-
-  `while_loops`: while instructions anywhere; `entry_while_loops`: those
-  the program itself runs (not nested); `host_transfers`: infeed / outfeed
-  / send / recv / host callbacks (0: the decode never waits on the host);
-  `entry_ops`: instructions of the entry computation that do work (not
-  parameters, constants, tuples, bitcasts): a step program's op count.
-  """
-  found = re.search(r'^ENTRY .*\{$(.*?)^\}', text, re.M | re.S)
-  entry = found.group(1).splitlines() if found else []
-  ops = [l for l in entry if '=' in l and not any(
-      f' {op}' in l.split('=', 1)[1] for op in _NOT_OPS)]
-  return {'while_loops': text.count(' while('),
-          'entry_while_loops': sum(' while(' in l for l in entry),
-          'host_transfers': sum(text.count(op) for op in _HOST),
-          'entry_ops': len(ops),
-          'collectives': partitioning.count_collectives(text)}
-
 
 def memory_facts(compiled) -> Dict[str, int]:
   """Bytes per device from `compiled.memory_analysis()`.
@@ -516,7 +491,7 @@ def compile_lowered(lowered, target: Target, what: str) -> Dict[str, Any]:
   out = {'program': what, 'compiled': True,
          'compile_s': round(time.perf_counter() - t0, 1),
          'memory': memory_facts(compiled), 'cost': cost_facts(compiled),
-         'hlo': hlo_facts(compiled.as_text())}
+         'hlo': program_cost.hlo_facts(compiled.as_text())}
   out['fits'] = out['memory']['peak_bytes'] <= target.spec.device_hbm_bytes
   return out
 
@@ -575,13 +550,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def check_flags(parser: argparse.ArgumentParser,
                 args: argparse.Namespace) -> argparse.Namespace:
-  """`args`, with a known --target and known --programs (else the
-  parser's error, which lists the targets or programs)."""
+  """`args`, with a known --target, a --num_partitions that divides its
+  devices, models no T5 refuses, known --programs (else the parser's error
+  naming the flag; the targets or programs listed)."""
   try:
     if not args.target:
       raise ValueError('--target is required; known targets: '
                        f'{", ".join(TARGETS)}')
-    get_target(args.target)
+    target = get_target(args.target)
+    if args.num_partitions and target.devices % args.num_partitions:
+      raise ValueError(f'--num_partitions={args.num_partitions} does not '
+                       f'divide the {target.devices} devices of {target.name}')
     if not args.batches:
       raise ValueError('--batches names no batch')
     dataclasses.replace(setup(args), batch=min(args.batches))  # its values
@@ -608,19 +587,24 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--xla_option', action='append', default=[], type=(
       models.assignment), help='with --iterations: KEY=VALUE, an XLA option, '
                       "e.g. xla_gpu_enable_triton_gemm=True (XLA's GEMMs)")
-  return check_flags(parser, parser.parse_args(argv))
+  args = parser.parse_args(argv)
+  if not args.iterations and (args.captured_us is not None or args.xla_option):
+    parser.error('--captured_us and --xla_option are options of --iterations')
+  return check_flags(parser, args)
 
 
 def configs(args: argparse.Namespace
             ) -> Tuple[network.T5Config, Dict[str, network.T5Config]]:
   """(the target's config, {drafter name: config}) of --model, --drafts."""
-  drafts = {s.strip().replace('t5_1_1_', ''): _config(s.strip(), args)
-            for s in re.split(r',(?![^,]*=)', args.drafts)}  # 'a,k=v,b'
-  return _config(args.model, args), drafts
+  drafts = {s.replace('t5_1_1_', ''): _config(s, args, '--drafts')
+            for s in models.specs(args.drafts)}
+  return _config(args.model, args, '--model'), drafts
 
 
-def _config(spec: str, args: argparse.Namespace) -> network.T5Config:
-  return models.with_fields(models.config(spec), args.model_fields)
+def _config(spec: str, args: argparse.Namespace,
+            flag: str) -> network.T5Config:
+  return models.with_fields(models.config(spec, flag), args.model_fields,
+                            '--model_fields')
 
 
 def setup(args: argparse.Namespace) -> Setup:
@@ -659,9 +643,11 @@ def program_row(f: Mapping[str, Any]) -> List[Any]:
 def iterations(args: argparse.Namespace) -> str:
   """`--iterations`: `program_cost.report_iterations` of the programs."""
   target, base = get_target(args.target), setup(args)
+  program_cost.check_options(devices(target.name)[0], target.platform,
+                             dict(args.xla_option))  # before the long ones
 
   def lower(name, model=None, draft=None, **fields):
-    fields.update({k: _config(v, args) for k, v in (
+    fields.update({k: _config(v, args, f'the {k} of {name}') for k, v in (
         ('target', model), ('draft', draft)) if v}, **(
             {} if 'tree' in name else {'tree': None}))
     return lower_program(name, dataclasses.replace(base, **fields),
@@ -681,10 +667,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   args = parse_flags(sys.argv[1:] if argv is None else list(argv))
-  with checks.one_line(BackendMissing):  # its fix named, in one line
+  rows = []
+  table = lambda: report.table(PROGRAM_COLUMNS, rows)
+  with checks.one_line(BackendMissing), ends_on_ctrl_c(lambda: (
+      f'{table()}\n' if rows else '') + 'stopped by SIGINT'):
     if args.iterations:
       return print(iterations(args))
-    target, base, rows = get_target(args.target), setup(args), []
+    target, base = get_target(args.target), setup(args)
     print(f'{target.name}: {target.chips} x {target.spec.name}, '
           f'{target.spec.device_hbm_bytes / GIB:.2f} GiB per device')
     for batch, name in plan(args):
@@ -692,8 +681,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                               target, args.num_partitions)
       rows.append(program_row(dict(facts, name=name, batch=batch)))
       jax.clear_caches()  # never run; an XXL loop's program holds GBs
-    print(report.table(PROGRAM_COLUMNS, rows))
+    print(table())
+
+
+@contextlib.contextmanager
+def ends_on_ctrl_c(said: Callable[[], str]):
+  """Ctrl-C ends a command with `said()` (what finished) and SIGINT's exit
+  status, which `checks.run_main` leaves at once (no traceback)."""
+  try:
+    yield
+  except KeyboardInterrupt:
+    print(said(), flush=True)
+    raise SystemExit(checks.SIGNAL_EXITS[0]) from None
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)

@@ -30,10 +30,11 @@ import dataclasses
 import logging
 import math
 import os
+import pathlib
 import shlex
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
 
@@ -311,11 +312,12 @@ def estimates(target: compiled.Target, steps, draft_steps, model, args
       alphas = {t: {n: {k: x['alpha'] for k, x in temps.items()}
                     for n, temps in a.items()} for t, a in alphas.items()}
       out['shipped_alpha'] = {
-          'source': args.alphas,
+          'source': report.portable(args.alphas),
           'rows': shipped_alpha_rows(pure, alphas),
           'rows_fitted': shipped_alpha_rows(fitted, alphas)}
     except (OSError, KeyError, ValueError) as e:
-      out['shipped_alpha'] = {'source': args.alphas, 'error': str(e)}
+      out['shipped_alpha'] = {'source': report.portable(args.alphas),
+                              'error': str(e)}
   return out
 
 
@@ -327,7 +329,7 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(prog=COMMAND,
                                    description=__doc__.split('\n')[0])
   compiled.add_flags(parser)
-  parser.add_argument('--reestimate', default=None,
+  parser.add_argument('--reestimate', default=None, type=checks.local_path,
                       help='a results json of this command: recompute its '
                       'estimates (profiles, Table 2) from the compiler '
                       'counts it holds, compiling nothing, and rewrite it')
@@ -347,20 +349,30 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       help="the paper's Table 2 on the estimated profile "
                       '(the paper ran on one TPU v4 chip)')
   parser.add_argument('--alphas', default='results/drafters_alpha.json',
+                      type=checks.local_path,
                       help="our shipped drafters' measured alpha (a "
                       'results json with tasks/<task>/alpha)')
   parser.add_argument('--out_dir', type=checks.local_path,
                       default='results/compiled')
   args = parser.parse_args(argv)
-  return args if args.reestimate else compiled.check_flags(parser, args)
+  if args.reestimate:
+    return args
+  try:  # where the results go, before anything compiles
+    checks.check_local_folder('--out_dir', args.out_dir)
+  except checks.InputError as e:
+    parser.error(str(e))
+  return compiled.check_flags(parser, args)
 
 
 def _log(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
-  """Everything the command reports for one target (see `main`)."""
+def run(args: argparse.Namespace, argv: Sequence[str],
+        save: Callable[[Dict[str, Any]], Any] = lambda out: None
+        ) -> Dict[str, Any]:
+  """Everything the command reports for one target (see `main`); what
+  finished is given to `save` after each program and after the steps."""
   target = compiled.get_target(args.target)
   model, drafts = compiled.configs(args)
   setup = compiled.setup(args)
@@ -390,6 +402,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
         f"{facts['memory']['peak_bytes'] / GIB:.2f} GiB, "
         f"{facts['compile_s']} s" if facts['compiled'] else
         facts['error'][:300]))
+    out['memory'] = memory_summary(out['programs'], target, args)
+    save(out)
   out['memory'] = memory_summary(out['programs'], target, args)
   if not args.ks:  # --ks=: the programs only.
     return out
@@ -398,6 +412,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Dict[str, Any]:
                   for b, curve in steps.items()}
   out['draft_steps'] = {str(b): {n: _slim(f) for n, f in ds.items()}
                         for b, ds in draft_steps.items()}
+  save(out)
   # A batch whose 1-token step did not compile (e.g. does not fit) has no
   # t(1) to divide by: its steps stay in the results, out of the estimates.
   steps = {b: c for b, c in steps.items() if 1 in c}
@@ -633,14 +648,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   if args.reestimate:
     print(reestimate(args.reestimate))
     return
-  with checks.one_line(compiled.BackendMissing):  # its fix, in one line
-    result = run(args, argv)
   stem = args.target.replace(':', '_') + (
       '_megacore' if args.megacore_steps else '')
-  path = report.write_json(f'{args.out_dir}/{stem}.json', result)
-  report.write_md(path.with_suffix('.md'), markdown(result))
+  path = pathlib.Path(args.out_dir) / f'{stem}.json'
+  saved = []
+
+  def save(result):  # what finished, kept if a later compile is stopped
+    report.write_json(path, result)
+    report.write_md(path.with_suffix('.md'), markdown(result))
+    saved[:] = [f"programs: {len(result['programs'])}" + (
+        ', the steps' if 'steps' in result else '')]
+
+  with checks.one_line(compiled.BackendMissing), compiled.ends_on_ctrl_c(
+      lambda: 'stopped by SIGINT: ' + (
+          f'{path} holds what finished: {saved[0]}' if saved else
+          'no program had finished, nothing written')):
+    save(run(args, argv, save))
   print(path)
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)

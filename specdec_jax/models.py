@@ -17,7 +17,7 @@ e.g. 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'.
 from __future__ import annotations
 
 import ast
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specdec_jax import checkpoints
 from specdec_jax import network
@@ -89,15 +89,54 @@ def _literal(text: str) -> Any:
     return text
 
 
-def config(spec: str, **overrides) -> network.T5Config:
+def config(spec: str, where: str = 'config spec',
+           **overrides) -> network.T5Config:
   """A `network.T5Config` from 'name[,field=value...]' (and overrides).
 
   Raises:
-    ValueError: an unknown name, a malformed override or an unknown field.
+    ValueError: an unknown name, a malformed override or an unknown field;
+      `checks.InputError`: a value no T5 can have (named with `where`, e.g.
+      the flag that gave `spec`, and `spec`).
   """
-  name, *rest = [part.strip() for part in spec.split(',') if part.strip()]
-  return with_fields(CONFIGS[_known(name)], rest, f'config spec {spec!r}',
+  name, *rest = parts(spec)
+  return with_fields(CONFIGS[_known(name)], rest, f'{where} {spec!r}',
                      **overrides)
+
+
+_OPEN, _CLOSE = '([{', ')]}'
+
+
+def parts(text: str) -> List[str]:
+  """The comma-separated parts of `text`, stripped, empty ones dropped; a
+  comma inside brackets, parentheses or quotes parts nothing (a tuple
+  value: "t5_1_1_small,mlp_activations=('swish',)")."""
+  out, depth, quote, start = [], 0, '', 0
+  for i, char in enumerate(text):
+    if quote:
+      quote = '' if char == quote else quote
+    elif char in '\'"':
+      quote = char
+    elif char in _OPEN:
+      depth += 1
+    elif char in _CLOSE:
+      depth = max(depth - 1, 0)
+    elif char == ',' and not depth:
+      out.append(text[start:i])
+      start = i + 1
+  out.append(text[start:])
+  return [part.strip() for part in out if part.strip()]
+
+
+def specs(text: str) -> List[str]:
+  """The config specs of `text`, comma separated ('a,k=v,b': a part that
+  sets no field begins the next spec)."""
+  out = []
+  for part in parts(text):
+    if '=' in part and out:
+      out[-1] += ',' + part
+    else:
+      out.append(part)
+  return out
 
 
 def assignment(text: str) -> Tuple[str, Any]:
@@ -116,6 +155,7 @@ def with_fields(base: network.T5Config, items: Sequence[str],
 
   Raises:
     ValueError: a malformed item or an unknown field (named with `where`).
+    checks.InputError: a value no T5 can have (`network.check_config`).
   """
   try:
     fields = dict(map(assignment, items), **overrides)
@@ -124,9 +164,11 @@ def with_fields(base: network.T5Config, items: Sequence[str],
   unknown = set(fields) - set(base.__dataclass_fields__)
   if unknown:
     raise ValueError(f'{where}: T5Config has no field(s) {sorted(unknown)}')
-  if 'mlp_activations' in fields:
+  if isinstance(fields.get('mlp_activations'), list):  # hashable
     fields['mlp_activations'] = tuple(fields['mlp_activations'])
-  return base.replace(**fields)
+  result = base.replace(**fields)
+  network.check_config(result, where)
+  return result
 
 
 SHIPPED = 'shipped:'

@@ -49,6 +49,7 @@ specdec_jax.compiled --target=gpu:h100 --iterations` prints the table.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gzip
 import json
@@ -59,8 +60,11 @@ import tempfile
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Tuple)
 
+import jax
 import numpy as np
 
+from specdec_jax import checks
+from specdec_jax import partitioning
 from specdec_jax.bench import report
 
 ESTIMATE = 'ESTIMATE (device model fitted to measured iterations)'
@@ -1108,6 +1112,32 @@ def read_dump(folder) -> Dict[str, str]:
               metadata=text('*thunk_metadata.txt'))
 
 
+_HOST = (' outfeed(', ' infeed(', ' send(', ' recv(', 'callback',
+         'host_compute')
+_NOT_OPS = ('parameter(', 'constant(', 'get-tuple-element(', 'tuple(',
+            'bitcast(', 'after-all(', 'partition-id(', 'replica-id(')
+
+
+def hlo_facts(text: str) -> Dict[str, Any]:
+  """While loops, host transfers and collectives of a compiled HLO text.
+
+  `while_loops`: while instructions anywhere; `entry_while_loops`: those
+  the program itself runs (not nested); `host_transfers`: infeed / outfeed
+  / send / recv / host callbacks (0: the decode never waits on the host);
+  `entry_ops`: instructions of the entry computation that do work (not
+  parameters, constants, tuples, bitcasts): a step program's op count.
+  """
+  found = re.search(r'^ENTRY .*\{$(.*?)^\}', text, re.M | re.S)
+  entry = found.group(1).splitlines() if found else []
+  ops = [l for l in entry if '=' in l and not any(
+      f' {op}' in l.split('=', 1)[1] for op in _NOT_OPS)]
+  return {'while_loops': text.count(' while('),
+          'entry_while_loops': sum(' while(' in l for l in entry),
+          'host_transfers': sum(text.count(op) for op in _HOST),
+          'entry_ops': len(ops),
+          'collectives': partitioning.count_collectives(text)}
+
+
 def cost_analysis(compiled) -> Dict[str, Any]:
   """A compiled program's `cost_analysis()` as one dict ({} if none;
   some jax versions give a list of one per device)."""
@@ -1124,6 +1154,23 @@ def compile_options(platform: str,
   as the project's builds compile without autotune results (cuBLAS GEMMs,
   `UNTUNED_OPTIONS`), with `options` over them."""
   return dict(UNTUNED_OPTIONS if platform == 'gpu' else {}, **(options or {}))
+
+
+def check_options(device, platform: str,
+                  options: Optional[Mapping[str, Any]]) -> None:
+  """Raises InputError where the compiler of `device` (compile-only, of
+  `platform`) refuses one of the XLA `options` (an unknown name, a value
+  of another type; with `compile_options`): tried on a program of one
+  addition, before the long compiles. None or {}: nothing to try."""
+  if not options:
+    return
+  x = jax.ShapeDtypeStruct((8,), np.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+  try:
+    jax.jit(lambda a: a + 1).lower(x).compile(
+        compile_options(platform, options))
+  except jax.errors.JaxRuntimeError as e:
+    raise checks.InputError(f'--xla_option: {e}') from None
 
 
 def compile_iteration(lowered, platform: str,
@@ -1474,3 +1521,20 @@ def breakdown_markdown(found: Sequence[Tuple[str, Iteration]]) -> str:
           '\n\nBy op kind (GB per iteration and device):\n\n' +
           report.table(['program', 'op kind', 'ops', 'HBM GB', 'counted GB',
                         'counted excess GB'], kinds) + '\n')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  """`python -m specdec_jax.program_cost`: refused in one line (exit status
+  2) whatever its flags, naming the command that prints the table: this
+  module has none of its own (--help: the module's summary)."""
+  parser = argparse.ArgumentParser(
+      prog='python -m specdec_jax.program_cost',
+      description=__doc__.split('\n')[0])
+  parser.parse_known_args(argv)  # --help: the summary
+  parser.error('no command line of its own: the table is python -m '
+               'specdec_jax.compiled --target=<target> --iterations '
+               '(docs/tpu.md)')
+
+
+if __name__ == '__main__':
+  main()

@@ -135,6 +135,13 @@ def test_the_command_compiles_what_its_flags_name():
   assert (drafts['small,emb_dim=256,num_heads=4'] == models.config(
       't5_1_1_small').replace(emb_dim=256, num_heads=4))
   assert drafts['base'] == models.config('t5_1_1_base')
+  # A tuple value's comma parts nothing.
+  drafts = compiled.configs(compiled.parse_flags([
+      '--target=gpu:h100',
+      "--drafts=t5_1_1_small,mlp_activations=('swish',),t5_1_1_base"]))[1]
+  assert list(drafts) == ["small,mlp_activations=('swish',)", 'base']
+  assert drafts["small,mlp_activations=('swish',)"].mlp_activations == (
+      'swish',)
   # --model_fields sets a T5Config field of every model.
   args = compiled.parse_flags(['--target=gpu:h100', '--model_fields',
                                'attention_kernel=cudnn'])
@@ -158,6 +165,24 @@ def test_the_command_compiles_what_its_flags_name():
     ('--temperature=-1', 'temperature must be a finite number >= 0'),
     ('--tree=beam:x', "Bad tree spec 'beam:x'"),
     ('--model=t5_1_1_nope', "unknown model config 't5_1_1_nope'"),
+    # A model no T5 can be, named with its flag (each program 'not
+    # compiled', exit status 0, before).
+    ('--model=t5_1_1_small,num_heads=abc', "--model 't5_1_1_small,"
+     "num_heads=abc'.num_heads must be an int >= 1, got 'abc'"),
+    ('--drafts=t5_1_1_small,num_heads=0', "--drafts 't5_1_1_small,"
+     "num_heads=0'.num_heads must be an int >= 1, got 0"),
+    ('--model=t5_1_1_base,emb_dim=-4', 'emb_dim must be an int >= 1, got -4'),
+    ('--model_fields=dtype=foo', '--model_fields.dtype must be a float dtype'),
+    ('--model_fields=attention_kernel=bogus',
+     "--model_fields.attention_kernel must be one of ('dot_product'"),
+    # A 'model' axis the devices cannot make (a traceback, before).
+    ('--num_partitions=2', '--num_partitions=2 does not divide the 1 devices '
+     'of tpu:v5e:1x1'),
+    # The options of --iterations alone (ignored, before).
+    ('--captured_us=2.4', '--captured_us and --xla_option are options of '
+     '--iterations'),
+    ('--xla_option=xla_gpu_enable_triton_gemm=True',
+     '--captured_us and --xla_option are options of --iterations'),
 ])
 def test_a_bad_value_is_the_parsers_error_before_anything_compiles(
     flag, message, capsys):
@@ -181,6 +206,28 @@ def test_a_missing_compiler_ends_the_command_in_one_line(monkeypatch):
   with pytest.raises(SystemExit) as e:
     compiled.main(['--target=gpu:h100', '--programs=baseline', '--batches=1'])
   assert e.value.code == 'error: no CUDA plugin: pip install ...'
+
+
+def test_ctrl_c_prints_the_programs_that_finished(monkeypatch, capsys):
+  """Ctrl-C between compiles: the table of the programs that finished and
+  the signal's exit status (which `checks.run_main` leaves at once), not a
+  KeyboardInterrupt's traceback."""
+  def compile_program(name, setup, target, num_partitions):
+    del setup, target, num_partitions
+    if name != 'baseline':
+      raise KeyboardInterrupt
+    return {'program': name, 'compiled': False, 'error': 'refused'}
+  monkeypatch.setattr(compiled, 'compile_program', compile_program)
+  try:
+    compiled.main(['--target=tpu:v5e:1x1', '--programs=baseline,t5',
+                   '--batches=1'])
+    error = None
+  except BaseException as e:  # pylint: disable=broad-except
+    error = e
+  assert isinstance(error, SystemExit) and error.code == 130, repr(error)
+  out = capsys.readouterr().out
+  assert '| baseline | 1 | - | **no**: refused |' in out
+  assert out.endswith('|\nstopped by SIGINT\n'), out
 
 
 def test_a_programs_row_says_whether_it_fits_or_why_not():

@@ -113,3 +113,70 @@ def test_reestimate_says_a_file_it_cannot_read_in_one_line(
   with pytest.raises(SystemExit, match=(
       f'error: {path} is no estimates file to reestimate: {error}')):
     estimates.main([f'--reestimate={path}'])
+
+
+@pytest.mark.parametrize('flag, message', [
+    # Before: compiled first, then a FileExistsError, nothing written.
+    ('--out_dir={file}', "--out_dir '{file}' cannot be a folder: {file} is "
+     'a file'),
+    # Before: a traceback from inside the model, once --ks's steps compile.
+    ('--model_fields=num_heads=0', '--model_fields.num_heads must be an int '
+     '>= 1, got 0'),
+])
+def test_a_bad_flag_is_the_parsers_error_before_anything_compiles(
+    tmp_path, capsys, flag, message):
+  """A folder the results cannot go to, a model no T5 can be: the
+  parser's one line (exit status 2), before anything compiles."""
+  file = tmp_path / 'afile'
+  file.write_text('')
+  with pytest.raises(SystemExit) as e:
+    estimates.parse_flags(['--target=tpu:v5e:1x1', '--ks=1',
+                           flag.format(file=file)])
+  assert e.value.code == 2
+  assert message.format(file=file) in capsys.readouterr().err
+
+
+def test_file_flags_expand_the_home_folder(monkeypatch, tmp_path):
+  """--reestimate and --alphas as --out_dir: a quoted '~' (as the shell
+  leaves it) is the home folder, not a folder named '~'."""
+  monkeypatch.setenv('HOME', str(tmp_path))
+  args = estimates.parse_flags(['--reestimate=~/r.json'])
+  assert args.reestimate == str(tmp_path / 'r.json')
+  args = estimates.parse_flags(['--target=tpu:v5e:1x1',
+                                '--alphas=~/alpha.json', '--out_dir=~/out'])
+  assert (args.alphas, args.out_dir) == (str(tmp_path / 'alpha.json'),
+                                         str(tmp_path / 'out'))
+
+
+def test_ctrl_c_keeps_the_programs_that_finished(monkeypatch, tmp_path,
+                                                 capsys):
+  """Ctrl-C in a later compile: the json and page hold the programs that
+  finished (written after each), and the command ends with one line and
+  the signal's exit status (which `checks.run_main` leaves at once), not a
+  KeyboardInterrupt's traceback with nothing written."""
+  gib = compiled.GIB
+
+  def compile_program(name, setup, target, num_partitions):
+    del setup, num_partitions
+    if name != 'baseline':
+      raise KeyboardInterrupt
+    return {'program': f'{name} on {target.name}', 'compiled': True,
+            'fits': True, 'compile_s': 1.0, 'cost': {},
+            'memory': {'argument_bytes': gib, 'temp_bytes': gib,
+                       'peak_bytes': 2 * gib},
+            'hlo': {'entry_while_loops': 1, 'host_transfers': 0}}
+  monkeypatch.setattr(compiled, 'compile_program', compile_program)
+  try:
+    estimates.main(['--target=tpu:v5e:1x1', '--programs=baseline,t5',
+                    '--batches=1', '--ks=', f'--out_dir={tmp_path}'])
+    error = None
+  except BaseException as e:  # pylint: disable=broad-except
+    error = e
+  assert isinstance(error, SystemExit) and error.code == 130, repr(error)
+  path = tmp_path / 'tpu_v5e_1x1.json'
+  assert f'stopped by SIGINT: {path} holds what finished: programs: 1' in (
+      capsys.readouterr().out)
+  assert [f['name'] for f in json.loads(path.read_text())['programs']] == [
+      'baseline']
+  assert '| baseline | 1 | - | yes | 1.00 | 1.00 | 2.00 | yes |' in (
+      path.with_suffix('.md').read_text())

@@ -11,6 +11,7 @@ import pathlib
 
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import program_cost as pc
 
@@ -237,6 +238,41 @@ def test_iterations_flag_without_cuda_plugin():
   with pytest.raises(SystemExit, match=r'^error: no CUDA plugin: .*pip '
                      r'install --target=<folder> .*PYTHONPATH=<folder>'):
     compiled.main(['--target=gpu:h100', '--iterations', '--programs=baseline'])
+
+
+def test_an_option_the_compiler_refuses_is_one_line_before_compiling(
+    monkeypatch):
+  """--xla_option the TPU compiler does not know: one line naming it,
+  tried on a program of one addition before the decode programs compile
+  (a JaxRuntimeError's traceback after compiling them, before)."""
+  def report_iterations(*args, **kwargs):
+    raise AssertionError('the programs compiled with a refused option')
+  monkeypatch.setattr(pc, 'report_iterations', report_iterations)
+  spec = 't5_1_1_small,num_decoder_layers=1,num_encoder_layers=1'
+  with pytest.raises(SystemExit) as e:
+    checks.run_main(compiled.main, [
+        '--target=tpu:v5e:1x1', '--iterations', '--programs=baseline',
+        f'--model={spec}', f'--drafts={spec}', '--batches=1',
+        '--input_length=8', '--max_decode_len=8',
+        '--xla_option=xla_nonexistent_flag=1'])
+  assert e.value.code == ('error: --xla_option: INVALID_ARGUMENT: No such '
+                          "compile option: 'xla_nonexistent_flag'")
+  # An option it knows passes.
+  pc.check_options(compiled.devices('tpu:v5e:1x1')[0], 'tpu',
+                   {'xla_gpu_enable_triton_gemm': False})
+
+
+@pytest.mark.parametrize('argv', [[], ['--target=tpu:v5e:1x1']])
+def test_the_module_has_no_command_line(capsys, argv):
+  """`python -m specdec_jax.program_cost [flags]` is refused in one line
+  naming the command that prints its table (it printed nothing and exited
+  0, before)."""
+  with pytest.raises(SystemExit) as e:
+    pc.main(argv)
+  assert e.value.code == 2
+  assert ('no command line of its own: the table is python -m '
+          'specdec_jax.compiled --target=<target> --iterations') in (
+              capsys.readouterr().err)
 
 
 def test_xla_options_reach_the_compiler_and_the_note(monkeypatch):
