@@ -22,6 +22,22 @@ from specdec_jax.measure import machine
 SIZES = ('xxl', 'large', 'base', 'small')
 
 
+def read(path: pathlib.Path):
+  """A run's log records; a log that is not JSON lines (e.g. its last line
+  cut off as it was written) refused, naming it."""
+  try:
+    return training.read_log(str(path))
+  except ValueError as e:
+    raise checks.InputError(f'{path} is no training log (a line cut off '
+                            f'as it was written?): {e}') from None
+
+
+def fmt(value, spec: str = '.3f') -> str:
+  """A figure of the table, '-' where the log has none (no validation
+  record yet)."""
+  return '-' if value is None else format(value, spec)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--models_dir', type=checks.local_path,
@@ -31,7 +47,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   root = pathlib.Path(os.path.expanduser(args.models_dir))
   out = pathlib.Path(args.out_dir)
-  out.mkdir(parents=True, exist_ok=True)
+  checks.check_local_folder('--out_dir', out)
   command = 'python scripts/training_report.py ' + ' '.join(
       sys.argv[1:] if argv is None else argv)
   lines = ['# Mini-model training runs', '', f'Command: `{command}`  ',
@@ -44,27 +60,32 @@ def main(argv=None):
            'work at times).', '',
            '| task | model | steps | train loss | val loss | val accuracy '
            '| wall min |', '|---|---|---|---|---|---|---|']
-  rows = []
+  logs = {}  # every task's logs read before anything is written
   for task in args.tasks.split(','):
     dirs = [root / f'{task}_mini_{s}' for s in SIZES
             if (root / f'{task}_mini_{s}' / training.LOG_FILE).exists()]
     if not dirs:
-      raise SystemExit(f'no training logs under {root} for {task}')
-    for d in dirs:
-      records = training.read_log(str(d / training.LOG_FILE))
+      raise checks.InputError(f'no training logs under {root} for {task}')
+    logs[task] = {d: read(d / training.LOG_FILE) for d in dirs}
+  out.mkdir(parents=True, exist_ok=True)
+  rows = []
+  for task, runs in logs.items():
+    for d, records in runs.items():
       train = [r for r in records if r.get('split') == 'train']
       val = [r for r in records if r.get('split') == 'validation']
-      row = dict(task=task, model=d.name, steps=train[-1]['step'],
-                 train_loss=train[-1]['loss'],
+      row = dict(task=task, model=d.name,
+                 steps=train[-1]['step'] if train else None,
+                 train_loss=train[-1]['loss'] if train else None,
                  val_loss=val[-1]['loss'] if val else None,
                  val_accuracy=val[-1]['accuracy'] if val else None,
-                 seconds=max(r.get('seconds', 0) for r in records))
+                 seconds=max((r.get('seconds', 0) for r in records),
+                             default=0))
       rows.append(row)
       lines.append(
-          f"| {task} | {d.name} | {row['steps']} | {row['train_loss']:.3f} | "
-          f"{row['val_loss']:.3f} | {row['val_accuracy']:.3f} | "
-          f"{row['seconds'] / 60:.1f} |")
-    plots.plot_losses([str(d) for d in dirs],
+          f"| {task} | {d.name} | {fmt(row['steps'], 'd')} | "
+          f"{fmt(row['train_loss'])} | {fmt(row['val_loss'])} | "
+          f"{fmt(row['val_accuracy'])} | {row['seconds'] / 60:.1f} |")
+    plots.plot_losses([str(d) for d in runs],
                       str(out / f'training_{task}.png'))
     lines += ['', f'![{task}](training_{task}.png)', '']
   (out / 'training.md').write_text('\n'.join(lines) + '\n')

@@ -80,6 +80,8 @@ def main_job(tasks=task_table.names(), num_examples=16,
     if task not in TASK_GIN:
       raise SystemExit(f'error: unknown task {task!r}; known: '
                        + ', '.join(TASK_GIN))
+  with checks.one_line(checks.InputError):  # before gin adds its line
+    checks.check_local_folder('--output_dir', output_dir)
   summaries = {}
   output_dir = run_dir(output_dir, resume)
   print(('resuming the latest run in ' if resume and os.path.isdir(output_dir)

@@ -12,7 +12,9 @@ already shipped.
 import hashlib
 import json
 import pathlib
+import runpy
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -265,3 +267,38 @@ def test_measure_and_report_check_their_inputs_first(tmp_path, monkeypatch):
              hardware.CPU)
   assert 'before and after' in (tmp_path / 'out' / 'alpha.md').read_text()
   assert _sha(ROOT / 'results' / 'drafters_alpha.md') == committed
+
+
+def test_training_report_checks_every_log_before_writing(tmp_path,
+                                                         monkeypatch):
+  """scripts/training_report.py: a run with no validation record yet is
+  '-' in its row (before: a TypeError formatting None); a task with no
+  logs among --tasks, or a log whose last line was cut off as it was
+  written, ends it in one line naming it before anything is written
+  (before: the first task's png written, or a JSONDecodeError's
+  traceback)."""
+  models, out = tmp_path / 'models', tmp_path / 'out'
+  log = models / 'en_de_mini_small' / 'log.jsonl'
+  log.parent.mkdir(parents=True)
+  record = json.dumps(dict(step=10, split='train', loss=2.5, accuracy=0.4,
+                           seconds=60.0)) + '\n'
+  def report(tasks):  # as its command runs it (its __main__)
+    monkeypatch.setattr(sys, 'argv', [
+        'training_report.py', '--models_dir', str(models), '--out_dir',
+        str(out), '--tasks', tasks])
+    runpy.run_path(str(ROOT / 'scripts' / 'training_report.py'),
+                   run_name='__main__')
+  for text, tasks, said in (
+      (record, 'en_de,synopsys', f'no training logs under {models} for '
+       'synopsys'),
+      (record + record[:20], 'en_de', f'{log} is no training log')):
+    log.write_text(text)
+    with pytest.raises(SystemExit) as e:
+      report(tasks)
+    assert str(e.value.code).startswith(f'error: {said}'), e.value.code
+    assert not out.exists()
+  log.write_text(record)
+  report('en_de')
+  assert '| en_de | en_de_mini_small | 10 | 2.500 | - | - | 1.0 |' in (
+      out / 'training.md').read_text()
+  assert (out / 'training_en_de.png').exists()

@@ -353,10 +353,15 @@ def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
       (['--tasks', 'en_de', '--gin.GAMMA=0'],  # the eval job's line
        'error: gamma must be an int >= 1, got 0.'),
       (['--output_dir', 'gs://b/main'],  # read back with local files
-       "--output_dir: a local path expected")):
+       "--output_dir: a local path expected"),
+      (['--output_dir', str(tmp_path / 'file')],  # before: gin's line too
+       f"error: --output_dir '{tmp_path}/file' cannot be a folder: "
+       f'{tmp_path}/file is a file.\n')):
+    (tmp_path / 'file').write_text('')
     with pytest.raises(SystemExit) as e:
       demo.main(['--output_dir', str(tmp_path)] + argv)
-    assert message in f'{e.value.code} {capsys.readouterr().err}'
+    assert message in f'{e.value.code}\n{capsys.readouterr().err}'
+    (tmp_path / 'file').unlink()
   assert not list(tmp_path.iterdir())
 
 

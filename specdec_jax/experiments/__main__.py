@@ -100,11 +100,12 @@ def main(argv: Optional[Sequence[str]] = None):
   with checks.one_line(OSError, ValueError):  # a --profile that is none
     profile = flags.profile_of(args, optional=True)
   if args.command == 'repredict':  # results local or gs://, in place
-    with checks.one_line(OSError, ValueError, KeyError, TypeError, said=(
-        f'{args.results} is no results file to repredict: ')):
+    with checks.one_line(OSError, ValueError, LookupError, TypeError,
+                         AttributeError, said=f'{args.results} is no '
+                         'results file to repredict: '):  # read before a write
       result = report.read_json(args.results)
       spec = specs.get(result['spec'])
-    table.repredict(spec, result, profile, command)
+      table.markdown(spec, table.repredict(spec, result, profile, command))
     out = os.path.splitext(args.results)[0]
     with bucket_folder.written_here('results', out) as (here, _):
       return table.write(spec, result, out, here=here)
@@ -113,7 +114,7 @@ def main(argv: Optional[Sequence[str]] = None):
   with checks.one_line(ValueError):  # flags, tasks, cells: before any load
     options = sweep.Options(
         models=args.models,
-        tasks=tuple(args.tasks.split(',')) if args.tasks else None,
+        tasks=None if args.tasks is None else tuple(args.tasks.split(',')),
         num_examples=args.num_examples, timing_repeats=args.repeats,
         shrink=args.shrink, only=args.only, where=tuple(args.where),
         work_dir=args.work_dir, models_dir=args.models_dir,

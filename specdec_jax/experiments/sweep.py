@@ -12,7 +12,6 @@ results after each cell (`table.write`). docs/experiments.md tells how.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -135,14 +134,12 @@ class Spec:
     columns: the table's columns, `(header, row field or function)`.
     num_examples: examples per cell.
     timing_repeats: timed repeats of each unit (medians).
-    shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run;
-      default: 2 examples of en_de, each timed once).
+    shrunk: `Options` changes of `--shrink` (tiny rows: the tests' run).
     predict: extra predicted figures of a row: `predict(row, profile)`
       sets fields on it (through `hardware.predict` only).
     plot: draws the results' png: `plot(result, path)`, or None.
-    measurements: the spec's own named measurements, beside
-      `MEASUREMENTS` (same form: name -> (fn(loaded, inputs) -> JSON, the
-      setup fields it depends on); the keywords a fn may name: `measured`).
+    measurements: the spec's own named measurements, in `MEASUREMENTS`'
+      form (the keywords a fn may name beside its two: `measured`).
     decode: False: a cell is its measurements alone, on its setup built
       as the job builds it (no decode, no summary figures: the profile).
     finish: `finish(result, out)` once every cell ran, before the results'
@@ -269,41 +266,45 @@ def matches(cell: Cell, where: Sequence[str]) -> bool:
     key, sep, wanted = condition.partition('=')
     if not sep:
       raise ValueError(f'--where {condition!r}: field=value[|value...]')
-    number = _number(fields.get(key))
-    if key not in fields or not any(
-        str(fields[key]) == w or (number is not None and number == _number(w))
-        for w in wanted.split('|')):
+    if key not in fields or _value(fields[key]) not in map(
+        _value, wanted.split('|')):
       return False
   return True
 
 
-def _number(value) -> Optional[float]:
-  """A number's value (None for anything else): '0' matches 0.0."""
+def _value(value) -> Any:
+  """A number's value ('0' matches 0.0), else the value's text."""
   try:
     return float(value)
   except (TypeError, ValueError):
-    return None
+    return str(value)
 
 
 def plan(spec: Spec, options: Options) -> List[Cell]:
   """The cells a run decodes: all, those whose fields `options.where`
-  matches (`matches`), or the one `options.only` names."""
+  matches (`matches`; an alternative that no cell has is refused), or the
+  one `options.only` names."""
   task_table.check_model_set(options.models)
   tasks = options.tasks or task_table.names()
   list(map(task_table.get, tasks))  # an unknown task: refused, named
+  if len(set(tasks)) < len(tasks):
+    raise checks.InputError(f'--tasks names a task twice: {list(tasks)}')
   cells = list(spec.cells(options, tasks))
   names = [c.name for c in cells]
   if len(set(names)) != len(names):
     raise ValueError(f'spec {spec.name!r} names a cell twice: {names}')
   if options.where:
     every, cells = cells, [c for c in cells if matches(c, options.where)]
-    if not cells:  # each field with the values the cells give it, in order
-      taken = collections.defaultdict(dict)
+    none = [f'{k}={w}' for k, _, v in (c.partition('=') for c in options.where)
+            for w in v.split('|') if not any(matches(c, [f'{k}={w}'])
+                                             for c in every)]
+    if none or not cells:  # each field with the values the cells give it
+      taken = {}
       for k, v in (kv for c in every for kv in c.fields().items()):
-        taken[k][str(v)] = None
+        taken.setdefault(k, {})[str(v)] = None
       said = '; '.join(f'{k}={"|".join(v)}' for k, v in taken.items())
-      raise ValueError(f'spec {spec.name!r} has no cell where '
-                       f'{" and ".join(options.where)}; its cells have {said}')
+      raise ValueError(f'spec {spec.name!r} has no cell where ' + ' and '.join(
+          none or options.where) + f'; its cells have {said}')
   if options.only is not None:
     cells = [c for c in cells if c.name == options.only]
     if not cells:
@@ -349,9 +350,8 @@ def results_name(options: Options) -> str:
 
 def method_checkpoint(options: Options, method: str, task: str) -> str:
   """A trained method's weights for a task (`method` 'heads' or
-  'lookahead'): the shipped ones, or a model set's in
-  `<models_dir>/<method>/<task>` (scripts/train_heads.py /
-  train_pass.py --out_dir)."""
+  'lookahead'): the shipped ones, or a model set's in `<models_dir>/
+  <method>/<task>` (scripts/train_heads.py / train_pass.py --out_dir)."""
   return (f'shipped:{method}/{task}' if options.models == 'shipped' else
           os.path.join(options.models_dir, method, task))
 
@@ -382,16 +382,12 @@ def run_cells(models, group: Sequence[Cell], options: Options,
               ) -> List[Tuple[Optional[Dict[str, Any]], Dict[str, Any]]]:
   """Decodes cells that share a baseline with the eval job, each into its
   own folder (resuming it): one baseline decode a unit, timed alternately
-  with every cell's speculative decode (`eval.evaluate_together`).
-
-  `cache`: the run's `loading.LoadCache` (what an earlier cell loaded is
-  not loaded again), or None. `decode` False: the cells' measurements only
-  (`Spec.decode`). `partitioner`: the cells' mesh, or None.
-
-  Returns:
-    Per cell: (the job's summary, or None without a decode; {measurement
-    name: value}).
-  """
+  with every cell's speculative decode (`eval.evaluate_together`); returns
+  per cell (the job's summary, or None without a decode; {measurement
+  name: value}). `cache`: the run's `loading.LoadCache` (what an earlier
+  cell loaded is not loaded again), or None; `decode` False: the cells'
+  measurements only (`Spec.decode`); `partitioner`: the cells' mesh, or
+  None."""
   setups = [cell_setup(models, cell, options) for cell in group]
   summaries = eval_lib.evaluate_together(
       [(setup, str(bucket_folder.join(folder, 'cells', cell.name)),
@@ -417,22 +413,17 @@ def run_cells(models, group: Sequence[Cell], options: Options,
 
 def run(spec: Spec, options: Options, *, profile=None, command: str = '',
         out: Optional[str] = None) -> Dict[str, Any]:
-  """Runs every cell of a spec (resuming), writing its results after each.
-
-  Args:
-    spec: the benchmark.
-    options: the command line's options (`options_of` fills the spec's
-      defaults in).
-    profile: a `hardware.HardwareProfile` for the rows' "predicted
-      <profile>" figures, or None.
-    command: the command that reruns it (the results' header).
-    out: the results' path without suffix (default
-      results/<spec>/<model set>; shrunk: <work folder>/results, since
-      tiny rows are no results); its rows of cells not run are kept.
-
-  Returns:
-    the results dict (also written as .json / .md / .png).
-  """
+  """Runs every cell of a spec (resuming), writing its results after each;
+  returns them (as written: .json / .md / .png). `options`: the command
+  line's (`options_of` fills the spec's defaults in); `profile`: a
+  `hardware.HardwareProfile` for the rows' "predicted <profile>" figures,
+  or None; `command`: the one that reruns it (the results' header); `out`:
+  the results' path without suffix (default results/<spec>/<model set>;
+  shrunk: <work folder>/results, since tiny rows are no results), its rows
+  of cells not run kept (`earlier_rows`)."""
+  if out is not None and os.path.basename(out) in ('', '.', '..'):
+    raise checks.InputError(f'--out {out!r} ends in no file name: give the '
+                            "results' path without suffix (OUT.json, ...)")
   options = options_of(spec, options)
   bucket_folder.check_folder('work_dir', options.work_dir)
   folder = work_folder(spec, options)
@@ -440,9 +431,10 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     out = str(bucket_folder.join(folder, 'results') if options.shrink else
               table.RESULTS / spec.name / results_name(options))
   cells, ran = [], []  # counted by the line Ctrl-C or SIGTERM ends it with
-  stopped = lambda name: (f'interrupted ({name}) with {len(cells) - len(ran)}'
-                          f' of {len(cells)} cells left; the others are in '
-                          f'{out}.json; rerun the same command to resume')
+  stopped = lambda name: '; '.join((
+      f'interrupted ({name}) with {len(cells) - len(ran)} of {len(cells)} '
+      'cells left', f'the others are in {out}.json' if ran else
+      'no cell finished', 'rerun the same command to resume'))
   with bucket_folder.written_here('out', out) as (here, sync), \
       run_folder.stops_in_one_line(stopped):
     cells = plan(spec, options)
@@ -470,12 +462,12 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
                            cache, spec.decode, partitioner)
       except Exception as e:  # pylint: disable=broad-except
         # Recorded with its error; the other cells run on (a rerun resumes).
-        error = checks.failure(e)
-        if (len(group) > 1 and isinstance(e, checks.REFUSED) and
-            jax.process_count() == 1):  # a cell's setup: each, alone
-          print(f'{error}: its cells again, one by one', flush=True)
+        if (len(group) > 1 and jax.process_count() == 1 and isinstance(
+            e, (*checks.REFUSED, eval_lib.MismatchError))):  # maybe one cell's
+          print(f'{e!r}: its cells again, one by one', flush=True)
           plan_groups[i + 1:i + 1] = [[cell] for cell in group]
           continue
+        error = checks.failure(e)
         result['failed'] += [{'cell': cell.name, **cell.fields(),
                               'error': error} for cell in group]
         gone = {cell.name for cell in group}  # an earlier row: no longer so
@@ -511,18 +503,25 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
 
 def earlier_rows(out: str, cells, header) -> List[Dict[str, Any]]:
   """The rows of OUT.json (local or gs://, if there) of the cells named in
-  `cells` where its run was this one's (the machine, examples, repeats,
-  mesh... of `header`: another's rows are not put under this header); a
-  file that is no results file is refused, not overwritten."""
+  `cells`. Refused, not overwritten: a file that is no results file, or
+  another spec's, or a run's of another header (machine, examples,
+  repeats, mesh...) with rows (this one's would not keep them)."""
   path = f'{out}.json'
   try:
     earlier = json.loads(checkpoints.read_bytes(path)) if checkpoints.isfile(
-        path) else {}
-    same = all(earlier.get(k) == json.loads(json.dumps(header.get(k)))
-               for k in ('models', 'machine', 'num_examples',
-                         'timing_repeats', 'shrunk', 'mesh', 'model_fields'))
-    return [row for row in earlier.get('rows', []) if row['cell'] in cells
-            and same]
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
+        path) else {'spec': header['spec'], 'rows': []}  # none: none kept
+    kept = [row for row in earlier['rows'] if row['cell'] in cells]
+    theirs = {k: earlier[k] if k == 'spec' else earlier.get(k) for k in (
+        'spec', 'models', 'machine', 'num_examples', 'timing_repeats',
+        'shrunk', 'mesh', 'model_fields')}  # the header the rows are under
+  except (ValueError, KeyError, TypeError) as e:
     raise checks.InputError(f'{path} is no results file to update ({e!r}); '
                             'move it away or give another --out') from None
+  ours = json.loads(json.dumps({k: header.get(k) for k in theirs}))
+  differ = [f'{k} {theirs[k]} vs {ours[k]}' for k in theirs
+            if theirs[k] != ours[k]]
+  if differ and (earlier['rows'] or theirs['spec'] != ours['spec']):
+    raise checks.InputError(
+        f"{path} holds another run's results ({'; '.join(differ)} in this "
+        'one): this run would drop them; give another --out or move it away')
+  return kept

@@ -291,8 +291,8 @@ def write(spec, result: Dict[str, Any], out, here=None) -> Dict[str, Any]:
   out = pathlib.Path(here or out)  # its folder made by write_json
   result['out'] = name or report.portable(str(
       out.relative_to(ROOT) if out.is_relative_to(ROOT) else out))
-  report.write_json(out.with_suffix('.json'), result)
-  report.write_md(out.with_suffix('.md'), markdown(spec, result))
+  report.write_json(f'{out}.json', result)  # not with_suffix: 'v1.5' too
+  report.write_md(f'{out}.md', markdown(spec, result))
   if spec.plot is not None and result['rows']:
-    spec.plot(result, out.with_suffix('.png'))
+    spec.plot(result, pathlib.Path(f'{out}.png'))
   return result

@@ -339,6 +339,10 @@ def test_cells_and_flags_are_checked():
      r'have task=en_de\|synopsis; drafter=lookup\|dec2\|small; gamma=4; '),
     (['run', 'table3', '--only', 'nope'], "spec 'table3' has no cell 'nope'"),
     (['run', 'table3', '--tasks', 'de_en'], "Unknown task 'de_en'"),
+    (['run', 'table3', '--tasks', ''], "Unknown task ''"),  # before: all
+    (['run', 'table3', '--tasks', 'en_de,en_de'], '--tasks names a task tw'),
+    (['run', 'table3', '--where', 'drafter=small|smal'],  # before: small's
+     'no cell where drafter=smal; its cells have task=en_de'),
     (['run', 'table3', '--num_examples', '0'], "--num_examples: an int >= 1"),
     (['run', 'table3', '--timing_repeats', '0'], '--timing_repeats: an int'),
     (['run', 'table3', '--max_minutes', '-5'], '--max_minutes: a finite num'),
@@ -353,16 +357,25 @@ def test_cells_and_flags_are_checked():
      "other.json is no results file to repredict: KeyError: 'spec'"),
     (['repredict', '{tmp}/text.json'],
      'text.json is no results file to repredict: ValueError: .* is not valid'),
+    (['repredict', '{tmp}/bare.json'],  # before: KeyError's traceback
+     "bare.json is no results file to repredict: KeyError: 'title'"),
+    (['repredict', '{tmp}/cut.json'],
+     "cut.json is no results file to repredict: KeyError: 'examples'"),
 ])
 def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path,
-                                               capsys):
+                                               capsys, monkeypatch):
   """Flags that name no cell, task or file, or bad numbers: one line
   ('error: ...', exit status 1) before anything loads or runs, not a
   traceback, nor cells failing one by one (a budget below zero: every cell
-  skipped)."""
-  (tmp_path / 'list.json').write_text('[1]')
-  (tmp_path / 'other.json').write_text('{"rows": []}')
-  (tmp_path / 'text.json').write_text('rows')
+  skipped); a results file that is none is left as it was."""
+  shipped = json.loads((ROOT / 'results/table3/shipped.json').read_text())
+  del shipped['rows'][0]['examples']
+  files = {'list.json': '[1]', 'other.json': '{"rows": []}',
+           'text.json': 'rows', 'bare.json': '{"spec": "table3", "rows": []}',
+           'cut.json': json.dumps(shipped)}
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  monkeypatch.setattr(sweep, 'run', lambda *a, **k: pytest.fail('it ran'))
   argv = [a.format(tmp=tmp_path) for a in argv]
   if '--profile' not in argv:
     argv += ['--profile', 'none']
@@ -375,6 +388,7 @@ def test_bad_flags_end_the_command_in_one_line(argv, message, tmp_path,
   assert re.search(f'error: .*{message}', said), said
   assert not (tmp_path / 'work').exists()
   assert not (tmp_path / 'out.json').exists()
+  assert {n: (tmp_path / n).read_text() for n in files} == files
 
 
 def test_model_fields_set_every_model_and_name_the_folders():
@@ -448,7 +462,11 @@ def test_a_selection_updates_its_rows_and_keeps_the_others(
   """--only / --where / --tasks rerun some cells: their rows are replaced
   in the results file, the others' kept, in the spec's order (before: the
   file held the selection's rows alone); a row of no cell of the spec
-  goes, and a file that is no results file is refused, not overwritten."""
+  goes. Refused before any cell runs, not overwritten (before: emptied):
+  a file that is no results file, another spec's, or one of another
+  header with rows; an --out that ends in no file name (before: 'keep/'
+  read keep/.json, wrote keep.json), and a dotted one is the same file
+  read and written (before: 'v1.5' read v1.5.json, wrote v1.json)."""
   spec, out = _tiny(variants=('a', 'b', 'c')), str(tmp_path / 'out')
   options = sweep.Options(work_dir=str(tmp_path / 'work'))
   monkeypatch.setattr(sweep, 'run_cells', _decoded(0.5))
@@ -472,28 +490,46 @@ def test_a_selection_updates_its_rows_and_keeps_the_others(
   with pytest.raises(sweep.CellsFailed):
     sweep.run(spec, dataclasses.replace(options, only=b), out=out)
   assert alphas() == [(a, 0.9), (c, 0.9)]
-  # Rows of another machine's run are not put under this one's header.
+  # Rows of another machine's run are not put under this one's header,
+  # nor dropped: refused, naming what differs.
   written = json.loads((tmp_path / 'out.json').read_text())
-  (tmp_path / 'out.json').write_text(json.dumps(dict(written, machine='x')))
+  for other, said in ((dict(written, machine='x'), 'machine x vs '),
+                      (dict(written, spec='t', rows=[]), 'spec t vs tiny'),
+                      ({'rows': []}, "no results file.*KeyError.'spec'"),
+                      ([1], 'out.json is no results file')):
+    (tmp_path / 'out.json').write_text(json.dumps(other))
+    with pytest.raises(checks.InputError, match=said):
+      sweep.run(spec, dataclasses.replace(options, only=b), out=out)
+    assert json.loads((tmp_path / 'out.json').read_text()) == other
+  (tmp_path / 'out.json').write_text(json.dumps(dict(written, machine='x',
+                                                     rows=[])))
   monkeypatch.setattr(sweep, 'run_cells', _decoded(0.7))
   sweep.run(spec, dataclasses.replace(options, only=b), out=out)
   assert alphas() == [(b, 0.7)]
-  (tmp_path / 'out.json').write_text('[1]')
-  with pytest.raises(checks.InputError, match='out.json is no results file'):
-    sweep.run(spec, options, out=out)
-  assert (tmp_path / 'out.json').read_text() == '[1]'
+  with pytest.raises(checks.InputError, match="'.*keep/' ends in no file"):
+    sweep.run(spec, options, out=f'{tmp_path}/keep/')
+  for only, alpha in ((a, 0.1), (c, 0.2)):
+    monkeypatch.setattr(sweep, 'run_cells', _decoded(alpha))
+    sweep.run(spec, dataclasses.replace(options, only=only),
+              out=str(tmp_path / 'v1.5'))
+  assert [r['alpha'] for r in json.loads(
+      (tmp_path / 'v1.5.json').read_text())['rows']] == [0.1, 0.2]
 
 
+@pytest.mark.parametrize('error', [
+    checks.InputError('no draft_head.json'),
+    eval_lib.MismatchError('1 greedy mismatch')])
 def test_a_refused_cell_fails_alone_not_the_cells_of_its_baseline(
-    tmp_path, monkeypatch):
+    error, tmp_path, monkeypatch):
   """Cells that share a baseline are decoded together; where one's setup
   is refused (e.g. heads without weights for the model set: the trees
-  spec on synthetic), each is decoded again alone, so only it fails
-  (before: every cell of the group failed with its error)."""
+  spec on synthetic) or its greedy outputs differ from the baseline's,
+  each is decoded again alone (resumed), so only it fails (before: every
+  cell of the group failed with its error, its rows gone)."""
   spec = _tiny(variants=('a', 'heads', 'b'))  # one baseline: one group
   def decoded(models, group, *args):
-    if len(group) > 1 or group[0].labels['variant'] == 'heads':
-      raise checks.InputError('no draft_head.json')
+    if any(c.labels['variant'] == 'heads' for c in group):
+      raise error
     return [({'alpha': 0.5}, {})]
   monkeypatch.setattr(sweep, 'run_cells', decoded)
   with pytest.raises(sweep.CellsFailed, match='1 of 3 cells failed'):
@@ -502,6 +538,7 @@ def test_a_refused_cell_fails_alone_not_the_cells_of_its_baseline(
   written = json.loads((tmp_path / 'out.json').read_text())
   assert [r['variant'] for r in written['rows']] == ['a', 'b']
   assert [f['variant'] for f in written['failed']] == ['heads']
+  assert written['failed'][0]['error'].startswith(type(error).__name__)
 
 
 @pytest.mark.parametrize('name, interrupt, status', [
@@ -510,9 +547,10 @@ def test_a_refused_cell_fails_alone_not_the_cells_of_its_baseline(
 def test_an_interrupted_run_ends_in_one_line(name, interrupt, status,
                                              tmp_path, monkeypatch, capsys):
   """Ctrl-C (or SIGTERM) ends the command as it ends training: a line
-  saying where what finished is and to rerun, the signal's exit status
-  (before: a traceback through jax); the results written before are kept,
-  and the rerun runs the cells left."""
+  saying where what finished is (or that none did: before, a file never
+  written) and to rerun, the signal's exit status (before: a traceback
+  through jax); the results written before are kept, and the rerun runs
+  the cells left."""
   spec = dataclasses.replace(_tiny(), cells=lambda options, tasks: [
       sweep.Cell('en_de', 'dec2', dict(gamma=2, temperature=t))
       for t in (0.0, 1.0)])  # two groups: a baseline each
@@ -523,8 +561,16 @@ def test_an_interrupted_run_ends_in_one_line(name, interrupt, status,
     if group[0].name == second:
       raise interrupt
     return [({'alpha': 0.5}, {})]
-  monkeypatch.setattr(sweep, 'run_cells', decoded_then_stopped)
   monkeypatch.setitem(specs.SPECS, 'tiny', spec)
+  monkeypatch.setattr(sweep, 'run_cells', lambda *_: (_ for _ in ()).throw(
+      interrupt))
+  with pytest.raises(SystemExit):
+    cli.main(['run', 'tiny', '--work_dir', work, '--out', out, '--profile',
+              'none'])
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      f'interrupted ({name}) with 2 of 2 cells left; no cell finished; '
+      'rerun the same command to resume')
+  monkeypatch.setattr(sweep, 'run_cells', decoded_then_stopped)
   with pytest.raises(SystemExit) as e:
     cli.main(['run', 'tiny', '--work_dir', work, '--out', out, '--profile',
               'none'])
