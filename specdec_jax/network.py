@@ -781,6 +781,10 @@ class T5Model:
     all (`check_params`): T5X's layout or the fused decoding one
     (`is_fused`: the model reads either). Leaves may be arrays or
     `jax.ShapeDtypeStruct`s; nothing is compiled."""
+    leaves, treedef = jax.tree.flatten(params)
+    if any(_fits(leaves, treedef, self.config.replace(fused_projections=f))
+           for f in (False, True)):
+      return  # each decode call's: 1.4 ms at XXL's 558 leaves, not 6.5
     check_params(params,
                  self.config.replace(fused_projections=is_fused(params)),
                  source='the tree')
@@ -904,6 +908,25 @@ def _described(shapes: Mapping[str, Tuple[int, ...]]) -> str:
     if len(shapes.get(path, ())) == 2:
       said.append(f'{name} {shapes[path][axis]}')
   return ', '.join(said)
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_flat(config: T5Config):
+  """(treedef, leaf shapes) of `config`'s params, once per config."""
+  leaves, treedef = jax.tree.flatten(T5Model(config).param_shapes())
+  return treedef, tuple(tuple(leaf.shape) for leaf in leaves)
+
+
+def _fits(leaves, treedef, config: T5Config) -> bool:
+  """Whether flattened params are `config`'s tree, shapes and floating
+  dtypes (`check_params`' fast path: its message only where they are
+  not)."""
+  want_def, want_shapes = _expected_flat(config)
+  return (treedef == want_def and
+          all(np.shape(leaf) == shape
+              for leaf, shape in zip(leaves, want_shapes)) and
+          all(jnp.issubdtype(dtype, jnp.floating)
+              for dtype in {_dtype(leaf) for leaf in leaves}))
 
 
 def check_params(params, config: T5Config, source: str = 'checkpoint'
