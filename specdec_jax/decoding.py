@@ -200,13 +200,14 @@ def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
   Raises:
     ValueError: rng is None and the sampling mode samples (temperature > 0),
       or not one key: a typed key `jax.random.key(seed)` (shape ()) or a
-      raw one `jax.random.PRNGKey(seed)` (uint32 [2]); an array, a tracer
-      or a `jax.ShapeDtypeStruct` of one.
+      raw one `jax.random.PRNGKey(seed)` (uint32 [2], or [4] under the
+      rbg implementations); an array, a tracer or a
+      `jax.ShapeDtypeStruct` of one.
   """
   if rng is not None:
     if isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and (
         (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape == ())
-        or (rng.dtype == np.uint32 and rng.shape == (2,))):
+        or (rng.dtype == np.uint32 and rng.ndim == 1)):  # rbg's: [4]
       return rng
     said = (f'{type(rng).__name__} of shape {rng.shape} and dtype '
             f'{rng.dtype}' if isinstance(

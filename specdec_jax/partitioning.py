@@ -281,6 +281,15 @@ class ShardedModel:
   def vocab_size(self) -> int:
     return self.model.vocab_size
 
+  # The contract's members on the class itself: from Python 3.12 an
+  # isinstance check of a runtime-checkable Protocol reads attributes
+  # statically, past `__getattr__` (`decoding.check_is`).
+  def check_params(self, params) -> None:
+    self.model.check_params(params)
+
+  def logits(self, *args, **kwargs):
+    return self.model.logits(*args, **kwargs)
+
   def _cache_axes(self, cache):
     """(logical names, what) per leaf of a `network.DecoderCache`."""
     kv = lambda kind: (CACHE_AXES, f'the {kind}-attention cache')

@@ -398,6 +398,27 @@ def test_the_entry_points_use_the_shared_check(call, message):
     call()
 
 
+def test_a_sharded_model_meets_the_contract_statically():
+  """From Python 3.12 `isinstance` of a runtime-checkable Protocol
+  (`decoding.check_is`) reads members statically, past `__getattr__`:
+  every `DecodingModel` member must be on `ShardedModel` itself, or every
+  decode on a mesh is refused there."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from specdec_jax import interfaces  # pylint: disable=g-import-not-at-top
+  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
+  for name in [n for n in vars(interfaces.DecodingModel)
+               if not n.startswith('_')]:
+    inspect.getattr_static(partitioning.ShardedModel, name)
+
+
+def test_raw_keys_of_every_prng_implementation_are_keys():
+  """A raw key is uint32 [2] (threefry) or [4] (rbg, unsafe_rbg)."""
+  sampled = decoding.SamplingConfig(1.0)
+  for width in (2, 4):
+    key = jnp.zeros((width,), jnp.uint32)
+    assert decoding.default_rng(key, sampled) is key
+
+
 def test_numpy_and_jax_scalars_are_numbers_to_sampling():
   """A temperature read from an array is a float like any other (the
   config stays hashable and equal to the float's)."""

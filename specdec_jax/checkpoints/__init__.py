@@ -7,7 +7,7 @@
   has none (T5X's own; `python -m specdec_jax.checkpoints`); `all_steps`,
   `latest_checkpoint` and `step_of` read `checkpoint_<step>` folder names;
   each load checks its tree against the T5Config
-  (`network.check_params`).
+  (`check_params` / `expected_shapes`: network's, re-exported).
 - `manifest`: checksum manifests (sha256 and size of every file, sha256 of
   every array): `save_t5x_params` writes one into each checkpoint,
   `load_t5x_params(..., verify=True)` checks it, `shipped` uses the same
@@ -27,6 +27,8 @@ work as before the split.
 """
 
 from specdec_jax.checkpoints import manifest
+from specdec_jax.network import check_params  # the rule's home: network
+from specdec_jax.network import expected_shapes
 from specdec_jax.checkpoints._storage import delete
 from specdec_jax.checkpoints._storage import is_gcs
 from specdec_jax.checkpoints._storage import isdir

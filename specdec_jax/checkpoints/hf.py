@@ -221,9 +221,10 @@ def _hf_config(config_json_path) -> Tuple[Dict[str, Any], str]:
     raise t5x.CheckpointError(f'{path}: not JSON ({e})') from None
   if not isinstance(hf, dict):
     raise t5x.CheckpointError(f'{path}: not an HF config (a JSON object)')
-  if hf.get('model_type', 't5') != 't5':
+  if hf.get('model_type', 't5') not in ('t5', 'mt5'):  # mT5: T5 1.1's
     raise t5x.CheckpointError(
-        f"{path}: model_type {hf['model_type']!r}, not an HF T5 ('t5')")
+        f"{path}: model_type {hf['model_type']!r}, not an HF T5 ('t5', "
+        "'mt5')")
   missing = [k for k in _HF_KEYS if k not in hf]
   if missing:
     raise t5x.CheckpointError(f'{path}: not an HF T5 config (no {missing})')
@@ -423,8 +424,10 @@ def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
   except KeyError as e:
     raise t5x.CheckpointError(f'{path}: {e.args[0]}') from None
   read = {name for _, name, _ in parameter_map(config)}
-  unused = sorted(set(state) - read - {
-      'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'} - (
+  unused = sorted(set(state) - read - {  # copies; one transformers < 4 kept
+      'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight',
+      'decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight'
+  } - (
           {'lm_head.weight'} if np.array_equal(
               state.get('lm_head.weight'), state.get('shared.weight'))
           else set()))

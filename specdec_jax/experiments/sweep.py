@@ -273,9 +273,9 @@ def matches(cell: Cell, where: Sequence[str]) -> bool:
 
 
 def _value(value) -> Any:
-  """A number's value ('0' matches 0.0), else the value's text."""
+  """A number's value ('0' matches 0.0), else (a bool too) its text."""
   try:
-    return float(value)
+    return str(value) if isinstance(value, bool) else float(value)
   except (TypeError, ValueError):
     return str(value)
 

@@ -516,8 +516,20 @@ def test_hf_config_json_fixes_the_network_loaded(np_v11, tmp_path):
   network exports as HF's 'gated-relu'."""
   # pylint: disable-next=g-import-not-at-top
   from specdec_jax.checkpoints import hf as hf_lib
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import numpy as st_numpy
   model, params = np_v11
   hf_lib.to_hf_model(params, model.config).save_pretrained(tmp_path)
+  # transformers < 4 kept a bias T5 never reads: not refused; nor is mT5.
+  weights = tmp_path / 'model.safetensors'
+  state = st_numpy.load_file(weights)
+  st_numpy.save_file(dict(state, **{
+      'decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.'
+      'weight': np.zeros((32, 2), np.float32)}), weights)
+  config = json.loads((tmp_path / 'config.json').read_text())
+  (tmp_path / 'config.json').write_text(json.dumps(dict(config,
+                                                        model_type='mt5')))
+  _assert_trees_equal(checkpoints.load_hf_t5(tmp_path, model.config), params)
   relu = model.config.replace(mlp_activations=('relu', 'linear'))
   assert hf_lib.hf_config_kwargs(relu)['feed_forward_proj'] == 'gated-relu'
   with pytest.raises(checkpoints.CheckpointError, match=re.escape(

@@ -483,6 +483,8 @@ def test_a_selection_updates_its_rows_and_keeps_the_others(
   monkeypatch.setattr(sweep, 'run_cells', _decoded(0.9))
   sweep.run(spec, dataclasses.replace(options, where=('variant=c|a',),
                                       tasks=('en_de',)), out=out)
+  assert sweep.plan(specs.get('numerics'), dataclasses.replace(
+      options, where=('same_shape_baseline=True',)))  # a bool's text
   assert alphas() == [(a, 0.9), (b, 0.7), (c, 0.9)]
   assert '| en_de | 0.700 |' in (tmp_path / 'out.md').read_text()
   # A cell that fails now keeps no earlier row beside its failure.
