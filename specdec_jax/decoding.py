@@ -205,14 +205,13 @@ def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
       `jax.ShapeDtypeStruct` of one.
   """
   if rng is not None:
-    if isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and (
+    array = isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
+    if array and (
         (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape == ())
         or (rng.dtype == np.uint32 and rng.ndim == 1)):  # rbg's: [4]
       return rng
     said = (f'{type(rng).__name__} of shape {rng.shape} and dtype '
-            f'{rng.dtype}' if isinstance(
-                rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
-            else repr(rng)[:80])
+            f'{rng.dtype}' if array else repr(rng)[:80])
     raise checks.InputError(
         f'rng must be one PRNG key, jax.random.key(seed) (or a raw '
         f'jax.random.PRNGKey(seed)), got {said}.')

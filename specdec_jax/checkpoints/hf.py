@@ -256,7 +256,12 @@ def config_from_hf(config_json_path: str, **overrides) -> network.T5Config:
       feed_forward_proj, relative-attention buckets other than 32/128, a
       layer norm epsilon other than T5's 1e-6).
   """
-  hf, path = _hf_config(config_json_path)
+  return _network_of(*_hf_config(config_json_path), **overrides)
+
+
+def _network_of(hf: Dict[str, Any], path: str,
+                **overrides) -> network.T5Config:
+  """`config_from_hf` of a config.json read (`_hf_config`) from `path`."""
   ff = hf.get('feed_forward_proj', 'relu')
   if ff not in _HF_ACTIVATIONS:
     raise ValueError(f'{path}: feed_forward_proj {ff!r} is not supported '
@@ -396,8 +401,8 @@ def load_hf_t5(path_or_dir: str, config: Optional[network.T5Config] = None,
   config_json = os.path.join(folder, 'config.json')
   hf = None
   if _storage.isfile(config_json) or config is None:
-    hf, _ = _hf_config(config_json)
-    theirs = config_from_hf(config_json)
+    hf, json_path = _hf_config(config_json)  # read once
+    theirs = _network_of(hf, json_path)
     if config is None:
       config = theirs
     differ = [f'{k} {getattr(config, k)!r} (config.json: '
