@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import msgpack
 import numpy as np
 import pytest
+import tensorstore as ts
 
 from specdec_jax import checks
 from specdec_jax import checkpoints
@@ -929,21 +930,34 @@ def test_a_gcs_that_gives_no_listing_in_time_is_said(gcs, monkeypatch):
   """Where GCS cannot be reached, tensorstore retries for many minutes
   without a word; a listing (every gs:// path is listed before it is read)
   that takes longer than `_storage.LIST_TIMEOUT_S` is an InputError naming
-  the address and the usual causes. (Here the limit is shorter than any
-  answer of the local GCS.)"""
+  the address and the usual causes. (Here GCS never answers: each listing
+  is a tensorstore future nothing resolves, as where GCS cannot be reached;
+  a short limit on the local GCS's listings was a race its answer could win
+  on a loaded machine.)"""
   storage = checkpoints._storage  # pylint: disable=protected-access
-  monkeypatch.setattr(storage, 'LIST_TIMEOUT_S', 1e-9)
+  opened = storage._gcs_store  # pylint: disable=protected-access
+  waits, promises = [], []
+
+  class Unanswering:
+    """The bucket's store, whose listings never answer."""
+
+    def list(self, key_range):
+      waits.append(key_range)
+      promise, future = ts.Promise.new()
+      promises.append(promise)  # kept: a dropped one would end the wait
+      return future
+
+  monkeypatch.setattr(storage, '_gcs_store', lambda path: (
+      Unanswering(), opened(path)[1]))
+  monkeypatch.setattr(storage, 'LIST_TIMEOUT_S', 0.05)
   with pytest.raises(checks.InputError, match=(
-      f'{gcs}/ckpt\\S*: GCS gave no listing in 1e-09 s .* no network, or no '
+      f'{gcs}/ckpt\\S*: GCS gave no listing in 0.05 s .* no network, or no '
       f'credentials.*gsutil ls {gcs}/ckpt')):
     checkpoints.load_t5x_params(f'{gcs}/ckpt')
   # Said at the first listing: a run's fingerprint of the folder (its
   # manifest looked for) does not take it for a damaged manifest and list
   # again (twice the wait).
-  waits = []
-  keys = storage._gcs_keys  # pylint: disable=protected-access
-  monkeypatch.setattr(storage, '_gcs_keys', lambda *a, **k: (
-      waits.append(a), keys(*a, **k))[1])
+  waits.clear()
   with pytest.raises(checks.InputError, match='GCS gave no listing'):
     checkpoints.manifest.fingerprint(f'{gcs}/ckpt')
   assert len(waits) == 1
