@@ -485,22 +485,40 @@ def _status(out):
   return json.loads((out / 'summary.json').read_text())['status']
 
 
-def _kill_subprocess(argv, out, sig, after_lines, rng):
-  """Runs the job in a subprocess and sends `sig` once `after_lines` records
-  are written (plus a random delay). Returns the process."""
+# The job as `python -m specdec_jax.eval` runs it, held after its first
+# append of records (a marker file says so) until it is killed: the kill
+# lands mid-run whatever the machine's load (a kill timed from the outside
+# raced the job's next unit).
+_HELD_AFTER_FIRST_APPEND = """
+import os, runpy, sys, time
+from specdec_jax import run_folder
+real_append = run_folder.append
+def append(*args, **kwargs):
+  real_append(*args, **kwargs)
+  open(os.environ['SPECDEC_TEST_APPENDED'], 'w').close()
+  time.sleep(600)
+run_folder.append = append
+sys.argv[0] = 'specdec_jax.eval'
+runpy.run_module('specdec_jax.eval', run_name='__main__', alter_sys=True)
+"""
+
+
+def _kill_subprocess(argv, out, sig):
+  """Runs the job in a subprocess and sends `sig` once its first records
+  are written (it waits for the signal then). Returns the process."""
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
-  proc = subprocess.Popen([sys.executable, '-m', 'specdec_jax.eval'] + argv,
-                          env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-  records = out / 'examples.jsonl'
+  appended = out.parent / f'{out.name}.appended'
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]),
+             SPECDEC_TEST_APPENDED=str(appended))
+  proc = subprocess.Popen(
+      [sys.executable, '-c', _HELD_AFTER_FIRST_APPEND] + argv, env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
   while proc.poll() is None and time.time() < deadline:
-    if records.exists() and records.read_text().count('\n') >= after_lines:
-      time.sleep(rng.uniform(0, 0.05))
+    if appended.exists():
       proc.send_signal(sig)
       break
     time.sleep(0.02)
@@ -509,11 +527,12 @@ def _kill_subprocess(argv, out, sig, after_lines, rng):
 
 def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
                                                          monkeypatch, capsys):
-  """SIGKILL in a subprocess, then in-process Ctrl-C (SIGINT), SIGTERM and a
-  torn write at random records, streamed: after each the files hold no
-  duplicate and the status says why; the resumed run's records equal an
-  uninterrupted run's. (An exception after every write of a unit, for
-  every drafter kind: tests/test_run_folder.py.)"""
+  """SIGKILL in a subprocess (after its first records), then in-process
+  Ctrl-C (SIGINT), SIGTERM and a torn write at random records, streamed:
+  after each the files hold no duplicate and the status says why; the
+  resumed run's records equal an uninterrupted run's. (An exception after
+  every write of a unit, for every drafter kind: tests/test_run_folder.py.)
+  """
   import random  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
@@ -521,11 +540,7 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   # Streamed: 2 chunks of 4 examples (2 slots).
   few = dict(NUM_EXAMPLES='8', BATCH_SIZE='2', **STREAM)
   killed, stopped = tmp_path / 'killed', tmp_path / 'stopped'
-  # Slowed down (each chunk timed 10 times: seconds) so that the signal,
-  # sent within 0.1 s of the first records, lands mid-run.
-  slow = {'evaluate.timing_repeats': '10'}
-  proc = _kill_subprocess(args(killed, **few, **slow), killed, signal.SIGKILL,
-                          rng.randint(1, 3), rng)
+  proc = _kill_subprocess(args(killed, **few), killed, signal.SIGKILL)
   reference = tmp_path / 'reference'
   eval_lib.main(args(reference, **few))  # meanwhile, uninterrupted
   expected = comparable(reference)

@@ -266,7 +266,7 @@ def test_tree_level_time_times_each_level_as_requested(setup, monkeypatch):
   monkeypatch.setattr(measure, 'repeated_levels', Spy())
   seconds = measure.tree_level_time(tree, params, enc[:1], repeats=1,
                                     n_calls=2, context=4, jit_setup=True)
-  assert math.isfinite(seconds) and 0 < seconds < 1
+  assert math.isfinite(seconds) and 0 < seconds < 10  # a call's seconds
   assert entries == [(params,)]
   # (nodes, the level's first slot: context + fed offset, fed width, k).
   assert set(runs) == {((1, 2), 5, 4, 3), ((1, 1), 7, 4, 3)}

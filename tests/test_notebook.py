@@ -27,6 +27,9 @@ def executed(path: pathlib.Path):
   nb = nbformat.read(path, as_version=4)
   client = nbclient.NotebookClient(
       nb, timeout=600, kernel_name='python3',
+      # A cell's output that comes late on a loaded machine is an error,
+      # not output missing from what the tests read.
+      iopub_timeout=60, raise_on_iopub_timeout=True,
       resources={'metadata': {'path': str(path.parent)}})
   client.execute()
   return nb
