@@ -41,11 +41,13 @@ def main(argv=None):
   parser.add_argument('--max_examples', type=checks.count, default=None,
                       help='keep the first N examples per task and split.')
   parser.add_argument('--normalization', default='nmt_nfkc',
-                      help='SentencePiece normalization rule (the text is '
-                      'already NFKC; "identity" makes a much smaller model).')
+                      help='SentencePiece normalization rule of a model to '
+                      f'train: {", ".join(debian.NORMALIZATIONS)} (the text '
+                      'is already NFKC; "identity" makes a smaller model).')
   parser.add_argument('--num_threads', type=checks.count, default=2)
   args = parser.parse_args(argv)
-  debian.check_build(args.out_dir, args.vocab_file)  # before any work
+  debian.check_build(args.out_dir, args.vocab_file,  # before any work
+                     args.normalization)
   files = debian.find_lists(args.lists_dir, args.fetch)
   debian.build(files, args.out_dir, vocab_size=args.vocab_size,
                vocab_file=args.vocab_file, max_examples=args.max_examples,

@@ -364,12 +364,22 @@ def find_lists(lists_dir: Optional[str] = None,
   return files
 
 
-def check_build(out_dir: str, vocab_file: Optional[str] = None) -> None:
+# SentencePiece's built-in normalization rules (`normalization_rule_name`).
+NORMALIZATIONS = ('nmt_nfkc', 'nfkc', 'nmt_nfkc_cf', 'nfkc_cf', 'identity')
+
+
+def check_build(out_dir: str, vocab_file: Optional[str] = None,
+                normalization: str = 'nmt_nfkc') -> None:
   """Raises InputError (or FileNotFoundError) where `build` could not
-  finish: `out_dir` cannot be a local folder, or `vocab_file` is not a
-  SentencePiece model. Checked before anything is read or written."""
+  finish: `out_dir` cannot be a local folder, `vocab_file` is not a
+  SentencePiece model, or (a model to train) `normalization` is none of
+  SentencePiece's rules. Checked before anything is read or written."""
   checks.check_local_folder('out_dir', out_dir)
   if vocab_file is None:
+    if normalization not in NORMALIZATIONS:
+      raise checks.InputError(
+          f'normalization {normalization!r} is none of SentencePiece\'s '
+          f'rules: {", ".join(NORMALIZATIONS)}.')
     return
   if not os.path.isfile(vocab_file):
     raise FileNotFoundError(f'No vocab_file {vocab_file!r}.')
