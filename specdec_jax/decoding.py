@@ -60,9 +60,9 @@ class DecodeState:
 @struct.dataclass
 class DecodeResult:
   """Decoded tokens `[batch, max_decode_len]` (EOS kept, 0 after it) and
-  `lengths` `[batch]` (tokens up to and including EOS; max_decode_len in a
-  row without one, even where `max_decode_steps` stopped it sooner: its
-  tokens past the steps are 0)."""
+  `lengths` `[batch]` (tokens up to and including EOS; in a row without
+  one, the tokens decoded: max_decode_len, or the steps `max_decode_steps`
+  stopped it at, 0s after them)."""
 
   tokens: Array
   lengths: Array
@@ -284,7 +284,10 @@ class SampleLoop:
     state = jax.lax.while_loop(
         self.cond_fn, functools.partial(self.body_fn, params, max_steps), state
     )
-    return DecodeResult(state.tokens, output_lengths(state.tokens, self.eos_id))
+    # A row without EOS decoded `step` tokens (max_steps may stop it short).
+    lengths = jnp.minimum(output_lengths(state.tokens, self.eos_id),
+                          state.step)
+    return DecodeResult(state.tokens, lengths)
 
 
 @scaffold.decoder

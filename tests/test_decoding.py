@@ -72,12 +72,17 @@ def test_eos_and_lengths_per_row():
 
 
 def test_max_decode_steps_caps_every_row():
+  """Rows stop at the steps (or their EOS before them); a row's length is
+  the tokens it decoded, not max_decode_len."""
   offsets = np.full((2, 12), 2)
+  offsets[1, 1] = (EOS - 2) % 16  # row 1: 2, then EOS
   got = decoding.temperature_sample(
       StepStub(), jnp.asarray(offsets), jnp.ones((2, 4), jnp.int32),
       max_decode_len=10, eos_id=EOS, max_decode_steps=3)
-  np.testing.assert_array_equal(got.tokens[:, :4], [[2, 4, 6, 0]] * 2)
+  np.testing.assert_array_equal(got.tokens[:, :4], [[2, 4, 6, 0],
+                                                    [2, EOS, 0, 0]])
   assert not np.asarray(got.tokens[:, 3:]).any()
+  np.testing.assert_array_equal(got.lengths, [3, 2])
 
 
 # t = 1 unfiltered is no case of its own: sampling divides by t as at 0.7
