@@ -108,12 +108,14 @@ def main_job(tasks=task_table.names(), num_examples=16,
                         summary['speculative_metrics'].items())
     print(f"  quality: {metrics} (baseline: " + ', '.join(
         f'{k} {v:.1f}' for k, v in summary['baseline_metrics'].items()) + ')')
-    alpha = summary['alpha']
-    print(f"  alpha {'-' if alpha is None else f'{alpha:.3f}'}, mean "
-          f"accepted length {summary['mean_accepted_length']:.2f} tokens per "
-          f"target call (gamma {summary['gamma_label']}), target calls per "
-          "token "
-          f"{summary['target_calls_per_token']:.3f}")
+    alpha, calls = summary['alpha'], summary['target_calls_per_token']
+    # Tokens output per call; the mean accepted length also counts drafts
+    # accepted past a row's end (spec_stats.rates).
+    print(f"  alpha {'-' if alpha is None else f'{alpha:.3f}'}, "
+          f"{f'{1 / calls:.2f}' if calls else '-'} tokens per target call "
+          f"(gamma {summary['gamma_label']}; mean accepted length "
+          f"{summary['mean_accepted_length']:.2f}), target calls per token "
+          f"{calls:.3f}")
     for line in speed_lines(task, summary):
       print('  ' + line)
     print(f"  greedy outputs identical: {summary['examples'] - summary['differing_examples']} of "

@@ -86,7 +86,10 @@ def rates(iterations, drafted, accepted, beta_sum, beta_count,
 
   Returns:
     `{'acceptance_rate', 'mean_accepted_length', 'alpha'}` floats, and
-    `'target_calls_per_token'` when `tokens` is given.
+    `'target_calls_per_token'` when `tokens` is given. The accepted counts
+    are the verifier's: a draft accepted past its row's EOS or length
+    limit counts, though it is not output; tokens output per call are 1 /
+    target_calls_per_token.
   """
   iterations, drafted, accepted = (float(iterations), float(drafted),
                                    float(accepted))

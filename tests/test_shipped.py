@@ -416,6 +416,11 @@ def test_main_job_translates_real_text_exactly_without_tensorflow(tmp_path):
   assert out.startswith('decoding into a fresh folder')
   assert 'Dieses Paket ist Teil der KDE Frameworks 5.' in out  # row 0
   assert 'greedy outputs identical: 2 of 2' in out
+  # Tokens output per call (the mean accepted length also counts drafts
+  # accepted past a row's end).
+  calls = summary['target_calls_per_token']
+  assert (f"{1 / calls:.2f} tokens per target call (gamma 4; mean accepted "
+          f"length {summary['mean_accepted_length']:.2f})") in out, out
   assert 'measured here (cpu' in out
   assert 'predicted on nvidia-h100-80gb-hbm3 at T5 1.1-XXL target cost' in out
   assert 'measured on NVIDIA H100 80GB HBM3: 2.78x (dec2' in out

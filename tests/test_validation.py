@@ -412,11 +412,17 @@ def test_a_sharded_model_meets_the_contract_statically():
 
 
 def test_raw_keys_of_every_prng_implementation_are_keys():
-  """A raw key is uint32 [2] (threefry) or [4] (rbg, unsafe_rbg)."""
+  """A raw key is uint32 [2] (threefry) or [4] (rbg, unsafe_rbg), as jax's
+  PRNG implementation makes them; one of another width is refused here,
+  not in jax's PRNG inside the trace."""
   sampled = decoding.SamplingConfig(1.0)
-  for width in (2, 4):
-    key = jnp.zeros((width,), jnp.uint32)
-    assert decoding.default_rng(key, sampled) is key
+  for impl, width in (('threefry2x32', 2), ('rbg', 4), ('unsafe_rbg', 4)):
+    with jax.default_prng_impl(impl):
+      key = jnp.zeros((width,), jnp.uint32)
+      assert decoding.default_rng(key, sampled) is key
+      for other in (width + 1, 6 - width):
+        with pytest.raises(ValueError, match='rng must be one PRNG key'):
+          decoding.default_rng(jnp.zeros((other,), jnp.uint32), sampled)
 
 
 def test_numpy_and_jax_scalars_are_numbers_to_sampling():
