@@ -197,8 +197,8 @@ def as_ids(tokens):
 @functools.lru_cache(maxsize=None)
 def _raw_key_shape(impl: str) -> tuple:
   """The shape of a raw key (`jax.random.PRNGKey`) of PRNG `impl`."""
-  del impl  # the cache's key: jax's default implementation when called
-  return jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape
+  return jax.eval_shape(lambda: jax.random.key_data(
+      jax.random.key(0, impl=impl))).shape
 
 
 def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:

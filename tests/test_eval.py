@@ -513,15 +513,18 @@ def _kill_subprocess(argv, out, sig):
   appended = out.parent / f'{out.name}.appended'
   env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]),
              SPECDEC_TEST_APPENDED=str(appended))
-  proc = subprocess.Popen(
-      [sys.executable, '-c', _HELD_AFTER_FIRST_APPEND] + argv, env=env,
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  with open(out.parent / f'{out.name}.stderr', 'w') as stderr:
+    proc = subprocess.Popen(
+        [sys.executable, '-c', _HELD_AFTER_FIRST_APPEND] + argv, env=env,
+        stdout=subprocess.DEVNULL, stderr=stderr)
   deadline = time.time() + 300
   while proc.poll() is None and time.time() < deadline:
     if appended.exists():
       proc.send_signal(sig)
       break
     time.sleep(0.02)
+  else:
+    proc.kill()  # no append in time (or the job ended): no orphan left
   return proc
 
 
@@ -546,6 +549,8 @@ def test_interrupted_any_way_resumes_to_the_same_outputs(tmp_path,
   expected = comparable(reference)
   assert len(expected) == 8
   proc.wait(timeout=120)
+  assert (killed / 'examples.jsonl').exists(), (
+      tmp_path / 'killed.stderr').read_text()[-3000:]
   assert 0 < len(read_jsonl(killed / 'examples.jsonl')) < 8, (
       'SIGKILL did not land mid-run')
   comparable(killed)  # no duplicates so far
