@@ -410,7 +410,7 @@ def build(files: Dict[str, List[str]], out_dir: str, vocab_size: int = 8000,
     The manifest written to `out_dir/manifest.json`: counts, source files
     and their SHA-256, the vocabulary, the split rule.
   """
-  check_build(out_dir, vocab_file)
+  check_build(out_dir, vocab_file, normalization)
   start = time.perf_counter()
   en = read_descriptions(files['en'], 'en')
   de = read_descriptions(files['de'], 'de')

@@ -333,6 +333,14 @@ def test_build_refuses_in_one_line(tmp_path, flags, said):
   assert not (tmp_path / 'out').exists()  # refused before anything is written
 
 
+def test_build_checks_its_normalization_before_reading(tmp_path):
+  """`debian.build` from Python refuses a rule SentencePiece lacks as the
+  script does, before it reads the lists it is given (none here)."""
+  with pytest.raises(checks.InputError, match="normalization 'bogus' is"):
+    debian.build({}, str(tmp_path / 'out'), normalization='bogus')
+  assert not (tmp_path / 'out').exists()
+
+
 def test_build_without_lists_names_apt_command(tmp_path):
   """Without apt's lists the script says exactly how to download them."""
   proc = run_script('build_debian_data', '--out_dir', str(tmp_path / 'out'),
