@@ -5,8 +5,9 @@ int to Python, but passing it for a count is a mistake); the error names
 the argument, the rule and the value given. A folder a job writes into is
 a local one (`check_local_folder`). A command's flags: `count`, `counts`
 and `positive` as their argparse types (the parser's error names the
-flag), and `one_line` for what the command refuses before it starts
-(`error: ...`, not a traceback). Every refusal here is an `InputError`;
+flag), `one_line` for what the command refuses before it starts
+(`error: ...`, not a traceback) and `root_logger_at` for its quiet
+stretches. Every refusal here is an `InputError`;
 `REFUSED`, an `InputError` or a file not found, is what a command says in
 one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
 goes on after a job fails: `failure`).
@@ -14,6 +15,7 @@ goes on after a job fails: `failure`).
 
 import argparse
 import contextlib
+import logging
 import os
 import pathlib
 import signal
@@ -194,6 +196,20 @@ def one_line(*errors, said: str = ''):
   except errors as e:
     kind = f'{type(e).__name__}: ' if said else ''
     raise SystemExit(f'error: {said}{kind}{e}') from None
+
+
+@contextlib.contextmanager
+def root_logger_at(level: int):
+  """The root logger at `level` inside (a command's quiet stretch: gin's
+  search-path misses, untrained drafters' warnings), its level before
+  restored after, so that an in-process caller keeps its own."""
+  root = logging.getLogger()
+  before = root.level
+  root.setLevel(level)
+  try:
+    yield
+  finally:
+    root.setLevel(before)
 
 
 # The exit statuses of a command that SIGINT or SIGTERM stopped (128 + the

@@ -664,12 +664,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   every program of `plan` compiled for the target (`PROGRAM_COLUMNS`: bytes
   per device against what a device may use); with --iterations the
   per-iteration cost model of the programs instead."""
-  logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   args = parse_flags(sys.argv[1:] if argv is None else list(argv))
   rows = []
   table = lambda: report.table(PROGRAM_COLUMNS, rows)
-  with checks.one_line(BackendMissing), ends_on_ctrl_c(lambda: (
+  with checks.one_line(BackendMissing), checks.root_logger_at(
+      logging.ERROR), ends_on_ctrl_c(lambda: (
       f'{table()}\n' if rows else '') + 'stopped by SIGINT'):
     if args.iterations:
       return print(iterations(args))

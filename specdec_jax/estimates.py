@@ -641,7 +641,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   [flags]`: writes OUT_DIR/<target>.json and .md (every program, memory
   per device, per-step estimates; with --paper_table the paper's Table 2
   on them); `--reestimate=<json>` rewrites one from its counts."""
-  logging.getLogger().setLevel(logging.ERROR)  # Untrained drafter warnings.
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parse_flags(argv)
@@ -659,7 +658,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     saved[:] = [f"programs: {len(result['programs'])}" + (
         ', the steps' if 'steps' in result else '')]
 
-  with checks.one_line(compiled.BackendMissing), compiled.ends_on_ctrl_c(
+  with checks.one_line(compiled.BackendMissing), checks.root_logger_at(
+      logging.ERROR), compiled.ends_on_ctrl_c(
       lambda: 'stopped by SIGINT: ' + (
           f'{path} holds what finished: {saved[0]}' if saved else
           'no program had finished, nothing written')):

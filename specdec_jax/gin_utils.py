@@ -21,6 +21,8 @@ import re
 from typing import (Any, Callable, Dict, Iterator, Mapping, Optional,
                     Sequence, Set, Tuple)
 
+from specdec_jax import checks
+
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / 'gin_configs'
 
 
@@ -184,16 +186,11 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
 
   gin.clear_config(clear_constants=True)
   add_search_paths(search_paths)
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)
-  try:
+  with checks.root_logger_at(logging.CRITICAL):
     gin.parse_config_files_and_bindings(list(gin_files), [],
                                         finalize_config=False)
     before = _bound()
     gin.parse_config_files_and_bindings([], list(bindings))
-  finally:
-    root.setLevel(level)
   unused = unused_bindings(before)
   if unused:
     message = ('gin bindings that nothing in the configuration reads (a '

@@ -14,7 +14,9 @@ run's JSON, never typed by hand:
   from its own measurements, which is how a device's profile is made now.
 
 Each is written into `profiles/<name>.json`; `load(name)` reads it, and
-the profile's `source` names the run file and its command.
+the profile's `source` names the run file and its command. `python -m
+specdec_jax.hardware` lists the profiles; `... RUN.json` writes RUN's
+again.
 
 `predict` is the ONE formula every "predicted" figure uses: Theorem 3.8 of
 the paper (Leviathan et al. 2023) with the profile's measured
@@ -26,16 +28,19 @@ prediction says so (`Prediction.how`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
 import pathlib
-import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from specdec_jax import checks
 from specdec_jax import theory
 
 PROFILES_DIR = pathlib.Path(__file__).resolve().parent / 'profiles'
+# What a profile's `source` is relative to: the repository's root.
+ROOT = PROFILES_DIR.parents[1]
 # The profile of our measured H100 run, and of the CPU the costs ran on.
 H100 = 'nvidia-h100-80gb-hbm3'
 CPU = 'cpu-amd-epyc-2-cores'
@@ -291,7 +296,7 @@ def measured_run(profile: HardwareProfile) -> Optional[Dict[str, Any]]:
   `profile.source` is relative to the repository root; an installed package
   without results/ has no run.
   """
-  path = PROFILES_DIR.parents[1] / profile.source
+  path = ROOT / profile.source
   if not path.is_file():
     return None
   return json.loads(path.read_text())
@@ -399,18 +404,28 @@ def predict(profile: HardwareProfile, *, alpha: Optional[float] = None,
 
 
 def main(argv=None) -> None:
-  """Writes a profile from a measured run's json: `python -m
-  specdec_jax.hardware <run.json>` (either kind of run)."""
-  argv = sys.argv[1:] if argv is None else argv
-  if not argv:
+  """`python -m specdec_jax.hardware`: the profiles; with a measured run's
+  json (either kind, `from_run`), writes its profile (`write`)."""
+  parser = argparse.ArgumentParser(
+      prog='python -m specdec_jax.hardware', description='Lists the hardware '
+      "profiles; given a measured run's json, writes its profile.")
+  parser.add_argument('run', nargs='?', help="a measured run's json")
+  args = parser.parse_args(argv)
+  if args.run is None:
     for name in names():
       p = load(name)
       print(f'{name}: {p.device}; t(1) {p.t1_ms:.2f} ms; from {p.source}')
     return
-  source = argv[0]
-  run = json.loads(pathlib.Path(source).read_text())
-  print(write(from_run(run, source)))
+  path = pathlib.Path(args.run).resolve()
+  source = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else (
+      args.run)
+  try:
+    profile = from_run(json.loads(path.read_text()), source)
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise checks.InputError(f'{args.run} is no measured run: '
+                            f'{type(e).__name__}: {e}') from e
+  print(write(profile))
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)

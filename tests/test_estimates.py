@@ -9,6 +9,7 @@ the command writes again from its json's counts.
 """
 
 import json
+import logging
 import pathlib
 import shutil
 
@@ -91,10 +92,12 @@ def test_a_missing_compiler_ends_the_command_in_one_line(monkeypatch,
   def missing(*args, **kwargs):
     raise compiled.BackendMissing('no CUDA plugin: pip install ...')
   monkeypatch.setattr(compiled, 'compile_program', missing)
+  level = logging.getLogger().level
   with pytest.raises(SystemExit) as e:
     estimates.main(['--target=gpu:h100', '--programs=baseline', '--ks=',
                     f'--out_dir={tmp_path}'])
   assert e.value.code == 'error: no CUDA plugin: pip install ...'
+  assert logging.getLogger().level == level  # a caller's, restored
   assert not list(tmp_path.iterdir())
 
 

@@ -7,6 +7,7 @@ which needs the CUDA plugin the suite's python lacks), counted by hand.
 
 import importlib.util
 import json
+import logging
 import pathlib
 
 import pytest
@@ -249,6 +250,7 @@ def test_an_option_the_compiler_refuses_is_one_line_before_compiling(
     raise AssertionError('the programs compiled with a refused option')
   monkeypatch.setattr(pc, 'report_iterations', report_iterations)
   spec = 't5_1_1_small,num_decoder_layers=1,num_encoder_layers=1'
+  level = logging.getLogger().level
   with pytest.raises(SystemExit) as e:
     checks.run_main(compiled.main, [
         '--target=tpu:v5e:1x1', '--iterations', '--programs=baseline',
@@ -257,6 +259,9 @@ def test_an_option_the_compiler_refuses_is_one_line_before_compiling(
         '--xla_option=xla_nonexistent_flag=1'])
   assert e.value.code == ('error: --xla_option: INVALID_ARGUMENT: No such '
                           "compile option: 'xla_nonexistent_flag'")
+  # The command's quiet root logger is its own: an in-process caller's
+  # level is back after it.
+  assert logging.getLogger().level == level
   # An option it knows passes.
   pc.check_options(compiled.devices('tpu:v5e:1x1')[0], 'tpu',
                    {'xla_gpu_enable_triton_gemm': False})

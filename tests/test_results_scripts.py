@@ -21,6 +21,7 @@ import pytest
 
 from command_line import run_script
 from specdec_jax import arrays
+from specdec_jax import checks
 from specdec_jax import shipped
 from specdec_jax.bench import costs
 from specdec_jax import hardware
@@ -94,6 +95,25 @@ def test_costs_run_writes_the_profile_its_json_gives(tmp_path):
   committed = hardware.load(hardware.CPU)
   assert loaded.cost == committed.cost and loaded.t1_ms == committed.t1_ms
   assert (tmp_path / 'results' / 'costs.md').read_text() == '# costs\n'
+
+
+def test_the_committed_profiles_are_their_runs_written_again(
+    tmp_path, monkeypatch, capsys):
+  """`python -m specdec_jax.hardware RUN.json` writes the profile the
+  committed one is (each kind of run); what is no run is one line."""
+  committed = {n: hardware.load(n) for n in hardware.names()}
+  monkeypatch.setattr(hardware, 'PROFILES_DIR', tmp_path)
+  for name, profile in committed.items():
+    hardware.main([str(ROOT / profile.source)])
+    assert hardware.load(name).to_json() == profile.to_json(), name
+  (tmp_path / 'not_a_run.json').write_text('{}')
+  for given, said in ((tmp_path / 'not_a_run.json', "KeyError: 't_target"),
+                      (tmp_path / 'absent.json', 'No such file')):
+    with pytest.raises(SystemExit) as e:
+      checks.run_main(hardware.main, [str(given)])
+    assert str(e.value.code).startswith('error: ') and said in str(
+        e.value.code), e.value.code
+  capsys.readouterr()
 
 
 @pytest.mark.parametrize('script,args,said', [

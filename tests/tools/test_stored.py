@@ -10,7 +10,9 @@ the run, and the same rows as the sweep compiling its own.
 """
 
 import dataclasses
+import importlib
 import json
+import shlex
 import tarfile
 
 import jax
@@ -62,7 +64,7 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   store.describe(jax.devices()[0])
   built = stored.build(plan, store, jax.devices()[0], log=lambda _: None)
   assert built['built'] == len(built['programs']) > 0
-  assert all(store.built(aot.program_name([f])) for f in built['programs'])
+  assert all(store.built(f) for f in built['programs'])
   assert built['dropped'] == []
   # The check of the first target-call loop loaded, against the same
   # program compiled here (a CPU's timings: trusted whatever they say).
@@ -89,7 +91,12 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
       'results.tar.xz', 'stored_run.json', 'xla_dump.tar.xz']
   with tarfile.open(out / 'results.tar.xz') as tar:
     names = tar.getnames()
+    header = tar.extractfile('table3_shipped.md').read().decode()
   assert {'profile_shipped.json', 'table3_shipped.md'} <= set(names), names
+  # Each spec's results name the command that runs its cells without the
+  # store (`spec_command`).
+  assert ('Command: `python -m specdec_jax.experiments run table3 '
+          '--models=shipped --shrink`') in header, header[:300]
   # ... and every finished cell, in its spec's work folder.
   assert any(n.startswith('work/table3_shipped/cells/') and
              n.endswith('summary.json') for n in names), names
@@ -114,9 +121,26 @@ def test_a_plan_runs_on_the_programs_built_for_it(tmp_path):
   # longer runs (the profile's loops, first in the store) goes first.
   rebuilt = stored.build(plan[1:], store, None, log=lambda _: None)
   assert rebuilt['built'] == 0 and rebuilt['kept'] == len(rebuilt['programs'])
-  gone = {f'sha256:{n.split("_", 1)[1]}'
-          for n in store.fit(store.total_bytes() - 1)}
+  gone = set(store.fit(store.total_bytes() - 1))
   assert gone and not gone & set(rebuilt['programs'])
+
+
+def test_a_plan_items_command_is_the_spec_command_of_its_options():
+  """`spec_command`, parsed by the experiments command line, gives back
+  the plan item's spec and options: what its results' header reruns."""
+  cli = importlib.import_module('specdec_jax.experiments.__main__')
+  plan = stored.parse_plan(stored.DEFAULT_PLAN + ('trees:mini;shrink',),
+                           tasks=('en_de', 'synopsis'))
+  for spec, options in plan:
+    argv = shlex.split(stored.spec_command(spec, options))
+    assert argv[:4] == ['python', '-m', 'specdec_jax.experiments', 'run']
+    args = cli.parse_args(argv[3:])
+    assert (args.spec, args.models, tuple(args.tasks.split(',')),
+            args.num_examples, args.repeats, args.shrink, tuple(args.where),
+            tuple(args.model_fields)) == (
+                spec.name, options.models, options.tasks,
+                options.num_examples, options.timing_repeats, options.shrink,
+                options.where, options.model_fields), argv
 
 
 class _Clock:

@@ -115,9 +115,8 @@ def runtime_versions(platform: str) -> Dict[str, str]:
           if k in ('jax', 'jaxlib') or (plugin and plugin in k)}
 
 
-def program_name(key: Sequence[Any]) -> str:
-  """A file name for a program key (a tuple of names and numbers)."""
-  text = '-'.join(f'{x:g}' if isinstance(x, float) else str(x) for x in key)
+def file_name(text: str) -> str:
+  """`text` (a target's name, a program's fingerprint) as a file name."""
   return re.sub(r'[^A-Za-z0-9_.@=+-]', '_', text)
 
 
@@ -149,12 +148,8 @@ def device_facts(device: Any = None) -> Dict[str, Any]:
     value = getattr(device, name, None)
     if value is not None:
       out[name] = value
-  try:
-    stats = device.memory_stats() or {}
-    out['memory_bytes'] = stats.get('bytes_limit')
-  except Exception:  # pylint: disable=broad-except
-    pass  # not every backend reports memory
-  try:
+  try:  # not every backend reports them
+    out['memory_bytes'] = (device.memory_stats() or {}).get('bytes_limit')
     out['platform_version'] = device.client.platform_version
   except Exception:  # pylint: disable=broad-except
     pass
@@ -223,7 +218,7 @@ class Store:
   packed: pack, offset, length, raw_sha256}}}."""
 
   def __init__(self, root: pathlib.Path, target: str):
-    self.dir = pathlib.Path(root) / program_name([target])
+    self.dir = pathlib.Path(root) / file_name(target)
     path = self.dir / MANIFEST
     self.manifest: Dict[str, Any] = (
         json.loads(path.read_text()) if path.is_file() else
@@ -262,18 +257,18 @@ class Store:
     payload, in_tree, out_tree = serialize_executable.serialize(compiled)
     data = zlib.compress(pickle.dumps((payload, in_tree, out_tree)), 6)
     self.dir.mkdir(parents=True, exist_ok=True)
-    (self.dir / (name + SUFFIX)).write_bytes(data)
+    file = file_name(name) + SUFFIX
+    (self.dir / file).write_bytes(data)
     entry = self.manifest['programs'][name] = dict(
-        file=name + SUFFIX, sha256=sha256(data), bytes=len(data),
+        file=file, sha256=sha256(data), bytes=len(data),
         serialized_bytes=len(payload), compile_s=round(compile_s, 2),
         priority=priority)
     return entry
 
-  def write(self) -> pathlib.Path:
+  def write(self) -> None:
     self.dir.mkdir(parents=True, exist_ok=True)
-    path = self.dir / MANIFEST
-    path.write_text(json.dumps(self.manifest, indent=1, sort_keys=True))
-    return path
+    (self.dir / MANIFEST).write_text(
+        json.dumps(self.manifest, indent=1, sort_keys=True))
 
   def total_bytes(self) -> int:
     """The bytes of the folder's files: packs and unpacked programs."""
@@ -313,8 +308,7 @@ class Store:
       number = len(packs)
       while f'pack-{number}.xz' in packs:
         number += 1
-      self._write_pack(f'pack-{number}.xz', names, raws,
-                       lzma.compress(b''.join(raws), preset=XZ_PRESET))
+      self._write_pack(f'pack-{number}.xz', names, raws)
       for file in alone:
         (self.dir / file).unlink()
     for file in old - {e.get('pack') for e in programs.values()}:
@@ -324,9 +318,10 @@ class Store:
     self.write()
 
   def _write_pack(self, file: str, names: Sequence[str],
-                  raws: Sequence[bytes], data: bytes) -> None:
-    """Writes pack `file` (`data`: the xz of `raws` joined) of programs
-    `names` and records where each one is in it."""
+                  raws: Sequence[bytes]) -> None:
+    """Writes pack `file` (the xz of `raws` joined) of programs `names` and
+    records where each one is in it."""
+    data = lzma.compress(b''.join(raws), preset=XZ_PRESET)
     (self.dir / file).write_bytes(data)
     self.manifest['packs'][file] = len(data)
     offset = 0
@@ -365,8 +360,7 @@ class Store:
         del packs[file]
         self._unpacked.pop(file, None)
         if rest:
-          self._write_pack(file, rest, raws,
-                           lzma.compress(b''.join(raws), preset=XZ_PRESET))
+          self._write_pack(file, rest, raws)
     self.write()
     return dropped
 
@@ -402,7 +396,7 @@ class Store:
     return raw, ''
 
   def load(self, name: str, device: Any = None) -> Tuple[Any, str]:
-    """(executable, '') for program `name` (a `program_name`) on `device`
+    """(executable, '') for program `name` (its fingerprint) on `device`
     (default: the first), or (None, why it cannot load)."""
     device = device or jax.devices()[0]
     data, why = self.check(name, device)

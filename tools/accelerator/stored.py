@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -98,6 +99,17 @@ def item_name(spec: sweep.Spec, options: sweep.Options) -> str:
   """A plan item's name: the spec's and its model fields' ('trees
   attention_kernel=cudnn')."""
   return ' '.join((spec.name,) + options.model_fields)
+
+
+def spec_command(spec: sweep.Spec, o: sweep.Options) -> str:
+  """The experiments command that runs a plan item's cells itself (its
+  results' header: the programs the store gives are those it compiles)."""
+  return shlex.join(['python', '-m', 'specdec_jax.experiments', 'run',
+                     spec.name, f'--models={o.models}'] + [
+      f'--{k}={v}' for k, v in (('tasks', ','.join(o.tasks or ())), (
+          'num_examples', o.num_examples), ('repeats', o.timing_repeats))
+      if v] + ['--shrink'] * o.shrink + [f'--where={w}' for w in o.where] + [
+          f'--model_fields={f}' for f in o.model_fields])
 
 
 def abstract_loaded(setup: loading.EvalSetup,
@@ -181,11 +193,7 @@ class Recorder:
   def __call__(self, traced, fingerprint: str, lower_on, name: str):
     self.programs.setdefault(fingerprint, (name, lower_on))
     outputs = jax.tree.map(_zeros, traced.out_info)
-
-    def stand_in(*args):
-      del args
-      return outputs
-    return stand_in
+    return lambda *args: outputs
 
 
 def record_cell(spec: sweep.Spec, cell: sweep.Cell, setup: loading.EvalSetup,
@@ -284,16 +292,14 @@ def build(plan: Plan, store: aot.Store,
   for order, where, fingerprint, (function, lower_on) in record_plan(
       plan, profile, log):
     programs_[fingerprint] = function
-    key = aot.program_name([fingerprint])
-    orders.setdefault(key, order)
-    if store.built(key):
+    orders.setdefault(fingerprint, order)
+    if store.built(fingerprint):
       kept += 1
       continue
     start = time.perf_counter()
-    store.save(key, lower_on(device).compile(), 0.0, order)
+    executable = lower_on(device).compile()
     took = time.perf_counter() - start
-    store.manifest['programs'][key].update(compile_s=round(took, 2),
-                                           function=function)
+    store.save(fingerprint, executable, took, order)['function'] = function
     store.write()
     seconds += took
     built += 1
@@ -347,7 +353,7 @@ class Provider:
         self.traced.setdefault(label, traced)
     start = time.perf_counter()
     executable, why = (None, self.refused) if self.refused else (
-        self.store.load(aot.program_name([fingerprint]), self.device))
+        self.store.load(fingerprint, self.device))
     if executable is None:
       executable = traced.lower().compile()
     self.log.append(dict(
@@ -390,8 +396,7 @@ class Provider:
 
   def counts(self) -> Dict[str, Any]:
     """Programs loaded and compiled here, and the seconds of each kind."""
-    of = lambda source: [e['seconds'] for e in self.log
-                         if e['source'] == source]
+    of = lambda s: [e['seconds'] for e in self.log if e['source'] == s]
     return {k: v for s in ('loaded', 'compiled') for k, v in (
         (s, len(of(s))), (f'{s}_s', round(sum(of(s)), 2)))}
 
@@ -532,8 +537,9 @@ def run(plan: Plan, store: aot.Store,
           options.max_minutes, left / 60))
       start = time.perf_counter()
       try:
-        spec_result = sweep.run(spec, options, out=str(
-            results / f'{spec.name}_{sweep.results_name(options)}'))
+        spec_result = sweep.run(spec, options, command=spec_command(
+            spec, options), out=str(
+                results / f'{spec.name}_{sweep.results_name(options)}'))
       except sweep.CellsFailed as e:
         log(f'{name}: {e}')
         spec_result = None
@@ -641,15 +647,12 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
   recorded = store.manifest['plan_programs'] if store and (
       'plan_programs' in store.manifest) else {
           f: name for _, _, f, (name, _) in record_plan(plan, profile, log)}
-  stored_ = [f for f in recorded if store and store.built(
-      aot.program_name([f]))]
+  stored_ = sum(bool(store and store.built(f)) for f in recorded)
+  left = len(recorded) - stored_
   out['programs'] = dict(
-      recorded=len(recorded), stored=len(stored_),
-      compiled_on_device=len(recorded) - len(stored_),
+      recorded=len(recorded), stored=stored_, compiled_on_device=left,
       load_s=round(store.total_bytes() / 2**20 / ASSUMED['load_mib_per_s'])
-      if store else 0,
-      compile_s=round((len(recorded) - len(stored_)) *
-                      ASSUMED['compile_s']))
+      if store else 0, compile_s=round(left * ASSUMED['compile_s']))
   out['seconds'] = round(sum(v['seconds'] for v in out['specs'].values()) +
                          out['programs']['load_s'] +
                          out['programs']['compile_s'])
@@ -768,4 +771,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)
