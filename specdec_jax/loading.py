@@ -39,6 +39,7 @@ from specdec_jax import synthetic
 from specdec_jax import tasks
 from specdec_jax import widening
 from specdec_jax.drafters.tree import shape as tree_shape
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.sampling import SamplingConfig
 
 _ACTIVATION_DTYPES = ('bfloat16', 'float16', 'float32')
@@ -327,8 +328,7 @@ GROUPED = {
     'batch_size': ('batch', 'size'), 'batching': ('batch', 'mode'),
     'stream_chunk': ('batch', 'chunk'), 'batch_gamma': ('batch', 'gamma_rule'),
     'max_gamma': ('batch', 'max_gamma'),
-    'temperature': ('sampling', 'temperature'),
-    'topk': ('sampling', 'topk'), 'topp': ('sampling', 'topp'),
+    **{f: ('sampling', f) for f in sampling_lib.FIELDS},
     **{f.name: ('data', f.name) for f in dataclasses.fields(DataSpec)},
 }
 # The `EvalSetup` fields that are groups.
@@ -491,9 +491,8 @@ class EvalSetup:
                                        self.sampling, self.data)
     settings = dict(
         task=dataset.mixture_or_task_name, split=dataset.split,
-        drafter=draft.kind, gamma=self.gamma,
-        temperature=float(sampling.temperature), topk=sampling.topk,
-        topp=float(sampling.topp), batch_size=batch.size,
+        drafter=draft.kind, gamma=self.gamma, **sampling.settings(),
+        batch_size=batch.size,
         num_examples=dataset.num_examples, seed=self.seed,
         target_checkpoint=str(self.target_checkpoint),
         draft_checkpoint=str(draft.checkpoint),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +63,7 @@ class SamplingConfig:
   def __post_init__(self):
     for name in ('temperature', 'topp'):  # numpy's, jax's scalars: a float
       value = getattr(self, name)
-      if type(value) not in (bool, int, float) and (
+      if type(value) is not bool and (
           isinstance(value, numbers.Real) or (
               isinstance(value, jax.Array) and value.shape == ()
               and not isinstance(value, jax.core.Tracer))):
@@ -80,6 +81,21 @@ class SamplingConfig:
       raise checks.InputError(
           f'At most one of topk ({k}) and topp ({p}) may be set, as in T5X.'
       )
+    object.__setattr__(self, 'topk', int(k))  # a numpy int: a Python one
+
+  def settings(self) -> Dict[str, Any]:
+    """Its fields' values (JSON's types), as a run's settings hold them."""
+    return dataclasses.asdict(self)
+
+  def describe(self) -> str:
+    """In words, as a run's summary says it: 'greedy', 'temperature 0.7,
+    top-k 40'."""
+    words = 'greedy' if self.greedy else f'temperature {self.temperature:g}'
+    if self.topk:
+      words += f', top-k {self.topk}'
+    if self.topp < 1.0:
+      words += f', top-p {self.topp:g}'
+    return words
 
   @property
   def greedy(self) -> bool:
@@ -90,6 +106,13 @@ class SamplingConfig:
       raise checks.InputError(
           f'topk={self.topk} is larger than the vocabulary ({vocab_size}).'
       )
+
+
+# Its fields: what a setup's flat view (`loading.GROUPED`), a run's
+# settings and a measurement's dependencies (the experiments' sweep) name
+# of the sampling. A new rule is a field here, its check, `describe` and
+# `adjusted_logits`.
+FIELDS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
 
 
 def adjusted_logits(logits: Array, config: SamplingConfig) -> Array:

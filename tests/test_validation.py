@@ -25,8 +25,12 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters
+from specdec_jax import eval as eval_lib
 from specdec_jax import network
+from specdec_jax import sampling
 from specdec_jax import speculative
+from specdec_jax import summary
+from specdec_jax.experiments import sweep
 
 from conftest import TINY_V11
 from test_decoding import StepStub
@@ -432,6 +436,29 @@ def test_numpy_and_jax_scalars_are_numbers_to_sampling():
     config = decoding.SamplingConfig(t, topp=np.float32(0.75))
     assert config == decoding.SamplingConfig(0.5, topp=0.75)
     assert type(config.temperature) is float and hash(config)
+  # ... and a run's settings are JSON's types whatever was given.
+  config = decoding.SamplingConfig(1, np.int64(3))
+  assert config.settings() == {'temperature': 1.0, 'topk': 3, 'topp': 1.0}
+  assert [type(v) for v in config.settings().values()] == [float, int, float]
+
+
+def test_the_sampling_fields_have_one_home():
+  """Every field of `SamplingConfig` is in a setup's flat view, a run's
+  settings, what a measurement of its examples depends on and the
+  summary's sentence (a new rule: its field, check and words there)."""
+  assert sampling.FIELDS == ('temperature', 'topk', 'topp')
+  config = sampling.SamplingConfig(0.7, topp=0.9)
+  setup = dataclasses.replace(eval_lib.configured([
+      '--gin_file=shipped/en_de.gin', '--dry_run',
+      "--gin.EVAL_OUTPUT_DIR='unused'"])[1], sampling=config)
+  assert {f: setup.flat()[f] for f in sampling.FIELDS} == config.settings()
+  assert setup.settings().items() >= config.settings().items()
+  assert set(sampling.FIELDS) <= set(sweep.EXAMPLE_FIELDS)
+  assert [c.describe() for c in (sampling.SamplingConfig(), config,
+                                 sampling.SamplingConfig(1.0, topk=40))] == [
+      'greedy', 'temperature 0.7, top-p 0.9', 'temperature 1, top-k 40']
+  said = summary.markdown(summary.summarize([], setup.settings()), {}, {})
+  assert '; temperature 0.7, top-p 0.9; batch' in said, said
 
 
 def test_a_confidence_for_a_kind_that_ignores_it_is_refused():

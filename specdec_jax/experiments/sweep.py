@@ -36,6 +36,7 @@ from specdec_jax import models as models_lib
 from specdec_jax import partitioning
 from specdec_jax import programs
 from specdec_jax import run_folder
+from specdec_jax import sampling
 from specdec_jax import task_table
 from specdec_jax import unit_loop
 from specdec_jax.bench import budget
@@ -177,13 +178,15 @@ def costs(loaded: loading.Loaded, inputs: np.ndarray) -> Dict[str, Any]:
           'cost': {str(k): t / t1 for k, t in sorted(seconds.items())}}
 
 
-# What each measurement depends on: the setup fields that name its file
-# (the target on its task's data; its call at a batch; the drafter's too).
+# What each measurement depends on: the setup fields naming its file (the
+# target on its task's data; its calls at a batch; the drafter; the rows).
 TASK_FIELDS = ('target_config', 'target_checkpoint', 'mixture_or_task_name',
                'task_feature_lengths', 'split', 'data_dir', 'activation_dtype')
 TARGET_FIELDS = TASK_FIELDS + ('target_widen_to', 'batch_size', 'max_gamma')
 DRAFT_FIELDS = TARGET_FIELDS + ('drafter', 'draft_config', 'draft_checkpoint',
                                 'tree', 'draft_confidence', 'draft_widen_to')
+EXAMPLE_FIELDS = TASK_FIELDS + sampling.FIELDS + (
+    'seed', 'num_examples', 'truncate_inputs', 'eos_id')
 MEASUREMENTS: Dict[str, Measurement] = {'costs': (costs, DRAFT_FIELDS)}
 
 

@@ -154,8 +154,7 @@ SPEC = sweep.Spec(
              ('predicted (counters) on {profile}',
               table.counters_cell)),
     num_examples=24, timing_repeats=3, predict=predict,
-    measurements={'draft_calls': (draft_calls, sweep.TASK_FIELDS + (
-        'num_examples', 'seed', 'truncate_inputs', 'eos_id', 'target_widen_to',
-        'gamma', 'temperature', 'topk', 'topp', 'drafter', 'draft_config',
+    measurements={'draft_calls': (draft_calls, sweep.EXAMPLE_FIELDS + (
+        'target_widen_to', 'gamma', 'drafter', 'draft_config',
         'draft_checkpoint', 'draft_confidence', 'output_cache'))},
 )

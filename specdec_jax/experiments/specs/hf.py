@@ -128,10 +128,9 @@ def compare(tokens, record, vocabulary, eos_id):
   return size, (text, size) != (record['baseline'], record['baseline_length'])
 
 
-MEASUREMENTS = {'hf': (hf, sweep.TASK_FIELDS + (
-    'num_examples', 'truncate_inputs', 'eos_id', 'target_widen_to',
-    'batch_size', 'drafter', 'draft_config', 'draft_checkpoint',
-    'draft_widen_to', 'gamma', 'temperature'))}
+MEASUREMENTS = {'hf': (hf, sweep.EXAMPLE_FIELDS + (
+    'target_widen_to', 'batch_size', 'drafter', 'draft_config',
+    'draft_checkpoint', 'draft_widen_to', 'gamma'))}
 
 
 def finish(result, out):

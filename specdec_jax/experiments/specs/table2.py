@@ -77,9 +77,8 @@ def calibration(loaded, inputs) -> Dict[str, Any]:
           'examples': len(rows)}
 
 
-CALIBRATION_FIELDS = sweep.TASK_FIELDS + (
-    'drafter', 'draft_config', 'draft_checkpoint', 'temperature', 'topk',
-    'topp', 'seed', 'num_examples', 'truncate_inputs', 'eos_id')
+CALIBRATION_FIELDS = sweep.EXAMPLE_FIELDS + (
+    'drafter', 'draft_config', 'draft_checkpoint')
 
 
 def predict(row, profile) -> None:
