@@ -11,10 +11,11 @@ markup, builds
 
 deduplicates them, splits them 90/5/5 by a hash of each example's source text
 (`split_for_key`: an example's split never changes when Debian updates, and a
-text that occurs in several descriptions is in one split only), writes
-`<out_dir>/<task>/<split>.jsonl` and trains a SentencePiece model on the train
-text of both tasks with T5's conventions (pad=0, eos=1, unk=2, no bos), or
-copies a given one. `tasks` reads what it writes (the task names, splits and
+text that occurs in several descriptions is in one split only), trains a
+SentencePiece model on the train text of both tasks with T5's conventions
+(pad=0, eos=1, unk=2, no bos), or takes a given one, and writes
+`<out_dir>/<task>/<split>.jsonl` beside it: nothing before every split has
+an example and the model is made. `tasks` reads what it writes (the task names, splits and
 vocabulary file are its). The command line is scripts/build_debian_data.py;
 neither TensorFlow nor seqio is needed.
 """
@@ -286,25 +287,22 @@ def write_examples(examples: Dict[str, Dict[str, List[dict]]], out_dir: str,
   return counts
 
 
-def train_text(out_dir: str) -> List[str]:
-  """The deduplicated train-split text of both tasks, as written."""
+def train_text(examples: Dict[str, Dict[str, List[dict]]]) -> List[str]:
+  """The deduplicated train-split text of both tasks' records."""
   fields = {tasks.DEBIAN_TRANSLATION_TASK: ('en', 'de'),
             tasks.DEBIAN_SYNOPSIS_TASK: ('description', 'synopsis')}
   lines = {}
   for task, keys in fields.items():
-    with open(os.path.join(out_dir, task, 'train.jsonl'),
-              encoding='utf-8') as f:
-      for line in f:
-        record = json.loads(line)
-        for k in keys:
-          lines.setdefault(record[k], None)
+    for record in examples[task]['train']:
+      for k in keys:
+        lines.setdefault(record[k], None)
   return list(lines)
 
 
-def train_vocab(sentences: List[str], out_dir: str, vocab_size: int,
+def train_vocab(sentences: List[str], vocab_size: int,
                 normalization: str = 'nmt_nfkc', num_threads: int = 2,
-                seed: int = 0) -> str:
-  """Trains the unigram SentencePiece model; returns its path.
+                seed: int = 0) -> bytes:
+  """Trains the unigram SentencePiece model; returns its file's bytes.
 
   T5 conventions: pad=0, eos=1, unk=2, no bos; character coverage 1.0 (all
   German characters kept); sentences up to 8192 bytes (long descriptions).
@@ -323,10 +321,7 @@ def train_vocab(sentences: List[str], out_dir: str, vocab_size: int,
         f'SentencePiece cannot train a vocabulary of {vocab_size} pieces '
         f'with normalization {normalization!r} on {len(sentences)} '
         f'texts: {e}'.replace('\n', ' ')) from None
-  path = os.path.join(out_dir, tasks.DEBIAN_VOCAB_FILE)
-  with open(path, 'wb') as f:
-    f.write(model.getvalue())
-  return path
+  return model.getvalue()
 
 
 def find_lists(lists_dir: Optional[str] = None,
@@ -416,25 +411,38 @@ def build(files: Dict[str, List[str]], out_dir: str, vocab_size: int = 8000,
   de = read_descriptions(files['de'], 'de')
   aligned = len(set(en) & set(de))
   print(f'descriptions: en {len(en)}, de {len(de)}, aligned {aligned}')
-  examples = build_examples(en, de)
-  os.makedirs(out_dir, exist_ok=True)
-  counts = write_examples(examples, out_dir, max_examples)
+  examples = {task: {split: records[:max_examples] if max_examples else
+                      records for split, records in splits.items()}
+              for task, splits in build_examples(en, de).items()}
+  empty = [f'{t} {s}' for t, splits in examples.items()
+           for s, records in splits.items() if not records]
+  if empty:  # a job on the split would find no example
+    raise checks.InputError(
+        f'the lists give no example for {", ".join(empty)} ({aligned} '
+        'aligned descriptions): give apt\'s whole Translation lists '
+        f'({tasks.APT_COMMAND}).')
   parse_s = time.perf_counter() - start
   vocab_start = time.perf_counter()
   vocab_path = os.path.join(out_dir, tasks.DEBIAN_VOCAB_FILE)
   if vocab_file:
-    shutil.copyfile(vocab_file, vocab_path)
+    with open(vocab_file, 'rb') as f:
+      model = f.read()
     vocab_size = spm.SentencePieceProcessor(
-        model_file=vocab_path).get_piece_size()
+        model_proto=model).get_piece_size()
     vocab_source = {'copied_from': os.path.basename(vocab_file),
-                    'sha256': file_sha256(vocab_path)}
+                    'sha256': hashlib.sha256(model).hexdigest()}
   else:
-    sentences = train_text(out_dir)
+    sentences = train_text(examples)
     print(f'training SentencePiece (vocab {vocab_size}) on '
           f'{len(sentences)} train texts ...')
-    train_vocab(sentences, out_dir, vocab_size, normalization, num_threads)
+    model = train_vocab(sentences, vocab_size, normalization, num_threads)
     vocab_source = {'trained': True}
   vocab_s = time.perf_counter() - vocab_start
+  # Nothing is written before here: a refusal leaves no half-built folder.
+  os.makedirs(out_dir, exist_ok=True)
+  counts = write_examples(examples, out_dir)
+  with open(vocab_path, 'wb') as f:
+    f.write(model)
 
   manifest = collections.OrderedDict(
       counts=counts, aligned_descriptions=aligned,

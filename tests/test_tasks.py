@@ -23,6 +23,7 @@ import types
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from command_line import run_script
 from specdec_jax import data
@@ -331,6 +332,41 @@ def test_build_refuses_in_one_line(tmp_path, flags, said):
   assert proc.returncode == 1, proc.stderr
   assert said in proc.stderr and 'Traceback' not in proc.stderr, proc.stderr
   assert not (tmp_path / 'out').exists()  # refused before anything is written
+
+
+def _numbered_lists(folder, n):
+  """apt lists of `n` made-up packages, each described in both languages."""
+  folder.mkdir()
+  for lang, words in (('en', 'Tool {} does thing number {}.'),
+                      ('de', 'Werkzeug {} macht Ding Nummer {}.')):
+    (folder / f'x_i18n_Translation-{lang}').write_text(''.join(
+        f'Package: p{i}\nDescription-md5: {i:032x}\n'
+        f'Description-{lang}: {words.split()[0]} {i}\n '
+        f'{words.format(i, i)}\n\n' for i in range(n)), encoding='utf-8')
+  return debian.find_lists(str(folder))
+
+
+def test_a_build_writes_nothing_until_every_split_has_examples(tmp_path):
+  """Lists too small to give each split an example are refused before
+  anything is written (a job on an empty split finds nothing to decode;
+  before, the folder was written and SentencePiece then failed); lists
+  that fill them build the folder: every split's file holds the records
+  counted, beside the vocabulary trained on the train split."""
+  few = _numbered_lists(tmp_path / 'few', 4)
+  with pytest.raises(checks.InputError, match=(
+      r'no example for debian_desc_en_de validation, debian_synopsis '
+      r'validation \(4 aligned')):
+    debian.build(few, str(tmp_path / 'out'), vocab_size=60)
+  assert not (tmp_path / 'out').exists()
+  manifest = debian.build(_numbered_lists(tmp_path / 'many', 120),
+                          str(tmp_path / 'out'), vocab_size=60)
+  for task, counts in manifest['counts'].items():
+    for split, n in counts.items():
+      assert n == len(read_jsonl(tmp_path / 'out' / task / f'{split}.jsonl'))
+      assert n > 0, (task, split)
+  vocab = tmp_path / 'out' / tasks.DEBIAN_VOCAB_FILE
+  assert spm.SentencePieceProcessor(model_file=str(vocab)).get_piece_size(
+      ) == manifest['vocab']['vocab_size'] == 60
 
 
 def test_build_checks_its_normalization_before_reading(tmp_path):
