@@ -39,7 +39,8 @@ from specdec_jax import checks
 from specdec_jax import theory
 
 PROFILES_DIR = pathlib.Path(__file__).resolve().parent / 'profiles'
-# What a profile's `source` is relative to: the repository's root.
+# The repository's root: what a profile's `source` and a results file's
+# own path are written relative to (`in_repository`).
 ROOT = PROFILES_DIR.parents[1]
 # The profile of our measured H100 run, and of the CPU the costs ran on.
 H100 = 'nvidia-h100-80gb-hbm3'
@@ -250,6 +251,14 @@ def from_run(run: Mapping[str, Any], source: str) -> HardwareProfile:
   return from_costs_run(run, source)
 
 
+def in_repository(path) -> str:
+  """`path` relative to the repository where it is inside it, else as
+  given (a results file names no machine's folders)."""
+  resolved = pathlib.Path(path).resolve()
+  return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(
+      ROOT) else str(path)
+
+
 def path_of(name: str) -> pathlib.Path:
   return PROFILES_DIR / f'{name}.json'
 
@@ -416,11 +425,9 @@ def main(argv=None) -> None:
       p = load(name)
       print(f'{name}: {p.device}; t(1) {p.t1_ms:.2f} ms; from {p.source}')
     return
-  path = pathlib.Path(args.run).resolve()
-  source = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else (
-      args.run)
   try:
-    profile = from_run(json.loads(path.read_text()), source)
+    profile = from_run(json.loads(pathlib.Path(args.run).read_text()),
+                       in_repository(args.run))
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise checks.InputError(f'{args.run} is no measured run: '
                             f'{type(e).__name__}: {e}') from e

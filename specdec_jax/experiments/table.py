@@ -24,8 +24,7 @@ from specdec_jax import hardware
 from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-RESULTS = ROOT / 'results'
+RESULTS = hardware.ROOT / 'results'
 FORMAT = 'specdec_jax.experiments/1'
 
 # The eval job's summary fields a row keeps, under the job's names
@@ -289,8 +288,7 @@ def write(spec, result: Dict[str, Any], out, here=None) -> Dict[str, Any]:
     return result
   name = here and str(out)  # a gs:// address, written at `here`
   out = pathlib.Path(here or out)  # its folder made by write_json
-  result['out'] = name or report.portable(str(
-      out.relative_to(ROOT) if out.is_relative_to(ROOT) else out))
+  result['out'] = name or report.portable(hardware.in_repository(out))
   report.write_json(f'{out}.json', result)  # not with_suffix: 'v1.5' too
   report.write_md(f'{out}.md', markdown(spec, result))
   if spec.plot is not None and result['rows']:
