@@ -100,10 +100,12 @@ def check_interval(every_s) -> None:
         f'sync_every_s must be a number of seconds >= 0, got {every_s!r}.')
 
 
-def _stamp(path: pathlib.Path) -> Tuple[int, int]:
-  """(size, mtime_ns) of a local file: what tells a changed one."""
+def _stamp(path: pathlib.Path) -> Tuple[int, int, int]:
+  """(size, mtime_ns, inode) of a local file: what tells a changed one (a
+  file written whole is a new inode, whatever its size and time: a clock
+  tick can outlast two writes)."""
   stat = path.stat()
-  return stat.st_size, stat.st_mtime_ns
+  return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
 class BucketCopyError(RuntimeError):
@@ -124,9 +126,9 @@ class BucketFolder:
     self.url = url.rstrip('/')
     self.every_s = every_s
     self.local = pathlib.Path(tempfile.mkdtemp(prefix='specdec_run_'))
-    # What the bucket holds, as far as this process knows: (size, mtime_ns)
-    # of the local file it was copied from or to.
-    self._copied: Dict[str, Tuple[int, int]] = {}
+    # What the bucket holds, as far as this process knows: `_stamp` of the
+    # local file it was copied from or to.
+    self._copied: Dict[str, Tuple[int, int, int]] = {}
     self._ours = set()  # the names this process copied up
     self._records_at = time.monotonic()
     self._failed = False
@@ -140,7 +142,7 @@ class BucketFolder:
   def _address(self, name: str) -> str:
     return f'{self.url}/{name}'
 
-  def _scan(self) -> Dict[str, Tuple[int, int]]:
+  def _scan(self) -> Dict[str, Tuple[int, int, int]]:
     """`_stamp` of each file of the local copy, by its name relative to
     it (a file being written, '<name>.tmp-<pid>', left out)."""
     found = {}

@@ -7,6 +7,7 @@ rerun resumes from to what an uninterrupted run writes (the crash points of
 tests/test_run_folder.py, here with the process's copies stopped there).
 """
 
+import os
 import pathlib
 import tempfile
 
@@ -148,6 +149,24 @@ def test_records_wait_and_are_copied_before_any_later_write(gcs,
   assert url in str(failed.value) and str(again.local) in str(failed.value)
   again.close()
   assert (again.local / 'run.json').read_text() == '{}'
+
+
+def test_a_file_written_again_in_one_clock_tick_is_copied(gcs):
+  """A file written whole again at its size and time (two writes within
+  one tick of the file system's clock) is a change: copied up."""
+  url = f'{gcs}/run'
+  folder = bucket_folder.BucketFolder(url)
+  folder.start()
+  path = folder.local / 'gamma_choice.json'
+  run_folder.write_atomic(path, '{"gamma": 3}')
+  assert checkpoints.read_bytes(f'{url}/gamma_choice.json') == b'{"gamma": 3}'
+  at = path.stat().st_mtime_ns
+  (folder.local / 'next').write_text('{"gamma": 4}')
+  os.utime(folder.local / 'next', ns=(at, at))
+  os.replace(folder.local / 'next', path)  # as `write_atomic` writes
+  folder.sync(force=True)
+  folder.close()
+  assert checkpoints.read_bytes(f'{url}/gamma_choice.json') == b'{"gamma": 4}'
 
 
 def test_a_folder_that_only_reads_copies_nothing_up(gcs):
