@@ -35,10 +35,12 @@ class InputError(ValueError):
 
 
 # What a command ends in one line wherever its job finds it (the job's
-# summary, if it made one, written first): a value it cannot use, or a file
-# it needs that is not there (a checkpoint, the data). Any other exception
-# is a fault of the code and keeps its traceback.
-REFUSED = (InputError, FileNotFoundError)
+# summary, if it made one, written first): a value it cannot use, or a path
+# it was given that is not what it names (a checkpoint or the data not
+# there, a folder given for a file, a file in the way of a folder). Any
+# other exception is a fault of the code and keeps its traceback.
+REFUSED = (InputError, FileNotFoundError, IsADirectoryError,
+           NotADirectoryError, FileExistsError)
 
 
 def failure(e: BaseException) -> str:

@@ -186,10 +186,9 @@ def devices(name: str, target_config: Optional[str] = None
   """
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   target = get_target(name)
-  # Compile-only use owns no chip: several processes may load libtpu (no
-  # lock file), and the CUDA plugin must skip its check of the driver (else
-  # it stays unregistered; read when jax first looks for backends, so
-  # `main` sets it before anything else).
+  # Compile-only use owns no chip: any process may load libtpu (no lock
+  # file); the CUDA plugin skips its driver check (else it stays
+  # unregistered; jax reads it at its backends' start: `main` sets it first).
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
   config = None if target.platform == 'tpu' else (
@@ -582,8 +581,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'ESTIMATED ms per loop iteration of --programs '
                       "(program_cost), or 'reference': those its (else the "
                       "H100's) model was fitted to, with the measured ms")
-  parser.add_argument('--captured_us', type=float, help='with --iterations: '
-                      'ESTIMATES at this cost of a captured kernel (us)')
+  parser.add_argument('--captured_us', type=checks.positive, help=(
+      'with --iterations: ESTIMATES at this cost of a captured kernel (us)'))
   parser.add_argument('--xla_option', action='append', default=[], type=(
       models.assignment), help='with --iterations: KEY=VALUE, an XLA option, '
                       "e.g. xla_gpu_enable_triton_gemm=True (XLA's GEMMs)")
@@ -610,6 +609,8 @@ def _config(spec: str, args: argparse.Namespace,
 def setup(args: argparse.Namespace) -> Setup:
   """The `Setup` of the flags at the first batch (the first drafter's)."""
   model, drafts = configs(args)
+  if not drafts:  # the programs are compiled for a target and a drafter
+    raise ValueError('--drafts names no model')
   return Setup(target=model, draft=next(iter(drafts.values())),
                batch=args.batches[0], input_length=args.input_length,
                max_decode_len=args.max_decode_len, gamma=args.gamma,

@@ -210,7 +210,7 @@ def random_demo(argv=None):
   parser.add_argument('--gamma', type=checks.count, default=4)
   parser.add_argument('--draft_noise', type=float, default=0.1)
   parser.add_argument('--temperature', type=float, default=0.0)
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=checks.natural, default=0)
   args = parser.parse_args(argv)
 
   model = network.T5Model(DEMO_CONFIG)

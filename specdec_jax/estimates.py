@@ -614,23 +614,29 @@ def reestimate(path: str):
   batch, profiles, Table 2) from the compiler's counts it holds (with its
   own command's flags and `compiled`'s chip figures), compiling nothing,
   and rewrites its .json and .md."""
-  with checks.one_line(OSError, ValueError, KeyError, TypeError, said=(
-      f'{path} is no estimates file to reestimate: ')):
+  said = f'{path} is no estimates file to reestimate: '
+  with checks.one_line(OSError, ValueError, KeyError, TypeError,
+                       AttributeError, said=said):
     r = report.read_json(path)
-    args = parse_flags(shlex.split(r['command'])[3:])
-  target = compiled.get_target(args.target)
-  steps = {int(b): {int(k): f for k, f in curve.items()}
-           for b, curve in r.get('steps', {}).items() if '1' in curve}
-  draft_steps = {int(b): ds for b, ds in r.get('draft_steps', {}).items()}
-  model, _ = compiled.configs(args)
-  r['chip'] = dataclasses.asdict(target.spec)
-  r['reestimated_by'] = report.portable(f'{COMMAND} --reestimate={path}')
-  for f in r['programs']:
-    if f['compiled']:
-      f['fits'] = f['memory']['peak_bytes'] <= target.spec.device_hbm_bytes
-  r['memory'] = memory_summary(r['programs'], target, args)
-  if steps:
-    r.update(estimates(target, steps, draft_steps, model, args))
+    command = shlex.split(r['command'])
+    try:
+      args = parse_flags(command[3:])
+    except SystemExit as e:  # its own command's flags, said above
+      raise checks.InputError(f'its command is none of {COMMAND}\'s: '
+                              f'{r["command"]}') from e
+    target = compiled.get_target(args.target)
+    steps = {int(b): {int(k): f for k, f in curve.items()}
+             for b, curve in r.get('steps', {}).items() if '1' in curve}
+    draft_steps = {int(b): ds for b, ds in r.get('draft_steps', {}).items()}
+    model, _ = compiled.configs(args)
+    r['chip'] = dataclasses.asdict(target.spec)
+    r['reestimated_by'] = report.portable(f'{COMMAND} --reestimate={path}')
+    for f in r['programs']:
+      if f['compiled']:
+        f['fits'] = f['memory']['peak_bytes'] <= target.spec.device_hbm_bytes
+    r['memory'] = memory_summary(r['programs'], target, args)
+    if steps:
+      r.update(estimates(target, steps, draft_steps, model, args))
   out = report.write_json(path, r)
   report.write_md(out.with_suffix('.md'), markdown(r))
   return out
@@ -647,6 +653,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   if args.reestimate:
     print(reestimate(args.reestimate))
     return
+  if args.paper_table and not args.ks:  # what the table reads: before compiles
+    raise checks.InputError('--paper_table is of the steps: give --ks')
+  if args.paper_table and not os.path.isfile(args.alphas):
+    raise checks.InputError(f'--alphas {args.alphas!r}: no such file (the '
+                            "shipped drafters' measured alpha)")
   stem = args.target.replace(':', '_') + (
       '_megacore' if args.megacore_steps else '')
   path = pathlib.Path(args.out_dir) / f'{stem}.json'

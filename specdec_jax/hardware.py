@@ -291,12 +291,12 @@ def parse(text: str, where: str) -> HardwareProfile:
   try:
     data = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f'hardware profile {where} is not valid JSON: {e}'
-                     ) from e
+    raise checks.InputError(f'hardware profile {where} is not valid JSON: '
+                            f'{e}') from e
   try:
     return HardwareProfile.from_json(data)
-  except (ValueError, TypeError, KeyError) as e:
-    raise ValueError(f'hardware profile {where}: {e}') from e
+  except (ValueError, TypeError, KeyError, AttributeError) as e:
+    raise checks.InputError(f'hardware profile {where}: {e}') from e
 
 
 def measured_run(profile: HardwareProfile) -> Optional[Dict[str, Any]]:

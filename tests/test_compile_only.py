@@ -160,6 +160,7 @@ def test_the_command_compiles_what_its_flags_name():
     ('--batches=8,0', "comma-separated ints >= 1 expected, got '8,0'"),
     ('--batches=8,x', "comma-separated ints >= 1 expected, got '8,x'"),
     ('--batches=', '--batches names no batch'),
+    ('--drafts=', '--drafts names no model'),  # a StopIteration, before
     ('--max_decode_len=-3', 'max_decode_len must be an int >= 1, got -3'),
     ('--input_length=0', 'input_length must be an int >= 1, got 0'),
     ('--temperature=-1', 'temperature must be a finite number >= 0'),
@@ -183,6 +184,8 @@ def test_the_command_compiles_what_its_flags_name():
      '--iterations'),
     ('--xla_option=xla_gpu_enable_triton_gemm=True',
      '--captured_us and --xla_option are options of --iterations'),
+    ('--captured_us=-5', "--captured_us: a finite number > 0 expected, got "
+     "'-5'"),  # a table at a negative cost, before
 ])
 def test_a_bad_value_is_the_parsers_error_before_anything_compiles(
     flag, message, capsys):

@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import hardware
 from specdec_jax import estimates
@@ -101,10 +102,23 @@ def test_a_missing_compiler_ends_the_command_in_one_line(monkeypatch,
   assert not list(tmp_path.iterdir())
 
 
+def test_the_paper_table_needs_its_steps_and_alphas_before_compiling(
+    tmp_path):
+  """--paper_table without the steps (--ks=) or with an --alphas file that
+  is not there: refused before any compile (the table was left out, or its
+  alphas an error inside the results, after every program compiled)."""
+  common = ['--target=tpu:v4:1x1x1', '--paper_table', f'--out_dir={tmp_path}']
+  with pytest.raises(checks.InputError, match='--paper_table is of the st'):
+    estimates.main(common + ['--ks='])
+  with pytest.raises(checks.InputError, match="--alphas '.*none.json': no"):
+    estimates.main(common + [f'--alphas={tmp_path}/none.json'])
+  assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize('content,error', [
     (None, 'FileNotFoundError'), ('[1]', 'TypeError'),
     ('{"spec": "table2"}', "KeyError: 'command'"),
-    ('{"command"', 'ValueError: .* is not valid JSON'),
+    ('{"command"', 'InputError: .* is not valid JSON'),
 ])
 def test_reestimate_says_a_file_it_cannot_read_in_one_line(
     tmp_path, content, error):

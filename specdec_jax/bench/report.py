@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import measure
 from specdec_jax import network
 
@@ -110,7 +111,7 @@ def read_json(path) -> Any:
   try:
     return json.loads(checkpoints.read_bytes(os.fspath(path)))
   except json.JSONDecodeError as e:
-    raise ValueError(f'{path} is not valid JSON: {e}') from e
+    raise checks.InputError(f'{path} is not valid JSON: {e}') from e
 
 
 def write_md(path, text: str) -> pathlib.Path:

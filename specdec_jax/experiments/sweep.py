@@ -115,6 +115,8 @@ class Options:
       if n is not None:
         checks.check_int(name, n, 1, " (or None: the spec's)")
     checks.check_positive('max_minutes', self.max_minutes, 'minutes')
+    models_lib.with_fields(models_lib.config('t5_1_1_small'),  # names, types
+                           self.model_fields, '--model_fields')
 
   @property
   def meshed(self) -> bool:  # the cells on a mesh, not one device
@@ -498,8 +500,8 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     table.write(spec, table.repredict(spec, result, profile), out, here)
     if result['failed']:
       raise CellsFailed(
-          f"{len(result['failed'])} of {len(cells)} cells failed (the others "
-          f"are in {out}.json): " + '; '.join(
+          f"{len(result['failed'])} of {len(cells)} cells failed (all are in "
+          f"{out}.json): " + '; '.join(
               f"{f['cell']}: {f['error']}" for f in result['failed']))
     return result
 

@@ -328,7 +328,9 @@ def test_cells_and_flags_are_checked():
     sweep.run(spec, sweep.Options(), out='s3://b/r')
   for bad, message in ((dict(num_examples=0), 'num_examples must be an int'),
                        (dict(timing_repeats=True), 'timing_repeats must be'),
-                       (dict(max_minutes=-5.0), 'max_minutes must be a')):
+                       (dict(max_minutes=-5.0), 'max_minutes must be a'),
+                       (dict(model_fields=('nofield=1',)),  # before: per cell
+                        r"--model_fields: T5Config has no field\(s\) \['no")):
     with pytest.raises(ValueError, match=message):
       sweep.Options(**bad)
 
@@ -356,7 +358,8 @@ def test_cells_and_flags_are_checked():
     (['repredict', '{tmp}/other.json'],
      "other.json is no results file to repredict: KeyError: 'spec'"),
     (['repredict', '{tmp}/text.json'],
-     'text.json is no results file to repredict: ValueError: .* is not valid'),
+     'text.json is no results file to repredict: InputError: .* is not '
+     'valid'),
     (['repredict', '{tmp}/bare.json'],  # before: KeyError's traceback
      "bare.json is no results file to repredict: KeyError: 'title'"),
     (['repredict', '{tmp}/cut.json'],

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import models
@@ -203,7 +204,7 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   assert aot.autotune_record(results, 'a.textproto') == dict(
       file='a.textproto', sha256=aot.sha256(AUTOTUNE_TEXT.encode()),
       device=device)
-  with pytest.raises(SystemExit, match='needs --device_facts'):
+  with pytest.raises(checks.InputError, match='needs --device_facts'):
     stored.build_device('gpu:h200', results, None)
   # A store built otherwise is dropped by the next build's describe.
   store = aot.Store(tmp_path, 'cpu')

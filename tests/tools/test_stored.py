@@ -18,6 +18,7 @@ import tarfile
 import jax
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import hardware
 from specdec_jax import measure
@@ -307,9 +308,23 @@ def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
   without one is named, before anything compiles."""
   log = tmp_path / stored.RUN_LOG
   log.write_text(json.dumps({'device_facts': {'platform': 'gpu'}}))
-  with pytest.raises(SystemExit, match='stored_run.json: its device_facts '
-                     'hold no topology'):
+  with pytest.raises(checks.InputError, match='stored_run.json: no '
+                     'topology in its device_facts'):
     stored.build_device('gpu:h100', None, log)
+
+
+@pytest.mark.parametrize('item, said', [
+    ('bogus', "--plan: ValueError: Unknown spec 'bogus'"),
+    ('table3:shipped;num_examples=x', '--plan: ValueError: invalid literal'),
+    ('table3:shipped;gama=4', "--plan: ValueError: spec 'table3' has no cell "
+     'where gama=4'),
+])
+def test_a_plan_item_that_runs_nothing_is_one_line_before_any_work(
+    tmp_path, item, said):
+  """A plan item naming no spec, a bad count or no cell: one line, before
+  anything is recorded or compiled (a traceback, before)."""
+  with pytest.raises(SystemExit, match=f'^error: {said}'):
+    stored.main(['project', '--store', str(tmp_path), '--plan', item])
 
 
 def test_a_run_on_a_store_without_programs_is_refused(tmp_path, capsys):

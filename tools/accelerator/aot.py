@@ -221,7 +221,7 @@ class Store:
     self.dir = pathlib.Path(root) / file_name(target)
     path = self.dir / MANIFEST
     self.manifest: Dict[str, Any] = (
-        json.loads(path.read_text()) if path.is_file() else
+        report.read_json(path) if path.is_file() else
         dict(format=FORMAT, target=target, programs={}))
     self.manifest.setdefault('packs', {})
     self._unpacked: Dict[str, bytes] = {}  # pack file -> its bytes

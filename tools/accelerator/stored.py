@@ -43,6 +43,7 @@ from specdec_jax import programs
 from specdec_jax import scaffold
 from specdec_jax import unit_loop
 from specdec_jax.bench import budget
+from specdec_jax.bench import report
 from specdec_jax.experiments import reproduce
 from specdec_jax.experiments import specs as specs_lib
 from specdec_jax.experiments import sweep
@@ -649,13 +650,12 @@ def project(plan: Plan, profile, store: Optional[aot.Store] = None,
           f: name for _, _, f, (name, _) in record_plan(plan, profile, log)}
   stored_ = sum(bool(store and store.built(f)) for f in recorded)
   left = len(recorded) - stored_
-  out['programs'] = dict(
+  out['programs'] = programs = dict(
       recorded=len(recorded), stored=stored_, compiled_on_device=left,
       load_s=round(store.total_bytes() / 2**20 / ASSUMED['load_mib_per_s'])
       if store else 0, compile_s=round(left * ASSUMED['compile_s']))
   out['seconds'] = round(sum(v['seconds'] for v in out['specs'].values()) +
-                         out['programs']['load_s'] +
-                         out['programs']['compile_s'])
+                         programs['load_s'] + programs['compile_s'])
   return out
 
 
@@ -670,18 +670,18 @@ def build_device(target: str, autotune: Optional[pathlib.Path],
   says of it (a GPU's always: another makes other programs, e.g. another
   driver version captures other commands)."""
   if facts_file is not None:
-    facts = json.loads(facts_file.read_text()).get('device_facts') or {}
+    facts = report.read_json(facts_file).get('device_facts') or {}
     topology = aot.device_topology(facts)
     if topology is None:
-      raise SystemExit(f'{facts_file}: its device_facts hold no topology')
+      raise checks.InputError(f'{facts_file}: no topology in its device_facts')
     device = aot.twin_devices(compiled.TARGETS[target], topology)[0]
     aot.check_compiles(device)
     return device, (f'the device topology in {facts_file.name} (sha256 '
                     f'{aot.sha256(topology)[:16]})')
   if autotune is not None:
-    raise SystemExit('--autotune_results needs --device_facts (the run log '
-                     'written with them): XLA keys the results by the '
-                     "device's own description")
+    raise checks.InputError('--autotune_results needs --device_facts (the '
+                            'run log written with them): XLA keys the '
+                            "results by the device's own description")
   if compiled.get_target(target).platform != 'gpu':
     return compiled.devices(target)[0], None
   config = compiled.default_target_config(target)
@@ -696,8 +696,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'spec:models[;shrink][;field=value...], in priority order (default: '
       f'{", ".join(DEFAULT_PLAN)})'))
   parser.add_argument('--store', required=True, help='the store folder')
-  parser.add_argument('--target', help='build: a compiled.TARGETS name '
-                      "(default: this machine's own device)")
+  parser.add_argument('--target', choices=[*compiled.TARGETS, 'cpu'], help=(
+      "a compiled.TARGETS name (default: this machine's own device)"))
   parser.add_argument('--autotune_results', default=None, help=(
       f'build for a GPU: the {aot.AUTOTUNE_FILE} a run on it left (with '
       '--device_facts); without them the GEMMs are left to cuBLAS'))
@@ -712,12 +712,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'build, project: the device\'s hardware profile (a name in '
       "specdec_jax/profiles/, or a file): the gammas likely chosen there"))
   parser.add_argument('--limit_mib', type=checks.positive, default=None, help=(
-      'build: the most the store may weigh (the plan\'s last programs are '
-      'dropped to fit)'))
+      "build: the store's most MiB (the plan's last programs dropped to fit)"))
   args = parser.parse_args(argv)
   checks.check_local_folder('work_dir', args.work_dir or '.')  # packed here
-  plan = parse_plan(args.plan or DEFAULT_PLAN, **(
-      {} if args.work_dir is None else {'work_dir': args.work_dir}))
+  checks.check_no_file_in_the_way('--store', args.store)
+  with checks.one_line(ValueError, said='--plan: '):  # before any work
+    plan = parse_plan(args.plan or DEFAULT_PLAN, **(
+        {} if args.work_dir is None else {'work_dir': args.work_dir}))
+    for spec, options in plan:  # an item matching no cell is refused
+      sweep.plan(spec, sweep.options_of(spec, options))
   path = lambda x: None if x is None else pathlib.Path(x)
   autotune, flags = path(args.autotune_results), []
   if args.what == 'build':
