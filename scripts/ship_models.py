@@ -116,10 +116,68 @@ def _reference_texts(task_dir, n):
     return [json.loads(line)[key] for _, line in zip(range(n), f)]
 
 
+# What the files read are, as their refusals say.
+EXPORTED = ('the models.json of scripts/train_shipped_models.py (an object '
+            'whose "models" maps a name to its kind, config, checkpoint, '
+            'step and validation)')
+MEASURED = ('the json of `ship_models.py measure` (an object of its '
+            '"command", "num_examples" and "tasks": en_de and synopsis, '
+            'each with the target\'s validation and the alpha by drafter)')
+SHIPPED_SET = ('a shipped models.json (an object whose "methods" maps a '
+               'name to its checkpoint)')
+
+
+def _read_json(flag, path, what):
+  """The JSON of the file `path` of `flag`; InputError naming it and `what`
+  it should be where it is a folder or not JSON (not there: the
+  FileNotFoundError)."""
+  if os.path.isdir(path):
+    raise checks.InputError(f'{flag}: {path} is a folder, not {what}.')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except ValueError as e:  # not JSON, or not text
+    raise checks.InputError(f'{flag}: {path} is not {what}: {e}') from None
+
+
 def _exported(export_dir):
-  """The export folder's models.json."""
-  with open(os.path.join(export_dir, 'models.json')) as f:
-    return json.load(f)
+  """The export folder's models.json, checked (InputError naming it)."""
+  if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+    raise checks.InputError(f'--export_dir {export_dir} is a file, not the '
+                            'export folder of scripts/train_shipped_models.py.')
+  path = os.path.join(export_dir, 'models.json')
+  exported = _read_json('--export_dir', path, EXPORTED)
+  models = exported.get('models') if isinstance(exported, dict) else None
+  if not isinstance(models, dict) or not all(
+      isinstance(e, dict) and {'kind', 'config', 'checkpoint', 'step',
+                               'validation'} <= set(e)
+      and isinstance(e['config'], dict) and isinstance(e['checkpoint'], str)
+      for e in models.values()):
+    raise checks.InputError(f'--export_dir: {path} is not {EXPORTED}.')
+  return exported
+
+
+def _measured(path, report=False):
+  """The --measured file, checked (InputError naming it): its "tasks" of
+  alpha by drafter; for `report`, all the report reads."""
+  measured = _read_json('--measured', path, MEASURED)
+  tasks = measured.get('tasks') if isinstance(measured, dict) else None
+  good = isinstance(tasks, dict) and all(
+      isinstance(row, dict) and isinstance(row.get('alpha', {}), dict)
+      for row in tasks.values())
+  figures = lambda x, keys: isinstance(x, dict) and all(
+      isinstance(x.get(k), (int, float)) for k in keys)
+  if good and report:
+    good = {'command', 'num_examples'} <= set(measured) and set(
+        tasks) <= set(PAPER_T0) and all(
+            figures(row.get('target_validation'), ('loss', 'accuracy'))
+            and all(isinstance(by_t, dict) and all(
+                figures(by_t.get(t), ('alpha', 'se')) for t in ('t0', 't1'))
+                    for by_t in row.get('alpha', {}).values())
+            for row in tasks.values())
+  if not good:
+    raise checks.InputError(f'--measured: {path} is not {MEASURED}.')
+  return measured
 
 
 def _check_names(flag, names, exported):
@@ -218,19 +276,25 @@ def shipped_methods(out):
   top folders). Shipping keeps both.
 
   Raises:
-    SystemExit: a listed method's checkpoint folder is missing.
+    InputError: its models.json is not one, or a listed method's
+      checkpoint folder is missing.
   """
   from specdec_jax import shipped  # pylint: disable=g-import-not-at-top
   path = os.path.join(out, shipped.MODELS)
   if not os.path.isfile(path):
     return {}, set()
-  with open(path) as f:
-    methods = json.load(f).get('methods', {})
+  index = _read_json('--assets', path, SHIPPED_SET)
+  methods = index.get('methods', {}) if isinstance(index, dict) else None
+  if not isinstance(methods, dict) or not all(
+      isinstance(e, dict) and isinstance(e.get('checkpoint'), str)
+      for e in methods.values()):
+    raise checks.InputError(f'--assets: {path} is not {SHIPPED_SET}.')
   missing = [e['checkpoint'] for e in methods.values()
              if not os.path.isdir(os.path.join(out, e['checkpoint']))]
   if missing:
-    raise SystemExit(f'{path} lists method weights that are not there: '
-                     f'{missing}; restore them before shipping.')
+    raise checks.InputError(
+        f'{path} lists method weights that are not there: {missing}; '
+        'restore them before shipping.')
   return methods, {e['checkpoint'].split('/')[0] for e in methods.values()}
 
 
@@ -305,11 +369,7 @@ def cmd_ship(args):
       raise FileNotFoundError(f'No exported checkpoint {src}.')
   measured = {'tasks': {}}
   if args.measured:
-    with open(args.measured) as f:
-      measured = json.load(f)
-    if not isinstance(measured.get('tasks'), dict):
-      raise checks.InputError(f'--measured {args.measured!r} is not a file '
-                              'of ship_models.py measure (no "tasks").')
+    measured = _measured(args.measured)
   models = {}
   for name in names:
     entry = exported['models'][name]
@@ -387,8 +447,9 @@ def cmd_report(args):
   from specdec_jax.experiments import plots  # pylint: disable=g-import-not-at-top
   from specdec_jax.bench import at_xxl_cost  # pylint: disable=g-import-not-at-top
   profile = flags.profile_of(args)
-  with open(args.measured) as f:
-    after = json.load(f)
+  after = _measured(args.measured, report=True)
+  # The training report's models.json, read before anything is written.
+  exported = _exported(args.export_dir) if args.export_dir else None
   md = os.path.splitext(args.out)[0] + '.md'
   folder = os.path.dirname(md)
   _check_out_file('--out', md)
@@ -466,8 +527,6 @@ def cmd_report(args):
     print(f'wrote {md} (no --export_dir: no training report)')
     return
   # Training report of the runs behind the shipped models.
-  with open(os.path.join(args.export_dir, 'models.json')) as f:
-    exported = json.load(f)
   runs = list(exported['models'])
   png = os.path.join(folder, 'training_shipped.png')
   plots.plot_losses([os.path.join(args.export_dir, n, 'log.jsonl')
@@ -486,7 +545,7 @@ def cmd_report(args):
            '|---|---|---|---|---|---|']
   for name in runs:
     m = exported['models'][name]
-    v, t = m['validation'] or {}, m['train'] or {}
+    v, t = m['validation'] or {}, m.get('train') or {}
     beta = f"{t['beta']:.3f}" if t.get('beta') is not None else '-'
     lines.append(f"| {name} | {m['step']} | {v.get('loss', 0):.3f} | "
                  f"{v.get('accuracy', 0):.3f} | {beta} | "

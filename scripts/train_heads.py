@@ -107,10 +107,10 @@ def parse_flags(argv=None):
   p.add_argument('--batch_size', type=checks.count, default=64)
   p.add_argument('--positions', type=checks.count, default=16)
   p.add_argument('--learning_rate', type=checks.positive, default=1e-3)
-  p.add_argument('--weight_decay', type=float, default=0.01)
+  p.add_argument('--weight_decay', type=checks.non_negative, default=0.01)
   p.add_argument('--chunk_rows', type=checks.count, default=2048,
                  help='rows whose target states are held at once')
-  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--seed', type=checks.natural, default=0)
   p.add_argument('--save_every', type=checks.count, default=500)
   p.add_argument('--out_dir', required=True)
   p.add_argument('--export_dir', default=None,
@@ -119,6 +119,10 @@ def parse_flags(argv=None):
                  'the log.jsonl copied with it to results/draft_heads/en_de)')
   args = p.parse_args(argv)
   flags.check_model_flags(p, args, 'target')
+  for flag in ('train_rows', 'chunk_rows'):  # a batch is of distinct rows
+    if getattr(args, flag) < args.batch_size:
+      p.error(f'--{flag} {getattr(args, flag)} is fewer than --batch_size '
+              f'{args.batch_size} (a batch draws distinct rows of them)')
   if (args.target.startswith(models.SHIPPED) and not args.arrays and
       args.task not in TASK_DIRS):
     p.error(f'--task {args.task} is not shipped ({sorted(TASK_DIRS)}): give '
@@ -148,7 +152,13 @@ def task_data(args, vocab_size):
   if max(int(train['inputs'].max()), int(test['inputs'].max())) >= vocab_size:
     raise checks.InputError(
         f'{args.task}: token ids beyond the target vocab {vocab_size}')
-  return (train['inputs'][:args.train_rows], test['inputs'][:args.eval_rows],
+  rows = train['inputs'][:args.train_rows]
+  if len(rows) < args.batch_size:  # before anything is generated
+    raise checks.InputError(
+        f'{args.task} has {len(rows)} train rows, fewer than --batch_size '
+        f'{args.batch_size} (a batch draws distinct rows): give a smaller '
+        '--batch_size, or more rows.')
+  return (rows, test['inputs'][:args.eval_rows],
           args.max_decode_len or test['targets'].shape[1],
           f'{where} rows 0..{min(args.eval_rows, len(test["inputs"])) - 1}')
 
@@ -212,8 +222,11 @@ def train(args, out_dir, saved):
   head_cfg = heads.HeadConfig(
       mlp_dim=args.mlp_dim, cross_attention=not args.no_cross_attention)
   head = heads.Head(model.config, head_cfg)
+  # A warm-up of at most steps - 1 (none for one step): optax's cosine
+  # decay needs a step after it.
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, args.learning_rate, min(200, args.steps // 10 + 1), args.steps)
+      0.0, args.learning_rate,
+      min(200, args.steps // 10 + 1, args.steps - 1), args.steps)
   # A resumed head is of these flags: settings.json holds them (claimed).
   hp = (heads.load_head(latest, model.config)[0] if latest else
         heads.init_head(model.config, head_cfg, args.seed))

@@ -95,7 +95,7 @@ def parse_flags(argv=None):
   p.add_argument('--positions', type=checks.count, default=16,
                  help='prefix ends per step that get look-ahead slots')
   p.add_argument('--learning_rate', type=checks.positive, default=0.3)
-  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--seed', type=checks.natural, default=0)
   p.add_argument('--save_every', type=checks.count, default=50)
   p.add_argument('--out_dir', required=True)
   args = p.parse_args(argv)
@@ -117,6 +117,11 @@ def train_inputs(args, vocab_size) -> Tuple[np.ndarray, str]:
   if not len(inputs) or int(inputs.max()) >= vocab_size:
     raise checks.InputError(f'{args.task} rows {rows}: none, or token ids '
                             f'beyond the target vocab {vocab_size}')
+  if len(inputs) < args.batch_size:  # before anything is generated
+    raise checks.InputError(
+        f'--train_rows {rows} of {args.task} are {len(inputs)} rows, fewer '
+        f'than --batch_size {args.batch_size} (a batch draws distinct '
+        'rows): give more rows or a smaller --batch_size.')
   return inputs, rows
 
 

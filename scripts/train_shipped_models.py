@@ -276,6 +276,16 @@ def _names(known):
   return parse
 
 
+def _seed(text):
+  """--seed: 'RUN=CHECKPOINT' as (run, checkpoint) (as the flag's type)."""
+  run, _, checkpoint = text.partition('=')
+  if not run or '/' in run or not checkpoint:
+    raise argparse.ArgumentTypeError(
+        f'RUN=CHECKPOINT expected (e.g. small_fkl=/w/small_fkl/'
+        f'checkpoint_2000), got {text!r}')
+  return run, checkpoint
+
+
 def parse_flags(argv):
   """The command's flags; a bad one is the parser's error naming it,
   before any stage runs."""
@@ -300,27 +310,55 @@ def parse_flags(argv):
   parser.add_argument('--extra', action='append', default=[],
                       help='extra train.py flag for every run, e.g. '
                       '--extra=--gin.TRAIN_STEPS=5 (smoke runs)')
-  parser.add_argument('--seed', action='append', default=[],
+  parser.add_argument('--seed', action='append', default=[], type=_seed,
                       help='RUN=CHECKPOINT: start run RUN (e.g. target_lr0.03, '
                       'small_fkl) from this checkpoint folder (copied into its '
                       'model dir if it has none; params only, fresh Adafactor '
                       'statistics): continues an earlier session\'s training')
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  cut = [n for n in args.drafters if n.rsplit('_', 1)[0] in FROM_TEACHER
+         and n.rsplit('_', 1)[1] in ('ref', 'ce')]
+  if cut:  # found before the target's training, not after it
+    parser.error(f'--drafters {",".join(cut)}: {"/".join(FROM_TEACHER)} are '
+                 'cut from the target; use a KD loss (fkl / tvd)')
+  return args
+
+
+def _seeds(args):
+  """The --seed checkpoints to copy, (folder, model dir) each; raises
+  InputError for one that is no folder (before anything is written)."""
+  copies = []
+  for run, checkpoint in args.seed:
+    model_dir = os.path.join(args.work_dir, run)
+    if os.path.isdir(model_dir) and any(
+        n.startswith('checkpoint_') for n in os.listdir(model_dir)):
+      continue  # the run has its own checkpoints: the seed was copied
+    if not os.path.isdir(checkpoint):
+      raise checks.InputError(f'--seed {run}={checkpoint}: {checkpoint} is '
+                              'not a checkpoint folder.')
+    copies.append((checkpoint, model_dir))
+  return copies
 
 
 def main(argv=None):
   args = parse_flags(sys.argv[1:] if argv is None else argv)
+  # Refused before anything is written: a file where --work_dir would be,
+  # a seed that is not there, a later stage without the target's record.
+  checks.check_local_folder('--work_dir', args.work_dir)
+  copies = _seeds(args)
+  if args.stages[0] != 'target' and not os.path.isfile(
+      os.path.join(args.work_dir, 'target.json')):
+    raise checks.InputError(
+        f'--stages {",".join(args.stages)} needs the target stage\'s '
+        f'{os.path.join(args.work_dir, "target.json")}: run the target '
+        'stage first (add it to --stages), or give the --work_dir it ran in.')
   os.makedirs(args.work_dir, exist_ok=True)
-  for spec in args.seed:
-    run, checkpoint = spec.split('=', 1)
-    model_dir = os.path.join(args.work_dir, run)
-    if not os.path.isdir(model_dir) or not any(
-        n.startswith('checkpoint_') for n in os.listdir(model_dir)):
-      shutil.copytree(checkpoint, os.path.join(
-          model_dir, os.path.basename(checkpoint.rstrip('/'))))
-      log = os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'log.jsonl')
-      if os.path.isfile(log):
-        shutil.copy(log, os.path.join(model_dir, 'log.jsonl'))
+  for checkpoint, model_dir in copies:
+    shutil.copytree(checkpoint, os.path.join(
+        model_dir, os.path.basename(checkpoint.rstrip('/'))))
+    log = os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'log.jsonl')
+    if os.path.isfile(log):
+      shutil.copy(log, os.path.join(model_dir, 'log.jsonl'))
   for stage in args.stages:
     tic = time.perf_counter()
     STAGES[stage](args)
@@ -329,4 +367,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)  # a refused value or file: its line

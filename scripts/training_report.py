@@ -20,16 +20,35 @@ from specdec_jax.experiments import plots
 from specdec_jax.measure import machine
 
 SIZES = ('xxl', 'large', 'base', 'small')
+SPLITS = ('train', 'validation')  # the records of scripts/train.py's log
 
 
 def read(path: pathlib.Path):
   """A run's log records; a log that is not JSON lines (e.g. its last line
-  cut off as it was written) refused, naming it."""
+  cut off as it was written) or not scripts/train.py's records (a folder,
+  an empty log, a record of no split or no step, loss and accuracy)
+  refused, naming it."""
+  if not path.is_file():
+    raise checks.InputError(f'{path} is a folder, not a training log.')
   try:
-    return training.read_log(str(path))
+    records = training.read_log(str(path))
   except ValueError as e:
     raise checks.InputError(f'{path} is no training log (a line cut off '
                             f'as it was written?): {e}') from None
+  if not records:
+    raise checks.InputError(f'{path} is empty: no training log records.')
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  for i, record in enumerate(records, 1):
+    if not isinstance(record, dict) or record.get('split') not in SPLITS or (
+        not checks.is_int(record.get('step'))) or not all(
+            number(record.get(k, 0 if k == 'seconds' else None))
+            for k in ('loss', 'accuracy', 'seconds')):
+      raise checks.InputError(
+          f'{path} is no training log of scripts/train.py: its record {i}, '
+          f'{json.dumps(record)[:200]}, is not an object with a "split" '
+          '(train or validation), an int "step" and numbers "loss" and '
+          '"accuracy".')
+  return records
 
 
 def fmt(value, spec: str = '.3f') -> str:

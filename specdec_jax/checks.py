@@ -92,16 +92,23 @@ def natural(text: str) -> int:
   return count(text, 0)
 
 
-def positive(text: str) -> float:
-  """A flag's number > 0, e.g. a learning rate (as the flag's `type`)."""
+def positive(text: str, least: str = '>') -> float:
+  """A flag's number > 0, e.g. a learning rate (as the flag's `type`;
+  `least` '>=': 0 allowed too, `non_negative`)."""
   try:
     value = float(text)
   except ValueError:
     value = float('nan')
-  if not 0 < value < float('inf'):
+  if not (0 <= value if least == '>=' else 0 < value) or value == float(
+      'inf'):
     raise argparse.ArgumentTypeError(
-        f'a finite number > 0 expected, got {text!r}')
+        f'a finite number {least} 0 expected, got {text!r}')
   return value
+
+
+def non_negative(text: str) -> float:
+  """A flag's finite number >= 0, e.g. a weight decay or a noise scale."""
+  return positive(text, '>=')
 
 
 def is_url(path) -> bool:

@@ -208,7 +208,7 @@ def random_demo(argv=None):
   parser.add_argument('--batch', type=checks.count, default=3)
   parser.add_argument('--max_decode_len', type=checks.count, default=16)
   parser.add_argument('--gamma', type=checks.count, default=4)
-  parser.add_argument('--draft_noise', type=float, default=0.1)
+  parser.add_argument('--draft_noise', type=checks.non_negative, default=0.1)
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--seed', type=checks.natural, default=0)
   args = parser.parse_args(argv)

@@ -16,7 +16,33 @@ import collections
 import json
 import pathlib
 
+from specdec_jax import checks
+
 STAGES = ('trace', 'lower', 'compile')
+FORMAT = ('{test: {stage: [seconds, count], "programs": {name: {stage: '
+          '[seconds, count]}}}}, as tests/conftest.py writes it')
+
+
+def _stages_ok(stages) -> bool:
+  """Whether `stages` is {stage: [seconds, count]} (of STAGES or none)."""
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  return isinstance(stages, dict) and all(
+      isinstance(v, list) and len(v) == 2 and number(v[0])
+      and checks.is_int(v[1]) for k, v in stages.items() if k in STAGES)
+
+
+def _read(path):
+  """A compile-*.json's entries; InputError naming it if not of FORMAT."""
+  try:
+    entries = json.loads(path.read_text())
+  except ValueError:  # not JSON, or not text
+    entries = None
+  if not isinstance(entries, dict) or not all(
+      _stages_ok(entry) and isinstance(entry.get('programs'), dict)
+      and all(map(_stages_ok, entry['programs'].values()))
+      for entry in entries.values()):
+    raise checks.InputError(f'{path} is not a compile profile: {FORMAT}.')
+  return entries
 
 
 def load(folder):
@@ -24,8 +50,16 @@ def load(folder):
   {program name: the same})."""
   tests = collections.defaultdict(collections.Counter)
   programs = collections.defaultdict(collections.Counter)
-  for path in pathlib.Path(folder).glob('compile-*.json'):
-    for test, entry in json.loads(path.read_text()).items():
+  if not pathlib.Path(folder).is_dir():
+    raise checks.InputError(f'{folder} is not a folder (of the compile-*.json '
+                            'files of SPECDEC_TEST_COMPILE_PROFILE=<folder>).')
+  paths = sorted(pathlib.Path(folder).glob('compile-*.json'))
+  if not paths:
+    raise checks.InputError(
+        f'{folder} holds no compile-*.json: run the tests with '
+        f'SPECDEC_TEST_COMPILE_PROFILE={folder} first.')
+  for path in paths:
+    for test, entry in _read(path).items():
       for row, stages in [(tests[test], entry)] + [
           (programs[name], by_stage)
           for name, by_stage in entry['programs'].items()]:
@@ -48,8 +82,8 @@ def _table(title, rows, limit=None):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('folder')
-  parser.add_argument('--tests', type=int, default=40)
-  parser.add_argument('--programs', type=int, default=30)
+  parser.add_argument('--tests', type=checks.count, default=40)
+  parser.add_argument('--programs', type=checks.count, default=30)
   args = parser.parse_args(argv)
   tests, programs = load(args.folder)
   files = collections.defaultdict(collections.Counter)
@@ -64,4 +98,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)  # a refused value or file: its line

@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters
@@ -490,31 +491,49 @@ def run_case(mode, seed, kinds):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--greedy', type=int, default=400)
-  parser.add_argument('--law', type=int, default=120)
-  parser.add_argument('--mesh', type=int, default=0,
+  parser.add_argument('--greedy', type=checks.natural, default=400)
+  parser.add_argument('--law', type=checks.natural, default=120)
+  parser.add_argument('--mesh', type=checks.natural, default=0,
                       help='greedy cases on a random mesh of 8 simulated '
                       'devices (XLA_FLAGS set before jax starts: run this '
                       'script as a program)')
-  parser.add_argument('--mesh_law', type=int, default=0,
+  parser.add_argument('--mesh_law', type=checks.natural, default=0,
                       help='law cases on a random mesh (as --mesh)')
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--out', default='results/fuzz_exactness')
-  parser.add_argument('--jobs', type=int, default=1,
+  parser.add_argument('--seed', type=checks.natural, default=0)
+  parser.add_argument('--out', type=checks.local_path,
+                      default='results/fuzz_exactness')
+  parser.add_argument('--jobs', type=checks.count, default=1,
                       help='processes running cases at once')
   parser.add_argument('--kinds', default=','.join(KINDS),
                       help='drafter kinds to draw from (comma-separated)')
   args = parser.parse_args(argv)
+  if not args.greedy + args.law + args.mesh + args.mesh_law:
+    parser.error('no case to run: --greedy, --law, --mesh and --mesh_law '
+                 'are all 0')
   kinds = args.kinds.split(',')
   for kind in kinds:
-    drafters.get_kind(kind)  # an unknown kind: the known ones named
+    try:
+      drafters.get_kind(kind)  # an unknown kind: the known ones named
+    except ValueError as e:
+      parser.error(f'--kinds: {e}')
   out = pathlib.Path(args.out)
+  checks.check_no_file_in_the_way(f'--out {args.out}: its folder', out.parent)
   out.parent.mkdir(parents=True, exist_ok=True)
   log = out.with_suffix('.jsonl')
   done = {}
   if log.exists():
-    for line in log.read_text().splitlines():
-      case = json.loads(line)
+    for i, line in enumerate(log.read_text().splitlines(), 1):
+      try:
+        case = json.loads(line)
+      except ValueError:
+        case = None
+      if not isinstance(case, dict) or not isinstance(
+          case.get('mode'), str) or not checks.is_int(
+              case.get('seed')) or 'status' not in case:
+        raise checks.InputError(
+            f'{log} line {i} is not a case of this script (a JSON object '
+            'of its "mode", "seed" and "status"): move the file away or '
+            'give another --out.')
       done[(case['mode'], case['seed'])] = case
   todo = [('greedy', args.seed + i) for i in range(args.greedy)] + [
       ('law', args.seed + 1_000_000 + i) for i in range(args.law)] + [
@@ -548,4 +567,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(checks.run_main(main))  # a refused value or file: its line

@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 
+from specdec_jax import checks
+
 _ONE_RUN = """
 import sys, time
 sys.path.insert(0, {tests!r})
@@ -52,7 +54,7 @@ def compile_seconds() -> float:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--runs', type=int, default=3)
+  parser.add_argument('--runs', type=checks.count, default=3)
   args = parser.parse_args(argv)
   runs = [compile_seconds() for _ in range(args.runs)]
   print(f'{statistics.median(runs):.2f} s of CPU to compile the four loops '
@@ -60,4 +62,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  checks.run_main(main)  # a refused value: its line

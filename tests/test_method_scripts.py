@@ -275,13 +275,20 @@ def test_sigterm_saves_the_step_running_and_ends_as_killed(tiny, tmp_path,
     ('train_shipped_models', '--work_dir=gs://b/w',
      "--work_dir: a local path expected (its files are written here), got "
      "'gs://b/w'"),
+    ('train_shipped_models', '--seed=small_fkl',
+     "--seed: RUN=CHECKPOINT expected"),
+    ('train_heads', '--weight_decay=nan',
+     "--weight_decay: a finite number >= 0 expected, got 'nan'"),
+    ('train_pass', '--seed=-1', "--seed: an int >= 0 expected, got '-1'"),
 ])
 def test_a_bad_count_or_rate_is_the_parsers_error(script, flag, message,
                                                   capsys):
   """Before anything loads or trains (before: --steps 0 was optax's
   'decay_steps=-1', --batch_size 0 a ZeroDivisionError, --depth 0 an
   error from inside jax, a negative learning rate trained, and an unknown
-  drafter was found after the target's hours of training)."""
+  drafter was found after the target's hours of training; a negative
+  seed was numpy's traceback after the data's generation, and a nan
+  weight decay trained to a loss of nan)."""
   namespace = runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))
   where = (['--arrays', '/no/such/arrays', '--work_dir', '/no/such/work']
            if script == 'train_shipped_models' else
@@ -335,12 +342,99 @@ def test_an_out_dir_of_another_program_is_refused_in_one_line(
   assert sorted(os.listdir(model_dir)) == before
 
 
-@pytest.mark.parametrize('script', ['train_heads', 'train_pass'])
-def test_a_checkpoint_path_needs_its_config(script, capsys):
+@pytest.mark.parametrize('script, flags, message', [
+    ('train_heads', ['--target', '/no/such/checkpoint_1'],
+     'is a checkpoint path: give its --target_config'),
+    ('train_pass', ['--target', '/no/such/checkpoint_1'],
+     'is a checkpoint path: give its --target_config'),
+    ('train_pass', ['--target', '/no/such/checkpoint_1', '--arrays', '/a',
+                    '--target_config', 't5_1_1_tiny,nofield=1'],
+     "--target_config 't5_1_1_tiny,nofield=1': T5Config has no field(s) "
+     "['nofield']"),
+    ('train_heads', ['--target_config', 't5_1_1_tiny'],
+     '--target_config is for a checkpoint --target; shipped:target is a '
+     'shipped model, whose config ships with it'),
+    ('train_heads', ['--train_rows', '8', '--batch_size', '16'],
+     '--train_rows 8 is fewer than --batch_size 16'),
+])
+def test_model_flags_are_checked_by_the_parser(script, flags, message,
+                                               capsys):
+  """A checkpoint needs its config, a config must be one (before: models.
+  config's traceback as the model loaded), a shipped model's is refused
+  (before: ignored), and a batch needs as many rows (before: numpy's
+  traceback once the data was generated)."""
   namespace = runpy.run_path(str(ROOT / 'scripts' / f'{script}.py'))
   with pytest.raises(SystemExit) as e:
-    namespace['parse_flags'](['--target', '/no/such/checkpoint_1',
-                              '--out_dir', '/no/such/out'])
+    namespace['parse_flags'](flags + ['--out_dir', '/no/such/out'])
   assert e.value.code == 2  # argparse's usage error
-  assert 'is a checkpoint path: give its --target_config' in (
-      capsys.readouterr().err)
+  assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('case', [
+    'train_pass_rows', 'stages_without_target', 'seed_not_there',
+    'training_log', 'models_json', 'measured_folder', 'compile_profiles',
+    'fuzz_log'])
+def test_bad_input_ends_a_command_in_one_line_before_its_work(
+    case, tiny, tmp_path, monkeypatch, capsys):
+  """Each command (its `__main__`) refuses these in one line, writing
+  nothing (before: a traceback each, after the data's generation for
+  train_pass's rows; the work dir made for train_shipped_models')."""
+  _, data, ckpt = tiny
+  out = tmp_path / 'out'  # where a command would write: never made
+  models_log = tmp_path / 'models' / 'en_de_mini_small' / 'log.jsonl'
+  models_log.parent.mkdir(parents=True)
+  models_log.write_text('[1, 2]\n')
+  (tmp_path / 'export').mkdir()
+  (tmp_path / 'export' / 'models.json').write_text('[]')
+  (tmp_path / 'fuzz.jsonl').write_text('{bad\n')
+  script, argv, said = {  # the command, its flags, its line
+      'train_pass_rows': (
+          'scripts/train_pass.py',
+          ['--target', ckpt, '--target_config', SPEC, '--arrays', data,
+           '--task', 'copy', '--train_rows', '0:3', '--batch_size', '4',
+           '--out_dir', str(out)],
+          '--train_rows 0:3 of copy are 3 rows, fewer than --batch_size 4'),
+      'stages_without_target': (
+          'scripts/train_shipped_models.py',
+          ['--arrays', data, '--work_dir', str(out), '--stages', 'export'],
+          f"--stages export needs the target stage's {out}/target.json"),
+      'seed_not_there': (
+          'scripts/train_shipped_models.py',
+          ['--arrays', data, '--work_dir', str(out), '--seed',
+           f'small_fkl={tmp_path}/no'],
+          f'--seed small_fkl={tmp_path}/no: {tmp_path}/no is not a '
+          'checkpoint folder'),
+      'training_log': (
+          'scripts/training_report.py',
+          ['--models_dir', str(tmp_path / 'models'), '--tasks', 'en_de',
+           '--out_dir', str(out)],
+          f'{models_log} is no training log of scripts/train.py'),
+      'models_json': (
+          'scripts/ship_models.py',
+          ['measure', '--export_dir', str(tmp_path / 'export'), '--out',
+           str(out / 'a.json')],
+          f'--export_dir: {tmp_path}/export/models.json is not the '
+          'models.json of'),
+      'measured_folder': (
+          'scripts/ship_models.py',
+          ['report', '--measured', str(tmp_path), '--out',
+           str(out / 'a.json')],
+          f'--measured: {tmp_path} is a folder, not the json of'),
+      'compile_profiles': (
+          'tests/compile_profile.py', [str(tmp_path)],
+          f'{tmp_path} holds no compile-*.json'),
+      'fuzz_log': (
+          'tests/fuzz_exactness.py',
+          ['--greedy', '1', '--out', str(tmp_path / 'fuzz')],
+          f'{tmp_path}/fuzz.jsonl line 1 is not a case'),
+  }[case]
+  monkeypatch.setattr(sys, 'argv', [script, *argv])
+  # fuzz_exactness sets XLA_FLAGS as a program (this process's jax has
+  # started: no effect); restored after.
+  monkeypatch.setitem(os.environ, 'XLA_FLAGS', os.environ.get('XLA_FLAGS',
+                                                              ''))
+  with pytest.raises(SystemExit) as e:
+    runpy.run_path(str(ROOT / script), run_name='__main__')
+  assert str(e.value.code).startswith(f'error: {said}'), e.value.code
+  assert 'Traceback' not in capsys.readouterr().err
+  assert not out.exists()

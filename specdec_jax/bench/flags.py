@@ -45,14 +45,31 @@ def add_model_flags(parser: argparse.ArgumentParser, **defaults: str
 
 def check_model_flags(parser: argparse.ArgumentParser, args,
                       *names: str) -> None:
-  """A checkpoint needs its config, and a checkpoint target its data."""
+  """A checkpoint needs its config, and a checkpoint target its data.
+
+  A config is refused, as the parser's error naming its flag, where it is
+  no `models.config` spec, and where it would be unused: a shipped model's
+  config ships with it.
+  """
   for name in names:
     value = getattr(args, name)
-    if not value.startswith(models.SHIPPED) and not getattr(
-        args, f'{name}_config'):
+    spec = getattr(args, f'{name}_config')
+    if value.startswith(models.SHIPPED):
+      if spec is not None:
+        parser.error(f'--{name}_config is for a checkpoint --{name}; '
+                     f'{value} is a shipped model, whose config ships with '
+                     f'it: leave --{name}_config out')
+      continue
+    if not models.parts(spec or ''):  # none, or only commas
       parser.error(f'--{name} {value} is a checkpoint path: give its '
                    f"--{name}_config too (e.g. 't5_1_1_small' or "
                    "'t5_1_1_tiny,vocab_size=256,dtype=float32')")
+    try:
+      models.config(spec, f'--{name}_config')
+    except ValueError as e:  # checks.InputError too
+      said = str(e)
+      parser.error(said if said.startswith(f'--{name}_config') else
+                   f'--{name}_config {spec!r}: {said}')
   if (names and not getattr(args, names[0]).startswith(models.SHIPPED)
       and not args.arrays):
     parser.error(f'a checkpoint --{names[0]} needs --arrays (its task data)')
