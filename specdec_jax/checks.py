@@ -8,8 +8,9 @@ and `positive` as their argparse types (the parser's error names the
 flag), `one_line` for what the command refuses before it starts
 (`error: ...`, not a traceback) and `root_logger_at` for its quiet
 stretches. Every refusal here is an `InputError`;
-`REFUSED`, an `InputError` or a file not found, is what a command says in
-one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
+`REFUSED`, an `InputError` or a path that is not what it names (not
+there, a folder for a file, a file in a folder's way), is what a command
+says in one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
 goes on after a job fails: `failure`).
 """
 

@@ -161,10 +161,10 @@ TARGETS: Dict[str, Target] = {t.name: t for t in (
 
 
 def get_target(name: str) -> Target:
-  """The target `name`; ValueError listing the known ones."""
+  """The target `name`; InputError listing the known ones."""
   if name not in TARGETS:
-    raise ValueError(f'unknown compile-only target {name!r}; known targets: '
-                     f'{", ".join(TARGETS)}')
+    raise checks.InputError(f'unknown compile-only target {name!r}; known '
+                            f'targets: {", ".join(TARGETS)}')
   return TARGETS[name]
 
 
@@ -581,7 +581,7 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
                       'ESTIMATED ms per loop iteration of --programs '
                       "(program_cost), or 'reference': those its (else the "
                       "H100's) model was fitted to, with the measured ms")
-  parser.add_argument('--captured_us', type=checks.positive, help=(
+  parser.add_argument('--captured_us', type=checks.non_negative, help=(
       'with --iterations: ESTIMATES at this cost of a captured kernel (us)'))
   parser.add_argument('--xla_option', action='append', default=[], type=(
       models.assignment), help='with --iterations: KEY=VALUE, an XLA option, '

@@ -15,9 +15,9 @@ text that occurs in several descriptions is in one split only), trains a
 SentencePiece model on the train text of both tasks with T5's conventions
 (pad=0, eos=1, unk=2, no bos), or takes a given one, and writes
 `<out_dir>/<task>/<split>.jsonl` beside it: nothing before every split has
-an example and the model is made. `tasks` reads what it writes (the task names, splits and
-vocabulary file are its). The command line is scripts/build_debian_data.py;
-neither TensorFlow nor seqio is needed.
+an example and the model is made. `tasks` reads what it writes (the task
+names, splits and vocabulary file are its). The command line is
+scripts/build_debian_data.py; neither TensorFlow nor seqio is needed.
 """
 
 from __future__ import annotations

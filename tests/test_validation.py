@@ -453,7 +453,12 @@ def test_the_sampling_fields_have_one_home():
       "--gin.EVAL_OUTPUT_DIR='unused'"])[1], sampling=config)
   assert {f: setup.flat()[f] for f in sampling.FIELDS} == config.settings()
   assert setup.settings().items() >= config.settings().items()
-  assert set(sampling.FIELDS) <= set(sweep.EXAMPLE_FIELDS)
+  # A measurement of decoded examples is taken again for another sampling.
+  key = lambda c: sweep._measurement_key(  # pylint: disable=protected-access
+      'm', dataclasses.replace(setup, sampling=c),
+      {'m': (None, sweep.EXAMPLE_FIELDS)})
+  assert len({key(c) for c in (config, sampling.SamplingConfig(0.7),
+                               sampling.SamplingConfig(0.7, topk=5))}) == 3
   assert [c.describe() for c in (sampling.SamplingConfig(), config,
                                  sampling.SamplingConfig(1.0, topk=40))] == [
       'greedy', 'temperature 0.7, top-p 0.9', 'temperature 1, top-k 40']

@@ -57,7 +57,8 @@ def write_results(out_dir, result: Dict[str, Any], markdown: str,
   json_path = report.write_json(os.path.join(out_dir, 'costs.json'), result)
   report.write_md(os.path.join(out_dir, 'costs.md'), markdown)
   run = report.read_json(json_path)
-  profile = hardware.from_costs_run(run, report.portable(str(json_path)),
+  source = report.portable(hardware.in_repository(json_path))
+  profile = hardware.from_costs_run(run, source,
                                     name=profile_name(run['machine']))
   path = hardware.write(profile, None if profile_dir is None else
                         os.path.join(profile_dir, f'{profile.name}.json'))

@@ -23,6 +23,7 @@ from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import decoding
 from specdec_jax import models
+from specdec_jax import program_cost
 from specdec_jax import network
 from tools.accelerator import aot
 from tools.accelerator import stored
@@ -187,11 +188,12 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
   timed on (its twin, from the run's device facts: XLA keys them by the
   device); other flags make a build start afresh. The untuned flags are
   options XLA knows (a misspelt one is refused by name)."""
+  untuned = program_cost.UNTUNED_OPTIONS
   assert aot.build_flags('gpu') == list(aot.UNTUNED_FLAGS) == [
-      f'--{k}={str(v).lower()}' for k, v in aot.UNTUNED_OPTIONS.items()]
+      f'--{k}={str(v).lower()}' for k, v in untuned.items()]
   assert aot.build_flags('tpu') == aot.build_flags('cpu') == []
   lowered = jax.jit(lambda a: a @ a).lower(jnp.ones((4, 4)))
-  lowered.compile(compiler_options=dict(aot.UNTUNED_OPTIONS))
+  lowered.compile(compiler_options=dict(program_cost.UNTUNED_OPTIONS))
   with pytest.raises(Exception, match='No such compile option'):
     lowered.compile(compiler_options={'xla_gpu_autotune_levle': 0})
   results = tmp_path / aot.AUTOTUNE_FILE
@@ -206,6 +208,13 @@ def test_a_gpu_build_takes_the_devices_autotune_results(tmp_path):
       device=device)
   with pytest.raises(checks.InputError, match='needs --device_facts'):
     stored.build_device('gpu:h200', results, None)
+  # A store of the format before programs were named by their fingerprints
+  # is refused, not read as empty (every program compiled on the device).
+  (tmp_path / 'old' / 'cpu').mkdir(parents=True)
+  (tmp_path / 'old' / 'cpu' / aot.MANIFEST).write_text(json.dumps(
+      {'format': 1, 'target': 'cpu', 'programs': {'sha256_ab': {}}}))
+  with pytest.raises(checks.InputError, match='a store of another format'):
+    aot.Store(tmp_path / 'old', 'cpu')
   # A store built otherwise is dropped by the next build's describe.
   store = aot.Store(tmp_path, 'cpu')
   cpu = jax.devices()[0]

@@ -318,13 +318,16 @@ def test_a_build_for_a_recorded_device_needs_its_topology(tmp_path):
     ('table3:shipped;num_examples=x', '--plan: ValueError: invalid literal'),
     ('table3:shipped;gama=4', "--plan: ValueError: spec 'table3' has no cell "
      'where gama=4'),
+    ('table3:shipped;shrink', "unknown compile-only target 'gpu'"),  # build
 ])
 def test_a_plan_item_that_runs_nothing_is_one_line_before_any_work(
     tmp_path, item, said):
   """A plan item naming no spec, a bad count or no cell: one line, before
   anything is recorded or compiled (a traceback, before)."""
+  command = ['build', '--target', 'gpu'] if 'target' in said else ['project']
   with pytest.raises(SystemExit, match=f'^error: {said}'):
-    stored.main(['project', '--store', str(tmp_path), '--plan', item])
+    checks.run_main(stored.main, command + [
+        '--store', str(tmp_path), '--plan', item])
 
 
 def test_a_run_on_a_store_without_programs_is_refused(tmp_path, capsys):

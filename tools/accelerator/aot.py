@@ -43,11 +43,12 @@ import jax.numpy as jnp
 from jax.experimental import serialize_executable
 from jax.experimental import topologies
 
+from specdec_jax import checks
 from specdec_jax import compiled
 from specdec_jax import program_cost
 from specdec_jax.bench import report
 
-FORMAT = 1
+FORMAT = 2  # 2: programs named by their fingerprints ('sha256:...')
 MANIFEST = 'manifest.json'
 SUFFIX = '.xla.zz'
 PACK = 32  # programs per xz pack, of a dictionary that spans them:
@@ -59,17 +60,15 @@ XZ_PRESET = 9  # a store of like programs 15% smaller than 8 at preset 6
 # GEMMs to cuBLAS (`UNTUNED_FLAGS`); a run checks the first target-call loop
 # it loads (`stored.Provider`). The README tells the measurements.
 AUTOTUNE_FILE = 'autotune.textproto'
-UNTUNED_OPTIONS = program_cost.UNTUNED_OPTIONS
 UNTUNED_FLAGS = tuple(f'--{k}={str(v).lower()}'
-                      for k, v in UNTUNED_OPTIONS.items())
+                      for k, v in program_cost.UNTUNED_OPTIONS.items())
 
 
 def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
                 ) -> List[str]:
-  """The XLA flags of a build for `platform` ('gpu', 'tpu', 'cpu'): a GPU's
-  autotune results `autotune` (a file a run on that GPU wrote:
-  `dump_flags`; a kernel they lack gets XLA's default), or without them
-  `UNTUNED_FLAGS`; none for the others."""
+  """The XLA flags of a build for `platform`: a GPU's autotune results
+  `autotune` (a file a run on it wrote, `dump_flags`: a kernel they lack
+  gets XLA's default), else `UNTUNED_FLAGS`; none for a CPU or TPU."""
   if platform != 'gpu':
     return []
   return [f'--xla_gpu_load_autotune_results_from={autotune}'] if (
@@ -77,9 +76,8 @@ def build_flags(platform: str, autotune: Optional[pathlib.Path] = None
 
 
 def dump_flags(path: pathlib.Path) -> List[str]:
-  """The XLA flags with which a GPU run writes the autotune results of the
-  programs it compiles to `path` (the results of all, after each compile);
-  a CPU or TPU ignores them."""
+  """The XLA flags with which a GPU run writes its programs' autotune
+  results to `path` (all, after each compile); a CPU or TPU ignores them."""
   return [f'--xla_gpu_dump_autotune_results_to={path}']
 
 
@@ -222,8 +220,9 @@ class Store:
     path = self.dir / MANIFEST
     self.manifest: Dict[str, Any] = (
         report.read_json(path) if path.is_file() else
-        dict(format=FORMAT, target=target, programs={}))
-    self.manifest.setdefault('packs', {})
+        dict(format=FORMAT, target=target, programs={}, packs={}))
+    if self.manifest['format'] != FORMAT:  # its programs named otherwise
+      raise checks.InputError(f'{path}: a store of another format: build it')
     self._unpacked: Dict[str, bytes] = {}  # pack file -> its bytes
 
   def describe(self, device: Any, target_config: Optional[str] = None,
@@ -238,8 +237,7 @@ class Store:
     not be the same programs, and a build builds them again."""
     header = dict(device_kind=device.device_kind, platform=device.platform,
                   versions=runtime_versions(device.platform),
-                  target_config=target_config,
-                  xla_flags=list(xla_flags),
+                  target_config=target_config, xla_flags=list(xla_flags),
                   autotune=None if autotune is None else dict(autotune))
     if any(self.manifest.get(k) != v for k, v in header.items()):
       for entry in self.manifest['programs'].values():

@@ -696,7 +696,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
       'spec:models[;shrink][;field=value...], in priority order (default: '
       f'{", ".join(DEFAULT_PLAN)})'))
   parser.add_argument('--store', required=True, help='the store folder')
-  parser.add_argument('--target', choices=[*compiled.TARGETS, 'cpu'], help=(
+  parser.add_argument('--target', help=(
       "a compiled.TARGETS name (default: this machine's own device)"))
   parser.add_argument('--autotune_results', default=None, help=(
       f'build for a GPU: the {aot.AUTOTUNE_FILE} a run on it left (with '
@@ -721,6 +721,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         {} if args.work_dir is None else {'work_dir': args.work_dir}))
     for spec, options in plan:  # an item matching no cell is refused
       sweep.plan(spec, sweep.options_of(spec, options))
+  if args.what == 'build' and args.target is not None:  # a compile-only one
+    compiled.get_target(args.target)  # else the known ones named
   path = lambda x: None if x is None else pathlib.Path(x)
   autotune, flags = path(args.autotune_results), []
   if args.what == 'build':
@@ -742,7 +744,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     result = project(plan, hardware.load(args.profile), aot.Store(
         pathlib.Path(args.store), args.target or 'gpu:h100'))
   elif args.what == 'build':
-    target = args.target or jax.devices()[0].platform
+    target = args.target or aot.target_of(jax.devices()[0])
     device, config = (jax.devices()[0], None) if args.target is None else (
         build_device(target, autotune, path(args.device_facts)))
     store = aot.Store(pathlib.Path(args.store), target)
