@@ -81,6 +81,8 @@ def check_folder(name: str, path) -> None:
   local nor a gs:// address (kept here; `is_bucket`): `pathlib` would
   write 's3://b/x' to a local folder 's3:/b/x'; or when a file stands
   where the local folder would be (`checks.check_no_file_in_the_way`)."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise checks.InputError(f'{name} must be a path, got {path!r}.')
   if not is_bucket(path, name):
     checks.check_no_file_in_the_way(name, os.fspath(path))
 

@@ -7,10 +7,10 @@ a local one (`check_local_folder`). A command's flags: `count`, `counts`
 and `positive` as their argparse types (the parser's error names the
 flag), `one_line` for what the command refuses before it starts
 (`error: ...`, not a traceback) and `root_logger_at` for its quiet
-stretches. Every refusal here is an `InputError`;
-`REFUSED`, an `InputError` or a path that is not what it names (not
-there, a folder for a file, a file in a folder's way), is what a command
-says in one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
+stretches. Every refusal here is an `InputError`; `REFUSED`, an
+`InputError` or a path that is not what it names (not there, a folder for
+a file, a file in a folder's way, not writable), is what a command says in
+one line wherever its job finds it (`one_line(*REFUSED)`; a caller that
 goes on after a job fails: `failure`).
 """
 
@@ -22,7 +22,7 @@ import pathlib
 import signal
 import sys
 import traceback
-from typing import Tuple
+from typing import Mapping, Tuple
 
 import numpy as np
 
@@ -38,10 +38,11 @@ class InputError(ValueError):
 # What a command ends in one line wherever its job finds it (the job's
 # summary, if it made one, written first): a value it cannot use, or a path
 # it was given that is not what it names (a checkpoint or the data not
-# there, a folder given for a file, a file in the way of a folder). Any
-# other exception is a fault of the code and keeps its traceback.
+# there, a folder given for a file, a file in the way of a folder, a
+# folder it may not write). Any other exception is a fault of the code and
+# keeps its traceback.
 REFUSED = (InputError, FileNotFoundError, IsADirectoryError,
-           NotADirectoryError, FileExistsError)
+           NotADirectoryError, FileExistsError, PermissionError)
 
 
 def failure(e: BaseException) -> str:
@@ -145,9 +146,10 @@ def check_feature_lengths(lengths) -> None:
   """Raises InputError unless TASK_FEATURE_LENGTHS `lengths` names both
   'inputs' and 'targets', each an int >= 1 (the eval job's and training's
   alike; other features are the task's own)."""
-  if not {'inputs', 'targets'} <= set(lengths):
+  if not isinstance(lengths, Mapping) or not {'inputs', 'targets'} <= set(
+      lengths):
     raise InputError('TASK_FEATURE_LENGTHS needs "inputs" and "targets", '
-                     f'got {dict(lengths)}.')
+                     f'got {lengths!r}.')
   for name in ('inputs', 'targets'):
     check_int(f'TASK_FEATURE_LENGTHS["{name}"]', lengths[name])
 

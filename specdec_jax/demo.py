@@ -179,10 +179,11 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
 def main(argv=None):
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0], epilog=(
-          "Any other flag goes to each task's eval job (e.g. --gin.GAMMA=7 "
-          '--gin.TEMPERATURE=0.7; python -m specdec_jax.eval --help), or '
-          'with --random to that check (--batch, --max_decode_len, --gamma, '
-          '--draft_noise, --temperature, --seed).'))
+          "Gin bindings and files go to each task's eval job (e.g. "
+          '--gin.GAMMA=7 --gin.TEMPERATURE=0.7; python -m specdec_jax.eval '
+          '--help), and with --random the other flags to that check '
+          '(--batch, --max_decode_len, --gamma, --draft_noise, --temperature, '
+          '--seed).'))
   parser.add_argument('--tasks', default=','.join(task_table.names()),
                       help='comma-separated shipped tasks (default: all)')
   parser.add_argument('--num_examples', type=checks.count, default=16,
@@ -196,10 +197,26 @@ def main(argv=None):
   parser.add_argument('--random', action='store_true',
                       help='the random-weights installation check instead')
   args, rest = parser.parse_known_args(argv)
-  if not args.random:
-    return main_job(args.tasks.split(','), args.num_examples, args.output_dir,
-                    extra_gin=rest, resume=args.resume)
-  return random_demo(rest)
+  if args.random:
+    given = [f'--{f}' for f in ('tasks', 'num_examples', 'output_dir',
+                                'resume')
+             if getattr(args, f) != parser.get_default(f)]
+    if given:
+      parser.error(f'{", ".join(given)}: flags of the main job, not of '
+                   '--random')
+    return random_demo(rest)
+  # The rest go to each task's eval job: gin files and bindings, but for
+  # the folder and the examples, which this job's own flags set.
+  for arg in rest:
+    name = arg.split('=', 1)[0]
+    if not arg.startswith(('--gin.', '--gin_file', '--gin_bindings')) or (
+        name in ('--gin.EVAL_OUTPUT_DIR', '--gin.NUM_EXAMPLES')):
+      parser.error(f'{arg}: the main job passes --gin.NAME=VALUE bindings '
+                   "(and gin files) to each task's eval job, but for "
+                   'EVAL_OUTPUT_DIR and NUM_EXAMPLES (--output_dir, '
+                   '--num_examples)')
+  return main_job(args.tasks.split(','), args.num_examples, args.output_dir,
+                  extra_gin=rest, resume=args.resume)
 
 
 def random_demo(argv=None):
@@ -212,6 +229,8 @@ def random_demo(argv=None):
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--seed', type=checks.natural, default=0)
   args = parser.parse_args(argv)
+  with checks.one_line(checks.InputError):  # a negative temperature
+    sampling = SamplingConfig(temperature=args.temperature)
 
   model = network.T5Model(DEMO_CONFIG)
   params = model.init_params(jax.random.key(args.seed))
@@ -219,8 +238,6 @@ def random_demo(argv=None):
   inputs = rng.integers(2, DEMO_CONFIG.vocab_size, (args.batch, 12))
   for b in range(args.batch):  # rows of different lengths, 0-padded
     inputs[b, 12 - 3 * (b % 4):] = 0
-  with checks.one_line(checks.InputError):  # a negative temperature
-    sampling = SamplingConfig(temperature=args.temperature)
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.key(args.seed + 1), len(leaves))
   draft_params = jax.tree_util.tree_unflatten(tree, [

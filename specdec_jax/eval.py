@@ -394,6 +394,7 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   """
   checks.check_int('timing_repeats', timing_repeats)
   bucket_folder.check_interval(sync_every_s)
+  run_folder.check_if_settings_differ(if_settings_differ)
   for setup, out, _ in runs:
     bucket_folder.check_folder('output_dir', out)
     _check_output_cache(setup, partitioner)

@@ -110,6 +110,10 @@ class DrafterSpec:
 
   def __post_init__(self):
     kind = self.drafter_kind
+    for name in ('tree', 'output_cache'):  # names, or None
+      if not isinstance(getattr(self, name), (str, type(None))):
+        raise checks.InputError(f'{name} must be a string (or None), got '
+                                f'{getattr(self, name)!r}.')
     conf = self.confidence
     if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
         0 <= conf < 1):
@@ -132,6 +136,9 @@ class DrafterSpec:
                               f"{_kinds_that(lambda k: k.uses_cache)}).")
     if self.output_cache is not None:
       checkpoints.is_gcs(self.output_cache, 'output_cache')  # or refused
+      if os.path.isdir(self.output_cache):
+        raise checks.InputError(f'output_cache {self.output_cache!r} is a '
+                                "folder: name the cache's file (.npz).")
     if kind.needs_model and self.config is None:
       raise checks.InputError(f'drafter={self.kind!r} needs DRAFT_MODEL (a '
                               'T5Config).')
@@ -411,6 +418,7 @@ class EvalSetup:
     if self.draft.drafter_kind.needs_model:  # its config is set (DrafterSpec)
       speculative.check_vocab(self.target_config.vocab_size,
                               self.draft.config.vocab_size)
+    self.sampling.check_vocab(self.target_config.vocab_size)  # before loads
     if self.activation_dtype is not None:
       try:
         name = jnp.dtype(self.activation_dtype).name

@@ -57,6 +57,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import loading
 from specdec_jax import output_cache
 from specdec_jax import partitioning
@@ -97,6 +98,14 @@ EVALUATE_PARAMETERS = {
 
 # What a rerun with another identity does (`claim`).
 IF_SETTINGS_DIFFER = ('refuse', 'restart')
+
+
+def check_if_settings_differ(value: str) -> None:
+  """Raises InputError unless `value` is one of `IF_SETTINGS_DIFFER`."""
+  if value not in IF_SETTINGS_DIFFER:
+    raise checks.InputError(f'if_settings_differ must be one of '
+                            f'{IF_SETTINGS_DIFFER}, got {value!r}.')
+
 
 # What to do about a damaged file of the run folder: the advice every
 # `RunFolderError` about one ends with.
@@ -448,9 +457,7 @@ def claim(out: pathlib.Path, settings: Dict[str, Any], config_str: str,
       failed before its first, on a value it refused: the rerun that
       corrects it is not refused for that value).
   """
-  if if_settings_differ not in IF_SETTINGS_DIFFER:
-    raise ValueError(f'if_settings_differ must be one of '
-                     f'{IF_SETTINGS_DIFFER}, got {if_settings_differ!r}.')
+  check_if_settings_differ(if_settings_differ)
   run_file = out / RUN
   if token is not None and not main_process:
     _check_shared(run_file, token)

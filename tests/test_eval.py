@@ -348,6 +348,17 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
      "'choose:N' takes N, the most nodes"),
     ({'DRAFTER': "'tree'", 'TREE': "'choose:8'", 'TEMPERATURE': '1.0'},
      ValueError, 'rank probabilities of greedy outputs: set temperature 0'),
+    # Each a traceback, or found after the models loaded, before.
+    ({'DRAFTER': "'tree'", 'TREE': '5'}, ValueError,
+     'tree must be a string .or None., got 5'),
+    ({'TASK_FEATURE_LENGTHS': "'x'"}, ValueError,
+     'TASK_FEATURE_LENGTHS needs "inputs" and "targets", got .x.'),
+    ({'TOPK': '100000', 'TEMPERATURE': '1.0'}, ValueError,
+     r'topk=100000 is larger than the vocabulary \(1024\)'),
+    ({'evaluate.if_settings_differ': "'bogus'"}, ValueError,
+     "if_settings_differ must be one of .'refuse', 'restart'., got 'bogus'"),
+    ({'DRAFTER': "'cache'", 'OUTPUT_CACHE': "'/tmp'"}, ValueError,
+     "output_cache '/tmp' is a folder: name the cache's file"),
 ])
 def test_clear_errors(tmp_path, override, error, message):
   argv = args(tmp_path / 'err', **override)
@@ -416,7 +427,9 @@ def test_a_failure_keeps_the_traceback_of_a_fault_only(capsys):
   value or a missing file (`checks.REFUSED`) none."""
   for error, traced in ((ValueError('a fault'), True),
                         (checks.InputError('Unknown task'), False),
-                        (FileNotFoundError('no checkpoint'), False)):
+                        (FileNotFoundError('no checkpoint'), False),
+                        (PermissionError('a folder it may not write'), False),
+                        (IsADirectoryError('a folder for a file'), False)):
     try:
       raise error
     except Exception as e:  # pylint: disable=broad-except

@@ -356,10 +356,19 @@ def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
        "--output_dir: a local path expected"),
       (['--output_dir', str(tmp_path / 'file')],  # before: gin's line too
        f"error: --output_dir '{tmp_path}/file' cannot be a folder: "
-       f'{tmp_path}/file is a file.\n')):
+       f'{tmp_path}/file is a file.\n'),
+      # Before: ignored by --random; passed to the eval job, whose usage
+      # error came after a folder was made; a folder the job then did not
+      # read its records from.
+      (['--random', '--tasks', 'en_de'], '--tasks: flags of the main job'),
+      (['--tasks', 'en_de', '--num_exmples', '1'], '--num_exmples: the main '
+       'job passes --gin.NAME=VALUE bindings'),
+      (['--tasks', 'en_de', "--gin.EVAL_OUTPUT_DIR='x'"], 'but for '
+       'EVAL_OUTPUT_DIR and NUM_EXAMPLES (--output_dir, --num_examples)')):
     (tmp_path / 'file').write_text('')
     with pytest.raises(SystemExit) as e:
-      demo.main(['--output_dir', str(tmp_path)] + argv)
+      demo.main(argv if argv[0] == '--random' else
+                ['--output_dir', str(tmp_path)] + argv)
     assert message in f'{e.value.code}\n{capsys.readouterr().err}'
     (tmp_path / 'file').unlink()
   assert not list(tmp_path.iterdir())
