@@ -672,6 +672,19 @@ def _placement(shardings) -> Optional[Tuple[Any, ...]]:
   return None if shardings is None else tuple(jax.tree.leaves(shardings))
 
 
+def _checkpoint_path(checkpoint, what: str) -> str:
+  """A checkpoint's path as read: a shipped name resolved, ~ expanded;
+  FileNotFoundError where a local one is not there."""
+  if str(checkpoint).startswith('shipped:'):  # the package's own models
+    checkpoint = shipped.resolve(str(checkpoint))
+  checkpoint = str(checkpoint)
+  if not checkpoints.is_gcs(checkpoint, f'{what} checkpoint'):
+    checkpoint = os.path.expanduser(checkpoint)
+    if not os.path.exists(checkpoint):
+      raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
+  return checkpoint
+
+
 def _read_model(config: network.T5Config, checkpoint: Optional[str],
                 seed: int, what: str, shardings=None):
   """`load_model` with no cache: read (or initialized) every call."""
@@ -681,13 +694,7 @@ def _read_model(config: network.T5Config, checkpoint: Optional[str],
   elif str(checkpoint).startswith(synthetic.SCHEME):  # named random weights
     params = synthetic.params(config, str(checkpoint))
   else:
-    if str(checkpoint).startswith('shipped:'):  # the package's own models
-      checkpoint = shipped.resolve(str(checkpoint))
-    checkpoint = str(checkpoint)
-    if not checkpoints.is_gcs(checkpoint, f'{what} checkpoint'):
-      checkpoint = os.path.expanduser(checkpoint)
-      if not os.path.exists(checkpoint):
-        raise FileNotFoundError(f'{what} checkpoint not found: {checkpoint}')
+    checkpoint = _checkpoint_path(checkpoint, what)
     if not checkpoints.isfile(os.path.join(checkpoint, 'config.json')):
       return model, checkpoints.load_t5x_params(checkpoint, config=config,
                                                 shardings=shardings)
@@ -871,6 +878,10 @@ def build(setup: EvalSetup, task=None, target_shardings=None,
   `load_draft_model` (the eval job on a mesh).
   `cache`: a `LoadCache` whose models are used and kept, or None.
   """
+  draft = setup.draft
+  if draft.drafter_kind.needs_model and draft.checkpoint is not None and (
+      not str(draft.checkpoint).startswith(synthetic.SCHEME)):
+    _checkpoint_path(draft.checkpoint, 'draft')  # there, before the target
   task = load_task(setup) if task is None else task
   target, target_params = load_target(setup, target_shardings, cache)
   store = load_store(setup, task, target, target_params)

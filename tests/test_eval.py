@@ -370,6 +370,19 @@ def test_clear_errors(tmp_path, override, error, message):
     eval_lib.main(argv)
 
 
+def test_a_missing_draft_checkpoint_is_found_before_the_target_loads(
+    tmp_path, monkeypatch):
+  """A draft model's checkpoint that is not there is said before the
+  target loads (an XXL target's minutes, before)."""
+  setup = eval_lib.configured(args(tmp_path / 'd', DRAFT_CHECKPOINT=(
+      "'/nonexistent/draft'")))[1]
+  monkeypatch.setattr(loading, 'load_target', lambda *_, **__: pytest.fail(
+      'the target loaded first'))
+  with pytest.raises(FileNotFoundError, match='draft checkpoint not found: '
+                     '/nonexistent/draft'):
+    loading.build(setup)
+
+
 def test_the_command_says_a_configuration_error_in_one_line(
     tmp_path, monkeypatch):
   """`python -m specdec_jax.eval` (`cli`): a value its configuration
