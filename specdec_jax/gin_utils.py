@@ -230,7 +230,7 @@ def configure(args, fn, example_gin_file: str,
     return gin.get_configurable(fn)
   except Exception as e:  # gin's messages name the file and the binding
     raise SystemExit(
-        f'gin configuration error: {said(e, moved or {})}') from None
+        f'error: gin configuration: {said(e, moved or {})}') from None
 
 
 def said(error: Exception, moved: Mapping[str, str]) -> str:
@@ -240,15 +240,24 @@ def said(error: Exception, moved: Mapping[str, str]) -> str:
   cause); a parameter that has moved (`configure`'s `moved`), where it is
   bound now."""
   if not (isinstance(error, SyntaxError) and error.text):
+    text = str(error)
+    macro = re.match(r"No bindings specified for '(\w+)/gin.macro'", text)
+    if macro:  # gin prints the whole configuration after it
+      return (f'%{macro[1]} is a macro no gin file or binding defines (a '
+              'typo?)')
     found = re.search(r"Configurable '(?:.*\.)?(\w+)' doesn't have a "
-                      r"parameter named '(\w+)'", str(error))
+                      r"parameter named '(\w+)'", text)
     now = found and moved.get(f'{found[1]}.{found[2]}')
-    return str(error) + (f'\n  It is now bound as {now}.' if now else '')
+    return text + (f'\n  It is now bound as {now}.' if now else '')
   line = error.text.strip()
   if error.filename:
     return f'{error.msg} ({error.filename}, line {error.lineno}: {line})'
   name, _, value = line.partition('=')
   name, value = name.strip(), value.strip()
-  unquoted = error.msg == 'Unable to parse value.' and value[:1] not in '\'"'
+  # A bare word or path, where gin reads Python literals: a string unquoted.
+  unquoted = value[:1] not in '\'"' and (
+      error.msg == 'Unable to parse value.' or re.fullmatch(
+          r'[A-Za-z_./~][\w./~:-]*', value) is not None)
+  msg = 'Unable to parse value.' if unquoted else error.msg
   hint = f' (a string is quoted: --gin.{name}="\'{value}\'")' * unquoted
-  return f'{error.msg} In the binding {line!r}{hint}'
+  return f'{msg} In the binding {line!r}{hint}'

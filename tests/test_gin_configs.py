@@ -153,15 +153,27 @@ def test_a_value_gin_cannot_parse_is_shown_with_its_line(tmp_path):
     eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
                          '--gin.EVAL_OUTPUT_DIR=/tmp/x'])
   assert e.value.code == (
-      "gin configuration error: Unable to parse value. In the binding "
+      "error: gin configuration: Unable to parse value. In the binding "
       "'EVAL_OUTPUT_DIR = /tmp/x' (a string is quoted: "
       """--gin.EVAL_OUTPUT_DIR="'/tmp/x'")""")
   bad = tmp_path / 'bad.gin'
   bad.write_text("include 'shipped/en_de.gin'\nGAMMA = 3 4\n")
   with pytest.raises(SystemExit) as e:  # no hint: not an unquoted string
     eval_lib.configured([f'--gin_file={bad}', '--dry_run'])
-  assert e.value.code == ('gin configuration error: Expected newline. '
+  assert e.value.code == ('error: gin configuration: Expected newline. '
                           f'({bad}, line 2: GAMMA = 3 4)')
+  # A bare word is an unquoted string too (gin's "malformed node or
+  # string ... <ast.Name object at 0x...>", before); a macro no file
+  # defines is named (the whole configuration printed after it, before).
+  for binding, said in (
+      ('--gin.DRAFTER=t5', "Unable to parse value. In the binding 'DRAFTER "
+       """= t5' (a string is quoted: --gin.DRAFTER="'t5'")"""),
+      ('--gin.DRAFT_MODEL=%MINI_DEC', '%MINI_DEC is a macro no gin file or '
+       'binding defines (a typo?)')):
+    with pytest.raises(SystemExit) as e:
+      eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                           binding])
+    assert e.value.code == f'error: gin configuration: {said}'
 
 
 def test_a_binding_of_a_moved_parameter_says_where_it_is_now():
