@@ -147,11 +147,16 @@ def write_bytes(path: str, data: bytes) -> None:
     store.write(key, data).result()
     return
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:  # a folder at `path`, a full disk: no temp left
+    if os.path.isfile(tmp):
+      os.remove(tmp)
+    raise
 
 
 def delete(path: str) -> None:

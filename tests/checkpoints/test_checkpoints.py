@@ -961,3 +961,12 @@ def test_a_gcs_that_gives_no_listing_in_time_is_said(gcs, monkeypatch):
   with pytest.raises(checks.InputError, match='GCS gave no listing'):
     checkpoints.manifest.fingerprint(f'{gcs}/ckpt')
   assert len(waits) == 1
+
+
+def test_a_write_that_fails_leaves_no_temp_file(tmp_path):
+  """A file written over a folder (an OUTPUT_CACHE naming one) fails as
+  the folder is in the way, and leaves no '<path>.tmp-<pid>' beside it."""
+  (tmp_path / 'a_folder').mkdir()
+  with pytest.raises(IsADirectoryError):
+    checkpoints.write_bytes(str(tmp_path / 'a_folder'), b'x')
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['a_folder']
