@@ -367,6 +367,25 @@ def _check_mesh_batch(setup: EvalSetup, partitioner) -> None:
         f'{parts}.')
 
 
+def _check_runs(runs: Sequence[Tuple[EvalSetup, str, str]],
+                partitioner) -> None:
+  """Each run's folder, output cache and batch on the mesh, and that the
+  setups share one baseline (else a ValueError naming what differs)."""
+  for setup, out, _ in runs:
+    bucket_folder.check_folder('output_dir', out)
+    _check_output_cache(setup, partitioner)
+    _check_mesh_batch(setup, partitioner)
+  ours = runs[0][0].baseline_fields()
+  for other, out, _ in runs[1:]:
+    theirs = other.baseline_fields()
+    if theirs != ours:
+      raise ValueError(f'{out}: its setup does not share the baseline of '
+                       f'{runs[0][1]} (' + ', '.join(
+                           f'{k}: {ours.get(k)!r} vs {theirs.get(k)!r}'
+                           for k in sorted(set(ours) | set(theirs))
+                           if ours.get(k) != theirs.get(k)) + ').')
+
+
 def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                       timing_repeats: int = 1, partitioner=None,
                       shard_drafter: bool = False,
@@ -395,21 +414,10 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   checks.check_int('timing_repeats', timing_repeats)
   bucket_folder.check_interval(sync_every_s)
   run_folder.check_if_settings_differ(if_settings_differ)
-  for setup, out, _ in runs:
-    bucket_folder.check_folder('output_dir', out)
-    _check_output_cache(setup, partitioner)
-    _check_mesh_batch(setup, partitioner)
+  _check_runs(runs, partitioner)
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target
-  for other, out, _ in runs[1:]:
-    theirs, ours = other.baseline_fields(), setup.baseline_fields()
-    if theirs != ours:
-      raise ValueError(f'{out}: its setup does not share the baseline of '
-                       f'{runs[0][1]} (' + ', '.join(
-                           f'{k}: {ours.get(k)!r} vs {theirs.get(k)!r}'
-                           for k in sorted(set(ours) | set(theirs))
-                           if ours.get(k) != theirs.get(k)) + ').')
   task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
   fingerprints = run_folder.same_examples(examples)  # every process's
