@@ -32,6 +32,7 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax import eval as eval_lib
+from specdec_jax import gin_utils
 from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
@@ -39,6 +40,7 @@ from specdec_jax import task_table
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax import hardware
 
+PROG = 'python -m specdec_jax.demo'
 DEMO_CONFIG = network.T5Config(
     vocab_size=512, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
     num_encoder_layers=2, num_decoder_layers=2,
@@ -178,7 +180,7 @@ def speed_lines(task: str, summary, profile_name: str = hardware.H100):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(
-      description=__doc__.splitlines()[0], epilog=(
+      prog=PROG, description=__doc__.splitlines()[0], epilog=(
           "Gin bindings and files go to each task's eval job (e.g. "
           '--gin.GAMMA=7 --gin.TEMPERATURE=0.7; python -m specdec_jax.eval '
           '--help), and with --random the other flags to that check '
@@ -205,16 +207,16 @@ def main(argv=None):
       parser.error(f'{", ".join(given)}: flags of the main job, not of '
                    '--random')
     return random_demo(rest)
-  # The rest go to each task's eval job: gin files and bindings, but for
-  # the folder and the examples, which this job's own flags set.
-  for arg in rest:
-    name = arg.split('=', 1)[0]
-    if not arg.startswith(('--gin.', '--gin_file', '--gin_bindings')) or (
-        name in ('--gin.EVAL_OUTPUT_DIR', '--gin.NUM_EXAMPLES')):
-      parser.error(f'{arg}: the main job passes --gin.NAME=VALUE bindings '
-                   "(and gin files) to each task's eval job, but for "
-                   'EVAL_OUTPUT_DIR and NUM_EXAMPLES (--output_dir, '
-                   '--num_examples)')
+  # The rest go to each task's eval job: gin's flags (an unknown one is
+  # this parser's error), but no binding of the folder or the examples,
+  # which this job's own flags set and read.
+  given = gin_utils.parse_flags(rest, PROG)
+  for binding in given.gin_bindings:
+    if binding.split('=', 1)[0].strip() in (
+        'EVAL_OUTPUT_DIR', 'NUM_EXAMPLES', 'evaluate.output_dir',
+        'DataSpec.num_examples'):
+      parser.error(f'{binding!r}: the main job sets the folder and the '
+                   'examples itself (--output_dir, --num_examples)')
   return main_job(args.tasks.split(','), args.num_examples, args.output_dir,
                   extra_gin=rest, resume=args.resume)
 

@@ -254,10 +254,11 @@ def said(error: Exception, moved: Mapping[str, str]) -> str:
     return f'{error.msg} ({error.filename}, line {error.lineno}: {line})'
   name, _, value = line.partition('=')
   name, value = name.strip(), value.strip()
-  # A bare word or path, where gin reads Python literals: a string unquoted.
+  # A bare word or path where gin reads a literal: a string unquoted.
   unquoted = value[:1] not in '\'"' and (
-      error.msg == 'Unable to parse value.' or re.fullmatch(
-          r'[A-Za-z_./~][\w./~:-]*', value) is not None)
+      error.msg == 'Unable to parse value.' or (
+          error.msg.startswith('malformed node or string') and re.fullmatch(
+              r'[A-Za-z_./~][\w./~:-]*', value) is not None))
   msg = 'Unable to parse value.' if unquoted else error.msg
   hint = f' (a string is quoted: --gin.{name}="\'{value}\'")' * unquoted
   return f'{msg} In the binding {line!r}{hint}'

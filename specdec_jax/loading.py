@@ -110,6 +110,8 @@ class DrafterSpec:
 
   def __post_init__(self):
     kind = self.drafter_kind
+    if isinstance(self.output_cache, os.PathLike):  # a path: its text
+      object.__setattr__(self, 'output_cache', os.fspath(self.output_cache))
     for name in ('tree', 'output_cache'):  # names, or None
       if not isinstance(getattr(self, name), (str, type(None))):
         raise checks.InputError(f'{name} must be a string (or None), got '

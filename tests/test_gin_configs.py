@@ -174,6 +174,10 @@ def test_a_value_gin_cannot_parse_is_shown_with_its_line(tmp_path):
       eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
                            binding])
     assert e.value.code == f'error: gin configuration: {said}'
+  with pytest.raises(SystemExit) as e:  # a bad name, not an unquoted value
+    eval_lib.configured(['--gin_file=shipped/en_de.gin', '--dry_run',
+                         '--gin.DataSpec.truncate-inputs=True'])
+  assert 'quoted' not in e.value.code, e.value.code
 
 
 def test_a_binding_of_a_moved_parameter_says_where_it_is_now():

@@ -361,10 +361,11 @@ def test_main_job_refuses_bad_flags_before_making_a_folder(tmp_path, capsys):
       # error came after a folder was made; a folder the job then did not
       # read its records from.
       (['--random', '--tasks', 'en_de'], '--tasks: flags of the main job'),
-      (['--tasks', 'en_de', '--num_exmples', '1'], '--num_exmples: the main '
-       'job passes --gin.NAME=VALUE bindings'),
-      (['--tasks', 'en_de', "--gin.EVAL_OUTPUT_DIR='x'"], 'but for '
-       'EVAL_OUTPUT_DIR and NUM_EXAMPLES (--output_dir, --num_examples)')):
+      (['--tasks', 'en_de', '--num_exmples', '1'], 'python -m '
+       'specdec_jax.demo: error: unrecognized arguments: --num_exmples 1'),
+      (['--tasks', 'en_de', "--gin.EVAL_OUTPUT_DIR='x'"], "error: \"EVAL_OUT"
+       "PUT_DIR = 'x'\": the main job sets the folder and the examples "
+       'itself (--output_dir, --num_examples)')):
     (tmp_path / 'file').write_text('')
     with pytest.raises(SystemExit) as e:
       demo.main(argv if argv[0] == '--random' else

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import List, Set, Tuple
@@ -154,7 +155,7 @@ def write_bytes(path: str, data: bytes) -> None:
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:  # a folder at `path`, a full disk: no temp left
-    if os.path.isfile(tmp):
+    with contextlib.suppress(OSError):
       os.remove(tmp)
     raise
 
