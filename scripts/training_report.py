@@ -37,11 +37,10 @@ def read(path: pathlib.Path):
                             f'as it was written?): {e}') from None
   if not records:
     raise checks.InputError(f'{path} is empty: no training log records.')
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
   for i, record in enumerate(records, 1):
     if not isinstance(record, dict) or record.get('split') not in SPLITS or (
         not checks.is_int(record.get('step'))) or not all(
-            number(record.get(k, 0 if k == 'seconds' else None))
+            checks.is_number(record.get(k, 0 if k == 'seconds' else None))
             for k in ('loss', 'accuracy', 'seconds')):
       raise checks.InputError(
           f'{path} is no training log of scripts/train.py: its record {i}, '

@@ -96,8 +96,7 @@ def _is_records(name: str) -> bool:
 def check_interval(every_s) -> None:
   """Raises InputError unless `every_s` (`evaluate.sync_every_s`) is a
   number of seconds >= 0."""
-  if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or (
-      not every_s >= 0):
+  if not checks.is_number(every_s) or not every_s >= 0:
     raise checks.InputError(
         f'sync_every_s must be a number of seconds >= 0, got {every_s!r}.')
 

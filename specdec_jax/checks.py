@@ -59,6 +59,11 @@ def is_int(value) -> bool:
   return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
+def is_number(value) -> bool:
+  """A Python int or float, not a bool (True is no temperature)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
   """Raises InputError unless `value` is an int (`is_int`) >= `minimum`.
 

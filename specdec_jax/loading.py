@@ -117,8 +117,7 @@ class DrafterSpec:
         raise checks.InputError(f'{name} must be a string (or None), got '
                                 f'{getattr(self, name)!r}.')
     conf = self.confidence
-    if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (
-        0 <= conf < 1):
+    if not checks.is_number(conf) or not 0 <= conf < 1:
       raise checks.InputError(
           f'draft_confidence must be a number in [0, 1), got {conf!r}.')
     if conf and not kind.reads_confidence:

@@ -40,11 +40,6 @@ from specdec_jax import checks
 Array = jax.Array
 
 
-def _real(x) -> bool:
-  """A real number, not a bool (True is no temperature)."""
-  return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How to turn logits into a next-token distribution.
@@ -69,12 +64,12 @@ class SamplingConfig:
               and not isinstance(value, jax.core.Tracer))):
         object.__setattr__(self, name, float(value))
     t, k, p = self.temperature, self.topk, self.topp
-    if not _real(t) or not math.isfinite(t) or t < 0:
+    if not checks.is_number(t) or not math.isfinite(t) or t < 0:
       raise checks.InputError(
           f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
       )
     checks.check_int('topk', k, 0, ' (0 = off)')
-    if not _real(p) or not 0.0 < p <= 1.0:
+    if not checks.is_number(p) or not 0.0 < p <= 1.0:
       raise checks.InputError(
           f'topp must be in (0, 1] (1.0 = off), got {p!r}.')
     if k and p < 1.0:

@@ -25,9 +25,8 @@ FORMAT = ('{test: {stage: [seconds, count], "programs": {name: {stage: '
 
 def _stages_ok(stages) -> bool:
   """Whether `stages` is {stage: [seconds, count]} (of STAGES or none)."""
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
   return isinstance(stages, dict) and all(
-      isinstance(v, list) and len(v) == 2 and number(v[0])
+      isinstance(v, list) and len(v) == 2 and checks.is_number(v[0])
       and checks.is_int(v[1]) for k, v in stages.items() if k in STAGES)
 
 
