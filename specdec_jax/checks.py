@@ -17,6 +17,7 @@ goes on after a job fails: `failure`).
 import argparse
 import contextlib
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -99,23 +100,28 @@ def natural(text: str) -> int:
   return count(text, 0)
 
 
-def positive(text: str, least: str = '>') -> float:
-  """A flag's number > 0, e.g. a learning rate (as the flag's `type`;
-  `least` '>=': 0 allowed too, `non_negative`)."""
+def _finite(text: str, zero_allowed: bool) -> float:
+  """A flag's finite number > 0 (or >= 0), else argparse's error."""
   try:
     value = float(text)
   except ValueError:
     value = float('nan')
-  if not (0 <= value if least == '>=' else 0 < value) or value == float(
-      'inf'):
+  too_small = value < 0 if zero_allowed else value <= 0
+  if not math.isfinite(value) or too_small:
     raise argparse.ArgumentTypeError(
-        f'a finite number {least} 0 expected, got {text!r}')
+        f"a finite number {'>=' if zero_allowed else '>'} 0 expected, got "
+        f'{text!r}')
   return value
+
+
+def positive(text: str) -> float:
+  """A flag's number > 0, e.g. a learning rate (as the flag's `type`)."""
+  return _finite(text, zero_allowed=False)
 
 
 def non_negative(text: str) -> float:
   """A flag's finite number >= 0, e.g. a weight decay or a noise scale."""
-  return positive(text, '>=')
+  return _finite(text, zero_allowed=True)
 
 
 def is_url(path) -> bool:

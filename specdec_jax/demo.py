@@ -210,8 +210,8 @@ def main(argv=None):
   # The rest go to each task's eval job: gin's flags (an unknown one is
   # this parser's error), but no binding of the folder or the examples,
   # which this job's own flags set and read.
-  given = gin_utils.parse_flags(rest, PROG)
-  for binding in given.gin_bindings:
+  passed = gin_utils.parse_flags(rest, PROG)
+  for binding in passed.gin_bindings:
     if binding.split('=', 1)[0].strip() in (
         'EVAL_OUTPUT_DIR', 'NUM_EXAMPLES', 'evaluate.output_dir',
         'DataSpec.num_examples'):
