@@ -300,14 +300,20 @@ def kept_here(name: str, path: str, pull: bool = True) -> Iterator[Here]:
 
 
 @contextlib.contextmanager
-def written_here(name: str, path: str
+def written_here(name: str, path: str, suffixes: Tuple[str, ...] = ('',)
                  ) -> Iterator[Tuple[Optional[str], Callable[[], None]]]:
-  """Yields (where to write the files named `path` here, a sync): for a
-  local `path` None (there itself) and a sync that does nothing; for a
-  gs:// address, its name in a copy of its folder that `kept_here` keeps,
-  not copied down (the folder's other objects are left as they are)."""
-  check_folder(name, path)
-  if not is_bucket(path):
+  """Yields (where to write the files named `path` + each of `suffixes`
+  here, a sync): for a local `path` None (there itself) and a sync that
+  does nothing; for a gs:// address, its name in a copy of its folder that
+  `kept_here` keeps, not copied down (the folder's other objects are left
+  as they are). Refused before any work: a local folder that cannot be
+  made or written, or a folder where one of the files goes."""
+  if not is_bucket(path, name):
+    check_folder(name, os.path.dirname(os.path.expanduser(path)) or '.')
+    for file in (f'{os.path.expanduser(path)}{s}' for s in suffixes):
+      if os.path.isdir(file):
+        raise checks.InputError(f'{name} {path!r}: {file} is a folder, '
+                                'where a file is to be written.')
     yield None, lambda: None
     return
   parent, base = path.rstrip('/').rsplit('/', 1)

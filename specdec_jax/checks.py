@@ -198,13 +198,17 @@ def check_local_folder(name: str, path) -> None:
 
 def check_no_file_in_the_way(name: str, path) -> None:
   """Raises InputError where the local folder `path` (`name`) cannot be
-  made: it, or the nearest of its parents that exists, is a file."""
+  made or written: it, or the nearest of its parents that exists, is a
+  file, or a folder this process may not write."""
   folder = pathlib.Path(os.path.expanduser(os.fspath(path))).absolute()
   for place in (folder, *folder.parents):
     if place.exists():
       if not place.is_dir():
         raise InputError(f'{name} {os.fspath(path)!r} cannot be a folder: '
                          f'{place} is a file.')
+      if not os.access(place, os.W_OK | os.X_OK):
+        raise InputError(f'{name} {os.fspath(path)!r} cannot be written: '
+                         f'{place} is not writable here.')
       return
 
 

@@ -18,6 +18,7 @@ import difflib
 import logging
 import pathlib
 import re
+import tokenize
 from typing import (Any, Callable, Dict, Iterator, Mapping, Optional,
                     Sequence, Set, Tuple)
 
@@ -187,8 +188,12 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
   gin.clear_config(clear_constants=True)
   add_search_paths(search_paths)
   with checks.root_logger_at(logging.CRITICAL):
-    gin.parse_config_files_and_bindings(list(gin_files), [],
-                                        finalize_config=False)
+    for file in gin_files:  # one by one: gin's tokenizer names no file
+      try:
+        gin.parse_config_files_and_bindings([file], [], finalize_config=False)
+      except tokenize.TokenError as e:  # ('EOF in multi-line statement', ..)
+        raise ValueError(f'{e.args[0]} (a bracket or quote left open?) in '
+                         f'{file} or a file it includes') from None
     before = _bound()
     gin.parse_config_files_and_bindings([], list(bindings))
   unused = unused_bindings(before)

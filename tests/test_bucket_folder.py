@@ -15,6 +15,7 @@ import pytest
 
 from specdec_jax import bucket_folder
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import run_folder
 from test_eval import args
@@ -186,3 +187,23 @@ def test_a_folder_that_only_reads_copies_nothing_up(gcs):
   assert checkpoints.list_files(url) == ['output_cache.npz']
   assert checkpoints.read_bytes(f'{url}/output_cache.npz') == (
       b'grown by process 0')
+
+
+def test_files_written_at_a_local_path_are_checked_before_any_work(
+    tmp_path):
+  """A job's files named OUT + suffix: their folder is checked, not OUT
+  (a file there from an earlier run is rewritten: a model's loss.png), and
+  a folder where one of them goes is refused before any work is done."""
+  (tmp_path / 'loss.png').write_bytes(b'an earlier run')
+  with bucket_folder.written_here('model_dir', str(tmp_path / 'loss.png')
+                                  ) as (here, _):
+    assert here is None  # written there itself
+  (tmp_path / 'results.md').mkdir()
+  with pytest.raises(checks.InputError, match=(
+      f"out '{tmp_path}/results': {tmp_path}/results.md is a folder")):
+    with bucket_folder.written_here('out', str(tmp_path / 'results'),
+                                    ('.json', '.md')):
+      pytest.fail('the block ran')
+  with pytest.raises(checks.InputError, match='cannot be a folder'):
+    with bucket_folder.written_here('out', str(tmp_path / 'loss.png' / 'x')):
+      pytest.fail('the block ran')

@@ -162,6 +162,16 @@ def test_a_value_gin_cannot_parse_is_shown_with_its_line(tmp_path):
     eval_lib.configured([f'--gin_file={bad}', '--dry_run'])
   assert e.value.code == ('error: gin configuration: Expected newline. '
                           f'({bad}, line 2: GAMMA = 3 4)')
+  # A bracket left open: gin's tokenizer names no file (before: "('EOF in
+  # multi-line statement', (3, 0))" alone); the file given is named.
+  opened = tmp_path / 'opened.gin'
+  opened.write_text("include 'shipped/en_de.gin'\nGAMMA = (3,\n")
+  with pytest.raises(SystemExit) as e:
+    eval_lib.configured(['--gin_file=shipped/en_de.gin', f'--gin_file={opened}',
+                         '--dry_run'])
+  assert e.value.code == (
+      'error: gin configuration: EOF in multi-line statement (a bracket or '
+      f'quote left open?) in {opened} or a file it includes')
   # A bare word is an unquoted string too (gin's "malformed node or
   # string ... <ast.Name object at 0x...>", before); a macro no file
   # defines is named (the whole configuration printed after it, before).

@@ -358,7 +358,8 @@ def test_a_command_a_signal_stopped_leaves_at_once(monkeypatch):
   assert left == [130, 143]
 
 
-def test_a_local_folder_a_job_writes_is_no_url_and_no_file(tmp_path):
+def test_a_local_folder_a_job_writes_is_no_url_and_no_file(
+    tmp_path, monkeypatch):
   checks.check_local_folder('out_dir', tmp_path / 'new' / 'folder')
   checks.check_local_folder('out_dir', tmp_path)  # one that exists
   with pytest.raises(checks.InputError, match="'gs://b/x' is not a local "):
@@ -368,6 +369,15 @@ def test_a_local_folder_a_job_writes_is_no_url_and_no_file(tmp_path):
       f"out_dir '{tmp_path}/f/x/y' cannot be a folder: {tmp_path}/f is a "
       'file')):
     checks.check_local_folder('out_dir', f'{tmp_path}/f/x/y')
+  # A folder this process may not write (as root every folder is writable:
+  # the permission is what os.access says).
+  monkeypatch.setattr(os, 'access', lambda path, mode: (
+      os.fspath(path) != os.fspath(tmp_path)))
+  with pytest.raises(checks.InputError, match=(
+      f"out_dir '{tmp_path}/new' cannot be written: {tmp_path} is not "
+      'writable here')):
+    checks.check_local_folder('out_dir', tmp_path / 'new')
+  checks.check_local_folder('out_dir', tmp_path.parent / 'other')
 
 
 def test_a_url_but_gs_is_refused_where_a_path_is_read_or_written(

@@ -107,8 +107,8 @@ def main(argv: Optional[Sequence[str]] = None):
       spec = specs.get(result['spec'])
       table.markdown(spec, table.repredict(spec, result, profile, command))
     out = os.path.splitext(args.results)[0]
-    with bucket_folder.written_here('results', out) as (here, _):
-      return table.write(spec, result, out, here=here)
+    with bucket_folder.written_here('results', out, table.SUFFIXES) as (at, _):
+      return table.write(spec, result, out, here=at)
   spec = specs.get(args.spec)
   eval_lib.initialize_distributed(args)
   with checks.one_line(ValueError):  # flags, tasks, cells: before any load

@@ -24,8 +24,7 @@ def plot_losses(log_paths: Sequence[str], out_png: str,
 
   Returns:
     `out_png`. Train curves are solid lines, validation dashed with markers,
-    one color per run.
-  """
+    one color per run."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top

@@ -391,8 +391,7 @@ def run_cells(models, group: Sequence[Cell], options: Options,
   per cell (the job's summary, or None without a decode; {measurement
   name: value}). `cache`: the run's `loading.LoadCache` (what an earlier
   cell loaded is not loaded again), or None; `decode` False: the cells'
-  measurements only (`Spec.decode`); `partitioner`: the cells' mesh, or
-  None."""
+  measurements only (`Spec.decode`); `partitioner`: the cells' mesh, or None."""
   setups = [cell_setup(models, cell, options) for cell in group]
   summaries = eval_lib.evaluate_together(
       [(setup, str(bucket_folder.join(folder, 'cells', cell.name)),
@@ -440,7 +439,7 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
       f'interrupted ({name}) with {len(cells) - len(ran)} of {len(cells)} '
       'cells left', f'the others are in {out}.json' if ran else
       'no cell finished', 'rerun the same command to resume'))
-  with bucket_folder.written_here('out', out) as (here, sync), \
+  with bucket_folder.written_here('out', out, table.SUFFIXES) as (here, sync), \
       run_folder.stops_in_one_line(stopped):
     cells = plan(spec, options)
     names = list(dict.fromkeys(c.name for c in plan(spec, dataclasses.replace(
@@ -498,11 +497,13 @@ def run(spec: Spec, options: Options, *, profile=None, command: str = '',
     if spec.finish is not None and jax.process_index() == 0:
       spec.finish(result, pathlib.Path(here or out))
     table.write(spec, table.repredict(spec, result, profile), out, here)
-    if result['failed']:
+    if result['failed']:  # each error once, with the cells it ended
+      ended = {e: [f['cell'] for f in result['failed'] if f['error'] == e]
+               for e in dict.fromkeys(f['error'] for f in result['failed'])}
       raise CellsFailed(
           f"{len(result['failed'])} of {len(cells)} cells failed (all are in "
           f"{out}.json): " + '; '.join(
-              f"{f['cell']}: {f['error']}" for f in result['failed']))
+              f"{', '.join(names)}: {e}" for e, names in ended.items()))
     return result
 
 

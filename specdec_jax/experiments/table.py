@@ -25,6 +25,7 @@ from specdec_jax.bench import at_xxl_cost
 from specdec_jax.bench import report
 
 RESULTS = hardware.ROOT / 'results'
+SUFFIXES = ('.json', '.md', '.png')  # what `write` writes at OUT
 FORMAT = 'specdec_jax.experiments/1'
 
 # The eval job's summary fields a row keeps, under the job's names
@@ -142,8 +143,7 @@ def predict_counters(row: Dict[str, Any],
   STAND_INS` name), or with `step` (step_bytes, kernels) its
   bytes / launches model; no drafter call (drafter_calls 0) costs nothing.
   None without a profile or counters, or where the profile did not time
-  the drafter.
-  """
+  the drafter."""
   row['predicted_counters'] = None
   calls = row.get('target_calls_per_token')
   if profile is None or not calls:

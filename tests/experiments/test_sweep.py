@@ -424,7 +424,8 @@ def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
   results name it with its error, and the run ends with CellsFailed; the
   results are written (here at a gs:// address, copied up as the run
   fails). A refused value is said in its line, with no traceback (a fault
-  of the code has one: `checks.failure`); the command ends in one line."""
+  of the code has one: `checks.failure`); the command ends in one line,
+  an error of several cells said once."""
   spec = sweep.Spec(
       name='broken', title='broken', about='Cells that cannot run.',
       columns=(('task', 'task'),),
@@ -439,6 +440,14 @@ def test_a_failed_cell_is_written_and_named(gcs, capsys, monkeypatch):
   md = checkpoints.read_bytes(f'{out}.md').decode()
   assert "- task=en_de,drafter=fourgram: InputError: Unknown drafter" in md
   assert 'Traceback' not in capsys.readouterr().err
+  # One error of every cell (a --data_dir with no data) is said once.
+  with monkeypatch.context() as patch, pytest.raises(
+      sweep.CellsFailed, match=(
+          r'2 of 2 cells failed \(all are in .*\): task=en_de,drafter='
+          'trigram, task=en_de,drafter=fourgram: InputError: no data$')):
+    patch.setattr(sweep, 'run_cells', lambda *_: (_ for _ in ()).throw(
+        checks.InputError('no data')))
+    sweep.run(spec, sweep.Options(work_dir=f'{gcs}/work1'), out=f'{out}1')
   # Of several processes, one's failure may leave the others waiting in a
   # collective it skipped: the run ends there (a rerun resumes), not
   # running on out of step with them.
@@ -513,6 +522,10 @@ def test_a_selection_updates_its_rows_and_keeps_the_others(
   assert alphas() == [(b, 0.7)]
   with pytest.raises(checks.InputError, match="'.*keep/' ends in no file"):
     sweep.run(spec, options, out=f'{tmp_path}/keep/')
+  (tmp_path / 'md.md').mkdir()  # where OUT.md goes (before: cells ran)
+  monkeypatch.setattr(sweep, 'run_cells', lambda *_: pytest.fail('ran'))
+  with pytest.raises(checks.InputError, match='md.md is a folder, where'):
+    sweep.run(spec, options, out=str(tmp_path / 'md'))
   for only, alpha in ((a, 0.1), (c, 0.2)):
     monkeypatch.setattr(sweep, 'run_cells', _decoded(alpha))
     sweep.run(spec, dataclasses.replace(options, only=only),
