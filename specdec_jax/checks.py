@@ -76,6 +76,23 @@ def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
 
 
+def check_type(name: str, value, kind, what: str) -> None:
+  """Raises InputError unless `value` is an instance of `kind` (a type or
+  a tuple of them), said as `what`: "<name> must be <what>, got <value!r>"
+  (a dict where a setup's group goes, 'no' for a bool)."""
+  if not isinstance(value, kind):
+    raise InputError(f'{name} must be {what}, got {value!r}.')
+
+
+def check_eos_id(eos_id, vocab_size: int) -> None:
+  """Raises InputError unless `eos_id` is an int in [0, vocab_size), or -1
+  (no EOS: rows run to their full length)."""
+  if not is_int(eos_id) or not -1 <= eos_id < vocab_size:
+    raise InputError(
+        f'eos_id must be an int in [0, vocab_size={vocab_size}) (or -1: no '
+        f'EOS), got {eos_id!r}.')
+
+
 def check_ints(minimum: int = 1, **values) -> None:
   """`check_int` of each value, named by its keyword."""
   for name, value in values.items():

@@ -97,6 +97,8 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
     if len(ids) > length:
       raise checks.InputError(
           f'Row {i} has {len(ids)} tokens, more than {length}.')
+    if min(ids, default=0) < 0:
+      raise checks.InputError(f'Row {i} holds a negative id: {list(ids)}.')
     out[i, :len(ids)] = ids
   return out
 
@@ -113,6 +115,7 @@ def batches(rows: np.ndarray, batch_size: int, fill: str = 'first'
   """
   if fill not in ('first', 'eos'):
     raise checks.InputError(f"fill must be 'first' or 'eos', got {fill!r}.")
+  checks.check_int('batch_size', batch_size)
   rows = np.asarray(rows)
   for start in range(0, len(rows), batch_size):
     n = min(batch_size, len(rows) - start)

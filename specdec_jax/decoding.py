@@ -99,7 +99,12 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
     ValueError: not 2-D with batch, length >= 1, or an id out of range.
     TypeError: not an integer dtype.
   """
-  shape = tuple(np.shape(tokens))
+  try:
+    shape = tuple(np.shape(tokens))
+  except ValueError:  # numpy's "inhomogeneous shape": lists of lists
+    raise checks.InputError(
+        f'{name} must be [batch, length]; got rows of different lengths '
+        '(pad them with 0: data.pad_rows).') from None
   if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
     raise checks.InputError(
         f'{name} must be [batch, length] with batch, length >= 1; got shape '
@@ -178,11 +183,7 @@ def check_common_args(model, params, encoder_input_tokens, max_decode_len,
   vocab_size = model.vocab_size
   sampling.check_vocab(vocab_size)
   checks.check_int('max_decode_len', max_decode_len)
-  if not checks.is_int(eos_id) or not -1 <= eos_id < vocab_size:
-    raise checks.InputError(
-        f'eos_id must be an int in [0, vocab_size={vocab_size}) (or -1: no '
-        f'EOS), got {eos_id!r}.'
-    )
+  checks.check_eos_id(eos_id, vocab_size)
   check_token_ids('encoder_input_tokens', encoder_input_tokens, vocab_size)
   check_fits(params_name, model, params)
 

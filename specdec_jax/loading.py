@@ -112,10 +112,9 @@ class DrafterSpec:
     kind = self.drafter_kind
     if isinstance(self.output_cache, os.PathLike):  # a path: its text
       object.__setattr__(self, 'output_cache', os.fspath(self.output_cache))
-    for name in ('tree', 'output_cache'):  # names, or None
-      if not isinstance(getattr(self, name), (str, type(None))):
-        raise checks.InputError(f'{name} must be a string (or None), got '
-                                f'{getattr(self, name)!r}.')
+    for name, value in (('tree', self.tree),
+                        ('output_cache', self.output_cache)):  # or None
+      checks.check_type(name, value, (str, type(None)), 'a string (or None)')
     conf = self.confidence
     if not checks.is_number(conf) or not 0 <= conf < 1:
       raise checks.InputError(
@@ -318,6 +317,15 @@ class DataSpec:
   data_dir: Optional[str] = None
 
   def __post_init__(self):
+    if isinstance(self.data_dir, os.PathLike):  # a path: its text
+      object.__setattr__(self, 'data_dir', os.fspath(self.data_dir))
+    for name, value, kind, what in (
+        ('mixture_or_task_name', self.mixture_or_task_name, str,
+         'a task name'),
+        ('split', self.split, str, "a split's name"),
+        ('truncate_inputs', self.truncate_inputs, bool, 'True or False'),
+        ('data_dir', self.data_dir, (str, type(None)), 'a path or None')):
+      checks.check_type(name, value, kind, what)
     checks.check_feature_lengths(self.task_feature_lengths)
     object.__setattr__(self, 'task_feature_lengths',
                        dict(self.task_feature_lengths))
@@ -398,6 +406,14 @@ class EvalSetup:
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
+    for name, value, kind in (
+        ('data', self.data, DataSpec), ('draft', self.draft, DrafterSpec),
+        ('batch', self.batch, BatchSpec),
+        ('sampling', self.sampling, SamplingConfig)):  # not a dict of them
+      checks.check_type(name, value, kind, f'a {kind.__name__}')
+    checks.check_type('same_shape_baseline', self.same_shape_baseline, bool,
+                      'True or False')
+    checks.check_int('seed', self.seed, 0)
     speculative.check_gamma(self.gamma)
     network.check_config(self.target_config, 'target_config')
     if self.same_shape_baseline and self.batch.streamed:
@@ -420,6 +436,7 @@ class EvalSetup:
       speculative.check_vocab(self.target_config.vocab_size,
                               self.draft.config.vocab_size)
     self.sampling.check_vocab(self.target_config.vocab_size)  # before loads
+    checks.check_eos_id(self.data.eos_id, self.target_config.vocab_size)
     if self.activation_dtype is not None:
       try:
         name = jnp.dtype(self.activation_dtype).name

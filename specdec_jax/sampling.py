@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ class SamplingConfig:
     topk: keep the k most likely tokens; 0 disables.
     topp: keep the smallest most-likely set with mass >= topp; 1.0 disables.
       (T5X spells "disabled" as 0.0; here 0 is rejected as a mass.)
+      Greedy decoding takes neither: its argmax is in every top set.
   """
 
   temperature: float = 0.0
@@ -76,6 +77,11 @@ class SamplingConfig:
       raise checks.InputError(
           f'At most one of topk ({k}) and topp ({p}) may be set, as in T5X.'
       )
+    if t == 0 and (k or p < 1.0):  # greedy's argmax is in every top set
+      cut = f'topk {k}' if k else f'topp {p}'
+      raise checks.InputError(
+          f'{cut} has no effect when greedy (temperature 0): set a '
+          f'temperature > 0 to sample, or leave {cut.split()[0]} off.')
     object.__setattr__(self, 'topk', int(k))  # a numpy int: a Python one
 
   def settings(self) -> Dict[str, Any]:
@@ -83,14 +89,8 @@ class SamplingConfig:
     return dataclasses.asdict(self)
 
   def describe(self) -> str:
-    """In words, as a run's summary says it: 'greedy', 'temperature 0.7,
-    top-k 40'."""
-    words = 'greedy' if self.greedy else f'temperature {self.temperature:g}'
-    if self.topk:
-      words += f', top-k {self.topk}'
-    if self.topp < 1.0:
-      words += f', top-p {self.topp:g}'
-    return words
+    """In words, as a run's summary says it (`describe`)."""
+    return describe(self.settings())
 
   @property
   def greedy(self) -> bool:
@@ -101,6 +101,16 @@ class SamplingConfig:
       raise checks.InputError(
           f'topk={self.topk} is larger than the vocabulary ({vocab_size}).'
       )
+
+
+def describe(settings: Mapping[str, Any]) -> str:
+  """A sampling's settings (`SamplingConfig.settings`, or a run's, an
+  earlier version's too: a field left out is its default) in words:
+  'greedy', 'temperature 0.7, top-k 40'."""
+  t, k, p = (settings.get(f.name, f.default)
+             for f in dataclasses.fields(SamplingConfig))
+  words = 'greedy' if t == 0 else f'temperature {t:g}'
+  return words + f', top-k {k}' * bool(k) + f', top-p {p:g}' * (p < 1.0)
 
 
 # Its fields: what a setup's flat view (`loading.GROUPED`), a run's

@@ -248,6 +248,8 @@ def load_model(name: str, dtype: Any = None,
     ShippedAssetError: models.json or a file of the model is missing /
       truncated / corrupt (named), checked before anything is loaded.
   """
+  if dtype is not None:  # an argument, not the asset: said as one
+    network.check_float_dtype('dtype', dtype)
   dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
   cfg = config(name, dtype='bfloat16' if dtype == jnp.bfloat16 else
                'float32')

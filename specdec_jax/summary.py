@@ -27,8 +27,8 @@ from specdec_jax import data
 from specdec_jax import measure
 from specdec_jax import run_folder
 from specdec_jax import spec_stats
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.sampling import FIELDS
-from specdec_jax.sampling import SamplingConfig
 
 
 def gamma_label(used: Dict[str, int], choices=()) -> str:
@@ -193,8 +193,8 @@ def _decoded(summary) -> str:
   drafter = get('drafter')
   if named('draft_checkpoint'):
     drafter = f"{drafter}, {get('draft_checkpoint')}"
-  sampling = SamplingConfig(**{
-      f: get(f) for f in FIELDS if get(f) is not None}).describe()
+  sampling = sampling_lib.describe({  # as run: an earlier rule's values too
+      f: get(f) for f in FIELDS if get(f) is not None})
   return (f"{get('task')} ({get('split')} split): {get('examples')} "
           f"examples. Target {target}; drafter {drafter}. Gamma "
           f"{get('gamma_label', get('configured_gamma'))}; {sampling}; "

@@ -49,10 +49,11 @@ def _check_alpha(alpha) -> float:
     [0, 1]).
   """
   if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-    raise ValueError(f'alpha must be a real number in [0, 1], got {alpha!r}')
+    raise checks.InputError(
+        f'alpha must be a real number in [0, 1], got {alpha!r}')
   alpha = float(alpha)
   if not 0.0 <= alpha <= 1.0:  # also rejects NaN
-    raise ValueError(f'alpha must be in [0, 1], got {alpha}')
+    raise checks.InputError(f'alpha must be in [0, 1], got {alpha}')
   return alpha
 
 
@@ -96,10 +97,11 @@ def _check_nonnegative(value, name: str) -> float:
     Definition 3.10 (c_hat).
   """
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f'{name} must be a real number >= 0, got {value!r}')
+    raise checks.InputError(
+        f'{name} must be a real number >= 0, got {value!r}')
   value = float(value)
   if not (math.isfinite(value) and value >= 0.0):
-    raise ValueError(f'{name} must be finite and >= 0, got {value}')
+    raise checks.InputError(f'{name} must be finite and >= 0, got {value}')
   return value
 
 
@@ -123,7 +125,7 @@ def _cost_ratio_at(target_cost_ratio: CostRatio, gamma: int) -> float:
   """
   if isinstance(target_cost_ratio, Mapping):
     if gamma not in target_cost_ratio:
-      raise ValueError(
+      raise checks.InputError(
           f'target_cost_ratio has no entry for gamma={gamma}; '
           f'known gammas: {sorted(target_cost_ratio)}')
     ratio = target_cost_ratio[gamma]
@@ -132,12 +134,12 @@ def _cost_ratio_at(target_cost_ratio: CostRatio, gamma: int) -> float:
   else:
     ratio = target_cost_ratio
   if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
-    raise ValueError(
+    raise checks.InputError(
         f'target_cost_ratio must give a real number, got {ratio!r} '
         f'for gamma={gamma}')
   ratio = float(ratio)
   if not (math.isfinite(ratio) and ratio > 0.0):
-    raise ValueError(
+    raise checks.InputError(
         f'target_cost_ratio must be finite and > 0, got {ratio} '
         f'for gamma={gamma}')
   return ratio
@@ -246,7 +248,7 @@ def optimal_gamma_and_speedup(alpha, c,
                     if isinstance(g, numbers.Integral)
                     and not isinstance(g, bool) and 1 <= g <= max_gamma)
     if not gammas:
-      raise ValueError(
+      raise checks.InputError(
           f'target_cost_ratio has no gamma in [1, {max_gamma}]; '
           f'known gammas: {sorted(target_cost_ratio)}')
   else:
@@ -362,18 +364,24 @@ def alpha_from_distributions(p, q) -> np.ndarray:
     Lemma 3.4 / Corollary 3.5 (beta = 1 - D_LK(p, q) =
     sum_x min(p(x), q(x))).
   """
-  p = np.asarray(p, dtype=np.float64)
-  q = np.asarray(q, dtype=np.float64)
+  try:
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    np.broadcast_shapes(p.shape, q.shape)
+  except (TypeError, ValueError) as e:  # strings; another vocabulary's q
+    raise checks.InputError(
+        f'p and q must be probability arrays that broadcast: {e}') from None
   if p.ndim == 0 or q.ndim == 0:
-    raise ValueError('p and q need a vocabulary axis (ndim >= 1)')
+    raise checks.InputError('p and q need a vocabulary axis (ndim >= 1)')
   for name, x in (('p', p), ('q', q)):
     if not np.all(np.isfinite(x)) or np.any(x < 0):
-      raise ValueError(f'{name} must be finite, non-negative probabilities')
+      raise checks.InputError(
+          f'{name} must be finite, non-negative probabilities')
     off = np.ravel(x.sum(axis=-1) - 1)
     if np.any(np.abs(off) > 1e-3):
       worst = 1 + off[np.argmax(np.abs(off))]
-      raise ValueError(f'{name} must be distributions (rows summing to 1); '
-                       f'a row sums to {worst:g}')
+      raise checks.InputError(
+          f'{name} must be distributions (rows summing to 1); a row sums '
+          f'to {worst:g}')
   return np.asarray(np.minimum(p, q).sum(axis=-1))
 
 
@@ -395,14 +403,18 @@ def estimate_alpha(betas) -> float:
     Section 3.2, Corollary 3.6, and Section 4 (alpha measured over target
     samples, Table 3).
   """
-  betas = np.asarray(betas, dtype=np.float64)
+  try:
+    betas = np.asarray(betas, dtype=np.float64)
+  except (TypeError, ValueError) as e:  # strings, ragged lists
+    raise checks.InputError(f'betas must be numbers: {e}') from None
   if betas.size == 0:
-    raise ValueError('betas is empty')
+    raise checks.InputError('betas is empty')
   if np.any(np.isnan(betas)):
-    raise ValueError('betas contains NaN')
+    raise checks.InputError('betas contains NaN')
   if np.any((betas < 0) | (betas > 1)):
-    raise ValueError('betas are acceptance probabilities, in [0, 1]; got '
-                     f'{betas.min():g} .. {betas.max():g}')
+    raise checks.InputError(
+        'betas are acceptance probabilities, in [0, 1]; got '
+        f'{betas.min():g} .. {betas.max():g}')
   return float(betas.mean())
 
 

@@ -143,6 +143,8 @@ class Untouchable:
     (dict(max_decode_len=4, max_decode_steps=5), 'max_decode_steps'),
     (dict(max_decode_len=4, max_decode_steps=3.0), r'max_decode_steps .*3\.0'),
     (dict(inputs=np.ones((4,), np.int32)), 'batch, length'),
+    (dict(inputs=[[3, 4, 1], [5, 1]]), 'rows of different lengths .pad them'),
+    (dict(sampling_args=dict(topk=5)), 'topk 5 has no effect when greedy'),
     (dict(sampling_args=dict(temperature=1.0), rng=None), 'rng'),
 ])
 def test_bad_arguments_raise_before_compiling(kwargs, message):

@@ -6,6 +6,7 @@ starting over, keep finished work when it crashes, and name the problem when
 the configuration is wrong.
 """
 
+import dataclasses
 import itertools
 import json
 import pathlib
@@ -325,6 +326,10 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
      'TEMPERATURE'),
     ({'TEMPERATURE': '-1.0'}, ValueError, 'temperature must be'),
     ({'TOPK': '3', 'TOPP': '0.9'}, ValueError, 'At most one of topk'),
+    ({'TOPK': '40'}, ValueError,  # before: greedy, said as "greedy, top-k 40"
+     r'topk 40 has no effect when greedy \(temperature 0\): set a '
+     'temperature > 0 to sample, or leave topk off'),
+    ({'TOPP': '0.9'}, ValueError, 'topp 0.9 has no effect when greedy'),
     ({'DRAFTER': "'trigram'"}, ValueError,
      "Unknown drafter kind 'trigram'.*bigram"),
     ({'BATCH_SIZE': '0'}, ValueError, 'batch_size must be an int >= 1'),
@@ -359,6 +364,12 @@ def test_failure_keeps_finished_batches(tmp_path, monkeypatch, batching):
      "if_settings_differ must be one of .'refuse', 'restart'., got 'bogus'"),
     ({'DRAFTER': "'cache'", 'OUTPUT_CACHE': "'/tmp'"}, ValueError,
      "output_cache '/tmp' is a folder: name the cache's file"),
+    # Each found only as the job ran (the models loaded, the run folder
+    # made), before.
+    ({'loading.EvalSetup.seed': '1.5'}, ValueError,
+     'seed must be an int >= 0, got 1.5'),
+    ({'loading.DataSpec.truncate_inputs': "'no'"}, ValueError,
+     "truncate_inputs must be True or False, got 'no'"),
 ])
 def test_clear_errors(tmp_path, override, error, message):
   argv = args(tmp_path / 'err', **override)
@@ -369,6 +380,28 @@ def test_clear_errors(tmp_path, override, error, message):
   with pytest.raises(error, match=message):
     eval_lib.main(argv)
 
+
+def test_a_setup_refuses_a_group_of_another_type(tmp_path):
+  """A setup built in Python with a group given as what it holds (a batch
+  size for the `BatchSpec`, a dict for the `DataSpec`) is refused by name
+  as it is made (before: an AttributeError as the job ran, after the
+  models loaded); so is an EOS id outside the target's vocabulary (before:
+  found by the first decode, the models loaded and the run folder made)."""
+  setup = eval_lib.configured(args(tmp_path / 'g'))[1]
+  for field, value, said in (
+      ('batch', 8, 'batch must be a BatchSpec, got 8'),
+      ('data', {'split': 'test'}, "data must be a DataSpec, got {'split'"),
+      ('draft', 'bigram', "draft must be a DrafterSpec, got 'bigram'"),
+      ('sampling', {'temperature': 1.0}, 'sampling must be a SamplingConfig'),
+      ('same_shape_baseline', 'no', 'same_shape_baseline must be True or')):
+    with pytest.raises(checks.InputError, match=said):
+      dataclasses.replace(setup, **{field: value})
+  with pytest.raises(checks.InputError, match='split must be a split'):
+    dataclasses.replace(setup.data, split=5)
+  with pytest.raises(checks.InputError, match=(  # the target's vocabulary
+      r'eos_id must be an int in \[0, vocab_size=1024\) \(or -1: no EOS\), '
+      'got 99999')):
+    setup.replace(eos_id=99999)
 
 def test_a_missing_draft_checkpoint_is_found_before_the_target_loads(
     tmp_path, monkeypatch):

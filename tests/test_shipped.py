@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import drafters
 from specdec_jax import measure
 from specdec_jax import shipped
@@ -116,6 +117,12 @@ def test_a_truncated_or_missing_shipped_file_is_named(copied):
     shipped.sentencepiece_path()
   with pytest.raises(ValueError, match="No shipped model 'xxl'"):
     shipped.load_model('xxl')
+  # A dtype no model takes is the argument's fault, not the asset's
+  # (before: "int8: ... does not load", a ShippedAssetError).
+  for dtype in ('int8', 'float99'):
+    with pytest.raises(checks.InputError, match=(
+        f"dtype must be a float dtype .*got '{dtype}'")):
+      shipped.load_model('small', dtype=dtype)
 
 
 def test_a_damaged_models_json_is_named(copied):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specdec_jax import checks
 from specdec_jax import drafters
 from specdec_jax import network
 from specdec_jax import speculative
@@ -79,6 +80,10 @@ def test_greedy_equals_baseline(greedy_setup, gamma, drafter):
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   summary = spec_stats.summarize(out.stats)
+  if drafter == 'self' and gamma == 1:  # the result for its stats: named
+    with pytest.raises(checks.InputError, match=(
+        "stats must be a SpecStats .a decode's `.stats`., got a SpecResult")):
+      spec_stats.summarize(out)
   if drafter == 'self':
     # alpha = 1: every iteration of a row yields gamma+1 tokens (the last one
     # may be cut by EOS or the length limit). This fails if the drafter does

@@ -573,6 +573,18 @@ def test_array_task_rows_cut_to_their_width(tmp_path):
     list(task.examples('validation'))
 
 
+def test_rows_padded_and_batched_refuse_what_would_decode_wrongly():
+  """A negative id would be kept as a token (before: padded as given), and
+  a batch size of 0 is named (before: range()'s "arg 3 must not be
+  zero")."""
+  np.testing.assert_array_equal(data.pad_rows([[3, 1], [4]], 3),
+                                [[3, 1, 0], [4, 0, 0]])
+  with pytest.raises(checks.InputError, match=r'Row 1 holds a negative id'):
+    data.pad_rows([[3, 1], [3, -1]], 4)
+  with pytest.raises(checks.InputError, match='batch_size must be an int >= 1'):
+    list(data.batches(np.ones((3, 2), np.int32), 0))
+
+
 def test_a_metric_whose_package_is_missing_is_named_not_fatal(tmp_path):
   """On a machine without rouge-score (the GPU image) the eval job's
   summary of what it decoded is still written: the metric is left out and

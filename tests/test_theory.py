@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import theory
 
 # Table 1 of arXiv 2211.17192 (c = c_hat = 0): (alpha, gamma, ops, speed).
@@ -265,6 +266,13 @@ def test_alpha_from_distributions():
     theory.alpha_from_distributions([0.5, 0.5], [0.5, np.nan])
   with pytest.raises(ValueError, match='p must be distributions .*sums to 20'):
     theory.alpha_from_distributions([10, 10], [0.5, 0.5])  # it was 1.0
+  # Another vocabulary's q, or words: named (before: numpy's "operands
+  # could not be broadcast", "could not convert string to float").
+  with pytest.raises(checks.InputError, match=(
+      'p and q must be probability arrays that broadcast: .*mismatch')):
+    theory.alpha_from_distributions(np.ones((2, 3)) / 3, np.ones((2, 4)) / 4)
+  with pytest.raises(checks.InputError, match='betas must be numbers'):
+    theory.estimate_alpha('abc')
 
 
 @pytest.mark.parametrize('call', [
