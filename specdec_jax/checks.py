@@ -76,12 +76,25 @@ def check_int(name: str, value, minimum: int = 1, note: str = '') -> None:
         f'{name} must be an int >= {minimum}{note}, got {value!r}.')
 
 
+def said(value) -> str:
+  """A value as a refusal says it: a class by name, a string, number or
+  None as written ('no', 8), anything else by its type ('a dict', 'a
+  T5Model': a model's repr is its whole config)."""
+  if isinstance(value, type):
+    return f'the class {value.__name__}'
+  if value is None or isinstance(value, (str, int, float)):
+    return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + '...'
+  return f'a {type(value).__name__}'
+
+
 def check_type(name: str, value, kind, what: str) -> None:
-  """Raises InputError unless `value` is an instance of `kind` (a type or
-  a tuple of them), said as `what`: "<name> must be <what>, got <value!r>"
-  (a dict where a setup's group goes, 'no' for a bool)."""
-  if not isinstance(value, kind):
-    raise InputError(f'{name} must be {what}, got {value!r}.')
+  """Raises InputError unless `value` is an instance (not a class) of
+  `kind` (a type, a runtime-checkable protocol or a tuple of them), said
+  as `what`: "<name> must be <what>, got <said(value)>." (a dict where a
+  setup's group goes, 'no' for a bool, arguments given in another
+  order)."""
+  if isinstance(value, type) or not isinstance(value, kind):
+    raise InputError(f'{name} must be {what}, got {said(value)}.')
 
 
 def check_eos_id(eos_id, vocab_size: int) -> None:

@@ -390,7 +390,7 @@ def test_a_setup_refuses_a_group_of_another_type(tmp_path):
   setup = eval_lib.configured(args(tmp_path / 'g'))[1]
   for field, value, said in (
       ('batch', 8, 'batch must be a BatchSpec, got 8'),
-      ('data', {'split': 'test'}, "data must be a DataSpec, got {'split'"),
+      ('data', {'split': 'test'}, 'data must be a DataSpec, got a dict'),
       ('draft', 'bigram', "draft must be a DrafterSpec, got 'bigram'"),
       ('sampling', {'temperature': 1.0}, 'sampling must be a SamplingConfig'),
       ('same_shape_baseline', 'no', 'same_shape_baseline must be True or')):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,14 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 
 Array = jax.Array
+
+
+def check_order(name: str, order) -> None:
+  """Raises InputError unless `order` is 1 (unigram) or 2 (bigram), the
+  orders an `NgramDrafter` drafts and `ngram_params` estimates."""
+  if not checks.is_int(order) or order not in (1, 2):
+    raise checks.InputError(
+        f'{name} must be 1 (unigram) or 2 (bigram), got {order!r}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +49,8 @@ class NgramDrafter:
   order: int = 2
 
   def __post_init__(self):
-    if self.order not in (1, 2):
-      raise ValueError(f'NgramDrafter order must be 1 or 2, got {self.order}.')
+    checks.check_int('NgramDrafter vocab_size', self.vocab_size)
+    check_order('NgramDrafter order', self.order)
 
   def check_params(self, params) -> None:
     """Raises unless params have the keys and shapes of the class docstring.
@@ -115,6 +123,36 @@ class NgramDrafter:
     return tokens.T, jnp.moveaxis(qs, 0, 1), state
 
 
+def _rows(sequences, vocab_size: int):
+  """`sequences` as lists of int ids in [0, vocab_size), each without its
+  trailing 0s (the padding of decode output: `decoding.DecodeResult`).
+
+  Raises:
+    checks.InputError: not a sequence of sequences (a flat list of ids), or
+      an id outside [0, vocab_size); TypeError: ids not integers (as
+      `decoding.check_token_ids`).
+  """
+  def refuse(said):
+    raise checks.InputError(
+        'sequences must be token id sequences, e.g. [[3, 4, 1], [5, 1]]; '
+        f'got {said}.')
+
+  if not isinstance(sequences, Iterable):
+    refuse(f'a {type(sequences).__name__}')
+  rows = []
+  for i, seq in enumerate(sequences):
+    try:
+      ids = np.asarray(seq)
+    except ValueError:  # ragged: a row of rows
+      ids = None
+    if ids is None or ids.ndim != 1:
+      refuse(f'sequences[{i}] = {seq!r:.60}')
+    rows.append(np.trim_zeros(ids, 'b') if ids.size else ids.astype(int))
+  if any(row.size for row in rows):
+    decoding.check_token_ids('sequences', np.concatenate(rows)[None],
+                             vocab_size)
+  return [row.tolist() for row in rows]
+
 
 def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
                  order: int = 2, top_k: int = 64, smoothing: float = 0.1,
@@ -122,26 +160,38 @@ def ngram_params(sequences: Sequence[Sequence[int]], vocab_size: int,
   """Estimates NgramDrafter params from target-side token sequences.
 
   Args:
-    sequences: token id sequences (decoder targets, without BOS).
-    vocab_size: vocabulary size.
-    order: 1 (unigram) or 2 (bigram).
-    top_k: successors kept per token for the bigram.
-    smoothing: mass given to the unigram back-off for each previous token
-      (add-one smoothing keeps every unigram probability > 0).
-    bos_id: the decoder start token; the first token's context.
+    sequences: token id sequences (decoder targets, without BOS), each an
+      int sequence of ids in [0, vocab_size); trailing 0s are padding
+      (decode output's after EOS) and dropped, so rows of
+      `DecodeResult.tokens` may be passed whole.
+    vocab_size: vocabulary size, an int >= 1.
+    order: 1 (unigram) or 2 (bigram); no other is built.
+    top_k: successors kept per token for the bigram, an int >= 1.
+    smoothing: mass given to the unigram back-off for each previous token,
+      in (0, 1] (add-one smoothing keeps every unigram probability > 0).
+    bos_id: the decoder start token, in [0, vocab_size); the first token's
+      context.
 
   Returns:
     A params dict for `NgramDrafter(vocab_size, order)`.
+
+  Raises:
+    checks.InputError: an argument outside its rule, named (TypeError:
+      token ids not integers).
   """
-  if not 0 < smoothing <= 1:
-    raise checks.InputError(f'smoothing must be in (0, 1], got {smoothing}.')
+  checks.check_int('vocab_size', vocab_size)
+  check_order('order', order)
+  checks.check_int('top_k', top_k)
+  if not checks.is_number(smoothing) or not 0 < smoothing <= 1:
+    raise checks.InputError(
+        f'smoothing must be a number in (0, 1], got {smoothing!r}.')
+  if not checks.is_int(bos_id) or not 0 <= bos_id < vocab_size:
+    raise checks.InputError(
+        f'bos_id must be an int in [0, vocab_size={vocab_size}), got '
+        f'{bos_id!r}.')
   counts = np.ones(vocab_size, np.float64)
   pairs = {}
-  for seq in sequences:
-    seq = [int(t) for t in seq]
-    if any(not 0 <= t < vocab_size for t in seq):
-      raise checks.InputError(
-          f'token id outside [0, {vocab_size}) in {seq[:10]}...')
+  for seq in _rows(sequences, vocab_size):
     np.add.at(counts, seq, 1)
     for a, b in zip([bos_id] + seq[:-1], seq):
       pairs.setdefault(a, {}).setdefault(b, 0)

@@ -65,6 +65,15 @@ class DraftSource:
   draft_checkpoint: Optional[str] = None
   tree: Optional[str] = None
 
+  def __post_init__(self):
+    for name, value in (('train_targets', self.train_targets),
+                        ('train_pairs', self.train_pairs)):
+      if value is not None and not callable(value):
+        raise checks.InputError(
+            f'DraftSource {name} must be a callable returning the rows (read '
+            f'lazily, only by kinds that need them), e.g. lambda: rows; got '
+            f'a {type(value).__name__}.')
+
 
 @dataclasses.dataclass(frozen=True)
 class DrafterKind:

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import checks
+from specdec_jax import decoding
+from specdec_jax import interfaces
 from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax import sampling as sampling_lib
@@ -49,10 +51,13 @@ class T5Drafter:
   confidence: float = 0.0
 
   def __post_init__(self):
-    if not 0.0 <= self.confidence < 1.0:
+    decoding.check_is('T5Drafter model', self.model,
+                      interfaces.DecodingModel, 'network.T5Model(config)')
+    if not checks.is_number(self.confidence) or not (
+        0.0 <= self.confidence < 1.0):
       raise checks.InputError(
-          'T5Drafter confidence (adaptive draft length) must be in [0, 1), '
-          f'got {self.confidence!r}.')
+          'T5Drafter confidence (adaptive draft length) must be a number '
+          f'in [0, 1), got {self.confidence!r}.')
 
   @property
   def vocab_size(self) -> int:
@@ -225,6 +230,15 @@ KIND = registry.DrafterKind(
     description='a separate T5 (e.g. T5 1.1 small) with its own cache')
 
 
+def check_target_source(source: registry.DraftSource, kind: str) -> None:
+  """Raises InputError unless `source` has the target a self-drafting kind
+  (`SelfDrafting`: 'pass', 'heads', ...) drafts with."""
+  if source.target_model is None or source.target_params is None:
+    raise checks.InputError(
+        f"drafter kind '{kind}' drafts with the target itself; the source "
+        'has no target_model / target_params.')
+
+
 @dataclasses.dataclass(frozen=True)
 class SelfDrafting:
   """Base of the drafters that draft with the target itself (PaSS, heads).
@@ -243,6 +257,8 @@ class SelfDrafting:
   drafts_from_score = False
 
   def __post_init__(self):
+    decoding.check_is(f'{type(self).__name__} model', self.model,
+                      interfaces.DecodingModel, 'the target network.T5Model')
     object.__setattr__(self, 'own', T5Drafter(self.model))
 
   @property

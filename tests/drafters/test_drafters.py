@@ -37,12 +37,14 @@ from specdec_jax import decoding
 from specdec_jax import drafters
 from specdec_jax.drafters import registry
 from specdec_jax import interfaces
+from specdec_jax import network
 from specdec_jax import spec_stats
 from specdec_jax import speculative
 from specdec_jax import streaming
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.sampling import probabilities
 
+from conftest import TINY_V11
 from test_speculative import EOS
 from test_speculative import MAX_LEN
 from test_speculative import SAMPLING_CASES
@@ -322,18 +324,93 @@ def test_registry_refuses_duplicates_and_names_the_kinds():
 
 def test_kinds_refuse_a_source_without_what_they_need():
   """A kind built from a model, the target or task data refuses a source
-  without it (naming the kind); a kind that needs none builds from
-  nothing."""
+  without it (an InputError naming the kind, one line in a job); a kind
+  that needs none builds from nothing."""
   empty = drafters.DraftSource(vocab_size=128)
   for name, kind in drafters.KINDS.items():
     if kind.needs_model or kind.data_only or kind.needs_target:
-      with pytest.raises(ValueError, match=name):
+      with pytest.raises(checks.InputError, match=name):
         kind.build(empty)
     else:
       drafter, params = kind.build(empty)
       assert isinstance(drafter, interfaces.Drafter)
       assert drafter.vocab_size == 128
       drafter.check_params(params)
+
+
+MODEL = network.T5Model(TINY_V11)  # constructed only: no params, no trace
+ROWS = [[3, 4, 5, 1], [6, 7, 1]]
+
+
+@pytest.mark.parametrize('build, error, message', [
+    (lambda: drafters.T5Drafter(MODEL.config), checks.InputError,
+     r'^T5Drafter model must be an interfaces\.DecodingModel, e\.g\. '
+     r'network\.T5Model\(config\); got a T5Config\.$'),
+    (lambda: drafters.PassDrafter(MODEL.config, 2), checks.InputError,
+     r'^PassDrafter model must be an interfaces\.DecodingModel, .*; got a '
+     r'T5Config\.$'),
+    (lambda: drafters.T5Drafter(MODEL, confidence=None), checks.InputError,
+     r'^T5Drafter confidence \(adaptive draft length\) must be a number in '
+     r'\[0, 1\), got None\.$'),
+    (lambda: drafters.T5Drafter(MODEL, confidence='0.5'), checks.InputError,
+     r"must be a number in \[0, 1\), got '0\.5'\.$"),
+    (lambda: drafters.NgramDrafter(32.0), checks.InputError,
+     r'^NgramDrafter vocab_size must be an int >= 1, got 32\.0\.$'),
+    (lambda: drafters.NgramDrafter(32, 2.0), checks.InputError,
+     r'^NgramDrafter order must be 1 \(unigram\) or 2 \(bigram\), got '
+     r'2\.0\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, order=3), checks.InputError,
+     r'^order must be 1 \(unigram\) or 2 \(bigram\), got 3\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, order=0), checks.InputError,
+     r'^order must be 1 .*, got 0\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, top_k=0), checks.InputError,
+     r'^top_k must be an int >= 1, got 0\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, top_k=-1), checks.InputError,
+     r'^top_k must be an int >= 1, got -1\.$'),
+    (lambda: drafters.ngram_params(ROWS, 0), checks.InputError,
+     r'^vocab_size must be an int >= 1, got 0\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32.0), checks.InputError,
+     r'^vocab_size must be an int >= 1, got 32\.0\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, smoothing=None),
+     checks.InputError, r'^smoothing must be a number in \(0, 1\], got None'),
+    (lambda: drafters.ngram_params(ROWS, 32, bos_id=40), checks.InputError,
+     r'^bos_id must be an int in \[0, vocab_size=32\), got 40\.$'),
+    (lambda: drafters.ngram_params(ROWS, 32, bos_id=-1), checks.InputError,
+     r'^bos_id must be an int in \[0, vocab_size=32\), got -1\.$'),
+    (lambda: drafters.ngram_params([3, 4, 5], 32), checks.InputError,
+     r'^sequences must be token id sequences, e\.g\. \[\[3, 4, 1\], '
+     r'\[5, 1\]\]; got sequences\[0\] = 3\.$'),
+    (lambda: drafters.ngram_params([[3.5, 4]], 32), TypeError,
+     r'^sequences must be integer token ids, got dtype float64\.$'),
+    (lambda: drafters.ngram_params([[3, 40]], 32), checks.InputError,
+     r'^sequences must be token ids in \[0, vocab_size=32\); got ids from '
+     r'3 to 40\.$'),
+    (lambda: drafters.DraftSource(32, train_targets=[[3, 4, 1]]),
+     checks.InputError, r'^DraftSource train_targets must be a callable '
+     r'returning the rows .*, e\.g\. lambda: rows; got a list\.$'),
+    (lambda: drafters.DraftSource(32, train_pairs=[([3], [4, 1])]),
+     checks.InputError, r'^DraftSource train_pairs must be a callable'),
+])
+def test_drafters_and_ngram_params_refuse_bad_arguments(build, error,
+                                                        message):
+  """Each argument outside its rule is refused when given, by name, with
+  the value: not accepted to fail deep inside the first decode (a config
+  for a model), in numpy (a float vocabulary, top_k 0, bos_id 40), or
+  silently (order 3 built a bigram; bos_id -1 read the last row). Cheap:
+  constructors and host-side statistics only, nothing compiled."""
+  with pytest.raises(error, match=message):
+    build()
+
+
+def test_ngram_params_drop_the_padding_of_decode_output():
+  """Rows of `DecodeResult.tokens` passed whole (0s after EOS) give the
+  statistics of the rows cut at their lengths: the padding is not counted
+  as tokens (nor 0 as EOS's successor)."""
+  tokens = np.array([[3, 4, 1, 0, 0, 0], [6, 7, 1, 0, 0, 0]])
+  padded = drafters.ngram_params(tokens, 32)
+  cut = drafters.ngram_params([[3, 4, 1], [6, 7, 1]], 32)
+  for name in cut:
+    np.testing.assert_array_equal(padded[name], cut[name], err_msg=name)
 
 
 def test_module_main_lists_every_kind(capsys, monkeypatch):

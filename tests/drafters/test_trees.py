@@ -889,6 +889,21 @@ def test_tree_with_more_children_than_tokens_is_refused(tiny_target):
     tree_drafter(model, 'beam:7,1,2')
 
 
+def test_tree_drafter_refuses_arguments_of_another_type():
+  """A spec string where the shape goes (`DraftSource.tree` takes one) and
+  a model where its T5Drafter goes are refused when built, by name, not
+  with an AttributeError at the check or deep inside the first decode."""
+  model = network.T5Model(TINY_V11)  # constructed only: no params
+  base = drafters.T5Drafter(model)
+  with pytest.raises(checks.InputError, match=(
+      r"^TreeDrafter shape must be a TreeShape, e\.g\. tree\.shape\.parse"
+      r"\('beam:4,2,8'\), got 'beam:2,2,3'\.$")):
+    tree_lib.TreeDrafter(base, 'beam:2,2,3')
+  with pytest.raises(checks.InputError, match=(
+      r'^TreeDrafter base must be a T5Drafter, .*, got a T5Model\.$')):
+    tree_lib.TreeDrafter(model, shape_lib.parse('beam:2,2,3'))
+
+
 def test_eval_setup_checks_the_tree_option():
   config = TINY_V11
   common = dict(target_config=config, target_checkpoint=None,

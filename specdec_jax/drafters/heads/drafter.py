@@ -23,7 +23,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import checks
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import shipped
 from specdec_jax.drafters import registry
@@ -36,6 +35,7 @@ from specdec_jax.drafters.heads.model import check_head
 from specdec_jax.drafters.heads.model import init_head
 from specdec_jax.drafters.heads.model import load_head
 from specdec_jax.drafters.t5 import SelfDrafting
+from specdec_jax.drafters.t5 import check_target_source
 from specdec_jax.drafters.tree import DEFAULT_TREE
 from specdec_jax.drafters.tree import shape as shape_lib
 from specdec_jax.drafters.tree.shape import TreeShape
@@ -154,10 +154,7 @@ def head_params(target_params, params):
 
 def _target_and_head(source: registry.DraftSource, kind: str):
   """(target model, HeadConfig, drafter params) of the kind `kind`."""
-  if source.target_model is None or source.target_params is None:
-    raise checks.InputError(
-        f"drafter kind '{kind}' drafts with the target itself; the source "
-        'has no target_model / target_params.')
+  check_target_source(source, kind)
   model = source.target_model
   params = source.draft_params
   if isinstance(params, dict) and KEY in params:

@@ -29,6 +29,7 @@ from specdec_jax.drafters.lookahead.model import embeddings
 from specdec_jax.drafters.lookahead.model import init_lookahead
 from specdec_jax.drafters.lookahead.model import load_lookahead
 from specdec_jax.drafters.t5 import SelfDrafting
+from specdec_jax.drafters.t5 import check_target_source
 from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
@@ -117,9 +118,7 @@ def build(source: registry.DraftSource, tree: bool = False):
   (a warning; still exact, drafts poor). `tree`: the tree layout (kind
   'pass_tree')."""
   name = 'pass_tree' if tree else 'pass'
-  if source.target_model is None or source.target_params is None:
-    raise ValueError(f"drafter kind '{name}' drafts with the target itself; "
-                     'the source has no target_model / target_params.')
+  check_target_source(source, name)
   model = source.target_model
   lookahead = source.draft_params
   if not (isinstance(lookahead, dict) and KEY in lookahead):

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 from specdec_jax.drafters import t5
@@ -69,6 +70,13 @@ class TreeDrafter:
   drafts_from_score = True
 
   def __post_init__(self):
+    """Refuses a base that is no `T5Drafter` (its tree calls go through
+    the base's model) and a shape that is no `TreeShape` (a spec string is
+    parsed by `shape.parse`, as the kind 'tree' does with TREE)."""
+    checks.check_type('TreeDrafter base', self.base, T5Drafter,
+                      'a T5Drafter, e.g. drafters.T5Drafter(draft_model)')
+    checks.check_type('TreeDrafter shape', self.shape, TreeShape,
+                      "a TreeShape, e.g. tree.shape.parse('beam:4,2,8')")
     self.shape.check_vocab(self.base.vocab_size)
 
   @property
