@@ -29,6 +29,7 @@ import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import interfaces
+from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax.sampling import SamplingConfig
@@ -75,59 +76,6 @@ def output_lengths(tokens: Array, eos_id: int) -> Array:
   return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1])
 
 
-def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
-  """Raises unless `tokens` are `[batch, length]` integer ids < vocab_size.
-
-  Shape and dtype are read from arrays and `jax.ShapeDtypeStruct`s alike.
-  The values are checked only where they exist: on concrete arrays, with
-  numpy on the host (a jax array is copied there once). Abstract inputs, a
-  `jax.ShapeDtypeStruct` (the `lower_*` functions) or a tracer (a decoder
-  called under an outer jit), have no values: that check is skipped, and an
-  out-of-range id then reads NaN from the embedding (jnp.take's fill for
-  an index past the table): its row decodes nothing but 0s. Check ids
-  before the outer jit.
-
-  Args:
-    name: the argument's name, for the messages.
-    tokens: `[batch, length]` int token ids (or their abstract value).
-    vocab_size: ids must be in [0, vocab_size).
-
-  Returns:
-    The shape `(batch, length)`.
-
-  Raises:
-    ValueError: not 2-D with batch, length >= 1, or an id out of range.
-    TypeError: not an integer dtype.
-  """
-  try:
-    shape = tuple(np.shape(tokens))
-  except ValueError:  # numpy's "inhomogeneous shape": lists of lists
-    raise checks.InputError(
-        f'{name} must be [batch, length]; got rows of different lengths '
-        '(pad them with 0: data.pad_rows).') from None
-  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-    raise checks.InputError(
-        f'{name} must be [batch, length] with batch, length >= 1; got shape '
-        f'{shape}.'
-    )
-  dtype = getattr(tokens, 'dtype', None)
-  if dtype is None:
-    dtype = np.asarray(tokens).dtype
-  if not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f'{name} must be integer token ids, got dtype {dtype}.')
-  abstract = isinstance(tokens, (jax.ShapeDtypeStruct, jax.core.Tracer))
-  if abstract or not getattr(tokens, 'is_fully_addressable', True):
-    return shape
-  values = np.asarray(tokens)
-  low, high = values.min(), values.max()
-  if low < 0 or high >= vocab_size:
-    raise checks.InputError(
-        f'{name} must be token ids in [0, vocab_size={vocab_size}); got '
-        f'ids from {low} to {high}.'
-    )
-  return shape
-
-
 def check_fits(name: str, holder, params) -> None:
   """`holder.check_params(params)` (a model's or a drafter's), its refusal
   said as `name` (the argument) not fitting the holder.
@@ -146,13 +94,9 @@ def check_fits(name: str, holder, params) -> None:
 def check_is(name: str, value, protocol, example: str) -> None:
   """Raises InputError unless `value` is an instance (not a class) of the
   runtime-checkable `protocol` (an `interfaces` contract): arguments
-  given in another order, a class for its instance."""
-  if isinstance(value, type) or not isinstance(value, protocol):
-    said = (f'the class {value.__name__}' if isinstance(value, type)
-            else f'a {type(value).__name__}')
-    raise checks.InputError(
-        f'{name} must be an interfaces.{protocol.__name__}, e.g. {example}; '
-        f'got {said}.')
+  given in another order, a class for its instance (`checks.check_type`)."""
+  checks.check_type(name, value, protocol,
+                    f'an interfaces.{protocol.__name__}, e.g. {example}')
 
 
 def check_common_args(model, params, encoder_input_tokens, max_decode_len,
@@ -164,7 +108,7 @@ def check_common_args(model, params, encoder_input_tokens, max_decode_len,
     model: the (target) model: its `vocab_size` and `check_params`.
     params: its parameters (`check_fits`, said as `params_name`).
     encoder_input_tokens: `[batch, input_length]` int ids in [0, vocab)
-      (values checked when concrete: `check_token_ids`), or its
+      (values checked when concrete: `network.check_token_ids`), or its
       `jax.ShapeDtypeStruct`.
     max_decode_len: output length, an int >= 1.
     sampling: a `SamplingConfig` whose top-k fits the vocabulary.
@@ -184,7 +128,8 @@ def check_common_args(model, params, encoder_input_tokens, max_decode_len,
   sampling.check_vocab(vocab_size)
   checks.check_int('max_decode_len', max_decode_len)
   checks.check_eos_id(eos_id, vocab_size)
-  check_token_ids('encoder_input_tokens', encoder_input_tokens, vocab_size)
+  network.check_token_ids('encoder_input_tokens', encoder_input_tokens,
+                          vocab_size)
   check_fits(params_name, model, params)
 
 

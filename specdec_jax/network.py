@@ -29,6 +29,7 @@ import functools
 import types
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from flax import errors
 from flax import struct
 from flax import traverse_util
 import flax.linen as nn
@@ -691,8 +692,10 @@ def check_config(cfg: T5Config, what: str = 'T5Config') -> None:
   """Raises InputError naming the first field of `cfg` (`what`, e.g.
   'target_config') that no T5 can have: a size below 1, a dtype that is
   not a float type, an unknown MLP activation, attention kernel or dense
-  kernel. (`T5Model` checks its config: a bad one fails when it is given,
+  kernel, a dropout rate outside [0, 1), a flag that is not a bool.
+  (`T5Model` checks its config: a bad one fails when it is given,
   not deep inside a trace.)"""
+  checks.check_type(what, cfg, T5Config, 'a network.T5Config')
   for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                'num_encoder_layers', 'num_decoder_layers'):
     checks.check_int(f'{what}.{name}', getattr(cfg, name))
@@ -717,6 +720,74 @@ def check_config(cfg: T5Config, what: str = 'T5Config') -> None:
     if getattr(cfg, name) not in known:
       raise checks.InputError(f'{what}.{name} must be one of {known}, '
                               f'got {getattr(cfg, name)!r}.')
+  rate = cfg.dropout_rate  # NaN fails the comparison too
+  if not checks.is_number(rate) or not 0 <= rate < 1:
+    raise checks.InputError(f'{what}.dropout_rate must be a number in '
+                            f'[0, 1), got {rate!r}.')
+  for name in ('logits_via_embedding', 'float32_attention_logits',
+               'fused_projections'):
+    checks.check_type(f'{what}.{name}', getattr(cfg, name), (bool, np.bool_),
+                      'True or False')
+
+
+def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
+  """Raises unless `tokens` are `[batch, length]` integer ids < vocab_size.
+
+  The one rule of token ids, the model's methods' and the decoders'.
+  Shape and dtype are read from arrays and `jax.ShapeDtypeStruct`s alike;
+  the values only on concrete arrays (with numpy, on the host; a jax
+  array is copied there once): a tracer (a method or a decoder called
+  under an outer jit) or a `jax.ShapeDtypeStruct` (the `lower_*`
+  functions) has none, and an id past the vocabulary then reads NaN from
+  the embedding: its row decodes nothing but 0s. Check ids before the
+  outer jit.
+
+  Args:
+    name: the argument's name, for the messages.
+    tokens: `[batch, length]` int token ids (or their abstract value).
+    vocab_size: ids must be in [0, vocab_size).
+
+  Returns:
+    The shape `(batch, length)`.
+
+  Raises:
+    checks.InputError: not 2-D with batch, length >= 1, or an id out of
+      range.
+    TypeError: not an integer dtype.
+  """
+  try:
+    shape = tuple(np.shape(tokens))
+  except ValueError:  # numpy's "inhomogeneous shape": lists of lists
+    raise checks.InputError(
+        f'{name} must be [batch, length]; got rows of different lengths '
+        '(pad them with 0: data.pad_rows).') from None
+  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+    raise checks.InputError(
+        f'{name} must be [batch, length] with batch, length >= 1; got shape '
+        f'{shape}.')
+  dtype = getattr(tokens, 'dtype', None)
+  if dtype is None:
+    dtype = np.asarray(tokens).dtype
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f'{name} must be integer token ids, got dtype {dtype}.')
+  abstract = isinstance(tokens, (jax.ShapeDtypeStruct, jax.core.Tracer))
+  if abstract or not getattr(tokens, 'is_fully_addressable', True):
+    return shape
+  values = np.asarray(tokens)
+  low, high = values.min(), values.max()
+  if low < 0 or high >= vocab_size:
+    raise checks.InputError(
+        f'{name} must be token ids in [0, vocab_size={vocab_size}); got '
+        f'ids from {low} to {high}.')
+  return shape
+
+
+def check_rows(name: str, rows: int, other: str, other_rows: int) -> None:
+  """Raises InputError unless `name` has the rows of `other`."""
+  if rows != other_rows:
+    raise checks.InputError(
+        f'{name} has {rows} rows, {other} {other_rows}: the rows must be '
+        'the same examples.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -731,6 +802,8 @@ class T5Model:
 
   def __post_init__(self):
     cfg = self.config
+    checks.check_type('config', cfg, T5Config, 'a network.T5Config (e.g. '
+                      'T5Model(T5Config(vocab_size=32128)))')
     check_config(cfg)
     if not isinstance(cfg.mlp_activations, tuple):
       object.__setattr__(
@@ -757,12 +830,26 @@ class T5Model:
   def init_params(self, rng: Array, input_length: int = 8,
                   target_length: int = 8):
     """Random parameters (T5X's initializers): the 'params' tree (their
-    logical axes: `param_axes`)."""
-    variables = self.module.init(
-        rng,
-        jnp.ones((1, input_length), jnp.int32),
-        jnp.ones((1, target_length), jnp.int32),
-    )
+    logical axes: `param_axes`).
+
+    Raises:
+      checks.InputError: rng not one PRNG key (flax's rule), a length
+        that is not an int >= 1.
+    """
+    checks.check_ints(input_length=input_length, target_length=target_length)
+    try:
+      variables = self.module.init(
+          rng,
+          jnp.ones((1, input_length), jnp.int32),
+          jnp.ones((1, target_length), jnp.int32),
+      )
+    except errors.InvalidRngError:
+      said = (f'an array of shape {np.shape(rng)} and dtype {rng.dtype}'
+              if isinstance(rng, (jax.Array, np.ndarray)) else
+              checks.said(rng))
+      raise checks.InputError(
+          'rng must be one PRNG key, jax.random.key(seed) (or a raw '
+          f'jax.random.PRNGKey(seed)), got {said}.') from None
     return variables['params']
 
   def param_shapes(self):
@@ -776,20 +863,37 @@ class T5Model:
     return jax.tree.map(lambda x: x,
                         _abstract_variables(self)['params_axes'])
 
-  def check_params(self, params) -> None:
+  def check_params(self, params, source: str = 'the tree') -> None:
     """Raises InputError unless `params` is this model's tree, shapes and
-    all (`check_params`): T5X's layout or the fused decoding one
-    (`is_fused`: the model reads either). Leaves may be arrays or
-    `jax.ShapeDtypeStruct`s; nothing is compiled."""
+    all (`check_params`, its message starting with `source`): T5X's
+    layout or the fused decoding one (`is_fused`: the model reads either).
+    Leaves may be arrays or `jax.ShapeDtypeStruct`s; nothing is
+    compiled."""
     leaves, treedef = jax.tree.flatten(params)
     if any(_fits(leaves, treedef, self.config.replace(fused_projections=f))
            for f in (False, True)):
       return  # each decode call's: 1.4 ms at XXL's 558 leaves, not 6.5
     check_params(params,
                  self.config.replace(fused_projections=is_fused(params)),
-                 source='the tree')
+                 source=source)
+
+  # The methods check their arguments' shapes and dtypes (Python, at trace
+  # time: nothing is added to a program) and the token ids' values where
+  # they are concrete (`check_token_ids`). The params are checked where a
+  # call is no loop's (`encode`, `logits`): a loop's decoder checks them
+  # once per decode call, before it traces `init_cache` and `extend`.
 
   def init_cache(self, params, encoder_input_tokens, max_length: int):
+    """The encoded inputs' cross-attention keys / values and `max_length`
+    empty decoder slots (`Transformer.init_cache`).
+
+    Raises:
+      checks.InputError: max_length not an int >= 1, token ids that are
+        not `[batch, length]` ids of the vocabulary (TypeError: not ints).
+    """
+    checks.check_int('max_length', max_length)
+    check_token_ids('encoder_input_tokens', encoder_input_tokens,
+                    self.vocab_size)
     return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, max_length,
         method=Transformer.init_cache,
@@ -797,6 +901,9 @@ class T5Model:
 
   def encode(self, params, encoder_input_tokens):
     """The encoder's output `[batch, length, emb_dim]`."""
+    self.check_params(params, source='params')
+    check_token_ids('encoder_input_tokens', encoder_input_tokens,
+                    self.vocab_size)
     return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, method=Transformer.encode)
 
@@ -805,15 +912,58 @@ class T5Model:
              tree: Any = None, rows: Optional[int] = None):
     """`Decoder.extend`; `lookahead`: PaSS slots (see there), else None;
     `return_hidden`: `((logits, hidden), cache)`; `tree`: a `TreeMask`;
-    `rows`: the rows its layers run on (None: padded on a GPU only)."""
+    `rows`: the rows its layers run on (None: padded on a GPU only).
+
+    Raises:
+      checks.InputError: tokens not `[batch, k]` ids of the vocabulary
+        (TypeError: not ints), a cache that is not `init_cache`'s, of
+        another batch or of fewer than k slots.
+    """
+    batch, k = check_token_ids('tokens', tokens, self.vocab_size)
+    if not isinstance(cache, DecoderCache):
+      raise checks.InputError(
+          "cache must be a network.DecoderCache (init_cache's), got a "
+          f'{type(cache).__name__}.')
+    check_rows('tokens', batch, 'the cache', cache.position.shape[0])
+    if k > cache.max_length:
+      raise checks.InputError(
+          f'tokens has {k} tokens per row, more than the cache holds '
+          f"(max_length={cache.max_length}, init_cache's).")
     return self.module_for(params).apply(
         {'params': params}, tokens, cache, lookahead, lookahead_start,
         return_hidden, tree, rows, method=Transformer.extend
     )
 
+  def check_teacher_forced(self, params, encoder_input_tokens,
+                           decoder_input_tokens,
+                           decoder_target_tokens=None) -> None:
+    """Raises InputError unless `logits`' arguments fit this model and
+    each other: the params (`check_params`), `[batch, length]` ids of the
+    vocabulary (TypeError: not ints), one batch, targets of the decoder
+    inputs' shape."""
+    self.check_params(params, source='params')
+    vocab = self.vocab_size
+    batch = check_token_ids('encoder_input_tokens', encoder_input_tokens,
+                            vocab)[0]
+    shape = check_token_ids('decoder_input_tokens', decoder_input_tokens,
+                            vocab)
+    check_rows('decoder_input_tokens', shape[0], 'encoder_input_tokens',
+               batch)
+    if decoder_target_tokens is not None:
+      targets = check_token_ids('decoder_target_tokens',
+                                decoder_target_tokens, vocab)
+      if targets != shape:
+        raise checks.InputError(
+            f'decoder_target_tokens must have the shape of '
+            f'decoder_input_tokens {shape} (one target per position); got '
+            f'{targets}.')
+
   def logits(self, params, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None):
-    """Teacher-forced logits, the reference the cached path must match."""
+    """Teacher-forced logits, the reference the cached path must match
+    (arguments checked: `check_teacher_forced`)."""
+    self.check_teacher_forced(params, encoder_input_tokens,
+                              decoder_input_tokens, decoder_target_tokens)
     return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         decoder_target_tokens,
@@ -826,6 +976,8 @@ class T5Model:
     hidden is the normalized final decoder state: logits = hidden @ W with W
     the logits kernel (or the embedding / sqrt(embed) when tied).
     """
+    self.check_teacher_forced(params, encoder_input_tokens,
+                              decoder_input_tokens)
     return self.module_for(params).apply(
         {'params': params}, encoder_input_tokens, decoder_input_tokens,
         None, True,

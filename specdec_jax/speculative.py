@@ -36,6 +36,7 @@ from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import interfaces
 from specdec_jax import layers
+from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import scaffold
 from specdec_jax.sampling import SamplingConfig
@@ -93,7 +94,11 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
     beta [batch, gamma])` where beta_i = sum_x min(p_i, q_i).
 
   A draft position with q_i = 0 everywhere is undrafted (see `ok` below).
+
+  Raises:
+    checks.InputError (TypeError for float drafts): `check_verify_args`.
   """
+  rng = check_verify_args(rng, drafts, q, p, sampling)
   gamma = drafts.shape[1]
   p_x = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
   q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
@@ -131,6 +136,40 @@ def verify(rng: Array, drafts: Array, q: Array, p: Array,
     next_token = jax.random.categorical(residual_rng, jnp.log(residual))
   beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return n, accepted, next_token.astype(jnp.int32), beta
+
+
+def check_verify_args(rng, drafts, q, p, sampling: SamplingConfig):
+  """Raises unless `verify`'s arguments fit each other; returns the rng
+  (`decoding.default_rng`: a greedy verification draws nothing).
+
+  Shapes, dtypes and types only (Python at trace time, nothing added to a
+  loop's program), and the drafts' values where they are concrete
+  (`network.check_token_ids`; inside a jitted loop they are tracers).
+
+  Raises:
+    checks.InputError: sampling not a `SamplingConfig`, rng not one key
+      (or None when sampling), drafts not `[batch, gamma]` ids of p's
+      vocabulary, q not `[batch, gamma, vocab]`, p not `[batch, gamma + 1,
+      vocab]`.
+    TypeError: drafts not integer ids.
+  """
+  checks.check_type('sampling', sampling, SamplingConfig, 'a SamplingConfig')
+  rng = decoding.default_rng(rng, sampling)
+  if np.ndim(p) != 3:
+    raise checks.InputError(
+        f'p must be [batch, gamma + 1, vocab] probabilities, got shape '
+        f'{np.shape(p)}.')
+  vocab = np.shape(p)[-1]
+  batch, gamma = network.check_token_ids('drafts', drafts, vocab)
+  for name, value, want, said in (
+      ('q', q, (batch, gamma, vocab), '[batch, gamma, vocab]'),
+      ('p', p, (batch, gamma + 1, vocab), '[batch, gamma + 1, vocab]')):
+    if np.shape(value) != want:
+      raise checks.InputError(
+          f'{name} must be {said} = {want} (drafts [batch, gamma] = '
+          f"{(batch, gamma)}, vocab {vocab}: p's last axis); got shape "
+          f'{np.shape(value)}.')
+  return rng
 
 
 def accept_and_commit(rng: Array, drafts: Array, q: Array, p: Array,
@@ -513,7 +552,7 @@ def speculative_sample(
             lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype),
             with_target(drafter, draft_params, target_params)))
   if draft_input_tokens is not None:
-    batch = decoding.check_token_ids('draft_input_tokens', draft_input_tokens,
+    batch = network.check_token_ids('draft_input_tokens', draft_input_tokens,
                                      drafter.vocab_size)[0]
     if batch != np.shape(encoder_input_tokens)[0]:
       raise checks.InputError(

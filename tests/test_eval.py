@@ -18,6 +18,7 @@ from specdec_jax import data
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import measure
+from specdec_jax import network
 from specdec_jax import run_folder
 from specdec_jax import speculative
 from specdec_jax import summary as summary_lib
@@ -393,7 +394,9 @@ def test_a_setup_refuses_a_group_of_another_type(tmp_path):
       ('data', {'split': 'test'}, 'data must be a DataSpec, got a dict'),
       ('draft', 'bigram', "draft must be a DrafterSpec, got 'bigram'"),
       ('sampling', {'temperature': 1.0}, 'sampling must be a SamplingConfig'),
-      ('same_shape_baseline', 'no', 'same_shape_baseline must be True or')):
+      ('same_shape_baseline', 'no', 'same_shape_baseline must be True or'),
+      ('target_config', network.T5Model(setup.target_config),
+       'target_config must be a network.T5Config, got a T5Model')):
     with pytest.raises(checks.InputError, match=said):
       dataclasses.replace(setup, **{field: value})
   with pytest.raises(checks.InputError, match='split must be a split'):

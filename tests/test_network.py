@@ -169,7 +169,8 @@ def test_t5x_written_checkpoint_loads_without_renaming(fixtures_dir):
 ])
 def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
   """Applying the model checks each parameter's shape (as flax does, but
-  without tracing its initializer): a wrong one is an error naming it."""
+  without tracing its initializer): a wrong one is an error naming it;
+  the model's teacher-forced call names it first (`check_params`)."""
   model, params = np_v11
   params = jax.tree_util.tree_map(lambda x: x, params)
   leaf = params
@@ -177,9 +178,14 @@ def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
     leaf = leaf[key]
   leaf[path[-1]] = np.zeros(leaf[path[-1]].shape[:-1] + (3,), np.float32)
   enc = jnp.array([[5, 6, 7, 1]])
+  dec = jnp.array([[0, 5]])
+  with pytest.raises(checks.InputError,
+                     match='/'.join(path) + r': \(.*3,?\) vs config'):
+    model.logits(params, enc, dec)
   with pytest.raises(flax.errors.ScopeParamShapeError,
                      match=path[-1] + '.*' + path[-2]):
-    jax.eval_shape(model.logits, params, enc, jnp.array([[0, 5]]))
+    jax.eval_shape(lambda p: model.module_for(p).apply({'params': p}, enc,
+                                                       dec), params)
 
 
 def test_axes_sown_twice_in_one_apply_must_match():

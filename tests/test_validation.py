@@ -32,6 +32,7 @@ from specdec_jax import speculative
 from specdec_jax import summary
 from specdec_jax.experiments import sweep
 
+from conftest import numpy_params
 from conftest import TINY_V11
 from test_decoding import StepStub
 from test_decoding import Untouchable  # a target that fails if traced
@@ -133,7 +134,7 @@ COMMON = {
     'model_and_params_swapped': (
         dict(target={'encoder': {}}, params=Untouchable()), ValueError,
         r'model must be an interfaces\.DecodingModel, e\.g\. '
-        r'network\.T5Model\(config\); got a dict\.'),
+        r'network\.T5Model\(config\), got a dict\.'),
     'rng_a_batch_of_keys': (
         dict(rng=jax.random.split(jax.random.key(0), 2)), ValueError,
         r'rng must be one PRNG key.* got .*of shape \(2,\) and dtype key'),
@@ -191,10 +192,10 @@ SPECULATIVE = {
     'drafter_a_model': (
         dict(drafter=network.T5Model(T5_SMALL)), ValueError,
         r'drafter must be an interfaces\.Drafter, e\.g\. drafters\.'
-        r'T5Drafter\(draft_model\); got a T5Model\.'),
+        r'T5Drafter\(draft_model\), got a T5Model\.'),
     'drafter_a_class': (
         dict(drafter=drafters.T5Drafter), ValueError,
-        r'drafter must .*; got the class T5Drafter\.'),
+        r'drafter must .*, got the class T5Drafter\.'),
     't5_params_of_another_config': (
         dict(drafter=drafters.T5Drafter(network.T5Model(T5_SMALL)),
              draft_params=t5_params_of(T5_SMALL.replace(mlp_dim=48))),
@@ -474,6 +475,11 @@ def test_the_sampling_fields_have_one_home():
       'greedy', 'temperature 0.7, top-p 0.9', 'temperature 1, top-k 40']
   said = summary.markdown(summary.summarize([], setup.settings()), {}, {})
   assert '; temperature 0.7, top-p 0.9; batch' in said, said
+  # A run of an earlier rule (top-k with greedy, refused now) is still
+  # described as it ran.
+  said = summary.markdown(summary.summarize([], dict(
+      setup.settings(), temperature=0.0, topk=5, topp=1.0)), {}, {})
+  assert '; greedy, top-k 5; batch' in said, said
 
 
 def test_a_confidence_for_a_kind_that_ignores_it_is_refused():
@@ -490,3 +496,166 @@ def test_a_confidence_for_a_kind_that_ignores_it_is_refused():
         f"draft_confidence is set but drafter '{kind}' drafts no adaptive "
         r"lengths \(kinds that do: \['cache', 'lookup', 't5'\]\)")):
       spec.replace(kind=kind)
+
+
+# speculative.verify, called directly (the notebook does) and in every loop
+# that verifies drafts: a batch of one, gamma 1, a 5-token vocabulary.
+P = jnp.full((1, 2, 5), 0.2)  # [batch, gamma + 1, vocab]
+Q = jnp.full((1, 1, 5), 0.2)  # [batch, gamma, vocab]
+DRAFTS = jnp.array([[2]])
+SAMPLED = sampling.SamplingConfig(1.0)
+KEY = jax.random.key(0)
+VERIFY = {
+    'p_of_gamma_positions': (  # the bonus token came back 0, silently
+        (KEY, DRAFTS, Q, P[:, :1], SAMPLED),
+        r'p must be \[batch, gamma \+ 1, vocab\] = \(1, 2, 5\) \(drafts '
+        r'\[batch, gamma\] = \(1, 1\), vocab 5: .*got shape \(1, 1, 5\)\.'),
+    'drafts_of_another_batch': (  # shapes of 2 rows from 1 row's p and q
+        (KEY, jnp.array([[2], [3]]), Q, P, SAMPLED),
+        r'q must be \[batch, gamma, vocab\] = \(2, 1, 5\) .*got shape '
+        r'\(1, 1, 5\)'),
+    'draft_past_vocab': (  # rejected, silently
+        (KEY, jnp.array([[7]]), Q, P, SAMPLED),
+        r'drafts must be token ids in \[0, vocab_size=5\); got ids from 7'),
+    'q_of_another_vocab': ((KEY, DRAFTS, Q[..., :4], P, SAMPLED),
+                           r'q must be .* got shape \(1, 1, 4\)'),
+    'p_without_batch': ((KEY, DRAFTS, Q[0], P[0], SAMPLED),
+                        r'p must be \[batch, gamma \+ 1, vocab\] '
+                        r'probabilities, got shape \(2, 5\)'),
+    'rng_none_when_sampling': ((None, DRAFTS, Q, P, SAMPLED),
+                               'rng is required when temperature > 0'),
+    'rng_an_int': ((0, DRAFTS, Q, P, SAMPLED),
+                   r'rng must be one PRNG key.* got 0\.'),
+    'sampling_a_dict': ((KEY, DRAFTS, Q, P, {'temperature': 1.0}),
+                        'sampling must be a SamplingConfig, got a dict'),
+}
+
+
+@pytest.mark.parametrize('args, message', VERIFY.values(), ids=list(VERIFY))
+def test_verify_refuses_arguments_that_do_not_fit(args, message):
+  """`verify` of mismatched shapes returned a wrong answer (a bonus token
+  0, 2 rows from 1) or failed deep in jnp; now each is named. Its checks
+  are static but for the drafts' values, checked only when concrete."""
+  with pytest.raises(checks.InputError, match=message):
+    speculative.verify(*args)
+
+
+def test_verify_checks_cost_no_values_under_jit():
+  """Float drafts are refused as token ids are; under jit (every loop's
+  verify) the drafts are tracers: no value check, the shapes still are."""
+  with pytest.raises(TypeError, match='drafts must be integer token ids'):
+    speculative.verify(KEY, DRAFTS.astype(jnp.float32), Q, P, SAMPLED)
+  n, _, token, _ = speculative.verify(None, DRAFTS, Q, P,
+                                      sampling.SamplingConfig())
+  assert int(n[0]) == 1 and int(token[0]) == 0  # greedy: no rng needed
+  traced = jax.eval_shape(
+      lambda d: speculative.verify(KEY, d, Q, P, SAMPLED), DRAFTS)
+  assert traced[0].shape == (1,)
+  with pytest.raises(checks.InputError, match='p must be'):
+    jax.eval_shape(lambda p: speculative.verify(KEY, DRAFTS, Q, p, SAMPLED),
+                   P[:, :1])
+
+
+@pytest.fixture(scope='module')
+def small_t5():
+  """T5_SMALL with numpy weights (no compile) and two rows of inputs."""
+  return network.T5Model(T5_SMALL), numpy_params(T5_SMALL, 0, 1.0)
+
+
+ENC = ids([3, 4, 5, 2, 1], [6, 7, 1, 0, 0])
+DEC = ids([0, 3], [0, 4])
+# (method, its arguments after the params (None: a cache of 4 slots),
+# error, message): each used to decode NaN silently or fail deep in flax.
+T5_CALLS = {
+    'encoder_id_past_vocab': (
+        'logits', (ENC + 30, DEC), ValueError,
+        r'encoder_input_tokens must be token ids in \[0, vocab_size=32\); '
+        r'got ids from 30 to 37'),
+    'decoder_id_past_vocab': ('logits', (ENC, DEC + 40), ValueError,
+                              r'decoder_input_tokens must be token ids'),
+    'target_id_past_vocab': ('logits', (ENC, DEC, DEC + 40), ValueError,
+                             r'decoder_target_tokens must be token ids'),
+    'targets_of_another_shape': (
+        'logits', (ENC, DEC, DEC[:, :1]), ValueError,
+        r'decoder_target_tokens must have the shape of decoder_input_tokens '
+        r'\(2, 2\) .*got \(2, 1\)'),
+    'encode_id_past_vocab': ('encode', (ENC + 30,), ValueError,
+                             'encoder_input_tokens must be token ids'),
+    'extend_id_past_vocab': ('extend', (DEC + 40, None), ValueError,
+                             r'^tokens must be token ids in \[0, vocab_'),
+    'float_ids': ('logits', (ENC.astype(np.float32), DEC), TypeError,
+                  'encoder_input_tokens must be integer token ids'),
+    'decoder_of_another_batch': (
+        'logits', (ENC, DEC[:1]), ValueError,
+        'decoder_input_tokens has 1 rows, encoder_input_tokens 2'),
+    'decoder_ids_1d': ('logits_and_hidden', (ENC, DEC[0]), ValueError,
+                       r'decoder_input_tokens must be \[batch, length\] '
+                       r'.*got shape \(2,\)'),
+    'cache_of_no_slots': ('init_cache', (ENC, 0), ValueError,
+                          'max_length must be an int >= 1, got 0'),
+    'cache_of_1d_inputs': ('init_cache', (ENC[0], 4), ValueError,
+                           r'encoder_input_tokens must be \[batch, length\]'),
+    'extend_past_the_cache': (
+        'extend', (np.ones((2, 5), np.int32), None), ValueError,
+        r"tokens has 5 tokens per row, more than the cache holds \(max_length"
+        r"=4, init_cache's\)"),
+    'extend_another_batch': ('extend', (np.ones((3, 1), np.int32), None),
+                             ValueError, 'tokens has 3 rows, the cache 2'),
+    'extend_1d_tokens': ('extend', (np.ones(2, np.int32), None), ValueError,
+                         r'tokens must be \[batch, length\]'),
+    'extend_no_cache': ('extend', (DEC, {'position': 0}), ValueError,
+                        'cache must be a network.DecoderCache'),
+}
+
+
+@pytest.mark.parametrize('method, args, error, message', T5_CALLS.values(),
+                         ids=list(T5_CALLS))
+def test_t5_methods_refuse_ids_and_caches_that_do_not_fit(
+    small_t5, method, args, error, message):
+  """The model's methods are public (the notebook, scoring, tests call
+  them): an id past the vocabulary gave NaN logits, silently; a cache too
+  short or of another batch failed in XLA. Each is now named (a dtype a
+  TypeError), before flax runs."""
+  model, params = small_t5
+  if any(a is None for a in args):
+    args = tuple(model.init_cache(params, ENC, 4) if a is None else a
+                 for a in args)
+  with pytest.raises(checks.InputError if error is ValueError else error,
+                     match=message):
+    getattr(model, method)(params, *args)
+
+
+def test_t5_methods_refuse_params_keys_and_configs_by_name(small_t5):
+  """Params of another size failed in flax (ScopeParamShapeError), an int
+  for a key in flax's InvalidRngError, a dict for the config with an
+  AttributeError; a dropout rate of 2 or a flag 'no' was taken. Traced
+  ids (a loop's) are not value-checked: no tracer conversion error."""
+  model, params = small_t5
+  other = numpy_params(T5_SMALL.replace(mlp_dim=48), 0, 1.0)
+  with pytest.raises(checks.InputError, match=(
+      r"params: 6 parameters differ .*mlp_dim 48, .* the config's "
+      r'.*mlp_dim 32')):
+    model.logits(other, ENC, DEC)
+  with pytest.raises(checks.InputError, match='^params: 6 parameters'):
+    model.encode(other, ENC)
+  with pytest.raises(checks.InputError, match=(
+      r'rng must be one PRNG key, jax\.random\.key\(seed\) .*got 0\.')):
+    model.init_params(0)
+  for config, said in ((None, 'None'), (params, 'a dict')):
+    with pytest.raises(checks.InputError, match=(
+        r'config must be a network\.T5Config \(e\.g\. .*\), got '
+        f'{said}\\.$')):
+      network.T5Model(config)
+  for value in (2.0, -0.1, float('nan'), '0.1', True):
+    with pytest.raises(checks.InputError, match=(
+        r'T5Config\.dropout_rate must be a number in \[0, 1\), got ')):
+      network.T5Model(T5_SMALL.replace(dropout_rate=value))
+  for name in ('logits_via_embedding', 'float32_attention_logits',
+               'fused_projections'):
+    with pytest.raises(checks.InputError, match=(
+        f"T5Config.{name} must be True or False, got 'no'.")):
+      network.T5Model(T5_SMALL.replace(**{name: 'no'}))
+  network.T5Model(T5_SMALL.replace(dropout_rate=0, fused_projections=True))
+  out = jax.eval_shape(lambda d: model.logits(params, ENC, d), DEC)
+  assert out.shape == (2, 2, VOCAB)
+  assert np.isfinite(model.logits(params, ENC, DEC)).all()

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checks
-from specdec_jax import decoding
+from specdec_jax import network
 from specdec_jax import output_cache
 from specdec_jax.drafters import registry
 from specdec_jax.drafters.lookup import LookupDrafter
@@ -76,7 +76,7 @@ class CacheDrafter(LookupDrafter):
                        f'{np.shape(params["valid"])}.')
     if c < self.neighbours:
       raise ValueError(f'cache capacity {c} < neighbours {self.neighbours}.')
-    decoding.check_token_ids('cache outputs', params['outputs'],
+    network.check_token_ids('cache outputs', params['outputs'],
                              self.vocab_size)
 
   def with_store(self, params, store):

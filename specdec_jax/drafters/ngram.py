@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checks
-from specdec_jax import decoding
+from specdec_jax import network
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import registry
 
@@ -57,7 +57,7 @@ class NgramDrafter:
 
     Shapes are read from arrays and `jax.ShapeDtypeStruct`s alike;
     `next_tokens` must be integer ids in [0, vocab_size) (values checked
-    when concrete, as `decoding.check_token_ids`).
+    when concrete, as `network.check_token_ids`).
 
     Raises:
       ValueError: a missing key or a wrong shape; TypeError: next_tokens
@@ -81,7 +81,7 @@ class NgramDrafter:
             f'{name!r} has shape {tuple(np.shape(params[name]))}; '
             f'vocab_size={v}, order={self.order} needs {shape}.')
     if self.order == 2:
-      decoding.check_token_ids('next_tokens', params['next_tokens'], v)
+      network.check_token_ids('next_tokens', params['next_tokens'], v)
 
   def init(self, params, encoder_input_tokens, max_length: int):
     del params, encoder_input_tokens, max_length
@@ -130,7 +130,7 @@ def _rows(sequences, vocab_size: int):
   Raises:
     checks.InputError: not a sequence of sequences (a flat list of ids), or
       an id outside [0, vocab_size); TypeError: ids not integers (as
-      `decoding.check_token_ids`).
+      `network.check_token_ids`).
   """
   def refuse(said):
     raise checks.InputError(
@@ -149,7 +149,7 @@ def _rows(sequences, vocab_size: int):
       refuse(f'sequences[{i}] = {seq!r:.60}')
     rows.append(np.trim_zeros(ids, 'b') if ids.size else ids.astype(int))
   if any(row.size for row in rows):
-    decoding.check_token_ids('sequences', np.concatenate(rows)[None],
+    network.check_token_ids('sequences', np.concatenate(rows)[None],
                              vocab_size)
   return [row.tolist() for row in rows]
 

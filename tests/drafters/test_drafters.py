@@ -345,9 +345,9 @@ ROWS = [[3, 4, 5, 1], [6, 7, 1]]
 @pytest.mark.parametrize('build, error, message', [
     (lambda: drafters.T5Drafter(MODEL.config), checks.InputError,
      r'^T5Drafter model must be an interfaces\.DecodingModel, e\.g\. '
-     r'network\.T5Model\(config\); got a T5Config\.$'),
+     r'network\.T5Model\(config\), got a T5Config\.$'),
     (lambda: drafters.PassDrafter(MODEL.config, 2), checks.InputError,
-     r'^PassDrafter model must be an interfaces\.DecodingModel, .*; got a '
+     r'^PassDrafter model must be an interfaces\.DecodingModel, .*, got a '
      r'T5Config\.$'),
     (lambda: drafters.T5Drafter(MODEL, confidence=None), checks.InputError,
      r'^T5Drafter confidence \(adaptive draft length\) must be a number in '
