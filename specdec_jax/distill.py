@@ -71,7 +71,7 @@ def token_kd_sums(student_logits: Array, teacher_logits: Array,
     beta is reported for every kind (alpha on this data = beta / weight).
   """
   if kind not in ('fkl', 'tvd'):
-    raise ValueError(f'kind must be "fkl" or "tvd", got {kind!r}.')
+    raise checks.InputError(f'kind must be "fkl" or "tvd", got {kind!r}.')
   weights = weights.astype(jnp.float32)
   log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32), axis=-1)
   log_p = jax.lax.stop_gradient(
@@ -91,7 +91,7 @@ def pick_layers(available: int, keep: int) -> list:
   first always, the last too when keep >= 2 (layer dropping, as in
   arXiv:2309.08168 Draft & Verify / LayerSkip's early-exit drafts)."""
   if not 1 <= keep <= available:
-    raise ValueError(f'cannot keep {keep} of {available} layers.')
+    raise checks.InputError(f'cannot keep {keep} of {available} layers.')
   return [int(round(i)) for i in np.linspace(0, available - 1, keep)] \
       if keep > 1 else [0]
 
@@ -120,7 +120,7 @@ def init_from_teacher(teacher_params, teacher_config, student_config):
   for field in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                 'mlp_activations', 'logits_via_embedding'):
     if getattr(teacher_config, field) != getattr(student_config, field):
-      raise ValueError(
+      raise checks.InputError(
           f'init_from_teacher needs the same {field}: teacher '
           f'{getattr(teacher_config, field)!r}, student '
           f'{getattr(student_config, field)!r}.')

@@ -20,6 +20,7 @@ import ast
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import network
 from specdec_jax import shipped
 
@@ -76,7 +77,7 @@ MINI: Dict[str, network.T5Config] = {
 
 def _known(name: str) -> str:
   if name not in DIMS:
-    raise ValueError(f'unknown model config {name!r}; known: '
+    raise checks.InputError(f'unknown model config {name!r}; known: '
                      f'{", ".join(sorted(DIMS))}')
   return name
 
@@ -143,7 +144,7 @@ def assignment(text: str) -> Tuple[str, Any]:
   """(key, value) of 'key=value' (the value a Python literal, else a
   string); ValueError if `text` is none."""
   if '=' not in text:
-    raise ValueError(f'{text!r} is not field=value')
+    raise checks.InputError(f'{text!r} is not field=value')
   key, value = text.split('=', 1)
   return key.strip(), _literal(value.strip())
 
@@ -160,10 +161,11 @@ def with_fields(base: network.T5Config, items: Sequence[str],
   try:
     fields = dict(map(assignment, items), **overrides)
   except ValueError as e:
-    raise ValueError(f'{where}: {e}') from None
+    raise checks.InputError(f'{where}: {e}') from None
   unknown = set(fields) - set(base.__dataclass_fields__)
   if unknown:
-    raise ValueError(f'{where}: T5Config has no field(s) {sorted(unknown)}')
+    raise checks.InputError(
+        f'{where}: T5Config has no field(s) {sorted(unknown)}')
   if isinstance(fields.get('mlp_activations'), list):  # hashable
     fields['mlp_activations'] = tuple(fields['mlp_activations'])
   result = base.replace(**fields)
@@ -193,7 +195,7 @@ def load(spec: str, config_spec: Optional[str] = None, *,
   if spec.startswith(SHIPPED):
     return shipped.load_model(spec[len(SHIPPED):], dtype=dtype)
   if not config_spec:
-    raise ValueError(
+    raise checks.InputError(
         f'{spec!r} is a checkpoint path: give its model config too (one of '
         f'{", ".join(sorted(DIMS))}, with overrides such as '
         "'t5_1_1_small,vocab_size=32128,dtype=float32'), or use "

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import checks
 from specdec_jax import partitioning
 
 FORMAT = 'specdec_jax.output_cache/1'
@@ -154,12 +155,13 @@ class OutputCache:
     """Appends pairs: keys `[m, d]`, outputs m id lists (cut or 0-padded)."""
     keys = np.asarray(keys, np.float32).reshape(-1, self.dim)
     if len(keys) != len(outputs):
-      raise ValueError(f'{len(keys)} keys but {len(outputs)} outputs.')
+      raise checks.InputError(f'{len(keys)} keys but {len(outputs)} outputs.')
     rows = np.zeros((len(outputs), self.output_length), np.int32)
     for i, out in enumerate(outputs):
       out = [int(t) for t in out if int(t) != 0][:self.output_length]
       if any(not 0 <= t < self.vocab_size for t in out):
-        raise ValueError(f'output {i} has ids outside [0, {self.vocab_size})')
+        raise checks.InputError(
+            f'output {i} has ids outside [0, {self.vocab_size})')
       rows[i, :len(out)] = out
     self.keys = np.concatenate([self.keys, keys])
     self.outputs = np.concatenate([self.outputs, rows])
@@ -201,7 +203,7 @@ class OutputCache:
     """{'keys' [c, d], 'outputs' [c, L], 'valid' [c]} padded to capacity."""
     c = capacity_for(len(self)) if capacity is None else capacity
     if c < len(self):
-      raise ValueError(f'capacity {c} < {len(self)} entries.')
+      raise checks.InputError(f'capacity {c} < {len(self)} entries.')
     pad = c - len(self)
     return {
         'keys': jnp.asarray(np.pad(self.keys, ((0, pad), (0, 0)))),
@@ -221,7 +223,7 @@ class OutputCache:
     same content gives the same bytes."""
     path = path or self.path
     if not path:
-      raise ValueError('OutputCache.save needs a path.')
+      raise checks.InputError('OutputCache.save needs a path.')
     if not checkpoints.is_gcs(path) and os.path.dirname(path):
       os.makedirs(os.path.dirname(path), exist_ok=True)
     meta = {'format': FORMAT, 'vocab_size': self.vocab_size,

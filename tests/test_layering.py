@@ -208,7 +208,8 @@ def test_the_engine_stays_within_its_sizes():
 # called with: each refusal there is a `checks.InputError`.
 INPUT_CHECKERS = ('checks', 'sampling', 'loading', 'task_table', 'data',
                   'decoding', 'speculative', 'widening', 'shipped',
-                  'bucket_folder', 'theory', 'spec_stats')
+                  'bucket_folder', 'theory', 'spec_stats', 'models',
+                  'distill', 'output_cache')
 
 
 def _raises(module: str):
