@@ -81,10 +81,18 @@ def check_folder(name: str, path) -> None:
   local nor a gs:// address (kept here; `is_bucket`): `pathlib` would
   write 's3://b/x' to a local folder 's3:/b/x'; or when a file stands
   where the local folder would be (`checks.check_no_file_in_the_way`)."""
-  if not isinstance(path, (str, os.PathLike)):
+  if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
     raise checks.InputError(f'{name} must be a path, got {path!r}.')
   if not is_bucket(path, name):
     checks.check_no_file_in_the_way(name, os.fspath(path))
+
+
+def place(path) -> str:
+  """Where the folder `path` is, one text for one folder: a gs:// address
+  without its trailing '/', a local path absolute ('~' expanded)."""
+  if is_bucket(path):
+    return os.fspath(path).rstrip('/')
+  return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
 def _is_records(name: str) -> bool:

@@ -96,13 +96,14 @@ def unit_roundoff(dtype: Any, backend: Optional[str] = None,
   """
   name = jnp.dtype(dtype).name
   if name not in _MANTISSA_BITS:
-    raise ValueError(f'dtype must be a float dtype in {sorted(_MANTISSA_BITS)}'
-                     f', got {dtype!r}.')
+    raise checks.InputError(
+        f'dtype must be a float dtype in {sorted(_MANTISSA_BITS)}, got '
+        f'{dtype!r}.')
   bits = _MANTISSA_BITS[name]
   backend = (backend or jax.default_backend()).lower()
   if backend not in ('cpu', 'gpu', 'cuda', 'rocm', 'tpu'):
-    raise ValueError(f'backend must be cpu, gpu, cuda, rocm or tpu, got '
-                     f'{backend!r}.')
+    raise checks.InputError(
+        f'backend must be cpu, gpu, cuda, rocm or tpu, got {backend!r}.')
   if matmul_precision is None:
     matmul_precision = _default_matmul_precision()
   precision = str(matmul_precision or 'default').lower()
@@ -182,9 +183,9 @@ def first_differences(baseline_tokens, speculative_tokens) -> np.ndarray:
   a = np.asarray(baseline_tokens)
   b = np.asarray(speculative_tokens)
   if a.shape != b.shape or a.ndim != 2:
-    raise ValueError(f'baseline_tokens and speculative_tokens must be '
-                     f'[batch, length] of one shape, got {a.shape} and '
-                     f'{b.shape}.')
+    raise checks.InputError(
+        'baseline_tokens and speculative_tokens must be [batch, length] of '
+        f'one shape, got {a.shape} and {b.shape}.')
   differ = a != b
   return np.where(differ.any(axis=1), differ.argmax(axis=1), -1)
 
@@ -192,7 +193,7 @@ def first_differences(baseline_tokens, speculative_tokens) -> np.ndarray:
 def reference_model(model: network.T5Model) -> network.T5Model:
   """The same network with float32 activations and attention logits."""
   if not isinstance(model, network.T5Model):
-    raise ValueError(f'model must be a network.T5Model, got {model!r}.')
+    raise checks.InputError(f'model must be a network.T5Model, got {model!r}.')
   return network.T5Model(model.config.replace(
       activation_dtype=jnp.float32, float32_attention_logits=True))
 
@@ -294,6 +295,13 @@ def diagnose(model, params, encoder_input_tokens, baseline_tokens,
     One `Divergence` per differing row, in row order.
   """
   checks.check_int('rows_per_call', rows_per_call)
+  vocab = model.vocab_size  # an id past it would index past the logits
+  batch = network.check_token_ids('encoder_input_tokens',
+                                  encoder_input_tokens, vocab)[0]
+  for name, tokens in (('baseline_tokens', baseline_tokens),
+                       ('speculative_tokens', speculative_tokens)):
+    network.check_rows(name, network.check_token_ids(name, tokens, vocab)[0],
+                       'encoder_input_tokens', batch)
   first = first_differences(baseline_tokens, speculative_tokens)
   rows = np.flatnonzero(first >= 0)
   if rows.size == 0:
@@ -301,9 +309,6 @@ def diagnose(model, params, encoder_input_tokens, baseline_tokens,
   enc = np.asarray(encoder_input_tokens)
   base = np.asarray(baseline_tokens)
   spec = np.asarray(speculative_tokens)
-  if enc.shape[0] != base.shape[0]:
-    raise ValueError(f'encoder_input_tokens has {enc.shape[0]} rows, the '
-                     f'outputs {base.shape[0]}.')
   relative = relative_error(model.config, backend)
   out = []
   for start in range(0, rows.size, rows_per_call):

@@ -369,21 +369,35 @@ def _check_mesh_batch(setup: EvalSetup, partitioner) -> None:
 
 def _check_runs(runs: Sequence[Tuple[EvalSetup, str, str]],
                 partitioner) -> None:
-  """Each run's folder, output cache and batch on the mesh, and that the
-  setups share one baseline (else a ValueError naming what differs)."""
+  """Each run's folder (one per run: two runs in one folder, or in a
+  folder of another's, would mix their records), output cache and batch
+  on the mesh, and that the setups share one baseline (else an InputError
+  naming what differs)."""
+  if not runs:
+    raise checks.InputError('runs must hold at least one (setup, '
+                            'output_dir, config_str).')
+  places = []
   for setup, out, _ in runs:
     bucket_folder.check_folder('output_dir', out)
     _check_output_cache(setup, partitioner)
     _check_mesh_batch(setup, partitioner)
+    place = bucket_folder.place(out)
+    for other, where in places:
+      if place == other or place.startswith(other + '/') or (
+          other.startswith(place + '/')):
+        raise checks.InputError(
+            f'output_dir {out!r} is {where!r} or in it (or holds it): each '
+            "run writes a folder of its own, or their records would mix.")
+    places.append((place, out))
   ours = runs[0][0].baseline_fields()
   for other, out, _ in runs[1:]:
     theirs = other.baseline_fields()
     if theirs != ours:
-      raise ValueError(f'{out}: its setup does not share the baseline of '
-                       f'{runs[0][1]} (' + ', '.join(
-                           f'{k}: {ours.get(k)!r} vs {theirs.get(k)!r}'
-                           for k in sorted(set(ours) | set(theirs))
-                           if ours.get(k) != theirs.get(k)) + ').')
+      raise checks.InputError(
+          f'{out}: its setup does not share the baseline of {runs[0][1]} ('
+          + ', '.join(f'{k}: {ours.get(k)!r} vs {theirs.get(k)!r}'
+                      for k in sorted(set(ours) | set(theirs))
+                      if ours.get(k) != theirs.get(k)) + ').')
 
 
 def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,

@@ -77,8 +77,8 @@ MINI: Dict[str, network.T5Config] = {
 
 def _known(name: str) -> str:
   if name not in DIMS:
-    raise checks.InputError(f'unknown model config {name!r}; known: '
-                     f'{", ".join(sorted(DIMS))}')
+    raise checks.InputError(
+        f'unknown model config {name!r}; known: {", ".join(sorted(DIMS))}')
   return name
 
 

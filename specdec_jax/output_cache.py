@@ -43,6 +43,7 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import checks
+from specdec_jax import network
 from specdec_jax import partitioning
 
 FORMAT = 'specdec_jax.output_cache/1'
@@ -153,9 +154,13 @@ class OutputCache:
 
   def add(self, keys, outputs: Sequence[Sequence[int]]) -> None:
     """Appends pairs: keys `[m, d]`, outputs m id lists (cut or 0-padded)."""
-    keys = np.asarray(keys, np.float32).reshape(-1, self.dim)
-    if len(keys) != len(outputs):
-      raise checks.InputError(f'{len(keys)} keys but {len(outputs)} outputs.')
+    keys = np.asarray(keys, np.float32)
+    if keys.shape != (len(outputs), self.dim):  # before: reshaped to fit
+      raise checks.InputError(
+          f'keys must be [outputs, dim] = {(len(outputs), self.dim)}, got '
+          f'shape {keys.shape}.')
+    if not np.all(np.isfinite(keys)):
+      raise checks.InputError('keys must be finite (a NaN key matches none).')
     rows = np.zeros((len(outputs), self.output_length), np.int32)
     for i, out in enumerate(outputs):
       out = [int(t) for t in out if int(t) != 0][:self.output_length]
@@ -174,6 +179,8 @@ class OutputCache:
     power of two above it (a few compiled shapes, and adding one unit's
     outputs embeds that unit, not `batch_size` rows).
     """
+    checks.check_int('batch_size', batch_size)
+    network.check_token_ids('inputs', inputs, model.vocab_size)  # embedded
     inputs = np.asarray(inputs, np.int32)
     for i in range(0, len(inputs), batch_size):
       chunk = inputs[i:i + batch_size]

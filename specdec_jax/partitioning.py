@@ -83,7 +83,7 @@ def standard_logical_axis_rules(
   elif dims == (2, 2):
     rules += [('embed', 'model'), ('embed', 'data')]
   else:
-    raise ValueError(
+    raise checks.InputError(
         f'activation_partitioning_dims={activation_partitioning_dims}, '
         f'parameter_partitioning_dims={parameter_partitioning_dims} is not '
         'supported (1 or 2 each).')
@@ -121,25 +121,27 @@ def make_mesh(num_partitions: Optional[int] = None,
       or partitions not dividing the device count; names the sizes.
   """
   if num_partitions is not None and model_parallel_submesh is not None:
-    raise ValueError('Set at most one of num_partitions and '
-                     'model_parallel_submesh (T5X: the submesh wins; here '
-                     f'it is an error): got {num_partitions} and '
-                     f'{tuple(model_parallel_submesh)}.')
+    raise checks.InputError(
+        'Set at most one of num_partitions and model_parallel_submesh '
+        '(T5X: the submesh wins; here it is an error): got '
+        f'{num_partitions} and {tuple(model_parallel_submesh)}.')
   if model_parallel_submesh is not None:
-    if any(int(s) < 1 for s in model_parallel_submesh):
-      raise ValueError('model_parallel_submesh sizes must be >= 1, got '
-                       f'{tuple(model_parallel_submesh)}.')
+    if isinstance(model_parallel_submesh, str) or any(  # '22': not (2, 2)
+        not checks.is_int(s) or s < 1 for s in model_parallel_submesh):
+      raise checks.InputError(
+          'model_parallel_submesh must be ints >= 1, e.g. (2, 2), got '
+          f'{model_parallel_submesh!r}.')
     model = math.prod(int(s) for s in model_parallel_submesh)
   else:
     model = 1 if num_partitions is None else num_partitions
   checks.check_int('num_partitions', model)
   devices = list(jax.local_devices() if devices is None else devices)
   if model > len(devices):
-    raise ValueError(
+    raise checks.InputError(
         f"mesh axis 'model': num_partitions={model} is more partitions than "
         f'the {len(devices)} devices.')
   if len(devices) % model:
-    raise ValueError(
+    raise checks.InputError(
         f"mesh axis 'model': num_partitions={model} does not divide the "
         f"{len(devices)} devices (the 'data' axis gets devices / "
         'num_partitions).')
@@ -164,7 +166,7 @@ def _check_divides(shape, names, spec: P, mesh: Mesh, what: str) -> None:
   for size, name, axes in zip(shape, names, tuple(spec)):
     n = _mesh_size(mesh, axes)
     if size % n:
-      raise ValueError(
+      raise checks.InputError(
           f'mesh axis {axes!r} (size {n}) does not divide logical axis '
           f'{name!r} (size {size}) of {what}: choose a mesh whose {axes!r} '
           f'axis divides {size} (or a rule replicating {name!r}).')
@@ -365,8 +367,9 @@ class Partitioner:
                devices: Optional[Sequence[Any]] = None,
                global_mesh: bool = False):
     if global_mesh and devices is not None:
-      raise ValueError('Pass devices or global_mesh=True, not both (the '
-                       'global mesh is all of jax.devices()).')
+      raise checks.InputError(
+          'Pass devices or global_mesh=True, not both (the global mesh is '
+          'all of jax.devices()).')
     self.mesh = make_mesh(num_partitions, model_parallel_submesh,
                           jax.devices() if global_mesh else devices)
     rules = (standard_logical_axis_rules() if logical_axis_rules is None

@@ -71,6 +71,7 @@ import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import models
+from specdec_jax import network
 from specdec_jax.network import T5Config
 
 Array = jax.Array
@@ -373,9 +374,10 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   References:
     Chen et al. Net2Net. arXiv:1511.05641.
   """
+  if not checks.is_number(noise) or not 0 <= noise < math.inf:
+    raise checks.InputError(  # inf: a widened model of NaNs, silently
+        f'noise must be a finite number >= 0, got {noise!r}.')
   args = statics(config, new_config, noise)
-  if not noise >= 0:
-    raise checks.InputError(f'noise must be >= 0, got {noise!r}.')
   if rng is None:
     rng = jax.random.key(0)
   if shardings is None:
@@ -446,10 +448,13 @@ def widened_config(config: T5Config,
   elif isinstance(size, T5Config):
     new_config = size
   else:
+    checks.check_type('size', size, Mapping, 'a PRESETS name, a T5Config '
+                      "or {dimension: size}, e.g. {'emb_dim': 64}")
     unknown = set(size) - set(GROWABLE)
     if unknown:
       raise checks.InputError(f'Not growable dimensions: {sorted(unknown)}.')
     new_config = config.replace(**size)
+  network.check_config(new_config, 'the widened config')  # ints, not 64.5
   check_growth(config, new_config)
   return new_config
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import diagnostics
 from specdec_jax import drafters
@@ -285,6 +286,19 @@ def test_unit_roundoff_and_bound_inputs():
     diagnostics.first_differences(np.zeros((2, 3)), np.zeros((2, 4)))
   assert diagnostics.first_differences(
       [[1, 2, 3], [1, 2, 3]], [[1, 2, 3], [1, 5, 3]]).tolist() == [-1, 1]
+  # Ids no decode gives, or rows of other examples, are named before any
+  # model call (before: -1 read the last logit, an id past the vocabulary
+  # an IndexError, and a wrong encoder id went unseen).
+  model, v = network.T5Model(cfg), cfg.vocab_size
+  for enc, base, spec, said in (
+      ([[3, 1]], [[5, 1]], [[-1, 1]], 'speculative_tokens must be token ids'),
+      ([[3, 1]], [[v, 1]], [[5, 1]], 'baseline_tokens must be token ids'),
+      ([[v + 5, 1]], [[5, 1]], [[6, 1]], 'encoder_input_tokens must be'),
+      ([[3, 1]] * 2, [[5, 1]], [[6, 1]],
+       'baseline_tokens has 1 rows, encoder_input_tokens 2')):
+    with pytest.raises(checks.InputError, match=said):
+      diagnostics.diagnose(model, None, np.array(enc), np.array(base),
+                           np.array(spec))
 
 
 def test_bound_covers_measured_rounding(v11, v11_inputs):

@@ -992,6 +992,19 @@ def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
                      'temperature: 0.0 vs 1.0'):
     eval_lib.evaluate_together([(t5, str(outs[0]), ''),
                                 (hot, str(tmp_path / 'hot'), '')])
+  # Two runs in one folder (or one in another's) would mix their records
+  # (before: both "complete", one examples.jsonl of two gammas); refused
+  # before anything is written, as is an empty folder name (the cwd).
+  inner = outs[1] / 'in'
+  for first, second in ((outs[1], outs[1]), (outs[1], f'{outs[1]}/'),
+                        (outs[1], inner), (inner, outs[1])):
+    with pytest.raises(checks.InputError,
+                       match='its own, or their records would mix'):
+      eval_lib.evaluate_together([(t5, str(first), ''),
+                                  (bigram, str(second), '')])
+  assert not inner.exists()
+  with pytest.raises(checks.InputError, match="output_dir must be a path"):
+    eval_lib.evaluate(t5, '')
 
 
 def test_the_gamma_choice_measures_alpha_on_the_first_examples(tmp_path):

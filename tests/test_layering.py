@@ -209,7 +209,8 @@ def test_the_engine_stays_within_its_sizes():
 INPUT_CHECKERS = ('checks', 'sampling', 'loading', 'task_table', 'data',
                   'decoding', 'speculative', 'widening', 'shipped',
                   'bucket_folder', 'theory', 'spec_stats', 'models',
-                  'distill', 'output_cache')
+                  'distill', 'output_cache', 'diagnostics', 'partitioning',
+                  'eval')
 
 
 def _raises(module: str):

@@ -116,6 +116,20 @@ def test_store_saves_reloads_and_appends(store_setup, tmp_path, where,
   assert list(grown.outputs[13, :3]) == [7, EOS, 0]
   # The appended request's key is the one its near-twin (entry 1) has.
   np.testing.assert_allclose(grown.keys[13], grown.keys[1], atol=1e-6)
+  if where == 'local':  # what would grow it wrong is refused, by name
+    for call, said in (  # before: reshaped to fit; nothing added; clamped
+        (lambda: grown.add(np.ones((2, 2 * grown.dim)), [[5, 1]] * 4),
+         r'keys must be \[outputs, dim\] = \(4, '),
+        (lambda: grown.add(np.full((1, grown.dim), np.nan), [[5, 1]]),
+         'keys must be finite'),
+        (lambda: grown.add_requests(model, params, inputs[:2], [[5]] * 2,
+                                    batch_size=-1),
+         'batch_size must be an int >= 1, got -1'),
+        (lambda: grown.add_requests(model, params, inputs[:2] + 10**4,
+                                    [[5]] * 2), 'inputs must be token ids')):
+      with pytest.raises(checks.InputError, match=said):
+        call()
+    assert len(grown) == 14
 
 
 def test_a_commit_cut_short_at_gs_is_rolled_forward_or_discarded(

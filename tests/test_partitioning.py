@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
 from specdec_jax import partitioning
@@ -309,3 +310,12 @@ def test_the_global_mesh_is_every_processs_devices():
   np.testing.assert_array_equal(host['tokens'], np.arange(6).reshape(2, 3))
   with pytest.raises(ValueError, match='devices or global_mesh'):
     partitioning.Partitioner(global_mesh=True, devices=jax.devices())
+
+
+def test_a_submesh_of_no_ints_is_named():
+  """A submesh is sizes: '22' is no (2, 2), nor (2.5,) a size (before: a
+  model axis of 4 and of 2, silently)."""
+  for submesh in ('22', (2.5,), (0, 1), (True, 1)):
+    with pytest.raises(checks.InputError,
+                       match='model_parallel_submesh must be ints >= 1'):
+      partitioning.make_mesh(None, submesh)

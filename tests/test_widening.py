@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import decoding
 from specdec_jax import network
 from specdec_jax import widening
@@ -228,6 +229,23 @@ def test_fixed_fields_must_match(change, np_v11):
   (field,) = change
   with pytest.raises(ValueError, match=field):
     widening.widen(params, model.config, model.config.replace(**change))
+
+
+def test_sizes_and_noise_no_model_can_have_are_named(np_v11):
+  """A size that is no int (before: a config of emb_dim 64.5, or deep
+  inside jnp.pad), a size that is no mapping, and an infinite noise (before:
+  a widened model of NaNs, silently) are refused by name."""
+  model, params = np_v11
+  for size, said in (({'emb_dim': 64.5}, 'emb_dim must be an int >= 1, got '
+                      '64.5'), ({'num_heads': True}, 'num_heads must be an '
+                                'int >= 1, got True'),
+                     (64, r"size must be a PRESETS name, .*, got 64\.")):
+    with pytest.raises(checks.InputError, match=said):
+      widening.widened_config(model.config, size)
+  with pytest.raises(checks.InputError, match=(
+      'noise must be a finite number >= 0, got inf')):
+    widening.widen_to(params, model.config, {'emb_dim': 64},
+                      noise=float('inf'))
 
 
 def test_params_not_matching_config_raise(np_v11):
