@@ -150,7 +150,7 @@ class DrafterSpec:
             f'widen_to is set but drafter {self.kind!r} has no draft model '
             'to widen (kinds that do: '
             f'{_kinds_that(lambda k: k.needs_model)}).')
-      if not isinstance(self.widen_to, str):
+      if isinstance(self.widen_to, Mapping):  # else refused as no size
         object.__setattr__(self, 'widen_to', dict(self.widen_to))
       self.decoding_config  # pylint: disable=pointless-statement  (validates)
 
@@ -448,7 +448,7 @@ class EvalSetup:
             f'got {self.activation_dtype!r}.')
       set_('activation_dtype', name)
     if self.target_widen_to is not None:
-      if not isinstance(self.target_widen_to, str):
+      if isinstance(self.target_widen_to, Mapping):  # else refused: no size
         set_('target_widen_to', dict(self.target_widen_to))
       self.decoding_config  # pylint: disable=pointless-statement
 

@@ -374,7 +374,15 @@ class Partitioner:
                           jax.devices() if global_mesh else devices)
     rules = (standard_logical_axis_rules() if logical_axis_rules is None
              else logical_axis_rules)
-    self.rules: LogicalAxisRules = tuple(tuple(r) for r in rules)
+    self.rules: LogicalAxisRules = tuple(
+        tuple(r) if isinstance(r, (tuple, list)) else (r,) for r in rules)
+    for rule in self.rules:  # a string would be split into characters
+      if len(rule) != 2 or not isinstance(rule[0], str) or rule[1] not in (
+          None, *self.mesh.axis_names):
+        raise checks.InputError(
+            'logical_axis_rules must be (logical axis, mesh axis of '
+            f"{self.mesh.axis_names} or None) pairs, e.g. ('batch', "
+            f"'data'); got {rule!r}.")
 
   @property
   def data_size(self) -> int:

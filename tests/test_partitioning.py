@@ -319,3 +319,18 @@ def test_a_submesh_of_no_ints_is_named():
     with pytest.raises(checks.InputError,
                        match='model_parallel_submesh must be ints >= 1'):
       partitioning.make_mesh(None, submesh)
+
+
+def test_axis_rules_that_are_no_pairs_of_axes_are_named():
+  """A rule is (logical axis, mesh axis or None): a string or a dict of
+  rules (before: split into characters, silently) and a mesh axis the
+  mesh lacks (before: jax's "Resource axis ... not found" at the first
+  sharding) are refused when the partitioner is made."""
+  partitioning.Partitioner(logical_axis_rules=[('batch', 'data'),
+                                               ('embed', None)])
+  for rules in ('batch:data', {'batch': 'data'}, [('batch', 'dat')],
+                [('batch', 'data', 'model')]):
+    with pytest.raises(checks.InputError, match=(
+        r"logical_axis_rules must be \(logical axis, mesh axis of "
+        r"\('data', 'model'\) or None\) pairs")):
+      partitioning.Partitioner(logical_axis_rules=rules)
