@@ -99,6 +99,9 @@ def config(spec: str, where: str = 'config spec',
       `checks.InputError`: a value no T5 can have (named with `where`, e.g.
       the flag that gave `spec`, and `spec`).
   """
+  if not parts(spec):
+    raise checks.InputError(f'{where} {spec!r} names no model config; known: '
+                            f'{", ".join(sorted(DIMS))}')
   name, *rest = parts(spec)
   return with_fields(CONFIGS[_known(name)], rest, f'{where} {spec!r}',
                      **overrides)
@@ -159,9 +162,13 @@ def with_fields(base: network.T5Config, items: Sequence[str],
     checks.InputError: a value no T5 can have (`network.check_config`).
   """
   try:
-    fields = dict(map(assignment, items), **overrides)
+    pairs = list(map(assignment, items))
+    fields = dict(pairs, **overrides)
   except ValueError as e:
     raise checks.InputError(f'{where}: {e}') from None
+  twice = sorted({k for k, _ in pairs if [j for j, _ in pairs].count(k) > 1})
+  if twice:  # before: the last one silently
+    raise checks.InputError(f'{where}: {", ".join(twice)} set twice')
   unknown = set(fields) - set(base.__dataclass_fields__)
   if unknown:
     raise checks.InputError(

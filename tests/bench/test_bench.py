@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from specdec_jax import checks
 from specdec_jax import hardware
 from specdec_jax import models
 from specdec_jax.bench import report
@@ -123,6 +124,12 @@ def test_model_config_specs():
   with pytest.raises(ValueError, match=r"spec 't5_1_1_tiny,width'.*'width' "
                      'is not field=value'):
     models.config('t5_1_1_tiny,width')
+  # Before: Python's "not enough values to unpack", and the
+  # last of two values, silently.
+  with pytest.raises(checks.InputError, match="spec ',' names no model"):
+    models.config(',')
+  with pytest.raises(checks.InputError, match='vocab_size set twice'):
+    models.config('t5_1_1_tiny,vocab_size=64,vocab_size=128')
   assert models.assignment(' emb_dim = 16') == ('emb_dim', 16)
   with pytest.raises(ValueError, match='give its model config'):
     models.load('/no/such/checkpoint_1')
