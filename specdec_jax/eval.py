@@ -377,7 +377,13 @@ def _check_runs(runs: Sequence[Tuple[EvalSetup, str, str]],
     raise checks.InputError('runs must hold at least one (setup, '
                             'output_dir, config_str).')
   places = []
-  for setup, out, _ in runs:
+  for run in runs:
+    if not isinstance(run, (tuple, list)) or len(run) != 3:
+      raise checks.InputError('runs must be (setup, output_dir, config_str) '
+                              f'triples, got {checks.said(run)} in them.')
+    setup, out, config_str = run
+    checks.check_type('setup', setup, EvalSetup, 'an EvalSetup')
+    checks.check_type('config_str', config_str, str, "gin's text (or '')")
     bucket_folder.check_folder('output_dir', out)
     _check_output_cache(setup, partitioner)
     _check_mesh_batch(setup, partitioner)

@@ -271,13 +271,18 @@ class OutputCache:
         keys = np.asarray(f['keys'], np.float32)
         outputs = np.asarray(f['outputs'], np.int32)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
-            UnicodeDecodeError) as e:
+            UnicodeDecodeError, TypeError) as e:  # TypeError: one .npy array
       raise OutputCacheError(path, f'is corrupt or not a cache file '
                              f'({type(e).__name__}: {e})') from e
     if not isinstance(meta, dict) or meta.get('format') != FORMAT:
       found = meta.get('format') if isinstance(meta, dict) else meta
       raise OutputCacheError(path, f'has format {found!r}, expected '
                              f'{FORMAT!r}')
+    missing = sorted({'entries', 'dim', 'output_length', 'vocab_size',
+                      'embedder'} - set(meta))
+    if missing or not checks.is_int(meta['vocab_size']):
+      raise OutputCacheError(path, f'is corrupt: its meta lacks {missing} or '
+                             f"has vocab_size {meta.get('vocab_size')!r}")
     n = meta.get('entries')
     if (keys.ndim != 2 or outputs.ndim != 2 or len(keys) != n or
         len(outputs) != n or keys.shape[1] != meta.get('dim') or

@@ -1005,6 +1005,13 @@ def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
   assert not inner.exists()
   with pytest.raises(checks.InputError, match="output_dir must be a path"):
     eval_lib.evaluate(t5, '')
+  for runs, said in (([(t5, str(inner))], r'\(setup, output_dir, config_str\)'
+                      ' triples, got a tuple'),
+                     ([(t5, str(inner), 5)], 'config_str must be'),
+                     ([(t5.flat(), str(inner), '')], 'setup must be an')):
+    with pytest.raises(checks.InputError, match=said):  # not after run.json
+      eval_lib.evaluate_together(runs)
+  assert not inner.exists()
 
 
 def test_the_gamma_choice_measures_alpha_on_the_first_examples(tmp_path):

@@ -16,6 +16,7 @@ Run alone: `python -m pytest -q tests/test_output_cache.py`.
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +179,20 @@ def test_bad_cache_files_are_named(store_setup, tmp_path):
     output_cache.OutputCache.open(path, model, other, MAX_LEN)
   with pytest.raises(output_cache.OutputCacheError, match='output_length'):
     output_cache.OutputCache.open(path, model, params, MAX_LEN + 1)
+  # One array (.npy) and a meta without the vocabulary: named as not a
+  # cache (before: a TypeError of np.load's, a KeyError).
+  np.save(tmp_path / 'one.npy', np.zeros(3))
+  with pytest.raises(output_cache.OutputCacheError, match='not a cache'):
+    output_cache.OutputCache.load(str(tmp_path / 'one.npy'))
+  with np.load(path) as f:
+    arrays = dict(f)
+  meta = json.loads(bytes(arrays['meta']).decode())
+  del meta['vocab_size']
+  arrays['meta'] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+  np.savez(tmp_path / 'lacks.npz', **arrays)
+  with pytest.raises(output_cache.OutputCacheError, match=(
+      r"its meta lacks \['vocab_size'\]")):
+    output_cache.OutputCache.load(str(tmp_path / 'lacks.npz'))
 
 
 def test_near_repeat_retrieves_the_planted_entry_and_drafts_its_output(
