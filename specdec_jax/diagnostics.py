@@ -94,6 +94,8 @@ def unit_roundoff(dtype: Any, backend: Optional[str] = None,
   Returns:
     u = 2^-p for a p-bit significand.
   """
+  checks.check_type('backend', backend, (str, type(None)),
+                    "'cpu', 'gpu', 'cuda', 'rocm', 'tpu' or None")
   name = jnp.dtype(dtype).name
   if name not in _MANTISSA_BITS:
     raise checks.InputError(

@@ -434,6 +434,11 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
   checks.check_int('timing_repeats', timing_repeats)
   bucket_folder.check_interval(sync_every_s)
   run_folder.check_if_settings_differ(if_settings_differ)
+  checks.check_type('partitioner', partitioner, (partitioning.Partitioner,
+                                                 type(None)),
+                    'a partitioning.Partitioner or None')
+  checks.check_type('cache', cache, (loading.LoadCache, type(None)),
+                    'a loading.LoadCache or None')
   _check_runs(runs, partitioner)
   setup = runs[0][0]
   if len(runs) > 1:

@@ -199,6 +199,8 @@ def load(spec: str, config_spec: Optional[str] = None, *,
     ValueError: a checkpoint path without a config spec, or a bad spec.
     FileNotFoundError: no such checkpoint or shipped model.
   """
+  checks.check_type('spec', spec, str,
+                     "'shipped:<name>' or a checkpoint_<step> folder's path")
   if spec.startswith(SHIPPED):
     return shipped.load_model(spec[len(SHIPPED):], dtype=dtype)
   if not config_spec:

@@ -130,6 +130,8 @@ class OutputCache:
   @classmethod
   def empty(cls, dim: int, output_length: int, vocab_size: int,
             embedder: str, path: Optional[str] = None) -> 'OutputCache':
+    checks.check_ints(dim=dim, output_length=output_length,
+                      vocab_size=vocab_size)
     return cls(np.zeros((0, dim), np.float32),
                np.zeros((0, output_length), np.int32), vocab_size, embedder,
                path)
@@ -208,9 +210,7 @@ class OutputCache:
 
   def device_params(self, capacity: Optional[int] = None) -> Dict[str, Any]:
     """{'keys' [c, d], 'outputs' [c, L], 'valid' [c]} padded to capacity."""
-    c = capacity_for(len(self)) if capacity is None else capacity
-    if c < len(self):
-      raise checks.InputError(f'capacity {c} < {len(self)} entries.')
+    c = self._capacity(capacity)
     pad = c - len(self)
     return {
         'keys': jnp.asarray(np.pad(self.keys, ((0, pad), (0, 0)))),
@@ -220,8 +220,16 @@ class OutputCache:
 
   def nbytes(self, capacity: Optional[int] = None) -> int:
     """Device bytes of `device_params(capacity)`."""
-    c = capacity_for(len(self)) if capacity is None else capacity
+    c = self._capacity(capacity)
     return c * (4 * self.dim + 4 * self.output_length + 1)
+
+  def _capacity(self, capacity: Optional[int]) -> int:
+    """`capacity`, an int >= the entries (None: `capacity_for` them)."""
+    if capacity is None:
+      return capacity_for(len(self))
+    checks.check_int('capacity', capacity, max(len(self), 1),
+                     f' (the cache holds {len(self)} entries)')
+    return capacity
 
   # -- persistence ----------------------------------------------------------
 
@@ -332,6 +340,10 @@ def retrieve(params: Dict[str, Any], queries: jax.Array,
     `(index [batch, k] int32, ok [batch, k] bool)`, most similar first; ok
     False where the cache has fewer than k entries.
   """
+  capacity = params['keys'].shape[0]
+  if not checks.is_int(k) or not 1 <= k <= capacity:  # static: at trace
+    raise checks.InputError(
+        f'k must be an int in [1, capacity={capacity}], got {k!r}.')
   sims = queries @ params['keys'].T
   sims = jnp.where(params['valid'][None], sims, -jnp.inf)
   top, index = jax.lax.top_k(sims, k)

@@ -275,6 +275,8 @@ def test_unit_roundoff_and_bound_inputs():
     diagnostics.unit_roundoff('int32', 'cpu')
   with pytest.raises(ValueError, match='backend'):
     diagnostics.unit_roundoff('float32', 'fpga')
+  with pytest.raises(checks.InputError, match="backend must be 'cpu'"):
+    diagnostics.unit_roundoff('float32', 3)  # before: an AttributeError
   cfg = TWIN_CONFIG
   assert diagnostics.stream_roundings(cfg) == 6 * 1 + 4 * 1 + 1
   bf16 = diagnostics.relative_error(cfg, 'cpu')

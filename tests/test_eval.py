@@ -1011,6 +1011,10 @@ def test_drafters_share_one_baseline_decode(tmp_path, monkeypatch):
                      ([(t5.flat(), str(inner), '')], 'setup must be an')):
     with pytest.raises(checks.InputError, match=said):  # not after run.json
       eval_lib.evaluate_together(runs)
+  for wrong, said in (({'partitioner': 'mesh'}, 'partitioner must be a '),
+                      ({'cache': 'x'}, 'cache must be a loading.LoadCache')):
+    with pytest.raises(checks.InputError, match=said):
+      eval_lib.evaluate(t5, str(inner), **wrong)
   assert not inner.exists()
 
 

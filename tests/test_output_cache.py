@@ -131,6 +131,15 @@ def test_store_saves_reloads_and_appends(store_setup, tmp_path, where,
       with pytest.raises(checks.InputError, match=said):
         call()
     assert len(grown) == 14
+    for call, said in (  # before: numpy's pad_width error; -805 bytes
+        (lambda: grown.device_params(4.0), 'capacity must be an int >= 14'),
+        (lambda: grown.nbytes(-5), 'capacity must be an int >= 14'),
+        (lambda: output_cache.retrieve(grown.device_params(), jnp.zeros(
+            (1, grown.dim)), 100), r'k must be an int in \[1, capacity=64\]'),
+        (lambda: output_cache.OutputCache.for_model(model, params, -1),
+         'output_length must be an int >= 1, got -1')):
+      with pytest.raises(checks.InputError, match=said):
+        call()
 
 
 def test_a_commit_cut_short_at_gs_is_rolled_forward_or_discarded(

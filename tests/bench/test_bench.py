@@ -133,6 +133,8 @@ def test_model_config_specs():
   assert models.assignment(' emb_dim = 16') == ('emb_dim', 16)
   with pytest.raises(ValueError, match='give its model config'):
     models.load('/no/such/checkpoint_1')
+  with pytest.raises(checks.InputError, match="spec must be 'shipped:"):
+    models.load(None)  # before: an AttributeError
 
 
 def test_device_names_are_folder_names():
