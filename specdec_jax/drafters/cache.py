@@ -112,6 +112,9 @@ def open_cache(source: registry.DraftSource):
         'an output cache embeds requests with the target: the source needs '
         'target_model and target_params.')
   if source.output_cache is not None:
+    checks.check_type('DraftSource output_cache', source.output_cache,
+                      output_cache.OutputCache, 'an output_cache.OutputCache'
+                      ' (OutputCache.open reads one from its file)')
     return source.output_cache
   store = output_cache.OutputCache.for_model(
       source.target_model, source.target_params, source.output_length)

@@ -390,6 +390,10 @@ ROWS = [[3, 4, 5, 1], [6, 7, 1]]
      r'returning the rows .*, e\.g\. lambda: rows; got a list\.$'),
     (lambda: drafters.DraftSource(32, train_pairs=[([3], [4, 1])]),
      checks.InputError, r'^DraftSource train_pairs must be a callable'),
+    (lambda: drafters.get_kind('cache').build(drafters.DraftSource(
+        32, target_model=MODEL, target_params={}, output_cache='c.npz')),
+     checks.InputError, r'^DraftSource output_cache must be an '
+     r"output_cache\.OutputCache .*, got 'c\.npz'\.$"),
 ])
 def test_drafters_and_ngram_params_refuse_bad_arguments(build, error,
                                                         message):
