@@ -25,7 +25,6 @@ from typing import Any, Optional
 from flax import struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import checks
 from specdec_jax import interfaces
@@ -140,35 +139,16 @@ def as_ids(tokens):
   return jnp.asarray(tokens, jnp.int32)
 
 
-@functools.lru_cache(maxsize=None)
-def _raw_key_shape(impl: str) -> tuple:
-  """The shape of a raw key (`jax.random.PRNGKey`) of PRNG `impl`."""
-  return jax.eval_shape(lambda: jax.random.key_data(
-      jax.random.key(0, impl=impl))).shape
-
-
 def default_rng(rng: Optional[Array], sampling: SamplingConfig) -> Array:
   """`rng`, or a fixed key when greedy (which draws nothing); else an error.
 
   Raises:
     ValueError: rng is None and the sampling mode samples (temperature > 0),
-      or not one key: a typed key `jax.random.key(seed)` (shape ()) or a
-      raw one `jax.random.PRNGKey(seed)` of jax's PRNG implementation
-      (uint32 [2], or [4] under the rbg implementations); an array, a
-      tracer or a `jax.ShapeDtypeStruct` of one.
+      or not one key (`network.check_key`).
   """
   if rng is not None:
-    array = isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
-    if array and (
-        (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape == ())
-        or (rng.dtype == np.uint32 and rng.shape == _raw_key_shape(
-            jax.config.jax_default_prng_impl))):
-      return rng
-    said = (f'{type(rng).__name__} of shape {rng.shape} and dtype '
-            f'{rng.dtype}' if array else repr(rng)[:80])
-    raise checks.InputError(
-        f'rng must be one PRNG key, jax.random.key(seed) (or a raw '
-        f'jax.random.PRNGKey(seed)), got {said}.')
+    network.check_key('rng', rng)
+    return rng
   if not sampling.greedy:
     raise checks.InputError('rng is required when temperature > 0.')
   return jax.random.key(0)

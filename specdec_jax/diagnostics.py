@@ -194,8 +194,7 @@ def first_differences(baseline_tokens, speculative_tokens) -> np.ndarray:
 
 def reference_model(model: network.T5Model) -> network.T5Model:
   """The same network with float32 activations and attention logits."""
-  if not isinstance(model, network.T5Model):
-    raise checks.InputError(f'model must be a network.T5Model, got {model!r}.')
+  checks.check_type('model', model, network.T5Model, 'a network.T5Model')
   return network.T5Model(model.config.replace(
       activation_dtype=jnp.float32, float32_attention_logits=True))
 

@@ -17,6 +17,7 @@ e.g. 't5_1_1_small' or 't5_1_1_tiny,vocab_size=256,dtype=float32'.
 from __future__ import annotations
 
 import ast
+import collections
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specdec_jax import checkpoints
@@ -99,10 +100,7 @@ def config(spec: str, where: str = 'config spec',
       `checks.InputError`: a value no T5 can have (named with `where`, e.g.
       the flag that gave `spec`, and `spec`).
   """
-  if not parts(spec):
-    raise checks.InputError(f'{where} {spec!r} names no model config; known: '
-                            f'{", ".join(sorted(DIMS))}')
-  name, *rest = parts(spec)
+  name, *rest = parts(spec) or ['']  # none: refused by `_known`
   return with_fields(CONFIGS[_known(name)], rest, f'{where} {spec!r}',
                      **overrides)
 
@@ -166,7 +164,8 @@ def with_fields(base: network.T5Config, items: Sequence[str],
     fields = dict(pairs, **overrides)
   except ValueError as e:
     raise checks.InputError(f'{where}: {e}') from None
-  twice = sorted({k for k, _ in pairs if [j for j, _ in pairs].count(k) > 1})
+  twice = sorted(k for k, n in collections.Counter(
+      k for k, _ in pairs).items() if n > 1)
   if twice:  # before: the last one silently
     raise checks.InputError(f'{where}: {", ".join(twice)} set twice')
   unknown = set(fields) - set(base.__dataclass_fields__)

@@ -29,7 +29,6 @@ import functools
 import types
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from flax import errors
 from flax import struct
 from flax import traverse_util
 import flax.linen as nn
@@ -782,6 +781,32 @@ def check_token_ids(name: str, tokens, vocab_size: int) -> tuple:
   return shape
 
 
+@functools.lru_cache(maxsize=None)
+def _raw_key_shape(impl: str) -> tuple:
+  """The shape of a raw key (`jax.random.PRNGKey`) of PRNG `impl`."""
+  return jax.eval_shape(lambda: jax.random.key_data(
+      jax.random.key(0, impl=impl))).shape
+
+
+def check_key(name: str, rng) -> None:
+  """Raises InputError unless `rng` is one PRNG key: a typed key
+  `jax.random.key(seed)` (shape ()) or a raw one `jax.random.PRNGKey(seed)`
+  of jax's PRNG implementation (uint32 [2], or [4] under the rbg
+  implementations); an array, a tracer or a `jax.ShapeDtypeStruct` of one.
+  The one rule of a key, the model's initializer's and the decoders'."""
+  array = isinstance(rng, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
+  if array and (
+      (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape == ())
+      or (rng.dtype == np.uint32 and rng.shape == _raw_key_shape(
+          jax.config.jax_default_prng_impl))):
+    return
+  said = (f'{type(rng).__name__} of shape {rng.shape} and dtype '
+          f'{rng.dtype}' if array else repr(rng)[:80])
+  raise checks.InputError(
+      f'{name} must be one PRNG key, jax.random.key(seed) (or a raw '
+      f'jax.random.PRNGKey(seed)), got {said}.')
+
+
 def check_rows(name: str, rows: int, other: str, other_rows: int) -> None:
   """Raises InputError unless `name` has the rows of `other`."""
   if rows != other_rows:
@@ -833,23 +858,16 @@ class T5Model:
     logical axes: `param_axes`).
 
     Raises:
-      checks.InputError: rng not one PRNG key (flax's rule), a length
+      checks.InputError: rng not one PRNG key (`check_key`), a length
         that is not an int >= 1.
     """
+    check_key('rng', rng)
     checks.check_ints(input_length=input_length, target_length=target_length)
-    try:
-      variables = self.module.init(
-          rng,
-          jnp.ones((1, input_length), jnp.int32),
-          jnp.ones((1, target_length), jnp.int32),
-      )
-    except errors.InvalidRngError:
-      said = (f'an array of shape {np.shape(rng)} and dtype {rng.dtype}'
-              if isinstance(rng, (jax.Array, np.ndarray)) else
-              checks.said(rng))
-      raise checks.InputError(
-          'rng must be one PRNG key, jax.random.key(seed) (or a raw '
-          f'jax.random.PRNGKey(seed)), got {said}.') from None
+    variables = self.module.init(
+        rng,
+        jnp.ones((1, input_length), jnp.int32),
+        jnp.ones((1, target_length), jnp.int32),
+    )
     return variables['params']
 
   def param_shapes(self):
@@ -920,10 +938,8 @@ class T5Model:
         another batch or of fewer than k slots.
     """
     batch, k = check_token_ids('tokens', tokens, self.vocab_size)
-    if not isinstance(cache, DecoderCache):
-      raise checks.InputError(
-          "cache must be a network.DecoderCache (init_cache's), got a "
-          f'{type(cache).__name__}.')
+    checks.check_type('cache', cache, DecoderCache,
+                      "a network.DecoderCache (init_cache's)")
     check_rows('tokens', batch, 'the cache', cache.position.shape[0])
     if k > cache.max_length:
       raise checks.InputError(

@@ -113,9 +113,8 @@ def summarize(stats: SpecStats) -> dict:
      'mean_accepted_length', 'per_position_acceptance' (the share of row
      iterations accepting draft i), 'alpha'}.
   """
-  if not isinstance(stats, SpecStats):  # the decode's result, most likely
-    raise checks.InputError(f"stats must be a SpecStats (a decode's "
-                            f'`.stats`), got a {type(stats).__name__}.')
+  checks.check_type('stats', stats, SpecStats,  # a result, most likely
+                    "a SpecStats (a decode's `.stats`)")
   row_iters = float(jnp.sum(stats.row_iterations))
   r = rates(row_iters, jnp.sum(stats.drafted), jnp.sum(stats.accepted),
             jnp.sum(stats.beta_sum), jnp.sum(stats.beta_count))

@@ -138,7 +138,7 @@ def _rows(sequences, vocab_size: int):
         f'got {said}.')
 
   if not isinstance(sequences, Iterable):
-    refuse(f'a {type(sequences).__name__}')
+    refuse(checks.said(sequences))
   rows = []
   for i, seq in enumerate(sequences):
     try:

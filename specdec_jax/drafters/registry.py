@@ -72,7 +72,7 @@ class DraftSource:
         raise checks.InputError(
             f'DraftSource {name} must be a callable returning the rows (read '
             f'lazily, only by kinds that need them), e.g. lambda: rows; got '
-            f'a {type(value).__name__}.')
+            f'{checks.said(value)}.')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,7 +126,8 @@ def test_model_config_specs():
     models.config('t5_1_1_tiny,width')
   # Before: Python's "not enough values to unpack", and the
   # last of two values, silently.
-  with pytest.raises(checks.InputError, match="spec ',' names no model"):
+  with pytest.raises(checks.InputError, match="unknown model config ''; "
+                     'known: flan_t5_base'):
     models.config(',')
   with pytest.raises(checks.InputError, match='vocab_size set twice'):
     models.config('t5_1_1_tiny,vocab_size=64,vocab_size=128')
