@@ -568,42 +568,44 @@ DEC = ids([0, 3], [0, 4])
 # error, message): each used to decode NaN silently or fail deep in flax.
 T5_CALLS = {
     'encoder_id_past_vocab': (
-        'logits', (ENC + 30, DEC), ValueError,
+        'logits', (ENC + 30, DEC), checks.InputError,
         r'encoder_input_tokens must be token ids in \[0, vocab_size=32\); '
         r'got ids from 30 to 37'),
-    'decoder_id_past_vocab': ('logits', (ENC, DEC + 40), ValueError,
+    'decoder_id_past_vocab': ('logits', (ENC, DEC + 40), checks.InputError,
                               r'decoder_input_tokens must be token ids'),
-    'target_id_past_vocab': ('logits', (ENC, DEC, DEC + 40), ValueError,
+    'target_id_past_vocab': ('logits', (ENC, DEC, DEC + 40), checks.InputError,
                              r'decoder_target_tokens must be token ids'),
     'targets_of_another_shape': (
-        'logits', (ENC, DEC, DEC[:, :1]), ValueError,
+        'logits', (ENC, DEC, DEC[:, :1]), checks.InputError,
         r'decoder_target_tokens must have the shape of decoder_input_tokens '
         r'\(2, 2\) .*got \(2, 1\)'),
-    'encode_id_past_vocab': ('encode', (ENC + 30,), ValueError,
+    'encode_id_past_vocab': ('encode', (ENC + 30,), checks.InputError,
                              'encoder_input_tokens must be token ids'),
-    'extend_id_past_vocab': ('extend', (DEC + 40, None), ValueError,
+    'extend_id_past_vocab': ('extend', (DEC + 40, None), checks.InputError,
                              r'^tokens must be token ids in \[0, vocab_'),
     'float_ids': ('logits', (ENC.astype(np.float32), DEC), TypeError,
                   'encoder_input_tokens must be integer token ids'),
     'decoder_of_another_batch': (
-        'logits', (ENC, DEC[:1]), ValueError,
+        'logits', (ENC, DEC[:1]), checks.InputError,
         'decoder_input_tokens has 1 rows, encoder_input_tokens 2'),
-    'decoder_ids_1d': ('logits_and_hidden', (ENC, DEC[0]), ValueError,
+    'decoder_ids_1d': ('logits_and_hidden', (ENC, DEC[0]), checks.InputError,
                        r'decoder_input_tokens must be \[batch, length\] '
                        r'.*got shape \(2,\)'),
-    'cache_of_no_slots': ('init_cache', (ENC, 0), ValueError,
+    'cache_of_no_slots': ('init_cache', (ENC, 0), checks.InputError,
                           'max_length must be an int >= 1, got 0'),
-    'cache_of_1d_inputs': ('init_cache', (ENC[0], 4), ValueError,
+    'cache_of_1d_inputs': ('init_cache', (ENC[0], 4), checks.InputError,
                            r'encoder_input_tokens must be \[batch, length\]'),
     'extend_past_the_cache': (
-        'extend', (np.ones((2, 5), np.int32), None), ValueError,
+        'extend', (np.ones((2, 5), np.int32), None), checks.InputError,
         r"tokens has 5 tokens per row, more than the cache holds \(max_length"
         r"=4, init_cache's\)"),
-    'extend_another_batch': ('extend', (np.ones((3, 1), np.int32), None),
-                             ValueError, 'tokens has 3 rows, the cache 2'),
-    'extend_1d_tokens': ('extend', (np.ones(2, np.int32), None), ValueError,
-                         r'tokens must be \[batch, length\]'),
-    'extend_no_cache': ('extend', (DEC, {'position': 0}), ValueError,
+    'extend_another_batch': (
+        'extend', (np.ones((3, 1), np.int32), None), checks.InputError,
+        'tokens has 3 rows, the cache 2'),
+    'extend_1d_tokens': (
+        'extend', (np.ones(2, np.int32), None), checks.InputError,
+        r'tokens must be \[batch, length\]'),
+    'extend_no_cache': ('extend', (DEC, {'position': 0}), checks.InputError,
                         'cache must be a network.DecoderCache'),
 }
 
@@ -620,8 +622,7 @@ def test_t5_methods_refuse_ids_and_caches_that_do_not_fit(
   if any(a is None for a in args):
     args = tuple(model.init_cache(params, ENC, 4) if a is None else a
                  for a in args)
-  with pytest.raises(checks.InputError if error is ValueError else error,
-                     match=message):
+  with pytest.raises(error, match=message):
     getattr(model, method)(params, *args)
 
 
