@@ -78,6 +78,25 @@ MISMATCH = 'mismatch'
 _MANTISSA_BITS = {'bfloat16': 8, 'float16': 11, 'float32': 24,
                   'float64': 53}
 
+# The significand bits of a float32 matmul's products on a GPU and a TPU
+# under each of jax's `jax_default_matmul_precision` values (lowercased;
+# the CPU keeps float32 under every one). 'bfloat16' is 'default' and
+# 'tensorfloat32' 'high' in jax; the presets name an algorithm, and n
+# passes of a narrower type give about n times its bits.
+_MATMUL_BITS = {
+    'default': (11, 8), 'bfloat16': (11, 8), 'high': (11, 11),
+    'tensorfloat32': (11, 11), 'highest': (24, 24), 'float32': (24, 24),
+    'f16_f16_f16': (11, 11), 'f16_f16_f32': (11, 11),
+    'bf16_bf16_bf16': (8, 8), 'bf16_bf16_f32': (8, 8),
+    'bf16_bf16_f32_x3': (16, 16), 'bf16_bf16_f32_x6': (24, 24),
+    'bf16_bf16_f32_x9': (24, 24), 'tf32_tf32_f32': (11, 11),
+    'tf32_tf32_f32_x3': (21, 21), 'f32_f32_f32': (24, 24),
+    'f64_f64_f64': (24, 24),
+    # fp8 operands' algorithms: float32 operands keep their type.
+    'any_f8_any_f8_f32': (24, 24), 'any_f8_any_f8_f32_fast_accum': (24, 24),
+    'any_f8_any_f8_any': (24, 24), 'any_f8_any_f8_any_fast_accum': (24, 24),
+}
+
 
 def unit_roundoff(dtype: Any, backend: Optional[str] = None,
                   matmul_precision: Optional[str] = None) -> float:
@@ -86,10 +105,11 @@ def unit_roundoff(dtype: Any, backend: Optional[str] = None,
   Args:
     dtype: activation dtype (bfloat16, float16, float32, float64).
     backend: 'cpu', 'gpu', 'cuda', 'rocm' or 'tpu' (default: jax's).
-    matmul_precision: jax's matmul precision setting (default: the current
-      `jax_default_matmul_precision`). At the default, float32 matmuls run
-      as TF32 on a GPU (u = 2^-11) and as one bfloat16 pass on a TPU
-      (u = 2^-8); 'highest' / 'float32' keep float32.
+    matmul_precision: jax's matmul precision setting, one of the values
+      `jax_default_matmul_precision` takes (default: its current one). At
+      the default, float32 matmuls run as TF32 on a GPU (u = 2^-11) and as
+      one bfloat16 pass on a TPU (u = 2^-8); 'highest' / 'float32' keep
+      float32; an algorithm preset ('BF16_BF16_F32_X3', ...) its passes.
 
   Returns:
     u = 2^-p for a p-bit significand.
@@ -106,15 +126,18 @@ def unit_roundoff(dtype: Any, backend: Optional[str] = None,
   if backend not in ('cpu', 'gpu', 'cuda', 'rocm', 'tpu'):
     raise checks.InputError(
         f'backend must be cpu, gpu, cuda, rocm or tpu, got {backend!r}.')
+  checks.check_type('matmul_precision', matmul_precision, (str, type(None)),
+                    "one of jax's matmul precision names or None")
   if matmul_precision is None:
     matmul_precision = _default_matmul_precision()
-  precision = str(matmul_precision or 'default').lower()
-  full = precision in ('highest', 'float32')
-  if name == 'float32' and not full and backend != 'cpu':
-    if backend == 'tpu' and precision in ('default', 'bfloat16', 'fastest'):
-      bits = 8
-    else:
-      bits = 11  # TF32 ('high' on a TPU is ~3 bfloat16 passes: finer)
+  precision = (matmul_precision or 'default').lower()
+  if precision not in _MATMUL_BITS:  # a misspelling is not the default
+    raise checks.InputError(
+        'matmul_precision must be one of jax_default_matmul_precision\'s '
+        f'values ({", ".join(sorted(_MATMUL_BITS))}; any case), got '
+        f'{matmul_precision!r}.')
+  if name == 'float32' and backend != 'cpu':
+    bits = _MATMUL_BITS[precision][backend == 'tpu']
   return 2.0 ** -bits
 
 

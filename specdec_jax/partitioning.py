@@ -118,7 +118,8 @@ def make_mesh(num_partitions: Optional[int] = None,
 
   Raises:
     ValueError: both knobs set, a size < 1, more partitions than devices,
-      or partitions not dividing the device count; names the sizes.
+      or partitions not dividing the device count; names the sizes. No
+      devices, one twice, or what is not a jax device.
   """
   if num_partitions is not None and model_parallel_submesh is not None:
     raise checks.InputError(
@@ -136,6 +137,11 @@ def make_mesh(num_partitions: Optional[int] = None,
     model = 1 if num_partitions is None else num_partitions
   checks.check_int('num_partitions', model)
   devices = list(jax.local_devices() if devices is None else devices)
+  if not devices or len(set(devices)) < len(devices) or not all(
+      isinstance(d, jax.Device) for d in devices):  # 'cpu:0' is no device
+    raise checks.InputError(
+        'devices must be distinct jax devices (jax.devices(), '
+        f'jax.local_devices()), at least one; got {devices!r}.')
   if model > len(devices):
     raise checks.InputError(
         f"mesh axis 'model': num_partitions={model} is more partitions than "

@@ -271,6 +271,17 @@ def test_unit_roundoff_and_bound_inputs():
                                                                2 ** -24)
   assert diagnostics.unit_roundoff('float32', 'tpu', 'default') == 2 ** -8
   assert diagnostics.unit_roundoff('float32', 'gpu', 'highest') == 2 ** -24
+  assert diagnostics.unit_roundoff('float32', 'gpu', 'bfloat16') == 2 ** -11
+  assert diagnostics.unit_roundoff('float32', 'tpu', 'BF16_BF16_F32_X3') == (
+      2 ** -16)
+  assert diagnostics.unit_roundoff('bfloat16', 'tpu', 'highest') == 2 ** -8
+  assert diagnostics.unit_roundoff('float32', 'cpu', 'bfloat16') == 2 ** -24
+  # A misspelling was the default's 2^-11: a bound 8,192x too loose.
+  with pytest.raises(checks.InputError, match="matmul_precision must be one "
+                     r".*\(any_f8.*; any case\), got 'higest'"):
+    diagnostics.unit_roundoff('float32', 'gpu', 'higest')
+  with pytest.raises(checks.InputError, match="must be one of jax's .*got 3"):
+    diagnostics.unit_roundoff('float32', 'gpu', 3)
   with pytest.raises(ValueError, match='dtype'):
     diagnostics.unit_roundoff('int32', 'cpu')
   with pytest.raises(ValueError, match='backend'):

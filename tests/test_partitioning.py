@@ -321,6 +321,19 @@ def test_a_submesh_of_no_ints_is_named():
       partitioning.make_mesh(None, submesh)
 
 
+def test_devices_that_are_no_distinct_jax_devices_are_named():
+  """Device names or ids, one device twice or none (before: a mesh of
+  strings that failed at the first sharding, a mesh of one device twice,
+  "more partitions than the 0 devices") are refused when the mesh is
+  made."""
+  device = jax.devices()[0]
+  assert partitioning.make_mesh(devices=[device]).devices.size == 1
+  for devices in (['cpu:0'], [device, device], [], [0]):
+    with pytest.raises(checks.InputError,
+                       match='devices must be distinct jax devices'):
+      partitioning.Partitioner(devices=devices)
+
+
 def test_axis_rules_that_are_no_pairs_of_axes_are_named():
   """A rule is (logical axis, mesh axis or None): a string or a dict of
   rules (before: split into characters, silently) and a mesh axis the

@@ -760,11 +760,45 @@ def params_from_flat(flat: Dict[str, Any], source: str,
 
   Returns:
     The params tree: nested dicts of jax arrays.
+
+  Raises:
+    CheckpointError: a weight is NaN or infinite (after the cast): a
+      training run that diverged writes such a checkpoint, and decoding
+      it would give tokens that mean nothing (a NaN row's argmax is 0).
   """
   params = traverse_util.unflatten_dict(flat, sep='/') if flat else {}
   if config is not None:
     network.check_params(params, config, source)
-  return jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), params)
+  with np.errstate(over='ignore'):  # an overflow is named just below
+    params = jax.tree.map(lambda x: jnp.asarray(x, dtype=dtype), params)
+  _check_finite(params, source, dtype)
+  return params
+
+
+@jax.jit
+def _finite(leaves):
+  """One flag per array: whether every element is finite (one program
+  per tree; a sharded array is reduced where it lies)."""
+  return jnp.stack([jnp.isfinite(x).all() for x in leaves])
+
+
+def _check_finite(params: PyTree, source: str, dtype: Any) -> None:
+  """CheckpointError naming the arrays of `params` with a NaN or an inf."""
+  named = jax.tree_util.tree_flatten_with_path(params)[0]
+  if not named:
+    return
+  # The flags are replicated: this process's copy reads on any mesh.
+  finite = np.asarray(_finite([x for _, x in named]).addressable_data(0))
+  bad = ['/'.join(str(k.key) for k in path)
+         for (path, _), ok in zip(named, finite) if not ok]
+  if bad:
+    cast = '' if dtype is None else f' once cast to {jnp.dtype(dtype).name}'
+    raise CheckpointError(
+        f'{source}: {len(bad)} of {len(named)} weight arrays hold NaN or '
+        f'infinite values{cast} ({", ".join(bad[:3])}'
+        f'{", ..." if len(bad) > 3 else ""}). A training run that diverged '
+        'writes such a checkpoint; decoding it would give meaningless '
+        'tokens.')
 
 
 def load_t5x_params(path: str, config: Optional[network.T5Config] = None,

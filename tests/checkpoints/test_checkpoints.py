@@ -398,6 +398,25 @@ def test_bfloat16_cast(np_v11, tmp_path):
     checkpoints.load_t5x_params(tmp_path / 'nothing', dtype=jnp.int32)
 
 
+def test_weights_that_are_not_finite_are_refused(tmp_path):
+  """A diverged run's checkpoint (a NaN weight), or weights a cast
+  overflows, are refused naming the arrays, not decoded into 0s."""
+  tree = _tiny_tree()
+  tree['encoder']['bias'] = tree['encoder']['bias'].at[3].set(jnp.nan)
+  checkpoints.save_t5x_params(tree, tmp_path / 'nan', step=1)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'1 of 3 weight arrays hold NaN or infinite '
+                     r'values \(encoder/bias\)'):
+    checkpoints.load_t5x_params(tmp_path / 'nan')
+  big = jax.tree.map(lambda x: x * 1e5, _tiny_tree())  # > float16's 65504
+  checkpoints.save_t5x_params(big, tmp_path / 'big', step=1)
+  loaded = checkpoints.load_t5x_params(tmp_path / 'big')  # finite as saved
+  _assert_trees_equal(loaded, big)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match='3 of 3 .* values once cast to float16'):
+    checkpoints.load_t5x_params(tmp_path / 'big', dtype=jnp.float16)
+
+
 # --- HF transformers -> T5X --------------------------------------------------
 
 
