@@ -28,11 +28,20 @@ script is not), so a finder that finds nothing cannot pass silently. Also:
 docs/architecture.md names every module of the package, every docs page is
 reachable from README.md or docs/README.md, no page names an issue number
 or this machine's absolute paths, and README.md keeps the quick start that
-CI runs, verbatim, in under 250 lines.
+CI runs, verbatim, in under 250 lines. Each fenced `python` sample
+parses, and what it imports from the package, the attributes it reads off
+those imports and the arguments it passes to their callables are there
+(`inspect.signature`); a sample is read, not run (its models and data are
+the reader's).
 """
 
+import ast
+import importlib
+import importlib.util
+import inspect
 import pathlib
 import re
+import textwrap
 
 import pytest
 
@@ -192,6 +201,88 @@ def missing_paths(text: str):
   return sorted(p for p in named_paths(text) if not (ROOT / p).exists())
 
 
+# ----------------------------------------------------------- code samples
+
+
+PY_SAMPLE = re.compile(r'^( *)```python\n(.*?)^\1```', re.S | re.M)
+_MISSING = object()
+
+
+def _imported(tree: ast.AST, problems: list) -> dict:
+  """{name in the sample: module or object} of its package imports; a
+  module of the package it uses by its name and does not bind itself
+  counts as imported (a sample continues the page's earlier ones)."""
+  bound = {n.id for n in ast.walk(tree)
+           if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+  bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+            for a in n.args + n.kwonlyargs}
+  names = {}
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Name) and node.id not in bound
+        and importlib.util.find_spec(f'specdec_jax.{node.id}')):
+      names[node.id] = importlib.import_module(f'specdec_jax.{node.id}')
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split('.')[0] == 'specdec_jax':
+          names[a.asname or 'specdec_jax'] = importlib.import_module(
+              a.name if a.asname else 'specdec_jax')
+    elif isinstance(node, ast.ImportFrom) and (
+        node.module or '').split('.')[0] == 'specdec_jax':
+      module = importlib.import_module(node.module)
+      for a in node.names:
+        obj = getattr(module, a.name, _MISSING)
+        if obj is _MISSING:  # a submodule not imported by its package
+          try:
+            obj = importlib.import_module(f'{node.module}.{a.name}')
+          except ModuleNotFoundError:
+            problems.append(f'from {node.module} import {a.name}')
+            continue
+        names[a.asname or a.name] = obj
+  return names
+
+
+def sample_problems(source: str) -> list:
+  """What a Python sample names of the package that is not there: an
+  import, an attribute of an import, or arguments its callable refuses
+  (too many positional ones, an unknown keyword)."""
+  try:
+    tree = ast.parse(textwrap.dedent(source))
+  except SyntaxError as e:
+    return [f'not Python: {e}']
+  problems = []
+  names = _imported(tree, problems)
+
+  def resolve(node):
+    if isinstance(node, ast.Name):
+      return names.get(node.id, _MISSING)
+    if isinstance(node, ast.Attribute):
+      owner = resolve(node.value)
+      if owner is not _MISSING and not hasattr(owner, node.attr):
+        problems.append(f'{ast.unparse(node)} (no attribute {node.attr!r})')
+        names[ast.unparse(node)] = _MISSING  # said once
+      return getattr(owner, node.attr, _MISSING)
+    return _MISSING
+
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute):
+      resolve(node)
+    elif isinstance(node, ast.Call) and callable(fn := resolve(node.func)):
+      if any(isinstance(a, ast.Starred) for a in node.args) or any(
+          k.arg is None for k in node.keywords):
+        continue  # *args / **kwargs: not checkable here
+      try:
+        inspect.signature(fn).bind_partial(
+            *node.args, **{k.arg: k.value for k in node.keywords})
+      except TypeError as e:
+        problems.append(f'{ast.unparse(node.func)}(...): {e}')
+  return sorted(set(problems))
+
+
+def samples(text: str) -> list:
+  return [m.group(2) for m in PY_SAMPLE.finditer(text)]
+
+
 # ------------------------------------------------------------------ tests
 
 
@@ -210,6 +301,44 @@ def test_named_paths_exist(page):
   missing = missing_paths(page.read_text(encoding='utf-8'))
   assert not missing, (f'{rel(page)} names paths that do not exist:\n' +
                        '\n'.join(missing))
+
+
+@pytest.mark.parametrize('page', doc_files(), ids=page_id)
+def test_code_samples_name_what_the_package_has(page):
+  problems = [p for s in samples(page.read_text(encoding='utf-8'))
+              for p in sample_problems(s)]
+  assert not problems, f'{rel(page)}:\n' + '\n'.join(problems)
+
+
+def test_sample_checker_reports_what_is_missing_and_only_that():
+  text = textwrap.dedent('''
+      ```python
+      from specdec_jax import loading, speculative, nope
+      from specdec_jax import eval as eval_lib
+      spec = loading.DrafterSpec(kind='t5', gama=3)
+      speculative.speculative_sample(1, 2, 3, 4, 5, 6, gamma=4)
+      speculative.verify_all(x)
+      eval_lib.evaluate_together([], timing_repeats=3)
+      loading.DataSpec(**fields)
+      ```
+        ```python
+        import specdec_jax.drafters
+        specdec_jax.drafters.T5Drafter(model, confidence=0.5)
+        partitioning.Partitioner(num_partition=4)
+        cache = model.init_cache(1)
+        cache.nothing_checked(cache)
+        ```
+      ''')
+  found = [p for s in samples(text) for p in sample_problems(s)]
+  assert found == [
+      "from specdec_jax import nope",
+      "loading.DrafterSpec(...): got an unexpected keyword argument 'gama'",
+      "speculative.speculative_sample(...): too many positional arguments",
+      "speculative.verify_all (no attribute 'verify_all')",
+      "partitioning.Partitioner(...): got an unexpected keyword argument "
+      "'num_partition'"], found
+  assert sample_problems('x = (') == [
+      "not Python: '(' was never closed (<unknown>, line 1)"]
 
 
 def test_the_pages_exist():
