@@ -898,17 +898,20 @@ class T5Model:
   # The methods check their arguments' shapes and dtypes (Python, at trace
   # time: nothing is added to a program) and the token ids' values where
   # they are concrete (`check_token_ids`). The params are checked where a
-  # call is no loop's (`encode`, `logits`): a loop's decoder checks them
-  # once per decode call, before it traces `init_cache` and `extend`.
+  # decode starts (`init_cache`, once per loop's trace) and where a call is
+  # no loop's (`encode`, `logits`); not in `extend`, which a loop traces
+  # many times with the params `init_cache` took.
 
   def init_cache(self, params, encoder_input_tokens, max_length: int):
     """The encoded inputs' cross-attention keys / values and `max_length`
     empty decoder slots (`Transformer.init_cache`).
 
     Raises:
-      checks.InputError: max_length not an int >= 1, token ids that are
-        not `[batch, length]` ids of the vocabulary (TypeError: not ints).
+      checks.InputError: params not this model's (`check_params`),
+        max_length not an int >= 1, token ids that are not
+        `[batch, length]` ids of the vocabulary (TypeError: not ints).
     """
+    self.check_params(params, source='params')
     checks.check_int('max_length', max_length)
     check_token_ids('encoder_input_tokens', encoder_input_tokens,
                     self.vocab_size)
@@ -1278,7 +1281,9 @@ def for_decoding(model: T5Model, params) -> Tuple[T5Model, Any]:
 def _abstract_variables(model: T5Model):
   """`model.module.init`'s variables as shapes, traced once per model (a
   model is hashable and compared by its config): tracing the whole
-  network's init costs about half a second on a CPU."""
-  return jax.eval_shape(
-      model.module.init, jax.random.key(0), jnp.ones((1, 8), jnp.int32),
-      jnp.ones((1, 8), jnp.int32))
+  network's init costs about half a second on a CPU. Its arguments are
+  made inside eval_shape's trace: made outside, in a loop's trace (a check
+  of the params there), they would be ops of the loop's program."""
+  return jax.eval_shape(lambda: model.module.init(
+      jax.random.key(0), jnp.ones((1, 8), jnp.int32),
+      jnp.ones((1, 8), jnp.int32)))

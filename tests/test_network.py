@@ -188,6 +188,19 @@ def test_a_parameter_of_the_wrong_shape_is_named(np_v11, path):
                                                        dec), params)
 
 
+def test_the_shapes_of_a_config_made_in_a_trace_add_no_op():
+  """A loop's trace checks its params (`init_cache`), which may trace a
+  config's shapes first there: that must leave the loop's program as it
+  is (before, the key and ids made for `init` were ops in it, so the
+  first program of a configuration had another fingerprint)."""
+  config = network.T5Config(vocab_size=40, emb_dim=12, num_heads=3,
+                            head_dim=4, mlp_dim=20, num_encoder_layers=1,
+                            num_decoder_layers=1)  # no other test's: cold
+  jaxpr = jax.make_jaxpr(
+      lambda x: (network.T5Model(config).param_shapes(), x)[1])(1.0)
+  assert not jaxpr.eqns, jaxpr
+
+
 def test_axes_sown_twice_in_one_apply_must_match():
   """A parameter read twice in one apply with `params_axes` mutable sows
   its logical axes twice: as flax's own `param_with_axes`, the second must

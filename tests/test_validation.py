@@ -639,6 +639,8 @@ def test_t5_methods_refuse_params_keys_and_configs_by_name(small_t5):
     model.logits(other, ENC, DEC)
   with pytest.raises(checks.InputError, match='^params: 6 parameters'):
     model.encode(other, ENC)
+  with pytest.raises(checks.InputError, match='^params: 6 parameters'):
+    model.init_cache(other, ENC, 4)  # a decode's start: a flax error
   with pytest.raises(checks.InputError, match=(
       r'rng must be one PRNG key, jax\.random\.key\(seed\) .*got 0\.')):
     model.init_params(0)
