@@ -28,6 +28,17 @@ In a `jax.distributed` run every process syncs the files it writes; process
 0 takes the others' records and choices from the bucket (`pull(others=
 True)`) before it merges them.
 
+One job writes a run folder at a time, as a local one's fcntl lock makes
+sure (run_folder.hold): the job's main process holds a lease, the object
+`run.lease` (`start(hold=True)`), which a thread of its own rewrites every
+`LEASE_S` / 4 seconds, each write conditional on the generation it wrote
+last (GCS's precondition: no other writer came between). A job that finds
+a lease watches it: renewed, its holder is alive and the job is refused;
+not renewed for `LEASE_S` (a job killed or preempted: nothing releases it),
+or last renewed more than twice that long ago by its holder's clock, it is
+taken over. A job whose lease another took over stops copying, keeping what
+it wrote locally and naming it.
+
 A training MODEL_DIR at a gs:// address is kept the same way
 (training.py, through `kept_here`, as the method scripts' --out_dir):
 synced when a save names its step and again once the checkpoint is whole,
@@ -42,11 +53,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
+import threading
 import time
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
                     Tuple, Union)
@@ -60,6 +74,10 @@ Folder = Union[pathlib.Path, str]
 # Files in a folder that is not the run's (an older run moved aside), which
 # the job never reads: not copied down.
 _NOT_PULLED = 'replaced-'
+# The lease of the job writing a gs:// run folder (`_Lease`), and how long
+# one not renewed is a live job's.
+LEASE = 'run.lease'
+LEASE_S = 120.0
 
 
 def is_bucket(path, name: str = '') -> bool:
@@ -121,6 +139,110 @@ class BucketCopyError(RuntimeError):
   """The run folder could not be copied to or from its bucket."""
 
 
+def _renewed(data: bytes) -> Tuple[str, float]:
+  """(who holds a lease, when it was last renewed by its clock; 0 for a
+  lease that does not say: one written by hand)."""
+  try:
+    lease = json.loads(data)
+    return str(lease['holder']), float(lease['renewed'])
+  except (ValueError, TypeError, KeyError):
+    return 'a job', 0.0
+
+
+class _Lease:
+  """The lease of the job writing the run folder `url` (see the module
+  docstring): `take`, then `check` before each copy, then `release`."""
+
+  def __init__(self, url: str):
+    self.url = url
+    self.address = f'{url}/{LEASE}'
+    self._holder = f'{socket.gethostname()} (pid {os.getpid()})'
+    self._generation = None
+    self._lost = None  # the job that took it over
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._renew, daemon=True,
+                                    name=f'lease of {url}')
+
+  def _text(self) -> bytes:
+    return json.dumps({'holder': self._holder, 'renewed': time.time()}
+                      ).encode()
+
+  def take(self) -> None:
+    """Takes the lease (waiting up to LEASE_S for one not renewed).
+
+    Raises:
+      run_folder.RunFolderError: its holder renewed it meanwhile.
+    """
+    seen = None  # (the generation first read, when)
+    while True:
+      data, generation = checkpoints.read_versioned(self.address)
+      if data is not None:
+        holder, renewed = _renewed(data)
+        if seen is not None and generation != seen[0]:
+          raise run_folder.RunFolderError(
+              f'{self.url}: another job is writing this run folder now '
+              f'({holder}, which renewed its lease {self.address} within '
+              f'{LEASE_S:.0f} s). Wait for it to end (a rerun then resumes '
+              'what it finished), or give another EVAL_OUTPUT_DIR.')
+        dead = time.time() - renewed > 2 * LEASE_S
+        if seen is None:
+          seen = (generation, time.monotonic())
+          if not dead:
+            logging.warning(
+                '%s: held by %s; waiting up to %.0f s for its lease to be '
+                'renewed (a live job: this one stops) or not (this one '
+                'takes it).', self.url, holder, LEASE_S)
+        if not dead and time.monotonic() - seen[1] < LEASE_S:
+          self._stop.wait(LEASE_S / 16)
+          continue
+      self._generation = checkpoints.write_if(self.address, self._text(),
+                                              generation)
+      if self._generation is not None:
+        break
+    if data is not None:
+      logging.warning('%s: took over the lease of %s, not renewed for '
+                      '%.0f s (a job that ended without letting go).',
+                      self.url, holder, LEASE_S)
+    self._thread.start()
+
+  def _renew(self) -> None:
+    while not self._stop.wait(LEASE_S / 4):
+      try:
+        generation = checkpoints.write_if(self.address, self._text(),
+                                          self._generation)
+      except (OSError, ValueError) as e:  # tensorstore's: the next try
+        logging.warning('%s: the lease was not renewed (%s: %s).',
+                        self.url, type(e).__name__, e)
+        continue
+      if generation is None:  # another job wrote it: taken over
+        data = checkpoints.read_versioned(self.address)[0]
+        self._lost = _renewed(data)[0] if data else 'another job'
+        return
+      self._generation = generation
+
+  def check(self, local: pathlib.Path) -> None:
+    """Raises BucketCopyError where another job took the lease over."""
+    if self._lost is not None:
+      raise BucketCopyError(
+          f'{self.url}: another job ({self._lost}) took this run folder '
+          f'over when this job had not renewed its lease for {LEASE_S:.0f}'
+          ' s (a stalled process or network): this job copies nothing '
+          f'more, and what it wrote is kept at {local}.')
+
+  def release(self) -> None:
+    """Stops renewing and removes the lease (if still this job's)."""
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join()
+    if self._generation is not None and self._lost is None:
+      try:
+        checkpoints.write_if(self.address, None, self._generation)
+      except (OSError, ValueError) as e:  # it runs out by itself
+        logging.warning('%s: the lease was not removed (%s: %s); it runs '
+                        'out in %.0f s.', self.url, type(e).__name__, e,
+                        LEASE_S)
+
+
 class BucketFolder:
   """A run folder at `url`, kept in the local folder `local`.
 
@@ -142,6 +264,7 @@ class BucketFolder:
     self._records_at = time.monotonic()
     self._failed = False
     self._reads_only = False
+    self._lease: Optional[_Lease] = None
 
   def __repr__(self) -> str:
     return f'BucketFolder({self.url!r}, local={str(self.local)!r})'
@@ -169,7 +292,7 @@ class BucketFolder:
     copies of them."""
     try:
       names = [n for n in checkpoints.list_files(self.url)
-               if not n.startswith(_NOT_PULLED)]
+               if not n.startswith(_NOT_PULLED) and n != LEASE]
       if others:
         names = [n for n in names if n not in self._ours]
       for name in names:
@@ -202,6 +325,12 @@ class BucketFolder:
     others = sorted((n for n in changed if not _is_records(n)),
                     key=lambda n: now[n][1])
     try:
+      if self._lease is not None:
+        self._lease.check(self.local)
+    except BucketCopyError:
+      self._failed = True  # no copy from now on
+      raise
+    try:
       for name in records + others:
         checkpoints.write_bytes(self._address(name),
                                 (self.local / name).read_bytes())
@@ -232,13 +361,28 @@ class BucketFolder:
     del label
     self.sync()
 
-  def start(self) -> None:
-    """Copies the bucket down, then syncs after every write of the run
-    folder (first among `run_folder.after_write`)."""
+  def start(self, hold: bool = False) -> None:
+    """Takes the folder's lease where `hold` (the job's main process),
+    copies the bucket down, then syncs after every write of the run
+    folder (first among `run_folder.after_write`).
+
+    Raises:
+      run_folder.RunFolderError: another job holds the folder.
+      BucketCopyError: it could not be read.
+    """
     try:
+      if hold:
+        self._lease = _Lease(self.url)
+        self._lease.take()
       self.pull()
-    except BucketCopyError:
+    except BaseException as e:
+      if self._lease is not None:
+        self._lease.release()
       shutil.rmtree(self.local, ignore_errors=True)
+      if isinstance(e, (OSError, ValueError)) and not isinstance(
+          e, run_folder.RunFolderError):  # tensorstore's, on the lease
+        raise BucketCopyError(f'could not take the lease of {self.url}: '
+                              f'{type(e).__name__}: {e}') from e
       raise
     run_folder.after_write.insert(0, self._after_write)
 
@@ -250,6 +394,8 @@ class BucketFolder:
     finally:
       if self._after_write in run_folder.after_write:
         run_folder.after_write.remove(self._after_write)
+      if self._lease is not None:
+        self._lease.release()
     if self._failed:
       logging.warning('the run folder %s is kept at %s: it was not copied '
                       'to the bucket whole.', self.url, self.local)

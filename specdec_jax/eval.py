@@ -184,7 +184,7 @@ class _Run:
     self.bucket = None  # a gs:// output_dir, kept in a local copy
     if bucket_folder.is_bucket(output_dir):
       self.bucket = bucket_folder.BucketFolder(output_dir, sync_every_s)
-      self.bucket.start()
+      self.bucket.start(hold=jax.process_index() == 0)  # one job writes
     self.out = (pathlib.Path(output_dir).expanduser() if self.bucket is None
                 else self.bucket.local)
     try:

@@ -15,7 +15,8 @@ One run of `eval.evaluate` owns one folder (EVAL_OUTPUT_DIR):
                    second job started on the folder meanwhile is refused
                    (`claim`) rather than decode every example again
                    beside it (a folder at a gs:// address is written in
-                   each job's own local copy: not locked);
+                   each job's own local copy and held by a lease in the
+                   bucket: bucket_folder.py);
   gamma_choice.json  the gamma chosen for the batch (`choice_file`);
   the output cache of the 'cache' / 'combined' drafters (its own file, or
                    output_cache.npz here), committed with the records of

@@ -27,14 +27,17 @@ generation, as GCS does.
 
 The emulator reads an upload of an empty object as one without a body and
 fails it (tensorstore then retries for ever): its uploads here take an
-empty body as an empty object, as GCS does. It ignores a listing's
-`startOffset` / `endOffset`, which
+empty body as an empty object, as GCS does. It writes and deletes
+regardless of a request's `ifGenerationMatch`: here, as GCS, only an
+object of that generation (0: none) is written or deleted. It ignores a
+listing's `startOffset` / `endOffset`, which
 tensorstore sends for every key range (and not `prefix`): real GCS lists
 only the keys in range, the emulator every key of the bucket. Its listings
 here are filtered by them, as GCS does.
 """
 
 import contextlib
+import http
 import itertools
 import json
 import os
@@ -98,6 +101,27 @@ def _generation_headers(read):
   return handler
 
 
+def _preconditions(write):
+  """The emulator's upload or delete of an object, done only if the
+  object's generation is the request's `ifGenerationMatch` (0: there is
+  no object) and else answered 412, as GCS does (the emulator writes
+  regardless: a lease taken twice)."""
+  def handler(request, response, storage, *args, **kwargs):
+    want = request.query.get('ifGenerationMatch')
+    if want is not None:
+      name = (request.params.get('object_id') or
+              (request.query.get('name') or [None])[0])
+      try:
+        obj = storage.get_file_obj(request.params['bucket_name'], name)
+      except Exception:  # pylint: disable=broad-except
+        obj = None
+      if str(obj['generation'] if obj else 0) != want[0]:
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        return None
+    return write(request, response, storage, *args, **kwargs)
+  return handler
+
+
 def configure() -> str:
   """Points this process's GCS clients (and its children's) at a free local
   port, where the emulator will listen; returns its URL."""
@@ -120,7 +144,9 @@ def serving() -> Iterator[str]:
   # pylint: enable=g-import-not-at-top
   url = os.environ['TENSORSTORE_GCS_HTTP_URL']
   handlers = emulator.HANDLERS
-  patched = {objects.ls: _ranged, objects.insert: _empty_uploads,
+  patched = {objects.ls: _ranged,
+             objects.insert: lambda h: _preconditions(_empty_uploads(h)),
+             objects.delete: _preconditions,
              objects.download: _generation_headers,
              objects.get: _generation_headers}
   emulator.HANDLERS = tuple(

@@ -10,6 +10,7 @@ tests/test_run_folder.py, here with the process's copies stopped there).
 import os
 import pathlib
 import tempfile
+import time
 
 import pytest
 
@@ -207,3 +208,51 @@ def test_files_written_at_a_local_path_are_checked_before_any_work(
   with pytest.raises(checks.InputError, match='cannot be a folder'):
     with bucket_folder.written_here('out', str(tmp_path / 'loss.png' / 'x')):
       pytest.fail('the block ran')
+
+
+def test_one_job_at_a_time_writes_a_run_folder_in_a_bucket(gcs, monkeypatch,
+                                                            caplog):
+  """A job finding the lease renewed is refused; one finding it not
+  renewed (its holder killed: no release) takes it over; a job whose
+  lease was taken over stops copying and keeps its copy, named."""
+  monkeypatch.setattr(bucket_folder, 'LEASE_S', 0.4)
+  url = f'{gcs}/run'
+  lease = f'{url}/{bucket_folder.LEASE}'
+  first = bucket_folder.BucketFolder(url)
+  first.start(hold=True)
+  assert checkpoints.read_versioned(lease)[0] is not None
+  second = bucket_folder.BucketFolder(url)
+  with pytest.raises(run_folder.RunFolderError, match=(
+      'another job is writing this run folder now .*renewed its lease')):
+    second.start(hold=True)
+  assert not second.local.exists()
+  reader = bucket_folder.BucketFolder(url)  # another process of the job
+  reader.start()
+  reader.close()
+  first.close()
+  assert checkpoints.read_versioned(lease)[0] is None  # let go
+
+  # A holder killed: its lease stays, never renewed, and is taken over.
+  checkpoints.write_bytes(lease, b'{"holder": "h (pid 1)", "renewed": %f}'
+                          % time.time())
+  third = bucket_folder.BucketFolder(url)
+  third.start(hold=True)
+  assert 'took over the lease of h (pid 1)' in caplog.text
+  (third.local / 'a.txt').write_text('a')
+  third.sync(force=True)
+  assert checkpoints.read_bytes(f'{url}/a.txt') == b'a'
+  # Another job takes it over (third stalled): third's next copy stops.
+  checkpoints.write_bytes(lease, b'{"holder": "h (pid 2)", "renewed": 0}')
+  with pytest.raises(bucket_folder.BucketCopyError, match=(
+      r'another job \(h \(pid 2\)\) took this run folder over .*kept at '
+      f'{third.local}')):
+    for i in range(100):  # its renewal, every LEASE_S / 4, finds it out
+      (third.local / f'b{i}.txt').write_text('b')
+      last = f'{url}/b{i}.txt'
+      third.sync(force=True)
+      time.sleep(0.05)
+  assert not checkpoints.isfile(last)
+  third.close()
+  assert third.local.exists()  # kept, as the error says
+  assert checkpoints.read_versioned(lease)[0] == (
+      b'{"holder": "h (pid 2)", "renewed": 0}')  # not removed: not its

@@ -20,7 +20,8 @@
   travel inside a checkpoint folder (a draft head's config, a training
   run's optimizer state), and `write_bytes` (a whole file or nothing,
   durably), `list_files`, `delete` and `is_gcs` for the jobs' own files
-  (a folder kept in a bucket: bucket_folder.py).
+  (a folder kept in a bucket: bucket_folder.py), `read_versioned` and
+  `write_if` (a write only where no other came between) for its lease.
 
 The names below are re-exported so `checkpoints.load_t5x_params(...)` etc.
 work as before the split.
@@ -35,7 +36,9 @@ from specdec_jax.checkpoints._storage import isdir
 from specdec_jax.checkpoints._storage import isfile
 from specdec_jax.checkpoints._storage import list_files
 from specdec_jax.checkpoints._storage import read_bytes
+from specdec_jax.checkpoints._storage import read_versioned
 from specdec_jax.checkpoints._storage import write_bytes
+from specdec_jax.checkpoints._storage import write_if
 from specdec_jax.checkpoints.hf import config_from_hf
 from specdec_jax.checkpoints.hf import load_hf_t5
 from specdec_jax.checkpoints.t5x import all_steps

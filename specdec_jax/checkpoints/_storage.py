@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import List, Set, Tuple
+from typing import List, Optional, Set, Tuple
 
 from specdec_jax import checks
 
@@ -158,6 +158,26 @@ def write_bytes(path: str, data: bytes) -> None:
     with contextlib.suppress(OSError):
       os.remove(tmp)
     raise
+
+
+def read_versioned(path: str) -> Tuple[Optional[bytes], bytes]:
+  """(the bytes of a gs:// object, or None where there is none; its
+  generation), for `write_if`."""
+  store, key = _gcs_store(path)
+  result = store.read(key).result()
+  value = None if result.state == 'missing' else bytes(result.value)
+  return value, result.stamp.generation
+
+
+def write_if(path: str, data: Optional[bytes], generation: bytes
+             ) -> Optional[bytes]:
+  """Writes `data` to a gs:// object (None: deletes it) only if its
+  generation is still `generation` (`read_versioned`'s, or an earlier
+  `write_if`'s); returns the new generation, or None where the object
+  had changed (GCS's precondition: no other writer came between)."""
+  store, key = _gcs_store(path)
+  stamp = store.write(key, data, if_equal=generation).result()
+  return stamp.generation or None  # empty: the condition failed
 
 
 def delete(path: str) -> None:
