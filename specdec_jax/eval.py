@@ -8,7 +8,8 @@ r"""Baseline vs speculative evaluation job, launched like a T5X job.
 
 The gin files configure one `loading.EvalSetup` (target, drafter, task,
 decoding: what to evaluate) and this job's `evaluate` (where results go, how
-to time); `--dry_run` prints the setup. Flags follow T5X (gin_utils.py):
+to time); `--dry_run` prints the setup and checks what the job checks
+before its first example (`preflight`). Flags follow T5X (gin_utils.py):
 `--gin_file` (repeatable), `--gin_bindings` (repeatable),
 `--gin.NAME=VALUE` (shorthand for a binding), `--gin_search_paths`
 (comma-separated; the project's gin_configs/ is always searched).
@@ -103,6 +104,7 @@ from specdec_jax import output_cache
 from specdec_jax import partitioning
 from specdec_jax import run_folder
 from specdec_jax import summary as summary_lib
+from specdec_jax import tasks
 from specdec_jax import unit_loop
 from specdec_jax.loading import EvalSetup
 
@@ -120,7 +122,8 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
              shard_drafter: bool = False,
              if_settings_differ: str = 'refuse',
              cache: Optional[loading.LoadCache] = None,
-             sync_every_s: float = 60.0) -> Dict[str, Any]:
+             sync_every_s: float = 60.0,
+             dry_run: bool = False) -> Dict[str, Any]:
   """Runs baseline and speculative decoding of a setup; writes the results.
 
   Across processes (`jax.distributed`, see `main`): process p of P decodes
@@ -155,11 +158,18 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     sync_every_s: at a gs:// output_dir, the longest new records wait
       before they are copied to the bucket (any other write is copied at
       once; the job's end copies everything).
+    dry_run: only check what the job checks before it reads an example
+      (`preflight`: the folder, the mesh, the checkpoints, the task), and
+      write and decode nothing.
 
   Returns:
     The summary dict (also written to summary.json by process 0; every
-    process of a `jax.distributed` run returns it).
+    process of a `jax.distributed` run returns it); with `dry_run`,
+    {'status': 'checked', 'checked': what was, a line each}.
   """
+  if dry_run:
+    return {'status': 'checked', 'checked': preflight(
+        [(setup, output_dir, config_str)], partitioner)[1]}
   return evaluate_together(
       [(setup, output_dir, config_str)], timing_repeats=timing_repeats,
       partitioner=partitioner, shard_drafter=shard_drafter,
@@ -367,6 +377,27 @@ def _check_mesh_batch(setup: EvalSetup, partitioner) -> None:
         f'{parts}.')
 
 
+def preflight(runs: Sequence[Tuple[EvalSetup, str, str]], partitioner
+              ) -> Tuple[Any, List[str]]:
+  """What a job checks before it reads an example (`evaluate_together`,
+  and all of `--dry_run`): each run's folder, output cache and batch on
+  the mesh, one baseline (`_check_runs`), the checkpoints there
+  (`loading.check_checkpoints`), the task and its vocabulary against the
+  target (`loading.load_task`). Returns (the task, what was checked, a
+  line each)."""
+  _check_runs(runs, partitioner)
+  checked = [f'output_dir {out}' for _, out, _ in runs]
+  for setup, _, _ in runs:
+    checked += loading.check_checkpoints(setup)
+  setup = runs[0][0]
+  task = loading.load_task(setup)
+  checked.append(
+      f'task {setup.data.mixture_or_task_name} ({setup.data.split}): a '
+      f'vocabulary of {tasks.vocab_size(task)} tokens, TARGET_MODEL '
+      f'{setup.target_config.vocab_size}')
+  return task, checked
+
+
 def _check_runs(runs: Sequence[Tuple[EvalSetup, str, str]],
                 partitioner) -> None:
   """Each run's folder (one per run: two runs in one folder, or in a
@@ -439,11 +470,10 @@ def evaluate_together(runs: Sequence[Tuple[EvalSetup, str, str]], *,
                     'a partitioning.Partitioner or None')
   checks.check_type('cache', cache, (loading.LoadCache, type(None)),
                     'a loading.LoadCache or None')
-  _check_runs(runs, partitioner)
+  task = preflight(runs, partitioner)[0]
   setup = runs[0][0]
   if len(runs) > 1:
     cache = loading.LoadCache() if cache is None else cache  # one target
-  task = loading.load_task(setup)
   examples = loading.read_examples(setup, task, setup.data.num_examples, cache)
   fingerprints = run_folder.same_examples(examples)  # every process's
   # Process 0 claims, then the others read (its error is theirs too),
@@ -570,7 +600,8 @@ def shard_loaded(loaded: loading.Loaded, partitioner, shard_drafter: bool
 
 def _add_flags(parser) -> None:
   parser.add_argument('--dry_run', action='store_true',
-                      help='print the setup and exit')
+                      help='print the setup, check the output folder, '
+                      'checkpoints and task as the job would, and exit')
   add_process_flags(parser)
 
 
@@ -652,8 +683,11 @@ def _run(args, setup: loading.EvalSetup, run):
   """`main`'s second half: the configured job run (or described)."""
   import gin  # pylint: disable=g-import-not-at-top
 
-  if args.dry_run:
+  if args.dry_run:  # and what the job checks before its first example
     print(setup.describe())
+    for line in run(setup=setup, config_str=gin.config_str(),
+                    dry_run=True)['checked']:
+      print(f'checked: {line}')
     return setup
   return run(setup=setup, config_str=gin.config_str())
 

@@ -703,6 +703,28 @@ def _checkpoint_path(checkpoint, what: str) -> str:
   return checkpoint
 
 
+def check_checkpoints(setup: EvalSetup) -> List[str]:
+  """The setup's checkpoints (the target's, the drafter's), each checked
+  to be where it is read from (a gs:// one listed), before anything is
+  loaded; what was found, a line each. Random and synthetic weights are
+  no files.
+
+  Raises:
+    FileNotFoundError: naming the checkpoint that is not there.
+  """
+  found = []
+  for what, checkpoint in (('target', setup.target_checkpoint),
+                           ('draft', setup.draft.checkpoint)):
+    if checkpoint is None or str(checkpoint).startswith(synthetic.SCHEME):
+      continue
+    path = _checkpoint_path(checkpoint, what)
+    if checkpoints.is_gcs(path) and not (checkpoints.isdir(path) or
+                                         checkpoints.isfile(path)):
+      raise FileNotFoundError(f'{what} checkpoint not found: {path}')
+    found.append(f'{what} checkpoint {path}')
+  return found
+
+
 def _read_model(config: network.T5Config, checkpoint: Optional[str],
                 seed: int, what: str, shardings=None):
   """`load_model` with no cache: read (or initialized) every call."""

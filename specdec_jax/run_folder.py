@@ -95,6 +95,7 @@ EVALUATE_PARAMETERS = {
              'same ones, loaded by an earlier job of the process)',
     'sync_every_s': 'free: how often new records are copied to a gs:// '
                     'output_dir',
+    'dry_run': 'free: a dry run writes no run',
 }
 
 # What a rerun with another identity does (`claim`).

@@ -419,42 +419,75 @@ def test_a_missing_draft_checkpoint_is_found_before_the_target_loads(
     loading.build(setup)
 
 
+def test_a_dry_run_checks_what_the_job_checks_first_and_writes_nothing(
+    tmp_path, capsys):
+  """`--dry_run` prints the setup, then what the job checks before its
+  first example (`preflight`: the folder, the checkpoints, the task and
+  its vocabulary); a task or checkpoint that is not there is its one
+  line, as in the job (before: the dry run printed such a setup)."""
+  out = tmp_path / 'run'
+  setup = eval_lib.cli(args(out) + ['--dry_run'])
+  assert isinstance(setup, loading.EvalSetup)
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[-2:] == [
+      f'checked: output_dir {out}',
+      'checked: task debian_desc_en_de (validation): a vocabulary of 1000 '
+      'tokens, TARGET_MODEL 1024'], printed
+  assert not out.exists()
+  for flag, said in (
+      (dict(MIXTURE_OR_TASK_NAME="'debian_nope'"), "Unknown task 'debian_no"),
+      (dict(DRAFT_CHECKPOINT=f"'{tmp_path / 'none'}'"),
+       'draft checkpoint not found')):
+    with pytest.raises(SystemExit) as e:
+      eval_lib.cli(args(out, **flag) + ['--dry_run'])
+    assert str(e.value.code).startswith(f'error: {said}'), e.value.code
+  assert not out.exists()
+
+
 def test_the_command_says_a_configuration_error_in_one_line(
     tmp_path, monkeypatch):
   """`python -m specdec_jax.eval` (`cli`): a value its configuration
   refuses (here gamma 0, found as the setup is built) ends the command with
   that error's line(s) (gin's context after it), not a traceback, before a
-  run folder is made; so does a missing checkpoint, found as the job
-  loads, after the summary says the job failed, and an input longer than
-  the model takes (an `InputError`), found as it reads the data. A
-  ValueError of the code's own (no `InputError`) keeps its traceback."""
+  run folder is made; so do a missing checkpoint (`preflight`) and an
+  input longer than the model takes (an `InputError`), found as it reads
+  the data; a checkpoint that does not load, found as the job loads,
+  after the summary says the job failed. A ValueError of the code's own
+  (no `InputError`) keeps its traceback."""
   with pytest.raises(SystemExit) as e:
     eval_lib.cli(args(tmp_path / 'err', GAMMA='0'))
   assert str(e.value.code).startswith(
       'error: gamma must be an int >= 1, got 0.'), e.value.code
   assert not (tmp_path / 'err').exists()
-  (tmp_path / 'x').mkdir()  # not a folder '~' here
+  with pytest.raises(SystemExit) as e:
+    eval_lib.cli(args(tmp_path / 'none', TARGET_CHECKPOINT=(
+        "'/nonexistent/checkpoint_1'")))
+  assert str(e.value.code).startswith(
+      'error: target checkpoint not found: /nonexistent/checkpoint_1')
+  assert not (tmp_path / 'none').exists()
+  (tmp_path / 'x' / 'checkpoint_1').mkdir(parents=True)  # no '~' here
   with pytest.raises(SystemExit) as e:  # found as it loads: its line too
     monkeypatch.setenv('HOME', str(tmp_path))  # '~' is the home folder
     monkeypatch.chdir(tmp_path / 'x')
     eval_lib.cli(args('~/missing', TARGET_CHECKPOINT=(
-        "'/nonexistent/checkpoint_1'")))
-  assert str(e.value.code).startswith(
-      'error: target checkpoint not found: /nonexistent/checkpoint_1')
+        f"'{tmp_path / 'x' / 'checkpoint_1'}'")))
+  assert str(e.value.code).startswith('error: '), e.value.code
+  assert 'checkpoint_1' in str(e.value.code), e.value.code
   # The status says why, and that this rerun needs the input corrected
   # (any other error says to rerun as it was: test_failure_keeps_finished_
   # batches).
   assert _status(tmp_path / 'missing').startswith('failed')
   assert _status(tmp_path / 'missing').endswith(
-      'checkpoint_1\'); correct it and rerun to resume'), _status(
-          tmp_path / 'missing')
+      "checkpoint_<step> folders).'); correct it and rerun to resume"), (
+          _status(tmp_path / 'missing'))
   # Nothing decoded, and still what it was to decode, in both files.
   failed = json.loads((tmp_path / 'missing' / 'summary.json').read_text())
   assert failed['examples'] == 0 and failed['task'] == 'debian_desc_en_de'
-  assert failed['target_checkpoint'] == '/nonexistent/checkpoint_1'
+  checkpoint = str(tmp_path / 'x' / 'checkpoint_1')
+  assert failed['target_checkpoint'] == checkpoint
   assert (tmp_path / 'missing' / 'summary.md').read_text().startswith(
       f"**Status: {failed['status']}.**\n\ndebian_desc_en_de (validation "
-      'split): 0 examples. Target /nonexistent/checkpoint_1; drafter t5.')
+      f'split): 0 examples. Target {checkpoint}; drafter t5.')
   with pytest.raises(SystemExit) as e:  # found as it reads the data
     eval_lib.cli(args(tmp_path / 'long', TASK_FEATURE_LENGTHS=(
         "{'inputs': 4, 'targets': 12}")))

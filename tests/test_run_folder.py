@@ -161,8 +161,8 @@ def test_every_setting_is_compared_or_named_free(tmp_path):
       inspect.signature(eval_lib.evaluate).parameters)
   free = {k for k, v in run_folder.EVALUATE_PARAMETERS.items()
           if v.startswith('free')}
-  assert free == {'timing_repeats', 'output_dir',
-                  'config_str', 'if_settings_differ', 'cache', 'sync_every_s'}
+  assert free == {'timing_repeats', 'output_dir', 'config_str',
+                  'if_settings_differ', 'cache', 'sync_every_s', 'dry_run'}
   setup = eval_lib.configured(args(tmp_path / 'x'))[1]
   settings = run_folder.identity(setup)
   assert set(setup.flat()) - set(settings) == {'num_examples'}
