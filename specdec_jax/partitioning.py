@@ -206,8 +206,11 @@ def param_shardings(model, mesh: Mesh, rules: LogicalAxisRules) -> Any:
 
 
 def shard_params(params, model, mesh: Mesh, rules: LogicalAxisRules):
-  """`params` placed on `mesh` by `rules` (each device gets its shard)."""
-  shardings = param_shardings(model, mesh, rules)
+  """`params` placed on `mesh` by `rules` (each device gets its shard);
+  InputError unless they are `model`'s (`T5Model.check_params`: params of
+  another config were placed, or failed in jax as indivisible)."""
+  shardings = param_shardings(model, mesh, rules)  # the model fits first
+  unwrap(model).check_params(params, source='params')
   return jax.tree.map(jax.device_put, params, shardings)
 
 
@@ -404,16 +407,21 @@ class Partitioner:
     return ShardedModel(unwrap(model), self.mesh,
                         self.rules if rules is None else tuple(rules))
 
+  def _rules_for(self, model, rules: Optional[LogicalAxisRules]
+                 ) -> LogicalAxisRules:
+    """`rules`, else a wrapped model's, else this partitioner's."""
+    if rules is not None:
+      return rules
+    return model.rules if isinstance(model, ShardedModel) else self.rules
+
   def param_shardings(self, model, rules: Optional[LogicalAxisRules] = None):
-    if rules is None:
-      rules = model.rules if isinstance(model, ShardedModel) else self.rules
-    return param_shardings(model, self.mesh, rules)
+    return param_shardings(model, self.mesh, self._rules_for(model, rules))
 
   def shard_params(self, params, model,
                    rules: Optional[LogicalAxisRules] = None):
     """`params` of `model` on the mesh (by `model`'s rules if wrapped)."""
-    return jax.tree.map(jax.device_put, params,
-                        self.param_shardings(model, rules))
+    return shard_params(params, model, self.mesh,
+                        self._rules_for(model, rules))
 
   @property
   def spans_processes(self) -> bool:

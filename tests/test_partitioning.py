@@ -22,6 +22,7 @@ import pytest
 from specdec_jax import checks
 from specdec_jax import eval as eval_lib
 from specdec_jax import loading
+from specdec_jax import network
 from specdec_jax import partitioning
 from specdec_jax.experiments import reproduce
 
@@ -332,6 +333,20 @@ def test_devices_that_are_no_distinct_jax_devices_are_named():
     with pytest.raises(checks.InputError,
                        match='devices must be distinct jax devices'):
       partitioning.Partitioner(devices=devices)
+
+
+def test_params_of_another_config_are_refused_before_they_are_placed():
+  """(before: placed as they were on one device; jax's IndivisibleError
+  on a mesh that split a dimension they lack)."""
+  config = network.T5Config(vocab_size=16, emb_dim=8, num_heads=2,
+                            head_dim=4, mlp_dim=16, num_encoder_layers=1,
+                            num_decoder_layers=1)
+  model = network.T5Model(config)
+  other = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), network.T5Model(
+      config.replace(mlp_dim=12)).param_shapes())
+  with pytest.raises(checks.InputError, match=(
+      r'^params: .* parameters differ from the T5Config.*mlp_dim 12')):
+    partitioning.Partitioner().shard_params(other, model)
 
 
 def test_axis_rules_that_are_no_pairs_of_axes_are_named():
