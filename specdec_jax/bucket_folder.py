@@ -35,9 +35,10 @@ sure (run_folder.hold): the job's main process holds a lease, the object
 last (GCS's precondition: no other writer came between). A job that finds
 a lease watches it: renewed, its holder is alive and the job is refused;
 not renewed for `LEASE_S` (a job killed or preempted: nothing releases it),
-or last renewed more than twice that long ago by its holder's clock, it is
-taken over. A job whose lease another took over stops copying, keeping what
-it wrote locally and naming it.
+it is taken over (no host's clock is compared with another's). A job whose
+lease another took over, or that could not renew it for `LEASE_S` / 2 (so
+before another may take it), stops copying, keeping what it wrote locally
+and naming it.
 
 A training MODEL_DIR at a gs:// address is kept the same way
 (training.py, through `kept_here`, as the method scripts' --out_dir):
@@ -62,6 +63,7 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
                     Tuple, Union)
 
@@ -139,14 +141,13 @@ class BucketCopyError(RuntimeError):
   """The run folder could not be copied to or from its bucket."""
 
 
-def _renewed(data: bytes) -> Tuple[str, float]:
-  """(who holds a lease, when it was last renewed by its clock; 0 for a
-  lease that does not say: one written by hand)."""
+def _holder_of(data: Optional[bytes]) -> str:
+  """Who holds a lease, as its object says ('a job': one written by
+  hand, or none)."""
   try:
-    lease = json.loads(data)
-    return str(lease['holder']), float(lease['renewed'])
+    return str(json.loads(data)['holder'])
   except (ValueError, TypeError, KeyError):
-    return 'a job', 0.0
+    return 'a job'
 
 
 class _Lease:
@@ -156,8 +157,10 @@ class _Lease:
   def __init__(self, url: str):
     self.url = url
     self.address = f'{url}/{LEASE}'
-    self._holder = f'{socket.gethostname()} (pid {os.getpid()})'
+    self._holder = (f'{socket.gethostname()} (pid {os.getpid()}, lease '
+                    f'{uuid.uuid4().hex[:8]})')
     self._generation = None
+    self._renewed_at = 0.0  # when a write of it last held (monotonic)
     self._lost = None  # the job that took it over
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew, daemon=True,
@@ -168,7 +171,8 @@ class _Lease:
                       ).encode()
 
   def take(self) -> None:
-    """Takes the lease (waiting up to LEASE_S for one not renewed).
+    """Takes the lease: at once where there is none, else after watching
+    it LEASE_S without a renewal (no clock of another host is read).
 
     Raises:
       run_folder.RunFolderError: its holder renewed it meanwhile.
@@ -177,70 +181,89 @@ class _Lease:
     while True:
       data, generation = checkpoints.read_versioned(self.address)
       if data is not None:
-        holder, renewed = _renewed(data)
-        if seen is not None and generation != seen[0]:
+        holder = _holder_of(data)
+        if seen is None:
+          seen = (generation, time.monotonic())
+          logging.warning(
+              '%s: held by %s; watching its lease for up to %.0f s: '
+              'renewed, this job stops; not renewed (a job that ended '
+              'without letting go), this job takes the folder (or delete '
+              '%s).', self.url, holder, LEASE_S, self.address)
+        elif generation != seen[0]:
           raise run_folder.RunFolderError(
               f'{self.url}: another job is writing this run folder now '
               f'({holder}, which renewed its lease {self.address} within '
               f'{LEASE_S:.0f} s). Wait for it to end (a rerun then resumes '
               'what it finished), or give another EVAL_OUTPUT_DIR.')
-        dead = time.time() - renewed > 2 * LEASE_S
-        if seen is None:
-          seen = (generation, time.monotonic())
-          if not dead:
-            logging.warning(
-                '%s: held by %s; waiting up to %.0f s for its lease to be '
-                'renewed (a live job: this one stops) or not (this one '
-                'takes it).', self.url, holder, LEASE_S)
-        if not dead and time.monotonic() - seen[1] < LEASE_S:
+        if time.monotonic() - seen[1] < LEASE_S:
           self._stop.wait(LEASE_S / 16)
           continue
       self._generation = checkpoints.write_if(self.address, self._text(),
                                               generation)
       if self._generation is not None:
         break
+    self._renewed_at = time.monotonic()
     if data is not None:
       logging.warning('%s: took over the lease of %s, not renewed for '
-                      '%.0f s (a job that ended without letting go).',
-                      self.url, holder, LEASE_S)
+                      '%.0f s.', self.url, holder, LEASE_S)
     self._thread.start()
 
   def _renew(self) -> None:
     while not self._stop.wait(LEASE_S / 4):
       try:
-        generation = checkpoints.write_if(self.address, self._text(),
-                                          self._generation)
-      except (OSError, ValueError) as e:  # tensorstore's: the next try
+        if not self._renewed():
+          return
+      except Exception as e:  # pylint: disable=broad-except
+        # tensorstore's errors, a timeout: `check` stops the job if the
+        # lease stays unrenewed.
         logging.warning('%s: the lease was not renewed (%s: %s).',
                         self.url, type(e).__name__, e)
-        continue
-      if generation is None:  # another job wrote it: taken over
-        data = checkpoints.read_versioned(self.address)[0]
-        self._lost = _renewed(data)[0] if data else 'another job'
-        return
-      self._generation = generation
+
+  def _renewed(self) -> bool:
+    """Renews the lease once; False where it is another job's now."""
+    generation = checkpoints.write_if(self.address, self._text(),
+                                      self._generation)
+    if generation is None:  # written since this job's last write
+      self._lost = 'another job'
+      data, current = checkpoints.read_versioned(self.address)
+      if data is None or _holder_of(data) != self._holder:
+        self._lost = _holder_of(data) if data else 'another job'
+        return False
+      # A write of this job's own that reported an error had held.
+      self._lost, generation = None, current
+    self._generation = generation
+    self._renewed_at = time.monotonic()
+    return True
 
   def check(self, local: pathlib.Path) -> None:
-    """Raises BucketCopyError where another job took the lease over."""
+    """Raises BucketCopyError where another job took the lease over, or
+    it went unrenewed for LEASE_S / 2 (so that another may take it in
+    LEASE_S: this job stops first)."""
     if self._lost is not None:
-      raise BucketCopyError(
-          f'{self.url}: another job ({self._lost}) took this run folder '
-          f'over when this job had not renewed its lease for {LEASE_S:.0f}'
-          ' s (a stalled process or network): this job copies nothing '
-          f'more, and what it wrote is kept at {local}.')
+      why = (f'another job ({self._lost}) took this run folder over (this '
+             f'job had not renewed its lease for {LEASE_S:g} s)')
+    elif time.monotonic() - self._renewed_at > LEASE_S / 2:
+      why = (f'this job has not renewed its lease for {LEASE_S / 2:g} s (a'
+             ' stalled process or network), and another job may take the '
+             'folder over')
+    else:
+      return
+    raise BucketCopyError(
+        f'{self.url}: {why}: this job copies nothing more, and what it '
+        f'wrote is kept at {local}.')
 
   def release(self) -> None:
     """Stops renewing and removes the lease (if still this job's)."""
     self._stop.set()
     if self._thread.is_alive():
-      self._thread.join()
+      self._thread.join(timeout=LEASE_S / 4)  # a renewal in flight
     if self._generation is not None and self._lost is None:
       try:
         checkpoints.write_if(self.address, None, self._generation)
       except (OSError, ValueError) as e:  # it runs out by itself
-        logging.warning('%s: the lease was not removed (%s: %s); it runs '
-                        'out in %.0f s.', self.url, type(e).__name__, e,
-                        LEASE_S)
+        logging.warning('%s: the lease was not removed (%s: %s); another '
+                        'job takes it after watching it for %.0f s.',
+                        self.url, type(e).__name__, e, LEASE_S)
 
 
 class BucketFolder:

@@ -9,6 +9,7 @@ tests/test_run_folder.py, here with the process's copies stopped there).
 
 import os
 import pathlib
+import re
 import tempfile
 import time
 
@@ -210,12 +211,25 @@ def test_files_written_at_a_local_path_are_checked_before_any_work(
       pytest.fail('the block ran')
 
 
+def _copy_until_refused(folder, url):
+  """Writes and copies a file at a time until the folder refuses (within
+  its lease's renewals); the address of the file it refused to copy."""
+  with pytest.raises(bucket_folder.BucketCopyError) as refused:
+    for i in range(200):
+      (folder.local / f'b{i}.txt').write_text('b')
+      last = f'{url}/b{i}.txt'
+      folder.sync(force=True)
+      time.sleep(0.02)
+  assert not checkpoints.isfile(last)
+  return str(refused.value)
+
+
 def test_one_job_at_a_time_writes_a_run_folder_in_a_bucket(gcs, monkeypatch,
                                                             caplog):
   """A job finding the lease renewed is refused; one finding it not
   renewed (its holder killed: no release) takes it over; a job whose
   lease was taken over stops copying and keeps its copy, named."""
-  monkeypatch.setattr(bucket_folder, 'LEASE_S', 0.4)
+  monkeypatch.setattr(bucket_folder, 'LEASE_S', 1.0)
   url = f'{gcs}/run'
   lease = f'{url}/{bucket_folder.LEASE}'
   first = bucket_folder.BucketFolder(url)
@@ -233,26 +247,61 @@ def test_one_job_at_a_time_writes_a_run_folder_in_a_bucket(gcs, monkeypatch,
   assert checkpoints.read_versioned(lease)[0] is None  # let go
 
   # A holder killed: its lease stays, never renewed, and is taken over.
-  checkpoints.write_bytes(lease, b'{"holder": "h (pid 1)", "renewed": %f}'
-                          % time.time())
+  checkpoints.write_bytes(lease, b'{"holder": "h (pid 1)", "renewed": 1e12}')
   third = bucket_folder.BucketFolder(url)
-  third.start(hold=True)
+  third.start(hold=True)  # its clock is not read: watched, then taken
   assert 'took over the lease of h (pid 1)' in caplog.text
   (third.local / 'a.txt').write_text('a')
   third.sync(force=True)
   assert checkpoints.read_bytes(f'{url}/a.txt') == b'a'
   # Another job takes it over (third stalled): third's next copy stops.
   checkpoints.write_bytes(lease, b'{"holder": "h (pid 2)", "renewed": 0}')
-  with pytest.raises(bucket_folder.BucketCopyError, match=(
-      r'another job \(h \(pid 2\)\) took this run folder over .*kept at '
-      f'{third.local}')):
-    for i in range(100):  # its renewal, every LEASE_S / 4, finds it out
-      (third.local / f'b{i}.txt').write_text('b')
-      last = f'{url}/b{i}.txt'
-      third.sync(force=True)
-      time.sleep(0.05)
-  assert not checkpoints.isfile(last)
+  said = _copy_until_refused(third, url)
+  assert re.search(r'another job \(h \(pid 2\)\) took this run folder '
+                   f'over .*kept at {third.local}', said), said
   third.close()
   assert third.local.exists()  # kept, as the error says
   assert checkpoints.read_versioned(lease)[0] == (
       b'{"holder": "h (pid 2)", "renewed": 0}')  # not removed: not its
+
+
+def test_a_job_that_cannot_renew_its_lease_stops_before_it_runs_out(
+    gcs, monkeypatch):
+  """A renewal whose answer was an error though GCS wrote it is found to
+  be this job's own (the job goes on); renewals failing for LEASE_S / 2
+  (GCS out of reach) stop the job's copies before another job could take
+  the folder."""
+  monkeypatch.setattr(bucket_folder, 'LEASE_S', 1.0)
+  url = f'{gcs}/run'
+  job = bucket_folder.BucketFolder(url)
+  job.start(hold=True)
+  write_if, calls = checkpoints.write_if, []
+
+  def held_but_said_failed(*args):
+    write_if(*args)
+    calls.append(args)
+    raise OSError('connection reset')
+
+  monkeypatch.setattr(checkpoints, 'write_if', held_but_said_failed)
+  while not calls:
+    time.sleep(0.02)
+
+  def counted(*args):
+    calls.append(args)
+    return write_if(*args)
+
+  monkeypatch.setattr(checkpoints, 'write_if', counted)
+  while len(calls) < 3:  # the next fails its precondition, one more holds
+    time.sleep(0.02)
+  (job.local / 'a.txt').write_text('a')
+  job.sync(force=True)  # still this job's
+  assert checkpoints.read_bytes(f'{url}/a.txt') == b'a'
+
+  def unreachable(*args):
+    raise OSError('no route to GCS')
+
+  monkeypatch.setattr(checkpoints, 'write_if', unreachable)
+  said = _copy_until_refused(job, url)
+  assert 'this job has not renewed its lease for 0.5 s' in said, said
+  monkeypatch.setattr(checkpoints, 'write_if', write_if)
+  job.close()

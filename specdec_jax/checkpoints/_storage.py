@@ -60,13 +60,18 @@ def _gcs_keys(path: str, exact: bool) -> list:
 
   store, key = _gcs_store(path if exact else path.rstrip('/') + '/')
   end = key + ('\x00' if exact else '\x7f')
-  listing = store.list(ts.KvStore.KeyRange(key, end))
+  return list(_answer(store.list(ts.KvStore.KeyRange(key, end)), path,
+                      'listing'))
+
+
+def _answer(future, path: str, what: str):
+  """A tensorstore future's result, or InputError after LIST_TIMEOUT_S."""
   try:
-    return list(listing.result(timeout=LIST_TIMEOUT_S))
+    return future.result(timeout=LIST_TIMEOUT_S)
   except TimeoutError:
-    listing.cancel()
+    future.cancel()
     raise checks.InputError(
-        f'{path}: GCS gave no listing in {LIST_TIMEOUT_S:g} s (tensorstore '
+        f'{path}: GCS gave no {what} in {LIST_TIMEOUT_S:g} s (tensorstore '
         'retries while it cannot reach GCS: no network, or no credentials, '
         'read from $GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth '
         f'application-default login`). Check with: gsutil ls {path}'
@@ -164,7 +169,7 @@ def read_versioned(path: str) -> Tuple[Optional[bytes], bytes]:
   """(the bytes of a gs:// object, or None where there is none; its
   generation), for `write_if`."""
   store, key = _gcs_store(path)
-  result = store.read(key).result()
+  result = _answer(store.read(key), path, 'answer')
   value = None if result.state == 'missing' else bytes(result.value)
   return value, result.stamp.generation
 
@@ -176,7 +181,8 @@ def write_if(path: str, data: Optional[bytes], generation: bytes
   `write_if`'s); returns the new generation, or None where the object
   had changed (GCS's precondition: no other writer came between)."""
   store, key = _gcs_store(path)
-  stamp = store.write(key, data, if_equal=generation).result()
+  stamp = _answer(store.write(key, data, if_equal=generation), path,
+                  'answer')
   return stamp.generation or None  # empty: the condition failed
 
 
