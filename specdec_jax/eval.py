@@ -160,7 +160,7 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
       once; the job's end copies everything).
     dry_run: only check what the job checks before it reads an example
       (`preflight`: the folder, the mesh, the checkpoints, the task), and
-      write and decode nothing.
+      write and decode nothing (the mesh: this process's, as the job's).
 
   Returns:
     The summary dict (also written to summary.json by process 0; every
@@ -386,7 +386,10 @@ def preflight(runs: Sequence[Tuple[EvalSetup, str, str]], partitioner
   target (`loading.load_task`). Returns (the task, what was checked, a
   line each)."""
   _check_runs(runs, partitioner)
-  checked = [f'output_dir {out}' for _, out, _ in runs]
+  checked = [_folder_checked(out) for _, out, _ in runs]
+  if partitioner is not None:
+    checked.append(f'mesh {dict(partitioner.mesh.shape)} of '
+                   f'{partitioner.mesh.devices.size} devices')
   for setup, _, _ in runs:
     checked += loading.check_checkpoints(setup)
   setup = runs[0][0]
@@ -396,6 +399,16 @@ def preflight(runs: Sequence[Tuple[EvalSetup, str, str]], partitioner
       f'vocabulary of {tasks.vocab_size(task)} tokens, TARGET_MODEL '
       f'{setup.target_config.vocab_size}')
   return task, checked
+
+
+def _folder_checked(out: str) -> str:
+  """What `preflight` says of a run's folder: a gs:// one listed (GCS
+  reached), a local one writable (`_check_runs`)."""
+  if bucket_folder.is_bucket(out):
+    names = checkpoints.list_files(out)
+    return f'output_dir {out} (reached: {len(names)} files there)'
+  exists = os.path.isdir(os.path.expanduser(out))
+  return f'output_dir {out} ({"there" if exists else "to be made"}, writable)'
 
 
 def _check_runs(runs: Sequence[Tuple[EvalSetup, str, str]],
@@ -664,8 +677,7 @@ def configured(argv: Sequence[str]):
   from specdec_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
 
   args = parse_flags(argv)
-  if not args.dry_run:
-    initialize_distributed(args)
+  initialize_distributed(args)  # a dry run checks the job's own mesh
   setup = loading.setup_from_flags(args)
   return args, setup, gin.get_configurable(eval_lib.evaluate)
 

@@ -704,17 +704,20 @@ def _checkpoint_path(checkpoint, what: str) -> str:
 
 
 def check_checkpoints(setup: EvalSetup) -> List[str]:
-  """The setup's checkpoints (the target's, the drafter's), each checked
-  to be where it is read from (a gs:// one listed), before anything is
-  loaded; what was found, a line each. Random and synthetic weights are
-  no files.
+  """The setup's checkpoints (the target's, a draft model's: the ones
+  `build` loads first), each checked to be where it is read from (a gs://
+  one listed), before anything is loaded; what was found, a line each.
+  Random and synthetic weights are no files; a kind that reads its own
+  (heads, PaSS) checks its DRAFT_CHECKPOINT as it loads it.
 
   Raises:
     FileNotFoundError: naming the checkpoint that is not there.
   """
   found = []
+  draft = setup.draft
   for what, checkpoint in (('target', setup.target_checkpoint),
-                           ('draft', setup.draft.checkpoint)):
+                           ('draft', draft.checkpoint
+                            if draft.drafter_kind.needs_model else None)):
     if checkpoint is None or str(checkpoint).startswith(synthetic.SCHEME):
       continue
     path = _checkpoint_path(checkpoint, what)
@@ -918,10 +921,7 @@ def build(setup: EvalSetup, task=None, target_shardings=None,
   `load_draft_model` (the eval job on a mesh).
   `cache`: a `LoadCache` whose models are used and kept, or None.
   """
-  draft = setup.draft
-  if draft.drafter_kind.needs_model and draft.checkpoint is not None and (
-      not str(draft.checkpoint).startswith(synthetic.SCHEME)):
-    _checkpoint_path(draft.checkpoint, 'draft')  # there, before the target
+  check_checkpoints(setup)  # the draft model's there before the target
   task = load_task(setup) if task is None else task
   target, target_params = load_target(setup, target_shardings, cache)
   store = load_store(setup, task, target, target_params)

@@ -212,16 +212,23 @@ def _imported(tree: ast.AST, problems: list) -> dict:
   """{name in the sample: module or object} of its package imports; a
   module of the package it uses by its name and does not bind itself
   counts as imported (a sample continues the page's earlier ones)."""
-  bound = {n.id for n in ast.walk(tree)
+  nodes = list(ast.walk(tree))
+  bound = {n.id for n in nodes
            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-  bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
-            for a in n.args + n.kwonlyargs}
+  bound |= {a.arg for n in nodes if isinstance(n, ast.arguments)
+            for a in n.posonlyargs + n.args + n.kwonlyargs +
+            [n.vararg, n.kwarg] if a is not None}
+  bound |= {(a.asname or a.name).split('.')[0] for n in nodes
+            if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+  bound |= {n.name for n in nodes
+            if isinstance(n, (ast.ExceptHandler, ast.FunctionDef,
+                              ast.ClassDef)) and n.name}
   names = {}
-  for node in ast.walk(tree):
+  for node in nodes:
     if (isinstance(node, ast.Name) and node.id not in bound
         and importlib.util.find_spec(f'specdec_jax.{node.id}')):
       names[node.id] = importlib.import_module(f'specdec_jax.{node.id}')
-  for node in ast.walk(tree):
+  for node in nodes:
     if isinstance(node, ast.Import):
       for a in node.names:
         if a.name.split('.')[0] == 'specdec_jax':
@@ -260,7 +267,6 @@ def sample_problems(source: str) -> list:
       owner = resolve(node.value)
       if owner is not _MISSING and not hasattr(owner, node.attr):
         problems.append(f'{ast.unparse(node)} (no attribute {node.attr!r})')
-        names[ast.unparse(node)] = _MISSING  # said once
       return getattr(owner, node.attr, _MISSING)
     return _MISSING
 
@@ -272,7 +278,11 @@ def sample_problems(source: str) -> list:
           k.arg is None for k in node.keywords):
         continue  # *args / **kwargs: not checkable here
       try:
-        inspect.signature(fn).bind_partial(
+        signature = inspect.signature(fn)
+      except (TypeError, ValueError):  # a builtin without one
+        continue
+      try:
+        signature.bind_partial(
             *node.args, **{k.arg: k.value for k in node.keywords})
       except TypeError as e:
         problems.append(f'{ast.unparse(node.func)}(...): {e}')
@@ -328,6 +338,16 @@ def test_sample_checker_reports_what_is_missing_and_only_that():
         cache = model.init_cache(1)
         cache.nothing_checked(cache)
         ```
+      ```python
+      from t5x import partitioning
+      partitioning.PjitPartitioner(num_partitions=1)
+      import numpy as checks
+      checks.zeros(3)
+      try:
+        pass
+      except ValueError as summary:
+        summary.nothing_checked()
+      ```
       ''')
   found = [p for s in samples(text) for p in sample_problems(s)]
   assert found == [

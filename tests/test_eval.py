@@ -430,7 +430,7 @@ def test_a_dry_run_checks_what_the_job_checks_first_and_writes_nothing(
   assert isinstance(setup, loading.EvalSetup)
   printed = capsys.readouterr().out.splitlines()
   assert printed[-2:] == [
-      f'checked: output_dir {out}',
+      f'checked: output_dir {out} (to be made, writable)',
       'checked: task debian_desc_en_de (validation): a vocabulary of 1000 '
       'tokens, TARGET_MODEL 1024'], printed
   assert not out.exists()
