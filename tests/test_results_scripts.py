@@ -177,7 +177,7 @@ def _fake_export(root):
       models=models, target={'checkpoint': 'x'}, command='python train')))
 
 
-def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
+def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch, capsys):
   shipped_dir = pathlib.Path(shipped.ASSETS_DIR)
   index = json.loads((shipped_dir / shipped.MODELS).read_text())
   assert index.get('methods'), 'nothing to keep: the test needs methods'
@@ -204,18 +204,18 @@ def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
           '--assets', str(assets), '--slice_examples', '2']
   # A bad input is refused before the folder is touched.
   before = _tree(assets)
+  refused = lambda *args: refusal('ship_models', *args, capsys=capsys,
+                                  monkeypatch=monkeypatch)
   typo = ship[:6] + ['target,dec2_fk'] + ship[7:]
-  proc = run_script('ship_models', *typo, check=False)
-  assert proc.returncode == 1, proc.stderr
-  assert proc.stderr.startswith("error: --models: ['dec2_fk']"), proc.stderr
+  said = refused(*typo)
+  assert said.startswith("error: --models: ['dec2_fk']"), said
   assert _tree(assets) == before
   # A folder that holds no shipped set is not emptied.
   other = tmp_path / 'other'
   other.mkdir()
   (other / 'notes.txt').write_text('mine')
-  proc = run_script('ship_models', *ship[:-3], str(other), *ship[-2:],
-                    check=False)
-  assert proc.returncode == 1 and 'no shipped set' in proc.stderr, proc.stderr
+  said = refused(*ship[:-3], str(other), *ship[-2:])
+  assert said.startswith('error: ') and 'no shipped set' in said, said
   assert _tree(other) == {'notes.txt': _sha(other / 'notes.txt')}
   run_script('ship_models', *ship)
   assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]
@@ -235,15 +235,14 @@ def test_shipping_keeps_the_method_weights(tmp_path, monkeypatch):
 
   # A listed method whose weights are gone stops the next ship.
   shutil.rmtree(assets / 'lookahead')
-  proc = run_script('ship_models', *ship, check=False)
-  assert proc.returncode == 1 and 'not there' in proc.stderr, proc.stderr
+  said = refused(*ship)
+  assert said.startswith('error: ') and 'not there' in said, said
   assert (assets / 'heads').is_dir() and (assets / 'models.json').is_file()
   # Method weights that no models.json lists are not dropped.
   (assets / 'models.json').unlink()
   before = _tree(assets)
-  proc = run_script('ship_models', *ship, check=False)
-  assert proc.returncode == 1 and 'no models.json' in proc.stderr, (
-      proc.stderr)
+  said = refused(*ship)
+  assert said.startswith('error: ') and 'no models.json' in said, said
   assert _tree(assets) == before
 
 
