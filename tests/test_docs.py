@@ -32,10 +32,15 @@ CI runs, verbatim, in under 250 lines. Each fenced `python` sample
 parses, and what it imports from the package, the attributes it reads off
 those imports and the arguments it passes to their callables are there
 (`inspect.signature`); a sample is read, not run (its models and data are
-the reader's).
+the reader's). Each flag a `python -m specdec_jax...` or `python
+scripts/<name>.py` command passes (its lines joined by backslashes too)
+is quoted in the source of its command's file or of what that imports,
+two levels deep (where argparse's `add_argument` names it; `--gin.NAME`
+is gin's).
 """
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -201,6 +206,67 @@ def missing_paths(text: str):
   return sorted(p for p in named_paths(text) if not (ROOT / p).exists())
 
 
+# ------------------------------------------------------ commands' flags
+
+
+COMMAND = re.compile(r'python3? (?:-m (specdec_jax[\w.]*)|(scripts/\w+\.py))'
+                     r'((?:\\\n|[^\n`|;&])*)')  # lines joined by \
+FLAG = re.compile(r'(?<![\w-])--([a-z][\w-]*)(?![\w.-])')  # no --gin.X
+
+
+def _module_file(name: str):
+  """The file `python -m name` (or an import of it) runs, or None."""
+  path = ROOT / pathlib.Path(*name.split('.'))
+  for file in (path.with_suffix('.py'), path / '__main__.py',
+               path / '__init__.py'):
+    if file.is_file():
+      return file
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(file: pathlib.Path) -> frozenset:
+  """The package's files `file` imports."""
+  found = set()
+  for node in ast.walk(ast.parse(file.read_text(encoding='utf-8'))):
+    if isinstance(node, ast.ImportFrom) and (node.module or '').startswith(
+        'specdec_jax'):
+      found |= {_module_file(f'{node.module}.{a.name}') or
+                _module_file(node.module) for a in node.names}
+    elif isinstance(node, ast.Import):
+      found |= {_module_file(a.name) for a in node.names
+                if a.name.startswith('specdec_jax')}
+  return frozenset(found - {None})
+
+
+@functools.lru_cache(maxsize=None)
+def _command_source(command: str) -> str:
+  """The source of a command's file and what it imports, two levels
+  deep ('' for a command that is not there: named_paths reports it)."""
+  first = (ROOT / command if command.endswith('.py') else
+           _module_file(command))
+  if first is None or not first.is_file():
+    return ''
+  files = {first} | _imports(first)
+  files |= {f for g in list(files) for f in _imports(g)}
+  return '\n'.join(f.read_text(encoding='utf-8') for f in sorted(files))
+
+
+def unknown_flags(text: str) -> list:
+  """'<command> --<flag>' for each flag a `python -m specdec_jax...` or
+  `python scripts/<name>.py` command of `text` passes that neither the
+  command's file nor what it imports, two levels deep, defines (a flag's
+  name quoted in their source: argparse's `add_argument('--flag'`)."""
+  unknown = []
+  for m in COMMAND.finditer(text):
+    command = m.group(1) or m.group(2)
+    source = _command_source(command)
+    unknown += [f'{command} --{flag}' for flag in FLAG.findall(m.group(3))
+                if source and f"'--{flag}'" not in source and
+                f'"--{flag}"' not in source]
+  return unknown
+
+
 # ----------------------------------------------------------- code samples
 
 
@@ -359,6 +425,25 @@ def test_sample_checker_reports_what_is_missing_and_only_that():
       "'num_partition'"], found
   assert sample_problems('x = (') == [
       "not Python: '(' was never closed (<unknown>, line 1)"]
+
+
+@pytest.mark.parametrize('page', doc_files(), ids=page_id)
+def test_commands_pass_flags_their_command_has(page):
+  unknown = unknown_flags(page.read_text(encoding='utf-8'))
+  assert not unknown, f'{rel(page)}: flags no command defines:\n' + (
+      '\n'.join(unknown))
+
+
+def test_flag_finder_reports_a_flag_its_command_lacks_and_only_that():
+  text = textwrap.dedent('''
+      python -m specdec_jax.estimates --out_dir /tmp/e --ks 1,2 \\
+          --nope 3
+      `python scripts/train.py --gin_file=train/train.gin --plot --gin.X=1`
+      python -m specdec_jax.demo --batches 2
+      ''')
+  assert unknown_flags(text) == ['specdec_jax.estimates --nope',
+                                 'specdec_jax.demo --batches'], (
+                                     unknown_flags(text))
 
 
 def test_the_pages_exist():
