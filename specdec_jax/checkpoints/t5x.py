@@ -787,8 +787,13 @@ def _check_finite(params: PyTree, source: str, dtype: Any) -> None:
   named = jax.tree_util.tree_flatten_with_path(params)[0]
   if not named:
     return
-  # The flags are replicated: this process's copy reads on any mesh.
-  finite = np.asarray(_finite([x for _, x in named]).addressable_data(0))
+  try:  # read now, also where a build is traced (`jax.eval_shape`)
+    with jax.ensure_compile_time_eval():
+      flags = _finite([x for _, x in named])
+      # Replicated: this process's copy reads on any mesh.
+      finite = np.asarray(flags.addressable_data(0))
+  except jax.errors.ConcretizationTypeError:
+    return  # the params themselves traced: no values to check
   bad = ['/'.join(str(k.key) for k in path)
          for (path, _), ok in zip(named, finite) if not ok]
   if bad:

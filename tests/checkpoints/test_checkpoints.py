@@ -30,6 +30,7 @@ from specdec_jax import checkpoints
 from specdec_jax import loading
 from specdec_jax import network
 from specdec_jax.checkpoints import __main__ as cli
+from specdec_jax.checkpoints import t5x
 
 from conftest import TINY_V10, TINY_V11  # pylint: disable=g-bad-import-order
 import fake_gcs  # pylint: disable=g-bad-import-order
@@ -408,6 +409,14 @@ def test_weights_that_are_not_finite_are_refused(tmp_path):
                      match=r'1 of 3 weight arrays hold NaN or infinite '
                      r'values \(encoder/bias\)'):
     checkpoints.load_t5x_params(tmp_path / 'nan')
+  # Params that are themselves traced (a load under `jax.eval_shape`, as
+  # tools/accelerator builds a setup) have no values to check.
+  shapes = jax.eval_shape(lambda: checkpoints.load_t5x_params(
+      tmp_path / 'nan'))
+  assert shapes['encoder']['bias'].shape == (24,)
+  flat = jax.eval_shape(lambda x: t5x.params_from_flat(
+      {'a/b': x}, 'traced', None, None), jnp.full(3, jnp.nan))
+  assert flat['a']['b'].shape == (3,)
   big = jax.tree.map(lambda x: x * 1e5, _tiny_tree())  # > float16's 65504
   checkpoints.save_t5x_params(big, tmp_path / 'big', step=1)
   loaded = checkpoints.load_t5x_params(tmp_path / 'big')  # finite as saved
