@@ -38,7 +38,8 @@ not renewed for `LEASE_S` (a job killed or preempted: nothing releases it),
 it is taken over (no host's clock is compared with another's). A job whose
 lease another took over, or that could not renew it for `LEASE_S` / 2 (so
 before another may take it), stops copying, keeping what it wrote locally
-and naming it.
+and naming it; so do the job's other processes once the lease is not the
+one their main process named by the job's word (`run_folder.claim_token`).
 
 A training MODEL_DIR at a gs:// address is kept the same way
 (training.py, through `kept_here`, as the method scripts' --out_dir):
@@ -141,6 +142,12 @@ class BucketCopyError(RuntimeError):
   """The run folder could not be copied to or from its bucket."""
 
 
+def _named(lease_id: str) -> str:
+  """How a lease's holder names the lease (the job's processes look for
+  it: `BucketFolder.start(lease_id=...)`)."""
+  return f'lease {lease_id}'
+
+
 def _holder_of(data: Optional[bytes]) -> str:
   """Who holds a lease, as its object says ('a job': one written by
   hand, or none)."""
@@ -154,11 +161,11 @@ class _Lease:
   """The lease of the job writing the run folder `url` (see the module
   docstring): `take`, then `check` before each copy, then `release`."""
 
-  def __init__(self, url: str):
+  def __init__(self, url: str, lease_id: Optional[str] = None):
     self.url = url
     self.address = f'{url}/{LEASE}'
-    self._holder = (f'{socket.gethostname()} (pid {os.getpid()}, lease '
-                    f'{uuid.uuid4().hex[:8]})')
+    self._holder = (f'{socket.gethostname()} (pid {os.getpid()}, '
+                    f'{_named(lease_id or uuid.uuid4().hex[:8])})')
     self._generation = None
     self._renewed_at = 0.0  # when a write of it last held (monotonic)
     self._lost = None  # the job that took it over
@@ -288,6 +295,7 @@ class BucketFolder:
     self._failed = False
     self._reads_only = False
     self._lease: Optional[_Lease] = None
+    self._watched: Optional[str] = None  # the job's lease, another's
 
   def __repr__(self) -> str:
     return f'BucketFolder({self.url!r}, local={str(self.local)!r})'
@@ -350,6 +358,8 @@ class BucketFolder:
     try:
       if self._lease is not None:
         self._lease.check(self.local)
+      elif self._watched is not None:
+        self._check_watched()
     except BucketCopyError:
       self._failed = True  # no copy from now on
       raise
@@ -371,6 +381,17 @@ class BucketFolder:
     if records:
       self._records_at = time.monotonic()
 
+  def _check_watched(self) -> None:
+    """BucketCopyError unless the job's lease is still its own."""
+    data = checkpoints.read_versioned(f'{self.url}/{LEASE}')[0]
+    if data is None or not _holder_of(data).endswith(
+        f'{_named(self._watched)})'):
+      raise BucketCopyError(
+          f"{self.url}: this job's lease ({_named(self._watched)}, held by "
+          f'its main process) is gone or {_holder_of(data)}\'s now: this '
+          f'process copies nothing more, and what it wrote is kept at '
+          f'{self.local}.')
+
   def reads_only(self) -> None:
     """From now on copies nothing up: the folder of a process that writes
     none of it (one mesh spanning the processes: process 0 writes), whose
@@ -384,10 +405,15 @@ class BucketFolder:
     del label
     self.sync()
 
-  def start(self, hold: bool = False) -> None:
+  def start(self, hold: bool = False, lease_id: Optional[str] = None
+            ) -> None:
     """Takes the folder's lease where `hold` (the job's main process),
     copies the bucket down, then syncs after every write of the run
-    folder (first among `run_folder.after_write`).
+    folder (first among `run_folder.after_write`). `lease_id`: the job's
+    word for its lease (`run_folder.claim_token`, the same in every
+    process): its main process names the lease by it, and each other
+    process copies only while the lease is so named (after a takeover,
+    a process of the job that lost it copies nothing more).
 
     Raises:
       run_folder.RunFolderError: another job holds the folder.
@@ -395,8 +421,10 @@ class BucketFolder:
     """
     try:
       if hold:
-        self._lease = _Lease(self.url)
+        self._lease = _Lease(self.url, lease_id)
         self._lease.take()
+      else:
+        self._watched = lease_id
       self.pull()
     except BaseException as e:
       if self._lease is not None:

@@ -194,7 +194,8 @@ class _Run:
     self.bucket = None  # a gs:// output_dir, kept in a local copy
     if bucket_folder.is_bucket(output_dir):
       self.bucket = bucket_folder.BucketFolder(output_dir, sync_every_s)
-      self.bucket.start(hold=jax.process_index() == 0)  # one job writes
+      self.bucket.start(hold=jax.process_index() == 0,  # one job writes
+                        lease_id=claim_token)
     self.out = (pathlib.Path(output_dir).expanduser() if self.bucket is None
                 else self.bucket.local)
     try:

@@ -305,3 +305,30 @@ def test_a_job_that_cannot_renew_its_lease_stops_before_it_runs_out(
   assert 'this job has not renewed its lease for 0.5 s' in said, said
   monkeypatch.setattr(checkpoints, 'write_if', write_if)
   job.close()
+
+
+def test_the_jobs_other_processes_copy_only_while_its_lease_is_its_own(
+    gcs, monkeypatch):
+  """A `jax.distributed` job: its main process holds the lease named by
+  the job's word (`claim_token`), the others copy their files only while
+  the lease is so named (before, they went on after another job took the
+  folder over)."""
+  monkeypatch.setattr(bucket_folder, 'LEASE_S', 1.0)
+  url = f'{gcs}/run'
+  main = bucket_folder.BucketFolder(url)
+  main.start(hold=True, lease_id='t0k3n')
+  other = bucket_folder.BucketFolder(url)
+  other.start(lease_id='t0k3n')
+  (other.local / 'a.txt').write_text('a')
+  other.sync(force=True)
+  assert checkpoints.read_bytes(f'{url}/a.txt') == b'a'
+  checkpoints.write_bytes(f'{url}/{bucket_folder.LEASE}',
+                          b'{"holder": "h (pid 9, lease x)", "renewed": 0}')
+  (other.local / 'b.txt').write_text('b')
+  with pytest.raises(bucket_folder.BucketCopyError, match=(
+      r"this job's lease \(lease t0k3n, held by its main process\) is gone "
+      r"or h \(pid 9, lease x\)'s now: this process copies nothing more")):
+    other.sync(force=True)
+  assert not checkpoints.isfile(f'{url}/b.txt')
+  other.close()
+  main.close()
