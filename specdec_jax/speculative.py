@@ -554,11 +554,8 @@ def speculative_sample(
   if draft_input_tokens is not None:
     batch = network.check_token_ids('draft_input_tokens', draft_input_tokens,
                                      drafter.vocab_size)[0]
-    if batch != np.shape(encoder_input_tokens)[0]:
-      raise checks.InputError(
-          f'draft_input_tokens has {batch} rows, encoder_input_tokens '
-          f'{np.shape(encoder_input_tokens)[0]}: the drafter drafts for the '
-          'same rows.')
+    network.check_rows('draft_input_tokens', batch, 'encoder_input_tokens',
+                       np.shape(encoder_input_tokens)[0])
   rng = decoding.default_rng(rng, sampling)
   inputs = decoding.as_ids(encoder_input_tokens)
   draft_inputs = inputs if draft_input_tokens is None else decoding.as_ids(
