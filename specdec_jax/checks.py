@@ -204,6 +204,14 @@ def check_positive(name: str, value, unit: str = '') -> None:
     raise InputError(f'{name} must be a number{of} > 0, got {value!r}.')
 
 
+def check_non_negative(name: str, value, note: str = '') -> None:
+  """Raises InputError unless `value` is a finite number >= 0 (`is_number`;
+  not NaN or inf): "<name> must be a finite number >= 0<note>, got ..."."""
+  if not is_number(value) or not 0 <= value < math.inf:
+    raise InputError(
+        f'{name} must be a finite number >= 0{note}, got {value!r}.')
+
+
 def check_local_folder(name: str, path) -> None:
   """Raises InputError when `path`, a folder a job writes into, is a URL
   (gs://, s3://, ...) rather than a local folder, or a file stands where

@@ -28,7 +28,6 @@ tokens (uniform), never NaN.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from typing import Any, Dict, Mapping
 
@@ -65,10 +64,7 @@ class SamplingConfig:
               and not isinstance(value, jax.core.Tracer))):
         object.__setattr__(self, name, float(value))
     t, k, p = self.temperature, self.topk, self.topp
-    if not checks.is_number(t) or not math.isfinite(t) or t < 0:
-      raise checks.InputError(
-          f'temperature must be a finite number >= 0 (0 = greedy), got {t!r}.'
-      )
+    checks.check_non_negative('temperature', t, ' (0 = greedy)')
     checks.check_int('topk', k, 0, ' (0 = off)')
     if not checks.is_number(p) or not 0.0 < p <= 1.0:
       raise checks.InputError(

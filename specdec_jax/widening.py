@@ -374,9 +374,7 @@ def widen(params: Params, config: T5Config, new_config: T5Config, *,
   References:
     Chen et al. Net2Net. arXiv:1511.05641.
   """
-  if not checks.is_number(noise) or not 0 <= noise < math.inf:
-    raise checks.InputError(  # inf: a widened model of NaNs, silently
-        f'noise must be a finite number >= 0, got {noise!r}.')
+  checks.check_non_negative('noise', noise)  # inf: a model of NaNs
   args = statics(config, new_config, noise)
   if rng is None:
     rng = jax.random.key(0)
