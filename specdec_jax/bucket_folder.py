@@ -383,7 +383,7 @@ class BucketFolder:
 
   def _check_watched(self) -> None:
     """BucketCopyError unless the job's lease is still its own."""
-    data = checkpoints.read_versioned(f'{self.url}/{LEASE}')[0]
+    data = checkpoints.read_versioned(self._address(LEASE))[0]
     if data is None or not _holder_of(data).endswith(
         f'{_named(self._watched)})'):
       raise BucketCopyError(
