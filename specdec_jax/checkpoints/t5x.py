@@ -784,18 +784,17 @@ def _finite(leaves):
 
 def _check_finite(params: PyTree, source: str, dtype: Any) -> None:
   """CheckpointError naming the arrays of `params` with a NaN or an inf."""
-  named = jax.tree_util.tree_flatten_with_path(params)[0]
+  named = traverse_util.flatten_dict(params, sep='/')
   if not named:
     return
   try:  # read now, also where a build is traced (`jax.eval_shape`)
     with jax.ensure_compile_time_eval():
-      flags = _finite([x for _, x in named])
+      flags = _finite(list(named.values()))
       # Replicated: this process's copy reads on any mesh.
       finite = np.asarray(flags.addressable_data(0))
   except jax.errors.ConcretizationTypeError:
     return  # the params themselves traced: no values to check
-  bad = ['/'.join(str(k.key) for k in path)
-         for (path, _), ok in zip(named, finite) if not ok]
+  bad = [name for name, ok in zip(named, finite) if not ok]
   if bad:
     cast = '' if dtype is None else f' once cast to {jnp.dtype(dtype).name}'
     raise CheckpointError(
