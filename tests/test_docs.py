@@ -32,11 +32,11 @@ CI runs, verbatim, in under 250 lines. Each fenced `python` sample
 parses, and what it imports from the package, the attributes it reads off
 those imports and the arguments it passes to their callables are there
 (`inspect.signature`); a sample is read, not run (its models and data are
-the reader's). Each flag a `python -m specdec_jax...` or `python
-scripts/<name>.py` command passes (its lines joined by backslashes too)
-is quoted in the source of its command's file or of what that imports,
-two levels deep (where argparse's `add_argument` names it; `--gin.NAME`
-is gin's).
+the reader's). Each flag a `python -m specdec_jax...` (or `tools...`) or
+`python scripts/<name>.py` command passes (its lines joined by
+backslashes too) is quoted in the source of its command's file or of what
+that imports, two levels deep (where argparse's `add_argument` names it;
+`--gin.NAME` is gin's).
 """
 
 import ast
@@ -139,7 +139,8 @@ PACKAGE_PATH = re.compile(
     rf'(?<![\w./~-])((?:{"|".join(PACKAGE_RELATIVE)})/{PATH_CHARS}*)')
 GIN_FILE = re.compile(rf'--gin_file=({PATH_CHARS}+\.gin)$')
 INLINE_GIN = re.compile(rf'`({PATH_CHARS}+/{PATH_CHARS}+\.gin)`')
-PYTHON_M = re.compile(r"python3?\s+-m\s+((?:specdec_jax|tools)\b[\w.]*)")
+MODULE = r'((?:specdec_jax|tools)\b[\w.]*)'  # a module of ours, run by -m
+PYTHON_M = re.compile(rf'python3?\s+-m\s+{MODULE}')
 SHIPPED = re.compile(r'shipped:([\w][\w/.-]*)')
 
 
@@ -160,6 +161,14 @@ def concrete(path: str, following: str) -> str:
   if following[:1] in PLACEHOLDER or following[:1] == '{':
     return path[:path.rfind('/') + 1]
   return path.rstrip('.,;:')
+
+
+def runs(module: str) -> str:
+  """The file `python -m module` runs, repository-relative (named where it
+  is missing too)."""
+  path = module.rstrip('.').replace('.', '/')
+  return f'{path}.py' if (ROOT / f'{path}.py').exists() else (
+      f'{path}/__main__.py')
 
 
 def resolve_gin(name: str) -> str:
@@ -193,11 +202,7 @@ def named_paths(text: str) -> set:
     if not name.split('/')[0] in ROOTED:
       found.add(resolve_gin(name))
   for match in PYTHON_M.finditer(text):
-    module = match.group(1).rstrip('.').replace('.', '/')
-    if (ROOT / f'{module}.py').exists():
-      found.add(f'{module}.py')
-    else:
-      found.add(f'{module}/__main__.py')
+    found.add(runs(match.group(1)))
   return found
 
 
@@ -209,7 +214,7 @@ def missing_paths(text: str):
 # ------------------------------------------------------ commands' flags
 
 
-COMMAND = re.compile(r'python3? (?:-m (specdec_jax[\w.]*)|(scripts/\w+\.py))'
+COMMAND = re.compile(rf'(?:{PYTHON_M.pattern}|python3?\s+(scripts/\w+\.py))'
                      r'((?:\\\n|[^\n`|;&])*)')  # lines joined by \
 FLAG = re.compile(r'(?<![\w-])--([a-z][\w-]*)(?![\w.-])')  # no --gin.X
 
@@ -229,13 +234,13 @@ def _imports(file: pathlib.Path) -> frozenset:
   """The package's files `file` imports."""
   found = set()
   for node in ast.walk(ast.parse(file.read_text(encoding='utf-8'))):
-    if isinstance(node, ast.ImportFrom) and (node.module or '').startswith(
-        'specdec_jax'):
+    if isinstance(node, ast.ImportFrom) and re.fullmatch(MODULE,
+                                                         node.module or ''):
       found |= {_module_file(f'{node.module}.{a.name}') or
                 _module_file(node.module) for a in node.names}
     elif isinstance(node, ast.Import):
       found |= {_module_file(a.name) for a in node.names
-                if a.name.startswith('specdec_jax')}
+                if re.fullmatch(MODULE, a.name)}
   return frozenset(found - {None})
 
 
@@ -243,9 +248,8 @@ def _imports(file: pathlib.Path) -> frozenset:
 def _command_source(command: str) -> str:
   """The source of a command's file and what it imports, two levels
   deep ('' for a command that is not there: named_paths reports it)."""
-  first = (ROOT / command if command.endswith('.py') else
-           _module_file(command))
-  if first is None or not first.is_file():
+  first = ROOT / (command if command.endswith('.py') else runs(command))
+  if not first.is_file():
     return ''
   files = {first} | _imports(first)
   files |= {f for g in list(files) for f in _imports(g)}
@@ -253,10 +257,11 @@ def _command_source(command: str) -> str:
 
 
 def unknown_flags(text: str) -> list:
-  """'<command> --<flag>' for each flag a `python -m specdec_jax...` or
-  `python scripts/<name>.py` command of `text` passes that neither the
-  command's file nor what it imports, two levels deep, defines (a flag's
-  name quoted in their source: argparse's `add_argument('--flag'`)."""
+  """'<command> --<flag>' for each flag a `python -m specdec_jax...` (or
+  `tools...`) or `python scripts/<name>.py` command of `text` passes that
+  neither the command's file nor what it imports, two levels deep,
+  defines (a flag's name quoted in their source: argparse's
+  `add_argument('--flag'`)."""
   unknown = []
   for m in COMMAND.finditer(text):
     command = m.group(1) or m.group(2)
