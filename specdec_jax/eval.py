@@ -167,9 +167,10 @@ def evaluate(setup: EvalSetup, output_dir: str, *, timing_repeats: int = 1,
     process of a `jax.distributed` run returns it); with `dry_run`,
     {'status': 'checked', 'checked': what was, a line each}.
   """
-  if dry_run:
-    return {'status': 'checked', 'checked': preflight(
-        [(setup, output_dir, config_str)], partitioner)[1]}
+  if dry_run:  # the folder reached too (a job's pull reaches it first)
+    checked = preflight([(setup, output_dir, config_str)], partitioner)[1]
+    return {'status': 'checked',
+            'checked': [_folder_checked(output_dir)] + checked}
   return evaluate_together(
       [(setup, output_dir, config_str)], timing_repeats=timing_repeats,
       partitioner=partitioner, shard_drafter=shard_drafter,
@@ -387,7 +388,7 @@ def preflight(runs: Sequence[Tuple[EvalSetup, str, str]], partitioner
   target (`loading.load_task`). Returns (the task, what was checked, a
   line each)."""
   _check_runs(runs, partitioner)
-  checked = [_folder_checked(out) for _, out, _ in runs]
+  checked = []
   if partitioner is not None:
     checked.append(f'mesh {dict(partitioner.mesh.shape)} of '
                    f'{partitioner.mesh.devices.size} devices')
@@ -403,8 +404,8 @@ def preflight(runs: Sequence[Tuple[EvalSetup, str, str]], partitioner
 
 
 def _folder_checked(out: str) -> str:
-  """What `preflight` says of a run's folder: a gs:// one listed (GCS
-  reached), a local one writable (`_check_runs`)."""
+  """What a dry run says of its folder: a gs:// one listed (GCS reached),
+  a local one writable (`_check_runs`)."""
   if bucket_folder.is_bucket(out):
     names = checkpoints.list_files(out)
     return f'output_dir {out} (reached: {len(names)} files there)'
